@@ -1,0 +1,35 @@
+"""polygrad's CPU backend: C source from the shared C-family renderer, compiled by clang (gcc/cc fallback),
+loaded through cffi, and launched across cores by splitting the outermost loop."""
+from __future__ import annotations
+
+import os
+
+from polygrad.backend_api import BackendSpec, Capabilities, DeviceImpl, HostAllocator, ProbeResult, hookimpl
+
+__version__ = "0.1.0"
+
+
+def probe() -> ProbeResult:
+    from polygrad_backend_cpu.compiler import find_compiler
+    cc = find_compiler()
+    if cc is None:
+        return ProbeResult(False, "no C compiler found (clang, gcc or cc on PATH); install clang "
+                                  "(apt-get install clang), or use DEV=INTERP for interpreted execution")
+    return ProbeResult(True, f"compiler {cc}")
+
+
+def open_cpu(ordinal: int) -> DeviceImpl:
+    from polygrad_backend_cpu.compiler import ClangCompiler
+    from polygrad_backend_cpu.renderer import CPURenderer
+    from polygrad_backend_cpu.runtime import load_program
+    compiler = ClangCompiler()
+    renderer = CPURenderer()
+    threads = int(os.environ.get("POLY_THREADS") or os.cpu_count() or 1)
+    return DeviceImpl(name="CPU", allocator=HostAllocator(), render=renderer.render, compile=compiler.compile,
+                      load=load_program, capabilities=Capabilities(threads=threads))
+
+
+@hookimpl
+def polygrad_register_backends() -> list[BackendSpec]:
+    return [BackendSpec(name="CPU", probe=probe, open=open_cpu, priority=100, aliases=("CLANG", "C"),
+                        package="polygrad-backend-cpu", version=__version__, pip_name="polygrad-backend-cpu")]

@@ -1,0 +1,195 @@
+"""Evaluate kernel IR with NumPy. Every RANGE is an array axis; values broadcast over the axes of
+the ranges they depend on; REDUCE sums (or maxes) over its ranges' axes; STORE scatters.
+
+Big kernels are evaluated in chunks of their outermost range so temporaries stay bounded.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from polygrad.backend_api import DType, Ops, ProgramSpec, UOp, dtypes
+
+CHUNK_ELEMENTS = 1 << 22
+
+
+def describe(spec: ProgramSpec) -> str:
+    """The 'source' of an INTERP kernel: its kernel IR, as text."""
+    return f"// INTERP kernel {spec.name}\n{spec.ast!r}\n"
+
+
+def _np_dtype(dt: DType) -> Any:
+    if dt is dtypes.bfloat16:
+        return np.float32  # computed in float32, stored as bf16 bits
+    return dt.np
+
+
+def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        b_safe = np.where(b == 0, 1, b)
+        q = np.abs(a) // np.abs(b_safe)
+        return np.where((a < 0) != (b_safe < 0), -q, q).astype(np.result_type(a, b))
+
+
+def _maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.maximum(a, b)  # propagates NaN like the C renderer
+
+
+BINARY = {
+    Ops.ADD: np.add, Ops.MUL: np.multiply, Ops.MAX: _maximum, Ops.CMPLT: np.less, Ops.CMPNE: np.not_equal,
+    Ops.CMPEQ: np.equal, Ops.AND: np.bitwise_and, Ops.OR: np.bitwise_or, Ops.XOR: np.bitwise_xor,
+    Ops.SHL: np.left_shift, Ops.SHR: np.right_shift, Ops.POW: np.power,
+}
+UNARY = {Ops.EXP2: np.exp2, Ops.LOG2: np.log2, Ops.SIN: np.sin, Ops.SQRT: np.sqrt, Ops.TRUNC: np.trunc}
+
+
+class InterpProgram:
+    def __init__(self, spec: ProgramSpec):
+        self.spec = spec
+        self.ranges = sorted({n for n in spec.ast.toposort() if n.op is Ops.RANGE}, key=lambda r: r.arg[0])
+        self.axis = {r: i for i, r in enumerate(self.ranges)}
+        self.slot_dtype = {g.slot: g.dtype for g in spec.globals}
+
+    def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> None:
+        views = {}
+        for g, buf in zip(self.spec.globals, buffers):
+            views[g.slot] = buf[: g.size * g.dtype.itemsize].view(g.dtype.np)
+        with np.errstate(all="ignore"):
+            for block in self.spec.ast.src:
+                self.run_block(block, views)
+        return None
+
+    def run_block(self, block: UOp, views: dict[int, np.ndarray]) -> None:
+        store = block.src[0] if block.op is Ops.END else block
+        ranges = list(block.src[1:]) if block.op is Ops.END else []
+        first = ranges[0] if ranges else None
+        total = math.prod(int(r.src[0].arg) for r in self.ranges) if self.ranges else 1
+        if first is not None and total > CHUNK_ELEMENTS:
+            n = int(first.src[0].arg)
+            per = max(1, CHUNK_ELEMENTS * n // total)
+            for lo in range(0, n, per):
+                self.run_store(store, ranges, views, {first: (lo, min(n, lo + per))})
+        else:
+            self.run_store(store, ranges, views, {})
+
+    def range_value(self, r: UOp, window: dict[UOp, tuple[int, int]]) -> np.ndarray:
+        lo, hi = window.get(r, (0, int(r.src[0].arg)))
+        shape = [1] * len(self.ranges)
+        shape[self.axis[r]] = hi - lo
+        return np.arange(lo, hi, dtype=np.int64).reshape(shape)
+
+    def run_store(self, store: UOp, ranges: list[UOp], views: dict[int, np.ndarray],
+                  window: dict[UOp, tuple[int, int]]) -> None:
+        memo: dict[UOp, np.ndarray] = {}
+        index, value = store.src
+        buf = views[index.src[0].arg[0]]
+        idx = self.eval(index.src[1], views, window, memo)
+        val = self.eval(value, views, window, memo)
+        full = [1] * len(self.ranges)
+        for r in ranges:
+            lo, hi = window.get(r, (0, int(r.src[0].arg)))
+            full[self.axis[r]] = hi - lo
+        idx_b = np.broadcast_to(np.asarray(idx), full).reshape(-1)
+        val_b = np.broadcast_to(np.asarray(val), full).reshape(-1)
+        if len(index.src) > 2:
+            gate = np.broadcast_to(np.asarray(self.eval(index.src[2], views, window, memo)), full).reshape(-1)
+            idx_b, val_b = idx_b[gate], val_b[gate]
+        buf[idx_b] = _store_cast(val_b, self.slot_dtype[index.src[0].arg[0]])
+
+    def eval(self, u: UOp, views: dict[int, np.ndarray], window: dict, memo: dict[UOp, np.ndarray]) -> np.ndarray:
+        hit = memo.get(u)
+        if hit is not None:
+            return hit
+        for node in u.toposort():
+            if node in memo:
+                continue
+            memo[node] = self.eval_node(node, views, window, memo)
+        return memo[u]
+
+    def eval_node(self, u: UOp, views: dict, window: dict, memo: dict) -> Any:
+        op = u.op
+        if op is Ops.CONST:
+            return np.array(u.arg, dtype=_np_dtype(u.dtype))
+        if op is Ops.RANGE:
+            return self.range_value(u, window)
+        if op in (Ops.DEFINE_GLOBAL, Ops.INDEX):
+            return np.zeros(())  # consumed by LOAD/STORE
+        if op is Ops.LOAD:
+            index = u.src[0]
+            buf = views[index.src[0].arg[0]]
+            idx = memo[index.src[1]]
+            if len(index.src) > 2:
+                gate = memo[index.src[2]]
+                safe = np.where(gate, idx, 0)
+                out = np.where(gate, _load_cast(buf, safe, u.dtype), np.zeros((), dtype=_np_dtype(u.dtype)))
+                return out
+            return _load_cast(buf, idx, u.dtype)
+        if op is Ops.REDUCE:
+            body = memo[u.src[0]]
+            axes = tuple(self.axis[r] for r in u.src[1:])
+            shape = list(np.shape(body)) if np.ndim(body) else [1] * len(self.ranges)
+            for r in u.src[1:]:
+                lo, hi = window.get(r, (0, int(r.src[0].arg)))
+                shape[self.axis[r]] = hi - lo
+            body = np.broadcast_to(body, shape)
+            if u.arg is Ops.ADD:
+                return np.sum(body, axis=axes, keepdims=True, dtype=_np_dtype(u.dtype))
+            if u.arg is Ops.MUL:
+                return np.prod(body, axis=axes, keepdims=True, dtype=_np_dtype(u.dtype))
+            if u.arg is Ops.MAX:
+                return np.max(body, axis=axes, keepdims=True)
+            raise NotImplementedError(f"INTERP reduce {u.arg}")
+        srcs = [memo[s] for s in u.src]
+        out_dt = _np_dtype(u.dtype)
+        if op is Ops.CAST:
+            return _cast(srcs[0], u.src[0].dtype, u.dtype)
+        if op is Ops.BITCAST:
+            arr = np.ascontiguousarray(np.asarray(srcs[0], dtype=_np_dtype(u.src[0].dtype)))
+            return arr.view(out_dt)
+        if op is Ops.WHERE:
+            return np.where(srcs[0], srcs[1], srcs[2]).astype(out_dt, copy=False)
+        if op is Ops.NEG:
+            return np.logical_not(srcs[0]) if u.dtype is dtypes.bool else np.negative(srcs[0])
+        if op is Ops.RECIPROCAL:
+            return (np.ones((), dtype=out_dt) / srcs[0]).astype(out_dt, copy=False)
+        if op is Ops.FDIV:
+            return np.divide(srcs[0], srcs[1]).astype(out_dt, copy=False)
+        if op is Ops.IDIV:
+            return _trunc_div(srcs[0], srcs[1]).astype(out_dt, copy=False)
+        if op is Ops.MOD:
+            return np.fmod(srcs[0], np.where(srcs[1] == 0, 1, srcs[1])).astype(out_dt, copy=False)
+        if op in UNARY:
+            return UNARY[op](srcs[0]).astype(out_dt, copy=False)
+        if op in BINARY:
+            a, b = srcs
+            if op in (Ops.SHL, Ops.SHR):
+                b = np.asarray(b).astype(np.asarray(a).dtype)
+            res = BINARY[op](a, b)
+            return res.astype(out_dt, copy=False)
+        raise NotImplementedError(f"INTERP has no rule for {op.name}")
+
+
+def _cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
+    out = _np_dtype(dst)
+    if dst is dtypes.bool:
+        return np.asarray(x) != 0
+    if src.is_float and dst.is_int:
+        with np.errstate(invalid="ignore"):
+            return np.asarray(x).astype(np.int64 if not dst.is_unsigned else np.int64).astype(out)
+    return np.asarray(x).astype(out)
+
+
+def _load_cast(buf: np.ndarray, idx: Any, dt: DType) -> np.ndarray:
+    vals = buf[idx]
+    if dt is dtypes.bfloat16:
+        return (vals.astype(np.uint32) << 16).view(np.float32)
+    return vals
+
+
+def _store_cast(vals: np.ndarray, dt: DType) -> np.ndarray:
+    if dt is dtypes.bfloat16:
+        bits = np.ascontiguousarray(vals, dtype=np.float32).view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return vals

@@ -1,0 +1,113 @@
+"""The one module backends import: the plugin hook, the frozen contract types and shared helpers.
+
+A backend distribution declares an entry point in the group `polygrad.backends` that points at a
+module (or object) with a `polygrad_register_backends` hook implementation returning BackendSpecs.
+Registration must be cheap and must not touch hardware: `probe()` and `open()` do that later.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import pluggy
+
+from polygrad.dtype import ALL_DTYPES, DType, dtypes  # noqa: F401  (re-exported for backends)
+from polygrad.engine.program import ProgramSpec  # noqa: F401
+from polygrad.errors import CompileError, DeviceUnavailableError  # noqa: F401
+from polygrad.renderer.cstyle import CStyleRenderer  # noqa: F401
+from polygrad.uop.ops import Ops, UOp  # noqa: F401
+
+PLUGIN_API = 1
+PROJECT = "polygrad"
+ENTRY_POINT_GROUP = "polygrad.backends"
+
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+class BackendHooks:
+    """The hook specification every backend plugin implements."""
+
+    @hookspec
+    def polygrad_register_backends(self) -> "list[BackendSpec]":
+        """Return the BackendSpecs this plugin provides (one per device family). Must not touch hardware."""
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    ok: bool
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a device can run; can_run() answers from this alone."""
+
+    dtypes: frozenset = field(default_factory=lambda: frozenset(d.name for d in ALL_DTYPES))
+    max_buffer_bytes: int = 1 << 40
+    max_dims: int = 16
+    threads: int = 1
+    has_local_memory: bool = False
+    shared_memory_bytes: int = 0
+    supports_beam: bool = True
+    unsupported_ops: frozenset = frozenset()
+
+
+class Allocator(Protocol):
+    def alloc(self, nbytes: int) -> Any: ...
+    def free(self, handle: Any, nbytes: int) -> None: ...
+    def copyin(self, handle: Any, src: memoryview) -> None: ...
+    def copyout(self, dest: memoryview, handle: Any) -> None: ...
+
+
+class Program(Protocol):
+    def __call__(self, buffers: list[Any], var_vals: tuple[int, ...], timing: bool = False) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class DeviceImpl:
+    """An opened device: how to hold memory, turn kernels into source, compile and run them."""
+
+    name: str
+    allocator: Any
+    render: Callable[[ProgramSpec], str]
+    compile: Callable[[str], Any]
+    load: Callable[[ProgramSpec, Any], Any]
+    capabilities: Capabilities = Capabilities()
+    host_memory: bool = True  # buffers are host memory that NumPy can view without a copy
+    synchronize: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One device family a plugin offers. `open(ordinal)` is only called once the device is used."""
+
+    name: str
+    probe: Callable[[], ProbeResult]
+    open: Callable[[int], DeviceImpl]
+    priority: int = 0
+    aliases: tuple[str, ...] = ()
+    api_version: int = PLUGIN_API
+    package: str = ""
+    version: str = ""
+    max_ordinal: int = 0
+    pip_name: str = ""
+
+
+class HostAllocator:
+    """Memory from NumPy arrays: shared by host backends (CPU, INTERP, X86)."""
+
+    def alloc(self, nbytes: int) -> Any:
+        import numpy as np
+        return np.empty(max(nbytes, 1), dtype=np.uint8)
+
+    def free(self, handle: Any, nbytes: int) -> None:
+        pass
+
+    def copyin(self, handle: Any, src: memoryview) -> None:
+        import numpy as np
+        handle[: src.nbytes] = np.frombuffer(src, dtype=np.uint8)
+
+    def copyout(self, dest: memoryview, handle: Any) -> None:
+        import numpy as np
+        np.frombuffer(dest, dtype=np.uint8)[:] = handle[: dest.nbytes]

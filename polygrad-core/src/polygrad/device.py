@@ -1,0 +1,293 @@
+"""Device registry (pluggy entry points), device-name resolution, and device Buffers.
+
+Stage: runtime. Input: device names from users and the environment. Output: opened DeviceImpls and
+Buffers. Selection order: explicit device= > POLY_DEV > DEV > highest-priority available backend.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pluggy
+
+from polygrad import config
+from polygrad.backend_api import (ENTRY_POINT_GROUP, PLUGIN_API, PROJECT, BackendHooks, BackendSpec, DeviceImpl,
+                                  ProbeResult)
+from polygrad.dtype import DType
+from polygrad.errors import DeviceError, DeviceUnavailableError, PluginError, UnknownDeviceError
+
+KNOWN_PACKAGES = {
+    "CPU": "polygrad-backend-cpu", "INTERP": "polygrad-backend-interp", "X86": "polygrad-backend-x86",
+    "CUDA": "polygrad-backend-cuda",
+}
+
+
+@dataclass
+class PluginFailure:
+    plugin: str
+    version: str
+    error: str
+
+
+class Registry:
+    """Every backend found through entry points, loaded once, lazily."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, BackendSpec] | None = None
+        self._aliases: dict[str, str] = {}
+        self.failures: list[PluginFailure] = []
+        self._opened: dict[tuple[str, int], DeviceImpl] = {}
+        self._probes: dict[str, ProbeResult] = {}
+        self._lock = threading.RLock()
+        self.manager = pluggy.PluginManager(PROJECT)
+        self.manager.add_hookspecs(BackendHooks)
+
+    def register_plugin(self, plugin: Any, name: str, version: str = "") -> None:
+        """Register a plugin object directly (tests, embedded use). Same checks as entry points."""
+        with self._lock:
+            self.specs()
+            try:
+                self.manager.register(plugin, name=name)
+                specs = plugin.polygrad_register_backends()
+                self._add_specs(specs, name, version)
+            except Exception as e:  # a broken plugin is recorded, never fatal to the others
+                self.failures.append(PluginFailure(name, version, f"{type(e).__name__}: {e}"))
+
+    def _add_specs(self, specs: list[BackendSpec], plugin: str, version: str) -> None:
+        assert self._specs is not None
+        for spec in specs or []:
+            if not isinstance(spec, BackendSpec):
+                raise PluginError(f"plugin {plugin} returned {type(spec).__name__}, expected BackendSpec")
+            if spec.api_version != PLUGIN_API:
+                raise PluginError(f"plugin {plugin} {version} targets plugin API {spec.api_version}, "
+                                  f"this polygrad speaks {PLUGIN_API}; upgrade the plugin or polygrad")
+            name = spec.name.upper()
+            self._specs[name] = spec
+            for alias in spec.aliases:
+                self._aliases[alias.upper()] = name
+        self._probes.clear()
+
+    def specs(self) -> dict[str, BackendSpec]:
+        with self._lock:
+            if self._specs is None:
+                self._specs = {}
+                for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+                    dist = getattr(ep, "dist", None)
+                    version = dist.version if dist is not None else ""
+                    plugin_name = dist.name if dist is not None else ep.name
+                    try:
+                        plugin = ep.load()
+                        if self.manager.get_plugin(ep.name) is None:
+                            self.manager.register(plugin, name=ep.name)
+                        self._add_specs(plugin.polygrad_register_backends(), plugin_name, version)
+                    except Exception as e:
+                        self.failures.append(PluginFailure(plugin_name, version, f"{type(e).__name__}: {e}"))
+            return self._specs
+
+    def canonical(self, name: str) -> str:
+        up = name.upper()
+        specs = self.specs()
+        return self._aliases.get(up, up) if self._aliases.get(up, up) in specs else up
+
+    def probe(self, name: str) -> ProbeResult:
+        name = self.canonical(name)
+        if name not in self._probes:
+            try:
+                self._probes[name] = self.specs()[name].probe()
+            except Exception as e:
+                self._probes[name] = ProbeResult(False, f"probe raised {type(e).__name__}: {e}")
+        return self._probes[name]
+
+    def installed_text(self) -> str:
+        names = sorted(self.specs())
+        return ", ".join(names) if names else "none"
+
+    def default_name(self) -> str:
+        env = config.env_device()
+        if env:
+            return parse_device(env)[0]
+        best = None
+        for name, spec in sorted(self.specs().items(), key=lambda kv: -kv[1].priority):
+            if self.probe(name).ok:
+                best = name
+                break
+        if best is None:
+            reasons = "; ".join(f"{n}: {self.probe(n).reason}" for n in self.specs())
+            raise DeviceUnavailableError(f"no usable backend ({reasons or 'none installed'}); "
+                                         "pip install polygrad-backend-interp for a compiler-free backend")
+        return best
+
+    def open(self, name: str, ordinal: int = 0) -> DeviceImpl:
+        key = (name, ordinal)
+        impl = self._opened.get(key)
+        if impl is not None:
+            return impl
+        with self._lock:
+            if key not in self._opened:
+                spec = self.specs()[name]
+                result = self.probe(name)
+                if not result.ok:
+                    raise DeviceUnavailableError(f"device {name} is installed but unusable: {result.reason}")
+                self._opened[key] = spec.open(ordinal)
+            return self._opened[key]
+
+
+registry = Registry()
+
+
+def parse_device(device: str) -> tuple[str, int]:
+    """'cpu', 'CPU:0', 'cuda:1' -> (canonical name, ordinal). Rejects unknown and multi-device names."""
+    if not isinstance(device, str) or not device.strip():
+        raise DeviceError(f"device must be a non-empty string like 'CPU', got {device!r}")
+    text = device.strip()
+    if "," in text or "+" in text:
+        raise DeviceError(f"multi-device targets such as {device!r} are not supported; pick one device, e.g. 'CPU'")
+    base, _, ord_text = text.partition(":")
+    name = registry.canonical(base)
+    specs = registry.specs()
+    if name not in specs:
+        pkg = KNOWN_PACKAGES.get(name, f"polygrad-backend-{base.lower()}")
+        hint = f"pip install {pkg}" if name in KNOWN_PACKAGES else f"a plugin providing it (e.g. pip install {pkg})"
+        raise UnknownDeviceError(f"unknown device {device!r}; installed backends: {registry.installed_text()}. "
+                                 f"To add it: {hint}")
+    ordinal = 0
+    if ord_text:
+        try:
+            ordinal = int(ord_text)
+        except ValueError as e:
+            raise DeviceError(f"device ordinal in {device!r} must be an integer") from e
+        if not 0 <= ordinal <= specs[name].max_ordinal:
+            raise DeviceError(f"{name} has no device {ordinal}; valid ordinals are 0..{specs[name].max_ordinal}")
+    return name, ordinal
+
+
+def canonicalize(device: str | None) -> str:
+    """The canonical device string ('CPU', 'CUDA:1'); None means the default device."""
+    if device is None:
+        return Device.DEFAULT
+    name, ordinal = parse_device(device)
+    return name if ordinal == 0 else f"{name}:{ordinal}"
+
+
+def open_device(device: str) -> DeviceImpl:
+    name, ordinal = parse_device(device)
+    return registry.open(name, ordinal)
+
+
+class _Device:
+    """`Device.DEFAULT`, `Device.cuda_available()`, `Device["CPU"]`."""
+
+    @property
+    def DEFAULT(self) -> str:  # noqa: N802 (spec name)
+        return registry.default_name()
+
+    def __getitem__(self, name: str) -> DeviceImpl:
+        return open_device(name)
+
+    def available(self, name: str) -> bool:
+        try:
+            return registry.probe(parse_device(name)[0]).ok
+        except DeviceError:
+            return False
+
+    def cuda_available(self) -> bool:
+        return self.available("CUDA")
+
+    def installed(self) -> list[str]:
+        return sorted(registry.specs())
+
+
+Device = _Device()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Buffers
+
+
+class GlobalCounters:
+    """tinygrad-compatible counters. reset() zeroes the per-run counters and keeps live memory."""
+
+    global_ops: int = 0
+    global_mem: int = 0
+    time_sum_s: float = 0.0
+    kernel_count: int = 0
+    mem_used: int = 0
+    mem_used_per_device: dict = {}
+
+    @staticmethod
+    def reset() -> None:
+        GlobalCounters.global_ops = 0
+        GlobalCounters.global_mem = 0
+        GlobalCounters.time_sum_s = 0.0
+        GlobalCounters.kernel_count = 0
+
+
+def _account(device: str, nbytes: int) -> None:
+    GlobalCounters.mem_used += nbytes
+    per = GlobalCounters.mem_used_per_device
+    per[device] = per.get(device, 0) + nbytes
+
+
+class Buffer:
+    """Device memory for `size` elements of `dtype`. Allocated on first use, freed when collected."""
+
+    __slots__ = ("device", "size", "dtype", "_handle", "_impl", "__weakref__", "_finalizer")
+
+    def __init__(self, device: str, size: int, dtype: DType):
+        self.device, self.size, self.dtype = device, int(size), dtype
+        self._handle: Any = None
+        self._impl: DeviceImpl | None = None
+        self._finalizer: Any = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_allocated(self) -> bool:
+        return self._handle is not None
+
+    def impl(self) -> DeviceImpl:
+        if self._impl is None:
+            self._impl = open_device(self.device)
+        return self._impl
+
+    def ensure_allocated(self) -> "Buffer":
+        if self._handle is None:
+            impl = self.impl()
+            self._handle = impl.allocator.alloc(self.nbytes)
+            _account(self.device, self.nbytes)
+            self._finalizer = weakref.finalize(self, _release, impl.allocator, self._handle, self.nbytes,
+                                               self.device)
+        return self
+
+    @property
+    def handle(self) -> Any:
+        return self.ensure_allocated()._handle
+
+    def copyin(self, data: np.ndarray) -> "Buffer":
+        arr = np.ascontiguousarray(data)
+        if arr.nbytes != self.nbytes:
+            raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes; shapes must match")
+        self.impl().allocator.copyin(self.handle, memoryview(arr.reshape(-1).view(np.uint8)))
+        return self
+
+    def numpy(self) -> np.ndarray:
+        """A host copy of the contents, as a flat array of the storage dtype."""
+        out = np.empty(self.size, dtype=self.dtype.np)
+        if self.size:
+            self.impl().synchronize()
+            self.impl().allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
+        return out
+
+    def __repr__(self) -> str:
+        return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
+
+
+def _release(allocator: Any, handle: Any, nbytes: int, device: str) -> None:
+    _account(device, -nbytes)
+    allocator.free(handle, nbytes)

@@ -1,0 +1,192 @@
+"""Data types: the scalar types tensors hold, their promotion lattice and NumPy/C names."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, eq=True)
+class DType:
+    """A scalar type. `priority` orders promotion within a kind; `itemsize` is in bytes."""
+
+    priority: int
+    itemsize: int
+    name: str
+    fmt: str | None  # numpy dtype string
+    kind: str  # "bool", "int", "uint", "float"
+
+    def __repr__(self) -> str:
+        return f"dtypes.{self.name}"
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind in ("int", "uint")
+
+    @property
+    def is_unsigned(self) -> bool:
+        return self.kind == "uint"
+
+    @property
+    def np(self):
+        """The NumPy dtype used to hold this type on the host (bfloat16 is held as uint16 bits)."""
+        return np.dtype(self.fmt)
+
+
+class dtypes:
+    """Namespace of every supported dtype, in the manner of tinygrad's `dtypes`."""
+
+    bool = DType(0, 1, "bool", "?", "bool")
+    int8 = DType(1, 1, "char", "i1", "int")
+    uint8 = DType(2, 1, "uchar", "u1", "uint")
+    int16 = DType(3, 2, "short", "i2", "int")
+    uint16 = DType(4, 2, "ushort", "u2", "uint")
+    int32 = DType(5, 4, "int", "i4", "int")
+    uint32 = DType(6, 4, "uint", "u4", "uint")
+    int64 = DType(7, 8, "long", "i8", "int")
+    uint64 = DType(8, 8, "ulong", "u8", "uint")
+    float16 = DType(9, 2, "half", "f2", "float")
+    bfloat16 = DType(10, 2, "bfloat16", "u2", "float")
+    float32 = DType(11, 4, "float", "f4", "float")
+    float64 = DType(12, 8, "double", "f8", "float")
+    # aliases
+    half = float16
+    float = float32
+    double = float64
+    char = int8
+    uchar = uint8
+    short = int16
+    ushort = uint16
+    int = int32
+    uint = uint32
+    long = int64
+    ulong = uint64
+    default_float = float32
+    default_int = int32
+
+    @staticmethod
+    def is_float(dt: DType) -> bool:
+        return dt.is_float
+
+    @staticmethod
+    def is_int(dt: DType) -> bool:
+        return dt.is_int
+
+    @staticmethod
+    def is_unsigned(dt: DType) -> bool:
+        return dt.is_unsigned
+
+    @staticmethod
+    def from_np(npdt) -> DType:
+        return from_numpy(npdt)
+
+    @staticmethod
+    def min(dt: DType):
+        return dtype_min(dt)
+
+    @staticmethod
+    def max(dt: DType):
+        return dtype_max(dt)
+
+
+ALL_DTYPES: tuple[DType, ...] = (
+    dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
+    dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64,
+)
+
+_BY_NAME = {d.name: d for d in ALL_DTYPES}
+_BY_NAME.update({
+    "float32": dtypes.float32, "float64": dtypes.float64, "float16": dtypes.float16,
+    "int8": dtypes.int8, "int16": dtypes.int16, "int32": dtypes.int32, "int64": dtypes.int64,
+    "uint8": dtypes.uint8, "uint16": dtypes.uint16, "uint32": dtypes.uint32, "uint64": dtypes.uint64,
+    "bf16": dtypes.bfloat16, "f32": dtypes.float32, "f16": dtypes.float16, "f64": dtypes.float64,
+})
+
+
+class DTypeError(TypeError):
+    """An unknown dtype name or an impossible conversion."""
+
+
+def to_dtype(x) -> DType:
+    """Accept a DType, a name ('float32'), a NumPy dtype or a Python type and return the DType."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str):
+        if x in _BY_NAME:
+            return _BY_NAME[x]
+        raise DTypeError(f"unknown dtype {x!r}; use one of {sorted(set(_BY_NAME))}")
+    if x is float:
+        return dtypes.default_float
+    if x is int:
+        return dtypes.default_int
+    if x is bool:
+        return dtypes.bool
+    try:
+        return from_numpy(np.dtype(x))
+    except TypeError as e:
+        raise DTypeError(f"cannot interpret {x!r} as a dtype") from e
+
+
+def from_numpy(npdt) -> DType:
+    npdt = np.dtype(npdt)
+    for d in ALL_DTYPES:
+        if d is not dtypes.bfloat16 and np.dtype(d.fmt) == npdt:
+            return d
+    raise DTypeError(f"NumPy dtype {npdt} has no polygrad dtype; cast it to a supported type first")
+
+
+def dtype_min(dt: DType):
+    if dt.is_float:
+        return -float("inf")
+    if dt is dtypes.bool:
+        return False
+    return int(np.iinfo(dt.np).min)
+
+
+def dtype_max(dt: DType):
+    if dt.is_float:
+        return float("inf")
+    if dt is dtypes.bool:
+        return True
+    return int(np.iinfo(dt.np).max)
+
+
+# Promotion lattice (tinygrad's): each type lists the types it may promote to directly.
+_PROMO: dict[DType, tuple[DType, ...]] = {
+    dtypes.bool: (dtypes.int8, dtypes.uint8),
+    dtypes.int8: (dtypes.int16,), dtypes.int16: (dtypes.int32,), dtypes.int32: (dtypes.int64,),
+    dtypes.int64: (dtypes.float16, dtypes.bfloat16),
+    dtypes.uint8: (dtypes.int16, dtypes.uint16), dtypes.uint16: (dtypes.int32, dtypes.uint32),
+    dtypes.uint32: (dtypes.int64, dtypes.uint64), dtypes.uint64: (dtypes.float16, dtypes.bfloat16),
+    dtypes.float16: (dtypes.float32,), dtypes.bfloat16: (dtypes.float32,),
+    dtypes.float32: (dtypes.float64,), dtypes.float64: (),
+}
+
+
+def _upward(dt: DType) -> set[DType]:
+    out = {dt}
+    for nxt in _PROMO[dt]:
+        out |= _upward(nxt)
+    return out
+
+
+def least_upper_dtype(*ds: DType) -> DType:
+    """The smallest dtype every argument promotes to (tinygrad's lattice)."""
+    common = set.intersection(*[_upward(d) for d in ds])
+    return min(common, key=lambda d: d.priority)
+
+
+def least_upper_float(dt: DType) -> DType:
+    return dt if dt.is_float else least_upper_dtype(dt, dtypes.default_float)
+
+
+def dtype_of_python(x) -> DType:
+    if isinstance(x, bool):
+        return dtypes.bool
+    if isinstance(x, int):
+        return dtypes.default_int
+    return dtypes.default_float

@@ -1,0 +1,1 @@
+"""The execution pipeline: schedule -> lower -> render -> compile -> run."""

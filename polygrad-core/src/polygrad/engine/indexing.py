@@ -1,0 +1,178 @@
+"""Turn one kernel's tensor graph into kernel IR by computing each node's value at an index.
+
+Stage: scheduling. Input: a realize root (tensor-graph UOp) and the set of nodes realized elsewhere.
+Output: a kernel-IR SINK. Movement ops never move data: they become index arithmetic and gates.
+"""
+from __future__ import annotations
+
+import math
+
+from polygrad.dtype import dtypes
+from polygrad.uop.ops import ELEMENTWISE, KernelInfo, Ops, UOp
+
+TRUE = UOp.const(dtypes.bool, True)
+
+
+def _c(v: int) -> UOp:
+    return UOp.const(dtypes.int32, v)
+
+
+def strides_for(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for s in reversed(shape):
+        out.append(acc)
+        acc *= s
+    return tuple(reversed(out))
+
+
+def flat_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
+    flat = _c(0)
+    for i, st, s in zip(idx, strides_for(shape), shape):
+        if s != 1:
+            flat = flat + i * st
+    return flat
+
+
+def _and(a: UOp, b: UOp) -> UOp:
+    if a is TRUE:
+        return b
+    if b is TRUE:
+        return a
+    return a & b
+
+
+class KernelBuilder:
+    """Builds the kernel IR for one realize root. `slots` maps Buffers/slot refs to DEFINE_GLOBALs."""
+
+    def __init__(self, inputs: dict[UOp, int]):
+        self.inputs = inputs  # realized nodes (BUFFER or other kernels' roots) -> slot
+        self.globals: dict[int, UOp] = {}
+        self.memo: dict[tuple, UOp] = {}
+        self.next_axis = 0
+
+    def new_range(self, size: int, kind: str) -> UOp:
+        r = UOp(Ops.RANGE, dtypes.int32, (_c(size),), (self.next_axis, kind))
+        self.next_axis += 1
+        return r
+
+    def define_global(self, slot: int, node: UOp) -> UOp:
+        if slot not in self.globals:
+            size = math.prod(node.shape) if node.op is not Ops.BUFFER else node.arg.size
+            self.globals[slot] = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (slot, (size,)))
+        return self.globals[slot]
+
+    def value(self, u: UOp, idx: tuple[UOp, ...], valid: UOp) -> UOp:
+        key = (u, idx, valid)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = self._value(u, idx, valid)
+        return hit
+
+    def _value(self, u: UOp, idx: tuple[UOp, ...], valid: UOp) -> UOp:
+        slot = self.inputs.get(u)
+        if slot is not None:
+            buf = self.define_global(slot, u)
+            flat = idx[0] if u.op is Ops.BUFFER else flat_index(idx, u.shape)
+            src = (buf, flat) if valid is TRUE else (buf, flat, valid)
+            return UOp(Ops.LOAD, u.dtype, (UOp(Ops.INDEX, u.dtype, src),))
+        op = u.op
+        if op is Ops.CONST:
+            return UOp.const(u.dtype, u.arg)
+        if op is Ops.IOTA:
+            return idx[0]
+        if op in ELEMENTWISE:
+            return UOp(op, u.dtype, tuple(self.value(s, idx, valid) for s in u.src), u.arg)
+        if op in (Ops.DETACH, Ops.CONTIGUOUS, Ops.AFTER):
+            return self.value(u.src[0], idx, valid)
+        if op is Ops.BIND:
+            return u.src[0]
+        src = u.src[0] if u.src else None
+        if op is Ops.RESHAPE:
+            return self.value(src, reshape_index(idx, u.shape, src.shape), valid)
+        if op is Ops.PERMUTE:
+            new = [_c(0)] * len(idx)
+            for i, p in enumerate(u.arg):
+                new[p] = idx[i]
+            return self.value(src, tuple(new), valid)
+        if op is Ops.EXPAND:
+            return self.value(src, tuple(_c(0) if s == 1 else i for i, s in zip(idx, src.shape)), valid)
+        if op is Ops.SHRINK:
+            return self.value(src, tuple(i + b if b else i for i, (b, _) in zip(idx, u.arg)), valid)
+        if op is Ops.FLIP:
+            return self.value(src, tuple(_c(s - 1) - i if f else i for i, f, s in zip(idx, u.arg, src.shape)), valid)
+        if op is Ops.PAD:
+            cond, new = TRUE, []
+            for i, (b, a), s in zip(idx, u.arg, src.shape):
+                if b or a:
+                    if b:
+                        cond = _and(cond, _c(b - 1) < i)
+                    if a:
+                        cond = _and(cond, i < b + s)
+                new.append(i - b if b else i)
+            inner = self.value(src, tuple(new), _and(valid, cond))
+            return cond.where(inner, UOp.const(u.dtype, 0)) if cond is not TRUE else inner
+        if op is Ops.REDUCE_AXIS:
+            rop, axes = u.arg
+            new, ranges = list(idx), []
+            for ax in axes:
+                if src.shape[ax] != 1:
+                    r = self.new_range(src.shape[ax], "reduce")
+                    ranges.append(r)
+                new[ax] = ranges[-1] if src.shape[ax] != 1 else _c(0)
+            body = self.value(src, tuple(new), valid)
+            if not ranges:
+                return body
+            return UOp(Ops.REDUCE, u.dtype, (body, *ranges), rop)
+        raise NotImplementedError(f"cannot lower {op.name} inside a kernel")
+
+    def build(self, root: UOp, out_slot: int, out_node: UOp, name: str) -> UOp:
+        shape = root.shape
+        ranges = [self.new_range(s, "global") if s != 1 else None for s in shape]
+        idx = tuple(r if r is not None else _c(0) for r in ranges)
+        value = self.value(root, idx, TRUE)
+        out = self.define_global(out_slot, out_node)
+        store = UOp(Ops.STORE, None, (UOp(Ops.INDEX, out.dtype, (out, flat_index(idx, shape))), value.cast(out.dtype)))
+        live = tuple(r for r in ranges if r is not None)
+        body = UOp(Ops.END, None, (store,) + live) if live else store
+        return UOp(Ops.SINK, None, (body,), KernelInfo(name=name))
+
+
+def reshape_index(idx: tuple[UOp, ...], new_shape: tuple[int, ...], old_shape: tuple[int, ...]) -> tuple[UOp, ...]:
+    """Index into old_shape for an index into new_shape (same element count, row-major)."""
+    # fast path: only size-1 dims added or removed
+    if [s for s in new_shape if s != 1] == [s for s in old_shape if s != 1]:
+        it = iter(i for i, s in zip(idx, new_shape) if s != 1)
+        return tuple(next(it) if s != 1 else _c(0) for s in old_shape)
+    flat = flat_index(idx, new_shape)
+    out = []
+    for st, s in zip(strides_for(old_shape), old_shape):
+        if s == 1:
+            out.append(_c(0))
+            continue
+        e = flat // st if st != 1 else flat
+        total = math.prod(old_shape)
+        out.append(e % s if st * s != total else e)
+    return tuple(out)
+
+
+def address(u: UOp, idx: tuple[UOp, ...]) -> tuple[UOp, UOp]:
+    """(BUFFER node, flat index) that a view of a buffer reads at `idx`; for assigning into views."""
+    while u.op is not Ops.BUFFER:
+        src = u.src[0]
+        if u.op is Ops.RESHAPE:
+            idx = reshape_index(idx, u.shape, src.shape)
+        elif u.op is Ops.PERMUTE:
+            new = [_c(0)] * len(idx)
+            for i, p in enumerate(u.arg):
+                new[p] = idx[i]
+            idx = tuple(new)
+        elif u.op is Ops.SHRINK:
+            idx = tuple(i + b if b else i for i, (b, _) in zip(idx, u.arg))
+        elif u.op is Ops.FLIP:
+            idx = tuple(_c(s - 1) - i if f else i for i, f, s in zip(idx, u.arg, src.shape))
+        elif u.op in (Ops.DETACH, Ops.CONTIGUOUS):
+            pass
+        else:
+            raise ValueError(f"cannot assign through {u.op.name}; assign into a realized tensor or a slice of one")
+        u = src
+    return u, idx[0]

@@ -1,0 +1,186 @@
+"""Device-independent lowering and device optimisation: `lower(ast, caps) -> ProgramSpec`.
+
+Stage: lowering. Input: kernel IR from the scheduler (global and reduce ranges). Output: a
+ProgramSpec whose index arithmetic is simplified and whose ranges are split for the device:
+UPCAST splits a global range into an outer loop and a small inner one (register tiles, vectors);
+SPLIT_REDUCE gives a reduction several partial accumulators. Passes, in order:
+  1. simplify_indices (symbolic_rules)
+  2. choose_opts (heuristics, or BEAM search when BEAM > 0)
+  3. apply_opts, then simplify_indices again
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from polygrad import config
+from polygrad.engine.program import GlobalArg, ProgramSpec
+from polygrad.uop.ops import ALU, Ops, UOp
+from polygrad.uop.rewrite import graph_rewrite
+from polygrad.uop.symbolic import symbolic_rules
+
+
+@dataclass(frozen=True)
+class Opt:
+    """One optimisation: kind 'UPCAST' (global range) or 'SPLIT_REDUCE' (reduce range) by amount."""
+
+    kind: str
+    axis: int
+    amount: int
+
+
+def simplify_indices(ast: UOp) -> UOp:
+    """Fold constants and simplify index arithmetic."""
+    return graph_rewrite(ast, symbolic_rules, name="simplify_indices")
+
+
+def ranges_of(ast: UOp) -> list[UOp]:
+    return sorted({n for n in ast.toposort() if n.op is Ops.RANGE}, key=lambda r: r.arg[0])
+
+
+def range_coeff(expr: UOp, r: UOp) -> int | None:
+    """The constant c such that expr = c*r + (terms without r), or None if r appears otherwise."""
+    if expr is r:
+        return 1
+    if r not in expr.toposort():
+        return 0
+    if expr.op is Ops.ADD:
+        a, b = range_coeff(expr.src[0], r), range_coeff(expr.src[1], r)
+        return None if a is None or b is None else a + b
+    if expr.op is Ops.MUL and expr.src[1].op is Ops.CONST:
+        a = range_coeff(expr.src[0], r)
+        return None if a is None else a * int(expr.src[1].arg)
+    return None
+
+
+def _size(r: UOp) -> int:
+    return int(r.src[0].arg)
+
+
+def heuristic_opts(ast: UOp) -> list[Opt]:
+    """Register-tile matmul-like kernels; give long reductions several accumulators."""
+    ends = [n for n in ast.src if n.op is Ops.END]
+    if len(ends) != 1 or not isinstance(ends[0].src[0], UOp) or ends[0].src[0].op is not Ops.STORE:
+        return []
+    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE]
+    if not reduces:
+        return []
+    glob = [r for r in ends[0].src[1:] if r.arg[1] == "global"]
+    loads = [n.src[0] for n in ast.toposort() if n.op is Ops.LOAD]
+    opts: list[Opt] = []
+    if glob:
+        last = glob[-1]
+        contiguous = any(range_coeff(ld.src[1], last) == 1 for ld in loads)
+        if contiguous:
+            for amt in (16, 8):
+                if _size(last) % amt == 0 and _size(last) >= amt:
+                    opts.append(Opt("UPCAST", last.arg[0], amt))
+                    break
+            if opts and len(glob) >= 2 and _size(glob[-2]) % 4 == 0:
+                opts.append(Opt("UPCAST", glob[-2].arg[0], 4))
+            if opts:
+                return opts
+    red = reduces[0]
+    inner = red.src[-1]
+    if inner.arg[1] == "reduce" and _size(inner) % 8 == 0 and _size(inner) >= 64:
+        opts.append(Opt("SPLIT_REDUCE", inner.arg[0], 8))
+    return opts
+
+
+def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
+    """Split the named ranges; new ranges get fresh axis ids."""
+    for opt in opts:
+        ranges = {r.arg[0]: r for r in ranges_of(ast)}
+        r = ranges.get(opt.axis)
+        if r is None or _size(r) % opt.amount != 0 or _size(r) < opt.amount:
+            continue
+        next_id = max(ranges) + 1
+        outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, _size(r) // opt.amount),), (next_id, r.arg[1]))
+        inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, opt.amount),), (next_id + 1, "upcast"))
+        ast = _substitute_range(ast, r, outer, inner, opt.kind)
+    return ast
+
+
+def _substitute_range(ast: UOp, r: UOp, outer: UOp, inner: UOp, kind: str) -> UOp:
+    expr = outer * inner.src[0].arg + inner
+    memo: dict[UOp, UOp] = {r: expr}
+    for node in ast.toposort():
+        if node in memo:
+            continue
+        if node.op is Ops.END:
+            body = memo[node.src[0]]
+            rs: list[UOp] = []
+            for x in node.src[1:]:
+                rs.append(outer if x is r else memo.get(x, x))
+            if r in node.src[1:]:
+                rs.append(inner)
+            memo[node] = UOp(Ops.END, None, (body, *rs))
+            continue
+        if node.op is Ops.REDUCE and r in node.src[1:]:
+            body = memo[node.src[0]]
+            others = tuple(x for x in node.src[1:] if x is not r)
+            partial = UOp(Ops.REDUCE, node.dtype, (body, *others, outer), node.arg)
+            memo[node] = UOp(Ops.REDUCE, node.dtype, (partial, inner), node.arg)
+            continue
+        new_src = tuple(memo.get(s, s) for s in node.src)
+        memo[node] = node if new_src == node.src else node.replace(src=new_src)
+    return memo[ast]
+
+
+def estimate(ast: UOp) -> tuple[int, int]:
+    """(operations, bytes moved) for GlobalCounters."""
+    ops = 0
+    def count(node: UOp, trips: int, seen: set) -> int:
+        total = 0
+        stack = [node]
+        while stack:
+            x = stack.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if x.op is Ops.REDUCE:
+                inner = trips * math.prod(_size(r) for r in x.src[1:])
+                total += inner + count(x.src[0], inner, set())
+                continue
+            if x.op in ALU and x.dtype is not None and not x.dtype.is_int:
+                total += trips
+            elif x.op in ALU and x.op not in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD):
+                total += trips
+            stack.extend(x.src)
+        return total
+    for node in ast.src:
+        ranges = node.src[1:] if node.op is Ops.END else ()
+        trips = math.prod(_size(r) for r in ranges if r.op is Ops.RANGE)
+        ops += count(node.src[0] if node.op is Ops.END else node, trips, set())
+    mem = sum(g.arg[1][0] * g.dtype.itemsize for g in ast.toposort() if g.op is Ops.DEFINE_GLOBAL)
+    return ops, mem
+
+
+def globals_of(ast: UOp) -> tuple[GlobalArg, ...]:
+    written = {n.src[0].src[0].arg[0] for n in ast.toposort() if n.op is Ops.STORE}
+    found = {n.arg[0]: n for n in ast.toposort() if n.op is Ops.DEFINE_GLOBAL}
+    return tuple(GlobalArg(slot, g.dtype, math.prod(g.arg[1]), slot in written) for slot, g in sorted(found.items()))
+
+
+def thread_range_of(ast: UOp) -> UOp | None:
+    """The outermost global range of a single-store generated kernel: safe to split across threads."""
+    info = ast.arg
+    if info is None or "parallel" not in getattr(info, "opts", ()):
+        return None
+    if len(ast.src) != 1 or ast.src[0].op is not Ops.END:
+        return None
+    first = ast.src[0].src[1]
+    return first if first.arg[1] == "global" and _size(first) > 1 else None
+
+
+def lower(ast: UOp, opts: list[Opt] | None = None) -> ProgramSpec:
+    """Lower a scheduled kernel to a ProgramSpec (heuristic opts unless given or NOOPT=1)."""
+    ast = simplify_indices(ast)
+    if opts is None:
+        opts = [] if config.get("NOOPT") else heuristic_opts(ast)
+    if opts:
+        ast = simplify_indices(apply_opts(ast, opts))
+    ops, mem = estimate(ast)
+    name = getattr(ast.arg, "name", "kernel")
+    return ProgramSpec(name=name, ast=ast, globals=globals_of(ast), thread_range=thread_range_of(ast), ops=ops,
+                       mem_bytes=mem, opts=tuple(opts))

@@ -1,0 +1,310 @@
+"""Group a tensor graph into kernels: `schedule(targets) -> Schedule`.
+
+Stage: scheduling. Input: tensor-graph UOps to realize. Output: a list of steps (kernel IR ASTs,
+copies) over a buffer table. Elementwise chains fuse into each other and into the inputs and outputs
+of reductions; a reduction gets its own buffer only when it is read through an expand (each value
+read many times), inside another reduction, or by several kernels.
+
+Graphs are first normalised (real buffers replaced by numbered slots) so that a graph with the same
+structure and new data hits the schedule cache and never reaches the Python compiler again.
+"""
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+from polygrad.dtype import DType, dtypes
+from polygrad.engine.indexing import KernelBuilder, address, flat_index
+from polygrad.uop.ops import KernelInfo, Ops, UOp
+
+# old graph node -> the buffer view it was realized into
+becomes: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
+
+BOUNDARY_OPS = {Ops.BUFFER, Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.CUSTOM, Ops.AFTER}
+
+
+@dataclass(frozen=True)
+class SlotRef:
+    """Stands for the k-th input buffer of a normalised graph."""
+
+    index: int
+    size: int
+    device: str
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing to run: a kernel AST over table entries, a device copy, or a custom kernel."""
+
+    kind: str  # "kernel" | "copy"
+    device: str
+    args: tuple[int, ...]  # buffer-table indices in the kernel's slot order
+    ast: UOp | None = None
+
+
+@dataclass
+class Template:
+    """A cached schedule: steps over a table of n_inputs inputs followed by new buffers."""
+
+    n_inputs: int
+    new_buffers: list[tuple[int, DType, str]] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    outputs: list[UOp] = field(default_factory=list)  # normalised views over table slots
+
+
+schedule_cache: dict[tuple[UOp, ...], Template] = {}
+
+
+def is_buffer_view(u: UOp) -> bool:
+    """A whole contiguous buffer, possibly reshaped."""
+    if u.op is Ops.RESHAPE:
+        u = u.src[0]
+    return u.op is Ops.BUFFER
+
+
+def normalize(targets: list[UOp]) -> tuple[tuple[UOp, ...], list[Any]]:
+    """Replace realized subgraphs by their buffers and buffers by numbered SlotRefs."""
+    sink = UOp(Ops.SINK, None, tuple(targets))
+    inputs: list[Any] = []
+    slot_of: dict[int, int] = {}
+    memo: dict[UOp, UOp] = {}
+    for node in sink.toposort():
+        done = becomes.get(node)
+        if done is not None and done is not node:
+            memo[node] = _normalize_view(done, inputs, slot_of, memo)
+            continue
+        if node.op is Ops.BUFFER:
+            memo[node] = _slot(node, inputs, slot_of)
+            continue
+        new_src = tuple(memo[s] for s in node.src)
+        memo[node] = node if new_src == node.src else node.replace(src=new_src)
+    return tuple(memo[t] for t in targets), inputs
+
+
+def _slot(node: UOp, inputs: list[Any], slot_of: dict[int, int]) -> UOp:
+    buf = node.arg
+    if isinstance(buf, SlotRef):
+        return node
+    k = slot_of.get(id(buf))
+    if k is None:
+        k = slot_of[id(buf)] = len(inputs)
+        inputs.append(buf)
+    return UOp(Ops.BUFFER, node.dtype, (), SlotRef(k, buf.size, buf.device))
+
+
+def _normalize_view(view: UOp, inputs: list[Any], slot_of: dict[int, int], memo: dict[UOp, UOp]) -> UOp:
+    out: dict[UOp, UOp] = {}
+    for node in view.toposort():
+        if node.op is Ops.BUFFER:
+            out[node] = _slot(node, inputs, slot_of)
+        else:
+            new_src = tuple(out[s] for s in node.src)
+            out[node] = node if new_src == node.src else node.replace(src=new_src)
+    return out[view]
+
+
+def denormalize(u: UOp, table: list[Any]) -> UOp:
+    out: dict[UOp, UOp] = {}
+    for node in u.toposort():
+        if node.op is Ops.BUFFER and isinstance(node.arg, SlotRef):
+            out[node] = UOp(Ops.BUFFER, node.dtype, (), table[node.arg.index])
+        else:
+            new_src = tuple(out[s] for s in node.src)
+            out[node] = node if new_src == node.src else node.replace(src=new_src)
+    return out[u]
+
+
+# ---------------------------------------------------------------------------------------------------
+# deciding kernel boundaries
+
+
+def find_realize_points(targets: tuple[UOp, ...]) -> list[UOp]:
+    """Every node that gets its own kernel (and buffer), in dependency order."""
+    points: set[UOp] = set()
+    for t in targets:
+        if t.op is Ops.ASSIGN or not (is_buffer_view(t) or t.op is Ops.AFTER):
+            points.add(t)
+    sink = UOp(Ops.SINK, None, targets)
+    for node in sink.toposort():
+        if node.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN, Ops.CUSTOM, Ops.AFTER):
+            points.add(node)
+        if node.op is Ops.COPY and not is_buffer_view(node.src[0]):
+            points.add(node.src[0])
+        if node.op is Ops.CUSTOM:
+            points.update(s for s in node.src if not is_buffer_view(s))
+    while True:
+        added = _reduces_needing_buffers(points)
+        if not added:
+            break
+        points |= added
+    order = {n: i for i, n in enumerate(sink.toposort())}
+    return sorted(points, key=lambda n: order[n])
+
+
+def _reduces_needing_buffers(points: set[UOp]) -> set[UOp]:
+    reached_by: dict[UOp, set[UOp]] = {}
+    must: set[UOp] = set()
+    for root in points:
+        if root.op in (Ops.CUSTOM, Ops.AFTER, Ops.COPY):
+            continue
+        start = root.src[1] if root.op is Ops.ASSIGN else (root.src[0] if root.op is Ops.CONTIGUOUS else root)
+        stack = [(start, False, False)]
+        seen: set[tuple[UOp, bool, bool]] = set()
+        while stack:
+            node, expanded, in_reduce = stack.pop()
+            if (node, expanded, in_reduce) in seen:
+                continue
+            seen.add((node, expanded, in_reduce))
+            if node is not start and (node in points or node.op in BOUNDARY_OPS):
+                continue
+            if node.op is Ops.REDUCE_AXIS:
+                if node is not start and (expanded or in_reduce):
+                    must.add(node)
+                    continue
+                reached_by.setdefault(node, set()).add(root)
+                in_reduce = in_reduce or node is not start
+            if node.op is Ops.EXPAND:
+                expanded = True
+            for s in node.src:
+                stack.append((s, expanded, in_reduce))
+    must |= {n for n, roots in reached_by.items() if len(roots) > 1 and n not in points}
+    return must - points
+
+
+# ---------------------------------------------------------------------------------------------------
+# building the template
+
+
+def _kernel_name(root: UOp, ast: UOp) -> str:
+    has_reduce = any(n.op is Ops.REDUCE for n in ast.toposort())
+    shape = "_".join(str(s) for s in root.shape) or "1"
+    return f"{'r' if has_reduce else 'E'}_{shape}"
+
+
+def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
+    tpl = Template(n_inputs)
+    table_of: dict[UOp, int] = {}
+
+    def new_buffer(node: UOp) -> int:
+        tpl.new_buffers.append((math.prod(node.shape), node.dtype, node.device))
+        return n_inputs + len(tpl.new_buffers) - 1
+
+    def entry_of(node: UOp) -> int:
+        """Table index holding a boundary node's (contiguous) value."""
+        if node.op is Ops.RESHAPE:
+            node = node.src[0]
+        if node.op is Ops.BUFFER:
+            return node.arg.index
+        return table_of[node]
+
+    sink = UOp(Ops.SINK, None, targets)
+    for node in sink.toposort():
+        if node.op is Ops.BUFFER:
+            table_of[node] = node.arg.index
+
+    for point in find_realize_points(targets):
+        if point.op is Ops.CUSTOM:
+            args = tuple(entry_of(s) for s in point.src)
+            table_of[point] = -1
+            if isinstance(point.arg.arg, KernelInfo):
+                tpl.steps.append(Step("kernel", point.src[0].device, args, point.arg))
+            continue
+        if point.op is Ops.AFTER:
+            table_of[point] = entry_of(point.src[0])
+            continue
+        if point.op is Ops.COPY:
+            dst = new_buffer(point)
+            table_of[point] = dst
+            tpl.steps.append(Step("copy", point.device, (dst, entry_of(point.src[0]))))
+            continue
+        if point.op is Ops.ASSIGN:
+            out_entry = _assign_target_entry(point.src[0])
+            table_of[point] = out_entry
+        else:
+            out_entry = new_buffer(point)
+            table_of[point] = out_entry
+        if math.prod(point.shape) == 0:
+            continue
+        inputs = {n: table_of[n] for n in table_of if n is not point and table_of[n] >= 0}
+        ast, args = _build_kernel(point, inputs, out_entry)
+        tpl.steps.append(Step("kernel", point.device, args, ast))
+
+    for t in targets:
+        if t.op is Ops.ASSIGN:
+            tpl.outputs.append(t.src[0])
+        elif is_buffer_view(t):
+            tpl.outputs.append(t)
+        else:
+            e = table_of[t]
+            buf = UOp(Ops.BUFFER, t.dtype, (), SlotRef(e, math.prod(t.shape), t.device))
+            tpl.outputs.append(UOp(Ops.RESHAPE, t.dtype, (buf,), t.shape) if len(t.shape) != 1 else buf)
+    return tpl
+
+
+def _assign_target_entry(view: UOp) -> int:
+    node = view
+    while node.op is not Ops.BUFFER:
+        node = node.src[0]
+    return node.arg.index
+
+
+class _TableKernelBuilder(KernelBuilder):
+    """KernelBuilder whose input slots are numbered in first-use order (output first)."""
+
+    def __init__(self, inputs: dict[UOp, int], out_entry: int):
+        super().__init__(inputs)
+        self.order: list[int] = [out_entry]
+
+    def local_slot(self, entry: int) -> int:
+        if entry not in self.order:
+            self.order.append(entry)
+        return self.order.index(entry)
+
+    def _value(self, u: UOp, idx: tuple[UOp, ...], valid: UOp) -> UOp:
+        entry = self.inputs.get(u)
+        if entry is not None:
+            slot = self.local_slot(entry)
+            buf = self.define_global(slot, u)
+            flat = idx[0] if u.op is Ops.BUFFER else flat_index(idx, u.shape)
+            src = (buf, flat) if valid is _TRUE else (buf, flat, valid)
+            return UOp(Ops.LOAD, u.dtype, (UOp(Ops.INDEX, u.dtype, src),))
+        return super()._value(u, idx, valid)
+
+
+from polygrad.engine.indexing import TRUE as _TRUE  # noqa: E402
+
+
+def _build_kernel(point: UOp, inputs: dict[UOp, int], out_entry: int) -> tuple[UOp, tuple[int, ...]]:
+    kb = _TableKernelBuilder(inputs, out_entry)
+    if point.op is Ops.ASSIGN:
+        target, value = point.src
+        shape = target.shape
+        ranges = [kb.new_range(s, "global") if s != 1 else None for s in shape]
+        idx = tuple(r if r is not None else UOp.const(dtypes.int32, 0) for r in ranges)
+        val = kb.value(value, idx, _TRUE)
+        buf_node, flat = address(target, idx)
+        out = kb.define_global(0, buf_node)
+        store = UOp(Ops.STORE, None, (UOp(Ops.INDEX, out.dtype, (out, flat)), val.cast(out.dtype)))
+        live = tuple(r for r in ranges if r is not None)
+        body = UOp(Ops.END, None, (store,) + live) if live else store
+        ast = UOp(Ops.SINK, None, (body,), KernelInfo(name="assign_" + "_".join(map(str, shape)), opts=("parallel",)))
+        return ast, tuple(kb.order)
+    root = point.src[0] if point.op is Ops.CONTIGUOUS else point
+    ast = kb.build(root, 0, point, "kernel")
+    ast = ast.replace(arg=KernelInfo(name=_kernel_name(point, ast), opts=("parallel",)))
+    return ast, tuple(kb.order)
+
+
+def schedule(targets: list[UOp]) -> tuple[Template, list[Any]]:
+    """Normalise, then look the structure up in the cache (building the template on a miss)."""
+    key, inputs = normalize(targets)
+    tpl = schedule_cache.get(key)
+    if tpl is None:
+        tpl = schedule_cache[key] = build_template(key, len(inputs))
+    return tpl, inputs
+
+
+def clear_schedule_cache() -> None:
+    schedule_cache.clear()

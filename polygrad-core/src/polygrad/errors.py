@@ -1,0 +1,33 @@
+"""Typed errors users can catch; every message says what to do next."""
+
+
+class PolygradError(Exception):
+    """Base class of every error polygrad raises on purpose."""
+
+
+class DeviceError(PolygradError, ValueError):
+    """A device name, ordinal or target that cannot be used."""
+
+
+class UnknownDeviceError(DeviceError):
+    """No installed backend has this name."""
+
+
+class DeviceUnavailableError(DeviceError):
+    """The backend is installed but its probe failed (no compiler, no driver, ...)."""
+
+
+class CompileError(PolygradError, RuntimeError):
+    """A kernel failed to compile; the message holds the compiler's output."""
+
+
+class PluginError(PolygradError):
+    """A backend plugin is malformed or built for another plugin API version."""
+
+
+class CapabilityError(PolygradError):
+    """can_run() cannot prove support for a query statically."""
+
+
+class RuntimeOwnershipError(PolygradError, ValueError):
+    """Operands belong to different runtimes, or to a disposed one."""

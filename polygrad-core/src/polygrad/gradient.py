@@ -1,0 +1,133 @@
+"""Autograd: one gradient rule per primitive op, micrograd style, over tensor-graph UOps.
+
+Stage: graph construction. Input: a scalar root UOp, its incoming gradient and the targets.
+Output: {target: gradient UOp}. Each rule maps (node, grad) to one gradient per source (None = no
+gradient flows there). Derived ops (exp, softmax, matmul...) are built from these primitives.
+"""
+from __future__ import annotations
+
+import math
+
+from polygrad.dtype import dtypes
+from polygrad.uop import movement as mv
+from polygrad.uop.ops import Ops, UOp
+
+
+def full_like(u: UOp, value: float) -> UOp:
+    c = UOp.const(u.dtype, value, u.device)
+    return mv.expand(mv.reshape(c, (1,) * len(u.shape)), u.shape) if u.shape else c
+
+
+def alu(op: Ops, *srcs: UOp) -> UOp:
+    return srcs[0].alu(op, *srcs[1:])
+
+
+def _reduce_grad(node: UOp, g: UOp) -> tuple:
+    src = node.src[0]
+    rop, axes = node.arg
+    if rop is Ops.ADD:
+        return (mv.expand(g, src.shape),)
+    if rop is Ops.MAX:
+        mask = alu(Ops.CMPEQ, src, mv.expand(node, src.shape)).cast(src.dtype)
+        count = UOp(Ops.REDUCE_AXIS, src.dtype, (mask,), (Ops.ADD, axes))
+        share = alu(Ops.FDIV, mask, mv.expand(count, src.shape))
+        return (alu(Ops.MUL, share, mv.expand(g, src.shape)),)
+    if rop is Ops.MUL:
+        return (alu(Ops.FDIV, alu(Ops.MUL, mv.expand(g, src.shape), mv.expand(node, src.shape)), src),)
+    raise NotImplementedError(f"no gradient for reduce {rop}")
+
+
+def _max_grad(node: UOp, g: UOp) -> tuple:
+    a, b = node.src
+    a_wins = alu(Ops.CMPLT, b, a).cast(g.dtype)
+    tie = alu(Ops.CMPEQ, a, b).cast(g.dtype)
+    half = alu(Ops.MUL, tie, full_like(g, 0.5))
+    wa = alu(Ops.ADD, a_wins, half)
+    wb = alu(Ops.ADD, alu(Ops.ADD, full_like(g, 1.0), alu(Ops.NEG, a_wins)), alu(Ops.NEG, half))
+    return alu(Ops.MUL, g, wa), alu(Ops.MUL, g, wb)
+
+
+def _pad_grad(node: UOp, g: UOp) -> tuple:
+    return (mv.shrink(g, tuple((b, b + s) for (b, _), s in zip(node.arg, node.src[0].shape))),)
+
+
+def _shrink_grad(node: UOp, g: UOp) -> tuple:
+    return (mv.pad(g, tuple((b, s - e) for (b, e), s in zip(node.arg, node.src[0].shape))),)
+
+
+def _expand_grad(node: UOp, g: UOp) -> tuple:
+    src = node.src[0]
+    axes = tuple(i for i, (a, b) in enumerate(zip(src.shape, node.shape)) if a != b)
+    acc_dt = g.dtype
+    return (UOp(Ops.REDUCE_AXIS, acc_dt, (g,), (Ops.ADD, axes)),)
+
+
+def _permute_grad(node: UOp, g: UOp) -> tuple:
+    inverse = tuple(sorted(range(len(node.arg)), key=lambda i: node.arg[i]))
+    return (mv.permute(g, inverse),)
+
+
+LN2 = math.log(2)
+
+GRADIENT_RULES = {
+    Ops.ADD: lambda n, g: (g, g),
+    Ops.MUL: lambda n, g: (alu(Ops.MUL, g, n.src[1]), alu(Ops.MUL, g, n.src[0])),
+    Ops.NEG: lambda n, g: (alu(Ops.NEG, g),),
+    Ops.FDIV: lambda n, g: (alu(Ops.FDIV, g, n.src[1]),
+                            alu(Ops.NEG, alu(Ops.FDIV, alu(Ops.MUL, g, n.src[0]), alu(Ops.MUL, n.src[1], n.src[1])))),
+    Ops.MAX: _max_grad,
+    Ops.EXP2: lambda n, g: (alu(Ops.MUL, alu(Ops.MUL, g, n), full_like(g, LN2)),),
+    Ops.LOG2: lambda n, g: (alu(Ops.FDIV, g, alu(Ops.MUL, n.src[0], full_like(g, LN2))),),
+    Ops.SIN: lambda n, g: (alu(Ops.MUL, g, alu(Ops.SIN, alu(Ops.ADD, alu(Ops.NEG, n.src[0]),
+                                                            full_like(g, math.pi / 2)))),),
+    Ops.SQRT: lambda n, g: (alu(Ops.FDIV, g, alu(Ops.MUL, n, full_like(g, 2.0))),),
+    Ops.RECIPROCAL: lambda n, g: (alu(Ops.NEG, alu(Ops.MUL, g, alu(Ops.MUL, n, n))),),
+    Ops.POW: lambda n, g: (
+        alu(Ops.MUL, g, alu(Ops.MUL, n.src[1], alu(Ops.POW, n.src[0], alu(Ops.ADD, n.src[1], full_like(g, -1.0))))),
+        alu(Ops.MUL, g, alu(Ops.MUL, n, alu(Ops.MUL, alu(Ops.LOG2, n.src[0]), full_like(g, LN2))))),
+    Ops.WHERE: lambda n, g: (None, alu(Ops.WHERE, n.src[0], g, full_like(g, 0.0)),
+                             alu(Ops.WHERE, n.src[0], full_like(g, 0.0), g)),
+    Ops.TRUNC: lambda n, g: (full_like(g, 0.0),),
+    Ops.CAST: lambda n, g: (g.cast(n.src[0].dtype) if n.src[0].dtype.is_float else None,),
+    Ops.REDUCE_AXIS: _reduce_grad,
+    Ops.RESHAPE: lambda n, g: (mv.reshape(g, n.src[0].shape),),
+    Ops.PERMUTE: _permute_grad,
+    Ops.EXPAND: _expand_grad,
+    Ops.PAD: _pad_grad,
+    Ops.SHRINK: _shrink_grad,
+    Ops.FLIP: lambda n, g: (mv.flip(g, n.arg),),
+    Ops.CONTIGUOUS: lambda n, g: (g,),
+    Ops.COPY: lambda n, g: (UOp(Ops.COPY, g.dtype, (g,), n.src[0].device),),
+}
+NO_GRADIENT = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD,
+               Ops.BITCAST, Ops.DETACH, Ops.CONST, Ops.IOTA, Ops.BUFFER, Ops.DEVICE, Ops.ASSIGN, Ops.BIND}
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
+    """Reverse-mode accumulation from root to every target it depends on."""
+    order = root.toposort()
+    on_path: set[UOp] = set()
+    for node in order:  # sources first: a node is on a path if it is a target or feeds one
+        if node in targets or any(s in on_path for s in node.src):
+            on_path.add(node)
+    grads: dict[UOp, UOp] = {root: root_grad}
+    for node in reversed(order):
+        g = grads.get(node)
+        if g is None or node.op in NO_GRADIENT:
+            continue
+        rule = GRADIENT_RULES.get(node.op)
+        if rule is None:
+            if any(s in on_path for s in node.src):
+                raise NotImplementedError(f"no gradient rule for {node.op.name}")
+            continue
+        for src, sg in zip(node.src, rule(node, g)):
+            if sg is None or src not in on_path or src.dtype is None or not src.dtype.is_float:
+                continue
+            if sg.dtype != src.dtype:
+                sg = sg.cast(src.dtype)
+            prev = grads.get(src)
+            grads[src] = sg if prev is None else alu(Ops.ADD, prev, sg)
+    return {t: grads[t] for t in targets if t in grads}
+
+
+__all__ = ["compute_gradient", "GRADIENT_RULES", "dtypes"]

@@ -1,0 +1,92 @@
+"""Counter-based random numbers (Threefry-2x32, 20 rounds) evaluated inside kernels.
+
+The key (seed, call counter) lives in a small buffer, so every call has the same graph structure and
+reuses the compiled kernel; the counter is the element index. Same seed -> same numbers on every
+backend, and a rand() of any size is never materialised on the host.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from polygrad.dtype import dtypes, to_dtype
+
+_state = {"seed": 0, "counter": 0}
+ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
+PARITY = 0x1BD11BDA
+
+
+def manual_seed(seed: int = 0) -> None:
+    _state["seed"] = int(seed) & 0xFFFFFFFF
+    _state["counter"] = 0
+
+
+def _next_key(device: str | None, runtime: Any):
+    from polygrad.tensor import Tensor
+    key = np.array([_state["seed"], _state["counter"]], dtype=np.uint32)
+    _state["counter"] += 1
+    return Tensor(key, device=device, dtype=dtypes.uint32, _runtime=runtime)
+
+
+def _rotl(x, r: int):
+    return (x << r) | (x >> (32 - r))
+
+
+def threefry2x32(c0, c1, k0, k1):
+    """Random123's Threefry-2x32 on uint32 tensors (broadcasting)."""
+    ks = (k0, k1, k0 ^ k1 ^ PARITY)
+    x0, x1 = c0 + ks[0], c1 + ks[1]
+    for i in range(20):
+        x0 = x0 + x1
+        x1 = _rotl(x1, ROTATIONS[i % 8]) ^ x0
+        if i % 4 == 3:
+            s = i // 4 + 1
+            x0 = x0 + ks[s % 3]
+            x1 = x1 + ks[(s + 1) % 3] + s
+    return x0, x1
+
+
+def _bits(shape: tuple[int, ...], device: str | None, runtime: Any):
+    from polygrad.tensor import Tensor
+    n = math.prod(shape)
+    key = _next_key(device, runtime)
+    counter = Tensor.arange(n, device=device, dtype=dtypes.uint32, _runtime=runtime)
+    k0, k1 = key[0:1].reshape(()), key[1:2].reshape(())
+    zero = Tensor.full((n,), 0, dtype=dtypes.uint32, device=counter.device, _runtime=runtime)
+    return threefry2x32(counter, zero, k0, k1)
+
+
+def _to_unit(bits):
+    # top 24 bits -> [0, 1)
+    return (bits >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))
+
+
+def rand(shape: tuple[int, ...], dtype: Any = None, device: str | None = None, **kw: Any):
+    from polygrad.tensor import Tensor
+    dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+    runtime = kw.get("_runtime")
+    if math.prod(shape) == 0:
+        return Tensor.empty(*shape, dtype=dt, device=device, _runtime=runtime)
+    x0, _ = _bits(shape, device, runtime)
+    out = _to_unit(x0).reshape(shape).cast(dt)
+    out.requires_grad = kw.get("requires_grad")
+    out._leaf = True
+    return out
+
+
+def randn(shape: tuple[int, ...], dtype: Any = None, device: str | None = None, **kw: Any):
+    from polygrad.tensor import Tensor
+    dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
+    runtime = kw.get("_runtime")
+    if math.prod(shape) == 0:
+        return Tensor.empty(*shape, dtype=dt, device=device, _runtime=runtime)
+    x0, x1 = _bits(shape, device, runtime)
+    u1 = ((x0 >> 8).cast(dtypes.float32) + 1.0) * (1.0 / (1 << 24))
+    u2 = _to_unit(x1)
+    z = (u1.log() * -2.0).sqrt() * (u2 * (2 * math.pi)).cos()
+    out = z.reshape(shape).cast(dt)
+    out.requires_grad = kw.get("requires_grad")
+    out._leaf = True
+    return out

@@ -1,0 +1,1 @@
+"""Renderers: kernel IR (ProgramSpec) -> source text for a device."""

@@ -1,0 +1,273 @@
+"""The IR: `UOp` (op, dtype, src, arg), immutable and hash-consed, used at every stage.
+
+Stage: shared. Tensor graphs (BUFFER/CONST/movement/ALU/REDUCE_AXIS) and kernel IR
+(DEFINE_GLOBAL/RANGE/INDEX/LOAD/STORE/REDUCE/END/SINK) are both made of UOps.
+Custom kernels are written directly in kernel IR through the helpers on this class.
+"""
+from __future__ import annotations
+
+import math
+import struct
+import weakref
+from dataclasses import dataclass
+from enum import Enum, auto
+from typing import Any
+
+from polygrad.dtype import DType, dtypes, to_dtype
+
+
+class Ops(Enum):
+    # tensor-graph ops
+    BUFFER = auto(); CONST = auto(); DEVICE = auto(); COPY = auto(); CONTIGUOUS = auto()  # noqa: E702
+    DETACH = auto(); ASSIGN = auto(); CUSTOM = auto(); AFTER = auto(); BIND = auto()  # noqa: E702
+    RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto()  # noqa: E702
+    FLIP = auto(); REDUCE_AXIS = auto(); IOTA = auto()  # noqa: E702
+    # kernel-IR ops
+    SINK = auto(); DEFINE_GLOBAL = auto(); DEFINE_VAR = auto(); RANGE = auto(); INDEX = auto()  # noqa: E702
+    LOAD = auto(); STORE = auto(); END = auto(); REDUCE = auto()  # noqa: E702
+    # elementwise (shared by both levels)
+    CAST = auto(); BITCAST = auto()  # noqa: E702
+    EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIPROCAL = auto()  # noqa: E702
+    NEG = auto(); TRUNC = auto()  # noqa: E702
+    ADD = auto(); MUL = auto(); MAX = auto(); MOD = auto(); IDIV = auto(); FDIV = auto()  # noqa: E702
+    CMPLT = auto(); CMPNE = auto(); CMPEQ = auto()  # noqa: E702
+    AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto(); POW = auto()  # noqa: E702
+    WHERE = auto()
+
+    def __repr__(self) -> str:
+        return f"Ops.{self.name}"
+
+
+UNARY = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
+BINARY = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MOD, Ops.IDIV, Ops.FDIV, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
+          Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.POW}
+ALU = UNARY | BINARY | {Ops.WHERE}
+ELEMENTWISE = ALU | {Ops.CAST, Ops.BITCAST}
+COMPARISONS = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
+MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
+COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """Marks the root SINK of an executable kernel; `name` shows up in dumps and stats."""
+
+    name: str = "kernel"
+    opts: tuple = ()
+
+
+def _arg_key(arg: Any) -> Any:
+    # -0.0 == 0.0 and 1 == 1.0 == True in Python; keep them apart in the hash-cons key.
+    if isinstance(arg, float):
+        return (float, struct.pack("<d", arg))
+    if isinstance(arg, bool):
+        return (bool, arg)
+    if isinstance(arg, tuple):
+        return tuple(_arg_key(a) for a in arg)
+    return arg
+
+
+def normalize_const(value: Any, dtype: DType) -> Any:
+    if dtype is dtypes.bool:
+        return bool(value)
+    if dtype.is_int:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"cannot store {value} in an integer dtype {dtype}")
+        return int(value)
+    return float(value)
+
+
+class UOp:
+    """One node of the IR. Built only through `UOp(...)`, which returns a shared instance."""
+
+    __slots__ = ("op", "dtype", "src", "arg", "_shape", "_device", "_toposort", "__weakref__")
+    _cache: "weakref.WeakValueDictionary[tuple, UOp]" = weakref.WeakValueDictionary()
+
+    def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple = (), arg: Any = None):
+        key = (op, dtype, src, _arg_key(arg))
+        try:
+            hit = UOp._cache.get(key)
+        except TypeError as e:
+            raise TypeError(f"UOp arg must be hashable, got {arg!r}") from e
+        if hit is not None:
+            return hit
+        self = object.__new__(cls)
+        self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
+        self._shape = self._device = self._toposort = None
+        UOp._cache[key] = self
+        return self
+
+    def __reduce__(self):
+        return UOp, (self.op, self.dtype, self.src, self.arg)
+
+    def replace(self, **kw) -> "UOp":
+        return UOp(kw.get("op", self.op), kw.get("dtype", self.dtype), kw.get("src", self.src),
+                   kw.get("arg", self.arg))
+
+    def __repr__(self) -> str:
+        return pretty(self)
+
+    # ---- graph walking
+    def toposort(self) -> list["UOp"]:
+        """All nodes reachable from self, sources before users."""
+        if self._toposort is not None:
+            return self._toposort
+        out: list[UOp] = []
+        seen: set[int] = set()
+        stack: list[tuple[UOp, bool]] = [(self, False)]
+        while stack:
+            node, visited = stack.pop()
+            if visited:
+                out.append(node)
+                continue
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.append((node, True))
+            for s in reversed(node.src):
+                if id(s) not in seen:
+                    stack.append((s, False))
+        self._toposort = out
+        return out
+
+    # ---- constants
+    @staticmethod
+    def const(dtype: DType, value: Any, device: str | None = None) -> "UOp":
+        dtype = to_dtype(dtype)
+        src = (UOp(Ops.DEVICE, None, (), device),) if device is not None else ()
+        return UOp(Ops.CONST, dtype, src, normalize_const(value, dtype))
+
+    def const_like(self, value: Any) -> "UOp":
+        if self.op is Ops.CONST and self.src:
+            return UOp.const(self.dtype, value, self.src[0].arg)
+        return UOp.const(self.dtype, value)
+
+    # ---- shape (tensor-graph level)
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self._shape is None:
+            from polygrad.uop.shape import infer_shape
+            self._shape = infer_shape(self)
+        return self._shape
+
+    @property
+    def device(self) -> str | None:
+        if self._device is None:
+            from polygrad.uop.shape import infer_device
+            self._device = infer_device(self)
+        return self._device if self._device != "" else None
+
+    # ---- elementwise builders (both levels)
+    def alu(self, op: Ops, *srcs: "UOp") -> "UOp":
+        out_dtype = dtypes.bool if op in COMPARISONS else self.dtype
+        if op is Ops.WHERE:
+            out_dtype = srcs[0].dtype
+        return UOp(op, out_dtype, (self,) + srcs)
+
+    def _operand(self, x: Any) -> "UOp":
+        if isinstance(x, UOp):
+            return x
+        dt = self.dtype if self.dtype is not None else dtypes.int32
+        return UOp.const(dt, x)
+
+    def cast(self, dtype: DType) -> "UOp":
+        dtype = to_dtype(dtype)
+        return self if dtype == self.dtype else UOp(Ops.CAST, dtype, (self,))
+
+    def bitcast(self, dtype: DType) -> "UOp":
+        return UOp(Ops.BITCAST, to_dtype(dtype), (self,))
+
+    def _value(self) -> "UOp":
+        # an INDEX used as a value means "load it"
+        return UOp(Ops.LOAD, self.dtype, (self,)) if self.op is Ops.INDEX else self
+
+    def _bin(self, op: Ops, other: Any, reverse: bool = False) -> "UOp":
+        a, b = self._value(), self._operand(other)._value()
+        if reverse:
+            a, b = b, a
+        return a.alu(op, b)
+
+    def __add__(self, x): return self._bin(Ops.ADD, x)  # noqa: E704
+    def __radd__(self, x): return self._bin(Ops.ADD, x, True)  # noqa: E704
+    def __mul__(self, x): return self._bin(Ops.MUL, x)  # noqa: E704
+    def __rmul__(self, x): return self._bin(Ops.MUL, x, True)  # noqa: E704
+    def __sub__(self, x): return self._bin(Ops.ADD, -self._operand(x)._value())  # noqa: E704
+    def __rsub__(self, x): return self._operand(x)._value()._bin(Ops.ADD, -self._value())  # noqa: E704
+    def __neg__(self): return self._value().alu(Ops.NEG)  # noqa: E704
+    def __floordiv__(self, x): return self._bin(Ops.IDIV, x)  # noqa: E704
+    def __mod__(self, x): return self._bin(Ops.MOD, x)  # noqa: E704
+    def __truediv__(self, x): return self._bin(Ops.FDIV, x)  # noqa: E704
+    def __lt__(self, x): return self._bin(Ops.CMPLT, x)  # noqa: E704
+    def __gt__(self, x): return self._bin(Ops.CMPLT, x, True)  # noqa: E704
+    def ne(self, x): return self._bin(Ops.CMPNE, x)  # noqa: E704
+    def eq(self, x): return self._bin(Ops.CMPEQ, x)  # noqa: E704
+    def maximum(self, x): return self._bin(Ops.MAX, x)  # noqa: E704
+    def where(self, a, b): return self._value().alu(Ops.WHERE, self._operand(a)._value(), self._operand(b)._value())  # noqa: E501,E704
+    def __and__(self, x): return self._bin(Ops.AND, x)  # noqa: E704
+    def __or__(self, x): return self._bin(Ops.OR, x)  # noqa: E704
+    def __xor__(self, x): return self._bin(Ops.XOR, x)  # noqa: E704
+
+    __hash__ = object.__hash__
+
+    # ---- kernel-IR builders (custom kernels)
+    @staticmethod
+    def range(ctx: Any, end: "int | UOp", axis: int = 0, kind: str = "global") -> "UOp":
+        """A loop variable 0 <= r < end. `ctx` is the kernel's placeholder context."""
+        end_uop = end if isinstance(end, UOp) else UOp.const(dtypes.int32, int(end))
+        return UOp(Ops.RANGE, dtypes.int32, (end_uop,), (axis, kind))
+
+    @property
+    def ctx(self) -> Any:
+        return ("kernel", self.arg[0] if self.op is Ops.DEFINE_GLOBAL else None)
+
+    @staticmethod
+    def placeholder(shape: tuple[int, ...], dtype: DType, slot: int) -> "UOp":
+        return UOp(Ops.DEFINE_GLOBAL, to_dtype(dtype), (), (slot, tuple(shape)))
+
+    def numel(self) -> int:
+        return math.prod(self.arg[1]) if self.op is Ops.DEFINE_GLOBAL else math.prod(self.shape)
+
+    def flatten(self) -> "UOp":
+        if self.op is Ops.DEFINE_GLOBAL:
+            return UOp(Ops.DEFINE_GLOBAL, self.dtype, (), (self.arg[0], (self.numel(),)))
+        from polygrad.uop import movement
+        return movement.reshape(self, (math.prod(self.shape),))
+
+    def __getitem__(self, idx) -> "UOp":
+        if self.op is not Ops.DEFINE_GLOBAL:
+            raise TypeError("indexing a UOp is only for kernel placeholders (DEFINE_GLOBAL)")
+        idxs = idx if isinstance(idx, tuple) else (idx,)
+        shape = self.arg[1]
+        if len(idxs) != len(shape):
+            raise IndexError(f"placeholder of shape {shape} indexed with {len(idxs)} indices")
+        flat: UOp = UOp.const(dtypes.int32, 0)
+        for i, n in zip(idxs, shape):
+            flat = flat * n + (i if isinstance(i, UOp) else UOp.const(dtypes.int32, int(i)))
+        return UOp(Ops.INDEX, self.dtype, (self, flat))
+
+    def load(self) -> "UOp":
+        return self._value()
+
+    def store(self, value: Any) -> "UOp":
+        if self.op is not Ops.INDEX:
+            raise TypeError("store() is called on an indexed placeholder, as out[i].store(v)")
+        return UOp(Ops.STORE, None, (self, self._operand(value)._value()))
+
+    def end(self, *ranges: "UOp") -> "UOp":
+        return UOp(Ops.END, None, (self,) + ranges)
+
+    def sink(self, *more: "UOp", arg: Any = None) -> "UOp":
+        return UOp(Ops.SINK, None, (self,) + more, arg)
+
+
+def pretty(u: UOp, limit: int = 40) -> str:
+    """A readable multi-line dump of a UOp graph (shared nodes printed once, as %n)."""
+    nodes = u.toposort()
+    if len(nodes) > limit:
+        return f"UOp({u.op}, {u.dtype}, <{len(u.src)} srcs>, arg={u.arg!r}) [{len(nodes)} nodes]"
+    names = {id(n): f"%{i}" for i, n in enumerate(nodes)}
+    lines = []
+    for n in nodes:
+        srcs = ", ".join(names[id(s)] for s in n.src)
+        lines.append(f"{names[id(n)]} = {n.op.name}({srcs}) {n.dtype} arg={n.arg!r}")
+    return "\n".join(lines)

@@ -1,0 +1,75 @@
+"""Shape and device inference for tensor-graph UOps (each op's rule in one table)."""
+from __future__ import annotations
+
+import math
+
+from polygrad.uop.ops import ELEMENTWISE, Ops, UOp
+
+
+class ShapeError(ValueError):
+    """Shapes that cannot combine; the message names both shapes."""
+
+
+def _broadcast_same(u: UOp) -> tuple[int, ...]:
+    shapes = [s.shape for s in u.src]
+    if any(s != shapes[0] for s in shapes):
+        raise ShapeError(f"{u.op.name} needs equal shapes after broadcasting, got {shapes}")
+    return shapes[0]
+
+
+def _reshape(u: UOp) -> tuple[int, ...]:
+    if math.prod(u.src[0].shape) != math.prod(u.arg):
+        raise ShapeError(f"cannot reshape {u.src[0].shape} to {u.arg}: sizes differ")
+    return tuple(u.arg)
+
+
+def _reduce(u: UOp) -> tuple[int, ...]:
+    axes = u.arg[1]
+    return tuple(1 if i in axes else s for i, s in enumerate(u.src[0].shape))
+
+
+SHAPE_RULES = {
+    Ops.BUFFER: lambda u: (u.arg.size,),
+    Ops.CONST: lambda u: (),
+    Ops.DEVICE: lambda u: (),
+    Ops.RESHAPE: _reshape,
+    Ops.PERMUTE: lambda u: tuple(u.src[0].shape[i] for i in u.arg),
+    Ops.EXPAND: lambda u: tuple(u.arg),
+    Ops.PAD: lambda u: tuple(s + b + a for s, (b, a) in zip(u.src[0].shape, u.arg)),
+    Ops.SHRINK: lambda u: tuple(e - b for b, e in u.arg),
+    Ops.FLIP: lambda u: u.src[0].shape,
+    Ops.REDUCE_AXIS: _reduce,
+    Ops.COPY: lambda u: u.src[0].shape,
+    Ops.CONTIGUOUS: lambda u: u.src[0].shape,
+    Ops.DETACH: lambda u: u.src[0].shape,
+    Ops.ASSIGN: lambda u: u.src[0].shape,
+    Ops.AFTER: lambda u: u.src[0].shape,
+    Ops.BIND: lambda u: (),
+    Ops.DEFINE_VAR: lambda u: (),
+    Ops.CUSTOM: lambda u: (),
+    Ops.IOTA: lambda u: (u.arg,),
+}
+
+
+def infer_shape(u: UOp) -> tuple[int, ...]:
+    rule = SHAPE_RULES.get(u.op)
+    if rule is not None:
+        return rule(u)
+    if u.op in ELEMENTWISE:
+        return _broadcast_same(u)
+    raise ShapeError(f"{u.op.name} has no shape (it is a kernel-IR node)")
+
+
+def infer_device(u: UOp) -> str:
+    """The device a tensor-graph node lives on; '' when it is device-free (a bare constant)."""
+    if u.op is Ops.BUFFER:
+        return u.arg.device
+    if u.op is Ops.DEVICE:
+        return u.arg or ""
+    if u.op is Ops.COPY:
+        return u.arg
+    for s in u.src:
+        d = s.device
+        if d:
+            return d
+    return ""
