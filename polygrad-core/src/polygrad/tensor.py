@@ -97,6 +97,9 @@ class Tensor:
         self.requires_grad = requires_grad
         self.grad: Tensor | None = None
         self._leaf = True
+        if _runtime is None:
+            from polygrad import runtime_context
+            _runtime = runtime_context.current()
         self._runtime = _runtime
         if isinstance(data, UOp):
             self.uop = data
@@ -956,6 +959,25 @@ class Tensor:
             dtypes.int32)
 
 
+# -------------------------------------------------------------------------------------------------
+# Methods whose implementations live in their own modules (one concern per module).
+
+def _delegate(module: str, name: str, doc: str):
+    def method(self, *args: Any, **kwargs: Any):
+        import importlib
+        return getattr(importlib.import_module(f"polygrad.{module}"), name)(self, *args, **kwargs)
+    method.__name__ = name
+    method.__doc__ = doc
+    return method
+
+
+for _name in ("solve", "lstsq", "cholesky", "cholesky_solve", "qr", "solve_triangular", "triangular_solve", "inv",
+              "det", "slogdet"):
+    setattr(Tensor, _name, _delegate("linalg", _name, f"See polygrad.linalg.{_name}."))
+Tensor.custom_kernel = _delegate("engine.custom", "custom_kernel", "Run a kernel written in kernel IR; see "
+                                 "polygrad.engine.custom.custom_kernel.")  # type: ignore[attr-defined]
+
+
 def _iota(n: int, dt: DType, kw: dict) -> "Tensor":
     """0..n-1 computed in-kernel from the loop index (never materialised on the host)."""
     dev = canonicalize(kw.get("device") or _default_device(kw.get("_runtime")))
@@ -1020,7 +1042,9 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 def _default_device(runtime: Any) -> str | None:
     if runtime is not None:
         return runtime.device
-    return None
+    from polygrad import runtime_context
+    current = runtime_context.current()
+    return current.device if current is not None else None
 
 
 def _check_runtimes(tensors: Sequence["Tensor"]) -> None:
