@@ -20,6 +20,8 @@ from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.shape import ShapeError
+from polygrad.tensor_movement import MovementMixin
+from polygrad.tensor_nn import NNMixin
 
 _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
 
@@ -81,7 +83,7 @@ def _resolve_axis(axis: int, ndim: int) -> int:
     return axis % max(ndim, 1)
 
 
-class Tensor:
+class Tensor(MovementMixin, NNMixin):
     """A lazily evaluated n-dimensional array with automatic differentiation.
 
     >>> Tensor([1.0, 2.0, 3.0]).mul(2).numpy().tolist()
@@ -695,8 +697,7 @@ class Tensor:
         else:
             pairs = [(0, 0) if p is None else tuple(p) for p in flat]
         if mode != "constant":
-            from polygrad import tensor_ext
-            return tensor_ext.pad_mode(self, pairs, mode)
+            return self._pad_mode(pairs, mode)
         grow = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
         x = self
         if any(b < 0 or a < 0 for b, a in pairs):
@@ -882,8 +883,7 @@ class Tensor:
         """Basic indexing: ints, slices (any step), None and Ellipsis; tensors go to tensor_ext."""
         items = list(index) if isinstance(index, tuple) else [index]
         if any(isinstance(i, (Tensor, list, np.ndarray)) for i in items):
-            from polygrad import tensor_ext
-            return tensor_ext.advanced_getitem(self, items)
+            return self._advanced_getitem(items)
         n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
         if n_real > self.ndim:
             raise IndexError(f"too many indices ({n_real}) for a tensor with {self.ndim} dimensions")
