@@ -8,6 +8,8 @@ from typing import Any
 
 
 class MovementMixin:
+    __slots__ = ()
+
     def _advanced_getitem(self, items: list) -> Any:
         raise NotImplementedError("integer-tensor indexing is not implemented yet")
 

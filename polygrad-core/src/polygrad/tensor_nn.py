@@ -6,4 +6,4 @@ from __future__ import annotations
 
 
 class NNMixin:
-    pass
+    __slots__ = ()
