@@ -1,6 +1,13 @@
-"""Load compiled kernels through cffi and launch them, splitting the thread range across cores."""
+"""Load compiled kernels and launch them through cffi, splitting the thread range across cores.
+
+One FFI instance serves every kernel: each shared object is opened with ctypes only to find the
+symbol's address, which is cast to a cffi function pointer of the kernel's arity. Buffer pointers are
+cached on the host allocations, so a launch does no address lookups. cffi releases the GIL during the
+call, so worker threads run chunks of the outermost loop in parallel.
+"""
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -10,8 +17,11 @@ import cffi
 
 from polygrad.backend_api import ProgramSpec
 
+FFI = cffi.FFI()
+_fn_types: dict[int, Any] = {}
+_libs: list[Any] = []  # keep shared objects loaded for the life of the process
 _pool: ThreadPoolExecutor | None = None
-PARALLEL_MIN_OPS = 1 << 17
+PARALLEL_MIN_WORK = 1 << 17
 
 
 def _threads() -> int:
@@ -25,32 +35,36 @@ def pool() -> ThreadPoolExecutor:
     return _pool
 
 
+def _fn_type(n_buffers: int) -> Any:
+    t = _fn_types.get(n_buffers)
+    if t is None:
+        params = ", ".join(["void*"] * n_buffers + ["int", "int"])
+        t = _fn_types[n_buffers] = FFI.typeof(f"void(*)({params})")
+    return t
+
+
+def pointer(handle: Any) -> Any:
+    p = handle.ptr
+    if p is None:
+        p = handle.ptr = FFI.cast("void*", handle.addr)
+    return p
+
+
 class CPUProgram:
-    """A kernel in a shared object; call with host buffers (NumPy uint8 arrays)."""
+    """A kernel in a shared object; call with host buffers (backend_api.HostMemory)."""
 
     def __init__(self, spec: ProgramSpec, path: str):
         self.spec = spec
-        self.ffi = cffi.FFI()
-        params = ", ".join(["void*"] * len(spec.globals) + ["int", "int"])
-        self.ffi.cdef(f"void {spec.name}({params});")
-        self.lib = self.ffi.dlopen(path)
-        self.fn = getattr(self.lib, spec.name)
+        lib = ctypes.CDLL(path)
+        _libs.append(lib)
+        addr = ctypes.cast(getattr(lib, spec.name), ctypes.c_void_p).value
+        self.fn = FFI.cast(_fn_type(len(spec.globals)), addr)
         self.size = spec.thread_size
         work = spec.ops + spec.mem_bytes
-        self.split = self.size > 1 and _threads() > 1 and work >= PARALLEL_MIN_OPS
-        self.ptr_cache: dict[int, Any] = {}
-
-    def _ptr(self, arr: Any) -> Any:
-        addr = arr.ctypes.data
-        p = self.ptr_cache.get(addr)
-        if p is None:
-            if len(self.ptr_cache) > 4096:
-                self.ptr_cache.clear()
-            p = self.ptr_cache[addr] = self.ffi.cast("void*", addr)
-        return p
+        self.split = self.size > 1 and _threads() > 1 and work >= PARALLEL_MIN_WORK
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> float | None:
-        args = [self._ptr(b) for b in buffers]
+        args = [pointer(b) for b in buffers]
         t0 = time.perf_counter() if timing else 0.0
         if not self.split:
             self.fn(*args, 0, max(self.size, 1))

@@ -20,10 +20,22 @@ def describe(spec: ProgramSpec) -> str:
     return f"// INTERP kernel {spec.name}\n{spec.ast!r}\n"
 
 
+HALF_TYPES = (dtypes.float16, dtypes.bfloat16)
+
+
 def _np_dtype(dt: DType) -> Any:
-    if dt is dtypes.bfloat16:
-        return np.float32  # computed in float32, stored as bf16 bits
+    if dt in HALF_TYPES:
+        return np.float32  # computed in float32, stored as 16-bit patterns (like the C renderer)
     return dt.np
+
+
+def _round_half(x: Any, dt: DType) -> Any:
+    """Round float32 values to float16/bfloat16 precision (nearest even), kept as float32."""
+    if dt is dtypes.float16:
+        return np.asarray(x, dtype=np.float32).astype(np.float16).astype(np.float32)
+    if dt is dtypes.bfloat16:
+        return _load_cast(_store_cast(np.asarray(x, dtype=np.float32), dt), ..., dt)
+    return x
 
 
 def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -55,7 +67,7 @@ class InterpProgram:
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> None:
         views = {}
         for g, buf in zip(self.spec.globals, buffers):
-            views[g.slot] = buf[: g.size * g.dtype.itemsize].view(g.dtype.np)
+            views[g.slot] = buf.arr[: g.size * g.dtype.itemsize].view(g.dtype.np)
         with np.errstate(all="ignore"):
             for block in self.spec.ast.src:
                 self.run_block(block, views)
@@ -111,7 +123,7 @@ class InterpProgram:
     def eval_node(self, u: UOp, views: dict, window: dict, memo: dict) -> Any:
         op = u.op
         if op is Ops.CONST:
-            return np.array(u.arg, dtype=_np_dtype(u.dtype))
+            return _round_half(np.array(u.arg, dtype=_np_dtype(u.dtype)), u.dtype)
         if op is Ops.RANGE:
             return self.range_value(u, window)
         if op in (Ops.DEFINE_GLOBAL, Ops.INDEX):
@@ -141,13 +153,19 @@ class InterpProgram:
             if u.arg is Ops.MAX:
                 return np.max(body, axis=axes, keepdims=True)
             raise NotImplementedError(f"INTERP reduce {u.arg}")
-        srcs = [memo[s] for s in u.src]
+        out = self.eval_alu(u, [memo[s] for s in u.src])
+        return _round_half(out, u.dtype) if u.dtype in HALF_TYPES and op is not Ops.BITCAST else out
+
+    def eval_alu(self, u: UOp, srcs: list) -> Any:
+        op = u.op
         out_dt = _np_dtype(u.dtype)
         if op is Ops.CAST:
             return _cast(srcs[0], u.src[0].dtype, u.dtype)
         if op is Ops.BITCAST:
-            arr = np.ascontiguousarray(np.asarray(srcs[0], dtype=_np_dtype(u.src[0].dtype)))
-            return arr.view(out_dt)
+            arr = np.ascontiguousarray(_store_cast(np.asarray(srcs[0], dtype=_np_dtype(u.src[0].dtype)),
+                                                   u.src[0].dtype))
+            bits = arr.view(u.dtype.np)
+            return _load_cast(bits, ..., u.dtype) if u.dtype in HALF_TYPES else bits
         if op is Ops.WHERE:
             return np.where(srcs[0], srcs[1], srcs[2]).astype(out_dt, copy=False)
         if op is Ops.NEG:
@@ -184,12 +202,18 @@ def _cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
 def _load_cast(buf: np.ndarray, idx: Any, dt: DType) -> np.ndarray:
     vals = buf[idx]
     if dt is dtypes.bfloat16:
-        return (vals.astype(np.uint32) << 16).view(np.float32)
+        return (np.asarray(vals).astype(np.uint32) << 16).view(np.float32)
+    if dt is dtypes.float16:
+        return np.asarray(vals).view(np.float16).astype(np.float32)
     return vals
 
 
 def _store_cast(vals: np.ndarray, dt: DType) -> np.ndarray:
     if dt is dtypes.bfloat16:
-        bits = np.ascontiguousarray(vals, dtype=np.float32).view(np.uint32)
-        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        bits = np.ascontiguousarray(vals, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        return np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
+    if dt is dtypes.float16:
+        return np.asarray(vals).astype(np.float16)
     return vals

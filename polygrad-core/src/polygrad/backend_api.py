@@ -94,20 +94,32 @@ class BackendSpec:
     pip_name: str = ""
 
 
+class HostMemory:
+    """A host allocation: the NumPy byte array, its address, and a slot backends may cache a
+    foreign-function pointer in (so launching a kernel costs no per-call address lookups)."""
+
+    __slots__ = ("arr", "addr", "ptr")
+
+    def __init__(self, arr: Any):
+        self.arr = arr
+        self.addr = int(arr.ctypes.data)
+        self.ptr: Any = None
+
+
 class HostAllocator:
     """Memory from NumPy arrays: shared by host backends (CPU, INTERP, X86)."""
 
-    def alloc(self, nbytes: int) -> Any:
+    def alloc(self, nbytes: int) -> HostMemory:
         import numpy as np
-        return np.empty(max(nbytes, 1), dtype=np.uint8)
+        return HostMemory(np.empty(max(nbytes, 1), dtype=np.uint8))
 
     def free(self, handle: Any, nbytes: int) -> None:
         pass
 
-    def copyin(self, handle: Any, src: memoryview) -> None:
+    def copyin(self, handle: HostMemory, src: memoryview) -> None:
         import numpy as np
-        handle[: src.nbytes] = np.frombuffer(src, dtype=np.uint8)
+        handle.arr[: src.nbytes] = np.frombuffer(src, dtype=np.uint8)
 
-    def copyout(self, dest: memoryview, handle: Any) -> None:
+    def copyout(self, dest: memoryview, handle: HostMemory) -> None:
         import numpy as np
-        np.frombuffer(dest, dtype=np.uint8)[:] = handle[: dest.nbytes]
+        np.frombuffer(dest, dtype=np.uint8)[:] = handle.arr[: dest.nbytes]

@@ -235,13 +235,12 @@ def _account(device: str, nbytes: int) -> None:
 class Buffer:
     """Device memory for `size` elements of `dtype`. Allocated on first use, freed when collected."""
 
-    __slots__ = ("device", "size", "dtype", "_handle", "_impl", "__weakref__", "_finalizer")
+    __slots__ = ("device", "size", "dtype", "_handle", "_impl", "__weakref__")
 
     def __init__(self, device: str, size: int, dtype: DType):
         self.device, self.size, self.dtype = device, int(size), dtype
         self._handle: Any = None
         self._impl: DeviceImpl | None = None
-        self._finalizer: Any = None
 
     @property
     def nbytes(self) -> int:
@@ -261,9 +260,12 @@ class Buffer:
             impl = self.impl()
             self._handle = impl.allocator.alloc(self.nbytes)
             _account(self.device, self.nbytes)
-            self._finalizer = weakref.finalize(self, _release, impl.allocator, self._handle, self.nbytes,
-                                               self.device)
         return self
+
+    def __del__(self) -> None:
+        if self._handle is not None:
+            _release(self._impl.allocator, self._handle, self.nbytes, self.device)
+            self._handle = None
 
     @property
     def handle(self) -> Any:

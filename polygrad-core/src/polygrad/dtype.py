@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass(frozen=True, eq=True)
+@dataclass(frozen=True, eq=False)
 class DType:
     """A scalar type. `priority` orders promotion within a kind; `itemsize` is in bytes."""
 
@@ -18,6 +18,9 @@ class DType:
 
     def __repr__(self) -> str:
         return f"dtypes.{self.name}"
+
+    def __reduce__(self):
+        return (getattr, (dtypes, self.name))
 
     @property
     def is_float(self) -> bool:
@@ -167,17 +170,24 @@ _PROMO: dict[DType, tuple[DType, ...]] = {
 }
 
 
-def _upward(dt: DType) -> set[DType]:
+def _upward(dt: DType) -> frozenset[DType]:
     out = {dt}
     for nxt in _PROMO[dt]:
         out |= _upward(nxt)
-    return out
+    return frozenset(out)
+
+
+_UPWARD = {d: _upward(d) for d in ALL_DTYPES}
+_LUB_CACHE: dict[tuple[DType, ...], DType] = {}
 
 
 def least_upper_dtype(*ds: DType) -> DType:
     """The smallest dtype every argument promotes to (tinygrad's lattice)."""
-    common = set.intersection(*[_upward(d) for d in ds])
-    return min(common, key=lambda d: d.priority)
+    hit = _LUB_CACHE.get(ds)
+    if hit is None:
+        common = frozenset.intersection(*[_UPWARD[d] for d in ds])
+        hit = _LUB_CACHE[ds] = min(common, key=lambda d: d.priority)
+    return hit
 
 
 def least_upper_float(dt: DType) -> DType:

@@ -249,16 +249,13 @@ class Tensor(MovementMixin, NNMixin):
     @staticmethod
     def realize_all(*tensors: "Tensor") -> None:
         from polygrad.engine.realize import realize_uops
-        from polygrad.engine.schedule import becomes
         todo = [t for t in tensors if not _is_realized(t.uop)]
         if not todo:
             return
         _check_runtimes(todo)
         olds = [t.uop for t in todo]
         news = realize_uops(olds)
-        for t, old, new in zip(todo, olds, news):
-            if old is not new:
-                becomes[old] = new
+        for t, new in zip(todo, news):
             t.uop = new
 
     def _buffer(self) -> Buffer:

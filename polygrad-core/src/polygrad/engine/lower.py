@@ -72,13 +72,12 @@ def heuristic_opts(ast: UOp) -> list[Opt]:
         last = glob[-1]
         contiguous = any(range_coeff(ld.src[1], last) == 1 for ld in loads)
         if contiguous:
-            for amt in (16, 8):
-                if _size(last) % amt == 0 and _size(last) >= amt:
-                    opts.append(Opt("UPCAST", last.arg[0], amt))
-                    break
-            if opts and len(glob) >= 2 and _size(glob[-2]) % 4 == 0:
-                opts.append(Opt("UPCAST", glob[-2].arg[0], 4))
-            if opts:
+            # the row tile is split first so its upcast loop sits outside the contiguous one
+            amt = next((a for a in (16, 8) if _size(last) % a == 0), 0)
+            if amt:
+                if len(glob) >= 2 and _size(glob[-2]) % 4 == 0:
+                    opts.append(Opt("UPCAST", glob[-2].arg[0], 4))
+                opts.append(Opt("UPCAST", last.arg[0], amt))
                 return opts
     red = reduces[0]
     inner = red.src[-1]

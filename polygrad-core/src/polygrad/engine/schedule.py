@@ -13,20 +13,22 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from polygrad.dtype import DType, dtypes
 from polygrad.engine.indexing import KernelBuilder, address, flat_index
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 
-# old graph node -> the buffer view it was realized into
+# effectful nodes that already ran (ASSIGN, AFTER) -> the buffer view they left behind, so a graph that
+# still holds one never runs it twice. Pure computations are not memoised: realizing the same
+# expression again recomputes it (as tinygrad does), which keeps results fresh after buffer writes.
 becomes: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
+EFFECT_OPS = (Ops.ASSIGN, Ops.AFTER)
 
 BOUNDARY_OPS = {Ops.BUFFER, Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.CUSTOM, Ops.AFTER}
 
 
-@dataclass(frozen=True)
-class SlotRef:
+class SlotRef(NamedTuple):
     """Stands for the k-th input buffer of a normalised graph."""
 
     index: int
@@ -295,6 +297,17 @@ def _build_kernel(point: UOp, inputs: dict[UOp, int], out_entry: int) -> tuple[U
     ast = kb.build(root, 0, point, "kernel")
     ast = ast.replace(arg=KernelInfo(name=_kernel_name(point, ast), opts=("parallel",)))
     return ast, tuple(kb.order)
+
+
+def effects_of(targets: list[UOp]) -> list[UOp]:
+    """The not-yet-run ASSIGN/AFTER nodes in a graph (recorded in `becomes` once they ran)."""
+    sink = UOp(Ops.SINK, None, tuple(targets))
+    return [n for n in sink.toposort() if n.op in EFFECT_OPS and n not in becomes]
+
+
+def record_effects(effects: list[UOp]) -> None:
+    for node in effects:
+        becomes[node] = node.src[0]
 
 
 def schedule(targets: list[UOp]) -> tuple[Template, list[Any]]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from polygrad.dtype import DType, dtypes
 from polygrad.engine.program import ProgramSpec
 from polygrad.renderer.linearize import RangeDeps, top_level_reduces
@@ -20,6 +22,58 @@ C_TYPES = {
     dtypes.int64: "long long", dtypes.uint64: "unsigned long long", dtypes.float32: "float",
     dtypes.float64: "double", dtypes.float16: "_Float16", dtypes.bfloat16: "__bf16",
 }
+HALF_TYPES = (dtypes.float16, dtypes.bfloat16)
+# Half and bfloat16 are stored as uint16 bits and computed in float: many C compilers (clang 14 on
+# x86) have no arithmetic on _Float16/__bf16. Conversions round to nearest even, as hardware does.
+HALF_HELPERS = """
+static inline float pg_h2f(unsigned short h) {
+  union { unsigned int u; float f; } o, magic;
+  magic.u = 113u << 23;
+  o.u = (unsigned int)(h & 0x7fffu) << 13;
+  unsigned int e = o.u & (0x7c00u << 13);
+  o.u += (127u - 15u) << 23;
+  if (e == (0x7c00u << 13)) o.u += (128u - 16u) << 23;
+  else if (e == 0) { o.u += 1u << 23; o.f -= magic.f; }
+  o.u |= (unsigned int)(h & 0x8000u) << 16;
+  return o.f;
+}
+static inline unsigned short pg_f2h(float x) {
+  union { float f; unsigned int u; } f, magic;
+  f.f = x;
+  magic.u = 126u << 23;
+  unsigned int sign = f.u & 0x80000000u;
+  unsigned short o;
+  f.u ^= sign;
+  if (f.u >= (143u << 23)) o = (f.u > (255u << 23)) ? 0x7e00 : 0x7c00;
+  else if (f.u < (113u << 23)) { f.f += magic.f; o = (unsigned short)(f.u - magic.u); }
+  else { unsigned int odd = (f.u >> 13) & 1u; f.u += 0xc8000fffu + odd; o = (unsigned short)(f.u >> 13); }
+  return (unsigned short)(o | (sign >> 16));
+}
+static inline float pg_b2f(unsigned short h) {
+  union { unsigned int u; float f; } o;
+  o.u = (unsigned int)h << 16;
+  return o.f;
+}
+static inline unsigned short pg_f2b(float x) {
+  union { float f; unsigned int u; } f;
+  f.f = x;
+  if ((f.u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((f.u >> 16) | 0x40u);
+  return (unsigned short)((f.u + 0x7fffu + ((f.u >> 16) & 1u)) >> 16);
+}
+static inline float pg_rh(float x) { return pg_h2f(pg_f2h(x)); }
+static inline float pg_rb(float x) { return pg_b2f(pg_f2b(x)); }
+"""
+
+
+def round_half_value(value: float, dt: DType) -> float:
+    """A Python float rounded to float16/bfloat16 precision (round to nearest even)."""
+    if dt is dtypes.float16:
+        return float(np.float16(value))
+    bits = int(np.array(value, dtype=np.float32).view(np.uint32))
+    if math.isnan(value):
+        return value
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return float(np.array(bits & 0xFFFFFFFF, dtype=np.uint32).view(np.float32))
 
 
 class CStyleRenderer:
@@ -28,9 +82,35 @@ class CStyleRenderer:
     prelude = "#include <math.h>\n#include <stdint.h>\n"
     types = C_TYPES
     restrict = "restrict"
+    emulate_half = True  # False where the compiler has native half/bfloat16 arithmetic
 
     def ctype(self, dt: DType) -> str:
+        """The C type of a value of dtype dt (half/bfloat16 values live in float when emulated)."""
+        if self.emulate_half and dt in HALF_TYPES:
+            return "float"
         return self.types[dt]
+
+    def storage_ctype(self, dt: DType) -> str:
+        """The C element type of a buffer of dtype dt."""
+        if self.emulate_half and dt in HALF_TYPES:
+            return "unsigned short"
+        return self.types[dt]
+
+    def from_storage(self, dt: DType, expr: str) -> str:
+        if self.emulate_half and dt in HALF_TYPES:
+            return f"pg_{'h' if dt is dtypes.float16 else 'b'}2f({expr})"
+        return expr
+
+    def to_storage(self, dt: DType, expr: str) -> str:
+        if self.emulate_half and dt in HALF_TYPES:
+            return f"pg_f2{'h' if dt is dtypes.float16 else 'b'}({expr})"
+        return expr
+
+    def round_half(self, dt: DType, expr: str) -> str:
+        """Round a float expression to dt's precision (identity unless dt is an emulated half type)."""
+        if self.emulate_half and dt in HALF_TYPES:
+            return f"pg_r{'h' if dt is dtypes.float16 else 'b'}({expr})"
+        return expr
 
     # ---- literals and expressions
     def literal(self, u: UOp) -> str:
@@ -42,6 +122,8 @@ class CStyleRenderer:
                 return f"(({self.ctype(dt)})NAN)"
             if math.isinf(v):
                 return f"(({self.ctype(dt)}){'-' if v < 0 else ''}INFINITY)"
+            if self.emulate_half and dt in HALF_TYPES:
+                return repr(round_half_value(float(v), dt)) + "f"
             text = repr(float(v))
             return text + "f" if dt is dtypes.float32 else (text if dt is dtypes.float64 else f"(({self.ctype(dt)}){text}f)")
         if dt in (dtypes.int64,):
@@ -111,9 +193,11 @@ class CStyleRenderer:
         if op is Ops.CAST:
             if dt is dtypes.bool:
                 return f"({a[0]}!=0)"
-            return f"(({self.ctype(dt)})({a[0]}))"
+            return self.round_half(dt, f"(({self.ctype(dt)})({a[0]}))")
         if op is Ops.BITCAST:
-            return (f"({{union {{{self.ctype(sdt)} i; {self.ctype(dt)} o;}} u_; u_.i = {a[0]}; u_.o;}})")
+            src = self.to_storage(sdt, a[0])
+            bits = f"({{union {{{self.storage_ctype(sdt)} i; {self.storage_ctype(dt)} o;}} u_; u_.i = {src}; u_.o;}})"
+            return self.from_storage(dt, bits)
         raise NotImplementedError(f"C renderer has no rule for {op.name}")
 
     # ---- structure
@@ -121,7 +205,7 @@ class CStyleRenderer:
         params = []
         for g in spec.globals:
             const = "" if g.written else "const "
-            params.append(f"{const}{self.ctype(g.dtype)}* {self.restrict} data{g.slot}")
+            params.append(f"{const}{self.storage_ctype(g.dtype)}* {self.restrict} data{g.slot}")
         params += ["int core_start", "int core_end"]
         return f"void {spec.name}({', '.join(params)})"
 
@@ -201,7 +285,7 @@ class _Emitter:
         if op is Ops.LOAD:
             index = u.src[0]
             buf, idx = self.emit(index.src[0]), self.emit(index.src[1])
-            expr = f"{buf}[{idx}]"
+            expr = self.r.from_storage(u.dtype, f"{buf}[{idx}]")
             if len(index.src) > 2:
                 expr = f"({self.emit(index.src[2])}?{expr}:0)"
             name = self.var("val")
@@ -210,6 +294,8 @@ class _Emitter:
             return name
         args = [self.emit(s) for s in u.src]
         expr = self.r.alu(u, args)
+        if u.op not in (Ops.CAST, Ops.BITCAST):
+            expr = self.r.round_half(u.dtype, expr)
         name = self.var("alu")
         self.line(f"{self.r.ctype(u.dtype)} {name} = {expr};")
         self.scopes[-1][u] = name
@@ -250,7 +336,7 @@ class _Emitter:
         buf, idx = self.emit(index.src[0]), self.emit(index.src[1])
         if value.dtype != index.dtype:
             v = self.r.alu(UOp(Ops.CAST, index.dtype, (value,)), [v])
-        self.line(f"{buf}[{idx}] = {v};")
+        self.line(f"{buf}[{idx}] = {self.r.to_storage(index.dtype, v)};")
 
     def emit_block(self, node: UOp) -> None:
         if node.op is Ops.STORE:
@@ -278,7 +364,10 @@ class _Emitter:
         for node in self.spec.ast.src:
             self.emit_block(node)
         body = "\n".join(self.lines)
-        return f"{self.r.prelude}\n{self.r.signature(self.spec)} {{\n{body}\n}}\n"
+        prelude = self.r.prelude
+        if self.r.emulate_half and any(n.dtype in HALF_TYPES for n in self.spec.ast.toposort()):
+            prelude += HALF_HELPERS
+        return f"{prelude}\n{self.r.signature(self.spec)} {{\n{body}\n}}\n"
 
 
 def _identity(op: Ops, dt: DType):

@@ -63,8 +63,20 @@ def _arg_key(arg: Any) -> Any:
     if isinstance(arg, bool):
         return (bool, arg)
     if isinstance(arg, tuple):
+        if all(type(a) is int for a in arg):
+            return arg
         return tuple(_arg_key(a) for a in arg)
     return arg
+
+
+# hash-cons table: key -> weak reference; an entry goes away with its UOp
+_uop_cache: dict[tuple, "weakref.KeyedRef"] = {}
+_PLAIN_ARGS = (type(None), int, str)
+
+
+def _forget(ref: "weakref.KeyedRef") -> None:
+    if _uop_cache.get(ref.key) is ref:
+        del _uop_cache[ref.key]
 
 
 def normalize_const(value: Any, dtype: DType) -> Any:
@@ -81,20 +93,21 @@ class UOp:
     """One node of the IR. Built only through `UOp(...)`, which returns a shared instance."""
 
     __slots__ = ("op", "dtype", "src", "arg", "_shape", "_device", "_toposort", "__weakref__")
-    _cache: "weakref.WeakValueDictionary[tuple, UOp]" = weakref.WeakValueDictionary()
 
     def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple = (), arg: Any = None):
-        key = (op, dtype, src, _arg_key(arg))
+        key = (op, dtype, src, arg if type(arg) in _PLAIN_ARGS else _arg_key(arg))
         try:
-            hit = UOp._cache.get(key)
+            ref = _uop_cache.get(key)
         except TypeError as e:
             raise TypeError(f"UOp arg must be hashable, got {arg!r}") from e
-        if hit is not None:
-            return hit
+        if ref is not None:
+            hit = ref()
+            if hit is not None:
+                return hit
         self = object.__new__(cls)
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
         self._shape = self._device = self._toposort = None
-        UOp._cache[key] = self
+        _uop_cache[key] = weakref.KeyedRef(self, _forget, key)
         return self
 
     def __reduce__(self):
