@@ -2,9 +2,15 @@
 
 `DEVICES` is every backend the registry lists whose probe passes (CPU and INTERP at least, plus any
 other backend installed later). Tests take the `device` fixture (one run per backend) or read
-`DEVICES` directly.
+`DEVICES` directly. `run_python` runs a snippet in a fresh interpreter with extra environment
+variables (for settings read at import time: DEV, POLY_DEV, PATH, POLY_CACHE_DIR...).
 """
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -29,3 +35,22 @@ def device(request: pytest.FixtureRequest) -> str:
 def devices() -> list[str]:
     """Every usable backend."""
     return list(DEVICES)
+
+
+def run_python(code: str, env: dict[str, str] | None = None, cwd: str | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `code` (dedented) with this interpreter; env entries override os.environ, None removes."""
+    full = dict(os.environ)
+    for key, value in (env or {}).items():
+        if value is None:
+            full.pop(key, None)
+        else:
+            full[key] = value
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full, cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(name="run_python")
+def run_python_fixture():
+    """The `run_python` helper as a fixture."""
+    return run_python

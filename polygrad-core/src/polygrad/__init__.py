@@ -7,9 +7,13 @@
 from polygrad.config import Context
 from polygrad.device import Device, GlobalCounters
 from polygrad.dtype import dtypes
+from polygrad.engine.jit import CompiledCallable, JitError, TinyJit, compile, jit
 from polygrad.inspect import can_run, stats
+from polygrad.runtime import Runtime, create
 from polygrad.tensor import Tensor
+from polygrad import nn  # noqa: E402  (after Tensor: nn builds on it)
 
 __version__ = "0.1.0"
 
-__all__ = ["Context", "Device", "GlobalCounters", "Tensor", "can_run", "dtypes", "stats", "__version__"]
+__all__ = ["CompiledCallable", "Context", "Device", "GlobalCounters", "JitError", "Runtime", "Tensor", "TinyJit",
+           "can_run", "compile", "create", "dtypes", "jit", "nn", "stats", "__version__"]

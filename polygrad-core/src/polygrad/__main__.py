@@ -30,6 +30,7 @@ def doctor() -> int:
         print(line)
     for f in registry.failures:
         print(f"  plugin {f.plugin} {f.version} failed to load: {f.error}")
+    failed += len(registry.failures)  # a broken plugin is a problem to fix, even if the others work
     try:
         print(f"default device: {polygrad.Device.DEFAULT}")
     except Exception as e:

@@ -48,6 +48,13 @@ def get(name: str) -> Any:
     return _values.get(name, 0)
 
 
+def set_value(name: str, value: Any) -> None:
+    """Change a setting for the rest of the process (or until the enclosing Context exits)."""
+    if name not in _DEFAULTS:
+        raise KeyError(f"unknown setting {name!r}; known settings are {sorted(_DEFAULTS)}")
+    _values[name] = value
+
+
 def env_device() -> str | None:
     """POLY_DEV beats DEV; read at each call so tests can set them."""
     return os.environ.get("POLY_DEV") or os.environ.get("DEV") or None

@@ -226,8 +226,13 @@ class GlobalCounters:
         GlobalCounters.kernel_count = 0
 
 
-def _account(device: str, nbytes: int) -> None:
+# allocated Buffers per device (polygrad.stats()["buffers_live"]); not a GlobalCounters field in tinygrad
+buffers_live: dict[str, int] = {}
+
+
+def _account(device: str, nbytes: int, count: int = 0) -> None:
     GlobalCounters.mem_used += nbytes
+    buffers_live[device] = buffers_live.get(device, 0) + count
     per = GlobalCounters.mem_used_per_device
     per[device] = per.get(device, 0) + nbytes
 
@@ -259,7 +264,7 @@ class Buffer:
         if self._handle is None:
             impl = self.impl()
             self._handle = impl.allocator.alloc(self.nbytes)
-            _account(self.device, self.nbytes)
+            _account(self.device, self.nbytes, 1)
         return self
 
     def __del__(self) -> None:
@@ -291,5 +296,5 @@ class Buffer:
 
 
 def _release(allocator: Any, handle: Any, nbytes: int, device: str) -> None:
-    _account(device, -nbytes)
+    _account(device, -nbytes, -1)
     allocator.free(handle, nbytes)

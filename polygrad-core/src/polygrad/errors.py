@@ -31,3 +31,19 @@ class CapabilityError(PolygradError):
 
 class RuntimeOwnershipError(PolygradError, ValueError):
     """Operands belong to different runtimes, or to a disposed one."""
+
+
+class TrainingModeError(PolygradError, RuntimeError):
+    """An optimizer step was asked for outside training mode (wrap it in `with Context(TRAINING=1):`)."""
+
+
+class StateDictError(PolygradError, ValueError):
+    """A state dict does not fit a model: missing, unexpected or wrongly shaped entries."""
+
+
+class SafetensorsError(PolygradError, ValueError):
+    """A safetensors file is corrupt, truncated or uses a dtype polygrad cannot hold."""
+
+
+class LinAlgError(PolygradError, ValueError):
+    """A linear-algebra input that has no answer: singular, not square, or not positive definite."""

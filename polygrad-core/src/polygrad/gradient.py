@@ -33,8 +33,43 @@ def _reduce_grad(node: UOp, g: UOp) -> tuple:
         share = alu(Ops.FDIV, mask, mv.expand(count, src.shape))
         return (alu(Ops.MUL, share, mv.expand(g, src.shape)),)
     if rop is Ops.MUL:
-        return (alu(Ops.FDIV, alu(Ops.MUL, mv.expand(g, src.shape), mv.expand(node, src.shape)), src),)
+        return (_prod_grad(node, g),)
     raise NotImplementedError(f"no gradient for reduce {rop}")
+
+
+def _prod_grad(node: UOp, g: UOp) -> UOp:
+    """d prod / d x_i = product of the others: prod / x_i without zeros; with one zero, the zero's slot
+    gets the product of the non-zeros and the rest 0; with two or more zeros everything is 0 (torch)."""
+    src = node.src[0]
+    axes = node.arg[1]
+    zero = alu(Ops.CMPEQ, src, full_like(src, 0.0))
+    safe = alu(Ops.WHERE, zero, full_like(src, 1.0), src)
+    n_zero = UOp(Ops.REDUCE_AXIS, src.dtype, (zero.cast(src.dtype),), (Ops.ADD, axes))
+    others = UOp(Ops.REDUCE_AXIS, src.dtype, (safe,), (Ops.MUL, axes))
+    ge = mv.expand(g, src.shape)
+    one_zero = alu(Ops.CMPEQ, mv.expand(n_zero, src.shape), full_like(src, 1.0))
+    at_zero = alu(Ops.WHERE, one_zero, alu(Ops.MUL, ge, mv.expand(others, src.shape)), full_like(src, 0.0))
+    elsewhere = alu(Ops.FDIV, alu(Ops.MUL, ge, mv.expand(node, src.shape)), safe)
+    return alu(Ops.WHERE, zero, at_zero, elsewhere)
+
+
+def _pow_grad(node: UOp, g: UOp) -> tuple:
+    """torch's rules: no base gradient where the exponent is 0, no exponent gradient where the base is 0
+    and the exponent is non-negative (0 ** b is flat there; log(0) would make it NaN)."""
+    a, b = node.src
+    zero, one = full_like(g, 0.0), full_like(g, 1.0)
+    da = alu(Ops.MUL, g, alu(Ops.MUL, b, alu(Ops.POW, a, alu(Ops.ADD, b, alu(Ops.NEG, one)))))
+    da = alu(Ops.WHERE, alu(Ops.CMPEQ, b, zero), zero, da)
+    db = alu(Ops.MUL, g, alu(Ops.MUL, node, alu(Ops.MUL, alu(Ops.LOG2, a), full_like(g, LN2))))
+    b_negative = alu(Ops.CMPLT, b, zero)
+    flat = alu(Ops.AND, alu(Ops.CMPEQ, a, zero), alu(Ops.CMPNE, b_negative, full_like(b_negative, True)))
+    return da, alu(Ops.WHERE, flat, zero, db)
+
+
+def _mod_grad(node: UOp, g: UOp) -> tuple:
+    """fmod(a, b) = a - trunc(a / b) * b."""
+    a, b = node.src
+    return g, alu(Ops.NEG, alu(Ops.MUL, g, alu(Ops.TRUNC, alu(Ops.FDIV, a, b))))
 
 
 def _max_grad(node: UOp, g: UOp) -> tuple:
@@ -82,9 +117,8 @@ GRADIENT_RULES = {
                                                             full_like(g, math.pi / 2)))),),
     Ops.SQRT: lambda n, g: (alu(Ops.FDIV, g, alu(Ops.MUL, n, full_like(g, 2.0))),),
     Ops.RECIPROCAL: lambda n, g: (alu(Ops.NEG, alu(Ops.MUL, g, alu(Ops.MUL, n, n))),),
-    Ops.POW: lambda n, g: (
-        alu(Ops.MUL, g, alu(Ops.MUL, n.src[1], alu(Ops.POW, n.src[0], alu(Ops.ADD, n.src[1], full_like(g, -1.0))))),
-        alu(Ops.MUL, g, alu(Ops.MUL, n, alu(Ops.MUL, alu(Ops.LOG2, n.src[0]), full_like(g, LN2))))),
+    Ops.POW: _pow_grad,
+    Ops.MOD: _mod_grad,
     Ops.WHERE: lambda n, g: (None, alu(Ops.WHERE, n.src[0], g, full_like(g, 0.0)),
                              alu(Ops.WHERE, n.src[0], full_like(g, 0.0), g)),
     Ops.TRUNC: lambda n, g: (full_like(g, 0.0),),
@@ -99,7 +133,7 @@ GRADIENT_RULES = {
     Ops.CONTIGUOUS: lambda n, g: (g,),
     Ops.COPY: lambda n, g: (UOp(Ops.COPY, g.dtype, (g,), n.src[0].device),),
 }
-NO_GRADIENT = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD,
+NO_GRADIENT = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV,
                Ops.BITCAST, Ops.DETACH, Ops.CONST, Ops.IOTA, Ops.BUFFER, Ops.DEVICE, Ops.ASSIGN, Ops.BIND}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from polygrad.device import GlobalCounters, open_device, registry
+from polygrad.device import GlobalCounters, buffers_live, open_device, registry
 from polygrad.dtype import to_dtype
 from polygrad.errors import CapabilityError, DeviceError
 
@@ -28,6 +28,7 @@ def stats() -> dict[str, Any]:
         "programs_cached": len(program_cache), "schedules_cached": len(schedule_cache),
         "mem_used": GlobalCounters.mem_used, "mem_used_per_device": dict(GlobalCounters.mem_used_per_device),
         "kernel_count": GlobalCounters.kernel_count, "global_ops": GlobalCounters.global_ops,
+        "buffers_live": sum(buffers_live.values()), "buffers_live_per_device": dict(buffers_live),
     })
     return out
 

@@ -27,7 +27,17 @@ def _next_key(device: str | None, runtime: Any):
     from polygrad.tensor import Tensor
     key = np.array([_state["seed"], _state["counter"]], dtype=np.uint32)
     _state["counter"] += 1
-    return Tensor(key, device=device, dtype=dtypes.uint32, _runtime=runtime)
+    t = Tensor(key, device=device, dtype=dtypes.uint32, _runtime=runtime)
+    from polygrad.engine.jit import note_rng_key
+    note_rng_key(t)  # a JIT capturing now refills this key on every replay, so replays draw new numbers
+    return t
+
+
+def next_key_values() -> np.ndarray:
+    """The next (seed, counter) key, advancing the counter (used by JIT replays)."""
+    key = np.array([_state["seed"], _state["counter"]], dtype=np.uint32)
+    _state["counter"] += 1
+    return key
 
 
 def _rotl(x, r: int):
@@ -87,6 +97,29 @@ def randn(shape: tuple[int, ...], dtype: Any = None, device: str | None = None, 
     u2 = _to_unit(x1)
     z = (u1.log() * -2.0).sqrt() * (u2 * (2 * math.pi)).cos()
     out = z.reshape(shape).cast(dt)
+    out.requires_grad = kw.get("requires_grad")
+    out._leaf = True
+    return out
+
+
+def randint(shape: tuple[int, ...], low: int = 0, high: int = 10, dtype: Any = None, device: str | None = None,
+            **kw: Any):
+    """Uniform integers in [low, high) from 32 random bits (modulo bias below span / 2**32)."""
+    from polygrad.tensor import Tensor
+    if not isinstance(low, int) or not isinstance(high, int):
+        raise TypeError(f"randint: low and high must be Python ints, got {low!r} and {high!r}")
+    if high <= low:
+        raise ValueError(f"randint: high ({high}) must be greater than low ({low})")
+    if high - low > 1 << 32:
+        raise ValueError(f"randint: the range {high - low} is wider than 2**32; split it into two draws")
+    dt = to_dtype(dtype) if dtype is not None else dtypes.int32
+    runtime = kw.get("_runtime")
+    if math.prod(shape) == 0:
+        return Tensor.empty(*shape, dtype=dt, device=device, _runtime=runtime)
+    x0, _ = _bits(shape, device, runtime)
+    span = high - low
+    picked = x0 if span == 1 << 32 else x0.fmod(span)
+    out = (picked.cast(dtypes.int64) + low).reshape(shape).cast(dt)
     out.requires_grad = kw.get("requires_grad")
     out._leaf = True
     return out

@@ -6,6 +6,7 @@ gradients come for free from `polygrad.gradient`.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from typing import Any, Iterable, Sequence
@@ -20,10 +21,14 @@ from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.shape import ShapeError
+from polygrad.tensor_create import CreationMixin
+from polygrad.tensor_math import MathMixin
 from polygrad.tensor_movement import MovementMixin
+from polygrad.tensor_reduce import ReduceMixin
 from polygrad.tensor_nn import NNMixin
 
 _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
+_effect_ids = itertools.count(1)  # makes every assign a distinct UOp
 
 
 def _prod(xs: Iterable[int]) -> int:
@@ -83,15 +88,27 @@ def _resolve_axis(axis: int, ndim: int) -> int:
     return axis % max(ndim, 1)
 
 
-class Tensor(MovementMixin, NNMixin):
+class _TensorType(type):
+    """Tensor's metaclass: `Tensor.training` reads and writes the TRAINING setting, so the two always agree."""
+
+    @property
+    def training(cls) -> bool:
+        return bool(config.get("TRAINING"))
+
+    @training.setter
+    def training(cls, value: bool) -> None:
+        config.set_value("TRAINING", int(bool(value)))
+
+
+class Tensor(MathMixin, ReduceMixin, CreationMixin, MovementMixin, NNMixin, metaclass=_TensorType):
     """A lazily evaluated n-dimensional array with automatic differentiation.
 
     >>> Tensor([1.0, 2.0, 3.0]).mul(2).numpy().tolist()
     [2.0, 4.0, 6.0]
     """
 
-    __slots__ = ("uop", "requires_grad", "grad", "_leaf", "_runtime", "__weakref__")
-    training: bool = False  # mirrors Context(TRAINING=...); see polygrad.nn
+    __slots__ = ("uop", "requires_grad", "grad", "_leaf", "_runtime", "_graph", "__weakref__")
+    training = property(lambda self: bool(config.get("TRAINING")), doc="Training mode (the TRAINING setting).")
 
     def __init__(self, data: Any = None, device: str | None = None, dtype: Any = None,
                  requires_grad: bool | None = None, _runtime: Any = None):
@@ -99,6 +116,7 @@ class Tensor(MovementMixin, NNMixin):
         self.requires_grad = requires_grad
         self.grad: Tensor | None = None
         self._leaf = True
+        self._graph: UOp | None = None  # the lazy graph before realize(), kept so backward() still works
         if _runtime is None:
             from polygrad import runtime_context
             _runtime = runtime_context.current()
@@ -207,6 +225,8 @@ class Tensor(MovementMixin, NNMixin):
     def arange(start: Any, stop: Any = None, step: Any = 1, **kw: Any) -> "Tensor":
         if stop is None:
             start, stop = 0, start
+        if step == 0:
+            raise ValueError("arange: step must be non-zero")
         n = max(0, math.ceil((stop - start) / step))
         is_float = any(isinstance(v, float) for v in (start, stop, step))
         dt = to_dtype(kw.pop("dtype", None) or (dtypes.default_float if is_float else dtypes.default_int))
@@ -255,7 +275,8 @@ class Tensor(MovementMixin, NNMixin):
         _check_runtimes(todo)
         olds = [t.uop for t in todo]
         news = realize_uops(olds)
-        for t, new in zip(todo, news):
+        for t, old, new in zip(todo, olds, news):
+            t._graph = old if old.op is not Ops.ASSIGN else None
             t.uop = new
 
     def _buffer(self) -> Buffer:
@@ -315,7 +336,7 @@ class Tensor(MovementMixin, NNMixin):
         if not _is_realized(self.uop):
             self.realize()
         _check_runtimes([self, x])
-        self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.cast(self.dtype).uop))
+        self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.cast(self.dtype).uop), next(_effect_ids))
         return self
 
     def to(self, device: str) -> "Tensor":
@@ -338,38 +359,46 @@ class Tensor(MovementMixin, NNMixin):
     # ---------------------------------------------------------------------------------------------
     # autograd
     def gradient(self, *targets: "Tensor", gradient: "Tensor | None" = None) -> list["Tensor"]:
+        """d(self)/d(target) for each target, as new lazy tensors (no `.grad` is touched)."""
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError(f"gradient of a non-scalar tensor {self.shape} needs gradient= of the same shape")
             gradient = Tensor.full(self.shape, 1.0, dtype=self.dtype, device=self.device, _runtime=self._runtime)
-        grads = compute_gradient(self.uop, gradient.uop, {t.uop for t in targets})
+        root, collapse = _autograd_graph(self.uop, set(targets))
+        in_graph = set(root.toposort())
+        keys = [t._graph if t._graph is not None and t._graph in in_graph else t.uop for t in targets]
+        grads = compute_gradient(root, gradient.uop, set(keys))
         out = []
-        for t in targets:
-            g = grads.get(t.uop)
-            out.append(Tensor(g, _runtime=self._runtime) if g is not None else t.zeros_like())
+        for t, key in zip(targets, keys):
+            g = grads.get(key)
+            out.append(Tensor(_substitute(g, collapse), _runtime=self._runtime) if g is not None else t.zeros_like())
         return out
 
     def backward(self, gradient: "Tensor | None" = None) -> "Tensor":
         """Accumulate d(self)/d(leaf) into `.grad` of every tensor in the graph that wants a gradient."""
-        in_graph = set(self.uop.toposort())
-        targets = [t for t in list(_all_tensors) if t.uop in in_graph and t.dtype.is_float and
-                   (t.requires_grad or (t.requires_grad is None and t._leaf))]
-        if not targets:
-            raise RuntimeError("backward(): no tensor in this graph needs a gradient")
+        wants = {t for t in list(_all_tensors) if t.dtype.is_float and
+                 (t.requires_grad or (t.requires_grad is None and t._leaf))}
+        root, collapse = _autograd_graph(self.uop, wants)
+        in_graph = set(root.toposort())
         by_uop: dict[UOp, list[Tensor]] = {}
-        for t in targets:
-            by_uop.setdefault(t.uop, []).append(t)
+        for t in wants:
+            # a tensor realized after this graph was built appears in it as its pre-realize graph
+            for key in {t.uop, t._graph}:
+                if key is not None and key in in_graph:
+                    by_uop.setdefault(key, []).append(t)
+        if not by_uop:
+            raise RuntimeError("backward(): no tensor in this graph needs a gradient")
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError(f"backward() of a non-scalar tensor {self.shape} needs gradient=")
             gradient = Tensor.full(self.shape, 1.0, dtype=self.dtype, device=self.device, _runtime=self._runtime)
-        grads = compute_gradient(self.uop, gradient.uop, set(by_uop))
+        grads = compute_gradient(root, gradient.uop, set(by_uop))
         for u, ts in by_uop.items():
             g = grads.get(u)
             if g is None:
                 continue
             for t in ts:
-                gt = Tensor(g, _runtime=self._runtime)
+                gt = Tensor(_substitute(g, collapse), _runtime=self._runtime)
                 t.grad = gt if t.grad is None else t.grad + gt
         return self
 
@@ -463,6 +492,12 @@ class Tensor(MovementMixin, NNMixin):
         if rounding_mode is None:
             a, b = a.cast(least_upper_float(a.dtype)), b.cast(least_upper_float(b.dtype))
             return a._alu(Ops.FDIV, b)
+        if rounding_mode not in ("trunc", "floor"):
+            raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+        if a.dtype is dtypes.bool:
+            a, b = a.cast(dtypes.default_int), b.cast(dtypes.default_int)
+        if a.dtype.is_int:
+            b = b.eq(0).where(1, b)  # integer division by zero traps in C; torch raises, we divide by 1
         if rounding_mode == "trunc":
             return a._alu(Ops.IDIV, b) if a.dtype.is_int else a._alu(Ops.FDIV, b).trunc()
         if rounding_mode == "floor":
@@ -479,10 +514,6 @@ class Tensor(MovementMixin, NNMixin):
     def maximum(self, x: Any) -> "Tensor":
         return self._binop(Ops.MAX, x)
 
-    def minimum(self, x: Any) -> "Tensor":
-        a, b = self._broadcasted(x)
-        return -((-a).maximum(-b)) if a.dtype is not dtypes.bool else a & b
-
     def where(self, x: Any, y: Any) -> "Tensor":
         cond = self if self.dtype is dtypes.bool else self.ne(0)
         if not isinstance(x, Tensor) and isinstance(y, Tensor):
@@ -496,15 +527,8 @@ class Tensor(MovementMixin, NNMixin):
         cond, x2, y2 = cond._broadcast_to(shape), x2._broadcast_to(shape), y2._broadcast_to(shape)
         return cond._alu(Ops.WHERE, x2, y2)
 
-    def exp(self) -> "Tensor":
-        x = self.cast(least_upper_float(self.dtype))
-        return (x * (1 / math.log(2)))._alu(Ops.EXP2)
-
     def exp2(self) -> "Tensor":
         return self.cast(least_upper_float(self.dtype))._alu(Ops.EXP2)
-
-    def log(self) -> "Tensor":
-        return self.cast(least_upper_float(self.dtype))._alu(Ops.LOG2) * math.log(2)
 
     def log2(self) -> "Tensor":
         return self.cast(least_upper_float(self.dtype))._alu(Ops.LOG2)
@@ -521,62 +545,12 @@ class Tensor(MovementMixin, NNMixin):
     def sin(self) -> "Tensor":
         return self.cast(least_upper_float(self.dtype))._alu(Ops.SIN)
 
-    def cos(self) -> "Tensor":
-        return ((math.pi / 2) - self.cast(least_upper_float(self.dtype))).sin()
-
-    def trunc(self) -> "Tensor":
-        return self._alu(Ops.TRUNC) if self.dtype.is_float else self
-
-    def floor(self) -> "Tensor":
-        if not self.dtype.is_float:
-            return self
-        t = self.trunc()
-        return (self < t).where(t - 1, t)
-
-    def ceil(self) -> "Tensor":
-        if not self.dtype.is_float:
-            return self
-        t = self.trunc()
-        return (self > t).where(t + 1, t)
-
-    def square(self) -> "Tensor":
-        return self * self
-
-    def abs(self) -> "Tensor":
-        return self.relu() + (-self).relu() if self.dtype.is_float else (self < 0).where(-self, self)
-
-    def sign(self) -> "Tensor":
-        return self.ne(0).where((self < 0).where(self.full_like(-1), self.full_like(1)), self.full_like(0))
-
-    def relu(self) -> "Tensor":
-        return (self > 0).where(self, 0)
-
-    def sigmoid(self) -> "Tensor":
-        return (1 + (-self).exp()).reciprocal()
-
-    def tanh(self) -> "Tensor":
-        return 2.0 * (2.0 * self).sigmoid() - 1.0
-
-    def pow(self, x: Any) -> "Tensor":
-        if not isinstance(x, Tensor) and x == 2:
-            return self * self
-        if not isinstance(x, Tensor) and x == 0.5:
-            return self.sqrt()
-        a, b = self._broadcasted(x)
-        return a._alu(Ops.POW, b)
-
     # comparisons
     def __lt__(self, x: Any) -> "Tensor":
         return self._binop(Ops.CMPLT, x)
 
     def __gt__(self, x: Any) -> "Tensor":
         return self._binop(Ops.CMPLT, x, reverse=True)
-
-    def __le__(self, x: Any) -> "Tensor":
-        return (self > x).logical_not()
-
-    def __ge__(self, x: Any) -> "Tensor":
-        return (self < x).logical_not()
 
     def ne(self, x: Any) -> "Tensor":
         return self._binop(Ops.CMPNE, x)
@@ -602,14 +576,10 @@ class Tensor(MovementMixin, NNMixin):
     def __xor__(self, x: Any) -> "Tensor":
         return self._binop(Ops.XOR, x)
 
-    def __invert__(self) -> "Tensor":
-        return self.logical_not() if self.dtype is dtypes.bool else self ^ -1
-
     __add__ = add
     __mul__ = mul
     __sub__ = sub
     __truediv__ = div
-    __pow__ = pow
 
     def __radd__(self, x: Any) -> "Tensor":
         return self._binop(Ops.ADD, x, reverse=True)
@@ -624,17 +594,6 @@ class Tensor(MovementMixin, NNMixin):
     def __rtruediv__(self, x: Any) -> "Tensor":
         a, b = self._broadcasted(x, reverse=True)
         return a.div(b)
-
-    def __rpow__(self, x: Any) -> "Tensor":
-        a, b = self._broadcasted(x, reverse=True)
-        return a.pow(b)
-
-    def __floordiv__(self, x: Any) -> "Tensor":
-        return self.div(x, rounding_mode="floor")
-
-    def __mod__(self, x: Any) -> "Tensor":
-        a, b = self._broadcasted(x)
-        return a - a.div(b, rounding_mode="floor") * b
 
     def __neg__(self) -> "Tensor":
         return self.neg()
@@ -774,48 +733,8 @@ class Tensor(MovementMixin, NNMixin):
 
     def prod(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
         x = self.cast(dtype) if dtype is not None else self.cast(_sum_dtype(self.dtype))
-        return x._reduce(Ops.MUL, axis, keepdim)
-
-    def max(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
-        return self._reduce(Ops.MAX, axis, keepdim)
-
-    def min(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
-        if self.dtype is dtypes.bool:
-            return self.logical_not().max(axis, keepdim).logical_not()
-        if self.dtype.is_unsigned:
-            return ~((~self).max(axis, keepdim))
-        return -((-self).max(axis, keepdim))
-
-    def mean(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
-        x = self.cast(least_upper_float(self.dtype))
-        total = x.sum(axis, keepdim)
-        n = self.numel() // max(total.numel(), 1) if self.numel() else 0
-        return total * (1.0 / n) if n else total * float("nan")
-
-    def var(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
-        x = self.cast(least_upper_float(self.dtype))
-        mean = x.mean(axis, keepdim=True)
-        sq = (x - mean).square().sum(axis, keepdim)
-        n = self.numel() // max(sq.numel(), 1)
-        return sq / max(n - correction, 0)
-
-    def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
-        return self.var(axis, keepdim, correction).sqrt()
-
-    def softmax(self, axis: int = -1) -> "Tensor":
-        x = self.cast(least_upper_float(self.dtype))
-        e = (x - x.max(axis, keepdim=True).detach()).exp()
-        return e / e.sum(axis, keepdim=True)
-
-    def log_softmax(self, axis: int = -1) -> "Tensor":
-        x = self.cast(least_upper_float(self.dtype))
-        m = x - x.max(axis, keepdim=True).detach()
-        return m - m.exp().sum(axis, keepdim=True).log()
-
-    def logsumexp(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
-        m = self.max(axis, keepdim=True).detach()
-        out = (self - m).exp().sum(axis, keepdim=True).log() + m
-        return out if keepdim else out.squeeze_axes(axis)
+        out = x._reduce(Ops.MUL, axis, keepdim)
+        return out.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else out
 
     def squeeze_axes(self, axis: Any) -> "Tensor":
         if axis is None:
@@ -975,6 +894,40 @@ Tensor.custom_kernel = _delegate("engine.custom", "custom_kernel", "Run a kernel
                                  "polygrad.engine.custom.custom_kernel.")  # type: ignore[attr-defined]
 
 
+def _substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """root with every node found in `mapping` replaced (once, without looking inside the replacement)."""
+    if not mapping:
+        return root
+    out: dict[UOp, UOp] = {}
+    for node in root.toposort():
+        hit = mapping.get(node)
+        if hit is not None:
+            out[node] = hit
+            continue
+        new_src = tuple(out[s] for s in node.src)
+        out[node] = node if new_src == node.src else node.replace(src=new_src)
+    return out[root]
+
+
+def _autograd_graph(root: UOp, stop_at: "set[Tensor]") -> tuple[UOp, dict[UOp, UOp]]:
+    """The graph gradients flow through, and the map that turns recomputed values back into buffers.
+
+    realize() swaps a tensor's graph for its buffer; while that tensor is alive its `_graph` still
+    says how the buffer was made, so gradients reach the leaves behind it (as in PyTorch). Tensors in
+    `stop_at` (the gradient targets) stay as they are.
+    """
+    lineage = {t.uop: t._graph for t in list(_all_tensors)
+               if t._graph is not None and t not in stop_at and _is_realized(t.uop)}
+    if not lineage:
+        return root, {}
+    for _ in range(len(lineage) + 1):  # each pass reaches one realize() further back
+        nodes = set(root.toposort())
+        if not any(u in nodes for u in lineage):
+            break
+        root = _substitute(root, lineage)
+    return root, {graph: buf for buf, graph in lineage.items()}
+
+
 def _iota(n: int, dt: DType, kw: dict) -> "Tensor":
     """0..n-1 computed in-kernel from the loop index (never materialised on the host)."""
     dev = canonicalize(kw.get("device") or _default_device(kw.get("_runtime")))
@@ -1048,11 +1001,11 @@ def _check_runtimes(tensors: Sequence["Tensor"]) -> None:
     owners = {id(t._runtime): t._runtime for t in tensors if t._runtime is not None}
     if len(owners) > 1:
         raise RuntimeOwnershipError(
-            f"operands belong to different runtimes ({len(owners)} owners); create tensors and layers through the "
-            "same runtime (rt.Tensor, rt.nn) or use the default API consistently")
+            f"operands belong to different runtimes ({', '.join(map(repr, owners.values()))}); create tensors "
+            "and layers through the same runtime (rt.Tensor, rt.nn) or use the default API consistently")
     for rt in owners.values():
         if getattr(rt, "disposed", False):
-            raise RuntimeOwnershipError("this runtime was disposed; create a new one with polygrad.create()")
+            raise RuntimeOwnershipError(f"runtime {rt!r} was disposed; create a new one with polygrad.create()")
 
 
 _ = config

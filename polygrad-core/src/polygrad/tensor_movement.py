@@ -1,17 +1,385 @@
-"""Tensor methods for joining, splitting, windows and advanced indexing (a mixin of Tensor).
+"""Tensor methods for padding modes, joining, splitting, repeating and windows (a mixin of Tensor).
 
-Built only from the primitive movement/ALU ops in tensor.py, so gradients come for free.
+Stage: graph construction. Input: Tensors. Output: Tensors whose graphs use only the primitive
+movement ops (RESHAPE PERMUTE EXPAND PAD SHRINK FLIP) plus ADD/WHERE, so gradients come for free.
+Indexing with tensors, `__setitem__` and scatter live in `tensor_indexing.py` (mixed in here).
 """
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any, Sequence
+
+from polygrad.tensor_indexing import IndexingMixin
+from polygrad.uop.shape import ShapeError
+
+if TYPE_CHECKING:
+    from polygrad.tensor import Tensor
 
 
-class MovementMixin:
+def _axis(axis: int, ndim: int) -> int:
+    """Normalise a possibly negative axis; a 0-d tensor accepts axes 0 and -1 like PyTorch."""
+    n = max(ndim, 1)
+    if not -n <= axis < n:
+        raise IndexError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions "
+                         f"(expected one in [{-n}, {n - 1}])")
+    return axis % n
+
+
+def _ints(args: Sequence[Any]) -> tuple[int, ...]:
+    """Accept f(1, 2), f((1, 2)) and f([1, 2]) alike."""
+    if len(args) == 1 and isinstance(args[0], (tuple, list)):
+        args = tuple(args[0])
+    return tuple(int(a) for a in args)
+
+
+def _tensor_list(first: Any, rest: Sequence[Any]) -> list["Tensor"]:
+    """Operands of cat/stack given as t.cat(a, b), Tensor.cat(a, b) or Tensor.cat([a, b])."""
+    items = list(first) if isinstance(first, (list, tuple)) else [first]
+    for r in rest:
+        items.extend(r if isinstance(r, (list, tuple)) else [r])
+    from polygrad.tensor import Tensor
+    for t in items:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"expected Tensors to join, got {type(t).__name__}; wrap data in Tensor(...) first")
+    return items
+
+
+def shrink_axis(x: "Tensor", axis: int, start: int, stop: int) -> "Tensor":
+    """x restricted to [start, stop) along one axis."""
+    return x.shrink(tuple((start, stop) if i == axis else None for i in range(x.ndim)))
+
+
+def pad_axis(x: "Tensor", axis: int, before: int, after: int) -> "Tensor":
+    """x padded with zeros along one axis."""
+    return x.pad(tuple((before, after) if i == axis else (0, 0) for i in range(x.ndim)))
+
+
+def move_axis(x: "Tensor", src: int, dst: int) -> "Tensor":
+    """Move axis src to position dst, keeping the order of the others."""
+    order = [i for i in range(x.ndim) if i != src]
+    order.insert(dst, src)
+    return x.permute(order)
+
+
+class MovementMixin(IndexingMixin):
     __slots__ = ()
 
-    def _advanced_getitem(self, items: list) -> Any:
-        raise NotImplementedError("integer-tensor indexing is not implemented yet")
+    # ---------------------------------------------------------------------------------------------
+    # shape changes
+    def unflatten(self: "Tensor", dim: int, sizes: Sequence[int]) -> "Tensor":
+        """Split axis `dim` into `sizes` (one entry may be -1).
 
-    def _pad_mode(self, pairs: list, mode: str) -> Any:
-        raise NotImplementedError(f"pad mode {mode!r} is not implemented yet")
+        >>> Tensor.ones(6).unflatten(0, (2, 3)).shape
+        (2, 3)
+        """
+        d = _axis(dim, self.ndim)
+        sizes = tuple(int(s) for s in sizes)
+        if not sizes:
+            raise ShapeError("unflatten: sizes must be non-empty")
+        if sizes.count(-1) > 1:
+            raise ShapeError(f"unflatten: only one size can be -1, got {sizes}")
+        n = self.shape[d]
+        if -1 in sizes:
+            known = math.prod(s for s in sizes if s != -1)
+            if known == 0 or n % known:
+                raise ShapeError(f"unflatten: cannot split a dimension of size {n} into {sizes}")
+            sizes = tuple(n // known if s == -1 else s for s in sizes)
+        if math.prod(sizes) != n:
+            raise ShapeError(f"unflatten: sizes {sizes} multiply to {math.prod(sizes)}, not {n}")
+        return self.reshape(self.shape[:d] + sizes + self.shape[d + 1:])
+
+    def _pad_mode(self: "Tensor", pairs: list, mode: str) -> "Tensor":
+        """Pad with mode 'reflect', 'replicate' or 'circular' (per-axis (before, after) pairs)."""
+        if mode not in ("reflect", "replicate", "circular"):
+            raise ValueError(f"pad mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}")
+        pairs = list(pairs) + [(0, 0)] * (self.ndim - len(pairs))
+        if len(pairs) > self.ndim:
+            raise ShapeError(f"pad: {len(pairs)} axes of padding for a tensor with {self.ndim} dimensions")
+        x = self
+        for axis, (before, after) in enumerate(pairs):
+            before, after = int(before), int(after)
+            if before < 0 or after < 0:
+                raise ValueError(f"pad mode {mode!r} needs non-negative padding, got {(before, after)}")
+            if before or after:
+                x = _pad_one_axis(x, axis, before, after, mode)
+        return x
+
+    def roll(self: "Tensor", shifts: Any, dims: Any = None) -> "Tensor":
+        """Shift elements along `dims`, wrapping around; with dims=None the flat tensor rolls."""
+        if dims is None:
+            return self.flatten().roll(shifts, 0).reshape(self.shape)
+        shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+        dims = (dims,) if isinstance(dims, int) else tuple(dims)
+        if len(shifts) != len(dims):
+            raise ValueError(f"roll: shifts {shifts} and dims {dims} must have the same length")
+        x = self
+        for s, d in zip(shifts, dims):
+            d = _axis(d, x.ndim)
+            n = x.shape[d]
+            if n == 0 or s % n == 0:
+                continue
+            s %= n
+            x = MovementMixin.cat(shrink_axis(x, d, n - s, n), shrink_axis(x, d, 0, n - s), dim=d)
+        return x
+
+    def repeat(self: "Tensor", *repeats: Any) -> "Tensor":
+        """Tile the tensor `repeats[i]` times along each axis (PyTorch Tensor.repeat).
+
+        >>> Tensor([1, 2]).repeat(2).tolist()
+        [1, 2, 1, 2]
+        """
+        reps = _ints(repeats)
+        if len(reps) < self.ndim:
+            raise ShapeError(f"repeat: {len(reps)} repeat counts for a tensor with {self.ndim} dimensions; "
+                             "give at least one per dimension")
+        if any(r < 0 for r in reps):
+            raise ValueError(f"repeat counts must be non-negative, got {reps}")
+        base = (1,) * (len(reps) - self.ndim) + self.shape
+        x = self.reshape(base)
+        x = x.reshape(tuple(v for s in base for v in (1, s)))
+        x = x.expand(tuple(v for r, s in zip(reps, base) for v in (r, s)))
+        return x.reshape(tuple(r * s for r, s in zip(reps, base)))
+
+    def repeat_interleave(self: "Tensor", repeats: Any, dim: int | None = None) -> "Tensor":
+        """Repeat each element `repeats` times along `dim` (flattened when dim is None).
+
+        >>> Tensor([1, 2]).repeat_interleave(2).tolist()
+        [1, 1, 2, 2]
+        """
+        from polygrad.tensor import Tensor
+        x = self.flatten() if dim is None else self
+        d = 0 if dim is None else _axis(dim, x.ndim)
+        if x.ndim == 0:
+            x = x.reshape(1)
+        if isinstance(repeats, Tensor) and repeats.numel() == 1:
+            repeats = int(repeats.item())
+        if isinstance(repeats, int):
+            if repeats < 0:
+                raise ValueError(f"repeat_interleave: repeats must be non-negative, got {repeats}")
+            y = x.unsqueeze(d + 1)
+            y = y.expand(y.shape[:d + 1] + (repeats,) + y.shape[d + 2:])
+            return y.flatten(d, d + 1)
+        counts = [int(r) for r in (repeats.tolist() if isinstance(repeats, Tensor) else repeats)]
+        if len(counts) != x.shape[d] or any(c < 0 for c in counts):
+            raise ValueError(f"repeat_interleave: need {x.shape[d]} non-negative repeat counts along dim {d}, "
+                             f"got {counts}")
+        # the output length depends on the counts, so they are read on the host (as in PyTorch)
+        index = [i for i, c in enumerate(counts) for _ in range(c)]
+        return x.index_select(d, Tensor(index, device=x.device))
+
+    # ---------------------------------------------------------------------------------------------
+    # joining and splitting
+    def cat(self: Any, *args: Any, dim: int = 0) -> "Tensor":
+        """Concatenate along an existing axis: `a.cat(b, c, dim=1)`, `Tensor.cat(a, b)` or `Tensor.cat([a, b])`.
+
+        >>> Tensor.cat(Tensor([1]), Tensor([2, 3])).tolist()
+        [1, 2, 3]
+        """
+        from polygrad.dtype import least_upper_dtype
+        tensors = _tensor_list(self, args)
+        if any(t.ndim == 0 for t in tensors):
+            raise ShapeError("cat: zero-dimensional tensors cannot be concatenated; unsqueeze them or use stack")
+        # PyTorch still skips legacy empty 1-d tensors when joining higher-dimensional ones
+        if any(t.ndim > 1 for t in tensors):
+            tensors = [t for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)] or tensors[:1]
+        first = tensors[0]
+        d = _axis(dim, first.ndim)
+        for t in tensors[1:]:
+            if t.ndim != first.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != d):
+                raise ShapeError(f"cat: shapes {first.shape} and {t.shape} differ outside dimension {d}")
+        dt = least_upper_dtype(*[t.dtype for t in tensors])
+        if len(tensors) == 1:
+            return tensors[0].cast(dt)
+        total = sum(t.shape[d] for t in tensors)
+        out, offset = None, 0
+        for t in tensors:
+            piece = pad_axis(t.cast(dt), d, offset, total - offset - t.shape[d])
+            offset += t.shape[d]
+            out = piece if out is None else (out | piece if dt.name == "bool" else out + piece)
+        return out
+
+    def stack(self: Any, *args: Any, dim: int = 0) -> "Tensor":
+        """Join tensors of one shape along a new axis: `a.stack(b, dim=0)` or `Tensor.stack([a, b])`."""
+        tensors = _tensor_list(self, args)
+        shape = tensors[0].shape
+        for t in tensors[1:]:
+            if t.shape != shape:
+                raise ShapeError(f"stack: every tensor needs the same shape, got {shape} and {t.shape}")
+        d = _axis(dim, len(shape) + 1)
+        return MovementMixin.cat([t.unsqueeze(d) for t in tensors], dim=d)
+
+    def split(self: "Tensor", sizes: Any, dim: int = 0) -> tuple["Tensor", ...]:
+        """Split into pieces of `sizes` (an int: equal pieces, the last may be smaller; a list: exact sizes)."""
+        d = _axis(dim, self.ndim)
+        n = self.shape[d] if self.ndim else 1
+        if isinstance(sizes, int):
+            if sizes <= 0 and not (sizes == 0 and n == 0):
+                raise ValueError(f"split: split size must be positive, got {sizes}")
+            sizes = [min(sizes, n - i) for i in range(0, n, sizes)] if n else [0]
+        sizes = [int(s) for s in sizes]
+        if sum(sizes) != n or any(s < 0 for s in sizes):
+            raise ValueError(f"split: sizes {sizes} must be non-negative and sum to {n}, the size of dim {d}")
+        out, start = [], 0
+        for s in sizes:
+            out.append(shrink_axis(self, d, start, start + s))
+            start += s
+        return tuple(out)
+
+    def chunk(self: "Tensor", chunks: int, dim: int = 0) -> tuple["Tensor", ...]:
+        """Split into at most `chunks` pieces of ceil(size / chunks) (like torch.chunk)."""
+        if chunks <= 0:
+            raise ValueError(f"chunk: chunks must be positive, got {chunks}")
+        d = _axis(dim, self.ndim)
+        n = self.shape[d]
+        if n == 0:
+            return tuple(self for _ in range(chunks))
+        return self.split(-(-n // chunks), dim=d)
+
+    # ---------------------------------------------------------------------------------------------
+    # windows
+    def _pool(self: "Tensor", kernel: Sequence[int], stride: Any = 1, dilation: Any = 1) -> "Tensor":
+        """Sliding windows over the last len(kernel) axes: (..., *spatial) -> (..., *out, *kernel).
+
+        One view (repeat + shrink + reshape), so the consumer fuses it into a single kernel.
+        """
+        k_ = tuple(int(k) for k in kernel)
+        nk = len(k_)
+        s_ = _tuple(stride, nk, "stride")
+        d_ = _tuple(dilation, nk, "dilation")
+        if self.ndim < nk:
+            raise ShapeError(f"cannot take {nk}-d windows of a tensor with shape {self.shape}")
+        if any(k <= 0 for k in k_) or any(s <= 0 for s in s_) or any(d <= 0 for d in d_):
+            raise ValueError(f"kernel {k_}, stride {s_} and dilation {d_} must all be positive")
+        batch, i_ = self.shape[:-nk], self.shape[-nk:]
+        nb = len(batch)
+        if any(d * (k - 1) + 1 > i for k, d, i in zip(k_, d_, i_)):
+            raise ShapeError(f"kernel {k_} with dilation {d_} is larger than the input {i_} (after padding)")
+        o_ = [-(-(i - d * (k - 1)) // s) for i, d, k, s in zip(i_, d_, k_, s_)]
+        keep = [(0, b) for b in batch]
+        if all(k <= s for k, s in zip(k_, s_)) and all(d == 1 for d in d_):
+            x = self.pad(tuple([(0, 0)] * nb + [(0, max(0, o * s - i)) for i, o, s in zip(i_, o_, s_)]))
+            x = x.shrink(tuple(keep + [(0, o * s) for o, s in zip(o_, s_)]))
+            x = x.reshape(batch + tuple(v for o, s in zip(o_, s_) for v in (o, s)))
+            x = x.shrink(tuple(keep + [b for o, k in zip(o_, k_) for b in ((0, o), (0, k))]))
+            return x.permute(*range(nb), *[nb + 2 * i for i in range(nk)], *[nb + 2 * i + 1 for i in range(nk)])
+        # repeat each axis so that window j starts at offset j*(i*f+d) -> reshape gives the dilation
+        f_ = [1 + int(o * s > i - d * (k - 1)) for o, s, i, d, k in zip(o_, s_, i_, d_, k_)]
+        x = self.repeat([1] * nb + [-(-k * (i * f + d) // i) for k, i, d, f in zip(k_, i_, d_, f_)])
+        x = x.shrink(tuple(keep + [(0, k * (i * f + d)) for k, i, d, f in zip(k_, i_, d_, f_)]))
+        x = x.reshape(batch + tuple(v for k, i, d, f in zip(k_, i_, d_, f_) for v in (k, i * f + d)))
+        x = x.shrink(tuple(keep + [b for k, o, s in zip(k_, o_, s_) for b in ((0, k), (0, o * s))]))
+        x = x.reshape(batch + tuple(v for k, o, s in zip(k_, o_, s_) for v in (k, o, s)))
+        x = x.shrink(tuple(keep + [b for k, o in zip(k_, o_) for b in ((0, k), (0, o), (0, 1))]))
+        x = x.reshape(batch + tuple(v for k, o in zip(k_, o_) for v in (k, o)))
+        return x.permute(*range(nb), *[nb + 2 * i + 1 for i in range(nk)], *[nb + 2 * i for i in range(nk)])
+
+    def unfold(self: "Tensor", dimension: int, size: int, step: int) -> "Tensor":
+        """All windows of `size` along `dimension`, `step` apart, as a new last axis (torch.Tensor.unfold).
+
+        >>> Tensor([1, 2, 3, 4]).unfold(0, 2, 2).tolist()
+        [[1, 2], [3, 4]]
+        """
+        if step <= 0:
+            raise ValueError(f"unfold: step must be positive, got {step}")
+        if self.ndim == 0:
+            if size > 1:
+                raise ShapeError(f"unfold: size {size} is larger than the 0-d tensor's 1 element")
+            return self.reshape(1)
+        d = _axis(dimension, self.ndim)
+        n = self.shape[d]
+        if size < 0 or size > n:
+            raise ShapeError(f"unfold: size {size} must be in [0, {n}] (the size of dimension {d})")
+        x = move_axis(self, d, self.ndim - 1)
+        if size == 0:
+            w = x.reshape(x.shape + (1,)).expand(x.shape[:-1] + (n // step + 1, 0))
+        else:
+            w = x._pool((size,), step)
+        return move_axis(w, w.ndim - 2, d)
+
+    def diagonal(self: "Tensor", offset: int = 0, dim1: int = 0, dim2: int = 1) -> "Tensor":
+        """The diagonal of the (dim1, dim2) planes as a new last axis (torch.diagonal)."""
+        if self.ndim < 2:
+            raise ShapeError(f"diagonal needs at least 2 dimensions, got shape {self.shape}")
+        a1, a2 = _axis(dim1, self.ndim), _axis(dim2, self.ndim)
+        if a1 == a2:
+            raise ValueError(f"diagonal: dim1 and dim2 must differ, both are {a1}")
+        rest = [i for i in range(self.ndim) if i not in (a1, a2)]
+        x = self.permute(rest + [a1, a2])
+        rows, cols = x.shape[-2], x.shape[-1]
+        r0, c0 = (0, offset) if offset >= 0 else (-offset, 0)
+        m = max(0, min(rows - r0, cols - c0))
+        batch = x.shape[:-2]
+        if m == 0:
+            return x.shrink(tuple([None] * len(batch) + [(0, 0), (0, 0)])).reshape(batch + (0,))
+        x = x.shrink(tuple([None] * len(batch) + [(r0, r0 + m), (c0, c0 + m)])).reshape(batch + (m * m,))
+        x = pad_axis(x, len(batch), 0, m).reshape(batch + (m, m + 1))
+        return shrink_axis(x, len(batch) + 1, 0, 1).reshape(batch + (m,))
+
+    def diag(self: "Tensor", diagonal: int = 0) -> "Tensor":
+        """1-d input: a square matrix with it on a diagonal; 2-d input: that diagonal (torch.diag)."""
+        if self.ndim == 2:
+            return self.diagonal(diagonal)
+        if self.ndim != 1:
+            raise ShapeError(f"diag needs a 1-d or 2-d tensor, got shape {self.shape}")
+        n = self.shape[0]
+        eye = _arange(n, self).unsqueeze(1).eq(_arange(n, self))
+        m = eye.where(self.unsqueeze(1).expand(n, n), self.zeros_like().unsqueeze(1).expand(n, n))
+        k = abs(diagonal)
+        return m.pad(((0, k), (k, 0)) if diagonal >= 0 else ((k, 0), (0, k)))
+
+    def tril(self: "Tensor", diagonal: int = 0) -> "Tensor":
+        """Keep the lower triangle (row + diagonal >= col) of the last two axes, zero the rest."""
+        return _triangle(self, diagonal, lower=True)
+
+    def triu(self: "Tensor", diagonal: int = 0) -> "Tensor":
+        """Keep the upper triangle (col >= row + diagonal) of the last two axes, zero the rest."""
+        return _triangle(self, diagonal, lower=False)
+
+
+# -------------------------------------------------------------------------------------------------
+def _tuple(v: Any, n: int, what: str) -> tuple[int, ...]:
+    if isinstance(v, int):
+        return (v,) * n
+    v = tuple(int(a) for a in v)
+    if len(v) != n:
+        raise ValueError(f"{what} {v} needs {n} entries, one per spatial dimension")
+    return v
+
+
+def _arange(n: int, like: "Tensor") -> "Tensor":
+    from polygrad.tensor import Tensor
+    from polygrad.dtype import dtypes
+    return Tensor.arange(n, device=like.device, dtype=dtypes.int32)
+
+
+def _triangle(x: "Tensor", diagonal: int, lower: bool) -> "Tensor":
+    if x.ndim < 2:
+        raise ShapeError(f"{'tril' if lower else 'triu'} needs at least 2 dimensions, got shape {x.shape}")
+    rows, cols = x.shape[-2], x.shape[-1]
+    if rows == 0 or cols == 0:
+        return x
+    r = _arange(rows, x).unsqueeze(1) + diagonal
+    c = _arange(cols, x).unsqueeze(0)
+    keep = (r >= c) if lower else (c >= r)
+    return keep.where(x, x.zeros_like())
+
+
+def _pad_one_axis(x: "Tensor", axis: int, before: int, after: int, mode: str) -> "Tensor":
+    n = x.shape[axis]
+    if mode == "reflect":
+        if before >= n or after >= n:
+            raise ValueError(f"reflect padding ({before}, {after}) must be smaller than the dimension size {n}")
+        left = shrink_axis(x, axis, 1, before + 1).flip(axis)
+        right = shrink_axis(x, axis, n - 1 - after, n - 1).flip(axis)
+    elif mode == "replicate":
+        if n == 0:
+            raise ValueError("replicate padding needs a non-empty dimension")
+        first, last = shrink_axis(x, axis, 0, 1), shrink_axis(x, axis, n - 1, n)
+        left = first.expand(tuple(before if i == axis else s for i, s in enumerate(first.shape)))
+        right = last.expand(tuple(after if i == axis else s for i, s in enumerate(last.shape)))
+    else:
+        if before > n or after > n:
+            raise ValueError(f"circular padding ({before}, {after}) can wrap at most once; the dimension has {n}")
+        left = shrink_axis(x, axis, n - before, n)
+        right = shrink_axis(x, axis, 0, after)
+    return MovementMixin.cat(left, x, right, dim=axis)

@@ -1,9 +1,300 @@
-"""Neural-network functions on Tensor (convolution, pooling, attention, losses...), as a mixin.
+"""Neural-network functions on Tensor: convolution, pooling, interpolation, normalisation, attention.
 
-Built only from the primitive ops in tensor.py, so gradients come for free.
+Stage: graph construction. Input: Tensors. Output: Tensors composed from primitive ops, so gradients
+come for free. Convolution and pooling use one sliding-window view (`_pool`: pad + repeat + shrink +
+reshape, no im2col copy) followed by a broadcasted multiply and a reduce, which the scheduler fuses
+into a single kernel. Signatures follow tinygrad (`x.conv2d(w, bias, groups, stride, dilation,
+padding)`, any number of spatial dimensions); values follow PyTorch. Losses and einsum are mixed in
+from `tensor_losses.py`.
 """
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING, Any, Sequence
 
-class NNMixin:
+from polygrad.tensor_losses import LossMixin
+from polygrad.uop.shape import ShapeError
+
+if TYPE_CHECKING:
+    from polygrad.tensor import Tensor
+
+
+def _tuple(v: Any, n: int, what: str) -> tuple[int, ...]:
+    if isinstance(v, int):
+        return (v,) * n
+    v = tuple(int(a) for a in v)
+    if len(v) != n:
+        raise ValueError(f"{what} {v} needs {n} entries, one per spatial dimension")
+    return v
+
+
+def _flat_pads(padding: Any, dims: int) -> list[int]:
+    """Padding as a flat torch-order list (last axis first): int, per-dim tuple or flat tuple."""
+    if isinstance(padding, int):
+        return [padding] * (2 * dims)
+    padding = [int(p) for p in padding]
+    if len(padding) == dims:
+        return [p for p in reversed(padding) for _ in range(2)]
+    if len(padding) == 2 * dims:
+        return padding
+    raise ValueError(f"padding {padding} needs 1, {dims} or {2 * dims} entries")
+
+
+def _grouped(pads: Sequence[int]) -> list[tuple[int, int]]:
+    """Flat torch-order pads -> [(before, after)] in axis order."""
+    return list(zip(pads[-2::-2], pads[::-2]))
+
+
+def _ceil_pads(shape: tuple[int, ...], pads: list[int], k_: tuple[int, ...], s_: tuple[int, ...],
+               d_: tuple[int, ...]) -> list[int]:
+    """Extra end padding so the last partial window counts (ceil_mode), never starting in padding."""
+    i_ = shape[-len(k_):]
+    pads = list(pads)
+    for dim, (i, s, k, d, (pb, pa)) in enumerate(zip(i_, s_, k_, d_, _grouped(pads))):
+        o = -(-(i + pb + pa - (d * (k - 1) + 1)) // s) + 1
+        extra = s * (o - 1) + (d * (k - 1) + 1) - (i + pb + pa) - max(s * (o - 1) - (pb + i - 1), 0)
+        pads[len(pads) - 1 - 2 * dim] += extra
+    return pads
+
+
+class NNMixin(LossMixin):
     __slots__ = ()
+
+    # ---------------------------------------------------------------------------------------------
+    # convolution
+    def conv2d(self: "Tensor", weight: "Tensor", bias: "Tensor | None" = None, groups: int = 1, stride: Any = 1,
+               dilation: Any = 1, padding: Any = 0, dtype: Any = None) -> "Tensor":
+        """N-d convolution (cross-correlation) of (bs, cin, *spatial) with weight (cout, cin/groups, *kernel).
+
+        padding: int, one per spatial dim, flat torch order (last dim first), 'same' or 'valid'.
+        """
+        hw = weight.shape[2:]
+        if self.ndim != len(hw) + 2:
+            raise ShapeError(f"conv: input {self.shape} needs {len(hw) + 2} dims for a weight {weight.shape}")
+        (bs, cin_all), (cout, cin) = self.shape[:2], weight.shape[:2]
+        if groups <= 0 or cin * groups != cin_all or cout % groups:
+            raise ShapeError(f"conv: input channels {cin_all} must equal groups ({groups}) x weight in-channels "
+                             f"({cin}) and out-channels {cout} must divide by groups")
+        d_ = _tuple(dilation, len(hw), "dilation")
+        if isinstance(padding, str):
+            padding = _string_padding(padding, hw, d_, _tuple(stride, len(hw), "stride"))
+        x = self.pad(_flat_pads(padding, len(hw)))._pool(hw, stride, dilation)  # (bs, cin_all, *out, *hw)
+        rcout, oyx = cout // groups, x.shape[2:2 + len(hw)]
+        nd = len(oyx)
+        x = x.reshape(bs, groups, cin, 1, *oyx, *hw).expand(bs, groups, cin, rcout, *oyx, *hw)
+        x = x.permute(0, 1, 3, *[4 + i for i in range(nd)], 2, *[4 + nd + i for i in range(len(hw))])
+        w = weight.reshape(1, groups, rcout, *[1] * nd, cin, *hw)
+        out = (x * w).sum([-1 - i for i in range(1 + len(hw))], dtype=dtype).reshape(bs, cout, *oyx)
+        return out if bias is None else out + bias.reshape(1, -1, *[1] * nd)
+
+    def conv_transpose2d(self: "Tensor", weight: "Tensor", bias: "Tensor | None" = None, groups: int = 1,
+                         stride: Any = 1, dilation: Any = 1, padding: Any = 0, output_padding: Any = 0) -> "Tensor":
+        """N-d transposed convolution; weight is (cin, cout/groups, *kernel) as in PyTorch."""
+        hw = weight.shape[2:]
+        if self.ndim != len(hw) + 2 or self.shape[1] != weight.shape[0] or weight.shape[0] % groups:
+            raise ShapeError(f"conv_transpose: input {self.shape} does not fit weight {weight.shape} "
+                             f"with groups={groups}")
+        n = len(hw)
+        s_, d_, op_ = (_tuple(v, n, name) for v, name in ((stride, "stride"), (dilation, "dilation"),
+                                                          (output_padding, "output_padding")))
+        if any(o >= max(s, d) for o, s, d in zip(op_, s_, d_)):
+            raise ValueError(f"output_padding {op_} must be smaller than stride {s_} or dilation {d_}")
+        w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1))
+        x = self
+        if any(s > 1 for s in s_):
+            # insert s-1 zeros between input elements: (k) -> (k, 1) -> pad (k, s) -> (k*s) -> shrink
+            x = x.reshape(*x.shape[:2], *[v for k in x.shape[2:] for v in (k, 1)])
+            x = x.pad(((0, 0), (0, 0), *[p for s in s_ for p in ((0, 0), (0, s - 1))]))
+            x = x.reshape(*x.shape[:2], *[k * s for k, s in zip(x.shape[2::2], s_)])
+            x = x.shrink((None, None, *[(0, k - (s - 1)) for k, s in zip(x.shape[2:], s_)]))
+        pads = _grouped(_flat_pads(padding, n))
+        flat = [p for k, d, (pb, pa), o in reversed(list(zip(hw, d_, pads, op_)))
+                for p in ((k - 1) * d - pb, (k - 1) * d - pa + o)]
+        return x.conv2d(w.flatten(end_dim=1), bias=bias, groups=groups, dilation=dilation, padding=flat)
+
+    # ---------------------------------------------------------------------------------------------
+    # pooling
+    def max_pool2d(self: "Tensor", kernel_size: Any = (2, 2), stride: Any = None, dilation: Any = 1,
+                   padding: Any = 0, ceil_mode: bool = False, return_indices: bool = False) -> Any:
+        """Max over windows of the last len(kernel_size) axes; indices are flat per spatial plane."""
+        from polygrad.dtype import dtype_min, dtypes
+        from polygrad.tensor import Tensor
+        k_ = _tuple(kernel_size, 2, "kernel_size") if isinstance(kernel_size, int) else tuple(kernel_size)
+        s_ = _tuple(stride if stride is not None else k_, len(k_), "stride")
+        d_ = _tuple(dilation, len(k_), "dilation")
+        pads = _flat_pads(padding, len(k_))
+        if any(2 * p > k for p, k in zip(pads, [k for k in reversed(k_) for _ in range(2)])):
+            raise ValueError(f"max_pool: padding {padding} must be at most half the kernel {k_}")
+        if ceil_mode:
+            pads = _ceil_pads(self.shape, pads, k_, s_, d_)
+        axis = tuple(range(-len(k_), 0))
+        pooled = self.pad(pads, value=dtype_min(self.dtype))._pool(k_, s_, d_)
+        out = pooled.max(axis)
+        if not return_indices:
+            return out
+        spatial = self.shape[-len(k_):]
+        size = math.prod(spatial)
+        # count down so that max() picks the first (lowest) index among ties, as PyTorch does
+        idx = Tensor.arange(size, 0, -1, device=self.device).reshape(spatial)
+        idx = idx.pad(pads, value=0)._pool(k_, s_, d_)
+        hit = pooled.eq(pooled.max(axis, keepdim=True))
+        return out, (size - hit.where(idx, 0).max(axis)).cast(dtypes.int64)
+
+    def avg_pool2d(self: "Tensor", kernel_size: Any = (2, 2), stride: Any = None, dilation: Any = 1,
+                   padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> "Tensor":
+        """Mean over windows of the last len(kernel_size) axes (PyTorch avg_pool semantics)."""
+        k_ = _tuple(kernel_size, 2, "kernel_size") if isinstance(kernel_size, int) else tuple(kernel_size)
+        s_ = _tuple(stride if stride is not None else k_, len(k_), "stride")
+        d_ = _tuple(dilation, len(k_), "dilation")
+        axis = tuple(range(-len(k_), 0))
+        reg = _flat_pads(padding, len(k_))
+        ceil = _ceil_pads(self.shape, reg, k_, s_, d_)
+
+        def pool(x: "Tensor", pads: list[int]) -> "Tensor":
+            return x.pad(pads)._pool(k_, s_, d_)
+        if not count_include_pad:
+            pads = ceil if ceil_mode else reg
+            return pool(self, pads).sum(axis) / pool(self.ones_like(), pads).sum(axis)
+        if not ceil_mode:
+            return pool(self, reg).mean(axis)
+        ones = self.ones_like().pad(reg, value=1.0)
+        return pool(self, ceil).sum(axis) / pool(ones, [c - r for c, r in zip(ceil, reg)]).sum(axis)
+
+    def max_unpool2d(self: "Tensor", indices: "Tensor", kernel_size: Any = (2, 2), stride: Any = None,
+                     dilation: Any = 1, padding: Any = 0, output_size: Any = None) -> "Tensor":
+        """Inverse of max_pool2d(return_indices=True): values go back to their flat positions."""
+        from polygrad.tensor import Tensor
+        bs, c, *spatial = self.shape
+        if indices.shape != self.shape:
+            raise ShapeError(f"max_unpool: indices {indices.shape} must have the input's shape {self.shape}")
+        if output_size is None:
+            n = len(spatial)
+            k_ = _tuple(kernel_size, n, "kernel_size")
+            s_ = _tuple(stride if stride is not None else k_, n, "stride")
+            d_ = _tuple(dilation, n, "dilation")
+            p_ = _grouped(_flat_pads(padding, n))
+            output_size = tuple((i - 1) * s - (pb + pa) + (d * (k - 1) + 1)
+                                for i, k, d, s, (pb, pa) in zip(spatial, k_, d_, s_, p_))
+        else:
+            output_size = tuple(output_size)[-len(spatial):]
+        size = math.prod(output_size)
+        onehot = indices.reshape(bs, c, -1, 1).eq(Tensor.arange(size, device=self.device, dtype=indices.dtype))
+        vals = onehot.where(self.reshape(bs, c, -1, 1), 0).sum(2, dtype=self.dtype)
+        # overlapping windows can report one position several times, always with the same value
+        count = onehot.cast(self.dtype).sum(2, dtype=self.dtype).maximum(1)
+        return (vals / count).reshape(bs, c, *output_size)
+
+    # ---------------------------------------------------------------------------------------------
+    def interpolate(self: "Tensor", size: Any = None, mode: str = "linear", align_corners: bool = False,
+                    scale_factor: Any = None) -> "Tensor":
+        """Resize the last len(size) axes; mode 'nearest', 'nearest-exact' or 'linear' (bi/trilinear)."""
+        from polygrad.dtype import dtypes
+        from polygrad.tensor import Tensor
+        mode = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
+        if mode not in ("linear", "nearest", "nearest-exact"):
+            raise ValueError(f"interpolate: mode must be 'nearest', 'nearest-exact' or 'linear', got {mode!r}")
+        if align_corners and mode != "linear":
+            raise ValueError("interpolate: align_corners only applies to linear modes")
+        if size is None:
+            if scale_factor is None:
+                raise ValueError("interpolate: give size or scale_factor")
+            n = self.ndim - 2 if isinstance(scale_factor, (int, float)) else len(scale_factor)
+            sf = (scale_factor,) * n if isinstance(scale_factor, (int, float)) else tuple(scale_factor)
+            size = tuple(int(math.floor(s * f)) for s, f in zip(self.shape[-n:], sf))
+        size = (size,) * (self.ndim - 2) if isinstance(size, int) else tuple(size)
+        if not 0 < len(size) <= self.ndim:
+            raise ValueError(f"interpolate: size {size} must name between 1 and {self.ndim} trailing axes")
+        x, expand = self.cast(dtypes.float32) if not self.dtype.is_float else self, list(self.shape)
+        for i in range(-1, -len(size) - 1, -1):
+            n_in, n_out = self.shape[i], size[i]
+            scale = (n_in - 1) / (n_out - 1) if align_corners and n_out > 1 else (0.0 if align_corners else
+                                                                                   n_in / n_out)
+            arr = Tensor.arange(n_out, dtype=dtypes.float32, device=self.device)
+            shape = [1] * self.ndim
+            shape[i] = expand[i] = n_out
+            if mode == "linear":
+                pos = scale * arr if align_corners else (scale * (arr + 0.5) - 0.5)
+                pos = pos.maximum(0).minimum(n_in - 1)
+                low = pos.floor()
+                high = (low + 1).minimum(n_in - 1)
+                frac = (pos - low).reshape(shape).expand(expand)
+                lo_i = low.cast(dtypes.int32).reshape(shape).expand(expand)
+                hi_i = high.cast(dtypes.int32).reshape(shape).expand(expand)
+                a, b = x.gather(i, lo_i), x.gather(i, hi_i)
+                x = a + (b - a) * frac.cast(x.dtype)
+            else:
+                pos = scale * (arr + 0.5) if mode == "nearest-exact" else scale * arr
+                idx = pos.floor().minimum(n_in - 1).cast(dtypes.int32).reshape(shape).expand(expand)
+                x = x.gather(i, idx)
+        return x.cast(self.dtype)
+
+    # ---------------------------------------------------------------------------------------------
+    # layers as functions
+    def linear(self: "Tensor", weight: "Tensor", bias: "Tensor | None" = None) -> "Tensor":
+        """x @ weight + bias with weight (in, out) as in tinygrad (torch's F.linear takes weight.T)."""
+        x = self * weight if weight.ndim == 1 else self.matmul(weight)
+        return x if bias is None else x + bias
+
+    def layernorm(self: "Tensor", axis: Any = -1, eps: float = 1e-5) -> "Tensor":
+        """Normalise to zero mean and unit variance over `axis` (no affine part)."""
+        y = self - self.mean(axis, keepdim=True)
+        return y * (y * y).mean(axis, keepdim=True).add(eps).rsqrt()
+
+    def batchnorm(self: "Tensor", weight: "Tensor | None", bias: "Tensor | None", mean: "Tensor",
+                  invstd: "Tensor", axis: Any = 1) -> "Tensor":
+        """(x - mean) * weight * invstd + bias with per-channel statistics along `axis` (tinygrad)."""
+        axes = (axis,) if isinstance(axis, int) else tuple(axis)
+        axes = tuple(a % self.ndim for a in axes)
+        shape = tuple(s if i in axes else 1 for i, s in enumerate(self.shape))
+        x = self - mean.reshape(shape)
+        if weight is not None:
+            x = x * weight.reshape(shape)
+        out = x * (invstd.reshape(shape) if invstd.ndim == len(axes) else invstd)
+        return out + bias.reshape(shape) if bias is not None else out
+
+    def dropout(self: "Tensor", p: float = 0.5) -> "Tensor":
+        """Zero elements with probability p and scale the rest by 1/(1-p), only in training mode."""
+        from polygrad import config
+        from polygrad.tensor import Tensor
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+        if not (Tensor.training or config.get("TRAINING")) or p == 0:
+            return self
+        if p == 1:
+            return self * 0
+        keep = Tensor.rand(*self.shape, device=self.device) >= p
+        return keep.where(self, 0) * (1.0 / (1.0 - p))
+
+    def scaled_dot_product_attention(self: "Tensor", key: "Tensor", value: "Tensor", attn_mask: Any = None,
+                                     dropout_p: float = 0.0, is_causal: bool = False,
+                                     scale: float | None = None) -> "Tensor":
+        """softmax(q @ k^T * scale + mask) @ v; a bool mask keeps True; is_causal masks the future."""
+        from polygrad.dtype import dtypes
+        from polygrad.tensor import Tensor
+        if is_causal and attn_mask is not None:
+            raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
+        q_len, k_len = self.shape[-2], key.shape[-2]
+        if is_causal:
+            attn_mask = Tensor.ones(q_len, k_len, dtype=dtypes.bool, device=self.device).tril(0)
+        scale = 1.0 / math.sqrt(self.shape[-1]) if scale is None else scale
+        scores = self.matmul(key.transpose(-2, -1)) * scale
+        if attn_mask is not None:
+            if attn_mask.dtype is dtypes.bool:
+                scores = attn_mask.where(scores, float("-inf"))
+            else:
+                scores = scores + attn_mask
+        return scores.softmax(-1).dropout(dropout_p).matmul(value)
+
+
+def _string_padding(padding: str, hw: tuple[int, ...], d_: tuple[int, ...], s_: tuple[int, ...]) -> list[int]:
+    if padding == "valid":
+        return [0] * (2 * len(hw))
+    if padding != "same":
+        raise ValueError(f"padding string must be 'same' or 'valid', got {padding!r}")
+    if any(s != 1 for s in s_):
+        raise ValueError("padding='same' needs stride 1 (as in PyTorch)")
+    flat = []
+    for k, d in reversed(list(zip(hw, d_))):
+        total = d * (k - 1)
+        flat += [total // 2, total - total // 2]
+    return flat

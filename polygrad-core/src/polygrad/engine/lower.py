@@ -174,6 +174,8 @@ def thread_range_of(ast: UOp) -> UOp | None:
 
 def lower(ast: UOp, opts: list[Opt] | None = None) -> ProgramSpec:
     """Lower a scheduled kernel to a ProgramSpec (heuristic opts unless given or NOOPT=1)."""
+    # the scheduler passes one buffer per DEFINE_GLOBAL; keep them all even if simplification drops a load
+    params = globals_of(ast)
     ast = simplify_indices(ast)
     if opts is None:
         opts = [] if config.get("NOOPT") else heuristic_opts(ast)
@@ -181,5 +183,5 @@ def lower(ast: UOp, opts: list[Opt] | None = None) -> ProgramSpec:
         ast = simplify_indices(apply_opts(ast, opts))
     ops, mem = estimate(ast)
     name = getattr(ast.arg, "name", "kernel")
-    return ProgramSpec(name=name, ast=ast, globals=globals_of(ast), thread_range=thread_range_of(ast), ops=ops,
+    return ProgramSpec(name=name, ast=ast, globals=params, thread_range=thread_range_of(ast), ops=ops,
                        mem_bytes=mem, opts=tuple(opts))

@@ -56,10 +56,10 @@ def get_program(ast: UOp, device: str) -> CompiledProgram:
     from polygrad.engine.search import choose_opts
     spec = lower(ast, choose_opts(ast, device))
     source = impl.render(spec)
+    if config.get("DEBUG") >= 3:  # each level adds to the one below: 4 shows the IR and the source
+        print(spec.ast)
     if config.get("POLY_DUMP_KERNELS") or config.get("DEBUG") >= 4:
         print(f"// ---- {device} kernel {spec.name} (opts {list(spec.opts)})\n{source}")
-    elif config.get("DEBUG") >= 3:
-        print(spec.ast)
     binary = impl.compile(source)
     prog = CompiledProgram(spec, device, impl.load(spec, binary), source)
     runtime_stats["programs_compiled"] += 1

@@ -24,6 +24,7 @@ from polygrad.uop.ops import KernelInfo, Ops, UOp
 # expression again recomputes it (as tinygrad does), which keeps results fresh after buffer writes.
 becomes: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
 EFFECT_OPS = (Ops.ASSIGN, Ops.AFTER)
+UNIQUE_OPS = (Ops.ASSIGN, Ops.AFTER)
 
 BOUNDARY_OPS = {Ops.BUFFER, Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.CUSTOM, Ops.AFTER}
 
@@ -81,6 +82,10 @@ def normalize(targets: list[UOp]) -> tuple[tuple[UOp, ...], list[Any]]:
             memo[node] = _slot(node, inputs, slot_of)
             continue
         new_src = tuple(memo[s] for s in node.src)
+        if node.op in UNIQUE_OPS and node.arg is not None:
+            # effects carry a unique id so two assigns never hash-cons together; the key drops it
+            memo[node] = node.replace(src=new_src, arg=None)
+            continue
         memo[node] = node if new_src == node.src else node.replace(src=new_src)
     return tuple(memo[t] for t in targets), inputs
 

@@ -1,16 +1,214 @@
 """BEAM search over kernel optimisations, timed on the device; winners cached on disk.
 
 Stage: lowering (device optimisation). Input: a scheduled kernel AST and a device. Output: the list
-of Opts to apply. With BEAM=0 the heuristics in `lower` decide.
+of Opts to apply (None: let the heuristics in `lower` decide, as with BEAM=0).
+
+With BEAM=N the search starts from no opts and the heuristic choice, and at each depth extends
+every kept candidate by one more UPCAST (a global range) or SPLIT_REDUCE (a reduce range). Each
+candidate is lowered, rendered, compiled and timed on scratch buffers; the N fastest survive. The
+winner is stored under POLY_CACHE_DIR/beam/<device>/<hash of the kernel>.json, so a second process
+(or the same one after `collect()`) pays nothing. DEBUG>=1 and POLY_DUMP_KERNELS print the choice.
+Custom kernels (no "parallel" in their KernelInfo opts) are never searched.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import math
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
 from polygrad import config
-from polygrad.uop.ops import UOp
+from polygrad.errors import CompileError
+from polygrad.engine.lower import Opt, apply_opts, heuristic_opts, lower, ranges_of, simplify_indices
+from polygrad.uop.ops import KernelInfo, UOp
+
+AMOUNTS = (2, 4, 8, 16)
+MAX_DEPTH = 2
+MAX_UNROLL = 512  # product of all split amounts: bigger bodies compile slowly and rarely win
+TIMING_RUNS = 3
+COMPILE_WORKERS = max(1, min(8, os.cpu_count() or 1))
+MIN_GAIN = 0.97  # a deeper level must beat the best so far by 3% to continue
+SEARCH_VERSION = 1
+
+beam_cache: dict[tuple[str, str], list[Opt]] = {}
 
 
-def choose_opts(ast: UOp, device: str):
-    """None means "use the heuristics"; BEAM search is added by the optimisation work."""
-    if config.get("BEAM") <= 0:
+def choose_opts(ast: UOp, device: str) -> list[Opt] | None:
+    """The opts to lower `ast` with on `device`: None (heuristics) unless BEAM > 0."""
+    width = config.get("BEAM")
+    if width <= 0 or config.get("NOOPT") or not _searchable(ast):
         return None
-    return None
+    from polygrad.device import open_device
+    impl = open_device(device)
+    if not getattr(impl.capabilities, "supports_beam", True):
+        return None
+    key = kernel_key(ast, device, width)
+    hit = beam_cache.get((device, key))
+    if hit is None:
+        hit = _load(device, key)
+        if hit is not None:
+            _report(ast, device, hit, "disk cache", None, 0)
+    if hit is None:
+        hit, best_s, tried = beam_search(ast, impl, width)
+        _report(ast, device, hit, "searched", best_s, tried)
+        _store(device, key, hit, best_s, tried)
+    beam_cache[(device, key)] = hit
+    return list(hit)
+
+
+def _searchable(ast: UOp) -> bool:
+    info = ast.arg
+    return isinstance(info, KernelInfo) and "parallel" in info.opts
+
+
+# ---------------------------------------------------------------------------------------------------
+# the search
+
+
+def candidate_opts(ast: UOp, opts: list[Opt]) -> list[list[Opt]]:
+    """Every opt list that extends `opts` by one valid UPCAST or SPLIT_REDUCE."""
+    current = apply_opts(ast, opts) if opts else ast
+    budget = MAX_UNROLL // math.prod(o.amount for o in opts)
+    out: list[list[Opt]] = []
+    for r in ranges_of(current):
+        kind = {"global": "UPCAST", "reduce": "SPLIT_REDUCE"}.get(r.arg[1])
+        size = int(r.src[0].arg)
+        if kind is None:
+            continue
+        for amount in AMOUNTS:
+            if amount > budget:
+                break
+            if size % amount == 0 and size > amount:
+                out.append(opts + [Opt(kind, r.arg[0], amount)])
+            elif size == amount and kind == "UPCAST":
+                out.append(opts + [Opt(kind, r.arg[0], amount)])
+    return out
+
+
+def beam_search(ast: UOp, impl: Any, width: int) -> tuple[list[Opt], float, int]:
+    """(best opts, best time in seconds, candidates timed) for `ast` on the opened device `impl`."""
+    base = simplify_indices(ast)
+    timer = _Timer(ast, impl)
+    seen: dict[tuple[Opt, ...], float] = {}
+
+    def time_all(cands: list[list[Opt]]) -> list[tuple[float, list[Opt]]]:
+        fresh = list({tuple(c): c for c in cands if tuple(c) not in seen}.values())
+        for c, program in zip(fresh, timer.build_all(fresh)):
+            seen[tuple(c)] = timer.measure(program)
+        timed = []
+        for c in cands:
+            k = tuple(c)
+            if seen[k] < float("inf"):
+                timed.append((seen[k], c))
+        return timed
+
+    beam = sorted(time_all([[], heuristic_opts(base)]), key=lambda x: x[0])[:width]
+    best_time, best = beam[0] if beam else (float("inf"), [])
+    for _ in range(MAX_DEPTH):
+        cands = [c for _, opts in beam for c in candidate_opts(base, opts)]
+        timed = sorted(time_all(cands), key=lambda x: x[0])
+        if not timed or timed[0][0] >= best_time * MIN_GAIN:
+            break
+        best_time, best = timed[0]
+        beam = timed[:width]
+    return best, best_time, len(seen)
+
+
+class _Timer:
+    """Compiles and times candidates of one kernel on scratch buffers."""
+
+    def __init__(self, ast: UOp, impl: Any):
+        from polygrad.device import Buffer
+        self.ast, self.impl = ast, impl
+        spec = lower(ast, [])
+        self.buffers = []
+        for g in spec.globals:
+            buf = Buffer(impl.name, g.size, g.dtype)
+            buf.copyin(np.zeros(g.size, dtype=g.dtype.np))
+            self.buffers.append(buf)
+
+    def build(self, opts: list[Opt]) -> Any:
+        """The loaded program for one candidate, or None when it fails to lower, render or compile."""
+        try:
+            spec = lower(self.ast, list(opts))
+            return self.impl.load(spec, self.impl.compile(self.impl.render(spec)))
+        except (CompileError, NotImplementedError, RuntimeError, ValueError):
+            return None
+
+    def build_all(self, cands: list[list[Opt]]) -> list[Any]:
+        """Compile candidates concurrently (compilers run as subprocesses, outside the GIL)."""
+        if len(cands) <= 1:
+            return [self.build(c) for c in cands]
+        with ThreadPoolExecutor(max_workers=min(COMPILE_WORKERS, len(cands))) as pool:
+            return list(pool.map(self.build, cands))
+
+    def measure(self, program: Any) -> float:
+        """Best of a few timed runs in seconds; inf when the candidate failed to build or run."""
+        if program is None:
+            return float("inf")
+        handles = [b.handle for b in self.buffers]
+        times = []
+        try:
+            for _ in range(TIMING_RUNS):
+                t = program(handles, (), True)
+                times.append(t if t is not None else float("inf"))
+        except (RuntimeError, ValueError, IndexError):
+            return float("inf")
+        return min(times)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the on-disk cache
+
+
+def kernel_key(ast: UOp, device: str, width: int) -> str:
+    """A stable hash of the kernel's full structure, the device and the beam width."""
+    h = hashlib.sha256(f"v{SEARCH_VERSION}|{device}|{width}\n".encode())
+    names: dict[UOp, int] = {}
+    for i, node in enumerate(ast.toposort()):
+        names[node] = i
+        srcs = ",".join(str(names[s]) for s in node.src)
+        h.update(f"{node.op.name}|{node.dtype!r}|{srcs}|{node.arg!r}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def _path(device: str, key: str) -> str:
+    safe = "".join(c if c.isalnum() else "_" for c in device)
+    return os.path.join(config.cache_dir(), "beam", safe, f"{key}.json")
+
+
+def _load(device: str, key: str) -> list[Opt] | None:
+    try:
+        with open(_path(device, key)) as f:
+            data = json.load(f)
+        return [Opt(k, int(a), int(n)) for k, a, n in data["opts"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _store(device: str, key: str, opts: list[Opt], best_s: float, tried: int) -> None:
+    path = _path(device, key)
+    data = {"opts": [[o.kind, o.axis, o.amount] for o in opts], "time_s": best_s, "candidates": tried}
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a search next time
+
+
+def _report(ast: UOp, device: str, opts: list[Opt], how: str, best_s: float | None, tried: int) -> None:
+    if not (config.get("DEBUG") >= 1 or config.get("POLY_DUMP_KERNELS")):
+        return
+    name = getattr(ast.arg, "name", "kernel")
+    chosen = ", ".join(f"{o.kind}({o.axis},{o.amount})" for o in opts) or "no opts"
+    timing = f" {best_s * 1e6:.1f} us over {tried} candidates" if best_s is not None else ""
+    print(f"BEAM {device} {name}: {chosen} ({how}{timing})")
+

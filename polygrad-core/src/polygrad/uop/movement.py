@@ -9,7 +9,8 @@ def reshape(u: UOp, shape: tuple[int, ...]) -> UOp:
     shape = tuple(int(s) for s in shape)
     if shape == u.shape:
         return u
-    if u.op is Ops.RESHAPE:
+    # a reshaped BUFFER is a tensor's own identity (autograd targets match it), so it is not folded
+    if u.op is Ops.RESHAPE and u.src[0].op is not Ops.BUFFER:
         u = u.src[0]
         if shape == u.shape:
             return u

@@ -33,9 +33,12 @@ class Ops(Enum):
     CMPLT = auto(); CMPNE = auto(); CMPEQ = auto()  # noqa: E702
     AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto(); POW = auto()  # noqa: E702
     WHERE = auto()
+    VECTORIZE = auto()  # kernel IR: several scalars as one vector value (custom kernels)
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
+
+    __hash__ = object.__hash__  # members are singletons; identity hashing keeps UOp creation cheap
 
 
 UNARY = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
@@ -63,7 +66,7 @@ def _arg_key(arg: Any) -> Any:
     if isinstance(arg, bool):
         return (bool, arg)
     if isinstance(arg, tuple):
-        if all(type(a) is int for a in arg):
+        if all(type(a) in _PLAIN_ARGS for a in arg):
             return arg
         return tuple(_arg_key(a) for a in arg)
     return arg
@@ -264,13 +267,37 @@ class UOp:
     def store(self, value: Any) -> "UOp":
         if self.op is not Ops.INDEX:
             raise TypeError("store() is called on an indexed placeholder, as out[i].store(v)")
-        return UOp(Ops.STORE, None, (self, self._operand(value)._value()))
+        v = self._operand(value)._value()
+        width = vector_width(v)
+        if width > 1 and v.dtype != self.dtype:
+            raise TypeError(f"vector STORE dtype mismatch: a {v.dtype.name}x{width} value into {self.dtype.name} "
+                            f"memory; cast the value first, e.g. value.cast(dtypes.{self.dtype.name})")
+        return UOp(Ops.STORE, None, (self, v))
+
+    @staticmethod
+    def vectorize(*elems: Any) -> "UOp":
+        """A vector of scalars; storing it at out[i] writes out[i], out[i+1], ... (custom kernels)."""
+        vals = [e._value() if isinstance(e, UOp) else UOp.const(dtypes.default_float, e) for e in elems]
+        if len({v.dtype for v in vals}) != 1:
+            raise TypeError(f"vectorize needs elements of one dtype, got {[v.dtype.name for v in vals]}")
+        return UOp(Ops.VECTORIZE, vals[0].dtype, tuple(vals), len(vals))
 
     def end(self, *ranges: "UOp") -> "UOp":
         return UOp(Ops.END, None, (self,) + ranges)
 
     def sink(self, *more: "UOp", arg: Any = None) -> "UOp":
         return UOp(Ops.SINK, None, (self,) + more, arg)
+
+
+def vector_width(u: UOp) -> int:
+    """Lanes of a kernel-IR value: a VECTORIZE's count, carried through elementwise ops; 1 for scalars."""
+    widths = {n: n.arg for n in u.toposort() if n.op is Ops.VECTORIZE}
+    if not widths:
+        return 1
+    for n in u.toposort():
+        if n.op in ELEMENTWISE and any(s in widths for s in n.src):
+            widths[n] = max(widths[s] for s in n.src if s in widths)
+    return widths.get(u, 1)
 
 
 def pretty(u: UOp, limit: int = 40) -> str:

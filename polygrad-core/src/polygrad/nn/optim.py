@@ -1,0 +1,273 @@
+"""Optimizers: SGD, Adam, AdamW, LAMB and OptimizerGroup.
+
+Stage: training. Input: parameters whose `.grad` was filled by `backward()`. Output: parameters and
+optimizer state updated in place (lazy `assign`s realized together by `step()`).
+
+A step runs in two realizations. The first materialises every gradient (and pending buffer updates
+such as BatchNorm's running statistics), so that no update kernel reads a parameter another update
+kernel writes. The second realizes all updates at once: one kernel per written parameter plus one
+per flat state buffer (momentum / Adam moments of up to 16 parameters live in one buffer), and no
+host work per parameter. The learning rate is a one-element buffer read by those kernels, so changing
+`opt.lr` between steps reuses the compiled kernels.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import numpy as np
+
+from polygrad.config import get as get_setting
+from polygrad.errors import TrainingModeError
+from polygrad.tensor import Tensor
+
+__all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "OptimizerGroup"]
+
+TRAINING_HINT = ("TRAINING must be enabled to run an optimizer step: wrap the training loop in "
+                 "`with Context(TRAINING=1):` (from polygrad import Context), or set Tensor.training = True")
+
+
+def _require_training() -> None:
+    if not get_setting("TRAINING"):
+        raise TrainingModeError(TRAINING_HINT)
+
+
+def _scalar(value: float, device: str) -> Tensor:
+    t = Tensor(np.array(value, dtype=np.float32), device=device)
+    t.requires_grad = False
+    return t
+
+
+class Optimizer:
+    """Base class: holds the parameters, the learning-rate buffer, zero_grad() and step()."""
+
+    def __init__(self, params: Iterable[Tensor], lr: float):
+        unique: dict[int, Tensor] = {}
+        for p in params:
+            if not isinstance(p, Tensor):
+                raise TypeError(f"optimizer parameters must be Tensors, got {type(p).__name__}; pass "
+                                "get_parameters(model)")
+            unique.setdefault(id(p), p)
+        for p in unique.values():
+            if p.requires_grad is None:
+                p.requires_grad = True
+        self.params = [p for p in unique.values() if p.requires_grad]
+        self.buffers = [p for p in unique.values() if not p.requires_grad]
+        if not self.params:
+            raise ValueError("the optimizer got no parameters that require gradients; pass get_parameters(model)")
+        self.device = self.params[0].device
+        self._lr = _scalar(lr, self.device)
+        Tensor.realize_all(*self.params, *self.buffers)
+
+    @property
+    def lr(self) -> Tensor:
+        """The learning rate, a 0-d float32 buffer. Assign a float (or Tensor) to change it between steps."""
+        return self._lr
+
+    @lr.setter
+    def lr(self, value: Any) -> None:
+        if isinstance(value, Tensor):
+            self._lr.assign(value.reshape(()).to(self._lr.device)).realize()
+        else:
+            self._lr.copy_from(np.array(float(value), dtype=np.float32))
+
+    def _lr_on(self, device: str) -> Tensor:
+        return self._lr if device == self.device else self._lr.to(device)
+
+    def zero_grad(self) -> None:
+        """Forget the gradients; call it before each backward() (they accumulate otherwise, as in torch)."""
+        for p in self.params:
+            p.grad = None
+
+    def step(self, *realize_with: Tensor) -> None:
+        """Update every parameter that has a gradient. Needs training mode (`Context(TRAINING=1)`).
+
+        `realize_with` (e.g. the loss) is realized together with the gradients, sharing their kernels,
+        before any parameter changes; a loss realized only after step() is recomputed with the new
+        parameters.
+        """
+        Tensor.realize_all(*self.schedule_step(*realize_with))
+
+    def schedule_step(self, *realize_with: Tensor) -> list[Tensor]:
+        """Realize the gradients and pending buffer updates; return the (lazy) updated tensors."""
+        _require_training()
+        self._realize_inputs(realize_with)
+        return self._updates()
+
+    def _realize_inputs(self, realize_with: tuple[Tensor, ...] = ()) -> None:
+        live = [p for p in self.params if p.grad is not None]
+        if not live:
+            raise RuntimeError("optimizer step without gradients: call loss.backward() before opt.step()")
+        for p in live:
+            if p.grad.shape != p.shape:
+                raise ValueError(f"gradient shape {p.grad.shape} does not match parameter shape {p.shape}")
+        Tensor.realize_all(*[p.grad for p in live], *self.buffers, *realize_with)
+
+    def _updates(self) -> list[Tensor]:
+        raise NotImplementedError
+
+
+class OptimizerGroup(Optimizer):
+    """Several optimizers stepped as one (e.g. different learning rates for parts of a model)."""
+
+    def __init__(self, *optimizers: Optimizer):
+        if not optimizers:
+            raise ValueError("OptimizerGroup needs at least one optimizer")
+        self.optimizers = list(optimizers)
+        self.params = [p for o in self.optimizers for p in o.params]
+        self.buffers = [b for o in self.optimizers for b in o.buffers]
+
+    def __getitem__(self, i: int) -> Optimizer:
+        return self.optimizers[i]
+
+    @property
+    def lr(self) -> list[Tensor]:  # type: ignore[override]
+        return [o.lr for o in self.optimizers]
+
+    def zero_grad(self) -> None:
+        for o in self.optimizers:
+            o.zero_grad()
+
+    def schedule_step(self, *realize_with: Tensor) -> list[Tensor]:
+        _require_training()
+        for i, o in enumerate(self.optimizers):
+            o._realize_inputs(realize_with if i == 0 else ())
+        return [t for o in self.optimizers for t in o._updates()]
+
+
+class _FlatState:
+    """One flat state buffer (momentum, Adam moments) shared by up to GROUP_SIZE parameters of one
+    device and dtype, so a state update is one kernel per group instead of one per parameter."""
+
+    def __init__(self, params: list[Tensor], indices: list[int]):
+        self.indices = indices
+        self.shapes = [params[i].shape for i in indices]
+        self.sizes = [params[i].numel() for i in indices]
+        self.offsets = [sum(self.sizes[:k]) for k in range(len(indices))]
+        self.device, self.dtype = params[indices[0]].device, params[indices[0]].dtype
+
+    def zeros(self) -> Tensor:
+        return Tensor(np.zeros(sum(self.sizes), dtype=np.float32), device=self.device, dtype=self.dtype,
+                      requires_grad=False)
+
+    def join(self, parts: list[Tensor]) -> Tensor:
+        """Per-parameter tensors -> one flat tensor in this group's layout."""
+        flat = [t.reshape(-1) for t in parts]
+        return flat[0] if len(flat) == 1 else flat[0].cat(*flat[1:])
+
+    def part(self, flat: Tensor, k: int) -> Tensor:
+        """The k-th parameter's slice of a flat tensor, in the parameter's shape."""
+        begin = self.offsets[k]
+        return flat.shrink(((begin, begin + self.sizes[k]),)).reshape(self.shapes[k])
+
+
+GROUP_SIZE = 16  # each element of a joined gradient tests this many pieces, so groups stay small
+
+
+def _flat_groups(params: list[Tensor]) -> list[_FlatState]:
+    by_kind: dict[tuple[str, Any], list[int]] = {}
+    for i, p in enumerate(params):
+        by_kind.setdefault((p.device, p.dtype), []).append(i)
+    return [_FlatState(params, idx[k:k + GROUP_SIZE])
+            for idx in by_kind.values() for k in range(0, len(idx), GROUP_SIZE)]
+
+
+def _grad(p: Tensor) -> Tensor:
+    """The gradient (zeros for a parameter that got none this step: it then keeps its value)."""
+    return p.grad.cast(p.dtype) if p.grad is not None else p.zeros_like()
+
+
+class SGD(Optimizer):
+    """torch.optim.SGD: p -= lr * g, with optional L2 weight_decay, momentum and nesterov momentum."""
+
+    def __init__(self, params: Iterable[Tensor], lr: float = 0.001, momentum: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False):
+        if nesterov and momentum <= 0:
+            raise ValueError("nesterov momentum needs momentum > 0")
+        super().__init__(params, lr)
+        self.momentum, self.weight_decay, self.nesterov = momentum, weight_decay, nesterov
+        self.groups = _flat_groups(self.params)
+        self.b = [g.zeros() for g in self.groups] if momentum else []
+
+    def _decayed_grad(self, p: Tensor) -> Tensor:
+        g = _grad(p)
+        return g + self.weight_decay * p.detach() if self.weight_decay else g
+
+    def _updates(self) -> list[Tensor]:
+        if not self.momentum:
+            return [p.assign(p.detach() - self._lr_on(p.device) * self._decayed_grad(p))
+                    for p in self.params if p.grad is not None]
+        out = []
+        for group, buf in zip(self.groups, self.b):
+            params = [self.params[i] for i in group.indices]
+            grads = [self._decayed_grad(p) for p in params]
+            buf = buf.assign(self.momentum * buf + group.join(grads))
+            out.append(buf)
+            for k, (p, g) in enumerate(zip(params, grads)):
+                if p.grad is None:
+                    continue
+                step = g + self.momentum * group.part(buf, k) if self.nesterov else group.part(buf, k)
+                out.append(p.assign(p.detach() - self._lr_on(p.device) * step))
+        return out
+
+
+class LAMB(Optimizer):
+    """LAMB (You et al. 2019); with adam=True it is Adam/AdamW (decoupled weight decay), as in tinygrad.
+
+    The bias corrections use (b1**t, b2**t) kept in a two-element buffer, so every step reuses the same
+    kernels; the moments live in flat buffers (see _FlatState).
+    """
+
+    def __init__(self, params: Iterable[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999,
+                 eps: float = 1e-6, weight_decay: float = 0.0, adam: bool = False, l2_decay: float = 0.0):
+        super().__init__(params, lr)
+        self.b1, self.b2, self.eps, self.weight_decay, self.adam = b1, b2, eps, weight_decay, adam
+        self.l2_decay = l2_decay
+        self.beta_t = Tensor(np.ones(2, dtype=np.float32), device=self.device, requires_grad=False)
+        self._betas = Tensor(np.array([b1, b2], dtype=np.float32), device=self.device, requires_grad=False)
+        self.groups = _flat_groups(self.params)
+        self.m = [g.zeros() for g in self.groups]
+        self.v = [g.zeros() for g in self.groups]
+
+    def _updates(self) -> list[Tensor]:
+        beta_t = self.beta_t.assign(self.beta_t * self._betas)
+        out = [beta_t]
+        for group, m, v in zip(self.groups, self.m, self.v):
+            params = [self.params[i] for i in group.indices]
+            grads = [_grad(p) for p in params]
+            if self.l2_decay:
+                grads = [g + self.l2_decay * p.detach() for g, p in zip(grads, params)]
+            g = group.join(grads)
+            m = m.assign(self.b1 * m + (1.0 - self.b1) * g)
+            v = v.assign(self.b2 * v + (1.0 - self.b2) * g.square())
+            bt = beta_t if group.device == self.device else beta_t.to(group.device)
+            up_flat = (m / (1.0 - bt[0])) / ((v / (1.0 - bt[1])).sqrt() + self.eps)
+            out.extend([m, v])
+            for k, p in enumerate(params):
+                if p.grad is not None:
+                    out.append(p.assign(p.detach() - self._lr_on(p.device) * self._step_of(p, group.part(up_flat, k))))
+        return out
+
+    def _step_of(self, p: Tensor, up: Tensor) -> Tensor:
+        if self.weight_decay:
+            up = up + self.weight_decay * p.detach()
+        if self.adam:
+            return up
+        r1 = p.detach().square().sum().sqrt()
+        r2 = up.square().sum().sqrt()
+        return up * (r1 > 0).where((r2 > 0).where(r1 / r2, 1.0), 1.0)
+
+
+class Adam(LAMB):
+    """torch.optim.Adam (betas, eps, L2 weight_decay added to the gradient)."""
+
+    def __init__(self, params: Iterable[Tensor], lr: float = 0.001, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0):
+        super().__init__(params, lr, betas[0], betas[1], eps, adam=True, l2_decay=weight_decay)
+
+
+class AdamW(LAMB):
+    """torch.optim.AdamW (decoupled weight decay, default 0.01)."""
+
+    def __init__(self, params: Iterable[Tensor], lr: float = 0.001, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.01):
+        super().__init__(params, lr, betas[0], betas[1], eps, weight_decay=weight_decay, adam=True)

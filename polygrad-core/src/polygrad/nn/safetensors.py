@@ -1,0 +1,161 @@
+"""Read and write the safetensors format: `safe_save`, `safe_load`, `safe_load_metadata`.
+
+Stage: serialisation. Input: a dict of Tensors (save) or a file / bytes (load). Output: a file laid out
+as the `safetensors` package does (u64 little-endian header length, a JSON header padded with spaces
+to 8 bytes, then the raw little-endian data), or a dict of Tensors.
+
+Loading memory-maps the file, so only the bytes of each tensor are read, straight into its device
+buffer. Every offset is checked first: a corrupt or truncated file raises SafetensorsError.
+"""
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import struct
+from typing import Any
+
+import numpy as np
+
+from polygrad.dtype import DType, dtypes
+from polygrad.errors import SafetensorsError
+from polygrad.tensor import Tensor
+
+__all__ = ["safe_load", "safe_load_metadata", "safe_save"]
+
+SAFETENSORS_DTYPES: dict[str, DType] = {
+    "BOOL": dtypes.bool, "U8": dtypes.uint8, "I8": dtypes.int8, "U16": dtypes.uint16, "I16": dtypes.int16,
+    "U32": dtypes.uint32, "I32": dtypes.int32, "U64": dtypes.uint64, "I64": dtypes.int64,
+    "F16": dtypes.float16, "BF16": dtypes.bfloat16, "F32": dtypes.float32, "F64": dtypes.float64,
+}
+_CODE_OF = {dt: code for code, dt in SAFETENSORS_DTYPES.items()}
+_MAX_HEADER = 100 * 1024 * 1024  # the safetensors package's own limit
+
+
+def safe_save(tensors: dict[str, Tensor], path: str | os.PathLike, metadata: dict[str, str] | None = None) -> None:
+    """Write tensors (and optional string metadata) to a .safetensors file.
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> safe_save({"w": Tensor([1.0, 2.0])}, p)
+    >>> safe_load(p)["w"].numpy().tolist()
+    [1.0, 2.0]
+    """
+    header: dict[str, Any] = {}
+    if metadata:
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+            raise TypeError("safetensors metadata must map str to str; convert the values with str() or json.dumps")
+        header["__metadata__"] = dict(metadata)
+    blobs = []
+    offset = 0
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"safe_save: {name!r} is a {type(t).__name__}, not a Tensor")
+        if name == "__metadata__":
+            raise ValueError("'__metadata__' is reserved by the safetensors format; rename that tensor")
+        blob = _raw_bytes(t)
+        header[name] = {"dtype": _CODE_OF[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for blob in blobs:
+            f.write(blob)
+
+
+def _raw_bytes(t: Tensor) -> bytes:
+    if t.numel() == 0:
+        return b""
+    # the storage view keeps bfloat16 as its raw 16 bits (numpy() would widen it to float32)
+    storage = t.contiguous()._buffer().numpy()
+    return storage.astype(storage.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def safe_load_metadata(source: str | os.PathLike | bytes) -> dict[str, Any]:
+    """The parsed, validated JSON header: {name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}."""
+    data = _open(source)
+    header, _ = _parse_header(data)
+    return header
+
+
+def safe_load(source: str | os.PathLike | bytes, device: str | None = None) -> dict[str, Tensor]:
+    """Load every tensor of a safetensors file (or its bytes) onto `device`, in file order."""
+    data = _open(source)
+    header, data_start = _parse_header(data)
+    out: dict[str, Tensor] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dt = SAFETENSORS_DTYPES[info["dtype"]]
+        begin, end = info["data_offsets"]
+        arr = np.frombuffer(data, dtype=dt.np.newbyteorder("<"), count=(end - begin) // dt.itemsize,
+                            offset=data_start + begin)
+        out[name] = Tensor(arr.astype(dt.np, copy=False).reshape(info["shape"]), device=device, dtype=dt)
+    return out
+
+
+def _open(source: str | os.PathLike | bytes) -> Any:
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return memoryview(source)
+    try:
+        with open(source, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return memoryview(b"")
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"safetensors file {os.fspath(source)!r} does not exist") from e
+
+
+def _parse_header(data: Any) -> tuple[dict[str, Any], int]:
+    size = len(data)
+    if size < 8:
+        raise SafetensorsError(f"safetensors data is truncated: {size} bytes, fewer than the 8-byte header length")
+    (n,) = struct.unpack("<Q", bytes(data[:8]))
+    if n > _MAX_HEADER:
+        raise SafetensorsError(f"safetensors header claims {n} bytes (limit {_MAX_HEADER}); the file is corrupt")
+    if 8 + n > size:
+        raise SafetensorsError(f"safetensors file is truncated: header needs {n} bytes, only {size - 8} follow")
+    try:
+        header = json.loads(bytes(data[8:8 + n]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SafetensorsError(f"safetensors header is not valid JSON ({e}); the file is corrupt") from e
+    if not isinstance(header, dict):
+        raise SafetensorsError("safetensors header must be a JSON object; the file is corrupt")
+    data_len = size - 8 - n
+    for name, info in header.items():
+        if name == "__metadata__":
+            _check_metadata(info)
+        else:
+            _check_entry(name, info, data_len)
+    return header, 8 + n
+
+
+def _check_metadata(info: Any) -> None:
+    if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
+        raise SafetensorsError("safetensors __metadata__ must map strings to strings; the file is corrupt")
+
+
+def _check_entry(name: str, info: Any, data_len: int) -> None:
+    if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+        raise SafetensorsError(f"safetensors entry {name!r} lacks dtype/shape/data_offsets; the file is corrupt")
+    code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if code not in SAFETENSORS_DTYPES:
+        raise SafetensorsError(f"tensor {name!r} has dtype {code!r}, which polygrad cannot hold; supported: "
+                               f"{sorted(SAFETENSORS_DTYPES)}")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+        raise SafetensorsError(f"tensor {name!r} has an invalid shape {shape!r}; the file is corrupt")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        raise SafetensorsError(f"tensor {name!r} has invalid data_offsets {offsets!r}; the file is corrupt")
+    expected = math.prod(shape) * SAFETENSORS_DTYPES[code].itemsize
+    if offsets[1] - offsets[0] != expected:
+        raise SafetensorsError(f"tensor {name!r}: shape {shape} of {code} needs {expected} bytes, data_offsets "
+                               f"span {offsets[1] - offsets[0]}; the file is corrupt")
+    if offsets[1] > data_len:
+        raise SafetensorsError(f"tensor {name!r} ends at byte {offsets[1]} of the data, but only {data_len} bytes "
+                               "are present; the file is truncated")

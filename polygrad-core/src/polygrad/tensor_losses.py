@@ -1,0 +1,192 @@
+"""Losses and einsum on Tensor (a mixin of Tensor, through NNMixin).
+
+Stage: graph construction. Input: Tensors (logits, probabilities, targets). Output: loss Tensors
+composed from log_softmax, one-hot comparisons and reductions, matching PyTorch's values
+(torch.nn.functional) and tinygrad's names (sparse_categorical_crossentropy, binary_crossentropy*).
+"""
+from __future__ import annotations
+
+import string
+from typing import TYPE_CHECKING, Any, Sequence
+
+from polygrad.dtype import dtypes
+from polygrad.uop.shape import ShapeError
+
+if TYPE_CHECKING:
+    from polygrad.tensor import Tensor
+
+
+def _reduce(loss: "Tensor", reduction: str) -> "Tensor":
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    if reduction == "mean":
+        return loss.mean()
+    raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+
+
+def _class_onehot(target: "Tensor", n_classes: int, cdim: int) -> "Tensor":
+    """Integer targets (N, d1, ...) -> bool one-hot (N, C, d1, ...) with the classes at cdim."""
+    from polygrad.tensor import Tensor
+    from polygrad.tensor_movement import move_axis
+    onehot = target.unsqueeze(-1).eq(Tensor.arange(n_classes, device=target.device, dtype=target.dtype))
+    return move_axis(onehot, onehot.ndim - 1, cdim)
+
+
+def _nll_index(logp: "Tensor", target: "Tensor", weight: "Tensor | None", ignore_index: int,
+               reduction: str, smoothing: float = 0.0) -> "Tensor":
+    """PyTorch's nll_loss / cross_entropy for class-index targets, with weights, ignore_index, smoothing."""
+    cdim = 1 if logp.ndim >= 2 else 0
+    n_classes = logp.shape[cdim]
+    if target.dtype.is_float:
+        raise TypeError(f"class-index targets must be integers, got {target.dtype}")
+    expected = logp.shape[:cdim] + logp.shape[cdim + 1:]
+    if target.shape != expected:
+        raise ShapeError(f"target shape {target.shape} does not match input {logp.shape} (expected {expected})")
+    onehot = _class_onehot(target, n_classes, cdim)
+    keep = target.ne(ignore_index)
+    wshape = tuple(n_classes if i == cdim else 1 for i in range(logp.ndim))
+    w_all = weight.reshape(wshape) if weight is not None else None
+    picked = onehot.where(logp if w_all is None else logp * w_all, 0).sum(cdim)
+    w_target = onehot.where(w_all, 0).sum(cdim) if w_all is not None else keep.cast(logp.dtype)
+    w_target = keep.where(w_target, 0)
+    loss = -keep.where(picked, 0)
+    if smoothing:
+        smooth = (logp if w_all is None else logp * w_all).sum(cdim) / n_classes
+        loss = loss * (1 - smoothing) - keep.where(smooth, 0) * smoothing
+    if reduction == "mean":
+        return loss.sum() / w_target.sum()
+    return _reduce(loss, reduction)
+
+
+class LossMixin:
+    __slots__ = ()
+
+    def cross_entropy(self: "Tensor", Y: "Tensor", reduction: str = "mean", label_smoothing: float = 0.0,
+                      weight: "Tensor | None" = None, ignore_index: int = -100) -> "Tensor":
+        """torch.nn.functional.cross_entropy on logits (N, C, ...) or (C,); Y: class indices or probabilities."""
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+        cdim = 1 if self.ndim >= 2 else 0
+        logp = self.log_softmax(cdim)
+        if not Y.dtype.is_float:
+            return _nll_index(logp, Y, weight, ignore_index, reduction, label_smoothing)
+        if Y.shape != self.shape:
+            raise ShapeError(f"probability targets need the input's shape {self.shape}, got {Y.shape}")
+        n_classes = self.shape[cdim]
+        target = Y * (1 - label_smoothing) + label_smoothing / n_classes if label_smoothing else Y
+        if weight is not None:
+            target = target * weight.reshape(tuple(n_classes if i == cdim else 1 for i in range(self.ndim)))
+        loss = -(logp * target).sum(cdim)
+        return _reduce(loss, reduction)
+
+    def nll_loss(self: "Tensor", Y: "Tensor", weight: "Tensor | None" = None, ignore_index: int = -100,
+                 reduction: str = "mean") -> "Tensor":
+        """torch.nn.functional.nll_loss on log-probabilities (N, C, ...) or (C,) with class indices Y."""
+        return _nll_index(self, Y, weight, ignore_index, reduction)
+
+    def binary_crossentropy(self: "Tensor", Y: "Tensor", reduction: str = "mean") -> "Tensor":
+        """BCE on probabilities; logs are clamped at -100 as in PyTorch."""
+        log_p = self.log().maximum(-100)
+        log_q = (1 - self).log().maximum(-100)
+        return _reduce(-(Y * log_p + (1 - Y) * log_q), reduction)
+
+    def binary_crossentropy_logits(self: "Tensor", Y: "Tensor", reduction: str = "mean",
+                                   pos_weight: "Tensor | None" = None) -> "Tensor":
+        """BCE on logits, computed stably: (1-Y)*x + w*(log(1+exp(-|x|)) + max(-x, 0))."""
+        softplus_neg = (1 + (-self.abs()).exp()).log() + (-self).maximum(0)
+        log_weight = 1 if pos_weight is None else (pos_weight - 1) * Y + 1
+        return _reduce((1 - Y) * self + log_weight * softplus_neg, reduction)
+
+    def sparse_categorical_crossentropy(self: "Tensor", Y: "Tensor", ignore_index: int = -1,
+                                        label_smoothing: float = 0.0, reduction: str = "mean") -> "Tensor":
+        """tinygrad's loss: logits (..., C) with the classes last, integer targets Y (...)."""
+        from polygrad.tensor_movement import move_axis
+        if self.ndim == 1:
+            return self.reshape(1, -1).sparse_categorical_crossentropy(Y.reshape(1), ignore_index,
+                                                                       label_smoothing, reduction)
+        logits = move_axis(self, self.ndim - 1, 1)
+        return logits.cross_entropy(Y, reduction, label_smoothing, ignore_index=ignore_index)
+
+    # ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def einsum(formula: str, *operands: Any, dtype: Any = None) -> "Tensor":
+        """Einstein summation, e.g. Tensor.einsum('ij,jk->ik', a, b); supports '...' and repeated letters."""
+        xs = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
+        inputs, output = _parse_einsum(formula, xs)
+        if len(inputs) != len(xs):
+            raise ValueError(f"einsum: formula {formula!r} names {len(inputs)} operands, got {len(xs)}")
+        sizes: dict[str, int] = {}
+        prepared = []
+        for letters, x in zip(inputs, xs):
+            letters, x = _take_diagonals(letters, x)
+            if len(letters) != x.ndim:
+                raise ShapeError(f"einsum: subscripts {letters!r} do not match operand shape {x.shape}")
+            for c, s in zip(letters, x.shape):
+                if sizes.get(c, 1) != 1 and s != 1 and sizes[c] != s:
+                    raise ShapeError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s}")
+                sizes[c] = s if sizes.get(c, 1) == 1 else sizes[c]
+            prepared.append((letters, x))
+        for c in output:
+            if c not in sizes:
+                raise ValueError(f"einsum: output letter {c!r} does not appear in the inputs")
+        alphabet = sorted(sizes)
+        full = tuple(sizes[c] for c in alphabet)
+        product = None
+        for letters, x in prepared:
+            order = sorted(range(len(letters)), key=lambda i: letters[i])
+            x = x.permute(order) if order else x
+            x = x.reshape(tuple(x.shape[sorted(letters).index(c)] if c in letters else 1 for c in alphabet))
+            x = x.expand(full)
+            product = x if product is None else product * x
+        summed = [i for i, c in enumerate(alphabet) if c not in output]
+        out = product.sum(summed, dtype=dtype) if summed else (product.cast(dtype) if dtype else product)
+        kept = [c for c in alphabet if c in output]
+        return out.permute([kept.index(c) for c in output]) if output else out
+
+
+def _parse_einsum(formula: str, xs: Sequence["Tensor"]) -> tuple[list[str], str]:
+    formula = formula.replace(" ", "")
+    lhs, arrow, rhs = formula.partition("->")
+    inputs = lhs.split(",")
+    if "..." in formula:
+        free = [c for c in string.ascii_letters if c not in formula]
+        longest = 0
+        for i, inp in enumerate(inputs):
+            if "..." in inp and i < len(xs):
+                count = xs[i].ndim - (len(inp) - 3)
+                if count < 0:
+                    raise ShapeError(f"einsum: subscripts {inp!r} name more axes than operand {i} has")
+                longest = max(longest, count)
+                inputs[i] = inp.replace("...", "".join(free[len(free) - count:]))
+        ell = "".join(free[len(free) - longest:]) if longest else ""
+        if arrow:
+            return inputs, rhs.replace("...", ell)
+        joined = "".join(inputs)
+        return inputs, ell + "".join(sorted(c for c in set(joined) if joined.count(c) == 1 and c not in ell))
+    for part in inputs + [rhs]:
+        if any(not c.isalpha() for c in part):
+            raise ValueError(f"einsum: subscripts must be letters, got {part!r} in {formula!r}")
+    if arrow:
+        if len(set(rhs)) != len(rhs):
+            raise ValueError(f"einsum: output subscripts {rhs!r} repeat a letter")
+        return inputs, rhs
+    joined = "".join(inputs)
+    return inputs, "".join(sorted(c for c in set(joined) if joined.count(c) == 1))
+
+
+def _take_diagonals(letters: str, x: "Tensor") -> tuple[str, "Tensor"]:
+    """A letter repeated within one operand ('ii') selects that operand's diagonal."""
+    while len(set(letters)) != len(letters):
+        c = next(c for c in letters if letters.count(c) > 1)
+        a = letters.index(c)
+        b = letters.index(c, a + 1)
+        if x.shape[a] != x.shape[b]:
+            raise ShapeError(f"einsum: repeated letter {c!r} needs equal sizes, got {x.shape[a]} and {x.shape[b]}")
+        x = x.diagonal(0, a, b)
+        letters = "".join(ch for i, ch in enumerate(letters) if i not in (a, b)) + c
+    return letters, x
+
+
+_ = dtypes

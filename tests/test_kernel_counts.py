@@ -1,0 +1,127 @@
+"""Kernel counts: the scheduler fuses a graph into the fewest correct kernels (issue 2, item 4).
+
+Counts come from GlobalCounters.kernel_count after GlobalCounters.reset(); values are checked too.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polygrad import GlobalCounters, Tensor
+
+RNG = np.random.default_rng(2)
+A = RNG.standard_normal((16, 8)).astype(np.float32)
+COUNT_DEVICES = ["CPU", "INTERP"]
+
+
+def count_kernels(fn) -> tuple[int, np.ndarray]:
+    """Realize fn()'s result and return (kernels run, value)."""
+    out = fn()
+    GlobalCounters.reset()
+    out.realize()
+    n = GlobalCounters.kernel_count
+    return n, out.numpy()
+
+
+def _x(device: str) -> Tensor:
+    return Tensor(A, device=device).realize()
+
+
+def _np_softmax(a: np.ndarray, axis: int = -1) -> np.ndarray:
+    e = np.exp(a - a.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+# name -> (polygrad expression, NumPy reference, expected kernel count)
+CASES = {
+    "fused_chain_sum": (lambda x: ((x * 2 + 1).relu() * x).sum(),
+                        lambda a: (np.maximum(a * 2 + 1, 0) * a).sum(), 1),
+    "elementwise_chain": (lambda x: ((x * 2 + 1).exp() * x - 3).maximum(x).abs().sqrt(),
+                          lambda a: np.sqrt(np.abs(np.maximum(np.exp(a * 2 + 1) * a - 3, a))), 1),
+    "elementwise_broadcast": (lambda x: x * x[:1] + x[:, :1],
+                              lambda a: a * a[:1] + a[:, :1], 1),
+    "movement_in_chain": (lambda x: (x.permute(1, 0).flip(0) * 2).reshape(4, 32).pad(((1, 1), (0, 0))) + 1,
+                          lambda a: np.pad((a.T[::-1] * 2).reshape(4, 32), ((1, 1), (0, 0))) + 1, 1),
+    "reduce_then_elementwise": (lambda x: (x * 2).sum(1) + 1, lambda a: (a * 2).sum(1) + 1, 1),
+    "elementwise_reduce_elementwise": (lambda x: ((x.exp() * 3).max(0, keepdim=True) - 1).sqrt(),
+                                       lambda a: np.sqrt((np.exp(a) * 3).max(0, keepdims=True) - 1), 1),
+    "mean_all": (lambda x: x.mean(), lambda a: a.mean(), 1),
+    "two_reductions_one_output": (lambda x: x.sum() + x.max(), lambda a: a.sum() + a.max(), 1),
+    "matmul": (lambda x: x @ x.T, lambda a: a @ a.T, 1),
+    "matmul_relu": (lambda x: (x @ x.T + 1).relu(), lambda a: np.maximum(a @ a.T + 1, 0), 1),
+    "centered": (lambda x: x - x.mean(1, keepdim=True), lambda a: a - a.mean(1, keepdims=True), 2),
+    "softmax": (lambda x: x.softmax(-1), _np_softmax, 3),
+}
+
+
+@pytest.mark.parametrize("device", COUNT_DEVICES)
+@pytest.mark.parametrize("name", CASES)
+def test_kernel_count(device, name):
+    fn, ref, expected = CASES[name]
+    n, got = count_kernels(lambda: fn(_x(device)))
+    np.testing.assert_allclose(got, ref(A), rtol=1e-5, atol=1e-5)
+    assert n == expected, f"{name} ran {n} kernels on {device}, expected {expected}"
+
+
+@pytest.mark.parametrize("device", COUNT_DEVICES)
+def test_softmax_kernel_count_is_small(device):
+    n, _ = count_kernels(lambda: _x(device).softmax(-1))
+    assert n <= 3
+    n, _ = count_kernels(lambda: _x(device).log_softmax(-1))
+    assert n <= 3
+
+
+@pytest.mark.parametrize("device", COUNT_DEVICES)
+def test_realized_tensor_is_not_recomputed(device):
+    x = _x(device)
+    y = ((x * 2 + 1).exp()).realize()
+    GlobalCounters.reset()
+    a = (y + 1).realize()
+    b = (y * 3).sum().realize()
+    assert GlobalCounters.kernel_count == 2  # one each; y's kernel did not run again
+    np.testing.assert_allclose(a.numpy(), np.exp(A * 2 + 1) + 1, rtol=1e-5)
+    np.testing.assert_allclose(b.numpy(), (np.exp(A * 2 + 1) * 3).sum(), rtol=1e-4)
+    GlobalCounters.reset()
+    y.numpy()
+    assert GlobalCounters.kernel_count == 0
+
+
+@pytest.mark.parametrize("device", COUNT_DEVICES)
+def test_realizing_twice_runs_nothing(device):
+    t = (_x(device) * 2).realize()
+    GlobalCounters.reset()
+    t.realize()
+    t.numpy()
+    assert GlobalCounters.kernel_count == 0
+
+
+@pytest.mark.parametrize("device", COUNT_DEVICES)
+def test_realize_several_outputs_together(device):
+    x = _x(device)
+    a, b = x * 2, (x * 2).sum()
+    GlobalCounters.reset()
+    Tensor.realize_all(a, b)
+    assert GlobalCounters.kernel_count <= 2
+    np.testing.assert_allclose(b.numpy(), (A * 2).sum(), rtol=1e-5)
+    np.testing.assert_allclose(a.numpy(), A * 2)
+
+
+@pytest.mark.parametrize("device", COUNT_DEVICES)
+def test_creation_ops_fuse_into_consumer(device):
+    """zeros/ones/full/arange are computed in the kernel that uses them: no kernel of their own."""
+    x = _x(device)
+    n, got = count_kernels(lambda: x + Tensor.arange(8, device=device) + Tensor.ones(16, 8, device=device))
+    assert n == 1
+    np.testing.assert_allclose(got, A + np.arange(8) + 1)
+
+
+@pytest.mark.parametrize("device", COUNT_DEVICES)
+def test_backward_kernel_count_is_bounded(device):
+    """The gradient of the fused chain stays a handful of kernels, not one per op."""
+    x = Tensor(A, device=device, requires_grad=True)
+    ((x * 2 + 1).relu() * x).sum().backward()
+    n, got = count_kernels(lambda: x.grad)
+    a = A.astype(np.float64)
+    ref = np.where(a * 2 + 1 > 0, 2 * a + (a * 2 + 1), 0.0)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    assert n <= 2

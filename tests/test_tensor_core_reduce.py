@@ -1,0 +1,142 @@
+"""Reductions, scans and ordering against torch CPU: forward, gradients, axes, keepdim, empty, NaN."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from polygrad import Tensor
+from tensor_core_ref import DEVICES, check_all, close, to_np
+
+DATA = np.random.default_rng(4).permutation(np.linspace(-2.0, 2.2, 24)).astype(np.float32).reshape(2, 3, 4)
+
+# name -> (polygrad fn, torch fn, differentiable); distinct values so max/sort gradients are unique
+REDUCE = {
+    "sum": (lambda x: x.sum(), lambda x: x.sum(), True),
+    "sum_axis": (lambda x: x.sum(1), lambda x: x.sum(1), True),
+    "sum_neg_axes_keep": (lambda x: x.sum((-1, 0), keepdim=True), lambda x: x.sum((-1, 0), keepdim=True), True),
+    "prod": (lambda x: x.prod(-1), lambda x: x.prod(-1), True),
+    "mean": (lambda x: x.mean((0, 2)), lambda x: x.mean((0, 2)), True),
+    "var": (lambda x: x.var(1), lambda x: x.var(1), True),
+    "var_pop": (lambda x: x.var(-1, correction=0), lambda x: x.var(-1, correction=0), True),
+    "std": (lambda x: x.std(), lambda x: x.std(), True),
+    "std_keep": (lambda x: x.std(2, keepdim=True), lambda x: x.std(2, keepdim=True), True),
+    "std_mean_std": (lambda x: x.std_mean(0)[0], lambda x: torch.std_mean(x, 0)[0], True),
+    "std_mean_mean": (lambda x: x.std_mean(0)[1], lambda x: torch.std_mean(x, 0)[1], True),
+    "max": (lambda x: x.max(), lambda x: x.max(), True),
+    "max_axis": (lambda x: x.max(1), lambda x: x.amax(1), True),
+    "min_keep": (lambda x: x.min(-1, keepdim=True), lambda x: x.amin(-1, keepdim=True), True),
+    "argmax": (lambda x: x.argmax(1), lambda x: x.argmax(1), False),
+    "argmax_flat": (lambda x: x.argmax(), lambda x: x.argmax(), False),
+    "argmin_keep": (lambda x: x.argmin(-1, keepdim=True), lambda x: x.argmin(-1, keepdim=True), False),
+    "any": (lambda x: (x > 1.5).any(1), lambda x: (x > 1.5).any(1), False),
+    "all": (lambda x: (x > -1.5).all(-1), lambda x: (x > -1.5).all(-1), False),
+    "logsumexp": (lambda x: x.logsumexp(1), lambda x: x.logsumexp(1), True),
+    "softmax": (lambda x: x.softmax(1), lambda x: x.softmax(1), True),
+    "log_softmax": (lambda x: x.log_softmax(), lambda x: x.log_softmax(-1), True),
+    "softmin": (lambda x: x.softmin(0), lambda x: torch.nn.functional.softmin(x, 0), True),
+    "cumsum": (lambda x: x.cumsum(1), lambda x: x.cumsum(1), True),
+    "cumprod": (lambda x: x.cumprod(-1), lambda x: x.cumprod(-1), True),
+    "cummax": (lambda x: x.cummax(2), lambda x: x.cummax(2)[0], True),
+    "cummin": (lambda x: x.cummin(0), lambda x: x.cummin(0)[0], True),
+    "logcumsumexp": (lambda x: x.logcumsumexp(1), lambda x: x.logcumsumexp(1), True),
+    "sort": (lambda x: x.sort(-1)[0], lambda x: x.sort(-1)[0], True),
+    "sort_desc_idx": (lambda x: x.sort(1, descending=True)[1], lambda x: x.sort(1, descending=True)[1], False),
+    "argsort": (lambda x: x.argsort(0), lambda x: x.argsort(0), False),
+    "topk": (lambda x: x.topk(2)[0], lambda x: x.topk(2)[0], True),
+    "topk_idx_smallest": (lambda x: x.topk(3, 1, largest=False)[1], lambda x: x.topk(3, 1, largest=False)[1], False),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reductions_forward_and_grad(device):
+    rng = np.random.default_rng(5)
+    problems = []
+    for name, (fn, ref_fn, diff) in REDUCE.items():
+        x = Tensor(DATA, device=device, requires_grad=True)
+        out = fn(x)
+        t = torch.tensor(DATA, requires_grad=True)
+        ref = ref_fn(t)
+        problems.append(close(f"{name} forward", out.numpy(), to_np(ref), 2e-5, 1e-6))
+        if diff:
+            w = rng.uniform(0.5, 1.5, ref.shape).astype(np.float32)
+            (out * Tensor(w, device=device)).sum().backward()
+            (ref * torch.tensor(w)).sum().backward()
+            problems.append(close(f"{name} grad", x.grad.numpy(), to_np(t.grad), 1e-4, 1e-5))
+    check_all(problems)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reductions_empty(device):
+    x = Tensor(np.zeros((0, 3), np.float32), device=device)
+    assert x.sum().item() == 0.0
+    assert x.sum(0).tolist() == [0.0, 0.0, 0.0]
+    assert x.sum(1).shape == (0,)
+    assert x.prod(0).tolist() == [1.0, 1.0, 1.0]
+    assert math.isnan(x.mean().item())
+    assert all(math.isnan(v) for v in x.mean(0).tolist())
+    assert x.any().item() is False and x.all().item() is True
+    assert x.any(0).tolist() == [False] * 3
+    assert x.logsumexp(0).tolist() == [-math.inf] * 3
+    assert x.cumsum(0).shape == (0, 3) and x.cumsum(1).numpy().shape == (0, 3)
+    assert x.max(1).shape == (0,)
+    values, idx = x.sort(0)
+    assert values.shape == (0, 3) and idx.shape == (0, 3)
+    with pytest.raises(IndexError, match="empty dimension"):
+        x.max()
+    with pytest.raises(IndexError, match="empty dimension"):
+        x.argmax(0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reductions_nan_and_inf(device):
+    data = np.array([[1.0, math.nan, 3.0, -1.0], [-math.inf, -math.inf, -math.inf, -math.inf],
+                     [2.0, 5.0, math.inf, 5.0]], np.float32)
+    x, t = Tensor(data, device=device), torch.tensor(data)
+    problems = [
+        close("max", x.max(1).numpy(), t.amax(1).numpy(), 0, 0),
+        close("min", x.min(1).numpy(), t.amin(1).numpy(), 0, 0),
+        close("argmax", x.argmax(1).numpy(), t.argmax(1).numpy(), 0, 0),
+        close("argmin", x.argmin(1).numpy(), t.argmin(1).numpy(), 0, 0),
+        close("logsumexp", x.logsumexp(1).numpy(), t.logsumexp(1).numpy(), 1e-6, 0),
+        close("sum", x.sum(1).numpy(), t.sum(1).numpy(), 1e-6, 0),
+        close("sort", x.sort(1)[0].numpy(), t.sort(dim=1, stable=True)[0].numpy(), 0, 0),
+        close("sort idx", x.sort(1)[1].numpy(), t.sort(dim=1, stable=True)[1].numpy(), 0, 0),
+        close("sort desc", x.sort(1, True)[0].numpy(), t.sort(dim=1, descending=True, stable=True)[0].numpy(), 0, 0),
+        close("sort desc idx", x.sort(1, True)[1].numpy(), t.sort(dim=1, descending=True, stable=True)[1].numpy(), 0, 0),
+        close("cummax", x.cummax(1).numpy(), t.cummax(1)[0].numpy(), 0, 0),
+    ]
+    check_all(problems)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_integer_and_bool_reductions(device):
+    a = np.array([[3, -7, 2], [-2147483648, 5, 5]], np.int32)
+    x, t = Tensor(a, device=device), torch.tensor(a)
+    assert x.max(1).tolist() == t.amax(1).tolist()
+    assert x.min(1).tolist() == t.amin(1).tolist()
+    assert x.argmax(1).tolist() == t.argmax(1).tolist() == [0, 1]
+    assert x.argmin(1).tolist() == t.argmin(1).tolist()
+    assert x.sum(1).tolist() == t.sum(1).tolist()
+    assert x.cumsum(1).tolist() == t.cumsum(1).tolist()
+    assert x.sort(1)[0].tolist() == t.sort(1)[0].tolist()
+    assert x.cummin(1).tolist() == t.cummin(1)[0].tolist()
+    b = Tensor([[True, False], [False, False]], device=device)
+    assert b.any(1).tolist() == [True, False] and b.all(0).tolist() == [False, False]
+    assert b.sum().item() == 1 and b.max().item() is True and b.min().item() is False
+    u = Tensor(np.array([7, 0, 250], np.uint8), device=device)
+    assert u.min().item() == 0 and u.max().item() == 250 and u.sum().item() == 257
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ties_sort_is_stable_and_topk(device):
+    data = np.array([3.0, 1.0, 3.0, 2.0, 1.0, 3.0], np.float32)
+    x, t = Tensor(data, device=device), torch.tensor(data)
+    assert x.argsort().tolist() == t.argsort(stable=True).tolist()
+    assert x.argsort(descending=True).tolist() == t.argsort(descending=True, stable=True).tolist()
+    v, i = x.topk(3)
+    assert v.tolist() == [3.0, 3.0, 3.0] and i.tolist() == [0, 2, 5]
+    with pytest.raises(IndexError, match="out of range"):
+        x.topk(7)
