@@ -4,7 +4,7 @@ polygrad eager, polygrad under the JIT (TinyJit) and PyTorch CPU, as pytest-benc
     python -m pytest benchmarks/bench_mlp_train.py --benchmark-only
 or as a plain script printing steps/s side by side (tinygrad too when a Python with tinygrad is
 given: `--tinygrad /tmp/tg/bin/python`; the project itself never imports tinygrad):
-    python benchmarks/bench_mlp_train.py [--steps 30] [--tinygrad PYTHON]
+    python benchmarks/bench_mlp_train.py [--steps 30] [--threads N] [--tinygrad PYTHON]
 """
 from __future__ import annotations
 
@@ -147,7 +147,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--tinygrad", help="a Python interpreter that has tinygrad installed")
+    parser.add_argument("--threads", type=int, help="CPU threads for polygrad (POLY_THREADS) and torch")
     args = parser.parse_args()
+    if args.threads:  # before polygrad opens the CPU device, which reads POLY_THREADS then
+        import torch
+        os.environ["POLY_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
     results = {
         "polygrad eager": _time(polygrad_step(False), args.steps),
         "polygrad jit": _time(polygrad_step(True), args.steps),

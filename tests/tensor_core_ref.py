@@ -24,6 +24,19 @@ def stack(ts: list[Tensor]) -> Tensor:
     return out
 
 
+def concat_flat(ts: list[Tensor]) -> tuple[Tensor, list[tuple[int, int]]]:
+    """Flatten tensors of any shapes into one vector (pad + add); returns it and each one's span."""
+    sizes = [t.numel() for t in ts]
+    total = sum(sizes)
+    out, spans, at = None, [], 0
+    for t, n in zip(ts, sizes):
+        part = t.reshape(n).pad(((at, total - at - n),))
+        out = part if out is None else out + part
+        spans.append((at, at + n))
+        at += n
+    return out, spans
+
+
 def to_np(t) -> np.ndarray:
     if isinstance(t, torch.Tensor):
         t = t.detach()

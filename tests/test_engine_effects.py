@@ -59,3 +59,27 @@ def test_identical_custom_kernel_calls_each_run(device):
     for step in range(1, 4):
         x = x.custom_kernel(x, fxn=inc)[0]
         assert x.numpy().tolist() == [1.0 + step, 2.0 + step]
+
+
+@pytest.mark.parametrize("device", ["CPU", "INTERP"])
+def test_reads_of_old_value_run_before_assign(device):
+    a = Tensor(np.array([1.0, 2.0], dtype=np.float32), device=device).realize()
+    b = Tensor(np.array([10.0, 20.0], dtype=np.float32), device=device).realize()
+    total = (a * 1).sum()  # reads a's old value
+    b.assign(b + a.sum())  # reads a's old value
+    a.assign(a * 100)  # overwrites a; scheduled in the same realize
+    Tensor.realize_all(a, b, total)
+    assert total.item() == 3.0
+    assert b.numpy().tolist() == [13.0, 23.0]
+    assert a.numpy().tolist() == [100.0, 200.0]
+
+
+def test_assign_cycle_is_rejected_clearly():
+    from polygrad.errors import PolygradError
+    a = Tensor([1.0, 2.0], device="CPU").realize()
+    b = Tensor([3.0, 4.0], device="CPU").realize()
+    old_a = Tensor(a.uop)  # a's buffer before the assign below
+    a.assign(b + 0)  # a reads b's old buffer
+    b.assign(old_a + 0)  # b reads a's old buffer: neither order is right
+    with pytest.raises(PolygradError, match="cycle"):
+        Tensor.realize_all(a, b)

@@ -428,3 +428,18 @@ def test_to_device(devices):
             assert y.device == dst
             close((y + 1).numpy(), X34 * 2 + 1)
             assert x.to(src) is x
+
+
+def test_large_shapes_split_across_threads(device):
+    """Big enough that the CPU backend splits the outer loop over cores; odd sizes leave ragged chunks."""
+    a = RNG.standard_normal((257, 1031)).astype(np.float32)
+    t = Tensor(a, device=device)
+    close(((t * 2 + 1).relu() * t).numpy(), np.maximum(a * 2 + 1, 0) * a, atol=1e-5)
+    close(t.sum(1).numpy(), a.sum(1), atol=1e-3, rtol=1e-4)
+    close(t.max(0).numpy(), a.max(0))
+    close(t.softmax(-1).numpy(), np.exp(a - a.max(-1, keepdims=True)) /
+          np.exp(a - a.max(-1, keepdims=True)).sum(-1, keepdims=True), atol=1e-6)
+    b = RNG.standard_normal((1031, 67)).astype(np.float32)
+    close((t @ Tensor(b, device=device)).numpy(), a @ b, atol=1e-3, rtol=1e-4)
+    big = RNG.standard_normal(1 << 19).astype(np.float32)
+    assert abs(Tensor(big, device=device).sum().item() - big.astype(np.float64).sum()) < 0.05

@@ -122,3 +122,15 @@ def test_layers_and_optimizer_under_an_explicit_runtime():
     finally:
         rt.dispose()
         other.dispose()
+
+
+def test_linear_forward_kernel_is_register_tiled():
+    """Regression: x @ W.T (Linear's layout: no operand contiguous along the output column) used to get
+    only a split reduction, which made the forward pass of training several times slower."""
+    from polygrad.engine.realize import program_cache
+    rng = np.random.default_rng(0)
+    x_np, w_np = rng.standard_normal((8, 72)).astype(np.float32), rng.standard_normal((48, 72)).astype(np.float32)
+    y = (Tensor(x_np) @ Tensor(w_np).T).realize()
+    np.testing.assert_allclose(y.numpy(), x_np @ w_np.T, rtol=1e-4, atol=1e-4)
+    progs = [p for (ast, _), p in program_cache.items() if ast.arg.name == "r_8_48"]
+    assert progs and all(any(o.kind == "UPCAST" for o in p.spec.opts) for p in progs), [p.spec.opts for p in progs]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -117,8 +118,10 @@ def test_toy_backend_imports_only_the_plugin_contract():
 def toy_site(tmp_path_factory) -> Path:
     site = tmp_path_factory.mktemp("toy_site")
     build = tmp_path_factory.mktemp("toy_build")
+    source = build / TOY_ROOT.name  # a copy, so the build leaves nothing in the repository
+    shutil.copytree(TOY_ROOT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-           "--disable-pip-version-check", "--no-index", "--target", str(site), str(TOY_ROOT)]
+           "--disable-pip-version-check", "--no-index", "--target", str(site), str(source)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=build,
                           env={**os.environ, "PIP_NO_CACHE_DIR": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -172,3 +172,13 @@ def test_integer_division_by_zero_does_not_crash():
         a = Tensor([7, -7], device=device)
         assert (a // 0).numpy().shape == (2,)
         assert (a % 0).numpy().shape == (2,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float_mod_by_zero_is_nan(device):
+    """Regression: INTERP used to replace a zero float divisor by 1 (fmod(x, 0.0) is NaN in C and torch)."""
+    a, b = Tensor([1.0, -2.5, 3.0], device=device), Tensor([0.0, 0.0, 2.0], device=device)
+    ta, tb = torch.tensor([1.0, -2.5, 3.0]), torch.tensor([0.0, 0.0, 2.0])
+    np.testing.assert_array_equal(a.fmod(b).numpy(), torch.fmod(ta, tb).numpy())
+    np.testing.assert_array_equal((a % b).numpy(), (ta % tb).numpy())
+    np.testing.assert_array_equal((a / b).numpy(), (ta / tb).numpy())

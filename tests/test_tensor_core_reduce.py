@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from polygrad import Tensor
-from tensor_core_ref import DEVICES, check_all, close, to_np
+from tensor_core_ref import DEVICES, check_all, close, concat_flat, stack, to_np
 
 DATA = np.random.default_rng(4).permutation(np.linspace(-2.0, 2.2, 24)).astype(np.float32).reshape(2, 3, 4)
 
@@ -53,18 +53,25 @@ REDUCE = {
 @pytest.mark.parametrize("device", DEVICES)
 def test_reductions_forward_and_grad(device):
     rng = np.random.default_rng(5)
-    problems = []
-    for name, (fn, ref_fn, diff) in REDUCE.items():
-        x = Tensor(DATA, device=device, requires_grad=True)
-        out = fn(x)
+    names = list(REDUCE)
+    leaves = {n: Tensor(DATA, device=device, requires_grad=True) for n in names}
+    outs = {n: REDUCE[n][0](leaves[n]) for n in names}
+    refs, weights, problems = {}, {}, []
+    for n in names:
         t = torch.tensor(DATA, requires_grad=True)
-        ref = ref_fn(t)
-        problems.append(close(f"{name} forward", out.numpy(), to_np(ref), 2e-5, 1e-6))
-        if diff:
-            w = rng.uniform(0.5, 1.5, ref.shape).astype(np.float32)
-            (out * Tensor(w, device=device)).sum().backward()
-            (ref * torch.tensor(w)).sum().backward()
-            problems.append(close(f"{name} grad", x.grad.numpy(), to_np(t.grad), 1e-4, 1e-5))
+        refs[n] = (t, REDUCE[n][1](t))
+        weights[n] = rng.uniform(0.5, 1.5, refs[n][1].shape).astype(np.float32)
+    diff = [n for n in names if REDUCE[n][2]]
+    sum((outs[n] * Tensor(weights[n], device=device)).sum() for n in diff).backward()
+    flat, spans = concat_flat([outs[n].float() for n in names])
+    fwd = flat.numpy()
+    grads = stack([leaves[n].grad for n in diff]).numpy()
+    for n, (lo, hi) in zip(names, spans):
+        t, ref = refs[n]
+        problems.append(close(f"{n} forward", fwd[lo:hi], to_np(ref.float()).reshape(-1), 2e-5, 1e-6))
+        if REDUCE[n][2]:
+            (ref * torch.tensor(weights[n])).sum().backward()
+            problems.append(close(f"{n} grad", grads[diff.index(n)], to_np(t.grad), 1e-4, 1e-5))
     check_all(problems)
 
 
@@ -95,6 +102,7 @@ def test_reductions_nan_and_inf(device):
     data = np.array([[1.0, math.nan, 3.0, -1.0], [-math.inf, -math.inf, -math.inf, -math.inf],
                      [2.0, 5.0, math.inf, 5.0]], np.float32)
     x, t = Tensor(data, device=device), torch.tensor(data)
+    desc = t.sort(dim=1, descending=True, stable=True)
     problems = [
         close("max", x.max(1).numpy(), t.amax(1).numpy(), 0, 0),
         close("min", x.min(1).numpy(), t.amin(1).numpy(), 0, 0),
@@ -104,8 +112,8 @@ def test_reductions_nan_and_inf(device):
         close("sum", x.sum(1).numpy(), t.sum(1).numpy(), 1e-6, 0),
         close("sort", x.sort(1)[0].numpy(), t.sort(dim=1, stable=True)[0].numpy(), 0, 0),
         close("sort idx", x.sort(1)[1].numpy(), t.sort(dim=1, stable=True)[1].numpy(), 0, 0),
-        close("sort desc", x.sort(1, True)[0].numpy(), t.sort(dim=1, descending=True, stable=True)[0].numpy(), 0, 0),
-        close("sort desc idx", x.sort(1, True)[1].numpy(), t.sort(dim=1, descending=True, stable=True)[1].numpy(), 0, 0),
+        close("sort desc", x.sort(1, True)[0].numpy(), desc[0].numpy(), 0, 0),
+        close("sort desc idx", x.sort(1, True)[1].numpy(), desc[1].numpy(), 0, 0),
         close("cummax", x.cummax(1).numpy(), t.cummax(1)[0].numpy(), 0, 0),
     ]
     check_all(problems)
@@ -140,3 +148,35 @@ def test_ties_sort_is_stable_and_topk(device):
     assert v.tolist() == [3.0, 3.0, 3.0] and i.tolist() == [0, 2, 5]
     with pytest.raises(IndexError, match="out of range"):
         x.topk(7)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_long_scans_use_blocks(device):
+    """Axes longer than SCAN_BLOCK scan in two levels; values and gradients still match torch."""
+    data = np.random.default_rng(8).standard_normal((2, 600)).astype(np.float32)
+    w = np.random.default_rng(9).standard_normal((2, 600)).astype(np.float32)
+    problems = []
+    for name in ("cumsum", "cummax", "logcumsumexp"):
+        x, t = Tensor(data, device=device, requires_grad=True), torch.tensor(data, requires_grad=True)
+        out = getattr(x, name)(-1)
+        ref = getattr(t, name)(-1)
+        ref = ref[0] if isinstance(ref, tuple) else ref
+        (out * Tensor(w, device=device)).sum().backward()
+        (ref * torch.tensor(w)).sum().backward()
+        problems.append(close(f"{name} forward", out.numpy(), to_np(ref), 1e-4, 1e-4))
+        problems.append(close(f"{name} grad", x.grad.numpy(), to_np(t.grad), 1e-4, 1e-4))
+    check_all(problems)
+
+
+def test_torch_dim_keyword():
+    """Reductions accept torch's dim= as well as axis=."""
+    x = Tensor(DATA, device="INTERP")
+    t = torch.tensor(DATA)
+    np.testing.assert_allclose(x.sum(dim=1).numpy(), t.sum(dim=1).numpy(), rtol=1e-6)
+    np.testing.assert_allclose(x.mean(dim=(0, 2), keepdim=True).numpy(), t.mean(dim=(0, 2), keepdim=True).numpy(),
+                               rtol=1e-6)
+    np.testing.assert_allclose(x.softmax(dim=0).numpy(), t.softmax(dim=0).numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(x.argmax(dim=-1).numpy(), t.argmax(dim=-1).numpy())
+    np.testing.assert_allclose(x.cumsum(dim=2).numpy(), t.cumsum(dim=2).numpy(), rtol=1e-6)
+    with pytest.raises(TypeError, match="both dim and axis"):
+        x.sum(1, dim=0)

@@ -170,9 +170,32 @@ def test_unary_float64_precision(device):
     outs = []
     for n in names:
         d = np.abs(data) + 0.01 if UNARY[n][2] == POS else (np.clip(data, -0.99, 0.99) if UNARY[n][2] == UNIT else data)
-        outs.append((n, d, UNARY[n][0](Tensor(d, device=device))))
-    got = stack([o for _, _, o in outs]).numpy()
-    assert got.dtype == np.float64
-    for i, (n, d, _) in enumerate(outs):
-        problems.append(close(n, got[i], to_np(UNARY[n][1](torch.tensor(d))), 1e-12, 1e-14))
+        leaf = Tensor(d, device=device, requires_grad=True)
+        outs.append((n, d, leaf, UNARY[n][0](leaf)))
+    sum(o.sum() for _, _, _, o in outs).backward()
+    got = stack([o for _, _, _, o in outs]).numpy()
+    grads = stack([leaf.grad for _, _, leaf, _ in outs]).numpy()
+    assert got.dtype == np.float64 and grads.dtype == np.float64
+    for i, (n, d, _, _) in enumerate(outs):
+        t = torch.tensor(d, requires_grad=True)
+        ref = UNARY[n][1](t)
+        ref.sum().backward()
+        problems.append(close(n, got[i], to_np(ref), 1e-12, 1e-14))
+        problems.append(close(f"{n} grad", grads[i], to_np(t.grad), 1e-10, 1e-12))
+    check_all(problems)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unary_grad_at_special_points(device):
+    """Gradients at 0, at kinks and far out in the tails (no NaN from an unused where branch)."""
+    points = np.array([0.0, 1e-3, -1e-3, 3.0, -3.0, 6.0, 30.0, -30.0, 100.0, -100.0], np.float32)
+    names = [n for n in UNARY if UNARY[n][2] == ANY and UNARY[n][3] and n not in ("rpow", "pow_scalar")]
+    leaves = {n: Tensor(points, device=device, requires_grad=True) for n in names}
+    sum(UNARY[n][0](leaves[n]).float().sum() for n in names).backward()
+    grads = stack([leaves[n].grad if leaves[n].grad is not None else leaves[n].zeros_like() for n in names]).numpy()
+    problems = []
+    for i, n in enumerate(names):
+        t = torch.tensor(points, requires_grad=True)
+        UNARY[n][1](t).float().sum().backward()
+        problems.append(close(n, grads[i], to_np(t.grad), 1e-4, 1e-6))
     check_all(problems)

@@ -151,12 +151,12 @@ SCATTER = {
     "scatter_reduce_add": (lambda a, s: a.scatter(1, Tensor(IDX, device=a.device), s, reduce="add"),
                            lambda a, s: a.scatter_add(1, torch.tensor(IDX), s), [(2, 4), (2, 3)]),
 }
-for _mode in ("sum", "prod", "mean", "amax", "amin"):
-    for _inc in (True, False):
-        SCATTER[f"scatter_reduce_{_mode}_{_inc}"] = (
-            lambda a, s, m=_mode, i=_inc: a.scatter_reduce(1, Tensor(IDX, device=a.device), s, m, include_self=i),
-            lambda a, s, m=_mode, i=_inc: a.scatter_reduce(1, torch.tensor(IDX), s, m, include_self=i),
-            [(2, 4), (2, 3)])
+for _mode, _inc in (("sum", False), ("prod", True), ("mean", True), ("mean", False), ("amax", True),
+                   ("amin", False)):
+    SCATTER[f"scatter_reduce_{_mode}_{_inc}"] = (
+        lambda a, s, m=_mode, i=_inc: a.scatter_reduce(1, Tensor(IDX, device=a.device), s, m, include_self=i),
+        lambda a, s, m=_mode, i=_inc: a.scatter_reduce(1, torch.tensor(IDX), s, m, include_self=i),
+        [(2, 4), (2, 3)])
 
 
 @pytest.mark.parametrize("name", list(SCATTER))
@@ -215,12 +215,14 @@ def test_scatter_errors(i: int) -> None:
 def _index_case(draw):
     shape = tuple(draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
     items, use_list = [], draw(st.booleans())
+    list_len = draw(st.integers(1, 3))  # index lists must broadcast: this length or 1
     for size in shape:
         kind = draw(st.sampled_from(["slice", "list", "int", "none"] if use_list else ["slice", "int", "none"]))
         if kind == "int" and not use_list:
             items.append(draw(st.integers(-size, size - 1)))
         elif kind == "list" or (kind == "int" and use_list):
-            items.append(draw(st.lists(st.integers(-size, size - 1), min_size=1, max_size=3)))
+            n = draw(st.sampled_from([1, list_len]))
+            items.append(draw(st.lists(st.integers(-size, size - 1), min_size=n, max_size=n)))
         elif kind == "none":
             items.extend([None, slice(None)])
         else:

@@ -50,6 +50,8 @@ CASES = {
     "unfold": (lambda a: a.unfold(1, 3, 1), None, [(2, 5)]),
     "unfold_step": (lambda a: a.unfold(0, 2, 3), None, [(8, 3)]),
     "unfold_size_step": (lambda a: a.unfold(-1, 2, 2), None, [(2, 3, 6)]),
+    "unfold_size_zero": (lambda a: a.unfold(0, 0, 2), None, [(5,)]),
+    "unfold_empty_batch": (lambda a: a.unfold(1, 2, 1), None, [(0, 3)]),
     "diag_vec": (lambda a: a.diag(), None, [(4,)]),
     "diag_vec_offset": (lambda a: a.diag(2), None, [(3,)]),
     "diag_vec_neg": (lambda a: a.diag(-1), None, [(3,)]),

@@ -23,8 +23,6 @@ def _t(v, device):
 # name -> (polygrad fn(x, device), torch fn(x), logits shape)
 CE = {
     "index_mean": (lambda x, d: x.cross_entropy(_t(Y4, d)), lambda x: F.cross_entropy(x, torch.tensor(Y4)), (5, 4)),
-    "index_sum": (lambda x, d: x.cross_entropy(_t(Y4, d), reduction="sum"),
-                  lambda x: F.cross_entropy(x, torch.tensor(Y4), reduction="sum"), (5, 4)),
     "index_none": (lambda x, d: x.cross_entropy(_t(Y4, d), reduction="none"),
                    lambda x: F.cross_entropy(x, torch.tensor(Y4), reduction="none"), (5, 4)),
     "smoothing": (lambda x, d: x.cross_entropy(_t(Y4, d), label_smoothing=0.2),
@@ -46,13 +44,9 @@ CE = {
                                                               reduction="sum"),
                                  lambda x: F.cross_entropy(x, torch.tensor(_probs()), label_smoothing=0.3,
                                                            reduction="sum"), (5, 4)),
-    "nll": (lambda x, d: x.log_softmax(1).nll_loss(_t(Y4, d)),
-            lambda x: F.nll_loss(x.log_softmax(1), torch.tensor(Y4)), (5, 4)),
     "nll_weight_none": (lambda x, d: x.nll_loss(_t(Y_IGN, d), weight=_t(W, d), reduction="none"),
                         lambda x: F.nll_loss(x, torch.tensor(Y_IGN), weight=torch.tensor(W), reduction="none"),
                         (5, 4)),
-    "sparse_cce": (lambda x, d: x.sparse_categorical_crossentropy(_t(Y4, d)),
-                   lambda x: F.cross_entropy(x, torch.tensor(Y4)), (5, 4)),
     "sparse_cce_ignore_smooth": (lambda x, d: x.sparse_categorical_crossentropy(_t(Y4, d), ignore_index=1,
                                                                                  label_smoothing=0.1),
                                  lambda x: F.cross_entropy(x, torch.tensor(Y4), ignore_index=1,

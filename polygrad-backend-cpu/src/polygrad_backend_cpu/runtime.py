@@ -60,7 +60,9 @@ class CPUProgram:
         addr = ctypes.cast(getattr(lib, spec.name), ctypes.c_void_p).value
         self.fn = FFI.cast(_fn_type(len(spec.globals)), addr)
         self.size = spec.thread_size
-        work = spec.ops + spec.mem_bytes
+        # decide from what the kernel computes and stores, not from the size of the buffers it
+        # touches: a small kernel reading a slice of a big buffer is cheaper than a thread handoff
+        work = spec.ops + _stores(spec)
         self.split = self.size > 1 and _threads() > 1 and work >= PARALLEL_MIN_WORK
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> float | None:
@@ -77,6 +79,17 @@ class CPUProgram:
             for f in futures:
                 f.result()
         return time.perf_counter() - t0 if timing else None
+
+
+def _stores(spec: ProgramSpec) -> int:
+    total = 0
+    for block in spec.ast.src:
+        trips = 1
+        for r in block.src[1:]:
+            if r.op.name == "RANGE":
+                trips *= int(r.src[0].arg)
+        total += trips
+    return total
 
 
 def load_program(spec: ProgramSpec, path: str) -> CPUProgram:

@@ -177,6 +177,8 @@ class InterpProgram:
         if op is Ops.IDIV:
             return _trunc_div(srcs[0], srcs[1]).astype(out_dt, copy=False)
         if op is Ops.MOD:
+            if u.dtype.is_float:  # C fmod: x % 0.0 is NaN
+                return np.fmod(srcs[0], srcs[1]).astype(out_dt, copy=False)
             return np.fmod(srcs[0], np.where(srcs[1] == 0, 1, srcs[1])).astype(out_dt, copy=False)
         if op in UNARY:
             return UNARY[op](srcs[0]).astype(out_dt, copy=False)

@@ -10,7 +10,7 @@ run on every backend. Each function works in two parts:
    pivoting: a panel of nb columns is eliminated one pivot at a time (3 small kernels per column),
    then one pair of matrix products applies the panel to the rest. The eliminated columns become the
    inverse in place, so no identity is carried along. cholesky uses forward elimination without
-   pivoting (1 kernel per column); qr and lstsq use CholeskyQR2 in float64. Each step is scheduled
+   pivoting (1 kernel per column); qr and lstsq use shifted CholeskyQR3 in float64. Each step is scheduled
    once per shape and replayed with new buffers for k = 0..n-1 (k arrives in a one-element buffer,
    and the columns rotate so the step always works on column 0), so the graph is never rebuilt.
 2. A differentiable wrapper. The result is refined once with the detached inverse Z, e.g.
@@ -171,6 +171,11 @@ class _Replay:
 
 _replays: dict[tuple, _Replay] = {}
 _step_indices: dict[str, list[Any]] = {}
+
+
+def clear_cache() -> None:
+    """Drop the replayed linalg steps and their scratch buffers (polygrad.collect() calls this)."""
+    _replays.clear()
 
 
 def _replay(key: tuple, build: Any, inputs: list[tuple[tuple[int, ...], DType]], device: str) -> _Replay:
@@ -604,22 +609,34 @@ def cholesky_solve(b: Tensor, factor: Any, upper: bool = False) -> Tensor:
 
 
 def _qr_detached(a: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """CholeskyQR2 in float64 for full-column-rank tall (..., m, n): Q, R and R^-1 (all detached)."""
+    """Shifted CholeskyQR3 in float64 for full-column-rank tall (..., m, n): Q, R, R^-1 (detached).
+
+    The first pass factors A^T A + s I with a small shift s (Fukaya et al. 2020), so the Gram matrix
+    stays positive definite up to cond(A) ~ 1e15; two plain CholeskyQR passes then make Q orthogonal.
+    """
     a64 = a.detach().cast(dtypes.float64)
-    _, l1_inv = _cholesky_parts(_mT(a64) @ a64)
-    q1 = a64 @ _mT(l1_inv)
-    _, l2_inv = _cholesky_parts(_mT(q1) @ q1)
-    q = q1 @ _mT(l2_inv)
-    r = _triu(_mT(q) @ a64)  # Q^T A reconstructs A to rounding; R2 R1 carries eps * cond(A)
-    r_inv = _mT(l1_inv) @ _mT(l2_inv)
+    m, n = a64.shape[-2], a64.shape[-1]
+    shift = 11.0 * (m * n + n * (n + 1)) * 2.0 ** -53 * a64.square().sum((-2, -1), keepdim=True)
+    q, r_inv = a64, None
+    for shifted in (True, False, False):
+        gram = _mT(q) @ q
+        if shifted:
+            gram = gram + shift * _eye(n, dtypes.float64, a.device)
+        _, l_inv = _cholesky_parts(gram)
+        q = q @ _mT(l_inv)
+        r_inv = _mT(l_inv) if r_inv is None else r_inv @ _mT(l_inv)
+    r = _triu(_mT(q) @ a64)  # Q^T A reconstructs A to rounding; the product of the factors would not
+    d = _diagonal(r).abs()
+    if _host_any(d <= d.max(-1, keepdim=True) * (max(m, n) * 2.0 ** -52), q, r, r_inv):
+        raise LinAlgError("the columns are linearly dependent to working precision")
     return q, r, r_inv
 
 
 def qr(a: Tensor, mode: str = "reduced") -> tuple[Tensor, Tensor]:
     """Reduced QR of (..., m, n), as torch.linalg.qr(A, mode='reduced'); R has a positive diagonal.
 
-    CholeskyQR2 computed in float64 (accurate for condition numbers up to about 1e7). Needs the
-    leading min(m, n) columns to be linearly independent (LinAlgError otherwise). The outputs are
+    Shifted CholeskyQR3 computed in float64 (orthogonal Q for condition numbers up to about 1e15).
+    Needs the leading min(m, n) columns to be linearly independent (LinAlgError otherwise). The outputs are
     detached: qr has no gradient.
     """
     if mode != "reduced":
@@ -641,8 +658,9 @@ def lstsq(a: Tensor, b: Any) -> Tensor:
     """Least-squares solution of A x ~= b for FULL-RANK TALL OR SQUARE A (..., m, n), m >= n.
 
     Returns the solution only (not torch's residuals/rank/singular values). b is (..., m) or
-    (..., m, k). Computed from a float64 CholeskyQR2 factorisation and refined once; differentiable
-    in A and b. Raises LinAlgError for wide (m < n) or rank-deficient A.
+    (..., m, k). Computed from a float64 CholeskyQR3 factorisation and refined once; differentiable
+    in A and b. Raises LinAlgError for wide (m < n) or rank-deficient A (detected when a Cholesky pivot
+    of the Gram matrix is not positive).
     """
     b = _as_tensor(b, a)
     _require_matrix(a, "lstsq")

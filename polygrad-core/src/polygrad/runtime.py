@@ -205,9 +205,11 @@ def collect() -> None:
     Programs are reloaded from the on-disk compile cache when needed again; live tensors and
     captured JIT functions keep their own buffers and programs.
     """
+    from polygrad import linalg
     from polygrad.engine import realize
     clear_schedule_cache()
     realize.program_cache.clear()
+    linalg.clear_cache()  # its replayed steps hold programs and scratch buffers
     for _ in range(8):  # freeing one graph's cycles releases the hash-cons keys holding the next layer
         if gc.collect() == 0:
             break

@@ -21,10 +21,11 @@ from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.shape import ShapeError
+from polygrad.tensor_activation import ActivationMixin
 from polygrad.tensor_create import CreationMixin
 from polygrad.tensor_math import MathMixin
 from polygrad.tensor_movement import MovementMixin
-from polygrad.tensor_reduce import ReduceMixin
+from polygrad.tensor_reduce import ReduceMixin, accepts_dim
 from polygrad.tensor_nn import NNMixin
 
 _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
@@ -63,16 +64,18 @@ def _to_numpy(data: Any, dtype: DType | None) -> np.ndarray:
             return _np_cast(np.asarray(data, dtype=np.float32), dtype)
         return np.asarray(data, dtype=dtype.np)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"cannot build a tensor from {type(data).__name__}: {e}; nested lists must be rectangular") from e
+        raise ValueError(f"cannot build a tensor from {type(data).__name__}: {e}; "
+                         "nested lists must be rectangular") from e
 
 
 def _np_cast(arr: np.ndarray, dtype: DType) -> np.ndarray:
     if dtype is dtypes.bfloat16:
         if arr.dtype == np.uint16:
             return arr
-        bits = np.ascontiguousarray(arr, dtype=np.float32).view(np.uint32)
-        rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-        return (rounded >> 16).astype(np.uint16)
+        bits = np.ascontiguousarray(arr, dtype=np.float32).view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # nearest even
+        nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        return np.where(nan, ((bits >> 16) | 0x40).astype(np.uint16), rounded)
     return arr.astype(dtype.np, copy=False)
 
 
@@ -100,7 +103,7 @@ class _TensorType(type):
         config.set_value("TRAINING", int(bool(value)))
 
 
-class Tensor(MathMixin, ReduceMixin, CreationMixin, MovementMixin, NNMixin, metaclass=_TensorType):
+class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMixin, NNMixin, metaclass=_TensorType):
     """A lazily evaluated n-dimensional array with automatic differentiation.
 
     >>> Tensor([1.0, 2.0, 3.0]).mul(2).numpy().tolist()
@@ -251,8 +254,8 @@ class Tensor(MathMixin, ReduceMixin, CreationMixin, MovementMixin, NNMixin, meta
         return random.randn(_shape_arg(shape), dtype=dtype, device=device, **kw)
 
     def full_like(self, fill_value: Any, **kw: Any) -> "Tensor":
-        return Tensor.full(self.shape, fill_value, dtype=kw.pop("dtype", self.dtype), device=kw.pop("device", self.device),
-                           _runtime=self._runtime, **kw)
+        return Tensor.full(self.shape, fill_value, dtype=kw.pop("dtype", self.dtype),
+                           device=kw.pop("device", self.device), _runtime=self._runtime, **kw)
 
     def zeros_like(self, **kw: Any) -> "Tensor":
         return self.full_like(0, **kw)
@@ -452,10 +455,16 @@ class Tensor(MathMixin, ReduceMixin, CreationMixin, MovementMixin, NNMixin, meta
         return self if dt == self.dtype else self._new(self.uop.cast(dt))
 
     def bitcast(self, dtype: Any) -> "Tensor":
+        """Reinterpret the bits (torch's view(dtype)); between sizes the last axis grows or shrinks,
+        little-endian, as in torch."""
         dt = to_dtype(dtype)
-        if dt.itemsize != self.dtype.itemsize:
-            raise TypeError(f"bitcast between sizes {self.dtype.itemsize} and {dt.itemsize} is not supported")
-        return self._new(UOp(Ops.BITCAST, dt, (self.uop,)))
+        if dt.itemsize == self.dtype.itemsize:
+            return self if dt is self.dtype else self._new(UOp(Ops.BITCAST, dt, (self.uop,)))
+        if dt is dtypes.bool or self.dtype is dtypes.bool:
+            raise TypeError("bitcast to or from bool between sizes is not supported; cast to uint8 first")
+        if self.ndim == 0:
+            raise TypeError(f"bitcast from {self.dtype} to {dt} changes the element count; it needs at least 1 dim")
+        return _bitcast_resize(self, dt)
 
     def float(self) -> "Tensor":
         return self.cast(dtypes.float32)
@@ -890,6 +899,8 @@ def _delegate(module: str, name: str, doc: str):
 for _name in ("solve", "lstsq", "cholesky", "cholesky_solve", "qr", "solve_triangular", "triangular_solve", "inv",
               "det", "slogdet"):
     setattr(Tensor, _name, _delegate("linalg", _name, f"See polygrad.linalg.{_name}."))
+for _name in ("sum", "prod"):  # torch's dim= keyword, as on every other reduction
+    setattr(Tensor, _name, accepts_dim(getattr(Tensor, _name)))
 Tensor.custom_kernel = _delegate("engine.custom", "custom_kernel", "Run a kernel written in kernel IR; see "
                                  "polygrad.engine.custom.custom_kernel.")  # type: ignore[attr-defined]
 
@@ -933,6 +944,30 @@ def _iota(n: int, dt: DType, kw: dict) -> "Tensor":
     dev = canonicalize(kw.get("device") or _default_device(kw.get("_runtime")))
     u = UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, None, (), dev),), n)
     return Tensor(u, _runtime=kw.get("_runtime")).cast(dt)
+
+
+_UINT_OF_SIZE = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
+
+
+def _bitcast_resize(x: "Tensor", dt: DType) -> "Tensor":
+    """Bitcast between item sizes by splitting or joining unsigned words with shifts."""
+    small, big = sorted((x.dtype.itemsize, dt.itemsize))
+    k = big // small
+    lead = x.shape[:-1]
+    if dt.itemsize < x.dtype.itemsize:
+        words = x.bitcast(_UINT_OF_SIZE[big])
+        out = None
+        for i in range(k):
+            part = (words >> (8 * small * i)).cast(_UINT_OF_SIZE[small]).unsqueeze(-1)
+            part = part.pad(((0, 0),) * (part.ndim - 1) + ((i, k - 1 - i),))
+            out = part if out is None else out + part
+        return out.reshape(*lead, x.shape[-1] * k).bitcast(dt)
+    if x.shape[-1] % k:
+        raise ShapeError(f"bitcast from {x.dtype} to {dt} needs the last dimension ({x.shape[-1]}) to be a "
+                         f"multiple of {k}")
+    words = x.bitcast(_UINT_OF_SIZE[small]).reshape(*lead, x.shape[-1] // k, k).cast(_UINT_OF_SIZE[big])
+    shifts = Tensor.arange(k, device=x.device, dtype=_UINT_OF_SIZE[big], _runtime=x._runtime) * (8 * small)
+    return (words << shifts).sum(-1, dtype=_UINT_OF_SIZE[big]).bitcast(dt)
 
 
 def _sum_dtype(dt: DType) -> DType:

@@ -1,4 +1,4 @@
-"""Elementwise math and activations on Tensor (a mixin of Tensor).
+"""Elementwise math on Tensor (a mixin of Tensor); activations live in tensor_activation.py.
 
 Stage: graph construction. Input: tensors. Output: tensor graphs made only of the primitive ALU ops
 (EXP2 LOG2 SIN SQRT RECIPROCAL TRUNC ADD MUL MAX MOD IDIV FDIV CMP* WHERE ...), so every function is
@@ -17,8 +17,6 @@ from typing import Any, Callable
 from polygrad.dtype import dtypes, least_upper_float
 
 HALF_TYPES = (dtypes.float16, dtypes.bfloat16)
-SELU_ALPHA = 1.6732632423543772848170429916717
-SELU_SCALE = 1.0507009873554804934193349852946
 
 
 def float_math(fn: Callable) -> Callable:
@@ -48,7 +46,7 @@ def odd_split(x, half: Callable):
 
     Both halves get a safe input, so the unused one never makes a NaN gradient; NaN propagates.
     """
-    pos = (x > 0).where(x, 0)
+    pos = (x >= 0).where(x, 0)  # x = 0 goes to the positive half, so the gradient there is half'(0)
     neg = (x < 0).where(-x, 0)
     return x.isnan().where(x, half(pos) - half(neg))
 
@@ -193,19 +191,15 @@ class MathMixin:
         w = weight.cast(a.dtype)
         return (w.abs() < 0.5).where(a + diff * w, b - diff * (1 - w))
 
-    def clamp(self, min_: Any = None, max_: Any = None, **kw: Any):
-        """Clip into [min_, max_]; NaN stays NaN and the gradient passes where min_ <= x <= max_."""
-        min_ = kw.pop("min", min_)
-        max_ = kw.pop("max", max_)
-        if kw:
-            raise TypeError(f"clamp() got unexpected arguments {sorted(kw)}")
-        if min_ is None and max_ is None:
+    def clamp(self, min: Any = None, max: Any = None):  # noqa: A002 (torch's keyword names)
+        """Clip into [min, max]; NaN stays NaN and the gradient passes where min <= x <= max (torch)."""
+        if min is None and max is None:
             raise ValueError("clamp() needs at least one of min or max")
         x = self
-        if min_ is not None:
-            x = (x < min_).where(min_, x)
-        if max_ is not None:
-            x = (x > max_).where(max_, x)
+        if min is not None:
+            x = (x < min).where(min, x)
+        if max is not None:
+            x = (x > max).where(max, x)
         return x
 
     clip = clamp
@@ -509,86 +503,3 @@ class MathMixin:
 
     def __rxor__(self, x: Any):
         return self ^ x
-
-    # ---- activations
-    def relu(self):
-        return (self <= 0).where(0, self)
-
-    def relu6(self):
-        return self.hardtanh(0, 6)
-
-    def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0):
-        """Clip to [min_val, max_val]; the gradient is zero at and beyond the edges, like torch."""
-        return (self <= min_val).where(min_val, (self >= max_val).where(max_val, self))
-
-    def leaky_relu(self, neg_slope: float = 0.01):
-        return (self > 0).where(self, self * neg_slope)
-
-    @float_math
-    def elu(self, alpha: float = 1.0):
-        neg = (self > 0).where(0, self)
-        return (self > 0).where(self, alpha * neg.expm1())
-
-    @float_math
-    def celu(self, alpha: float = 1.0):
-        neg = (self > 0).where(0, self)
-        return (self > 0).where(self, alpha * (neg / alpha).expm1())
-
-    @float_math
-    def selu(self):
-        return SELU_SCALE * self.elu(SELU_ALPHA)
-
-    @float_math
-    def gelu(self, approximate: str = "none"):
-        """torch's gelu: exact (erf) by default, or the tanh approximation with approximate='tanh'."""
-        if approximate == "tanh":
-            inner = math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)
-            return 0.5 * self * (1 + inner.tanh())
-        if approximate != "none":
-            raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
-        return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
-
-    @float_math
-    def quick_gelu(self):
-        return self * (self * 1.702).sigmoid()
-
-    @float_math
-    def sigmoid(self):
-        """1 / (1 + exp(-x)) computed from exp(-|x|), so neither value nor gradient overflows."""
-        pos = self >= 0
-        e = pos.where(-self, self).exp()
-        return pos.where(1, e) / (1 + e)
-
-    @float_math
-    def silu(self):
-        return self * self.sigmoid()
-
-    swish = silu
-
-    @float_math
-    def mish(self):
-        return self * self.softplus().tanh()
-
-    @float_math
-    def softplus(self, beta: float = 1.0, threshold: float = 20.0):
-        """log(1 + exp(beta x)) / beta, linear above threshold like torch."""
-        linear = self * beta > threshold
-        safe = linear.where(0, self)
-        return linear.where(self, (safe * beta).exp().log1p() / beta)
-
-    @float_math
-    def softsign(self):
-        return self / (1 + self.abs())
-
-    @float_math
-    def hardswish(self):
-        return self * (self + 3).relu6() * (1 / 6)
-
-    @float_math
-    def hardsigmoid(self):
-        return (self + 3).relu6() * (1 / 6)
-
-    @float_math
-    def logsigmoid(self):
-        neg = (self < 0).where(self, 0)
-        return neg - (-(self.abs())).exp().log1p()

@@ -38,6 +38,8 @@ def _tensor_list(first: Any, rest: Sequence[Any]) -> list["Tensor"]:
     for r in rest:
         items.extend(r if isinstance(r, (list, tuple)) else [r])
     from polygrad.tensor import Tensor
+    if not items:
+        raise ValueError("cat/stack need at least one tensor")
     for t in items:
         if not isinstance(t, Tensor):
             raise TypeError(f"expected Tensors to join, got {type(t).__name__}; wrap data in Tensor(...) first")
@@ -291,7 +293,8 @@ class MovementMixin(IndexingMixin):
             raise ShapeError(f"unfold: size {size} must be in [0, {n}] (the size of dimension {d})")
         x = move_axis(self, d, self.ndim - 1)
         if size == 0:
-            w = x.reshape(x.shape + (1,)).expand(x.shape[:-1] + (n // step + 1, 0))
+            empty = shrink_axis(x, x.ndim - 1, 0, 0).reshape(x.shape[:-1] + (1, 0))
+            w = empty.expand(x.shape[:-1] + (n // step + 1, 0))
         else:
             w = x._pool((size,), step)
         return move_axis(w, w.ndim - 2, d)

@@ -8,12 +8,25 @@ values stay differentiable (the gradient flows back to the element's original po
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
 from polygrad.dtype import dtypes, least_upper_float
 from polygrad.tensor_math import float_math
 from polygrad.uop.ops import Ops
+
+
+def accepts_dim(fn):
+    """Let a reduction take torch's `dim=` keyword as well as tinygrad's `axis=`."""
+    @functools.wraps(fn)
+    def wrapper(self, *args: Any, **kw: Any):
+        if "dim" in kw:
+            if "axis" in kw or args:
+                raise TypeError(f"{fn.__name__}() got both dim and axis; pass one of them")
+            kw["axis"] = kw.pop("dim")
+        return fn(self, *args, **kw)
+    return wrapper
 
 
 def _axes_of(x, axis: Any) -> tuple[int, ...]:
@@ -275,6 +288,12 @@ class ReduceMixin:
         bounds = tuple((0, k) if i == ax else (0, s) for i, s in enumerate(self.shape))
         return values.shrink(bounds), indices.shrink(bounds)
 
+
+DIM_METHODS = ("max", "amax", "min", "amin", "mean", "var", "std", "var_mean", "std_mean", "argmax", "argmin",
+               "any", "all", "logsumexp", "softmax", "log_softmax", "softmin", "cumsum", "cumprod", "cummax", "cummin",
+               "logcumsumexp")
+for _name in DIM_METHODS:
+    setattr(ReduceMixin, _name, accepts_dim(getattr(ReduceMixin, _name)))
 
 SCAN_BLOCK = 256  # longer axes scan in two levels: O(n * 256 + (n / 256)^2) instead of O(n^2)
 # kind -> (identity for a dtype, reduce over the last axis, merge a block prefix into a scan)

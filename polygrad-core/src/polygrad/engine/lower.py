@@ -67,10 +67,13 @@ def heuristic_opts(ast: UOp) -> list[Opt]:
         return []
     glob = [r for r in ends[0].src[1:] if r.arg[1] == "global"]
     loads = [n.src[0] for n in ast.toposort() if n.op is Ops.LOAD]
+    store_index = ends[0].src[0].src[0]
     opts: list[Opt] = []
     if glob:
         last = glob[-1]
-        contiguous = any(range_coeff(ld.src[1], last) == 1 for ld in loads)
+        # a contiguous output counts too: x @ W.T (both operands strided along the output column)
+        # still gains from the register tile
+        contiguous = any(range_coeff(ix.src[1], last) == 1 for ix in [*loads, store_index])
         if contiguous:
             # the row tile is split first so its upcast loop sits outside the contiguous one
             amt = next((a for a in (16, 8) if _size(last) % a == 0), 0)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from polygrad.dtype import DType, dtypes
+from polygrad.errors import PolygradError
 from polygrad.engine.indexing import KernelBuilder, address, flat_index
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 
@@ -147,7 +148,63 @@ def find_realize_points(targets: tuple[UOp, ...]) -> list[UOp]:
             break
         points |= added
     order = {n: i for i, n in enumerate(sink.toposort())}
-    return sorted(points, key=lambda n: order[n])
+    return order_points(points, order)
+
+
+def _base_buffer(view: UOp) -> UOp | None:
+    while view.op is not Ops.BUFFER:
+        if not view.src:
+            return None
+        view = view.src[0]
+    return view
+
+
+def _reads(point: UOp, points: set[UOp]) -> set[UOp]:
+    """Boundary nodes (other points, buffers) the step for `point` reads."""
+    if point.op is Ops.AFTER:
+        return {point.src[1]}  # it aliases src[0]'s buffer once the custom kernel ran
+    if point.op in (Ops.CUSTOM, Ops.COPY):
+        return set(point.src)
+    start = point.src[1] if point.op is Ops.ASSIGN else (point.src[0] if point.op is Ops.CONTIGUOUS else point)
+    found: set[UOp] = set()
+    stack, seen = [start], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node is not point and (node in points or node.op in BOUNDARY_OPS):
+            found.add(node)
+            continue
+        stack.extend(node.src)
+    return found
+
+
+def order_points(points: set[UOp], order: dict[UOp, int]) -> list[UOp]:
+    """Dependency order, plus: a step that reads a buffer's old value runs before the step that
+    overwrites it (assign, custom kernel)."""
+    reads = {p: _reads(p, points) for p in points}
+    after: dict[UOp, set[UOp]] = {p: {q for q in reads[p] if q in points} for p in points}
+    writes: dict[UOp, set[UOp]] = {}
+    for p in points:
+        targets = [p.src[0]] if p.op is Ops.ASSIGN else (list(p.src) if p.op is Ops.CUSTOM else [])
+        writes[p] = {b for b in (_base_buffer(t) for t in targets) if b is not None}
+    for w, bufs in writes.items():
+        for r in points:
+            if r is not w and reads[r] & bufs:
+                after[w].add(r)
+    done: list[UOp] = []
+    placed: set[UOp] = set()
+    pending = sorted(points, key=lambda n: order[n])
+    while pending:
+        ready = next((p for p in pending if after[p] <= placed), None)
+        if ready is None:
+            raise PolygradError("these assigns read each other's buffers in a cycle; realize one of them first "
+                                "(e.g. a.realize() before b.assign(a))")
+        pending.remove(ready)
+        placed.add(ready)
+        done.append(ready)
+    return done
 
 
 def _reduces_needing_buffers(points: set[UOp]) -> set[UOp]:

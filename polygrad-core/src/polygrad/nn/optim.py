@@ -90,17 +90,18 @@ class Optimizer:
     def schedule_step(self, *realize_with: Tensor) -> list[Tensor]:
         """Realize the gradients and pending buffer updates; return the (lazy) updated tensors."""
         _require_training()
-        self._realize_inputs(realize_with)
+        Tensor.realize_all(*self._step_inputs(), *realize_with)
         return self._updates()
 
-    def _realize_inputs(self, realize_with: tuple[Tensor, ...] = ()) -> None:
+    def _step_inputs(self) -> list[Tensor]:
+        """What the first realization computes: the gradients and the buffers' pending updates."""
         live = [p for p in self.params if p.grad is not None]
         if not live:
             raise RuntimeError("optimizer step without gradients: call loss.backward() before opt.step()")
         for p in live:
             if p.grad.shape != p.shape:
                 raise ValueError(f"gradient shape {p.grad.shape} does not match parameter shape {p.shape}")
-        Tensor.realize_all(*[p.grad for p in live], *self.buffers, *realize_with)
+        return [p.grad for p in live] + self.buffers
 
     def _updates(self) -> list[Tensor]:
         raise NotImplementedError
@@ -129,8 +130,7 @@ class OptimizerGroup(Optimizer):
 
     def schedule_step(self, *realize_with: Tensor) -> list[Tensor]:
         _require_training()
-        for i, o in enumerate(self.optimizers):
-            o._realize_inputs(realize_with if i == 0 else ())
+        Tensor.realize_all(*[t for o in self.optimizers for t in o._step_inputs()], *realize_with)
         return [t for o in self.optimizers for t in o._updates()]
 
 
