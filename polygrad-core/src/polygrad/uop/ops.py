@@ -127,7 +127,7 @@ class UOp:
     def toposort(self) -> list["UOp"]:
         """All nodes reachable from self, sources before users."""
         if self._toposort is not None:
-            return self._toposort
+            return [*self._toposort, self]
         out: list[UOp] = []
         seen: set[int] = set()
         stack: list[tuple[UOp, bool]] = [(self, False)]
@@ -143,7 +143,9 @@ class UOp:
             for s in reversed(node.src):
                 if id(s) not in seen:
                     stack.append((s, False))
-        self._toposort = out
+        # cached without self: a node holding itself would be a reference cycle, and its buffers
+        # would wait for the garbage collector instead of being freed when the graph is dropped
+        self._toposort = tuple(out[:-1])
         return out
 
     # ---- constants

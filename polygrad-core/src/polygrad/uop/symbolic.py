@@ -149,10 +149,27 @@ def _mod_simplify(x: UOp, c: UOp) -> UOp | None:
     terms = _split_sum(x)
     keep = [t for t in terms if _const_factor(t) % c.arg != 0]
     if len(keep) == len(terms):
-        return None
+        return _mod_reduce_factors(terms, c.arg)
     if not keep:
         return x.const_like(0)
     return _sum(keep) % c.arg
+
+
+def _mod_reduce_factors(terms: list[UOp], c: int) -> UOp | None:
+    """(a*k + b) % c -> (a*(k % c) + b) % c when every term stays non-negative (sliding-window indices)."""
+    out, changed = [], False
+    for t in terms:
+        k = _const_factor(t)
+        if t.op is Ops.MUL and t.src[1].op is Ops.CONST and k >= c and bounds(t.src[0])[0] >= 0:
+            t = t.src[0] if k % c == 1 else t.src[0] * (k % c)
+            changed = True
+        elif t.op is Ops.CONST and t.arg >= c:
+            t = t.const_like(t.arg % c)
+            changed = True
+        out.append(t)
+    if not changed or any(bounds(t)[0] < 0 for t in out):
+        return None
+    return _sum(out) % c
 
 
 def _split_sum(x: UOp) -> list[UOp]:
@@ -202,7 +219,7 @@ symbolic_rules = PatternMatcher([
     (UPat((Ops.ADD, Ops.MUL, Ops.MAX, Ops.IDIV, Ops.MOD, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR,
            Ops.XOR), name="x", src=(UPat(Ops.CONST), UPat(Ops.CONST))), _fold_binary),
     (UPat(Ops.NEG, name="x", src=(UPat(Ops.CONST, name="c"),)),
-     lambda x, c: UOp.const(x.dtype, -c.arg) if _is_int(x) else None),
+     lambda x, c: UOp.const(x.dtype, -c.arg) if x.dtype is not dtypes.bool else None),  # exact for floats too
     # constants go on the right of commutative ops
     (UPat((Ops.ADD, Ops.MUL), name="x", src=(UPat(Ops.CONST, name="c"), UPat(name="y"))),
      lambda x, c, y: x.replace(src=(y, c)) if y.op is not Ops.CONST else None),
