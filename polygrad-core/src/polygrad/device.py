@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import threading
-import weakref
 from dataclasses import dataclass
 from typing import Any
 

@@ -285,9 +285,7 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
     def _buffer(self) -> Buffer:
         """The Buffer behind a realized contiguous tensor."""
         self.realize()
-        u = self.uop
-        if u.op is Ops.RESHAPE:
-            u = u.src[0]
+        u = mv.strip_reshapes(self.uop)
         if u.op is not Ops.BUFFER:
             self.uop = self.contiguous().realize().uop
             return self._buffer()
@@ -992,8 +990,7 @@ def _from_numpy(arr: np.ndarray, dt: DType, dev: str) -> UOp:
 
 
 def _is_realized(u: UOp) -> bool:
-    if u.op is Ops.RESHAPE:
-        u = u.src[0]
+    u = mv.strip_reshapes(u)
     return u.op is Ops.BUFFER and (u.arg.is_allocated or u.arg.size == 0)
 
 

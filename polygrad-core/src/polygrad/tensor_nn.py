@@ -13,19 +13,13 @@ import math
 from typing import TYPE_CHECKING, Any, Sequence
 
 from polygrad.tensor_losses import LossMixin
+from polygrad.tensor_movement import _tuple
 from polygrad.uop.shape import ShapeError
 
 if TYPE_CHECKING:
     from polygrad.tensor import Tensor
 
 
-def _tuple(v: Any, n: int, what: str) -> tuple[int, ...]:
-    if isinstance(v, int):
-        return (v,) * n
-    v = tuple(int(a) for a in v)
-    if len(v) != n:
-        raise ValueError(f"{what} {v} needs {n} entries, one per spatial dimension")
-    return v
 
 
 def _flat_pads(padding: Any, dims: int) -> list[int]:

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from polygrad.dtype import DType, dtypes
 from polygrad.errors import PolygradError
 from polygrad.engine.indexing import KernelBuilder, address, flat_index
+from polygrad.uop.movement import strip_reshapes
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 
 # effectful nodes that already ran (ASSIGN, AFTER) -> the buffer view they left behind, so a graph that
@@ -63,9 +64,7 @@ schedule_cache: dict[tuple[UOp, ...], Template] = {}
 
 def is_buffer_view(u: UOp) -> bool:
     """A whole contiguous buffer, possibly reshaped."""
-    if u.op is Ops.RESHAPE:
-        u = u.src[0]
-    return u.op is Ops.BUFFER
+    return strip_reshapes(u).op is Ops.BUFFER
 
 
 def normalize(targets: list[UOp]) -> tuple[tuple[UOp, ...], list[Any]]:
@@ -257,8 +256,7 @@ def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
 
     def entry_of(node: UOp) -> int:
         """Table index holding a boundary node's (contiguous) value."""
-        if node.op is Ops.RESHAPE:
-            node = node.src[0]
+        node = strip_reshapes(node)
         if node.op is Ops.BUFFER:
             return node.arg.index
         return table_of[node]

@@ -125,7 +125,9 @@ class CStyleRenderer:
             if self.emulate_half and dt in HALF_TYPES:
                 return repr(round_half_value(float(v), dt)) + "f"
             text = repr(float(v))
-            return text + "f" if dt is dtypes.float32 else (text if dt is dtypes.float64 else f"(({self.ctype(dt)}){text}f)")
+            if dt is dtypes.float32:
+                return text + "f"
+            return text if dt is dtypes.float64 else f"(({self.ctype(dt)}){text}f)"
         if dt in (dtypes.int64,):
             return f"{int(v)}LL"
         if dt in (dtypes.uint64,):

@@ -17,6 +17,13 @@ def reshape(u: UOp, shape: tuple[int, ...]) -> UOp:
     return UOp(Ops.RESHAPE, u.dtype, (u,), shape)
 
 
+def strip_reshapes(u: UOp) -> UOp:
+    """The node under any chain of RESHAPEs (a reshaped buffer is still that buffer)."""
+    while u.op is Ops.RESHAPE:
+        u = u.src[0]
+    return u
+
+
 def permute(u: UOp, order: tuple[int, ...]) -> UOp:
     order = tuple(order)
     if sorted(order) != list(range(len(u.shape))):
