@@ -26,7 +26,9 @@ def test_matmul_counts_ops_bytes_kernels_and_time(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_mem_used_tracks_live_buffers_and_survives_reset(device):
+    from polygrad.device import free_cached
     gc.collect()
+    free_cached()
     base, base_dev = GlobalCounters.mem_used, GlobalCounters.mem_used_per_device.get(device, 0)
     live_before = polygrad.stats()["buffers_live"]
     x = Tensor(np.zeros(1000, np.float32), device=device).realize()
@@ -38,8 +40,15 @@ def test_mem_used_tracks_live_buffers_and_survives_reset(device):
     assert GlobalCounters.mem_used - base == 4000
     del x
     gc.collect()
-    assert GlobalCounters.mem_used == base
+    # the freed allocation is kept for reuse: still held by the runtime, no longer live
     assert polygrad.stats()["buffers_live"] == live_before
+    assert GlobalCounters.mem_used - base == 4000
+    assert polygrad.stats()["bytes_cached_for_reuse"] >= 4000
+    y = Tensor(np.ones(1000, np.float32), device=device).realize()  # reuses it
+    assert GlobalCounters.mem_used - base == 4000 and y.numpy().sum() == 1000
+    del y
+    free_cached()
+    assert GlobalCounters.mem_used == base
 
 
 def test_stats_reports_compiles_cache_hits_and_buffers():

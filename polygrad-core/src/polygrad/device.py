@@ -6,6 +6,7 @@ Buffers. Selection order: explicit device= > POLY_DEV > DEV > highest-priority a
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -208,7 +209,11 @@ Device = _Device()
 
 
 class GlobalCounters:
-    """tinygrad-compatible counters. reset() zeroes the per-run counters and keeps live memory."""
+    """tinygrad-compatible counters. reset() zeroes the per-run counters and keeps live memory.
+
+    mem_used is the memory the runtime holds per device: live buffers plus freed allocations kept
+    for reuse (see device.free_cached()); stats()["buffers_live"] counts live buffers alone.
+    """
 
     global_ops: int = 0
     global_mem: int = 0
@@ -262,8 +267,13 @@ class Buffer:
     def ensure_allocated(self) -> "Buffer":
         if self._handle is None:
             impl = self.impl()
-            self._handle = impl.allocator.alloc(self.nbytes)
-            _account(self.device, self.nbytes, 1)
+            reused = _reuse(self.device, self.nbytes)
+            if reused is not None:
+                self._handle = reused
+                buffers_live[self.device] = buffers_live.get(self.device, 0) + 1
+            else:
+                self._handle = impl.allocator.alloc(self.nbytes)
+                _account(self.device, self.nbytes, 1)
         return self
 
     def __del__(self) -> None:
@@ -294,6 +304,42 @@ class Buffer:
         return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
 
 
+# Freed allocations are kept per (device, size) and handed to the next buffer of the same size, so a
+# training loop stops paying the allocator (and, on the host, page faults) after its first step.
+# GlobalCounters.mem_used counts them: it is the memory the runtime holds on each device, live or
+# cached for reuse. free_cached() (and polygrad's collect()) gives the cached part back.
+ALLOC_CACHE_LIMIT = int(os.environ.get("POLY_ALLOC_CACHE_MB", "1024")) << 20
+_alloc_cache: dict[tuple[str, int], list[tuple[Any, Any]]] = {}
+alloc_cache_bytes = {"total": 0}
+
+
+def _reuse(device: str, nbytes: int) -> Any:
+    free = _alloc_cache.get((device, nbytes))
+    if not free:
+        return None
+    _allocator, handle = free.pop()
+    alloc_cache_bytes["total"] -= nbytes
+    return handle
+
+
 def _release(allocator: Any, handle: Any, nbytes: int, device: str) -> None:
-    _account(device, -nbytes, -1)
+    buffers_live[device] = buffers_live.get(device, 0) - 1
+    if nbytes and alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT:
+        _alloc_cache.setdefault((device, nbytes), []).append((allocator, handle))
+        alloc_cache_bytes["total"] += nbytes
+        return
+    _account(device, -nbytes, 0)
     allocator.free(handle, nbytes)
+
+
+def free_cached() -> int:
+    """Give every cached (free, reusable) allocation back to its device; returns the bytes freed."""
+    freed = 0
+    for (device, nbytes), entries in list(_alloc_cache.items()):
+        for allocator, handle in entries:
+            _account(device, -nbytes, 0)
+            allocator.free(handle, nbytes)
+            freed += nbytes
+    _alloc_cache.clear()
+    alloc_cache_bytes["total"] = 0
+    return freed

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from polygrad.device import GlobalCounters, buffers_live, open_device, registry
+from polygrad.device import GlobalCounters, alloc_cache_bytes, buffers_live, open_device, registry
 from polygrad.dtype import to_dtype
 from polygrad.errors import CapabilityError, DeviceError
 
@@ -29,6 +29,7 @@ def stats() -> dict[str, Any]:
         "mem_used": GlobalCounters.mem_used, "mem_used_per_device": dict(GlobalCounters.mem_used_per_device),
         "kernel_count": GlobalCounters.kernel_count, "global_ops": GlobalCounters.global_ops,
         "buffers_live": sum(buffers_live.values()), "buffers_live_per_device": dict(buffers_live),
+        "bytes_cached_for_reuse": alloc_cache_bytes["total"],
     })
     return out
 

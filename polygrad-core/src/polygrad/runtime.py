@@ -27,7 +27,7 @@ import types
 from typing import Any, Callable
 
 from polygrad import runtime_context
-from polygrad.device import canonicalize
+from polygrad.device import canonicalize, free_cached
 from polygrad.errors import RuntimeOwnershipError
 
 _ids = itertools.count(1)
@@ -213,6 +213,7 @@ def collect() -> None:
     for _ in range(8):  # freeing one graph's cycles releases the hash-cons keys holding the next layer
         if gc.collect() == 0:
             break
+    free_cached()
     _trim_heap()
 
 

@@ -13,7 +13,7 @@ from polygrad import config
 from polygrad.device import Buffer, GlobalCounters, open_device
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
-from polygrad.engine.schedule import Template, denormalize, effects_of, record_effects, schedule
+from polygrad.engine.schedule import Template, denormalize, record_effects, schedule
 from polygrad.uop.ops import UOp
 
 
@@ -92,8 +92,8 @@ def run_template(tpl: Template, inputs: list[Any]) -> list[Any]:
 
 def realize_uops(targets: list[UOp]) -> list[UOp]:
     """Realize tensor-graph nodes; returns their buffer views (BUFFER or RESHAPE(BUFFER))."""
-    effects = effects_of(targets)
-    tpl, inputs = schedule(targets)
+    effects: list[UOp] = []
+    tpl, inputs = schedule(targets, effects)
     table = run_template(tpl, inputs)
     record_effects(effects)
     return [denormalize(out, table) for out in tpl.outputs]

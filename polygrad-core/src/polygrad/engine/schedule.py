@@ -67,8 +67,9 @@ def is_buffer_view(u: UOp) -> bool:
     return strip_reshapes(u).op is Ops.BUFFER
 
 
-def normalize(targets: list[UOp]) -> tuple[tuple[UOp, ...], list[Any]]:
-    """Replace realized subgraphs by their buffers and buffers by numbered SlotRefs."""
+def normalize(targets: list[UOp], effects: list[UOp] | None = None) -> tuple[tuple[UOp, ...], list[Any]]:
+    """Replace realized subgraphs by their buffers and buffers by numbered SlotRefs; the effects
+    (ASSIGN/AFTER) that have not run yet are appended to `effects` when given."""
     sink = UOp(Ops.SINK, None, tuple(targets))
     inputs: list[Any] = []
     slot_of: dict[int, int] = {}
@@ -81,6 +82,8 @@ def normalize(targets: list[UOp]) -> tuple[tuple[UOp, ...], list[Any]]:
         if node.op is Ops.BUFFER:
             memo[node] = _slot(node, inputs, slot_of)
             continue
+        if effects is not None and node.op in EFFECT_OPS:
+            effects.append(node)
         new_src = tuple(memo[s] for s in node.src)
         if node.op in UNIQUE_OPS and node.arg is not None:
             # effects carry a unique id so two assigns never hash-cons together; the key drops it
@@ -359,20 +362,14 @@ def _build_kernel(point: UOp, inputs: dict[UOp, int], out_entry: int) -> tuple[U
     return ast, tuple(kb.order)
 
 
-def effects_of(targets: list[UOp]) -> list[UOp]:
-    """The not-yet-run ASSIGN/AFTER nodes in a graph (recorded in `becomes` once they ran)."""
-    sink = UOp(Ops.SINK, None, tuple(targets))
-    return [n for n in sink.toposort() if n.op in EFFECT_OPS and n not in becomes]
-
-
 def record_effects(effects: list[UOp]) -> None:
     for node in effects:
         becomes[node] = node.src[0]
 
 
-def schedule(targets: list[UOp]) -> tuple[Template, list[Any]]:
+def schedule(targets: list[UOp], effects: list[UOp] | None = None) -> tuple[Template, list[Any]]:
     """Normalise, then look the structure up in the cache (building the template on a miss)."""
-    key, inputs = normalize(targets)
+    key, inputs = normalize(targets, effects)
     tpl = schedule_cache.get(key)
     if tpl is None:
         tpl = schedule_cache[key] = build_template(key, len(inputs))
