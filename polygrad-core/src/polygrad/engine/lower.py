@@ -74,7 +74,10 @@ def heuristic_opts(ast: UOp) -> list[Opt]:
         # a contiguous output counts too: x @ W.T (both operands strided along the output column)
         # still gains from the register tile
         contiguous = any(range_coeff(ix.src[1], last) == 1 for ix in [*loads, store_index])
-        if contiguous:
+        # a tile only pays when some operand is reused across it (does not depend on `last`);
+        # a plain row reduction gets partial accumulators instead
+        reused = any(range_coeff(ix.src[1], last) == 0 for ix in loads)
+        if contiguous and reused:
             # the row tile is split first so its upcast loop sits outside the contiguous one
             amt = next((a for a in (16, 8) if _size(last) % a == 0), 0)
             if amt:

@@ -318,6 +318,11 @@ class _Emitter:
         else:
             self.line(f"{ct} {acc} = {init};")
             ref = acc
+        if any(r.arg[1] == "upcast" for r in ranges):
+            # a reduce over upcast lanes (a split reduction's final sum): run the partial reduces
+            # first, with one accumulator per lane, so their loops stay outside the lane loop
+            for inner in top_level_reduces(body):
+                self.emit(inner)
         for r in ranges:
             self.open_loop(r)
         for r in ups:
