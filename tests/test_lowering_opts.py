@@ -36,3 +36,24 @@ def test_matmul_gets_a_register_tile():
     a = Tensor(np.random.rand(64, 64).astype(np.float32), device="CPU").realize()
     (prog,) = _programs(a @ a)
     assert sorted(o.amount for o in prog.spec.opts if o.kind == "UPCAST") == [4, 16]
+
+
+def test_mod_keeps_sign_when_dropping_multiples():
+    """(4 - r) % 2 must not become (-r) % 2: C's % truncates, so the sign of the rest matters."""
+    from polygrad.dtype import dtypes
+    from polygrad.uop.ops import Ops, UOp
+    from polygrad.uop.rewrite import graph_rewrite
+    from polygrad.uop.symbolic import symbolic_rules
+    r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 5),), (0, "global"))
+    expr = (UOp.const(dtypes.int32, 4) - r) % 2
+    out = graph_rewrite(expr, symbolic_rules)
+    assert not (out.op is Ops.MOD and out.src[0].op is Ops.NEG), out
+
+
+def test_flip_repeat_cat_chain_on_interp():
+    """Found by the movement-chain property test: an index needed (4 - r) % 2 with r up to 4."""
+    a = np.arange(2, dtype=np.float32).reshape(2, 1)
+    for device in ("INTERP", "CPU"):
+        t = Tensor(a, device=device).flip(0).repeat((2, 1))
+        t = t.cat(t.shrink(((0, 1), None)), dim=0).flip(0)
+        assert t.numpy().ravel().tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]

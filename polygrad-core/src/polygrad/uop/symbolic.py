@@ -152,7 +152,10 @@ def _mod_simplify(x: UOp, c: UOp) -> UOp | None:
         return _mod_reduce_factors(terms, c.arg)
     if not keep:
         return x.const_like(0)
-    return _sum(keep) % c.arg
+    rest = _sum(keep)
+    if bounds(rest)[0] < 0:
+        return None  # C's % truncates: dropping a multiple of c is only exact if the sign is kept
+    return rest % c.arg
 
 
 def _mod_reduce_factors(terms: list[UOp], c: int) -> UOp | None:
