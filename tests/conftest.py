@@ -54,3 +54,14 @@ def run_python(code: str, env: dict[str, str] | None = None, cwd: str | None = N
 def run_python_fixture():
     """The `run_python` helper as a fixture."""
     return run_python
+
+
+# CI runs the property tests on a fixed set of examples (reproducible); locally they explore new ones.
+try:
+    from hypothesis import settings as _hyp_settings
+
+    _hyp_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+    if os.environ.get("CI"):
+        _hyp_settings.load_profile("ci")
+except ImportError:  # hypothesis is a dev dependency
+    pass
