@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from polygrad.config import get as get_setting
 from polygrad.nn import init
 from polygrad.tensor import Tensor
+from polygrad.tensor_movement import _tuple
 
 
 def is_training() -> bool:
@@ -21,13 +22,6 @@ def is_training() -> bool:
     return bool(get_setting("TRAINING"))
 
 
-def _tuple(value: int | Sequence[int], n: int, name: str) -> tuple[int, ...]:
-    if isinstance(value, int):
-        return (value,) * n
-    out = tuple(int(v) for v in value)
-    if len(out) != n:
-        raise ValueError(f"{name} must be an int or {n} ints, got {value!r}")
-    return out
 
 
 class Linear:
