@@ -35,7 +35,15 @@ def test_split_reduce_keeps_lane_loop_inside_the_reduce_loop():
 def test_matmul_gets_a_register_tile():
     a = Tensor(np.random.rand(64, 64).astype(np.float32), device="CPU").realize()
     (prog,) = _programs(a @ a)
+    assert sorted(o.amount for o in prog.spec.opts if o.kind == "UPCAST") == [8, 16]
+
+
+def test_transposed_operand_keeps_the_small_row_tile():
+    x = Tensor(np.random.rand(64, 32).astype(np.float32), device="CPU").realize()
+    g = Tensor(np.random.rand(64, 48).astype(np.float32), device="CPU").realize()
+    (prog,) = _programs(x.T @ g)
     assert sorted(o.amount for o in prog.spec.opts if o.kind == "UPCAST") == [4, 16]
+    assert np.allclose((x.T @ g).numpy(), x.numpy().T @ g.numpy(), rtol=1e-4)
 
 
 def test_mod_keeps_sign_when_dropping_multiples():

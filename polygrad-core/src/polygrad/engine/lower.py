@@ -81,8 +81,15 @@ def heuristic_opts(ast: UOp) -> list[Opt]:
             # the row tile is split first so its upcast loop sits outside the contiguous one
             amt = next((a for a in (16, 8) if _size(last) % a == 0), 0)
             if amt:
-                if len(glob) >= 2 and _size(glob[-2]) % 4 == 0:
-                    opts.append(Opt("UPCAST", glob[-2].arg[0], 4))
+                # 8 rows when both operands stream (B along the tile's columns, A along the reduce);
+                # with a strided operand the extra registers cost more than they save (measured)
+                inner = reduces[0].src[-1]
+                streams = any(range_coeff(ld.src[1], last) == 1 for ld in loads) and all(
+                    range_coeff(ld.src[1], inner) == 1 for ld in loads if range_coeff(ld.src[1], last) == 0)
+                rows = next((r for r in ((8, 4) if streams else (4,)) if len(glob) >= 2 and _size(glob[-2]) % r == 0),
+                            0)
+                if rows:
+                    opts.append(Opt("UPCAST", glob[-2].arg[0], rows))
                 opts.append(Opt("UPCAST", last.arg[0], amt))
                 return opts
     red = reduces[0]
