@@ -83,3 +83,35 @@ def test_assign_cycle_is_rejected_clearly():
     b.assign(old_a + 0)  # b reads a's old buffer: neither order is right
     with pytest.raises(PolygradError, match="cycle"):
         Tensor.realize_all(a, b)
+
+
+@pytest.mark.parametrize("device", ["CPU", "INTERP"])
+def test_assign_reading_its_target_elsewhere(device):
+    """a.assign(a.flip(0)) must read every element before any is overwritten."""
+    a = Tensor([1.0, 2.0, 3.0, 4.0], device=device).realize()
+    a.assign(a.flip(0)).realize()
+    assert a.numpy().tolist() == [4.0, 3.0, 2.0, 1.0]
+    m = np.arange(64, dtype=np.float32).reshape(8, 8)
+    b = Tensor(m, device=device).realize()
+    b.assign(b.T).realize()
+    assert np.array_equal(b.numpy(), m.T)
+    c = Tensor(np.arange(6, dtype=np.float32), device=device).realize()
+    c.assign(c.pad(((1, 0),)).shrink(((0, 6),)) + c).realize()
+    assert c.numpy().tolist() == [0.0, 1.0, 3.0, 5.0, 7.0, 9.0]
+
+
+def test_elementwise_self_assign_stays_one_kernel():
+    w = Tensor([1.0, 2.0], device="CPU").realize()
+    GlobalCounters.reset()
+    w.assign(w * 2 - 1).realize()
+    assert GlobalCounters.kernel_count == 1 and w.numpy().tolist() == [1.0, 3.0]
+
+
+@pytest.mark.parametrize("device", ["CPU", "INTERP"])
+def test_integer_constants_wrap_like_c(device):
+    x = Tensor.full((4,), 2**30, dtype="int32", device=device)
+    assert ((x * 4) // 3).numpy().tolist() == [0] * 4
+    y = Tensor.full((4,), 250, dtype="uint8", device=device)
+    assert ((y + 10) // 3).numpy().tolist() == [1] * 4
+    z = Tensor(np.array([250, 5, 7, 9], np.uint8), device=device)
+    assert (z // 3).numpy().tolist() == [83, 1, 2, 3]

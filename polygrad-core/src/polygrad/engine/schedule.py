@@ -294,6 +294,15 @@ def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
             continue
         inputs = {n: table_of[n] for n in table_of if n is not point and table_of[n] >= 0}
         ast, args = _build_kernel(point, inputs, out_entry)
+        if point.op is Ops.ASSIGN and _reads_target_elsewhere(ast):
+            # the value reads the target at other positions (a.assign(a.flip(0))): compute it into
+            # a temporary first, then copy, so no element is overwritten before it is read
+            value = point.src[1]
+            tmp = new_buffer(value)
+            vast, vargs = _build_kernel(value, inputs, tmp)
+            tpl.steps.append(Step("kernel", point.device, vargs, vast))
+            inputs[value] = tmp
+            ast, args = _build_kernel(point, inputs, out_entry)
         tpl.steps.append(Step("kernel", point.device, args, ast))
 
     for t in targets:
@@ -306,6 +315,16 @@ def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
             buf = UOp(Ops.BUFFER, t.dtype, (), SlotRef(e, math.prod(t.shape), t.device))
             tpl.outputs.append(UOp(Ops.RESHAPE, t.dtype, (buf,), t.shape) if len(t.shape) != 1 else buf)
     return tpl
+
+
+def _reads_target_elsewhere(ast: UOp) -> bool:
+    """An assign kernel loads its own output (slot 0) at an index other than the one it stores."""
+    store = next(n for n in ast.toposort() if n.op is Ops.STORE)
+    target = store.src[0]
+    for n in ast.toposort():
+        if n.op is Ops.INDEX and n is not target and n.src[0].arg[0] == 0 and n.src[1:] != target.src[1:]:
+            return True
+    return False
 
 
 def _assign_target_entry(view: UOp) -> int:

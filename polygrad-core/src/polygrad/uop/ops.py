@@ -88,7 +88,10 @@ def normalize_const(value: Any, dtype: DType) -> Any:
     if dtype.is_int:
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"cannot store {value} in an integer dtype {dtype}")
-        return int(value)
+        # wrap to the dtype's width (two's complement), as C and NumPy arithmetic do
+        bits = 8 * dtype.itemsize
+        v = int(value) & ((1 << bits) - 1)
+        return v - (1 << bits) if dtype.kind == "int" and v >= 1 << (bits - 1) else v
     return float(value)
 
 
