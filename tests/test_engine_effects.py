@@ -115,3 +115,14 @@ def test_integer_constants_wrap_like_c(device):
     assert ((y + 10) // 3).numpy().tolist() == [1] * 4
     z = Tensor(np.array([250, 5, 7, 9], np.uint8), device=device)
     assert (z // 3).numpy().tolist() == [83, 1, 2, 3]
+
+
+@pytest.mark.parametrize("device", ["CPU", "INTERP"])
+def test_assign_through_a_view_writes_the_base(device):
+    a = Tensor([1.0, 2.0, 3.0, 4.0], device=device).realize()
+    a[1:3].assign(Tensor([7.0, 8.0], device=device)).realize()
+    assert a.numpy().tolist() == [1.0, 7.0, 8.0, 4.0]
+    m = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3), device=device).realize()
+    v = m.T
+    v.assign(v * 10).realize()
+    assert m.numpy().tolist() == [[0.0, 10.0, 20.0], [30.0, 40.0, 50.0]]

@@ -334,7 +334,7 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
             raise ShapeError(f"assign: value shape {x.shape} does not match {self.shape}")
         if x.device != self.device:
             raise DeviceError(f"assign: value is on {x.device}, tensor on {self.device}; use .to() first")
-        if not _is_realized(self.uop):
+        if not _is_realized(self.uop) and not _is_view_of_realized(self.uop):
             self.realize()
         _check_runtimes([self, x])
         self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.cast(self.dtype).uop), next(_effect_ids))
@@ -987,6 +987,16 @@ def _from_numpy(arr: np.ndarray, dt: DType, dev: str) -> UOp:
     if arr.size:
         buf.copyin(arr)
     return _buffer_uop(buf, arr.shape)
+
+
+_WRITABLE_VIEW_OPS = (Ops.RESHAPE, Ops.PERMUTE, Ops.SHRINK, Ops.FLIP)
+
+
+def _is_view_of_realized(u: UOp) -> bool:
+    """A slice/transpose/flip/reshape of a realized buffer: an assign writes through it."""
+    while u.op in _WRITABLE_VIEW_OPS:
+        u = u.src[0]
+    return u.op is Ops.BUFFER and u.arg.is_allocated
 
 
 def _is_realized(u: UOp) -> bool:
