@@ -143,6 +143,10 @@ def test_unary_special_values(device):
     for i, n in enumerate(names):
         with np.errstate(all="ignore"):
             want = to_np(UNARY[n][1](torch.tensor(SPECIAL)).float())
+        if n.startswith("gelu"):
+            # torch's vectorised erf gives gelu(+inf) = nan on some CPUs (AVX-512) and inf on others;
+            # the limit x * Phi(x) -> inf is what we define, so the reference does not depend on the CPU
+            want = np.where(SPECIAL == math.inf, np.float32(math.inf), want)
         problems.append(close(n, fwd[i], want, 1e-5, 1e-6))
     check_all(problems)
 

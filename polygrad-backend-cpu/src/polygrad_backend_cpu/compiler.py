@@ -14,7 +14,7 @@ import tempfile
 
 from polygrad.backend_api import CompileError
 
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=fast", "-lm")
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-lm")
 
 
 def find_compiler() -> str | None:

@@ -162,9 +162,9 @@ class InterpProgram:
         if op is Ops.CAST:
             return _cast(srcs[0], u.src[0].dtype, u.dtype)
         if op is Ops.BITCAST:
-            arr = np.ascontiguousarray(_store_cast(np.asarray(srcs[0], dtype=_np_dtype(u.src[0].dtype)),
-                                                   u.src[0].dtype))
-            bits = arr.view(u.dtype.np)
+            src = _store_cast(np.asarray(srcs[0], dtype=_np_dtype(u.src[0].dtype)), u.src[0].dtype)
+            # ascontiguousarray makes 0-d arrays 1-d: keep the shape so scalar kernels stay scalar
+            bits = np.ascontiguousarray(src).view(u.dtype.np).reshape(np.shape(src))
             return _load_cast(bits, ..., u.dtype) if u.dtype in HALF_TYPES else bits
         if op is Ops.WHERE:
             return np.where(srcs[0], srcs[1], srcs[2]).astype(out_dt, copy=False)

@@ -7,6 +7,7 @@ SPLIT_REDUCE gives a reduction several partial accumulators. Passes, in order:
   1. simplify_indices (symbolic_rules)
   2. choose_opts (heuristics, or BEAM search when BEAM > 0)
   3. apply_opts, then simplify_indices again
+  4. decompose_transcendentals (EXP2/LOG2/SIN as IR arithmetic: same bits on every backend)
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from polygrad.engine.program import GlobalArg, ProgramSpec
 from polygrad.uop.ops import ALU, Ops, UOp
 from polygrad.uop.rewrite import graph_rewrite
 from polygrad.uop.symbolic import symbolic_rules
+from polygrad.uop.transcendental import decompose_transcendentals
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,9 @@ def lower(ast: UOp, opts: list[Opt] | None = None) -> ProgramSpec:
         opts = [] if config.get("NOOPT") else heuristic_opts(ast)
     if opts:
         ast = simplify_indices(apply_opts(ast, opts))
+    # counted before decomposition: a transcendental counts as one operation, as users expect
     ops, mem = estimate(ast)
+    ast = decompose_transcendentals(ast)
     name = getattr(ast.arg, "name", "kernel")
     return ProgramSpec(name=name, ast=ast, globals=params, thread_range=thread_range_of(ast), ops=ops,
                        mem_bytes=mem, opts=tuple(opts))
