@@ -64,7 +64,7 @@ def _const(dt: DType, v) -> UOp:
 
 
 def _op(op: Ops, *srcs: UOp) -> UOp:
-    dt = dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ) else srcs[-1].dtype if op is Ops.WHERE else srcs[0].dtype
+    dt = dtypes.bool if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ) else srcs[0].dtype
     return UOp(op, dt, tuple(srcs))
 
 
