@@ -62,13 +62,36 @@ class KernelBuilder:
         return self.globals[slot]
 
     def value(self, u: UOp, idx: tuple[UOp, ...], valid: UOp) -> UOp:
+        """The kernel-IR value of tensor node u at index idx. Iterative: each node's rule (`_steps`) is a
+        generator that yields the (node, idx, valid) requests it needs and receives their values, and this
+        loop runs them off an explicit stack, so graph depth is not limited by Python's recursion limit."""
         key = (u, idx, valid)
         hit = self.memo.get(key)
-        if hit is None:
-            hit = self.memo[key] = self._value(u, idx, valid)
-        return hit
+        if hit is not None:
+            return hit
+        memo = self.memo
+        stack = [(key, self._steps(u, idx, valid))]
+        result = None
+        while stack:
+            k, gen = stack[-1]
+            try:
+                req = gen.send(result)
+            except StopIteration as stop:
+                stack.pop()
+                result = memo[k] = stop.value
+                continue
+            hit = memo.get(req)
+            if hit is not None:
+                result = hit
+                continue
+            stack.append((req, self._steps(*req)))
+            result = None
+        return result
 
     def _value(self, u: UOp, idx: tuple[UOp, ...], valid: UOp) -> UOp:
+        return self.value(u, idx, valid)
+
+    def _steps(self, u: UOp, idx: tuple[UOp, ...], valid: UOp):
         slot = self.inputs.get(u)
         if slot is not None:
             buf = self.define_global(slot, u)
@@ -81,25 +104,25 @@ class KernelBuilder:
         if op is Ops.IOTA:
             return idx[0]
         if op in ELEMENTWISE:
-            return UOp(op, u.dtype, tuple(self.value(s, idx, valid) for s in u.src), u.arg)
+            return UOp(op, u.dtype, (yield from self._all(u.src, idx, valid)), u.arg)
         if op in (Ops.DETACH, Ops.CONTIGUOUS, Ops.AFTER):
-            return self.value(u.src[0], idx, valid)
+            return (yield (u.src[0], idx, valid))
         if op is Ops.BIND:
             return u.src[0]
         src = u.src[0] if u.src else None
         if op is Ops.RESHAPE:
-            return self.value(src, reshape_index(idx, u.shape, src.shape), valid)
+            return (yield (src, reshape_index(idx, u.shape, src.shape), valid))
         if op is Ops.PERMUTE:
             new = [_c(0)] * len(idx)
             for i, p in enumerate(u.arg):
                 new[p] = idx[i]
-            return self.value(src, tuple(new), valid)
+            return (yield (src, tuple(new), valid))
         if op is Ops.EXPAND:
-            return self.value(src, tuple(_c(0) if s == 1 else i for i, s in zip(idx, src.shape)), valid)
+            return (yield (src, tuple(_c(0) if s == 1 else i for i, s in zip(idx, src.shape)), valid))
         if op is Ops.SHRINK:
-            return self.value(src, tuple(i + b if b else i for i, (b, _) in zip(idx, u.arg)), valid)
+            return (yield (src, tuple(i + b if b else i for i, (b, _) in zip(idx, u.arg)), valid))
         if op is Ops.FLIP:
-            return self.value(src, tuple(_c(s - 1) - i if f else i for i, f, s in zip(idx, u.arg, src.shape)), valid)
+            return (yield (src, tuple(_c(s - 1) - i if f else i for i, f, s in zip(idx, u.arg, src.shape)), valid))
         if op is Ops.PAD:
             cond, new = TRUE, []
             for i, (b, a), s in zip(idx, u.arg, src.shape):
@@ -109,7 +132,7 @@ class KernelBuilder:
                     if a:
                         cond = _and(cond, i < b + s)
                 new.append(i - b if b else i)
-            inner = self.value(src, tuple(new), _and(valid, cond))
+            inner = yield (src, tuple(new), _and(valid, cond))
             return cond.where(inner, UOp.const(u.dtype, 0)) if cond is not TRUE else inner
         if op is Ops.REDUCE_AXIS:
             rop, axes = u.arg
@@ -119,11 +142,18 @@ class KernelBuilder:
                     r = self.new_range(src.shape[ax], "reduce")
                     ranges.append(r)
                 new[ax] = ranges[-1] if src.shape[ax] != 1 else _c(0)
-            body = self.value(src, tuple(new), valid)
+            body = yield (src, tuple(new), valid)
             if not ranges:
                 return body
             return UOp(Ops.REDUCE, u.dtype, (body, *ranges), rop)
         raise NotImplementedError(f"cannot lower {op.name} inside a kernel")
+
+    @staticmethod
+    def _all(srcs, idx, valid):
+        out = []
+        for s in srcs:
+            out.append((yield (s, idx, valid)))
+        return tuple(out)
 
     def build(self, root: UOp, out_slot: int, out_node: UOp, name: str) -> UOp:
         shape = root.shape

@@ -19,7 +19,7 @@ from polygrad.dtype import DType, dtypes
 from polygrad.errors import PolygradError
 from polygrad.engine.indexing import KernelBuilder, address, flat_index
 from polygrad.uop.movement import strip_reshapes
-from polygrad.uop.ops import KernelInfo, Ops, UOp
+from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, KernelInfo, Ops, UOp
 
 # effectful nodes that already ran (ASSIGN, AFTER) -> the buffer view they left behind, so a graph that
 # still holds one never runs it twice. Pure computations are not memoised: realizing the same
@@ -144,11 +144,9 @@ def find_realize_points(targets: tuple[UOp, ...]) -> list[UOp]:
             points.add(node.src[0])
         if node.op is Ops.CUSTOM:
             points.update(s for s in node.src if not is_buffer_view(s))
-    while True:
-        added = _reduces_needing_buffers(points)
-        if not added:
-            break
-        points |= added
+    _add_reduce_points(points)
+    if _split_deep_chains(sink, points):  # new roots can make more reductions shared
+        _add_reduce_points(points)
     order = {n: i for i, n in enumerate(sink.toposort())}
     return order_points(points, order)
 
@@ -209,33 +207,104 @@ def order_points(points: set[UOp], order: dict[UOp, int]) -> list[UOp]:
     return done
 
 
+# A fused kernel's expression is at most this many tensor-graph nodes deep; a deeper elementwise chain
+# (e.g. 100k lazy `x = x + 1`) is cut into several kernels. The C renderer and the interpreter walk a
+# kernel's expression recursively, so this also keeps them well inside Python's recursion limit.
+MAX_FUSED_DEPTH = 256
+# ops that the lowering expands into long expressions (transcendental approximations) count for more
+_DEPTH_WEIGHT = {Ops.EXP2: 16, Ops.LOG2: 16, Ops.SIN: 16, Ops.POW: 24}
+_SPLITTABLE = ELEMENTWISE | MOVEMENT | {Ops.REDUCE_AXIS}
+
+
+def _split_deep_chains(sink: UOp, points: set[UOp]) -> bool:
+    """Add a realize point wherever the fused expression above the nearest boundary gets too deep;
+    True when it added any."""
+    added = False
+    depth: dict[UOp, int] = {}  # depth as seen by a user: 0 for boundaries (a load there)
+    for node in sink.toposort():
+        if node.op in BOUNDARY_OPS:
+            depth[node] = 0
+            continue
+        inner = _DEPTH_WEIGHT.get(node.op, 1) + max((depth[s] for s in node.src), default=0)
+        if node in points:
+            depth[node] = 0
+        elif inner >= MAX_FUSED_DEPTH and node.op in _SPLITTABLE and node.dtype is not None \
+                and node.device is not None:
+            points.add(node)
+            depth[node] = 0
+            added = True
+        else:
+            depth[node] = inner
+    return added
+
+
+def _add_reduce_points(points: set[UOp]) -> None:
+    """Add reductions needing their own buffer until none is left (a fixed point). Each round walks only
+    the roots that are new or whose walk touched a point added in the round before: every other walk is
+    unchanged, since points only matter where a walk reaches them. Linear in the graph, not quadratic."""
+    walks: dict[UOp, tuple[set[UOp], set[UOp], set[UOp]]] = {}  # root -> (visited, must, reached)
+    added: set[UOp] = set(points)
+    while True:
+        for root in list(points):
+            w = walks.get(root)
+            if w is None or any(a in w[0] for a in added):
+                walks[root] = _walk_root(root, points)
+        reached_by: dict[UOp, int] = {}
+        must: set[UOp] = set()
+        for visited, m, reached in walks.values():
+            must |= m
+            for n in reached:
+                reached_by[n] = reached_by.get(n, 0) + 1
+        must |= {n for n, k in reached_by.items() if k > 1 and n not in points}
+        added = must - points
+        if not added:
+            return
+        points |= added
+
+
+def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], set[UOp], set[UOp]]:
+    """One kernel's walk from its root down to the boundaries: (nodes visited, reductions that must get a
+    buffer: read through an expand or inside another reduction, reductions reached)."""
+    visited: set[UOp] = set()
+    must: set[UOp] = set()
+    reached: set[UOp] = set()
+    if root.op in (Ops.CUSTOM, Ops.AFTER, Ops.COPY):
+        return visited, must, reached
+    start = root.src[1] if root.op is Ops.ASSIGN else (root.src[0] if root.op is Ops.CONTIGUOUS else root)
+    stack = [(start, False, False)]
+    seen: set[tuple[UOp, bool, bool]] = set()
+    while stack:
+        item = stack.pop()
+        if item in seen:
+            continue
+        seen.add(item)
+        node, expanded, in_reduce = item
+        visited.add(node)
+        if node is not start and (node in points or node.op in BOUNDARY_OPS):
+            continue
+        if node.op is Ops.REDUCE_AXIS:
+            if node is not start and (expanded or in_reduce):
+                must.add(node)
+                continue
+            reached.add(node)
+            in_reduce = in_reduce or node is not start
+        if node.op is Ops.EXPAND:
+            expanded = True
+        for s in node.src:
+            stack.append((s, expanded, in_reduce))
+    return visited, must, reached
+
+
 def _reduces_needing_buffers(points: set[UOp]) -> set[UOp]:
-    reached_by: dict[UOp, set[UOp]] = {}
+    """One round of the reduce-buffer rule over `points` (kept for callers; see _add_reduce_points)."""
+    reached_by: dict[UOp, int] = {}
     must: set[UOp] = set()
     for root in points:
-        if root.op in (Ops.CUSTOM, Ops.AFTER, Ops.COPY):
-            continue
-        start = root.src[1] if root.op is Ops.ASSIGN else (root.src[0] if root.op is Ops.CONTIGUOUS else root)
-        stack = [(start, False, False)]
-        seen: set[tuple[UOp, bool, bool]] = set()
-        while stack:
-            node, expanded, in_reduce = stack.pop()
-            if (node, expanded, in_reduce) in seen:
-                continue
-            seen.add((node, expanded, in_reduce))
-            if node is not start and (node in points or node.op in BOUNDARY_OPS):
-                continue
-            if node.op is Ops.REDUCE_AXIS:
-                if node is not start and (expanded or in_reduce):
-                    must.add(node)
-                    continue
-                reached_by.setdefault(node, set()).add(root)
-                in_reduce = in_reduce or node is not start
-            if node.op is Ops.EXPAND:
-                expanded = True
-            for s in node.src:
-                stack.append((s, expanded, in_reduce))
-    must |= {n for n, roots in reached_by.items() if len(roots) > 1 and n not in points}
+        _, m, reached = _walk_root(root, points)
+        must |= m
+        for n in reached:
+            reached_by[n] = reached_by.get(n, 0) + 1
+    must |= {n for n, k in reached_by.items() if k > 1 and n not in points}
     return must - points
 
 
@@ -346,7 +415,7 @@ class _TableKernelBuilder(KernelBuilder):
             self.order.append(entry)
         return self.order.index(entry)
 
-    def _value(self, u: UOp, idx: tuple[UOp, ...], valid: UOp) -> UOp:
+    def _steps(self, u: UOp, idx: tuple[UOp, ...], valid: UOp):
         entry = self.inputs.get(u)
         if entry is not None:
             slot = self.local_slot(entry)
@@ -354,7 +423,7 @@ class _TableKernelBuilder(KernelBuilder):
             flat = idx[0] if u.op is Ops.BUFFER else flat_index(idx, u.shape)
             src = (buf, flat) if valid is _TRUE else (buf, flat, valid)
             return UOp(Ops.LOAD, u.dtype, (UOp(Ops.INDEX, u.dtype, src),))
-        return super()._value(u, idx, valid)
+        return (yield from super()._steps(u, idx, valid))
 
 
 from polygrad.engine.indexing import TRUE as _TRUE  # noqa: E402

@@ -168,14 +168,14 @@ class UOp:
     def shape(self) -> tuple[int, ...]:
         if self._shape is None:
             from polygrad.uop.shape import infer_shape
-            self._shape = infer_shape(self)
+            _fill_bottom_up(self, "_shape", infer_shape)
         return self._shape
 
     @property
     def device(self) -> str | None:
         if self._device is None:
             from polygrad.uop.shape import infer_device
-            self._device = infer_device(self)
+            _fill_bottom_up(self, "_device", infer_device)
         return self._device if self._device != "" else None
 
     # ---- elementwise builders (both levels)
@@ -292,6 +292,28 @@ class UOp:
 
     def sink(self, *more: "UOp", arg: Any = None) -> "UOp":
         return UOp(Ops.SINK, None, (self,) + more, arg)
+
+
+def _fill_bottom_up(root: UOp, attr: str, rule) -> None:
+    """Cache `attr` (computed by `rule`, which reads the sources' values) on root and every uncached node
+    below it, sources first, with an explicit stack: deep graphs never hit Python's recursion limit, and
+    the walk stops at nodes already cached, so a lazy chain built one op at a time stays linear."""
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    while stack:
+        node, ready = stack.pop()
+        if getattr(node, attr) is not None:
+            continue
+        if ready:
+            if node is root:
+                setattr(node, attr, rule(node))
+                continue
+            try:
+                setattr(node, attr, rule(node))
+            except Exception:  # a source whose value the user may not need: left for it to raise
+                pass
+            continue
+        stack.append((node, True))
+        stack.extend((s, False) for s in node.src if getattr(s, attr) is None)
 
 
 def vector_width(u: UOp) -> int:
