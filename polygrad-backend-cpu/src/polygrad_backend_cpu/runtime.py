@@ -38,7 +38,7 @@ def pool() -> ThreadPoolExecutor:
 def _fn_type(n_buffers: int) -> Any:
     t = _fn_types.get(n_buffers)
     if t is None:
-        params = ", ".join(["void*"] * n_buffers + ["int", "int"])
+        params = ", ".join(["void*"] * n_buffers + ["long long", "long long"])
         t = _fn_types[n_buffers] = FFI.typeof(f"void(*)({params})")
     return t
 

@@ -940,7 +940,8 @@ def _autograd_graph(root: UOp, stop_at: "set[Tensor]") -> tuple[UOp, dict[UOp, U
 def _iota(n: int, dt: DType, kw: dict) -> "Tensor":
     """0..n-1 computed in-kernel from the loop index (never materialised on the host)."""
     dev = canonicalize(kw.get("device") or _default_device(kw.get("_runtime")))
-    u = UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, None, (), dev),), n)
+    it = dtypes.int64 if n > 2**31 - 1 else dtypes.int32
+    u = UOp(Ops.IOTA, it, (UOp(Ops.DEVICE, None, (), dev),), n)
     return Tensor(u, _runtime=kw.get("_runtime")).cast(dt)
 
 

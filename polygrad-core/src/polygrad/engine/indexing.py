@@ -13,8 +13,33 @@ from polygrad.uop.ops import ELEMENTWISE, KernelInfo, Ops, UOp
 TRUE = UOp.const(dtypes.bool, True)
 
 
+INT32_MAX = 2**31 - 1
+# The index dtype of the kernel being built: int32, unless a size, offset or buffer of the kernel does
+# not fit (then `wide_needed` is set and the scheduler builds the kernel again with int64).
+index_width = {"dtype": dtypes.int32, "wide_needed": False}
+
+
+def _note_size(v: int) -> None:
+    if not -INT32_MAX - 1 <= v <= INT32_MAX:
+        index_width["wide_needed"] = True
+
+
 def _c(v: int) -> UOp:
-    return UOp.const(dtypes.int32, v)
+    _note_size(v)
+    return UOp.const(index_width["dtype"], v)
+
+
+def build_with_index_width(build):
+    """Run `build()` with int32 indices; again with int64 when any size or offset exceeded int32."""
+    index_width["dtype"], index_width["wide_needed"] = dtypes.int32, False
+    try:
+        out = build()
+        if not index_width["wide_needed"]:
+            return out
+        index_width["dtype"] = dtypes.int64
+        return build()
+    finally:
+        index_width["dtype"], index_width["wide_needed"] = dtypes.int32, False
 
 
 def strides_for(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -26,10 +51,11 @@ def strides_for(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def flat_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
+    _note_size(math.prod(shape))  # the flat index reaches the element count
     flat = _c(0)
     for i, st, s in zip(idx, strides_for(shape), shape):
         if s != 1:
-            flat = flat + i * st
+            flat = flat + i * _c(st)
     return flat
 
 
@@ -51,13 +77,14 @@ class KernelBuilder:
         self.next_axis = 0
 
     def new_range(self, size: int, kind: str) -> UOp:
-        r = UOp(Ops.RANGE, dtypes.int32, (_c(size),), (self.next_axis, kind))
+        r = UOp(Ops.RANGE, index_width["dtype"], (_c(size),), (self.next_axis, kind))
         self.next_axis += 1
         return r
 
     def define_global(self, slot: int, node: UOp) -> UOp:
         if slot not in self.globals:
             size = math.prod(node.shape) if node.op is not Ops.BUFFER else node.arg.size
+            _note_size(size)  # flat offsets into it may not fit int32
             self.globals[slot] = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (slot, (size,)))
         return self.globals[slot]
 
@@ -102,7 +129,7 @@ class KernelBuilder:
         if op is Ops.CONST:
             return UOp.const(u.dtype, u.arg)
         if op is Ops.IOTA:
-            return idx[0]
+            return idx[0] if idx[0].dtype is u.dtype else idx[0].cast(u.dtype)
         if op in ELEMENTWISE:
             return UOp(op, u.dtype, (yield from self._all(u.src, idx, valid)), u.arg)
         if op in (Ops.DETACH, Ops.CONTIGUOUS, Ops.AFTER):
@@ -120,7 +147,7 @@ class KernelBuilder:
         if op is Ops.EXPAND:
             return (yield (src, tuple(_c(0) if s == 1 else i for i, s in zip(idx, src.shape)), valid))
         if op is Ops.SHRINK:
-            return (yield (src, tuple(i + b if b else i for i, (b, _) in zip(idx, u.arg)), valid))
+            return (yield (src, tuple(i + _c(b) if b else i for i, (b, _) in zip(idx, u.arg)), valid))
         if op is Ops.FLIP:
             return (yield (src, tuple(_c(s - 1) - i if f else i for i, f, s in zip(idx, u.arg, src.shape)), valid))
         if op is Ops.PAD:
@@ -130,8 +157,8 @@ class KernelBuilder:
                     if b:
                         cond = _and(cond, _c(b - 1) < i)
                     if a:
-                        cond = _and(cond, i < b + s)
-                new.append(i - b if b else i)
+                        cond = _and(cond, i < _c(b + s))
+                new.append(i - _c(b) if b else i)
             inner = yield (src, tuple(new), _and(valid, cond))
             return cond.where(inner, UOp.const(u.dtype, 0)) if cond is not TRUE else inner
         if op is Ops.REDUCE_AXIS:
@@ -179,9 +206,9 @@ def reshape_index(idx: tuple[UOp, ...], new_shape: tuple[int, ...], old_shape: t
         if s == 1:
             out.append(_c(0))
             continue
-        e = flat // st if st != 1 else flat
+        e = flat // _c(st) if st != 1 else flat
         total = math.prod(old_shape)
-        out.append(e % s if st * s != total else e)
+        out.append(e % _c(s) if st * s != total else e)
     return tuple(out)
 
 
@@ -197,7 +224,7 @@ def address(u: UOp, idx: tuple[UOp, ...]) -> tuple[UOp, UOp]:
                 new[p] = idx[i]
             idx = tuple(new)
         elif u.op is Ops.SHRINK:
-            idx = tuple(i + b if b else i for i, (b, _) in zip(idx, u.arg))
+            idx = tuple(i + _c(b) if b else i for i, (b, _) in zip(idx, u.arg))
         elif u.op is Ops.FLIP:
             idx = tuple(_c(s - 1) - i if f else i for i, f, s in zip(idx, u.arg, src.shape))
         elif u.op in (Ops.DETACH, Ops.CONTIGUOUS):

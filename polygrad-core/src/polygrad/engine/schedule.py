@@ -15,9 +15,9 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from polygrad.dtype import DType, dtypes
+from polygrad.dtype import DType
 from polygrad.errors import PolygradError
-from polygrad.engine.indexing import KernelBuilder, address, flat_index
+from polygrad.engine.indexing import KernelBuilder, address, build_with_index_width, flat_index, index_width
 from polygrad.uop.movement import strip_reshapes
 from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, KernelInfo, Ops, UOp
 
@@ -430,12 +430,16 @@ from polygrad.engine.indexing import TRUE as _TRUE  # noqa: E402
 
 
 def _build_kernel(point: UOp, inputs: dict[UOp, int], out_entry: int) -> tuple[UOp, tuple[int, ...]]:
+    return build_with_index_width(lambda: _build_kernel_at_width(point, inputs, out_entry))
+
+
+def _build_kernel_at_width(point: UOp, inputs: dict[UOp, int], out_entry: int) -> tuple[UOp, tuple[int, ...]]:
     kb = _TableKernelBuilder(inputs, out_entry)
     if point.op is Ops.ASSIGN:
         target, value = point.src
         shape = target.shape
         ranges = [kb.new_range(s, "global") if s != 1 else None for s in shape]
-        idx = tuple(r if r is not None else UOp.const(dtypes.int32, 0) for r in ranges)
+        idx = tuple(r if r is not None else UOp.const(index_width["dtype"], 0) for r in ranges)
         val = kb.value(value, idx, _TRUE)
         buf_node, flat = address(target, idx)
         out = kb.define_global(0, buf_node)

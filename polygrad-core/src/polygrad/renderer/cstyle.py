@@ -208,7 +208,7 @@ class CStyleRenderer:
         for g in spec.globals:
             const = "" if g.written else "const "
             params.append(f"{const}{self.storage_ctype(g.dtype)}* {self.restrict} data{g.slot}")
-        params += ["int core_start", "int core_end"]
+        params += ["long long core_start", "long long core_end"]
         return f"void {spec.name}({', '.join(params)})"
 
     def render(self, spec: ProgramSpec) -> str:
@@ -253,10 +253,11 @@ class _Emitter:
 
     def open_loop(self, r: UOp, thread: bool = False) -> None:
         name = self.range_name(r)
+        ct = self.r.ctype(r.dtype)  # int, or long long in kernels whose sizes exceed int32
         if thread:
-            self.line(f"for (int {name} = core_start; {name} < core_end; {name}++) {{")
+            self.line(f"for ({ct} {name} = core_start; {name} < core_end; {name}++) {{")
         else:
-            self.line(f"for (int {name} = 0; {name} < {self.emit(r.src[0])}; {name}++) {{")
+            self.line(f"for ({ct} {name} = 0; {name} < {self.emit(r.src[0])}; {name}++) {{")
         self.depth += 1
         self.scopes.append({})
         self.open.add(r)
