@@ -115,9 +115,6 @@ class KernelBuilder:
             result = None
         return result
 
-    def _value(self, u: UOp, idx: tuple[UOp, ...], valid: UOp) -> UOp:
-        return self.value(u, idx, valid)
-
     def _steps(self, u: UOp, idx: tuple[UOp, ...], valid: UOp):
         slot = self.inputs.get(u)
         if slot is not None:

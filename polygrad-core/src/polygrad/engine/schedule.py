@@ -295,19 +295,6 @@ def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], set[UOp], set[UOp
     return visited, must, reached
 
 
-def _reduces_needing_buffers(points: set[UOp]) -> set[UOp]:
-    """One round of the reduce-buffer rule over `points` (kept for callers; see _add_reduce_points)."""
-    reached_by: dict[UOp, int] = {}
-    must: set[UOp] = set()
-    for root in points:
-        _, m, reached = _walk_root(root, points)
-        must |= m
-        for n in reached:
-            reached_by[n] = reached_by.get(n, 0) + 1
-    must |= {n for n, k in reached_by.items() if k > 1 and n not in points}
-    return must - points
-
-
 # ---------------------------------------------------------------------------------------------------
 # building the template
 
