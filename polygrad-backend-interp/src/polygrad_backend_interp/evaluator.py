@@ -2,6 +2,21 @@
 the ranges they depend on; REDUCE sums (or maxes) over its ranges' axes; STORE scatters.
 
 Big kernels are evaluated in chunks of their outermost range so temporaries stay bounded.
+
+Why this does not walk the linearized program (renderer/linearize.py) that compiled targets emit, and
+why it computes the same thing: the linear program is one schedule of the kernel's points, and the
+kernel IR (docs/kernel-ir.md) fixes the results independently of any schedule.
+- A block's points are independent (the IR forbids reading what another point of the same block
+  writes), so running all points of an END at once, as array lanes, equals running its LOOPs.
+- A LOOP of any kind (global, thread, upcast, unroll) is one axis; a THREAD share or an UPCAST lane is
+  a sub-range of points, and the union of the shares is the range, so the kind changes nothing here.
+- An accumulator (ACC, UPDATE inside the REDUCE's loops, ACC_READ after them) is the REDUCE's fold
+  over its ranges' axes; an ACC of several lanes is the same fold kept per value of the upcast axes it
+  depends on (keepdims). Only the summation order can differ, which the IR allows for reductions.
+- A gated LOAD is a select that never reads the masked addresses; a gated STORE (IF ... ENDIF) is a
+  masked scatter. Blocks run in order, as their loop nests do in the linear program.
+- Elementwise ops follow the IR's per-op rules (rounding of half types after each op, truncating
+  division, NaN-propagating MAX), the same rules the C renderer implements instruction by instruction.
 """
 from __future__ import annotations
 
@@ -41,8 +56,11 @@ def _round_half(x: Any, dt: DType) -> Any:
 def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         b_safe = np.where(b == 0, 1, b)
-        q = np.abs(a) // np.abs(b_safe)
-        return np.where((a < 0) != (b_safe < 0), -q, q).astype(np.result_type(a, b))
+        # floor division, then one step toward zero where the signs differ and a remainder is left
+        # (no abs(): abs(INT_MIN) overflows)
+        q = np.floor_divide(a, b_safe)
+        fix = (np.remainder(a, b_safe) != 0) & ((a < 0) != (b_safe < 0))
+        return (q + fix).astype(np.result_type(a, b))
 
 
 def _maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -22,17 +22,16 @@ class ProgramSpec:
     """A kernel after device-independent lowering and device optimisation.
 
     `ast` is kernel IR: SINK(END(STORE(INDEX(DEFINE_GLOBAL, idx), value), *ranges), ...).
-    `thread_range` is the RANGE a host backend may split across threads (None when unsafe).
+    The launch contract every backend follows: the kernel takes one pointer per `globals` entry, then
+    one integer per `vars` entry (DEFINE_VAR, in this order), and, when `threads` > 1, the thread
+    index; it is launched `threads` times, with index 0..threads-1, in any order or concurrently.
     """
 
     name: str
     ast: UOp
     globals: tuple[GlobalArg, ...]
-    thread_range: UOp | None
     ops: int
     mem_bytes: int
     opts: tuple = ()
-
-    @property
-    def thread_size(self) -> int:
-        return int(self.thread_range.src[0].arg) if self.thread_range is not None else 0
+    vars: tuple[UOp, ...] = ()
+    threads: int = 1

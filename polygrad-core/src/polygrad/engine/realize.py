@@ -54,7 +54,7 @@ def get_program(ast: UOp, device: str) -> CompiledProgram:
         return hit
     impl = open_device(device)
     from polygrad.engine.search import choose_opts
-    spec = lower(ast, choose_opts(ast, device))
+    spec = lower(ast, impl.capabilities, choose_opts(ast, device))
     source = impl.render(spec)
     if config.get("DEBUG") >= 3:  # each level adds to the one below: 4 shows the IR and the source
         print(spec.ast)

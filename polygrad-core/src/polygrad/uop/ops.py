@@ -41,6 +41,23 @@ class Ops(Enum):
     __hash__ = object.__hash__  # members are singletons; identity hashing keeps UOp creation cheap
 
 
+class AxisKind(str, Enum):
+    """What a RANGE is (its arg is (axis id, AxisKind)). A str enum: compares equal to its value."""
+
+    GLOBAL = "global"    # one point per output element
+    REDUCE = "reduce"    # folded by a REDUCE
+    UPCAST = "upcast"    # small inner lanes from UPCAST/SPLIT_REDUCE: register tiles and vector lanes
+    UNROLL = "unroll"    # a reduce range split off to be unrolled (one accumulator)
+    THREAD = "thread"    # a global range shared among host threads (ProgramSpec.threads)
+    LOCAL = "local"      # GPU workgroup-local axis
+    GROUP = "group"      # GPU grouped reduction axis
+
+    def __repr__(self) -> str:
+        return f"AxisKind.{self.name}"
+
+    __str__ = __repr__
+
+
 UNARY = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
 BINARY = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MOD, Ops.IDIV, Ops.FDIV, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
           Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.POW}
@@ -232,10 +249,10 @@ class UOp:
 
     # ---- kernel-IR builders (custom kernels)
     @staticmethod
-    def range(ctx: Any, end: "int | UOp", axis: int = 0, kind: str = "global") -> "UOp":
+    def range(ctx: Any, end: "int | UOp", axis: int = 0, kind: "str | AxisKind" = "global") -> "UOp":
         """A loop variable 0 <= r < end. `ctx` is the kernel's placeholder context."""
         end_uop = end if isinstance(end, UOp) else UOp.const(dtypes.int32, int(end))
-        return UOp(Ops.RANGE, dtypes.int32, (end_uop,), (axis, kind))
+        return UOp(Ops.RANGE, dtypes.int32, (end_uop,), (axis, AxisKind(kind)))
 
     @property
     def ctx(self) -> Any:
