@@ -186,6 +186,8 @@ class InterpProgram:
             return _load_cast(bits, ..., u.dtype) if u.dtype in HALF_TYPES else bits
         if op is Ops.WHERE:
             return np.where(srcs[0], srcs[1], srcs[2]).astype(out_dt, copy=False)
+        if op is Ops.FMA:
+            return _fma(*srcs, u.dtype)
         if op is Ops.NEG:
             return np.logical_not(srcs[0]) if u.dtype is dtypes.bool else np.negative(srcs[0])
         if op is Ops.RECIPROCAL:
@@ -207,6 +209,40 @@ class InterpProgram:
             res = BINARY[op](a, b)
             return res.astype(out_dt, copy=False)
         raise NotImplementedError(f"INTERP has no rule for {op.name}")
+
+
+def _fma(a: Any, b: Any, c: Any, dt: DType) -> np.ndarray:
+    """a*b+c rounded once, as C's fma. Below float64 (float32, and half types, which the IR defines as
+    the float32 fma rounded to half): the float64 product is exact, the float64 sum is rounded to odd
+    (TwoSum error, then one ulp toward it when the result is even), and rounding that to float32 is
+    correctly rounded (53 >= 24 + 2 bits). float64: exact rational arithmetic, element by element."""
+    if not dt.is_float:
+        return (np.asarray(a) * b + c).astype(dt.np, copy=False)
+    if dt is dtypes.float64:
+        return np.frompyfunc(_fma64, 3, 1)(a, b, c).astype(np.float64)
+    a64, b64, c64 = (np.asarray(x, dtype=np.float64) for x in (a, b, c))
+    p = a64 * b64
+    s = p + c64
+    bb = s - p
+    e = (p - (s - bb)) + (c64 - bb)
+    even = (np.asarray(s).view(np.int64) & 1) == 0
+    adj = np.isfinite(s) & np.isfinite(e) & (e != 0) & even
+    s = np.where(adj, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def _fma64(x: float, y: float, z: float) -> float:
+    import math
+    from fractions import Fraction
+    if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(z)):
+        return x * y + z
+    exact = Fraction(x) * Fraction(y) + Fraction(z)
+    if exact == 0:
+        return x * y + z  # the sign of an exact zero follows IEEE addition
+    try:
+        return float(exact)
+    except OverflowError:
+        return math.copysign(math.inf, exact)
 
 
 def _cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:

@@ -256,7 +256,9 @@ def estimate(ast: UOp) -> tuple[int, int]:
                 inner = trips * math.prod(_size(r) for r in x.src[1:])
                 total += inner + count(x.src[0], inner, set())
                 continue
-            if x.op in ALU and x.dtype is not None and not x.dtype.is_int:
+            if x.op is Ops.FMA:
+                total += 2 * trips  # a multiply and an add
+            elif x.op in ALU and x.dtype is not None and not x.dtype.is_int:
                 total += trips
             elif x.op in ALU and x.op not in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD):
                 total += trips

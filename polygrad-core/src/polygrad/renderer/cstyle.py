@@ -177,6 +177,8 @@ class CStyleRenderer:
             return f"({a[0]}>>{a[1]})"
         if op is Ops.WHERE:
             return f"({a[0]}?{a[1]}:{a[2]})"
+        if op is Ops.FMA:  # one rounding: libm's fma is correctly rounded (a single instruction with FMA hardware)
+            return f"{self.math_fn('fma', dt)}({a[0]},{a[1]},{a[2]})" if dt.is_float else f"({a[0]}*{a[1]}+{a[2]})"
         if op is Ops.EXP2:
             return f"{self.math_fn('exp2', dt)}({a[0]})"
         if op is Ops.LOG2:

@@ -33,6 +33,7 @@ class Ops(Enum):
     CMPLT = auto(); CMPNE = auto(); CMPEQ = auto()  # noqa: E702
     AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto(); POW = auto()  # noqa: E702
     WHERE = auto()
+    FMA = auto()  # a*b+c with one rounding (kernel IR; never introduced implicitly)
     VECTORIZE = auto()  # kernel IR: several scalars as one vector value (custom kernels)
 
     def __repr__(self) -> str:
@@ -61,7 +62,7 @@ class AxisKind(str, Enum):
 UNARY = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
 BINARY = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MOD, Ops.IDIV, Ops.FDIV, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
           Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.POW}
-ALU = UNARY | BINARY | {Ops.WHERE}
+ALU = UNARY | BINARY | {Ops.WHERE, Ops.FMA}
 ELEMENTWISE = ALU | {Ops.CAST, Ops.BITCAST}
 COMPARISONS = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
 MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
@@ -240,6 +241,7 @@ class UOp:
     def ne(self, x): return self._bin(Ops.CMPNE, x)  # noqa: E704
     def eq(self, x): return self._bin(Ops.CMPEQ, x)  # noqa: E704
     def maximum(self, x): return self._bin(Ops.MAX, x)  # noqa: E704
+    def fma(self, b, c): return UOp(Ops.FMA, self.dtype, (self._value(), self._operand(b)._value(), self._operand(c)._value()))  # noqa: E501,E704
     def where(self, a, b): return self._value().alu(Ops.WHERE, self._operand(a)._value(), self._operand(b)._value())  # noqa: E501,E704
     def __and__(self, x): return self._bin(Ops.AND, x)  # noqa: E704
     def __or__(self, x): return self._bin(Ops.OR, x)  # noqa: E704
