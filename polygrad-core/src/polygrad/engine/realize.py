@@ -1,7 +1,8 @@
 """Run schedules: compile (cached) and launch kernels, copy between devices, keep the counters.
 
 Stage: execution. Input: a Template and its input buffers from the scheduler. Output: filled
-buffers and the tensors' new buffer views. The JIT listens here (`capture_hooks`) to record what ran.
+buffers and the tensors' new buffer views. `engine/capture.py` listens here (`capture_hooks`) to record
+what ran; the JIT, linalg and exports build on it.
 """
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ class CompiledProgram:
 program_cache: dict[tuple[UOp, str], CompiledProgram] = {}
 runtime_stats: dict[str, int] = {"programs_compiled": 0, "program_cache_hits": 0, "kernels_run": 0,
                                  "schedules_built": 0, "copies": 0}
-capture_hooks: list[Callable[[Any, list[Buffer]], None]] = []
+# hook(step, program or None, buffers, n_inputs) after each step; args >= n_inputs are new buffers.
+# Installed only by engine/capture.py (use `with capture():` instead of appending here).
+capture_hooks: list[Callable[[Any, Any, list[Buffer], int], None]] = []
 
 
 def get_program(ast: UOp, device: str) -> CompiledProgram:
@@ -81,12 +84,12 @@ def run_template(tpl: Template, inputs: list[Any]) -> list[Any]:
         if step.kind == "copy":
             copy_buffer(args[0], args[1])
             for hook in capture_hooks:
-                hook(("copy", None), args)
+                hook(step, None, args, tpl.n_inputs)
             continue
         prog = get_program(step.ast, step.device)
         prog(args)
         for hook in capture_hooks:
-            hook(("kernel", prog), args)
+            hook(step, prog, args, tpl.n_inputs)
     return table
 
 
