@@ -129,7 +129,7 @@ def _cases() -> list[Case]:
 
     def int_inputs():
         rng = np.random.default_rng(5)
-        a = np.concatenate([np.array([-7, 7, -7, 7, 0, -1, 1, 2**31 - 1, -2**31 + 1, -2**31 + 2], np.int32),
+        a = np.concatenate([np.array([-7, 7, -7, 7, 0, -1, 1, 2**31 - 1, -2**31 + 1, -2**31], np.int32),
                             rng.integers(-1000, 1000, 22).astype(np.int32)])
         b = np.concatenate([np.array([2, 2, -2, -2, 5, 3, -3, 7, -7, 3], np.int32),
                             rng.choice(np.array([-9, -4, -1, 1, 3, 8, 13], np.int32), 22)])

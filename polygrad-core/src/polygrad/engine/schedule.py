@@ -464,11 +464,11 @@ def _build_kernel_at_width(point: UOp, inputs: dict[UOp, int], out_entry: int) -
         store = UOp(Ops.STORE, None, (UOp(Ops.INDEX, out.dtype, (out, flat)), val.cast(out.dtype)))
         live = tuple(r for r in ranges if r is not None)
         body = UOp(Ops.END, None, (store,) + live) if live else store
-        ast = UOp(Ops.SINK, None, (body,), KernelInfo(name="assign_" + "_".join(map(str, shape)), opts=("parallel",)))
+        ast = UOp(Ops.SINK, None, (body,), KernelInfo(name="assign_" + "_".join(map(str, shape)), opts=("generated",)))
         return ast, tuple(kb.order)
     root = point.src[0] if point.op is Ops.CONTIGUOUS else point
     ast = kb.build(root, 0, point, "kernel")
-    ast = ast.replace(arg=KernelInfo(name=_kernel_name(point, ast), opts=("parallel",)))
+    ast = ast.replace(arg=KernelInfo(name=_kernel_name(point, ast), opts=("generated",)))
     return ast, tuple(kb.order)
 
 

@@ -9,7 +9,7 @@ every kept candidate by one more UPCAST (a global range), SPLIT_REDUCE (a reduce
 candidate is lowered, rendered, compiled and timed on scratch buffers; the N fastest survive. The
 winner is stored under POLY_CACHE_DIR/beam/<device>/<hash of the kernel>.json, so a second process
 (or the same one after `collect()`) pays nothing. DEBUG>=1 and POLY_DUMP_KERNELS print the choice.
-Custom kernels (no "parallel" in their KernelInfo opts) are never searched.
+Custom kernels (no "generated" in their KernelInfo opts: the scheduler did not make them) are never searched.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def choose_opts(ast: UOp, device: str) -> list[Opt] | None:
 
 def _searchable(ast: UOp) -> bool:
     info = ast.arg
-    return isinstance(info, KernelInfo) and "parallel" in info.opts
+    return isinstance(info, KernelInfo) and "generated" in info.opts
 
 
 # ---------------------------------------------------------------------------------------------------
