@@ -295,12 +295,13 @@ def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = N
     ast = decompose_transcendentals(ast)
     name = getattr(ast.arg, "name", "kernel")
     return ProgramSpec(name=name, ast=ast, globals=params, ops=ops, mem_bytes=mem, opts=tuple(opts),
-                       vars=vars_of(ast), threads=threads_of(ast, opts))
+                       vars=vars_of(ast), threads=threads_of(ast, opts),
+                       vector_width=max(1, int(getattr(caps, "vector_width", 1) or 1)))
 
 
 def default_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
     """The heuristic choice for a simplified kernel: register tiles / lane accumulators, then THREAD."""
-    opts = heuristic_opts(ast, caps)
+    opts = heuristic_opts(ast, caps) or elementwise_vector_opts(ast, caps)  # vector code (issue 9 item 4)
     split = simplify_indices(apply_opts(ast, opts)) if opts else ast
     return opts + thread_opt(split, caps)
 
@@ -308,3 +309,22 @@ def default_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
 def vars_of(ast: UOp) -> tuple[UOp, ...]:
     """The kernel's integer parameters (DEFINE_VAR), in parameter order (by name)."""
     return tuple(sorted({n for n in ast.toposort() if n.op is Ops.DEFINE_VAR}, key=lambda v: v.arg[0]))
+
+
+# ---- vector code (issue 9 item 4) ------------------------------------------------------------------
+def elementwise_vector_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
+    """An elementwise kernel (one END, no reduce) whose store is contiguous in its last range gets
+    that range split into vector lanes (UPCAST by the device's vector width)."""
+    width = int(getattr(caps, "vector_width", 1) or 1)
+    if width <= 1 or len(ast.src) != 1 or ast.src[0].op is not Ops.END or ast.src[0].src[0].op is not Ops.STORE:
+        return []
+    end = ast.src[0]
+    if any(n.op is Ops.REDUCE for n in end.toposort()):
+        return []
+    last = end.src[-1]
+    if last.arg[1] != AxisKind.GLOBAL or last.src[0].op is not Ops.CONST or _size(last) % width != 0:
+        return []
+    if range_coeff(end.src[0].src[0].src[1], last) != 1:
+        return []
+    return [Opt(OptKind.UPCAST, last.arg[0], width)]
+# ---- end vector code ----------------------------------------------------------------------------------

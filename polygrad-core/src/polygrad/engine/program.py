@@ -35,3 +35,4 @@ class ProgramSpec:
     opts: tuple = ()
     vars: tuple[UOp, ...] = ()
     threads: int = 1
+    vector_width: int = 1  # the device's float32 lanes: renderers emit one upcast range as vectors of it

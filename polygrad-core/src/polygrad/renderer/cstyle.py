@@ -1,9 +1,18 @@
 """The C-family renderer base: kernel IR -> C source. CUDA and other C dialects subclass it.
 
 Stage: rendering. Input: ProgramSpec. Output: source text with one function named spec.name.
-Loops: global ranges outermost (the thread range split by [core_start, core_end)), then each
-reduce with its accumulator (an array when it depends on upcast ranges, so the upcast loops sit
-inside the reduce loop and vectorise), then upcast loops around the store.
+The structure comes from the linear program (renderer/linearize.py): one statement per instruction.
+
+Vector lanes (when `vectorize` and the spec's vector_width > 1): GCC/clang vector extension types,
+`typedef float pg_f32x8 __attribute__((vector_size(32)))`, one per element type and lane count the
+kernel uses. Lane-wise arithmetic and comparisons are the C operators (no contraction: the build
+uses -ffp-contract=off, and FMA is per lane fma/fmaf like the scalar path); a bool vector is an
+int32 mask (0 / -1), converted with __builtin_convertvector where a select or a comparison needs
+another width; WHERE and MAX are bitwise selects on the mask (both compilers accept no vector `?:`
+in C). Contiguous loads and stores are __builtin_memcpy (unaligned); gathers, scatters, masked
+accesses and ops without a vector operator (sqrt, trunc, fmod, pow, fma, transcendentals) run one
+lane at a time over the vector's elements (`v[pl]`). Conversions are __builtin_convertvector,
+reinterpretations vector casts.
 """
 from __future__ import annotations
 
@@ -76,6 +85,16 @@ def round_half_value(value: float, dt: DType) -> float:
     return float(np.array(bits & 0xFFFFFFFF, dtype=np.uint32).view(np.float32))
 
 
+# short names of element types for vector typedefs (pg_f32x8: 8 floats)
+VEC_NAMES = {
+    dtypes.int8: "i8", dtypes.uint8: "u8", dtypes.int16: "i16", dtypes.uint16: "u16", dtypes.int32: "i32",
+    dtypes.uint32: "u32", dtypes.int64: "i64", dtypes.uint64: "u64", dtypes.float32: "f32", dtypes.float64: "f64",
+}
+SIGNED_OF_SIZE = {1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}
+# ops rendered one lane at a time (no vector operator in C)
+PER_LANE_OPS = (Ops.SQRT, Ops.TRUNC, Ops.POW, Ops.EXP2, Ops.LOG2, Ops.SIN)
+
+
 class CStyleRenderer:
     """Subclasses change the prelude, the function signature and how global loops are opened."""
 
@@ -83,6 +102,7 @@ class CStyleRenderer:
     types = C_TYPES
     restrict = "restrict"
     emulate_half = True  # False where the compiler has native half/bfloat16 arithmetic
+    vectorize = True  # render vector lanes (GCC/clang vector extensions) up to the spec's vector_width
 
     def ctype(self, dt: DType) -> str:
         """The C type of a value of dtype dt (half/bfloat16 values live in float when emulated)."""
@@ -215,7 +235,148 @@ class CStyleRenderer:
         return f"void {prog.name}({', '.join(params)})"
 
     def render(self, spec: ProgramSpec) -> str:
-        return self.render_program(linearize(spec), spec)
+        width = getattr(spec, "vector_width", 1) if self.vectorize else 1
+        return self.render_program(linearize(spec, vector_width=width), spec)
+
+    # ---- vector lanes
+    def vtype(self, dt: DType, n: int) -> str:
+        """The C vector type of n lanes of dt (bool lanes: the int32 mask); registered for the prelude."""
+        elem = dtypes.int32 if dt is dtypes.bool else dt
+        name = f"pg_{VEC_NAMES[elem]}x{n}"
+        self._vtypes[name] = f"typedef {self.types[elem]} {name} __attribute__((vector_size({n * elem.itemsize})));"
+        return name
+
+    def mask_of(self, expr: str, size: int, n: int) -> str:
+        """A comparison of size-byte lanes (a signed mask of that width) as the int32 bool mask."""
+        if size == 4:
+            return f"(({self.vtype(dtypes.int32, n)})({expr}))"
+        return f"__builtin_convertvector({expr}, {self.vtype(dtypes.bool, n)})"
+
+    def select(self, mask: str, a: str, b: str, dt: DType, n: int) -> str:
+        """Lane-wise mask ? a : b, mask being a signed mask of dt's width (bitwise: portable C)."""
+        if dt is dtypes.bool:
+            return f"(({mask}&{a})|(~{mask}&{b}))"
+        it, vt = self.vtype(SIGNED_OF_SIZE[dt.itemsize], n), self.vtype(dt, n)
+        return f"(({vt})((({it})({mask})&({it})({a}))|(~({it})({mask})&({it})({b}))))"
+
+    def splat(self, dt: DType, n: int, expr: str) -> str:
+        return f"(({self.vtype(dt, n)}){{{', '.join([expr] * n)}}})"
+
+    def lane(self, x: str, dt: DType) -> str:
+        """Lane pl of vector x as a scalar C value (bool masks as 0 / 1)."""
+        return f"({x}[pl]!=0)" if dt is dtypes.bool else f"{x}[pl]"
+
+    def valu(self, op: Ops, dt: DType, sdt: DType, a: list[str], n: int) -> str | None:
+        """A lane-wise C expression for op on n-lane operands, or None where it goes one lane at a time."""
+        if dt is dtypes.bool and sdt is dtypes.bool and op is not Ops.CAST:  # logic on masks (false 0, true -1)
+            if op in (Ops.ADD, Ops.OR, Ops.MAX):
+                return f"({a[0]}|{a[1]})"
+            if op in (Ops.MUL, Ops.AND):
+                return f"({a[0]}&{a[1]})"
+            if op in (Ops.XOR, Ops.CMPNE):
+                return f"({a[0]}^{a[1]})"
+            if op is Ops.CMPEQ:
+                return f"(~({a[0]}^{a[1]}))"
+            if op is Ops.CMPLT:  # false < true
+                return f"(~{a[0]}&{a[1]})"
+            if op is Ops.NEG:
+                return f"(~{a[0]})"
+            if op is Ops.WHERE:
+                return self.select(a[0], a[1], a[2], dt, n)
+            raise NotImplementedError(f"C renderer has no vector rule for {op.name} on bool")
+        if op in (Ops.ADD, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR):
+            sym = {Ops.ADD: "+", Ops.MUL: "*", Ops.FDIV: "/", Ops.IDIV: "/", Ops.AND: "&", Ops.OR: "|",
+                   Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}[op]
+            return f"({a[0]}{sym}{a[1]})"
+        if op is Ops.NEG:
+            return f"(-{a[0]})"
+        if op is Ops.MOD:
+            return None if dt.is_float else f"({a[0]}%{a[1]})"
+        if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ):
+            sym = {Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "=="}[op]
+            return self.mask_of(f"{a[0]}{sym}{a[1]}", sdt.itemsize, n)
+        if op is Ops.MAX:
+            mask = f"(({a[0]}!={a[0]})|({a[0]}>{a[1]}))" if dt.is_float else f"({a[0]}>{a[1]})"
+            return self.select(mask, a[0], a[1], dt, n)
+        if op is Ops.WHERE:
+            mask = a[0] if dt.itemsize == 4 else \
+                f"__builtin_convertvector({a[0]}, {self.vtype(SIGNED_OF_SIZE[dt.itemsize], n)})"
+            return self.select(mask, a[1], a[2], dt, n)
+        if op is Ops.FMA:
+            return None if dt.is_float else f"({a[0]}*{a[1]}+{a[2]})"
+        if op is Ops.TRUNC and not dt.is_float:
+            return a[0]
+        if op is Ops.RECIPROCAL:
+            return f"({self.splat(dt, n, '1')}/{a[0]})"
+        if op is Ops.CAST:
+            if dt is dtypes.bool:
+                return self.mask_of(f"{a[0]}!={self.splat(sdt, n, '0')}", sdt.itemsize, n)
+            if sdt is dtypes.bool:
+                return f"__builtin_convertvector(-{a[0]}, {self.vtype(dt, n)})"
+            return f"__builtin_convertvector({a[0]}, {self.vtype(dt, n)})"
+        if op is Ops.BITCAST:
+            return f"(({self.vtype(dt, n)})({a[0]}))"
+        if op in PER_LANE_OPS or op is Ops.FMA or op is Ops.MOD:
+            return None
+        raise NotImplementedError(f"C renderer has no vector rule for {op.name}")
+
+    def count_lanes(self, gate: str, lanes: int) -> str:
+        """A C expression: how many lanes of the bool mask `gate` are true (a movemask and popcount)."""
+        return f"({{ int on_ = 0; for (int pl = 0; pl < {lanes}; pl++) on_ += ({gate}[pl]!=0); on_; }})"
+
+    def vload(self, x: Inst, name: str, n: Any, pad: str) -> list[str]:
+        """Statements defining vector `name` from LOAD x (contiguous or gathered, optionally gated)."""
+        dt, buf, idx = x.dtype, n(x.src[0]), n(x.src[1])
+        gate = x.src[2] if len(x.src) > 2 else None
+        vt = self.vtype(dt, x.lanes)
+        if x.arg == "contiguous":
+            if dt is dtypes.bool:
+                bt, zero = self.vtype(dtypes.uint8, x.lanes), self.splat(dtypes.int32, x.lanes, "0")
+                words = f"__builtin_convertvector(b_, {vt})!={zero}"
+                copy = (f"{{ {bt} b_; __builtin_memcpy(&b_, {buf} + {idx}, sizeof(b_)); "
+                        f"{name} = {self.mask_of(words, 4, x.lanes)}; }}")
+            else:
+                copy = f"__builtin_memcpy(&{name}, {buf} + {idx}, sizeof({name}));"
+            if gate is None:
+                return [f"{pad}{vt} {name};", f"{pad}{copy}"]
+            if gate.lanes == 1:
+                return [f"{pad}{vt} {name} = {{0}};", f"{pad}if ({n(gate)}) {copy}"]
+        at = f"{idx} + pl" if x.arg == "contiguous" else f"{idx}[pl]"
+        elem = f"{buf}[{at}]"
+        if dt is dtypes.bool:
+            elem = f"({elem} ? -1 : 0)"
+        if gate is not None:
+            g = self.lane(n(gate), dtypes.bool) if gate.lanes > 1 else n(gate)
+            elem = f"({g} ? {elem} : 0)"
+        lane_loop = f"for (int pl = 0; pl < {x.lanes}; pl++) {name}[pl] = {elem};"
+        if x.arg == "contiguous":  # a lane gate: one vector load where every lane is on (padding interiors)
+            on = f"on{name}"
+            return [f"{pad}{vt} {name} = {{0}};", f"{pad}int {on} = {self.count_lanes(n(gate), x.lanes)};",
+                    f"{pad}if ({on} == {x.lanes}) {copy}", f"{pad}else if ({on}) {lane_loop}"]
+        return [f"{pad}{vt} {name};", f"{pad}{lane_loop}"]
+
+    def vstore(self, x: Inst, n: Any, pad: str) -> list[str]:
+        """Statements for a STORE of lanes (contiguous or scattered, optionally with a lane gate)."""
+        buf, idx, value = x.src[0], x.src[1], x.src[2]
+        gate = x.src[3] if len(x.src) > 3 else None
+        dt = buf.dtype
+        if x.arg == "contiguous":
+            if dt is dtypes.bool:
+                bt = self.vtype(dtypes.uint8, x.lanes)
+                full = (f"{{ {bt} b_ = __builtin_convertvector(-{n(value)}, {bt}); "
+                        f"__builtin_memcpy({n(buf)} + {n(idx)}, &b_, sizeof(b_)); }}")
+            else:
+                full = f"__builtin_memcpy({n(buf)} + {n(idx)}, &{n(value)}, sizeof({n(value)}));"
+            if gate is None:
+                return [f"{pad}{full}"]
+        at = f"{n(idx)} + pl" if x.arg == "contiguous" else f"{n(idx)}[pl]"
+        st = f"{n(buf)}[{at}] = {self.lane(n(value), dt)};"
+        if gate is not None:
+            st = f"if ({self.lane(n(gate), dtypes.bool)}) {st}"
+        lane_loop = f"for (int pl = 0; pl < {x.lanes}; pl++) {st}"
+        if x.arg == "contiguous":  # a lane gate: one vector store where every lane is on
+            return [f"{pad}if ({self.count_lanes(n(gate), x.lanes)} == {x.lanes}) {full}", f"{pad}else {lane_loop}"]
+        return [f"{pad}{lane_loop}"]
 
     def render_program(self, prog: LinearProgram, spec: ProgramSpec | None = None) -> str:
         """C source for a linearized kernel: one statement per instruction, in order."""
@@ -223,6 +384,7 @@ class CStyleRenderer:
         lines: list[str] = []
         depth = 1
         uses_half = False
+        self._vtypes: dict[str, str] = {}
         loop_names = {"global": "gidx", "reduce": "ridx", "upcast": "uidx", "thread": "gidx"}
 
         def n(x: Inst) -> str:
@@ -239,8 +401,16 @@ class CStyleRenderer:
                 names[id(x)] = x.arg[0]
             elif op is L.SPECIAL:
                 names[id(x)] = "tid"
+            elif op is L.CONST and x.lanes > 1:
+                name = names[id(x)] = f"cvec{i}"
+                vals = ", ".join(self.literal(UOp.const(dt, v)) for v in x.arg)
+                lines.append(f"{pad}{self.vtype(dt, x.lanes)} {name} = {{{vals}}};")
             elif op is L.CONST:
                 names[id(x)] = self.literal(UOp.const(dt, x.arg))
+            elif op is L.BCAST:
+                name = names[id(x)] = f"bc{i}"
+                e = f"-(int)({n(x.src[0])})" if dt is dtypes.bool else n(x.src[0])
+                lines.append(f"{pad}{self.vtype(dt, x.lanes)} {name} = {{{', '.join([e] * x.lanes)}}};")
             elif op is L.LOOP:
                 name = names[id(x)] = f"{loop_names.get(x.arg[1], 'idx')}{x.arg[0]}"
                 start, end = x.src
@@ -255,7 +425,7 @@ class CStyleRenderer:
             elif op is L.ACC:
                 name = names[id(x)] = f"acc{i}"
                 red_op, lanes = x.arg
-                ct, init = self.ctype(dt), n(x.src[0])
+                ct, init = self.ctype(dt) if x.lanes == 1 else self.vtype(dt, x.lanes), n(x.src[0])
                 if lanes > 1:
                     lines.append(f"{pad}{ct} {name}[{lanes}];")
                     lines.append(f"{pad}for (int i = 0; i < {lanes}; i++) {name}[i] = {init};")
@@ -264,10 +434,31 @@ class CStyleRenderer:
             elif op is L.UPDATE:
                 acc, value = x.src[0], x.src[1]
                 ref = f"{n(acc)}[{n(x.src[2])}]" if len(x.src) > 2 else n(acc)
-                lines.append(f"{pad}{ref} = {self.alu(x.arg, acc.dtype, acc.dtype, [ref, n(value)])};")
+                if acc.lanes == 1 and value.lanes > 1:  # fold the lanes in order (horizontal reduce)
+                    step = self.alu(x.arg, acc.dtype, acc.dtype, [ref, self.lane(n(value), value.dtype)])
+                    lines.append(f"{pad}for (int pl = 0; pl < {value.lanes}; pl++) {ref} = {step};")
+                elif acc.lanes > 1:
+                    lines.append(f"{pad}{ref} = {self.valu(x.arg, acc.dtype, acc.dtype, [ref, n(value)], acc.lanes)};")
+                else:
+                    lines.append(f"{pad}{ref} = {self.alu(x.arg, acc.dtype, acc.dtype, [ref, n(value)])};")
             elif op is L.ACC_READ:
                 acc = x.src[0]
                 names[id(x)] = f"{n(acc)}[{n(x.src[1])}]" if len(x.src) > 1 else n(acc)
+            elif op is L.LOAD and x.lanes > 1:
+                lines.extend(self.vload(x, names.setdefault(id(x), f"val{i}"), n, pad))
+            elif op is L.STORE and x.lanes > 1:
+                lines.extend(self.vstore(x, n, pad))
+            elif op is L.ALU and x.lanes > 1:
+                name = names[id(x)] = f"alu{i}"
+                sdt = x.src[0].dtype
+                vt = self.vtype(dt, x.lanes)
+                expr = self.valu(x.arg, dt, sdt, [n(s) for s in x.src], x.lanes)
+                if expr is not None:
+                    lines.append(f"{pad}{vt} {name} = {expr};")
+                else:  # one lane at a time, the scalar rule on each lane
+                    scalar = self.alu(x.arg, dt, sdt, [self.lane(n(s), s.dtype) for s in x.src])
+                    lines.append(f"{pad}{vt} {name};")
+                    lines.append(f"{pad}for (int pl = 0; pl < {x.lanes}; pl++) {name}[pl] = {scalar};")
             elif op is L.LOAD:
                 expr = self.from_storage(dt, f"{n(x.src[0])}[{n(x.src[1])}]")
                 if len(x.src) > 2:
@@ -287,5 +478,7 @@ class CStyleRenderer:
             else:
                 raise NotImplementedError(f"C renderer has no rule for {op.name}")
         prelude = self.prelude + (HALF_HELPERS if self.emulate_half and uses_half else "")
+        if self._vtypes:
+            prelude += "\n".join(self._vtypes[k] for k in sorted(self._vtypes)) + "\n"
         body = "\n".join(lines)
         return f"{prelude}\n{self.signature(prog)} {{\n{body}\n}}\n"

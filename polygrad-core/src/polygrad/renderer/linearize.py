@@ -23,6 +23,40 @@ decided here, once, for every target:
 
 Values are numbered by definition; common subexpressions are shared within a loop nest (a value
 computed in an inner loop is recomputed, not reused, after that loop has closed).
+
+Vector lanes (`linearize(spec, vector_width=w)`, w > 1; emitters that handle vectors pass the
+device's width, `spec.vector_width`; the default 1 keeps every upcast range a scalar loop). In each
+END block one upcast range V becomes vector lanes instead of a loop: the END's last upcast range if
+some load or the store is contiguous in it (coefficient 1), else the last range of a split
+reduction's final sum that is. Its lanes are w when w divides its size (a bigger range is split
+first: V = Vo*w + Vl, Vo an upcast loop and Vl the lanes, in V's place, so the points keep their
+order; a 16-column tile on an 8-lane device is two vectors), or its size when that divides w and
+is at least 4; otherwise no lanes. Every instruction has a lane count `lanes` (1: scalar); its
+dtype stays the scalar element dtype, so an instruction with lanes n > 1 is a vector of n values of
+`dtype`, lane k being the scalar path's value at V = k. Everything that depends on V has V's lanes;
+the rest stays scalar and is broadcast where it meets a vector:
+
+    CONST with lanes n      arg is a tuple of the n lane values (V itself is the CONST (0, 1, .., n-1))
+    BCAST                   src (scalar,): the scalar in every lane (constants' broadcasts sit in the head)
+    LOAD, lanes n           arg "contiguous": index is lane 0's element, lane k reads index + k;
+                            arg "gather": index has n lanes. A gate (scalar or n lanes) reads nothing
+                            and gives 0 where false. A load whose index does not depend on V is scalar.
+    STORE of n lanes        arg "contiguous" or "scatter" as for LOAD (lanes written in order, so the
+                            last lane wins where two write one element); a gate with lanes is a 4th
+                            src (per-lane mask, no IF); a scalar gate still opens an IF block
+    ALU, lanes n            lane-wise; every operand has n lanes (WHERE's condition too); bool lanes
+                            are a mask the emitter chooses (the C renderer: int32 0 / -1)
+    ACC, lanes n            arg (op, k): an array of k vectors (k = the other upcast lanes), or one
+    UPDATE                  lane-wise into a vector accumulator; an UPDATE whose value has lanes and
+                            whose accumulator has none folds the lanes into it in order 0..n-1 (the
+                            reduce over V itself: the final sum of a split reduction)
+    ACC_READ                has its accumulator's lanes
+
+Loops opened inside the lanes (reduces inside the lane range, other upcast ranges after V) run the
+lanes in lockstep: each lane sees the same operations in the same order as the scalar loop, so the
+results are bit-identical. What cannot be vectorised (16-bit float types, shifts, division and
+remainder of integers narrower than 32 bits, ops outside VECTOR_OPS, a reduce over V that is not its
+last range) makes the whole kernel fall back to scalar lane loops.
 """
 from __future__ import annotations
 
@@ -33,20 +67,25 @@ from typing import Any
 
 from polygrad.dtype import DType, dtypes
 from polygrad.uop.ops import AxisKind, Ops, UOp
+from polygrad.uop.rewrite import graph_rewrite
+from polygrad.uop.symbolic import symbolic_rules
 
 
 class L(Enum):
     PARAM = auto()     # buffer pointer; dtype: element dtype; arg: (slot, written)
     VAR = auto()       # integer kernel parameter; arg: (name, min, max)
     SPECIAL = auto()   # launch index; arg: ("thread", count)
-    CONST = auto()     # arg: the value (already wrapped to dtype)
+    CONST = auto()     # arg: the value (already wrapped to dtype); with lanes > 1 a tuple of lane values
     LOOP = auto()      # src: (start, end); arg: (axis id, kind); its value is the loop variable
     ENDLOOP = auto()   # src: (loop,)
     ACC = auto()       # accumulator; src: (init,); arg: (reduce op, lanes); lanes > 1 is an array
     UPDATE = auto()    # src: (acc, value[, lane]); arg: reduce op: acc[lane] = op(acc[lane], value)
     ACC_READ = auto()  # src: (acc[, lane]): the accumulator's value
-    LOAD = auto()      # src: (param, index[, gate]); with a gate, 0 where false (memory not read)
-    STORE = auto()     # src: (param, index, value); value already has the buffer's dtype
+    LOAD = auto()      # src: (param, index[, gate]); with a gate, 0 where false (memory not read);
+                       # arg: None (scalar), "contiguous" or "gather" (lanes > 1)
+    STORE = auto()     # src: (param, index, value[, gate]); value already has the buffer's dtype;
+                       # arg as LOAD's; a gate only on a lane store whose gate has lanes
+    BCAST = auto()     # src: (scalar,): the scalar in each of `lanes` lanes
     ALU = auto()       # arg: the Ops (ADD, CAST, WHERE...); src: operands
     IF = auto()        # src: (cond,)
     ENDIF = auto()     # src: (if,)
@@ -63,9 +102,11 @@ class Inst:
     dtype: DType | None
     src: tuple["Inst", ...] = ()
     arg: Any = None
+    lanes: int = 1  # > 1: a vector of `lanes` values of dtype (see the module docstring)
 
     def __repr__(self) -> str:
-        return f"Inst({self.op.name}, {self.dtype}, arg={self.arg!r})"
+        lanes = f", lanes={self.lanes}" if self.lanes > 1 else ""
+        return f"Inst({self.op.name}, {self.dtype}{lanes}, arg={self.arg!r})"
 
 
 @dataclass(frozen=True)
@@ -85,6 +126,8 @@ class LinearProgram:
                 depth -= 1
             srcs = ", ".join(f"%{num[id(s)]}" for s in x.src)
             dt = x.dtype.name if x.dtype is not None else "-"
+            if x.lanes > 1:
+                dt += f"x{x.lanes}"
             arg = x.arg.name if isinstance(x.arg, Ops) else x.arg
             out.append(f"{'  ' * depth}%{i} = {x.op.name} {dt} ({srcs}) {arg if arg is not None else ''}".rstrip())
             if x.op in (L.LOOP, L.IF):
@@ -158,26 +201,76 @@ class _Pending:
         self.acc, self.ups = acc, ups
 
 
+# ops an instruction with lanes may have (every emitter that takes vector_width > 1 renders them all)
+VECTOR_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.NEG, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE,
+                        Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.WHERE, Ops.FMA, Ops.EXP2,
+                        Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.TRUNC, Ops.POW, Ops.RECIPROCAL, Ops.CAST, Ops.BITCAST})
+BOOL_VECTOR_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.NEG, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR,
+                             Ops.XOR, Ops.WHERE, Ops.CAST})
+HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
+
+
+class NoVector(Exception):
+    """Raised while linearizing with lanes when an instruction cannot be vectorised: the kernel is
+    linearized again with scalar lane loops."""
+
+
+def range_coeff(expr: UOp, r: UOp) -> int | None:
+    """The constant c such that expr = c*r + (terms without r), or None if r appears otherwise.
+    (engine.lower.range_coeff; importing it here would be circular: lower -> backend_api -> cstyle.)"""
+    if expr is r:
+        return 1
+    if r not in expr.toposort():
+        return 0
+    if expr.op is Ops.ADD:
+        a, b = range_coeff(expr.src[0], r), range_coeff(expr.src[1], r)
+        return None if a is None or b is None else a + b
+    if expr.op is Ops.MUL and expr.src[1].op is Ops.CONST:
+        a = range_coeff(expr.src[0], r)
+        return None if a is None else a * int(expr.src[1].arg)
+    return None
+
+
+def _at_lane0(expr: UOp, r: UOp) -> UOp:
+    """expr with the range r replaced by 0 (lane 0's index of a contiguous access), simplified."""
+    zero = UOp.const(r.dtype, 0)
+    memo: dict[UOp, UOp] = {r: zero}
+    for node in expr.toposort():
+        if node in memo:
+            continue
+        new_src = tuple(memo.get(x, x) for x in node.src)
+        memo[node] = node if new_src == node.src else node.replace(src=new_src)
+    return graph_rewrite(memo[expr], symbolic_rules, name="lane0_index")
+
+
+_LANES = Inst(L.CONST, None)  # marks the vector range as open (its lanes, not a loop)
+
+
 class _Linearizer:
-    def __init__(self, spec: Any):
+    def __init__(self, spec: Any, vector_width: int = 1):
         self.spec = spec
+        self.width = vector_width
+        self.vec: UOp | None = None  # the current END block's vector range
         self.head: list[Inst] = []
         self.body: list[Inst] = []
-        self.scopes: list[dict[UOp, Inst]] = [{}]
+        self.scopes: list[dict[Any, Inst]] = [{}]
         self.consts: dict[tuple, Inst] = {}
         self.open: dict[UOp, Inst] = {}
         self.deps = RangeDeps()
         self.params: dict[int, Inst] = {}
         self.vars: dict[str, Inst] = {}
         self.tid: Inst | None = None
+        self.next_axis = 1 + max((r.arg[0] for r in spec.ast.toposort() if r.op is Ops.RANGE), default=0)
 
     # ---- building blocks
-    def add(self, op: L, dtype: DType | None, src: tuple = (), arg: Any = None) -> Inst:
-        x = Inst(op, dtype, src, arg)
+    def add(self, op: L, dtype: DType | None, src: tuple = (), arg: Any = None, lanes: int = 1) -> Inst:
+        x = Inst(op, dtype, src, arg, lanes)
         self.body.append(x)
         return x
 
     def const(self, dtype: DType, value: Any) -> Inst:
+        if dtype.is_float and type(value) is int:  # 0 and 0.0 are one constant (and one broadcast)
+            value = float(value)
         key = (dtype, type(value), value if not (isinstance(value, float) and value != value) else "nan",
                math.copysign(1, value) if isinstance(value, float) else 0)
         hit = self.consts.get(key)
@@ -186,19 +279,64 @@ class _Linearizer:
             self.head.append(hit)
         return hit
 
+    def lane_ids(self, dtype: DType, n: int) -> Inst:
+        """The vector range's value: the CONST (0, 1, ..., n-1)."""
+        key = ("lanes", dtype, n)
+        hit = self.consts.get(key)
+        if hit is None:
+            hit = self.consts[key] = Inst(L.CONST, dtype, (), tuple(range(n)), n)
+            self.head.append(hit)
+        return hit
+
+    def bcast(self, x: Inst, n: int) -> Inst:
+        """x in n lanes (x itself when it has them)."""
+        if x.lanes == n:
+            return x
+        if x.lanes != 1:
+            raise NoVector(f"{x} has {x.lanes} lanes, {n} needed")
+        if x.dtype in HALF_DTYPES:
+            raise NoVector("16-bit float lanes")
+        if x.op is L.CONST:  # defined once, in the head
+            key = ("bcast", id(x), n)
+            hit = self.consts.get(key)
+            if hit is None:
+                hit = self.consts[key] = Inst(L.BCAST, x.dtype, (x,), None, n)
+                self.head.append(hit)
+            return hit
+        key = ("bcast", id(x), n)
+        for scope in reversed(self.scopes):
+            hit = scope.get(key)
+            if hit is not None:
+                return hit
+        hit = self.scopes[-1][key] = self.add(L.BCAST, x.dtype, (x,), None, n)
+        return hit
+
+    def lanes_open(self) -> bool:
+        return self.vec is not None and self.vec in self.open
+
+    def vec_size(self) -> int:
+        return int(self.vec.src[0].arg) if self.vec is not None else 1
+
     def lookup(self, u: UOp) -> Inst | None:
         for scope in reversed(self.scopes):
             hit = scope.get(u)
             if hit is None:
                 continue
             if isinstance(hit, _Pending):  # a finished reduce: read it here, inside the lane loops
-                lane = self.flat_lane(hit.ups)
-                hit = self.add(L.ACC_READ, hit.acc.dtype, (hit.acc,) + ((lane,) if lane is not None else ()))
+                if hit.acc.lanes > 1 and not self.lanes_open():
+                    raise NoVector("a vector accumulator read outside its lanes")
+                lane = self.flat_lane([r for r in hit.ups if r is not self.vec])
+                hit = self.add(L.ACC_READ, hit.acc.dtype, (hit.acc,) + ((lane,) if lane is not None else ()),
+                               lanes=hit.acc.lanes)
                 self.scopes[-1][u] = hit
             return hit
         return None
 
     def open_loop(self, r: UOp) -> None:
+        if r is self.vec:  # vector lanes, not a loop: its value (when used) is the lane index vector
+            self.open[r] = _LANES
+            self.scopes.append({})
+            return
         if _kind(r) == AxisKind.THREAD:
             n = self.value(r.src[0])
             t = self.spec.threads
@@ -222,7 +360,9 @@ class _Linearizer:
         self.open[r] = loop
 
     def close_loop(self, r: UOp) -> None:
-        self.add(L.ENDLOOP, None, (self.open.pop(r),))
+        x = self.open.pop(r)
+        if r is not self.vec:
+            self.add(L.ENDLOOP, None, (x,))
         self.scopes.pop()
 
     def tid_inst(self, dt: DType) -> Inst:
@@ -243,7 +383,7 @@ class _Linearizer:
             loop = self.open.get(u)
             if loop is None:
                 raise RuntimeError(f"range {u.arg} used outside its loop")
-            return loop
+            return self.lane_ids(u.dtype, int(u.src[0].arg)) if loop is _LANES else loop
         if op is Ops.DEFINE_GLOBAL:
             return self.params[u.arg[0]]
         if op is Ops.DEFINE_VAR:
@@ -256,15 +396,49 @@ class _Linearizer:
             self.reduce(u)
             return self.lookup(u)
         if op is Ops.LOAD:
-            index = u.src[0]
-            src = (self.value(index.src[0]), self.value(index.src[1]))
-            if len(index.src) > 2:
-                src += (self.value(index.src[2]),)
-            x = self.add(L.LOAD, u.dtype, src)
+            x = self.load(u)
         else:
-            x = self.add(L.ALU, u.dtype, tuple(self.value(s) for s in u.src), op)
+            x = self.alu(u.dtype, tuple(self.value(s) for s in u.src), op)
         self.scopes[-1][u] = x
         return x
+
+    def alu(self, dtype: DType, src: tuple[Inst, ...], op: Ops) -> Inst:
+        n = max((s.lanes for s in src), default=1)
+        if n > 1:
+            if op not in VECTOR_OPS or (dtype is dtypes.bool and op not in BOOL_VECTOR_OPS):
+                raise NoVector(f"no lanes for {op.name} on {dtype.name}")
+            if dtype in HALF_DTYPES or any(s.dtype in HALF_DTYPES for s in src):
+                raise NoVector("16-bit float lanes")
+            if op in (Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD) and dtype.is_int and dtype.itemsize < 4:
+                raise NoVector(f"{op.name} lanes on {dtype.name} (C computes it in int)")
+            if op is Ops.BITCAST and (dtype is dtypes.bool or src[0].dtype is dtypes.bool
+                                      or dtype.itemsize != src[0].dtype.itemsize):
+                raise NoVector("BITCAST lanes between widths")
+            src = tuple(self.bcast(s, n) for s in src)
+        return self.add(L.ALU, dtype, src, op, n)
+
+    def access(self, index: UOp) -> tuple[Inst, Inst | None, str | None, int]:
+        """(index, gate, kind, lanes) of a memory access: kind None (scalar), "contiguous" (the index
+        is lane 0's) or "gather" (one index per lane)."""
+        gate = self.value(index.src[2]) if len(index.src) > 2 else None
+        if not self.lanes_open():
+            return self.value(index.src[1]), gate, None, 1
+        n = self.vec_size()
+        c = range_coeff(index.src[1], self.vec)
+        if c == 1:
+            return self.value(_at_lane0(index.src[1], self.vec)), gate, "contiguous", n
+        idx = self.value(index.src[1])
+        if idx.lanes == 1 and (gate is None or gate.lanes == 1):
+            return idx, gate, None, 1
+        return self.bcast(idx, n), gate, "gather", n
+
+    def load(self, u: UOp) -> Inst:
+        index = u.src[0]
+        buf = self.value(index.src[0])
+        idx, gate, kind, n = self.access(index)
+        if n > 1 and u.dtype in HALF_DTYPES:
+            raise NoVector("16-bit float lanes")
+        return self.add(L.LOAD, u.dtype, (buf, idx) + ((gate,) if gate is not None else ()), kind, n)
 
     def flat_lane(self, ups: list[UOp]) -> Inst | None:
         if not ups:
@@ -282,9 +456,17 @@ class _Linearizer:
         body, ranges = red.src[0], list(red.src[1:])
         ups = sorted((r for r in self.deps(red) if _kind(r) == AxisKind.UPCAST and r not in self.open),
                      key=lambda r: r.arg[0])
-        lanes = math.prod(int(r.src[0].arg) for r in ups)
-        acc = self.add(L.ACC, red.dtype, (self.const(red.dtype, reduce_identity(red.arg, red.dtype)),),
-                       (red.arg, lanes))
+        vec = self.vec
+        n = self.vec_size() if vec is not None and vec in self.deps(red) else 1
+        over_lanes = vec is not None and vec in ranges
+        if over_lanes and ranges[-1] is not vec:
+            raise NoVector("a reduce over the lanes and later ranges (the lanes would change its order)")
+        if (n > 1 or over_lanes) and red.dtype in HALF_DTYPES:
+            raise NoVector("16-bit float lanes")
+        array = [r for r in ups if r is not vec]
+        count = math.prod(int(r.src[0].arg) for r in array)
+        init = self.const(red.dtype, reduce_identity(red.arg, red.dtype))
+        acc = self.add(L.ACC, red.dtype, (self.bcast(init, n),), (red.arg, count), n)
         if any(_kind(r) == AxisKind.UPCAST for r in ranges):
             # a reduce over upcast lanes (a split reduction's final sum): run the partial reduces
             # first, with one accumulator per lane, so their loops stay outside the lane loop
@@ -295,8 +477,10 @@ class _Linearizer:
         for r in ups:
             self.open_loop(r)
         v = self.value(body)
-        lane = self.flat_lane(ups)
-        self.add(L.UPDATE, None, (acc, v) + ((lane,) if lane is not None else ()), red.arg)
+        if n > 1 or over_lanes:
+            v = self.bcast(v, self.vec_size())
+        lane = self.flat_lane(array)
+        self.add(L.UPDATE, None, (acc, v) + ((lane,) if lane is not None else ()), red.arg, v.lanes)
         for r in reversed(ups):
             self.close_loop(r)
         for r in reversed(ranges):
@@ -312,16 +496,80 @@ class _Linearizer:
         index, value = st.src
         v = self.value(value)
         if value.dtype != index.dtype:
-            v = self.add(L.ALU, index.dtype, (v,), Ops.CAST)
-        buf, idx = self.value(index.src[0]), self.value(index.src[1])
-        if len(index.src) > 2:
-            gate = self.add(L.IF, None, (self.value(index.src[2]),))
+            v = self.alu(index.dtype, (v,), Ops.CAST)
+        buf = self.value(index.src[0])
+        idx, gate, kind, n = self.access(index)
+        if kind is None and v.lanes > 1:  # one element, every lane writes it: the last lane wins
+            idx, kind, n = self.bcast(idx, v.lanes), "scatter", v.lanes
+        if kind == "gather":
+            kind = "scatter"
+        if n > 1:
+            if index.dtype in HALF_DTYPES:
+                raise NoVector("16-bit float lanes")
+            v = self.bcast(v, n)
+        if gate is not None and gate.lanes > 1:  # per-lane mask: no IF block
+            self.add(L.STORE, None, (buf, idx, v, gate), kind, n)
+        elif gate is not None:
+            gate_if = self.add(L.IF, None, (gate,))
             self.scopes.append({})
-            self.add(L.STORE, None, (buf, idx, v))
+            self.add(L.STORE, None, (buf, idx, v), kind, n)
             self.scopes.pop()
-            self.add(L.ENDIF, None, (gate,))
+            self.add(L.ENDIF, None, (gate_if,))
         else:
-            self.add(L.STORE, None, (buf, idx, v))
+            self.add(L.STORE, None, (buf, idx, v), kind, n)
+
+    def lanes_for(self, r: UOp) -> int:
+        """The lanes range r can have: the device's width when it divides r's size (a bigger range is
+        split: an outer lane loop around vectors of the width), r's size when it divides the width
+        (4 lanes or more), else 0."""
+        if r.src[0].op is not Ops.CONST:
+            return 0
+        size = int(r.src[0].arg)
+        if size % self.width == 0:
+            return self.width
+        if self.width % size == 0 and size >= 4:
+            return size
+        return 0
+
+    def choose_vector(self, node: UOp) -> UOp | None:
+        """The END block's vector range (module docstring), or None."""
+        store = node.src[0]
+        if self.width <= 1 or store.op is not Ops.STORE:
+            return None
+        indexes = [store.src[0].src[1]] + [x.src[0].src[1] for x in store.toposort() if x.op is Ops.LOAD]
+
+        def contiguous(r: UOp) -> bool:
+            return any(range_coeff(ix, r) == 1 for ix in indexes)
+
+        ups = [r for r in node.src[1:] if _kind(r) == AxisKind.UPCAST]
+        if ups and self.lanes_for(ups[-1]) and contiguous(ups[-1]):
+            return ups[-1]
+        for red in store.toposort():
+            if red.op is Ops.REDUCE and _kind(red.src[-1]) == AxisKind.UPCAST:
+                r = red.src[-1]
+                if self.lanes_for(r) and contiguous(r):
+                    return r
+        return None
+
+    def split_lanes(self, node: UOp, v: UOp, lanes: int) -> tuple[UOp, UOp]:
+        """node with range v replaced by vo*lanes + vl: vo an upcast loop, vl the lanes (in END and
+        REDUCE range lists vo, vl take v's place, so every point keeps its order)."""
+        vo = UOp(Ops.RANGE, v.dtype, (UOp.const(v.dtype, int(v.src[0].arg) // lanes),), (self.next_axis, AxisKind.UPCAST))
+        vl = UOp(Ops.RANGE, v.dtype, (UOp.const(v.dtype, lanes),), (self.next_axis + 1, AxisKind.UPCAST))
+        self.next_axis += 2
+        memo: dict[UOp, UOp] = {v: vo * lanes + vl}
+        for x in node.toposort():
+            if x in memo:
+                continue
+            src = tuple(memo.get(s, s) for s in x.src)
+            if x.op in (Ops.END, Ops.REDUCE) and v in x.src[1:]:
+                rs: list[UOp] = []
+                for old, new in zip(x.src[1:], src[1:]):
+                    rs += [vo, vl] if old is v else [new]
+                memo[x] = UOp(x.op, x.dtype, (src[0], *rs), x.arg)
+            else:
+                memo[x] = x if src == x.src else x.replace(src=src)
+        return memo[node], vl
 
     def block(self, node: UOp) -> None:
         if node.op is Ops.STORE:
@@ -329,6 +577,12 @@ class _Linearizer:
             return
         if node.op is not Ops.END:
             raise RuntimeError(f"kernel body must be STORE or END, got {node.op.name}")
+        chosen = self.choose_vector(node) if self.vec is None else None
+        if chosen is not None:
+            lanes = self.lanes_for(chosen)
+            if lanes < int(chosen.src[0].arg):
+                node, chosen = self.split_lanes(node, chosen, lanes)
+            self.vec = chosen
         inner, ranges = node.src[0], list(node.src[1:])
         loops = [r for r in ranges if _kind(r) != AxisKind.UPCAST]
         ups = [r for r in ranges if _kind(r) == AxisKind.UPCAST]
@@ -344,6 +598,8 @@ class _Linearizer:
             self.close_loop(r)
         for r in reversed(loops):
             self.close_loop(r)
+        if chosen is not None:
+            self.vec = None
 
     def run(self) -> LinearProgram:
         for g in self.spec.globals:
@@ -357,6 +613,13 @@ class _Linearizer:
                              self.spec.threads if self.tid is not None else 1)
 
 
-def linearize(spec: Any) -> LinearProgram:
-    """The ordered program of a lowered kernel (see the module docstring)."""
+def linearize(spec: Any, vector_width: int = 1) -> LinearProgram:
+    """The ordered program of a lowered kernel (see the module docstring). vector_width > 1 turns one
+    upcast range per END block into vector lanes of that many float32 lanes or a multiple (emitters
+    that render vectors pass `spec.vector_width`); a kernel that cannot be vectorised keeps its lane loops."""
+    if vector_width > 1:
+        try:
+            return _Linearizer(spec, vector_width).run()
+        except NoVector:
+            pass
     return _Linearizer(spec).run()

@@ -119,6 +119,10 @@ class UOp:
     __slots__ = ("op", "dtype", "src", "arg", "_shape", "_device", "_toposort", "__weakref__")
 
     def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple = (), arg: Any = None):
+        if op is Ops.RANGE and type(arg) is tuple and len(arg) > 1 and type(arg[1]) is str:
+            # a kind given as a plain string hashes and compares like its AxisKind: store the enum,
+            # so one range never comes back with either spelling depending on which was made first
+            arg = (arg[0], AxisKind(arg[1]), *arg[2:])
         key = (op, dtype, src, arg if type(arg) in _PLAIN_ARGS else _arg_key(arg))
         try:
             ref = _uop_cache.get(key)
