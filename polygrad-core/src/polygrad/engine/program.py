@@ -2,18 +2,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from polygrad.dtype import DType
-from polygrad.uop.ops import UOp
+from polygrad.uop.ops import Ops, UOp
 
 
 @dataclass(frozen=True)
 class GlobalArg:
-    """One pointer argument of a kernel: slot number, element dtype, element count, written or not."""
+    """One pointer argument of a kernel: slot number, element dtype, element count, written or not.
+    `size` is an int, or a symbolic size over the kernel's variables (`spec.eval_int(size, var_vals)`)."""
 
     slot: int
     dtype: DType
-    size: int
+    size: Any
     written: bool
 
 
@@ -23,6 +25,10 @@ class ProgramSpec:
 
     `ast` is kernel IR: SINK(END(STORE(INDEX(DEFINE_GLOBAL, idx), value), *ranges), ...).
     `thread_range` is the RANGE a host backend may split across threads (None when unsafe).
+    `vars` are the kernel's symbolic-size Variables (DEFINE_VAR UOps, arg (name, min, max), sorted by
+    name): one int32 parameter each after the buffers, valued per launch (`var_vals`, in this order).
+    A RANGE's end (and a global's size) may be an expression over them: read it with `eval_int`.
+    `ops` and `mem_bytes` count symbolic sizes at their variables' maxima.
     """
 
     name: str
@@ -32,7 +38,33 @@ class ProgramSpec:
     ops: int
     mem_bytes: int
     opts: tuple = ()
+    vars: tuple[UOp, ...] = ()
 
     @property
     def thread_size(self) -> int:
-        return int(self.thread_range.src[0].arg) if self.thread_range is not None else 0
+        """The thread range's trip count (its largest, when symbolic; see thread_size_at)."""
+        if self.thread_range is None:
+            return 0
+        return self.max_int(self.thread_range.src[0])
+
+    def eval_int(self, x: Any, var_vals: tuple[int, ...] = ()) -> int:
+        """An int, or a size over this kernel's variables, at the launch's var_vals (spec.vars order)."""
+        if not isinstance(x, UOp):
+            return int(x)
+        if x.op is Ops.CONST:
+            return int(x.arg)
+        from polygrad.uop.sint import sym_eval
+        return sym_eval(x, dict(zip(self.vars, var_vals)))
+
+    def max_int(self, x: Any) -> int:
+        """An int, or a size over this kernel's variables at their largest values."""
+        if not isinstance(x, UOp):
+            return int(x)
+        if x.op is Ops.CONST:
+            return int(x.arg)
+        from polygrad.uop.sint import vmax
+        return vmax(x)
+
+    def thread_size_at(self, var_vals: tuple[int, ...] = ()) -> int:
+        """The thread range's trip count for one launch."""
+        return self.eval_int(self.thread_range.src[0], var_vals) if self.thread_range is not None else 0

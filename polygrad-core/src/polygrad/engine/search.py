@@ -8,7 +8,7 @@ every kept candidate by one more UPCAST (a global range) or SPLIT_REDUCE (a redu
 candidate is lowered, rendered, compiled and timed on scratch buffers; the N fastest survive. The
 winner is stored under POLY_CACHE_DIR/beam/<device>/<hash of the kernel>.json, so a second process
 (or the same one after `collect()`) pays nothing. DEBUG>=1 and POLY_DUMP_KERNELS print the choice.
-Custom kernels (no "parallel" in their KernelInfo opts) are never searched.
+Custom kernels (no "parallel" in their KernelInfo opts) and kernels over symbolic sizes are never searched.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import numpy as np
 from polygrad import config
 from polygrad.errors import CompileError
 from polygrad.engine.lower import Opt, apply_opts, heuristic_opts, lower, ranges_of, simplify_indices
-from polygrad.uop.ops import KernelInfo, UOp
+from polygrad.uop.ops import KernelInfo, Ops, UOp
 
 AMOUNTS = (2, 4, 8, 16)
 MAX_DEPTH = 2
@@ -63,7 +63,10 @@ def choose_opts(ast: UOp, device: str) -> list[Opt] | None:
 
 def _searchable(ast: UOp) -> bool:
     info = ast.arg
-    return isinstance(info, KernelInfo) and "parallel" in info.opts
+    if not (isinstance(info, KernelInfo) and "parallel" in info.opts):
+        return False
+    # kernels over symbolic sizes keep the heuristics: timings would hold for one binding only
+    return not any(n.op is Ops.DEFINE_VAR for n in ast.toposort())
 
 
 # ---------------------------------------------------------------------------------------------------
