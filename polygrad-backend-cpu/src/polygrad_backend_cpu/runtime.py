@@ -3,7 +3,9 @@
 One FFI instance serves every kernel: each shared object is opened with ctypes only to find the
 symbol's address, which is cast to a cffi function pointer of the kernel's arity. Buffer pointers are
 cached on the host allocations, so a launch does no address lookups. cffi releases the GIL during the
-call, so worker threads run chunks of the outermost loop in parallel.
+call, so worker threads run chunks of the outermost loop in parallel. A kernel over symbolic sizes
+takes one int per Variable after the buffers (spec.vars order); its thread range's length is then read
+from those values on each launch.
 """
 from __future__ import annotations
 
@@ -35,11 +37,11 @@ def pool() -> ThreadPoolExecutor:
     return _pool
 
 
-def _fn_type(n_buffers: int) -> Any:
-    t = _fn_types.get(n_buffers)
+def _fn_type(n_buffers: int, n_vars: int = 0) -> Any:
+    t = _fn_types.get((n_buffers, n_vars))
     if t is None:
-        params = ", ".join(["void*"] * n_buffers + ["long long", "long long"])
-        t = _fn_types[n_buffers] = FFI.typeof(f"void(*)({params})")
+        params = ", ".join(["void*"] * n_buffers + ["int"] * n_vars + ["long long", "long long"])
+        t = _fn_types[(n_buffers, n_vars)] = FFI.typeof(f"void(*)({params})")
     return t
 
 
@@ -58,8 +60,10 @@ class CPUProgram:
         lib = ctypes.CDLL(path)
         _libs.append(lib)
         addr = ctypes.cast(getattr(lib, spec.name), ctypes.c_void_p).value
-        self.fn = FFI.cast(_fn_type(len(spec.globals)), addr)
-        self.size = spec.thread_size
+        self.fn = FFI.cast(_fn_type(len(spec.globals), len(spec.vars)), addr)
+        self.size = spec.thread_size  # the largest, for a symbolic thread range
+        end = spec.thread_range.src[0] if spec.thread_range is not None else None
+        self.symbolic = end is not None and end.op.name != "CONST"
         # decide from what the kernel computes and stores, not from the size of the buffers it
         # touches: a small kernel reading a slice of a big buffer is cheaper than a thread handoff
         work = spec.ops + _stores(spec)
@@ -67,13 +71,15 @@ class CPUProgram:
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> float | None:
         args = [pointer(b) for b in buffers]
+        args.extend(var_vals)
+        size = self.spec.thread_size_at(var_vals) if self.symbolic else self.size
         t0 = time.perf_counter() if timing else 0.0
-        if not self.split:
-            self.fn(*args, 0, max(self.size, 1))
+        if not self.split or size <= 1:
+            self.fn(*args, 0, max(size, 1))
         else:
             n = _threads()
-            step = -(-self.size // n)
-            chunks = [(i, min(i + step, self.size)) for i in range(0, self.size, step)]
+            step = -(-size // n)
+            chunks = [(i, min(i + step, size)) for i in range(0, size, step)]
             futures = [pool().submit(self.fn, *args, lo, hi) for lo, hi in chunks[1:]]
             self.fn(*args, *chunks[0])
             for f in futures:
@@ -87,7 +93,8 @@ def _stores(spec: ProgramSpec) -> int:
         trips = 1
         for r in block.src[1:]:
             if r.op.name == "RANGE":
-                trips *= int(r.src[0].arg)
+                end = r.src[0]
+                trips *= spec.max_int(end)
         total += trips
     return total
 

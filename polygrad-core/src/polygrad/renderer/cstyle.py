@@ -208,8 +208,14 @@ class CStyleRenderer:
         for g in spec.globals:
             const = "" if g.written else "const "
             params.append(f"{const}{self.storage_ctype(g.dtype)}* {self.restrict} data{g.slot}")
+        params += self.var_params(spec)
         params += ["long long core_start", "long long core_end"]
         return f"void {spec.name}({', '.join(params)})"
+
+    def var_params(self, spec: ProgramSpec) -> list[str]:
+        """One integer parameter per symbolic-size Variable (spec.vars order, after the buffers); the IR's
+        DEFINE_VAR renders as its name."""
+        return [f"const {self.ctype(v.dtype)} {v.arg[0]}" for v in getattr(spec, "vars", ())]
 
     def render(self, spec: ProgramSpec) -> str:
         return _Emitter(self, spec).run()
