@@ -14,6 +14,10 @@ Replays return the very Tensor objects the capture returned, whose buffers the r
 (as tinygrad does): copy a result (`.numpy()`, `.clone().realize()`) before the next call if you
 need to keep it. Work the function does outside kernels (Python side effects, `.numpy()` reads,
 host-to-device data made inside it) is not replayed.
+Symbolic sizes (tinygrad's `Variable.bind` pattern): an input of shape (v.bind(n), 16), or a bound
+variable passed as an argument, may take a new value on every call without a new capture. Each
+captured launch keeps the variable values it ran with; a replay reads the new values off the inputs
+and hands them to the programs, and the returned tensors' shapes are rebound to them.
 
 >>> from polygrad import Tensor, jit
 >>> @jit
@@ -26,14 +30,15 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from polygrad import config
 from polygrad.device import Buffer, GlobalCounters
 from polygrad.engine import realize
 from polygrad.errors import PolygradError
-from polygrad.uop.ops import Ops
+from polygrad.uop import sint
+from polygrad.uop.ops import Ops, UOp
 
 
 class JitError(PolygradError, RuntimeError):
@@ -48,6 +53,7 @@ class CapturedStep:
     buffers: list[Buffer]
     input_slots: list[tuple[int, int]]  # (position in buffers, input index) to patch on replay
     handles: list[Any]  # the buffers' device handles, patched with the inputs' on replay
+    var_vals: dict = field(default_factory=dict)  # {DEFINE_VAR: value} the launch ran with
 
 
 _capturing: list["TinyJit"] = []
@@ -69,7 +75,7 @@ def _input_tensors(args: tuple, kwargs: dict) -> list[tuple[Any, Any]]:
 
 def _buffer_of(t: Any) -> Buffer:
     u = t.uop
-    if u.op is Ops.RESHAPE:
+    while u.op is Ops.RESHAPE:  # x.reshape(v.bind(n), 16) of a realized x is two reshapes
         u = u.src[0]
     if u.op is not Ops.BUFFER:
         raise JitError(f"JIT input {t!r} is not backed by a contiguous buffer after realize()")
@@ -87,8 +93,26 @@ def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple
     if len({id(b) for b in buffers}) != len(buffers):
         raise JitError("the same realized buffer was passed as two JIT inputs; pass distinct tensors "
                        "(x.clone().realize() makes a copy)")
-    info = [(name, t.shape, t.dtype, t.device) for name, t in named]
+    info = [(name, sint.strip_binds(t.shape, {}), t.dtype, t.device) for name, t in named]
+    info += [(k, "variable", v) for k, v in _bound_args(args, kwargs)]
     return buffers, info
+
+
+def _bound_args(args: tuple, kwargs: dict) -> list[tuple[Any, UOp]]:
+    """(name, variable) for every bound variable (v.bind(n)) passed directly as an argument."""
+    named = list(enumerate(args)) + sorted(kwargs.items())
+    return [(k, a.src[0]) for k, a in named if isinstance(a, UOp) and a.op is Ops.BIND]
+
+
+def _input_var_vals(args: tuple, kwargs: dict) -> dict[UOp, int]:
+    """This call's variable values: from the input tensors' shapes and the bound-variable arguments."""
+    out: dict[UOp, int] = {}
+    for _, t in _input_tensors(args, kwargs):
+        sint.collect_binds(t.uop, out)
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, UOp) and a.op is Ops.BIND:
+            sint.record(out, *a.unbind())
+    return out
 
 
 def _result_tensors(ret: Any) -> list[Any]:
@@ -141,7 +165,7 @@ class TinyJit:
             return self._run_plain(args, kwargs)
         if not self.steps and self.expected is None:
             return self._capture(args, kwargs, buffers, info)
-        return self._replay(buffers, info)
+        return self._replay(buffers, info, _input_var_vals(args, kwargs))
 
     def _run_plain(self, args: tuple, kwargs: dict) -> Any:
         from polygrad.tensor import Tensor
@@ -156,7 +180,8 @@ class TinyJit:
         self.rng_keys = []
 
         def hook(item: tuple, bufs: list[Buffer]) -> None:
-            recorded.append((item[1] if item[0] == "kernel" else None, list(bufs)))
+            vals = dict(item[2]) if len(item) > 2 else {}
+            recorded.append((item[1] if item[0] == "kernel" else None, list(bufs), vals))
 
         realize.capture_hooks.append(hook)
         _capturing.append(self)
@@ -169,9 +194,9 @@ class TinyJit:
             raise JitError("the jitted function ran no kernels; return realized tensors (x.realize()) "
                            "or call it without @jit")
         where = {id(b): k for k, b in enumerate(buffers)}
-        for program, bufs in recorded:
+        for program, bufs, vals in recorded:
             slots = [(pos, where[id(b)]) for pos, b in enumerate(bufs) if id(b) in where]
-            self.steps.append(CapturedStep(program, bufs, slots, [b.handle for b in bufs]))
+            self.steps.append(CapturedStep(program, bufs, slots, [b.handle for b in bufs], vals))
         self.expected = info
         self.ret = ret
         self.captures += 1
@@ -186,7 +211,7 @@ class TinyJit:
                   f"over {len(buffers)} inputs")
         return ret
 
-    def _replay(self, buffers: list[Buffer], info: list[tuple]) -> Any:
+    def _replay(self, buffers: list[Buffer], info: list[tuple], var_vals: dict | None = None) -> Any:
         if info != self.expected:
             raise JitError(f"JIT inputs changed since capture: expected (name, shape, dtype, device) "
                            f"{self.expected}, got {info}; call a new @jit function for other shapes")
@@ -202,12 +227,13 @@ class TinyJit:
             for pos, k in step.input_slots:
                 bufs[pos] = buffers[k]
                 hs[pos] = handles[k]
+            vals = {**step.var_vals, **var_vals} if var_vals else step.var_vals
             if step.program is None:
                 realize.copy_buffer(bufs[0], bufs[1])
             elif debug:
-                step.program(bufs)
+                step.program(bufs, vals)
             else:
-                step.program.program(hs, (), False)
+                step.program.program(hs, step.program.var_args(vals), False)
         if not debug:
             n = sum(1 for s in self.steps if s.program is not None)
             GlobalCounters.kernel_count += n
@@ -216,6 +242,10 @@ class TinyJit:
             GlobalCounters.time_sum_s += time.perf_counter() - t0
             realize.runtime_stats["kernels_run"] += n
         self.replays += 1
+        if var_vals:  # the results' symbolic shapes follow this call's values
+            for t in _result_tensors(self.ret):
+                if sint.has_sym(t.shape):
+                    t.uop = sint.rebind(t.uop, var_vals)
         return self.ret
 
     # ---- introspection and cleanup
