@@ -54,6 +54,7 @@ class CapturedStep:
     input_slots: list[tuple[int, int]]  # (position in buffers, input index) to patch on replay
     handles: list[Any]  # the buffers' device handles, patched with the inputs' on replay
     var_vals: dict = field(default_factory=dict)  # {DEFINE_VAR: value} the launch ran with
+    var_args: tuple = ()  # those values as the program's int arguments (spec.vars order)
 
 
 _capturing: list["TinyJit"] = []
@@ -82,8 +83,10 @@ def _buffer_of(t: Any) -> Buffer:
     return u.arg.ensure_allocated()
 
 
-def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple]]:
-    """Realize the input tensors; return their buffers and the (name, shape, dtype, device) they had."""
+def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple], dict[UOp, int]]:
+    """Realize the input tensors; return their buffers, the (name, shape, dtype, device) they had (shapes
+    with their variables unbound) and this call's variable values (from those shapes and from the
+    bound variables, v.bind(n), passed directly as arguments)."""
     from polygrad.tensor import Tensor, _is_realized
     named = _input_tensors(args, kwargs)
     pending = [t for _, t in named if not _is_realized(t.uop)]
@@ -93,26 +96,19 @@ def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple
     if len({id(b) for b in buffers}) != len(buffers):
         raise JitError("the same realized buffer was passed as two JIT inputs; pass distinct tensors "
                        "(x.clone().realize() makes a copy)")
-    info = [(name, sint.strip_binds(t.shape, {}), t.dtype, t.device) for name, t in named]
-    info += [(k, "variable", v) for k, v in _bound_args(args, kwargs)]
-    return buffers, info
-
-
-def _bound_args(args: tuple, kwargs: dict) -> list[tuple[Any, UOp]]:
-    """(name, variable) for every bound variable (v.bind(n)) passed directly as an argument."""
-    named = list(enumerate(args)) + sorted(kwargs.items())
-    return [(k, a.src[0]) for k, a in named if isinstance(a, UOp) and a.op is Ops.BIND]
-
-
-def _input_var_vals(args: tuple, kwargs: dict) -> dict[UOp, int]:
-    """This call's variable values: from the input tensors' shapes and the bound-variable arguments."""
-    out: dict[UOp, int] = {}
-    for _, t in _input_tensors(args, kwargs):
-        sint.collect_binds(t.uop, out)
-    for a in list(args) + list(kwargs.values()):
+    var_vals: dict[UOp, int] = {}
+    info = []
+    for name, t in named:
+        shape = t.shape
+        if sint.has_sym(shape):
+            sint.collect_binds(t.uop, var_vals)
+            shape = sint.strip_binds(shape, {})
+        info.append((name, shape, t.dtype, t.device))
+    for k, a in list(enumerate(args)) + sorted(kwargs.items()):
         if isinstance(a, UOp) and a.op is Ops.BIND:
-            sint.record(out, *a.unbind())
-    return out
+            sint.record(var_vals, *a.unbind())
+            info.append((k, "variable", a.src[0]))
+    return buffers, info, var_vals
 
 
 def _result_tensors(ret: Any) -> list[Any]:
@@ -159,13 +155,13 @@ class TinyJit:
             raise JitError("this jitted function was disposed; wrap the function again to use it")
         if _capturing:  # called inside another capture: run plainly so the outer JIT records it
             return self.fn(*args, **kwargs)
-        buffers, info = _prepare_inputs(args, kwargs)
+        buffers, info, var_vals = _prepare_inputs(args, kwargs)
         self.calls += 1
         if self.calls == 1:
             return self._run_plain(args, kwargs)
         if not self.steps and self.expected is None:
             return self._capture(args, kwargs, buffers, info)
-        return self._replay(buffers, info, _input_var_vals(args, kwargs))
+        return self._replay(buffers, info, var_vals)
 
     def _run_plain(self, args: tuple, kwargs: dict) -> Any:
         from polygrad.tensor import Tensor
@@ -196,7 +192,8 @@ class TinyJit:
         where = {id(b): k for k, b in enumerate(buffers)}
         for program, bufs, vals in recorded:
             slots = [(pos, where[id(b)]) for pos, b in enumerate(bufs) if id(b) in where]
-            self.steps.append(CapturedStep(program, bufs, slots, [b.handle for b in bufs], vals))
+            var_args = program.var_args(vals) if program is not None else ()
+            self.steps.append(CapturedStep(program, bufs, slots, [b.handle for b in bufs], vals, var_args))
         self.expected = info
         self.ret = ret
         self.captures += 1
@@ -227,13 +224,14 @@ class TinyJit:
             for pos, k in step.input_slots:
                 bufs[pos] = buffers[k]
                 hs[pos] = handles[k]
-            vals = {**step.var_vals, **var_vals} if var_vals else step.var_vals
             if step.program is None:
                 realize.copy_buffer(bufs[0], bufs[1])
             elif debug:
-                step.program(bufs, vals)
+                step.program(bufs, {**step.var_vals, **var_vals} if var_vals else step.var_vals)
             else:
-                step.program.program(hs, step.program.var_args(vals), False)
+                va = step.program.var_args({**step.var_vals, **var_vals}) if var_vals and step.var_args \
+                    else step.var_args
+                step.program.program(hs, va, False)
         if not debug:
             n = sum(1 for s in self.steps if s.program is not None)
             GlobalCounters.kernel_count += n

@@ -180,7 +180,15 @@ def smod(a: Any, b: Any) -> Any:
 
 
 def sprod(xs: Iterable[Any]) -> Any:
+    xs = tuple(xs)
     out: Any = 1
+    for x in xs:
+        if isinstance(x, UOp):
+            break
+        out *= int(x)
+    else:
+        return out  # all ints: the common case stays plain integer arithmetic
+    out = 1
     for x in xs:
         out = smul(out, x)
     return out
@@ -335,9 +343,15 @@ def _uops_in(x: Any) -> list[UOp]:
 
 
 def has_sym(x: Any) -> bool:
+    """Whether a size, or a (nested) tuple of sizes, holds a symbolic one."""
     if isinstance(x, UOp):
         return True
-    return isinstance(x, tuple) and any(has_sym(a) for a in x)
+    if not isinstance(x, tuple):
+        return False
+    for a in x:
+        if isinstance(a, UOp) or (isinstance(a, tuple) and has_sym(a)):
+            return True
+    return False
 
 
 def map_sizes(x: Any, fn: Callable[[UOp], "UOp | None"]) -> Any:
