@@ -42,7 +42,10 @@ def test_beam_results_match_numpy(device, m, k, n, width, fresh_caches):
     files = list((fresh_caches / "beam" / device).glob("*.json"))
     assert len(files) >= 2
     data = json.loads(files[0].read_text())
-    assert data["candidates"] >= 2 and isinstance(data["opts"], list)
+    if device == "INTERP":  # no vector lanes and one thread: the space holds only the plain kernel
+        assert data["candidates"] == 1 and data["opts"] == []
+    else:
+        assert data["candidates"] >= 2 and isinstance(data["opts"], list)
 
 
 def test_every_first_level_candidate_is_correct(fresh_caches, monkeypatch):

@@ -1,5 +1,5 @@
 """polygrad's CPU backend: C source from the shared C-family renderer, compiled by clang (gcc/cc fallback),
-loaded through cffi, and launched across cores by splitting the outermost loop."""
+loaded through cffi, and launched once per THREAD index across cores."""
 from __future__ import annotations
 
 import os
@@ -25,8 +25,24 @@ def open_cpu(ordinal: int) -> DeviceImpl:
     compiler = ClangCompiler()
     renderer = CPURenderer()
     threads = int(os.environ.get("POLY_THREADS") or os.cpu_count() or 1)
+    lanes, registers = vector_caps()
     return DeviceImpl(name="CPU", allocator=HostAllocator(), render=renderer.render, compile=compiler.compile,
-                      load=load_program, capabilities=Capabilities(threads=threads))
+                      load=load_program,
+                      capabilities=Capabilities(threads=threads, vector_width=lanes, registers=registers))
+
+
+def vector_caps() -> tuple[int, int]:
+    """(float32 lanes, vector registers) of this CPU, as -march=native compiles for it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), [])
+    except OSError:
+        flags = []
+    if "avx512f" in flags:
+        return 16, 32
+    if "avx2" in flags or "avx" in flags:
+        return 8, 16
+    return 4, 16  # SSE2 (every x86-64) or NEON/ASIMD
 
 
 @hookimpl

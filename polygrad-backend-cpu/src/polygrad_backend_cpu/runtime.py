@@ -1,11 +1,10 @@
-"""Load compiled kernels and launch them through cffi, splitting the thread range across cores.
+"""Load compiled kernels and launch them through cffi, one call per THREAD index.
 
 One FFI instance serves every kernel: each shared object is opened with ctypes only to find the
-symbol's address, which is cast to a cffi function pointer of the kernel's arity. Buffer pointers are
-cached on the host allocations, so a launch does no address lookups. cffi releases the GIL during the
-call, so worker threads run chunks of the outermost loop in parallel. A kernel over symbolic sizes
-takes one int per Variable after the buffers (spec.vars order); its thread range's length is then read
-from those values on each launch.
+symbol's address, which is cast to a cffi function pointer of the kernel's signature (pointers, the
+integer variables, and the thread index when the lowering gave the kernel a THREAD axis). Buffer
+pointers are cached on the host allocations, so a launch does no address lookups. cffi releases the
+GIL during the call, so the pool's workers run the other thread indices in parallel.
 """
 from __future__ import annotations
 
@@ -23,7 +22,6 @@ FFI = cffi.FFI()
 _fn_types: dict[int, Any] = {}
 _libs: list[Any] = []  # keep shared objects loaded for the life of the process
 _pool: ThreadPoolExecutor | None = None
-PARALLEL_MIN_WORK = 1 << 17
 
 
 def _threads() -> int:
@@ -37,11 +35,12 @@ def pool() -> ThreadPoolExecutor:
     return _pool
 
 
-def _fn_type(n_buffers: int, n_vars: int = 0) -> Any:
-    t = _fn_types.get((n_buffers, n_vars))
+def _fn_type(n_buffers: int, var_types: tuple[str, ...], threaded: bool) -> Any:
+    key = (n_buffers, var_types, threaded)
+    t = _fn_types.get(key)
     if t is None:
-        params = ", ".join(["void*"] * n_buffers + ["int"] * n_vars + ["long long", "long long"])
-        t = _fn_types[(n_buffers, n_vars)] = FFI.typeof(f"void(*)({params})")
+        params = ", ".join(["void*"] * n_buffers + list(var_types) + (["int"] if threaded else [])) or "void"
+        t = _fn_types[key] = FFI.typeof(f"void(*)({params})")
     return t
 
 
@@ -60,43 +59,22 @@ class CPUProgram:
         lib = ctypes.CDLL(path)
         _libs.append(lib)
         addr = ctypes.cast(getattr(lib, spec.name), ctypes.c_void_p).value
-        self.fn = FFI.cast(_fn_type(len(spec.globals), len(spec.vars)), addr)
-        self.size = spec.thread_size  # the largest, for a symbolic thread range
-        end = spec.thread_range.src[0] if spec.thread_range is not None else None
-        self.symbolic = end is not None and end.op.name != "CONST"
-        # decide from what the kernel computes and stores, not from the size of the buffers it
-        # touches: a small kernel reading a slice of a big buffer is cheaper than a thread handoff
-        work = spec.ops + _stores(spec)
-        self.split = self.size > 1 and _threads() > 1 and work >= PARALLEL_MIN_WORK
+        var_types = tuple("long long" if v.dtype.itemsize == 8 else "int" for v in spec.vars)
+        self.threads = spec.threads
+        self.fn = FFI.cast(_fn_type(len(spec.globals), var_types, self.threads > 1), addr)
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> float | None:
         args = [pointer(b) for b in buffers]
         args.extend(var_vals)
-        size = self.spec.thread_size_at(var_vals) if self.symbolic else self.size
         t0 = time.perf_counter() if timing else 0.0
-        if not self.split or size <= 1:
-            self.fn(*args, 0, max(size, 1))
+        if self.threads == 1:
+            self.fn(*args)
         else:
-            n = _threads()
-            step = -(-size // n)
-            chunks = [(i, min(i + step, size)) for i in range(0, size, step)]
-            futures = [pool().submit(self.fn, *args, lo, hi) for lo, hi in chunks[1:]]
-            self.fn(*args, *chunks[0])
+            futures = [pool().submit(self.fn, *args, t) for t in range(1, self.threads)]
+            self.fn(*args, 0)
             for f in futures:
                 f.result()
         return time.perf_counter() - t0 if timing else None
-
-
-def _stores(spec: ProgramSpec) -> int:
-    total = 0
-    for block in spec.ast.src:
-        trips = 1
-        for r in block.src[1:]:
-            if r.op.name == "RANGE":
-                end = r.src[0]
-                trips *= spec.max_int(end)
-        total += trips
-    return total
 
 
 def load_program(spec: ProgramSpec, path: str) -> CPUProgram:

@@ -4,6 +4,21 @@ the ranges they depend on; REDUCE sums (or maxes) over its ranges' axes; STORE s
 Big kernels are evaluated in chunks of their outermost range so temporaries stay bounded. Symbolic
 sizes: a DEFINE_VAR evaluates to its launch value (var_vals, in spec.vars order), and a range whose end
 is an expression over variables gets that many elements on its axis.
+
+Why this does not walk the linearized program (renderer/linearize.py) that compiled targets emit, and
+why it computes the same thing: the linear program is one schedule of the kernel's points, and the
+kernel IR (docs/kernel-ir.md) fixes the results independently of any schedule.
+- A block's points are independent (the IR forbids reading what another point of the same block
+  writes), so running all points of an END at once, as array lanes, equals running its LOOPs.
+- A LOOP of any kind (global, thread, upcast, unroll) is one axis; a THREAD share or an UPCAST lane is
+  a sub-range of points, and the union of the shares is the range, so the kind changes nothing here.
+- An accumulator (ACC, UPDATE inside the REDUCE's loops, ACC_READ after them) is the REDUCE's fold
+  over its ranges' axes; an ACC of several lanes is the same fold kept per value of the upcast axes it
+  depends on (keepdims). Only the summation order can differ, which the IR allows for reductions.
+- A gated LOAD is a select that never reads the masked addresses; a gated STORE (IF ... ENDIF) is a
+  masked scatter. Blocks run in order, as their loop nests do in the linear program.
+- Elementwise ops follow the IR's per-op rules (rounding of half types after each op, truncating
+  division, NaN-propagating MAX), the same rules the C renderer implements instruction by instruction.
 """
 from __future__ import annotations
 
@@ -43,8 +58,11 @@ def _round_half(x: Any, dt: DType) -> Any:
 def _trunc_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         b_safe = np.where(b == 0, 1, b)
-        q = np.abs(a) // np.abs(b_safe)
-        return np.where((a < 0) != (b_safe < 0), -q, q).astype(np.result_type(a, b))
+        # floor division, then one step toward zero where the signs differ and a remainder is left
+        # (no abs(): abs(INT_MIN) overflows)
+        q = np.floor_divide(a, b_safe)
+        fix = (np.remainder(a, b_safe) != 0) & ((a < 0) != (b_safe < 0))
+        return (q + fix).astype(np.result_type(a, b))
 
 
 def _maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -183,6 +201,8 @@ class InterpProgram:
             return _load_cast(bits, ..., u.dtype) if u.dtype in HALF_TYPES else bits
         if op is Ops.WHERE:
             return np.where(srcs[0], srcs[1], srcs[2]).astype(out_dt, copy=False)
+        if op is Ops.FMA:
+            return _fma(*srcs, u.dtype)
         if op is Ops.NEG:
             return np.logical_not(srcs[0]) if u.dtype is dtypes.bool else np.negative(srcs[0])
         if op is Ops.RECIPROCAL:
@@ -204,6 +224,40 @@ class InterpProgram:
             res = BINARY[op](a, b)
             return res.astype(out_dt, copy=False)
         raise NotImplementedError(f"INTERP has no rule for {op.name}")
+
+
+def _fma(a: Any, b: Any, c: Any, dt: DType) -> np.ndarray:
+    """a*b+c rounded once, as C's fma. Below float64 (float32, and half types, which the IR defines as
+    the float32 fma rounded to half): the float64 product is exact, the float64 sum is rounded to odd
+    (TwoSum error, then one ulp toward it when the result is even), and rounding that to float32 is
+    correctly rounded (53 >= 24 + 2 bits). float64: exact rational arithmetic, element by element."""
+    if not dt.is_float:
+        return (np.asarray(a) * b + c).astype(dt.np, copy=False)
+    if dt is dtypes.float64:
+        return np.frompyfunc(_fma64, 3, 1)(a, b, c).astype(np.float64)
+    a64, b64, c64 = (np.asarray(x, dtype=np.float64) for x in (a, b, c))
+    p = a64 * b64
+    s = p + c64
+    bb = s - p
+    e = (p - (s - bb)) + (c64 - bb)
+    even = (np.asarray(s).view(np.int64) & 1) == 0
+    adj = np.isfinite(s) & np.isfinite(e) & (e != 0) & even
+    s = np.where(adj, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+    return s.astype(np.float32)
+
+
+def _fma64(x: float, y: float, z: float) -> float:
+    import math
+    from fractions import Fraction
+    if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(z)):
+        return x * y + z
+    exact = Fraction(x) * Fraction(y) + Fraction(z)
+    if exact == 0:
+        return x * y + z  # the sign of an exact zero follows IEEE addition
+    try:
+        return float(exact)
+    except OverflowError:
+        return math.copysign(math.inf, exact)
 
 
 def _cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:

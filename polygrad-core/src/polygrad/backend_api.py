@@ -46,7 +46,9 @@ class Capabilities:
     dtypes: frozenset = field(default_factory=lambda: frozenset(d.name for d in ALL_DTYPES))
     max_buffer_bytes: int = 1 << 40
     max_dims: int = 16
-    threads: int = 1
+    threads: int = 1            # host threads a kernel may be split across (THREAD axis); 1: none
+    vector_width: int = 1       # float32 lanes of the device's vectors (UPCAST lanes); 1: no vectors
+    registers: int = 0          # vector registers (sizes register tiles); 0: unknown
     has_local_memory: bool = False
     shared_memory_bytes: int = 0
     supports_beam: bool = True

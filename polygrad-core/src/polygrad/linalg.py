@@ -130,43 +130,46 @@ def _buffer_of(u: UOp) -> Any:
 
 
 class _Replay:
-    """A tensor function of fixed-shape inputs, scheduled once; run() replays its kernels on new buffers.
+    """A tensor function of fixed-shape inputs, captured once; run() replays its kernels on new buffers.
 
     The loops below run the same step n times; building and scheduling its graph every time would
-    cost far more than the kernels themselves. Intermediate buffers alternate between two sets
-    allocated once (run k + 1 never writes what run k returned); run(fresh=True) allocates new
-    ones, for results that outlive the loop.
+    cost far more than the kernels themselves. The first run realizes the step under
+    `engine.capture.capture()`; later runs replay the CapturedGraph with the new feeds. Intermediate
+    buffers alternate between two sets allocated once (run k + 1 never writes what run k returned);
+    run(fresh=True) allocates new ones, for results that outlive the loop.
     """
 
     def __init__(self, build: Any, inputs: list[tuple[tuple[int, ...], DType]], device: str):
-        from polygrad.engine.realize import get_program
-        from polygrad.engine.schedule import schedule
-        holders = [Tensor.empty(*shape, dtype=dt, device=device) for shape, dt in inputs]
-        outs = build(*holders)
-        self.template, bufs = schedule([o.uop for o in outs])
-        roles = {id(_buffer_of(h.uop)): i for i, h in enumerate(holders)}
-        if any(id(b) not in roles for b in bufs) or any(st.kind != "kernel" for st in self.template.steps):
-            raise RuntimeError("linalg: a replayed step reads an unexpected buffer or copies")
-        self.roles = [roles[id(b)] for b in bufs]
-        self.programs = [get_program(st.ast, st.device) for st in self.template.steps]
-        self.outputs = [_buffer_of(o).index for o in self.template.outputs]
-        self.scratch = [self._new_buffers(), self._new_buffers()]
+        self.build, self.shapes, self.device = build, [shape for shape, _ in inputs], device
+        self.graph: Any = None  # engine.capture.CapturedGraph, after the first run
+        self.scratch: list[Any] = [None, None]
         self.calls = 0
 
-    def _new_buffers(self) -> list[Any]:
-        from polygrad.device import Buffer
-        return [Buffer(device, size, dtype).ensure_allocated() for size, dtype, device in self.template.new_buffers]
+    def _capture(self, feeds: tuple) -> list[Any]:
+        from polygrad.engine.capture import capture
+        from polygrad.tensor import _buffer_uop
+        holders = [Tensor(_buffer_uop(b, shape)) for b, shape in zip(feeds, self.shapes)]
+        with capture() as cap:
+            outs = self.build(*holders)
+            Tensor.realize_all(*outs)
+        results = [_buffer_of(o.uop) for o in outs]
+        graph = cap.graph(inputs=list(feeds), outputs=results)
+        if "param" in graph.roles or graph.n_copies:
+            raise RuntimeError("linalg: a replayed step reads an unexpected buffer or copies")
+        self.graph = graph
+        return results
 
     def run(self, *feeds: Any, fresh: bool = False) -> list[Any]:
-        from polygrad.engine.realize import capture_hooks
         self.calls += 1
-        table = [feeds[r] for r in self.roles] + (self._new_buffers() if fresh else self.scratch[self.calls & 1])
-        for step, program in zip(self.template.steps, self.programs):
-            args = [table[i] for i in step.args]
-            program(args)
-            for hook in capture_hooks:
-                hook(("kernel", program), args)
-        return [table[i] for i in self.outputs]
+        if self.graph is None:
+            return self._capture(feeds)  # the capture's own buffers are new: fresh by construction
+        if fresh:
+            scratch = self.graph.new_scratch()
+        else:
+            scratch = self.scratch[self.calls & 1]
+            if scratch is None:
+                scratch = self.scratch[self.calls & 1] = self.graph.new_scratch()
+        return self.graph.launch(feeds, scratch=scratch)
 
 
 _replays: dict[tuple, _Replay] = {}

@@ -733,18 +733,6 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         if any(self.shape[a] == 0 for a in axes) and op is Ops.MAX:
             raise RuntimeError("max() of an empty dimension has no identity; pass a non-empty tensor")
         x = self
-        out_shape = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
-        reduced = _prod(self.shape[a] for a in axes)
-        # split a long reduction with a small output in two, so the first half runs on every core
-        if not sint.has_sym(self.shape) and _prod(out_shape) <= 16 and reduced >= (1 << 18) \
-                and len(axes) == self.ndim:
-            chunk = next((c for c in (1024, 512, 256, 128, 64) if reduced % c == 0), 0)
-            if chunk:
-                part = x.reshape(reduced // chunk, chunk)
-                part = part._new(UOp(Ops.REDUCE_AXIS, x.dtype, (part.uop,), (op, (1,)))).contiguous()
-                full = part._new(UOp(Ops.REDUCE_AXIS, x.dtype, (part.uop,), (op, (0,))))
-                out = full.reshape(out_shape)
-                return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
         out = x._new(UOp(Ops.REDUCE_AXIS, x.dtype, (x.uop,), (op, axes)))
         return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from polygrad.errors import DeviceError
 from polygrad.tensor import _effect_ids
-from polygrad.uop.ops import ELEMENTWISE, KernelInfo, Ops, UOp, vector_width
+from polygrad.uop.ops import ELEMENTWISE, AxisKind, KernelInfo, Ops, UOp, vector_width
 
 
 def custom_kernel(self: Any, *srcs: Any, fxn: Callable[..., UOp]) -> list[Any]:
@@ -88,7 +88,7 @@ def _devectorize_block(block: UOp, sink: UOp) -> UOp:
     index, value = store.src
     width = vector_width(value)
     axis = 1 + max((n.arg[0] for n in sink.toposort() if n.op is Ops.RANGE), default=-1)
-    lane = UOp.range(None, width, axis, "upcast")
+    lane = UOp.range(None, width, axis, AxisKind.UPCAST)
     pick = _lane(value, width - 1, {})
     for k in reversed(range(width - 1)):
         pick = UOp(Ops.WHERE, pick.dtype, (lane.eq(k), _lane(value, k, {}), pick))

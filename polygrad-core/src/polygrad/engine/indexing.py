@@ -6,7 +6,7 @@ Output: a kernel-IR SINK. Movement ops never move data: they become index arithm
 from __future__ import annotations
 
 from polygrad.dtype import dtypes
-from polygrad.uop.ops import COMPARISONS, ELEMENTWISE, KernelInfo, Ops, UOp
+from polygrad.uop.ops import COMPARISONS, ELEMENTWISE, AxisKind, KernelInfo, Ops, UOp
 from polygrad.uop.sint import is_sym, sadd, smul, sprod, ssub, sym_equal, vmax
 
 TRUE = UOp.const(dtypes.bool, True)
@@ -185,7 +185,7 @@ class KernelBuilder:
             new, ranges = list(idx), []
             for ax in axes:
                 if src.shape[ax] != 1:
-                    r = self.new_range(src.shape[ax], "reduce")
+                    r = self.new_range(src.shape[ax], AxisKind.REDUCE)
                     ranges.append(r)
                 new[ax] = ranges[-1] if src.shape[ax] != 1 else _c(0)
             body = yield (src, tuple(new), valid)
@@ -203,7 +203,7 @@ class KernelBuilder:
 
     def build(self, root: UOp, out_slot: int, out_node: UOp, name: str) -> UOp:
         shape = root.shape
-        ranges = [self.new_range(s, "global") if s != 1 else None for s in shape]
+        ranges = [self.new_range(s, AxisKind.GLOBAL) if s != 1 else None for s in shape]
         idx = tuple(r if r is not None else _c(0) for r in ranges)
         value = self.value(root, idx, TRUE)
         out = self.define_global(out_slot, out_node)

@@ -5,19 +5,21 @@ calls by launching the captured programs directly, with no scheduling, lowering 
 
 The behaviour follows tinygrad's `TinyJit`:
   call 1   runs the function normally (kernels compile, lazy parameters get realized);
-  call 2   runs it again while `realize.capture_hooks` records every (program, buffers) launched;
-  call 3+  checks the inputs match what was captured (shape, dtype, device), swaps the new input
-           buffers into the recorded argument lists and launches the programs in order.
-Random numbers drawn inside the function (Tensor.rand, Dropout) are fresh on every replay: the key
-buffers the capture made are refilled from the global RNG counter before each replay.
-Replays return the very Tensor objects the capture returned, whose buffers the replay overwrote
-(as tinygrad does): copy a result (`.numpy()`, `.clone().realize()`) before the next call if you
-need to keep it. Work the function does outside kernels (Python side effects, `.numpy()` reads,
-host-to-device data made inside it) is not replayed.
+  call 2   runs it again inside `engine.capture.capture()`, which records every kernel and copy
+           launched; the record becomes a CapturedGraph with the input tensors' buffers as inputs;
+  call 3+  checks the inputs match what was captured (shape, dtype, device) and replays the graph:
+           the new input buffers are swapped into the recorded argument lists and the programs
+           launch in order.
 Symbolic sizes (tinygrad's `Variable.bind` pattern): an input of shape (v.bind(n), 16), or a bound
 variable passed as an argument, may take a new value on every call without a new capture. Each
 captured launch keeps the variable values it ran with; a replay reads the new values off the inputs
 and hands them to the programs, and the returned tensors' shapes are rebound to them.
+Random numbers drawn inside the function (Tensor.rand, Dropout) are fresh on every replay: the key
+buffers the capture saw are refilled from the global RNG counter before each replay.
+Replays return the very Tensor objects the capture returned, whose buffers the replay overwrote
+(as tinygrad does): copy a result (`.numpy()`, `.clone().realize()`) before the next call if you
+need to keep it. Work the function does outside kernels (Python side effects, `.numpy()` reads,
+host-to-device data made inside it) is not replayed.
 
 >>> from polygrad import Tensor, jit
 >>> @jit
@@ -29,13 +31,12 @@ and hands them to the programs, and the returned tensors' shapes are rebound to 
 from __future__ import annotations
 
 import functools
-import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from polygrad import config
-from polygrad.device import Buffer, GlobalCounters
-from polygrad.engine import realize
+from polygrad.device import Buffer
+from polygrad.engine.capture import CapturedGraph, active, capture
+from polygrad.engine.capture import note_rng_key as note_rng_key  # polygrad.random imports it from here
 from polygrad.errors import PolygradError
 from polygrad.uop import sint
 from polygrad.uop.ops import Ops, UOp
@@ -43,27 +44,6 @@ from polygrad.uop.ops import Ops, UOp
 
 class JitError(PolygradError, RuntimeError):
     """A jitted function was called in a way its captured kernels cannot serve."""
-
-
-@dataclass
-class CapturedStep:
-    """One launch recorded during capture: a program (None for a device copy) and its buffers."""
-
-    program: Any  # realize.CompiledProgram, or None for a copy
-    buffers: list[Buffer]
-    input_slots: list[tuple[int, int]]  # (position in buffers, input index) to patch on replay
-    handles: list[Any]  # the buffers' device handles, patched with the inputs' on replay
-    var_vals: dict = field(default_factory=dict)  # {DEFINE_VAR: value} the launch ran with
-    var_args: tuple = ()  # those values as the program's int arguments (spec.vars order)
-
-
-_capturing: list["TinyJit"] = []
-
-
-def note_rng_key(t: Any) -> None:
-    """Called by polygrad.random for each key tensor it makes: a capturing JIT refills it on replay."""
-    if _capturing:
-        _capturing[-1].rng_keys.append(t)
 
 
 def _input_tensors(args: tuple, kwargs: dict) -> list[tuple[Any, Any]]:
@@ -123,6 +103,12 @@ def _result_tensors(ret: Any) -> list[Any]:
     return []
 
 
+def _result_buffer(t: Any) -> Buffer | None:
+    """The buffer behind a realized result tensor (None for a view that is not a whole buffer)."""
+    u = t.uop.src[0] if t.uop.op is Ops.RESHAPE else t.uop
+    return u.arg if u.op is Ops.BUFFER else None
+
+
 class TinyJit:
     """Wrap `fn` so its third and later calls replay the kernels captured on the second call.
 
@@ -136,13 +122,10 @@ class TinyJit:
         self.calls = 0
         self.replays = 0
         self.captures = 0
-        self.steps: list[CapturedStep] = []
+        self.graph: CapturedGraph | None = None
         self.expected: list[tuple] | None = None
         self.ret: Any = None
-        self.replay_ops = 0
-        self.replay_mem = 0
         self.disposed = False
-        self.rng_keys: list[Any] = []  # key tensors made during capture (Tensors until capture ends)
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -153,13 +136,13 @@ class TinyJit:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.disposed:
             raise JitError("this jitted function was disposed; wrap the function again to use it")
-        if _capturing:  # called inside another capture: run plainly so the outer JIT records it
+        if active():  # called inside another capture: run plainly so the outer capture records it
             return self.fn(*args, **kwargs)
         buffers, info, var_vals = _prepare_inputs(args, kwargs)
         self.calls += 1
         if self.calls == 1:
             return self._run_plain(args, kwargs)
-        if not self.steps and self.expected is None:
+        if self.graph is None:
             return self._capture(args, kwargs, buffers, info)
         return self._replay(buffers, info, var_vals)
 
@@ -172,39 +155,18 @@ class TinyJit:
         return ret
 
     def _capture(self, args: tuple, kwargs: dict, buffers: list[Buffer], info: list[tuple]) -> Any:
-        recorded: list[tuple[Any, list[Buffer]]] = []
-        self.rng_keys = []
-
-        def hook(item: tuple, bufs: list[Buffer]) -> None:
-            vals = dict(item[2]) if len(item) > 2 else {}
-            recorded.append((item[1] if item[0] == "kernel" else None, list(bufs), vals))
-
-        realize.capture_hooks.append(hook)
-        _capturing.append(self)
-        try:
+        with capture() as cap:
             ret = self._run_plain(args, kwargs)
-        finally:
-            _capturing.remove(self)
-            realize.capture_hooks.remove(hook)
-        if not recorded:
+        if not cap.launches:
             raise JitError("the jitted function ran no kernels; return realized tensors (x.realize()) "
                            "or call it without @jit")
-        where = {id(b): k for k, b in enumerate(buffers)}
-        for program, bufs, vals in recorded:
-            slots = [(pos, where[id(b)]) for pos, b in enumerate(bufs) if id(b) in where]
-            var_args = program.var_args(vals) if program is not None else ()
-            self.steps.append(CapturedStep(program, bufs, slots, [b.handle for b in bufs], vals, var_args))
+        outs = [b for b in map(_result_buffer, _result_tensors(ret)) if b is not None]
+        self.graph = graph = cap.graph(inputs=buffers, outputs=outs)
         self.expected = info
         self.ret = ret
         self.captures += 1
-        captured = {id(b) for s in self.steps for b in s.buffers}
-        keys = [_buffer_of(t) for t in self.rng_keys if t.uop.op in (Ops.BUFFER, Ops.RESHAPE)]
-        self.rng_keys = [b for b in keys if id(b) in captured]
-        kernels = [s.program for s in self.steps if s.program is not None]
-        self.replay_ops = sum(p.spec.ops for p in kernels)
-        self.replay_mem = sum(p.spec.mem_bytes for p in kernels)
         if config.get("DEBUG") >= 1:
-            print(f"JIT captured {len(kernels)} kernels and {len(self.steps) - len(kernels)} copies "
+            print(f"JIT captured {graph.n_kernels} kernels and {graph.n_copies} copies "
                   f"over {len(buffers)} inputs")
         return ret
 
@@ -212,56 +174,30 @@ class TinyJit:
         if info != self.expected:
             raise JitError(f"JIT inputs changed since capture: expected (name, shape, dtype, device) "
                            f"{self.expected}, got {info}; call a new @jit function for other shapes")
-        debug = config.get("DEBUG") >= 1
-        t0 = time.perf_counter()
-        if self.rng_keys:
-            from polygrad.random import next_key_values
-            for key in self.rng_keys:
-                key.copyin(next_key_values())
-        handles = [b.handle for b in buffers]
-        for step in self.steps:
-            bufs, hs = step.buffers, step.handles
-            for pos, k in step.input_slots:
-                bufs[pos] = buffers[k]
-                hs[pos] = handles[k]
-            if step.program is None:
-                realize.copy_buffer(bufs[0], bufs[1])
-            elif debug:
-                step.program(bufs, {**step.var_vals, **var_vals} if var_vals else step.var_vals)
-            else:
-                va = step.program.var_args({**step.var_vals, **var_vals}) if var_vals and step.var_args \
-                    else step.var_args
-                step.program.program(hs, va, False)
-        if not debug:
-            n = sum(1 for s in self.steps if s.program is not None)
-            GlobalCounters.kernel_count += n
-            GlobalCounters.global_ops += self.replay_ops
-            GlobalCounters.global_mem += self.replay_mem
-            GlobalCounters.time_sum_s += time.perf_counter() - t0
-            realize.runtime_stats["kernels_run"] += n
-        self.replays += 1
+        names = {v.arg[0]: n for v, n in var_vals.items()} if var_vals else None
+        self.graph.launch(buffers, names)  # type: ignore[union-attr]  (the info check covers replay()'s)
         if var_vals:  # the results' symbolic shapes follow this call's values
             for t in _result_tensors(self.ret):
                 if sint.has_sym(t.shape):
                     t.uop = sint.rebind(t.uop, var_vals)
+        self.replays += 1
         return self.ret
 
     # ---- introspection and cleanup
     def stats(self) -> dict[str, Any]:
         """Wrapper-level counters: calls, captures, replays, and what the capture holds."""
-        kernels = sum(1 for s in self.steps if s.program is not None)
+        g = self.graph
         return {"calls": self.calls, "captures": self.captures, "replays": self.replays,
-                "captured_kernels": kernels, "captured_copies": len(self.steps) - kernels,
-                "captured_buffers": len({id(b) for s in self.steps for b in s.buffers}),
+                "captured_kernels": g.n_kernels if g else 0, "captured_copies": g.n_copies if g else 0,
+                "captured_buffers": len({s for x in g.launches for s in x.args}) if g else 0,
                 "state": "disposed" if self.disposed else ("captured" if self.expected is not None else "warmup")}
 
     def reset(self) -> None:
         """Forget the capture: the next call runs plainly and the one after captures again."""
         self.calls = 0
-        self.steps = []
+        self.graph = None
         self.expected = None
         self.ret = None
-        self.rng_keys = []
 
     def dispose(self) -> None:
         """Release the captured programs and buffers; later calls raise JitError."""

@@ -24,28 +24,23 @@ class ProgramSpec:
     """A kernel after device-independent lowering and device optimisation.
 
     `ast` is kernel IR: SINK(END(STORE(INDEX(DEFINE_GLOBAL, idx), value), *ranges), ...).
-    `thread_range` is the RANGE a host backend may split across threads (None when unsafe).
+    The launch contract every backend follows: the kernel takes one pointer per `globals` entry, then
+    one integer per `vars` entry (DEFINE_VAR, in this order), and, when `threads` > 1, the thread
+    index; it is launched `threads` times, with index 0..threads-1, in any order or concurrently.
     `vars` are the kernel's symbolic-size Variables (DEFINE_VAR UOps, arg (name, min, max), sorted by
-    name): one int32 parameter each after the buffers, valued per launch (`var_vals`, in this order).
-    A RANGE's end (and a global's size) may be an expression over them: read it with `eval_int`.
-    `ops` and `mem_bytes` count symbolic sizes at their variables' maxima.
+    name), valued per launch (`var_vals`, in this order). A RANGE's end (and a global's size) may be an
+    expression over them: read it with `eval_int`. `ops` and `mem_bytes` count symbolic sizes at their
+    variables' maxima.
     """
 
     name: str
     ast: UOp
     globals: tuple[GlobalArg, ...]
-    thread_range: UOp | None
     ops: int
     mem_bytes: int
     opts: tuple = ()
     vars: tuple[UOp, ...] = ()
-
-    @property
-    def thread_size(self) -> int:
-        """The thread range's trip count (its largest, when symbolic; see thread_size_at)."""
-        if self.thread_range is None:
-            return 0
-        return self.max_int(self.thread_range.src[0])
+    threads: int = 1
 
     def eval_int(self, x: Any, var_vals: tuple[int, ...] = ()) -> int:
         """An int, or a size over this kernel's variables, at the launch's var_vals (spec.vars order)."""
@@ -64,7 +59,3 @@ class ProgramSpec:
             return int(x.arg)
         from polygrad.uop.sint import vmax
         return vmax(x)
-
-    def thread_size_at(self, var_vals: tuple[int, ...] = ()) -> int:
-        """The thread range's trip count for one launch."""
-        return self.eval_int(self.thread_range.src[0], var_vals) if self.thread_range is not None else 0

@@ -1,9 +1,10 @@
 """Run schedules: compile (cached) and launch kernels, copy between devices, keep the counters.
 
 Stage: execution. Input: a Template and its input buffers from the scheduler. Output: filled
-buffers and the tensors' new buffer views. The JIT listens here (`capture_hooks`) to record what ran.
-The values of bound variables (`var_vals`, {DEFINE_VAR: int}) come from the scheduler and go to every
-launch: a program receives them as extra integer arguments, in the order of its `spec.vars`.
+buffers and the tensors' new buffer views. `engine/capture.py` listens here (`capture_hooks`) to record
+what ran; the JIT, linalg and exports build on it. The values of bound variables (`var_vals`,
+{DEFINE_VAR: int}) come from the scheduler and go to every launch: a program receives them as extra
+integer arguments, in the order of its `spec.vars`.
 """
 from __future__ import annotations
 
@@ -59,7 +60,9 @@ class CompiledProgram:
 program_cache: dict[tuple[UOp, str], CompiledProgram] = {}
 runtime_stats: dict[str, int] = {"programs_compiled": 0, "program_cache_hits": 0, "kernels_run": 0,
                                  "schedules_built": 0, "copies": 0}
-capture_hooks: list[Callable[[Any, list[Buffer]], None]] = []
+# hook(step, program or None, buffers, n_inputs) after each step; args >= n_inputs are new buffers.
+# Installed only by engine/capture.py (use `with capture():` instead of appending here).
+capture_hooks: list[Callable[[Any, Any, list[Buffer], int, dict], None]] = []
 
 
 def get_program(ast: UOp, device: str) -> CompiledProgram:
@@ -70,7 +73,7 @@ def get_program(ast: UOp, device: str) -> CompiledProgram:
         return hit
     impl = open_device(device)
     from polygrad.engine.search import choose_opts
-    spec = lower(ast, choose_opts(ast, device))
+    spec = lower(ast, impl.capabilities, choose_opts(ast, device))
     source = impl.render(spec)
     if config.get("DEBUG") >= 3:  # each level adds to the one below: 4 shows the IR and the source
         print(spec.ast)
@@ -110,12 +113,12 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
         if step.kind == "copy":
             copy_buffer(args[0], args[1])
             for hook in capture_hooks:
-                hook(("copy", None, vals), args)
+                hook(step, None, args, tpl.n_inputs, vals)
             continue
         prog = get_program(step.ast, step.device)
         prog(args, vals)
         for hook in capture_hooks:
-            hook(("kernel", prog, vals), args)
+            hook(step, prog, args, tpl.n_inputs, vals)
     return table
 
 

@@ -21,7 +21,7 @@ from polygrad.errors import PolygradError, VariableError
 from polygrad.engine.indexing import KernelBuilder, address, build_with_index_width, flat_index, index_width
 from polygrad.uop.movement import strip_reshapes
 from polygrad.uop import sint
-from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, KernelInfo, Ops, UOp
+from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, AxisKind, KernelInfo, Ops, UOp
 
 # effectful nodes that already ran (ASSIGN, AFTER) -> the buffer view they left behind, so a graph that
 # still holds one never runs it twice. Pure computations are not memoised: realizing the same
@@ -361,7 +361,38 @@ def _kernel_name(root: UOp, ast: UOp) -> str:
     return f"{'r' if has_reduce else 'E'}_{shape}"
 
 
+# a full reduction at least this long is computed in two kernels (partial results over chunks, then
+# their total), so the first has an output axis a device can spread over threads, lanes or blocks
+SPLIT_REDUCE_MIN = 1 << 18
+
+
+def split_long_reductions(targets: tuple[UOp, ...]) -> tuple[UOp, ...]:
+    """Rewrite each REDUCE_AXIS that reduces every axis of a long input into two: a reduction over
+    chunks into a small buffer, then the reduction of that buffer (same op, same result up to the
+    summation order the kernel IR allows)."""
+    sink = UOp(Ops.SINK, None, targets)
+    memo: dict[UOp, UOp] = {}
+    changed = False
+    for node in sink.toposort():
+        new_src = tuple(memo.get(s, s) for s in node.src)
+        out = node if new_src == node.src else node.replace(src=new_src)
+        if out.op is Ops.REDUCE_AXIS:
+            x = out.src[0]
+            op, axes = out.arg
+            n = 0 if sint.has_sym(x.shape) else sint.sprod(x.shape)  # symbolic: left in one kernel
+            chunk = next((c for c in (1024, 512, 256, 128, 64) if n % c == 0), 0)
+            if len(axes) == len(x.shape) and n >= SPLIT_REDUCE_MIN and chunk:
+                flat = UOp(Ops.RESHAPE, x.dtype, (x,), (n // chunk, chunk))
+                part = UOp(Ops.CONTIGUOUS, x.dtype, (UOp(Ops.REDUCE_AXIS, x.dtype, (flat,), (op, (1,))),))
+                full = UOp(Ops.REDUCE_AXIS, out.dtype, (part,), (op, (0,)))
+                out = UOp(Ops.RESHAPE, out.dtype, (full,), out.shape) if out.shape != full.shape else full
+                changed = True
+        memo[node] = out
+    return tuple(memo[t] for t in targets) if changed else targets
+
+
 def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
+    targets = split_long_reductions(targets)
     tpl = Template(n_inputs)
     table_of: dict[UOp, int] = {}
 
@@ -483,7 +514,7 @@ def _build_kernel_at_width(point: UOp, inputs: dict[UOp, int], out_entry: int) -
     if point.op is Ops.ASSIGN:
         target, value = point.src
         shape = target.shape
-        ranges = [kb.new_range(s, "global") if s != 1 else None for s in shape]
+        ranges = [kb.new_range(s, AxisKind.GLOBAL) if s != 1 else None for s in shape]
         idx = tuple(r if r is not None else UOp.const(index_width["dtype"], 0) for r in ranges)
         val = kb.value(value, idx, _TRUE)
         buf_node, flat = address(target, idx)
@@ -492,11 +523,11 @@ def _build_kernel_at_width(point: UOp, inputs: dict[UOp, int], out_entry: int) -
         live = tuple(r for r in ranges if r is not None)
         body = UOp(Ops.END, None, (store,) + live) if live else store
         ast = UOp(Ops.SINK, None, (body,), KernelInfo(name="assign_" + "_".join(map(sint.sym_name, shape)),
-                                                      opts=("parallel",)))
+                                                      opts=("generated",)))
         return ast, tuple(kb.order)
     root = point.src[0] if point.op is Ops.CONTIGUOUS else point
     ast = kb.build(root, 0, point, "kernel")
-    ast = ast.replace(arg=KernelInfo(name=_kernel_name(point, ast), opts=("parallel",)))
+    ast = ast.replace(arg=KernelInfo(name=_kernel_name(point, ast), opts=("generated",)))
     return ast, tuple(kb.order)
 
 

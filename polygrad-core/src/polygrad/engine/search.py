@@ -4,11 +4,13 @@ Stage: lowering (device optimisation). Input: a scheduled kernel AST and a devic
 of Opts to apply (None: let the heuristics in `lower` decide, as with BEAM=0).
 
 With BEAM=N the search starts from no opts and the heuristic choice, and at each depth extends
-every kept candidate by one more UPCAST (a global range) or SPLIT_REDUCE (a reduce range). Each
+every kept candidate by one more UPCAST (a global range), SPLIT_REDUCE (a reduce range) or THREAD
+(the outermost range, on a device with threads). Each
 candidate is lowered, rendered, compiled and timed on scratch buffers; the N fastest survive. The
 winner is stored under POLY_CACHE_DIR/beam/<device>/<hash of the kernel>.json, so a second process
 (or the same one after `collect()`) pays nothing. DEBUG>=1 and POLY_DUMP_KERNELS print the choice.
-Custom kernels (no "parallel" in their KernelInfo opts) and kernels over symbolic sizes are never searched.
+Custom kernels (no "generated" in their KernelInfo opts: the scheduler did not make them) and kernels
+over symbolic sizes are never searched.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ import numpy as np
 
 from polygrad import config
 from polygrad.errors import CompileError
-from polygrad.engine.lower import Opt, apply_opts, heuristic_opts, lower, ranges_of, simplify_indices
+from polygrad.engine.lower import (Opt, OptKind, apply_opts, default_opts, lower, ranges_of, simplify_indices,
+                                   thread_axis)
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 
 AMOUNTS = (2, 4, 8, 16)
@@ -33,7 +36,7 @@ MAX_UNROLL = 512  # product of all split amounts: bigger bodies compile slowly a
 TIMING_RUNS = 3
 COMPILE_WORKERS = max(1, min(8, os.cpu_count() or 1))
 MIN_GAIN = 0.97  # a deeper level must beat the best so far by 3% to continue
-SEARCH_VERSION = 1
+SEARCH_VERSION = 2  # 2: THREAD is part of the searched space
 
 beam_cache: dict[tuple[str, str], list[Opt]] = {}
 
@@ -63,7 +66,7 @@ def choose_opts(ast: UOp, device: str) -> list[Opt] | None:
 
 def _searchable(ast: UOp) -> bool:
     info = ast.arg
-    if not (isinstance(info, KernelInfo) and "parallel" in info.opts):
+    if not (isinstance(info, KernelInfo) and "generated" in info.opts):
         return False
     # kernels over symbolic sizes keep the heuristics: timings would hold for one binding only
     return not any(n.op is Ops.DEFINE_VAR for n in ast.toposort())
@@ -73,13 +76,20 @@ def _searchable(ast: UOp) -> bool:
 # the search
 
 
-def candidate_opts(ast: UOp, opts: list[Opt]) -> list[list[Opt]]:
-    """Every opt list that extends `opts` by one valid UPCAST or SPLIT_REDUCE."""
+def candidate_opts(ast: UOp, opts: list[Opt], caps: Any = None) -> list[list[Opt]]:
+    """Every opt list that extends `opts` by one valid UPCAST, SPLIT_REDUCE or (on a device with
+    threads) THREAD: the same space the heuristics choose from."""
     current = apply_opts(ast, opts) if opts else ast
-    budget = MAX_UNROLL // math.prod(o.amount for o in opts)
+    budget = MAX_UNROLL // math.prod(o.amount for o in opts if o.kind is not OptKind.THREAD)
     out: list[list[Opt]] = []
+    threads = getattr(caps, "threads", 1)
+    if threads > 1 and not any(o.kind is OptKind.THREAD for o in opts):
+        r = thread_axis(current)
+        if r is not None:
+            out.append(opts + [Opt(OptKind.THREAD, r.arg[0], min(threads, int(r.src[0].arg)))])
+    lanes = caps is None or caps.vector_width > 1
     for r in ranges_of(current):
-        kind = {"global": "UPCAST", "reduce": "SPLIT_REDUCE"}.get(r.arg[1])
+        kind = {"global": OptKind.UPCAST, "reduce": OptKind.SPLIT_REDUCE}.get(r.arg[1]) if lanes else None
         size = int(r.src[0].arg)
         if kind is None:
             continue
@@ -88,7 +98,7 @@ def candidate_opts(ast: UOp, opts: list[Opt]) -> list[list[Opt]]:
                 break
             if size % amount == 0 and size > amount:
                 out.append(opts + [Opt(kind, r.arg[0], amount)])
-            elif size == amount and kind == "UPCAST":
+            elif size == amount and kind is OptKind.UPCAST:
                 out.append(opts + [Opt(kind, r.arg[0], amount)])
     return out
 
@@ -110,10 +120,11 @@ def beam_search(ast: UOp, impl: Any, width: int) -> tuple[list[Opt], float, int]
                 timed.append((seen[k], c))
         return timed
 
-    beam = sorted(time_all([[], heuristic_opts(base)]), key=lambda x: x[0])[:width]
+    caps = impl.capabilities
+    beam = sorted(time_all([[], default_opts(base, caps)]), key=lambda x: x[0])[:width]
     best_time, best = beam[0] if beam else (float("inf"), [])
     for _ in range(MAX_DEPTH):
-        cands = [c for _, opts in beam for c in candidate_opts(base, opts)]
+        cands = [c for _, opts in beam for c in candidate_opts(base, opts, caps)]
         timed = sorted(time_all(cands), key=lambda x: x[0])
         if not timed or timed[0][0] >= best_time * MIN_GAIN:
             break
@@ -128,7 +139,7 @@ class _Timer:
     def __init__(self, ast: UOp, impl: Any):
         from polygrad.device import Buffer
         self.ast, self.impl = ast, impl
-        spec = lower(ast, [])
+        spec = lower(ast, None, [])
         self.buffers = []
         for g in spec.globals:
             buf = Buffer(impl.name, g.size, g.dtype)
@@ -138,7 +149,7 @@ class _Timer:
     def build(self, opts: list[Opt]) -> Any:
         """The loaded program for one candidate, or None when it fails to lower, render or compile."""
         try:
-            spec = lower(self.ast, list(opts))
+            spec = lower(self.ast, self.impl.capabilities, list(opts))
             return self.impl.load(spec, self.impl.compile(self.impl.render(spec)))
         except (CompileError, NotImplementedError, RuntimeError, ValueError):
             return None
@@ -189,14 +200,14 @@ def _load(device: str, key: str) -> list[Opt] | None:
     try:
         with open(_path(device, key)) as f:
             data = json.load(f)
-        return [Opt(k, int(a), int(n)) for k, a, n in data["opts"]]
+        return [Opt(OptKind(k), int(a), int(n)) for k, a, n in data["opts"]]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _store(device: str, key: str, opts: list[Opt], best_s: float, tried: int) -> None:
     path = _path(device, key)
-    data = {"opts": [[o.kind, o.axis, o.amount] for o in opts], "time_s": best_s, "candidates": tried}
+    data = {"opts": [[o.kind.value, o.axis, o.amount] for o in opts], "time_s": best_s, "candidates": tried}
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
@@ -211,7 +222,7 @@ def _report(ast: UOp, device: str, opts: list[Opt], how: str, best_s: float | No
     if not (config.get("DEBUG") >= 1 or config.get("POLY_DUMP_KERNELS")):
         return
     name = getattr(ast.arg, "name", "kernel")
-    chosen = ", ".join(f"{o.kind}({o.axis},{o.amount})" for o in opts) or "no opts"
+    chosen = ", ".join(f"{o.kind.value}({o.axis},{o.amount})" for o in opts) or "no opts"
     timing = f" {best_s * 1e6:.1f} us over {tried} candidates" if best_s is not None else ""
     print(f"BEAM {device} {name}: {chosen} ({how}{timing})")
 

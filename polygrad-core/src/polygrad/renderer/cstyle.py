@@ -13,7 +13,7 @@ import numpy as np
 
 from polygrad.dtype import DType, dtypes
 from polygrad.engine.program import ProgramSpec
-from polygrad.renderer.linearize import RangeDeps, top_level_reduces
+from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize
 from polygrad.uop.ops import Ops, UOp
 
 C_TYPES = {
@@ -141,9 +141,8 @@ class CStyleRenderer:
     def math_fn(self, name: str, dt: DType) -> str:
         return name + ("f" if dt is not dtypes.float64 else "")
 
-    def alu(self, u: UOp, a: list[str]) -> str:
-        op, dt = u.op, u.dtype
-        sdt = u.src[0].dtype
+    def alu(self, op: Ops, dt: DType, sdt: DType, a: list[str]) -> str:
+        """C for op on operand expressions a; dt is the result dtype, sdt the first operand's."""
         if op is Ops.ADD:
             return f"({a[0]}+{a[1]})"
         if op is Ops.MUL:
@@ -178,6 +177,8 @@ class CStyleRenderer:
             return f"({a[0]}>>{a[1]})"
         if op is Ops.WHERE:
             return f"({a[0]}?{a[1]}:{a[2]})"
+        if op is Ops.FMA:  # one rounding: libm's fma is correctly rounded (a single instruction with FMA hardware)
+            return f"{self.math_fn('fma', dt)}({a[0]},{a[1]},{a[2]})" if dt.is_float else f"({a[0]}*{a[1]}+{a[2]})"
         if op is Ops.EXP2:
             return f"{self.math_fn('exp2', dt)}({a[0]})"
         if op is Ops.LOG2:
@@ -203,192 +204,88 @@ class CStyleRenderer:
         raise NotImplementedError(f"C renderer has no rule for {op.name}")
 
     # ---- structure
-    def signature(self, spec: ProgramSpec) -> str:
+    def signature(self, prog: LinearProgram) -> str:
         params = []
-        for g in spec.globals:
-            const = "" if g.written else "const "
-            params.append(f"{const}{self.storage_ctype(g.dtype)}* {self.restrict} data{g.slot}")
-        params += self.var_params(spec)
-        params += ["long long core_start", "long long core_end"]
-        return f"void {spec.name}({', '.join(params)})"
-
-    def var_params(self, spec: ProgramSpec) -> list[str]:
-        """One integer parameter per symbolic-size Variable (spec.vars order, after the buffers); the IR's
-        DEFINE_VAR renders as its name."""
-        return [f"const {self.ctype(v.dtype)} {v.arg[0]}" for v in getattr(spec, "vars", ())]
+        for p in prog.params:
+            const = "" if p.arg[1] else "const "
+            params.append(f"{const}{self.storage_ctype(p.dtype)}* {self.restrict} data{p.arg[0]}")
+        params += [f"const {self.ctype(v.dtype)} {v.arg[0]}" for v in prog.vars]
+        if prog.threads > 1:
+            params.append("int tid")
+        return f"void {prog.name}({', '.join(params)})"
 
     def render(self, spec: ProgramSpec) -> str:
-        return _Emitter(self, spec).run()
+        return self.render_program(linearize(spec), spec)
 
+    def render_program(self, prog: LinearProgram, spec: ProgramSpec | None = None) -> str:
+        """C source for a linearized kernel: one statement per instruction, in order."""
+        names: dict[int, str] = {}
+        lines: list[str] = []
+        depth = 1
+        uses_half = False
+        loop_names = {"global": "gidx", "reduce": "ridx", "upcast": "uidx", "thread": "gidx"}
 
-def _flat_upcast(ranges: list[UOp], names) -> str:
-    if not ranges:
-        return "0"
-    parts = names(ranges[0])
-    for r in ranges[1:]:
-        parts = f"({parts})*{r.src[0].arg}+{names(r)}"
-    return parts
+        def n(x: Inst) -> str:
+            return names[id(x)]
 
-
-class _Emitter:
-    def __init__(self, renderer: CStyleRenderer, spec: ProgramSpec):
-        self.r, self.spec = renderer, spec
-        self.lines: list[str] = []
-        self.depth = 1
-        self.scopes: list[dict[UOp, str]] = [{}]
-        self.open: set[UOp] = set()
-        self.deps = RangeDeps()
-        self.count = 0
-
-    def line(self, text: str) -> None:
-        self.lines.append("  " * self.depth + text)
-
-    def var(self, prefix: str) -> str:
-        self.count += 1
-        return f"{prefix}{self.count}"
-
-    def lookup(self, u: UOp) -> str | None:
-        for scope in reversed(self.scopes):
-            if u in scope:
-                return scope[u]
-        return None
-
-    def range_name(self, r: UOp) -> str:
-        kind = r.arg[1]
-        return {"global": "gidx", "reduce": "ridx", "upcast": "uidx"}.get(kind, "idx") + str(r.arg[0])
-
-    def open_loop(self, r: UOp, thread: bool = False) -> None:
-        name = self.range_name(r)
-        ct = self.r.ctype(r.dtype)  # int, or long long in kernels whose sizes exceed int32
-        if thread:
-            self.line(f"for ({ct} {name} = core_start; {name} < core_end; {name}++) {{")
-        else:
-            self.line(f"for ({ct} {name} = 0; {name} < {self.emit(r.src[0])}; {name}++) {{")
-        self.depth += 1
-        self.scopes.append({})
-        self.open.add(r)
-
-    def close_loop(self, r: UOp) -> None:
-        self.depth -= 1
-        self.scopes.pop()
-        self.open.discard(r)
-        self.line("}")
-
-    def emit(self, u: UOp) -> str:
-        hit = self.lookup(u)
-        if hit is not None:
-            return hit
-        op = u.op
-        if op is Ops.CONST:
-            return self.r.literal(u)
-        if op is Ops.RANGE:
-            if u not in self.open:
-                raise RuntimeError(f"range {self.range_name(u)} used outside its loop")
-            return self.range_name(u)
-        if op is Ops.DEFINE_GLOBAL:
-            return f"data{u.arg[0]}"
-        if op is Ops.DEFINE_VAR:
-            return u.arg[0]
-        if op is Ops.REDUCE:
-            return self.emit_reduce(u)
-        if op is Ops.LOAD:
-            index = u.src[0]
-            buf, idx = self.emit(index.src[0]), self.emit(index.src[1])
-            expr = self.r.from_storage(u.dtype, f"{buf}[{idx}]")
-            if len(index.src) > 2:
-                expr = f"({self.emit(index.src[2])}?{expr}:0)"
-            name = self.var("val")
-            self.line(f"{self.r.ctype(u.dtype)} {name} = {expr};")
-            self.scopes[-1][u] = name
-            return name
-        args = [self.emit(s) for s in u.src]
-        expr = self.r.alu(u, args)
-        if u.op not in (Ops.CAST, Ops.BITCAST):
-            expr = self.r.round_half(u.dtype, expr)
-        name = self.var("alu")
-        self.line(f"{self.r.ctype(u.dtype)} {name} = {expr};")
-        self.scopes[-1][u] = name
-        return name
-
-    def emit_reduce(self, red: UOp) -> str:
-        body, ranges = red.src[0], list(red.src[1:])
-        ups = sorted((r for r in self.deps(red) if r.arg[1] == "upcast" and r not in self.open),
-                     key=lambda r: r.arg[0])
-        n = math.prod(r.src[0].arg for r in ups)
-        acc = self.var("acc")
-        ct = self.r.ctype(red.dtype)
-        init = self.r.literal(UOp.const(red.dtype, _identity(red.arg, red.dtype)))
-        if ups:
-            self.line(f"{ct} {acc}[{n}];")
-            self.line(f"for (int i = 0; i < {n}; i++) {acc}[i] = {init};")
-            ref = f"{acc}[{_flat_upcast(ups, self.range_name)}]"
-        else:
-            self.line(f"{ct} {acc} = {init};")
-            ref = acc
-        if any(r.arg[1] == "upcast" for r in ranges):
-            # a reduce over upcast lanes (a split reduction's final sum): run the partial reduces
-            # first, with one accumulator per lane, so their loops stay outside the lane loop
-            for inner in top_level_reduces(body):
-                self.emit(inner)
-        for r in ranges:
-            self.open_loop(r)
-        for r in ups:
-            self.open_loop(r)
-        value = self.emit(body)
-        combine = self.r.alu(UOp(red.arg, red.dtype, (red, red)), [ref, value])
-        self.line(f"{ref} = {combine};")
-        for r in reversed(ups):
-            self.close_loop(r)
-        for r in reversed(ranges):
-            self.close_loop(r)
-        self.scopes[-1][red] = ref
-        return ref
-
-    def emit_store(self, store: UOp) -> None:
-        index, value = store.src
-        v = self.emit(value)
-        buf, idx = self.emit(index.src[0]), self.emit(index.src[1])
-        if value.dtype != index.dtype:
-            v = self.r.alu(UOp(Ops.CAST, index.dtype, (value,)), [v])
-        self.line(f"{buf}[{idx}] = {self.r.to_storage(index.dtype, v)};")
-
-    def emit_block(self, node: UOp) -> None:
-        if node.op is Ops.STORE:
-            self.emit_store(node)
-            return
-        if node.op is not Ops.END:
-            raise RuntimeError(f"kernel body must be STORE or END, got {node.op.name}")
-        inner, ranges = node.src[0], list(node.src[1:])
-        loops = [r for r in ranges if r.arg[1] != "upcast"]
-        ups = [r for r in ranges if r.arg[1] == "upcast"]
-        for r in loops:
-            self.open_loop(r, thread=r is self.spec.thread_range)
-        if inner.op is Ops.STORE:
-            for red in top_level_reduces(inner):
-                self.emit(red)
-        for r in ups:
-            self.open_loop(r)
-        self.emit_block(inner)
-        for r in reversed(ups):
-            self.close_loop(r)
-        for r in reversed(loops):
-            self.close_loop(r)
-
-    def run(self) -> str:
-        for node in self.spec.ast.src:
-            self.emit_block(node)
-        body = "\n".join(self.lines)
-        prelude = self.r.prelude
-        if self.r.emulate_half and any(n.dtype in HALF_TYPES for n in self.spec.ast.toposort()):
-            prelude += HALF_HELPERS
-        return f"{prelude}\n{self.r.signature(self.spec)} {{\n{body}\n}}\n"
-
-
-def _identity(op: Ops, dt: DType):
-    if op is Ops.ADD:
-        return 0
-    if op is Ops.MUL:
-        return 1
-    if op is Ops.MAX:
-        return -math.inf if dt.is_float else (dtypes.min(dt) if dt is not dtypes.bool else False)
-    raise NotImplementedError(f"no identity for reduce {op}")
+        for i, x in enumerate(prog.insts):
+            op, dt = x.op, x.dtype
+            if dt in HALF_TYPES:
+                uses_half = True
+            pad = "  " * depth
+            if op is L.PARAM:
+                names[id(x)] = f"data{x.arg[0]}"
+            elif op is L.VAR:
+                names[id(x)] = x.arg[0]
+            elif op is L.SPECIAL:
+                names[id(x)] = "tid"
+            elif op is L.CONST:
+                names[id(x)] = self.literal(UOp.const(dt, x.arg))
+            elif op is L.LOOP:
+                name = names[id(x)] = f"{loop_names.get(x.arg[1], 'idx')}{x.arg[0]}"
+                start, end = x.src
+                lines.append(f"{pad}for ({self.ctype(dt)} {name} = {n(start)}; {name} < {n(end)}; {name}++) {{")
+                depth += 1
+            elif op in (L.ENDLOOP, L.ENDIF):
+                depth -= 1
+                lines.append("  " * depth + "}")
+            elif op is L.IF:
+                lines.append(f"{pad}if ({n(x.src[0])}) {{")
+                depth += 1
+            elif op is L.ACC:
+                name = names[id(x)] = f"acc{i}"
+                red_op, lanes = x.arg
+                ct, init = self.ctype(dt), n(x.src[0])
+                if lanes > 1:
+                    lines.append(f"{pad}{ct} {name}[{lanes}];")
+                    lines.append(f"{pad}for (int i = 0; i < {lanes}; i++) {name}[i] = {init};")
+                else:
+                    lines.append(f"{pad}{ct} {name} = {init};")
+            elif op is L.UPDATE:
+                acc, value = x.src[0], x.src[1]
+                ref = f"{n(acc)}[{n(x.src[2])}]" if len(x.src) > 2 else n(acc)
+                lines.append(f"{pad}{ref} = {self.alu(x.arg, acc.dtype, acc.dtype, [ref, n(value)])};")
+            elif op is L.ACC_READ:
+                acc = x.src[0]
+                names[id(x)] = f"{n(acc)}[{n(x.src[1])}]" if len(x.src) > 1 else n(acc)
+            elif op is L.LOAD:
+                expr = self.from_storage(dt, f"{n(x.src[0])}[{n(x.src[1])}]")
+                if len(x.src) > 2:
+                    expr = f"({n(x.src[2])}?{expr}:0)"
+                name = names[id(x)] = f"val{i}"
+                lines.append(f"{pad}{self.ctype(dt)} {name} = {expr};")
+            elif op is L.STORE:
+                buf, idx, value = x.src
+                lines.append(f"{pad}{n(buf)}[{n(idx)}] = {self.to_storage(buf.dtype, n(value))};")
+            elif op is L.ALU:
+                sdt = x.src[0].dtype if x.src else dt
+                expr = self.alu(x.arg, dt, sdt, [n(s) for s in x.src])
+                if x.arg not in (Ops.CAST, Ops.BITCAST):
+                    expr = self.round_half(dt, expr)
+                name = names[id(x)] = f"alu{i}"
+                lines.append(f"{pad}{self.ctype(dt)} {name} = {expr};")
+            else:
+                raise NotImplementedError(f"C renderer has no rule for {op.name}")
+        prelude = self.prelude + (HALF_HELPERS if self.emulate_half and uses_half else "")
+        body = "\n".join(lines)
+        return f"{prelude}\n{self.signature(prog)} {{\n{body}\n}}\n"

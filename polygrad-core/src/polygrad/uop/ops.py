@@ -33,6 +33,7 @@ class Ops(Enum):
     CMPLT = auto(); CMPNE = auto(); CMPEQ = auto()  # noqa: E702
     AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto(); POW = auto()  # noqa: E702
     WHERE = auto()
+    FMA = auto()  # a*b+c with one rounding (kernel IR; never introduced implicitly)
     VECTORIZE = auto()  # kernel IR: several scalars as one vector value (custom kernels)
 
     def __repr__(self) -> str:
@@ -41,10 +42,27 @@ class Ops(Enum):
     __hash__ = object.__hash__  # members are singletons; identity hashing keeps UOp creation cheap
 
 
+class AxisKind(str, Enum):
+    """What a RANGE is (its arg is (axis id, AxisKind)). A str enum: compares equal to its value."""
+
+    GLOBAL = "global"    # one point per output element
+    REDUCE = "reduce"    # folded by a REDUCE
+    UPCAST = "upcast"    # small inner lanes from UPCAST/SPLIT_REDUCE: register tiles and vector lanes
+    UNROLL = "unroll"    # a reduce range split off to be unrolled (one accumulator)
+    THREAD = "thread"    # a global range shared among host threads (ProgramSpec.threads)
+    LOCAL = "local"      # GPU workgroup-local axis
+    GROUP = "group"      # GPU grouped reduction axis
+
+    def __repr__(self) -> str:
+        return f"AxisKind.{self.name}"
+
+    __str__ = __repr__
+
+
 UNARY = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
 BINARY = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MOD, Ops.IDIV, Ops.FDIV, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
           Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.POW}
-ALU = UNARY | BINARY | {Ops.WHERE}
+ALU = UNARY | BINARY | {Ops.WHERE, Ops.FMA}
 ELEMENTWISE = ALU | {Ops.CAST, Ops.BITCAST}
 COMPARISONS = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
 MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
@@ -227,6 +245,7 @@ class UOp:
     def ne(self, x): return self._bin(Ops.CMPNE, x)  # noqa: E704
     def eq(self, x): return self._bin(Ops.CMPEQ, x)  # noqa: E704
     def maximum(self, x): return self._bin(Ops.MAX, x)  # noqa: E704
+    def fma(self, b, c): return UOp(Ops.FMA, self.dtype, (self._value(), self._operand(b)._value(), self._operand(c)._value()))  # noqa: E501,E704
     def where(self, a, b): return self._value().alu(Ops.WHERE, self._operand(a)._value(), self._operand(b)._value())  # noqa: E501,E704
     def __and__(self, x): return self._bin(Ops.AND, x)  # noqa: E704
     def __or__(self, x): return self._bin(Ops.OR, x)  # noqa: E704
@@ -255,10 +274,10 @@ class UOp:
 
     # ---- kernel-IR builders (custom kernels)
     @staticmethod
-    def range(ctx: Any, end: "int | UOp", axis: int = 0, kind: str = "global") -> "UOp":
+    def range(ctx: Any, end: "int | UOp", axis: int = 0, kind: "str | AxisKind" = "global") -> "UOp":
         """A loop variable 0 <= r < end. `ctx` is the kernel's placeholder context."""
         end_uop = end if isinstance(end, UOp) else UOp.const(dtypes.int32, int(end))
-        return UOp(Ops.RANGE, dtypes.int32, (end_uop,), (axis, kind))
+        return UOp(Ops.RANGE, dtypes.int32, (end_uop,), (axis, AxisKind(kind)))
 
     @property
     def ctx(self) -> Any:

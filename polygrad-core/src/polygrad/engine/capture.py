@@ -1,0 +1,357 @@
+"""One capture layer: record what realizes ran, then replay it with new input buffers.
+
+Stage: execution. Input: any work that launches kernels (realizes, or replays of other graphs) inside
+`with capture() as cap:`. Output: `cap.launches`, the launches in order, and `cap.graph(inputs,
+outputs)`, a `CapturedGraph` that replays them. TinyJit (`engine/jit.py`), linalg's step loops and the
+model/bundle export build on this module; `realize.capture_hooks` is the low-level hook it installs
+(nothing else should touch that list).
+
+What a launch records: for a kernel, the device-independent kernel AST (the scheduler's `Step.ast`,
+before lowering: its RANGEs are "global"/"reduce" only), the device, the CompiledProgram that ran
+and the buffers passed in slot order; for a copy, [dst, src]. Every launch carries `var_vals` (the
+values of symbolic integers; empty until symbolic shapes exist).
+
+A graph gives each buffer one role:
+  input         one of the caller's `inputs` (matched by identity), substituted on every replay;
+  param         alive before the capture, or made outside kernels during it (weights, host data,
+                RNG keys): replay uses it as it is, with whatever it holds then;
+  intermediate  made by the captured work (a realize's new buffers, another graph's scratch): its
+                contents are written before they are read, so replay may reuse it or swap in a
+                fresh set (`new_scratch`, `replay(..., scratch=)`).
+Outputs (`output_slots`) are a separate list; an output is usually an intermediate.
+
+Captures nest: every active capture gets each launch, so a JIT capturing a function that uses linalg
+(which captures its own steps) records linalg's kernels too.
+
+>>> from polygrad import Tensor
+>>> from polygrad.engine.capture import capture
+>>> x = Tensor([1.0, 2.0]).realize()
+>>> with capture() as cap:
+...     y = (x * 2 + 1).realize()
+>>> g = cap.graph(inputs=[x._buffer()], outputs=[y._buffer()])
+>>> (g.n_kernels, g.roles)
+(1, ['intermediate', 'input'])
+>>> g.replay([Tensor([5.0, 6.0]).realize()._buffer()])[0].numpy().tolist()
+[11.0, 13.0]
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Sequence
+
+from polygrad import config
+from polygrad.device import Buffer, GlobalCounters
+from polygrad.engine import realize
+from polygrad.errors import PolygradError
+from polygrad.uop.ops import Ops, UOp
+
+
+class CaptureError(PolygradError, RuntimeError):
+    """A capture or captured graph was used in a way it cannot serve (see the message for the fix)."""
+
+
+@dataclass(eq=False)
+class Launch:
+    """One launch seen by a capture, with the real buffers it was given."""
+
+    kind: str  # "kernel" | "copy"
+    device: str
+    ast: UOp | None  # the device-independent kernel SINK (None for a copy)
+    program: Any  # realize.CompiledProgram (None for a copy)
+    buffers: list[Buffer]  # slot order; [dst, src] for a copy
+    var_vals: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class GraphLaunch:
+    """One launch of a CapturedGraph: like Launch, with buffer-table slots instead of buffers."""
+
+    kind: str
+    device: str
+    ast: UOp | None
+    program: Any
+    args: tuple[int, ...]  # indices into CapturedGraph.buffers, in the kernel's slot order
+    var_vals: dict[str, int] = field(default_factory=dict)
+
+
+class SlotInfo(NamedTuple):
+    """What an exporter needs to know of one buffer-table slot."""
+
+    size: int
+    dtype: Any
+    device: str
+    role: str  # "input" | "param" | "intermediate"
+
+
+_active: list["Capture"] = []
+
+
+def active() -> bool:
+    """Whether a capture is recording now."""
+    return bool(_active)
+
+
+def _on_launch(step: Any, program: Any, buffers: list[Buffer], n_inputs: int,
+               var_vals: dict | None = None) -> None:
+    """realize.capture_hooks entry: a template step just ran (args >= n_inputs are its new buffers);
+    var_vals ({DEFINE_VAR: int}) are the bound variables' values it ran with."""
+    created = [b for b, i in zip(buffers, step.args) if i >= n_inputs]
+    names = {v.arg[0]: int(n) for v, n in var_vals.items()} if var_vals else {}
+    _record(Launch(step.kind, step.device, step.ast, program, list(buffers), names), created)
+
+
+def _record(launch: Launch, created: list[Buffer]) -> None:
+    for cap in _active:
+        cap.launches.append(launch)
+        cap._created.update(id(b) for b in created)
+
+
+def note_rng_key(t: Any) -> None:
+    """Called by polygrad.random for each key tensor it makes: graphs refill these before each replay."""
+    for cap in _active:
+        cap.rng_keys.append(t)
+
+
+class Capture:
+    """Records every launch while active (`with capture() as cap:`); one recording per object."""
+
+    def __init__(self) -> None:
+        self.launches: list[Launch] = []
+        self.rng_keys: list[Any] = []  # Tensors made by polygrad.random while active
+        self._created: set[int] = set()  # ids of recorded buffers the captured work made
+        self._state = "new"
+
+    def __enter__(self) -> "Capture":
+        if self._state != "new":
+            raise CaptureError(f"this capture is {self._state}; a Capture records once, make a new "
+                               "capture() for another recording")
+        if not _active:
+            realize.capture_hooks.append(_on_launch)
+        _active.append(self)
+        self._state = "active"
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        in_order = bool(_active) and _active[-1] is self
+        if self in _active:
+            _active.remove(self)
+        if not _active and _on_launch in realize.capture_hooks:
+            realize.capture_hooks.remove(_on_launch)
+        self._state = "closed"
+        if not in_order and exc[0] is None:
+            raise CaptureError("captures must close in the reverse order they were opened (use `with`)")
+
+    @property
+    def kernels(self) -> list[Launch]:
+        return [launch for launch in self.launches if launch.kind == "kernel"]
+
+    def created(self, buf: Buffer) -> bool:
+        """Whether the captured work made `buf` (a recorded buffer that will be an intermediate)."""
+        return id(buf) in self._created
+
+    def graph(self, inputs: Sequence[Buffer] = (), outputs: Sequence[Buffer] = ()) -> "CapturedGraph":
+        """The replayable graph of what was recorded, `inputs` to be substituted on replay."""
+        if self._state != "closed":
+            raise CaptureError("the capture is still recording; leave the `with capture()` block before "
+                               "building its graph")
+        keys = []
+        for t in self.rng_keys:
+            u = t.uop.src[0] if t.uop.op is Ops.RESHAPE else t.uop
+            if u.op is Ops.BUFFER:
+                keys.append(u.arg)
+        return CapturedGraph(self.launches, inputs, outputs, self._created, keys)
+
+
+def capture() -> Capture:
+    """A new Capture; use as `with capture() as cap: ...`."""
+    return Capture()
+
+
+def _copy(buffers: list[Buffer], var_vals: Any, timing: bool) -> None:
+    realize.copy_buffer(buffers[0], buffers[1])
+
+
+class CapturedGraph:
+    """Recorded launches over a buffer table with roles; `replay(inputs)` launches them again.
+
+    Public layout (what an exporter reads): `launches` (GraphLaunch: kind, device, device-independent
+    `ast`, `program`, `args` as table slots, `var_vals`), `buffers` (the table, bound to the buffers
+    of the last replay), `roles`, `input_slots` (a slot per input, None where no launch used it),
+    `output_slots`, `rng_slots` (keys refilled from the global RNG counter before each replay).
+    """
+
+    def __init__(self, launches: Sequence[Launch], inputs: Sequence[Buffer], outputs: Sequence[Buffer],
+                 created: set[int] = frozenset(), rng_keys: Sequence[Buffer] = ()):  # type: ignore[assignment]
+        inputs, outputs = list(inputs), list(outputs)
+        where = {id(b): k for k, b in enumerate(inputs)}
+        if len(where) != len(inputs):
+            raise CaptureError("the same buffer was given twice as a graph input; inputs must be distinct")
+        self.buffers: list[Buffer] = []
+        self.roles: list[str] = []
+        slot_of: dict[int, int] = {}
+
+        def slot(b: Buffer) -> int:
+            s = slot_of.get(id(b))
+            if s is None:
+                s = slot_of[id(b)] = len(self.buffers)
+                self.buffers.append(b)
+                self.roles.append("input" if id(b) in where else "intermediate" if id(b) in created else "param")
+            return s
+
+        self.launches = [GraphLaunch(x.kind, x.device, x.ast, x.program, tuple(slot(b) for b in x.buffers),
+                                     dict(x.var_vals)) for x in launches]
+        self.output_slots = [slot(b) for b in outputs]  # one no launch touched joins as input or param
+        self.input_slots: list[int | None] = [slot_of.get(id(b)) for b in inputs]
+        self.input_specs = [(b.size, b.dtype, b.device) for b in inputs]
+        self.rng_slots = [slot_of[id(b)] for b in rng_keys if id(b) in slot_of]
+        self.intermediate_slots = [s for s, r in enumerate(self.roles) if r == "intermediate"]
+        kernels = [x.program for x in self.launches if x.kind == "kernel"]
+        self.n_kernels, self.n_copies = len(kernels), len(self.launches) - len(kernels)
+        self.ops = sum(p.spec.ops for p in kernels)
+        self.mem_bytes = sum(p.spec.mem_bytes for p in kernels)
+        self._build_plan()
+
+    # ---- the replay plan: per launch a (function, argument list, var_vals tuple), patched in place
+    def _build_plan(self) -> None:
+        self._bufs = [[self.buffers[s] for s in x.args] for x in self.launches]
+        self._plan: list[tuple[Any, list[Any], Any]] = []
+        self._var_names: list[tuple[int, tuple[str, ...]]] = []  # (launch, its DEFINE_VAR names)
+        self._names: list[tuple[str, ...]] = []  # per launch
+        self._missing_vars = False
+        hs_of = []
+        for i, (x, bufs) in enumerate(zip(self.launches, self._bufs)):
+            if x.kind == "copy":
+                self._names.append(())
+                hs_of.append(bufs)
+                self._plan.append((_copy, bufs, ()))
+                continue
+            hs = [b.handle for b in bufs]
+            hs_of.append(hs)
+            names = tuple(v.arg[0] for v in x.program.spec.vars)
+            self._names.append(names)
+            if names:
+                self._var_names.append((i, names))
+                self._missing_vars |= any(n not in x.var_vals for n in names)
+            vv = tuple(x.var_vals.get(n, 0) for n in names)
+            self._plan.append((x.program.program, hs, vv))
+        k_of = {s: k for k, s in enumerate(self.input_slots) if s is not None}
+        j_of = {s: j for j, s in enumerate(self.intermediate_slots)}
+        self._in_patch, self._mid_patch = [], []
+        self._mid_pos: list[tuple[int, ...]] = []
+        for x, bufs, hs in zip(self.launches, self._bufs, hs_of):
+            for pos, s in enumerate(x.args):
+                if s in k_of:
+                    self._in_patch.append((hs, bufs, pos, k_of[s]))
+                elif s in j_of:
+                    self._mid_patch.append((hs, bufs, pos, j_of[s]))
+            self._mid_pos.append(tuple(p for p, s in enumerate(x.args) if s in j_of))
+        self._in_table = [(s, k) for k, s in enumerate(self.input_slots) if s is not None]
+
+    def slots(self) -> list[SlotInfo]:
+        """(size, dtype, device, role) of every buffer-table slot."""
+        return [SlotInfo(b.size, b.dtype, b.device, r) for b, r in zip(self.buffers, self.roles)]
+
+    def new_scratch(self) -> list[Buffer]:
+        """A fresh, allocated set of intermediates (pass it as `replay(..., scratch=)`)."""
+        return [Buffer(b.device, b.size, b.dtype).ensure_allocated()
+                for b in (self.buffers[s] for s in self.intermediate_slots)]
+
+    def bind_scratch(self, scratch: Sequence[Buffer]) -> None:
+        """Use `scratch` (one buffer per intermediate slot) for this and later replays."""
+        if len(scratch) != len(self.intermediate_slots):
+            raise CaptureError(f"scratch has {len(scratch)} buffers; this graph has "
+                               f"{len(self.intermediate_slots)} intermediates (use new_scratch())")
+        handles = [b.handle for b in scratch]
+        for hs, bufs, pos, j in self._mid_patch:
+            hs[pos] = handles[j]
+            bufs[pos] = scratch[j]
+        for s, b in zip(self.intermediate_slots, scratch):
+            self.buffers[s] = b
+
+    # ---- replay
+    def replay(self, inputs: Sequence[Buffer], var_vals: dict[str, int] | None = None,
+               scratch: Sequence[Buffer] | None = None) -> list[Buffer]:
+        """Launch the recorded programs with `inputs` substituted; returns the output buffers.
+
+        The inputs must match the captured ones in count, size, dtype and device. `var_vals` gives
+        the symbolic integers (forwarded to the programs); `scratch` swaps in other intermediates.
+        """
+        if len(inputs) != len(self.input_specs):
+            raise CaptureError(f"replay got {len(inputs)} inputs; the graph was captured with {len(self.input_specs)}")
+        for k, (b, spec) in enumerate(zip(inputs, self.input_specs)):
+            if (b.size, b.dtype, b.device) != spec:
+                raise CaptureError(f"replay input {k} is {b.size} x {b.dtype.name} on {b.device}; the graph was "
+                                   f"captured with {spec[0]} x {spec[1].name} on {spec[2]}; capture again for "
+                                   "other shapes")
+        return self.launch(inputs, var_vals, scratch)
+
+    def launch(self, inputs: Sequence[Buffer], var_vals: dict[str, int] | None = None,
+               scratch: Sequence[Buffer] | None = None) -> list[Buffer]:
+        """replay() without the input checks, for callers that checked already (TinyJit, linalg)."""
+        if scratch is not None:
+            self.bind_scratch(scratch)
+        handles = [b.handle for b in inputs]
+        for hs, bufs, pos, k in self._in_patch:
+            hs[pos] = handles[k]
+            bufs[pos] = inputs[k]
+        table = self.buffers
+        for s, k in self._in_table:
+            table[s] = inputs[k]
+        if self.rng_slots:
+            from polygrad.random import next_key_values
+            for s in self.rng_slots:
+                table[s].copyin(next_key_values())
+        plan = self._plan_with(var_vals) if (var_vals or self._missing_vars) else self._plan
+        if _active or config.get("DEBUG") >= 1:
+            self._launch_recorded(plan)
+        else:
+            t0 = time.perf_counter()
+            for fn, args, vv in plan:
+                fn(args, vv, False)
+            self._count(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
+        return [table[s] for s in self.output_slots]
+
+    def _plan_with(self, var_vals: dict[str, int] | None) -> list[tuple[Any, list[Any], Any]]:
+        var_vals = var_vals or {}
+        known = {n for _, names in self._var_names for n in names}
+        unknown = sorted(set(var_vals) - known)
+        if unknown:
+            raise CaptureError(f"no captured kernel takes the variable(s) {unknown}; it takes {sorted(known)}")
+        plan = list(self._plan)
+        for i, names in self._var_names:
+            vals = {**self.launches[i].var_vals, **var_vals}
+            missing = [n for n in names if n not in vals]
+            if missing:
+                raise CaptureError(f"replay needs values for the variable(s) {missing} (pass var_vals=)")
+            fn, args, _ = plan[i]
+            plan[i] = (fn, args, tuple(int(vals[n]) for n in names))
+        return plan
+
+    def _launch_recorded(self, plan: list[tuple[Any, list[Any], Any]]) -> None:
+        """The slow path: launches one by one for DEBUG output and for the captures active now."""
+        debug = config.get("DEBUG") >= 1
+        n = ops = mem = 0
+        dt = 0.0
+        for x, (fn, args, vv), bufs, mid, names in zip(self.launches, plan, self._bufs, self._mid_pos,
+                                                       self._names):
+            if x.kind == "kernel" and debug and not vv:
+                x.program(bufs)  # counts and prints itself
+            else:
+                t0 = time.perf_counter()
+                fn(args, vv, False)
+                dt += time.perf_counter() - t0
+                if x.kind == "kernel":
+                    n, ops, mem = n + 1, ops + x.program.spec.ops, mem + x.program.spec.mem_bytes
+            if _active:
+                _record(Launch(x.kind, x.device, x.ast, x.program, list(bufs), dict(zip(names, vv))),
+                        [bufs[p] for p in mid])
+        self._count(n, ops, mem, dt)
+
+    @staticmethod
+    def _count(n: int, ops: int, mem: int, dt: float) -> None:
+        GlobalCounters.kernel_count += n
+        GlobalCounters.global_ops += ops
+        GlobalCounters.global_mem += mem
+        GlobalCounters.time_sum_s += dt
+        realize.runtime_stats["kernels_run"] += n

@@ -1,0 +1,305 @@
+"""A serialised, versioned form of kernel IR: `dumps(ast) -> bytes`, `loads(data) -> UOp`.
+
+Stage: shared. Input: a kernel SINK, normally the scheduler's output after `simplify_indices` (the
+device-independent form, before device optimisation), though any UOp graph whose args are of the
+kinds below can be written. Output: UTF-8 JSON bytes, and back the very same hash-consed UOp
+(`loads(dumps(x)) is x`). The form is meant for golden files, caches and other implementations of the
+IR (see docs/kernel-ir.md, "Serialised form"):
+
+    {"format": "polygrad-kernel", "version": 1,
+     "nodes": [[op, dtype, [src indices], arg], ...],   # sources before users
+     "roots": [index, ...]}
+
+Ops and dtypes are written by name ("ADD", "float32"), never by enum number, so the numbering in
+ops.py can change without breaking stored kernels. Args carry explicit tags (see `encode_arg`) so that
+int / float / bool / str / tuple / None / KernelInfo / Ops / DType / AxisKind come back exactly, floats bit for
+bit (-0.0, NaN payloads, infinities). Reading never evaluates code: it is plain `json` plus table
+look-ups, and anything unexpected raises `KernelFormatError` saying what is wrong. Both directions
+are iterative over the node list, so a graph of any depth is fine.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any, Iterable
+
+from polygrad.dtype import ALL_DTYPES, DType, dtypes
+from polygrad.errors import PolygradError
+from polygrad.uop.ops import KernelInfo, Ops, UOp
+
+try:  # RANGE kinds: (axis id, AxisKind) where ops.py has the enum, plain strs before it
+    from polygrad.uop.ops import AxisKind
+except ImportError:  # pragma: no cover
+    AxisKind = None
+
+FORMAT = "polygrad-kernel"
+VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+
+# language-neutral dtype names (width explicit); DType.name is the C-ish "float", "char", ...
+DTYPE_NAMES: dict[DType, str] = {
+    dtypes.bool: "bool", dtypes.int8: "int8", dtypes.uint8: "uint8", dtypes.int16: "int16",
+    dtypes.uint16: "uint16", dtypes.int32: "int32", dtypes.uint32: "uint32", dtypes.int64: "int64",
+    dtypes.uint64: "uint64", dtypes.float16: "float16", dtypes.bfloat16: "bfloat16",
+    dtypes.float32: "float32", dtypes.float64: "float64",
+}
+assert set(DTYPE_NAMES) == set(ALL_DTYPES)
+DTYPES_BY_NAME: dict[str, DType] = {v: k for k, v in DTYPE_NAMES.items()}
+
+MAX_ARG_DEPTH = 64  # nested tuples in one arg; real args are at most two levels deep
+
+
+class KernelFormatError(PolygradError, ValueError):
+    """Serialised kernel data that cannot be read (or a graph that cannot be written)."""
+
+
+# ---------------------------------------------------------------------------------------------------
+# args
+
+
+def _float_bits(x: float) -> str:
+    return struct.pack(">d", x).hex()
+
+
+def encode_arg(arg: Any, depth: int = 0) -> Any:
+    """A UOp arg as tagged JSON. None is `null`; everything else is `[tag, payload]`:
+
+    ["int", 5]                       any Python int (JSON integers are unbounded)
+    ["float", "3ff0000000000000"]    the IEEE float64 bits, big-endian hex (16 digits)
+    ["bool", true]   ["str", "global"]   ["tuple", [arg, ...]]
+    ["op", "ADD"]    ["dtype", "float32"]    ["axis_kind", "global"]   (a RANGE's AxisKind, by value)
+    ["kernel_info", {"name": "E_4", "opts": arg}]   (opts is itself an encoded tuple)
+    """
+    if depth > MAX_ARG_DEPTH:
+        raise KernelFormatError(f"arg nested deeper than {MAX_ARG_DEPTH} levels; kernel args are flat tuples")
+    if arg is None:
+        return None
+    t = type(arg)
+    if t is bool:
+        return ["bool", arg]
+    if t is int:
+        return ["int", arg]
+    if t is float:
+        return ["float", _float_bits(arg)]
+    if t is str:
+        return ["str", arg]
+    if t is tuple:
+        return ["tuple", [encode_arg(a, depth + 1) for a in arg]]
+    if t is Ops:
+        return ["op", arg.name]
+    if t is DType:
+        return ["dtype", DTYPE_NAMES[arg]]
+    if AxisKind is not None and t is AxisKind:
+        return ["axis_kind", arg.value]
+    if t is KernelInfo:
+        if type(arg.name) is not str or type(arg.opts) is not tuple:
+            raise KernelFormatError(f"KernelInfo needs a str name and a tuple of opts, got {arg!r}")
+        return ["kernel_info", {"name": arg.name, "opts": encode_arg(arg.opts, depth + 1)}]
+    raise KernelFormatError(
+        f"cannot serialise a UOp arg of type {t.__name__} ({arg!r:.80}); only None, bool, int, float, str, tuple, "
+        "Ops, DType, AxisKind and KernelInfo are part of the kernel form. Serialise kernel IR (a scheduled SINK), "
+        "not a tensor graph holding buffers")
+
+
+def decode_arg(obj: Any, where: str = "arg", depth: int = 0) -> Any:
+    """The inverse of `encode_arg`; raises KernelFormatError on anything it does not know."""
+    if depth > MAX_ARG_DEPTH:
+        raise KernelFormatError(f"{where}: nested deeper than {MAX_ARG_DEPTH} levels")
+    if obj is None:
+        return None
+    if type(obj) is not list or len(obj) != 2 or type(obj[0]) is not str:
+        raise KernelFormatError(f"{where}: expected null or a [tag, payload] pair, got {obj!r:.80}")
+    tag, val = obj
+    if tag == "int":
+        if type(val) is not int:
+            raise KernelFormatError(f"{where}: an int arg needs a JSON integer, got {val!r:.40}")
+        return val
+    if tag == "float":
+        if type(val) is not str or len(val) != 16:
+            raise KernelFormatError(f"{where}: a float arg is 16 hex digits of float64 bits, got {val!r:.40}")
+        try:
+            return struct.unpack(">d", bytes.fromhex(val))[0]
+        except ValueError as e:
+            raise KernelFormatError(f"{where}: bad float bits {val!r}: {e}") from None
+    if tag == "bool":
+        if type(val) is not bool:
+            raise KernelFormatError(f"{where}: a bool arg needs true or false, got {val!r:.40}")
+        return val
+    if tag == "str":
+        if type(val) is not str:
+            raise KernelFormatError(f"{where}: a str arg needs a JSON string, got {val!r:.40}")
+        return val
+    if tag == "tuple":
+        if type(val) is not list:
+            raise KernelFormatError(f"{where}: a tuple arg needs a JSON list, got {val!r:.40}")
+        return tuple(decode_arg(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(val))
+    if tag == "op":
+        return _op_named(val, where)
+    if tag == "dtype":
+        return _dtype_named(val, where)
+    if tag == "axis_kind":
+        if type(val) is str and AxisKind is None:
+            return val  # an IR whose RANGE kinds are plain strs
+        kind = AxisKind._value2member_map_.get(val) if type(val) is str else None
+        if kind is None:
+            known = ", ".join(k.value for k in AxisKind) if AxisKind is not None else "any str"
+            raise KernelFormatError(f"{where}: unknown axis kind {val!r:.40}; use one of {known}")
+        return kind
+    if tag == "kernel_info":
+        if type(val) is not dict or set(val) != {"name", "opts"} or type(val["name"]) is not str:
+            raise KernelFormatError(f"{where}: kernel_info needs exactly {{'name': str, 'opts': tuple}}, "
+                                    f"got {val!r:.80}")
+        opts = decode_arg(val["opts"], f"{where}.opts", depth + 1)
+        if type(opts) is not tuple:
+            raise KernelFormatError(f"{where}: kernel_info opts must be a tuple arg, got {opts!r:.40}")
+        return KernelInfo(name=val["name"], opts=opts)
+    raise KernelFormatError(f"{where}: unknown arg tag {tag!r}; known tags are int, float, bool, str, tuple, op, "
+                            f"dtype, axis_kind, kernel_info (format version {VERSION}). Data from a newer polygrad "
+                            "needs a newer reader")
+
+
+def _op_named(name: Any, where: str) -> Ops:
+    op = Ops.__members__.get(name) if type(name) is str else None
+    if op is None:
+        raise KernelFormatError(f"{where}: unknown op {name!r:.40}; this polygrad knows "
+                                f"{', '.join(Ops.__members__)}. Upgrade polygrad or regenerate the file")
+    return op
+
+
+def _dtype_named(name: Any, where: str) -> DType:
+    dt = DTYPES_BY_NAME.get(name) if type(name) is str else None
+    if dt is None:
+        raise KernelFormatError(f"{where}: unknown dtype {name!r:.40}; use one of {', '.join(DTYPES_BY_NAME)}")
+    return dt
+
+
+# ---------------------------------------------------------------------------------------------------
+# graphs
+
+
+def encode(asts: UOp | Iterable[UOp]) -> dict:
+    """The JSON object (a dict) for one UOp or a list of them sharing one node table."""
+    roots = [asts] if isinstance(asts, UOp) else list(asts)
+    for r in roots:
+        if not isinstance(r, UOp):
+            raise KernelFormatError(f"can only serialise UOps, got {type(r).__name__}")
+    index: dict[UOp, int] = {}
+    nodes: list[list] = []
+    for root in roots:
+        if root in index:
+            continue
+        for n in root.toposort():  # iterative, sources first
+            if n in index:
+                continue
+            if n.dtype is not None and n.dtype not in DTYPE_NAMES:
+                raise KernelFormatError(f"{n.op.name} node has dtype {n.dtype!r}, which has no serialised name")
+            try:
+                arg = encode_arg(n.arg)
+            except KernelFormatError as e:
+                raise KernelFormatError(f"{n.op.name} node (#{len(nodes)}): {e}") from None
+            index[n] = len(nodes)
+            nodes.append([n.op.name, DTYPE_NAMES[n.dtype] if n.dtype is not None else None,
+                          [index[s] for s in n.src], arg])
+    return {"format": FORMAT, "version": VERSION, "nodes": nodes, "roots": [index[r] for r in roots]}
+
+
+def decode(obj: Any) -> list[UOp]:
+    """The roots of an `encode` object, as hash-consed UOps (the same objects, if they are alive)."""
+    if type(obj) is not dict:
+        raise KernelFormatError(f"serialised kernel must be a JSON object, got {type(obj).__name__}")
+    fmt = obj.get("format")
+    if fmt != FORMAT:
+        raise KernelFormatError(f"not a polygrad kernel: format is {fmt!r:.40}, expected {FORMAT!r}")
+    version = obj.get("version")
+    if type(version) is not int:
+        raise KernelFormatError(f"serialised kernel has no integer 'version' (got {version!r:.40}); the file is "
+                                "damaged or not written by polygrad.uop.serialize")
+    if version not in SUPPORTED_VERSIONS:
+        newer = version > max(SUPPORTED_VERSIONS)
+        raise KernelFormatError(
+            f"serialised kernel is format version {version}; this polygrad reads versions "
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))}. "
+            + ("Upgrade polygrad to read it." if newer else "Regenerate it with this polygrad."))
+    extra = set(obj) - {"format", "version", "nodes", "roots"}
+    if extra:
+        raise KernelFormatError(f"serialised kernel has unknown fields {sorted(extra)} for version {version}")
+    nodes, roots = obj.get("nodes"), obj.get("roots")
+    if type(nodes) is not list or type(roots) is not list:
+        raise KernelFormatError("serialised kernel needs a 'nodes' list and a 'roots' list")
+    built: list[UOp] = []
+    for i, node in enumerate(nodes):
+        where = f"node #{i}"
+        if type(node) is not list or len(node) != 4:
+            raise KernelFormatError(f"{where}: expected [op, dtype, [src indices], arg], got {node!r:.80}")
+        op_name, dt_name, src, arg = node
+        op = _op_named(op_name, where)
+        dtype = None if dt_name is None else _dtype_named(dt_name, where)
+        if type(src) is not list:
+            raise KernelFormatError(f"{where}: src must be a list of node indices, got {src!r:.40}")
+        for s in src:
+            if type(s) is not int or not 0 <= s < i:
+                raise KernelFormatError(f"{where}: src index {s!r:.20} is not an earlier node (0..{i - 1}); nodes "
+                                        "must be listed sources first")
+        value = decode_arg(arg, f"{where} ({op_name}) arg")
+        built.append(UOp(op, dtype, tuple(built[s] for s in src), value))
+    out = []
+    for r in roots:
+        if type(r) is not int or not 0 <= r < len(built):
+            raise KernelFormatError(f"root {r!r:.20} is not a node index (0..{len(built) - 1})")
+        out.append(built[r])
+    return out
+
+
+def _no_constants(name: str) -> Any:
+    raise KernelFormatError(f"JSON constant {name} is not allowed in a serialised kernel (floats are stored as bits)")
+
+
+def _parse(data: bytes | str) -> Any:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        try:
+            data = bytes(data).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise KernelFormatError(f"serialised kernel is not UTF-8 text ({e}); pass the bytes dumps() wrote") \
+                from None
+    elif not isinstance(data, str):
+        raise KernelFormatError(f"loads() takes bytes or str, got {type(data).__name__}")
+    try:
+        return json.loads(data, parse_constant=_no_constants)
+    except json.JSONDecodeError as e:
+        raise KernelFormatError(f"serialised kernel is not valid JSON ({e}); the data is truncated or damaged, "
+                                "write it again with polygrad.uop.serialize.dumps") from None
+    except RecursionError:
+        raise KernelFormatError("serialised kernel nests JSON too deeply; the data is damaged") from None
+
+
+def _to_bytes(obj: dict) -> bytes:
+    # deterministic: fixed key order, no whitespace, ASCII only
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+
+
+def dumps(ast: UOp) -> bytes:
+    """One UOp graph (normally a kernel SINK) as deterministic UTF-8 JSON bytes."""
+    if not isinstance(ast, UOp):
+        raise KernelFormatError(f"dumps() takes a UOp, got {type(ast).__name__}; use dumps_many for a list")
+    return _to_bytes(encode(ast))
+
+
+def loads(data: bytes | str) -> UOp:
+    """The UOp `dumps` wrote: the same hash-consed object when that UOp is alive."""
+    roots = decode(_parse(data))
+    if len(roots) != 1:
+        raise KernelFormatError(f"loads() expects one root, the data holds {len(roots)}; use loads_many")
+    return roots[0]
+
+
+def dumps_many(asts: Iterable[UOp]) -> bytes:
+    """Several graphs in one bundle; shared nodes are written once."""
+    return _to_bytes(encode(list(asts)))
+
+
+def loads_many(data: bytes | str) -> list[UOp]:
+    return decode(_parse(data))
+
+
+__all__ = ["FORMAT", "VERSION", "KernelFormatError", "dumps", "loads", "dumps_many", "loads_many", "encode",
+           "decode", "encode_arg", "decode_arg", "DTYPE_NAMES"]
