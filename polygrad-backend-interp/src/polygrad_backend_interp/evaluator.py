@@ -1,7 +1,9 @@
 """Evaluate kernel IR with NumPy. Every RANGE is an array axis; values broadcast over the axes of
 the ranges they depend on; REDUCE sums (or maxes) over its ranges' axes; STORE scatters.
 
-Big kernels are evaluated in chunks of their outermost range so temporaries stay bounded.
+Big kernels are evaluated in chunks of their outermost range so temporaries stay bounded. Symbolic
+sizes: a DEFINE_VAR evaluates to its launch value (var_vals, in spec.vars order), and a range whose end
+is an expression over variables gets that many elements on its axis.
 
 Why this does not walk the linearized program (renderer/linearize.py) that compiled targets emit, and
 why it computes the same thing: the linear program is one schedule of the kernel's points, and the
@@ -81,11 +83,22 @@ class InterpProgram:
         self.ranges = sorted({n for n in spec.ast.toposort() if n.op is Ops.RANGE}, key=lambda r: r.arg[0])
         self.axis = {r: i for i, r in enumerate(self.ranges)}
         self.slot_dtype = {g.slot: g.dtype for g in spec.globals}
+        self.var_vals: tuple[int, ...] = ()
+        self.sizes: dict[UOp, int] = {}
+
+    def size(self, r: UOp) -> int:
+        """A range's trip count at this launch's variable values."""
+        hit = self.sizes.get(r)
+        if hit is None:
+            hit = self.sizes[r] = self.spec.eval_int(r.src[0], self.var_vals)
+        return hit
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> None:
+        self.var_vals, self.sizes = tuple(var_vals), {}
         views = {}
         for g, buf in zip(self.spec.globals, buffers):
-            views[g.slot] = buf.arr[: g.size * g.dtype.itemsize].view(g.dtype.np)
+            n = self.spec.eval_int(g.size, self.var_vals)
+            views[g.slot] = buf.arr[: n * g.dtype.itemsize].view(g.dtype.np)
         with np.errstate(all="ignore"):
             for block in self.spec.ast.src:
                 self.run_block(block, views)
@@ -95,9 +108,9 @@ class InterpProgram:
         store = block.src[0] if block.op is Ops.END else block
         ranges = list(block.src[1:]) if block.op is Ops.END else []
         first = ranges[0] if ranges else None
-        total = math.prod(int(r.src[0].arg) for r in self.ranges) if self.ranges else 1
+        total = math.prod(self.size(r) for r in self.ranges) if self.ranges else 1
         if first is not None and total > CHUNK_ELEMENTS:
-            n = int(first.src[0].arg)
+            n = self.size(first)
             per = max(1, CHUNK_ELEMENTS * n // total)
             for lo in range(0, n, per):
                 self.run_store(store, ranges, views, {first: (lo, min(n, lo + per))})
@@ -105,7 +118,7 @@ class InterpProgram:
             self.run_store(store, ranges, views, {})
 
     def range_value(self, r: UOp, window: dict[UOp, tuple[int, int]]) -> np.ndarray:
-        lo, hi = window.get(r, (0, int(r.src[0].arg)))
+        lo, hi = window.get(r, (0, self.size(r)))
         shape = [1] * len(self.ranges)
         shape[self.axis[r]] = hi - lo
         return np.arange(lo, hi, dtype=np.int64).reshape(shape)
@@ -119,7 +132,7 @@ class InterpProgram:
         val = self.eval(value, views, window, memo)
         full = [1] * len(self.ranges)
         for r in ranges:
-            lo, hi = window.get(r, (0, int(r.src[0].arg)))
+            lo, hi = window.get(r, (0, self.size(r)))
             full[self.axis[r]] = hi - lo
         idx_b = np.broadcast_to(np.asarray(idx), full).reshape(-1)
         val_b = np.broadcast_to(np.asarray(val), full).reshape(-1)
@@ -144,6 +157,8 @@ class InterpProgram:
             return _round_half(np.array(u.arg, dtype=_np_dtype(u.dtype)), u.dtype)
         if op is Ops.RANGE:
             return self.range_value(u, window)
+        if op is Ops.DEFINE_VAR:
+            return np.array(self.var_vals[self.spec.vars.index(u)], dtype=_np_dtype(u.dtype))
         if op in (Ops.DEFINE_GLOBAL, Ops.INDEX):
             return np.zeros(())  # consumed by LOAD/STORE
         if op is Ops.LOAD:
@@ -161,7 +176,7 @@ class InterpProgram:
             axes = tuple(self.axis[r] for r in u.src[1:])
             shape = list(np.shape(body)) if np.ndim(body) else [1] * len(self.ranges)
             for r in u.src[1:]:
-                lo, hi = window.get(r, (0, int(r.src[0].arg)))
+                lo, hi = window.get(r, (0, self.size(r)))
                 shape[self.axis[r]] = hi - lo
             body = np.broadcast_to(body, shape)
             if u.arg is Ops.ADD:

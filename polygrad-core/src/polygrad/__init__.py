@@ -11,9 +11,10 @@ from polygrad.engine.jit import CompiledCallable, JitError, TinyJit, compile, ji
 from polygrad.inspect import can_run, stats
 from polygrad.runtime import Runtime, create
 from polygrad.tensor import Tensor
+from polygrad.uop.sint import Variable
 from polygrad import nn  # noqa: E402  (after Tensor: nn builds on it)
 
 __version__ = "0.1.0"
 
 __all__ = ["CompiledCallable", "Context", "Device", "GlobalCounters", "JitError", "Runtime", "Tensor", "TinyJit",
-           "can_run", "compile", "create", "dtypes", "jit", "nn", "stats", "__version__"]
+           "Variable", "can_run", "compile", "create", "dtypes", "jit", "nn", "stats", "__version__"]

@@ -47,3 +47,8 @@ class SafetensorsError(PolygradError, ValueError):
 
 class LinAlgError(PolygradError, ValueError):
     """A linear-algebra input that has no answer: singular, not square, or not positive definite."""
+
+
+class VariableError(PolygradError, ValueError):
+    """A symbolic size Variable used wrongly: bound outside its bounds or to a non-integer, realized
+    while unbound, bound to two values at once, or two variables sharing one name in a kernel."""

@@ -10,6 +10,7 @@ import math
 
 from polygrad.dtype import dtypes
 from polygrad.uop import movement as mv
+from polygrad.uop.sint import sadd, ssub
 from polygrad.uop.ops import Ops, UOp
 
 
@@ -83,11 +84,11 @@ def _max_grad(node: UOp, g: UOp) -> tuple:
 
 
 def _pad_grad(node: UOp, g: UOp) -> tuple:
-    return (mv.shrink(g, tuple((b, b + s) for (b, _), s in zip(node.arg, node.src[0].shape))),)
+    return (mv.shrink(g, tuple((b, sadd(b, s)) for (b, _), s in zip(node.arg, node.src[0].shape))),)
 
 
 def _shrink_grad(node: UOp, g: UOp) -> tuple:
-    return (mv.pad(g, tuple((b, s - e) for (b, e), s in zip(node.arg, node.src[0].shape))),)
+    return (mv.pad(g, tuple((b, ssub(s, e)) for (b, e), s in zip(node.arg, node.src[0].shape))),)
 
 
 def _expand_grad(node: UOp, g: UOp) -> tuple:

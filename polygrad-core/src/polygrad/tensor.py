@@ -19,6 +19,7 @@ from polygrad.dtype import DType, dtype_of_python, dtypes, least_upper_dtype, le
 from polygrad.errors import DeviceError, RuntimeOwnershipError
 from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
+from polygrad.uop import sint
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.shape import ShapeError
 from polygrad.tensor_activation import ActivationMixin
@@ -33,7 +34,7 @@ _effect_ids = itertools.count(1)  # makes every assign a distinct UOp
 
 
 def _prod(xs: Iterable[int]) -> int:
-    return math.prod(xs)
+    return sint.sprod(xs)  # an int, or a symbolic size when a dimension is one
 
 
 def _buffer_uop(buf: Buffer, shape: tuple[int, ...]) -> UOp:
@@ -200,7 +201,9 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         shape = _shape_arg(shape)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         dev = canonicalize(device if device is not None else _default_device(kw.get("_runtime")))
-        return Tensor(_buffer_uop(Buffer(dev, _prod(shape), dt), shape), requires_grad=kw.get("requires_grad"),
+        # a symbolic dimension allocates for its bound value (x.shape keeps the Variable)
+        buf = Buffer(dev, sint.value(_prod(shape)), dt)
+        return Tensor(_buffer_uop(buf, shape), requires_grad=kw.get("requires_grad"),
                       _runtime=kw.get("_runtime"))._as_leaf()
 
     def _as_leaf(self) -> "Tensor":
@@ -292,10 +295,12 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         return u.arg
 
     def numpy(self) -> np.ndarray:
-        if self.numel() == 0:
-            return np.zeros(self.shape, dtype=self.dtype.np if self.dtype is not dtypes.bfloat16 else np.float32)
+        shape = sint.concrete_shape(self.shape)  # symbolic sizes read at their bound values
+        if _prod(shape) == 0:
+            return np.zeros(shape, dtype=self.dtype.np if self.dtype is not dtypes.bfloat16 else np.float32)
         flat = self._buffer().numpy()
-        return _storage_to_numpy(flat, self.dtype).reshape(self.shape)
+        # a realized symbolic result fills a prefix of a buffer sized for the variables' maxima
+        return _storage_to_numpy(flat[:_prod(shape)], self.dtype).reshape(shape)
 
     def data(self) -> memoryview:
         return memoryview(self.numpy())
@@ -630,10 +635,19 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
             raise ShapeError(f"reshape {shape}: only one dimension can be -1")
         if -1 in shape:
             known = _prod(s for s in shape if s != -1)
-            if known == 0 or self.numel() % known:
+            numel = self.numel()
+            if sint.has_sym((known, numel)):
+                rest = 1 if known is numel else sint.sdiv(numel, known)
+                if not sint.sym_equal(sint.smul(rest, known), numel):
+                    raise ShapeError(f"cannot infer -1 in reshape {shape} of {self.shape}: give every size")
+            elif known == 0 or numel % known:
                 raise ShapeError(f"cannot reshape {self.shape} to {shape}")
-            shape = tuple(self.numel() // known if s == -1 else s for s in shape)
-        if _prod(shape) != self.numel():
+            else:
+                rest = numel // known
+            shape = tuple(rest if s == -1 else s for s in shape)
+        if sint.has_sym(shape) and sint.resolve(_prod(shape)) is None:
+            sint.value(_prod(shape))  # an unbound Variable: VariableError says to bind it
+        if not sint.sym_equal(_prod(shape), self.numel()):
             raise ShapeError(f"cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
         return self._new(mv.reshape(self.uop, shape))
 
@@ -811,6 +825,13 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
                 out_shape.append(("new", None))
                 continue
             size = self.shape[dim]
+            if isinstance(it, slice) and (sint.is_sym(size) or isinstance(it.start, UOp) or isinstance(it.stop, UOp)):
+                bounds.append(_symbolic_slice(it, size))  # cache[:pos] with pos a bound Variable
+                flips.append(False)
+                steps.append(1)
+                out_shape.append(("keep", dim))
+                dim += 1
+                continue
             if isinstance(it, (int, np.integer)) and not isinstance(it, bool):
                 i = int(it)
                 if not -size <= i < size:
@@ -926,6 +947,15 @@ def _autograd_graph(root: UOp, stop_at: "set[Tensor]") -> tuple[UOp, dict[UOp, U
     return root, {graph: buf for buf, graph in lineage.items()}
 
 
+def size_tensor(n: Any, like: "Tensor") -> "Tensor":
+    """A 0-d tensor (like's dtype and device) holding the size n, which may be symbolic: the kernel reads
+    the variable's value, so one program serves every binding."""
+    if not sint.is_sym(n):
+        return Tensor(UOp.const(like.dtype, n, like.device), _runtime=like._runtime)
+    zero = UOp.const(like.dtype, 0, like.device)  # carries the device
+    return Tensor(UOp(Ops.ADD, like.dtype, (zero, n.cast(like.dtype))), _runtime=like._runtime)
+
+
 def _iota(n: int, dt: DType, kw: dict) -> "Tensor":
     """0..n-1 computed in-kernel from the loop index (never materialised on the host)."""
     dev = canonicalize(kw.get("device") or _default_device(kw.get("_runtime")))
@@ -994,11 +1024,26 @@ def _is_realized(u: UOp) -> bool:
     return u.op is Ops.BUFFER and (u.arg.is_allocated or u.arg.size == 0)
 
 
+def _symbolic_slice(it: slice, size: Any) -> tuple[Any, Any]:
+    """(start, stop) of a step-1 slice whose size or endpoints are symbolic (no negative indices)."""
+    if it.step not in (None, 1):
+        raise ValueError(f"a slice with a symbolic size or endpoint needs step 1, got step {it.step}")
+    start = 0 if it.start is None else it.start
+    stop = size if it.stop is None else it.stop
+    for v in (start, stop):
+        if not isinstance(v, UOp) and int(v) < 0:
+            raise IndexError(f"negative slice index {v} next to a symbolic size; count from the start instead")
+    return start, stop
+
+
 def _shape_arg(shape: Any, allow_neg: bool = False) -> tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
     out = []
     for s in shape:
+        if isinstance(s, UOp):  # a symbolic size: a bound Variable (v.bind(n)) or an expression of them
+            out.append(sint.canon(s))
+            continue
         if isinstance(s, Tensor):
             s = s.item()
         if not isinstance(s, (int, np.integer)):

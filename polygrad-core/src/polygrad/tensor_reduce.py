@@ -87,8 +87,12 @@ class ReduceMixin:
     def mean(self, axis: Any = None, keepdim: bool = False):
         """The arithmetic mean (integers are averaged in the default float type); empty gives NaN."""
         x = self.cast(least_upper_float(self.dtype))
-        n = math.prod(self.shape[a] for a in _axes_of(self, axis)) if self.ndim else 1
+        from polygrad.uop import sint
+        n = sint.sprod(self.shape[a] for a in _axes_of(self, axis)) if self.ndim else 1
         total = x.sum(axis, keepdim)
+        if sint.is_sym(n):  # a symbolic count: divided in-kernel by the variable's value
+            from polygrad.tensor import size_tensor
+            return total / size_tensor(n, total)
         return total * (1.0 / n) if n else total * math.nan
 
     def var(self, axis: Any = None, keepdim: bool = False, correction: float = 1, unbiased: bool | None = None):

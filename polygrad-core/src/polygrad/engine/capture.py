@@ -92,10 +92,13 @@ def active() -> bool:
     return bool(_active)
 
 
-def _on_launch(step: Any, program: Any, buffers: list[Buffer], n_inputs: int) -> None:
-    """realize.capture_hooks entry: a template step just ran (args >= n_inputs are its new buffers)."""
+def _on_launch(step: Any, program: Any, buffers: list[Buffer], n_inputs: int,
+               var_vals: dict | None = None) -> None:
+    """realize.capture_hooks entry: a template step just ran (args >= n_inputs are its new buffers);
+    var_vals ({DEFINE_VAR: int}) are the bound variables' values it ran with."""
     created = [b for b, i in zip(buffers, step.args) if i >= n_inputs]
-    _record(Launch(step.kind, step.device, step.ast, program, list(buffers)), created)
+    names = {v.arg[0]: int(n) for v, n in var_vals.items()} if var_vals else {}
+    _record(Launch(step.kind, step.device, step.ast, program, list(buffers), names), created)
 
 
 def _record(launch: Launch, created: list[Buffer]) -> None:

@@ -5,10 +5,9 @@ Output: a kernel-IR SINK. Movement ops never move data: they become index arithm
 """
 from __future__ import annotations
 
-import math
-
 from polygrad.dtype import dtypes
-from polygrad.uop.ops import ELEMENTWISE, AxisKind, KernelInfo, Ops, UOp
+from polygrad.uop.ops import COMPARISONS, ELEMENTWISE, AxisKind, KernelInfo, Ops, UOp
+from polygrad.uop.sint import is_sym, sadd, smul, sprod, ssub, sym_equal, vmax
 
 TRUE = UOp.const(dtypes.bool, True)
 
@@ -19,14 +18,34 @@ INT32_MAX = 2**31 - 1
 index_width = {"dtype": dtypes.int32, "wide_needed": False}
 
 
-def _note_size(v: int) -> None:
+def _note_size(v: "int | UOp") -> None:
+    if is_sym(v):  # a symbolic size counts at its largest value
+        v = vmax(v)
     if not -INT32_MAX - 1 <= v <= INT32_MAX:
         index_width["wide_needed"] = True
 
 
-def _c(v: int) -> UOp:
+def _c(v: "int | UOp") -> UOp:
     _note_size(v)
+    if is_sym(v):
+        return _retype(v, index_width["dtype"])
     return UOp.const(index_width["dtype"], v)
+
+
+def _retype(v: UOp, dt) -> UOp:
+    """A symbolic size (over DEFINE_VARs, which stay int32 kernel parameters) computed in the index dtype."""
+    if v.dtype is dt:
+        return v
+    out: dict[UOp, UOp] = {}
+    for n in v.toposort():
+        if n.op is Ops.CONST:
+            out[n] = UOp.const(dt, n.arg) if n.dtype.is_int else n
+        elif n.op is Ops.DEFINE_VAR:
+            out[n] = n.cast(dt)
+        else:
+            src = tuple(out[x] for x in n.src)
+            out[n] = n.replace(src=src, dtype=n.dtype if n.op in COMPARISONS else dt)
+    return out[v]
 
 
 def build_with_index_width(build):
@@ -46,12 +65,12 @@ def strides_for(shape: tuple[int, ...]) -> tuple[int, ...]:
     out, acc = [], 1
     for s in reversed(shape):
         out.append(acc)
-        acc *= s
+        acc = smul(acc, s)
     return tuple(reversed(out))
 
 
 def flat_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
-    _note_size(math.prod(shape))  # the flat index reaches the element count
+    _note_size(sprod(shape))  # the flat index reaches the element count
     flat = _c(0)
     for i, st, s in zip(idx, strides_for(shape), shape):
         if s != 1:
@@ -83,7 +102,7 @@ class KernelBuilder:
 
     def define_global(self, slot: int, node: UOp) -> UOp:
         if slot not in self.globals:
-            size = math.prod(node.shape) if node.op is not Ops.BUFFER else node.arg.size
+            size = sprod(node.shape) if node.op is not Ops.BUFFER else node.arg.size
             _note_size(size)  # flat offsets into it may not fit int32
             self.globals[slot] = UOp(Ops.DEFINE_GLOBAL, node.dtype, (), (slot, (size,)))
         return self.globals[slot]
@@ -133,6 +152,8 @@ class KernelBuilder:
             return (yield (u.src[0], idx, valid))
         if op is Ops.BIND:
             return u.src[0]
+        if op is Ops.DEFINE_VAR:  # a symbolic size used as a value (x.mean() over a symbolic axis)
+            return u
         src = u.src[0] if u.src else None
         if op is Ops.RESHAPE:
             return (yield (src, reshape_index(idx, u.shape, src.shape), valid))
@@ -146,15 +167,16 @@ class KernelBuilder:
         if op is Ops.SHRINK:
             return (yield (src, tuple(i + _c(b) if b else i for i, (b, _) in zip(idx, u.arg)), valid))
         if op is Ops.FLIP:
-            return (yield (src, tuple(_c(s - 1) - i if f else i for i, f, s in zip(idx, u.arg, src.shape)), valid))
+            return (yield (src, tuple(_c(ssub(s, 1)) - i if f else i for i, f, s in zip(idx, u.arg, src.shape)),
+                           valid))
         if op is Ops.PAD:
             cond, new = TRUE, []
             for i, (b, a), s in zip(idx, u.arg, src.shape):
                 if b or a:
                     if b:
-                        cond = _and(cond, _c(b - 1) < i)
+                        cond = _and(cond, _c(ssub(b, 1)) < i)
                     if a:
-                        cond = _and(cond, i < _c(b + s))
+                        cond = _and(cond, i < _c(sadd(b, s)))
                 new.append(i - _c(b) if b else i)
             inner = yield (src, tuple(new), _and(valid, cond))
             return cond.where(inner, UOp.const(u.dtype, 0)) if cond is not TRUE else inner
@@ -199,13 +221,13 @@ def reshape_index(idx: tuple[UOp, ...], new_shape: tuple[int, ...], old_shape: t
         return tuple(next(it) if s != 1 else _c(0) for s in old_shape)
     flat = flat_index(idx, new_shape)
     out = []
+    total = sprod(old_shape)
     for st, s in zip(strides_for(old_shape), old_shape):
         if s == 1:
             out.append(_c(0))
             continue
         e = flat // _c(st) if st != 1 else flat
-        total = math.prod(old_shape)
-        out.append(e % _c(s) if st * s != total else e)
+        out.append(e if sym_equal(smul(st, s), total) else e % _c(s))
     return tuple(out)
 
 
@@ -223,7 +245,7 @@ def address(u: UOp, idx: tuple[UOp, ...]) -> tuple[UOp, UOp]:
         elif u.op is Ops.SHRINK:
             idx = tuple(i + _c(b) if b else i for i, (b, _) in zip(idx, u.arg))
         elif u.op is Ops.FLIP:
-            idx = tuple(_c(s - 1) - i if f else i for i, f, s in zip(idx, u.arg, src.shape))
+            idx = tuple(_c(ssub(s, 1)) - i if f else i for i, f, s in zip(idx, u.arg, src.shape))
         elif u.op in (Ops.DETACH, Ops.CONTIGUOUS):
             pass
         else:

@@ -10,6 +10,10 @@ The behaviour follows tinygrad's `TinyJit`:
   call 3+  checks the inputs match what was captured (shape, dtype, device) and replays the graph:
            the new input buffers are swapped into the recorded argument lists and the programs
            launch in order.
+Symbolic sizes (tinygrad's `Variable.bind` pattern): an input of shape (v.bind(n), 16), or a bound
+variable passed as an argument, may take a new value on every call without a new capture. Each
+captured launch keeps the variable values it ran with; a replay reads the new values off the inputs
+and hands them to the programs, and the returned tensors' shapes are rebound to them.
 Random numbers drawn inside the function (Tensor.rand, Dropout) are fresh on every replay: the key
 buffers the capture saw are refilled from the global RNG counter before each replay.
 Replays return the very Tensor objects the capture returned, whose buffers the replay overwrote
@@ -34,7 +38,8 @@ from polygrad.device import Buffer
 from polygrad.engine.capture import CapturedGraph, active, capture
 from polygrad.engine.capture import note_rng_key as note_rng_key  # polygrad.random imports it from here
 from polygrad.errors import PolygradError
-from polygrad.uop.ops import Ops
+from polygrad.uop import sint
+from polygrad.uop.ops import Ops, UOp
 
 
 class JitError(PolygradError, RuntimeError):
@@ -51,15 +56,17 @@ def _input_tensors(args: tuple, kwargs: dict) -> list[tuple[Any, Any]]:
 
 def _buffer_of(t: Any) -> Buffer:
     u = t.uop
-    if u.op is Ops.RESHAPE:
+    while u.op is Ops.RESHAPE:  # x.reshape(v.bind(n), 16) of a realized x is two reshapes
         u = u.src[0]
     if u.op is not Ops.BUFFER:
         raise JitError(f"JIT input {t!r} is not backed by a contiguous buffer after realize()")
     return u.arg.ensure_allocated()
 
 
-def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple]]:
-    """Realize the input tensors; return their buffers and the (name, shape, dtype, device) they had."""
+def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple], dict[UOp, int]]:
+    """Realize the input tensors; return their buffers, the (name, shape, dtype, device) they had (shapes
+    with their variables unbound) and this call's variable values (from those shapes and from the
+    bound variables, v.bind(n), passed directly as arguments)."""
     from polygrad.tensor import Tensor, _is_realized
     named = _input_tensors(args, kwargs)
     pending = [t for _, t in named if not _is_realized(t.uop)]
@@ -69,8 +76,19 @@ def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple
     if len({id(b) for b in buffers}) != len(buffers):
         raise JitError("the same realized buffer was passed as two JIT inputs; pass distinct tensors "
                        "(x.clone().realize() makes a copy)")
-    info = [(name, t.shape, t.dtype, t.device) for name, t in named]
-    return buffers, info
+    var_vals: dict[UOp, int] = {}
+    info = []
+    for name, t in named:
+        shape = t.shape
+        if sint.has_sym(shape):
+            sint.collect_binds(t.uop, var_vals)
+            shape = sint.strip_binds(shape, {})
+        info.append((name, shape, t.dtype, t.device))
+    for k, a in list(enumerate(args)) + sorted(kwargs.items()):
+        if isinstance(a, UOp) and a.op is Ops.BIND:
+            sint.record(var_vals, *a.unbind())
+            info.append((k, "variable", a.src[0]))
+    return buffers, info, var_vals
 
 
 def _result_tensors(ret: Any) -> list[Any]:
@@ -120,13 +138,13 @@ class TinyJit:
             raise JitError("this jitted function was disposed; wrap the function again to use it")
         if active():  # called inside another capture: run plainly so the outer capture records it
             return self.fn(*args, **kwargs)
-        buffers, info = _prepare_inputs(args, kwargs)
+        buffers, info, var_vals = _prepare_inputs(args, kwargs)
         self.calls += 1
         if self.calls == 1:
             return self._run_plain(args, kwargs)
         if self.graph is None:
             return self._capture(args, kwargs, buffers, info)
-        return self._replay(buffers, info)
+        return self._replay(buffers, info, var_vals)
 
     def _run_plain(self, args: tuple, kwargs: dict) -> Any:
         from polygrad.tensor import Tensor
@@ -152,11 +170,16 @@ class TinyJit:
                   f"over {len(buffers)} inputs")
         return ret
 
-    def _replay(self, buffers: list[Buffer], info: list[tuple]) -> Any:
+    def _replay(self, buffers: list[Buffer], info: list[tuple], var_vals: dict | None = None) -> Any:
         if info != self.expected:
             raise JitError(f"JIT inputs changed since capture: expected (name, shape, dtype, device) "
                            f"{self.expected}, got {info}; call a new @jit function for other shapes")
-        self.graph.launch(buffers)  # type: ignore[union-attr]  (the info check covers replay()'s)
+        names = {v.arg[0]: n for v, n in var_vals.items()} if var_vals else None
+        self.graph.launch(buffers, names)  # type: ignore[union-attr]  (the info check covers replay()'s)
+        if var_vals:  # the results' symbolic shapes follow this call's values
+            for t in _result_tensors(self.ret):
+                if sint.has_sym(t.shape):
+                    t.uop = sint.rebind(t.uop, var_vals)
         self.replays += 1
         return self.ret
 

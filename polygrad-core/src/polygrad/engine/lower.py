@@ -16,6 +16,7 @@ means no THREAD. Passes, in order:
   2. choose_opts (heuristics from caps, or BEAM search when BEAM > 0)
   3. apply_opts, then simplify_indices again
   4. decompose_transcendentals (EXP2/LOG2/SIN as IR arithmetic: same bits on every backend)
+A range whose end is symbolic (a Variable's expression) is never split; counts use its max bound.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from polygrad.backend_api import Capabilities
 from polygrad.engine.program import GlobalArg, ProgramSpec
 from polygrad.uop.ops import ALU, AxisKind, Ops, UOp
 from polygrad.uop.rewrite import graph_rewrite
+from polygrad.uop.sint import sprod, sym_vars, vmax
 from polygrad.uop.symbolic import symbolic_rules
 from polygrad.uop.transcendental import decompose_transcendentals
 
@@ -89,8 +91,19 @@ def range_coeff(expr: UOp, r: UOp) -> int | None:
     return None
 
 
-def _size(r: UOp) -> int:
-    return int(r.src[0].arg)
+def _size(r: UOp) -> int | None:
+    """A range's trip count; None when it is symbolic (such ranges are left unsplit)."""
+    return int(r.src[0].arg) if r.src[0].op is Ops.CONST else None
+
+
+def _max_size(r: UOp) -> int:
+    """A range's trip count, at its variables' largest values when symbolic."""
+    return int(r.src[0].arg) if r.src[0].op is Ops.CONST else vmax(r.src[0])
+
+
+def _divides(r: UOp, amount: int) -> bool:
+    size = _size(r)
+    return size is not None and size % amount == 0
 
 
 def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
@@ -117,22 +130,21 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
         reused = any(range_coeff(ix.src[1], last) == 0 for ix in loads)
         if contiguous and reused:
             # the row tile is split first so its upcast loop sits outside the contiguous one
-            amt = next((a for a in (16, 8) if _size(last) % a == 0), 0)
+            amt = next((a for a in (16, 8) if _divides(last, a)), 0)
             if amt:
                 # 8 rows when both operands stream (B along the tile's columns, A along the reduce);
                 # with a strided operand the extra registers cost more than they save (measured)
                 inner = reduces[0].src[-1]
                 streams = any(range_coeff(ld.src[1], last) == 1 for ld in loads) and all(
                     range_coeff(ld.src[1], inner) == 1 for ld in loads if range_coeff(ld.src[1], last) == 0)
-                rows = next((r for r in ((8, 4) if streams else (4,)) if len(glob) >= 2 and _size(glob[-2]) % r == 0),
-                            0)
+                rows = next((r for r in ((8, 4) if streams else (4,)) if len(glob) >= 2 and _divides(glob[-2], r)), 0)
                 if rows:
                     opts.append(Opt(OptKind.UPCAST, glob[-2].arg[0], rows))
                 opts.append(Opt(OptKind.UPCAST, last.arg[0], amt))
                 return opts
     red = reduces[0]
     inner = red.src[-1]
-    if inner.arg[1] == AxisKind.REDUCE and _size(inner) % 8 == 0 and _size(inner) >= 64:
+    if inner.arg[1] == AxisKind.REDUCE and _divides(inner, 8) and _size(inner) >= 64:
         opts.append(Opt(OptKind.SPLIT_REDUCE, inner.arg[0], 8))
     return opts
 
@@ -162,7 +174,7 @@ def thread_opt(ast: UOp, caps: Capabilities | None) -> list[Opt]:
 def stores_of(ast: UOp) -> int:
     total = 0
     for block in ast.src:
-        total += math.prod(_size(r) for r in block.src[1:]) if block.op is Ops.END else 1
+        total += math.prod(_max_size(r) for r in block.src[1:]) if block.op is Ops.END else 1
     return total
 
 
@@ -253,7 +265,7 @@ def estimate(ast: UOp) -> tuple[int, int]:
                 continue
             seen.add(x)
             if x.op is Ops.REDUCE:
-                inner = trips * math.prod(_size(r) for r in x.src[1:])
+                inner = trips * math.prod(_max_size(r) for r in x.src[1:])
                 total += inner + count(x.src[0], inner, set())
                 continue
             if x.op is Ops.FMA:
@@ -266,16 +278,24 @@ def estimate(ast: UOp) -> tuple[int, int]:
         return total
     for node in ast.src:
         ranges = node.src[1:] if node.op is Ops.END else ()
-        trips = math.prod(_size(r) for r in ranges if r.op is Ops.RANGE)
+        trips = math.prod(_max_size(r) for r in ranges if r.op is Ops.RANGE)
         ops += count(node.src[0] if node.op is Ops.END else node, trips, set())
-    mem = sum(g.arg[1][0] * g.dtype.itemsize for g in ast.toposort() if g.op is Ops.DEFINE_GLOBAL)
+    mem = sum(vmax(g.arg[1][0]) * g.dtype.itemsize for g in ast.toposort() if g.op is Ops.DEFINE_GLOBAL)
     return ops, mem
 
 
 def globals_of(ast: UOp) -> tuple[GlobalArg, ...]:
     written = {n.src[0].src[0].arg[0] for n in ast.toposort() if n.op is Ops.STORE}
     found = {n.arg[0]: n for n in ast.toposort() if n.op is Ops.DEFINE_GLOBAL}
-    return tuple(GlobalArg(slot, g.dtype, math.prod(g.arg[1]), slot in written) for slot, g in sorted(found.items()))
+    return tuple(GlobalArg(slot, g.dtype, sprod(g.arg[1]), slot in written) for slot, g in sorted(found.items()))
+
+
+def vars_of(ast: UOp, params: tuple[GlobalArg, ...] = ()) -> tuple[UOp, ...]:
+    """The kernel's Variables (in its IR and its buffers' sizes), sorted by name: its int parameters."""
+    found = {n for n in ast.toposort() if n.op is Ops.DEFINE_VAR}
+    for g in params:
+        found |= sym_vars(g.size)
+    return tuple(sorted(found, key=lambda v: v.arg))
 
 
 def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
@@ -285,6 +305,7 @@ def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = N
         caps, opts = None, caps
     # the scheduler passes one buffer per DEFINE_GLOBAL; keep them all even if simplification drops a load
     params = globals_of(ast)
+    variables = vars_of(ast, params)  # before simplification, so the parameter list never shrinks
     ast = simplify_indices(ast)
     if opts is None:
         opts = [] if config.get("NOOPT") else default_opts(ast, caps)
@@ -295,7 +316,7 @@ def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = N
     ast = decompose_transcendentals(ast)
     name = getattr(ast.arg, "name", "kernel")
     return ProgramSpec(name=name, ast=ast, globals=params, ops=ops, mem_bytes=mem, opts=tuple(opts),
-                       vars=vars_of(ast), threads=threads_of(ast, opts),
+                       vars=variables, threads=threads_of(ast, opts),
                        vector_width=max(1, int(getattr(caps, "vector_width", 1) or 1)))
 
 
@@ -304,11 +325,6 @@ def default_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
     opts = heuristic_opts(ast, caps) or elementwise_vector_opts(ast, caps)  # vector code (issue 9 item 4)
     split = simplify_indices(apply_opts(ast, opts)) if opts else ast
     return opts + thread_opt(split, caps)
-
-
-def vars_of(ast: UOp) -> tuple[UOp, ...]:
-    """The kernel's integer parameters (DEFINE_VAR), in parameter order (by name)."""
-    return tuple(sorted({n for n in ast.toposort() if n.op is Ops.DEFINE_VAR}, key=lambda v: v.arg[0]))
 
 
 # ---- vector code (issue 9 item 4) ------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 Stage: execution. Input: a Template and its input buffers from the scheduler. Output: filled
 buffers and the tensors' new buffer views. `engine/capture.py` listens here (`capture_hooks`) to record
-what ran; the JIT, linalg and exports build on it.
+what ran; the JIT, linalg and exports build on it. The values of bound variables (`var_vals`,
+{DEFINE_VAR: int}) come from the scheduler and go to every launch: a program receives them as extra
+integer arguments, in the order of its `spec.vars`.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from polygrad import config
 from polygrad.device import Buffer, GlobalCounters, open_device
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
-from polygrad.engine.schedule import Template, denormalize, record_effects, schedule
+from polygrad.engine.schedule import Template, capacity_buffers, denormalize, record_effects, schedule
+from polygrad.errors import VariableError
+from polygrad.uop import sint
 from polygrad.uop.ops import UOp
 
 
@@ -25,11 +29,23 @@ class CompiledProgram:
     program: Any
     source: str
 
-    def __call__(self, buffers: list[Buffer]) -> None:
+    def var_args(self, var_vals: dict[UOp, int] | None) -> tuple[int, ...]:
+        """The values of this kernel's variables, in the order of its parameters (spec.vars)."""
+        if not self.spec.vars:
+            return ()
+        try:
+            return tuple(var_vals[v] for v in self.spec.vars)  # type: ignore[index]
+        except (KeyError, TypeError):
+            missing = [v.arg[0] for v in self.spec.vars if not var_vals or v not in var_vals]
+            raise VariableError(f"kernel {self.spec.name} needs a value for Variable {missing[0]!r}; bind it "
+                                "(v.bind(n)) in the tensors being realized") from None
+
+    def __call__(self, buffers: list[Buffer], var_vals: dict[UOp, int] | None = None) -> None:
         handles = [b.handle for b in buffers]
         timing = config.get("DEBUG") >= 2
+        args = self.var_args(var_vals)
         t0 = time.perf_counter()
-        self.program(handles, (), timing)
+        self.program(handles, args, timing)
         dt = time.perf_counter() - t0
         GlobalCounters.kernel_count += 1
         GlobalCounters.global_ops += self.spec.ops
@@ -46,7 +62,7 @@ runtime_stats: dict[str, int] = {"programs_compiled": 0, "program_cache_hits": 0
                                  "schedules_built": 0, "copies": 0}
 # hook(step, program or None, buffers, n_inputs) after each step; args >= n_inputs are new buffers.
 # Installed only by engine/capture.py (use `with capture():` instead of appending here).
-capture_hooks: list[Callable[[Any, Any, list[Buffer], int], None]] = []
+capture_hooks: list[Callable[[Any, Any, list[Buffer], int, dict], None]] = []
 
 
 def get_program(ast: UOp, device: str) -> CompiledProgram:
@@ -71,32 +87,46 @@ def get_program(ast: UOp, device: str) -> CompiledProgram:
 
 
 def copy_buffer(dst: Buffer, src: Buffer) -> None:
-    dst.copyin(src.numpy())
+    data = src.numpy()
+    if data.size != dst.size:  # symbolic sizes: one side is sized for the variables' maxima
+        full = dst.numpy()
+        n = min(full.size, data.size)
+        full[:n] = data[:n]
+        data = full
+    dst.copyin(data)
     runtime_stats["copies"] += 1
 
 
-def run_template(tpl: Template, inputs: list[Any]) -> list[Any]:
+def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | None = None) -> list[Any]:
     table: list[Any] = list(inputs)
     for size, dtype, device in tpl.new_buffers:
-        table.append(Buffer(device, size, dtype))
+        if sint.is_sym(size):
+            # sized for the variables' largest values, so the buffer serves every binding (JIT replay)
+            buf = Buffer(device, sint.vmax(size), dtype)
+            capacity_buffers.add(buf)
+            table.append(buf)
+        else:
+            table.append(Buffer(device, size, dtype))
+    vals = var_vals or {}
     for step in tpl.steps:
         args = [table[i] for i in step.args]
         if step.kind == "copy":
             copy_buffer(args[0], args[1])
             for hook in capture_hooks:
-                hook(step, None, args, tpl.n_inputs)
+                hook(step, None, args, tpl.n_inputs, vals)
             continue
         prog = get_program(step.ast, step.device)
-        prog(args)
+        prog(args, vals)
         for hook in capture_hooks:
-            hook(step, prog, args, tpl.n_inputs)
+            hook(step, prog, args, tpl.n_inputs, vals)
     return table
 
 
 def realize_uops(targets: list[UOp]) -> list[UOp]:
     """Realize tensor-graph nodes; returns their buffer views (BUFFER or RESHAPE(BUFFER))."""
     effects: list[UOp] = []
-    tpl, inputs = schedule(targets, effects)
-    table = run_template(tpl, inputs)
+    var_vals: dict[UOp, int] = {}
+    tpl, inputs = schedule(targets, effects, var_vals)
+    table = run_template(tpl, inputs, var_vals)
     record_effects(effects)
-    return [denormalize(out, table) for out in tpl.outputs]
+    return [denormalize(out, table, var_vals) for out in tpl.outputs]

@@ -6,19 +6,21 @@ of reductions; a reduction gets its own buffer only when it is read through an e
 read many times), inside another reduction, or by several kernels.
 
 Graphs are first normalised (real buffers replaced by numbered slots) so that a graph with the same
-structure and new data hits the schedule cache and never reaches the Python compiler again.
+structure and new data hits the schedule cache and never reaches the Python compiler again. Bound
+variables (symbolic sizes) are normalised too: every BIND becomes its bare DEFINE_VAR and the values
+are returned beside the key as `var_vals`, so a graph over `batch` serves every value of it.
 """
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from polygrad.dtype import DType
-from polygrad.errors import PolygradError
+from polygrad.errors import PolygradError, VariableError
 from polygrad.engine.indexing import KernelBuilder, address, build_with_index_width, flat_index, index_width
 from polygrad.uop.movement import strip_reshapes
+from polygrad.uop import sint
 from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, AxisKind, KernelInfo, Ops, UOp
 
 # effectful nodes that already ran (ASSIGN, AFTER) -> the buffer view they left behind, so a graph that
@@ -29,13 +31,17 @@ EFFECT_OPS = (Ops.ASSIGN, Ops.AFTER)
 UNIQUE_OPS = (Ops.ASSIGN, Ops.AFTER)
 
 BOUNDARY_OPS = {Ops.BUFFER, Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.CUSTOM, Ops.AFTER}
+SIZED_OPS = (Ops.RESHAPE, Ops.EXPAND, Ops.SHRINK, Ops.PAD)  # ops whose arg holds sizes (maybe symbolic)
+# Buffers allocated for the largest values of their symbolic size (the results of kernels over a
+# Variable): a symbolic view of one covers a prefix, and its slot keeps the fixed allocation size.
+capacity_buffers: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 class SlotRef(NamedTuple):
     """Stands for the k-th input buffer of a normalised graph."""
 
     index: int
-    size: int
+    size: Any  # int, or a symbolic size (over DEFINE_VARs) for a buffer viewed through a Variable
     device: str
 
 
@@ -67,21 +73,33 @@ def is_buffer_view(u: UOp) -> bool:
     return strip_reshapes(u).op is Ops.BUFFER
 
 
-def normalize(targets: list[UOp], effects: list[UOp] | None = None) -> tuple[tuple[UOp, ...], list[Any]]:
+def normalize(targets: list[UOp], effects: list[UOp] | None = None,
+              var_vals: dict[UOp, int] | None = None) -> tuple[tuple[UOp, ...], list[Any]]:
     """Replace realized subgraphs by their buffers and buffers by numbered SlotRefs; the effects
-    (ASSIGN/AFTER) that have not run yet are appended to `effects` when given."""
+    (ASSIGN/AFTER) that have not run yet are appended to `effects` when given. BINDs become their
+    variables, whose values go into `var_vals` (VariableError for a variable with no value)."""
     sink = UOp(Ops.SINK, None, tuple(targets))
     inputs: list[Any] = []
     slot_of: dict[int, int] = {}
     memo: dict[UOp, UOp] = {}
+    binds: dict[UOp, int] = {} if var_vals is None else var_vals
+    seen_vars: set[UOp] = set()
+    sym_sizes = _symbolic_buffer_sizes(sink)
     for node in sink.toposort():
         done = becomes.get(node)
         if done is not None and done is not node:
             memo[node] = _normalize_view(done, inputs, slot_of, memo)
             continue
         if node.op is Ops.BUFFER:
-            memo[node] = _slot(node, inputs, slot_of)
+            memo[node] = _slot(node, inputs, slot_of, sym_sizes)
             continue
+        if node.op is Ops.BIND:
+            var, val = node.unbind()
+            sint.record(binds, var, val)
+            memo[node] = var
+            continue
+        if node.op is Ops.DEFINE_VAR:
+            seen_vars.add(node)
         if effects is not None and node.op in EFFECT_OPS:
             effects.append(node)
         new_src = tuple(memo[s] for s in node.src)
@@ -89,11 +107,45 @@ def normalize(targets: list[UOp], effects: list[UOp] | None = None) -> tuple[tup
             # effects carry a unique id so two assigns never hash-cons together; the key drops it
             memo[node] = node.replace(src=new_src, arg=None)
             continue
+        if node.op in SIZED_OPS and sint.has_sym(node.arg):
+            arg = sint.strip_binds(node.arg, binds)
+            seen_vars |= sint.sym_vars(arg)
+            base = strip_reshapes(node.src[0])
+            if node.op is Ops.RESHAPE and base.op is Ops.BUFFER and base in memo:
+                new_src = (memo[base],)  # x.reshape(n, 16).reshape(v.bind(n), 16): the n drops out of the key
+            memo[node] = UOp(node.op, node.dtype, new_src, arg)
+            continue
         memo[node] = node if new_src == node.src else node.replace(src=new_src)
+    unbound = sorted(v.arg[0] for v in seen_vars if v not in binds)
+    if unbound:
+        raise VariableError(f"Variable {unbound[0]!r} is used unbound in a tensor being realized; bind it to this "
+                            f"call's value with v.bind(n) (e.g. x.shrink(((0, v.bind(n)), None)))")
+    names: dict[str, UOp] = {}
+    for v in binds:
+        if names.setdefault(v.arg[0], v) is not v:
+            raise VariableError(f"two different Variables are named {v.arg[0]!r} (bounds {names[v.arg[0]].arg[1:]} "
+                                f"and {v.arg[1:]}) in one computation; give them distinct names")
     return tuple(memo[t] for t in targets), inputs
 
 
-def _slot(node: UOp, inputs: list[Any], slot_of: dict[int, int]) -> UOp:
+def _symbolic_buffer_sizes(sink: UOp) -> dict[int, Any]:
+    """id(Buffer) -> symbolic size (over DEFINE_VARs) for the buffers the graph views through a
+    Variable at their exact size (x.reshape(v.bind(n), 16) of an n*16 buffer): their slot gets the
+    symbolic size, so a new n keeps the schedule and the compiled programs."""
+    out: dict[int, Any] = {}
+    for node in sink.toposort():
+        if node.op is not Ops.RESHAPE or not sint.has_sym(node.arg):
+            continue
+        base = strip_reshapes(node.src[0])
+        if base.op is not Ops.BUFFER or isinstance(base.arg, SlotRef) or base.arg in capacity_buffers:
+            continue
+        total = sint.sprod(node.arg)
+        if sint.resolve(total) == base.arg.size:
+            out[id(base.arg)] = sint.strip_binds(total, {})
+    return out
+
+
+def _slot(node: UOp, inputs: list[Any], slot_of: dict[int, int], sym_sizes: dict[int, Any] | None = None) -> UOp:
     buf = node.arg
     if isinstance(buf, SlotRef):
         return node
@@ -101,7 +153,8 @@ def _slot(node: UOp, inputs: list[Any], slot_of: dict[int, int]) -> UOp:
     if k is None:
         k = slot_of[id(buf)] = len(inputs)
         inputs.append(buf)
-    return UOp(Ops.BUFFER, node.dtype, (), SlotRef(k, buf.size, buf.device))
+    size = sym_sizes.get(id(buf), buf.size) if sym_sizes else buf.size
+    return UOp(Ops.BUFFER, node.dtype, (), SlotRef(k, size, buf.device))
 
 
 def _normalize_view(view: UOp, inputs: list[Any], slot_of: dict[int, int], memo: dict[UOp, UOp]) -> UOp:
@@ -115,11 +168,14 @@ def _normalize_view(view: UOp, inputs: list[Any], slot_of: dict[int, int], memo:
     return out[view]
 
 
-def denormalize(u: UOp, table: list[Any]) -> UOp:
+def denormalize(u: UOp, table: list[Any], var_vals: dict[UOp, int] | None = None) -> UOp:
+    """A normalised output view over real buffers, its variables bound to var_vals again."""
     out: dict[UOp, UOp] = {}
     for node in u.toposort():
         if node.op is Ops.BUFFER and isinstance(node.arg, SlotRef):
             out[node] = UOp(Ops.BUFFER, node.dtype, (), table[node.arg.index])
+        elif var_vals and node.op in SIZED_OPS and sint.has_sym(node.arg):
+            out[node] = UOp(node.op, node.dtype, tuple(out[s] for s in node.src), sint.attach_binds(node.arg, var_vals))
         else:
             new_src = tuple(out[s] for s in node.src)
             out[node] = node if new_src == node.src else node.replace(src=new_src)
@@ -301,7 +357,7 @@ def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], set[UOp], set[UOp
 
 def _kernel_name(root: UOp, ast: UOp) -> str:
     has_reduce = any(n.op is Ops.REDUCE for n in ast.toposort())
-    shape = "_".join(str(s) for s in root.shape) or "1"
+    shape = "_".join(sint.sym_name(s) for s in root.shape) or "1"
     return f"{'r' if has_reduce else 'E'}_{shape}"
 
 
@@ -323,7 +379,7 @@ def split_long_reductions(targets: tuple[UOp, ...]) -> tuple[UOp, ...]:
         if out.op is Ops.REDUCE_AXIS:
             x = out.src[0]
             op, axes = out.arg
-            n = math.prod(x.shape)
+            n = 0 if sint.has_sym(x.shape) else sint.sprod(x.shape)  # symbolic: left in one kernel
             chunk = next((c for c in (1024, 512, 256, 128, 64) if n % c == 0), 0)
             if len(axes) == len(x.shape) and n >= SPLIT_REDUCE_MIN and chunk:
                 flat = UOp(Ops.RESHAPE, x.dtype, (x,), (n // chunk, chunk))
@@ -341,7 +397,8 @@ def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
     table_of: dict[UOp, int] = {}
 
     def new_buffer(node: UOp) -> int:
-        tpl.new_buffers.append((math.prod(node.shape), node.dtype, node.device))
+        # a symbolic size stays symbolic here: run_template allocates it for the variables' maxima
+        tpl.new_buffers.append((sint.sprod(node.shape), node.dtype, node.device))
         return n_inputs + len(tpl.new_buffers) - 1
 
     def entry_of(node: UOp) -> int:
@@ -377,7 +434,7 @@ def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
         else:
             out_entry = new_buffer(point)
             table_of[point] = out_entry
-        if math.prod(point.shape) == 0:
+        if sint.sprod(point.shape) == 0:
             continue
         inputs = {n: table_of[n] for n in table_of if n is not point and table_of[n] >= 0}
         ast, args = _build_kernel(point, inputs, out_entry)
@@ -399,8 +456,9 @@ def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
             tpl.outputs.append(t)
         else:
             e = table_of[t]
-            buf = UOp(Ops.BUFFER, t.dtype, (), SlotRef(e, math.prod(t.shape), t.device))
-            tpl.outputs.append(UOp(Ops.RESHAPE, t.dtype, (buf,), t.shape) if len(t.shape) != 1 else buf)
+            buf = UOp(Ops.BUFFER, t.dtype, (), SlotRef(e, sint.sprod(t.shape), t.device))
+            view = len(t.shape) != 1 or sint.has_sym(t.shape)
+            tpl.outputs.append(UOp(Ops.RESHAPE, t.dtype, (buf,), t.shape) if view else buf)
     return tpl
 
 
@@ -464,7 +522,8 @@ def _build_kernel_at_width(point: UOp, inputs: dict[UOp, int], out_entry: int) -
         store = UOp(Ops.STORE, None, (UOp(Ops.INDEX, out.dtype, (out, flat)), val.cast(out.dtype)))
         live = tuple(r for r in ranges if r is not None)
         body = UOp(Ops.END, None, (store,) + live) if live else store
-        ast = UOp(Ops.SINK, None, (body,), KernelInfo(name="assign_" + "_".join(map(str, shape)), opts=("generated",)))
+        ast = UOp(Ops.SINK, None, (body,), KernelInfo(name="assign_" + "_".join(map(sint.sym_name, shape)),
+                                                      opts=("generated",)))
         return ast, tuple(kb.order)
     root = point.src[0] if point.op is Ops.CONTIGUOUS else point
     ast = kb.build(root, 0, point, "kernel")
@@ -477,9 +536,11 @@ def record_effects(effects: list[UOp]) -> None:
         becomes[node] = node.src[0]
 
 
-def schedule(targets: list[UOp], effects: list[UOp] | None = None) -> tuple[Template, list[Any]]:
-    """Normalise, then look the structure up in the cache (building the template on a miss)."""
-    key, inputs = normalize(targets, effects)
+def schedule(targets: list[UOp], effects: list[UOp] | None = None,
+             var_vals: dict[UOp, int] | None = None) -> tuple[Template, list[Any]]:
+    """Normalise, then look the structure up in the cache (building the template on a miss). The
+    values of the graph's bound variables go into `var_vals` (pass a dict to run the template)."""
+    key, inputs = normalize(targets, effects, var_vals)
     tpl = schedule_cache.get(key)
     if tpl is None:
         tpl = schedule_cache[key] = build_template(key, len(inputs))

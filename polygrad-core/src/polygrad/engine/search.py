@@ -9,7 +9,8 @@ every kept candidate by one more UPCAST (a global range), SPLIT_REDUCE (a reduce
 candidate is lowered, rendered, compiled and timed on scratch buffers; the N fastest survive. The
 winner is stored under POLY_CACHE_DIR/beam/<device>/<hash of the kernel>.json, so a second process
 (or the same one after `collect()`) pays nothing. DEBUG>=1 and POLY_DUMP_KERNELS print the choice.
-Custom kernels (no "generated" in their KernelInfo opts: the scheduler did not make them) are never searched.
+Custom kernels (no "generated" in their KernelInfo opts: the scheduler did not make them) and kernels
+over symbolic sizes are never searched.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from polygrad import config
 from polygrad.errors import CompileError
 from polygrad.engine.lower import (Opt, OptKind, apply_opts, default_opts, lower, ranges_of, simplify_indices,
                                    thread_axis)
-from polygrad.uop.ops import KernelInfo, UOp
+from polygrad.uop.ops import KernelInfo, Ops, UOp
 
 AMOUNTS = (2, 4, 8, 16)
 MAX_DEPTH = 2
@@ -65,7 +66,10 @@ def choose_opts(ast: UOp, device: str) -> list[Opt] | None:
 
 def _searchable(ast: UOp) -> bool:
     info = ast.arg
-    return isinstance(info, KernelInfo) and "generated" in info.opts
+    if not (isinstance(info, KernelInfo) and "generated" in info.opts):
+        return False
+    # kernels over symbolic sizes keep the heuristics: timings would hold for one binding only
+    return not any(n.op is Ops.DEFINE_VAR for n in ast.toposort())
 
 
 # ---------------------------------------------------------------------------------------------------

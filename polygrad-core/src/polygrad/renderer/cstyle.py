@@ -229,7 +229,7 @@ class CStyleRenderer:
         for p in prog.params:
             const = "" if p.arg[1] else "const "
             params.append(f"{const}{self.storage_ctype(p.dtype)}* {self.restrict} data{p.arg[0]}")
-        params += [f"{self.ctype(v.dtype)} {v.arg[0]}" for v in prog.vars]
+        params += [f"const {self.ctype(v.dtype)} {v.arg[0]}" for v in prog.vars]
         if prog.threads > 1:
             params.append("int tid")
         return f"void {prog.name}({', '.join(params)})"

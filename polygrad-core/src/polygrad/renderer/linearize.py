@@ -604,10 +604,14 @@ class _Linearizer:
     def run(self) -> LinearProgram:
         for g in self.spec.globals:
             self.params[g.slot] = Inst(L.PARAM, g.dtype, (), (g.slot, g.written))
+        for v in getattr(self.spec, "vars", ()):  # every parameter, even one simplification removed
+            self.vars[v.arg[0]] = Inst(L.VAR, v.dtype, (), v.arg)
         for node in self.spec.ast.src:
             self.block(node)
         params = tuple(self.params[g.slot] for g in self.spec.globals)
-        var_list = tuple(sorted(self.vars.values(), key=lambda x: x.arg[0]))
+        order = [v.arg[0] for v in getattr(self.spec, "vars", ())]
+        var_list = tuple(self.vars[n] for n in order) + tuple(
+            x for n, x in sorted(self.vars.items()) if n not in order)
         head = [*params, *var_list, *(x for x in self.head if x.op not in (L.VAR,))]
         return LinearProgram(getattr(self.spec, "name", "kernel"), tuple(head + self.body), params, var_list,
                              self.spec.threads if self.tid is not None else 1)

@@ -3,10 +3,27 @@ from __future__ import annotations
 
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.shape import ShapeError
+from polygrad.uop.sint import canon, is_sym, resolve, sym_str, vmax, vmin
+
+
+def _dims(xs) -> tuple:
+    """ints stay ints; symbolic sizes are put in canonical form (so equal sizes are one UOp)."""
+    return tuple(canon(x) for x in xs)
+
+
+def _le(a, b) -> bool:
+    """a <= b for every value the sizes' variables can take (their bound values when both are bound)."""
+    if a is b:
+        return True
+    ra, rb = resolve(a), resolve(b)
+    if ra is not None and rb is not None and not (is_sym(a) and not is_sym(b)):
+        return ra <= rb
+    # a symbolic bound against a fixed size must hold for every value (one program serves them all)
+    return vmax(a) <= vmin(b) and (ra is None or rb is None or ra <= rb)
 
 
 def reshape(u: UOp, shape: tuple[int, ...]) -> UOp:
-    shape = tuple(int(s) for s in shape)
+    shape = _dims(shape)
     if shape == u.shape:
         return u
     # a reshaped BUFFER is a tensor's own identity (autograd targets match it), so it is not folded
@@ -34,7 +51,7 @@ def permute(u: UOp, order: tuple[int, ...]) -> UOp:
 
 
 def expand(u: UOp, shape: tuple[int, ...]) -> UOp:
-    shape = tuple(int(s) for s in shape)
+    shape = _dims(shape)
     if len(shape) != len(u.shape) or any(a != b and a != 1 for a, b in zip(u.shape, shape)):
         raise ShapeError(f"cannot expand {u.shape} to {shape}")
     if shape == u.shape:
@@ -43,25 +60,28 @@ def expand(u: UOp, shape: tuple[int, ...]) -> UOp:
 
 
 def pad(u: UOp, padding: tuple[tuple[int, int], ...]) -> UOp:
-    padding = tuple((int(b), int(a)) for b, a in padding)
+    padding = tuple((canon(b), canon(a)) for b, a in padding)
     if all(b == 0 and a == 0 for b, a in padding):
         return u
-    if any(b < 0 or a < 0 for b, a in padding):
+    if any(not _le(0, b) or not _le(0, a) for b, a in padding):
         raise ShapeError(f"pad amounts must be >= 0, got {padding}; use shrink to cut")
     return UOp(Ops.PAD, u.dtype, (u,), padding)
 
 
 def shrink(u: UOp, bounds: tuple[tuple[int, int], ...]) -> UOp:
-    bounds = tuple((int(b), int(e)) for b, e in bounds)
-    if any(not (0 <= b <= e <= s) for (b, e), s in zip(bounds, u.shape)):
-        raise ShapeError(f"shrink {bounds} is out of range for shape {u.shape}")
+    bounds = tuple((canon(b), canon(e)) for b, e in bounds)
+    if any(not (_le(0, b) and _le(b, e) and _le(e, s)) for (b, e), s in zip(bounds, u.shape)):
+        shown = ", ".join(f"({sym_str(b)}, {sym_str(e)})" for b, e in bounds)
+        raise ShapeError(f"shrink ({shown}) is out of range for shape ({', '.join(map(sym_str, u.shape))}); a "
+                         "Variable in a bound must stay in range for every value up to its max, so give it "
+                         "max <= the size it cuts")
     if all(b == 0 and e == s for (b, e), s in zip(bounds, u.shape)):
         return u
     return UOp(Ops.SHRINK, u.dtype, (u,), bounds)
 
 
 def flip(u: UOp, axes: tuple[bool, ...]) -> UOp:
-    axes = tuple(bool(a) and s > 1 for a, s in zip(axes, u.shape))
+    axes = tuple(bool(a) and (is_sym(s) or s > 1) for a, s in zip(axes, u.shape))
     if not any(axes):
         return u
     return UOp(Ops.FLIP, u.dtype, (u,), axes)

@@ -146,6 +146,10 @@ class UOp:
                    kw.get("arg", self.arg))
 
     def __repr__(self) -> str:
+        if self.op in (Ops.DEFINE_VAR, Ops.BIND) or (self.op in _SIZE_OPS and self.dtype is not None
+                                                       and self.dtype.is_int and _is_size_expr(self)):
+            from polygrad.uop.sint import sym_str
+            return sym_str(self)  # a symbolic size in a shape: 'b=3', '(b*16)'
         return pretty(self)
 
     # ---- graph walking
@@ -253,6 +257,25 @@ class UOp:
 
     __hash__ = object.__hash__
 
+    def __bool__(self) -> bool:
+        # a comparison between symbolic sizes (`n < 4` with n a bound Variable) is decided from the
+        # values; every other node is truthy, as objects are
+        if self.op in COMPARISONS:
+            from polygrad.uop.sint import sym_truth
+            return sym_truth(self)
+        return True
+
+    # ---- symbolic sizes (polygrad.Variable)
+    def bind(self, value: int) -> "UOp":
+        """This Variable (a DEFINE_VAR) with this call's value: BIND(var, CONST value)."""
+        from polygrad.uop.sint import bind
+        return bind(self, value)
+
+    def unbind(self) -> tuple["UOp", int]:
+        """(Variable, value) of a bound variable."""
+        from polygrad.uop.sint import unbind
+        return unbind(self)
+
     # ---- kernel-IR builders (custom kernels)
     @staticmethod
     def range(ctx: Any, end: "int | UOp", axis: int = 0, kind: "str | AxisKind" = "global") -> "UOp":
@@ -315,6 +338,15 @@ class UOp:
 
     def sink(self, *more: "UOp", arg: Any = None) -> "UOp":
         return UOp(Ops.SINK, None, (self,) + more, arg)
+
+
+_SIZE_OPS = {Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.NEG, Ops.MAX}
+
+
+def _is_size_expr(u: "UOp") -> bool:
+    nodes = u.toposort()
+    return len(nodes) < 40 and any(n.op in (Ops.DEFINE_VAR, Ops.BIND) for n in nodes) and \
+        all(n.op in _SIZE_OPS or n.op in (Ops.CONST, Ops.DEFINE_VAR, Ops.BIND) for n in nodes)
 
 
 def _fill_bottom_up(root: UOp, attr: str, rule) -> None:

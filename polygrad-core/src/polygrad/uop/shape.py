@@ -1,9 +1,8 @@
 """Shape and device inference for tensor-graph UOps (each op's rule in one table)."""
 from __future__ import annotations
 
-import math
-
 from polygrad.uop.ops import ELEMENTWISE, Ops, UOp
+from polygrad.uop.sint import has_sym, sadd, sprod, ssub, sym_equal, vmax
 
 
 class ShapeError(ValueError):
@@ -18,8 +17,14 @@ def _broadcast_same(u: UOp) -> tuple[int, ...]:
 
 
 def _reshape(u: UOp) -> tuple[int, ...]:
-    if math.prod(u.src[0].shape) != math.prod(u.arg):
-        raise ShapeError(f"cannot reshape {u.src[0].shape} to {u.arg}: sizes differ")
+    old, new = sprod(u.src[0].shape), sprod(u.arg)
+    if not sym_equal(old, new):
+        # a symbolic view of a buffer allocated for the variables' largest values (a realized
+        # symbolic result) covers a prefix of it
+        src = u.src[0]
+        prefix = src.op is Ops.BUFFER and has_sym(u.arg) and not has_sym(old) and vmax(new) <= old
+        if not prefix:
+            raise ShapeError(f"cannot reshape {u.src[0].shape} to {u.arg}: sizes differ")
     return tuple(u.arg)
 
 
@@ -35,8 +40,8 @@ SHAPE_RULES = {
     Ops.RESHAPE: _reshape,
     Ops.PERMUTE: lambda u: tuple(u.src[0].shape[i] for i in u.arg),
     Ops.EXPAND: lambda u: tuple(u.arg),
-    Ops.PAD: lambda u: tuple(s + b + a for s, (b, a) in zip(u.src[0].shape, u.arg)),
-    Ops.SHRINK: lambda u: tuple(e - b for b, e in u.arg),
+    Ops.PAD: lambda u: tuple(sadd(sadd(s, b), a) for s, (b, a) in zip(u.src[0].shape, u.arg)),
+    Ops.SHRINK: lambda u: tuple(ssub(e, b) for b, e in u.arg),
     Ops.FLIP: lambda u: u.src[0].shape,
     Ops.REDUCE_AXIS: _reduce,
     Ops.COPY: lambda u: u.src[0].shape,

@@ -49,6 +49,8 @@ def _bounds(u: UOp) -> tuple[int, int]:
         return 0, max(hi - 1, 0)
     if u.op is Ops.DEFINE_VAR:
         return u.arg[1], u.arg[2]
+    if u.op is Ops.BIND:  # a bound variable in a tensor-graph size: still ranges over its bounds
+        return bounds(u.src[0])
     if u.dtype is dtypes.bool:
         return 0, 1
     if u.op is Ops.ADD:
