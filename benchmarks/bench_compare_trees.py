@@ -2,7 +2,7 @@
 
 Run: python benchmarks/bench_compare_trees.py --before /path/to/old/checkout [--after .] [--rounds 5]
 
-Each round runs every workload once per tree, in a fresh subprocess whose PYTHONPATH points at that
+Each round runs every workload once per tree (the order alternating between rounds), in a fresh subprocess whose PYTHONPATH points at that
 tree's packages, and keeps the best time per (tree, workload). Workloads: matmul 512 and 1024
 (GFLOP/s), a JIT-replayed MLP training step (steps/s), tiny-op dispatch (cached 4-element add,
 launches/s), a 16M-element fused chain (GB/s of input) and a full sum of 16M floats.
@@ -103,9 +103,10 @@ def main() -> None:
     trees = {"before": args.before, "after": args.after}
     caches = {k: tempfile.mkdtemp(prefix=f"pgbench-{k}-") for k in trees}
     results: dict[tuple[str, str], float] = {}
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for name in args.only:
-            for label, root in trees.items():
+            order = list(trees.items())
+            for label, root in (order if r % 2 == 0 else order[::-1]):  # neither tree always runs first
                 v = run(root, name, caches[label])
                 results[(label, name)] = max(results.get((label, name), 0.0), v)
     print(f"{'workload':12s} {'before':>12s} {'after':>12s} {'change':>8s}  unit (higher is better)")
