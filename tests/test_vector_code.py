@@ -58,7 +58,7 @@ def kernels(*tensors):
 
 
 def source(spec, width):
-    return CStyleRenderer().render_program(linearize(spec, vector_width=width), spec)
+    return CStyleRenderer().render_program(linearize(spec, vector_width=width))
 
 
 def has_vectors(src: str) -> bool:
@@ -137,7 +137,8 @@ def assert_bits_equal(a, b, what):
         bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
         a, b = np.where(nan_a, 0, a).view(bits), np.where(nan_b, 0, b).view(bits)
     bad = np.flatnonzero(a != b)
-    assert bad.size == 0, f"{what}: {bad.size} elements differ, first at {bad[:5]}: {a.ravel()[bad[:5]]} vs {b.ravel()[bad[:5]]}"
+    first = bad[:5]
+    assert bad.size == 0, f"{what}: {bad.size} differ, first at {first}: {a.ravel()[first]} vs {b.ravel()[first]}"
 
 
 def check_kernel(ast, caps=LANES8, opts=None, specials=True, seed=0, expect_vectors=None, interp=None, cc=None):

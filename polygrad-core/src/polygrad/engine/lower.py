@@ -30,7 +30,7 @@ from polygrad.engine.program import GlobalArg, ProgramSpec
 from polygrad.uop.ops import ALU, AxisKind, Ops, UOp
 from polygrad.uop.rewrite import graph_rewrite
 from polygrad.uop.sint import sprod, sym_vars, vmax
-from polygrad.uop.symbolic import symbolic_rules
+from polygrad.uop.symbolic import range_coeff, symbolic_rules
 from polygrad.uop.transcendental import decompose_transcendentals
 
 
@@ -74,21 +74,6 @@ def simplify_indices(ast: UOp) -> UOp:
 
 def ranges_of(ast: UOp) -> list[UOp]:
     return sorted({n for n in ast.toposort() if n.op is Ops.RANGE}, key=lambda r: r.arg[0])
-
-
-def range_coeff(expr: UOp, r: UOp) -> int | None:
-    """The constant c such that expr = c*r + (terms without r), or None if r appears otherwise."""
-    if expr is r:
-        return 1
-    if r not in expr.toposort():
-        return 0
-    if expr.op is Ops.ADD:
-        a, b = range_coeff(expr.src[0], r), range_coeff(expr.src[1], r)
-        return None if a is None or b is None else a + b
-    if expr.op is Ops.MUL and expr.src[1].op is Ops.CONST:
-        a = range_coeff(expr.src[0], r)
-        return None if a is None else a * int(expr.src[1].arg)
-    return None
 
 
 def _size(r: UOp) -> int | None:
@@ -301,8 +286,6 @@ def vars_of(ast: UOp, params: tuple[GlobalArg, ...] = ()) -> tuple[UOp, ...]:
 def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
     """Lower a scheduled kernel for a device with capabilities `caps` (None: no device optimisation
     beyond what `opts` asks). opts None means the heuristics choose (none with NOOPT=1)."""
-    if isinstance(caps, list):  # lower(ast, opts): the opts alone, for a host device
-        caps, opts = None, caps
     # the scheduler passes one buffer per DEFINE_GLOBAL; keep them all even if simplification drops a load
     params = globals_of(ast)
     variables = vars_of(ast, params)  # before simplification, so the parameter list never shrinks

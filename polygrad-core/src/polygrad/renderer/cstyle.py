@@ -17,6 +17,7 @@ reinterpretations vector casts.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -236,7 +237,7 @@ class CStyleRenderer:
 
     def render(self, spec: ProgramSpec) -> str:
         width = getattr(spec, "vector_width", 1) if self.vectorize else 1
-        return self.render_program(linearize(spec, vector_width=width), spec)
+        return self.render_program(linearize(spec, vector_width=width))
 
     # ---- vector lanes
     def vtype(self, dt: DType, n: int) -> str:
@@ -378,7 +379,7 @@ class CStyleRenderer:
             return [f"{pad}if ({self.count_lanes(n(gate), x.lanes)} == {x.lanes}) {full}", f"{pad}else {lane_loop}"]
         return [f"{pad}{lane_loop}"]
 
-    def render_program(self, prog: LinearProgram, spec: ProgramSpec | None = None) -> str:
+    def render_program(self, prog: LinearProgram) -> str:
         """C source for a linearized kernel: one statement per instruction, in order."""
         names: dict[int, str] = {}
         lines: list[str] = []

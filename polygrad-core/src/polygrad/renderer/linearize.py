@@ -68,7 +68,7 @@ from typing import Any
 from polygrad.dtype import DType, dtypes
 from polygrad.uop.ops import AxisKind, Ops, UOp
 from polygrad.uop.rewrite import graph_rewrite
-from polygrad.uop.symbolic import symbolic_rules
+from polygrad.uop.symbolic import range_coeff, symbolic_rules
 
 
 class L(Enum):
@@ -213,22 +213,6 @@ HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
 class NoVector(Exception):
     """Raised while linearizing with lanes when an instruction cannot be vectorised: the kernel is
     linearized again with scalar lane loops."""
-
-
-def range_coeff(expr: UOp, r: UOp) -> int | None:
-    """The constant c such that expr = c*r + (terms without r), or None if r appears otherwise.
-    (engine.lower.range_coeff; importing it here would be circular: lower -> backend_api -> cstyle.)"""
-    if expr is r:
-        return 1
-    if r not in expr.toposort():
-        return 0
-    if expr.op is Ops.ADD:
-        a, b = range_coeff(expr.src[0], r), range_coeff(expr.src[1], r)
-        return None if a is None or b is None else a + b
-    if expr.op is Ops.MUL and expr.src[1].op is Ops.CONST:
-        a = range_coeff(expr.src[0], r)
-        return None if a is None else a * int(expr.src[1].arg)
-    return None
 
 
 def _at_lane0(expr: UOp, r: UOp) -> UOp:
@@ -554,7 +538,8 @@ class _Linearizer:
     def split_lanes(self, node: UOp, v: UOp, lanes: int) -> tuple[UOp, UOp]:
         """node with range v replaced by vo*lanes + vl: vo an upcast loop, vl the lanes (in END and
         REDUCE range lists vo, vl take v's place, so every point keeps its order)."""
-        vo = UOp(Ops.RANGE, v.dtype, (UOp.const(v.dtype, int(v.src[0].arg) // lanes),), (self.next_axis, AxisKind.UPCAST))
+        outer = UOp.const(v.dtype, int(v.src[0].arg) // lanes)
+        vo = UOp(Ops.RANGE, v.dtype, (outer,), (self.next_axis, AxisKind.UPCAST))
         vl = UOp(Ops.RANGE, v.dtype, (UOp.const(v.dtype, lanes),), (self.next_axis + 1, AxisKind.UPCAST))
         self.next_axis += 2
         memo: dict[UOp, UOp] = {v: vo * lanes + vl}

@@ -264,3 +264,18 @@ symbolic_rules = PatternMatcher([
     (UPat(Ops.CAST, name="x", src=(UPat(Ops.CONST, name="c"),)),
      lambda x, c: UOp.const(x.dtype, c.arg) if x.dtype.is_int and c.dtype.is_int else None),
 ], name="symbolic_rules")
+
+
+def range_coeff(expr: UOp, r: UOp) -> int | None:
+    """The constant c such that expr = c*r + (terms without r), or None if r appears otherwise."""
+    if expr is r:
+        return 1
+    if r not in expr.toposort():
+        return 0
+    if expr.op is Ops.ADD:
+        a, b = range_coeff(expr.src[0], r), range_coeff(expr.src[1], r)
+        return None if a is None or b is None else a + b
+    if expr.op is Ops.MUL and expr.src[1].op is Ops.CONST:
+        a = range_coeff(expr.src[0], r)
+        return None if a is None else a * int(expr.src[1].arg)
+    return None
