@@ -6,6 +6,7 @@ Buffers. Selection order: explicit device= > POLY_DEV > DEV > highest-priority a
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import os
 import threading
 from dataclasses import dataclass
@@ -241,13 +242,17 @@ def _account(device: str, nbytes: int, count: int = 0) -> None:
     per[device] = per.get(device, 0) + nbytes
 
 
+_serials = itertools.count()
+
+
 class Buffer:
     """Device memory for `size` elements of `dtype`. Allocated on first use, freed when collected."""
 
-    __slots__ = ("device", "size", "dtype", "_handle", "_impl", "__weakref__")
+    __slots__ = ("device", "size", "dtype", "serial", "_handle", "_impl", "__weakref__")
 
     def __init__(self, device: str, size: int, dtype: DType):
         self.device, self.size, self.dtype = device, int(size), dtype
+        self.serial = next(_serials)  # creation order: a capture tells buffers made during it from older ones
         self._handle: Any = None
         self._impl: DeviceImpl | None = None
 
@@ -290,6 +295,15 @@ class Buffer:
         if arr.nbytes != self.nbytes:
             raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes; shapes must match")
         self.impl().allocator.copyin(self.handle, memoryview(arr.reshape(-1).view(np.uint8)))
+        return self
+
+    def copyin_prefix(self, data: np.ndarray) -> "Buffer":
+        """Write `data` into the first elements (a symbolic-size buffer holding fewer rows than its capacity)."""
+        arr = np.ascontiguousarray(data)
+        if arr.nbytes > self.nbytes:
+            raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes")
+        if arr.nbytes:
+            self.impl().allocator.copyin(self.handle, memoryview(arr.reshape(-1).view(np.uint8)))
         return self
 
     def numpy(self) -> np.ndarray:

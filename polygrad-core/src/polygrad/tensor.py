@@ -31,6 +31,9 @@ from polygrad.tensor_nn import NNMixin
 
 _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
 _effect_ids = itertools.count(1)  # makes every assign a distinct UOp
+# Model capture (polygrad/model.py) pushes a guard here: it rejects effectful reads (numpy, item,
+# tolist) and assignments to parameters or inputs while the user's callable is being recorded
+capture_guards: list[Any] = []
 
 
 def _prod(xs: Iterable[int]) -> int:
@@ -201,8 +204,11 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         shape = _shape_arg(shape)
         dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
         dev = canonicalize(device if device is not None else _default_device(kw.get("_runtime")))
-        # a symbolic dimension allocates for its bound value (x.shape keeps the Variable)
-        buf = Buffer(dev, sint.value(_prod(shape)), dt)
+        # a symbolic dimension allocates for its bound value (x.shape keeps the Variable); an unbound
+        # Variable declares a size (Model inputs) and allocates for its maximum
+        total = _prod(shape)
+        bound = sint.resolve(total)
+        buf = Buffer(dev, sint.vmax(total) if bound is None else bound, dt)
         return Tensor(_buffer_uop(buf, shape), requires_grad=kw.get("requires_grad"),
                       _runtime=kw.get("_runtime"))._as_leaf()
 
@@ -295,6 +301,8 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         return u.arg
 
     def numpy(self) -> np.ndarray:
+        if capture_guards:
+            capture_guards[-1].read(self, "numpy")
         shape = sint.concrete_shape(self.shape)  # symbolic sizes read at their bound values
         if _prod(shape) == 0:
             return np.zeros(shape, dtype=self.dtype.np if self.dtype is not dtypes.bfloat16 else np.float32)
@@ -306,11 +314,15 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         return memoryview(self.numpy())
 
     def item(self) -> Any:
+        if capture_guards:
+            capture_guards[-1].read(self, "item")
         if self.numel() != 1:
             raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
         return self.numpy().reshape(()).item()
 
     def tolist(self) -> Any:
+        if capture_guards:
+            capture_guards[-1].read(self, "tolist")
         return self.numpy().tolist()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -319,6 +331,8 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
 
     def copy_from(self, data: Any) -> "Tensor":
         """Write host data into this tensor's existing buffer (keeps identity for compiled replay)."""
+        if capture_guards:
+            capture_guards[-1].read(self, "copy_from")
         arr = np.asarray(data)
         if arr.size != self.numel():
             raise ValueError(f"copy_from: {arr.shape} has {arr.size} elements, tensor {self.shape} has {self.numel()}")
@@ -331,6 +345,8 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
 
     def assign(self, x: Any) -> "Tensor":
         """Write x into this tensor's buffer (in place, lazily)."""
+        if capture_guards:
+            capture_guards[-1].assign(self)
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype, _runtime=self._runtime)
         if x.shape != self.shape:

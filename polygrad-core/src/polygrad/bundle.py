@@ -1,0 +1,156 @@
+"""The `.pgb` bundle: a Model's signature, kernels and state in one checked, portable file.
+
+Stage: export / import. Input (write): a manifest dict and the raw bytes of every stored buffer.
+Output (read): the validated manifest, the decoded kernels and a view of each stored buffer's bytes.
+The layout is specified in docs/bundle-format.md (precise enough to write another reader); in short:
+
+    header   64 bytes: magic, format version, flags, manifest and data lengths, two CRC-32s
+    manifest UTF-8 JSON, zero-padded to a multiple of 64 bytes
+    data     the stored buffers, raw little-endian, each at a 64-byte aligned offset
+
+Reading never executes anything from the file and never uses pickle: it is `struct`, `zlib.crc32`,
+`json` and table look-ups. Every field is type- and range-checked before it is used, sizes and offsets
+are checked against the file and against `max_bytes` before anything is allocated, and every problem
+raises `BundleError` naming the field and what was expected. The kernels are decoded by
+`uop/serialize.py` and each call is checked against its buffers (`uop/validate.py` where available).
+
+>>> data = write({"format": FORMAT, "version": VERSION}, [])
+>>> data[:8] == MAGIC, len(data) % 64
+(True, 0)
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+from typing import Any, Sequence
+
+from polygrad.errors import PolygradError
+
+MAGIC = b"\x89PGB\r\n\x1a\n"
+FORMAT = "polygrad-bundle"
+VERSION = 1
+SUPPORTED_VERSIONS = (1,)
+HEADER = struct.Struct("<8sIIQQII24x")  # magic, version, flags, manifest_len, data_len, manifest_crc, data_crc
+assert HEADER.size == 64
+ALIGN = 64
+MAX_MANIFEST = 256 << 20
+# the most device memory a loaded bundle may ask for (stored and unstored buffers together)
+MAX_BYTES = int(os.environ.get("POLY_BUNDLE_MAX_BYTES", str(16 << 30)))
+MAX_ELEMENTS = (1 << 31) - 1  # per buffer: kernel indices are int32
+
+
+class BundleError(PolygradError, ValueError):
+    """A .pgb file that cannot be read: truncated, corrupted, another format version, or inconsistent."""
+
+
+def _pad(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def write(manifest: dict, blobs: Sequence[bytes]) -> bytes:
+    """The bundle bytes: `manifest` (its buffers' "data" entries are filled in here, blob k at the k-th
+    buffer whose "data" is True) and the blobs laid out at aligned offsets."""
+    offsets, pos = [], 0
+    for b in blobs:
+        offsets.append(pos)
+        pos = _pad(pos + len(b))
+    k = 0
+    for buf in manifest.get("buffers", []):
+        if buf.get("data") is True:
+            buf["data"] = {"offset": offsets[k], "nbytes": len(blobs[k])}
+            k += 1
+    if k != len(blobs):
+        raise BundleError(f"internal: {len(blobs)} blobs for {k} stored buffers")
+    text = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
+    data = bytearray(pos)
+    for off, b in zip(offsets, blobs):
+        data[off:off + len(b)] = b
+    head = HEADER.pack(MAGIC, VERSION, 0, len(text), len(data), zlib.crc32(text), zlib.crc32(data))
+    return b"".join((head, text, b"\0" * (_pad(len(text)) - len(text)), bytes(data)))
+
+
+def read(data: bytes | bytearray | memoryview) -> tuple[dict, memoryview]:
+    """(manifest, data section) of a bundle, after the header, checksum and JSON checks.
+
+    The manifest is only parsed here; `check_manifest` validates its contents.
+    """
+    view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data.cast("B")
+    if len(view) < HEADER.size:
+        raise BundleError(f"not a polygrad bundle: {len(view)} bytes is shorter than the {HEADER.size}-byte header "
+                          "(truncated file?)")
+    magic, version, flags, mlen, dlen, mcrc, dcrc = HEADER.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise BundleError("not a polygrad bundle (wrong magic bytes); .pgb files are written by Model.save()")
+    if version not in SUPPORTED_VERSIONS:
+        raise BundleError(f"bundle format version {version} is not supported by this polygrad (it reads "
+                          f"{list(SUPPORTED_VERSIONS)}); save it again with a matching polygrad")
+    if flags != 0:
+        raise BundleError(f"bundle header flags {flags:#x} are unknown to this reader (expected 0)")
+    if mlen > MAX_MANIFEST:
+        raise BundleError(f"bundle manifest length {mlen} exceeds the {MAX_MANIFEST}-byte limit")
+    start = HEADER.size + _pad(mlen)
+    if start + dlen != len(view):
+        raise BundleError(f"bundle size mismatch: header declares {start + dlen} bytes (manifest {mlen}, data "
+                          f"{dlen}), the file has {len(view)} (truncated or padded file?)")
+    text = bytes(view[HEADER.size:HEADER.size + mlen])
+    if zlib.crc32(text) != mcrc:
+        raise BundleError("bundle manifest checksum mismatch: the file is corrupted")
+    body = view[start:start + dlen]
+    if zlib.crc32(body) != dcrc:
+        raise BundleError("bundle data checksum mismatch: the file is corrupted")
+    try:
+        manifest = json.loads(text.decode("utf-8"), parse_constant=_no_constants)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise BundleError(f"bundle manifest is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise BundleError("bundle manifest must be a JSON object")
+    if manifest.get("format") != FORMAT:
+        raise BundleError(f"bundle manifest format is {manifest.get('format')!r}, expected {FORMAT!r}")
+    if manifest.get("version") != version:
+        raise BundleError(f"bundle manifest version {manifest.get('version')!r} differs from the header's {version}")
+    return manifest, body
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in a bundle manifest")
+
+
+# ---------------------------------------------------------------------------------------------------
+# field checks used by the manifest validation in polygrad/model.py
+
+
+def need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise BundleError(f"bundle manifest: {msg}")
+
+
+def get(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """obj[key], checked to be of `kind` (bool is never an int here)."""
+    need(isinstance(obj, dict), f"{where} must be an object")
+    need(key in obj, f"{where} lacks {key!r}")
+    v = obj[key]
+    ok = isinstance(v, kind) and not (isinstance(v, bool) and kind in (int, (int,)))
+    need(ok, f"{where}.{key} must be {_kind_name(kind)}, got {type(v).__name__}")
+    return v
+
+
+def get_int(obj: Any, key: str, where: str, lo: int = 0, hi: int = MAX_ELEMENTS) -> int:
+    v = get(obj, key, int, where)
+    need(lo <= v <= hi, f"{where}.{key} = {v} is outside [{lo}, {hi}]")
+    return v
+
+
+def check_int(v: Any, where: str, lo: int, hi: int) -> int:
+    need(isinstance(v, int) and not isinstance(v, bool), f"{where} must be an integer, got {type(v).__name__}")
+    need(lo <= v <= hi, f"{where} = {v} is outside [{lo}, {hi}]")
+    return v
+
+
+def _kind_name(kind: Any) -> str:
+    names = {str: "a string", int: "an integer", list: "a list", dict: "an object", bool: "true/false",
+             float: "a number"}
+    if isinstance(kind, tuple):
+        return " or ".join(names.get(k, k.__name__) for k in kind)
+    return names.get(kind, kind.__name__)

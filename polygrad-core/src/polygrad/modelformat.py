@@ -1,0 +1,317 @@
+"""A Model's program to and from the bundle manifest (docs/bundle-format.md), with every field checked.
+
+Stage: export / import, between polygrad/model.py (the Program a Model runs) and polygrad/bundle.py
+(the file layout). `to_manifest` writes; `from_manifest` reads an untrusted manifest and raises
+`BundleError` for anything out of place: unknown roles or dtypes, slot numbers out of range, sizes
+that disagree with shapes or with the stored bytes, offsets outside the data section, a kernel whose
+buffers do not match its call, Variables without declared bounds, or more memory than
+`bundle.MAX_BYTES`. Nothing is allocated before the whole manifest passed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from polygrad import bundle
+from polygrad.bundle import BundleError, check_int, get, get_int, need
+from polygrad.dtype import DType
+from polygrad.errors import PolygradError
+from polygrad.uop import serialize
+from polygrad.uop.ops import Ops, UOp
+
+MAX_SLOTS = 1 << 20
+MAX_CALLS = 1 << 20
+MAX_NAME = 256
+
+
+def _dtype_name(dt: DType) -> str:
+    return serialize.DTYPE_NAMES[dt]
+
+
+def _le(arr: np.ndarray) -> bytes:
+    return np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def to_manifest(model: Any, include_optimizer: bool, version: str) -> tuple[dict, list[bytes]]:
+    """(manifest, blobs) of a Model; blob k holds the k-th buffer whose "data" is true."""
+    from polygrad.model import STORED
+    p = model._p
+    recorded = "optimizer_step" in p.entries
+    initial = model._initial_optimizer_values() if recorded and not include_optimizer else {}
+    buffers, blobs = [], []
+    for s, slot in enumerate(p.slots):
+        d: dict[str, Any] = {"name": slot.name, "role": slot.role, "dtype": _dtype_name(slot.dtype),
+                             "shape": list(slot.shape), "size": slot.size}
+        if slot.role in STORED:
+            arr = initial[s] if s in initial else model._bufs[s].numpy()
+            blobs.append(_le(arr))
+            d["data"] = True
+        buffers.append(d)
+
+    def spec(s: Any) -> dict:
+        return {"name": s.name, "dtype": _dtype_name(s.dtype), "shape": list(s.shape)}
+
+    def calls(e: Any) -> list:
+        return [{"copy": list(c.args)} if c.kernel < 0 else {"kernel": c.kernel, "args": list(c.args)} for c in e.calls]
+
+    manifest = {
+        "format": bundle.FORMAT, "version": bundle.VERSION, "producer": f"polygrad {version}",
+        "signature": {"inputs": [spec(s) for s in p.inputs], "targets": [spec(s) for s in p.targets],
+                      "outputs": [spec(s) for s in p.outputs]},
+        "variables": [{"name": k, "min": lo, "max": hi} for k, (lo, hi) in p.variables.items()],
+        "buffers": buffers,
+        "kernels": serialize.encode(p.kernels),
+        "entrypoints": {name: {"inputs": dict(e.inputs), "outputs": dict(e.outputs), "calls": calls(e),
+                               "rng": list(e.rng)} for name, e in p.entries.items()},
+        "training": {"gradients": [[a, b] for a, b in p.gradients.items()],
+                     "optimizer": dict(p.optimizer) if recorded and p.optimizer else None,
+                     "optimizer_state": ("kept" if include_optimizer else "initial") if recorded else None,
+                     "lr_buffer": p.lr_slot if recorded else None},
+        "rng": {"seed": int(p.rng[0]), "counter": int(p.rng[1])},
+    }
+    return manifest, blobs
+
+
+# ---------------------------------------------------------------------------------------------------
+# reading
+
+
+def _name(v: Any, where: str) -> str:
+    need(isinstance(v, str) and 0 < len(v) <= MAX_NAME, f"{where} must be a non-empty string of at most "
+         f"{MAX_NAME} characters")
+    return v
+
+
+def _dtype(v: Any, where: str) -> DType:
+    need(isinstance(v, str) and v in serialize.DTYPES_BY_NAME, f"{where} = {v!r} is not a known dtype "
+         f"({sorted(serialize.DTYPES_BY_NAME)})")
+    return serialize.DTYPES_BY_NAME[v]
+
+
+def _shape(v: Any, where: str, variables: dict[str, tuple[int, int]]) -> tuple[int | str, ...]:
+    need(isinstance(v, list) and len(v) <= 16, f"{where} must be a list of at most 16 dimensions")
+    out: list[int | str] = []
+    for k, d in enumerate(v):
+        if isinstance(d, str):
+            need(k == 0 and d in variables, f"{where}[{k}] = {d!r}: only the leading dimension may name a declared "
+                 "Variable")
+            out.append(d)
+        else:
+            out.append(check_int(d, f"{where}[{k}]", 0, bundle.MAX_ELEMENTS))
+    return tuple(out)
+
+
+def _elements(shape: tuple[int | str, ...], variables: dict[str, tuple[int, int]]) -> int:
+    n = 1
+    for d in shape:
+        n *= variables[d][1] if isinstance(d, str) else d
+        if n > bundle.MAX_ELEMENTS:
+            return n
+    return n
+
+
+def _specs(obj: Any, key: str, variables: dict) -> list:
+    from polygrad.model import Spec
+    rows = get(obj, key, list, "signature")
+    need(len(rows) <= 4096, f"signature.{key} has too many entries")
+    out, seen = [], set()
+    for i, r in enumerate(rows):
+        where = f"signature.{key}[{i}]"
+        name = _name(get(r, "name", str, where), f"{where}.name")
+        need(name.isidentifier() and name not in seen, f"{where}.name {name!r} must be a distinct identifier")
+        seen.add(name)
+        out.append(Spec(name, _dtype(get(r, "dtype", str, where), f"{where}.dtype"),
+                        _shape(get(r, "shape", list, where), f"{where}.shape", variables)))
+    return out
+
+
+def from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.ndarray]]:
+    """(Program, {slot: stored array}) of a manifest read by bundle.read(); BundleError if inconsistent."""
+    try:
+        return _from_manifest(manifest, body)
+    except BundleError:
+        raise
+    except PolygradError as e:  # a kernel or an optimizer configuration that does not read
+        raise BundleError(f"bundle manifest: {e}") from None
+
+
+def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.ndarray]]:
+    from polygrad.model import ROLES, STORED, Call, Entry, Program, Slot, _optimizer_config
+    from polygrad.uop.sint import Variable
+
+    variables: dict[str, tuple[int, int]] = {}
+    for i, v in enumerate(get(manifest, "variables", list, "manifest")):
+        where = f"variables[{i}]"
+        name = _name(get(v, "name", str, where), f"{where}.name")
+        lo, hi = get_int(v, "min", where), get_int(v, "max", where)
+        Variable(name, lo, hi)  # checks the name and bounds (VariableError -> BundleError)
+        need(name not in variables, f"{where}: Variable {name!r} declared twice")
+        variables[name] = (lo, hi)
+    sig = get(manifest, "signature", dict, "manifest")
+    inputs, targets, outputs = (_specs(sig, k, variables) for k in ("inputs", "targets", "outputs"))
+
+    rows = get(manifest, "buffers", list, "manifest")
+    need(len(rows) <= MAX_SLOTS, f"{len(rows)} buffers exceed the limit of {MAX_SLOTS}")
+    slots: list[Slot] = []
+    where_data: dict[int, tuple[int, int]] = {}
+    total = 0
+    for s, r in enumerate(rows):
+        where = f"buffers[{s}]"
+        role = get(r, "role", str, where)
+        need(role in ROLES, f"{where}.role {role!r} is not one of {list(ROLES)}")
+        dt = _dtype(get(r, "dtype", str, where), f"{where}.dtype")
+        shape = _shape(get(r, "shape", list, where), f"{where}.shape", variables)
+        size = get_int(r, "size", where)
+        need(_elements(shape, variables) == size, f"{where}: size {size} does not match shape {list(shape)}")
+        total += size * dt.itemsize
+        need(total <= bundle.MAX_BYTES, f"the buffers need more than {bundle.MAX_BYTES} bytes (POLY_BUNDLE_MAX_BYTES)")
+        data = r.get("data")
+        if role in STORED:
+            need(isinstance(data, dict), f"{where} ({role}) must have stored data")
+            off, nbytes = get_int(data, "offset", f"{where}.data", 0, len(body)), get_int(data, "nbytes", f"{where}.data",
+                                                                                         0, len(body))
+            need(nbytes == size * dt.itemsize, f"{where}.data.nbytes {nbytes} != size {size} x {dt.itemsize} bytes")
+            need(off % bundle.ALIGN == 0 and off + nbytes <= len(body),
+                 f"{where}.data [{off}, {off + nbytes}) is misaligned or outside the {len(body)}-byte data section")
+            where_data[s] = (off, nbytes)
+        else:
+            need(data is None, f"{where} ({role}) must not store data")
+        slots.append(Slot(_name(get(r, "name", str, where), f"{where}.name"), role, dt, shape, size))
+
+    try:
+        kernels = serialize.decode(get(manifest, "kernels", dict, "manifest"))
+    except RecursionError:
+        raise BundleError("bundle manifest: kernels are nested too deeply") from None
+    for k, ast in enumerate(kernels):
+        need(ast.op is Ops.SINK, f"kernels root {k} is a {ast.op.name}, expected SINK")
+    globals_of = [_kernel_globals(k, ast, variables) for k, ast in enumerate(kernels)]
+
+    def slot_no(v: Any, where: str, roles: tuple[str, ...] | None = None) -> int:
+        s = check_int(v, where, 0, len(slots) - 1) if slots else need(False, f"{where}: there are no buffers")
+        if roles is not None:
+            need(slots[s].role in roles, f"{where}: buffer {s} is a {slots[s].role}, expected {'/'.join(roles)}")
+        return s  # type: ignore[return-value]
+
+    entries: dict[str, Entry] = {}
+    eps = get(manifest, "entrypoints", dict, "manifest")
+    need("forward" in eps, "entrypoints lack 'forward'")
+    n_calls = 0
+    for name, e in eps.items():
+        where = f"entrypoints.{_name(name, 'entrypoint name')}"
+        ins = {_name(k, f"{where}.inputs key"): slot_no(v, f"{where}.inputs.{k}", ("input",))
+               for k, v in get(e, "inputs", dict, where).items()}
+        outs = {_name(k, f"{where}.outputs key"): slot_no(v, f"{where}.outputs.{k}", ("output",))
+                for k, v in get(e, "outputs", dict, where).items()}
+        rng = [slot_no(v, f"{where}.rng[{i}]", ("rng",)) for i, v in enumerate(get(e, "rng", list, where))]
+        for i in rng:
+            need(slots[i].size == 2 and slots[i].dtype.np == np.uint32, f"{where}: rng buffer {i} must be 2 x uint32")
+        calls = []
+        raw = get(e, "calls", list, where)
+        n_calls += len(raw)
+        need(n_calls <= MAX_CALLS, f"more than {MAX_CALLS} calls")
+        for i, c in enumerate(raw):
+            cw = f"{where}.calls[{i}]"
+            need(isinstance(c, dict), f"{cw} must be an object")
+            if "copy" in c:
+                pair = get(c, "copy", list, cw)
+                need(len(pair) == 2, f"{cw}.copy must be [destination, source]")
+                dst, src = (slot_no(v, f"{cw}.copy") for v in pair)
+                need(slots[dst].dtype == slots[src].dtype, f"{cw}: copy between {slots[src].dtype.name} and "
+                     f"{slots[dst].dtype.name}")
+                calls.append(Call(-1, (dst, src)))
+                continue
+            k = get_int(c, "kernel", cw, 0, max(len(kernels) - 1, 0))
+            need(k < len(kernels), f"{cw}.kernel {k}: there are {len(kernels)} kernels")
+            args = tuple(slot_no(v, f"{cw}.args[{j}]") for j, v in enumerate(get(c, "args", list, cw)))
+            _check_call(cw, k, kernels[k], globals_of[k], args, slots, variables)
+            calls.append(Call(k, args))
+        entries[name] = Entry(ins, outs, calls, rng)
+    fwd = entries["forward"]
+    need(set(fwd.inputs) == {s.name for s in inputs}, "entrypoints.forward.inputs do not match signature.inputs")
+    need(set(fwd.outputs) == {s.name for s in outputs}, "entrypoints.forward.outputs do not match signature.outputs")
+    for spec in inputs + targets:
+        for name, e in entries.items():
+            if spec.name in e.inputs:
+                slot = slots[e.inputs[spec.name]]
+                need(slot.dtype == spec.dtype and slot.shape == spec.shape,
+                     f"entrypoints.{name}.inputs.{spec.name}: buffer does not match the signature")
+    for spec in outputs:
+        slot = slots[fwd.outputs[spec.name]]
+        need(slot.dtype == spec.dtype and slot.shape == spec.shape, f"output {spec.name!r}: buffer does not match")
+
+    tr = get(manifest, "training", dict, "manifest")
+    grads = {}
+    for i, pair in enumerate(get(tr, "gradients", list, "training")):
+        need(isinstance(pair, list) and len(pair) == 2, f"training.gradients[{i}] must be [parameter, gradient]")
+        a, b = slot_no(pair[0], f"training.gradients[{i}]", ("parameter",)), \
+            slot_no(pair[1], f"training.gradients[{i}]", ("gradient",))
+        need(slots[a].shape == slots[b].shape, f"training.gradients[{i}]: shapes differ")
+        grads[a] = b
+    opt = tr.get("optimizer")
+    lr_slot = None
+    if opt is not None:
+        need(isinstance(opt, dict) and isinstance(opt.get("name"), str), "training.optimizer must be an object with a name")
+        hyper = {k: (tuple(v) if isinstance(v, list) else v) for k, v in opt.items() if k not in ("name", "lr")}
+        lr = opt.get("lr")
+        need(isinstance(lr, (int, float)) and not isinstance(lr, bool), "training.optimizer.lr must be a number")
+        opt = _optimizer_config(opt["name"], float(lr), hyper)
+        need("train_step" in entries and "optimizer_step" in entries, "an optimizer without train_step/optimizer_step")
+        lr_slot = slot_no(tr.get("lr_buffer"), "training.lr_buffer", ("optimizer",))
+        need(slots[lr_slot].size == 1, "training.lr_buffer must be a one-element buffer")
+        need(tr.get("optimizer_state") in ("kept", "initial"), "training.optimizer_state must be 'kept' or 'initial'")
+    else:
+        need("train_step" not in entries and "optimizer_step" not in entries, "train_step without an optimizer")
+    rng = get(manifest, "rng", dict, "manifest")
+    seed_counter = [get_int(rng, "seed", "rng", 0, 0xFFFFFFFF), get_int(rng, "counter", "rng", 0, 0xFFFFFFFF)]
+
+    stored = {}
+    for s, (off, nbytes) in where_data.items():
+        dt = np.dtype(slots[s].dtype.np).newbyteorder("<")
+        stored[s] = np.frombuffer(body[off:off + nbytes], dtype=dt).astype(slots[s].dtype.np)
+    prog = Program(slots, kernels, entries, inputs, targets, outputs, variables, seed_counter, grads, opt, lr_slot)
+    return prog, stored
+
+
+def _kernel_globals(k: int, ast: UOp, variables: dict[str, tuple[int, int]]) -> dict[int, tuple[DType, Any]]:
+    """{slot: (dtype, declared shape)} of a kernel's DEFINE_GLOBALs; its Variables must be declared."""
+    out: dict[int, tuple[DType, Any]] = {}
+    for n in ast.toposort():
+        if n.op is Ops.DEFINE_GLOBAL:
+            need(isinstance(n.arg, tuple) and len(n.arg) == 2 and isinstance(n.arg[0], int),
+                 f"kernel {k}: malformed DEFINE_GLOBAL {n.arg!r}")
+            prev = out.setdefault(n.arg[0], (n.dtype, n.arg[1]))
+            need(prev == (n.dtype, n.arg[1]), f"kernel {k}: parameter {n.arg[0]} declared twice differently")
+        elif n.op is Ops.DEFINE_VAR:
+            need(isinstance(n.arg, tuple) and len(n.arg) == 3 and variables.get(n.arg[0]) == tuple(n.arg[1:]),
+                 f"kernel {k}: Variable {n.arg!r} is not declared in the manifest's variables")
+        elif n.op is Ops.BIND:
+            need(False, f"kernel {k}: a kernel cannot hold a bound value (BIND)")
+    return out
+
+
+def _check_call(where: str, k: int, ast: UOp, globals_: dict[int, tuple[DType, Any]], args: tuple[int, ...],
+                slots: list, variables: dict[str, tuple[int, int]]) -> None:
+    from polygrad.uop import sint
+    need(sorted(globals_) == list(range(len(args))), f"{where}: kernel {k} takes {len(globals_)} buffers, the call "
+         f"passes {len(args)}")
+    for i, s in enumerate(args):
+        dt, shape = globals_[i]
+        slot = slots[s]
+        need(dt == slot.dtype, f"{where}: kernel {k} parameter {i} is {dt.name}, buffer {s} is {slot.dtype.name}")
+        try:
+            dims = shape if isinstance(shape, tuple) else (shape,)
+            n = 1
+            for d in dims:
+                n *= sint.vmax(d)
+        except Exception:  # noqa: BLE001 (an unreadable size is a malformed file, reported below)
+            n = -1
+        need(0 <= n <= slot.size, f"{where}: kernel {k} parameter {i} spans {n} elements, buffer {s} holds {slot.size}")
+    try:
+        from polygrad.uop.validate import check_kernel
+    except ImportError:  # pragma: no cover (the validator ships with core)
+        return
+    try:
+        check_kernel(ast, [slots[s].size for s in args], [slots[s].dtype for s in args], where=f"kernel {k}")
+    except serialize.KernelFormatError as e:
+        raise BundleError(f"bundle manifest: {where}: {e}") from None
