@@ -33,8 +33,8 @@ except ImportError:  # pragma: no cover
     AxisKind = None
 
 FORMAT = "polygrad-kernel"
-VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+VERSION = 2  # 2 adds ["uop", index] args (symbolic sizes in DEFINE_GLOBAL shapes); writers use 1 when they can
+SUPPORTED_VERSIONS = (1, 2)
 
 # language-neutral dtype names (width explicit); DType.name is the C-ish "float", "char", ...
 DTYPE_NAMES: dict[DType, str] = {
@@ -61,7 +61,7 @@ def _float_bits(x: float) -> str:
     return struct.pack(">d", x).hex()
 
 
-def encode_arg(arg: Any, depth: int = 0) -> Any:
+def encode_arg(arg: Any, depth: int = 0, refs: dict[UOp, int] | None = None) -> Any:
     """A UOp arg as tagged JSON. None is `null`; everything else is `[tag, payload]`:
 
     ["int", 5]                       any Python int (JSON integers are unbounded)
@@ -69,6 +69,7 @@ def encode_arg(arg: Any, depth: int = 0) -> Any:
     ["bool", true]   ["str", "global"]   ["tuple", [arg, ...]]
     ["op", "ADD"]    ["dtype", "float32"]    ["axis_kind", "global"]   (a RANGE's AxisKind, by value)
     ["kernel_info", {"name": "E_4", "opts": arg}]   (opts is itself an encoded tuple)
+    ["uop", 3]       a UOp (a symbolic size such as batch*16), by the index of an earlier node (version 2)
     """
     if depth > MAX_ARG_DEPTH:
         raise KernelFormatError(f"arg nested deeper than {MAX_ARG_DEPTH} levels; kernel args are flat tuples")
@@ -84,7 +85,7 @@ def encode_arg(arg: Any, depth: int = 0) -> Any:
     if t is str:
         return ["str", arg]
     if t is tuple:
-        return ["tuple", [encode_arg(a, depth + 1) for a in arg]]
+        return ["tuple", [encode_arg(a, depth + 1, refs) for a in arg]]
     if t is Ops:
         return ["op", arg.name]
     if t is DType:
@@ -95,13 +96,15 @@ def encode_arg(arg: Any, depth: int = 0) -> Any:
         if type(arg.name) is not str or type(arg.opts) is not tuple:
             raise KernelFormatError(f"KernelInfo needs a str name and a tuple of opts, got {arg!r}")
         return ["kernel_info", {"name": arg.name, "opts": encode_arg(arg.opts, depth + 1)}]
+    if t is UOp and refs is not None and arg in refs:
+        return ["uop", refs[arg]]
     raise KernelFormatError(
         f"cannot serialise a UOp arg of type {t.__name__} ({arg!r:.80}); only None, bool, int, float, str, tuple, "
         "Ops, DType, AxisKind and KernelInfo are part of the kernel form. Serialise kernel IR (a scheduled SINK), "
         "not a tensor graph holding buffers")
 
 
-def decode_arg(obj: Any, where: str = "arg", depth: int = 0) -> Any:
+def decode_arg(obj: Any, where: str = "arg", depth: int = 0, built: list[UOp] | None = None) -> Any:
     """The inverse of `encode_arg`; raises KernelFormatError on anything it does not know."""
     if depth > MAX_ARG_DEPTH:
         raise KernelFormatError(f"{where}: nested deeper than {MAX_ARG_DEPTH} levels")
@@ -132,7 +135,12 @@ def decode_arg(obj: Any, where: str = "arg", depth: int = 0) -> Any:
     if tag == "tuple":
         if type(val) is not list:
             raise KernelFormatError(f"{where}: a tuple arg needs a JSON list, got {val!r:.40}")
-        return tuple(decode_arg(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(val))
+        return tuple(decode_arg(v, f"{where}[{i}]", depth + 1, built) for i, v in enumerate(val))
+    if tag == "uop":
+        if built is None or type(val) is not int or not 0 <= val < len(built):
+            n = len(built) if built is not None else 0
+            raise KernelFormatError(f"{where}: a uop arg needs the index of an earlier node (0..{n - 1}), got {val!r:.20}")
+        return built[val]
     if tag == "op":
         return _op_named(val, where)
     if tag == "dtype":
@@ -185,22 +193,39 @@ def encode(asts: UOp | Iterable[UOp]) -> dict:
             raise KernelFormatError(f"can only serialise UOps, got {type(r).__name__}")
     index: dict[UOp, int] = {}
     nodes: list[list] = []
-    for root in roots:
-        if root in index:
-            continue
+    uses_refs = False
+
+    def add(root: UOp) -> None:
+        nonlocal uses_refs
         for n in root.toposort():  # iterative, sources first
             if n in index:
                 continue
+            inner = [u for u in _arg_uops(n.arg) if u not in index]
+            for u in inner:  # symbolic sizes in args (shallow) are listed before the node using them
+                add(u)
+            uses_refs |= bool(_arg_uops(n.arg))
             if n.dtype is not None and n.dtype not in DTYPE_NAMES:
                 raise KernelFormatError(f"{n.op.name} node has dtype {n.dtype!r}, which has no serialised name")
             try:
-                arg = encode_arg(n.arg)
+                arg = encode_arg(n.arg, refs=index)
             except KernelFormatError as e:
                 raise KernelFormatError(f"{n.op.name} node (#{len(nodes)}): {e}") from None
             index[n] = len(nodes)
             nodes.append([n.op.name, DTYPE_NAMES[n.dtype] if n.dtype is not None else None,
                           [index[s] for s in n.src], arg])
-    return {"format": FORMAT, "version": VERSION, "nodes": nodes, "roots": [index[r] for r in roots]}
+
+    for root in roots:
+        if root not in index:
+            add(root)
+    return {"format": FORMAT, "version": 2 if uses_refs else 1, "nodes": nodes, "roots": [index[r] for r in roots]}
+
+
+def _arg_uops(arg: Any) -> list[UOp]:
+    if isinstance(arg, UOp):
+        return [arg]
+    if type(arg) is tuple:
+        return [u for a in arg for u in _arg_uops(a)]
+    return []
 
 
 def decode(obj: Any) -> list[UOp]:
@@ -240,7 +265,7 @@ def decode(obj: Any) -> list[UOp]:
             if type(s) is not int or not 0 <= s < i:
                 raise KernelFormatError(f"{where}: src index {s!r:.20} is not an earlier node (0..{i - 1}); nodes "
                                         "must be listed sources first")
-        value = decode_arg(arg, f"{where} ({op_name}) arg")
+        value = decode_arg(arg, f"{where} ({op_name}) arg", built=built if version >= 2 else None)
         built.append(UOp(op, dtype, tuple(built[s] for s in src), value))
     out = []
     for r in roots:
