@@ -19,4 +19,5 @@ from polygrad.model import Model, ModelError  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = ["BundleError", "CompiledCallable", "Context", "Device", "GlobalCounters", "JitError", "Model", "ModelError",
-           "Runtime", "Tensor", "TinyJit", "Variable", "can_run", "compile", "create", "dtypes", "jit", "nn", "stats", "__version__"]
+           "Runtime", "Tensor", "TinyJit", "Variable", "can_run", "compile", "create", "dtypes", "jit", "nn", "stats",
+           "__version__"]

@@ -42,7 +42,7 @@ import sys
 import time
 import types
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -62,6 +62,11 @@ __all__ = ["BundleError", "Model", "ModelCaptureError", "ModelError", "ModelInpu
 ROLES = ("parameter", "state", "constant", "rng", "optimizer", "gradient", "input", "output", "temporary")
 STORED = ("parameter", "state", "constant", "optimizer")  # roles whose contents a bundle keeps
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
+
+
+def _dtname(dt: DType) -> str:
+    """The dtype's name as the bundle and error messages spell it (float32, bfloat16, ...)."""
+    return serialize.DTYPE_NAMES[dt]
 
 
 class ModelError(PolygradError, ValueError):
@@ -428,7 +433,8 @@ def _entry_of(name: str, cap: Any, tb: _Table, kernels: dict[UOp, int], start_se
                     n_const += 1
                 else:
                     raise ModelCaptureError(
-                        f"the callable reads a Tensor ({b.size} x {b.dtype.name}) that is neither an input nor one of "
+                        f"the callable reads a Tensor ({b.size} x {_dtname(b.dtype)}) that is neither an input nor "
+                        "one of "
                         "its parameters; a plain function's closure state must be passed explicitly, e.g. "
                         "Model(f, inputs=..., params={'w': w}), and an object's tensors must be its attributes")
             args.append(s)
@@ -594,12 +600,12 @@ class Model:
         self._bufs[s] = fresh
         self._rebind(s, fresh)
         if any(isinstance(d, str) for d in shape):
-            capacity_buffers.add(buf)
-            dims = tuple(sint.Variable(d, *self._p.variables[d]).bind(env[d]) if isinstance(d, str) else d
-                         for d in shape)
-            u = UOp(Ops.RESHAPE, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), dims)
-        else:
-            u = _buffer_uop(buf, tuple(shape))
+            # the buffer holds the Variables' maxima; the result is this call's rows of it, concretely shaped
+            full = tuple(self._p.variables[d][1] if isinstance(d, str) else d for d in shape)
+            now = tuple(env[d] if isinstance(d, str) else d for d in shape)
+            t = Tensor(_buffer_uop(buf, full), _runtime=self._runtime)._as_leaf()
+            return t if now == full else t.shrink(tuple((0, n) for n in now))
+        u = _buffer_uop(buf, tuple(shape))
         return Tensor(u, _runtime=self._runtime)._as_leaf()
 
     # ---- inputs
@@ -619,7 +625,8 @@ class Model:
             if n is not None:
                 var = spec.shape[0]
                 if env.setdefault(var, n) != n:  # type: ignore[arg-type]
-                    raise ModelInputError(f"input {k!r} has {n} rows for Variable {var!r}, another input has {env[var]}")
+                    raise ModelInputError(f"input {k!r} has {n} rows for Variable {var!r}, "
+                                          f"another input has {env[var]}")
             feeds[e.inputs[k]] = value
         for v, (lo, hi) in self._p.variables.items():
             env.setdefault(v, hi)
@@ -634,7 +641,8 @@ class Model:
         want = "[" + ", ".join(str(d) for d in spec.shape) + "]"
         if isinstance(value, Tensor):
             if value.dtype != spec.dtype:
-                raise ModelInputError(f"input {spec.name!r} is a {value.dtype.name} Tensor; expected {spec.dtype.name}")
+                raise ModelInputError(f"input {spec.name!r} is a {_dtname(value.dtype)} Tensor; "
+                                      f"expected {_dtname(spec.dtype)}")
             if value.device != self.device:
                 raise ModelInputError(f"input {spec.name!r} is on {value.device}, the model on {self.device}; "
                                       "use .to() first")
@@ -645,14 +653,14 @@ class Model:
             arr = value
             if arr.dtype != spec.dtype.np and not np.can_cast(arr.dtype, spec.dtype.np, "same_kind") and \
                     spec.dtype is not dtypes.bfloat16:
-                raise ModelInputError(f"input {spec.name!r} has dtype {arr.dtype}; expected {spec.dtype.name} "
+                raise ModelInputError(f"input {spec.name!r} has dtype {arr.dtype}; expected {_dtname(spec.dtype)} "
                                       "(cast it with .astype)")
         else:
             try:
                 arr = np.asarray(value, dtype=np.float32 if spec.dtype is dtypes.bfloat16 else spec.dtype.np)
             except (TypeError, ValueError) as e:
                 raise ModelInputError(f"input {spec.name!r}: cannot read {type(value).__name__} as "
-                                      f"{spec.dtype.name}: {e}") from None
+                                      f"{_dtname(spec.dtype)}: {e}") from None
         if arr.ndim <= 1 and len(spec.shape) != 1:  # flat data: the signature gives the shape
             if sym:
                 if per_row == 0 or arr.size % per_row:
@@ -866,7 +874,8 @@ class Model:
                 rows = col.shape[0]
             else:
                 if col.dtype != spec.dtype:
-                    raise ModelInputError(f"fit data {k!r} is a {col.dtype.name} Tensor; expected {spec.dtype.name}")
+                    raise ModelInputError(f"fit data {k!r} is a {_dtname(col.dtype)} Tensor; "
+                                          f"expected {_dtname(spec.dtype)}")
                 rows = sint.concrete_shape(col.shape)[0] if col.ndim else 0
                 if tuple(sint.concrete_shape(col.shape)[1:]) != tuple(spec.shape[1:]):
                     raise ModelInputError(f"fit data {k!r} has shape {list(sint.concrete_shape(col.shape))}; "
@@ -885,8 +894,9 @@ class Model:
         batches = [(i * bs, bs) for i in range(full)]
         if rest:
             if remainder is None:
-                raise ModelError(f"{count} samples do not split into batches of {bs}: the last batch would have {rest}. "
-                                 "Pass remainder='drop' to skip it or remainder='keep' to run it smaller")
+                raise ModelInputError(f"{count} samples do not split into batches of {bs}: the last batch would "
+                                      f"have {rest}. Pass remainder='drop' to skip it or remainder='keep' "
+                                      "to run it smaller")
             if remainder == "keep":
                 self._admits(specs, rest, "the final batch (remainder='keep')")
                 batches.append((full * bs, rest))
@@ -900,7 +910,8 @@ class Model:
                     feeds: dict[int, Any] = {}
                     for k, col in columns.items():
                         part = col[start:start + size]
-                        feeds[e.inputs[k]] = part.contiguous()._buffer() if isinstance(col, Tensor) else part.reshape(-1)
+                        on_device = isinstance(col, Tensor)
+                        feeds[e.inputs[k]] = part.contiguous()._buffer() if on_device else part.reshape(-1)
                     env = {v: size for v in self._p.variables}
                     losses.append(self._step(feeds, env))
                     if bar is not None:
@@ -917,10 +928,10 @@ class Model:
             arr = np.asarray(col) if isinstance(col, np.ndarray) else \
                 np.asarray(col, dtype=np.float32 if spec.dtype is dtypes.bfloat16 else spec.dtype.np)
         except (TypeError, ValueError) as e:
-            raise ModelInputError(f"fit data {spec.name!r}: cannot read it as {spec.dtype.name}: {e}") from None
+            raise ModelInputError(f"fit data {spec.name!r}: cannot read it as {_dtname(spec.dtype)}: {e}") from None
         if isinstance(col, np.ndarray) and arr.dtype != spec.dtype.np and \
                 not np.can_cast(arr.dtype, spec.dtype.np, "same_kind"):
-            raise ModelInputError(f"fit data {spec.name!r} has dtype {arr.dtype}; expected {spec.dtype.name}")
+            raise ModelInputError(f"fit data {spec.name!r} has dtype {arr.dtype}; expected {_dtname(spec.dtype)}")
         trailing = tuple(spec.shape[1:])
         per = int(np.prod(trailing, dtype=np.int64))
         if arr.ndim == 1 and trailing and per and arr.size % per == 0:
@@ -933,15 +944,17 @@ class Model:
     def _admits(self, specs: Mapping[str, Spec], n: int, what: str) -> None:
         for spec in specs.values():
             if not spec.shape:
-                raise ModelError(f"input {spec.name!r} is a scalar; fit() needs a leading sample axis")
+                raise ModelInputError(f"input {spec.name!r} is a scalar; fit() needs a leading sample axis")
             d = spec.shape[0]
             if isinstance(d, str):
                 lo, hi = self._p.variables[d]
                 if not lo <= n <= hi:
-                    raise ModelError(f"{what} {n} is outside Variable {d!r} bounds {lo}..{hi} of input {spec.name!r}")
+                    raise ModelInputError(f"{what} {n} is outside Variable {d!r} bounds {lo}..{hi} "
+                                          f"of input {spec.name!r}")
             elif d != n:
-                raise ModelError(f"{what} {n} does not fit input {spec.name!r}, whose leading dimension is fixed at {d}; "
-                                 f"use batch_size={d} or declare Tensor.empty(Variable('batch', 1, {max(d, n)}), ...)")
+                raise ModelInputError(f"{what} {n} does not fit input {spec.name!r}, whose leading dimension is "
+                                      f"fixed at {d}; use batch_size={d} or declare "
+                                      f"Tensor.empty(Variable('batch', 1, {max(d, n)}), ...)")
 
     # ---- metadata
     def summary(self) -> ModelSummary:
@@ -949,10 +962,10 @@ class Model:
         self._alive()
 
         def rows(specs: list[Spec]) -> list[dict]:
-            return [{"name": s.name, "dtype": serialize.DTYPE_NAMES[s.dtype], "shape": s.shape} for s in specs]
+            return [{"name": s.name, "dtype": _dtname(s.dtype), "shape": s.shape} for s in specs]
 
         def tensors(role: str) -> list[dict]:
-            return [{"name": s.name, "dtype": serialize.DTYPE_NAMES[s.dtype], "shape": s.shape, "count": s.size}
+            return [{"name": s.name, "dtype": _dtname(s.dtype), "shape": s.shape, "count": s.size}
                     for s in self._p.slots if s.role == role]
         nbytes = {r: 0 for r in ROLES}
         for s in self._p.slots:

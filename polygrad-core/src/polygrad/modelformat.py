@@ -169,8 +169,8 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
         data = r.get("data")
         if role in STORED:
             need(isinstance(data, dict), f"{where} ({role}) must have stored data")
-            off, nbytes = get_int(data, "offset", f"{where}.data", 0, len(body)), get_int(data, "nbytes", f"{where}.data",
-                                                                                         0, len(body))
+            off = get_int(data, "offset", f"{where}.data", 0, len(body))
+            nbytes = get_int(data, "nbytes", f"{where}.data", 0, len(body))
             need(nbytes == size * dt.itemsize, f"{where}.data.nbytes {nbytes} != size {size} x {dt.itemsize} bytes")
             need(off % bundle.ALIGN == 0 and off + nbytes <= len(body),
                  f"{where}.data [{off}, {off + nbytes}) is misaligned or outside the {len(body)}-byte data section")
@@ -251,7 +251,8 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
     opt = tr.get("optimizer")
     lr_slot = None
     if opt is not None:
-        need(isinstance(opt, dict) and isinstance(opt.get("name"), str), "training.optimizer must be an object with a name")
+        named = isinstance(opt, dict) and isinstance(opt.get("name"), str)
+        need(named, "training.optimizer must be an object with a name")
         hyper = {k: (tuple(v) if isinstance(v, list) else v) for k, v in opt.items() if k not in ("name", "lr")}
         lr = opt.get("lr")
         need(isinstance(lr, (int, float)) and not isinstance(lr, bool), "training.optimizer.lr must be a number")

@@ -139,7 +139,8 @@ def decode_arg(obj: Any, where: str = "arg", depth: int = 0, built: list[UOp] | 
     if tag == "uop":
         if built is None or type(val) is not int or not 0 <= val < len(built):
             n = len(built) if built is not None else 0
-            raise KernelFormatError(f"{where}: a uop arg needs the index of an earlier node (0..{n - 1}), got {val!r:.20}")
+            raise KernelFormatError(f"{where}: a uop arg needs the index of an earlier node (0..{n - 1}), "
+                                    f"got {val!r:.20}")
         return built[val]
     if tag == "op":
         return _op_named(val, where)

@@ -22,8 +22,9 @@ once per set of assumptions, and gives up on kernels above MAX_NODES nodes or MA
 """
 from __future__ import annotations
 
+import math
 import re
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from polygrad.dtype import DType, dtypes
 from polygrad.errors import VariableError
@@ -31,13 +32,14 @@ from polygrad.uop import sint
 from polygrad.uop.ops import AxisKind, KernelInfo, Ops, UOp
 from polygrad.uop.serialize import DTYPE_NAMES, KernelFormatError
 
-MAX_RANGE = 2**31 - 1  # a loop's largest trip count
+MAX_RANGE = 2**48  # a loop's largest trip count (index arithmetic past 2**31 is int64)
 MAX_NODES = 1 << 18  # nodes in one kernel (generated kernels have hundreds)
 MAX_STEPS = 1 << 22  # node evaluations of the interval analysis, all assumptions together
 MAX_NARROW_DEPTH = 6  # WHEREs nested inside an index that still narrow their arms (deeper: union)
 MAX_NAME = 200
 
 Interval = Tuple[int, int]  # inclusive bounds of an integer or bool (0/1) value
+INF = 1 << 256  # "unbounded" on one side of a linear fact (larger than any int64 arithmetic here)
 
 
 class _Mark:
@@ -269,7 +271,7 @@ def check_structure(ast: UOp, arg_sizes: Sequence[int], arg_dtypes: Sequence[DTy
     for i, n in enumerate(nodes[:-1]):
         at = f"{where}, node #{i}"
         _check_node(at, n, seen_vars)
-        if any(s.op is Ops.INDEX for s in n.src) and not (n.op in (Ops.LOAD, Ops.STORE)):
+        if any(s.op is Ops.INDEX for s in n.src) and n.op not in (Ops.LOAD, Ops.STORE):
             raise _fail(at, f"{n.op.name} uses an INDEX; only LOAD and STORE (its first src) may")
         if n.op is Ops.STORE and n.src[1].op is Ops.INDEX:
             raise _fail(at, "STORE's value is an INDEX (an address); load it first")
@@ -310,7 +312,10 @@ def declared_count(g: UOp, where: str = "kernel", seen_vars: dict[str, UOp] | No
     for d in g.arg[1]:
         if isinstance(d, UOp):
             _check_size_expr(where, d, f"buffer {g.arg[0]}'s shape", {} if seen_vars is None else seen_vars)
-            lo, hi = _Analysis(where).root.of(d)
+            analysis = _Analysis(where)
+            lo, hi = analysis.root.of(d)
+            if analysis.overflows:
+                raise _fail(where, f"buffer {g.arg[0]}'s shape entry {d!r:.40} overflows its dtype")
         elif _is_int(d):
             lo = hi = d
         else:
@@ -437,19 +442,80 @@ _RULES: dict[Ops, Callable[[UOp, list[Interval]], Any]] = {
 }
 
 
+def _meet(a: Value, b: Value | None) -> Value:
+    """The intersection of two intervals (EMPTY if they do not overlap); b None: a as it is."""
+    if b is None or not isinstance(a, tuple) or not isinstance(b, tuple):
+        return a
+    lo, hi = max(a[0], b[0]), min(a[1], b[1])
+    return (lo, hi) if lo <= hi else EMPTY
+
+
+def _traps(n: UOp, srcs: list[Value]) -> bool:
+    a, b = srcs
+    return isinstance(a, tuple) and isinstance(b, tuple) and a[0] == dtype_interval(n.dtype)[0] and \
+        b[0] <= -1 <= b[1]
+
+
+def _nonzero(u: UOp, env: "_Env") -> bool:
+    """u is never 0: by its interval, or a guard such as WHERE(x == 0, 1, x) (how // is scheduled)."""
+    v = env.of(u)
+    if isinstance(v, tuple) and not v[0] <= 0 <= v[1]:
+        return True
+    if u.op is not Ops.WHERE:
+        return False
+    for arm, truth in ((u.src[1], True), (u.src[2], False)):
+        literals = _literals(u.src[0], truth)
+        if literals is None:
+            continue  # this arm is never chosen
+        armv = env.of(arm)
+        if isinstance(armv, tuple) and not armv[0] <= 0 <= armv[1]:
+            continue
+        if not any(_says_nonzero(c, t, arm) for c, t in literals):
+            return False
+    return True
+
+
+def _says_nonzero(c: UOp, truth: bool, x: UOp) -> bool:
+    """The literal `c == truth` is x != 0."""
+    if c.op not in (Ops.CMPNE, Ops.CMPEQ) or (c.op is Ops.CMPNE) != truth or x not in c.src:
+        return False
+    other = c.src[1] if c.src[0] is x else c.src[0]
+    return other.op is Ops.CONST and other.arg == 0
+
+
+def _sum_bounds(terms: dict[UOp, int], env: "_Env") -> Interval | None:
+    """The interval of sum(k * t) from the terms' own intervals; None if one is not an integer."""
+    lo = hi = 0
+    for t, k in terms.items():
+        v = env.of(t)
+        if not isinstance(v, tuple):
+            return None
+        lo, hi = lo + min(k * v[0], k * v[1]), hi + max(k * v[0], k * v[1])
+    return (lo, hi)
+
+
 def _tracked(dt: DType | None) -> bool:
     return dt is not None and (dt.is_int or dt is dtypes.bool)
 
 
+# A fact bounds a node, or a linear form: a frozenset of (term node, coefficient) pairs, its
+# coefficients coprime and the first (by `_term_order`) positive (`_linear_key`).
+Facts = Dict[Any, Interval]
+
+
 class _Env:
-    """Intervals of nodes under one set of assumptions (`facts`: node -> interval it is known to be in).
+    """Intervals of nodes under one set of assumptions (`facts`: node or linear form -> its interval).
 
     A child env adds facts to its parent's; it recomputes only the nodes that depend on a new fact and
-    reads every other node from the parent."""
+    reads every other node from the parent. Linear facts (from a gate such as 0 < r4 + 2*r2 < 8) bound
+    any sum whose terms hold a multiple of the form (7*r4 + 14*r2 + r5 - 8)."""
 
-    def __init__(self, analysis: "_Analysis", facts: dict[UOp, Interval], parent: "_Env | None", depth: int):
+    def __init__(self, analysis: "_Analysis", facts: Facts, parent: "_Env | None", depth: int):
         self.analysis, self.facts, self.parent, self.depth = analysis, facts, parent, depth
         self.new = facts if parent is None else {k: v for k, v in facts.items() if parent.facts.get(k) != v}
+        self.linear = sorted(((dict(k), v) for k, v in facts.items() if isinstance(k, frozenset)),
+                             key=lambda f: -len(f[0]))
+        self.linear_new = any(isinstance(k, frozenset) for k in self.new)
         self.memo: dict[UOp, Value] = {}
 
     def value(self, n: UOp) -> Value:
@@ -473,7 +539,8 @@ class _Env:
         for n in nodes:
             if n in self.memo:
                 continue
-            if self.parent is not None and n not in self.new and not any(s in self.memo for s in n.src):
+            if self.parent is not None and n not in self.new and not any(s in self.memo for s in n.src) \
+                    and not (self.linear_new and n.op is Ops.ADD):
                 continue  # unchanged from the parent
             self.memo[n] = self._compute(n)
         return self.value(u)
@@ -489,15 +556,39 @@ class _Env:
             if any(v is EMPTY for v in srcs):
                 return EMPTY
             out = self._interval(n, srcs)
+            if n.op in (Ops.IDIV, Ops.MOD) and n.dtype.kind == "int" and _traps(n, srcs):
+                self.analysis.overflows.add(n)  # INT_MIN / -1 traps like an overflow
+        if self.linear and n.op is Ops.ADD and isinstance(out, tuple):
+            out = _meet(out, self._linear_bound(n))
         full = dtype_interval(n.dtype)
         if isinstance(out, tuple) and (out[0] < full[0] or out[1] > full[1]):
             self.analysis.overflows.add(n)
             out = full  # the wrapped value, in two's complement; an index that needs it is rejected
         fact = self.facts.get(n)
-        if fact is not None and out is not EMPTY:
-            lo, hi = max(out[0], fact[0]), min(out[1], fact[1])
-            out = (lo, hi) if lo <= hi else EMPTY
-        return out
+        return _meet(out, fact) if fact is not None else out
+
+    def _linear_bound(self, n: UOp) -> Value | None:
+        """n's bounds from the linear facts: n = sum(alpha_j * form_j) + rest, rest from intervals."""
+        terms, const = _linear(n, self)
+        lo = hi = const
+        for form, (flo, fhi) in self.linear:
+            t0 = next(iter(form))
+            if terms.get(t0, 0) % form[t0]:
+                continue
+            alpha = terms.get(t0, 0) // form[t0]
+            if alpha == 0 or any(terms.get(t, 0) != alpha * k for t, k in form.items()):
+                continue
+            span = _sum_bounds(form, self)  # the form's other side may only come from its terms
+            if span is None:
+                return None
+            flo, fhi = max(flo, span[0]), min(fhi, span[1])
+            for t in form:
+                del terms[t]
+            lo, hi = lo + min(alpha * flo, alpha * fhi), hi + max(alpha * flo, alpha * fhi)
+        if lo == hi == const:
+            return None
+        rest = _sum_bounds(terms, self)
+        return None if rest is None else (lo + rest[0], hi + rest[1])
 
     def _interval(self, n: UOp, srcs: list[Value]) -> Value:
         op, full = n.op, dtype_interval(n.dtype)
@@ -559,12 +650,18 @@ class _Env:
 class _Analysis:
     """One kernel's interval analysis: the env without assumptions, and envs made by assuming gates."""
 
-    def __init__(self, where: str):
+    def __init__(self, where: str, ranges: Sequence[UOp] = ()):
         self.where = where
         self.steps = 0
         self.overflows: set[UOp] = set()  # nodes whose exact value can leave their dtype
-        self.root = _Env(self, {}, None, 0)
         self.envs: dict[frozenset, _Env] = {}
+        self.root = _Env(self, {}, None, 0)
+        facts: Facts = {}
+        for r in ranges:  # r < end as a linear fact when end is symbolic: (rows - 1 - r) * 16 >= 0
+            if r.src[0].op is not Ops.CONST:
+                _at_most_linear(r, r.src[0], -1, self.root, facts)
+        if facts:
+            self.root = _Env(self, facts, None, 0)
 
     def step(self, count: int = 1) -> None:
         self.steps += count
@@ -614,19 +711,36 @@ def _linear(u: UOp, env: _Env, limit: int = 64) -> tuple[dict[UOp, int], int]:
     return {t: k for t, k in terms.items() if k != 0}, const
 
 
-def _at_most(terms: dict[UOp, int], const: int, bound: int, env: _Env, facts: dict[UOp, Interval]) -> bool:
+def _current(t: UOp, env: _Env, facts: Facts) -> Value:
+    """t's interval in env, tightened by the facts found so far."""
+    return _meet(env.of(t), facts.get(t))
+
+
+def _linear_key(terms: dict[UOp, int], bound: int) -> tuple[frozenset, Interval]:
+    """sum(k * t) <= bound as (canonical form, its interval): coprime coefficients, the first positive."""
+    first = min(terms, key=_term_order)
+    g = math.gcd(*terms.values())
+    if terms[first] < 0:
+        g = -g
+    form = frozenset((t, k // g) for t, k in terms.items())
+    limit = bound // g if g > 0 else -(-bound // g)  # form <= floor(bound/g); g < 0: form >= ceil(bound/g)
+    return form, ((-INF, limit) if g > 0 else (limit, INF))
+
+
+def _term_order(t: UOp) -> int:
+    return id(t)  # any fixed order within one analysis
+
+
+def _at_most(terms: dict[UOp, int], const: int, bound: int, env: _Env, facts: Facts) -> bool:
     """Tighten facts with sum(k * t) + const <= bound; False when no value satisfies it."""
-    ivs = {}
+    ivs: dict[UOp, Interval] = {}
     for t in terms:
-        v = env.of(t)
+        v = _current(t, env, facts)
         if v is EMPTY:
             return False
         if v is UNTRACKED:
             return True
-        f = facts.get(t)
-        ivs[t] = v if f is None else (max(v[0], f[0]), min(v[1], f[1]))
-        if ivs[t][0] > ivs[t][1]:
-            return False
+        ivs[t] = v
     lows = {t: min(k * ivs[t][0], k * ivs[t][1]) for t, k in terms.items()}
     total_low = sum(lows.values())
     if total_low + const > bound:
@@ -638,73 +752,81 @@ def _at_most(terms: dict[UOp, int], const: int, bound: int, env: _Env, facts: di
             hi = min(hi, room // k)
         else:
             lo = max(lo, -(room // -k))
-        if lo > hi:
-            return False
         if (lo, hi) != ivs[t]:
             facts[t] = (lo, hi)
+    if len(terms) > 1 and all(t.op is not Ops.CONST for t in terms):
+        form, iv = _linear_key(terms, bound - const)
+        known = _meet(iv, facts.get(form))
+        if known is EMPTY:
+            return False
+        facts[form] = known
     return True
 
 
-def _constrain(op: Ops, a: UOp, b: UOp, truth: bool, env: _Env, facts: dict[UOp, Interval]) -> bool:
-    """Facts from the integer comparison `op(a, b) == truth`; False when it cannot hold."""
-    def le(x: UOp, y: UOp, slack: int) -> bool:  # x - y <= slack
-        tx, cx = _linear(x, env)
-        ty, cy = _linear(y, env)
-        for t, k in ty.items():
-            tx[t] = tx.get(t, 0) - k
-        tx = {t: k for t, k in tx.items() if k != 0}
-        whole = {x: 1, y: -1} if x is not y else {}
-        return _at_most(tx, cx - cy, slack, env, facts) and _at_most(whole, 0, slack, env, facts)
+def _at_most_linear(x: UOp, y: UOp, slack: int, env: _Env, facts: Facts) -> bool:
+    """Facts from x - y <= slack: on the terms of x - y, and on the nodes x and y themselves."""
+    tx, cx = _linear(x, env)
+    ty, cy = _linear(y, env)
+    for t, k in ty.items():
+        tx[t] = tx.get(t, 0) - k
+    diff = {t: k for t, k in tx.items() if k != 0}
+    whole = {x: 1, y: -1} if x is not y else {}
+    return _at_most(diff, cx - cy, slack, env, facts) and _at_most(whole, 0, slack, env, facts)
 
+
+def _constrain(op: Ops, a: UOp, b: UOp, truth: bool, env: _Env, facts: Facts) -> bool:
+    """Facts from the integer comparison `op(a, b) == truth`; False when it cannot hold."""
     if op is Ops.CMPLT:
-        return le(a, b, -1) if truth else le(b, a, 0)
+        return _at_most_linear(a, b, -1, env, facts) if truth else _at_most_linear(b, a, 0, env, facts)
     if (op is Ops.CMPEQ) == truth:  # a == b
-        return le(a, b, 0) and le(b, a, 0)
-    for x, y in ((a, b), (b, a)):  # a != b: trim an endpoint equal to a single value
-        vx, vy = env.of(x), env.of(y)
+        return _at_most_linear(a, b, 0, env, facts) and _at_most_linear(b, a, 0, env, facts)
+    for x, y in ((a, b), (b, a)):  # a != b: trim an endpoint equal to y's single value
+        vx, vy = _current(x, env, facts), _current(y, env, facts)
+        if vx is EMPTY or vy is EMPTY:
+            return False
         if isinstance(vx, tuple) and isinstance(vy, tuple) and vy[0] == vy[1]:
-            lo, hi = facts.get(x, vx)
-            lo, hi = lo + (lo == vy[0]), hi - (hi == vy[0])
+            lo, hi = vx[0] + (vx[0] == vy[0]), vx[1] - (vx[1] == vy[0])
             if lo > hi:
                 return False
             facts[x] = (lo, hi)
     return True
 
 
-def narrow(env: _Env, cond: UOp, truth: bool) -> dict[UOp, Interval] | None:
-    """env's facts plus what `cond == truth` implies (conjuncts of comparisons); None if impossible."""
-    facts = dict(env.facts)
-    literals: list[tuple[UOp, bool]] = []
+def _literals(cond: UOp, truth: bool) -> list[tuple[UOp, bool]] | None:
+    """`cond == truth` as conjuncts (node, truth) of comparisons and opaque bools; None if it is false."""
+    out: list[tuple[UOp, bool]] = []
     stack = [(cond, truth)]
-    while stack and len(literals) < 64:
+    while stack and len(out) < 64:  # further conjuncts are left out: fewer facts, still sound
         c, t = stack.pop()
         if c.op is Ops.CONST:
             if bool(c.arg) != t:
                 return None
-        elif c.op is Ops.AND and t or c.op is Ops.OR and not t:
+            continue
+        out.append((c, t))  # the node itself is known, wherever it appears again
+        if c.op is Ops.AND and t or c.op is Ops.OR and not t:
             stack += [(c.src[0], t), (c.src[1], t)]
         elif c.op is Ops.NEG:
             stack.append((c.src[0], not t))
         elif c.op in (Ops.CMPNE, Ops.CMPEQ, Ops.XOR) and c.src[0].dtype is dtypes.bool:
-            x, y = c.src
-            if x.op is Ops.CONST:
-                x, y = y, x
-            if y.op is Ops.CONST:
-                same = t if c.op is Ops.CMPEQ else not t  # x == y.arg exactly when this is True
-                stack.append((x, bool(y.arg) == same))
-            literals.append((c, t))
-        else:
-            literals.append((c, t))
+            x, y = c.src if c.src[1].op is Ops.CONST else c.src[::-1]
+            if y.op is Ops.CONST:  # x op const: x's own truth follows
+                stack.append((x, bool(y.arg) == (t if c.op is Ops.CMPEQ else not t)))
+    return out
+
+
+def narrow(env: _Env, cond: UOp, truth: bool) -> Facts | None:
+    """env's facts plus what `cond == truth` implies (conjuncts of comparisons); None if impossible."""
+    literals = _literals(cond, truth)
+    if literals is None:
+        return None
+    facts = dict(env.facts)
     for _ in range(2):  # twice: a fact found late can tighten an earlier comparison
         for c, t in literals:
-            if c.dtype is dtypes.bool and _tracked(c.dtype):
-                if facts.get(c) is not None and facts[c] != (int(t), int(t)) and facts[c][0] == facts[c][1]:
-                    return None
-                v = env.of(c)
-                if v is EMPTY or (isinstance(v, tuple) and not v[0] <= int(t) <= v[1]):
-                    return None
-                facts[c] = (int(t), int(t))  # the node itself is known (reused where it appears again)
-            if c.op in COMPARE and _tracked(c.src[0].dtype) and c.src[0].dtype is not dtypes.bool:
+            v = _current(c, env, facts)
+            if v is EMPTY or not v[0] <= int(t) <= v[1]:
+                return None
+            facts[c] = (int(t), int(t))
+            if c.op in COMPARE and c.src[0].dtype is not dtypes.bool and _tracked(c.src[0].dtype):
                 if not _constrain(c.op, c.src[0], c.src[1], t, env, facts):
                     return None
     return env.facts if facts == env.facts else facts
@@ -714,30 +836,31 @@ def narrow(env: _Env, cond: UOp, truth: bool) -> dict[UOp, Interval] | None:
 # 3. the checks
 
 
-def _fits(v: Value, dt: DType) -> bool:
-    lo, hi = dtype_interval(dt)
-    return not isinstance(v, tuple) or (lo <= v[0] and v[1] <= hi)
-
-
 def check_indices(ast: UOp, globals_: dict[int, list[UOp]], where: str = "kernel") -> None:
     """Every INDEX is proven inside its buffer; no index, gate or loop-size arithmetic can overflow."""
-    analysis = _Analysis(where)
+    analysis = _Analysis(where, [n for n in ast.toposort() if n.op is Ops.RANGE])
     root = analysis.root
     root.of(ast)
     counts = {g: declared_count(g, where) for gs in globals_.values() for g in gs}
+    checked: set[UOp] = set()
     for i, n in enumerate(ast.toposort()):
         if n.op is Ops.RANGE:
             end = root.value(n.src[0])
-            if isinstance(end, tuple) and end[1] > MAX_RANGE:
-                raise _fail(where, f"RANGE {n.arg[0]} runs up to {end[1]} times; the limit is {MAX_RANGE}")
+            if end[1] > MAX_RANGE:
+                raise _fail(where, f"RANGE {n.arg[0]} (node #{i}) runs up to {end[1]} times; the limit is {MAX_RANGE}")
+        if n.op in (Ops.IDIV, Ops.MOD) and n.dtype.is_int and not _nonzero(n.src[1], root):
+            raise _fail(where, f"{n.op.name} node #{i} can divide by 0 (a trap in C); guard the divisor, e.g. "
+                               "WHERE(b == 0, 1, b)")
         if n.op not in (Ops.INDEX, Ops.RANGE):
             continue
-        for s in (u for root_src in n.src[1:] for u in root_src.toposort()):
-            v = root.value(s)
-            if _tracked(s.dtype) and not _fits(v, s.dtype):
-                raise _fail(where, f"node {_describe(s)} in the {'index' if n.op is Ops.INDEX else 'loop size'} "
-                                   f"arithmetic of node #{i} can be {v[0]}..{v[1]}, which overflows "
-                                   f"{DTYPE_NAMES[s.dtype]}")
+        for s in (u for top in (n.src[1:] if n.op is Ops.INDEX else n.src) for u in top.toposort()):
+            if s in checked:
+                continue
+            checked.add(s)
+            if s in analysis.overflows:
+                what = "index" if n.op is Ops.INDEX else "loop size"
+                raise _fail(where, f"{_describe(s)} in the {what} arithmetic of node #{i} can overflow "
+                                   f"{DTYPE_NAMES[s.dtype]} (its exact value is not bounded by the dtype)")
         if n.op is Ops.RANGE:
             continue
         g = n.src[0]
