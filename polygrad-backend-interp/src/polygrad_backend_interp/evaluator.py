@@ -17,6 +17,8 @@ kernel IR (docs/kernel-ir.md) fixes the results independently of any schedule.
   depends on (keepdims). Only the summation order can differ, which the IR allows for reductions.
 - A gated LOAD is a select that never reads the masked addresses; a gated STORE (IF ... ENDIF) is a
   masked scatter. Blocks run in order, as their loop nests do in the linear program.
+- An accumulating STORE (arg ADD/MUL/MAX; the linear program's LOAD, op, STORE one point at a time)
+  folds every point's value into its element, repeated elements in rounds (`_accumulate`).
 - Elementwise ops follow the IR's per-op rules (rounding of half types after each op, truncating
   division, NaN-propagating MAX), the same rules the C renderer implements instruction by instruction.
 """
@@ -139,7 +141,11 @@ class InterpProgram:
         if len(index.src) > 2:
             gate = np.broadcast_to(np.asarray(self.eval(index.src[2], views, window, memo)), full).reshape(-1)
             idx_b, val_b = idx_b[gate], val_b[gate]
-        buf[idx_b] = _store_cast(val_b, self.slot_dtype[index.src[0].arg[0]])
+        dt = self.slot_dtype[index.src[0].arg[0]]
+        if store.arg is not None:
+            _accumulate(buf, idx_b, val_b, store.arg, dt)
+            return
+        buf[idx_b] = _store_cast(val_b, dt)
 
     def eval(self, u: UOp, views: dict[int, np.ndarray], window: dict, memo: dict[UOp, np.ndarray]) -> np.ndarray:
         hit = memo.get(u)
@@ -224,6 +230,27 @@ class InterpProgram:
             res = BINARY[op](a, b)
             return res.astype(out_dt, copy=False)
         raise NotImplementedError(f"INTERP has no rule for {op.name}")
+
+
+ACCUMULATE = {Ops.ADD: np.add, Ops.MUL: np.multiply, Ops.MAX: _maximum}
+
+
+def _accumulate(buf: np.ndarray, idx: np.ndarray, val: np.ndarray, op: Ops, dt: DType) -> None:
+    """An accumulating STORE: buf[idx[k]] = op(buf[idx[k]], val[k]) for every k, in order. Indices
+    that repeat are folded in rounds (the k-th occurrence of each element in round k), so every
+    update lands and each is rounded to the buffer's dtype, as the compiled loop does."""
+    if idx.size == 0:
+        return
+    order = np.argsort(idx, kind="stable")
+    sidx = idx[order]
+    starts = np.r_[0, np.flatnonzero(sidx[1:] != sidx[:-1]) + 1]
+    rank = np.arange(sidx.size) - np.repeat(starts, np.diff(np.r_[starts, sidx.size]))
+    for k in range(int(rank.max()) + 1):
+        pick = order[rank == k]
+        at = idx[pick]
+        old = _load_cast(buf, at, dt)
+        new = ACCUMULATE[op](old, np.asarray(val[pick], dtype=_np_dtype(dt)))
+        buf[at] = _store_cast(_round_half(new, dt) if dt in HALF_TYPES else new, dt)
 
 
 def _fma(a: Any, b: Any, c: Any, dt: DType) -> np.ndarray:

@@ -103,6 +103,53 @@ def _permute_grad(node: UOp, g: UOp) -> tuple:
     return (mv.permute(g, inverse),)
 
 
+def gather(x: UOp, index: UOp, axis: int) -> UOp:
+    """x read at index along axis (0 where the index is outside it): the GATHER primitive."""
+    return UOp(Ops.GATHER, x.dtype, (x, index), axis)
+
+
+def scatter(base: UOp, index: UOp, value: UOp, axis: int, op: Ops) -> UOp:
+    """base with each value folded in (op: ADD, MUL or MAX) at index along axis: the SCATTER primitive."""
+    return UOp(Ops.SCATTER, base.dtype, (base, index, value), (axis, op))
+
+
+def _gather_grad(node: UOp, g: UOp) -> tuple:
+    x, index = node.src
+    return scatter(full_like(x, 0.0), index, g, node.arg, Ops.ADD), None
+
+
+def _scatter_grad(node: UOp, g: UOp) -> tuple:
+    """ADD: the gradient passes to base and is gathered for the values. MAX: shared evenly among the
+    elements equal to the result (torch's amax rule). MUL: the product of the others, with torch's
+    handling of zeros (as for prod)."""
+    base, index, value = node.src
+    axis, op = node.arg
+    if op is Ops.ADD:
+        return g, None, gather(g, index, axis)
+    zero, one = full_like(base, 0.0), full_like(base, 1.0)
+    vzero, vone = full_like(value, 0.0), full_like(value, 1.0)
+    if op is Ops.MAX:
+        at_base = alu(Ops.CMPEQ, base, node).cast(g.dtype)
+        at_value = alu(Ops.CMPEQ, value, gather(node, index, axis)).cast(g.dtype)
+        share = alu(Ops.FDIV, g, scatter(at_base, index, at_value, axis, Ops.ADD))
+        return alu(Ops.MUL, at_base, share), None, alu(Ops.MUL, at_value, gather(share, index, axis))
+    if op is Ops.MUL:
+        bz, vz = alu(Ops.CMPEQ, base, zero), alu(Ops.CMPEQ, value, vzero)
+        zeros = scatter(bz.cast(base.dtype), index, vz.cast(value.dtype), axis, Ops.ADD)
+        safe_b, safe_v = alu(Ops.WHERE, bz, one, base), alu(Ops.WHERE, vz, vone, value)
+        others = scatter(safe_b, index, safe_v, axis, Ops.MUL)  # product of the non-zero factors
+        gp = alu(Ops.MUL, g, others)
+
+        def share(is_zero: UOp, safe: UOp, n_zero: UOp, gp_at: UOp, z: UOp, o: UOp) -> UOp:
+            lone_zero = alu(Ops.WHERE, alu(Ops.CMPEQ, n_zero, o), gp_at, z)
+            no_zero = alu(Ops.WHERE, alu(Ops.CMPEQ, n_zero, z), alu(Ops.FDIV, gp_at, safe), z)
+            return alu(Ops.WHERE, is_zero, lone_zero, no_zero)
+        db = share(bz, safe_b, zeros, gp, zero, one)
+        dv = share(vz, safe_v, gather(zeros, index, axis), gather(gp, index, axis), vzero, vone)
+        return db, None, dv
+    raise NotImplementedError(f"no gradient for a scatter with {op}")
+
+
 LN2 = math.log(2)
 
 GRADIENT_RULES = {
@@ -133,6 +180,8 @@ GRADIENT_RULES = {
     Ops.FLIP: lambda n, g: (mv.flip(g, n.arg),),
     Ops.CONTIGUOUS: lambda n, g: (g,),
     Ops.COPY: lambda n, g: (UOp(Ops.COPY, g.dtype, (g,), n.src[0].device),),
+    Ops.GATHER: _gather_grad,
+    Ops.SCATTER: _scatter_grad,
 }
 NO_GRADIENT = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV,
                Ops.BITCAST, Ops.DETACH, Ops.CONST, Ops.IOTA, Ops.BUFFER, Ops.DEVICE, Ops.ASSIGN, Ops.BIND}

@@ -798,17 +798,6 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
             out = out.squeeze(-1)
         return out
 
-    def gather(self, dim: int, index: "Tensor") -> "Tensor":
-        dim = _resolve_axis(dim, self.ndim)
-        if index.ndim != self.ndim:
-            raise ShapeError(f"gather: index has {index.ndim} dims, input has {self.ndim}")
-        if any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != dim):
-            raise ShapeError(f"gather: index shape {index.shape} exceeds input {self.shape} outside dim {dim}")
-        x = self.shrink(tuple((0, i) if d != dim else None for d, i in enumerate(index.shape)))
-        x = x.unsqueeze(-1).transpose(-1, dim)  # the gathered axis moves last
-        onehot = index.unsqueeze(-1).eq(Tensor.arange(self.shape[dim], device=self.device, dtype=index.dtype))
-        return onehot.where(x, 0).sum(-1, dtype=self.dtype)
-
     def __lshift__(self, x: Any) -> "Tensor":
         return self._binop(Ops.SHL, x)
 
@@ -824,7 +813,7 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
     def __getitem__(self, index: Any) -> "Tensor":
         """Basic indexing: ints, slices (any step), None and Ellipsis; tensors go to tensor_ext."""
         items = list(index) if isinstance(index, tuple) else [index]
-        if any(isinstance(i, (Tensor, list, np.ndarray)) for i in items):
+        if any(isinstance(i, (Tensor, list, tuple, np.ndarray)) for i in items):
             return self._advanced_getitem(items)
         n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
         if n_real > self.ndim:

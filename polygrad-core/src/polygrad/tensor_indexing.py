@@ -1,10 +1,14 @@
-"""Indexing with integer tensors, `__setitem__`, scatter and take_along_axis (a mixin of Tensor).
+"""Indexing with integer tensors, `__setitem__`, gather, scatter and take_along_axis (a mixin of Tensor).
 
 Stage: graph construction. Input: a Tensor and indices (ints, slices, None, Ellipsis, integer or
-boolean tensors/lists/arrays). Output: Tensors built from one-hot comparisons against IOTA plus
-WHERE and reductions, so they fuse into the consumer and stay differentiable in the data operand.
-Out-of-range values inside a lazy index *tensor* cannot be checked without a device sync; they
-select nothing (zeros), as in tinygrad. Lists and NumPy arrays are checked on the host.
+boolean tensors/lists/arrays). Output: Tensors built on the two indexed-access primitives, GATHER (a
+load at a computed index) and SCATTER (an accumulating store at one), so every lookup costs O(number
+of indices), not O(indices x axis size), and gradients flow through a scatter-add.
+
+Out-of-range indices (docs/tensor-semantics.md): indices whose values are known on the host (Python
+lists, NumPy arrays, and realized tensors in host memory, which are read without running anything)
+are checked and raise IndexError, as in torch. Indices computed lazily cannot be checked without a
+device sync: a lookup reads 0 there and a scatter writes nothing there, as in tinygrad.
 """
 from __future__ import annotations
 
@@ -37,6 +41,20 @@ def _axis(axis: int, ndim: int) -> int:
     return axis % n
 
 
+def host_values(t: "Tensor") -> np.ndarray | None:
+    """The values of a realized tensor whose buffer is host memory, read without running a kernel (None
+    for a lazy tensor, device memory, or while a Model is being captured: example values say nothing
+    about later calls)."""
+    from polygrad.tensor import capture_guards
+    from polygrad.uop.movement import strip_reshapes
+    u = strip_reshapes(t.uop)
+    if capture_guards or u.op is not Ops.BUFFER or not u.arg.is_allocated or t.dtype is dtypes.bfloat16:
+        return None
+    if u.arg.size != t.numel() or not getattr(u.arg.impl(), "host_memory", False):
+        return None
+    return u.arg.numpy().reshape(t.shape)
+
+
 def _to_indices(item: Any, device: str) -> list[_Index]:
     """An index item as integer indices: a boolean mask of k dims becomes k integer indices."""
     from polygrad.tensor import Tensor
@@ -47,7 +65,7 @@ def _to_indices(item: Any, device: str) -> list[_Index]:
         elif not item.dtype.is_int:
             raise IndexError(f"tensors used as indices must be integer or bool tensors, got {item.dtype}")
         else:
-            return [_Index(item.to(device), None)]
+            return [_Index(item.to(device), host_values(item))]
     else:
         host = np.asarray(item)
         if host.dtype == object or not (host.dtype.kind in "biu" or host.size == 0):
@@ -83,14 +101,14 @@ def _is_bool_index(it: Any) -> bool:
     from polygrad.tensor import Tensor
     if isinstance(it, Tensor):
         return it.dtype is dtypes.bool
-    if isinstance(it, (list, np.ndarray)):
+    if isinstance(it, (list, tuple, np.ndarray)):
         return np.asarray(it).dtype == np.bool_
     return False
 
 
 def _is_advanced(it: Any) -> bool:
     from polygrad.tensor import Tensor
-    return isinstance(it, (Tensor, list, np.ndarray))
+    return isinstance(it, (Tensor, list, tuple, np.ndarray))  # a tuple inside the index: x[(0, 1),]
 
 
 def _check_host_bounds(idx: _Index, size: int, dim: int) -> None:
@@ -128,19 +146,26 @@ def advanced_getitem(x: "Tensor", items: list) -> "Tensor":
     y = x[tuple(basic)] if basic else x
     positions = [p for p, _ in index_of_dim]
     sizes = [y.shape[p] for p in positions]
-    idxs = []
-    for (p, idx), s in zip(index_of_dim, sizes):
-        t = idx.tensor
-        idxs.append((t < 0).where(t + s, t) if not t.dtype.is_unsigned else t)
-    bshape = broadcast_shape(*[t.shape for t in idxs])
+    bshape = broadcast_shape(*[idx.tensor.shape for _, idx in index_of_dim])
     rest = [i for i in range(y.ndim) if i not in positions]
     flat_size = math.prod(sizes)
+    wide = flat_size > INT32_MAX or any(idx.tensor.dtype.itemsize == 8 for _, idx in index_of_dim)
+    it = dtypes.int64 if wide else dtypes.int32
     y = y.permute(rest + positions).reshape(tuple(y.shape[i] for i in rest) + (flat_size,))
-    flat = None
-    for t, stride in zip(idxs, _strides(sizes)):
-        term = t.cast(dtypes.int32)._broadcast_to(bshape) * stride
+    flat, ok = None, None
+    for (_, idx), s, stride in zip(index_of_dim, sizes, _strides(sizes)):
+        t = _wrap_negative(idx.tensor, s)
+        if len(sizes) > 1:  # an index outside its own axis must not land inside another one
+            inside = (t >= 0) & (t < s) if not t.dtype.is_unsigned else t < s
+            ok = inside if ok is None else ok & inside
+        term = t.cast(it)._broadcast_to(bshape) * stride
         flat = term if flat is None else flat + term
-    out = _select(y, flat, len(rest))
+    if ok is not None:
+        flat = ok._broadcast_to(bshape).where(flat, -1)
+    out = take(y, y.ndim - 1, flat)
+    if len(rest):  # take put the index dims at the end of rest; the result wants them first
+        nb, nr = len(bshape), len(rest)
+        out = out.permute(list(range(nr, nr + nb)) + list(range(nr)))
     adjacent = positions == list(range(positions[0], positions[0] + len(positions)))
     if adjacent and positions[0] > 0:
         nb, first = len(bshape), positions[0]
@@ -157,36 +182,69 @@ def _strides(sizes: list[int]) -> list[int]:
     return out[::-1]
 
 
-def _select(y: "Tensor", flat: "Tensor", n_rest: int) -> "Tensor":
-    """y: (*rest, S); flat: integer positions of shape B -> (*B, *rest) holding y[..., flat]."""
+INT32_MAX = 2**31 - 1
+
+
+def _wrap_negative(t: "Tensor", size: int) -> "Tensor":
+    """Python-style negative indices: -size..-1 count from the end (others stay out of range)."""
+    return t if t.dtype.is_unsigned else (t < 0).where(t + size, t)
+
+
+def _prim(x: "Tensor", op: Ops, srcs: tuple["Tensor", ...], arg: Any) -> "Tensor":
+    """A GATHER/SCATTER node over x and srcs (same device and runtime, integer index)."""
+    from polygrad.errors import DeviceError
+    from polygrad.tensor import _check_runtimes
+    _check_runtimes([x, *srcs])
+    devs = {t.device for t in (x, *srcs)}
+    if len(devs) > 1:
+        raise DeviceError(f"operands are on different devices {sorted(devs)}; move them with .to(device)")
+    return x._new(UOp(op, x.dtype, (x.uop, *(t.uop for t in srcs)), arg))
+
+
+def gather_prim(x: "Tensor", axis: int, index: "Tensor") -> "Tensor":
+    """GATHER: out[i] = x[i with i[axis] := index[i]], 0 where index[i] is outside [0, x.shape[axis]).
+    x has index's shape outside axis, or 1 (read at 0 for every index point); the result has index's
+    shape. Differentiable in x (its gradient is a scatter-add into x's shape)."""
+    return _prim(x, Ops.GATHER, (index,), axis)
+
+
+def scatter_prim(base: "Tensor", axis: int, index: "Tensor", value: "Tensor", op: Ops) -> "Tensor":
+    """SCATTER: base with each value[i] folded (op ADD, MUL or MAX) into the element index[i] names
+    along axis; points whose index is outside the axis are dropped. index and value have one shape,
+    base's outside axis, where base may also have 1 (those points fold into its one element)."""
+    return _prim(base, Ops.SCATTER, (index, value.cast(base.dtype)), (axis, op))
+
+
+def take(x: "Tensor", axis: int, index: "Tensor") -> "Tensor":
+    """numpy.take without wrapping: x.shape[:axis] + index.shape + x.shape[axis+1:] (0 out of range).
+    One GATHER over x itself (the index flattened and broadcast over the other axes), so the gradient
+    is a scatter-add straight into x's shape."""
+    pre, post = x.shape[:axis], x.shape[axis + 1:]
+    n = index.numel()
+    ib = index.reshape((1,) * len(pre) + (n,) + (1,) * len(post)).expand(pre + (n,) + post)
+    return gather_prim(x, axis, ib).reshape(pre + index.shape + post)
+
+
+def check_host_index(index: "Tensor", size: int, dim: int, allow_negative: bool = False) -> None:
+    """IndexError when index's values are known on the host (host_values) and some is out of range."""
+    host = host_values(index)
+    if host is None or host.size == 0:
+        return
+    lo, hi = int(host.min()), int(host.max())
+    low = -size if allow_negative else 0
+    if lo < low or hi >= size:
+        bad = lo if lo < low else hi
+        raise IndexError(f"index {bad} is out of bounds for dimension {dim} with size {size}")
+
+
+def _fill(x: "Tensor", value: Any, dtype: Any = None) -> "Tensor":
     from polygrad.tensor import Tensor
-    s = y.shape[-1]
-    bshape = flat.shape
-    onehot = flat.unsqueeze(-1).eq(Tensor.arange(s, device=y.device, dtype=dtypes.int32))  # (*B, S)
-    onehot = onehot.reshape(bshape + (1,) * n_rest + (s,))
-    yb = y.reshape((1,) * len(bshape) + y.shape)
-    picked = onehot.where(yb, yb.zeros_like() if y.dtype is not dtypes.bool else False)
-    return _sum_exact(picked, -1)
+    return Tensor.full(x.shape, value, dtype=dtype or x.dtype, device=x.device, _runtime=x._runtime)
 
 
-def _any(x: "Tensor", axis: int) -> "Tensor":
-    """Logical or along one axis."""
-    return x.cast(dtypes.uint8).max(axis).cast(dtypes.bool)
-
-
-def _sum_exact(x: "Tensor", axis: int) -> "Tensor":
-    """Sum where at most one element is non-zero, keeping the dtype (bool included)."""
-    if x.dtype is dtypes.bool:
-        return x.cast(dtypes.uint8).sum(axis, dtype=dtypes.uint8).cast(dtypes.bool)
-    return x.sum(axis, dtype=x.dtype)
-
-
-# -------------------------------------------------------------------------------------------------
-# scatter helpers
-
-def _scatter_parts(x: "Tensor", dim: int, index: "Tensor", src: "Tensor"):
-    """One-hot mask (index.shape + (n,)) plus the source cut to index.shape, for scatter ops."""
-    from polygrad.tensor import Tensor
+def _scatter_parts(x: "Tensor", dim: int, index: "Tensor", src: "Tensor") -> tuple[int, "Tensor", "Tensor"]:
+    """torch's scatter shapes -> SCATTER's: index may be smaller than self outside dim (padded with -1,
+    which writes nothing) and src larger than index (cut to it, then padded alike)."""
     d = _axis(dim, x.ndim)
     if index.ndim != x.ndim or src.ndim != x.ndim:
         raise ShapeError(f"scatter: index {index.shape}, src {src.shape} and self {x.shape} need the same "
@@ -197,35 +255,47 @@ def _scatter_parts(x: "Tensor", dim: int, index: "Tensor", src: "Tensor"):
         if a > b or (i != d and a > c):
             raise ShapeError(f"scatter: index shape {index.shape} must not exceed src {src.shape} in any "
                              f"dimension nor self {x.shape} outside dimension {d}")
-    n = x.shape[d]
+    check_host_index(index, x.shape[d], d)
     src = src.shrink(tuple((0, a) for a in index.shape))
-    mask = index.unsqueeze(-1).eq(Tensor.arange(n, device=x.device, dtype=index.dtype))
-    return d, mask, src.unsqueeze(-1)
+    grow = tuple((0, 0) if i == d else (0, c - a) for i, (a, c) in enumerate(zip(index.shape, x.shape)))
+    if any(a for _, a in grow):
+        index = index.cast(dtypes.int32 if index.dtype.itemsize < 8 else dtypes.int64).pad(grow, value=-1)
+        src = src.pad(grow)
+    return d, index, src
 
 
-def _place(x: "Tensor", reduced: "Tensor", d: int) -> "Tensor":
-    """(index dims without d, n) -> x's shape: axis n moves to d, the rest pads to x's sizes."""
-    from polygrad.tensor_movement import move_axis
-    r = move_axis(reduced, reduced.ndim - 1, d)
-    return r.pad(tuple((0, s - a) for a, s in zip(r.shape, x.shape)))
+def _hit(x: "Tensor", d: int, index: "Tensor") -> "Tensor":
+    """Bool of x's shape: the elements some index points at."""
+    ones = _fill(index, 1, dtypes.int32)
+    return scatter_prim(_fill(x, 0, dtypes.int32), d, index, ones, Ops.MAX).cast(dtypes.bool)
 
 
-def _last_hit(mask: "Tensor", d: int) -> "Tensor":
-    """Keep only the last True along d of the one-hot mask (duplicate indices: the last write wins)."""
+def scatter_last(x: "Tensor", d: int, index: "Tensor", src: "Tensor") -> "Tensor":
+    """x with src written at index along d; where several points name one element the last one (in
+    row-major order of index) wins. The winner of each element is found first (a MAX of point
+    numbers), then each element receives exactly one value."""
     from polygrad.tensor import Tensor
-    k = mask.shape[d]
-    pos = Tensor.arange(k, device=mask.device, dtype=dtypes.int32).reshape(
-        tuple(k if i == d else 1 for i in range(mask.ndim)))
-    last = mask.where(pos, -1).max(d, keepdim=True)
-    return mask & pos.eq(last)
+    pid = Tensor.arange(max(index.numel(), 1), device=x.device, dtype=dtypes.int32, _runtime=x._runtime)
+    pid = pid.shrink(((0, index.numel()),)).reshape(index.shape)
+    win = scatter_prim(_fill(x, -1, dtypes.int32), d, index, pid, Ops.MAX)
+    idx_won = gather_prim(win, d, index).eq(pid).where(index, -1)
+    hit = win >= 0
+    if x.dtype is dtypes.bool:
+        placed = scatter_prim(_fill(x, 0, dtypes.uint8), d, idx_won, src.cast(dtypes.uint8), Ops.ADD)
+        return hit.where(placed.cast(dtypes.bool), x)
+    # -0.0 + v is v exactly for every v (signed zeros included): the one value lands unchanged
+    start = hit.where(-0.0 if x.dtype.is_float else 0, x)
+    return scatter_prim(start, d, idx_won, src, Ops.ADD)
 
 
 _REDUCE_IDENTITY = {"sum": 0, "mean": 0, "prod": 1}
 
 
-def _extreme(dt: Any, reduce: str) -> Any:
-    from polygrad.dtype import dtype_max, dtype_min
-    return dtype_min(dt) if reduce == "amax" else dtype_max(dt)
+def _order_flip(x: "Tensor") -> "Tensor":
+    """An order-reversing bijection (amin through MAX): -x for floats, ~x for integers, not x for bool."""
+    if x.dtype is dtypes.bool:
+        return x.logical_not()
+    return -x if x.dtype.is_float else x ^ -1 if not x.dtype.is_unsigned else x ^ int(2**(8 * x.dtype.itemsize) - 1)
 
 
 class IndexingMixin:
@@ -265,15 +335,30 @@ class IndexingMixin:
             value = _fit(value, view.shape)
             Tensor(UOp(Ops.ASSIGN, self.dtype, (view.uop, value.uop)), _runtime=self._runtime).realize()
             return
-        pos = Tensor.arange(max(self.numel(), 1), device=self.device, dtype=dtypes.int32)
-        pos = pos.shrink(((0, self.numel()),)).reshape(self.shape)[index]
-        value = _fit(value, pos.shape).reshape(1, -1)
-        mask = pos.reshape(-1, 1).eq(Tensor.arange(max(self.numel(), 1), device=self.device,
-                                                   dtype=dtypes.int32).shrink(((0, self.numel()),)))
-        mask = _last_hit(mask, 0)
-        picked = mask.where(value.reshape(-1, 1), value.zeros_like().reshape(-1, 1))
-        new = _any(mask, 0).where(_sum_exact(picked, 0), self.reshape(-1)) if mask.shape[0] else self.reshape(-1)
+        # the flat position (+1, so a lazy out-of-range index reads 0 and becomes -1: no write) of
+        # every element the index selects, then one scatter in which the last duplicate wins
+        n = self.numel()
+        pos = Tensor.arange(1, max(n, 1) + 1, device=self.device, dtype=dtypes.int32)
+        pos = pos.shrink(((0, n),)).reshape(self.shape)[index]
+        value = _fit(value, pos.shape).reshape(-1)
+        if pos.numel() == 0:
+            return
+        new = scatter_last(self.reshape(-1), 0, pos.reshape(-1) - 1, value)
         self.assign(new.reshape(self.shape)).realize()
+
+    def gather(self: "Tensor", dim: int, index: "Tensor") -> "Tensor":
+        """torch.gather: out[i][j][k] = self[index[i][j][k]][j][k] (dim=0); index may be smaller than self
+        outside dim. One indexed load per output element."""
+        d = _axis(dim, self.ndim)
+        if index.ndim != self.ndim:
+            raise ShapeError(f"gather: index has {index.ndim} dims, input has {self.ndim}")
+        if not index.dtype.is_int:
+            raise TypeError(f"gather: index must be an integer tensor, got {index.dtype}")
+        if any(i > s for k, (i, s) in enumerate(zip(index.shape, self.shape)) if k != d):
+            raise ShapeError(f"gather: index shape {index.shape} exceeds input {self.shape} outside dim {d}")
+        check_host_index(index, self.shape[d] if self.ndim else 1, d)
+        x = self.shrink(tuple((0, i) if k != d else None for k, i in enumerate(index.shape)))
+        return gather_prim(x, d, index)
 
     def scatter(self: "Tensor", dim: int, index: "Tensor", src: Any, reduce: str | None = None) -> "Tensor":
         """Out-of-place torch.scatter: out[..., index[i], ...] = src[i] along dim (the last duplicate wins)."""
@@ -285,12 +370,8 @@ class IndexingMixin:
             if reduce not in table:
                 raise ValueError(f"scatter: reduce must be 'add' or 'multiply', got {reduce!r}")
             return self.scatter_reduce(dim, index, src, table[reduce], include_self=True)
-        d, mask, src = _scatter_parts(self, dim, index, src.cast(self.dtype))
-        mask = _last_hit(mask, d)
-        zero = src.zeros_like() if self.dtype is not dtypes.bool else False
-        values = _sum_exact(mask.where(src, zero), d)
-        hit = _place(self, _any(mask, d), d)
-        return hit.where(_place(self, values, d), self)
+        d, index, src = _scatter_parts(self, dim, index, src.cast(self.dtype))
+        return scatter_last(self, d, index, src)
 
     def scatter_add(self: "Tensor", dim: int, index: "Tensor", src: "Tensor") -> "Tensor":
         """torch.scatter_add: sums src into self at index along dim."""
@@ -302,25 +383,24 @@ class IndexingMixin:
         if reduce not in ("sum", "prod", "mean", "amax", "amin"):
             raise ValueError(f"scatter_reduce: reduce must be 'sum', 'prod', 'mean', 'amax' or 'amin', "
                              f"got {reduce!r}")
-        d, mask, src = _scatter_parts(self, dim, index, src.cast(self.dtype))
-        hit = _place(self, _any(mask, d), d)
+        d, index, src = _scatter_parts(self, dim, index, src.cast(self.dtype))
+        hit = _hit(self, d, index) if (not include_self or reduce == "mean") else None
         if reduce in ("amax", "amin"):
-            fill = _extreme(self.dtype, reduce)
-            vals = mask.where(src, fill)
-            part = vals.max(d) if reduce == "amax" else vals.min(d)
-            part = _place(self, part, d)
-            combined = self.maximum(part) if reduce == "amax" else self.minimum(part)
-            return hit.where(combined if include_self else part, self)
-        identity = _REDUCE_IDENTITY[reduce]
-        vals = mask.where(src, identity)
-        part = _place(self, vals.prod(d) if reduce == "prod" else vals.sum(d, dtype=self.dtype), d)
-        base = self if include_self else hit.where(identity, self)
-        if reduce == "prod":
-            return base * hit.where(part, 1)
-        total = base + part
-        if reduce == "sum":
-            return total
-        count = _place(self, mask.cast(self.dtype).sum(d, dtype=self.dtype), d) + (1 if include_self else 0)
+            flip = reduce == "amin"
+            base, vals = (_order_flip(self), _order_flip(src)) if flip else (self, src)
+            if not include_self:
+                from polygrad.dtype import dtype_min
+                base = hit.where(dtype_min(base.dtype), base)
+            out = scatter_prim(base, d, index, vals, Ops.MAX)
+            return _order_flip(out) if flip else out
+        acc = self.dtype if self.dtype is not dtypes.bool else dtypes.uint8
+        base = self.cast(acc)
+        if not include_self:
+            base = hit.where(_REDUCE_IDENTITY[reduce], base)
+        total = scatter_prim(base, d, index, src.cast(acc), Ops.MUL if reduce == "prod" else Ops.ADD)
+        if reduce != "mean":
+            return total.cast(self.dtype)
+        count = scatter_prim(_fill(self, 1 if include_self else 0, acc), d, index, _fill(src, 1, acc), Ops.ADD)
         count = hit.where(count, 1)
         mean = total.div(count, rounding_mode="floor") if not self.dtype.is_float else total / count
         return hit.where(mean.cast(self.dtype), self)

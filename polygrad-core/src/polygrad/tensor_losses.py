@@ -3,6 +3,7 @@
 Stage: graph construction. Input: Tensors (logits, probabilities, targets). Output: loss Tensors
 composed from log_softmax, one-hot comparisons and reductions, matching PyTorch's values
 (torch.nn.functional) and tinygrad's names (sparse_categorical_crossentropy, binary_crossentropy*).
+Out-of-range class labels: IndexError when they are on the host, NaN when lazy (docs/tensor-semantics.md).
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def _nll_index(logp: "Tensor", target: "Tensor", weight: "Tensor | None", ignore
     expected = logp.shape[:cdim] + logp.shape[cdim + 1:]
     if target.shape != expected:
         raise ShapeError(f"target shape {target.shape} does not match input {logp.shape} (expected {expected})")
-    onehot = _class_onehot(target, n_classes, cdim)
+    _check_labels(target, n_classes, cdim, ignore_index)
+    onehot = _class_onehot(target, n_classes, cdim)  # O(N x C), as the log_softmax it reads
     keep = target.ne(ignore_index)
     wshape = tuple(n_classes if i == cdim else 1 for i in range(logp.ndim))
     w_all = weight.reshape(wshape) if weight is not None else None
@@ -55,9 +57,24 @@ def _nll_index(logp: "Tensor", target: "Tensor", weight: "Tensor | None", ignore
     if smoothing:
         smooth = (logp if w_all is None else logp * w_all).sum(cdim) / n_classes
         loss = loss * (1 - smoothing) - keep.where(smooth, 0) * smoothing
+    # a lazy label outside [0, C) cannot be checked without a sync: its loss is NaN, never a silent 0
+    bad = keep & ((target < 0) | (target >= n_classes))
+    loss = bad.where(float("nan"), loss)
     if reduction == "mean":
         return loss.sum() / w_target.sum()
     return _reduce(loss, reduction)
+
+
+def _check_labels(target: "Tensor", n_classes: int, cdim: int, ignore_index: int) -> None:
+    """IndexError for a label outside [0, C) (other than ignore_index) when the labels are on the host."""
+    from polygrad.tensor_indexing import host_values
+    host = host_values(target)
+    if host is None:
+        return
+    bad = (host != ignore_index) & ((host < 0) | (host >= n_classes))
+    if bad.any():
+        raise IndexError(f"class label {int(host[bad].flat[0])} is out of bounds for dimension {cdim} with size "
+                         f"{n_classes} (labels lie in [0, {n_classes}) or equal ignore_index={ignore_index})")
 
 
 class LossMixin:

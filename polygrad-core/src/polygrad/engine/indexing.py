@@ -2,6 +2,9 @@
 
 Stage: scheduling. Input: a realize root (tensor-graph UOp) and the set of nodes realized elsewhere.
 Output: a kernel-IR SINK. Movement ops never move data: they become index arithmetic and gates.
+GATHER is an indexed load: the index tensor's value at the point replaces one coordinate, gated to
+the axis (0 outside it). SCATTER's kernel stores at such a computed coordinate with an accumulating
+STORE (arg ADD, MUL or MAX), dropping the points whose index is outside the axis.
 """
 from __future__ import annotations
 
@@ -76,6 +79,23 @@ def flat_index(idx: tuple[UOp, ...], shape: tuple[int, ...]) -> UOp:
         if s != 1:
             flat = flat + i * _c(st)
     return flat
+
+
+def checked_index(raw: UOp, n: "int | UOp") -> tuple[UOp, UOp]:
+    """(gate, index) for a computed index value `raw` (any integer dtype) that must lie in [0, n): the
+    gate is `-1 < v & v < n`, compared in a dtype that holds raw's values, and the index is
+    `gate ? v : 0` in the kernel's index dtype, so the arithmetic built on it cannot overflow for any
+    loaded value (and uop/validate.py can prove the access in bounds)."""
+    it = index_width["dtype"]
+    _note_size(n)
+    wide = raw.dtype.itemsize > it.itemsize or (raw.dtype.is_unsigned and raw.dtype.itemsize >= it.itemsize)
+    v = raw if wide or raw.dtype is it else raw.cast(it)
+    size = _retype(n, v.dtype) if is_sym(n) else UOp.const(v.dtype, n)
+    gate = v < size
+    if not v.dtype.is_unsigned:
+        gate = (UOp.const(v.dtype, -1) < v) & gate
+    safe = gate.where(v, UOp.const(v.dtype, 0))
+    return gate, safe if safe.dtype is it else safe.cast(it)
 
 
 def _and(a: UOp, b: UOp) -> UOp:
@@ -180,6 +200,12 @@ class KernelBuilder:
                 new.append(i - _c(b) if b else i)
             inner = yield (src, tuple(new), _and(valid, cond))
             return cond.where(inner, UOp.const(u.dtype, 0)) if cond is not TRUE else inner
+        if op is Ops.GATHER:  # an indexed load: the index's value at this point picks the coordinate
+            axis = u.arg
+            gate, iv = checked_index((yield (u.src[1], idx, valid)), src.shape[axis])
+            at = tuple(iv if k == axis else (_c(0) if s == 1 else i) for k, (i, s) in enumerate(zip(idx, src.shape)))
+            inner = yield (src, at, _and(valid, gate))
+            return gate.where(inner, UOp.const(u.dtype, 0))
         if op is Ops.REDUCE_AXIS:
             rop, axes = u.arg
             new, ranges = list(idx), []
@@ -208,6 +234,25 @@ class KernelBuilder:
         value = self.value(root, idx, TRUE)
         out = self.define_global(out_slot, out_node)
         store = UOp(Ops.STORE, None, (UOp(Ops.INDEX, out.dtype, (out, flat_index(idx, shape))), value.cast(out.dtype)))
+        live = tuple(r for r in ranges if r is not None)
+        body = UOp(Ops.END, None, (store,) + live) if live else store
+        return UOp(Ops.SINK, None, (body,), KernelInfo(name=name))
+
+
+    def build_scatter(self, point: UOp, out_slot: int, name: str) -> UOp:
+        """The accumulate kernel of SCATTER(base, index, value): one point per index element, each
+        folding its value into the output (already holding base) at the coordinate the index gives,
+        with an accumulating STORE; out-of-range indices store nothing. Where the output has size 1
+        and the index does not, those points fold into the one element (flat_index skips the axis)."""
+        _, index, value = point.src
+        axis, rop = point.arg
+        ranges = [self.new_range(s, AxisKind.GLOBAL) if s != 1 else None for s in index.shape]
+        idx = tuple(r if r is not None else _c(0) for r in ranges)
+        gate, iv = checked_index(self.value(index, idx, TRUE), point.shape[axis])
+        val = self.value(value, idx, TRUE)
+        out = self.define_global(out_slot, point)
+        dest = flat_index(idx[:axis] + (iv,) + idx[axis + 1:], point.shape)
+        store = UOp(Ops.STORE, None, (UOp(Ops.INDEX, out.dtype, (out, dest, gate)), val.cast(out.dtype)), rop)
         live = tuple(r for r in ranges if r is not None)
         body = UOp(Ops.END, None, (store,) + live) if live else store
         return UOp(Ops.SINK, None, (body,), KernelInfo(name=name))

@@ -17,6 +17,8 @@ means no THREAD. Passes, in order:
   3. apply_opts, then simplify_indices again
   4. decompose_transcendentals (EXP2/LOG2/SIN as IR arithmetic: same bits on every backend)
 A range whose end is symbolic (a Variable's expression) is never split; counts use its max bound.
+A kernel with an accumulating STORE (SCATTER's kernel: several points may fold into one element) gets
+no opts at all: its points run one at a time, with no threads and no lanes.
 """
 from __future__ import annotations
 
@@ -269,6 +271,11 @@ def estimate(ast: UOp) -> tuple[int, int]:
     return ops, mem
 
 
+def has_accumulating_store(ast: UOp) -> bool:
+    """Some STORE folds into memory (arg ADD/MUL/MAX): its block's points may hit one element."""
+    return any(n.op is Ops.STORE and n.arg is not None for n in ast.toposort())
+
+
 def globals_of(ast: UOp) -> tuple[GlobalArg, ...]:
     written = {n.src[0].src[0].arg[0] for n in ast.toposort() if n.op is Ops.STORE}
     found = {n.arg[0]: n for n in ast.toposort() if n.op is Ops.DEFINE_GLOBAL}
@@ -292,6 +299,8 @@ def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = N
     ast = simplify_indices(ast)
     if opts is None:
         opts = [] if config.get("NOOPT") else default_opts(ast, caps)
+    if opts and has_accumulating_store(ast):
+        opts = []
     if opts:
         ast = simplify_indices(apply_opts(ast, opts))
     # counted before decomposition: a transcendental counts as one operation, as users expect

@@ -30,7 +30,7 @@ becomes: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
 EFFECT_OPS = (Ops.ASSIGN, Ops.AFTER)
 UNIQUE_OPS = (Ops.ASSIGN, Ops.AFTER)
 
-BOUNDARY_OPS = {Ops.BUFFER, Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.CUSTOM, Ops.AFTER}
+BOUNDARY_OPS = {Ops.BUFFER, Ops.COPY, Ops.CONTIGUOUS, Ops.ASSIGN, Ops.CUSTOM, Ops.AFTER, Ops.SCATTER}
 SIZED_OPS = (Ops.RESHAPE, Ops.EXPAND, Ops.SHRINK, Ops.PAD)  # ops whose arg holds sizes (maybe symbolic)
 # Buffers allocated for the largest values of their symbolic size (the results of kernels over a
 # Variable): a symbolic view of one covers a prefix, and its slot keeps the fixed allocation size.
@@ -194,7 +194,7 @@ def find_realize_points(targets: tuple[UOp, ...]) -> list[UOp]:
             points.add(t)
     sink = UOp(Ops.SINK, None, targets)
     for node in sink.toposort():
-        if node.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN, Ops.CUSTOM, Ops.AFTER):
+        if node.op in (Ops.CONTIGUOUS, Ops.COPY, Ops.ASSIGN, Ops.CUSTOM, Ops.AFTER, Ops.SCATTER):
             points.add(node)
         if node.op is Ops.COPY and not is_buffer_view(node.src[0]):
             points.add(node.src[0])
@@ -437,6 +437,10 @@ def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
         if sint.sprod(point.shape) == 0:
             continue
         inputs = {n: table_of[n] for n in table_of if n is not point and table_of[n] >= 0}
+        if point.op is Ops.SCATTER:  # the base into the buffer, then the indexed accumulate into it
+            for ast, args in _scatter_kernels(point, inputs, out_entry):
+                tpl.steps.append(Step("kernel", point.device, args, ast))
+            continue
         ast, args = _build_kernel(point, inputs, out_entry)
         if point.op is Ops.ASSIGN and _reads_target_elsewhere(ast):
             # the value reads the target at other positions (a.assign(a.flip(0))): compute it into
@@ -525,10 +529,24 @@ def _build_kernel_at_width(point: UOp, inputs: dict[UOp, int], out_entry: int) -
         ast = UOp(Ops.SINK, None, (body,), KernelInfo(name="assign_" + "_".join(map(sint.sym_name, shape)),
                                                       opts=("generated",)))
         return ast, tuple(kb.order)
-    root = point.src[0] if point.op is Ops.CONTIGUOUS else point
+    root = point.src[0] if point.op in (Ops.CONTIGUOUS, Ops.SCATTER) else point
     ast = kb.build(root, 0, point, "kernel")
     ast = ast.replace(arg=KernelInfo(name=_kernel_name(point, ast), opts=("generated",)))
     return ast, tuple(kb.order)
+
+
+def _scatter_kernels(point: UOp, inputs: dict[UOp, int], out_entry: int) -> list[tuple[UOp, tuple[int, ...]]]:
+    """SCATTER's two steps over its buffer: a normal kernel computing the base, then the kernel whose
+    accumulating STOREs fold the values in at the computed indices (never searched by BEAM, never
+    split into threads or lanes: points may hit one element)."""
+    out = [build_with_index_width(lambda: _build_kernel_at_width(point, inputs, out_entry))]
+    if sint.sprod(point.src[1].shape) != 0:
+        def build() -> tuple[UOp, tuple[int, ...]]:
+            kb = _TableKernelBuilder(inputs, out_entry)
+            name = f"scatter_{point.arg[1].name.lower()}_" + "_".join(map(sint.sym_name, point.src[1].shape))
+            return kb.build_scatter(point, 0, name), tuple(kb.order)
+        out.append(build_with_index_width(build))
+    return out
 
 
 def record_effects(effects: list[UOp]) -> None:

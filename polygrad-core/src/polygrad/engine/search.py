@@ -68,6 +68,8 @@ def _searchable(ast: UOp) -> bool:
     info = ast.arg
     if not (isinstance(info, KernelInfo) and "generated" in info.opts):
         return False
+    if any(n.op is Ops.STORE and n.arg is not None for n in ast.toposort()):
+        return False  # an accumulating store (scatter) runs without opts
     # kernels over symbolic sizes keep the heuristics: timings would hold for one binding only
     return not any(n.op is Ops.DEFINE_VAR for n in ast.toposort())
 

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from polygrad.config import get as get_setting
 from polygrad.nn import init
+from polygrad.dtype import dtypes
 from polygrad.tensor import Tensor
 from polygrad.tensor_movement import _tuple
 
@@ -62,12 +63,15 @@ class Embedding:
     def __call__(self, idx: Tensor) -> Tensor:
         if idx.dtype.is_float:
             raise TypeError(f"Embedding indices must be integers, got {idx.dtype}; cast with .int()")
-        rows = Tensor.arange(self.num_embeddings, device=self.weight.device, dtype=idx.dtype)
+        from polygrad.tensor_indexing import check_host_index, take
+        check_host_index(idx, self.num_embeddings, 0)
         weight = self.weight
-        if self.padding_idx is not None:
+        if self.padding_idx is not None:  # evaluated only at the rows looked up
+            rows = Tensor.arange(self.num_embeddings, device=self.weight.device, dtype=dtypes.int32)
             weight = rows.ne(self.padding_idx).reshape(-1, 1).where(weight, weight.detach())
-        onehot = idx.unsqueeze(-1).eq(rows).unsqueeze(-1)  # (*idx, V, 1)
-        return onehot.where(weight, 0).sum(-2)
+        # one indexed load per output element; the weight's gradient is a scatter-add of the rows.
+        # A lazy index outside [0, num_embeddings) reads a zero row (docs/tensor-semantics.md).
+        return take(weight, 0, idx)
 
 
 class Dropout:

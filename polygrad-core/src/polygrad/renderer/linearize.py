@@ -44,6 +44,8 @@ the rest stays scalar and is broadcast where it meets a vector:
     STORE of n lanes        arg "contiguous" or "scatter" as for LOAD (lanes written in order, so the
                             last lane wins where two write one element); a gate with lanes is a 4th
                             src (per-lane mask, no IF); a scalar gate still opens an IF block
+                            (an accumulating kernel-IR STORE, arg ADD/MUL/MAX, is always scalar:
+                            LOAD, the ALU op, STORE, inside the gate's IF)
     ALU, lanes n            lane-wise; every operand has n lanes (WHERE's condition too); bool lanes
                             are a mask the emitter chooses (the C renderer: int32 0 / -1)
     ACC, lanes n            arg (op, k): an array of k vectors (k = the other upcast lanes), or one
@@ -483,6 +485,17 @@ class _Linearizer:
             v = self.alu(index.dtype, (v,), Ops.CAST)
         buf = self.value(index.src[0])
         idx, gate, kind, n = self.access(index)
+        if st.arg is not None:  # accumulating store: load, fold, store back, one point at a time
+            if n > 1 or v.lanes > 1:
+                raise NoVector("an accumulating store in lanes")
+            self.scopes.append({})
+            gate_if = self.add(L.IF, None, (gate,)) if gate is not None else None
+            old = self.add(L.LOAD, index.dtype, (buf, idx))
+            self.add(L.STORE, None, (buf, idx, self.alu(index.dtype, (old, v), st.arg)))
+            if gate_if is not None:
+                self.add(L.ENDIF, None, (gate_if,))
+            self.scopes.pop()
+            return
         if kind is None and v.lanes > 1:  # one element, every lane writes it: the last lane wins
             idx, kind, n = self.bcast(idx, v.lanes), "scatter", v.lanes
         if kind == "gather":
@@ -518,7 +531,7 @@ class _Linearizer:
     def choose_vector(self, node: UOp) -> UOp | None:
         """The END block's vector range (module docstring), or None."""
         store = node.src[0]
-        if self.width <= 1 or store.op is not Ops.STORE:
+        if self.width <= 1 or store.op is not Ops.STORE or store.arg is not None:
             return None
         indexes = [store.src[0].src[1]] + [x.src[0].src[1] for x in store.toposort() if x.op is Ops.LOAD]
 

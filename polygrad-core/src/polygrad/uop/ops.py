@@ -35,6 +35,9 @@ class Ops(Enum):
     WHERE = auto()
     FMA = auto()  # a*b+c with one rounding (kernel IR; never introduced implicitly)
     VECTORIZE = auto()  # kernel IR: several scalars as one vector value (custom kernels)
+    # tensor-graph indexed access (appended last so the other members keep their numbers)
+    GATHER = auto()   # src (x, index), arg axis: x read where index says along axis (0 out of range)
+    SCATTER = auto()  # src (base, index, value), arg (axis, ADD|MUL|MAX): base with value folded in at index
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"

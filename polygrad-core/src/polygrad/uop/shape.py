@@ -33,6 +33,28 @@ def _reduce(u: UOp) -> tuple[int, ...]:
     return tuple(1 if i in axes else s for i, s in enumerate(u.src[0].shape))
 
 
+def _fits(outer: tuple, index: tuple, axis: int) -> bool:
+    """outer's shape matches index's outside axis, or is 1 there (broadcast over those index points)."""
+    return len(outer) == len(index) and all(a == b or a == 1 for i, (a, b) in enumerate(zip(outer, index))
+                                            if i != axis)
+
+
+def _gather(u: UOp) -> tuple[int, ...]:
+    x, index = u.src
+    if not _fits(x.shape, index.shape, u.arg):
+        raise ShapeError(f"GATHER along axis {u.arg} needs the source's shape {x.shape} to equal the index's "
+                         f"{index.shape} (or be 1) outside that axis")
+    return index.shape
+
+
+def _scatter(u: UOp) -> tuple[int, ...]:
+    base, index, value = u.src
+    if index.shape != value.shape or not _fits(base.shape, index.shape, u.arg[0]):
+        raise ShapeError(f"SCATTER along axis {u.arg[0]} needs index {index.shape} and value {value.shape} of one "
+                         f"shape, and the base's {base.shape} equal to it (or 1) outside that axis")
+    return base.shape
+
+
 SHAPE_RULES = {
     Ops.BUFFER: lambda u: (u.arg.size,),
     Ops.CONST: lambda u: (),
@@ -53,6 +75,8 @@ SHAPE_RULES = {
     Ops.DEFINE_VAR: lambda u: (),
     Ops.CUSTOM: lambda u: (),
     Ops.IOTA: lambda u: (u.arg,),
+    Ops.GATHER: _gather,
+    Ops.SCATTER: _scatter,
 }
 
 

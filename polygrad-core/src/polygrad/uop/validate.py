@@ -197,8 +197,9 @@ def _check_node(where: str, n: UOp, seen_vars: dict[str, UOp]) -> None:
         return None
     if op is Ops.STORE:
         if len(n.src) != 2 or n.src[0].op is not Ops.INDEX or n.dtype is not None or n.src[1].dtype is None \
-                or n.arg is not None or n.src[1].op is Ops.VECTORIZE:
-            raise _fail(where, f"STORE is (INDEX, scalar value) with no dtype, got {_describe(n)}")
+                or (n.arg is not None and n.arg not in REDUCE_OPS) or n.src[1].op is Ops.VECTORIZE:
+            raise _fail(where, f"STORE is (INDEX, scalar value) with no dtype and arg None, ADD, MUL or MAX, got "
+                               f"{_describe(n)}")
         return None
     if op is Ops.REDUCE:
         if len(n.src) < 2 or n.arg not in REDUCE_OPS or n.dtype is None or n.dtype is not n.src[0].dtype or \
