@@ -281,8 +281,12 @@ class Buffer:
                 _account(self.device, self.nbytes, 1)
         return self
 
+    def __reduce__(self):
+        raise TypeError("a device Buffer cannot be pickled or copied; pickle or deepcopy the Tensor that holds it "
+                        "(its values are saved)")
+
     def __del__(self) -> None:
-        if self._handle is not None:
+        if getattr(self, "_handle", None) is not None:  # a half-built Buffer (a failed copy) holds nothing
             _release(self._impl.allocator, self._handle, self.nbytes, self.device)
             self._handle = None
 

@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from polygrad.errors import DTypeError
+
 
 @dataclass(frozen=True, eq=False)
 class DType:
@@ -38,6 +40,31 @@ class DType:
     def np(self):
         """The NumPy dtype used to hold this type on the host (bfloat16 is held as uint16 bits)."""
         return np.dtype(self.fmt)
+
+    @property
+    def bitsize(self) -> int:
+        return 8 * self.itemsize
+
+    @property
+    def min(self):
+        """The lowest value (-inf for floats, False for bool), as tinygrad's `dt.min`."""
+        return dtype_min(self)
+
+    @property
+    def max(self):
+        """The highest value (inf for floats, True for bool), as tinygrad's `dt.max`."""
+        return dtype_max(self)
+
+    @property
+    def count(self) -> int:
+        return 1  # scalar types only (tinygrad counts vector lanes here)
+
+    @property
+    def base(self) -> "DType":
+        return self
+
+    def scalar(self) -> "DType":
+        return self
 
 
 class dtypes:
@@ -89,17 +116,54 @@ class dtypes:
 
     @staticmethod
     def min(dt: DType):
-        return dtype_min(dt)
+        return dtype_min(to_dtype(dt))
 
     @staticmethod
     def max(dt: DType):
-        return dtype_max(dt)
+        return dtype_max(to_dtype(dt))
+
+    @staticmethod
+    def is_bool(dt: DType) -> bool:
+        return to_dtype(dt) is dtypes.bool
+
+    @staticmethod
+    def from_py(x) -> DType:
+        """The dtype a Python value (or nested list) becomes: bool, the default int (int64 when needed) or
+        the default float."""
+        if isinstance(x, (list, tuple)):
+            return max((dtypes.from_py(v) for v in x), key=lambda d: d.priority) if x else dtypes.default_float
+        return dtype_of_python(x)
+
+    @staticmethod
+    def as_const(x, dt: DType):
+        """x as a Python value of dtype dt (wrapped to the width of an integer type)."""
+        from polygrad.uop.ops import normalize_const
+        return normalize_const(x, to_dtype(dt))
+
+    @staticmethod
+    def finfo(dt: DType) -> tuple[int, int]:
+        """(exponent bits, mantissa bits) of a float dtype."""
+        bits = {2: (5, 10), 4: (8, 23), 8: (11, 52)}
+        dt = to_dtype(dt)
+        if not dt.is_float:
+            raise DTypeError(f"finfo needs a float dtype, got {dt}")
+        return (8, 7) if dt is dtypes.bfloat16 else bits[dt.itemsize]
+
+    @staticmethod
+    def fields() -> dict[str, DType]:
+        """Every dtype by its tinygrad name (aliases included)."""
+        return {k: v for k, v in vars(dtypes).items() if isinstance(v, DType)}
 
 
 ALL_DTYPES: tuple[DType, ...] = (
     dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
     dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64,
 )
+
+dtypes.floats = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
+dtypes.uints = (dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
+dtypes.sints = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64)
+dtypes.ints = dtypes.uints + dtypes.sints
 
 _BY_NAME = {d.name: d for d in ALL_DTYPES}
 _BY_NAME.update({
@@ -108,10 +172,6 @@ _BY_NAME.update({
     "uint8": dtypes.uint8, "uint16": dtypes.uint16, "uint32": dtypes.uint32, "uint64": dtypes.uint64,
     "bf16": dtypes.bfloat16, "f32": dtypes.float32, "f16": dtypes.float16, "f64": dtypes.float64,
 })
-
-
-class DTypeError(TypeError):
-    """An unknown dtype name or an impossible conversion."""
 
 
 def to_dtype(x) -> DType:
@@ -195,8 +255,15 @@ def least_upper_float(dt: DType) -> DType:
 
 
 def dtype_of_python(x) -> DType:
+    """bool, the default int (int64 when the value needs it, as torch), or the default float."""
     if isinstance(x, bool):
         return dtypes.bool
     if isinstance(x, int):
-        return dtypes.default_int
+        return dtypes.default_int if -2**31 <= x < 2**31 else dtypes.int64 if -2**63 <= x < 2**63 else _too_big(x)
     return dtypes.default_float
+
+
+def _too_big(x: int) -> DType:
+    from polygrad.errors import InvalidArgumentError
+    raise InvalidArgumentError(f"the integer {x} does not fit in int64; pass a float or dtype=dtypes.uint64 with "
+                               "values below 2**64")

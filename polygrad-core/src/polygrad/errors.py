@@ -52,3 +52,24 @@ class LinAlgError(PolygradError, ValueError):
 class VariableError(PolygradError, ValueError):
     """A symbolic size Variable used wrongly: bound outside its bounds or to a non-integer, realized
     while unbound, bound to two values at once, or two variables sharing one name in a kernel."""
+
+
+class ShapeError(PolygradError, ValueError, RuntimeError):
+    """Shapes that cannot combine (broadcast, reshape, matmul, cat...); the message names both shapes. Also a
+    RuntimeError, which torch and tinygrad raise for these, and a ValueError, as before."""
+
+
+class DTypeError(PolygradError, TypeError, RuntimeError):
+    """An unknown dtype name or an impossible conversion (an in-place float result into an int tensor...).
+    A TypeError, and a RuntimeError as torch and tinygrad raise for casts they refuse."""
+
+
+class InvalidArgumentError(PolygradError, ValueError, RuntimeError):
+    """An argument value an operation cannot use: an empty list of tensors, a negative class count, a padding
+    of the wrong length, a negative shift, an unknown mode name... Both a ValueError (NumPy's and tinygrad's
+    habit) and a RuntimeError (torch's), so programs written for either catch it."""
+
+
+class DimensionError(PolygradError, IndexError, RuntimeError):
+    """A dimension out of range for the tensor, or named twice where each may appear once. An IndexError, as
+    torch raises for out-of-range dims, and a RuntimeError, as torch raises for repeated ones."""

@@ -23,16 +23,25 @@ def alu(op: Ops, *srcs: UOp) -> UOp:
     return srcs[0].alu(op, *srcs[1:])
 
 
+def _cos(x: UOp) -> UOp:
+    """cos(x) = 1 - 2 sin(x/2)^2 in float64 (exact halving keeps the argument reduction accurate; sin(pi/2 - x)
+    would round pi/2 - x first and lose cos near its zeros), rounded to x's dtype."""
+    x64 = x.cast(dtypes.float64)
+    s = alu(Ops.SIN, alu(Ops.MUL, x64, full_like(x64, 0.5)))
+    one = full_like(x64, 1.0)
+    return alu(Ops.ADD, one, alu(Ops.NEG, alu(Ops.MUL, full_like(x64, 2.0), alu(Ops.MUL, s, s)))).cast(x.dtype)
+
+
 def _reduce_grad(node: UOp, g: UOp) -> tuple:
     src = node.src[0]
     rop, axes = node.arg
     if rop is Ops.ADD:
         return (mv.expand(g, src.shape),)
     if rop is Ops.MAX:
-        mask = alu(Ops.CMPEQ, src, mv.expand(node, src.shape)).cast(src.dtype)
-        count = UOp(Ops.REDUCE_AXIS, src.dtype, (mask,), (Ops.ADD, axes))
-        share = alu(Ops.FDIV, mask, mv.expand(count, src.shape))
-        return (alu(Ops.MUL, share, mv.expand(g, src.shape)),)
+        hit = alu(Ops.CMPEQ, src, mv.expand(node, src.shape))
+        count = UOp(Ops.REDUCE_AXIS, src.dtype, (hit.cast(src.dtype),), (Ops.ADD, axes))
+        share = alu(Ops.FDIV, mv.expand(g, src.shape), mv.expand(count, src.shape))
+        return (alu(Ops.WHERE, hit, share, full_like(share, 0.0)),)
     if rop is Ops.MUL:
         return (_prod_grad(node, g),)
     raise NotImplementedError(f"no gradient for reduce {rop}")
@@ -74,13 +83,13 @@ def _mod_grad(node: UOp, g: UOp) -> tuple:
 
 
 def _max_grad(node: UOp, g: UOp) -> tuple:
+    """torch's rule: the larger operand gets g, a tie splits it, NaN passes g to both. Selected with WHERE, not
+    multiplied by 0/1 weights, so an infinite g never turns into inf * 0 = NaN for the operand that lost."""
     a, b = node.src
-    a_wins = alu(Ops.CMPLT, b, a).cast(g.dtype)
-    tie = alu(Ops.CMPEQ, a, b).cast(g.dtype)
-    half = alu(Ops.MUL, tie, full_like(g, 0.5))
-    wa = alu(Ops.ADD, a_wins, half)
-    wb = alu(Ops.ADD, alu(Ops.ADD, full_like(g, 1.0), alu(Ops.NEG, a_wins)), alu(Ops.NEG, half))
-    return alu(Ops.MUL, g, wa), alu(Ops.MUL, g, wb)
+    zero, half = full_like(g, 0.0), alu(Ops.MUL, g, full_like(g, 0.5))
+    tie = alu(Ops.CMPEQ, a, b)
+    share = alu(Ops.WHERE, tie, half, g)
+    return alu(Ops.WHERE, alu(Ops.CMPLT, a, b), zero, share), alu(Ops.WHERE, alu(Ops.CMPLT, b, a), zero, share)
 
 
 def _pad_grad(node: UOp, g: UOp) -> tuple:
@@ -156,13 +165,12 @@ GRADIENT_RULES = {
     Ops.ADD: lambda n, g: (g, g),
     Ops.MUL: lambda n, g: (alu(Ops.MUL, g, n.src[1]), alu(Ops.MUL, g, n.src[0])),
     Ops.NEG: lambda n, g: (alu(Ops.NEG, g),),
-    Ops.FDIV: lambda n, g: (alu(Ops.FDIV, g, n.src[1]),
-                            alu(Ops.NEG, alu(Ops.FDIV, alu(Ops.MUL, g, n.src[0]), alu(Ops.MUL, n.src[1], n.src[1])))),
+    # d(a/b)/db = -(a/b)/b: never b*b, which overflows long before a/b does (exp(x)/(1+exp(x)) at x=50)
+    Ops.FDIV: lambda n, g: (alu(Ops.FDIV, g, n.src[1]), alu(Ops.NEG, alu(Ops.MUL, g, alu(Ops.FDIV, n, n.src[1])))),
     Ops.MAX: _max_grad,
     Ops.EXP2: lambda n, g: (alu(Ops.MUL, alu(Ops.MUL, g, n), full_like(g, LN2)),),
     Ops.LOG2: lambda n, g: (alu(Ops.FDIV, g, alu(Ops.MUL, n.src[0], full_like(g, LN2))),),
-    Ops.SIN: lambda n, g: (alu(Ops.MUL, g, alu(Ops.SIN, alu(Ops.ADD, alu(Ops.NEG, n.src[0]),
-                                                            full_like(g, math.pi / 2)))),),
+    Ops.SIN: lambda n, g: (alu(Ops.MUL, g, _cos(n.src[0])),),
     Ops.SQRT: lambda n, g: (alu(Ops.FDIV, g, alu(Ops.MUL, n, full_like(g, 2.0))),),
     Ops.RECIPROCAL: lambda n, g: (alu(Ops.NEG, alu(Ops.MUL, g, alu(Ops.MUL, n, n))),),
     Ops.POW: _pow_grad,

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from polygrad.errors import InvalidArgumentError
 from polygrad.dtype import dtypes, to_dtype
 
 _state = {"seed": 0, "counter": 0}
@@ -109,9 +110,9 @@ def randint(shape: tuple[int, ...], low: int = 0, high: int = 10, dtype: Any = N
     if not isinstance(low, int) or not isinstance(high, int):
         raise TypeError(f"randint: low and high must be Python ints, got {low!r} and {high!r}")
     if high <= low:
-        raise ValueError(f"randint: high ({high}) must be greater than low ({low})")
+        raise InvalidArgumentError(f"randint: high ({high}) must be greater than low ({low})")
     if high - low > 1 << 32:
-        raise ValueError(f"randint: the range {high - low} is wider than 2**32; split it into two draws")
+        raise InvalidArgumentError(f"randint: the range {high - low} is wider than 2**32; split it into two draws")
     dt = to_dtype(dtype) if dtype is not None else dtypes.int32
     runtime = kw.get("_runtime")
     if math.prod(shape) == 0:

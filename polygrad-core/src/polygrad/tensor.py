@@ -16,7 +16,7 @@ import numpy as np
 from polygrad import config
 from polygrad.device import Buffer, canonicalize
 from polygrad.dtype import DType, dtype_of_python, dtypes, least_upper_dtype, least_upper_float, to_dtype
-from polygrad.errors import DeviceError, RuntimeOwnershipError
+from polygrad.errors import DeviceError, DimensionError, DTypeError, InvalidArgumentError, RuntimeOwnershipError
 from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
@@ -51,7 +51,11 @@ def _infer_list_dtype(data: Any) -> DType:
     if kinds <= {bool, np.bool_}:
         return dtypes.bool
     if kinds <= {bool, int, np.bool_} or all(isinstance(x, (bool, int, np.integer)) for x in flat):
-        return dtypes.default_int
+        ints = [int(x) for x in flat]  # int64 where int32 cannot hold the values, as torch
+        if not ints:
+            return dtypes.default_int
+        lo, hi = dtype_of_python(min(ints)), dtype_of_python(max(ints))
+        return dtypes.int64 if dtypes.int64 in (lo, hi) else dtypes.default_int
     return dtypes.default_float
 
 
@@ -68,7 +72,7 @@ def _to_numpy(data: Any, dtype: DType | None) -> np.ndarray:
             return _np_cast(np.asarray(data, dtype=np.float32), dtype)
         return np.asarray(data, dtype=dtype.np)
     except (ValueError, TypeError) as e:
-        raise ValueError(f"cannot build a tensor from {type(data).__name__}: {e}; "
+        raise InvalidArgumentError(f"cannot build a tensor from {type(data).__name__}: {e}; "
                          "nested lists must be rectangular") from e
 
 
@@ -91,7 +95,7 @@ def _storage_to_numpy(flat: np.ndarray, dtype: DType) -> np.ndarray:
 
 def _resolve_axis(axis: int, ndim: int) -> int:
     if not -max(ndim, 1) <= axis < max(ndim, 1):
-        raise IndexError(f"axis {axis} is out of range for a tensor with {ndim} dimensions")
+        raise DimensionError(f"axis {axis} is out of range for a tensor with {ndim} dimensions")
     return axis % max(ndim, 1)
 
 
@@ -190,6 +194,45 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
     def __repr__(self) -> str:
         return f"<Tensor shape={self.shape} dtype={self.dtype} device={self.device}>"
 
+    def __iter__(self):
+        """Iterate over the first dimension (torch and NumPy); a 0-d tensor cannot be iterated."""
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor; use .item() for its value")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __format__(self, spec: str) -> str:
+        """f"{t:.2f}" formats the value of a 0-d (or one-element) tensor; other tensors take no format spec."""
+        if not spec:
+            return str(self)
+        if self.numel() == 1 and self.ndim == 0:
+            return format(self.item(), spec)
+        raise TypeError(f"unsupported format string {spec!r} for a tensor of shape {self.shape}; format its .item() "
+                        "or its .numpy()")
+
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """NumPy functions (np.sum, np.mean, np.concatenate...) see tensors as their values (host arrays)."""
+        def host(x: Any) -> Any:
+            if isinstance(x, Tensor):
+                return x.numpy()
+            if isinstance(x, (list, tuple)):
+                return type(x)(host(v) for v in x)
+            return x
+        return func(*host(args), **{k: host(v) for k, v in kwargs.items()})
+
+    def __reduce__(self):
+        """Pickling (and copy.deepcopy) saves the values, dtype, device and requires_grad; a lazy tensor is
+        realized first. A deep copy owns a new buffer."""
+        data = self.numpy()
+        return _rebuild_tensor, (data, self.dtype.name, self.device, self.requires_grad)
+
+    def __deepcopy__(self, memo: dict) -> "Tensor":
+        import copy
+        out = _rebuild_tensor(self.numpy().copy(), self.dtype.name, self.device, self.requires_grad)
+        if self.grad is not None:
+            out.grad = copy.deepcopy(self.grad, memo)
+        memo[id(self)] = out
+        return out
+
     def __hash__(self) -> int:
         return id(self)
 
@@ -238,10 +281,18 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         if stop is None:
             start, stop = 0, start
         if step == 0:
-            raise ValueError("arange: step must be non-zero")
+            raise InvalidArgumentError("arange: step must be non-zero")
         n = max(0, math.ceil((stop - start) / step))
         is_float = any(isinstance(v, float) for v in (start, stop, step))
-        dt = to_dtype(kw.pop("dtype", None) or (dtypes.default_float if is_float else dtypes.default_int))
+        given = kw.pop("dtype", None)
+        dt = to_dtype(given or (dtypes.default_float if is_float else dtypes.default_int))
+        if not is_float and not dt.is_float and n:
+            last = start + (n - 1) * step
+            if given is None and dt is dtypes.default_int and not _fits(min(start, last), max(start, last), dt):
+                dt = dtypes.int64  # as torch: a range past int32 is int64 (never a silent wrap)
+            if not _fits(min(start, last), max(start, last), dt):
+                raise InvalidArgumentError(f"arange({start}, {stop}, {step}) is not representable in {dt}; "
+                                           "pass a wider dtype (dtype=dtypes.int64)")
         if n == 0:
             return Tensor.empty(0, dtype=dt, **kw)
         idx = _iota(n, dt, kw)
@@ -317,7 +368,7 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         if capture_guards:
             capture_guards[-1].read(self, "item")
         if self.numel() != 1:
-            raise ValueError(f"item() needs a tensor with one element, this one has shape {self.shape}")
+            raise InvalidArgumentError(f"item() needs a tensor with one element, this one has shape {self.shape}")
         return self.numpy().reshape(()).item()
 
     def tolist(self) -> Any:
@@ -335,9 +386,10 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
             capture_guards[-1].read(self, "copy_from")
         arr = np.asarray(data)
         if arr.size != self.numel():
-            raise ValueError(f"copy_from: {arr.shape} has {arr.size} elements, tensor {self.shape} has {self.numel()}")
+            raise InvalidArgumentError(f"copy_from: {arr.shape} has {arr.size} elements, tensor {self.shape} has "
+                                       f"{self.numel()}")
         if arr.ndim > 1 and arr.shape != self.shape:
-            raise ValueError(f"copy_from: shape {arr.shape} does not match tensor shape {self.shape}")
+            raise InvalidArgumentError(f"copy_from: shape {arr.shape} does not match tensor shape {self.shape}")
         self._buffer().copyin(_np_cast(arr.reshape(-1), self.dtype))
         return self
 
@@ -521,7 +573,7 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
             a, b = a.cast(least_upper_float(a.dtype)), b.cast(least_upper_float(b.dtype))
             return a._alu(Ops.FDIV, b)
         if rounding_mode not in ("trunc", "floor"):
-            raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+            raise InvalidArgumentError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
         if a.dtype is dtypes.bool:
             a, b = a.cast(dtypes.default_int), b.cast(dtypes.default_int)
         if a.dtype.is_int:
@@ -534,7 +586,7 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
                 fix = ((q * b).ne(a)) & ((a < 0).ne(b < 0))
                 return fix.where(q - 1, q)
             return a._alu(Ops.FDIV, b).floor()
-        raise ValueError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
+        raise InvalidArgumentError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
 
     def neg(self) -> "Tensor":
         return self.logical_not() if self.dtype is dtypes.bool else self._alu(Ops.NEG)
@@ -632,6 +684,56 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
     def __rmatmul__(self, x: "Tensor") -> "Tensor":
         return Tensor(x).matmul(self) if not isinstance(x, Tensor) else x.matmul(self)
 
+    # in-place operators write the result into this tensor's buffer (assign), as tinygrad and torch do: every
+    # reference to the tensor sees the new value. A tensor that requires grad may be updated too (tinygrad's
+    # rule; torch refuses for leaves): the write is not differentiated, later graphs read the new value.
+    def _inplace(self, value: "Tensor") -> "Tensor":
+        if value.dtype != self.dtype and not _can_cast_inplace(value.dtype, self.dtype):
+            raise DTypeError(f"in-place result of dtype {value.dtype} cannot be stored in a {self.dtype} tensor; "
+                             f"write x = x op y instead, or cast first")
+        if value.shape != self.shape:
+            raise ShapeError(f"in-place result of shape {value.shape} does not fit the tensor's shape {self.shape}")
+        return self.assign(value)
+
+    def __iadd__(self, x: Any) -> "Tensor":
+        return self._inplace(self + x)
+
+    def __isub__(self, x: Any) -> "Tensor":
+        return self._inplace(self - x)
+
+    def __imul__(self, x: Any) -> "Tensor":
+        return self._inplace(self * x)
+
+    def __itruediv__(self, x: Any) -> "Tensor":
+        return self._inplace(self / x)
+
+    def __ifloordiv__(self, x: Any) -> "Tensor":
+        return self._inplace(self // x)
+
+    def __imod__(self, x: Any) -> "Tensor":
+        return self._inplace(self % x)
+
+    def __ipow__(self, x: Any) -> "Tensor":
+        return self._inplace(self ** x)
+
+    def __imatmul__(self, x: Any) -> "Tensor":
+        return self._inplace(self @ x)
+
+    def __iand__(self, x: Any) -> "Tensor":
+        return self._inplace(self & x)
+
+    def __ior__(self, x: Any) -> "Tensor":
+        return self._inplace(self | x)
+
+    def __ixor__(self, x: Any) -> "Tensor":
+        return self._inplace(self ^ x)
+
+    def __ilshift__(self, x: Any) -> "Tensor":
+        return self._inplace(self << x)
+
+    def __irshift__(self, x: Any) -> "Tensor":
+        return self._inplace(self >> x)
+
     def __bool__(self) -> bool:
         if self.numel() != 1:
             raise RuntimeError(f"the truth value of a tensor with {self.numel()} elements is ambiguous")
@@ -646,7 +748,8 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
     # ---------------------------------------------------------------------------------------------
     # movement
     def reshape(self, *shape: Any) -> "Tensor":
-        shape = _shape_arg(shape, allow_neg=True)
+        """New shape with the same elements; one entry may be -1 (inferred), None keeps that dimension."""
+        shape = _shape_arg(_keep_none(shape, self.shape), allow_neg=True)
         if shape.count(-1) > 1:
             raise ShapeError(f"reshape {shape}: only one dimension can be -1")
         if -1 in shape:
@@ -674,7 +777,7 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         return self._new(mv.permute(self.uop, order))
 
     def expand(self, *shape: Any) -> "Tensor":
-        shape = _shape_arg(shape, allow_neg=True)
+        shape = _shape_arg(_keep_none(shape, (1,) * 0, fill=-1), allow_neg=True)
         pad = (1,) * (len(shape) - self.ndim) + self.shape
         shape = tuple(p if s == -1 else s for s, p in zip(shape, pad))
         base = self.reshape(pad) if pad != self.shape else self
@@ -683,12 +786,18 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
     def pad(self, padding: Sequence[Any], value: float = 0.0, mode: str = "constant") -> "Tensor":
         """padding: per-axis ((before, after), ...) or torch-style flat (last axis first)."""
         flat = list(padding)
-        if flat and not isinstance(flat[0], (tuple, list)) and flat[0] is not None:
+        if flat and all(not isinstance(p, (tuple, list)) and p is not None for p in flat):
+            if len(flat) % 2 or len(flat) > 2 * self.ndim:
+                raise InvalidArgumentError(f"pad: flat padding {tuple(flat)} needs an even number of entries, at most "
+                                           f"{2 * self.ndim} (two per dimension, last dimension first)")
             pairs = [(0, 0)] * self.ndim
             for i in range(len(flat) // 2):
                 pairs[self.ndim - 1 - i] = (flat[2 * i], flat[2 * i + 1])
         else:
             pairs = [(0, 0) if p is None else tuple(p) for p in flat]
+            if len(pairs) != self.ndim or any(len(p) != 2 for p in pairs):
+                raise InvalidArgumentError(f"pad: grouped padding {tuple(padding)} needs one (before, after) pair or "
+                                           f"None per dimension ({self.ndim})")
         if mode != "constant":
             return self._pad_mode(pairs, mode)
         grow = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
@@ -703,11 +812,18 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         return out
 
     def shrink(self, bounds: Sequence[Any]) -> "Tensor":
+        if len(bounds) != self.ndim:
+            raise InvalidArgumentError(f"shrink: {len(bounds)} bounds for a tensor with {self.ndim} dimensions; give "
+                                       "one (start, end) pair or None per dimension")
         full = tuple((0, s) if b is None else (b[0], b[1]) for b, s in zip(bounds, self.shape))
         return self._new(mv.shrink(self.uop, full))
 
     def flip(self, *axis: Any) -> "Tensor":
-        axes = {_resolve_axis(a, self.ndim) for a in _shape_arg(axis, allow_neg=True)}
+        named = [_resolve_axis(a, self.ndim) for a in _shape_arg(axis, allow_neg=True)]
+        axes = set(named)
+        if len(axes) != len(named):
+            twice = next(a for a in named if named.count(a) > 1)
+            raise DimensionError(f"flip: dims {tuple(axis)} name dimension {twice} more than once")
         return self._new(mv.flip(self.uop, tuple(i in axes for i in range(self.ndim))))
 
     def transpose(self, dim0: int = 1, dim1: int = 0) -> "Tensor":
@@ -753,8 +869,9 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
     def sum(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
+        """Sum over axis; floats longer than BLOCKED_SUM_MIN are summed in blocks (see _blocked_sum)."""
         x = self.cast(dtype) if dtype is not None else self.cast(_sum_dtype(self.dtype))
-        out = x._reduce(Ops.ADD, axis, keepdim)
+        out = _blocked_sum(x, axis, keepdim) if x.dtype.is_float else x._reduce(Ops.ADD, axis, keepdim)
         return out.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else out
 
     def prod(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
@@ -798,11 +915,34 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
             out = out.squeeze(-1)
         return out
 
+    def _shift(self, op: Ops, x: Any, reverse: bool = False) -> "Tensor":
+        """Bit shifts of integer tensors. A negative Python shift amount is an error; a shift amount outside
+        [0, bits) held in a tensor gives 0 (right shifts of negative values: -1), as torch, instead of the
+        C shift's undefined behaviour."""
+        if isinstance(x, (int, np.integer)) and not isinstance(x, bool) and not reverse and x < 0:
+            raise InvalidArgumentError(f"shift amount must be non-negative, got {x}")
+        a, b = self._broadcasted(x, reverse)
+        if not a.dtype.is_int:
+            raise DTypeError(f"bit shifts need integer tensors, got {a.dtype}")
+        bits = 8 * a.dtype.itemsize
+        if not reverse and isinstance(x, (int, np.integer)) and 0 <= x < bits:
+            return a._alu(op, b)
+        ok = (b < bits) if b.dtype.is_unsigned else (b >= 0) & (b < bits)
+        out = a._alu(op, ok.where(b, 0))
+        over = (a < 0).where(-1, 0) if op is Ops.SHR and not a.dtype.is_unsigned else 0
+        return ok.where(out, over)
+
     def __lshift__(self, x: Any) -> "Tensor":
-        return self._binop(Ops.SHL, x)
+        return self._shift(Ops.SHL, x)
 
     def __rshift__(self, x: Any) -> "Tensor":
-        return self._binop(Ops.SHR, x)
+        return self._shift(Ops.SHR, x)
+
+    def __rlshift__(self, x: Any) -> "Tensor":
+        return self._shift(Ops.SHL, x, reverse=True)
+
+    def __rrshift__(self, x: Any) -> "Tensor":
+        return self._shift(Ops.SHR, x, reverse=True)
 
     def lshift(self, x: Any) -> "Tensor":
         return self << x
@@ -849,7 +989,7 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
             elif isinstance(it, slice):
                 start, stop, step = it.indices(size)
                 if step == 0:
-                    raise ValueError("slice step cannot be zero")
+                    raise InvalidArgumentError("slice step cannot be zero")
                 if step > 0:
                     n = max(0, -(-(stop - start) // step))
                     bounds.append((start, start + max(n - 1, 0) * step + (1 if n else 0)))
@@ -891,6 +1031,12 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         return x
 
     def one_hot(self, num_classes: int = -1) -> "Tensor":
+        """Integer classes -> int32 one-hot along a new last axis; num_classes=-1 reads max()+1 (a sync)."""
+        if self.dtype.is_float:
+            raise DTypeError(f"one_hot needs integer classes, got {self.dtype}; cast with .int() first")
+        if num_classes < -1:
+            raise InvalidArgumentError(f"one_hot: num_classes must be non-negative (or -1 to infer it), got "
+                                       f"{num_classes}")
         if num_classes == -1:
             num_classes = int(self.max().item()) + 1
         return self.unsqueeze(-1).eq(Tensor.arange(num_classes, device=self.device, dtype=self.dtype)).cast(
@@ -952,6 +1098,11 @@ def _autograd_graph(root: UOp, stop_at: "set[Tensor]") -> tuple[UOp, dict[UOp, U
     return root, {graph: buf for buf, graph in lineage.items()}
 
 
+def _rebuild_tensor(data: np.ndarray, dtype_name: str, device: str, requires_grad: Any) -> "Tensor":
+    """Unpickling: a realized tensor with these values (bfloat16 comes back from its float32 values exactly)."""
+    return Tensor(data, device=device, dtype=getattr(dtypes, dtype_name), requires_grad=requires_grad)
+
+
 def size_tensor(n: Any, like: "Tensor") -> "Tensor":
     """A 0-d tensor (like's dtype and device) holding the size n, which may be symbolic: the kernel reads
     the variable's value, so one program serves every binding."""
@@ -993,6 +1144,38 @@ def _bitcast_resize(x: "Tensor", dt: DType) -> "Tensor":
     return (words << shifts).sum(-1, dtype=_UINT_OF_SIZE[big]).bitcast(dt)
 
 
+# A float sum over more elements than this is computed in blocks of SUM_BLOCK (one axis at a time, each long
+# axis cut into blocks whose partial sums are summed again), so no accumulator adds more than SUM_BLOCK terms:
+# the rounding error grows like the number of levels, as NumPy's pairwise sum, not like the element count
+# (one float32 accumulator stops growing at 2**24: ones(2**24 + 3).sum() would give 16777216).
+BLOCKED_SUM_MIN = 1 << 16
+SUM_BLOCK = 128  # NumPy's pairwise sum also adds runs of 128 elements before it pairs them
+
+
+def _blocked_sum(x: "Tensor", axis: Any, keepdim: bool) -> "Tensor":
+    axes = tuple(range(x.ndim)) if axis is None else tuple(
+        _resolve_axis(a, x.ndim) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+    axes = tuple(sorted(set(axes))) if x.ndim else ()
+    sizes = [x.shape[a] for a in axes]
+    if sint.has_sym(tuple(sizes)) or math.prod(sizes) <= BLOCKED_SUM_MIN:
+        return x._reduce(Ops.ADD, axis, keepdim)
+    out = x
+    for a in reversed(axes):
+        out = _blocked_axis_sum(out, a)
+    return out if keepdim else out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in axes))
+
+
+def _blocked_axis_sum(x: "Tensor", a: int) -> "Tensor":
+    """x summed over axis a (kept as size 1), at most SUM_BLOCK terms per accumulator."""
+    n = x.shape[a]
+    if n <= SUM_BLOCK:
+        return x._reduce(Ops.ADD, a, True)
+    m = -(-n // SUM_BLOCK)
+    x = x.pad(tuple((0, m * SUM_BLOCK - n) if i == a else (0, 0) for i in range(x.ndim)))
+    parts = x.reshape(x.shape[:a] + (m, SUM_BLOCK) + x.shape[a + 1:])._reduce(Ops.ADD, a + 1, False)
+    return _blocked_axis_sum(parts, a)
+
+
 def _sum_dtype(dt: DType) -> DType:
     if dt is dtypes.bool or (dt.is_int and dt.itemsize < 4):
         return dtypes.uint32 if dt.is_unsigned else dtypes.int32
@@ -1032,13 +1215,42 @@ def _is_realized(u: UOp) -> bool:
 def _symbolic_slice(it: slice, size: Any) -> tuple[Any, Any]:
     """(start, stop) of a step-1 slice whose size or endpoints are symbolic (no negative indices)."""
     if it.step not in (None, 1):
-        raise ValueError(f"a slice with a symbolic size or endpoint needs step 1, got step {it.step}")
+        raise InvalidArgumentError(f"a slice with a symbolic size or endpoint needs step 1, got step {it.step}")
     start = 0 if it.start is None else it.start
     stop = size if it.stop is None else it.stop
     for v in (start, stop):
         if not isinstance(v, UOp) and int(v) < 0:
             raise IndexError(f"negative slice index {v} next to a symbolic size; count from the start instead")
     return start, stop
+
+
+def _keep_none(shape: Any, current: tuple, fill: Any = None) -> tuple:
+    """A shape argument whose None entries mean "keep this dimension" (tinygrad): None at position i becomes
+    current[i], or `fill` when given (expand's -1, aligned from the right)."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    if not any(s is None for s in shape):
+        return tuple(shape)
+    if fill is not None:
+        return tuple(fill if s is None else s for s in shape)
+    if any(s is None for s in shape[len(current):]):
+        raise ShapeError(f"reshape {tuple(shape)}: None keeps a dimension, but the tensor has only {len(current)}")
+    return tuple(current[i] if s is None else s for i, s in enumerate(shape))
+
+
+def _can_cast_inplace(src: DType, dst: DType) -> bool:
+    """torch's rule for in-place results: within a kind (or to a wider kind) only: no float into an int
+    tensor, nothing but bool into a bool tensor."""
+    if dst is dtypes.bool:
+        return src is dtypes.bool
+    if dst.is_int:
+        return not src.is_float
+    return True
+
+
+def _fits(lo: int, hi: int, dt: DType) -> bool:
+    from polygrad.dtype import dtype_max, dtype_min
+    return dtype_min(dt) <= lo and hi <= dtype_max(dt)
 
 
 def _shape_arg(shape: Any, allow_neg: bool = False) -> tuple[int, ...]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from polygrad.errors import InvalidArgumentError
 from polygrad.tensor_math import float_math
 
 SELU_ALPHA = 1.6732632423543772848170429916717
@@ -53,7 +54,7 @@ class ActivationMixin:
             inner = math.sqrt(2 / math.pi) * (self + 0.044715 * self * self * self)
             return 0.5 * self * (1 + inner.tanh())
         if approximate != "none":
-            raise ValueError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
+            raise InvalidArgumentError(f"gelu approximate must be 'none' or 'tanh', got {approximate!r}")
         return 0.5 * self * (1 + (self * (1 / math.sqrt(2))).erf())
 
     @float_math

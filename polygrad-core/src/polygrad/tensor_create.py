@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from polygrad.errors import InvalidArgumentError
 from polygrad.dtype import dtypes, to_dtype
 
 
@@ -32,7 +33,7 @@ class CreationMixin:
         """steps evenly spaced values from start to stop inclusive (torch's symmetric formula)."""
         from polygrad.tensor import Tensor
         if not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"linspace: steps must be a non-negative integer, got {steps!r}")
+            raise InvalidArgumentError(f"linspace: steps must be a non-negative integer, got {steps!r}")
         dt = to_dtype(kw.pop("dtype", None) or dtypes.default_float)
         requires_grad = kw.pop("requires_grad", None)
         if steps <= 1:
@@ -50,7 +51,7 @@ class CreationMixin:
         from polygrad.tensor import Tensor
         m = n if m is None else m
         if n < 0 or m < 0:
-            raise ValueError(f"eye: sizes must be non-negative, got n={n}, m={m}")
+            raise InvalidArgumentError(f"eye: sizes must be non-negative, got n={n}, m={m}")
         dt = to_dtype(kw.pop("dtype", None) or dtypes.default_float)
         requires_grad = kw.pop("requires_grad", None)
         if n == 0 or m == 0:
@@ -62,10 +63,10 @@ class CreationMixin:
     def meshgrid(self, *others: Any, indexing: str = "ij") -> tuple:
         """Coordinate grids from 1-d tensors: indexing 'ij' (matrix) or 'xy' (Cartesian)."""
         if indexing not in ("ij", "xy"):
-            raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
+            raise InvalidArgumentError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
         ts = [self, *others]
         if any(t.ndim > 1 for t in ts):
-            raise ValueError(f"meshgrid takes 0-d or 1-d tensors, got shapes {[t.shape for t in ts]}")
+            raise InvalidArgumentError(f"meshgrid takes 0-d or 1-d tensors, got shapes {[t.shape for t in ts]}")
         ts = [t.reshape(-1) for t in ts]
         shape = [t.shape[0] for t in ts]
         if indexing == "xy" and len(ts) >= 2:
@@ -108,7 +109,7 @@ class CreationMixin:
         """A random permutation of 0..n-1 (int32)."""
         from polygrad.tensor import Tensor
         if n < 0:
-            raise ValueError(f"randperm: n must be non-negative, got {n}")
+            raise InvalidArgumentError(f"randperm: n must be non-negative, got {n}")
         dt = to_dtype(kw.pop("dtype", None) or dtypes.int32)
         if n == 0:
             return Tensor.empty(0, dtype=dt, **kw)

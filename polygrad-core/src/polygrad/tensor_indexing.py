@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from polygrad.dtype import dtypes
+from polygrad.errors import DimensionError, InvalidArgumentError
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.shape import ShapeError
 
@@ -37,7 +38,7 @@ class _Index:
 def _axis(axis: int, ndim: int) -> int:
     n = max(ndim, 1)
     if not -n <= axis < n:
-        raise IndexError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions")
+        raise DimensionError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions")
     return axis % n
 
 
@@ -368,7 +369,7 @@ class IndexingMixin:
         if reduce is not None:
             table = {"add": "sum", "multiply": "prod"}
             if reduce not in table:
-                raise ValueError(f"scatter: reduce must be 'add' or 'multiply', got {reduce!r}")
+                raise InvalidArgumentError(f"scatter: reduce must be 'add' or 'multiply', got {reduce!r}")
             return self.scatter_reduce(dim, index, src, table[reduce], include_self=True)
         d, index, src = _scatter_parts(self, dim, index, src.cast(self.dtype))
         return scatter_last(self, d, index, src)
@@ -381,7 +382,7 @@ class IndexingMixin:
                        include_self: bool = True) -> "Tensor":
         """torch.scatter_reduce with reduce in 'sum', 'prod', 'mean', 'amax', 'amin'."""
         if reduce not in ("sum", "prod", "mean", "amax", "amin"):
-            raise ValueError(f"scatter_reduce: reduce must be 'sum', 'prod', 'mean', 'amax' or 'amin', "
+            raise InvalidArgumentError(f"scatter_reduce: reduce must be 'sum', 'prod', 'mean', 'amax' or 'amin', "
                              f"got {reduce!r}")
         d, index, src = _scatter_parts(self, dim, index, src.cast(self.dtype))
         hit = _hit(self, d, index) if (not include_self or reduce == "mean") else None
@@ -404,6 +405,57 @@ class IndexingMixin:
         count = hit.where(count, 1)
         mean = total.div(count, rounding_mode="floor") if not self.dtype.is_float else total / count
         return hit.where(mean.cast(self.dtype), self)
+
+    def masked_select(self: "Tensor", mask: Any) -> "Tensor":
+        """The elements where mask (broadcast to self) is True, as a 1-d tensor in row-major order. The
+        length depends on the mask's values, so they are read on the host (a sync, as in torch)."""
+        from polygrad.tensor import Tensor
+        mask = mask if isinstance(mask, Tensor) else Tensor(mask, device=self.device, _runtime=self._runtime)
+        if mask.dtype is not dtypes.bool:
+            raise TypeError(f"masked_select needs a bool mask, got {mask.dtype}")
+        flat = np.flatnonzero(mask._broadcast_to(self.shape).numpy()).astype(np.int32)
+        return take(self.reshape(-1), 0, Tensor(flat, device=self.device, _runtime=self._runtime))
+
+    def nonzero(self: "Tensor", as_tuple: bool = False, size: int | None = None, fill_value: int = -1) -> Any:
+        """Coordinates of the non-zero elements, one row per element in row-major order: (count, ndim) int32.
+        Without size= the count is read on the host (a sync). With size= nothing is read: the result has
+        exactly `size` rows, the first min(count, size) filled and the rest set to fill_value (as
+        jax.numpy.nonzero and torch.nonzero_static). as_tuple=True gives one 1-d tensor per dimension."""
+        from polygrad.tensor import Tensor
+        x = self.reshape(1) if self.ndim == 0 else self
+        n = x.numel()
+        it = dtypes.int64 if n > INT32_MAX else dtypes.int32
+        hit = x.ne(0).reshape(-1)
+        if size is None:
+            size = int(hit.cast(it).sum().item())
+        if size < 0:
+            raise InvalidArgumentError(f"nonzero: size must be non-negative, got {size}")
+        coords = [Tensor.arange(s, device=x.device, dtype=it, _runtime=x._runtime).reshape(
+            tuple(s if i == d else 1 for i, s in enumerate(x.shape)))._broadcast_to(x.shape).reshape(-1, 1)
+            for d, s in enumerate(x.shape)]
+        coords = coords[0].cat(*coords[1:], dim=1) if len(coords) > 1 else coords[0]
+        rank = hit.cast(it).cumsum(0) - 1
+        slot = (hit & (rank < size)).where(rank, -1).reshape(-1, 1)._broadcast_to(coords.shape)
+        base = Tensor.full((size, x.ndim), fill_value, dtype=it, device=x.device, _runtime=x._runtime)
+        out = base.scatter(0, slot, coords) if n else base
+        if self.ndim == 0:
+            out = out[:, :0]
+        return tuple(out[:, d] for d in range(out.shape[1])) if as_tuple else out
+
+    def masked_scatter(self: "Tensor", mask: Any, source: "Tensor") -> "Tensor":
+        """self with its masked positions (row-major) filled by the first elements of source (torch)."""
+        from polygrad.tensor import Tensor
+        mask = mask if isinstance(mask, Tensor) else Tensor(mask, device=self.device, _runtime=self._runtime)
+        if mask.dtype is not dtypes.bool:
+            raise TypeError(f"masked_scatter needs a bool mask, got {mask.dtype}")
+        m = mask._broadcast_to(self.shape).reshape(-1)
+        rank = m.cast(dtypes.int32).cumsum(0) - 1
+        picked = take(source.reshape(-1).cast(self.dtype), 0, m.where(rank, -1))
+        return m.where(picked, self.reshape(-1)).reshape(self.shape)
+
+    def masked_fill_(self: "Tensor", mask: Any, value: Any) -> "Tensor":
+        """In-place masked_fill (torch): writes into this tensor's buffer and returns it."""
+        return self.assign(self.masked_fill(mask, value))
 
     def take_along_axis(self: "Tensor", indices: "Tensor", axis: int) -> "Tensor":
         """numpy.take_along_axis / torch.take_along_dim: gather with broadcasting outside `axis`."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import string
 from typing import TYPE_CHECKING, Any, Sequence
 
+from polygrad.errors import InvalidArgumentError
 from polygrad.dtype import dtypes
 from polygrad.uop.shape import ShapeError
 
@@ -24,7 +25,7 @@ def _reduce(loss: "Tensor", reduction: str) -> "Tensor":
         return loss.sum()
     if reduction == "mean":
         return loss.mean()
-    raise ValueError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    raise InvalidArgumentError(f"reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
 
 
 def _class_onehot(target: "Tensor", n_classes: int, cdim: int) -> "Tensor":
@@ -84,7 +85,7 @@ class LossMixin:
                       weight: "Tensor | None" = None, ignore_index: int = -100) -> "Tensor":
         """torch.nn.functional.cross_entropy on logits (N, C, ...) or (C,); Y: class indices or probabilities."""
         if not 0.0 <= label_smoothing <= 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+            raise InvalidArgumentError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
         cdim = 1 if self.ndim >= 2 else 0
         logp = self.log_softmax(cdim)
         if not Y.dtype.is_float:
@@ -133,7 +134,7 @@ class LossMixin:
         xs = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
         inputs, output = _parse_einsum(formula, xs)
         if len(inputs) != len(xs):
-            raise ValueError(f"einsum: formula {formula!r} names {len(inputs)} operands, got {len(xs)}")
+            raise InvalidArgumentError(f"einsum: formula {formula!r} names {len(inputs)} operands, got {len(xs)}")
         sizes: dict[str, int] = {}
         prepared = []
         for letters, x in zip(inputs, xs):
@@ -147,7 +148,7 @@ class LossMixin:
             prepared.append((letters, x))
         for c in output:
             if c not in sizes:
-                raise ValueError(f"einsum: output letter {c!r} does not appear in the inputs")
+                raise InvalidArgumentError(f"einsum: output letter {c!r} does not appear in the inputs")
         alphabet = sorted(sizes)
         full = tuple(sizes[c] for c in alphabet)
         product = None
@@ -184,10 +185,10 @@ def _parse_einsum(formula: str, xs: Sequence["Tensor"]) -> tuple[list[str], str]
         return inputs, ell + "".join(sorted(c for c in set(joined) if joined.count(c) == 1 and c not in ell))
     for part in inputs + [rhs]:
         if any(not c.isalpha() for c in part):
-            raise ValueError(f"einsum: subscripts must be letters, got {part!r} in {formula!r}")
+            raise InvalidArgumentError(f"einsum: subscripts must be letters, got {part!r} in {formula!r}")
     if arrow:
         if len(set(rhs)) != len(rhs):
-            raise ValueError(f"einsum: output subscripts {rhs!r} repeat a letter")
+            raise InvalidArgumentError(f"einsum: output subscripts {rhs!r} repeat a letter")
         return inputs, rhs
     joined = "".join(inputs)
     return inputs, "".join(sorted(c for c in set(joined) if joined.count(c) == 1))

@@ -14,6 +14,7 @@ import functools
 import math
 from typing import Any, Callable
 
+from polygrad.errors import InvalidArgumentError
 from polygrad.dtype import dtypes, least_upper_float
 
 HALF_TYPES = (dtypes.float16, dtypes.bfloat16)
@@ -49,6 +50,13 @@ def odd_split(x, half: Callable):
     pos = (x >= 0).where(x, 0)  # x = 0 goes to the positive half, so the gradient there is half'(0)
     neg = (x < 0).where(-x, 0)
     return x.isnan().where(x, half(pos) - half(neg))
+
+
+def _half_exp_pair(a, sign: int):
+    """(exp(a) + sign * exp(-a)) / 2 for a >= 1: exp(a)/2 as h * (h/2) with h = exp(a/2), finite wherever the result
+    is; the small term as exp(-a - ln 2), which underflows to 0 (and so does its gradient) instead of 1/inf."""
+    h = (a * 0.5).exp()
+    return h * (h * 0.5) + sign * (-a - math.log(2)).exp()
 
 
 def _check_bitwise(x, name: str) -> None:
@@ -125,7 +133,7 @@ class MathMixin:
 
     def _int_pow(self, n: int):
         if n < 0:
-            raise ValueError("integers to negative integer powers are not allowed; cast to float first")
+            raise InvalidArgumentError("integers to negative integer powers are not allowed; cast to float first")
         out = self.full_like(1)
         base = self
         while n:
@@ -151,7 +159,9 @@ class MathMixin:
         if self.dtype.is_unsigned:
             return self
         if self.dtype.is_float:
-            return self.maximum(-self)  # NaN-propagating, and the gradient at 0 is 0 like torch
+            # NaN-propagating, and the gradient at 0 is 0 like torch; + 0.0 turns the -0.0 that
+            # maximum(0.0, -0.0) gives into +0.0 (x + 0.0 is never folded for floats)
+            return self.maximum(-self) + 0.0
         return (self < 0).where(-self, self)
 
     absolute = abs
@@ -191,10 +201,13 @@ class MathMixin:
         w = weight.cast(a.dtype)
         return (w.abs() < 0.5).where(a + diff * w, b - diff * (1 - w))
 
-    def clamp(self, min: Any = None, max: Any = None):  # noqa: A002 (torch's keyword names)
-        """Clip into [min, max]; NaN stays NaN and the gradient passes where min <= x <= max (torch)."""
+    def clamp(self, min: Any = None, max: Any = None, min_: Any = None, max_: Any = None):  # noqa: A002
+        """Clip into [min, max] (torch's keywords; tinygrad's min_/max_ too); either bound may be left out, not
+        both. NaN stays NaN and the gradient passes where min <= x <= max (torch)."""
+        min = min_ if min is None else min  # noqa: A001
+        max = max_ if max is None else max  # noqa: A001
         if min is None and max is None:
-            raise ValueError("clamp() needs at least one of min or max")
+            raise InvalidArgumentError("clamp() needs at least one of min or max")
         x = self
         if min is not None:
             x = (x < min).where(min, x)
@@ -305,11 +318,21 @@ class MathMixin:
 
     @float_math
     def sinh(self):
-        return (self.expm1() - (-self).expm1()) * 0.5
+        """expm1 differences up to |x| = 1; beyond, h*h/2 - 1/(2 h*h) with h = exp(|x|/2) (the exact halving keeps
+        exp accurate), which stays finite until sinh itself overflows (exp(x) overflows first)."""
+        big = self.abs() > 1
+        small = big.where(0, self)
+        near = (small.expm1() - (-small).expm1()) * 0.5
+        far = _half_exp_pair(big.where(self.abs(), 1), -1)
+        return big.where((self < 0).where(-far, far), near)
 
     @float_math
     def cosh(self):
-        return (self.exp() + (-self).exp()) * 0.5
+        """1 + 2 sinh(x/2)^2 up to |x| = 1 (so the gradient near 0 is sinh(x), not 0), then the overflow-safe pair."""
+        big = self.abs() > 1
+        h = big.where(0, self) * 0.5
+        sh = (h.expm1() - (-h).expm1()) * 0.5
+        return big.where(_half_exp_pair(big.where(self.abs(), 1), 1), 1 + 2 * sh * sh)
 
     @float_math
     def tanh(self):
@@ -333,14 +356,18 @@ class MathMixin:
 
     @float_math
     def acosh(self):
-        t = self - 1
-        return (t + t.sqrt() * (t + 2).sqrt()).log1p()
+        """log1p(t + sqrt(t (t + 2))), t = |x| - 1, with the sign of x and NaN below 1: the value is torch's,
+        and so is the gradient 1/sqrt(x^2 - 1), finite for x <= -1 too (where the value is NaN)."""
+        t = self.abs() - 1
+        core = (t + t.sqrt() * (t + 2).sqrt()).log1p()
+        return (self < 1).where(math.nan, 0.0) + self.sign().detach() * core
 
     arccosh = acosh
 
     @float_math
     def atanh(self):
-        return 0.5 * (2 * self / (1 - self)).log1p()
+        """(log1p(x) - log1p(-x)) / 2: accurate near 0 and near +-1, with the gradient 1/(1-x^2) (inf at +-1)."""
+        return 0.5 * (self.log1p() - (-self).log1p())
 
     arctanh = atanh
 
@@ -404,10 +431,13 @@ class MathMixin:
     def isnan(self):
         return self.ne(self) if self.dtype.is_float else self.full_like(False, dtype=dtypes.bool)
 
-    def isinf(self):
-        if not self.dtype.is_float:
+    def isinf(self, detect_positive: bool = True, detect_negative: bool = True):
+        """True at +inf (detect_positive) and -inf (detect_negative)."""
+        if not self.dtype.is_float or not (detect_positive or detect_negative):
             return self.full_like(False, dtype=dtypes.bool)
-        return self.eq(math.inf) | self.eq(-math.inf)
+        if not detect_negative:
+            return self.eq(math.inf)
+        return self.eq(math.inf) | self.eq(-math.inf) if detect_positive else self.eq(-math.inf)
 
     def isposinf(self):
         return self.eq(math.inf) if self.dtype.is_float else self.full_like(False, dtype=dtypes.bool)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
+from polygrad.errors import DimensionError, InvalidArgumentError
 from polygrad.tensor_indexing import IndexingMixin
 from polygrad.uop.shape import ShapeError
 
@@ -20,8 +21,8 @@ def _axis(axis: int, ndim: int) -> int:
     """Normalise a possibly negative axis; a 0-d tensor accepts axes 0 and -1 like PyTorch."""
     n = max(ndim, 1)
     if not -n <= axis < n:
-        raise IndexError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions "
-                         f"(expected one in [{-n}, {n - 1}])")
+        raise DimensionError(f"dimension {axis} is out of range for a tensor with {ndim} dimensions "
+                             f"(expected one in [{-n}, {n - 1}])")
     return axis % n
 
 
@@ -39,7 +40,7 @@ def _tensor_list(first: Any, rest: Sequence[Any]) -> list["Tensor"]:
         items.extend(r if isinstance(r, (list, tuple)) else [r])
     from polygrad.tensor import Tensor
     if not items:
-        raise ValueError("cat/stack need at least one tensor")
+        raise InvalidArgumentError("cat/stack need at least one tensor")
     for t in items:
         if not isinstance(t, Tensor):
             raise TypeError(f"expected Tensors to join, got {type(t).__name__}; wrap data in Tensor(...) first")
@@ -93,7 +94,8 @@ class MovementMixin(IndexingMixin):
     def _pad_mode(self: "Tensor", pairs: list, mode: str) -> "Tensor":
         """Pad with mode 'reflect', 'replicate' or 'circular' (per-axis (before, after) pairs)."""
         if mode not in ("reflect", "replicate", "circular"):
-            raise ValueError(f"pad mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}")
+            raise InvalidArgumentError(f"pad mode must be 'constant', 'reflect', 'replicate' or 'circular', got "
+                                       f"{mode!r}")
         pairs = list(pairs) + [(0, 0)] * (self.ndim - len(pairs))
         if len(pairs) > self.ndim:
             raise ShapeError(f"pad: {len(pairs)} axes of padding for a tensor with {self.ndim} dimensions")
@@ -101,7 +103,7 @@ class MovementMixin(IndexingMixin):
         for axis, (before, after) in enumerate(pairs):
             before, after = int(before), int(after)
             if before < 0 or after < 0:
-                raise ValueError(f"pad mode {mode!r} needs non-negative padding, got {(before, after)}")
+                raise InvalidArgumentError(f"pad mode {mode!r} needs non-negative padding, got {(before, after)}")
             if before or after:
                 x = _pad_one_axis(x, axis, before, after, mode)
         return x
@@ -113,7 +115,7 @@ class MovementMixin(IndexingMixin):
         shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
         dims = (dims,) if isinstance(dims, int) else tuple(dims)
         if len(shifts) != len(dims):
-            raise ValueError(f"roll: shifts {shifts} and dims {dims} must have the same length")
+            raise InvalidArgumentError(f"roll: shifts {shifts} and dims {dims} must have the same length")
         x = self
         for s, d in zip(shifts, dims):
             d = _axis(d, x.ndim)
@@ -135,7 +137,7 @@ class MovementMixin(IndexingMixin):
             raise ShapeError(f"repeat: {len(reps)} repeat counts for a tensor with {self.ndim} dimensions; "
                              "give at least one per dimension")
         if any(r < 0 for r in reps):
-            raise ValueError(f"repeat counts must be non-negative, got {reps}")
+            raise InvalidArgumentError(f"repeat counts must be non-negative, got {reps}")
         base = (1,) * (len(reps) - self.ndim) + self.shape
         x = self.reshape(base)
         x = x.reshape(tuple(v for s in base for v in (1, s)))
@@ -157,21 +159,21 @@ class MovementMixin(IndexingMixin):
             repeats = int(repeats.item())
         if isinstance(repeats, int):
             if repeats < 0:
-                raise ValueError(f"repeat_interleave: repeats must be non-negative, got {repeats}")
+                raise InvalidArgumentError(f"repeat_interleave: repeats must be non-negative, got {repeats}")
             y = x.unsqueeze(d + 1)
             y = y.expand(y.shape[:d + 1] + (repeats,) + y.shape[d + 2:])
             return y.flatten(d, d + 1)
         counts = [int(r) for r in (repeats.tolist() if isinstance(repeats, Tensor) else repeats)]
         if len(counts) != x.shape[d] or any(c < 0 for c in counts):
-            raise ValueError(f"repeat_interleave: need {x.shape[d]} non-negative repeat counts along dim {d}, "
-                             f"got {counts}")
+            raise InvalidArgumentError(f"repeat_interleave: need {x.shape[d]} non-negative repeat counts along dim "
+                                       f"{d}, got {counts}")
         # the output length depends on the counts, so they are read on the host (as in PyTorch)
         index = [i for i, c in enumerate(counts) for _ in range(c)]
         return x.index_select(d, Tensor(index, device=x.device))
 
     # ---------------------------------------------------------------------------------------------
     # joining and splitting
-    def cat(self: Any, *args: Any, dim: int = 0) -> "Tensor":
+    def cat(self: Any = (), *args: Any, dim: int = 0) -> "Tensor":
         """Concatenate along an existing axis: `a.cat(b, c, dim=1)`, `Tensor.cat(a, b)` or `Tensor.cat([a, b])`.
 
         >>> Tensor.cat(Tensor([1]), Tensor([2, 3])).tolist()
@@ -200,7 +202,7 @@ class MovementMixin(IndexingMixin):
             out = piece if out is None else (out | piece if dt.name == "bool" else out + piece)
         return out
 
-    def stack(self: Any, *args: Any, dim: int = 0) -> "Tensor":
+    def stack(self: Any = (), *args: Any, dim: int = 0) -> "Tensor":
         """Join tensors of one shape along a new axis: `a.stack(b, dim=0)` or `Tensor.stack([a, b])`."""
         tensors = _tensor_list(self, args)
         shape = tensors[0].shape
@@ -216,11 +218,11 @@ class MovementMixin(IndexingMixin):
         n = self.shape[d] if self.ndim else 1
         if isinstance(sizes, int):
             if sizes <= 0 and not (sizes == 0 and n == 0):
-                raise ValueError(f"split: split size must be positive, got {sizes}")
+                raise InvalidArgumentError(f"split: split size must be positive, got {sizes}")
             sizes = [min(sizes, n - i) for i in range(0, n, sizes)] if n else [0]
         sizes = [int(s) for s in sizes]
         if sum(sizes) != n or any(s < 0 for s in sizes):
-            raise ValueError(f"split: sizes {sizes} must be non-negative and sum to {n}, the size of dim {d}")
+            raise InvalidArgumentError(f"split: sizes {sizes} must be non-negative and sum to {n}, the size of dim {d}")
         out, start = [], 0
         for s in sizes:
             out.append(shrink_axis(self, d, start, start + s))
@@ -230,7 +232,7 @@ class MovementMixin(IndexingMixin):
     def chunk(self: "Tensor", chunks: int, dim: int = 0) -> tuple["Tensor", ...]:
         """Split into at most `chunks` pieces of ceil(size / chunks) (like torch.chunk)."""
         if chunks <= 0:
-            raise ValueError(f"chunk: chunks must be positive, got {chunks}")
+            raise InvalidArgumentError(f"chunk: chunks must be positive, got {chunks}")
         d = _axis(dim, self.ndim)
         n = self.shape[d]
         if n == 0:
@@ -251,7 +253,7 @@ class MovementMixin(IndexingMixin):
         if self.ndim < nk:
             raise ShapeError(f"cannot take {nk}-d windows of a tensor with shape {self.shape}")
         if any(k <= 0 for k in k_) or any(s <= 0 for s in s_) or any(d <= 0 for d in d_):
-            raise ValueError(f"kernel {k_}, stride {s_} and dilation {d_} must all be positive")
+            raise InvalidArgumentError(f"kernel {k_}, stride {s_} and dilation {d_} must all be positive")
         batch, i_ = self.shape[:-nk], self.shape[-nk:]
         nb = len(batch)
         if any(d * (k - 1) + 1 > i for k, d, i in zip(k_, d_, i_)):
@@ -282,7 +284,7 @@ class MovementMixin(IndexingMixin):
         [[1, 2], [3, 4]]
         """
         if step <= 0:
-            raise ValueError(f"unfold: step must be positive, got {step}")
+            raise InvalidArgumentError(f"unfold: step must be positive, got {step}")
         if self.ndim == 0:
             if size > 1:
                 raise ShapeError(f"unfold: size {size} is larger than the 0-d tensor's 1 element")
@@ -305,7 +307,7 @@ class MovementMixin(IndexingMixin):
             raise ShapeError(f"diagonal needs at least 2 dimensions, got shape {self.shape}")
         a1, a2 = _axis(dim1, self.ndim), _axis(dim2, self.ndim)
         if a1 == a2:
-            raise ValueError(f"diagonal: dim1 and dim2 must differ, both are {a1}")
+            raise InvalidArgumentError(f"diagonal: dim1 and dim2 must differ, both are {a1}")
         rest = [i for i in range(self.ndim) if i not in (a1, a2)]
         x = self.permute(rest + [a1, a2])
         rows, cols = x.shape[-2], x.shape[-1]
@@ -345,7 +347,7 @@ def _tuple(v: Any, n: int, what: str) -> tuple[int, ...]:
         return (v,) * n
     v = tuple(int(a) for a in v)
     if len(v) != n:
-        raise ValueError(f"{what} {v} needs {n} entries, one per spatial dimension")
+        raise InvalidArgumentError(f"{what} {v} needs {n} entries, one per spatial dimension")
     return v
 
 
@@ -371,18 +373,20 @@ def _pad_one_axis(x: "Tensor", axis: int, before: int, after: int, mode: str) ->
     n = x.shape[axis]
     if mode == "reflect":
         if before >= n or after >= n:
-            raise ValueError(f"reflect padding ({before}, {after}) must be smaller than the dimension size {n}")
+            raise InvalidArgumentError(f"reflect padding ({before}, {after}) must be smaller than the dimension size "
+                                       f"{n}")
         left = shrink_axis(x, axis, 1, before + 1).flip(axis)
         right = shrink_axis(x, axis, n - 1 - after, n - 1).flip(axis)
     elif mode == "replicate":
         if n == 0:
-            raise ValueError("replicate padding needs a non-empty dimension")
+            raise InvalidArgumentError("replicate padding needs a non-empty dimension")
         first, last = shrink_axis(x, axis, 0, 1), shrink_axis(x, axis, n - 1, n)
         left = first.expand(tuple(before if i == axis else s for i, s in enumerate(first.shape)))
         right = last.expand(tuple(after if i == axis else s for i, s in enumerate(last.shape)))
     else:
         if before > n or after > n:
-            raise ValueError(f"circular padding ({before}, {after}) can wrap at most once; the dimension has {n}")
+            raise InvalidArgumentError(f"circular padding ({before}, {after}) can wrap at most once; the dimension "
+                                       f"has {n}")
         left = shrink_axis(x, axis, n - before, n)
         right = shrink_axis(x, axis, 0, after)
     return MovementMixin.cat(left, x, right, dim=axis)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
+from polygrad.errors import InvalidArgumentError
 from polygrad.tensor_losses import LossMixin
 from polygrad.tensor_movement import _tuple
 from polygrad.uop.shape import ShapeError
@@ -31,7 +32,7 @@ def _flat_pads(padding: Any, dims: int) -> list[int]:
         return [p for p in reversed(padding) for _ in range(2)]
     if len(padding) == 2 * dims:
         return padding
-    raise ValueError(f"padding {padding} needs 1, {dims} or {2 * dims} entries")
+    raise InvalidArgumentError(f"padding {padding} needs 1, {dims} or {2 * dims} entries")
 
 
 def _grouped(pads: Sequence[int]) -> list[tuple[int, int]]:
@@ -92,7 +93,7 @@ class NNMixin(LossMixin):
         s_, d_, op_ = (_tuple(v, n, name) for v, name in ((stride, "stride"), (dilation, "dilation"),
                                                           (output_padding, "output_padding")))
         if any(o >= max(s, d) for o, s, d in zip(op_, s_, d_)):
-            raise ValueError(f"output_padding {op_} must be smaller than stride {s_} or dilation {d_}")
+            raise InvalidArgumentError(f"output_padding {op_} must be smaller than stride {s_} or dilation {d_}")
         w = weight.unflatten(0, (groups, -1)).transpose(1, 2).flip(*range(3, weight.ndim + 1))
         x = self
         if any(s > 1 for s in s_):
@@ -118,7 +119,7 @@ class NNMixin(LossMixin):
         d_ = _tuple(dilation, len(k_), "dilation")
         pads = _flat_pads(padding, len(k_))
         if any(2 * p > k for p, k in zip(pads, [k for k in reversed(k_) for _ in range(2)])):
-            raise ValueError(f"max_pool: padding {padding} must be at most half the kernel {k_}")
+            raise InvalidArgumentError(f"max_pool: padding {padding} must be at most half the kernel {k_}")
         if ceil_mode:
             pads = _ceil_pads(self.shape, pads, k_, s_, d_)
         axis = tuple(range(-len(k_), 0))
@@ -132,7 +133,7 @@ class NNMixin(LossMixin):
         idx = Tensor.arange(size, 0, -1, device=self.device).reshape(spatial)
         idx = idx.pad(pads, value=0)._pool(k_, s_, d_)
         hit = pooled.eq(pooled.max(axis, keepdim=True))
-        return out, (size - hit.where(idx, 0).max(axis)).cast(dtypes.int64)
+        return out, (size - hit.where(idx, 0).max(axis)).cast(dtypes.default_int)  # int32 indices (tinygrad)
 
     def avg_pool2d(self: "Tensor", kernel_size: Any = (2, 2), stride: Any = None, dilation: Any = 1,
                    padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True) -> "Tensor":
@@ -186,18 +187,24 @@ class NNMixin(LossMixin):
         from polygrad.tensor import Tensor
         mode = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
         if mode not in ("linear", "nearest", "nearest-exact"):
-            raise ValueError(f"interpolate: mode must be 'nearest', 'nearest-exact' or 'linear', got {mode!r}")
+            raise InvalidArgumentError(f"interpolate: mode must be 'nearest', 'nearest-exact' or 'linear', got "
+                                       f"{mode!r}")
         if align_corners and mode != "linear":
-            raise ValueError("interpolate: align_corners only applies to linear modes")
+            raise InvalidArgumentError("interpolate: align_corners only applies to linear modes")
         if size is None:
             if scale_factor is None:
-                raise ValueError("interpolate: give size or scale_factor")
+                raise InvalidArgumentError("interpolate: give size or scale_factor")
             n = self.ndim - 2 if isinstance(scale_factor, (int, float)) else len(scale_factor)
             sf = (scale_factor,) * n if isinstance(scale_factor, (int, float)) else tuple(scale_factor)
             size = tuple(int(math.floor(s * f)) for s, f in zip(self.shape[-n:], sf))
         size = (size,) * (self.ndim - 2) if isinstance(size, int) else tuple(size)
         if not 0 < len(size) <= self.ndim:
-            raise ValueError(f"interpolate: size {size} must name between 1 and {self.ndim} trailing axes")
+            raise InvalidArgumentError(f"interpolate: size {size} must name between 1 and {self.ndim} trailing axes")
+        if mode == "linear" and self.dtype is dtypes.uint8:  # torch's separable integer path, bit for bit
+            x = self
+            for i in range(-1, -len(size) - 1, -1):
+                x = _uint8_linear_pass(x, x.ndim + i, size[i], align_corners)
+            return x
         x, expand = self.cast(dtypes.float32) if not self.dtype.is_float else self, list(self.shape)
         for i in range(-1, -len(size) - 1, -1):
             n_in, n_out = self.shape[i], size[i]
@@ -229,6 +236,17 @@ class NNMixin(LossMixin):
         x = self * weight if weight.ndim == 1 else self.matmul(weight)
         return x if bias is None else x + bias
 
+    def normalize(self: "Tensor", p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> "Tensor":
+        """x / max(||x||_p along dim, eps) (torch.nn.functional.normalize; tinygrad's Tensor.normalize)."""
+        if p == 0:
+            from polygrad.dtype import least_upper_float
+            norm = self.ne(0).sum(dim, keepdim=True).cast(least_upper_float(self.dtype))
+        elif p == float("inf"):
+            norm = self.abs().max(dim, keepdim=True)
+        else:
+            norm = self.abs().pow(p).sum(dim, keepdim=True).pow(1.0 / p)
+        return self / norm.maximum(eps)
+
     def layernorm(self: "Tensor", axis: Any = -1, eps: float = 1e-5) -> "Tensor":
         """Normalise to zero mean and unit variance over `axis` (no affine part)."""
         y = self - self.mean(axis, keepdim=True)
@@ -251,7 +269,7 @@ class NNMixin(LossMixin):
         from polygrad import config
         from polygrad.tensor import Tensor
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+            raise InvalidArgumentError(f"dropout probability must be in [0, 1], got {p}")
         if not (Tensor.training or config.get("TRAINING")) or p == 0:
             return self
         if p == 1:
@@ -261,12 +279,22 @@ class NNMixin(LossMixin):
 
     def scaled_dot_product_attention(self: "Tensor", key: "Tensor", value: "Tensor", attn_mask: Any = None,
                                      dropout_p: float = 0.0, is_causal: bool = False,
-                                     scale: float | None = None) -> "Tensor":
-        """softmax(q @ k^T * scale + mask) @ v; a bool mask keeps True; is_causal masks the future."""
+                                     scale: float | None = None, enable_gqa: bool = False) -> "Tensor":
+        """softmax(q @ k^T * scale + mask) @ v; a bool mask keeps True; is_causal masks the future. With
+        enable_gqa, key/value heads (dim -3) are repeated to the query's head count (grouped-query attention).
+        attn_mask together with is_causal is an error, as in torch and tinygrad: fold the causal part into
+        the mask (mask & Tensor.ones(L, S, dtype=dtypes.bool).tril())."""
         from polygrad.dtype import dtypes
         from polygrad.tensor import Tensor
         if is_causal and attn_mask is not None:
-            raise ValueError("scaled_dot_product_attention: pass attn_mask or is_causal, not both")
+            raise InvalidArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both (fold "
+                                       "the causal mask into attn_mask)")
+        if enable_gqa and key.ndim >= 3 and key.shape[-3] != self.shape[-3]:
+            heads, kv = self.shape[-3], key.shape[-3]
+            if heads % kv:
+                raise ShapeError(f"enable_gqa: {heads} query heads are not a multiple of {kv} key/value heads")
+            key = key.repeat_interleave(heads // kv, dim=-3)
+            value = value.repeat_interleave(heads // kv, dim=-3)
         q_len, k_len = self.shape[-2], key.shape[-2]
         if is_causal:
             attn_mask = Tensor.ones(q_len, k_len, dtype=dtypes.bool, device=self.device).tril(0)
@@ -280,13 +308,57 @@ class NNMixin(LossMixin):
         return scores.softmax(-1).dropout(dropout_p).matmul(value)
 
 
+def _uint8_taps(n_in: int, n_out: int, align_corners: bool) -> tuple[list[int], list[list[int]], int]:
+    """Linear-interpolation taps for one axis as torch computes them for uint8 images: per output the first
+    input index and up to two weights (triangle filter, normalised, then int16 fixed point with `bits`
+    fractional bits, the most that keeps the largest weight below 2**15)."""
+    if align_corners:
+        scale = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    else:
+        scale = n_in / n_out
+    starts, weights = [], []
+    for i in range(n_out):
+        center = scale * i + 0.5 if align_corners else scale * (i + 0.5)
+        lo, hi = max(int(center - 0.5), 0), min(int(center + 1.5), n_in)
+        w = [max(0.0, 1.0 - abs(j + lo - center + 0.5)) for j in range(hi - lo)]
+        total = sum(w)
+        starts.append(lo)
+        weights.append([v / total if total else 0.0 for v in w])
+    top = max(max(w) for w in weights)
+    bits = 0
+    while bits < 22 and int(0.5 + top * (1 << (bits + 1))) < (1 << 15):
+        bits += 1
+    return starts, [[int(v * (1 << bits) + 0.5) for v in w] for w in weights], bits
+
+
+def _uint8_linear_pass(x: "Tensor", axis: int, n_out: int, align_corners: bool) -> "Tensor":
+    """Resize one axis of a uint8 tensor: sum of taps * int weights, rounded half up, clamped to [0, 255]."""
+    import numpy as np
+
+    from polygrad.dtype import dtypes
+    from polygrad.tensor import Tensor
+    starts, weights, bits = _uint8_taps(x.shape[axis], n_out, align_corners)
+    shape = [1] * x.ndim
+    shape[axis] = n_out
+    out_shape = tuple(n_out if d == axis else s for d, s in enumerate(x.shape))
+    acc = None
+    for k in range(2):
+        idx = np.array([s + min(k, len(w) - 1) for s, w in zip(starts, weights)], np.int32)
+        wk = np.array([w[k] if k < len(w) else 0 for w in weights], np.int32)
+        idx_t = Tensor(idx, device=x.device, _runtime=x._runtime).reshape(shape).expand(out_shape)
+        w_t = Tensor(wk, device=x.device, _runtime=x._runtime).reshape(shape)
+        term = x.gather(axis, idx_t).cast(dtypes.int32) * w_t
+        acc = term if acc is None else acc + term
+    return ((acc + (1 << (bits - 1))) >> bits).clip(0, 255).cast(dtypes.uint8)
+
+
 def _string_padding(padding: str, hw: tuple[int, ...], d_: tuple[int, ...], s_: tuple[int, ...]) -> list[int]:
     if padding == "valid":
         return [0] * (2 * len(hw))
     if padding != "same":
-        raise ValueError(f"padding string must be 'same' or 'valid', got {padding!r}")
+        raise InvalidArgumentError(f"padding string must be 'same' or 'valid', got {padding!r}")
     if any(s != 1 for s in s_):
-        raise ValueError("padding='same' needs stride 1 (as in PyTorch)")
+        raise InvalidArgumentError("padding='same' needs stride 1 (as in PyTorch)")
     flat = []
     for k, d in reversed(list(zip(hw, d_))):
         total = d * (k - 1)

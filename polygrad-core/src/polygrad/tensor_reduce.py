@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from polygrad.dtype import dtypes, least_upper_float
 from polygrad.tensor_math import float_math
@@ -51,6 +51,30 @@ def _highest(dt):
     return math.inf if dt.is_float else dtypes.max(dt)
 
 
+class ValuesIndices(NamedTuple):
+    """(values, indices) of cummax/cummin: a tuple (tinygrad) with torch's field names."""
+
+    values: Any
+    indices: Any
+
+
+def _scan_indices(x, values, axis: int):
+    """For each position i along axis, the latest j <= i whose x[j] is values[i] (NaN matches NaN); int32."""
+    from polygrad.tensor import Tensor, _resolve_axis
+    if x.ndim == 0:
+        return Tensor(0, device=x.device, dtype=dtypes.int32, _runtime=x._runtime)
+    ax = _resolve_axis(axis, x.ndim)
+    xt, vt = x.transpose(ax, -1), values.transpose(ax, -1)
+    n = xt.shape[-1]
+    xj, vi = xt.unsqueeze(-2), vt.unsqueeze(-1)  # [..., 1, j] and [..., i, 1]
+    hit = xj.eq(vi)
+    if x.dtype.is_float:
+        hit = hit | (xj.isnan() & vi.isnan())
+    idx = Tensor.arange(n, device=x.device, dtype=dtypes.int32, _runtime=x._runtime)
+    hit = hit & (idx.reshape(1, n) <= idx.reshape(n, 1))
+    return hit.where(idx.reshape(1, n), -1).max(-1).transpose(ax, -1)
+
+
 class ReduceMixin:
     """Reductions built on REDUCE_AXIS (ADD/MAX/MUL) and elementwise ops."""
 
@@ -84,9 +108,10 @@ class ReduceMixin:
     amin = min
 
     # ---- mean / var / std
-    def mean(self, axis: Any = None, keepdim: bool = False):
-        """The arithmetic mean (integers are averaged in the default float type); empty gives NaN."""
-        x = self.cast(least_upper_float(self.dtype))
+    def mean(self, axis: Any = None, keepdim: bool = False, dtype: Any = None):
+        """The arithmetic mean (integers are averaged in the default float type, or in `dtype`); empty gives NaN."""
+        from polygrad.dtype import to_dtype
+        x = self.cast(to_dtype(dtype) if dtype is not None else least_upper_float(self.dtype))
         from polygrad.uop import sint
         n = sint.sprod(self.shape[a] for a in _axes_of(self, axis)) if self.ndim else 1
         total = x.sum(axis, keepdim)
@@ -226,13 +251,16 @@ class ReduceMixin:
     def cumprod(self, axis: int = 0):
         return self._scan(axis, "prod")
 
-    def cummax(self, axis: int = 0):
-        """Running maximum (values only, like tinygrad)."""
-        return self._scan(axis, "max")
+    def cummax(self, axis: int = 0) -> "ValuesIndices":
+        """Running maximum and where it was reached: (values, indices), as tinygrad and torch. Among equal
+        values the latest index wins; a NaN stays and its latest index is reported (torch)."""
+        values = self._scan(axis, "max")
+        return ValuesIndices(values, _scan_indices(self, values, axis))
 
-    def cummin(self, axis: int = 0):
-        """Running minimum (values only, like tinygrad)."""
-        return self._scan(axis, "min")
+    def cummin(self, axis: int = 0) -> "ValuesIndices":
+        """Running minimum and where it was reached: (values, indices) (see cummax)."""
+        values = self._scan(axis, "min")
+        return ValuesIndices(values, _scan_indices(self, values, axis))
 
     def logcumsumexp(self, axis: int = 0):
         return self.cast(least_upper_float(self.dtype))._scan(axis, "logsumexp")

@@ -1,12 +1,11 @@
 """Shape and device inference for tensor-graph UOps (each op's rule in one table)."""
 from __future__ import annotations
 
+from polygrad.errors import ShapeError
 from polygrad.uop.ops import ELEMENTWISE, Ops, UOp
 from polygrad.uop.sint import has_sym, sadd, sprod, ssub, sym_equal, vmax
 
-
-class ShapeError(ValueError):
-    """Shapes that cannot combine; the message names both shapes."""
+__all__ = ["ShapeError", "infer_shape", "infer_device"]  # ShapeError lives in polygrad.errors
 
 
 def _broadcast_same(u: UOp) -> tuple[int, ...]:
