@@ -6,6 +6,7 @@ gradients come for free from `polygrad.gradient`.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import weakref
@@ -119,6 +120,20 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
     """
 
     __slots__ = ("uop", "requires_grad", "grad", "_leaf", "_runtime", "_graph", "__weakref__")
+
+    class train(contextlib.ContextDecorator):
+        """`with Tensor.train():` (or as a decorator) runs a block in training mode (tinygrad); train(False) out
+        of it. Restores the previous mode on exit."""
+
+        def __init__(self, mode: bool = True):
+            self.mode = mode
+
+        def __enter__(self) -> None:
+            self.prev = bool(config.get("TRAINING"))
+            config.set_value("TRAINING", int(self.mode))
+
+        def __exit__(self, *exc: Any) -> None:
+            config.set_value("TRAINING", int(self.prev))
     training = property(lambda self: bool(config.get("TRAINING")), doc="Training mode (the TRAINING setting).")
 
     def __init__(self, data: Any = None, device: str | None = None, dtype: Any = None,
@@ -555,6 +570,45 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
     def double(self) -> "Tensor":
         return self.cast(dtypes.float64)
 
+    def short(self) -> "Tensor":
+        return self.cast(dtypes.int16)
+
+    def bfloat16(self) -> "Tensor":
+        return self.cast(dtypes.bfloat16)
+
+    def is_floating_point(self) -> bool:
+        return self.dtype.is_float
+
+    def idiv(self, x: Any, reverse: bool = False) -> "Tensor":
+        """Integer division truncating toward zero (tinygrad's idiv; C's /)."""
+        a, b = self._broadcasted(x, reverse)
+        return a.div(b, rounding_mode="trunc")
+
+    def replace(self, x: "Tensor") -> "Tensor":
+        """Make this tensor hold x's value (same shape; tinygrad's replace): later uses of this tensor see x."""
+        if x.shape != self.shape:
+            raise ShapeError(f"replace: shape {x.shape} differs from the tensor's {self.shape}")
+        self.uop = x.uop
+        return self
+
+    def to_(self, device: str) -> "Tensor":
+        """Move this tensor to device in place (its gradient too)."""
+        moved = self.to(device)
+        if self.grad is not None:
+            self.grad = self.grad.to(device)
+        self.uop = moved.uop
+        return self
+
+    def sequential(self, layers: Sequence[Any]) -> "Tensor":
+        """Apply callables in order: x.sequential([f, g]) is g(f(x))."""
+        x = self
+        for f in layers:
+            x = f(x)
+        return x
+
+    def __delitem__(self, index: Any) -> None:
+        raise TypeError("tensors do not support deleting items; build the rest with indexing or masked_select")
+
     # ---------------------------------------------------------------------------------------------
     # elementwise math
     def add(self, x: Any) -> "Tensor":
@@ -831,6 +885,20 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         a, b = _resolve_axis(dim0, self.ndim), _resolve_axis(dim1, self.ndim)
         order[a], order[b] = order[b], order[a]
         return self.permute(order)
+
+    def pad_to(self, *shape: Any) -> "Tensor":
+        """Pad at the end of each dimension up to shape (None keeps a dimension)."""
+        shape = _keep_none(shape, self.shape)
+        if len(shape) != self.ndim:
+            raise ShapeError(f"pad_to: {shape} does not name every dimension of {self.shape}")
+        return self.pad(tuple((0, n - s) for s, n in zip(self.shape, shape)))
+
+    def shrink_to(self, *shape: Any) -> "Tensor":
+        """Keep the first shape[i] entries of each dimension (None keeps a dimension)."""
+        shape = _keep_none(shape, self.shape)
+        if len(shape) != self.ndim:
+            raise ShapeError(f"shrink_to: {shape} does not name every dimension of {self.shape}")
+        return self.shrink(tuple((0, n) for n in shape))
 
     @property
     def T(self) -> "Tensor":  # noqa: N802

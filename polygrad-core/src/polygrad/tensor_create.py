@@ -115,6 +115,28 @@ class CreationMixin:
             return Tensor.empty(0, dtype=dt, **kw)
         return Tensor.rand(n, **kw).argsort().cast(dt)
 
+    def multinomial(self, num_samples: int = 1, replacement: bool = False):
+        """Indices sampled from the categorical distribution each row of weights (1-d or 2-d) defines; int32.
+        With replacement: inverse-CDF sampling; without: the num_samples largest log(u)/w keys (Efraimidis-
+        Spirakis), each index at most once."""
+        from polygrad.tensor import Tensor
+        if not 1 <= self.ndim <= 2 or num_samples < 1:
+            raise InvalidArgumentError(f"multinomial: weights must be 1-d or 2-d and num_samples >= 1, got shape "
+                                       f"{self.shape} and {num_samples}")
+        w = (self.reshape(1, -1) if self.ndim == 1 else self).cast(dtypes.float32)
+        rows, n = w.shape
+        if not replacement and num_samples > n:
+            raise InvalidArgumentError(f"multinomial: {num_samples} samples without replacement from {n} categories")
+        if replacement or num_samples == 1:
+            cdf = w.cumsum(1)
+            cdf = cdf / cdf[:, -1:]
+            u = Tensor.rand(num_samples, rows, 1, device=self.device, _runtime=self._runtime)
+            idx = (u >= cdf.reshape(1, rows, n)).sum(-1, dtype=dtypes.int32).minimum(n - 1).permute(1, 0)
+        else:
+            u = Tensor.rand(rows, n, device=self.device, _runtime=self._runtime)
+            idx = (u.log() / w).topk(num_samples, dim=1)[1].cast(dtypes.int32)
+        return idx.reshape(-1) if self.ndim == 1 else idx
+
     def rand_like(self, **kw: Any):
         from polygrad.tensor import Tensor
         dt = kw.pop("dtype", self.dtype if self.dtype.is_float else dtypes.default_float)

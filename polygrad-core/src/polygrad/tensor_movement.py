@@ -47,6 +47,48 @@ def _tensor_list(first: Any, rest: Sequence[Any]) -> list["Tensor"]:
     return items
 
 
+def _rearrange_side(side: str) -> list[list[str]]:
+    """"b (h w) 1 ..." -> [["b"], ["h", "w"], [], ["..."]]: one list of names per axis."""
+    groups: list[list[str]] = []
+    current: list[str] | None = None
+    for tok in side.replace("(", " ( ").replace(")", " ) ").split():
+        if tok == "(":
+            if current is not None:
+                raise InvalidArgumentError(f"rearrange: nested parentheses in {side!r}")
+            current = []
+        elif tok == ")":
+            if current is None:
+                raise InvalidArgumentError(f"rearrange: unbalanced ')' in {side!r}")
+            groups.append(current)
+            current = None
+        elif tok == "1":  # a size-1 axis (inside parentheses it changes nothing)
+            if current is None:
+                groups.append([])
+        elif tok == "..." or tok.isidentifier():
+            if current is not None:
+                current.append(tok)
+            else:
+                groups.append([tok])
+        else:
+            raise InvalidArgumentError(f"rearrange: {tok!r} is not an axis name")
+    if current is not None:
+        raise InvalidArgumentError(f"rearrange: unbalanced '(' in {side!r}")
+    return groups
+
+
+def _expand_ellipsis(groups: list[list[str]], names: list[str]) -> list[list[str]]:
+    out: list[list[str]] = []
+    for g in groups:
+        if g == ["..."]:
+            out += [[n] for n in names]
+        elif "..." in g:
+            i = g.index("...")
+            out.append(g[:i] + names + g[i + 1:])
+        else:
+            out.append(g)
+    return out
+
+
 def shrink_axis(x: "Tensor", axis: int, start: int, stop: int) -> "Tensor":
     """x restricted to [start, stop) along one axis."""
     return x.shrink(tuple((start, stop) if i == axis else None for i in range(x.ndim)))
@@ -107,6 +149,41 @@ class MovementMixin(IndexingMixin):
             if before or after:
                 x = _pad_one_axis(x, axis, before, after, mode)
         return x
+
+    def rearrange(self: "Tensor", formula: str, **sizes: int) -> "Tensor":
+        """einops-style axis rearrangement: "b c (h w) -> b h w c", "... d -> d ...". Names in parentheses are
+        split (sizes given by keyword, one may be inferred) or merged; "()" or "1" is a size-1 axis."""
+        if formula.count("->") != 1:
+            raise InvalidArgumentError(f"rearrange: formula {formula!r} needs exactly one '->'")
+        left, right = (_rearrange_side(side) for side in formula.split("->"))
+        flat_l = [n for g in left for n in g]
+        flat_r = [n for g in right for n in g]
+        if sorted(flat_l) != sorted(flat_r) or len(set(flat_l)) != len(flat_l):
+            raise InvalidArgumentError(f"rearrange: {formula!r} must name the same axes once on each side")
+        if "..." in flat_l:
+            n_ell = self.ndim - (len(left) - 1)
+            if n_ell < 0:
+                raise ShapeError(f"rearrange: {formula!r} names more axes than the tensor's {self.ndim}")
+            ell = [f"...{i}" for i in range(n_ell)]
+            left = _expand_ellipsis(left, ell)
+            right = _expand_ellipsis(right, ell)
+        if len(left) != self.ndim:
+            raise ShapeError(f"rearrange: {formula!r} has {len(left)} input axes, the tensor {self.ndim}")
+        known: dict[str, int] = {}
+        elementary = []
+        for group, size in zip(left, self.shape):
+            given = [sizes.get(n) for n in group]
+            if given.count(None) > 1 and len(group) > 1:
+                raise InvalidArgumentError(f"rearrange: give the sizes of all but one of {group} (e.g. {group[0]}=2)")
+            rest = math.prod(g for g in given if g is not None)
+            for n, g in zip(group, given):
+                known[n] = g if g is not None else (size // rest if rest else 0)
+            if math.prod(known[n] for n in group) != size:
+                raise ShapeError(f"rearrange: axes {group} of sizes {[known[n] for n in group]} do not make {size}")
+            elementary += group
+        x = self.reshape(tuple(known[n] for n in elementary))
+        x = x.permute([elementary.index(n) for g in right for n in g])
+        return x.reshape(tuple(math.prod(known[n] for n in g) for g in right))
 
     def roll(self: "Tensor", shifts: Any, dims: Any = None) -> "Tensor":
         """Shift elements along `dims`, wrapping around; with dims=None the flat tensor rolls."""

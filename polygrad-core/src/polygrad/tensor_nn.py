@@ -236,6 +236,24 @@ class NNMixin(LossMixin):
         x = self * weight if weight.ndim == 1 else self.matmul(weight)
         return x if bias is None else x + bias
 
+    def newton_schulz(self: "Tensor", steps: int, params: Sequence[float], eps: float = 1e-7) -> "Tensor":
+        """The Newton-Schulz iteration for an odd matrix polynomial over the last two axes (tinygrad, Muon):
+        G = X / (||X|| + eps), then `steps` times G = sum_i params[i] * (G G^T)^i G."""
+        if self.ndim < 2:
+            raise ShapeError(f"newton_schulz needs a matrix (at least 2 dims), got shape {self.shape}")
+        if self.shape[-2] > self.shape[-1]:
+            return self.transpose(-2, -1).newton_schulz(steps, params, eps).transpose(-2, -1)
+        g = self / (self.square().sum(axis=(-2, -1), keepdim=True).sqrt() + eps)
+        for _ in range(steps):
+            gram = g @ g.transpose(-2, -1)
+            term, acc = g, None
+            for i, c in enumerate(params):
+                if i:
+                    term = gram @ term
+                acc = term * c if acc is None else acc + term * c
+            g = acc
+        return g
+
     def normalize(self: "Tensor", p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> "Tensor":
         """x / max(||x||_p along dim, eps) (torch.nn.functional.normalize; tinygrad's Tensor.normalize)."""
         if p == 0:
