@@ -136,6 +136,34 @@ def test_arange_past_int32(device: str) -> None:
         Tensor.arange(2**31 + 5, dtype=dtypes.int32)
 
 
+def test_tinygrad_signatures(device: str) -> None:
+    """Positional orders and keywords of methods shared with tinygrad (tinygrad programs run unchanged)."""
+    x = Tensor([[1.0, 2.0], [3.0, 4.0]], device=device)
+    assert x.sub(1, True).tolist() == [[0.0, -1.0], [-2.0, -3.0]] and x.div(8, True).tolist()[0] == [8.0, 4.0]
+    assert x.pow(2, True).tolist()[0] == [2.0, 4.0] and x.add(1, True).tolist()[0] == [2.0, 3.0]
+    assert Tensor([7, -7], device=device).div(2, False, "trunc").tolist() == [3, -3]
+    assert Tensor([1], device=device).lshift(3).tolist() == [8]
+    assert x.pad((1, 1), "reflect").tolist()[0] == [2.0, 1.0, 2.0, 1.0]  # pad(padding, mode, value)
+    assert x.pad((1, 0), "constant", 9.0).tolist()[0] == [9.0, 1.0, 2.0]
+    assert x.matmul(x, True, dtypes.float64).dtype is dtypes.float64
+    assert x.dot(x, dtype="float64").dtype is dtypes.float64
+    swap = Tensor([[0.0, 1.0], [1.0, 0.0]], device=device)
+    np.testing.assert_allclose(x.matmul(swap, reverse=True).numpy(), [[3, 4], [1, 2]])
+    eye, ones = Tensor.eye(2, device=device), Tensor([1.0, 1.0], device=device)
+    assert x.linear(eye, ones, dtype=dtypes.float64).dtype is dtypes.float64
+    assert Tensor.arange(8, device=device).unfold(dim=0, size=2, step=3).tolist() == [[0, 1], [3, 4], [6, 7]]
+    assert x.reshape(-1).topk(2, sorted_=True)[0].tolist() == [4.0, 3.0]
+    compare(lambda a: a.selu(1.5, 2.0), lambda a: 2.0 * F.elu(a, 1.5), [rand(3, 4)], device)
+    compare(lambda a: a.hardsigmoid(0.2, 0.4), lambda a: (0.2 * a + 0.4).clamp(0, 1), [rand(3, 4)], device)
+    y = Tensor([1.0], device=device, requires_grad=True)
+    assert (x * 2).sum().gradient(y)[0].tolist() == [0.0]
+    with pytest.raises(RuntimeError, match="materialize_grads"):
+        (x * 2).sum().gradient(y, materialize_grads=False)
+    for bad in (lambda: Tensor.normal(2, std=-1.0), lambda: Tensor.uniform(2, low=1.0, high=0.0)):
+        with pytest.raises(ValueError):
+            bad()
+
+
 # ---------------------------------------------------------------------------------------------------
 # 2. methods that were missing
 
@@ -172,7 +200,8 @@ def test_masked_fill_variants(device: str) -> None:
 def test_more_tinygrad_methods(device: str) -> None:
     x = np.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5).astype(np.float32)
     t = Tensor(x, device=device)
-    np.testing.assert_array_equal(t.rearrange("b c h w -> b (h w) c").numpy(), x.transpose(0, 2, 3, 1).reshape(2, 20, 3))
+    np.testing.assert_array_equal(t.rearrange("b c h w -> b (h w) c").numpy(),
+                                  x.transpose(0, 2, 3, 1).reshape(2, 20, 3))
     np.testing.assert_array_equal(t.rearrange("b c (h2 h) w -> (b h2) h c w", h2=2).numpy(),
                                   x.reshape(2, 3, 2, 2, 5).transpose(0, 2, 3, 1, 4).reshape(4, 2, 3, 5))
     assert t.rearrange("... w -> w 1 ...").shape == (5, 1, 2, 3, 4)

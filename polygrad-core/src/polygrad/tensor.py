@@ -447,8 +447,10 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
 
     # ---------------------------------------------------------------------------------------------
     # autograd
-    def gradient(self, *targets: "Tensor", gradient: "Tensor | None" = None) -> list["Tensor"]:
-        """d(self)/d(target) for each target, as new lazy tensors (no `.grad` is touched)."""
+    def gradient(self, *targets: "Tensor", gradient: "Tensor | None" = None,
+                 materialize_grads: bool = True) -> list["Tensor"]:
+        """d(self)/d(target) for each target, as new lazy tensors (no `.grad` is touched). A target self does
+        not depend on gets zeros, or a RuntimeError with materialize_grads=False (tinygrad's default)."""
         if gradient is None:
             if self.numel() != 1:
                 raise RuntimeError(f"gradient of a non-scalar tensor {self.shape} needs gradient= of the same shape")
@@ -460,6 +462,9 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         out = []
         for t, key in zip(targets, keys):
             g = grads.get(key)
+            if g is None and not materialize_grads:
+                raise RuntimeError(f"gradient: a target of shape {t.shape} is not used by this tensor's graph; pass "
+                                   "materialize_grads=True for zeros")
             out.append(Tensor(_substitute(g, collapse), _runtime=self._runtime) if g is not None else t.zeros_like())
         return out
 
@@ -611,18 +616,20 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
 
     # ---------------------------------------------------------------------------------------------
     # elementwise math
-    def add(self, x: Any) -> "Tensor":
-        return self._binop(Ops.ADD, x)
+    # binary ops take tinygrad's `reverse` flag: x.sub(y, reverse=True) is y - x
+    def add(self, x: Any, reverse: bool = False) -> "Tensor":
+        return self._binop(Ops.ADD, x, reverse)
 
-    def sub(self, x: Any) -> "Tensor":
-        a, b = self._broadcasted(x)
+    def sub(self, x: Any, reverse: bool = False) -> "Tensor":
+        a, b = self._broadcasted(x, reverse)
         return a._alu(Ops.ADD, b._alu(Ops.NEG))
 
-    def mul(self, x: Any) -> "Tensor":
-        return self._binop(Ops.MUL, x)
+    def mul(self, x: Any, reverse: bool = False) -> "Tensor":
+        return self._binop(Ops.MUL, x, reverse)
 
-    def div(self, x: Any, rounding_mode: str | None = None) -> "Tensor":
-        a, b = self._broadcasted(x)
+    def div(self, x: Any, reverse: bool = False, rounding_mode: str | None = None) -> "Tensor":
+        """True division, or rounding_mode 'trunc'/'floor' (torch); reverse=True divides x by self (tinygrad)."""
+        a, b = self._broadcasted(x, reverse)
         if rounding_mode is None:
             a, b = a.cast(least_upper_float(a.dtype)), b.cast(least_upper_float(b.dtype))
             return a._alu(Ops.FDIV, b)
@@ -837,8 +844,9 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         base = self.reshape(pad) if pad != self.shape else self
         return self._new(mv.expand(base.uop, shape))
 
-    def pad(self, padding: Sequence[Any], value: float = 0.0, mode: str = "constant") -> "Tensor":
-        """padding: per-axis ((before, after), ...) or torch-style flat (last axis first)."""
+    def pad(self, padding: Sequence[Any], mode: str = "constant", value: float = 0.0) -> "Tensor":
+        """padding: per-axis ((before, after), ...) or torch-style flat (last axis first); mode 'constant'
+        (with value), 'reflect', 'replicate' or 'circular' (tinygrad's and torch's argument order)."""
         flat = list(padding)
         if flat and all(not isinstance(p, (tuple, list)) and p is not None for p in flat):
             if len(flat) % 2 or len(flat) > 2 * self.ndim:
@@ -955,10 +963,14 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
 
     # ---------------------------------------------------------------------------------------------
     # linear algebra and indexing
-    def dot(self, w: "Tensor") -> "Tensor":
-        return self.matmul(w)
+    def dot(self, w: "Tensor", dtype: Any = None) -> "Tensor":
+        return self.matmul(w, dtype=dtype)
 
-    def matmul(self, w: Any) -> "Tensor":
+    def matmul(self, w: Any, reverse: bool = False, dtype: Any = None) -> "Tensor":
+        """self @ w (w @ self with reverse=True); dtype: the accumulation and result dtype (tinygrad)."""
+        if reverse:
+            return (w if isinstance(w, Tensor) else Tensor(w, device=self.device, _runtime=self._runtime)).matmul(
+                self, dtype=dtype)
         if not isinstance(w, Tensor):
             w = Tensor(w, device=self.device, _runtime=self._runtime)
         x = self
@@ -976,7 +988,10 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         xs = x.reshape(*x.shape[:-1], 1, x.shape[-1])
         ws = w.transpose(-1, -2).reshape(*w.shape[:-2], 1, w.shape[-1], w.shape[-2])
         a, b = xs._broadcasted(ws)
-        out = (a * b).sum(-1, dtype=_sum_dtype(dt) if not dt.is_float else None)
+        acc = to_dtype(dtype) if dtype is not None else (_sum_dtype(dt) if not dt.is_float else None)
+        out = (a * b).sum(-1, dtype=acc)
+        if dtype is not None:
+            out = out.cast(acc)
         if squeeze_x:
             out = out.squeeze(-2)
         if squeeze_w:
@@ -1012,11 +1027,11 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
     def __rrshift__(self, x: Any) -> "Tensor":
         return self._shift(Ops.SHR, x, reverse=True)
 
-    def lshift(self, x: Any) -> "Tensor":
-        return self << x
+    def lshift(self, x: Any, reverse: bool = False) -> "Tensor":
+        return self._shift(Ops.SHL, x, reverse)
 
-    def rshift(self, x: Any) -> "Tensor":
-        return self >> x
+    def rshift(self, x: Any, reverse: bool = False) -> "Tensor":
+        return self._shift(Ops.SHR, x, reverse)
 
     def __getitem__(self, index: Any) -> "Tensor":
         """Basic indexing: ints, slices (any step), None and Ellipsis; tensors go to tensor_ext."""

@@ -44,8 +44,8 @@ class ActivationMixin:
         return (self > 0).where(self, alpha * (neg / alpha).expm1())
 
     @float_math
-    def selu(self):
-        return SELU_SCALE * self.elu(SELU_ALPHA)
+    def selu(self, alpha: float = SELU_ALPHA, gamma: float = SELU_SCALE):
+        return gamma * self.elu(alpha)
 
     @float_math
     def gelu(self, approximate: str = "none"):
@@ -94,8 +94,11 @@ class ActivationMixin:
         return self * (self + 3).relu6() * (1 / 6)
 
     @float_math
-    def hardsigmoid(self):
-        return (self + 3).relu6() * (1 / 6)
+    def hardsigmoid(self, alpha: float = 1 / 6, beta: float = 0.5):
+        """clip(alpha * x + beta, 0, 1); the defaults are torch's (relu6(x + 3) / 6)."""
+        if alpha == 1 / 6 and beta == 0.5:
+            return (self + 3).relu6() * (1 / 6)
+        return (self * alpha + beta).clamp(0, 1)
 
     @float_math
     def logsigmoid(self):

@@ -90,15 +90,19 @@ class CreationMixin:
 
     @staticmethod
     def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, **kw: Any):
-        """Normal samples with the given mean and standard deviation."""
+        """Normal samples with the given mean and standard deviation (std >= 0)."""
         from polygrad.tensor import Tensor
+        if std < 0:
+            raise InvalidArgumentError(f"normal: std must be non-negative, got {std}")
         requires_grad = kw.pop("requires_grad", None)
         return _leaf(Tensor.randn(*shape, **kw) * std + mean, requires_grad)
 
     @staticmethod
     def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, **kw: Any):
-        """Uniform samples in [low, high)."""
+        """Uniform samples in [low, high) (low < high)."""
         from polygrad.tensor import Tensor
+        if not low < high:
+            raise InvalidArgumentError(f"uniform: low ({low}) must be below high ({high})")
         requires_grad = kw.pop("requires_grad", None)
         dt = kw.pop("dtype", None)
         out = Tensor.rand(*shape, **kw) * (high - low) + low

@@ -85,9 +85,9 @@ class MathMixin:
         a, b = self._broadcasted(x, reverse=True)
         return a.mod(b)
 
-    def mod(self, x: Any):
+    def mod(self, x: Any, reverse: bool = False):
         """Python/torch remainder: the result has the sign of the divisor."""
-        a, b = self._broadcasted(x)
+        a, b = self._broadcasted(x, reverse)
         r = a.fmod(b)
         wrong_sign = r.ne(0) & ((r < 0).ne(b < 0))
         return wrong_sign.where(r + b, r)
@@ -111,10 +111,13 @@ class MathMixin:
         a, b = self._broadcasted(x, reverse=True)
         return a.div(b, rounding_mode="floor")
 
-    def pow(self, x: Any):
-        """self ** x with torch's promotion; integer powers of integers are exact."""
+    def pow(self, x: Any, reverse: bool = False):
+        """self ** x with torch's promotion; integer powers of integers are exact; reverse=True is x ** self."""
         from polygrad.tensor import Tensor
         from polygrad.uop.ops import Ops
+        if reverse:
+            a, b = self._broadcasted(x, reverse=True)
+            return a.pow(b)
         if not isinstance(x, Tensor) and not isinstance(x, bool) and isinstance(x, (int, float)):
             if x == 2:
                 return self * self
@@ -503,15 +506,15 @@ class MathMixin:
         return self.bool() ^ self._tensor_like(x).bool()
 
     # ---- bitwise
-    def bitwise_and(self, x: Any):
+    def bitwise_and(self, x: Any, reverse: bool = False):
         _check_bitwise(self, "bitwise_and")
         return self & x
 
-    def bitwise_or(self, x: Any):
+    def bitwise_or(self, x: Any, reverse: bool = False):
         _check_bitwise(self, "bitwise_or")
         return self | x
 
-    def bitwise_xor(self, x: Any):
+    def bitwise_xor(self, x: Any, reverse: bool = False):
         _check_bitwise(self, "bitwise_xor")
         return self ^ x
 

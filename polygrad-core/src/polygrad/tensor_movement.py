@@ -354,12 +354,16 @@ class MovementMixin(IndexingMixin):
         x = x.reshape(batch + tuple(v for k, o in zip(k_, o_) for v in (k, o)))
         return x.permute(*range(nb), *[nb + 2 * i + 1 for i in range(nk)], *[nb + 2 * i for i in range(nk)])
 
-    def unfold(self: "Tensor", dimension: int, size: int, step: int) -> "Tensor":
+    def unfold(self: "Tensor", dimension: int | None = None, size: int | None = None, step: int | None = None,
+               dim: int | None = None) -> "Tensor":
         """All windows of `size` along `dimension`, `step` apart, as a new last axis (torch.Tensor.unfold).
 
         >>> Tensor([1, 2, 3, 4]).unfold(0, 2, 2).tolist()
         [[1, 2], [3, 4]]
         """
+        dimension = dim if dimension is None else dimension  # tinygrad's keyword is dim
+        if dimension is None or size is None or step is None:
+            raise TypeError("unfold needs dimension (or dim), size and step")
         if step <= 0:
             raise InvalidArgumentError(f"unfold: step must be positive, got {step}")
         if self.ndim == 0:

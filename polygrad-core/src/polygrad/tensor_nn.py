@@ -231,8 +231,11 @@ class NNMixin(LossMixin):
 
     # ---------------------------------------------------------------------------------------------
     # layers as functions
-    def linear(self: "Tensor", weight: "Tensor", bias: "Tensor | None" = None) -> "Tensor":
-        """x @ weight + bias with weight (in, out) as in tinygrad (torch's F.linear takes weight.T)."""
+    def linear(self: "Tensor", weight: "Tensor", bias: "Tensor | None" = None, dtype: Any = None) -> "Tensor":
+        """x @ weight + bias with weight (in, out) as in tinygrad (torch's F.linear takes weight.T); with dtype,
+        everything is cast to it first (tinygrad)."""
+        if dtype is not None:
+            return self.cast(dtype).linear(weight.cast(dtype), bias.cast(dtype) if bias is not None else None)
         x = self * weight if weight.ndim == 1 else self.matmul(weight)
         return x if bias is None else x + bias
 

@@ -307,8 +307,9 @@ class ReduceMixin:
     def argsort(self, dim: int = -1, descending: bool = False):
         return self.sort(dim, descending)[1]
 
-    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):
-        """(values, indices) of the k largest (or smallest) along dim, in sorted order."""
+    def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True, sorted_: bool | None = None):
+        """(values, indices) of the k largest (or smallest) along dim, in sorted order (`sorted_` is tinygrad's
+        name for `sorted`)."""
         from polygrad.tensor import _resolve_axis
         ax = _resolve_axis(dim, self.ndim)
         n = self.shape[ax] if self.ndim else 1
