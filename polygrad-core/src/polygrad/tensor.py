@@ -1,49 +1,51 @@
 """`Tensor`: the lazy, differentiable user API. Every op builds tensor-graph UOps; `realize()` runs them.
 
 Stage: graph construction. Input: user calls. Output: UOp graphs handed to the scheduler.
-The primitive ops live in `Tensor._alu`/movement/reduce; everything else is composed from them so
-gradients come for free from `polygrad.gradient`.
+This module holds the core: construction from data, properties, realize and data exchange, assign,
+autograd, Python protocols, and the primitive builders every mixin uses (`_new(uop)`, the constructor
+hook; `_alu`, `_broadcasted`, `_broadcast_to`). The methods live in mixins, one concern per module, each
+written against `type(self)` / `cls` and never importing this module: tensor_create (constructors),
+tensor_dtype (casts), tensor_elementwise (operators), tensor_math and tensor_activation (functions),
+tensor_reduce (reductions, scans, sorting), tensor_contract (matmul, einsum), tensor_movement (views,
+joins), tensor_indexing (indexing, gather/scatter), tensor_nn and tensor_losses; shared helpers are in
+tensor_common. Everything is composed from the primitive ops, so gradients come from `polygrad.gradient`.
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 import weakref
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from polygrad import config
 from polygrad.device import Buffer, canonicalize
-from polygrad.dtype import DType, dtype_of_python, dtypes, least_upper_dtype, least_upper_float, to_dtype
-from polygrad.errors import DeviceError, DimensionError, DTypeError, InvalidArgumentError, RuntimeOwnershipError
+from polygrad.dtype import DType, dtype_of_python, dtypes, least_upper_dtype, to_dtype
+from polygrad.errors import DeviceError, InvalidArgumentError
 from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.shape import ShapeError
 from polygrad.tensor_activation import ActivationMixin
+from polygrad.tensor_common import (_buffer_uop, _check_runtimes, _default_device, _prod, _resolve_axis, _shape_arg,
+                                    _sum_dtype, broadcast_shape, capture_guards, is_tensor, size_tensor)
+from polygrad.tensor_contract import ContractionMixin
 from polygrad.tensor_create import CreationMixin
+from polygrad.tensor_dtype import DTypeMixin
+from polygrad.tensor_elementwise import ElementwiseMixin
 from polygrad.tensor_math import MathMixin
 from polygrad.tensor_movement import MovementMixin
-from polygrad.tensor_reduce import ReduceMixin, accepts_dim
 from polygrad.tensor_nn import NNMixin
+from polygrad.tensor_reduce import ReduceMixin
+
+# re-exported for the modules that import them from here
+__all__ = ["Tensor", "broadcast_shape", "capture_guards", "is_tensor", "size_tensor", "_buffer_uop", "_check_runtimes",
+           "_resolve_axis", "_shape_arg", "_sum_dtype"]
 
 _all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
 _effect_ids = itertools.count(1)  # makes every assign a distinct UOp
-# Model capture (polygrad/model.py) pushes a guard here: it rejects effectful reads (numpy, item,
-# tolist) and assignments to parameters or inputs while the user's callable is being recorded
-capture_guards: list[Any] = []
-
-
-def _prod(xs: Iterable[int]) -> int:
-    return sint.sprod(xs)  # an int, or a symbolic size when a dimension is one
-
-
-def _buffer_uop(buf: Buffer, shape: tuple[int, ...]) -> UOp:
-    u = UOp(Ops.BUFFER, buf.dtype, (), buf)
-    return mv.reshape(u, shape) if shape != (buf.size,) else u
 
 
 def _infer_list_dtype(data: Any) -> DType:
@@ -94,12 +96,6 @@ def _storage_to_numpy(flat: np.ndarray, dtype: DType) -> np.ndarray:
     return flat
 
 
-def _resolve_axis(axis: int, ndim: int) -> int:
-    if not -max(ndim, 1) <= axis < max(ndim, 1):
-        raise DimensionError(f"axis {axis} is out of range for a tensor with {ndim} dimensions")
-    return axis % max(ndim, 1)
-
-
 class _TensorType(type):
     """Tensor's metaclass: `Tensor.training` reads and writes the TRAINING setting, so the two always agree."""
 
@@ -112,7 +108,8 @@ class _TensorType(type):
         config.set_value("TRAINING", int(bool(value)))
 
 
-class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMixin, NNMixin, metaclass=_TensorType):
+class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMixin, CreationMixin, ContractionMixin,
+             MovementMixin, NNMixin, metaclass=_TensorType):
     """A lazily evaluated n-dimensional array with automatic differentiation.
 
     >>> Tensor([1.0, 2.0, 3.0]).mul(2).numpy().tolist()
@@ -256,88 +253,6 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         return t
 
     # ---------------------------------------------------------------------------------------------
-    # creation
-    @staticmethod
-    def empty(*shape: Any, dtype: Any = None, device: str | None = None, **kw: Any) -> "Tensor":
-        shape = _shape_arg(shape)
-        dt = to_dtype(dtype) if dtype is not None else dtypes.default_float
-        dev = canonicalize(device if device is not None else _default_device(kw.get("_runtime")))
-        # a symbolic dimension allocates for its bound value (x.shape keeps the Variable); an unbound
-        # Variable declares a size (Model inputs) and allocates for its maximum
-        total = _prod(shape)
-        bound = sint.resolve(total)
-        buf = Buffer(dev, sint.vmax(total) if bound is None else bound, dt)
-        return Tensor(_buffer_uop(buf, shape), requires_grad=kw.get("requires_grad"),
-                      _runtime=kw.get("_runtime"))._as_leaf()
-
-    def _as_leaf(self) -> "Tensor":
-        self._leaf = True
-        return self
-
-    @staticmethod
-    def full(shape: Any, fill_value: Any, dtype: Any = None, device: str | None = None, **kw: Any) -> "Tensor":
-        shape = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
-        dt = to_dtype(dtype) if dtype is not None else dtype_of_python(fill_value)
-        dev = canonicalize(device if device is not None else _default_device(kw.get("_runtime")))
-        c = UOp.const(dt, fill_value, dev)
-        u = mv.expand(mv.reshape(c, (1,) * len(shape)), shape) if shape else c
-        return Tensor(u, requires_grad=kw.get("requires_grad"), _runtime=kw.get("_runtime"))._as_leaf()
-
-    @staticmethod
-    def zeros(*shape: Any, **kw: Any) -> "Tensor":
-        return Tensor.full(_shape_arg(shape), 0.0, dtype=kw.pop("dtype", None) or dtypes.default_float, **kw)
-
-    @staticmethod
-    def ones(*shape: Any, **kw: Any) -> "Tensor":
-        return Tensor.full(_shape_arg(shape), 1.0, dtype=kw.pop("dtype", None) or dtypes.default_float, **kw)
-
-    @staticmethod
-    def arange(start: Any, stop: Any = None, step: Any = 1, **kw: Any) -> "Tensor":
-        if stop is None:
-            start, stop = 0, start
-        if step == 0:
-            raise InvalidArgumentError("arange: step must be non-zero")
-        n = max(0, math.ceil((stop - start) / step))
-        is_float = any(isinstance(v, float) for v in (start, stop, step))
-        given = kw.pop("dtype", None)
-        dt = to_dtype(given or (dtypes.default_float if is_float else dtypes.default_int))
-        if not is_float and not dt.is_float and n:
-            last = start + (n - 1) * step
-            if given is None and dt is dtypes.default_int and not _fits(min(start, last), max(start, last), dt):
-                dt = dtypes.int64  # as torch: a range past int32 is int64 (never a silent wrap)
-            if not _fits(min(start, last), max(start, last), dt):
-                raise InvalidArgumentError(f"arange({start}, {stop}, {step}) is not representable in {dt}; "
-                                           "pass a wider dtype (dtype=dtypes.int64)")
-        if n == 0:
-            return Tensor.empty(0, dtype=dt, **kw)
-        idx = _iota(n, dt, kw)
-        return (idx * step + start).cast(dt) if (step != 1 or start != 0) else idx
-
-    @staticmethod
-    def manual_seed(seed: int = 0) -> None:
-        from polygrad import random
-        random.manual_seed(seed)
-
-    @staticmethod
-    def rand(*shape: Any, dtype: Any = None, device: str | None = None, **kw: Any) -> "Tensor":
-        from polygrad import random
-        return random.rand(_shape_arg(shape), dtype=dtype, device=device, **kw)
-
-    @staticmethod
-    def randn(*shape: Any, dtype: Any = None, device: str | None = None, **kw: Any) -> "Tensor":
-        from polygrad import random
-        return random.randn(_shape_arg(shape), dtype=dtype, device=device, **kw)
-
-    def full_like(self, fill_value: Any, **kw: Any) -> "Tensor":
-        return Tensor.full(self.shape, fill_value, dtype=kw.pop("dtype", self.dtype),
-                           device=kw.pop("device", self.device), _runtime=self._runtime, **kw)
-
-    def zeros_like(self, **kw: Any) -> "Tensor":
-        return self.full_like(0, **kw)
-
-    def ones_like(self, **kw: Any) -> "Tensor":
-        return self.full_like(1, **kw)
-
     # ---------------------------------------------------------------------------------------------
     # realization and data exchange
     def realize(self, *others: "Tensor") -> "Tensor":
@@ -541,54 +456,6 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         a, b = self._broadcasted(y, reverse)
         return a._alu(op, b)
 
-    def cast(self, dtype: Any) -> "Tensor":
-        dt = to_dtype(dtype)
-        return self if dt == self.dtype else self._new(self.uop.cast(dt))
-
-    def bitcast(self, dtype: Any) -> "Tensor":
-        """Reinterpret the bits (torch's view(dtype)); between sizes the last axis grows or shrinks,
-        little-endian, as in torch."""
-        dt = to_dtype(dtype)
-        if dt.itemsize == self.dtype.itemsize:
-            return self if dt is self.dtype else self._new(UOp(Ops.BITCAST, dt, (self.uop,)))
-        if dt is dtypes.bool or self.dtype is dtypes.bool:
-            raise TypeError("bitcast to or from bool between sizes is not supported; cast to uint8 first")
-        if self.ndim == 0:
-            raise TypeError(f"bitcast from {self.dtype} to {dt} changes the element count; it needs at least 1 dim")
-        return _bitcast_resize(self, dt)
-
-    def float(self) -> "Tensor":
-        return self.cast(dtypes.float32)
-
-    def half(self) -> "Tensor":
-        return self.cast(dtypes.float16)
-
-    def int(self) -> "Tensor":
-        return self.cast(dtypes.int32)
-
-    def long(self) -> "Tensor":
-        return self.cast(dtypes.int64)
-
-    def bool(self) -> "Tensor":
-        return self.cast(dtypes.bool)
-
-    def double(self) -> "Tensor":
-        return self.cast(dtypes.float64)
-
-    def short(self) -> "Tensor":
-        return self.cast(dtypes.int16)
-
-    def bfloat16(self) -> "Tensor":
-        return self.cast(dtypes.bfloat16)
-
-    def is_floating_point(self) -> bool:
-        return self.dtype.is_float
-
-    def idiv(self, x: Any, reverse: bool = False) -> "Tensor":
-        """Integer division truncating toward zero (tinygrad's idiv; C's /)."""
-        a, b = self._broadcasted(x, reverse)
-        return a.div(b, rounding_mode="trunc")
-
     def replace(self, x: "Tensor") -> "Tensor":
         """Make this tensor hold x's value (same shape; tinygrad's replace): later uses of this tensor see x."""
         if x.shape != self.shape:
@@ -604,197 +471,7 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         self.uop = moved.uop
         return self
 
-    def sequential(self, layers: Sequence[Any]) -> "Tensor":
-        """Apply callables in order: x.sequential([f, g]) is g(f(x))."""
-        x = self
-        for f in layers:
-            x = f(x)
-        return x
-
-    def __delitem__(self, index: Any) -> None:
-        raise TypeError("tensors do not support deleting items; build the rest with indexing or masked_select")
-
     # ---------------------------------------------------------------------------------------------
-    # elementwise math
-    # binary ops take tinygrad's `reverse` flag: x.sub(y, reverse=True) is y - x
-    def add(self, x: Any, reverse: bool = False) -> "Tensor":
-        return self._binop(Ops.ADD, x, reverse)
-
-    def sub(self, x: Any, reverse: bool = False) -> "Tensor":
-        a, b = self._broadcasted(x, reverse)
-        return a._alu(Ops.ADD, b._alu(Ops.NEG))
-
-    def mul(self, x: Any, reverse: bool = False) -> "Tensor":
-        return self._binop(Ops.MUL, x, reverse)
-
-    def div(self, x: Any, reverse: bool = False, rounding_mode: str | None = None) -> "Tensor":
-        """True division, or rounding_mode 'trunc'/'floor' (torch); reverse=True divides x by self (tinygrad)."""
-        a, b = self._broadcasted(x, reverse)
-        if rounding_mode is None:
-            a, b = a.cast(least_upper_float(a.dtype)), b.cast(least_upper_float(b.dtype))
-            return a._alu(Ops.FDIV, b)
-        if rounding_mode not in ("trunc", "floor"):
-            raise InvalidArgumentError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
-        if a.dtype is dtypes.bool:
-            a, b = a.cast(dtypes.default_int), b.cast(dtypes.default_int)
-        if a.dtype.is_int:
-            b = b.eq(0).where(1, b)  # integer division by zero traps in C; torch raises, we divide by 1
-        if rounding_mode == "trunc":
-            return a._alu(Ops.IDIV, b) if a.dtype.is_int else a._alu(Ops.FDIV, b).trunc()
-        if rounding_mode == "floor":
-            if a.dtype.is_int:
-                q = a._alu(Ops.IDIV, b)
-                fix = ((q * b).ne(a)) & ((a < 0).ne(b < 0))
-                return fix.where(q - 1, q)
-            return a._alu(Ops.FDIV, b).floor()
-        raise InvalidArgumentError(f"rounding_mode must be None, 'trunc' or 'floor', got {rounding_mode!r}")
-
-    def neg(self) -> "Tensor":
-        return self.logical_not() if self.dtype is dtypes.bool else self._alu(Ops.NEG)
-
-    def maximum(self, x: Any) -> "Tensor":
-        return self._binop(Ops.MAX, x)
-
-    def where(self, x: Any, y: Any) -> "Tensor":
-        cond = self if self.dtype is dtypes.bool else self.ne(0)
-        if not isinstance(x, Tensor) and isinstance(y, Tensor):
-            y2, x2 = y._broadcasted(x)
-        elif isinstance(x, Tensor):
-            x2, y2 = x._broadcasted(y)
-        else:
-            x2 = Tensor(x, device=self.device, _runtime=self._runtime)
-            x2, y2 = x2._broadcasted(y)
-        shape = broadcast_shape(cond.shape, x2.shape)
-        cond, x2, y2 = cond._broadcast_to(shape), x2._broadcast_to(shape), y2._broadcast_to(shape)
-        return cond._alu(Ops.WHERE, x2, y2)
-
-    def exp2(self) -> "Tensor":
-        return self.cast(least_upper_float(self.dtype))._alu(Ops.EXP2)
-
-    def log2(self) -> "Tensor":
-        return self.cast(least_upper_float(self.dtype))._alu(Ops.LOG2)
-
-    def sqrt(self) -> "Tensor":
-        return self.cast(least_upper_float(self.dtype))._alu(Ops.SQRT)
-
-    def rsqrt(self) -> "Tensor":
-        return self.sqrt().reciprocal()
-
-    def reciprocal(self) -> "Tensor":
-        return self.cast(least_upper_float(self.dtype))._alu(Ops.RECIPROCAL)
-
-    def sin(self) -> "Tensor":
-        return self.cast(least_upper_float(self.dtype))._alu(Ops.SIN)
-
-    # comparisons
-    def __lt__(self, x: Any) -> "Tensor":
-        return self._binop(Ops.CMPLT, x)
-
-    def __gt__(self, x: Any) -> "Tensor":
-        return self._binop(Ops.CMPLT, x, reverse=True)
-
-    def ne(self, x: Any) -> "Tensor":
-        return self._binop(Ops.CMPNE, x)
-
-    def eq(self, x: Any) -> "Tensor":
-        return self._binop(Ops.CMPEQ, x)
-
-    def __eq__(self, x: Any) -> "Tensor":  # type: ignore[override]
-        return self.eq(x)
-
-    def __ne__(self, x: Any) -> "Tensor":  # type: ignore[override]
-        return self.ne(x)
-
-    def logical_not(self) -> "Tensor":
-        return self.cast(dtypes.bool)._binop(Ops.CMPNE, True)
-
-    def __and__(self, x: Any) -> "Tensor":
-        return self._binop(Ops.AND, x)
-
-    def __or__(self, x: Any) -> "Tensor":
-        return self._binop(Ops.OR, x)
-
-    def __xor__(self, x: Any) -> "Tensor":
-        return self._binop(Ops.XOR, x)
-
-    __add__ = add
-    __mul__ = mul
-    __sub__ = sub
-    __truediv__ = div
-
-    def __radd__(self, x: Any) -> "Tensor":
-        return self._binop(Ops.ADD, x, reverse=True)
-
-    def __rmul__(self, x: Any) -> "Tensor":
-        return self._binop(Ops.MUL, x, reverse=True)
-
-    def __rsub__(self, x: Any) -> "Tensor":
-        a, b = self._broadcasted(x, reverse=True)
-        return a._alu(Ops.ADD, b._alu(Ops.NEG))
-
-    def __rtruediv__(self, x: Any) -> "Tensor":
-        a, b = self._broadcasted(x, reverse=True)
-        return a.div(b)
-
-    def __neg__(self) -> "Tensor":
-        return self.neg()
-
-    def __matmul__(self, x: "Tensor") -> "Tensor":
-        return self.matmul(x)
-
-    def __rmatmul__(self, x: "Tensor") -> "Tensor":
-        return Tensor(x).matmul(self) if not isinstance(x, Tensor) else x.matmul(self)
-
-    # in-place operators write the result into this tensor's buffer (assign), as tinygrad and torch do: every
-    # reference to the tensor sees the new value. A tensor that requires grad may be updated too (tinygrad's
-    # rule; torch refuses for leaves): the write is not differentiated, later graphs read the new value.
-    def _inplace(self, value: "Tensor") -> "Tensor":
-        if value.dtype != self.dtype and not _can_cast_inplace(value.dtype, self.dtype):
-            raise DTypeError(f"in-place result of dtype {value.dtype} cannot be stored in a {self.dtype} tensor; "
-                             f"write x = x op y instead, or cast first")
-        if value.shape != self.shape:
-            raise ShapeError(f"in-place result of shape {value.shape} does not fit the tensor's shape {self.shape}")
-        return self.assign(value)
-
-    def __iadd__(self, x: Any) -> "Tensor":
-        return self._inplace(self + x)
-
-    def __isub__(self, x: Any) -> "Tensor":
-        return self._inplace(self - x)
-
-    def __imul__(self, x: Any) -> "Tensor":
-        return self._inplace(self * x)
-
-    def __itruediv__(self, x: Any) -> "Tensor":
-        return self._inplace(self / x)
-
-    def __ifloordiv__(self, x: Any) -> "Tensor":
-        return self._inplace(self // x)
-
-    def __imod__(self, x: Any) -> "Tensor":
-        return self._inplace(self % x)
-
-    def __ipow__(self, x: Any) -> "Tensor":
-        return self._inplace(self ** x)
-
-    def __imatmul__(self, x: Any) -> "Tensor":
-        return self._inplace(self @ x)
-
-    def __iand__(self, x: Any) -> "Tensor":
-        return self._inplace(self & x)
-
-    def __ior__(self, x: Any) -> "Tensor":
-        return self._inplace(self | x)
-
-    def __ixor__(self, x: Any) -> "Tensor":
-        return self._inplace(self ^ x)
-
-    def __ilshift__(self, x: Any) -> "Tensor":
-        return self._inplace(self << x)
-
-    def __irshift__(self, x: Any) -> "Tensor":
-        return self._inplace(self >> x)
-
     def __bool__(self) -> bool:
         if self.numel() != 1:
             raise RuntimeError(f"the truth value of a tensor with {self.numel()} elements is ambiguous")
@@ -807,324 +484,8 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         return int(self.item())
 
     # ---------------------------------------------------------------------------------------------
-    # movement
-    def reshape(self, *shape: Any) -> "Tensor":
-        """New shape with the same elements; one entry may be -1 (inferred), None keeps that dimension."""
-        shape = _shape_arg(_keep_none(shape, self.shape), allow_neg=True)
-        if shape.count(-1) > 1:
-            raise ShapeError(f"reshape {shape}: only one dimension can be -1")
-        if -1 in shape:
-            known = _prod(s for s in shape if s != -1)
-            numel = self.numel()
-            if sint.has_sym((known, numel)):
-                rest = 1 if known is numel else sint.sdiv(numel, known)
-                if not sint.sym_equal(sint.smul(rest, known), numel):
-                    raise ShapeError(f"cannot infer -1 in reshape {shape} of {self.shape}: give every size")
-            elif known == 0 or numel % known:
-                raise ShapeError(f"cannot reshape {self.shape} to {shape}")
-            else:
-                rest = numel // known
-            shape = tuple(rest if s == -1 else s for s in shape)
-        if sint.has_sym(shape) and sint.resolve(_prod(shape)) is None:
-            sint.value(_prod(shape))  # an unbound Variable: VariableError says to bind it
-        if not sint.sym_equal(_prod(shape), self.numel()):
-            raise ShapeError(f"cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
-        return self._new(mv.reshape(self.uop, shape))
-
-    view = reshape
-
-    def permute(self, *order: Any) -> "Tensor":
-        order = tuple(_resolve_axis(o, self.ndim) for o in _shape_arg(order, allow_neg=True))
-        return self._new(mv.permute(self.uop, order))
-
-    def expand(self, *shape: Any) -> "Tensor":
-        shape = _shape_arg(_keep_none(shape, (1,) * 0, fill=-1), allow_neg=True)
-        pad = (1,) * (len(shape) - self.ndim) + self.shape
-        shape = tuple(p if s == -1 else s for s, p in zip(shape, pad))
-        base = self.reshape(pad) if pad != self.shape else self
-        return self._new(mv.expand(base.uop, shape))
-
-    def pad(self, padding: Sequence[Any], mode: str = "constant", value: float = 0.0) -> "Tensor":
-        """padding: per-axis ((before, after), ...) or torch-style flat (last axis first); mode 'constant'
-        (with value), 'reflect', 'replicate' or 'circular' (tinygrad's and torch's argument order)."""
-        flat = list(padding)
-        if flat and all(not isinstance(p, (tuple, list)) and p is not None for p in flat):
-            if len(flat) % 2 or len(flat) > 2 * self.ndim:
-                raise InvalidArgumentError(f"pad: flat padding {tuple(flat)} needs an even number of entries, at most "
-                                           f"{2 * self.ndim} (two per dimension, last dimension first)")
-            pairs = [(0, 0)] * self.ndim
-            for i in range(len(flat) // 2):
-                pairs[self.ndim - 1 - i] = (flat[2 * i], flat[2 * i + 1])
-        else:
-            pairs = [(0, 0) if p is None else tuple(p) for p in flat]
-            if len(pairs) != self.ndim or any(len(p) != 2 for p in pairs):
-                raise InvalidArgumentError(f"pad: grouped padding {tuple(padding)} needs one (before, after) pair or "
-                                           f"None per dimension ({self.ndim})")
-        if mode != "constant":
-            return self._pad_mode(pairs, mode)
-        grow = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
-        x = self
-        if any(b < 0 or a < 0 for b, a in pairs):
-            x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)))
-        out = x._new(mv.pad(x.uop, grow))
-        if value != 0 and any(b or a for b, a in grow):
-            mask = Tensor.ones(*x.shape, dtype=dtypes.bool, device=x.device)._new(
-                mv.pad(Tensor.ones(*x.shape, dtype=dtypes.bool, device=x.device).uop, grow))
-            out = mask.where(out, value)
-        return out
-
-    def shrink(self, bounds: Sequence[Any]) -> "Tensor":
-        if len(bounds) != self.ndim:
-            raise InvalidArgumentError(f"shrink: {len(bounds)} bounds for a tensor with {self.ndim} dimensions; give "
-                                       "one (start, end) pair or None per dimension")
-        full = tuple((0, s) if b is None else (b[0], b[1]) for b, s in zip(bounds, self.shape))
-        return self._new(mv.shrink(self.uop, full))
-
-    def flip(self, *axis: Any) -> "Tensor":
-        named = [_resolve_axis(a, self.ndim) for a in _shape_arg(axis, allow_neg=True)]
-        axes = set(named)
-        if len(axes) != len(named):
-            twice = next(a for a in named if named.count(a) > 1)
-            raise DimensionError(f"flip: dims {tuple(axis)} name dimension {twice} more than once")
-        return self._new(mv.flip(self.uop, tuple(i in axes for i in range(self.ndim))))
-
-    def transpose(self, dim0: int = 1, dim1: int = 0) -> "Tensor":
-        order = list(range(self.ndim))
-        a, b = _resolve_axis(dim0, self.ndim), _resolve_axis(dim1, self.ndim)
-        order[a], order[b] = order[b], order[a]
-        return self.permute(order)
-
-    def pad_to(self, *shape: Any) -> "Tensor":
-        """Pad at the end of each dimension up to shape (None keeps a dimension)."""
-        shape = _keep_none(shape, self.shape)
-        if len(shape) != self.ndim:
-            raise ShapeError(f"pad_to: {shape} does not name every dimension of {self.shape}")
-        return self.pad(tuple((0, n - s) for s, n in zip(self.shape, shape)))
-
-    def shrink_to(self, *shape: Any) -> "Tensor":
-        """Keep the first shape[i] entries of each dimension (None keeps a dimension)."""
-        shape = _keep_none(shape, self.shape)
-        if len(shape) != self.ndim:
-            raise ShapeError(f"shrink_to: {shape} does not name every dimension of {self.shape}")
-        return self.shrink(tuple((0, n) for n in shape))
-
-    @property
-    def T(self) -> "Tensor":  # noqa: N802
-        return self.permute(tuple(reversed(range(self.ndim))))
-
-    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
-        if self.ndim == 0:
-            return self.reshape(1)
-        s, e = _resolve_axis(start_dim, self.ndim), _resolve_axis(end_dim, self.ndim)
-        return self.reshape(self.shape[:s] + (_prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
-
-    def squeeze(self, dim: int | None = None) -> "Tensor":
-        if dim is None:
-            return self.reshape(tuple(s for s in self.shape if s != 1))
-        if self.ndim == 0:
-            return self
-        d = _resolve_axis(dim, self.ndim)
-        return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
-
-    def unsqueeze(self, dim: int) -> "Tensor":
-        d = _resolve_axis(dim, self.ndim + 1)
-        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
-
     # ---------------------------------------------------------------------------------------------
-    # reductions
-    def _reduce(self, op: Ops, axis: Any = None, keepdim: bool = False) -> "Tensor":
-        axes = tuple(range(self.ndim)) if axis is None else tuple(
-            _resolve_axis(a, self.ndim) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
-        axes = tuple(sorted(set(axes)))
-        if self.ndim == 0:
-            return self
-        if any(self.shape[a] == 0 for a in axes) and op is Ops.MAX:
-            raise RuntimeError("max() of an empty dimension has no identity; pass a non-empty tensor")
-        x = self
-        out = x._new(UOp(Ops.REDUCE_AXIS, x.dtype, (x.uop,), (op, axes)))
-        return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
-
-    def sum(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
-        """Sum over axis; floats longer than BLOCKED_SUM_MIN are summed in blocks (see _blocked_sum)."""
-        x = self.cast(dtype) if dtype is not None else self.cast(_sum_dtype(self.dtype))
-        out = _blocked_sum(x, axis, keepdim) if x.dtype.is_float else x._reduce(Ops.ADD, axis, keepdim)
-        return out.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else out
-
-    def prod(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
-        x = self.cast(dtype) if dtype is not None else self.cast(_sum_dtype(self.dtype))
-        out = x._reduce(Ops.MUL, axis, keepdim)
-        return out.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else out
-
-    def squeeze_axes(self, axis: Any) -> "Tensor":
-        if axis is None:
-            return self.reshape(())
-        axes = {_resolve_axis(a, self.ndim) for a in (axis if isinstance(axis, (tuple, list)) else (axis,))}
-        return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
-
     # ---------------------------------------------------------------------------------------------
-    # linear algebra and indexing
-    def dot(self, w: "Tensor", dtype: Any = None) -> "Tensor":
-        return self.matmul(w, dtype=dtype)
-
-    def matmul(self, w: Any, reverse: bool = False, dtype: Any = None) -> "Tensor":
-        """self @ w (w @ self with reverse=True); dtype: the accumulation and result dtype (tinygrad)."""
-        if reverse:
-            return (w if isinstance(w, Tensor) else Tensor(w, device=self.device, _runtime=self._runtime)).matmul(
-                self, dtype=dtype)
-        if not isinstance(w, Tensor):
-            w = Tensor(w, device=self.device, _runtime=self._runtime)
-        x = self
-        if x.ndim == 0 or w.ndim == 0:
-            raise ShapeError(f"matmul needs at least 1-d operands, got {x.shape} and {w.shape}")
-        squeeze_x, squeeze_w = x.ndim == 1, w.ndim == 1
-        if squeeze_x:
-            x = x.reshape(1, x.shape[0])
-        if squeeze_w:
-            w = w.reshape(w.shape[0], 1)
-        if x.shape[-1] != w.shape[-2]:
-            raise ShapeError(f"matmul shapes {self.shape} and {w.shape} do not align ({x.shape[-1]} != {w.shape[-2]})")
-        dt = least_upper_dtype(x.dtype, w.dtype)
-        x, w = x.cast(dt), w.cast(dt)
-        xs = x.reshape(*x.shape[:-1], 1, x.shape[-1])
-        ws = w.transpose(-1, -2).reshape(*w.shape[:-2], 1, w.shape[-1], w.shape[-2])
-        a, b = xs._broadcasted(ws)
-        acc = to_dtype(dtype) if dtype is not None else (_sum_dtype(dt) if not dt.is_float else None)
-        out = (a * b).sum(-1, dtype=acc)
-        if dtype is not None:
-            out = out.cast(acc)
-        if squeeze_x:
-            out = out.squeeze(-2)
-        if squeeze_w:
-            out = out.squeeze(-1)
-        return out
-
-    def _shift(self, op: Ops, x: Any, reverse: bool = False) -> "Tensor":
-        """Bit shifts of integer tensors. A negative Python shift amount is an error; a shift amount outside
-        [0, bits) held in a tensor gives 0 (right shifts of negative values: -1), as torch, instead of the
-        C shift's undefined behaviour."""
-        if isinstance(x, (int, np.integer)) and not isinstance(x, bool) and not reverse and x < 0:
-            raise InvalidArgumentError(f"shift amount must be non-negative, got {x}")
-        a, b = self._broadcasted(x, reverse)
-        if not a.dtype.is_int:
-            raise DTypeError(f"bit shifts need integer tensors, got {a.dtype}")
-        bits = 8 * a.dtype.itemsize
-        if not reverse and isinstance(x, (int, np.integer)) and 0 <= x < bits:
-            return a._alu(op, b)
-        ok = (b < bits) if b.dtype.is_unsigned else (b >= 0) & (b < bits)
-        out = a._alu(op, ok.where(b, 0))
-        over = (a < 0).where(-1, 0) if op is Ops.SHR and not a.dtype.is_unsigned else 0
-        return ok.where(out, over)
-
-    def __lshift__(self, x: Any) -> "Tensor":
-        return self._shift(Ops.SHL, x)
-
-    def __rshift__(self, x: Any) -> "Tensor":
-        return self._shift(Ops.SHR, x)
-
-    def __rlshift__(self, x: Any) -> "Tensor":
-        return self._shift(Ops.SHL, x, reverse=True)
-
-    def __rrshift__(self, x: Any) -> "Tensor":
-        return self._shift(Ops.SHR, x, reverse=True)
-
-    def lshift(self, x: Any, reverse: bool = False) -> "Tensor":
-        return self._shift(Ops.SHL, x, reverse)
-
-    def rshift(self, x: Any, reverse: bool = False) -> "Tensor":
-        return self._shift(Ops.SHR, x, reverse)
-
-    def __getitem__(self, index: Any) -> "Tensor":
-        """Basic indexing: ints, slices (any step), None and Ellipsis; tensors go to tensor_ext."""
-        items = list(index) if isinstance(index, tuple) else [index]
-        if any(isinstance(i, (Tensor, list, tuple, np.ndarray)) for i in items):
-            return self._advanced_getitem(items)
-        n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
-        if n_real > self.ndim:
-            raise IndexError(f"too many indices ({n_real}) for a tensor with {self.ndim} dimensions")
-        if Ellipsis in items:
-            at = items.index(Ellipsis)
-            items = items[:at] + [slice(None)] * (self.ndim - n_real) + items[at + 1:]
-        else:
-            items = items + [slice(None)] * (self.ndim - n_real)
-        x, dim, out_shape = self, 0, []
-        bounds, flips, steps = [], [], []
-        for it in items:
-            if it is None:
-                out_shape.append(("new", None))
-                continue
-            size = self.shape[dim]
-            if isinstance(it, slice) and (sint.is_sym(size) or isinstance(it.start, UOp) or isinstance(it.stop, UOp)):
-                bounds.append(_symbolic_slice(it, size))  # cache[:pos] with pos a bound Variable
-                flips.append(False)
-                steps.append(1)
-                out_shape.append(("keep", dim))
-                dim += 1
-                continue
-            if isinstance(it, (int, np.integer)) and not isinstance(it, bool):
-                i = int(it)
-                if not -size <= i < size:
-                    raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
-                i %= size
-                bounds.append((i, i + 1))
-                flips.append(False)
-                steps.append(1)
-                out_shape.append(("drop", dim))
-            elif isinstance(it, slice):
-                start, stop, step = it.indices(size)
-                if step == 0:
-                    raise InvalidArgumentError("slice step cannot be zero")
-                if step > 0:
-                    n = max(0, -(-(stop - start) // step))
-                    bounds.append((start, start + max(n - 1, 0) * step + (1 if n else 0)))
-                    flips.append(False)
-                else:
-                    n = max(0, -(-(start - stop) // -step))
-                    lo = start - (n - 1) * -step if n else 0
-                    bounds.append((lo, start + 1 if n else 0))
-                    flips.append(True)
-                steps.append(abs(step))
-                out_shape.append(("keep", dim))
-            else:
-                raise TypeError(f"unsupported index {it!r}; use ints, slices, None, Ellipsis or integer tensors")
-            dim += 1
-        x = x.shrink(tuple(bounds))
-        if any(flips):
-            x = x.flip(*[i for i, f in enumerate(flips) if f])
-        if any(s != 1 for s in steps):
-            x = x._strided(steps)
-        final = []
-        for kind, d in out_shape:
-            if kind == "new":
-                final.append(1)
-            elif kind == "keep":
-                final.append(x.shape[d])
-        return x.reshape(tuple(final))
-
-    def _strided(self, steps: list[int]) -> "Tensor":
-        x = self
-        for d, st in enumerate(steps):
-            if st == 1 or x.shape[d] == 0:
-                continue
-            n = x.shape[d]
-            m = -(-n // st)
-            x = x.pad(tuple((0, m * st - n) if i == d else (0, 0) for i in range(x.ndim)))
-            x = x.reshape(x.shape[:d] + (m, st) + x.shape[d + 1:])
-            x = x.shrink(tuple((0, 1) if i == d + 1 else (0, s) for i, s in enumerate(x.shape)))
-            x = x.reshape(x.shape[:d + 1] + x.shape[d + 2:])
-        return x
-
-    def one_hot(self, num_classes: int = -1) -> "Tensor":
-        """Integer classes -> int32 one-hot along a new last axis; num_classes=-1 reads max()+1 (a sync)."""
-        if self.dtype.is_float:
-            raise DTypeError(f"one_hot needs integer classes, got {self.dtype}; cast with .int() first")
-        if num_classes < -1:
-            raise InvalidArgumentError(f"one_hot: num_classes must be non-negative (or -1 to infer it), got "
-                                       f"{num_classes}")
-        if num_classes == -1:
-            num_classes = int(self.max().item()) + 1
-        return self.unsqueeze(-1).eq(Tensor.arange(num_classes, device=self.device, dtype=self.dtype)).cast(
-            dtypes.int32)
-
 
 # -------------------------------------------------------------------------------------------------
 # Methods whose implementations live in their own modules (one concern per module).
@@ -1141,8 +502,6 @@ def _delegate(module: str, name: str, doc: str):
 for _name in ("solve", "lstsq", "cholesky", "cholesky_solve", "qr", "solve_triangular", "triangular_solve", "inv",
               "det", "slogdet"):
     setattr(Tensor, _name, _delegate("linalg", _name, f"See polygrad.linalg.{_name}."))
-for _name in ("sum", "prod"):  # torch's dim= keyword, as on every other reduction
-    setattr(Tensor, _name, accepts_dim(getattr(Tensor, _name)))
 Tensor.custom_kernel = _delegate("engine.custom", "custom_kernel", "Run a kernel written in kernel IR; see "
                                  "polygrad.engine.custom.custom_kernel.")  # type: ignore[attr-defined]
 
@@ -1186,87 +545,6 @@ def _rebuild_tensor(data: np.ndarray, dtype_name: str, device: str, requires_gra
     return Tensor(data, device=device, dtype=getattr(dtypes, dtype_name), requires_grad=requires_grad)
 
 
-def size_tensor(n: Any, like: "Tensor") -> "Tensor":
-    """A 0-d tensor (like's dtype and device) holding the size n, which may be symbolic: the kernel reads
-    the variable's value, so one program serves every binding."""
-    if not sint.is_sym(n):
-        return Tensor(UOp.const(like.dtype, n, like.device), _runtime=like._runtime)
-    zero = UOp.const(like.dtype, 0, like.device)  # carries the device
-    return Tensor(UOp(Ops.ADD, like.dtype, (zero, n.cast(like.dtype))), _runtime=like._runtime)
-
-
-def _iota(n: int, dt: DType, kw: dict) -> "Tensor":
-    """0..n-1 computed in-kernel from the loop index (never materialised on the host)."""
-    dev = canonicalize(kw.get("device") or _default_device(kw.get("_runtime")))
-    it = dtypes.int64 if n > 2**31 - 1 else dtypes.int32
-    u = UOp(Ops.IOTA, it, (UOp(Ops.DEVICE, None, (), dev),), n)
-    return Tensor(u, _runtime=kw.get("_runtime")).cast(dt)
-
-
-_UINT_OF_SIZE = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
-
-
-def _bitcast_resize(x: "Tensor", dt: DType) -> "Tensor":
-    """Bitcast between item sizes by splitting or joining unsigned words with shifts."""
-    small, big = sorted((x.dtype.itemsize, dt.itemsize))
-    k = big // small
-    lead = x.shape[:-1]
-    if dt.itemsize < x.dtype.itemsize:
-        words = x.bitcast(_UINT_OF_SIZE[big])
-        out = None
-        for i in range(k):
-            part = (words >> (8 * small * i)).cast(_UINT_OF_SIZE[small]).unsqueeze(-1)
-            part = part.pad(((0, 0),) * (part.ndim - 1) + ((i, k - 1 - i),))
-            out = part if out is None else out + part
-        return out.reshape(*lead, x.shape[-1] * k).bitcast(dt)
-    if x.shape[-1] % k:
-        raise ShapeError(f"bitcast from {x.dtype} to {dt} needs the last dimension ({x.shape[-1]}) to be a "
-                         f"multiple of {k}")
-    words = x.bitcast(_UINT_OF_SIZE[small]).reshape(*lead, x.shape[-1] // k, k).cast(_UINT_OF_SIZE[big])
-    shifts = Tensor.arange(k, device=x.device, dtype=_UINT_OF_SIZE[big], _runtime=x._runtime) * (8 * small)
-    return (words << shifts).sum(-1, dtype=_UINT_OF_SIZE[big]).bitcast(dt)
-
-
-# A float sum over more elements than this is computed in blocks of SUM_BLOCK (one axis at a time, each long
-# axis cut into blocks whose partial sums are summed again), so no accumulator adds more than SUM_BLOCK terms:
-# the rounding error grows like the number of levels, as NumPy's pairwise sum, not like the element count
-# (one float32 accumulator stops growing at 2**24: ones(2**24 + 3).sum() would give 16777216).
-BLOCKED_SUM_MIN = 1 << 16
-SUM_BLOCK = 128  # NumPy's pairwise sum also adds runs of 128 elements before it pairs them
-
-
-def _blocked_sum(x: "Tensor", axis: Any, keepdim: bool) -> "Tensor":
-    axes = tuple(range(x.ndim)) if axis is None else tuple(
-        _resolve_axis(a, x.ndim) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
-    axes = tuple(sorted(set(axes))) if x.ndim else ()
-    sizes = [x.shape[a] for a in axes]
-    if sint.has_sym(tuple(sizes)) or math.prod(sizes) <= BLOCKED_SUM_MIN:
-        return x._reduce(Ops.ADD, axis, keepdim)
-    out = x
-    for a in reversed(axes):
-        out = _blocked_axis_sum(out, a)
-    return out if keepdim else out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in axes))
-
-
-def _blocked_axis_sum(x: "Tensor", a: int) -> "Tensor":
-    """x summed over axis a (kept as size 1), at most SUM_BLOCK terms per accumulator."""
-    n = x.shape[a]
-    if n <= SUM_BLOCK:
-        return x._reduce(Ops.ADD, a, True)
-    m = -(-n // SUM_BLOCK)
-    x = x.pad(tuple((0, m * SUM_BLOCK - n) if i == a else (0, 0) for i in range(x.ndim)))
-    parts = x.reshape(x.shape[:a] + (m, SUM_BLOCK) + x.shape[a + 1:])._reduce(Ops.ADD, a + 1, False)
-    return _blocked_axis_sum(parts, a)
-
-
-def _sum_dtype(dt: DType) -> DType:
-    if dt is dtypes.bool or (dt.is_int and dt.itemsize < 4):
-        return dtypes.uint32 if dt.is_unsigned else dtypes.int32
-    if dt in (dtypes.float16, dtypes.bfloat16):
-        return dtypes.float32
-    return dt
-
-
 def _dtype_from_numpy(arr: np.ndarray) -> DType:
     from polygrad.dtype import from_numpy
     return from_numpy(arr.dtype)
@@ -1293,96 +571,6 @@ def _is_view_of_realized(u: UOp) -> bool:
 def _is_realized(u: UOp) -> bool:
     u = mv.strip_reshapes(u)
     return u.op is Ops.BUFFER and (u.arg.is_allocated or u.arg.size == 0)
-
-
-def _symbolic_slice(it: slice, size: Any) -> tuple[Any, Any]:
-    """(start, stop) of a step-1 slice whose size or endpoints are symbolic (no negative indices)."""
-    if it.step not in (None, 1):
-        raise InvalidArgumentError(f"a slice with a symbolic size or endpoint needs step 1, got step {it.step}")
-    start = 0 if it.start is None else it.start
-    stop = size if it.stop is None else it.stop
-    for v in (start, stop):
-        if not isinstance(v, UOp) and int(v) < 0:
-            raise IndexError(f"negative slice index {v} next to a symbolic size; count from the start instead")
-    return start, stop
-
-
-def _keep_none(shape: Any, current: tuple, fill: Any = None) -> tuple:
-    """A shape argument whose None entries mean "keep this dimension" (tinygrad): None at position i becomes
-    current[i], or `fill` when given (expand's -1, aligned from the right)."""
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = tuple(shape[0])
-    if not any(s is None for s in shape):
-        return tuple(shape)
-    if fill is not None:
-        return tuple(fill if s is None else s for s in shape)
-    if any(s is None for s in shape[len(current):]):
-        raise ShapeError(f"reshape {tuple(shape)}: None keeps a dimension, but the tensor has only {len(current)}")
-    return tuple(current[i] if s is None else s for i, s in enumerate(shape))
-
-
-def _can_cast_inplace(src: DType, dst: DType) -> bool:
-    """torch's rule for in-place results: within a kind (or to a wider kind) only: no float into an int
-    tensor, nothing but bool into a bool tensor."""
-    if dst is dtypes.bool:
-        return src is dtypes.bool
-    if dst.is_int:
-        return not src.is_float
-    return True
-
-
-def _fits(lo: int, hi: int, dt: DType) -> bool:
-    from polygrad.dtype import dtype_max, dtype_min
-    return dtype_min(dt) <= lo and hi <= dtype_max(dt)
-
-
-def _shape_arg(shape: Any, allow_neg: bool = False) -> tuple[int, ...]:
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-        shape = tuple(shape[0])
-    out = []
-    for s in shape:
-        if isinstance(s, UOp):  # a symbolic size: a bound Variable (v.bind(n)) or an expression of them
-            out.append(sint.canon(s))
-            continue
-        if isinstance(s, Tensor):
-            s = s.item()
-        if not isinstance(s, (int, np.integer)):
-            raise TypeError(f"shape entries must be integers, got {s!r}")
-        if s < 0 and not (allow_neg and s == -1 or allow_neg):
-            raise ShapeError(f"negative dimension {s} in shape {tuple(shape)}")
-        out.append(int(s))
-    return tuple(out)
-
-
-def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    n = max(len(s) for s in shapes)
-    padded = [(1,) * (n - len(s)) + tuple(s) for s in shapes]
-    out = []
-    for dims in zip(*padded):
-        sizes = {d for d in dims if d != 1}
-        if len(sizes) > 1:
-            raise ShapeError(f"shapes {list(shapes)} cannot be broadcast together")
-        out.append(sizes.pop() if sizes else 1)
-    return tuple(out)
-
-
-def _default_device(runtime: Any) -> str | None:
-    if runtime is not None:
-        return runtime.device
-    from polygrad import runtime_context
-    current = runtime_context.current()
-    return current.device if current is not None else None
-
-
-def _check_runtimes(tensors: Sequence["Tensor"]) -> None:
-    owners = {id(t._runtime): t._runtime for t in tensors if t._runtime is not None}
-    if len(owners) > 1:
-        raise RuntimeOwnershipError(
-            f"operands belong to different runtimes ({', '.join(map(repr, owners.values()))}); create tensors "
-            "and layers through the same runtime (rt.Tensor, rt.nn) or use the default API consistently")
-    for rt in owners.values():
-        if getattr(rt, "disposed", False):
-            raise RuntimeOwnershipError(f"runtime {rt!r} was disposed; create a new one with polygrad.create()")
 
 
 _ = config

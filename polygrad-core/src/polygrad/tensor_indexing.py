@@ -1,4 +1,5 @@
-"""Indexing with integer tensors, `__setitem__`, gather, scatter and take_along_axis (a mixin of Tensor).
+"""Indexing of Tensor (a mixin): basic `__getitem__` (ints, slices, None, ...), indexing with integer tensors,
+`__setitem__`, gather, scatter, masked_select, nonzero and take_along_axis.
 
 Stage: graph construction. Input: a Tensor and indices (ints, slices, None, Ellipsis, integer or
 boolean tensors/lists/arrays). Output: Tensors built on the two indexed-access primitives, GATHER (a
@@ -19,6 +20,8 @@ import numpy as np
 
 from polygrad.dtype import dtypes
 from polygrad.errors import DimensionError, InvalidArgumentError
+from polygrad.tensor_common import _check_runtimes, broadcast_shape, capture_guards, is_tensor
+from polygrad.uop import sint
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.shape import ShapeError
 
@@ -46,7 +49,6 @@ def host_values(t: "Tensor") -> np.ndarray | None:
     """The values of a realized tensor whose buffer is host memory, read without running a kernel (None
     for a lazy tensor, device memory, or while a Model is being captured: example values say nothing
     about later calls)."""
-    from polygrad.tensor import capture_guards
     from polygrad.uop.movement import strip_reshapes
     u = strip_reshapes(t.uop)
     if capture_guards or u.op is not Ops.BUFFER or not u.arg.is_allocated or t.dtype is dtypes.bfloat16:
@@ -56,11 +58,10 @@ def host_values(t: "Tensor") -> np.ndarray | None:
     return u.arg.numpy().reshape(t.shape)
 
 
-def _to_indices(item: Any, device: str) -> list[_Index]:
+def _to_indices(item: Any, like: "Tensor") -> list[_Index]:
     """An index item as integer indices: a boolean mask of k dims becomes k integer indices."""
-    from polygrad.tensor import Tensor
-    host = None
-    if isinstance(item, Tensor):
+    host, device = None, like.device
+    if is_tensor(item):
         if item.dtype is dtypes.bool:
             host = item.numpy()
         elif not item.dtype.is_int:
@@ -75,16 +76,15 @@ def _to_indices(item: Any, device: str) -> list[_Index]:
         if host.ndim == 0:
             raise IndexError("0-d boolean indices are not supported; use a 1-element boolean list")
         # the result's shape depends on the mask's values, so they are read on the host (like PyTorch)
-        return [_Index(Tensor(nz.astype(np.int32), device=device), nz) for nz in np.nonzero(host)]
+        return [_Index(type(like)(nz.astype(np.int32), device=device), nz) for nz in np.nonzero(host)]
     host = host.astype(np.int64)
-    return [_Index(Tensor(host.astype(np.int32), device=device), host)]
+    return [_Index(type(like)(host.astype(np.int32), device=device), host)]
 
 
 def _expand_items(x: "Tensor", items: list) -> list:
     """Replace Ellipsis by full slices and append trailing full slices; check the index count."""
-    from polygrad.tensor import Tensor
     consumes = [0 if (it is None or it is Ellipsis) else (
-        max(np.ndim(it) if not isinstance(it, Tensor) else it.ndim, 1)
+        max(np.ndim(it) if not is_tensor(it) else it.ndim, 1)
         if _is_bool_index(it) else 1) for it in items]
     n_real = sum(consumes)
     if n_real > x.ndim:
@@ -99,8 +99,7 @@ def _expand_items(x: "Tensor", items: list) -> list:
 
 
 def _is_bool_index(it: Any) -> bool:
-    from polygrad.tensor import Tensor
-    if isinstance(it, Tensor):
+    if is_tensor(it):
         return it.dtype is dtypes.bool
     if isinstance(it, (list, tuple, np.ndarray)):
         return np.asarray(it).dtype == np.bool_
@@ -108,8 +107,7 @@ def _is_bool_index(it: Any) -> bool:
 
 
 def _is_advanced(it: Any) -> bool:
-    from polygrad.tensor import Tensor
-    return isinstance(it, (Tensor, list, tuple, np.ndarray))  # a tuple inside the index: x[(0, 1),]
+    return is_tensor(it) or isinstance(it, (list, tuple, np.ndarray))  # a tuple inside the index: x[(0, 1),]
 
 
 def _check_host_bounds(idx: _Index, size: int, dim: int) -> None:
@@ -123,7 +121,6 @@ def _check_host_bounds(idx: _Index, size: int, dim: int) -> None:
 
 def advanced_getitem(x: "Tensor", items: list) -> "Tensor":
     """x[items] where some items are integer/bool tensors or lists (PyTorch semantics)."""
-    from polygrad.tensor import broadcast_shape
     items = _expand_items(x, items)
     basic: list = []
     index_of_dim: list[tuple[int, _Index]] = []  # (position in the basic result, index)
@@ -133,7 +130,7 @@ def advanced_getitem(x: "Tensor", items: list) -> "Tensor":
             basic.append(None)
             out_dim += 1
         elif _is_advanced(it):
-            for idx in _to_indices(it, x.device):
+            for idx in _to_indices(it, x):
                 _check_host_bounds(idx, x.shape[src_dim], src_dim)
                 basic.append(slice(None))
                 index_of_dim.append((out_dim, idx))
@@ -194,7 +191,6 @@ def _wrap_negative(t: "Tensor", size: int) -> "Tensor":
 def _prim(x: "Tensor", op: Ops, srcs: tuple["Tensor", ...], arg: Any) -> "Tensor":
     """A GATHER/SCATTER node over x and srcs (same device and runtime, integer index)."""
     from polygrad.errors import DeviceError
-    from polygrad.tensor import _check_runtimes
     _check_runtimes([x, *srcs])
     devs = {t.device for t in (x, *srcs)}
     if len(devs) > 1:
@@ -239,8 +235,7 @@ def check_host_index(index: "Tensor", size: int, dim: int, allow_negative: bool 
 
 
 def _fill(x: "Tensor", value: Any, dtype: Any = None) -> "Tensor":
-    from polygrad.tensor import Tensor
-    return Tensor.full(x.shape, value, dtype=dtype or x.dtype, device=x.device, _runtime=x._runtime)
+    return type(x).full(x.shape, value, dtype=dtype or x.dtype, device=x.device, _runtime=x._runtime)
 
 
 def _scatter_parts(x: "Tensor", dim: int, index: "Tensor", src: "Tensor") -> tuple[int, "Tensor", "Tensor"]:
@@ -275,8 +270,7 @@ def scatter_last(x: "Tensor", d: int, index: "Tensor", src: "Tensor") -> "Tensor
     """x with src written at index along d; where several points name one element the last one (in
     row-major order of index) wins. The winner of each element is found first (a MAX of point
     numbers), then each element receives exactly one value."""
-    from polygrad.tensor import Tensor
-    pid = Tensor.arange(max(index.numel(), 1), device=x.device, dtype=dtypes.int32, _runtime=x._runtime)
+    pid = type(x).arange(max(index.numel(), 1), device=x.device, dtype=dtypes.int32, _runtime=x._runtime)
     pid = pid.shrink(((0, index.numel()),)).reshape(index.shape)
     win = scatter_prim(_fill(x, -1, dtypes.int32), d, index, pid, Ops.MAX)
     idx_won = gather_prim(win, d, index).eq(pid).where(index, -1)
@@ -302,27 +296,108 @@ def _order_flip(x: "Tensor") -> "Tensor":
 class IndexingMixin:
     __slots__ = ()
 
+    def __getitem__(self, index: Any) -> "Tensor":
+        """Basic indexing: ints, slices (any step), None and Ellipsis; tensors go to tensor_ext."""
+        items = list(index) if isinstance(index, tuple) else [index]
+        if any(isinstance(i, (type(self), list, tuple, np.ndarray)) for i in items):
+            return self._advanced_getitem(items)
+        n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
+        if n_real > self.ndim:
+            raise IndexError(f"too many indices ({n_real}) for a tensor with {self.ndim} dimensions")
+        if Ellipsis in items:
+            at = items.index(Ellipsis)
+            items = items[:at] + [slice(None)] * (self.ndim - n_real) + items[at + 1:]
+        else:
+            items = items + [slice(None)] * (self.ndim - n_real)
+        x, dim, out_shape = self, 0, []
+        bounds, flips, steps = [], [], []
+        for it in items:
+            if it is None:
+                out_shape.append(("new", None))
+                continue
+            size = self.shape[dim]
+            if isinstance(it, slice) and (sint.is_sym(size) or isinstance(it.start, UOp) or isinstance(it.stop, UOp)):
+                bounds.append(_symbolic_slice(it, size))  # cache[:pos] with pos a bound Variable
+                flips.append(False)
+                steps.append(1)
+                out_shape.append(("keep", dim))
+                dim += 1
+                continue
+            if isinstance(it, (int, np.integer)) and not isinstance(it, bool):
+                i = int(it)
+                if not -size <= i < size:
+                    raise IndexError(f"index {i} is out of bounds for dimension {dim} with size {size}")
+                i %= size
+                bounds.append((i, i + 1))
+                flips.append(False)
+                steps.append(1)
+                out_shape.append(("drop", dim))
+            elif isinstance(it, slice):
+                start, stop, step = it.indices(size)
+                if step == 0:
+                    raise InvalidArgumentError("slice step cannot be zero")
+                if step > 0:
+                    n = max(0, -(-(stop - start) // step))
+                    bounds.append((start, start + max(n - 1, 0) * step + (1 if n else 0)))
+                    flips.append(False)
+                else:
+                    n = max(0, -(-(start - stop) // -step))
+                    lo = start - (n - 1) * -step if n else 0
+                    bounds.append((lo, start + 1 if n else 0))
+                    flips.append(True)
+                steps.append(abs(step))
+                out_shape.append(("keep", dim))
+            else:
+                raise TypeError(f"unsupported index {it!r}; use ints, slices, None, Ellipsis or integer tensors")
+            dim += 1
+        x = x.shrink(tuple(bounds))
+        if any(flips):
+            x = x.flip(*[i for i, f in enumerate(flips) if f])
+        if any(s != 1 for s in steps):
+            x = x._strided(steps)
+        final = []
+        for kind, d in out_shape:
+            if kind == "new":
+                final.append(1)
+            elif kind == "keep":
+                final.append(x.shape[d])
+        return x.reshape(tuple(final))
+
+    def _strided(self, steps: list[int]) -> "Tensor":
+        x = self
+        for d, st in enumerate(steps):
+            if st == 1 or x.shape[d] == 0:
+                continue
+            n = x.shape[d]
+            m = -(-n // st)
+            x = x.pad(tuple((0, m * st - n) if i == d else (0, 0) for i in range(x.ndim)))
+            x = x.reshape(x.shape[:d] + (m, st) + x.shape[d + 1:])
+            x = x.shrink(tuple((0, 1) if i == d + 1 else (0, s) for i, s in enumerate(x.shape)))
+            x = x.reshape(x.shape[:d + 1] + x.shape[d + 2:])
+        return x
+
+    def __delitem__(self, index: Any) -> None:
+        raise TypeError("tensors do not support deleting items; build the rest with indexing or masked_select")
+
     def _advanced_getitem(self: "Tensor", items: list) -> "Tensor":
         return advanced_getitem(self, items)
 
     def index_select(self: "Tensor", dim: int, index: Any) -> "Tensor":
         """Entries of `index` (1-d integers) along `dim` (torch.index_select)."""
-        from polygrad.tensor import Tensor
         d = _axis(dim, self.ndim)
-        if isinstance(index, Tensor) and index.ndim > 1 or np.ndim(index) > 1:
+        if isinstance(index, type(self)) and index.ndim > 1 or np.ndim(index) > 1:
             raise ShapeError("index_select: index must be 0-d or 1-d")
         if self.ndim == 0:
             return self.reshape(1)[index].reshape(())
-        return self[(slice(None),) * d + (index if not isinstance(index, Tensor) else index.reshape(-1),)]
+        return self[(slice(None),) * d + (index if not isinstance(index, type(self)) else index.reshape(-1),)]
 
     def __setitem__(self: "Tensor", index: Any, value: Any) -> None:
         """In-place write into a realized tensor: x[1:3] = 0, x[idx] = t (last write wins on duplicates)."""
-        from polygrad.tensor import Tensor
         if self.requires_grad:
             raise RuntimeError("setitem on a tensor that requires grad is not supported; write into a "
                                "detached tensor or build the result with where()/pad()")
-        if not isinstance(value, Tensor):
-            value = Tensor(value, device=self.device, dtype=self.dtype, _runtime=self._runtime)
+        if not isinstance(value, type(self)):
+            value = type(self)(value, device=self.device, dtype=self.dtype, _runtime=self._runtime)
         self.realize()
         base = _buffer_of(self.uop)
         if base is None:
@@ -334,12 +409,12 @@ class IndexingMixin:
         if _is_plain_view(items):
             view = self[index]
             value = _fit(value, view.shape)
-            Tensor(UOp(Ops.ASSIGN, self.dtype, (view.uop, value.uop)), _runtime=self._runtime).realize()
+            type(self)(UOp(Ops.ASSIGN, self.dtype, (view.uop, value.uop)), _runtime=self._runtime).realize()
             return
         # the flat position (+1, so a lazy out-of-range index reads 0 and becomes -1: no write) of
         # every element the index selects, then one scatter in which the last duplicate wins
         n = self.numel()
-        pos = Tensor.arange(1, max(n, 1) + 1, device=self.device, dtype=dtypes.int32)
+        pos = type(self).arange(1, max(n, 1) + 1, device=self.device, dtype=dtypes.int32)
         pos = pos.shrink(((0, n),)).reshape(self.shape)[index]
         value = _fit(value, pos.shape).reshape(-1)
         if pos.numel() == 0:
@@ -363,9 +438,8 @@ class IndexingMixin:
 
     def scatter(self: "Tensor", dim: int, index: "Tensor", src: Any, reduce: str | None = None) -> "Tensor":
         """Out-of-place torch.scatter: out[..., index[i], ...] = src[i] along dim (the last duplicate wins)."""
-        from polygrad.tensor import Tensor
-        if not isinstance(src, Tensor):
-            src = Tensor.full(index.shape, src, dtype=self.dtype, device=self.device)
+        if not isinstance(src, type(self)):
+            src = type(self).full(index.shape, src, dtype=self.dtype, device=self.device)
         if reduce is not None:
             table = {"add": "sum", "multiply": "prod"}
             if reduce not in table:
@@ -409,19 +483,17 @@ class IndexingMixin:
     def masked_select(self: "Tensor", mask: Any) -> "Tensor":
         """The elements where mask (broadcast to self) is True, as a 1-d tensor in row-major order. The
         length depends on the mask's values, so they are read on the host (a sync, as in torch)."""
-        from polygrad.tensor import Tensor
-        mask = mask if isinstance(mask, Tensor) else Tensor(mask, device=self.device, _runtime=self._runtime)
+        mask = mask if isinstance(mask, type(self)) else type(self)(mask, device=self.device, _runtime=self._runtime)
         if mask.dtype is not dtypes.bool:
             raise TypeError(f"masked_select needs a bool mask, got {mask.dtype}")
         flat = np.flatnonzero(mask._broadcast_to(self.shape).numpy()).astype(np.int32)
-        return take(self.reshape(-1), 0, Tensor(flat, device=self.device, _runtime=self._runtime))
+        return take(self.reshape(-1), 0, type(self)(flat, device=self.device, _runtime=self._runtime))
 
     def nonzero(self: "Tensor", as_tuple: bool = False, size: int | None = None, fill_value: int = -1) -> Any:
         """Coordinates of the non-zero elements, one row per element in row-major order: (count, ndim) int32.
         Without size= the count is read on the host (a sync). With size= nothing is read: the result has
         exactly `size` rows, the first min(count, size) filled and the rest set to fill_value (as
         jax.numpy.nonzero and torch.nonzero_static). as_tuple=True gives one 1-d tensor per dimension."""
-        from polygrad.tensor import Tensor
         x = self.reshape(1) if self.ndim == 0 else self
         n = x.numel()
         it = dtypes.int64 if n > INT32_MAX else dtypes.int32
@@ -430,13 +502,13 @@ class IndexingMixin:
             size = int(hit.cast(it).sum().item())
         if size < 0:
             raise InvalidArgumentError(f"nonzero: size must be non-negative, got {size}")
-        coords = [Tensor.arange(s, device=x.device, dtype=it, _runtime=x._runtime).reshape(
+        coords = [type(self).arange(s, device=x.device, dtype=it, _runtime=x._runtime).reshape(
             tuple(s if i == d else 1 for i, s in enumerate(x.shape)))._broadcast_to(x.shape).reshape(-1, 1)
             for d, s in enumerate(x.shape)]
         coords = coords[0].cat(*coords[1:], dim=1) if len(coords) > 1 else coords[0]
         rank = hit.cast(it).cumsum(0) - 1
         slot = (hit & (rank < size)).where(rank, -1).reshape(-1, 1)._broadcast_to(coords.shape)
-        base = Tensor.full((size, x.ndim), fill_value, dtype=it, device=x.device, _runtime=x._runtime)
+        base = type(self).full((size, x.ndim), fill_value, dtype=it, device=x.device, _runtime=x._runtime)
         out = base.scatter(0, slot, coords) if n else base
         if self.ndim == 0:
             out = out[:, :0]
@@ -444,8 +516,7 @@ class IndexingMixin:
 
     def masked_scatter(self: "Tensor", mask: Any, source: "Tensor") -> "Tensor":
         """self with its masked positions (row-major) filled by the first elements of source (torch)."""
-        from polygrad.tensor import Tensor
-        mask = mask if isinstance(mask, Tensor) else Tensor(mask, device=self.device, _runtime=self._runtime)
+        mask = mask if isinstance(mask, type(self)) else type(self)(mask, device=self.device, _runtime=self._runtime)
         if mask.dtype is not dtypes.bool:
             raise TypeError(f"masked_scatter needs a bool mask, got {mask.dtype}")
         m = mask._broadcast_to(self.shape).reshape(-1)
@@ -459,7 +530,6 @@ class IndexingMixin:
 
     def take_along_axis(self: "Tensor", indices: "Tensor", axis: int) -> "Tensor":
         """numpy.take_along_axis / torch.take_along_dim: gather with broadcasting outside `axis`."""
-        from polygrad.tensor import broadcast_shape
         if indices.ndim != self.ndim:
             raise ShapeError(f"take_along_axis: indices {indices.shape} and input {self.shape} need the same "
                              "number of dimensions")
@@ -499,3 +569,15 @@ def _buffer_of(u: UOp) -> UOp | None:
     if u.op is Ops.RESHAPE:
         u = u.src[0]
     return u if u.op is Ops.BUFFER else None
+
+
+def _symbolic_slice(it: slice, size: Any) -> tuple[Any, Any]:
+    """(start, stop) of a step-1 slice whose size or endpoints are symbolic (no negative indices)."""
+    if it.step not in (None, 1):
+        raise InvalidArgumentError(f"a slice with a symbolic size or endpoint needs step 1, got step {it.step}")
+    start = 0 if it.start is None else it.start
+    stop = size if it.stop is None else it.stop
+    for v in (start, stop):
+        if not isinstance(v, UOp) and int(v) < 0:
+            raise IndexError(f"negative slice index {v} next to a symbolic size; count from the start instead")
+    return start, stop

@@ -1,4 +1,4 @@
-"""Losses and einsum on Tensor (a mixin of Tensor, through NNMixin).
+"""Losses on Tensor (a mixin of Tensor, through NNMixin).
 
 Stage: graph construction. Input: Tensors (logits, probabilities, targets). Output: loss Tensors
 composed from log_softmax, one-hot comparisons and reductions, matching PyTorch's values
@@ -7,8 +7,7 @@ Out-of-range class labels: IndexError when they are on the host, NaN when lazy (
 """
 from __future__ import annotations
 
-import string
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING
 
 from polygrad.errors import InvalidArgumentError
 from polygrad.dtype import dtypes
@@ -30,9 +29,8 @@ def _reduce(loss: "Tensor", reduction: str) -> "Tensor":
 
 def _class_onehot(target: "Tensor", n_classes: int, cdim: int) -> "Tensor":
     """Integer targets (N, d1, ...) -> bool one-hot (N, C, d1, ...) with the classes at cdim."""
-    from polygrad.tensor import Tensor
     from polygrad.tensor_movement import move_axis
-    onehot = target.unsqueeze(-1).eq(Tensor.arange(n_classes, device=target.device, dtype=target.dtype))
+    onehot = target.unsqueeze(-1).eq(type(target).arange(n_classes, device=target.device, dtype=target.dtype))
     return move_axis(onehot, onehot.ndim - 1, cdim)
 
 
@@ -128,83 +126,6 @@ class LossMixin:
         return logits.cross_entropy(Y, reduction, label_smoothing, ignore_index=ignore_index)
 
     # ---------------------------------------------------------------------------------------------
-    @staticmethod
-    def einsum(formula: str, *operands: Any, dtype: Any = None) -> "Tensor":
-        """Einstein summation, e.g. Tensor.einsum('ij,jk->ik', a, b); supports '...' and repeated letters."""
-        xs = list(operands[0]) if len(operands) == 1 and isinstance(operands[0], (list, tuple)) else list(operands)
-        inputs, output = _parse_einsum(formula, xs)
-        if len(inputs) != len(xs):
-            raise InvalidArgumentError(f"einsum: formula {formula!r} names {len(inputs)} operands, got {len(xs)}")
-        sizes: dict[str, int] = {}
-        prepared = []
-        for letters, x in zip(inputs, xs):
-            letters, x = _take_diagonals(letters, x)
-            if len(letters) != x.ndim:
-                raise ShapeError(f"einsum: subscripts {letters!r} do not match operand shape {x.shape}")
-            for c, s in zip(letters, x.shape):
-                if sizes.get(c, 1) != 1 and s != 1 and sizes[c] != s:
-                    raise ShapeError(f"einsum: letter {c!r} has sizes {sizes[c]} and {s}")
-                sizes[c] = s if sizes.get(c, 1) == 1 else sizes[c]
-            prepared.append((letters, x))
-        for c in output:
-            if c not in sizes:
-                raise InvalidArgumentError(f"einsum: output letter {c!r} does not appear in the inputs")
-        alphabet = sorted(sizes)
-        full = tuple(sizes[c] for c in alphabet)
-        product = None
-        for letters, x in prepared:
-            order = sorted(range(len(letters)), key=lambda i: letters[i])
-            x = x.permute(order) if order else x
-            x = x.reshape(tuple(x.shape[sorted(letters).index(c)] if c in letters else 1 for c in alphabet))
-            x = x.expand(full)
-            product = x if product is None else product * x
-        summed = [i for i, c in enumerate(alphabet) if c not in output]
-        out = product.sum(summed, dtype=dtype) if summed else (product.cast(dtype) if dtype else product)
-        kept = [c for c in alphabet if c in output]
-        return out.permute([kept.index(c) for c in output]) if output else out
-
-
-def _parse_einsum(formula: str, xs: Sequence["Tensor"]) -> tuple[list[str], str]:
-    formula = formula.replace(" ", "")
-    lhs, arrow, rhs = formula.partition("->")
-    inputs = lhs.split(",")
-    if "..." in formula:
-        free = [c for c in string.ascii_letters if c not in formula]
-        longest = 0
-        for i, inp in enumerate(inputs):
-            if "..." in inp and i < len(xs):
-                count = xs[i].ndim - (len(inp) - 3)
-                if count < 0:
-                    raise ShapeError(f"einsum: subscripts {inp!r} name more axes than operand {i} has")
-                longest = max(longest, count)
-                inputs[i] = inp.replace("...", "".join(free[len(free) - count:]))
-        ell = "".join(free[len(free) - longest:]) if longest else ""
-        if arrow:
-            return inputs, rhs.replace("...", ell)
-        joined = "".join(inputs)
-        return inputs, ell + "".join(sorted(c for c in set(joined) if joined.count(c) == 1 and c not in ell))
-    for part in inputs + [rhs]:
-        if any(not c.isalpha() for c in part):
-            raise InvalidArgumentError(f"einsum: subscripts must be letters, got {part!r} in {formula!r}")
-    if arrow:
-        if len(set(rhs)) != len(rhs):
-            raise InvalidArgumentError(f"einsum: output subscripts {rhs!r} repeat a letter")
-        return inputs, rhs
-    joined = "".join(inputs)
-    return inputs, "".join(sorted(c for c in set(joined) if joined.count(c) == 1))
-
-
-def _take_diagonals(letters: str, x: "Tensor") -> tuple[str, "Tensor"]:
-    """A letter repeated within one operand ('ii') selects that operand's diagonal."""
-    while len(set(letters)) != len(letters):
-        c = next(c for c in letters if letters.count(c) > 1)
-        a = letters.index(c)
-        b = letters.index(c, a + 1)
-        if x.shape[a] != x.shape[b]:
-            raise ShapeError(f"einsum: repeated letter {c!r} needs equal sizes, got {x.shape[a]} and {x.shape[b]}")
-        x = x.diagonal(0, a, b)
-        letters = "".join(ch for i, ch in enumerate(letters) if i not in (a, b)) + c
-    return letters, x
 
 
 _ = dtypes

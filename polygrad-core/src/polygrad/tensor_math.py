@@ -74,8 +74,7 @@ class MathMixin:
         return self.cast(least_upper_float(self.dtype))
 
     def _tensor_like(self, x: Any):
-        from polygrad.tensor import Tensor
-        return x if isinstance(x, Tensor) else Tensor(x, device=self.device, _runtime=self._runtime)
+        return x if isinstance(x, type(self)) else type(self)(x, device=self.device, _runtime=self._runtime)
 
     # ---- arithmetic
     def __mod__(self, x: Any):
@@ -113,12 +112,11 @@ class MathMixin:
 
     def pow(self, x: Any, reverse: bool = False):
         """self ** x with torch's promotion; integer powers of integers are exact; reverse=True is x ** self."""
-        from polygrad.tensor import Tensor
         from polygrad.uop.ops import Ops
         if reverse:
             a, b = self._broadcasted(x, reverse=True)
             return a.pow(b)
-        if not isinstance(x, Tensor) and not isinstance(x, bool) and isinstance(x, (int, float)):
+        if not isinstance(x, type(self)) and not isinstance(x, bool) and isinstance(x, (int, float)):
             if x == 2:
                 return self * self
             if x == 0.5 and self.dtype.is_float:
@@ -471,9 +469,8 @@ class MathMixin:
         return mask.where(fill, self)
 
     def _const_tensor(self, value: Any):
-        from polygrad.tensor import Tensor
         from polygrad.uop.ops import UOp
-        return Tensor(UOp.const(self.dtype, value, self.device), _runtime=self._runtime)
+        return type(self)(UOp.const(self.dtype, value, self.device), _runtime=self._runtime)
 
     # ---- comparisons
     def lt(self, x: Any):

@@ -1,4 +1,5 @@
-"""Tensor methods for padding modes, joining, splitting, repeating and windows (a mixin of Tensor).
+"""Movement of Tensor (a mixin): views (reshape, permute, expand, pad, shrink, flip and their derivatives), padding
+modes, joining, splitting, repeating and windows.
 
 Stage: graph construction. Input: Tensors. Output: Tensors whose graphs use only the primitive
 movement ops (RESHAPE PERMUTE EXPAND PAD SHRINK FLIP) plus ADD/WHERE, so gradients come for free.
@@ -9,8 +10,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
+from polygrad.dtype import dtypes
 from polygrad.errors import DimensionError, InvalidArgumentError
+from polygrad.tensor_common import _prod, _resolve_axis, _shape_arg, is_tensor
 from polygrad.tensor_indexing import IndexingMixin
+from polygrad.uop import movement as mv
+from polygrad.uop import sint
 from polygrad.uop.shape import ShapeError
 
 if TYPE_CHECKING:
@@ -38,11 +43,10 @@ def _tensor_list(first: Any, rest: Sequence[Any]) -> list["Tensor"]:
     items = list(first) if isinstance(first, (list, tuple)) else [first]
     for r in rest:
         items.extend(r if isinstance(r, (list, tuple)) else [r])
-    from polygrad.tensor import Tensor
     if not items:
         raise InvalidArgumentError("cat/stack need at least one tensor")
     for t in items:
-        if not isinstance(t, Tensor):
+        if not is_tensor(t):
             raise TypeError(f"expected Tensors to join, got {type(t).__name__}; wrap data in Tensor(...) first")
     return items
 
@@ -109,12 +113,135 @@ def move_axis(x: "Tensor", src: int, dst: int) -> "Tensor":
 class MovementMixin(IndexingMixin):
     __slots__ = ()
 
+    # movement
+    def reshape(self, *shape: Any) -> "Tensor":
+        """New shape with the same elements; one entry may be -1 (inferred), None keeps that dimension."""
+        shape = _shape_arg(_keep_none(shape, self.shape), allow_neg=True)
+        if shape.count(-1) > 1:
+            raise ShapeError(f"reshape {shape}: only one dimension can be -1")
+        if -1 in shape:
+            known = _prod(s for s in shape if s != -1)
+            numel = self.numel()
+            if sint.has_sym((known, numel)):
+                rest = 1 if known is numel else sint.sdiv(numel, known)
+                if not sint.sym_equal(sint.smul(rest, known), numel):
+                    raise ShapeError(f"cannot infer -1 in reshape {shape} of {self.shape}: give every size")
+            elif known == 0 or numel % known:
+                raise ShapeError(f"cannot reshape {self.shape} to {shape}")
+            else:
+                rest = numel // known
+            shape = tuple(rest if s == -1 else s for s in shape)
+        if sint.has_sym(shape) and sint.resolve(_prod(shape)) is None:
+            sint.value(_prod(shape))  # an unbound Variable: VariableError says to bind it
+        if not sint.sym_equal(_prod(shape), self.numel()):
+            raise ShapeError(f"cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
+        return self._new(mv.reshape(self.uop, shape))
+
+    view = reshape
+
+    def permute(self, *order: Any) -> "Tensor":
+        order = tuple(_resolve_axis(o, self.ndim) for o in _shape_arg(order, allow_neg=True))
+        return self._new(mv.permute(self.uop, order))
+
+    def expand(self, *shape: Any) -> "Tensor":
+        shape = _shape_arg(_keep_none(shape, (1,) * 0, fill=-1), allow_neg=True)
+        pad = (1,) * (len(shape) - self.ndim) + self.shape
+        shape = tuple(p if s == -1 else s for s, p in zip(shape, pad))
+        base = self.reshape(pad) if pad != self.shape else self
+        return self._new(mv.expand(base.uop, shape))
+
+    def pad(self, padding: Sequence[Any], mode: str = "constant", value: float = 0.0) -> "Tensor":
+        """padding: per-axis ((before, after), ...) or torch-style flat (last axis first); mode 'constant'
+        (with value), 'reflect', 'replicate' or 'circular' (tinygrad's and torch's argument order)."""
+        flat = list(padding)
+        if flat and all(not isinstance(p, (tuple, list)) and p is not None for p in flat):
+            if len(flat) % 2 or len(flat) > 2 * self.ndim:
+                raise InvalidArgumentError(f"pad: flat padding {tuple(flat)} needs an even number of entries, at most "
+                                           f"{2 * self.ndim} (two per dimension, last dimension first)")
+            pairs = [(0, 0)] * self.ndim
+            for i in range(len(flat) // 2):
+                pairs[self.ndim - 1 - i] = (flat[2 * i], flat[2 * i + 1])
+        else:
+            pairs = [(0, 0) if p is None else tuple(p) for p in flat]
+            if len(pairs) != self.ndim or any(len(p) != 2 for p in pairs):
+                raise InvalidArgumentError(f"pad: grouped padding {tuple(padding)} needs one (before, after) pair or "
+                                           f"None per dimension ({self.ndim})")
+        if mode != "constant":
+            return self._pad_mode(pairs, mode)
+        grow = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
+        x = self
+        if any(b < 0 or a < 0 for b, a in pairs):
+            x = x.shrink(tuple((-min(b, 0), s + min(a, 0)) for (b, a), s in zip(pairs, self.shape)))
+        out = x._new(mv.pad(x.uop, grow))
+        if value != 0 and any(b or a for b, a in grow):
+            mask = type(self).ones(*x.shape, dtype=dtypes.bool, device=x.device)._new(
+                mv.pad(type(self).ones(*x.shape, dtype=dtypes.bool, device=x.device).uop, grow))
+            out = mask.where(out, value)
+        return out
+
+    def shrink(self, bounds: Sequence[Any]) -> "Tensor":
+        if len(bounds) != self.ndim:
+            raise InvalidArgumentError(f"shrink: {len(bounds)} bounds for a tensor with {self.ndim} dimensions; give "
+                                       "one (start, end) pair or None per dimension")
+        full = tuple((0, s) if b is None else (b[0], b[1]) for b, s in zip(bounds, self.shape))
+        return self._new(mv.shrink(self.uop, full))
+
+    def flip(self, *axis: Any) -> "Tensor":
+        named = [_resolve_axis(a, self.ndim) for a in _shape_arg(axis, allow_neg=True)]
+        axes = set(named)
+        if len(axes) != len(named):
+            twice = next(a for a in named if named.count(a) > 1)
+            raise DimensionError(f"flip: dims {tuple(axis)} name dimension {twice} more than once")
+        return self._new(mv.flip(self.uop, tuple(i in axes for i in range(self.ndim))))
+
+    def transpose(self, dim0: int = 1, dim1: int = 0) -> "Tensor":
+        order = list(range(self.ndim))
+        a, b = _resolve_axis(dim0, self.ndim), _resolve_axis(dim1, self.ndim)
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    def pad_to(self, *shape: Any) -> "Tensor":
+        """Pad at the end of each dimension up to shape (None keeps a dimension)."""
+        shape = _keep_none(shape, self.shape)
+        if len(shape) != self.ndim:
+            raise ShapeError(f"pad_to: {shape} does not name every dimension of {self.shape}")
+        return self.pad(tuple((0, n - s) for s, n in zip(self.shape, shape)))
+
+    def shrink_to(self, *shape: Any) -> "Tensor":
+        """Keep the first shape[i] entries of each dimension (None keeps a dimension)."""
+        shape = _keep_none(shape, self.shape)
+        if len(shape) != self.ndim:
+            raise ShapeError(f"shrink_to: {shape} does not name every dimension of {self.shape}")
+        return self.shrink(tuple((0, n) for n in shape))
+
+    @property
+    def T(self) -> "Tensor":  # noqa: N802
+        return self.permute(tuple(reversed(range(self.ndim))))
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+        if self.ndim == 0:
+            return self.reshape(1)
+        s, e = _resolve_axis(start_dim, self.ndim), _resolve_axis(end_dim, self.ndim)
+        return self.reshape(self.shape[:s] + (_prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+
+    def squeeze(self, dim: int | None = None) -> "Tensor":
+        if dim is None:
+            return self.reshape(tuple(s for s in self.shape if s != 1))
+        if self.ndim == 0:
+            return self
+        d = _resolve_axis(dim, self.ndim)
+        return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
+
+    def unsqueeze(self, dim: int) -> "Tensor":
+        d = _resolve_axis(dim, self.ndim + 1)
+        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
     # ---------------------------------------------------------------------------------------------
     # shape changes
     def unflatten(self: "Tensor", dim: int, sizes: Sequence[int]) -> "Tensor":
         """Split axis `dim` into `sizes` (one entry may be -1).
 
-        >>> Tensor.ones(6).unflatten(0, (2, 3)).shape
+        >>> type(self).ones(6).unflatten(0, (2, 3)).shape
         (2, 3)
         """
         d = _axis(dim, self.ndim)
@@ -204,9 +331,9 @@ class MovementMixin(IndexingMixin):
         return x
 
     def repeat(self: "Tensor", *repeats: Any) -> "Tensor":
-        """Tile the tensor `repeats[i]` times along each axis (PyTorch Tensor.repeat).
+        """Tile the tensor `repeats[i]` times along each axis (PyTorch type(self).repeat).
 
-        >>> Tensor([1, 2]).repeat(2).tolist()
+        >>> type(self)([1, 2]).repeat(2).tolist()
         [1, 2, 1, 2]
         """
         reps = _ints(repeats)
@@ -224,15 +351,14 @@ class MovementMixin(IndexingMixin):
     def repeat_interleave(self: "Tensor", repeats: Any, dim: int | None = None) -> "Tensor":
         """Repeat each element `repeats` times along `dim` (flattened when dim is None).
 
-        >>> Tensor([1, 2]).repeat_interleave(2).tolist()
+        >>> type(self)([1, 2]).repeat_interleave(2).tolist()
         [1, 1, 2, 2]
         """
-        from polygrad.tensor import Tensor
         x = self.flatten() if dim is None else self
         d = 0 if dim is None else _axis(dim, x.ndim)
         if x.ndim == 0:
             x = x.reshape(1)
-        if isinstance(repeats, Tensor) and repeats.numel() == 1:
+        if isinstance(repeats, type(self)) and repeats.numel() == 1:
             repeats = int(repeats.item())
         if isinstance(repeats, int):
             if repeats < 0:
@@ -240,20 +366,20 @@ class MovementMixin(IndexingMixin):
             y = x.unsqueeze(d + 1)
             y = y.expand(y.shape[:d + 1] + (repeats,) + y.shape[d + 2:])
             return y.flatten(d, d + 1)
-        counts = [int(r) for r in (repeats.tolist() if isinstance(repeats, Tensor) else repeats)]
+        counts = [int(r) for r in (repeats.tolist() if isinstance(repeats, type(self)) else repeats)]
         if len(counts) != x.shape[d] or any(c < 0 for c in counts):
             raise InvalidArgumentError(f"repeat_interleave: need {x.shape[d]} non-negative repeat counts along dim "
                                        f"{d}, got {counts}")
         # the output length depends on the counts, so they are read on the host (as in PyTorch)
         index = [i for i, c in enumerate(counts) for _ in range(c)]
-        return x.index_select(d, Tensor(index, device=x.device))
+        return x.index_select(d, type(self)(index, device=x.device))
 
     # ---------------------------------------------------------------------------------------------
     # joining and splitting
     def cat(self: Any = (), *args: Any, dim: int = 0) -> "Tensor":
-        """Concatenate along an existing axis: `a.cat(b, c, dim=1)`, `Tensor.cat(a, b)` or `Tensor.cat([a, b])`.
+        """Concatenate along an existing axis: `a.cat(b, c, dim=1)`, `type(self).cat(a, b)` or `type(self).cat([a, b])`.
 
-        >>> Tensor.cat(Tensor([1]), Tensor([2, 3])).tolist()
+        >>> type(self).cat(type(self)([1]), type(self)([2, 3])).tolist()
         [1, 2, 3]
         """
         from polygrad.dtype import least_upper_dtype
@@ -280,7 +406,7 @@ class MovementMixin(IndexingMixin):
         return out
 
     def stack(self: Any = (), *args: Any, dim: int = 0) -> "Tensor":
-        """Join tensors of one shape along a new axis: `a.stack(b, dim=0)` or `Tensor.stack([a, b])`."""
+        """Join tensors of one shape along a new axis: `a.stack(b, dim=0)` or `type(self).stack([a, b])`."""
         tensors = _tensor_list(self, args)
         shape = tensors[0].shape
         for t in tensors[1:]:
@@ -358,7 +484,7 @@ class MovementMixin(IndexingMixin):
                dim: int | None = None) -> "Tensor":
         """All windows of `size` along `dimension`, `step` apart, as a new last axis (torch.Tensor.unfold).
 
-        >>> Tensor([1, 2, 3, 4]).unfold(0, 2, 2).tolist()
+        >>> type(self)([1, 2, 3, 4]).unfold(0, 2, 2).tolist()
         [[1, 2], [3, 4]]
         """
         dimension = dim if dimension is None else dimension  # tinygrad's keyword is dim
@@ -433,9 +559,8 @@ def _tuple(v: Any, n: int, what: str) -> tuple[int, ...]:
 
 
 def _arange(n: int, like: "Tensor") -> "Tensor":
-    from polygrad.tensor import Tensor
     from polygrad.dtype import dtypes
-    return Tensor.arange(n, device=like.device, dtype=dtypes.int32)
+    return type(like).arange(n, device=like.device, dtype=dtypes.int32)
 
 
 def _triangle(x: "Tensor", diagonal: int, lower: bool) -> "Tensor":
@@ -471,3 +596,17 @@ def _pad_one_axis(x: "Tensor", axis: int, before: int, after: int, mode: str) ->
         left = shrink_axis(x, axis, n - before, n)
         right = shrink_axis(x, axis, 0, after)
     return MovementMixin.cat(left, x, right, dim=axis)
+
+
+def _keep_none(shape: Any, current: tuple, fill: Any = None) -> tuple:
+    """A shape argument whose None entries mean "keep this dimension" (tinygrad): None at position i becomes
+    current[i], or `fill` when given (expand's -1, aligned from the right)."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    if not any(s is None for s in shape):
+        return tuple(shape)
+    if fill is not None:
+        return tuple(fill if s is None else s for s in shape)
+    if any(s is None for s in shape[len(current):]):
+        raise ShapeError(f"reshape {tuple(shape)}: None keeps a dimension, but the tensor has only {len(current)}")
+    return tuple(current[i] if s is None else s for i, s in enumerate(shape))

@@ -4,23 +4,22 @@ Stage: graph construction. Input: Tensors. Output: Tensors composed from primiti
 come for free. Convolution and pooling use one sliding-window view (`_pool`: pad + repeat + shrink +
 reshape, no im2col copy) followed by a broadcasted multiply and a reduce, which the scheduler fuses
 into a single kernel. Signatures follow tinygrad (`x.conv2d(w, bias, groups, stride, dilation,
-padding)`, any number of spatial dimensions); values follow PyTorch. Losses and einsum are mixed in
-from `tensor_losses.py`.
+padding)`, any number of spatial dimensions); values follow PyTorch. Losses are mixed in from
+`tensor_losses.py`.
 """
 from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
-from polygrad.errors import InvalidArgumentError
+from polygrad.dtype import dtypes
+from polygrad.errors import DTypeError, InvalidArgumentError
 from polygrad.tensor_losses import LossMixin
 from polygrad.tensor_movement import _tuple
 from polygrad.uop.shape import ShapeError
 
 if TYPE_CHECKING:
     from polygrad.tensor import Tensor
-
-
 
 
 def _flat_pads(padding: Any, dims: int) -> list[int]:
@@ -113,7 +112,6 @@ class NNMixin(LossMixin):
                    padding: Any = 0, ceil_mode: bool = False, return_indices: bool = False) -> Any:
         """Max over windows of the last len(kernel_size) axes; indices are flat per spatial plane."""
         from polygrad.dtype import dtype_min, dtypes
-        from polygrad.tensor import Tensor
         k_ = _tuple(kernel_size, 2, "kernel_size") if isinstance(kernel_size, int) else tuple(kernel_size)
         s_ = _tuple(stride if stride is not None else k_, len(k_), "stride")
         d_ = _tuple(dilation, len(k_), "dilation")
@@ -130,7 +128,7 @@ class NNMixin(LossMixin):
         spatial = self.shape[-len(k_):]
         size = math.prod(spatial)
         # count down so that max() picks the first (lowest) index among ties, as PyTorch does
-        idx = Tensor.arange(size, 0, -1, device=self.device).reshape(spatial)
+        idx = type(self).arange(size, 0, -1, device=self.device).reshape(spatial)
         idx = idx.pad(pads, value=0)._pool(k_, s_, d_)
         hit = pooled.eq(pooled.max(axis, keepdim=True))
         return out, (size - hit.where(idx, 0).max(axis)).cast(dtypes.default_int)  # int32 indices (tinygrad)
@@ -158,7 +156,6 @@ class NNMixin(LossMixin):
     def max_unpool2d(self: "Tensor", indices: "Tensor", kernel_size: Any = (2, 2), stride: Any = None,
                      dilation: Any = 1, padding: Any = 0, output_size: Any = None) -> "Tensor":
         """Inverse of max_pool2d(return_indices=True): values go back to their flat positions."""
-        from polygrad.tensor import Tensor
         bs, c, *spatial = self.shape
         if indices.shape != self.shape:
             raise ShapeError(f"max_unpool: indices {indices.shape} must have the input's shape {self.shape}")
@@ -173,7 +170,7 @@ class NNMixin(LossMixin):
         else:
             output_size = tuple(output_size)[-len(spatial):]
         size = math.prod(output_size)
-        onehot = indices.reshape(bs, c, -1, 1).eq(Tensor.arange(size, device=self.device, dtype=indices.dtype))
+        onehot = indices.reshape(bs, c, -1, 1).eq(type(self).arange(size, device=self.device, dtype=indices.dtype))
         vals = onehot.where(self.reshape(bs, c, -1, 1), 0).sum(2, dtype=self.dtype)
         # overlapping windows can report one position several times, always with the same value
         count = onehot.cast(self.dtype).sum(2, dtype=self.dtype).maximum(1)
@@ -184,7 +181,6 @@ class NNMixin(LossMixin):
                     scale_factor: Any = None) -> "Tensor":
         """Resize the last len(size) axes; mode 'nearest', 'nearest-exact' or 'linear' (bi/trilinear)."""
         from polygrad.dtype import dtypes
-        from polygrad.tensor import Tensor
         mode = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
         if mode not in ("linear", "nearest", "nearest-exact"):
             raise InvalidArgumentError(f"interpolate: mode must be 'nearest', 'nearest-exact' or 'linear', got "
@@ -210,7 +206,7 @@ class NNMixin(LossMixin):
             n_in, n_out = self.shape[i], size[i]
             scale = (n_in - 1) / (n_out - 1) if align_corners and n_out > 1 else (0.0 if align_corners else
                                                                                    n_in / n_out)
-            arr = Tensor.arange(n_out, dtype=dtypes.float32, device=self.device)
+            arr = type(self).arange(n_out, dtype=dtypes.float32, device=self.device)
             shape = [1] * self.ndim
             shape[i] = expand[i] = n_out
             if mode == "linear":
@@ -258,7 +254,7 @@ class NNMixin(LossMixin):
         return g
 
     def normalize(self: "Tensor", p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> "Tensor":
-        """x / max(||x||_p along dim, eps) (torch.nn.functional.normalize; tinygrad's Tensor.normalize)."""
+        """x / max(||x||_p along dim, eps) (torch.nn.functional.normalize; tinygrad's type(self).normalize)."""
         if p == 0:
             from polygrad.dtype import least_upper_float
             norm = self.ne(0).sum(dim, keepdim=True).cast(least_upper_float(self.dtype))
@@ -288,14 +284,13 @@ class NNMixin(LossMixin):
     def dropout(self: "Tensor", p: float = 0.5) -> "Tensor":
         """Zero elements with probability p and scale the rest by 1/(1-p), only in training mode."""
         from polygrad import config
-        from polygrad.tensor import Tensor
         if not 0.0 <= p <= 1.0:
             raise InvalidArgumentError(f"dropout probability must be in [0, 1], got {p}")
-        if not (Tensor.training or config.get("TRAINING")) or p == 0:
+        if not (type(self).training or config.get("TRAINING")) or p == 0:
             return self
         if p == 1:
             return self * 0
-        keep = Tensor.rand(*self.shape, device=self.device) >= p
+        keep = type(self).rand(*self.shape, device=self.device) >= p
         return keep.where(self, 0) * (1.0 / (1.0 - p))
 
     def scaled_dot_product_attention(self: "Tensor", key: "Tensor", value: "Tensor", attn_mask: Any = None,
@@ -304,9 +299,8 @@ class NNMixin(LossMixin):
         """softmax(q @ k^T * scale + mask) @ v; a bool mask keeps True; is_causal masks the future. With
         enable_gqa, key/value heads (dim -3) are repeated to the query's head count (grouped-query attention).
         attn_mask together with is_causal is an error, as in torch and tinygrad: fold the causal part into
-        the mask (mask & Tensor.ones(L, S, dtype=dtypes.bool).tril())."""
+        the mask (mask & type(self).ones(L, S, dtype=dtypes.bool).tril())."""
         from polygrad.dtype import dtypes
-        from polygrad.tensor import Tensor
         if is_causal and attn_mask is not None:
             raise InvalidArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both (fold "
                                        "the causal mask into attn_mask)")
@@ -318,7 +312,7 @@ class NNMixin(LossMixin):
             value = value.repeat_interleave(heads // kv, dim=-3)
         q_len, k_len = self.shape[-2], key.shape[-2]
         if is_causal:
-            attn_mask = Tensor.ones(q_len, k_len, dtype=dtypes.bool, device=self.device).tril(0)
+            attn_mask = type(self).ones(q_len, k_len, dtype=dtypes.bool, device=self.device).tril(0)
         scale = 1.0 / math.sqrt(self.shape[-1]) if scale is None else scale
         scores = self.matmul(key.transpose(-2, -1)) * scale
         if attn_mask is not None:
@@ -327,6 +321,25 @@ class NNMixin(LossMixin):
             else:
                 scores = scores + attn_mask
         return scores.softmax(-1).dropout(dropout_p).matmul(value)
+
+    def one_hot(self, num_classes: int = -1) -> "Tensor":
+        """Integer classes -> int32 one-hot along a new last axis; num_classes=-1 reads max()+1 (a sync)."""
+        if self.dtype.is_float:
+            raise DTypeError(f"one_hot needs integer classes, got {self.dtype}; cast with .int() first")
+        if num_classes < -1:
+            raise InvalidArgumentError(f"one_hot: num_classes must be non-negative (or -1 to infer it), got "
+                                       f"{num_classes}")
+        if num_classes == -1:
+            num_classes = int(self.max().item()) + 1
+        return self.unsqueeze(-1).eq(type(self).arange(num_classes, device=self.device, dtype=self.dtype)).cast(
+            dtypes.int32)
+
+    def sequential(self, layers: Sequence[Any]) -> "Tensor":
+        """Apply callables in order: x.sequential([f, g]) is g(f(x))."""
+        x = self
+        for f in layers:
+            x = f(x)
+        return x
 
 
 def _uint8_taps(n_in: int, n_out: int, align_corners: bool) -> tuple[list[int], list[list[int]], int]:
@@ -357,7 +370,6 @@ def _uint8_linear_pass(x: "Tensor", axis: int, n_out: int, align_corners: bool) 
     import numpy as np
 
     from polygrad.dtype import dtypes
-    from polygrad.tensor import Tensor
     starts, weights, bits = _uint8_taps(x.shape[axis], n_out, align_corners)
     shape = [1] * x.ndim
     shape[axis] = n_out
@@ -366,8 +378,8 @@ def _uint8_linear_pass(x: "Tensor", axis: int, n_out: int, align_corners: bool) 
     for k in range(2):
         idx = np.array([s + min(k, len(w) - 1) for s, w in zip(starts, weights)], np.int32)
         wk = np.array([w[k] if k < len(w) else 0 for w in weights], np.int32)
-        idx_t = Tensor(idx, device=x.device, _runtime=x._runtime).reshape(shape).expand(out_shape)
-        w_t = Tensor(wk, device=x.device, _runtime=x._runtime).reshape(shape)
+        idx_t = type(x)(idx, device=x.device, _runtime=x._runtime).reshape(shape).expand(out_shape)
+        w_t = type(x)(wk, device=x.device, _runtime=x._runtime).reshape(shape)
         term = x.gather(axis, idx_t).cast(dtypes.int32) * w_t
         acc = term if acc is None else acc + term
     return ((acc + (1 << (bits - 1))) >> bits).clip(0, 255).cast(dtypes.uint8)

@@ -1,4 +1,4 @@
-"""Reductions, cumulative scans and ordering on Tensor (a mixin of Tensor).
+"""Reductions (sum, prod, max, mean, var...), cumulative scans and ordering on Tensor (a mixin of Tensor).
 
 Stage: graph construction. Input: tensors. Output: tensor graphs of REDUCE_AXIS and elementwise ops.
 Scans compare every pair of positions along the axis (an n x n mask reduced in-kernel, never
@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from polygrad.dtype import dtypes, least_upper_float
+from polygrad.tensor_common import _resolve_axis, _sum_dtype, size_tensor
 from polygrad.tensor_math import float_math
-from polygrad.uop.ops import Ops
+from polygrad.uop import sint
+from polygrad.uop.ops import Ops, UOp
+
+if TYPE_CHECKING:
+    from polygrad.tensor import Tensor
 
 
 def accepts_dim(fn):
@@ -30,7 +35,6 @@ def accepts_dim(fn):
 
 
 def _axes_of(x, axis: Any) -> tuple[int, ...]:
-    from polygrad.tensor import _resolve_axis
     if axis is None:
         return tuple(range(x.ndim))
     items = axis if isinstance(axis, (tuple, list)) else (axis,)
@@ -60,9 +64,8 @@ class ValuesIndices(NamedTuple):
 
 def _scan_indices(x, values, axis: int):
     """For each position i along axis, the latest j <= i whose x[j] is values[i] (NaN matches NaN); int32."""
-    from polygrad.tensor import Tensor, _resolve_axis
     if x.ndim == 0:
-        return Tensor(0, device=x.device, dtype=dtypes.int32, _runtime=x._runtime)
+        return type(x)(0, device=x.device, dtype=dtypes.int32, _runtime=x._runtime)
     ax = _resolve_axis(axis, x.ndim)
     xt, vt = x.transpose(ax, -1), values.transpose(ax, -1)
     n = xt.shape[-1]
@@ -70,7 +73,7 @@ def _scan_indices(x, values, axis: int):
     hit = xj.eq(vi)
     if x.dtype.is_float:
         hit = hit | (xj.isnan() & vi.isnan())
-    idx = Tensor.arange(n, device=x.device, dtype=dtypes.int32, _runtime=x._runtime)
+    idx = type(x).arange(n, device=x.device, dtype=dtypes.int32, _runtime=x._runtime)
     hit = hit & (idx.reshape(1, n) <= idx.reshape(n, 1))
     return hit.where(idx.reshape(1, n), -1).max(-1).transpose(ax, -1)
 
@@ -79,6 +82,36 @@ class ReduceMixin:
     """Reductions built on REDUCE_AXIS (ADD/MAX/MUL) and elementwise ops."""
 
     __slots__ = ()
+
+    # reductions
+    def _reduce(self, op: Ops, axis: Any = None, keepdim: bool = False) -> "Tensor":
+        axes = tuple(range(self.ndim)) if axis is None else tuple(
+            _resolve_axis(a, self.ndim) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+        axes = tuple(sorted(set(axes)))
+        if self.ndim == 0:
+            return self
+        if any(self.shape[a] == 0 for a in axes) and op is Ops.MAX:
+            raise RuntimeError("max() of an empty dimension has no identity; pass a non-empty tensor")
+        x = self
+        out = x._new(UOp(Ops.REDUCE_AXIS, x.dtype, (x.uop,), (op, axes)))
+        return out if keepdim else out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    def sum(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
+        """Sum over axis; floats longer than BLOCKED_SUM_MIN are summed in blocks (see _blocked_sum)."""
+        x = self.cast(dtype) if dtype is not None else self.cast(_sum_dtype(self.dtype))
+        out = _blocked_sum(x, axis, keepdim) if x.dtype.is_float else x._reduce(Ops.ADD, axis, keepdim)
+        return out.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else out
+
+    def prod(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
+        x = self.cast(dtype) if dtype is not None else self.cast(_sum_dtype(self.dtype))
+        out = x._reduce(Ops.MUL, axis, keepdim)
+        return out.cast(self.dtype) if dtype is None and self.dtype in (dtypes.float16, dtypes.bfloat16) else out
+
+    def squeeze_axes(self, axis: Any) -> "Tensor":
+        if axis is None:
+            return self.reshape(())
+        axes = {_resolve_axis(a, self.ndim) for a in (axis if isinstance(axis, (tuple, list)) else (axis,))}
+        return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
     def _empty_reduce(self, axis: Any) -> bool:
         return self.ndim > 0 and any(self.shape[a] == 0 for a in _axes_of(self, axis))
@@ -116,7 +149,6 @@ class ReduceMixin:
         n = sint.sprod(self.shape[a] for a in _axes_of(self, axis)) if self.ndim else 1
         total = x.sum(axis, keepdim)
         if sint.is_sym(n):  # a symbolic count: divided in-kernel by the variable's value
-            from polygrad.tensor import size_tensor
             return total / size_tensor(n, total)
         return total * (1.0 / n) if n else total * math.nan
 
@@ -144,10 +176,9 @@ class ReduceMixin:
         if axis is None:
             out = self.flatten().argmax(0)
             return out.reshape((1,) * self.ndim) if keepdim else out
-        from polygrad.tensor import Tensor, _resolve_axis
         ax = _resolve_axis(axis, self.ndim)
         if self.ndim == 0:
-            return Tensor(0, device=self.device, dtype=dtypes.int32, _runtime=self._runtime)
+            return type(self)(0, device=self.device, dtype=dtypes.int32, _runtime=self._runtime)
         n = self.shape[ax]
         self._require_nonempty("argmax", ax)
         hit = self.eq(self.max(ax, keepdim=True))
@@ -155,7 +186,7 @@ class ReduceMixin:
             hit = hit | self.isnan()
         shape = [1] * self.ndim
         shape[ax] = n
-        rev = Tensor.arange(n, 0, -1, device=self.device, dtype=dtypes.int32, _runtime=self._runtime).reshape(shape)
+        rev = type(self).arange(n, 0, -1, device=self.device, dtype=dtypes.int32, _runtime=self._runtime).reshape(shape)
         return n - hit.where(rev, 0).max(ax, keepdim)
 
     def argmin(self, axis: Any = None, keepdim: bool = False):
@@ -211,7 +242,6 @@ class ReduceMixin:
     # ---- cumulative scans
     def _scan(self, axis: int, kind: str):
         """Inclusive scan along axis; kind is a row of SCANS."""
-        from polygrad.tensor import _resolve_axis
         if self.ndim == 0:
             return self.reshape(1)._scan(0, kind).reshape(())
         ax = _resolve_axis(axis, self.ndim)
@@ -237,11 +267,10 @@ class ReduceMixin:
 
     def _scan_direct(self, kind: str):
         """rows[..., i, j] = x[..., j] masked to j <= i, then reduced over j: O(n^2) work, in-kernel."""
-        from polygrad.tensor import Tensor
         n = self.shape[-1]
         identity, reduce, _ = SCANS[kind]
         rows = self.unsqueeze(-2).expand(*self.shape[:-1], n, n)
-        idx = Tensor.arange(n, device=self.device, dtype=dtypes.int32, _runtime=self._runtime)
+        idx = type(self).arange(n, device=self.device, dtype=dtypes.int32, _runtime=self._runtime)
         mask = idx.reshape(1, n) <= idx.reshape(n, 1)
         return reduce(mask.where(rows, identity(self.dtype)))
 
@@ -268,11 +297,10 @@ class ReduceMixin:
     # ---- ordering
     def _ranks(self, ax: int, descending: bool):
         """For each element, how many elements of its row sort before it (stable; NaN sorts as largest)."""
-        from polygrad.tensor import Tensor
         n = self.shape[ax]
         x = self.transpose(ax, -1)
         xi, xj = x.unsqueeze(-1), x.unsqueeze(-2)  # [..., i, 1] and [..., 1, j]
-        idx = Tensor.arange(n, device=self.device, dtype=dtypes.int32, _runtime=self._runtime)
+        idx = type(self).arange(n, device=self.device, dtype=dtypes.int32, _runtime=self._runtime)
         j_first = idx.reshape(1, n) < idx.reshape(n, 1)  # [i, j]: j < i
         if descending:
             ahead = xj > xi
@@ -288,16 +316,15 @@ class ReduceMixin:
 
     def sort(self, dim: int = -1, descending: bool = False):
         """(values, indices) sorted along dim; stable, NaN last (first when descending); int32 indices."""
-        from polygrad.tensor import Tensor, _resolve_axis
         if self.ndim == 0:
-            return self, Tensor(0, device=self.device, dtype=dtypes.int32, _runtime=self._runtime)
+            return self, type(self)(0, device=self.device, dtype=dtypes.int32, _runtime=self._runtime)
         ax = _resolve_axis(dim, self.ndim)
         n = self.shape[ax]
         if n == 0:
             return self, self.cast(dtypes.int32)
         ranks, x = self._ranks(ax, descending)
         ranks = ranks.contiguous()
-        idx = Tensor.arange(n, device=self.device, dtype=dtypes.int32, _runtime=self._runtime)
+        idx = type(self).arange(n, device=self.device, dtype=dtypes.int32, _runtime=self._runtime)
         place = ranks.unsqueeze(-2).eq(idx.reshape(n, 1))  # [..., r, i]: element i goes to slot r
         xv = x.int() if x.dtype is dtypes.bool else x
         values = place.where(xv.unsqueeze(-2), 0).sum(-1, dtype=xv.dtype).cast(x.dtype)
@@ -310,7 +337,6 @@ class ReduceMixin:
     def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True, sorted_: bool | None = None):
         """(values, indices) of the k largest (or smallest) along dim, in sorted order (`sorted_` is tinygrad's
         name for `sorted`)."""
-        from polygrad.tensor import _resolve_axis
         ax = _resolve_axis(dim, self.ndim)
         n = self.shape[ax] if self.ndim else 1
         if not 0 <= k <= n:
@@ -322,9 +348,9 @@ class ReduceMixin:
         return values.shrink(bounds), indices.shrink(bounds)
 
 
-DIM_METHODS = ("max", "amax", "min", "amin", "mean", "var", "std", "var_mean", "std_mean", "argmax", "argmin",
-               "any", "all", "logsumexp", "softmax", "log_softmax", "softmin", "cumsum", "cumprod", "cummax", "cummin",
-               "logcumsumexp")
+DIM_METHODS = ("sum", "prod", "max", "amax", "min", "amin", "mean", "var", "std", "var_mean", "std_mean", "argmax",
+               "argmin", "any", "all", "logsumexp", "softmax", "log_softmax", "softmin", "cumsum", "cumprod", "cummax",
+               "cummin", "logcumsumexp")
 for _name in DIM_METHODS:
     setattr(ReduceMixin, _name, accepts_dim(getattr(ReduceMixin, _name)))
 
@@ -340,6 +366,39 @@ SCANS = {
 
 
 def _full(like, shape: tuple[int, ...], value: Any):
-    from polygrad.tensor import Tensor
     dt = dtypes.bool if isinstance(value, bool) else least_upper_float(like.dtype)
-    return Tensor.full(shape, value, dtype=dt, device=like.device, _runtime=like._runtime)
+    return type(like).full(shape, value, dtype=dt, device=like.device, _runtime=like._runtime)
+
+
+# A float sum over more elements than this is computed in blocks of SUM_BLOCK (one axis at a time, each long
+# axis cut into blocks whose partial sums are summed again), so no accumulator adds more than SUM_BLOCK terms:
+# the rounding error grows like the number of levels, as NumPy's pairwise sum, not like the element count
+# (one float32 accumulator stops growing at 2**24: ones(2**24 + 3).sum() would give 16777216).
+BLOCKED_SUM_MIN = 1 << 16
+
+
+SUM_BLOCK = 128  # NumPy's pairwise sum also adds runs of 128 elements before it pairs them
+
+
+def _blocked_sum(x: "Tensor", axis: Any, keepdim: bool) -> "Tensor":
+    axes = tuple(range(x.ndim)) if axis is None else tuple(
+        _resolve_axis(a, x.ndim) for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
+    axes = tuple(sorted(set(axes))) if x.ndim else ()
+    sizes = [x.shape[a] for a in axes]
+    if sint.has_sym(tuple(sizes)) or math.prod(sizes) <= BLOCKED_SUM_MIN:
+        return x._reduce(Ops.ADD, axis, keepdim)
+    out = x
+    for a in reversed(axes):
+        out = _blocked_axis_sum(out, a)
+    return out if keepdim else out.reshape(tuple(s for i, s in enumerate(x.shape) if i not in axes))
+
+
+def _blocked_axis_sum(x: "Tensor", a: int) -> "Tensor":
+    """x summed over axis a (kept as size 1), at most SUM_BLOCK terms per accumulator."""
+    n = x.shape[a]
+    if n <= SUM_BLOCK:
+        return x._reduce(Ops.ADD, a, True)
+    m = -(-n // SUM_BLOCK)
+    x = x.pad(tuple((0, m * SUM_BLOCK - n) if i == a else (0, 0) for i in range(x.ndim)))
+    parts = x.reshape(x.shape[:a] + (m, SUM_BLOCK) + x.shape[a + 1:])._reduce(Ops.ADD, a + 1, False)
+    return _blocked_axis_sum(parts, a)
