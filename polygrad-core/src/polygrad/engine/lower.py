@@ -239,34 +239,59 @@ def _substitute_range(ast: UOp, r: UOp, outer: UOp, inner: UOp, kind: OptKind) -
 
 
 def estimate(ast: UOp) -> tuple[int, int]:
-    """(operations, bytes moved) for GlobalCounters."""
-    ops = 0
-    def count(node: UOp, trips: int, seen: set) -> int:
+    """(operations, bytes moved) for GlobalCounters. An operation counts once per point of the ranges
+    around it (a reduce's body once per point of its reduce ranges too). Index arithmetic is not counted:
+    integer ADD/MUL/IDIV/MOD, everything that computes an address or a load's validity gate, and a select
+    by such a gate against a constant (the value a gated load gives anyway: a PAD, a mask)."""
+    address = _address_nodes(ast)
+
+    def counted(x: UOp) -> int:
+        if x in address:
+            return 0
+        if x.op is Ops.FMA:
+            return 2  # a multiply and an add
+        if x.op is Ops.WHERE and x.src[0] in address and (x.src[1].op is Ops.CONST or x.src[2].op is Ops.CONST):
+            return 0
+        if x.op in ALU and x.dtype is not None and not x.dtype.is_int:
+            return 1
+        return 1 if x.op in ALU and x.op not in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD) else 0
+
+    def count(node: UOp, trips: int) -> int:
         total = 0
-        stack = [node]
+        stack, seen = [node], {node}
         while stack:
             x = stack.pop()
-            if x in seen:
-                continue
-            seen.add(x)
             if x.op is Ops.REDUCE:
                 inner = trips * math.prod(_max_size(r) for r in x.src[1:])
-                total += inner + count(x.src[0], inner, set())
+                total += inner + count(x.src[0], inner)
                 continue
-            if x.op is Ops.FMA:
-                total += 2 * trips  # a multiply and an add
-            elif x.op in ALU and x.dtype is not None and not x.dtype.is_int:
-                total += trips
-            elif x.op in ALU and x.op not in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD):
-                total += trips
-            stack.extend(x.src)
+            total += counted(x) * trips
+            for s in x.src:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
         return total
+
+    ops = 0
     for node in ast.src:
         ranges = node.src[1:] if node.op is Ops.END else ()
         trips = math.prod(_max_size(r) for r in ranges if r.op is Ops.RANGE)
-        ops += count(node.src[0] if node.op is Ops.END else node, trips, set())
+        ops += count(node.src[0] if node.op is Ops.END else node, trips)
     mem = sum(vmax(g.arg[1][0]) * g.dtype.itemsize for g in ast.toposort() if g.op is Ops.DEFINE_GLOBAL)
     return ops, mem
+
+
+def _address_nodes(ast: UOp) -> set[UOp]:
+    """The nodes that compute addresses and validity gates (INDEX sources past the buffer), not loads."""
+    out: set[UOp] = set()
+    stack = [s for n in ast.toposort() if n.op is Ops.INDEX for s in n.src[1:]]
+    while stack:
+        x = stack.pop()
+        if x in out or x.op is Ops.LOAD:
+            continue
+        out.add(x)
+        stack.extend(x.src)
+    return out
 
 
 def globals_of(ast: UOp) -> tuple[GlobalArg, ...]:

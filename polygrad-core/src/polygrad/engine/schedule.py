@@ -2,8 +2,9 @@
 
 Stage: scheduling. Input: tensor-graph UOps to realize. Output: a list of steps (kernel IR ASTs,
 copies) over a buffer table. Elementwise chains fuse into each other and into the inputs and outputs
-of reductions; a reduction gets its own buffer only when it is read through an expand (each value
-read many times), inside another reduction, or by several kernels.
+of reductions; a reduction gets its own buffer when it is read inside another reduction or by several
+kernels, and an expression read through an expand (each value read many times) or a pad gets one when
+fusing it would recompute a reduction or real work per read (see RECOMPUTE_MIN_COST).
 
 Graphs are first normalised (real buffers replaced by numbered slots) so that a graph with the same
 structure and new data hits the schedule cache and never reaches the Python compiler again. Bound
@@ -318,9 +319,77 @@ def _add_reduce_points(points: set[UOp]) -> None:
         points |= added
 
 
+# An expression read through an expand is evaluated once per read, not once per element. It gets a buffer
+# of its own when it holds a reduction (always), or when the recompute would cost more than loading a
+# stored value: at least RECOMPUTE_MIN_COST operations per read (a one-op expression, e.g. a compare or a
+# cast, is no dearer than the load that would replace it), adding at least RECOMPUTE_MIN_OPS operations
+# in all (below that, an extra kernel launch costs more than it saves). A one-element expression is
+# loop-invariant: compilers and the interpreter evaluate it once, so it always fuses.
+RECOMPUTE_MIN_COST = 2
+RECOMPUTE_MIN_OPS = 1 << 14
+# how far the cost walk looks below an expand before it calls the expression expensive
+_COST_WALK_LIMIT = 256
+_VIEW_OPS = MOVEMENT | {Ops.DETACH}
+
+
+def _under_views(u: UOp) -> UOp:
+    """The first node below a chain of movement ops (the value an expand reads)."""
+    while u.op in _VIEW_OPS:
+        u = u.src[0]
+    return u
+
+
+def _op_cost(node: UOp) -> int:
+    """Operations one evaluation of a tensor-graph node costs (transcendentals expand into many)."""
+    if node.op in ELEMENTWISE:
+        return _DEPTH_WEIGHT.get(node.op, 1)
+    return 0
+
+
+def _expression_cost(below: UOp, points: set[UOp]) -> int | None:
+    """Operations one evaluation of `below` costs down to the kernel's boundaries; None when it holds a
+    reduction (or is too large to look through)."""
+    cost, stack, seen = 0, [below], {below}
+    while stack:
+        node = stack.pop()
+        if node.op is Ops.REDUCE_AXIS or len(seen) > _COST_WALK_LIMIT:
+            return None
+        cost += _op_cost(node)
+        for s in node.src:
+            if s not in seen and s not in points and s.op not in BOUNDARY_OPS:
+                seen.add(s)
+                stack.append(s)
+    return cost
+
+
+def _needs_buffer(view: UOp, points: set[UOp]) -> UOp | None:
+    """The expression below an EXPAND or PAD that must get its own buffer, if any. Through an expand
+    every value is read many times (see RECOMPUTE_MIN_COST); through a pad a reduction would also run
+    at the padded points, where kernels gate loads but not loops."""
+    below = _under_views(view.src[0])
+    if below in points or below.op in BOUNDARY_OPS or below.dtype is None or below.device is None:
+        return None
+    if below.op not in ELEMENTWISE and below.op is not Ops.REDUCE_AXIS:
+        return None
+    cost = _expression_cost(below, points)
+    if cost is None:
+        return below
+    if view.op is Ops.PAD:
+        return None
+    n = _numel(below)
+    if n <= 1 or cost < RECOMPUTE_MIN_COST:
+        return None
+    return below if cost * (_numel(view) - n) >= RECOMPUTE_MIN_OPS else None
+
+
+def _numel(u: UOp) -> int:
+    return sint.vmax(sint.sprod(u.shape))
+
+
 def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], set[UOp], set[UOp]]:
-    """One kernel's walk from its root down to the boundaries: (nodes visited, reductions that must get a
-    buffer: read through an expand or inside another reduction, reductions reached)."""
+    """One kernel's walk from its root down to the boundaries: (nodes visited, nodes that must get a buffer:
+    reductions inside another reduction, expressions an expand or pad should not fuse (_needs_buffer),
+    reductions reached)."""
     visited: set[UOp] = set()
     must: set[UOp] = set()
     reached: set[UOp] = set()
@@ -344,6 +413,12 @@ def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], set[UOp], set[UOp
                 continue
             reached.add(node)
             in_reduce = in_reduce or node is not start
+        if node.op in (Ops.EXPAND, Ops.PAD):
+            below = _needs_buffer(node, points)
+            if below is not None:
+                must.add(below)
+                visited.add(below)
+                continue
         if node.op is Ops.EXPAND:
             expanded = True
         for s in node.src:
