@@ -201,10 +201,10 @@ def find_realize_points(targets: tuple[UOp, ...]) -> list[UOp]:
             points.add(node.src[0])
         if node.op is Ops.CUSTOM:
             points.update(s for s in node.src if not is_buffer_view(s))
-    _add_reduce_points(points)
-    if _split_deep_chains(sink, points):  # new roots can make more reductions shared
-        _add_reduce_points(points)
     order = {n: i for i, n in enumerate(sink.toposort())}
+    _add_reduce_points(points, order)
+    if _split_deep_chains(sink, points):  # new roots can make more reductions shared
+        _add_reduce_points(points, order)
     return order_points(points, order)
 
 
@@ -295,28 +295,56 @@ def _split_deep_chains(sink: UOp, points: set[UOp]) -> bool:
     return added
 
 
-def _add_reduce_points(points: set[UOp]) -> None:
-    """Add reductions needing their own buffer until none is left (a fixed point). Each round walks only
-    the roots that are new or whose walk touched a point added in the round before: every other walk is
-    unchanged, since points only matter where a walk reaches them. Linear in the graph, not quadratic."""
-    walks: dict[UOp, tuple[set[UOp], set[UOp], set[UOp]]] = {}  # root -> (visited, must, reached)
+def _add_reduce_points(points: set[UOp], order: dict[UOp, int]) -> None:
+    """Add reductions (and expressions over them) needing their own buffer until none is left (a fixed
+    point). Each round walks only the roots that are new or whose walk touched a point added in the round
+    before: every other walk is unchanged, since points only matter where a walk reaches them. Linear in
+    the graph, not quadratic. Then `_drop_cheap_epilogues`."""
+    walks: dict[UOp, tuple[set[UOp], dict[UOp, UOp | None], set[UOp]]] = {}  # root -> (visited, must, reached)
     added: set[UOp] = set(points)
+    firm: set[UOp] = set(points)  # points for a reason other than an expand or pad reading them
+    views: dict[UOp, set[UOp]] = {}  # point -> the expands/pads that asked for it
     while True:
         for root in list(points):
             w = walks.get(root)
             if w is None or any(a in w[0] for a in added):
                 walks[root] = _walk_root(root, points)
         reached_by: dict[UOp, int] = {}
-        must: set[UOp] = set()
+        by_view: set[UOp] = set()
+        nested: set[UOp] = set()
         for visited, m, reached in walks.values():
-            must |= m
+            for n, view in m.items():
+                if view is None:
+                    nested.add(n)
+                else:
+                    by_view.add(n)
+                    views.setdefault(n, set()).add(view)
             for n in reached:
                 reached_by[n] = reached_by.get(n, 0) + 1
-        must |= {n for n, k in reached_by.items() if k > 1 and n not in points}
-        added = must - points
+        # the expands' and pads' points first: a reduction that several kernels, or another reduction,
+        # read only through such an expression is then read by that expression's kernel alone
+        added = by_view - points
         if not added:
-            return
+            added = nested - points
+            if not added:
+                added = {n for n, k in reached_by.items() if k > 1 and n not in points}
+            firm |= added
+            if not added:
+                break
         points |= added
+    _drop_cheap_epilogues(points, firm, views, order)
+
+
+def _drop_cheap_epilogues(points: set[UOp], firm: set[UOp], views: dict[UOp, set[UOp]],
+                          order: dict[UOp, int]) -> None:
+    """An expression over a reduction became a point because an expand read it; when that reduction got a
+    buffer of its own anyway (several kernels read it), what is left of the expression may be cheap
+    enough to fuse into its readers (the loss's `sum * (1/n)`): drop those points again. Dropping one
+    only inlines elementwise work between points, so no other rule changes its verdict."""
+    for p in sorted((p for p in views if p not in firm and p.op is not Ops.REDUCE_AXIS), key=order.__getitem__):
+        points.discard(p)
+        if any(_needs_buffer(v, points) is not None for v in views[p]):
+            points.add(p)
 
 
 # An expression read through an expand is evaluated once per read, not once per element. It gets a buffer
@@ -386,12 +414,12 @@ def _numel(u: UOp) -> int:
     return sint.vmax(sint.sprod(u.shape))
 
 
-def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], set[UOp], set[UOp]]:
+def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], dict[UOp, UOp | None], set[UOp]]:
     """One kernel's walk from its root down to the boundaries: (nodes visited, nodes that must get a buffer:
     reductions inside another reduction, expressions an expand or pad should not fuse (_needs_buffer),
     reductions reached)."""
     visited: set[UOp] = set()
-    must: set[UOp] = set()
+    must: dict[UOp, UOp | None] = {}  # node -> the expand/pad that asked for it (None: a nested reduction)
     reached: set[UOp] = set()
     if root.op in (Ops.CUSTOM, Ops.AFTER, Ops.COPY):
         return visited, must, reached
@@ -409,14 +437,14 @@ def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], set[UOp], set[UOp
             continue
         if node.op is Ops.REDUCE_AXIS:
             if node is not start and (expanded or in_reduce):
-                must.add(node)
+                must[node] = None
                 continue
             reached.add(node)
             in_reduce = in_reduce or node is not start
         if node.op in (Ops.EXPAND, Ops.PAD):
             below = _needs_buffer(node, points)
             if below is not None:
-                must.add(below)
+                must[below] = node
                 visited.add(below)
                 continue
         if node.op is Ops.EXPAND:
