@@ -64,7 +64,7 @@ class CPUProgram:
         self.fn = FFI.cast(_fn_type(len(spec.globals), var_types, self.threads > 1), addr)
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> float | None:
-        args = [pointer(b) for b in buffers]
+        args = [b.ptr if b.ptr is not None else pointer(b) for b in buffers]
         args.extend(var_vals)
         t0 = time.perf_counter() if timing else 0.0
         if self.threads == 1:

@@ -41,20 +41,21 @@ class CompiledProgram:
                                 "(v.bind(n)) in the tensors being realized") from None
 
     def __call__(self, buffers: list[Buffer], var_vals: dict[UOp, int] | None = None) -> None:
-        handles = [b.handle for b in buffers]
-        timing = config.get("DEBUG") >= 2
-        args = self.var_args(var_vals)
+        handles = [b._handle if b._handle is not None else b.handle for b in buffers]
+        debug = config.get("DEBUG")
+        args = self.var_args(var_vals) if self.spec.vars else ()
         t0 = time.perf_counter()
-        self.program(handles, args, timing)
+        self.program(handles, args, debug >= 2)
         dt = time.perf_counter() - t0
+        spec = self.spec
         GlobalCounters.kernel_count += 1
-        GlobalCounters.global_ops += self.spec.ops
-        GlobalCounters.global_mem += self.spec.mem_bytes
+        GlobalCounters.global_ops += spec.ops
+        GlobalCounters.global_mem += spec.mem_bytes
         GlobalCounters.time_sum_s += dt
         runtime_stats["kernels_run"] += 1
-        if config.get("DEBUG") >= 1:
-            extra = f" {dt * 1e6:9.1f} us" if timing else ""
-            print(f"*** {self.device:6s} {self.spec.name:30s} ops={self.spec.ops}{extra}")
+        if debug >= 1:
+            extra = f" {dt * 1e6:9.1f} us" if debug >= 2 else ""
+            print(f"*** {self.device:6s} {spec.name:30s} ops={spec.ops}{extra}")
 
 
 program_cache: dict[tuple[UOp, str], CompiledProgram] = {}
@@ -100,7 +101,7 @@ def copy_buffer(dst: Buffer, src: Buffer) -> None:
 def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | None = None) -> list[Any]:
     table: list[Any] = list(inputs)
     for size, dtype, device in tpl.new_buffers:
-        if sint.is_sym(size):
+        if type(size) is not int and sint.is_sym(size):
             # sized for the variables' largest values, so the buffer serves every binding (JIT replay)
             buf = Buffer(device, sint.vmax(size), dtype)
             capacity_buffers.add(buf)
@@ -108,16 +109,21 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
         else:
             table.append(Buffer(device, size, dtype))
     vals = var_vals or {}
+    hooks = capture_hooks
     for step in tpl.steps:
         args = [table[i] for i in step.args]
         if step.kind == "copy":
             copy_buffer(args[0], args[1])
-            for hook in capture_hooks:
+            for hook in hooks:
                 hook(step, None, args, tpl.n_inputs, vals)
             continue
-        prog = get_program(step.ast, step.device)
+        prog = program_cache.get((step.ast, step.device))
+        if prog is None:
+            prog = get_program(step.ast, step.device)
+        else:
+            runtime_stats["program_cache_hits"] += 1
         prog(args, vals)
-        for hook in capture_hooks:
+        for hook in hooks:
             hook(step, prog, args, tpl.n_inputs, vals)
     return table
 

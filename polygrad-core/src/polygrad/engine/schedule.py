@@ -22,7 +22,7 @@ from polygrad.errors import PolygradError, VariableError
 from polygrad.engine.indexing import KernelBuilder, address, build_with_index_width, flat_index, index_width
 from polygrad.uop.movement import strip_reshapes
 from polygrad.uop import sint
-from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, AxisKind, KernelInfo, Ops, UOp
+from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, SELF_KEYED_ARGS, AxisKind, KernelInfo, Ops, UOp
 
 # effectful nodes that already ran (ASSIGN, AFTER) -> the buffer view they left behind, so a graph that
 # still holds one never runs it twice. Pure computations are not memoised: realizing the same
@@ -44,6 +44,9 @@ class SlotRef(NamedTuple):
     index: int
     size: Any  # int, or a symbolic size (over DEFINE_VARs) for a buffer viewed through a Variable
     device: str
+
+
+SELF_KEYED_ARGS.add(SlotRef)  # ints, sizes and a device name: its own hash-cons key
 
 
 @dataclass(frozen=True)
@@ -78,63 +81,110 @@ def normalize(targets: list[UOp], effects: list[UOp] | None = None,
               var_vals: dict[UOp, int] | None = None) -> tuple[tuple[UOp, ...], list[Any]]:
     """Replace realized subgraphs by their buffers and buffers by numbered SlotRefs; the effects
     (ASSIGN/AFTER) that have not run yet are appended to `effects` when given. BINDs become their
-    variables, whose values go into `var_vals` (VariableError for a variable with no value)."""
-    sink = UOp(Ops.SINK, None, tuple(targets))
+    variables, whose values go into `var_vals` (VariableError for a variable with no value).
+    One walk over the graph; it runs on every realize, so the common nodes take the shortest path. A
+    graph with symbolic sizes is walked again once its buffers' symbolic sizes are known."""
+    order = targets[0].toposort() if len(targets) == 1 else UOp(Ops.SINK, None, tuple(targets)).toposort()[:-1]
+    binds: dict[UOp, int] = {} if var_vals is None else var_vals
+    n_effects = len(effects) if effects is not None else 0
+    try:
+        return _normalize_walk(order, targets, effects, binds, None)
+    except _SymbolicSizes:
+        if effects is not None:
+            del effects[n_effects:]
+        return _normalize_walk(order, targets, effects, binds, _symbolic_buffer_sizes(order))
+
+
+class _SymbolicSizes(Exception):
+    """The graph views a buffer through a symbolic size: its slots need `_symbolic_buffer_sizes`."""
+
+
+def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | None, binds: dict[UOp, int],
+                    sym_sizes: dict[int, Any] | None) -> tuple[tuple[UOp, ...], list[Any]]:
     inputs: list[Any] = []
     slot_of: dict[int, int] = {}
     memo: dict[UOp, UOp] = {}
-    binds: dict[UOp, int] = {} if var_vals is None else var_vals
     seen_vars: set[UOp] = set()
-    sym_sizes = _symbolic_buffer_sizes(sink)
-    for node in sink.toposort():
-        done = becomes.get(node)
-        if done is not None and done is not node:
-            memo[node] = _normalize_view(done, inputs, slot_of, memo)
+    for node in order:
+        op = node.op
+        if op is Ops.BUFFER:
+            buf = node.arg
+            if sym_sizes or type(buf) is SlotRef:
+                memo[node] = _slot(node, inputs, slot_of, sym_sizes)
+                continue
+            k = slot_of.get(id(buf))
+            if k is None:
+                k = slot_of[id(buf)] = len(inputs)
+                inputs.append(buf)
+            key = (k, buf.size, buf.device, node.dtype)
+            hit = _slot_nodes.get(key)
+            memo[node] = hit if hit is not None else _slot(node, inputs, slot_of)
             continue
-        if node.op is Ops.BUFFER:
-            memo[node] = _slot(node, inputs, slot_of, sym_sizes)
+        sized = op in SIZED_OPS and sint.has_sym(node.arg)
+        if sized and sym_sizes is None:
+            raise _SymbolicSizes
+        if op in _PLAIN_NORMALIZE and not sized:
+            src = node.src
+            if len(src) == 1:
+                s0 = memo[src[0]]
+                memo[node] = node if s0 is src[0] else UOp(op, node.dtype, (s0,), node.arg)
+            else:
+                new_src = tuple([memo[x] for x in src])
+                memo[node] = node if new_src == src else UOp(op, node.dtype, new_src, node.arg)
             continue
-        if node.op is Ops.BIND:
+        if op in EFFECT_OPS:
+            done = becomes.get(node)
+            if done is not None and done is not node:
+                memo[node] = _normalize_view(done, inputs, slot_of, memo)
+                continue
+            if effects is not None:
+                effects.append(node)
+        if op is Ops.BIND:
             var, val = node.unbind()
             sint.record(binds, var, val)
             memo[node] = var
             continue
-        if node.op is Ops.DEFINE_VAR:
+        if op is Ops.DEFINE_VAR:
             seen_vars.add(node)
-        if effects is not None and node.op in EFFECT_OPS:
-            effects.append(node)
         new_src = tuple(memo[s] for s in node.src)
-        if node.op in UNIQUE_OPS and node.arg is not None:
+        if op in UNIQUE_OPS and node.arg is not None:
             # effects carry a unique id so two assigns never hash-cons together; the key drops it
             memo[node] = node.replace(src=new_src, arg=None)
             continue
-        if node.op in SIZED_OPS and sint.has_sym(node.arg):
+        if sized:
             arg = sint.strip_binds(node.arg, binds)
             seen_vars |= sint.sym_vars(arg)
             base = strip_reshapes(node.src[0])
-            if node.op is Ops.RESHAPE and base.op is Ops.BUFFER and base in memo:
+            if op is Ops.RESHAPE and base.op is Ops.BUFFER and base in memo:
                 new_src = (memo[base],)  # x.reshape(n, 16).reshape(v.bind(n), 16): the n drops out of the key
-            memo[node] = UOp(node.op, node.dtype, new_src, arg)
+            memo[node] = UOp(op, node.dtype, new_src, arg)
             continue
         memo[node] = node if new_src == node.src else node.replace(src=new_src)
-    unbound = sorted(v.arg[0] for v in seen_vars if v not in binds)
-    if unbound:
-        raise VariableError(f"Variable {unbound[0]!r} is used unbound in a tensor being realized; bind it to this "
-                            f"call's value with v.bind(n) (e.g. x.shrink(((0, v.bind(n)), None)))")
-    names: dict[str, UOp] = {}
-    for v in binds:
-        if names.setdefault(v.arg[0], v) is not v:
-            raise VariableError(f"two different Variables are named {v.arg[0]!r} (bounds {names[v.arg[0]].arg[1:]} "
-                                f"and {v.arg[1:]}) in one computation; give them distinct names")
-    return tuple(memo[t] for t in targets), inputs
+    if seen_vars:
+        unbound = sorted(v.arg[0] for v in seen_vars if v not in binds)
+        if unbound:
+            raise VariableError(f"Variable {unbound[0]!r} is used unbound in a tensor being realized; bind it to "
+                                f"this call's value with v.bind(n) (e.g. x.shrink(((0, v.bind(n)), None)))")
+    if binds:
+        names: dict[str, UOp] = {}
+        for v in binds:
+            if names.setdefault(v.arg[0], v) is not v:
+                raise VariableError(f"two different Variables are named {v.arg[0]!r} (bounds "
+                                    f"{names[v.arg[0]].arg[1:]} and {v.arg[1:]}) in one computation; give them "
+                                    "distinct names")
+    return (memo[targets[0]],) if len(targets) == 1 else tuple(memo[t] for t in targets), inputs
 
 
-def _symbolic_buffer_sizes(sink: UOp) -> dict[int, Any]:
+# nodes normalize only rebuilds over their normalised sources (everything but buffers, effects, variables)
+_PLAIN_NORMALIZE = frozenset(Ops) - {Ops.BUFFER, Ops.BIND, Ops.DEFINE_VAR, *EFFECT_OPS, *UNIQUE_OPS}
+
+
+def _symbolic_buffer_sizes(order: list[UOp]) -> dict[int, Any]:
     """id(Buffer) -> symbolic size (over DEFINE_VARs) for the buffers the graph views through a
     Variable at their exact size (x.reshape(v.bind(n), 16) of an n*16 buffer): their slot gets the
     symbolic size, so a new n keeps the schedule and the compiled programs."""
     out: dict[int, Any] = {}
-    for node in sink.toposort():
+    for node in order:
         if node.op is not Ops.RESHAPE or not sint.has_sym(node.arg):
             continue
         base = strip_reshapes(node.src[0])
@@ -146,6 +196,12 @@ def _symbolic_buffer_sizes(sink: UOp) -> dict[int, Any]:
     return out
 
 
+# (slot, size, device, dtype) -> its BUFFER node: every realize builds the same few (held here, so
+# hash-consing them is a dict hit); cleared when it grows past _SLOT_NODES_MAX
+_slot_nodes: dict[tuple, UOp] = {}
+_SLOT_NODES_MAX = 1 << 14
+
+
 def _slot(node: UOp, inputs: list[Any], slot_of: dict[int, int], sym_sizes: dict[int, Any] | None = None) -> UOp:
     buf = node.arg
     if isinstance(buf, SlotRef):
@@ -155,7 +211,13 @@ def _slot(node: UOp, inputs: list[Any], slot_of: dict[int, int], sym_sizes: dict
         k = slot_of[id(buf)] = len(inputs)
         inputs.append(buf)
     size = sym_sizes.get(id(buf), buf.size) if sym_sizes else buf.size
-    return UOp(Ops.BUFFER, node.dtype, (), SlotRef(k, size, buf.device))
+    key = (k, size, buf.device, node.dtype)
+    hit = _slot_nodes.get(key)
+    if hit is None:
+        if len(_slot_nodes) >= _SLOT_NODES_MAX:
+            _slot_nodes.clear()
+        hit = _slot_nodes[key] = UOp(Ops.BUFFER, node.dtype, (), SlotRef(k, size, buf.device))
+    return hit
 
 
 def _normalize_view(view: UOp, inputs: list[Any], slot_of: dict[int, int], memo: dict[UOp, UOp]) -> UOp:
@@ -171,6 +233,8 @@ def _normalize_view(view: UOp, inputs: list[Any], slot_of: dict[int, int], memo:
 
 def denormalize(u: UOp, table: list[Any], var_vals: dict[UOp, int] | None = None) -> UOp:
     """A normalised output view over real buffers, its variables bound to var_vals again."""
+    if u.op is Ops.BUFFER and isinstance(u.arg, SlotRef):  # the common case: a whole new buffer
+        return UOp(Ops.BUFFER, u.dtype, (), table[u.arg.index])
     out: dict[UOp, UOp] = {}
     for node in u.toposort():
         if node.op is Ops.BUFFER and isinstance(node.arg, SlotRef):
