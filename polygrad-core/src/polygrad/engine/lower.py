@@ -67,9 +67,40 @@ class Opt:
 THREAD_MIN_WORK = 1 << 17
 
 
+# Pure results by their inputs (simplified and split ASTs): the heuristics, BEAM and lower() ask for the
+# same ones (default_opts splits a kernel to size its THREAD opt, lower() splits it again). Kernel ASTs
+# hold no buffers, so keeping them is cheap; the table is emptied when it grows past _MEMO_MAX.
+_memo: dict[tuple, UOp] = {}
+_MEMO_MAX = 4096
+
+
+def _memoized(key: tuple, fn) -> UOp:
+    hit = _memo.get(key)
+    if hit is None:
+        if len(_memo) >= _MEMO_MAX:
+            _memo.clear()
+        hit = _memo[key] = fn()
+    return hit
+
+
 def simplify_indices(ast: UOp) -> UOp:
     """Fold constants and simplify index arithmetic."""
-    return graph_rewrite(ast, symbolic_rules, name="simplify_indices")
+    return _memoized(("simplify", ast), lambda: graph_rewrite(ast, symbolic_rules, name="simplify_indices"))
+
+
+def split_kernel(ast: UOp, opts: list[Opt] | tuple[Opt, ...]) -> UOp:
+    """simplify_indices(apply_opts(ast, opts)), cached. Trailing THREAD opts only retag a range, which no
+    simplification rule looks at, so they are applied to the cached split without them."""
+    opts = tuple(opts)
+    if not opts:
+        return ast
+    n = len(opts)
+    while n and opts[n - 1].kind is OptKind.THREAD:
+        n -= 1
+    if n < len(opts):
+        base = split_kernel(ast, opts[:n])
+        return _memoized(("split", ast, opts), lambda: apply_opts(base, list(opts[n:])))
+    return _memoized(("split", ast, opts), lambda: simplify_indices(apply_opts(ast, list(opts))))
 
 
 def ranges_of(ast: UOp) -> list[UOp]:
@@ -294,31 +325,34 @@ def _address_nodes(ast: UOp) -> set[UOp]:
     return out
 
 
-def globals_of(ast: UOp) -> tuple[GlobalArg, ...]:
-    written = {n.src[0].src[0].arg[0] for n in ast.toposort() if n.op is Ops.STORE}
-    found = {n.arg[0]: n for n in ast.toposort() if n.op is Ops.DEFINE_GLOBAL}
-    return tuple(GlobalArg(slot, g.dtype, sprod(g.arg[1]), slot in written) for slot, g in sorted(found.items()))
-
-
-def vars_of(ast: UOp, params: tuple[GlobalArg, ...] = ()) -> tuple[UOp, ...]:
-    """The kernel's Variables (in its IR and its buffers' sizes), sorted by name: its int parameters."""
-    found = {n for n in ast.toposort() if n.op is Ops.DEFINE_VAR}
+def parameters_of(ast: UOp) -> tuple[tuple[GlobalArg, ...], tuple[UOp, ...]]:
+    """The kernel's pointer parameters (one GlobalArg per buffer, in slot order) and its Variables (in
+    its IR and its buffers' sizes, sorted by name: its int parameters), in one walk."""
+    written: set[int] = set()
+    found: dict[int, UOp] = {}
+    variables: set[UOp] = set()
+    for n in ast.toposort():
+        if n.op is Ops.DEFINE_GLOBAL:
+            found[n.arg[0]] = n
+        elif n.op is Ops.STORE:
+            written.add(n.src[0].src[0].arg[0])
+        elif n.op is Ops.DEFINE_VAR:
+            variables.add(n)
+    params = tuple(GlobalArg(slot, g.dtype, sprod(g.arg[1]), slot in written) for slot, g in sorted(found.items()))
     for g in params:
-        found |= sym_vars(g.size)
-    return tuple(sorted(found, key=lambda v: v.arg))
+        variables |= sym_vars(g.size)
+    return params, tuple(sorted(variables, key=lambda v: v.arg))
 
 
 def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
     """Lower a scheduled kernel for a device with capabilities `caps` (None: no device optimisation
     beyond what `opts` asks). opts None means the heuristics choose (none with NOOPT=1)."""
     # the scheduler passes one buffer per DEFINE_GLOBAL; keep them all even if simplification drops a load
-    params = globals_of(ast)
-    variables = vars_of(ast, params)  # before simplification, so the parameter list never shrinks
+    params, variables = parameters_of(ast)  # before simplification, so the parameter list never shrinks
     ast = simplify_indices(ast)
     if opts is None:
         opts = [] if config.get("NOOPT") else default_opts(ast, caps)
-    if opts:
-        ast = simplify_indices(apply_opts(ast, opts))
+    ast = split_kernel(ast, opts)
     # counted before decomposition: a transcendental counts as one operation, as users expect
     ops, mem = estimate(ast)
     ast = decompose_transcendentals(ast)
@@ -331,8 +365,7 @@ def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = N
 def default_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
     """The heuristic choice for a simplified kernel: register tiles / lane accumulators, then THREAD."""
     opts = heuristic_opts(ast, caps) or elementwise_vector_opts(ast, caps)  # vector code (issue 9 item 4)
-    split = simplify_indices(apply_opts(ast, opts)) if opts else ast
-    return opts + thread_opt(split, caps)
+    return opts + thread_opt(split_kernel(ast, opts), caps)
 
 
 # ---- vector code (issue 9 item 4) ------------------------------------------------------------------

@@ -16,6 +16,7 @@ from polygrad import config
 from polygrad.device import Buffer, GlobalCounters, open_device
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
+from polygrad.engine.search import choose_opts
 from polygrad.engine.schedule import Template, capacity_buffers, denormalize, record_effects, schedule
 from polygrad.errors import VariableError
 from polygrad.uop import sint
@@ -72,19 +73,41 @@ def get_program(ast: UOp, device: str) -> CompiledProgram:
     if hit is not None:
         runtime_stats["program_cache_hits"] += 1
         return hit
-    impl = open_device(device)
-    from polygrad.engine.search import choose_opts
-    spec = lower(ast, impl.capabilities, choose_opts(ast, device))
-    source = impl.render(spec)
-    if config.get("DEBUG") >= 3:  # each level adds to the one below: 4 shows the IR and the source
-        print(spec.ast)
-    if config.get("POLY_DUMP_KERNELS") or config.get("DEBUG") >= 4:
-        print(f"// ---- {device} kernel {spec.name} (opts {list(spec.opts)})\n{source}")
-    binary = impl.compile(source)
-    prog = CompiledProgram(spec, device, impl.load(spec, binary), source)
-    runtime_stats["programs_compiled"] += 1
-    program_cache[key] = prog
-    return prog
+    return get_programs([ast], device)[0]
+
+
+def get_programs(asts: list[UOp], device: str) -> list[CompiledProgram]:
+    """Programs for several kernels of one device. The missing ones are lowered and rendered, then
+    compiled in one go when the device offers `compile_many` (one compiler process for a schedule)."""
+    todo = list(dict.fromkeys(a for a in asts if (a, device) not in program_cache))
+    if todo:
+        impl = open_device(device)
+        specs = [lower(ast, impl.capabilities, choose_opts(ast, device)) for ast in todo]
+        sources = [impl.render(spec) for spec in specs]
+        for spec, source in zip(specs, sources):
+            if config.get("DEBUG") >= 3:  # each level adds to the one below: 4 shows the IR and the source
+                print(spec.ast)
+            if config.get("POLY_DUMP_KERNELS") or config.get("DEBUG") >= 4:
+                print(f"// ---- {device} kernel {spec.name} (opts {list(spec.opts)})\n{source}")
+        if impl.compile_many is not None and len(sources) > 1:
+            binaries = impl.compile_many(sources)
+        else:
+            binaries = [impl.compile(source) for source in sources]
+        for ast, spec, source, binary in zip(todo, specs, sources, binaries):
+            program_cache[(ast, device)] = CompiledProgram(spec, device, impl.load(spec, binary), source)
+            runtime_stats["programs_compiled"] += 1
+    return [program_cache[(a, device)] for a in asts]
+
+
+def prepare(tpl: Template) -> None:
+    """Compile a template's missing programs before its first run, each device's together."""
+    by_device: dict[str, list[UOp]] = {}
+    for step in tpl.steps:
+        if step.kind == "kernel" and (step.ast, step.device) not in program_cache:
+            by_device.setdefault(step.device, []).append(step.ast)
+    for device, asts in by_device.items():
+        get_programs(asts, device)
+    tpl.prepared = True
 
 
 def copy_buffer(dst: Buffer, src: Buffer) -> None:
@@ -108,6 +131,8 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
             table.append(buf)
         else:
             table.append(Buffer(device, size, dtype))
+    if not tpl.prepared:
+        prepare(tpl)
     vals = var_vals or {}
     hooks = capture_hooks
     for step in tpl.steps:
@@ -117,11 +142,7 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
             for hook in hooks:
                 hook(step, None, args, tpl.n_inputs, vals)
             continue
-        prog = program_cache.get((step.ast, step.device))
-        if prog is None:
-            prog = get_program(step.ast, step.device)
-        else:
-            runtime_stats["program_cache_hits"] += 1
+        prog = get_program(step.ast, step.device)
         prog(args, vals)
         for hook in hooks:
             hook(step, prog, args, tpl.n_inputs, vals)

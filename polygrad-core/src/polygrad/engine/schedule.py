@@ -67,6 +67,7 @@ class Template:
     new_buffers: list[tuple[int, DType, str]] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     outputs: list[UOp] = field(default_factory=list)  # normalised views over table slots
+    prepared: bool = False  # its programs were compiled together once (run_template; a hint only)
 
 
 schedule_cache: dict[tuple[UOp, ...], Template] = {}

@@ -267,15 +267,23 @@ symbolic_rules = PatternMatcher([
 
 
 def range_coeff(expr: UOp, r: UOp) -> int | None:
-    """The constant c such that expr = c*r + (terms without r), or None if r appears otherwise."""
+    """The constant c such that expr = c*r + (terms without r), or None if r appears otherwise.
+    One walk over expr's nodes (sources first), not one per sub-expression."""
     if expr is r:
         return 1
-    if r not in expr.toposort():
-        return 0
-    if expr.op is Ops.ADD:
-        a, b = range_coeff(expr.src[0], r), range_coeff(expr.src[1], r)
-        return None if a is None or b is None else a + b
-    if expr.op is Ops.MUL and expr.src[1].op is Ops.CONST:
-        a = range_coeff(expr.src[0], r)
-        return None if a is None else a * int(expr.src[1].arg)
-    return None
+    coeff: dict[UOp, int | None] = {r: 1}
+    for node in expr.toposort():
+        if node in coeff:
+            continue
+        cs = [coeff.get(s, 0) for s in node.src]
+        if all(c == 0 for c in cs):
+            coeff[node] = 0
+        elif any(c is None for c in cs):
+            coeff[node] = None
+        elif node.op is Ops.ADD:
+            coeff[node] = cs[0] + cs[1]
+        elif node.op is Ops.MUL and node.src[1].op is Ops.CONST and cs[1] == 0:
+            coeff[node] = cs[0] * int(node.src[1].arg)
+        else:
+            coeff[node] = None
+    return coeff[expr]
