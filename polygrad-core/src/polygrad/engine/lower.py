@@ -83,6 +83,11 @@ def _memoized(key: tuple, fn) -> UOp:
     return hit
 
 
+def clear_cache() -> None:
+    """Forget the cached simplified and split ASTs (polygrad.collect() calls this)."""
+    _memo.clear()
+
+
 def simplify_indices(ast: UOp) -> UOp:
     """Fold constants and simplify index arithmetic."""
     return _memoized(("simplify", ast), lambda: graph_rewrite(ast, symbolic_rules, name="simplify_indices"))

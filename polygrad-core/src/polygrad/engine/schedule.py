@@ -717,3 +717,4 @@ def schedule(targets: list[UOp], effects: list[UOp] | None = None,
 
 def clear_schedule_cache() -> None:
     schedule_cache.clear()
+    _slot_nodes.clear()
