@@ -207,6 +207,26 @@ def _divide_term(t: UOp, c: int) -> UOp:
     raise ValueError("term has no constant factor")
 
 
+def _divmod_fold(x: UOp) -> UOp | None:
+    """(a//c)*c + a%c + rest -> a + rest: C's truncating division and remainder satisfy
+    (a/c)*c + a%c == a for every a (a flat index split into two axes and joined again)."""
+    if not _is_int(x):
+        return None
+    terms = _split_sum(x)
+    mods = {(t.src[0], t.src[1].arg): i for i, t in enumerate(terms)
+            if t.op is Ops.MOD and t.src[1].op is Ops.CONST and t.src[1].arg != 0}
+    if not mods:
+        return None
+    for i, t in enumerate(terms):
+        if t.op is Ops.MUL and t.src[1].op is Ops.CONST and t.src[0].op is Ops.IDIV \
+                and t.src[0].src[1].op is Ops.CONST and t.src[0].src[1].arg == t.src[1].arg:
+            j = mods.get((t.src[0].src[0], t.src[1].arg))
+            if j is not None:
+                rest = [u for k, u in enumerate(terms) if k not in (i, j)]
+                return _sum([t.src[0].src[0], *rest])
+    return None
+
+
 def _cmp_fold(x: UOp, a: UOp, b: UOp) -> UOp | None:
     if not (_is_int(a) and _is_int(b)):
         return None
@@ -244,6 +264,8 @@ symbolic_rules = PatternMatcher([
     # move constants outward in sums: (y + c) + z -> (y + z) + c
     (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(UPat(name="y"), UPat(Ops.CONST, name="c"))), UPat(name="z"))),
      lambda y, c, z: (y + z) + c if _is_int(y) and z.op is not Ops.CONST else None),
+    # (a//c)*c + a%c -> a
+    (UPat(Ops.ADD, name="x"), _divmod_fold),
     # division and modulo by bounds
     (UPat(Ops.IDIV, src=(UPat(name="x"), UPat(Ops.CONST, name="c"))), _div_simplify),
     (UPat(Ops.MOD, src=(UPat(name="x"), UPat(Ops.CONST, name="c"))), _mod_simplify),
