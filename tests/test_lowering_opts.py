@@ -61,6 +61,22 @@ def test_mod_keeps_sign_when_dropping_multiples():
     assert not (out.op is Ops.MOD and out.src[0].op is Ops.NEG), out
 
 
+def test_split_and_joined_index_folds_to_itself():
+    """(a//c)*c + a%c + k is a + k for C's truncating division, negative a included (checked by value)."""
+    from polygrad.dtype import dtypes
+    from polygrad.uop.ops import Ops, UOp
+    from polygrad.uop.rewrite import graph_rewrite
+    from polygrad.uop.symbolic import symbolic_rules
+    from polygrad.uop.sint import sym_eval
+    v = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("v", -1500, 1500))
+    a = v * 3 + UOp.const(dtypes.int32, 1)
+    expr = (a // 784) * 784 + a % 784 + UOp.const(dtypes.int32, 7)
+    out = graph_rewrite(expr, symbolic_rules)
+    assert not any(n.op in (Ops.IDIV, Ops.MOD) for n in out.toposort()), out
+    for x in (-1500, -262, -1, 0, 1, 261, 1500):
+        assert sym_eval(expr, {v: x}) == sym_eval(out, {v: x}) == 3 * x + 8
+
+
 def test_flip_repeat_cat_chain_on_interp():
     """Found by the movement-chain property test: an index needed (4 - r) % 2 with r up to 4."""
     a = np.arange(2, dtype=np.float32).reshape(2, 1)

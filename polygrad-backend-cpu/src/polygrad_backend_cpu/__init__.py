@@ -27,7 +27,7 @@ def open_cpu(ordinal: int) -> DeviceImpl:
     threads = int(os.environ.get("POLY_THREADS") or os.cpu_count() or 1)
     lanes, registers = vector_caps()
     return DeviceImpl(name="CPU", allocator=HostAllocator(), render=renderer.render, compile=compiler.compile,
-                      load=load_program,
+                      load=load_program, compile_many=compiler.compile_many,
                       capabilities=Capabilities(threads=threads, vector_width=lanes, registers=registers))
 
 

@@ -3,11 +3,18 @@
 Results are cached in memory and on disk under POLY_CACHE_DIR/cpu, keyed by source, compiler and
 flags. Files are written to a temporary name and renamed into place, so several processes can share
 the cache: the worst case is that two of them compile the same kernel once each.
+
+The compiler process dominates a first call, so it runs as few times as possible: the driver only
+compiles (`-c`; `ld -shared` links, without a second driver), and `compile_many` builds every new
+kernel of a schedule in one translation unit. There each kernel function is renamed `<name>_<key16>`
+(`symbol_names` gives the names to look up), and the one shared object is linked under each
+kernel's key.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -57,27 +64,125 @@ class ClangCompiler:
             h.update(b"\0")
         return h.hexdigest()[:40]
 
-    def compile(self, src: str) -> str:
-        """Return the path of a shared object built from `src` (cached)."""
-        key = self.key(src)
+    def cached(self, key: str) -> str | None:
+        """The shared object for a key, when memory or disk has it."""
         hit = self.memory.get(key)
         if hit is not None and os.path.exists(hit):
             return hit
+        path = os.path.join(cache_root(), f"{key}.so")
+        if os.path.exists(path):
+            self.memory[key] = path
+            return path
+        return None
+
+    def compile(self, src: str) -> str:
+        """Return the path of a shared object built from `src` (cached)."""
+        return self.compile_many([src])[0]
+
+    def compile_many(self, srcs: list[str]) -> list[str]:
+        """Paths of shared objects built from `srcs` (cached); the new ones are compiled together."""
+        keys = [self.key(src) for src in srcs]
+        todo: dict[str, str] = {}
+        for key, src in zip(keys, srcs):
+            if self.cached(key) is None:
+                todo.setdefault(key, src)
+        if todo:
+            named = {k: _kernel_name(src) for k, src in todo.items()}
+            together = {k: src for k, src in todo.items() if named[k]}
+            for k in todo.keys() - together.keys():  # a source the renaming cannot handle goes alone
+                self._build({k: todo[k]}, {})
+            if together:
+                self._build(together, named)
+        return [self.memory[key] for key in keys]
+
+    def _build(self, srcs: dict[str, str], names: dict[str, str | None]) -> None:
+        """Compile srcs (key -> source) in one translation unit and link it under every key."""
         root = cache_root()
-        path = os.path.join(root, f"{key}.so")
-        if not os.path.exists(path):
-            os.makedirs(root, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f"{key}.", suffix=".tmp.so", dir=root)
-            os.close(fd)
-            try:
-                proc = subprocess.run([self.cc, *FLAGS[:-1], "-x", "c", "-", "-o", tmp, FLAGS[-1]], input=src,
-                                      capture_output=True, text=True, timeout=300)
-                if proc.returncode != 0:
-                    raise CompileError(f"{os.path.basename(self.cc)} failed to compile a kernel:\n{proc.stderr}\n"
-                                       f"--- source\n{src}")
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-        self.memory[key] = path
-        return path
+        os.makedirs(root, exist_ok=True)
+        parts = []
+        for key, src in srcs.items():
+            name = names.get(key)
+            parts.append(f"#define {name} {name}_{key[:16]}\n{src}\n#undef {name}\n" if name else src)
+        unit = "".join(parts)
+        first = next(iter(srcs))
+        fd, tmp = tempfile.mkstemp(prefix=f"{first}.", suffix=".tmp.so", dir=root)
+        os.close(fd)
+        obj = tmp[:-len(".so")] + ".o"
+        try:
+            flags = [f for f in FLAGS[:-1] if f != "-shared"]
+            proc = subprocess.run([self.cc, *flags, "-c", "-x", "c", "-", "-o", obj], input=unit,
+                                  capture_output=True, text=True, timeout=300)
+            if proc.returncode != 0:
+                if len(srcs) > 1:  # find the kernel at fault: each on its own
+                    for key, src in srcs.items():
+                        self._build({key: src}, names)
+                    return
+                raise CompileError(f"{os.path.basename(self.cc)} failed to compile a kernel:\n{proc.stderr}\n"
+                                   f"--- source\n{unit}")
+            self._link(obj, tmp)
+            for key in srcs:
+                path = os.path.join(root, f"{key}.so")
+                _publish(tmp, path)
+                self.memory[key] = path
+        finally:
+            for leftover in (tmp, obj):
+                if os.path.exists(leftover):
+                    os.unlink(leftover)
+
+    def _link(self, obj: str, out: str) -> None:
+        """`ld -shared` (no second compiler driver); the driver links when ld is missing or fails."""
+        ld = _linker()
+        if ld is not None:
+            proc = subprocess.run([ld, "-shared", "-o", out, obj, "-lm"], capture_output=True, text=True, timeout=300)
+            if proc.returncode == 0:
+                return
+        proc = subprocess.run([self.cc, "-shared", "-o", out, obj, FLAGS[-1]], capture_output=True, text=True,
+                              timeout=300)
+        if proc.returncode != 0:
+            raise CompileError(f"{os.path.basename(self.cc)} failed to link a kernel:\n{proc.stderr}")
+
+
+_KERNEL_DEF = re.compile(r"^void ([A-Za-z_][A-Za-z0-9_]*)\(", re.M)
+
+
+def _kernel_name(src: str) -> str | None:
+    """The one kernel function a rendered source defines, or None (then it is compiled unrenamed)."""
+    found = _KERNEL_DEF.findall(src)
+    return found[0] if len(found) == 1 else None
+
+
+def symbol_names(name: str, path: str) -> tuple[str, str]:
+    """The symbols to try for kernel `name` in the shared object at `path`: renamed, then as written."""
+    key = os.path.basename(path)[:-len(".so")]
+    return f"{name}_{key[:16]}", name
+
+
+_ld: list[str | None] = []
+
+
+def _linker() -> str | None:
+    if not _ld:
+        _ld.append(shutil.which("ld"))
+    return _ld[0]
+
+
+def _publish(tmp: str, path: str) -> None:
+    """Put the finished file `tmp` at `path` atomically (a hard link, or a copy renamed into place);
+    a file another process already put there is as good."""
+    if os.path.exists(path):
+        return
+    try:
+        os.link(tmp, path)
+        return
+    except FileExistsError:
+        return
+    except OSError:
+        pass
+    fd, tmp2 = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp.so", dir=os.path.dirname(path))
+    os.close(fd)
+    try:
+        shutil.copyfile(tmp, tmp2)
+        os.replace(tmp2, path)
+    finally:
+        if os.path.exists(tmp2):
+            os.unlink(tmp2)

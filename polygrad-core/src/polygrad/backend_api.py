@@ -78,6 +78,8 @@ class DeviceImpl:
     capabilities: Capabilities = Capabilities()
     host_memory: bool = True  # buffers are host memory that NumPy can view without a copy
     synchronize: Callable[[], None] = lambda: None
+    # optional: compile several sources at once (one compiler run for a schedule's new kernels)
+    compile_many: Callable[[list[str]], list[Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import numpy as np
 import pluggy
 
 from polygrad import config
+from polygrad.uop.ops import SELF_KEYED_ARGS
 from polygrad.backend_api import (ENTRY_POINT_GROUP, PLUGIN_API, PROJECT, BackendHooks, BackendSpec, DeviceImpl,
                                   ProbeResult)
 from polygrad.dtype import DType
@@ -43,6 +44,10 @@ class Registry:
         self.failures: list[PluginFailure] = []
         self._opened: dict[tuple[str, int], DeviceImpl] = {}
         self._probes: dict[str, ProbeResult] = {}
+        # device text -> (name, ordinal) and -> opened device: the per-launch fast paths of parse_device
+        # and open_device; emptied whenever the registered backends change
+        self.parsed: dict[str, tuple[str, int]] = {}
+        self.opened_by_text: dict[str, DeviceImpl] = {}
         self._lock = threading.RLock()
         self.manager = pluggy.PluginManager(PROJECT)
         self.manager.add_hookspecs(BackendHooks)
@@ -71,6 +76,8 @@ class Registry:
             for alias in spec.aliases:
                 self._aliases[alias.upper()] = name
         self._probes.clear()
+        self.parsed.clear()
+        self.opened_by_text.clear()
 
     def specs(self) -> dict[str, BackendSpec]:
         with self._lock:
@@ -142,6 +149,15 @@ registry = Registry()
 
 def parse_device(device: str) -> tuple[str, int]:
     """'cpu', 'CPU:0', 'cuda:1' -> (canonical name, ordinal). Rejects unknown and multi-device names."""
+    hit = registry.parsed.get(device) if type(device) is str else None
+    if hit is not None:
+        return hit
+    out = _parse_device(device)
+    registry.parsed[device] = out
+    return out
+
+
+def _parse_device(device: str) -> tuple[str, int]:
     if not isinstance(device, str) or not device.strip():
         raise DeviceError(f"device must be a non-empty string like 'CPU', got {device!r}")
     text = device.strip()
@@ -175,8 +191,11 @@ def canonicalize(device: str | None) -> str:
 
 
 def open_device(device: str) -> DeviceImpl:
-    name, ordinal = parse_device(device)
-    return registry.open(name, ordinal)
+    impl = registry.opened_by_text.get(device) if type(device) is str else None
+    if impl is None:
+        impl = registry.open(*parse_device(device))
+        registry.opened_by_text[device] = impl
+    return impl
 
 
 class _Device:
@@ -320,6 +339,9 @@ class Buffer:
 
     def __repr__(self) -> str:
         return f"<Buffer {self.device} {self.size} {self.dtype.name}>"
+
+
+SELF_KEYED_ARGS.add(Buffer)  # a BUFFER node's arg hashes and compares by identity
 
 
 # Freed allocations are kept per (device, size) and handed to the next buffer of the same size, so a

@@ -207,8 +207,10 @@ def collect() -> None:
     """
     from polygrad import linalg
     from polygrad.engine import realize
+    from polygrad.engine import lower
     clear_schedule_cache()
     realize.program_cache.clear()
+    lower.clear_cache()  # simplified and split kernel ASTs
     linalg.clear_cache()  # its replayed steps hold programs and scratch buffers
     for _ in range(8):  # freeing one graph's cycles releases the hash-cons keys holding the next layer
         if gc.collect() == 0:

@@ -44,7 +44,31 @@ from polygrad.tensor_reduce import ReduceMixin
 __all__ = ["Tensor", "broadcast_shape", "capture_guards", "is_tensor", "size_tensor", "_buffer_uop", "_check_runtimes",
            "_resolve_axis", "_shape_arg", "_sum_dtype"]
 
-_all_tensors: "weakref.WeakSet[Tensor]" = weakref.WeakSet()
+class _LiveTensors:
+    """Every live Tensor (backward() looks for the ones that want gradients), held by weak references
+    without callbacks, since every op makes a tensor: adding one is a C call, and dead references are
+    dropped whenever the list has doubled since the last sweep (amortised constant time)."""
+
+    __slots__ = ("refs", "limit")
+
+    def __init__(self) -> None:
+        self.refs: list[weakref.ref] = []
+        self.limit = 1024
+
+    def add(self, t: "Tensor") -> None:
+        refs = self.refs
+        refs.append(weakref.ref(t))
+        if len(refs) >= self.limit:
+            self.refs = [r for r in refs if r() is not None]
+            self.limit = max(1024, 2 * len(self.refs))
+
+    def __iter__(self):
+        out = [t for t in (r() for r in self.refs) if t is not None]
+        self.refs = [weakref.ref(t) for t in out]
+        return iter(out)
+
+
+_all_tensors = _LiveTensors()
 _effect_ids = itertools.count(1)  # makes every assign a distinct UOp
 
 
@@ -249,7 +273,11 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         return id(self)
 
     def _new(self, uop: UOp) -> "Tensor":
-        t = Tensor(uop, _runtime=self._runtime)
+        """A non-leaf tensor over `uop` in this tensor's runtime: Tensor(uop, _runtime=...) without the
+        argument checks, since every op builds one."""
+        t = object.__new__(Tensor)
+        t.uop, t.requires_grad, t.grad, t._leaf, t._graph, t._runtime = uop, None, None, False, None, self._runtime
+        _all_tensors.add(t)
         return t
 
     # ---------------------------------------------------------------------------------------------
@@ -265,7 +293,8 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         todo = [t for t in tensors if not _is_realized(t.uop)]
         if not todo:
             return
-        _check_runtimes(todo)
+        if len(todo) > 1 or getattr(todo[0]._runtime, "disposed", False):
+            _check_runtimes(todo)
         olds = [t.uop for t in todo]
         news = realize_uops(olds)
         for t, old, new in zip(todo, olds, news):
@@ -418,10 +447,16 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     # ---------------------------------------------------------------------------------------------
     # primitive builders
     def _alu(self, op: Ops, *others: "Tensor") -> "Tensor":
-        _check_runtimes([self, *others])
-        devs = {t.device for t in (self, *others)}
-        if len(devs) > 1:
-            raise DeviceError(f"operands are on different devices {sorted(devs)}; move them with .to(device)")
+        rt = self._runtime
+        if any(o._runtime is not rt for o in others):
+            _check_runtimes([self, *others])
+        elif rt is not None and getattr(rt, "disposed", False):
+            _check_runtimes([self])
+        dev = self.uop.device
+        if any(o.uop.device != dev for o in others):
+            devs = {t.device for t in (self, *others)}
+            if len(devs) > 1:
+                raise DeviceError(f"operands are on different devices {sorted(devs)}; move them with .to(device)")
         return self._new(self.uop.alu(op, *[o.uop for o in others]))
 
     def _broadcasted(self, y: Any, reverse: bool = False) -> tuple["Tensor", "Tensor"]:
@@ -453,6 +488,8 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         return self.reshape(padded).expand(shape)
 
     def _binop(self, op: Ops, y: Any, reverse: bool = False) -> "Tensor":
+        if type(y) is Tensor and y.uop.dtype is self.uop.dtype and y.uop.shape == self.uop.shape:
+            return y._alu(op, self) if reverse else self._alu(op, y)  # same dtype and shape: nothing to do
         a, b = self._broadcasted(y, reverse)
         return a._alu(op, b)
 

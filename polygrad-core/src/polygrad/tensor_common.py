@@ -63,6 +63,8 @@ def _shape_arg(shape: Any, allow_neg: bool = False) -> tuple[int, ...]:
 
 
 def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    if len(shapes) == 2 and shapes[0] == shapes[1]:
+        return tuple(shapes[0])  # the common case, on every elementwise op
     n = max(len(s) for s in shapes)
     padded = [(1,) * (n - len(s)) + tuple(s) for s in shapes]
     out = []

@@ -69,9 +69,45 @@ class Opt:
 THREAD_MIN_WORK = 1 << 17
 
 
+# Pure results by their inputs (simplified and split ASTs): the heuristics, BEAM and lower() ask for the
+# same ones (default_opts splits a kernel to size its THREAD opt, lower() splits it again). Kernel ASTs
+# hold no buffers, so keeping them is cheap; the table is emptied when it grows past _MEMO_MAX.
+_memo: dict[tuple, UOp] = {}
+_MEMO_MAX = 4096
+
+
+def _memoized(key: tuple, fn) -> UOp:
+    hit = _memo.get(key)
+    if hit is None:
+        if len(_memo) >= _MEMO_MAX:
+            _memo.clear()
+        hit = _memo[key] = fn()
+    return hit
+
+
+def clear_cache() -> None:
+    """Forget the cached simplified and split ASTs (polygrad.collect() calls this)."""
+    _memo.clear()
+
+
 def simplify_indices(ast: UOp) -> UOp:
     """Fold constants and simplify index arithmetic."""
-    return graph_rewrite(ast, symbolic_rules, name="simplify_indices")
+    return _memoized(("simplify", ast), lambda: graph_rewrite(ast, symbolic_rules, name="simplify_indices"))
+
+
+def split_kernel(ast: UOp, opts: list[Opt] | tuple[Opt, ...]) -> UOp:
+    """simplify_indices(apply_opts(ast, opts)), cached. Trailing THREAD opts only retag a range, which no
+    simplification rule looks at, so they are applied to the cached split without them."""
+    opts = tuple(opts)
+    if not opts:
+        return ast
+    n = len(opts)
+    while n and opts[n - 1].kind is OptKind.THREAD:
+        n -= 1
+    if n < len(opts):
+        base = split_kernel(ast, opts[:n])
+        return _memoized(("split", ast, opts), lambda: apply_opts(base, list(opts[n:])))
+    return _memoized(("split", ast, opts), lambda: simplify_indices(apply_opts(ast, list(opts))))
 
 
 def ranges_of(ast: UOp) -> list[UOp]:
@@ -241,32 +277,44 @@ def _substitute_range(ast: UOp, r: UOp, outer: UOp, inner: UOp, kind: OptKind) -
 
 
 def estimate(ast: UOp) -> tuple[int, int]:
-    """(operations, bytes moved) for GlobalCounters."""
-    ops = 0
-    def count(node: UOp, trips: int, seen: set) -> int:
+    """(operations, bytes moved) for GlobalCounters. An operation counts once per point of the ranges
+    around it (a reduce's body once per point of its reduce ranges too). Index arithmetic is not counted:
+    integer ADD/MUL/IDIV/MOD, everything that computes an address or a load's validity gate, and a select
+    by such a gate against a constant (the value a gated load gives anyway: a PAD, a mask)."""
+    address = _address_nodes(ast)
+
+    def counted(x: UOp) -> int:
+        if x in address:
+            return 0
+        if x.op is Ops.FMA:
+            return 2  # a multiply and an add
+        if x.op is Ops.WHERE and x.src[0] in address and (x.src[1].op is Ops.CONST or x.src[2].op is Ops.CONST):
+            return 0
+        if x.op in ALU and x.dtype is not None and not x.dtype.is_int:
+            return 1
+        return 1 if x.op in ALU and x.op not in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD) else 0
+
+    def count(node: UOp, trips: int) -> int:
         total = 0
-        stack = [node]
+        stack, seen = [node], {node}
         while stack:
             x = stack.pop()
-            if x in seen:
-                continue
-            seen.add(x)
             if x.op is Ops.REDUCE:
                 inner = trips * math.prod(_max_size(r) for r in x.src[1:])
-                total += inner + count(x.src[0], inner, set())
+                total += inner + count(x.src[0], inner)
                 continue
-            if x.op is Ops.FMA:
-                total += 2 * trips  # a multiply and an add
-            elif x.op in ALU and x.dtype is not None and not x.dtype.is_int:
-                total += trips
-            elif x.op in ALU and x.op not in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD):
-                total += trips
-            stack.extend(x.src)
+            total += counted(x) * trips
+            for s in x.src:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
         return total
+
+    ops = 0
     for node in ast.src:
         ranges = node.src[1:] if node.op is Ops.END else ()
         trips = math.prod(_max_size(r) for r in ranges if r.op is Ops.RANGE)
-        ops += count(node.src[0] if node.op is Ops.END else node, trips, set())
+        ops += count(node.src[0] if node.op is Ops.END else node, trips)
     mem = sum(vmax(g.arg[1][0]) * g.dtype.itemsize for g in ast.toposort() if g.op is Ops.DEFINE_GLOBAL)
     return ops, mem
 
@@ -276,33 +324,49 @@ def has_accumulating_store(ast: UOp) -> bool:
     return any(n.op is Ops.STORE and n.arg is not None for n in ast.toposort())
 
 
-def globals_of(ast: UOp) -> tuple[GlobalArg, ...]:
-    written = {n.src[0].src[0].arg[0] for n in ast.toposort() if n.op is Ops.STORE}
-    found = {n.arg[0]: n for n in ast.toposort() if n.op is Ops.DEFINE_GLOBAL}
-    return tuple(GlobalArg(slot, g.dtype, sprod(g.arg[1]), slot in written) for slot, g in sorted(found.items()))
+def _address_nodes(ast: UOp) -> set[UOp]:
+    """The nodes that compute addresses and validity gates (INDEX sources past the buffer), not loads."""
+    out: set[UOp] = set()
+    stack = [s for n in ast.toposort() if n.op is Ops.INDEX for s in n.src[1:]]
+    while stack:
+        x = stack.pop()
+        if x in out or x.op is Ops.LOAD:
+            continue
+        out.add(x)
+        stack.extend(x.src)
+    return out
 
 
-def vars_of(ast: UOp, params: tuple[GlobalArg, ...] = ()) -> tuple[UOp, ...]:
-    """The kernel's Variables (in its IR and its buffers' sizes), sorted by name: its int parameters."""
-    found = {n for n in ast.toposort() if n.op is Ops.DEFINE_VAR}
+def parameters_of(ast: UOp) -> tuple[tuple[GlobalArg, ...], tuple[UOp, ...]]:
+    """The kernel's pointer parameters (one GlobalArg per buffer, in slot order) and its Variables (in
+    its IR and its buffers' sizes, sorted by name: its int parameters), in one walk."""
+    written: set[int] = set()
+    found: dict[int, UOp] = {}
+    variables: set[UOp] = set()
+    for n in ast.toposort():
+        if n.op is Ops.DEFINE_GLOBAL:
+            found[n.arg[0]] = n
+        elif n.op is Ops.STORE:
+            written.add(n.src[0].src[0].arg[0])
+        elif n.op is Ops.DEFINE_VAR:
+            variables.add(n)
+    params = tuple(GlobalArg(slot, g.dtype, sprod(g.arg[1]), slot in written) for slot, g in sorted(found.items()))
     for g in params:
-        found |= sym_vars(g.size)
-    return tuple(sorted(found, key=lambda v: v.arg))
+        variables |= sym_vars(g.size)
+    return params, tuple(sorted(variables, key=lambda v: v.arg))
 
 
 def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = None) -> ProgramSpec:
     """Lower a scheduled kernel for a device with capabilities `caps` (None: no device optimisation
     beyond what `opts` asks). opts None means the heuristics choose (none with NOOPT=1)."""
     # the scheduler passes one buffer per DEFINE_GLOBAL; keep them all even if simplification drops a load
-    params = globals_of(ast)
-    variables = vars_of(ast, params)  # before simplification, so the parameter list never shrinks
+    params, variables = parameters_of(ast)  # before simplification, so the parameter list never shrinks
     ast = simplify_indices(ast)
     if opts is None:
         opts = [] if config.get("NOOPT") else default_opts(ast, caps)
     if opts and has_accumulating_store(ast):
         opts = []
-    if opts:
-        ast = simplify_indices(apply_opts(ast, opts))
+    ast = split_kernel(ast, opts)
     # counted before decomposition: a transcendental counts as one operation, as users expect
     ops, mem = estimate(ast)
     ast = decompose_transcendentals(ast)
@@ -315,8 +379,7 @@ def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = N
 def default_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
     """The heuristic choice for a simplified kernel: register tiles / lane accumulators, then THREAD."""
     opts = heuristic_opts(ast, caps) or elementwise_vector_opts(ast, caps)  # vector code (issue 9 item 4)
-    split = simplify_indices(apply_opts(ast, opts)) if opts else ast
-    return opts + thread_opt(split, caps)
+    return opts + thread_opt(split_kernel(ast, opts), caps)
 
 
 # ---- vector code (issue 9 item 4) ------------------------------------------------------------------

@@ -16,6 +16,7 @@ from polygrad import config
 from polygrad.device import Buffer, GlobalCounters, open_device
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
+from polygrad.engine.search import choose_opts
 from polygrad.engine.schedule import Template, capacity_buffers, denormalize, record_effects, schedule
 from polygrad.errors import VariableError
 from polygrad.uop import sint
@@ -41,20 +42,21 @@ class CompiledProgram:
                                 "(v.bind(n)) in the tensors being realized") from None
 
     def __call__(self, buffers: list[Buffer], var_vals: dict[UOp, int] | None = None) -> None:
-        handles = [b.handle for b in buffers]
-        timing = config.get("DEBUG") >= 2
-        args = self.var_args(var_vals)
+        handles = [b._handle if b._handle is not None else b.handle for b in buffers]
+        debug = config.get("DEBUG")
+        args = self.var_args(var_vals) if self.spec.vars else ()
         t0 = time.perf_counter()
-        self.program(handles, args, timing)
+        self.program(handles, args, debug >= 2)
         dt = time.perf_counter() - t0
+        spec = self.spec
         GlobalCounters.kernel_count += 1
-        GlobalCounters.global_ops += self.spec.ops
-        GlobalCounters.global_mem += self.spec.mem_bytes
+        GlobalCounters.global_ops += spec.ops
+        GlobalCounters.global_mem += spec.mem_bytes
         GlobalCounters.time_sum_s += dt
         runtime_stats["kernels_run"] += 1
-        if config.get("DEBUG") >= 1:
-            extra = f" {dt * 1e6:9.1f} us" if timing else ""
-            print(f"*** {self.device:6s} {self.spec.name:30s} ops={self.spec.ops}{extra}")
+        if debug >= 1:
+            extra = f" {dt * 1e6:9.1f} us" if debug >= 2 else ""
+            print(f"*** {self.device:6s} {spec.name:30s} ops={spec.ops}{extra}")
 
 
 program_cache: dict[tuple[UOp, str], CompiledProgram] = {}
@@ -71,19 +73,41 @@ def get_program(ast: UOp, device: str) -> CompiledProgram:
     if hit is not None:
         runtime_stats["program_cache_hits"] += 1
         return hit
-    impl = open_device(device)
-    from polygrad.engine.search import choose_opts
-    spec = lower(ast, impl.capabilities, choose_opts(ast, device))
-    source = impl.render(spec)
-    if config.get("DEBUG") >= 3:  # each level adds to the one below: 4 shows the IR and the source
-        print(spec.ast)
-    if config.get("POLY_DUMP_KERNELS") or config.get("DEBUG") >= 4:
-        print(f"// ---- {device} kernel {spec.name} (opts {list(spec.opts)})\n{source}")
-    binary = impl.compile(source)
-    prog = CompiledProgram(spec, device, impl.load(spec, binary), source)
-    runtime_stats["programs_compiled"] += 1
-    program_cache[key] = prog
-    return prog
+    return get_programs([ast], device)[0]
+
+
+def get_programs(asts: list[UOp], device: str) -> list[CompiledProgram]:
+    """Programs for several kernels of one device. The missing ones are lowered and rendered, then
+    compiled in one go when the device offers `compile_many` (one compiler process for a schedule)."""
+    todo = list(dict.fromkeys(a for a in asts if (a, device) not in program_cache))
+    if todo:
+        impl = open_device(device)
+        specs = [lower(ast, impl.capabilities, choose_opts(ast, device)) for ast in todo]
+        sources = [impl.render(spec) for spec in specs]
+        for spec, source in zip(specs, sources):
+            if config.get("DEBUG") >= 3:  # each level adds to the one below: 4 shows the IR and the source
+                print(spec.ast)
+            if config.get("POLY_DUMP_KERNELS") or config.get("DEBUG") >= 4:
+                print(f"// ---- {device} kernel {spec.name} (opts {list(spec.opts)})\n{source}")
+        if impl.compile_many is not None and len(sources) > 1:
+            binaries = impl.compile_many(sources)
+        else:
+            binaries = [impl.compile(source) for source in sources]
+        for ast, spec, source, binary in zip(todo, specs, sources, binaries):
+            program_cache[(ast, device)] = CompiledProgram(spec, device, impl.load(spec, binary), source)
+            runtime_stats["programs_compiled"] += 1
+    return [program_cache[(a, device)] for a in asts]
+
+
+def prepare(tpl: Template) -> None:
+    """Compile a template's missing programs before its first run, each device's together."""
+    by_device: dict[str, list[UOp]] = {}
+    for step in tpl.steps:
+        if step.kind == "kernel" and (step.ast, step.device) not in program_cache:
+            by_device.setdefault(step.device, []).append(step.ast)
+    for device, asts in by_device.items():
+        get_programs(asts, device)
+    tpl.prepared = True
 
 
 def copy_buffer(dst: Buffer, src: Buffer) -> None:
@@ -100,24 +124,27 @@ def copy_buffer(dst: Buffer, src: Buffer) -> None:
 def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | None = None) -> list[Any]:
     table: list[Any] = list(inputs)
     for size, dtype, device in tpl.new_buffers:
-        if sint.is_sym(size):
+        if type(size) is not int and sint.is_sym(size):
             # sized for the variables' largest values, so the buffer serves every binding (JIT replay)
             buf = Buffer(device, sint.vmax(size), dtype)
             capacity_buffers.add(buf)
             table.append(buf)
         else:
             table.append(Buffer(device, size, dtype))
+    if not tpl.prepared:
+        prepare(tpl)
     vals = var_vals or {}
+    hooks = capture_hooks
     for step in tpl.steps:
         args = [table[i] for i in step.args]
         if step.kind == "copy":
             copy_buffer(args[0], args[1])
-            for hook in capture_hooks:
+            for hook in hooks:
                 hook(step, None, args, tpl.n_inputs, vals)
             continue
         prog = get_program(step.ast, step.device)
         prog(args, vals)
-        for hook in capture_hooks:
+        for hook in hooks:
             hook(step, prog, args, tpl.n_inputs, vals)
     return table
 

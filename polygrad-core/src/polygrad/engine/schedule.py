@@ -2,8 +2,9 @@
 
 Stage: scheduling. Input: tensor-graph UOps to realize. Output: a list of steps (kernel IR ASTs,
 copies) over a buffer table. Elementwise chains fuse into each other and into the inputs and outputs
-of reductions; a reduction gets its own buffer only when it is read through an expand (each value
-read many times), inside another reduction, or by several kernels.
+of reductions; a reduction gets its own buffer when it is read inside another reduction or by several
+kernels, and an expression read through an expand (each value read many times) or a pad gets one when
+fusing it would recompute a reduction or real work per read (see RECOMPUTE_MIN_COST).
 
 Graphs are first normalised (real buffers replaced by numbered slots) so that a graph with the same
 structure and new data hits the schedule cache and never reaches the Python compiler again. Bound
@@ -21,7 +22,7 @@ from polygrad.errors import PolygradError, VariableError
 from polygrad.engine.indexing import KernelBuilder, address, build_with_index_width, flat_index, index_width
 from polygrad.uop.movement import strip_reshapes
 from polygrad.uop import sint
-from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, AxisKind, KernelInfo, Ops, UOp
+from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, SELF_KEYED_ARGS, AxisKind, KernelInfo, Ops, UOp
 
 # effectful nodes that already ran (ASSIGN, AFTER) -> the buffer view they left behind, so a graph that
 # still holds one never runs it twice. Pure computations are not memoised: realizing the same
@@ -45,6 +46,9 @@ class SlotRef(NamedTuple):
     device: str
 
 
+SELF_KEYED_ARGS.add(SlotRef)  # ints, sizes and a device name: its own hash-cons key
+
+
 @dataclass(frozen=True)
 class Step:
     """One thing to run: a kernel AST over table entries, a device copy, or a custom kernel."""
@@ -63,6 +67,7 @@ class Template:
     new_buffers: list[tuple[int, DType, str]] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     outputs: list[UOp] = field(default_factory=list)  # normalised views over table slots
+    prepared: bool = False  # its programs were compiled together once (run_template; a hint only)
 
 
 schedule_cache: dict[tuple[UOp, ...], Template] = {}
@@ -77,63 +82,110 @@ def normalize(targets: list[UOp], effects: list[UOp] | None = None,
               var_vals: dict[UOp, int] | None = None) -> tuple[tuple[UOp, ...], list[Any]]:
     """Replace realized subgraphs by their buffers and buffers by numbered SlotRefs; the effects
     (ASSIGN/AFTER) that have not run yet are appended to `effects` when given. BINDs become their
-    variables, whose values go into `var_vals` (VariableError for a variable with no value)."""
-    sink = UOp(Ops.SINK, None, tuple(targets))
+    variables, whose values go into `var_vals` (VariableError for a variable with no value).
+    One walk over the graph; it runs on every realize, so the common nodes take the shortest path. A
+    graph with symbolic sizes is walked again once its buffers' symbolic sizes are known."""
+    order = targets[0].toposort() if len(targets) == 1 else UOp(Ops.SINK, None, tuple(targets)).toposort()[:-1]
+    binds: dict[UOp, int] = {} if var_vals is None else var_vals
+    n_effects = len(effects) if effects is not None else 0
+    try:
+        return _normalize_walk(order, targets, effects, binds, None)
+    except _SymbolicSizes:
+        if effects is not None:
+            del effects[n_effects:]
+        return _normalize_walk(order, targets, effects, binds, _symbolic_buffer_sizes(order))
+
+
+class _SymbolicSizes(Exception):
+    """The graph views a buffer through a symbolic size: its slots need `_symbolic_buffer_sizes`."""
+
+
+def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | None, binds: dict[UOp, int],
+                    sym_sizes: dict[int, Any] | None) -> tuple[tuple[UOp, ...], list[Any]]:
     inputs: list[Any] = []
     slot_of: dict[int, int] = {}
     memo: dict[UOp, UOp] = {}
-    binds: dict[UOp, int] = {} if var_vals is None else var_vals
     seen_vars: set[UOp] = set()
-    sym_sizes = _symbolic_buffer_sizes(sink)
-    for node in sink.toposort():
-        done = becomes.get(node)
-        if done is not None and done is not node:
-            memo[node] = _normalize_view(done, inputs, slot_of, memo)
+    for node in order:
+        op = node.op
+        if op is Ops.BUFFER:
+            buf = node.arg
+            if sym_sizes or type(buf) is SlotRef:
+                memo[node] = _slot(node, inputs, slot_of, sym_sizes)
+                continue
+            k = slot_of.get(id(buf))
+            if k is None:
+                k = slot_of[id(buf)] = len(inputs)
+                inputs.append(buf)
+            key = (k, buf.size, buf.device, node.dtype)
+            hit = _slot_nodes.get(key)
+            memo[node] = hit if hit is not None else _slot(node, inputs, slot_of)
             continue
-        if node.op is Ops.BUFFER:
-            memo[node] = _slot(node, inputs, slot_of, sym_sizes)
+        sized = op in SIZED_OPS and sint.has_sym(node.arg)
+        if sized and sym_sizes is None:
+            raise _SymbolicSizes
+        if op in _PLAIN_NORMALIZE and not sized:
+            src = node.src
+            if len(src) == 1:
+                s0 = memo[src[0]]
+                memo[node] = node if s0 is src[0] else UOp(op, node.dtype, (s0,), node.arg)
+            else:
+                new_src = tuple([memo[x] for x in src])
+                memo[node] = node if new_src == src else UOp(op, node.dtype, new_src, node.arg)
             continue
-        if node.op is Ops.BIND:
+        if op in EFFECT_OPS:
+            done = becomes.get(node)
+            if done is not None and done is not node:
+                memo[node] = _normalize_view(done, inputs, slot_of, memo)
+                continue
+            if effects is not None:
+                effects.append(node)
+        if op is Ops.BIND:
             var, val = node.unbind()
             sint.record(binds, var, val)
             memo[node] = var
             continue
-        if node.op is Ops.DEFINE_VAR:
+        if op is Ops.DEFINE_VAR:
             seen_vars.add(node)
-        if effects is not None and node.op in EFFECT_OPS:
-            effects.append(node)
         new_src = tuple(memo[s] for s in node.src)
-        if node.op in UNIQUE_OPS and node.arg is not None:
+        if op in UNIQUE_OPS and node.arg is not None:
             # effects carry a unique id so two assigns never hash-cons together; the key drops it
             memo[node] = node.replace(src=new_src, arg=None)
             continue
-        if node.op in SIZED_OPS and sint.has_sym(node.arg):
+        if sized:
             arg = sint.strip_binds(node.arg, binds)
             seen_vars |= sint.sym_vars(arg)
             base = strip_reshapes(node.src[0])
-            if node.op is Ops.RESHAPE and base.op is Ops.BUFFER and base in memo:
+            if op is Ops.RESHAPE and base.op is Ops.BUFFER and base in memo:
                 new_src = (memo[base],)  # x.reshape(n, 16).reshape(v.bind(n), 16): the n drops out of the key
-            memo[node] = UOp(node.op, node.dtype, new_src, arg)
+            memo[node] = UOp(op, node.dtype, new_src, arg)
             continue
         memo[node] = node if new_src == node.src else node.replace(src=new_src)
-    unbound = sorted(v.arg[0] for v in seen_vars if v not in binds)
-    if unbound:
-        raise VariableError(f"Variable {unbound[0]!r} is used unbound in a tensor being realized; bind it to this "
-                            f"call's value with v.bind(n) (e.g. x.shrink(((0, v.bind(n)), None)))")
-    names: dict[str, UOp] = {}
-    for v in binds:
-        if names.setdefault(v.arg[0], v) is not v:
-            raise VariableError(f"two different Variables are named {v.arg[0]!r} (bounds {names[v.arg[0]].arg[1:]} "
-                                f"and {v.arg[1:]}) in one computation; give them distinct names")
-    return tuple(memo[t] for t in targets), inputs
+    if seen_vars:
+        unbound = sorted(v.arg[0] for v in seen_vars if v not in binds)
+        if unbound:
+            raise VariableError(f"Variable {unbound[0]!r} is used unbound in a tensor being realized; bind it to "
+                                f"this call's value with v.bind(n) (e.g. x.shrink(((0, v.bind(n)), None)))")
+    if binds:
+        names: dict[str, UOp] = {}
+        for v in binds:
+            if names.setdefault(v.arg[0], v) is not v:
+                raise VariableError(f"two different Variables are named {v.arg[0]!r} (bounds "
+                                    f"{names[v.arg[0]].arg[1:]} and {v.arg[1:]}) in one computation; give them "
+                                    "distinct names")
+    return (memo[targets[0]],) if len(targets) == 1 else tuple(memo[t] for t in targets), inputs
 
 
-def _symbolic_buffer_sizes(sink: UOp) -> dict[int, Any]:
+# nodes normalize only rebuilds over their normalised sources (everything but buffers, effects, variables)
+_PLAIN_NORMALIZE = frozenset(Ops) - {Ops.BUFFER, Ops.BIND, Ops.DEFINE_VAR, *EFFECT_OPS, *UNIQUE_OPS}
+
+
+def _symbolic_buffer_sizes(order: list[UOp]) -> dict[int, Any]:
     """id(Buffer) -> symbolic size (over DEFINE_VARs) for the buffers the graph views through a
     Variable at their exact size (x.reshape(v.bind(n), 16) of an n*16 buffer): their slot gets the
     symbolic size, so a new n keeps the schedule and the compiled programs."""
     out: dict[int, Any] = {}
-    for node in sink.toposort():
+    for node in order:
         if node.op is not Ops.RESHAPE or not sint.has_sym(node.arg):
             continue
         base = strip_reshapes(node.src[0])
@@ -145,6 +197,12 @@ def _symbolic_buffer_sizes(sink: UOp) -> dict[int, Any]:
     return out
 
 
+# (slot, size, device, dtype) -> its BUFFER node: every realize builds the same few (held here, so
+# hash-consing them is a dict hit); cleared when it grows past _SLOT_NODES_MAX
+_slot_nodes: dict[tuple, UOp] = {}
+_SLOT_NODES_MAX = 1 << 14
+
+
 def _slot(node: UOp, inputs: list[Any], slot_of: dict[int, int], sym_sizes: dict[int, Any] | None = None) -> UOp:
     buf = node.arg
     if isinstance(buf, SlotRef):
@@ -154,7 +212,13 @@ def _slot(node: UOp, inputs: list[Any], slot_of: dict[int, int], sym_sizes: dict
         k = slot_of[id(buf)] = len(inputs)
         inputs.append(buf)
     size = sym_sizes.get(id(buf), buf.size) if sym_sizes else buf.size
-    return UOp(Ops.BUFFER, node.dtype, (), SlotRef(k, size, buf.device))
+    key = (k, size, buf.device, node.dtype)
+    hit = _slot_nodes.get(key)
+    if hit is None:
+        if len(_slot_nodes) >= _SLOT_NODES_MAX:
+            _slot_nodes.clear()
+        hit = _slot_nodes[key] = UOp(Ops.BUFFER, node.dtype, (), SlotRef(k, size, buf.device))
+    return hit
 
 
 def _normalize_view(view: UOp, inputs: list[Any], slot_of: dict[int, int], memo: dict[UOp, UOp]) -> UOp:
@@ -170,6 +234,8 @@ def _normalize_view(view: UOp, inputs: list[Any], slot_of: dict[int, int], memo:
 
 def denormalize(u: UOp, table: list[Any], var_vals: dict[UOp, int] | None = None) -> UOp:
     """A normalised output view over real buffers, its variables bound to var_vals again."""
+    if u.op is Ops.BUFFER and isinstance(u.arg, SlotRef):  # the common case: a whole new buffer
+        return UOp(Ops.BUFFER, u.dtype, (), table[u.arg.index])
     out: dict[UOp, UOp] = {}
     for node in u.toposort():
         if node.op is Ops.BUFFER and isinstance(node.arg, SlotRef):
@@ -200,10 +266,10 @@ def find_realize_points(targets: tuple[UOp, ...]) -> list[UOp]:
             points.add(node.src[0])
         if node.op is Ops.CUSTOM:
             points.update(s for s in node.src if not is_buffer_view(s))
-    _add_reduce_points(points)
-    if _split_deep_chains(sink, points):  # new roots can make more reductions shared
-        _add_reduce_points(points)
     order = {n: i for i, n in enumerate(sink.toposort())}
+    _add_reduce_points(points, order)
+    if _split_deep_chains(sink, points):  # new roots can make more reductions shared
+        _add_reduce_points(points, order)
     return order_points(points, order)
 
 
@@ -294,35 +360,131 @@ def _split_deep_chains(sink: UOp, points: set[UOp]) -> bool:
     return added
 
 
-def _add_reduce_points(points: set[UOp]) -> None:
-    """Add reductions needing their own buffer until none is left (a fixed point). Each round walks only
-    the roots that are new or whose walk touched a point added in the round before: every other walk is
-    unchanged, since points only matter where a walk reaches them. Linear in the graph, not quadratic."""
-    walks: dict[UOp, tuple[set[UOp], set[UOp], set[UOp]]] = {}  # root -> (visited, must, reached)
+def _add_reduce_points(points: set[UOp], order: dict[UOp, int]) -> None:
+    """Add reductions (and expressions over them) needing their own buffer until none is left (a fixed
+    point). Each round walks only the roots that are new or whose walk touched a point added in the round
+    before: every other walk is unchanged, since points only matter where a walk reaches them. Linear in
+    the graph, not quadratic. Then `_drop_cheap_epilogues`."""
+    walks: dict[UOp, tuple[set[UOp], dict[UOp, UOp | None], set[UOp]]] = {}  # root -> (visited, must, reached)
     added: set[UOp] = set(points)
+    firm: set[UOp] = set(points)  # points for a reason other than an expand or pad reading them
+    views: dict[UOp, set[UOp]] = {}  # point -> the expands/pads that asked for it
     while True:
         for root in list(points):
             w = walks.get(root)
             if w is None or any(a in w[0] for a in added):
                 walks[root] = _walk_root(root, points)
         reached_by: dict[UOp, int] = {}
-        must: set[UOp] = set()
+        by_view: set[UOp] = set()
+        nested: set[UOp] = set()
         for visited, m, reached in walks.values():
-            must |= m
+            for n, view in m.items():
+                if view is None:
+                    nested.add(n)
+                else:
+                    by_view.add(n)
+                    views.setdefault(n, set()).add(view)
             for n in reached:
                 reached_by[n] = reached_by.get(n, 0) + 1
-        must |= {n for n, k in reached_by.items() if k > 1 and n not in points}
-        added = must - points
+        # the expands' and pads' points first: a reduction that several kernels, or another reduction,
+        # read only through such an expression is then read by that expression's kernel alone
+        added = by_view - points
         if not added:
-            return
+            added = nested - points
+            if not added:
+                added = {n for n, k in reached_by.items() if k > 1 and n not in points}
+            firm |= added
+            if not added:
+                break
         points |= added
+    _drop_cheap_epilogues(points, firm, views, order)
 
 
-def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], set[UOp], set[UOp]]:
-    """One kernel's walk from its root down to the boundaries: (nodes visited, reductions that must get a
-    buffer: read through an expand or inside another reduction, reductions reached)."""
+def _drop_cheap_epilogues(points: set[UOp], firm: set[UOp], views: dict[UOp, set[UOp]],
+                          order: dict[UOp, int]) -> None:
+    """An expression over a reduction became a point because an expand read it; when that reduction got a
+    buffer of its own anyway (several kernels read it), what is left of the expression may be cheap
+    enough to fuse into its readers (the loss's `sum * (1/n)`): drop those points again. Dropping one
+    only inlines elementwise work between points, so no other rule changes its verdict."""
+    for p in sorted((p for p in views if p not in firm and p.op is not Ops.REDUCE_AXIS), key=order.__getitem__):
+        points.discard(p)
+        if any(_needs_buffer(v, points) is not None for v in views[p]):
+            points.add(p)
+
+
+# An expression read through an expand is evaluated once per read, not once per element. It gets a buffer
+# of its own when it holds a reduction (always), or when the recompute would cost more than loading a
+# stored value: at least RECOMPUTE_MIN_COST operations per read (a one-op expression, e.g. a compare or a
+# cast, is no dearer than the load that would replace it), adding at least RECOMPUTE_MIN_OPS operations
+# in all (below that, an extra kernel launch costs more than it saves). A one-element expression is
+# loop-invariant: compilers and the interpreter evaluate it once, so it always fuses.
+RECOMPUTE_MIN_COST = 2
+RECOMPUTE_MIN_OPS = 1 << 14
+# how far the cost walk looks below an expand before it calls the expression expensive
+_COST_WALK_LIMIT = 256
+_VIEW_OPS = MOVEMENT | {Ops.DETACH}
+
+
+def _under_views(u: UOp) -> UOp:
+    """The first node below a chain of movement ops (the value an expand reads)."""
+    while u.op in _VIEW_OPS:
+        u = u.src[0]
+    return u
+
+
+def _op_cost(node: UOp) -> int:
+    """Operations one evaluation of a tensor-graph node costs (transcendentals expand into many)."""
+    if node.op in ELEMENTWISE:
+        return _DEPTH_WEIGHT.get(node.op, 1)
+    return 0
+
+
+def _expression_cost(below: UOp, points: set[UOp]) -> int | None:
+    """Operations one evaluation of `below` costs down to the kernel's boundaries; None when it holds a
+    reduction (or is too large to look through)."""
+    cost, stack, seen = 0, [below], {below}
+    while stack:
+        node = stack.pop()
+        if node.op is Ops.REDUCE_AXIS or len(seen) > _COST_WALK_LIMIT:
+            return None
+        cost += _op_cost(node)
+        for s in node.src:
+            if s not in seen and s not in points and s.op not in BOUNDARY_OPS:
+                seen.add(s)
+                stack.append(s)
+    return cost
+
+
+def _needs_buffer(view: UOp, points: set[UOp]) -> UOp | None:
+    """The expression below an EXPAND or PAD that must get its own buffer, if any. Through an expand
+    every value is read many times (see RECOMPUTE_MIN_COST); through a pad a reduction would also run
+    at the padded points, where kernels gate loads but not loops."""
+    below = _under_views(view.src[0])
+    if below in points or below.op in BOUNDARY_OPS or below.dtype is None or below.device is None:
+        return None
+    if below.op not in ELEMENTWISE and below.op is not Ops.REDUCE_AXIS:
+        return None
+    cost = _expression_cost(below, points)
+    if cost is None:
+        return below
+    if view.op is Ops.PAD:
+        return None
+    n = _numel(below)
+    if n <= 1 or cost < RECOMPUTE_MIN_COST:
+        return None
+    return below if cost * (_numel(view) - n) >= RECOMPUTE_MIN_OPS else None
+
+
+def _numel(u: UOp) -> int:
+    return sint.vmax(sint.sprod(u.shape))
+
+
+def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], dict[UOp, UOp | None], set[UOp]]:
+    """One kernel's walk from its root down to the boundaries: (nodes visited, nodes that must get a buffer:
+    reductions inside another reduction, expressions an expand or pad should not fuse (_needs_buffer),
+    reductions reached)."""
     visited: set[UOp] = set()
-    must: set[UOp] = set()
+    must: dict[UOp, UOp | None] = {}  # node -> the expand/pad that asked for it (None: a nested reduction)
     reached: set[UOp] = set()
     if root.op in (Ops.CUSTOM, Ops.AFTER, Ops.COPY):
         return visited, must, reached
@@ -340,10 +502,16 @@ def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], set[UOp], set[UOp
             continue
         if node.op is Ops.REDUCE_AXIS:
             if node is not start and (expanded or in_reduce):
-                must.add(node)
+                must[node] = None
                 continue
             reached.add(node)
             in_reduce = in_reduce or node is not start
+        if node.op in (Ops.EXPAND, Ops.PAD):
+            below = _needs_buffer(node, points)
+            if below is not None:
+                must[below] = node
+                visited.add(below)
+                continue
         if node.op is Ops.EXPAND:
             expanded = True
         for s in node.src:
@@ -567,3 +735,4 @@ def schedule(targets: list[UOp], effects: list[UOp] | None = None,
 
 def clear_schedule_cache() -> None:
     schedule_cache.clear()
+    _slot_nodes.clear()

@@ -93,14 +93,20 @@ def _arg_key(arg: Any) -> Any:
     return arg
 
 
-# hash-cons table: key -> weak reference; an entry goes away with its UOp
-_uop_cache: dict[tuple, "weakref.KeyedRef"] = {}
+# hash-cons table: key -> weak reference; an entry goes away with its UOp (_forget finds the key in
+# _ref_keys: a plain weakref with a shared callback costs a third of a KeyedRef to make)
+_uop_cache: dict[tuple, "weakref.ref"] = {}
+_ref_keys: dict["weakref.ref", tuple] = {}
 _PLAIN_ARGS = (type(None), int, str)
+# arg types that are their own hash-cons key (compared by identity, or holding no floats or bools):
+# modules that define such args (Buffer, SlotRef) add them, so UOp() skips _arg_key for them
+SELF_KEYED_ARGS: set[type] = {type(None), int, str}
 
 
-def _forget(ref: "weakref.KeyedRef") -> None:
-    if _uop_cache.get(ref.key) is ref:
-        del _uop_cache[ref.key]
+def _forget(ref: "weakref.ref") -> None:
+    key = _ref_keys.pop(ref, None)
+    if key is not None and _uop_cache.get(key) is ref:
+        del _uop_cache[key]
 
 
 def normalize_const(value: Any, dtype: DType) -> Any:
@@ -126,7 +132,7 @@ class UOp:
             # a kind given as a plain string hashes and compares like its AxisKind: store the enum,
             # so one range never comes back with either spelling depending on which was made first
             arg = (arg[0], AxisKind(arg[1]), *arg[2:])
-        key = (op, dtype, src, arg if type(arg) in _PLAIN_ARGS else _arg_key(arg))
+        key = (op, dtype, src, arg if type(arg) in SELF_KEYED_ARGS else _arg_key(arg))
         try:
             ref = _uop_cache.get(key)
         except TypeError as e:
@@ -138,7 +144,8 @@ class UOp:
         self = object.__new__(cls)
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
         self._shape = self._device = self._toposort = None
-        _uop_cache[key] = weakref.KeyedRef(self, _forget, key)
+        ref = _uop_cache[key] = weakref.ref(self, _forget)
+        _ref_keys[ref] = key
         return self
 
     def __reduce__(self):

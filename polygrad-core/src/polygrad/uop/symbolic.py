@@ -207,6 +207,26 @@ def _divide_term(t: UOp, c: int) -> UOp:
     raise ValueError("term has no constant factor")
 
 
+def _divmod_fold(x: UOp) -> UOp | None:
+    """(a//c)*c + a%c + rest -> a + rest: C's truncating division and remainder satisfy
+    (a/c)*c + a%c == a for every a (a flat index split into two axes and joined again)."""
+    if not _is_int(x):
+        return None
+    terms = _split_sum(x)
+    mods = {(t.src[0], t.src[1].arg): i for i, t in enumerate(terms)
+            if t.op is Ops.MOD and t.src[1].op is Ops.CONST and t.src[1].arg != 0}
+    if not mods:
+        return None
+    for i, t in enumerate(terms):
+        if t.op is Ops.MUL and t.src[1].op is Ops.CONST and t.src[0].op is Ops.IDIV \
+                and t.src[0].src[1].op is Ops.CONST and t.src[0].src[1].arg == t.src[1].arg:
+            j = mods.get((t.src[0].src[0], t.src[1].arg))
+            if j is not None:
+                rest = [u for k, u in enumerate(terms) if k not in (i, j)]
+                return _sum([t.src[0].src[0], *rest])
+    return None
+
+
 def _cmp_fold(x: UOp, a: UOp, b: UOp) -> UOp | None:
     if not (_is_int(a) and _is_int(b)):
         return None
@@ -244,6 +264,8 @@ symbolic_rules = PatternMatcher([
     # move constants outward in sums: (y + c) + z -> (y + z) + c
     (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(UPat(name="y"), UPat(Ops.CONST, name="c"))), UPat(name="z"))),
      lambda y, c, z: (y + z) + c if _is_int(y) and z.op is not Ops.CONST else None),
+    # (a//c)*c + a%c -> a
+    (UPat(Ops.ADD, name="x"), _divmod_fold),
     # division and modulo by bounds
     (UPat(Ops.IDIV, src=(UPat(name="x"), UPat(Ops.CONST, name="c"))), _div_simplify),
     (UPat(Ops.MOD, src=(UPat(name="x"), UPat(Ops.CONST, name="c"))), _mod_simplify),
@@ -267,15 +289,23 @@ symbolic_rules = PatternMatcher([
 
 
 def range_coeff(expr: UOp, r: UOp) -> int | None:
-    """The constant c such that expr = c*r + (terms without r), or None if r appears otherwise."""
+    """The constant c such that expr = c*r + (terms without r), or None if r appears otherwise.
+    One walk over expr's nodes (sources first), not one per sub-expression."""
     if expr is r:
         return 1
-    if r not in expr.toposort():
-        return 0
-    if expr.op is Ops.ADD:
-        a, b = range_coeff(expr.src[0], r), range_coeff(expr.src[1], r)
-        return None if a is None or b is None else a + b
-    if expr.op is Ops.MUL and expr.src[1].op is Ops.CONST:
-        a = range_coeff(expr.src[0], r)
-        return None if a is None else a * int(expr.src[1].arg)
-    return None
+    coeff: dict[UOp, int | None] = {r: 1}
+    for node in expr.toposort():
+        if node in coeff:
+            continue
+        cs = [coeff.get(s, 0) for s in node.src]
+        if all(c == 0 for c in cs):
+            coeff[node] = 0
+        elif any(c is None for c in cs):
+            coeff[node] = None
+        elif node.op is Ops.ADD:
+            coeff[node] = cs[0] + cs[1]
+        elif node.op is Ops.MUL and node.src[1].op is Ops.CONST and cs[1] == 0:
+            coeff[node] = cs[0] * int(node.src[1].arg)
+        else:
+            coeff[node] = None
+    return coeff[expr]
