@@ -326,9 +326,9 @@ class CStyleRenderer:
         to each lane (clang and gcc compile it to one vector FMA instruction where the CPU has one)."""
         vt = self.vtype(dt, n)
         name = f"pg_fma_{vt[3:]}"
+        lane = f"r[pl] = {self.math_fn('fma', dt)}(a[pl], b[pl], c[pl]);"
         self._helpers[name] = (f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{ {vt} r; "
-                               f"for (int pl = 0; pl < {n}; pl++) r[pl] = {self.math_fn('fma', dt)}(a[pl], b[pl], c[pl]); "
-                               f"return r; }}")
+                               f"for (int pl = 0; pl < {n}; pl++) {lane} return r; }}")
         return f"{name}({a}, {b}, {c})"
 
     def count_lanes(self, gate: str, lanes: int) -> str:
