@@ -50,16 +50,16 @@ class ClangCompiler:
         except (OSError, subprocess.SubprocessError):
             return "unknown"
 
-    def key(self, src: str) -> str:
+    def key(self, src: str, extra: tuple[str, ...] = ()) -> str:
         h = hashlib.sha256()
-        for part in (src, self.cc, self.version, " ".join(FLAGS)):
+        for part in (src, self.cc, self.version, " ".join(FLAGS + extra)):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()[:40]
 
-    def compile(self, src: str) -> str:
-        """Return the path of a shared object built from `src` (cached)."""
-        key = self.key(src)
+    def compile(self, src: str, extra: tuple[str, ...] = ()) -> str:
+        """Return the path of a shared object built from `src` (cached); `extra` adds compiler flags."""
+        key = self.key(src, extra)
         hit = self.memory.get(key)
         if hit is not None and os.path.exists(hit):
             return hit
@@ -70,7 +70,7 @@ class ClangCompiler:
             fd, tmp = tempfile.mkstemp(prefix=f"{key}.", suffix=".tmp.so", dir=root)
             os.close(fd)
             try:
-                proc = subprocess.run([self.cc, *FLAGS[:-1], "-x", "c", "-", "-o", tmp, FLAGS[-1]], input=src,
+                proc = subprocess.run([self.cc, *FLAGS[:-1], *extra, "-x", "c", "-", "-o", tmp, FLAGS[-1]], input=src,
                                       capture_output=True, text=True, timeout=300)
                 if proc.returncode != 0:
                     raise CompileError(f"{os.path.basename(self.cc)} failed to compile a kernel:\n{proc.stderr}\n"
