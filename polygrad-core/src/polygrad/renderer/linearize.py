@@ -3,7 +3,7 @@
 Stage: linearizing, between lowering and rendering. Input: a ProgramSpec (kernel IR after device
 optimisation). Output: a `LinearProgram`, a flat list of `Inst`s in execution order:
 
-    PARAM VAR SPECIAL CONST          kernel parameters, the thread index, constants (all first)
+    PARAM VAR SPECIAL CONST LOCAL    kernel parameters, the thread index, constants, local arrays (all first)
     LOOP ... ENDLOOP                 explicit loop begin and end, properly nested
     ACC  UPDATE ... ACC_READ         an accumulator: defined once, updated inside its loops, read after
     IF ... ENDIF                     a gated region (gated stores)
@@ -23,6 +23,26 @@ decided here, once, for every target:
 
 Values are numbered by definition; common subexpressions are shared within a loop nest (a value
 computed in an inner loop is recomputed, not reused, after that loop has closed).
+
+Unrolled register tiles: a block's upcast and unroll ranges (all but the vector lanes, below) are not
+loops when they have at most MAX_UNROLL points together: each point gets its own instructions, with
+the range replaced by its value (index expressions are re-simplified per point), and a reduce that
+depends on them gets one accumulator per point (separate ACCs, never an array: compilers keep them
+in registers). Values that do not depend on a range are shared by its points (a matmul's B vector is
+loaded once per reduce step for every row of the tile). Points run in the order of the loops they
+replace, so results are bit-identical to the looped form. A block with more points keeps the loops
+and array accumulators described below (arg (op, k), k > 1).
+
+Contracted sums: a REDUCE with arg FMA (lowered for a device with FMA, body MUL(a, b)) updates with
+`UPDATE(acc, a, b[, lane])`, arg FMA: acc = fma(a, b, acc), rounded once; its ACC's arg is (FMA, k)
+and starts at 0.
+
+Staging (the STAGE opt, `spec.opts`): when the loop of the named global range opens, the block's one
+load of the named buffer is copied, for every point of the loops still to open that it depends on,
+into a LOCAL array (reduce ranges first, upcast ranges next, the vector lanes last): plain LOOPs with
+a LOAD from the PARAM and a STORE into the LOCAL. The load then reads the LOCAL at the matching
+position (contiguous along the lanes). LOAD and STORE take a LOCAL wherever they take a PARAM; a
+LOCAL is private to each launch (the C renderer puts it on the stack).
 
 Vector lanes (`linearize(spec, vector_width=w)`, w > 1; emitters that handle vectors pass the
 device's width, `spec.vector_width`; the default 1 keeps every upcast range a scalar loop). In each
@@ -46,8 +66,9 @@ the rest stays scalar and is broadcast where it meets a vector:
                             src (per-lane mask, no IF); a scalar gate still opens an IF block
     ALU, lanes n            lane-wise; every operand has n lanes (WHERE's condition too); bool lanes
                             are a mask the emitter chooses (the C renderer: int32 0 / -1)
-    ACC, lanes n            arg (op, k): an array of k vectors (k = the other upcast lanes), or one
-    UPDATE                  lane-wise into a vector accumulator; an UPDATE whose value has lanes and
+    ACC, lanes n            arg (op, k): an array of k vectors (k = the other, looped upcast lanes), or one
+    UPDATE                  lane-wise into a vector accumulator (FMA: a and b have its lanes); an UPDATE
+                            whose value has lanes and
                             whose accumulator has none folds the lanes into it in order 0..n-1 (the
                             reduce over V itself: the final sum of a split reduction)
     ACC_READ                has its accumulator's lanes
