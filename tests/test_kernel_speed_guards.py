@@ -14,7 +14,7 @@ from polygrad import Tensor
 from polygrad.backend_api import Capabilities
 from polygrad.device import Buffer, open_device
 from polygrad.engine import realize
-from polygrad.engine.lower import OptKind, lower, register_tile
+from polygrad.engine.lower import OptKind, lower
 from polygrad.engine.schedule import schedule
 from polygrad.renderer.cstyle import CStyleRenderer
 from polygrad.renderer.linearize import L, linearize
