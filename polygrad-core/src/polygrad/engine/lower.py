@@ -139,6 +139,17 @@ def register_tile(rows: UOp | None, cols: UOp, caps: Capabilities | None) -> tup
     return tile_rows, vecs
 
 
+def column_lanes(cols: UOp, caps: Capabilities | None) -> int:
+    """Columns of a register tile: two or one of the device's vectors, or, for a size the width does
+    not divide (a 56-pixel row), one narrower vector (half the width, 4 lanes or more) that divides it."""
+    width = max(1, int(getattr(caps, "vector_width", 1) or 1))
+    _, vecs = register_tile(None, cols, caps)
+    if vecs:
+        return vecs * width
+    half = width // 2
+    return half if half >= 4 and _divides(cols, half) else 0
+
+
 def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
     """Register-tile matmul-like kernels (and stage their column panels when big); give long
     reductions several accumulators (vector lanes)."""
@@ -162,14 +173,18 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
         # a tile only pays when some operand is reused across it (does not depend on `last`);
         # a plain row reduction gets partial accumulators instead
         reused = any(range_coeff(ix.src[1], last) == 0 for ix in loads)
-        rows = glob[-2] if len(glob) >= 2 else None
+        rows = next((r for r in reversed(glob[:-1]) if any(range_coeff(ix.src[1], r) == 0 for ix in loads)),
+                    None) if len(glob) >= 2 else None
         tile_rows, vecs = register_tile(rows, last, caps) if contiguous and reused else (0, 0)
-        if vecs:
+        cols = column_lanes(last, caps) if contiguous and reused else 0
+        if cols and not vecs:  # one narrow vector per row (a conv's 56-pixel rows): rows as for one vector
+            regs = int(caps.registers or 16)
+            tile_rows = next((r for r in (8, 6, 4, 2) if 2 * r + 2 <= regs and rows is not None and _divides(rows, r)), 1)
+        if cols:
             top = max(r.arg[0] for r in ranges_of(ast))
             if tile_rows > 1:  # the row tile is split first so its upcast loop sits outside the columns
                 opts.append(Opt(OptKind.UPCAST, rows.arg[0], tile_rows))
                 top += 2
-            cols = vecs * caps.vector_width
             opts.append(Opt(OptKind.UPCAST, last.arg[0], cols))
             return opts + stage_opts(ast, reduces[0], glob, loads, tile_rows, cols, top + 1, caps)
     red = reduces[0]
