@@ -179,7 +179,8 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
         cols = column_lanes(last, caps) if contiguous and reused else 0
         if cols and not vecs:  # one narrow vector per row (a conv's 56-pixel rows): rows as for one vector
             regs = int(caps.registers or 16)
-            tile_rows = next((r for r in (8, 6, 4, 2) if 2 * r + 2 <= regs and rows is not None and _divides(rows, r)), 1)
+            fits = [r for r in (8, 6, 4, 2) if 2 * r + 2 <= regs]
+            tile_rows = next((r for r in fits if rows is not None and _divides(rows, r)), 1)
         if cols:
             top = max(r.arg[0] for r in ranges_of(ast))
             if tile_rows > 1:  # the row tile is split first so its upcast loop sits outside the columns
