@@ -21,8 +21,8 @@ from polygrad.renderer.linearize import L, linearize
 from polygrad.uop.ops import Ops
 from polygrad_backend_interp.evaluator import InterpProgram
 
-AVX512 = Capabilities(threads=2, vector_width=16, registers=32, fma=True)
-AVX2 = Capabilities(threads=2, vector_width=8, registers=16, fma=True)
+AVX512 = Capabilities(threads=2, vector_width=16, registers=32, fma=True, stage_bytes=512 * 1024)
+AVX2 = Capabilities(threads=2, vector_width=8, registers=16, fma=True, stage_bytes=512 * 1024)
 SSE = Capabilities(threads=1, vector_width=4, registers=16)
 SCALAR_FMA = Capabilities(threads=1, vector_width=1, fma=True)
 
@@ -108,6 +108,15 @@ def test_big_matmul_stages_its_column_panels(layout):
     assert len(local) == 1 and local[0].arg == n * 32
     reads = [x for x in prog.insts if x.op is L.LOAD and x.src[0] is local[0]]
     assert len(reads) == 2 and all(x.arg == "contiguous" and x.lanes == 16 for x in reads)
+
+
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
+def test_no_staging_without_scratch(layout):
+    a, b = Tensor.empty(256, 256), Tensor.empty(256, 256)
+    t = {"nn": lambda: a @ b, "tn": lambda: a.T @ b, "nt": lambda: a @ b.T}[layout]()
+    spec = lower(kernel(t), Capabilities(threads=2, vector_width=16, registers=32, fma=True))
+    assert not {OptKind.OUTER, OptKind.STAGE} & {o.kind for o in spec.opts}
+    assert not any(x.op is L.LOCAL for x in linearize(spec, vector_width=16).insts)
 
 
 @pytest.mark.parametrize("layout", ["nn", "tn", "nt"])

@@ -28,7 +28,11 @@ def open_cpu(ordinal: int) -> DeviceImpl:
     lanes, registers, fma = vector_caps()
     return DeviceImpl(name="CPU", allocator=HostAllocator(), render=renderer.render, compile=compiler.compile,
                       load=load_program,
-                      capabilities=Capabilities(threads=threads, vector_width=lanes, registers=registers, fma=fma))
+                      capabilities=Capabilities(threads=threads, vector_width=lanes, registers=registers, fma=fma,
+                                                stage_bytes=STAGE_BYTES))
+
+
+STAGE_BYTES = 512 * 1024  # staged panels live on the launch's stack (8 MB for the main thread and the pool)
 
 
 def vector_caps() -> tuple[int, int, bool]:

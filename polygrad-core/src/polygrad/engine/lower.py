@@ -122,7 +122,6 @@ def _divides(r: UOp, amount: int) -> bool:
 
 # a matmul-like kernel stages its column panels (OUTER + STAGE) from this much work on (multiply-adds)
 STAGE_MIN_WORK = 1 << 22
-STAGE_MAX_BYTES = 512 * 1024  # as renderer/linearize.py: the local array lives on the launch's stack
 
 
 def register_tile(rows: UOp | None, cols: UOp, caps: Capabilities | None) -> tuple[int, int]:
@@ -200,7 +199,8 @@ def stage_opts(ast: UOp, red: UOp, glob: list[UOp], loads: list[UOp], tile_rows:
     """Cache blocking for a big matmul-like kernel (rows x columns, one reduction): the column panels
     (range id `panel` after the tile splits) become the outermost loop and the operand that does not
     depend on the rows (B) is staged per panel into a contiguous local array, so it stays in cache for
-    every row tile, whatever its layout (B, or W.T of `x @ W.T`)."""
+    every row tile, whatever its layout (B, or W.T of `x @ W.T`). Only on devices with stage_bytes
+    of launch-private scratch (the CPU: its stack) for the panel."""
     if len(glob) != 2 or tile_rows < 2 or any(_size(r) is None for r in [*glob, *red.src[1:]]):
         return []
     rows, last = glob
@@ -209,7 +209,7 @@ def stage_opts(ast: UOp, red: UOp, glob: list[UOp], loads: list[UOp], tile_rows:
     panels = _size(last) // cols
     others = [ix for ix in loads if range_coeff(ix.src[1], rows) == 0 and last in ix.src[1].toposort()]
     if len(others) != 1 or work < STAGE_MIN_WORK or panels < 2 * max(1, caps.threads) \
-            or _size(rows) // tile_rows < 4 or k * cols * others[0].dtype.itemsize > STAGE_MAX_BYTES:
+            or _size(rows) // tile_rows < 4 or k * cols * others[0].dtype.itemsize > getattr(caps, "stage_bytes", 0):
         return []
     slot = others[0].src[0].arg[0]
     return [Opt(OptKind.OUTER, panel, 0), Opt(OptKind.STAGE, panel, slot)]
