@@ -141,3 +141,28 @@ def test_thread_kernels_launch_on_the_c_pool():
     assert progs and runtime.c_pool() is not None and all(p.program.task is not None for p in progs)
     assert "_task(void** a, int tid)" in progs[0].source
     np.testing.assert_array_equal(out, np.full((512, 512), 512, np.float32))
+
+
+def test_div_mod_recombine_into_the_index():
+    """(x // c) * c + x % c is x for C's truncating division, whatever the sign: a flattened
+    concatenation then reads its slices contiguously (affine indices the compilers vectorise)."""
+    from polygrad.dtype import dtypes
+    from polygrad.uop.ops import UOp
+    from polygrad.uop.rewrite import graph_rewrite
+    from polygrad.uop.symbolic import symbolic_rules
+    r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 1000),), (0, "global"))
+    x = r - 400  # negative for part of the range
+    for expr in ((x // 7) * 7 + x % 7, x % 7 + (x // 7) * 7):
+        assert graph_rewrite(expr, symbolic_rules) is graph_rewrite(x, symbolic_rules)
+    vals = np.arange(1000) - 400
+    assert (np.trunc(vals / 7) * 7 + np.fmod(vals, 7) == vals).all()  # the C identity the rule relies on
+
+
+def test_scalar_gated_loads_are_kept_from_clangs_masked_vectorisation():
+    a, b = Tensor.empty(1000), Tensor.empty(337)
+    (ast,) = [kernel(a.cat(b) * 2)]
+    src = src_of(lower(ast, AVX512))
+    assert "#pragma clang loop vectorize(disable)" in src, src
+    assert "#pragma" not in src_of(lower(kernel(Tensor.empty(1024) * 2), AVX512))
+    out = (Tensor(np.arange(5, dtype=np.float32)).cat(Tensor(np.ones(3, np.float32))) * 2).numpy()
+    np.testing.assert_array_equal(out, [0, 2, 4, 6, 8, 2, 2, 2])
