@@ -202,27 +202,30 @@ def _conv(lib: str, tiny: bool, reps: int, backward: bool) -> float:
     rng = np.random.default_rng(0)
     x_np = rng.standard_normal((bs, c, hw, hw)).astype(np.float32)
     w_np = (rng.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
+    g_np = rng.standard_normal((bs, c, hw, hw)).astype(np.float32)  # the upstream gradient
     if lib == "torch":
         import torch
         x = torch.from_numpy(x_np).requires_grad_(backward)
         wt = torch.from_numpy(w_np).requires_grad_(backward)
+        g = torch.from_numpy(g_np)
 
         def run() -> None:
             out = torch.nn.functional.conv2d(x, wt, padding=1)
             if backward:
                 x.grad = wt.grad = None
-                out.sum().backward()
+                out.backward(g)
         return 1e3 * best(run, reps)
     pg = import_polygrad()
     x = pg.Tensor(x_np, requires_grad=backward).realize()
     wt = pg.Tensor(w_np, requires_grad=backward).realize()
+    g_pg = pg.Tensor(g_np).realize()
 
     def run_pg() -> None:
         out = x.conv2d(wt, padding=1)
-        if backward:
+        if backward:  # forward output, input and weight gradients, as torch computes them
             x.grad = wt.grad = None
-            out.sum().backward()
-            x.grad.realize(wt.grad)
+            (out * g_pg).sum().backward()
+            out.realize(x.grad, wt.grad)
         else:
             out.realize()
     return 1e3 * best(run_pg, reps)

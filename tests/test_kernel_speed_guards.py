@@ -166,3 +166,28 @@ def test_scalar_gated_loads_are_kept_from_clangs_masked_vectorisation():
     assert "#pragma" not in src_of(lower(kernel(Tensor.empty(1024) * 2), AVX512))
     out = (Tensor(np.arange(5, dtype=np.float32)).cat(Tensor(np.ones(3, np.float32))) * 2).numpy()
     np.testing.assert_array_equal(out, [0, 2, 4, 6, 8, 2, 2, 2])
+
+
+def _conv_kernels():
+    x = Tensor.empty(8, 64, 56, 56, requires_grad=True)
+    w = Tensor.empty(64, 64, 3, 3, requires_grad=True)
+    out = x.conv2d(w, padding=1)
+    (out * Tensor.empty(8, 64, 56, 56)).sum().backward()
+    tpl, _ = schedule([out.uop, x.grad.uop, w.grad.uop])
+    return [s.ast for s in tpl.steps if s.kind == "kernel"]
+
+
+def test_conv_kernels_get_vector_tiles():
+    """conv2d 3x3 64->64 on 56x56: the forward tiles output channels x 8-pixel vectors (56 is not a
+    multiple of 16 lanes: half-width vectors), the weight gradient is a tile of dot products along the
+    pixel rows, and no kernel doing the convolution's multiply-adds is left without vectors."""
+    kinds = {}
+    for ast in _conv_kernels():
+        spec = lower(ast, AVX512)
+        if spec.ops < 1e9:
+            continue
+        src = src_of(spec)
+        assert "pg_f32x8" in src, spec.name
+        kinds[spec.name] = [(o.kind, o.amount) for o in spec.opts if o.kind is not OptKind.THREAD]
+    assert (OptKind.UPCAST, 8) in kinds["r_8_64_56_56"]  # forward: 8 output channels x one vector of 8 pixels
+    assert [k for k, _ in kinds["r_64_64_3_3"]] == [OptKind.UPCAST, OptKind.UPCAST, OptKind.SPLIT_REDUCE]

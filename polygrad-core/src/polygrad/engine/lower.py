@@ -165,28 +165,12 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
     store_index = ends[0].src[0].src[0]
     opts: list[Opt] = []
     if glob and caps is not None:
-        last = glob[-1]
-        # a contiguous output counts too: x @ W.T (both operands strided along the output column)
-        # still gains from the register tile
-        contiguous = any(range_coeff(ix.src[1], last) == 1 for ix in [*loads, store_index])
-        # a tile only pays when some operand is reused across it (does not depend on `last`);
-        # a plain row reduction gets partial accumulators instead
-        reused = any(range_coeff(ix.src[1], last) == 0 for ix in loads)
-        rows = next((r for r in reversed(glob[:-1]) if any(range_coeff(ix.src[1], r) == 0 for ix in loads)),
-                    None) if len(glob) >= 2 else None
-        tile_rows, vecs = register_tile(rows, last, caps) if contiguous and reused else (0, 0)
-        cols = column_lanes(last, caps) if contiguous and reused else 0
-        if cols and not vecs:  # one narrow vector per row (a conv's 56-pixel rows): rows as for one vector
-            regs = int(caps.registers or 16)
-            fits = [r for r in (8, 6, 4, 2) if 2 * r + 2 <= regs]
-            tile_rows = next((r for r in fits if rows is not None and _divides(rows, r)), 1)
-        if cols:
-            top = max(r.arg[0] for r in ranges_of(ast))
-            if tile_rows > 1:  # the row tile is split first so its upcast loop sits outside the columns
-                opts.append(Opt(OptKind.UPCAST, rows.arg[0], tile_rows))
-                top += 2
-            opts.append(Opt(OptKind.UPCAST, last.arg[0], cols))
-            return opts + stage_opts(ast, reduces[0], glob, loads, tile_rows, cols, top + 1, caps)
+        tile = outer_tile_opts(ast, glob, reduces[0], loads, store_index, caps)
+        if tile:
+            return tile
+    dot = dot_tile_opts(glob, reduces[0], loads, caps) if caps is not None else []
+    if dot:
+        return dot
     red = reduces[0]
     inner = red.src[-1]
     if inner.arg[1] == AxisKind.REDUCE and _divides(inner, 8) and _size(inner) >= 64:
@@ -194,16 +178,85 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
     return opts
 
 
-def stage_opts(ast: UOp, red: UOp, glob: list[UOp], loads: list[UOp], tile_rows: int, cols: int, panel: int,
-               caps: Capabilities) -> list[Opt]:
+def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store_index: UOp,
+                    caps: Capabilities) -> list[Opt]:
+    """An outer-product register tile: the columns are the innermost global range along which some
+    operand (or the output) is contiguous and some operand is reused (does not depend on it), in
+    vectors; the rows a range the vector operand does not depend on (a matmul's rows, a conv's output
+    channels), unrolled, as many as the registers allow. Big two-range kernels also get their column
+    panels staged (stage_opts); when the vector operand would be gathered and is not staged (a batched
+    q @ k.T), a tile of dot products (dot_tile_opts) is used instead where it applies."""
+    for last in reversed(glob):
+        if _size(last) is None:
+            continue
+        # a contiguous output counts too: x @ W.T (both operands strided along the output column)
+        contiguous = any(range_coeff(ix.src[1], last) == 1 for ix in [*loads, store_index])
+        # a tile only pays when some operand is reused across it; a plain row reduction gets
+        # partial accumulators instead
+        reused = any(range_coeff(ix.src[1], last) == 0 for ix in loads)
+        cols = column_lanes(last, caps) if contiguous and reused else 0
+        if not cols:
+            continue
+        vecs = max(1, cols // caps.vector_width)
+        regs = int(caps.registers or 16)
+        fits = [r for r in (8, 6, 4, 2) if r * vecs + vecs + 1 <= regs]
+        along = [ix for ix in loads if last in ix.src[1].toposort()]
+        others = [r for r in reversed(glob) if r is not last and _size(r) is not None]
+        shared = [r for r in others if along and all(range_coeff(ix.src[1], r) == 0 for ix in along)]
+        some = [r for r in others if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
+        rows, tile_rows = next(((r, n) for r in shared + some for n in fits if _divides(r, n)), (None, 1))
+        opts: list[Opt] = []
+        top = max(r.arg[0] for r in ranges_of(ast))
+        if rows is not None:  # the row tile is split first so its upcast loop sits outside the columns
+            opts.append(Opt(OptKind.UPCAST, rows.arg[0], tile_rows))
+            top += 2
+        opts.append(Opt(OptKind.UPCAST, last.arg[0], cols))
+        staged = stage_opts(ast, red, glob, rows, last, loads, tile_rows, cols, top + 1, caps)
+        if staged or all(range_coeff(ix.src[1], last) == 1 for ix in along):
+            return opts + staged
+        return dot_tile_opts(glob, red, loads, caps) or opts
+    return []
+
+
+def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilities) -> list[Opt]:
+    """A tile of dot products, for kernels whose operands are contiguous along the reduction, not
+    along an output column (a conv's weight gradient, batched q @ k.T): the innermost reduce range is
+    split into vector lanes (SPLIT_REDUCE) and up to two output ranges, each of which some operand does
+    not depend on, are unrolled (UPCAST), so each loaded vector serves a row or column of the tile;
+    a x b vector accumulators plus a + b operand vectors fit the registers."""
+    inner = red.src[-1]
+    width = max(1, int(caps.vector_width or 1))
+    regs = int(caps.registers or 16)
+    if inner.arg[1] != AxisKind.REDUCE or _size(inner) is None:
+        return []
+    contiguous = [ix for ix in loads if range_coeff(ix.src[1], inner) == 1]
+    if not contiguous or any(range_coeff(ix.src[1], inner) not in (0, 1) for ix in loads):
+        return []
+    lanes = next((n for n in (width, width // 2) if n >= 4 and _divides(inner, n) and _size(inner) > n), 0)
+    reuse = [r for r in reversed(glob) if _size(r) is not None and any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
+    if not lanes or not reuse:
+        return []
+    picked: list[tuple[UOp, int]] = []
+    for r in reuse:
+        amount = next((a for a in (4, 2) if _divides(r, a)), 0)
+        if amount and len(picked) < 2:
+            picked.append((r, amount))
+    while picked and math.prod(a for _, a in picked) + sum(a for _, a in picked) > regs:
+        picked.pop()
+    if not picked:
+        return []
+    return [Opt(OptKind.UPCAST, r.arg[0], a) for r, a in picked] + [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)]
+
+
+def stage_opts(ast: UOp, red: UOp, glob: list[UOp], rows: UOp | None, last: UOp, loads: list[UOp], tile_rows: int,
+               cols: int, panel: int, caps: Capabilities) -> list[Opt]:
     """Cache blocking for a big matmul-like kernel (rows x columns, one reduction): the column panels
     (range id `panel` after the tile splits) become the outermost loop and the operand that does not
     depend on the rows (B) is staged per panel into a contiguous local array, so it stays in cache for
     every row tile, whatever its layout (B, or W.T of `x @ W.T`). Only on devices with stage_bytes
     of launch-private scratch (the CPU: its stack) for the panel."""
-    if len(glob) != 2 or tile_rows < 2 or any(_size(r) is None for r in [*glob, *red.src[1:]]):
+    if len(glob) != 2 or rows is None or tile_rows < 2 or any(_size(r) is None for r in [*glob, *red.src[1:]]):
         return []
-    rows, last = glob
     k = math.prod(_size(r) for r in red.src[1:])
     work = _size(rows) * _size(last) * k
     panels = _size(last) // cols
