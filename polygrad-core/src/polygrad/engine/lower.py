@@ -150,8 +150,9 @@ def column_lanes(cols: UOp, caps: Capabilities | None) -> int:
 
 
 def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
-    """Register-tile matmul-like kernels (and stage their column panels when big); give long
-    reductions several accumulators (vector lanes)."""
+    """Register-tile matmul-like kernels: an outer-product tile (outer_tile_opts; big ones also stage
+    their column panels) or a tile of dot products (dot_tile_opts); else give a long reduction several
+    accumulators (vector lanes)."""
     if caps is not None and caps.vector_width <= 1:
         return []
     ends = [n for n in ast.src if n.op is Ops.END]
