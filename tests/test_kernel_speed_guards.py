@@ -95,7 +95,7 @@ def test_contracted_sum_gives_the_same_bits_on_cpu_and_interp():
 def test_big_matmul_stages_its_column_panels(layout):
     """OUTER + STAGE: the column panels are the outermost (thread-shared) loop and B, whatever its
     layout, is copied per panel into a contiguous local array that the tile reads as vectors."""
-    n = 256
+    n = 512
     a, b = Tensor.empty(n, n), Tensor.empty(n, n)
     t = {"nn": lambda: a @ b, "tn": lambda: a.T @ b, "nt": lambda: a @ b.T}[layout]()
     spec = lower(kernel(t), AVX512)
@@ -112,7 +112,7 @@ def test_big_matmul_stages_its_column_panels(layout):
 
 @pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
 def test_no_staging_without_scratch(layout):
-    a, b = Tensor.empty(256, 256), Tensor.empty(256, 256)
+    a, b = Tensor.empty(512, 512), Tensor.empty(512, 512)
     t = {"nn": lambda: a @ b, "tn": lambda: a.T @ b, "nt": lambda: a @ b.T}[layout]()
     spec = lower(kernel(t), Capabilities(threads=2, vector_width=16, registers=32, fma=True))
     assert not {OptKind.OUTER, OptKind.STAGE} & {o.kind for o in spec.opts}
@@ -122,11 +122,13 @@ def test_no_staging_without_scratch(layout):
 @pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
 def test_staged_matmuls_equal_numpy_on_this_cpu(layout):
     rng = np.random.default_rng(1)
-    an, bn = rng.random((256, 256), dtype=np.float32), rng.random((256, 256), dtype=np.float32)
+    an, bn = rng.random((384, 384), dtype=np.float32), rng.random((384, 384), dtype=np.float32)
     a, b = Tensor(an, device="CPU"), Tensor(bn, device="CPU")
-    got = {"nn": lambda: a @ b, "tn": lambda: a.T @ b, "nt": lambda: a @ b.T}[layout]().numpy()
+    t = {"nn": lambda: a @ b, "tn": lambda: a.T @ b, "nt": lambda: a @ b.T}[layout]()
+    assert OptKind.STAGE in [o.kind for o in lower(kernel(t), open_device("CPU").capabilities).opts] or \
+        open_device("CPU").capabilities.vector_width < 8  # staged on this machine's lanes
     ref = {"nn": an @ bn, "tn": an.T @ bn, "nt": an @ bn.T}[layout]
-    np.testing.assert_allclose(got, ref, rtol=1e-4)
+    np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4)
 
 
 def test_thread_kernels_launch_on_the_c_pool():
@@ -135,6 +137,7 @@ def test_thread_kernels_launch_on_the_c_pool():
     if caps.threads < 2:
         pytest.skip("one core")
     x = Tensor(np.ones((512, 512), np.float32), device="CPU")
+    assert runtime.c_pool(wait=True) is not None
     realize.program_cache.clear()
     out = (x @ x).numpy()
     progs = [p for (_, d), p in realize.program_cache.items() if d == "CPU" and p.spec.threads > 1]

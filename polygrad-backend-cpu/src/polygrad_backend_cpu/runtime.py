@@ -10,13 +10,14 @@ Threads: a kernel with `spec.threads > 1` also has a trampoline `<name>_task(voi
 calling thread runs index 0 and persistent pthreads (created once, spinning briefly between launches,
 then sleeping on a condition variable) run the others; cffi releases the GIL for the whole call, so a
 launch costs one foreign call, not one Python future per thread. The pool is a small C library
-compiled once with the kernel compiler (cached like kernels); if it cannot be built, launches fall back
-to a Python thread pool.
+compiled with the kernel compiler (cached like kernels) in a background thread the first time a
+THREAD kernel loads; until it is ready, or if it cannot be built, launches use a Python thread pool.
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,6 +32,8 @@ _fn_types: dict[int, Any] = {}
 _libs: list[Any] = []  # keep shared objects loaded for the life of the process
 _pool: ThreadPoolExecutor | None = None
 _c_pool: Any = None  # the C pool library (False: could not be built)
+_pool_builder: threading.Thread | None = None
+_pool_lock = threading.Lock()
 
 POOL_SOURCE = r"""
 #include <pthread.h>
@@ -121,15 +124,26 @@ def pool() -> ThreadPoolExecutor:
     return _pool
 
 
-def c_pool() -> Any:
-    """The C thread pool library (built once, cached on disk like kernels), or None."""
+def _build_pool() -> None:
     global _c_pool
+    try:
+        from polygrad_backend_cpu.compiler import ClangCompiler
+        _c_pool = FFI.dlopen(ClangCompiler().compile(POOL_SOURCE, extra=("-pthread",)))
+    except Exception:  # noqa: BLE001 - any failure: the Python pool still runs every launch
+        _c_pool = False
+
+
+def c_pool(wait: bool = False) -> Any:
+    """The C thread pool library, or None while it is being built (in the background, so a cold
+    start does not wait for its compile: launches use the Python pool meanwhile) or if it cannot be."""
+    global _pool_builder
     if _c_pool is None:
-        try:
-            from polygrad_backend_cpu.compiler import ClangCompiler
-            _c_pool = FFI.dlopen(ClangCompiler().compile(POOL_SOURCE, extra=("-pthread",)))
-        except Exception:  # noqa: BLE001 - any failure: the Python pool still runs every launch
-            _c_pool = False
+        with _pool_lock:
+            if _pool_builder is None:
+                _pool_builder = threading.Thread(target=_build_pool, name="polygrad-pool-build", daemon=True)
+                _pool_builder.start()
+        if wait:
+            _pool_builder.join()
     return _c_pool or None
 
 
@@ -161,19 +175,19 @@ class CPUProgram:
         self.threads = spec.threads
         self.fn = FFI.cast(_fn_type(len(spec.globals), self.var_types, self.threads > 1), addr)
         self.task = None
-        if self.threads > 1 and c_pool() is not None and hasattr(lib, f"{spec.name}_task"):
+        if self.threads > 1 and hasattr(lib, f"{spec.name}_task"):
             self.task = FFI.cast("void*", ctypes.cast(getattr(lib, f"{spec.name}_task"), ctypes.c_void_p).value)
-            self.nargs = len(spec.globals) + len(self.var_types)
+            c_pool()  # start building the pool
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> float | None:
         args = [pointer(b) for b in buffers]
         t0 = time.perf_counter() if timing else 0.0
         if self.threads == 1:
             self.fn(*args, *var_vals)
-        elif self.task is not None:
+        elif self.task is not None and _c_pool:
             keep = [FFI.new(f"{t}*", v) for t, v in zip(self.var_types, var_vals)]
             packed = FFI.new("void*[]", args + keep) if keep else FFI.new("void*[]", args)
-            c_pool().pg_pool_run(self.task, packed, self.threads)
+            _c_pool.pg_pool_run(self.task, packed, self.threads)
         else:
             args.extend(var_vals)
             futures = [pool().submit(self.fn, *args, t) for t in range(1, self.threads)]

@@ -120,8 +120,10 @@ def _divides(r: UOp, amount: int) -> bool:
     return size is not None and size % amount == 0
 
 
-# a matmul-like kernel stages its column panels (OUTER + STAGE) from this much work on (multiply-adds)
-STAGE_MIN_WORK = 1 << 22
+# a matmul-like kernel stages its column panels (OUTER + STAGE) from this much work on (multiply-adds),
+# when B is bigger than this (smaller ones stay in cache anyway, and staging costs compile time)
+STAGE_MIN_WORK = 1 << 25
+STAGE_MIN_B_BYTES = 256 * 1024
 
 
 def register_tile(rows: UOp | None, cols: UOp, caps: Capabilities | None) -> tuple[int, int]:
@@ -262,7 +264,8 @@ def stage_opts(ast: UOp, red: UOp, glob: list[UOp], rows: UOp | None, last: UOp,
     work = _size(rows) * _size(last) * k
     panels = _size(last) // cols
     others = [ix for ix in loads if range_coeff(ix.src[1], rows) == 0 and last in ix.src[1].toposort()]
-    if len(others) != 1 or work < STAGE_MIN_WORK or panels < 2 * max(1, caps.threads) \
+    b_bytes = _size(last) * k * (others[0].dtype.itemsize if others else 4)
+    if len(others) != 1 or work < STAGE_MIN_WORK or b_bytes <= STAGE_MIN_B_BYTES or panels < 2 * max(1, caps.threads) \
             or _size(rows) // tile_rows < 4 or k * cols * others[0].dtype.itemsize > getattr(caps, "stage_bytes", 0):
         return []
     slot = others[0].src[0].arg[0]

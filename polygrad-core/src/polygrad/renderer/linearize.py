@@ -475,17 +475,45 @@ class _Linearizer:
         is lane 0's) or "gather" (one index per lane). `at` replaces the index expression (a staged load
         reads its local array there)."""
         gate = self.value(self.bound_expr(index.src[2])) if len(index.src) > 2 else None
-        expr = self.bound_expr(index.src[1] if at is None else at)
+        expr, offset = self.bound_split(index.src[1] if at is None else at)
+
+        def at_offset(x: Inst) -> Inst:  # the unrolled point's constant part, one add
+            return x if offset == 0 else self.alu(x.dtype, (x, self.const(x.dtype, offset)), Ops.ADD)
         if not self.lanes_open():
-            return self.value(expr), gate, None, 1
+            return at_offset(self.value(expr)), gate, None, 1
         n = self.vec_size()
         c = range_coeff(expr, self.vec)
         if c == 1:
-            return self.value(_at_lane0(expr, self.vec)), gate, "contiguous", n
-        idx = self.value(expr)
+            return at_offset(self.value(_at_lane0(expr, self.vec))), gate, "contiguous", n
+        idx = at_offset(self.value(expr))
         if idx.lanes == 1 and (gate is None or gate.lanes == 1):
             return idx, gate, None, 1
         return self.bcast(idx, n), gate, "gather", n
+
+    def bound_split(self, e: UOp) -> tuple[UOp, int]:
+        """(expression, constant) equal to e at the current unrolled point: for an index linear in the
+        bound ranges, e with them at 0 (simplified once per expression) and the point's offset; else
+        bound_expr(e) and 0."""
+        if not self.bind:
+            return e, 0
+        deps = self.deps(e)
+        hit = sorted((r for r in self.bind if r in deps), key=lambda r: r.arg[0])
+        if not hit:
+            return e, 0
+        coeffs = [range_coeff(e, r) for r in hit]
+        if any(c is None for c in coeffs):
+            return self.bound_expr(e), 0
+        k = (e, "zero", tuple(hit))
+        base = self.folded.get(k)
+        if base is None:
+            memo: dict[UOp, UOp] = {r: UOp.const(r.dtype, 0) for r in hit}
+            for node in e.toposort():
+                if node in memo:
+                    continue
+                src = tuple(memo.get(x, x) for x in node.src)
+                memo[node] = node if src == node.src else node.replace(src=src)
+            base = self.folded[k] = graph_rewrite(memo[e], symbolic_rules, name="unrolled_index")
+        return base, sum(c * self.bind[r] for c, r in zip(coeffs, hit))
 
     def load(self, u: UOp) -> Inst:
         index = u.src[0]
