@@ -75,15 +75,39 @@ def test_reduction_defines_updates_then_reads_its_accumulator():
     assert ins[loops[1]].arg[1] == AxisKind.REDUCE
 
 
-def test_split_reduce_gets_a_lane_accumulator_array_inside_the_reduce_loop():
+def test_split_reduce_gets_named_lane_accumulators_updated_inside_the_reduce_loop():
+    """The 8 partial sums are unrolled: 8 accumulators (one value each, no array to index) defined
+    before the reduce loop, each updated once per iteration of it, then folded in lane order."""
     (ast,) = kernels(Tensor.empty(8, 4096).sum(1))
     spec = lower(ast, Capabilities(threads=1, vector_width=8))
     assert [o.kind for o in spec.opts] == [OptKind.SPLIT_REDUCE]
     prog = linearize(spec)
     check_structure(prog)
+    ins = list(prog.insts)
+    accs = [x for x in ins if x.op is L.ACC]
+    assert [a.arg[1] for a in accs] == [1] * 9  # 8 partial sums, then their total
+    reduce_loop = next(i for i, x in enumerate(ins) if x.op is L.LOOP and x.arg[1] == AxisKind.REDUCE)
+    end = next(i for i, x in enumerate(ins) if x.op is L.ENDLOOP and x.src[0] is ins[reduce_loop])
+    assert all(ins.index(a) < reduce_loop for a in accs)
+    updates = [x for x in ins[reduce_loop:end] if x.op is L.UPDATE]
+    partial = [u.src[0] for u in updates]
+    assert len(set(partial)) == 8 and set(partial) < set(accs)  # each lane's accumulator, once each
+    total = [x for x in ins[end:] if x.op is L.UPDATE]
+    assert len(total) == 8 and {u.src[0] for u in total} == set(accs) - set(partial)  # folded in order
+    assert not any(x.op is L.LOOP and x.arg[1] == AxisKind.UPCAST for x in ins)  # no lane loop
+
+
+def test_too_many_upcast_points_keep_a_lane_loop_and_an_accumulator_array():
+    """Past MAX_UNROLL points a block keeps its upcast ranges as loops over accumulator arrays."""
+    from polygrad.renderer.linearize import MAX_UNROLL
+    (ast,) = kernels(Tensor.empty(8, 4096).sum(1))
+    r = next(x for x in ast.toposort() if x.op is Ops.RANGE and x.arg[1] == AxisKind.REDUCE)
+    spec = lower(ast, Capabilities(threads=1, vector_width=8), [Opt(OptKind.SPLIT_REDUCE, r.arg[0], 2 * MAX_UNROLL)])
+    prog = linearize(spec)
+    check_structure(prog)
     accs = [x for x in prog.insts if x.op is L.ACC]
-    assert sorted(a.arg[1] for a in accs) == [1, 8]  # the 8 partial sums, then their total
-    lane_acc = next(a for a in accs if a.arg[1] == 8)
+    assert sorted(a.arg[1] for a in accs) == [1, 2 * MAX_UNROLL]
+    lane_acc = next(a for a in accs if a.arg[1] == 2 * MAX_UNROLL)
     i = prog.insts.index(lane_acc)
     nxt = [x for x in prog.insts[i:] if x.op is L.LOOP][:2]
     assert [x.arg[1] for x in nxt] == [AxisKind.REDUCE, AxisKind.UPCAST]  # lanes innermost

@@ -70,12 +70,13 @@ def lane_loop_axes(src: str) -> set[int]:
 
 
 def vector_axis(spec):
-    """The axis id of the range the linear program turned into lanes (the one no lane loop opens)."""
-    ups = {r.arg[0] for r in spec.ast.toposort() if r.op is Ops.RANGE and r.arg[1] == AxisKind.UPCAST}
-    looped = {x.arg[0] for x in linearize(spec, vector_width=spec.vector_width).insts if x.op is L.LOOP}
-    lanes = ups - looped
-    assert len(lanes) <= 1, lanes
-    return next(iter(lanes), None)
+    """The axis id of the range the linear program turns into lanes (None: no vector code)."""
+    from polygrad.renderer.linearize import _Linearizer
+    if not any(x.lanes > 1 for x in linearize(spec, vector_width=spec.vector_width).insts):
+        return None
+    end = next(n for n in spec.ast.src if n.op is Ops.END)
+    r = _Linearizer(spec, spec.vector_width).choose_vector(end)
+    return None if r is None else r.arg[0]
 
 
 # ---- running one kernel on given inputs
@@ -164,20 +165,25 @@ def check_kernel(ast, caps=LANES8, opts=None, specials=True, seed=0, expect_vect
 # ---- the source: vectors where the device has lanes, none where it has not
 
 def test_matmul_is_vector_code_without_a_lane_loop():
+    """The register tile is unrolled: one named vector accumulator per (row, column vector), no loop
+    over rows or column vectors and no accumulator array; B's vectors are loaded once per reduce step
+    and shared by the rows, A's element broadcast once and shared by the vectors."""
     (ast,) = kernels(Tensor.empty(64, 64) @ Tensor.empty(64, 64))
     spec = lower(ast, LANES8)
     assert spec.vector_width == 8
-    assert sorted(o.amount for o in spec.opts if o.kind is OptKind.UPCAST) == [8, 16]  # the 8x16 tile
+    # 8 lanes, 16 registers: 4 rows x 2 vectors = 8 accumulators + 2 B vectors + 1 broadcast
+    assert sorted(o.amount for o in spec.opts if o.kind is OptKind.UPCAST) == [4, 16]
     src = source(spec, 8)
     # the 16 tile columns are two vectors of the device's 8 lanes (gcc makes poor code of wider ones)
     assert "typedef float pg_f32x8 __attribute__((vector_size(32)));" in src and "x16" not in src
-    assert re.search(r"pg_f32x8 val\d+;\s*__builtin_memcpy\(&val\d+, data\d \+", src), src  # contiguous load
-    assert re.search(r"pg_f32x8 bc\d+ = \{val\d+,", src), src  # A's element broadcast
-    assert re.search(r"pg_f32x8 acc\d+\[16\];", src), src  # 8 rows x 2 vectors of accumulators
+    assert len(re.findall(r"pg_f32x8 val\d+;\s*__builtin_memcpy\(&val\d+, data\d \+", src)) == 2, src  # B: 2 vectors
+    assert len(re.findall(r"pg_f32x8 bc\d+ = \{val\d+,", src)) == 4, src  # A: one broadcast per row
+    assert len(re.findall(r"pg_f32x8 acc\d+ = bc\d+;", src)) == 8 and "acc[" not in src, src
+    assert "[8];" not in src and not re.search(r"acc\d+\[", src), src
     assert vector_axis(spec) is not None
-    loops = {x.arg[0]: x.src[1].arg for x in linearize(spec, vector_width=8).insts if x.op is L.LOOP
-             and x.arg[1] == AxisKind.UPCAST}
-    assert sorted(loops.values()) == [2, 8] and len(lane_loop_axes(src)) == 2  # rows, and the 2 column vectors
+    prog = linearize(spec, vector_width=8)
+    assert not [x for x in prog.insts if x.op is L.LOOP and x.arg[1] == AxisKind.UPCAST]
+    assert sum(x.op is L.UPDATE for x in prog.insts) == 8 and not lane_loop_axes(src)
     out = check_kernel(ast, interp=False)
     assert out.opts == spec.opts
     a = np.random.rand(64, 64).astype(np.float32)
@@ -384,7 +390,7 @@ def _upcast(ast, amount):
 @pytest.mark.parametrize("case", ["masked_store", "if_store", "scatter", "gather", "masked_gather",
                                   "gated_contiguous", "fma", "mod", "where_lane_index"])
 def test_hand_built_accesses(case, amount):
-    """amount 8: the upcast range is one vector; 16: a loop of 2 around vectors of 8."""
+    """amount 8: the upcast range is one vector; 16: two vectors of 8 (unrolled, no loop)."""
     n = 64
     if case == "masked_store":  # a gate that depends on the lanes: per-lane store, no IF
         ast, _ = _kernel(n, lambda r, a: a[0][r].load() * 2.0, case, gate=lambda r: (r % 3) < 2)
@@ -416,7 +422,7 @@ def test_hand_built_accesses(case, amount):
         ast, _ = _kernel(n, lambda r, a: ((r % 4) < 2).where(a[0][r].load(), r.cast(dtypes.float32)), case)
     spec = check_kernel(ast, caps=LANES8_ONE_THREAD, opts=_upcast(ast, amount), expect_vectors=True)
     src = source(spec, 8)
-    assert len(lane_loop_axes(src)) == (0 if amount == 8 else 1), src
+    assert not lane_loop_axes(src), src
     if case == "masked_store":  # a lane mask: one vector store when every lane is on, else lane by lane
         assert re.search(r"if \(\(\{ int on_ = 0;.*\) == 8\) __builtin_memcpy\(data0", src), src
         assert re.search(r"else for \(int pl = 0; pl < 8; pl\+\+\) if \(\(alu\d+\[pl\]!=0\)\) data0", src), src
@@ -440,7 +446,9 @@ def test_unvectorisable_kernels_fall_back_to_lane_loops():
     spec = lower(ast, LANES8)
     assert any(o.kind is OptKind.SPLIT_REDUCE for o in spec.opts)
     src = source(spec, 8)
-    assert not has_vectors(src) and lane_loop_axes(src)
+    assert not has_vectors(src) and not lane_loop_axes(src)  # 8 scalar lanes, unrolled
+    prog = linearize(spec, vector_width=8)
+    assert all(x.lanes == 1 for x in prog.insts) and sum(x.op is L.ACC for x in prog.insts) == 9
     (ast,) = kernels(E(1024, dtype=dtypes.int8) << 3)  # shifts of narrow ints are computed in int by C
     spec = lower(ast, LANES8)
     assert not has_vectors(source(spec, 8))

@@ -25,24 +25,29 @@ def open_cpu(ordinal: int) -> DeviceImpl:
     compiler = ClangCompiler()
     renderer = CPURenderer()
     threads = int(os.environ.get("POLY_THREADS") or os.cpu_count() or 1)
-    lanes, registers = vector_caps()
+    lanes, registers, fma = vector_caps()
     return DeviceImpl(name="CPU", allocator=HostAllocator(), render=renderer.render, compile=compiler.compile,
                       load=load_program, compile_many=compiler.compile_many,
-                      capabilities=Capabilities(threads=threads, vector_width=lanes, registers=registers))
+                      capabilities=Capabilities(threads=threads, vector_width=lanes, registers=registers, fma=fma,
+                                                stage_bytes=STAGE_BYTES))
 
 
-def vector_caps() -> tuple[int, int]:
-    """(float32 lanes, vector registers) of this CPU, as -march=native compiles for it."""
+STAGE_BYTES = 512 * 1024  # staged panels live on the launch's stack (8 MB for the main thread and the pool)
+
+
+def vector_caps() -> tuple[int, int, bool]:
+    """(float32 lanes, vector registers, fused multiply-add) of this CPU, as -march=native compiles for it."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), [])
     except OSError:
         flags = []
+    fma = "fma" in flags or "asimd" in flags  # x86 FMA3; every ARMv8 NEON unit fuses (vfma)
     if "avx512f" in flags:
-        return 16, 32
+        return 16, 32, fma
     if "avx2" in flags or "avx" in flags:
-        return 8, 16
-    return 4, 16  # SSE2 (every x86-64) or NEON/ASIMD
+        return 8, 16, fma
+    return 4, 16, fma  # SSE2 (every x86-64) or NEON/ASIMD
 
 
 @hookimpl

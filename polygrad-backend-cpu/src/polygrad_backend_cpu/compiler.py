@@ -57,9 +57,9 @@ class ClangCompiler:
         except (OSError, subprocess.SubprocessError):
             return "unknown"
 
-    def key(self, src: str) -> str:
+    def key(self, src: str, extra: tuple[str, ...] = ()) -> str:
         h = hashlib.sha256()
-        for part in (src, self.cc, self.version, " ".join(FLAGS)):
+        for part in (src, self.cc, self.version, " ".join(FLAGS + extra)):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()[:40]
@@ -75,13 +75,13 @@ class ClangCompiler:
             return path
         return None
 
-    def compile(self, src: str) -> str:
-        """Return the path of a shared object built from `src` (cached)."""
-        return self.compile_many([src])[0]
+    def compile(self, src: str, extra: tuple[str, ...] = ()) -> str:
+        """Return the path of a shared object built from `src` (cached); `extra` adds compiler flags."""
+        return self.compile_many([src], extra)[0]
 
-    def compile_many(self, srcs: list[str]) -> list[str]:
+    def compile_many(self, srcs: list[str], extra: tuple[str, ...] = ()) -> list[str]:
         """Paths of shared objects built from `srcs` (cached); the new ones are compiled together."""
-        keys = [self.key(src) for src in srcs]
+        keys = [self.key(src, extra) for src in srcs]
         todo: dict[str, str] = {}
         for key, src in zip(keys, srcs):
             if self.cached(key) is None:
@@ -90,19 +90,24 @@ class ClangCompiler:
             named = {k: _kernel_name(src) for k, src in todo.items()}
             together = {k: src for k, src in todo.items() if named[k]}
             for k in todo.keys() - together.keys():  # a source the renaming cannot handle goes alone
-                self._build({k: todo[k]}, {})
+                self._build({k: todo[k]}, {}, extra)
             if together:
-                self._build(together, named)
+                self._build(together, named, extra)
         return [self.memory[key] for key in keys]
 
-    def _build(self, srcs: dict[str, str], names: dict[str, str | None]) -> None:
+    def _build(self, srcs: dict[str, str], names: dict[str, str | None], extra: tuple[str, ...] = ()) -> None:
         """Compile srcs (key -> source) in one translation unit and link it under every key."""
         root = cache_root()
         os.makedirs(root, exist_ok=True)
         parts = []
         for key, src in srcs.items():
             name = names.get(key)
-            parts.append(f"#define {name} {name}_{key[:16]}\n{src}\n#undef {name}\n" if name else src)
+            if not name:
+                parts.append(src)
+                continue
+            task = f"#define {name}_task {name}_{key[:16]}_task\n" if f"void {name}_task(" in src else ""
+            parts.append(f"#define {name} {name}_{key[:16]}\n{task}{src}\n#undef {name}\n"
+                         + (f"#undef {name}_task\n" if task else ""))
         unit = "".join(parts)
         first = next(iter(srcs))
         fd, tmp = tempfile.mkstemp(prefix=f"{first}.", suffix=".tmp.so", dir=root)
@@ -110,12 +115,12 @@ class ClangCompiler:
         obj = tmp[:-len(".so")] + ".o"
         try:
             flags = [f for f in FLAGS[:-1] if f != "-shared"]
-            proc = subprocess.run([self.cc, *flags, "-c", "-x", "c", "-", "-o", obj], input=unit,
+            proc = subprocess.run([self.cc, *flags, *extra, "-c", "-x", "c", "-", "-o", obj], input=unit,
                                   capture_output=True, text=True, timeout=300)
             if proc.returncode != 0:
                 if len(srcs) > 1:  # find the kernel at fault: each on its own
                     for key, src in srcs.items():
-                        self._build({key: src}, names)
+                        self._build({key: src}, names, extra)
                     return
                 raise CompileError(f"{os.path.basename(self.cc)} failed to compile a kernel:\n{proc.stderr}\n"
                                    f"--- source\n{unit}")
@@ -146,8 +151,11 @@ _KERNEL_DEF = re.compile(r"^void ([A-Za-z_][A-Za-z0-9_]*)\(", re.M)
 
 
 def _kernel_name(src: str) -> str | None:
-    """The one kernel function a rendered source defines, or None (then it is compiled unrenamed)."""
+    """The one kernel function a rendered source defines (besides its `<name>_task` trampoline), or
+    None (then it is compiled unrenamed)."""
     found = _KERNEL_DEF.findall(src)
+    if len(found) == 2 and found[1] == found[0] + "_task":
+        return found[0]
     return found[0] if len(found) == 1 else None
 
 

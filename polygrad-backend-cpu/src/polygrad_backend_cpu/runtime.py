@@ -1,15 +1,23 @@
-"""Load compiled kernels and launch them through cffi, one call per THREAD index.
+"""Load compiled kernels and launch them through cffi; a THREAD kernel runs on a persistent C pool.
 
 One FFI instance serves every kernel: each shared object is opened with ctypes only to find the
 symbol's address, which is cast to a cffi function pointer of the kernel's signature (pointers, the
 integer variables, and the thread index when the lowering gave the kernel a THREAD axis). Buffer
-pointers are cached on the host allocations, so a launch does no address lookups. cffi releases the
-GIL during the call, so the pool's workers run the other thread indices in parallel.
+pointers are cached on the host allocations, so a launch does no address lookups.
+
+Threads: a kernel with `spec.threads > 1` also has a trampoline `<name>_task(void** args, int tid)`
+(the CPU renderer adds it), and one cffi call to `pg_pool_run(task, args, threads)` launches it: the
+calling thread runs index 0 and persistent pthreads (created once, spinning briefly between launches,
+then sleeping on a condition variable) run the others; cffi releases the GIL for the whole call, so a
+launch costs one foreign call, not one Python future per thread. The pool is a small C library
+compiled with the kernel compiler (cached like kernels) in a background thread the first time a
+THREAD kernel loads; until it is ready, or if it cannot be built, launches use a Python thread pool.
 """
 from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,9 +29,90 @@ from polygrad.backend_api import ProgramSpec
 from polygrad_backend_cpu.compiler import symbol_names
 
 FFI = cffi.FFI()
+FFI.cdef("int pg_pool_run(void* task, void** args, int threads);")
 _fn_types: dict[int, Any] = {}
 _libs: list[Any] = []  # keep shared objects loaded for the life of the process
 _pool: ThreadPoolExecutor | None = None
+_c_pool: Any = None  # the C pool library (False: could not be built)
+_pool_builder: threading.Thread | None = None
+_pool_lock = threading.Lock()
+
+POOL_SOURCE = r"""
+#include <pthread.h>
+#include <stdatomic.h>
+typedef void (*pg_task)(void**, int);
+#define PG_MAX_THREADS 256
+#define PG_SPIN 4000
+static pthread_mutex_t run_mu = PTHREAD_MUTEX_INITIALIZER, mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
+static atomic_ulong generation;
+static atomic_int remaining;
+static pg_task cur_task;
+static void** cur_args;
+static int cur_threads, workers;
+static unsigned long start_generation[PG_MAX_THREADS];  /* what a new worker has already seen */
+static inline void pg_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+static void* pg_worker(void* arg) {
+  int tid = (int)(long)arg;
+  unsigned long seen = start_generation[tid];
+  for (;;) {
+    for (int spin = 0; atomic_load_explicit(&generation, memory_order_acquire) == seen; spin++) {
+      if (spin < PG_SPIN) { pg_relax(); continue; }
+      pthread_mutex_lock(&mu);
+      while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &mu);
+      pthread_mutex_unlock(&mu);
+    }
+    seen = atomic_load(&generation);
+    if (tid < cur_threads) {
+      cur_task(cur_args, tid);
+      if (atomic_fetch_sub(&remaining, 1) == 1) {
+        pthread_mutex_lock(&mu);
+        pthread_cond_broadcast(&done);
+        pthread_mutex_unlock(&mu);
+      }
+    }
+  }
+  return 0;
+}
+int pg_pool_run(void* task, void** args, int threads) {
+  if (threads > PG_MAX_THREADS) threads = PG_MAX_THREADS;
+  pthread_mutex_lock(&run_mu);
+  while (workers < threads - 1) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 8u << 20);  /* kernels keep staged panels on the stack */
+    start_generation[workers + 1] = atomic_load(&generation);
+    if (pthread_create(&t, &attr, pg_worker, (void*)(long)(workers + 1)) != 0) { pthread_attr_destroy(&attr); break; }
+    pthread_attr_destroy(&attr);
+    pthread_detach(t);
+    workers++;
+  }
+  int n = threads < workers + 1 ? threads : workers + 1;
+  cur_task = (pg_task)task;
+  cur_args = args;
+  cur_threads = n;
+  atomic_store(&remaining, n - 1);
+  pthread_mutex_lock(&mu);
+  atomic_fetch_add_explicit(&generation, 1, memory_order_release);
+  pthread_cond_broadcast(&wake);
+  pthread_mutex_unlock(&mu);
+  cur_task(args, 0);
+  for (int tid = n; tid < threads; tid++) cur_task(args, tid);  /* workers that could not start */
+  for (int spin = 0; atomic_load_explicit(&remaining, memory_order_acquire) > 0; spin++) {
+    if (spin < PG_SPIN) { pg_relax(); continue; }
+    pthread_mutex_lock(&mu);
+    while (atomic_load(&remaining) > 0) pthread_cond_wait(&done, &mu);
+    pthread_mutex_unlock(&mu);
+  }
+  pthread_mutex_unlock(&run_mu);
+  return n;
+}
+"""
 
 
 def _threads() -> int:
@@ -41,6 +130,29 @@ try:  # the pointer type without parsing "void*" (the first parse of any C text 
     _VOID_P: Any = _cffi_backend.new_pointer_type(_cffi_backend.new_void_type())
 except AttributeError:
     _VOID_P = "void*"
+
+
+def _build_pool() -> None:
+    global _c_pool
+    try:
+        from polygrad_backend_cpu.compiler import ClangCompiler
+        _c_pool = FFI.dlopen(ClangCompiler().compile(POOL_SOURCE, extra=("-pthread",)))
+    except Exception:  # noqa: BLE001 - any failure: the Python pool still runs every launch
+        _c_pool = False
+
+
+def c_pool(wait: bool = False) -> Any:
+    """The C thread pool library, or None while it is being built (in the background, so a cold
+    start does not wait for its compile: launches use the Python pool meanwhile) or if it cannot be."""
+    global _pool_builder
+    if _c_pool is None:
+        with _pool_lock:
+            if _pool_builder is None:
+                _pool_builder = threading.Thread(target=_build_pool, name="polygrad-pool-build", daemon=True)
+                _pool_builder.start()
+        if wait:
+            _pool_builder.join()
+    return _c_pool or None
 
 
 def _fn_type(n_buffers: int, var_types: tuple[str, ...], threaded: bool) -> Any:
@@ -76,17 +188,26 @@ class CPUProgram:
         renamed, plain = symbol_names(spec.name, path)
         fn = getattr(lib, renamed, None) or getattr(lib, plain)
         addr = ctypes.cast(fn, ctypes.c_void_p).value
-        var_types = tuple("long long" if v.dtype.itemsize == 8 else "int" for v in spec.vars)
+        self.var_types = tuple("long long" if v.dtype.itemsize == 8 else "int" for v in spec.vars)
         self.threads = spec.threads
-        self.fn = FFI.cast(_fn_type(len(spec.globals), var_types, self.threads > 1), addr)
+        self.fn = FFI.cast(_fn_type(len(spec.globals), self.var_types, self.threads > 1), addr)
+        self.task = None
+        task = getattr(lib, f"{renamed}_task", None) or getattr(lib, f"{plain}_task", None) if self.threads > 1 else None
+        if task is not None:
+            self.task = FFI.cast("void*", ctypes.cast(task, ctypes.c_void_p).value)
+            c_pool()  # start building the pool
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> float | None:
         args = [b.ptr if b.ptr is not None else pointer(b) for b in buffers]
-        args.extend(var_vals)
         t0 = time.perf_counter() if timing else 0.0
         if self.threads == 1:
-            self.fn(*args)
+            self.fn(*args, *var_vals)
+        elif self.task is not None and _c_pool:
+            keep = [FFI.new(f"{t}*", v) for t, v in zip(self.var_types, var_vals)]
+            packed = FFI.new("void*[]", args + keep) if keep else FFI.new("void*[]", args)
+            _c_pool.pg_pool_run(self.task, packed, self.threads)
         else:
+            args.extend(var_vals)
             futures = [pool().submit(self.fn, *args, t) for t in range(1, self.threads)]
             self.fn(*args, 0)
             for f in futures:

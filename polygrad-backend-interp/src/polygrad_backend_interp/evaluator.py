@@ -14,7 +14,9 @@ kernel IR (docs/kernel-ir.md) fixes the results independently of any schedule.
   a sub-range of points, and the union of the shares is the range, so the kind changes nothing here.
 - An accumulator (ACC, UPDATE inside the REDUCE's loops, ACC_READ after them) is the REDUCE's fold
   over its ranges' axes; an ACC of several lanes is the same fold kept per value of the upcast axes it
-  depends on (keepdims). Only the summation order can differ, which the IR allows for reductions.
+  depends on (keepdims). Only the summation order can differ, which the IR allows for reductions. A
+  contracted sum (REDUCE FMA, lowered for a device with FMA) is folded point by point in the loop
+  order with a correctly rounded fma, so it matches a compiled scalar loop bit for bit.
 - A gated LOAD is a select that never reads the masked addresses; a gated STORE (IF ... ENDIF) is a
   masked scatter. Blocks run in order, as their loop nests do in the linear program.
 - An accumulating STORE (arg ADD/MUL/MAX; the linear program's LOAD, op, STORE one point at a time)
@@ -185,6 +187,8 @@ class InterpProgram:
                 lo, hi = window.get(r, (0, self.size(r)))
                 shape[self.axis[r]] = hi - lo
             body = np.broadcast_to(body, shape)
+            if u.arg is Ops.FMA:
+                return self.fma_fold(u, shape, memo)
             if u.arg is Ops.ADD:
                 return np.sum(body, axis=axes, keepdims=True, dtype=_np_dtype(u.dtype))
             if u.arg is Ops.MUL:
@@ -194,6 +198,22 @@ class InterpProgram:
             raise NotImplementedError(f"INTERP reduce {u.arg}")
         out = self.eval_alu(u, [memo[s] for s in u.src])
         return _round_half(out, u.dtype) if u.dtype in HALF_TYPES and op is not Ops.BITCAST else out
+
+    def fma_fold(self, u: UOp, shape: list[int], memo: dict) -> np.ndarray:
+        """A contracted sum (REDUCE FMA of MUL(a, b), made by lowering for devices with FMA): one
+        correctly rounded acc = fma(a, b, acc) per point, in the order a compiled loop nest runs them
+        (the REDUCE's ranges in order, the last innermost), so it gives the compiled scalar loop's bits."""
+        a = np.broadcast_to(memo[u.src[0].src[0]], shape)
+        b = np.broadcast_to(memo[u.src[0].src[1]], shape)
+        axes = [self.axis[r] for r in u.src[1:]]
+        out_shape = [1 if i in axes else n for i, n in enumerate(shape)]
+        acc = np.zeros(out_shape, dtype=_np_dtype(u.dtype))
+        for point in np.ndindex(*[shape[ax] for ax in axes]):
+            at: list[Any] = [slice(None)] * len(shape)
+            for ax, i in zip(axes, point):
+                at[ax] = slice(i, i + 1)
+            acc = _fma(a[tuple(at)], b[tuple(at)], acc, u.dtype)
+        return acc
 
     def eval_alu(self, u: UOp, srcs: list) -> Any:
         op = u.op

@@ -49,6 +49,8 @@ class Capabilities:
     threads: int = 1            # host threads a kernel may be split across (THREAD axis); 1: none
     vector_width: int = 1       # float32 lanes of the device's vectors (UPCAST lanes); 1: no vectors
     registers: int = 0          # vector registers (sizes register tiles); 0: unknown
+    fma: bool = False           # fused multiply-add in hardware: reductions' multiply-adds are contracted
+    stage_bytes: int = 0        # launch-private scratch (L.LOCAL) a kernel may stage an operand in; 0: none
     has_local_memory: bool = False
     shared_memory_bytes: int = 0
     supports_beam: bool = True

@@ -8,6 +8,12 @@ for that device. The optimisations (`OptKind`) and what they make of a range (`A
   UNROLL        reduce range -> outer reduce + inner UNROLL range (one accumulator, unrolled body)
   THREAD        the outermost global range of a single-block kernel -> THREAD: its points are shared
                 among `amount` host threads (ProgramSpec.threads launches, each given its index)
+  OUTER         a global range of a single-block kernel becomes its outermost loop (loop order for
+                the cache: a matmul's column panels outside its row tiles); `amount` is unused (0)
+  STAGE         `axis` a global range, `amount` a buffer slot: each time that range's loop advances,
+                the kernel copies what its one load of the buffer reads inside the loop into a local
+                array in the order its inner loops read it (packing: a strided or transposed operand
+                becomes contiguous and stays in cache); the IR is unchanged, the linearizer does it
   LOCAL, GROUP  for GPU-style targets (workgroup-local axes, grouped reductions); the host heuristics
                 never choose them and the C renderer rejects them
 The capabilities decide: no vector lanes (vector_width <= 1) means no UPCAST/SPLIT_REDUCE, one thread
@@ -15,7 +21,9 @@ means no THREAD. Passes, in order:
   1. simplify_indices (symbolic_rules)
   2. choose_opts (heuristics from caps, or BEAM search when BEAM > 0)
   3. apply_opts, then simplify_indices again
-  4. decompose_transcendentals (EXP2/LOG2/SIN as IR arithmetic: same bits on every backend)
+  4. contract_fma (devices with `caps.fma`): a float REDUCE(ADD) of a MUL becomes REDUCE(FMA), each
+     step acc = fma(a, b, acc) rounded once (docs/kernel-ir.md)
+  5. decompose_transcendentals (EXP2/LOG2/SIN as IR arithmetic: same bits on every backend)
 A range whose end is symbolic (a Variable's expression) is never split; counts use its max bound.
 A kernel with an accumulating STORE (SCATTER's kernel: several points may fold into one element) gets
 no opts at all: its points run one at a time, with no threads and no lanes.
@@ -30,7 +38,8 @@ from polygrad import config
 from polygrad.backend_api import Capabilities
 from polygrad.engine.program import GlobalArg, ProgramSpec
 from polygrad.uop.ops import ALU, AxisKind, Ops, UOp
-from polygrad.uop.rewrite import graph_rewrite
+from polygrad.dtype import dtypes
+from polygrad.uop.rewrite import PatternMatcher, UPat, graph_rewrite
 from polygrad.uop.sint import sprod, sym_vars, vmax
 from polygrad.uop.symbolic import range_coeff, symbolic_rules
 from polygrad.uop.transcendental import decompose_transcendentals
@@ -43,6 +52,8 @@ class OptKind(str, Enum):
     SPLIT_REDUCE = "SPLIT_REDUCE"
     UNROLL = "UNROLL"
     THREAD = "THREAD"
+    OUTER = "OUTER"
+    STAGE = "STAGE"
     LOCAL = "LOCAL"
     GROUP = "GROUP"
 
@@ -110,6 +121,24 @@ def split_kernel(ast: UOp, opts: list[Opt] | tuple[Opt, ...]) -> UOp:
     return _memoized(("split", ast, opts), lambda: simplify_indices(apply_opts(ast, list(opts))))
 
 
+def _contract(red: UOp) -> UOp | None:
+    """A float sum whose body is a product of its own dtype, as a REDUCE(FMA)."""
+    body = red.src[0]
+    if body.op is not Ops.MUL or red.dtype not in (dtypes.float32, dtypes.float64) or body.dtype is not red.dtype:
+        return None
+    return UOp(Ops.REDUCE, red.dtype, red.src, Ops.FMA)
+
+
+fma_contraction_rules = PatternMatcher([(UPat(Ops.REDUCE, name="red", arg=Ops.ADD), _contract)],
+                                       name="fma_contraction_rules")
+
+
+def contract_fma(ast: UOp) -> UOp:
+    """Fuse each float sum of products into fused multiply-adds: REDUCE(ADD, MUL(a, b)) -> REDUCE(FMA,
+    MUL(a, b)), whose every step is acc = fma(a, b, acc) (one rounding instead of two)."""
+    return graph_rewrite(ast, fma_contraction_rules, name="contract_fma")
+
+
 def ranges_of(ast: UOp) -> list[UOp]:
     return sorted({n for n in ast.toposort() if n.op is Ops.RANGE}, key=lambda r: r.arg[0])
 
@@ -129,8 +158,41 @@ def _divides(r: UOp, amount: int) -> bool:
     return size is not None and size % amount == 0
 
 
+# a matmul-like kernel stages its column panels (OUTER + STAGE) from this much work on (multiply-adds),
+# when B is bigger than this (smaller ones stay in cache anyway, and staging costs compile time)
+STAGE_MIN_WORK = 1 << 25
+STAGE_MIN_B_BYTES = 256 * 1024
+
+
+def register_tile(rows: UOp | None, cols: UOp, caps: Capabilities | None) -> tuple[int, int]:
+    """(rows, vectors) of an outer-product register tile from the device's lanes and registers:
+    rows x vectors accumulators, plus one register per vector of the other operand and one broadcast,
+    must fit the vector registers; two vectors per row where the columns allow it."""
+    width = max(1, int(getattr(caps, "vector_width", 1) or 1))
+    regs = int(getattr(caps, "registers", 0) or 0) or 16
+    vecs = next((v for v in (2, 1) if _divides(cols, v * width)), 0)
+    if not vecs:
+        return 0, 0
+    fits = [r for r in (8, 6, 4, 2) if r * vecs + vecs + 1 <= regs]
+    tile_rows = next((r for r in fits if rows is not None and _divides(rows, r)), 1)
+    return tile_rows, vecs
+
+
+def column_lanes(cols: UOp, caps: Capabilities | None) -> int:
+    """Columns of a register tile: two or one of the device's vectors, or, for a size the width does
+    not divide (a 56-pixel row), one narrower vector (half the width, 4 lanes or more) that divides it."""
+    width = max(1, int(getattr(caps, "vector_width", 1) or 1))
+    _, vecs = register_tile(None, cols, caps)
+    if vecs:
+        return vecs * width
+    half = width // 2
+    return half if half >= 4 and _divides(cols, half) else 0
+
+
 def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
-    """Register-tile matmul-like kernels; give long reductions several accumulators (vector lanes)."""
+    """Register-tile matmul-like kernels: an outer-product tile (outer_tile_opts; big ones also stage
+    their column panels) or a tile of dot products (dot_tile_opts); else give a long reduction several
+    accumulators (vector lanes)."""
     if caps is not None and caps.vector_width <= 1:
         return []
     ends = [n for n in ast.src if n.op is Ops.END]
@@ -143,33 +205,109 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
     loads = [n.src[0] for n in ast.toposort() if n.op is Ops.LOAD]
     store_index = ends[0].src[0].src[0]
     opts: list[Opt] = []
-    if glob:
-        last = glob[-1]
-        # a contiguous output counts too: x @ W.T (both operands strided along the output column)
-        # still gains from the register tile
-        contiguous = any(range_coeff(ix.src[1], last) == 1 for ix in [*loads, store_index])
-        # a tile only pays when some operand is reused across it (does not depend on `last`);
-        # a plain row reduction gets partial accumulators instead
-        reused = any(range_coeff(ix.src[1], last) == 0 for ix in loads)
-        if contiguous and reused:
-            # the row tile is split first so its upcast loop sits outside the contiguous one
-            amt = next((a for a in (16, 8) if _divides(last, a)), 0)
-            if amt:
-                # 8 rows when both operands stream (B along the tile's columns, A along the reduce);
-                # with a strided operand the extra registers cost more than they save (measured)
-                inner = reduces[0].src[-1]
-                streams = any(range_coeff(ld.src[1], last) == 1 for ld in loads) and all(
-                    range_coeff(ld.src[1], inner) == 1 for ld in loads if range_coeff(ld.src[1], last) == 0)
-                rows = next((r for r in ((8, 4) if streams else (4,)) if len(glob) >= 2 and _divides(glob[-2], r)), 0)
-                if rows:
-                    opts.append(Opt(OptKind.UPCAST, glob[-2].arg[0], rows))
-                opts.append(Opt(OptKind.UPCAST, last.arg[0], amt))
-                return opts
+    if glob and caps is not None:
+        tile = outer_tile_opts(ast, glob, reduces[0], loads, store_index, caps)
+        if tile:
+            return tile
+    dot = dot_tile_opts(glob, reduces[0], loads, caps) if caps is not None else []
+    if dot:
+        return dot
     red = reduces[0]
     inner = red.src[-1]
     if inner.arg[1] == AxisKind.REDUCE and _divides(inner, 8) and _size(inner) >= 64:
         opts.append(Opt(OptKind.SPLIT_REDUCE, inner.arg[0], 8))
     return opts
+
+
+def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store_index: UOp,
+                    caps: Capabilities) -> list[Opt]:
+    """An outer-product register tile: the columns are the innermost global range along which some
+    operand (or the output) is contiguous and some operand is reused (does not depend on it), in
+    vectors; the rows a range the vector operand does not depend on (a matmul's rows, a conv's output
+    channels), unrolled, as many as the registers allow. Big two-range kernels also get their column
+    panels staged (stage_opts); when the vector operand would be gathered and is not staged (a batched
+    q @ k.T), a tile of dot products (dot_tile_opts) is used instead where it applies."""
+    for last in reversed(glob):
+        if _size(last) is None:
+            continue
+        # a contiguous output counts too: x @ W.T (both operands strided along the output column)
+        contiguous = any(range_coeff(ix.src[1], last) == 1 for ix in [*loads, store_index])
+        # a tile only pays when some operand is reused across it; a plain row reduction gets
+        # partial accumulators instead
+        reused = any(range_coeff(ix.src[1], last) == 0 for ix in loads)
+        cols = column_lanes(last, caps) if contiguous and reused else 0
+        if not cols:
+            continue
+        vecs = max(1, cols // caps.vector_width)
+        regs = int(caps.registers or 16)
+        fits = [r for r in (8, 6, 4, 2) if r * vecs + vecs + 1 <= regs]
+        along = [ix for ix in loads if last in ix.src[1].toposort()]
+        others = [r for r in reversed(glob) if r is not last and _size(r) is not None]
+        shared = [r for r in others if along and all(range_coeff(ix.src[1], r) == 0 for ix in along)]
+        some = [r for r in others if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
+        rows, tile_rows = next(((r, n) for r in shared + some for n in fits if _divides(r, n)), (None, 1))
+        opts: list[Opt] = []
+        top = max(r.arg[0] for r in ranges_of(ast))
+        if rows is not None:  # the row tile is split first so its upcast loop sits outside the columns
+            opts.append(Opt(OptKind.UPCAST, rows.arg[0], tile_rows))
+            top += 2
+        opts.append(Opt(OptKind.UPCAST, last.arg[0], cols))
+        staged = stage_opts(ast, red, glob, rows, last, loads, tile_rows, cols, top + 1, caps)
+        if staged or all(range_coeff(ix.src[1], last) == 1 for ix in along):
+            return opts + staged
+        return dot_tile_opts(glob, red, loads, caps) or opts
+    return []
+
+
+def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilities) -> list[Opt]:
+    """A tile of dot products, for kernels whose operands are contiguous along the reduction, not
+    along an output column (a conv's weight gradient, batched q @ k.T): the innermost reduce range is
+    split into vector lanes (SPLIT_REDUCE) and up to two output ranges, each of which some operand does
+    not depend on, are unrolled (UPCAST), so each loaded vector serves a row or column of the tile;
+    a x b vector accumulators plus a + b operand vectors fit the registers."""
+    inner = red.src[-1]
+    width = max(1, int(caps.vector_width or 1))
+    regs = int(caps.registers or 16)
+    if inner.arg[1] != AxisKind.REDUCE or _size(inner) is None:
+        return []
+    contiguous = [ix for ix in loads if range_coeff(ix.src[1], inner) == 1]
+    if not contiguous or any(range_coeff(ix.src[1], inner) not in (0, 1) for ix in loads):
+        return []
+    lanes = next((n for n in (width, width // 2) if n >= 4 and _divides(inner, n) and _size(inner) > n), 0)
+    reuse = [r for r in reversed(glob) if _size(r) is not None and any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
+    if not lanes or not reuse:
+        return []
+    picked: list[tuple[UOp, int]] = []
+    for r in reuse:
+        amount = next((a for a in (4, 2) if _divides(r, a)), 0)
+        if amount and len(picked) < 2:
+            picked.append((r, amount))
+    while picked and math.prod(a for _, a in picked) + sum(a for _, a in picked) > regs:
+        picked.pop()
+    if not picked:
+        return []
+    return [Opt(OptKind.UPCAST, r.arg[0], a) for r, a in picked] + [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)]
+
+
+def stage_opts(ast: UOp, red: UOp, glob: list[UOp], rows: UOp | None, last: UOp, loads: list[UOp], tile_rows: int,
+               cols: int, panel: int, caps: Capabilities) -> list[Opt]:
+    """Cache blocking for a big matmul-like kernel (rows x columns, one reduction): the column panels
+    (range id `panel` after the tile splits) become the outermost loop and the operand that does not
+    depend on the rows (B) is staged per panel into a contiguous local array, so it stays in cache for
+    every row tile, whatever its layout (B, or W.T of `x @ W.T`). Only on devices with stage_bytes
+    of launch-private scratch (the CPU: its stack) for the panel."""
+    if len(glob) != 2 or rows is None or tile_rows < 2 or any(_size(r) is None for r in [*glob, *red.src[1:]]):
+        return []
+    k = math.prod(_size(r) for r in red.src[1:])
+    work = _size(rows) * _size(last) * k
+    panels = _size(last) // cols
+    others = [ix for ix in loads if range_coeff(ix.src[1], rows) == 0 and last in ix.src[1].toposort()]
+    b_bytes = _size(last) * k * (others[0].dtype.itemsize if others else 4)
+    if len(others) != 1 or work < STAGE_MIN_WORK or b_bytes <= STAGE_MIN_B_BYTES or panels < 2 * max(1, caps.threads) \
+            or _size(rows) // tile_rows < 4 or k * cols * others[0].dtype.itemsize > getattr(caps, "stage_bytes", 0):
+        return []
+    slot = others[0].src[0].arg[0]
+    return [Opt(OptKind.OUTER, panel, 0), Opt(OptKind.STAGE, panel, slot)]
 
 
 def thread_axis(ast: UOp) -> UOp | None:
@@ -205,7 +343,8 @@ SPLIT_KINDS = {OptKind.UPCAST: AxisKind.UPCAST, OptKind.SPLIT_REDUCE: AxisKind.U
                OptKind.LOCAL: AxisKind.LOCAL, OptKind.GROUP: AxisKind.GROUP}
 # the kind of range each optimisation applies to
 OPT_TARGET = {OptKind.UPCAST: AxisKind.GLOBAL, OptKind.SPLIT_REDUCE: AxisKind.REDUCE, OptKind.UNROLL: AxisKind.REDUCE,
-              OptKind.THREAD: AxisKind.GLOBAL, OptKind.LOCAL: AxisKind.GLOBAL, OptKind.GROUP: AxisKind.REDUCE}
+              OptKind.THREAD: AxisKind.GLOBAL, OptKind.LOCAL: AxisKind.GLOBAL, OptKind.GROUP: AxisKind.REDUCE,
+              OptKind.OUTER: AxisKind.GLOBAL, OptKind.STAGE: AxisKind.GLOBAL}
 
 
 def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
@@ -221,6 +360,13 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
             if r is not thread_axis(ast) or opt.amount < 2:
                 continue
             ast = _substitute(ast, {r: UOp(Ops.RANGE, r.dtype, r.src, (r.arg[0], AxisKind.THREAD))})
+            continue
+        if opt.kind is OptKind.OUTER:
+            if len(ast.src) == 1 and ast.src[0].op is Ops.END and r in ast.src[0].src[1:]:
+                end = ast.src[0]
+                ast = ast.replace(src=(end.replace(src=(end.src[0], r, *(x for x in end.src[1:] if x is not r))),))
+            continue
+        if opt.kind is OptKind.STAGE:  # a schedule for the linearizer: the IR stays as it is
             continue
         if _size(r) % opt.amount != 0 or _size(r) < opt.amount:
             continue
@@ -369,6 +515,8 @@ def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = N
     ast = split_kernel(ast, opts)
     # counted before decomposition: a transcendental counts as one operation, as users expect
     ops, mem = estimate(ast)
+    if getattr(caps, "fma", False) and not config.get("NOOPT"):
+        ast = contract_fma(ast)
     ast = decompose_transcendentals(ast)
     name = getattr(ast.arg, "name", "kernel")
     return ProgramSpec(name=name, ast=ast, globals=params, ops=ops, mem_bytes=mem, opts=tuple(opts),

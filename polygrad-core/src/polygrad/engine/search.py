@@ -36,7 +36,8 @@ MAX_UNROLL = 512  # product of all split amounts: bigger bodies compile slowly a
 TIMING_RUNS = 3
 COMPILE_WORKERS = max(1, min(8, os.cpu_count() or 1))
 MIN_GAIN = 0.97  # a deeper level must beat the best so far by 3% to continue
-SEARCH_VERSION = 2  # 2: THREAD is part of the searched space
+SEARCH_VERSION = 3  # 2: THREAD is part of the searched space; 3: OUTER + STAGE too
+SPLITS = (OptKind.UPCAST, OptKind.SPLIT_REDUCE, OptKind.UNROLL)
 
 beam_cache: dict[tuple[str, str], list[Opt]] = {}
 
@@ -79,10 +80,11 @@ def _searchable(ast: UOp) -> bool:
 
 
 def candidate_opts(ast: UOp, opts: list[Opt], caps: Any = None) -> list[list[Opt]]:
-    """Every opt list that extends `opts` by one valid UPCAST, SPLIT_REDUCE or (on a device with
-    threads) THREAD: the same space the heuristics choose from."""
+    """Every opt list that extends `opts` by one valid UPCAST, SPLIT_REDUCE, (on a device with
+    threads) THREAD, or cache blocking (OUTER + STAGE of a loaded buffer at a global range, for a
+    kernel with a reduction): the same space the heuristics choose from."""
     current = apply_opts(ast, opts) if opts else ast
-    budget = MAX_UNROLL // math.prod(o.amount for o in opts if o.kind is not OptKind.THREAD)
+    budget = MAX_UNROLL // math.prod(o.amount for o in opts if o.kind in SPLITS)
     out: list[list[Opt]] = []
     threads = getattr(caps, "threads", 1)
     if threads > 1 and not any(o.kind is OptKind.THREAD for o in opts):
@@ -90,6 +92,12 @@ def candidate_opts(ast: UOp, opts: list[Opt], caps: Any = None) -> list[list[Opt
         if r is not None:
             out.append(opts + [Opt(OptKind.THREAD, r.arg[0], min(threads, int(r.src[0].arg)))])
     lanes = caps is None or caps.vector_width > 1
+    if lanes and not any(o.kind is OptKind.STAGE for o in opts) and len(current.src) == 1 \
+            and current.src[0].op is Ops.END and any(n.op is Ops.REDUCE for n in current.toposort()):
+        slots = sorted({n.src[0].src[0].arg[0] for n in current.toposort() if n.op is Ops.LOAD})
+        for r in current.src[0].src[1:]:
+            if r.arg[1] == "global":
+                out += [opts + [Opt(OptKind.OUTER, r.arg[0], 0), Opt(OptKind.STAGE, r.arg[0], s)] for s in slots]
     for r in ranges_of(current):
         kind = {"global": OptKind.UPCAST, "reduce": OptKind.SPLIT_REDUCE}.get(r.arg[1]) if lanes else None
         size = int(r.src[0].arg)

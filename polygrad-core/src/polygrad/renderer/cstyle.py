@@ -321,6 +321,16 @@ class CStyleRenderer:
             return None
         raise NotImplementedError(f"C renderer has no vector rule for {op.name}")
 
+    def vfma(self, dt: DType, n: int, a: str, b: str, c: str) -> str:
+        """A lane-wise fused multiply-add of n-lane float vectors: a helper that applies the scalar fma
+        to each lane (clang and gcc compile it to one vector FMA instruction where the CPU has one)."""
+        vt = self.vtype(dt, n)
+        name = f"pg_fma_{vt[3:]}"
+        lane = f"r[pl] = {self.math_fn('fma', dt)}(a[pl], b[pl], c[pl]);"
+        self._helpers[name] = (f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{ {vt} r; "
+                               f"for (int pl = 0; pl < {n}; pl++) {lane} return r; }}")
+        return f"{name}({a}, {b}, {c})"
+
     def count_lanes(self, gate: str, lanes: int) -> str:
         """A C expression: how many lanes of the bool mask `gate` are true (a movemask and popcount)."""
         return f"({{ int on_ = 0; for (int pl = 0; pl < {lanes}; pl++) on_ += ({gate}[pl]!=0); on_; }})"
@@ -379,6 +389,29 @@ class CStyleRenderer:
             return [f"{pad}if ({self.count_lanes(n(gate), x.lanes)} == {x.lanes}) {full}", f"{pad}else {lane_loop}"]
         return [f"{pad}{lane_loop}"]
 
+    # clang turns scalar gated loads into masked vector loads whose masked-off lanes may point outside
+    # the buffer (a concatenation's other slices): measured 17x slower than scalar code on Zen 4 (an
+    # Adam step's fused update). The innermost loops that hold such loads stay scalar; gcc ignores this.
+    no_vectorize_pragma = "#pragma clang loop vectorize(disable)"
+
+    @staticmethod
+    def gated_loops(prog: LinearProgram) -> set[int]:
+        """ids of innermost LOOPs that directly hold a scalar gated LOAD."""
+        out: set[int] = set()
+        stack: list[list[Any]] = []
+        for x in prog.insts:
+            if x.op is L.LOOP:
+                if stack:
+                    stack[-1][1] = False  # not innermost
+                stack.append([x, True, False])
+            elif x.op is L.ENDLOOP and stack:
+                loop, innermost, gated = stack.pop()
+                if innermost and gated:
+                    out.add(id(loop))
+            elif x.op is L.LOAD and x.lanes == 1 and len(x.src) > 2 and stack:
+                stack[-1][2] = True
+        return out
+
     def render_program(self, prog: LinearProgram) -> str:
         """C source for a linearized kernel: one statement per instruction, in order."""
         names: dict[int, str] = {}
@@ -386,10 +419,13 @@ class CStyleRenderer:
         depth = 1
         uses_half = False
         self._vtypes: dict[str, str] = {}
+        self._helpers: dict[str, str] = {}
         loop_names = {"global": "gidx", "reduce": "ridx", "upcast": "uidx", "thread": "gidx"}
 
         def n(x: Inst) -> str:
             return names[id(x)]
+
+        no_vectorize = self.gated_loops(prog)
 
         for i, x in enumerate(prog.insts):
             op, dt = x.op, x.dtype
@@ -402,6 +438,9 @@ class CStyleRenderer:
                 names[id(x)] = x.arg[0]
             elif op is L.SPECIAL:
                 names[id(x)] = "tid"
+            elif op is L.LOCAL:  # on the launch's stack: every thread has its own
+                name = names[id(x)] = f"local{i}"
+                lines.append(f"{pad}{self.storage_ctype(dt)} {name}[{x.arg}] __attribute__((aligned(64)));")
             elif op is L.CONST and x.lanes > 1:
                 name = names[id(x)] = f"cvec{i}"
                 vals = ", ".join(self.literal(UOp.const(dt, v)) for v in x.arg)
@@ -415,6 +454,8 @@ class CStyleRenderer:
             elif op is L.LOOP:
                 name = names[id(x)] = f"{loop_names.get(x.arg[1], 'idx')}{x.arg[0]}"
                 start, end = x.src
+                if id(x) in no_vectorize:
+                    lines.append(f"{pad}{self.no_vectorize_pragma}")
                 lines.append(f"{pad}for ({self.ctype(dt)} {name} = {n(start)}; {name} < {n(end)}; {name}++) {{")
                 depth += 1
             elif op in (L.ENDLOOP, L.ENDIF):
@@ -432,6 +473,13 @@ class CStyleRenderer:
                     lines.append(f"{pad}for (int i = 0; i < {lanes}; i++) {name}[i] = {init};")
                 else:
                     lines.append(f"{pad}{ct} {name} = {init};")
+            elif op is L.UPDATE and x.arg is Ops.FMA:  # acc = fma(a, b, acc), one rounding
+                acc, a, b = x.src[0], x.src[1], x.src[2]
+                ref = f"{n(acc)}[{n(x.src[3])}]" if len(x.src) > 3 else n(acc)
+                if acc.lanes > 1:
+                    lines.append(f"{pad}{ref} = {self.vfma(acc.dtype, acc.lanes, n(a), n(b), ref)};")
+                else:
+                    lines.append(f"{pad}{ref} = {self.alu(Ops.FMA, acc.dtype, acc.dtype, [n(a), n(b), ref])};")
             elif op is L.UPDATE:
                 acc, value = x.src[0], x.src[1]
                 ref = f"{n(acc)}[{n(x.src[2])}]" if len(x.src) > 2 else n(acc)
@@ -454,6 +502,8 @@ class CStyleRenderer:
                 sdt = x.src[0].dtype
                 vt = self.vtype(dt, x.lanes)
                 expr = self.valu(x.arg, dt, sdt, [n(s) for s in x.src], x.lanes)
+                if x.arg is Ops.FMA and dt.is_float:
+                    expr = self.vfma(dt, x.lanes, *[n(s) for s in x.src])
                 if expr is not None:
                     lines.append(f"{pad}{vt} {name} = {expr};")
                 else:  # one lane at a time, the scalar rule on each lane
@@ -481,5 +531,7 @@ class CStyleRenderer:
         prelude = self.prelude + (HALF_HELPERS if self.emulate_half and uses_half else "")
         if self._vtypes:
             prelude += "\n".join(self._vtypes[k] for k in sorted(self._vtypes)) + "\n"
+        if self._helpers:
+            prelude += "\n".join(self._helpers[k] for k in sorted(self._helpers)) + "\n"
         body = "\n".join(lines)
         return f"{prelude}\n{self.signature(prog)} {{\n{body}\n}}\n"

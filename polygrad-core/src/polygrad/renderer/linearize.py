@@ -3,7 +3,7 @@
 Stage: linearizing, between lowering and rendering. Input: a ProgramSpec (kernel IR after device
 optimisation). Output: a `LinearProgram`, a flat list of `Inst`s in execution order:
 
-    PARAM VAR SPECIAL CONST          kernel parameters, the thread index, constants (all first)
+    PARAM VAR SPECIAL CONST LOCAL    kernel parameters, the thread index, constants, local arrays (all first)
     LOOP ... ENDLOOP                 explicit loop begin and end, properly nested
     ACC  UPDATE ... ACC_READ         an accumulator: defined once, updated inside its loops, read after
     IF ... ENDIF                     a gated region (gated stores)
@@ -23,6 +23,26 @@ decided here, once, for every target:
 
 Values are numbered by definition; common subexpressions are shared within a loop nest (a value
 computed in an inner loop is recomputed, not reused, after that loop has closed).
+
+Unrolled register tiles: a block's upcast and unroll ranges (all but the vector lanes, below) are not
+loops when they have at most MAX_UNROLL points together: each point gets its own instructions, with
+the range replaced by its value (index expressions are re-simplified per point), and a reduce that
+depends on them gets one accumulator per point (separate ACCs, never an array: compilers keep them
+in registers). Values that do not depend on a range are shared by its points (a matmul's B vector is
+loaded once per reduce step for every row of the tile). Points run in the order of the loops they
+replace, so results are bit-identical to the looped form. A block with more points keeps the loops
+and array accumulators described below (arg (op, k), k > 1).
+
+Contracted sums: a REDUCE with arg FMA (lowered for a device with FMA, body MUL(a, b)) updates with
+`UPDATE(acc, a, b[, lane])`, arg FMA: acc = fma(a, b, acc), rounded once; its ACC's arg is (FMA, k)
+and starts at 0.
+
+Staging (the STAGE opt, `spec.opts`): when the loop of the named global range opens, the block's one
+load of the named buffer is copied, for every point of the loops still to open that it depends on,
+into a LOCAL array (reduce ranges first, upcast ranges next, the vector lanes last): plain LOOPs with
+a LOAD from the PARAM and a STORE into the LOCAL. The load then reads the LOCAL at the matching
+position (contiguous along the lanes). LOAD and STORE take a LOCAL wherever they take a PARAM; a
+LOCAL is private to each launch (the C renderer puts it on the stack).
 
 Vector lanes (`linearize(spec, vector_width=w)`, w > 1; emitters that handle vectors pass the
 device's width, `spec.vector_width`; the default 1 keeps every upcast range a scalar loop). In each
@@ -48,8 +68,9 @@ the rest stays scalar and is broadcast where it meets a vector:
                             LOAD, the ALU op, STORE, inside the gate's IF)
     ALU, lanes n            lane-wise; every operand has n lanes (WHERE's condition too); bool lanes
                             are a mask the emitter chooses (the C renderer: int32 0 / -1)
-    ACC, lanes n            arg (op, k): an array of k vectors (k = the other upcast lanes), or one
-    UPDATE                  lane-wise into a vector accumulator; an UPDATE whose value has lanes and
+    ACC, lanes n            arg (op, k): an array of k vectors (k = the other, looped upcast lanes), or one
+    UPDATE                  lane-wise into a vector accumulator (FMA: a and b have its lanes); an UPDATE
+                            whose value has lanes and
                             whose accumulator has none folds the lanes into it in order 0..n-1 (the
                             reduce over V itself: the final sum of a split reduction)
     ACC_READ                has its accumulator's lanes
@@ -62,6 +83,7 @@ last range) makes the whole kernel fall back to scalar lane loops.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from enum import Enum, auto
@@ -83,12 +105,13 @@ class L(Enum):
     ACC = auto()       # accumulator; src: (init,); arg: (reduce op, lanes); lanes > 1 is an array
     UPDATE = auto()    # src: (acc, value[, lane]); arg: reduce op: acc[lane] = op(acc[lane], value)
     ACC_READ = auto()  # src: (acc[, lane]): the accumulator's value
-    LOAD = auto()      # src: (param, index[, gate]); with a gate, 0 where false (memory not read);
+    LOAD = auto()      # src: (param or local, index[, gate]); with a gate, 0 where false (memory not read);
                        # arg: None (scalar), "contiguous" or "gather" (lanes > 1)
-    STORE = auto()     # src: (param, index, value[, gate]); value already has the buffer's dtype;
+    STORE = auto()     # src: (param or local, index, value[, gate]); value already has the buffer's dtype;
                        # arg as LOAD's; a gate only on a lane store whose gate has lanes
     BCAST = auto()     # src: (scalar,): the scalar in each of `lanes` lanes
     ALU = auto()       # arg: the Ops (ADD, CAST, WHERE...); src: operands
+    LOCAL = auto()     # a scratch array of `arg` elements of dtype, private to each launch (in the head)
     IF = auto()        # src: (cond,)
     ENDIF = auto()     # src: (if,)
 
@@ -212,6 +235,13 @@ BOOL_VECTOR_OPS = frozenset({Ops.ADD, Ops.MUL, Ops.NEG, Ops.MAX, Ops.CMPLT, Ops.
 HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
 
 
+# the most points a block's upcast and unroll ranges may have for them to be unrolled (each point its own
+# instructions and named accumulators); a block with more keeps them as loops over accumulator arrays
+MAX_UNROLL = 64
+# the largest local array a STAGE opt may fill (it lives on the launch's stack)
+STAGE_MAX_BYTES = 512 * 1024
+
+
 class NoVector(Exception):
     """Raised while linearizing with lanes when an instruction cannot be vectorised: the kernel is
     linearized again with scalar lane loops."""
@@ -246,6 +276,13 @@ class _Linearizer:
         self.params: dict[int, Inst] = {}
         self.vars: dict[str, Inst] = {}
         self.tid: Inst | None = None
+        self.unrolled: set[UOp] = set()  # upcast / unroll ranges of the current block that are unrolled
+        self.bind: dict[UOp, int] = {}  # their values at the point being emitted
+        self.folded: dict[tuple, UOp] = {}
+        # STAGE opts: {range axis id: buffer slot}; staged loads: {LOAD: (local array, its index)}
+        self.stage_at: dict[int, int] = {o.axis: o.amount for o in getattr(spec, "opts", ())
+                                         if getattr(o.kind, "value", o.kind) == "STAGE"}
+        self.staged: dict[UOp, tuple[Inst, UOp]] = {}
         self.next_axis = 1 + max((r.arg[0] for r in spec.ast.toposort() if r.op is Ops.RANGE), default=0)
 
     # ---- building blocks
@@ -303,9 +340,18 @@ class _Linearizer:
     def vec_size(self) -> int:
         return int(self.vec.src[0].arg) if self.vec is not None else 1
 
+    def key(self, u: UOp) -> Any:
+        """Where u's value is cached: u itself, or u with the values of the unrolled ranges it depends on."""
+        if not self.bind:
+            return u
+        deps = self.deps(u)
+        bound = tuple(sorted((r.arg[0], v) for r, v in self.bind.items() if r in deps))
+        return (u, bound) if bound else u
+
     def lookup(self, u: UOp) -> Inst | None:
+        k = self.key(u)
         for scope in reversed(self.scopes):
-            hit = scope.get(u)
+            hit = scope.get(k)
             if hit is None:
                 continue
             if isinstance(hit, _Pending):  # a finished reduce: read it here, inside the lane loops
@@ -314,7 +360,7 @@ class _Linearizer:
                 lane = self.flat_lane([r for r in hit.ups if r is not self.vec])
                 hit = self.add(L.ACC_READ, hit.acc.dtype, (hit.acc,) + ((lane,) if lane is not None else ()),
                                lanes=hit.acc.lanes)
-                self.scopes[-1][u] = hit
+                self.scopes[-1][k] = hit
             return hit
         return None
 
@@ -366,6 +412,8 @@ class _Linearizer:
         if op is Ops.CONST:
             return self.const(u.dtype, u.arg)
         if op is Ops.RANGE:
+            if u in self.bind:
+                return self.const(u.dtype, self.bind[u])
             loop = self.open.get(u)
             if loop is None:
                 raise RuntimeError(f"range {u.arg} used outside its loop")
@@ -385,8 +433,29 @@ class _Linearizer:
             x = self.load(u)
         else:
             x = self.alu(u.dtype, tuple(self.value(s) for s in u.src), op)
-        self.scopes[-1][u] = x
+        self.scopes[-1][self.key(u)] = x
         return x
+
+    def bound_expr(self, e: UOp) -> UOp:
+        """An index expression with the unrolled ranges' current values substituted and simplified
+        (so an unrolled point's address is one folded expression, not arithmetic on constants)."""
+        if not self.bind:
+            return e
+        deps = self.deps(e)
+        hit = sorted((r for r in self.bind if r in deps), key=lambda r: r.arg[0])
+        if not hit:
+            return e
+        k = (e, tuple(self.bind[r] for r in hit), tuple(hit))
+        out = self.folded.get(k)
+        if out is None:
+            memo: dict[UOp, UOp] = {r: UOp.const(r.dtype, self.bind[r]) for r in hit}
+            for node in e.toposort():
+                if node in memo:
+                    continue
+                src = tuple(memo.get(x, x) for x in node.src)
+                memo[node] = node if src == node.src else node.replace(src=src)
+            out = self.folded[k] = graph_rewrite(memo[e], symbolic_rules, name="unrolled_index")
+        return out
 
     def alu(self, dtype: DType, src: tuple[Inst, ...], op: Ops) -> Inst:
         n = max((s.lanes for s in src), default=1)
@@ -403,25 +472,56 @@ class _Linearizer:
             src = tuple(self.bcast(s, n) for s in src)
         return self.add(L.ALU, dtype, src, op, n)
 
-    def access(self, index: UOp) -> tuple[Inst, Inst | None, str | None, int]:
+    def access(self, index: UOp, at: UOp | None = None) -> tuple[Inst, Inst | None, str | None, int]:
         """(index, gate, kind, lanes) of a memory access: kind None (scalar), "contiguous" (the index
-        is lane 0's) or "gather" (one index per lane)."""
-        gate = self.value(index.src[2]) if len(index.src) > 2 else None
+        is lane 0's) or "gather" (one index per lane). `at` replaces the index expression (a staged load
+        reads its local array there)."""
+        gate = self.value(self.bound_expr(index.src[2])) if len(index.src) > 2 else None
+        expr, offset = self.bound_split(index.src[1] if at is None else at)
+
+        def at_offset(x: Inst) -> Inst:  # the unrolled point's constant part, one add
+            return x if offset == 0 else self.alu(x.dtype, (x, self.const(x.dtype, offset)), Ops.ADD)
         if not self.lanes_open():
-            return self.value(index.src[1]), gate, None, 1
+            return at_offset(self.value(expr)), gate, None, 1
         n = self.vec_size()
-        c = range_coeff(index.src[1], self.vec)
+        c = range_coeff(expr, self.vec)
         if c == 1:
-            return self.value(_at_lane0(index.src[1], self.vec)), gate, "contiguous", n
-        idx = self.value(index.src[1])
+            return at_offset(self.value(_at_lane0(expr, self.vec))), gate, "contiguous", n
+        idx = at_offset(self.value(expr))
         if idx.lanes == 1 and (gate is None or gate.lanes == 1):
             return idx, gate, None, 1
         return self.bcast(idx, n), gate, "gather", n
 
+    def bound_split(self, e: UOp) -> tuple[UOp, int]:
+        """(expression, constant) equal to e at the current unrolled point: for an index linear in the
+        bound ranges, e with them at 0 (simplified once per expression) and the point's offset; else
+        bound_expr(e) and 0."""
+        if not self.bind:
+            return e, 0
+        deps = self.deps(e)
+        hit = sorted((r for r in self.bind if r in deps), key=lambda r: r.arg[0])
+        if not hit:
+            return e, 0
+        coeffs = [range_coeff(e, r) for r in hit]
+        if any(c is None for c in coeffs):
+            return self.bound_expr(e), 0
+        k = (e, "zero", tuple(hit))
+        base = self.folded.get(k)
+        if base is None:
+            memo: dict[UOp, UOp] = {r: UOp.const(r.dtype, 0) for r in hit}
+            for node in e.toposort():
+                if node in memo:
+                    continue
+                src = tuple(memo.get(x, x) for x in node.src)
+                memo[node] = node if src == node.src else node.replace(src=src)
+            base = self.folded[k] = graph_rewrite(memo[e], symbolic_rules, name="unrolled_index")
+        return base, sum(c * self.bind[r] for c, r in zip(coeffs, hit))
+
     def load(self, u: UOp) -> Inst:
         index = u.src[0]
-        buf = self.value(index.src[0])
-        idx, gate, kind, n = self.access(index)
+        staged = self.staged.get(u)
+        buf = self.value(index.src[0]) if staged is None else staged[0]
+        idx, gate, kind, n = self.access(index, None if staged is None else staged[1])
         if n > 1 and u.dtype in HALF_DTYPES:
             raise NoVector("16-bit float lanes")
         return self.add(L.LOAD, u.dtype, (buf, idx) + ((gate,) if gate is not None else ()), kind, n)
@@ -435,47 +535,76 @@ class _Linearizer:
                                                       Ops.MUL), self.value(r)), Ops.ADD)
         return lane
 
+    def each_point(self, ranges: list[UOp], emit: Any) -> None:
+        """Call emit() at every point of ranges, in order: an unrolled range binds each of its values
+        in turn (no loop), any other opens a loop (or, for the vector range, its lanes)."""
+        if not ranges:
+            emit()
+            return
+        r, rest = ranges[0], ranges[1:]
+        if r in self.unrolled:
+            for v in range(int(r.src[0].arg)):
+                self.bind[r] = v
+                self.each_point(rest, emit)
+            del self.bind[r]
+            return
+        self.open_loop(r)
+        self.each_point(rest, emit)
+        self.close_loop(r)
+
     def reduce(self, red: UOp) -> None:
-        """Emit red's accumulator and loops; its value is read (ACC_READ) where it is used."""
+        """Emit red's accumulators and loops; its value is read (ACC_READ) where it is used."""
         if self.lookup_pending(red):
             return
         body, ranges = red.src[0], list(red.src[1:])
-        ups = sorted((r for r in self.deps(red) if _kind(r) == AxisKind.UPCAST and r not in self.open),
-                     key=lambda r: r.arg[0])
+        ups = sorted((r for r in self.deps(red) if _kind(r) == AxisKind.UPCAST and r not in self.open
+                      and r not in self.bind), key=lambda r: r.arg[0])
         vec = self.vec
         n = self.vec_size() if vec is not None and vec in self.deps(red) else 1
         over_lanes = vec is not None and vec in ranges
-        if over_lanes and ranges[-1] is not vec:
+        if over_lanes and (ranges[-1] is not vec or red.arg is Ops.FMA):
             raise NoVector("a reduce over the lanes and later ranges (the lanes would change its order)")
         if (n > 1 or over_lanes) and red.dtype in HALF_DTYPES:
             raise NoVector("16-bit float lanes")
-        array = [r for r in ups if r is not vec]
+        unrolled = [r for r in ups if r in self.unrolled]
+        looped = [r for r in ups if r not in self.unrolled]
+        array = [r for r in looped if r is not vec]
         count = math.prod(int(r.src[0].arg) for r in array)
-        init = self.const(red.dtype, reduce_identity(red.arg, red.dtype))
-        acc = self.add(L.ACC, red.dtype, (self.bcast(init, n),), (red.arg, count), n)
+        init = self.const(red.dtype, reduce_identity(Ops.ADD if red.arg is Ops.FMA else red.arg, red.dtype))
+        points = list(itertools.product(*(range(int(r.src[0].arg)) for r in unrolled)))
+        accs = [self.add(L.ACC, red.dtype, (self.bcast(init, n),), (red.arg, count), n) for _ in points]
         if any(_kind(r) == AxisKind.UPCAST for r in ranges):
             # a reduce over upcast lanes (a split reduction's final sum): run the partial reduces
             # first, with one accumulator per lane, so their loops stay outside the lane loop
             for inner in top_level_reduces(body):
                 self.reduce(inner)
-        for r in ranges:
-            self.open_loop(r)
-        for r in ups:
-            self.open_loop(r)
-        v = self.value(body)
-        if n > 1 or over_lanes:
-            v = self.bcast(v, self.vec_size())
-        lane = self.flat_lane(array)
-        self.add(L.UPDATE, None, (acc, v) + ((lane,) if lane is not None else ()), red.arg, v.lanes)
-        for r in reversed(ups):
-            self.close_loop(r)
-        for r in reversed(ranges):
-            self.close_loop(r)
-        # read where the reduce is used: inside the lane loops the caller opens next
-        self.scopes[-1][red] = _Pending(acc, ups)
+
+        def update() -> None:
+            acc = accs[points.index(tuple(self.bind[r] for r in unrolled))]
+            lane = self.flat_lane(array)
+            lane_src = (lane,) if lane is not None else ()
+            if red.arg is Ops.FMA:  # acc = fma(a, b, acc): the body is MUL(a, b), rounded once with the add
+                a, b = self.value(body.src[0]), self.value(body.src[1])
+                width = max(a.lanes, b.lanes, n)
+                self.add(L.UPDATE, None, (acc, self.bcast(a, width), self.bcast(b, width)) + lane_src, Ops.FMA,
+                         width)
+                return
+            v = self.value(body)
+            if n > 1 or over_lanes:
+                v = self.bcast(v, self.vec_size())
+            self.add(L.UPDATE, None, (acc, v) + lane_src, red.arg, v.lanes)
+
+        self.each_point(ranges + looped + unrolled, update)
+        # read where the reduce is used: inside the lane loops (or at the unrolled point) the caller opens next
+        for point, acc in zip(points, accs):
+            self.bind.update(zip(unrolled, point))
+            self.scopes[-1][self.key(red)] = _Pending(acc, array)
+        for r in unrolled:
+            del self.bind[r]
 
     def lookup_pending(self, u: UOp) -> bool:
-        return any(u in scope for scope in self.scopes)
+        k = self.key(u)
+        return any(k in scope for scope in self.scopes)
 
     # ---- blocks
     def store(self, st: UOp) -> None:
@@ -582,22 +711,70 @@ class _Linearizer:
                 node, chosen = self.split_lanes(node, chosen, lanes)
             self.vec = chosen
         inner, ranges = node.src[0], list(node.src[1:])
+        unroll = self.unroll_set(node) if not self.unrolled else set()
+        self.unrolled |= unroll
         loops = [r for r in ranges if _kind(r) != AxisKind.UPCAST]
         ups = [r for r in ranges if _kind(r) == AxisKind.UPCAST]
         for r in loops:
             self.open_loop(r)
+            if r.arg[0] in self.stage_at:
+                self.stage(node, self.stage_at[r.arg[0]])
         if inner.op is Ops.STORE:
             for red in top_level_reduces(inner):
                 self.reduce(red)
-        for r in ups:
-            self.open_loop(r)
-        self.block(inner)
-        for r in reversed(ups):
-            self.close_loop(r)
+        self.each_point([r for r in ups if r not in self.unrolled] + [r for r in ups if r in self.unrolled],
+                        lambda: self.block(inner))
         for r in reversed(loops):
             self.close_loop(r)
+        self.unrolled -= unroll
         if chosen is not None:
             self.vec = None
+
+    def stage(self, node: UOp, slot: int) -> None:
+        """STAGE: copy what the block's one load of buffer `slot` reads inside the loops still to open
+        into a LOCAL array, in their order (reduce ranges, then upcast ranges, the vector lanes last,
+        so the lanes read it contiguously), and make that load read the array. Skipped (the load stays
+        as it is) when the buffer has several loads, a gated one, symbolic inner sizes, 16-bit floats,
+        or more than STAGE_MAX_BYTES to copy."""
+        loads = {x for x in node.toposort() if x.op is Ops.LOAD and x.src[0].src[0].arg[0] == slot}
+        if len(loads) != 1:
+            return
+        ld = next(iter(loads))
+        index = ld.src[0]
+        inner = [r for r in self.deps(index.src[1]) if r not in self.open and r not in self.bind]
+        if len(index.src) > 2 or ld.dtype in HALF_DTYPES or any(r.src[0].op is not Ops.CONST for r in inner) \
+                or any(_kind(r) not in (AxisKind.REDUCE, AxisKind.UPCAST, AxisKind.UNROLL) for r in inner):
+            return
+        inner.sort(key=lambda r: (r is self.vec, _kind(r) == AxisKind.UPCAST, r.arg[0]))
+        size = math.prod(int(r.src[0].arg) for r in inner)
+        if not inner or size * ld.dtype.itemsize > STAGE_MAX_BYTES:
+            return
+        flat, stride = UOp.const(inner[0].dtype, 0), 1
+        for r in reversed(inner):
+            flat = r * stride + flat if stride > 1 else r + flat
+            stride *= int(r.src[0].arg)
+        flat = graph_rewrite(flat, symbolic_rules, name="stage_index")
+        local = Inst(L.LOCAL, ld.dtype, (), size)
+        self.head.append(local)
+        saved = self.vec, self.unrolled
+        self.vec, self.unrolled = None, set()  # the copy is plain loops
+        for r in inner:
+            self.open_loop(r)
+        v = self.add(L.LOAD, ld.dtype, (self.value(index.src[0]), self.value(self.bound_expr(index.src[1]))))
+        self.add(L.STORE, None, (local, self.value(flat), v))
+        for r in reversed(inner):
+            self.close_loop(r)
+        self.vec, self.unrolled = saved
+        self.staged[ld] = (local, flat)
+
+    def unroll_set(self, node: UOp) -> set[UOp]:
+        """The block's upcast and unroll ranges (all but the vector lanes) when they have at most
+        MAX_UNROLL points together: each point then gets its own instructions and accumulators."""
+        rs = {r for r in node.toposort() if r.op is Ops.RANGE and _kind(r) in (AxisKind.UPCAST, AxisKind.UNROLL)
+              and r is not self.vec}
+        if not rs or any(r.src[0].op is not Ops.CONST for r in rs):
+            return set()
+        return rs if math.prod(int(r.src[0].arg) for r in rs) <= MAX_UNROLL else set()
 
     def run(self) -> LinearProgram:
         for g in self.spec.globals:

@@ -275,6 +275,15 @@ symbolic_rules = PatternMatcher([
     # (x % (a*b)) // a stays; (x % a) % b when a % b == 0 -> x % b
     (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(UPat(name="x"), UPat(Ops.CONST, name="a"))), UPat(Ops.CONST, name="b"))),
      lambda x, a, b: x % b.arg if _is_int(x) and bounds(x)[0] >= 0 and b.arg > 0 and a.arg % b.arg == 0 else None),
+    # (x // c) * c + x % c -> x: C's truncating division and remainder recombine for any sign
+    (UPat(Ops.ADD, src=(UPat(Ops.MUL, src=(UPat(Ops.IDIV, src=(UPat(name="x"), UPat(Ops.CONST, name="c1"))),
+                                           UPat(Ops.CONST, name="c2"))),
+                        UPat(Ops.MOD, src=(UPat(name="x"), UPat(Ops.CONST, name="c3"))))),
+     lambda x, c1, c2, c3: x if _is_int(x) and c1.arg == c2.arg == c3.arg != 0 else None),
+    (UPat(Ops.ADD, src=(UPat(Ops.MOD, src=(UPat(name="x"), UPat(Ops.CONST, name="c3"))),
+                        UPat(Ops.MUL, src=(UPat(Ops.IDIV, src=(UPat(name="x"), UPat(Ops.CONST, name="c1"))),
+                                           UPat(Ops.CONST, name="c2"))))),
+     lambda x, c1, c2, c3: x if _is_int(x) and c1.arg == c2.arg == c3.arg != 0 else None),
     # comparisons decided by bounds
     (UPat((Ops.CMPLT,), name="x", src=(UPat(name="a"), UPat(name="b"))), _cmp_fold),
     # boolean algebra on constants

@@ -1,0 +1,451 @@
+"""polygrad beside NumPy and PyTorch (and, optionally, other interpreters), measured in one invocation.
+
+Run:  python benchmarks/compare.py [--only matmul1024 ...] [--cc clang gcc] [--python /other/venv/bin/python]
+                                   [--jsonl results.jsonl] [--reps 5] [--tiny]
+
+Every (library, workload) runs in a fresh subprocess of this file (`--worker`), so first-call timings
+are honest and one library's thread pools never slow another. polygrad runs once per C compiler in
+`--cc` (POLY_CC; default: every one of clang and gcc found on PATH), so each row has a column per
+compiler. `--python PATH` adds a column per interpreter: it runs the polygrad workloads with that
+interpreter, whatever `polygrad` (or, failing that, `tinygrad`) it imports, e.g. a separate venv with
+the published polygrad. Nothing here is a dependency of the project.
+
+The table prints one row per workload, the figure of each column and the ratios of the first polygrad
+column to NumPy and to PyTorch, oriented so that > 1 means polygrad is better. Each figure is also
+written as one JSON line ({"workload", "library", "value", "unit", "better", ...}) to `--jsonl`.
+OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are removed from the workers' environment (they slow a current
+NumPy); the BLAS NumPy ran with is reported when threadpoolctl is installed.
+
+`--tiny` runs every workload at toy sizes with one repetition: CI uses it to keep this script working
+(tests/test_compare_bench.py); its figures mean nothing. The machine is usually shared: figures are the
+best of `--reps` runs, and still noisy under load.
+
+Adding a workload: write `w_<name>(lib, tiny, reps)` below returning the figure (the worker imports
+`np`, and `pg`/`torch` as the library needs), and add a row to WORKLOADS.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+HERE = os.path.abspath(__file__)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+# ---- worker side: one workload for one library ------------------------------------------------------
+def best(fn: Callable[[], Any], reps: int, inner: int = 1) -> float:
+    """Best seconds per call of fn over `reps` rounds of `inner` calls, after one warm-up call."""
+    fn()
+    t = float("inf")
+    for _ in range(max(1, reps)):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        t = min(t, (time.perf_counter() - t0) / inner)
+    return t
+
+
+def import_polygrad() -> Any:
+    try:
+        import polygrad as pg
+    except ImportError:
+        import tinygrad as pg  # another library with the same front end (optional, --python)
+    return pg
+
+
+def _rand(*shape: int) -> Any:
+    import numpy as np
+    return np.random.default_rng(0).random(shape, dtype=np.float32)
+
+
+def _matmul(lib: str, tiny: bool, reps: int, n: int, kind: str) -> float:
+    n = 64 if tiny else n
+    a, b = _rand(n, n), _rand(n, n)
+    if lib == "numpy":
+        fa, fb = {"nn": (lambda: a, lambda: b), "tn": (lambda: a.T, lambda: b), "nt": (lambda: a, lambda: b.T)}[kind]
+        t = best(lambda: fa() @ fb(), reps)
+    elif lib == "torch":
+        import torch
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        fn = {"nn": lambda: ta @ tb, "tn": lambda: ta.T @ tb, "nt": lambda: ta @ tb.T}[kind]
+        t = best(fn, reps)
+    else:
+        pg = import_polygrad()
+        ta, tb = pg.Tensor(a).realize(), pg.Tensor(b).realize()
+        fn = {"nn": lambda: (ta @ tb).realize(), "tn": lambda: (ta.T @ tb).realize(),
+              "nt": lambda: (ta @ tb.T).realize()}[kind]
+        t = best(fn, reps)
+    return 2 * n ** 3 / t / 1e9
+
+
+def w_matmul1024(lib: str, tiny: bool, reps: int) -> float:
+    return _matmul(lib, tiny, reps, 1024, "nn")
+
+
+def w_matmul2048(lib: str, tiny: bool, reps: int) -> float:
+    return _matmul(lib, tiny, reps, 2048, "nn")
+
+
+def w_matmul1024_tn(lib: str, tiny: bool, reps: int) -> float:
+    return _matmul(lib, tiny, reps, 1024, "tn")
+
+
+def w_matmul1024_nt(lib: str, tiny: bool, reps: int) -> float:
+    return _matmul(lib, tiny, reps, 1024, "nt")
+
+
+def w_matmul1024_beam(lib: str, tiny: bool, reps: int) -> float:
+    if lib in ("numpy", "torch"):
+        return _matmul(lib, tiny, reps, 1024, "nn")
+    pg = import_polygrad()
+    with pg.Context(BEAM=2):
+        return _matmul(lib, tiny, reps, 1024, "nn")
+
+
+def w_mlp_adam(lib: str, tiny: bool, reps: int) -> float:
+    """Steps per second of a jitted Adam step of a 784-512-512-10 MLP on a batch of 128."""
+    import numpy as np
+    dims, batch = ((32, 16, 16, 4), 8) if tiny else ((784, 512, 512, 10), 128)
+    rng = np.random.default_rng(0)
+    x_np = rng.random((batch, dims[0]), dtype=np.float32)
+    y_np = rng.integers(0, dims[-1], batch).astype(np.int32)
+    if lib == "torch":
+        import torch
+        layers = [torch.nn.Linear(i, o) for i, o in zip(dims[:-1], dims[1:])]
+        opt = torch.optim.Adam([p for ly in layers for p in ly.parameters()], lr=1e-3)
+        x, y = torch.from_numpy(x_np), torch.from_numpy(y_np).long()
+
+        def step() -> None:
+            opt.zero_grad()
+            h = x
+            for i, ly in enumerate(layers):
+                h = ly(h) if i == len(layers) - 1 else ly(h).relu()
+            torch.nn.functional.cross_entropy(h, y).backward()
+            opt.step()
+        return 1 / best(step, reps, 1 if tiny else 10)
+    pg = import_polygrad()
+    layers = [pg.nn.Linear(i, o) for i, o in zip(dims[:-1], dims[1:])]
+    params = [p for ly in layers for p in (ly.weight, ly.bias)]
+    opt = pg.nn.optim.Adam(params, lr=1e-3)
+    x, y = pg.Tensor(x_np).realize(), pg.Tensor(y_np).realize()
+
+    @pg.TinyJit
+    def step(x: Any, y: Any) -> Any:
+        opt.zero_grad()
+        h = x
+        for i, ly in enumerate(layers):
+            h = ly(h) if i == len(layers) - 1 else ly(h).relu()
+        loss = h.cross_entropy(y)
+        loss.backward()
+        opt.step()
+        return loss.realize()
+
+    def run() -> Any:
+        with pg.Context(TRAINING=1):
+            return step(x, y)
+    for _ in range(3):
+        run()
+    return 1 / best(run, reps, 1 if tiny else 10)
+
+
+def w_transformer_block(lib: str, tiny: bool, reps: int) -> float:
+    """Milliseconds for one jitted forward of a pre-norm transformer block (d768, 12 heads, seq 128)."""
+    import numpy as np
+    d, heads, seq = (32, 2, 8) if tiny else (768, 12, 128)
+    rng = np.random.default_rng(0)
+    w = {k: (rng.standard_normal(s).astype(np.float32) * 0.02) for k, s in
+         {"qkv": (d, 3 * d), "o": (d, d), "up": (d, 4 * d), "down": (4 * d, d)}.items()}
+    x_np = rng.standard_normal((1, seq, d)).astype(np.float32)
+    hd = d // heads
+    if lib == "torch":
+        import torch
+        tw = {k: torch.from_numpy(v) for k, v in w.items()}
+        x = torch.from_numpy(x_np)
+        f = torch.nn.functional
+
+        def fwd() -> Any:
+            with torch.no_grad():
+                h = f.layer_norm(x, (d,))
+                q, k, v = (h @ tw["qkv"]).split(d, dim=-1)
+                q, k, v = (t.reshape(1, seq, heads, hd).transpose(1, 2) for t in (q, k, v))
+                att = ((q @ k.transpose(-1, -2)) / hd ** 0.5).softmax(-1) @ v
+                h = x + att.transpose(1, 2).reshape(1, seq, d) @ tw["o"]
+                return h + f.gelu(f.layer_norm(h, (d,)) @ tw["up"], approximate="tanh") @ tw["down"]
+        return 1e3 * best(fwd, reps)
+    pg = import_polygrad()
+    tw = {k: pg.Tensor(v).realize() for k, v in w.items()}
+    x = pg.Tensor(x_np).realize()
+
+    @pg.TinyJit
+    def fwd(x: Any) -> Any:
+        h = x.layernorm()
+        qkv = h @ tw["qkv"]
+        q, k, v = (qkv[:, :, i * d:(i + 1) * d].reshape(1, seq, heads, hd).transpose(1, 2) for i in range(3))
+        att = ((q @ k.transpose(-1, -2)) / hd ** 0.5).softmax(-1) @ v
+        h = x + att.transpose(1, 2).reshape(1, seq, d) @ tw["o"]
+        return (h + (h.layernorm() @ tw["up"]).gelu() @ tw["down"]).realize()
+    for _ in range(3):
+        fwd(x)
+    return 1e3 * best(lambda: fwd(x), reps)
+
+
+def _conv(lib: str, tiny: bool, reps: int, backward: bool) -> float:
+    import numpy as np
+    bs, c, hw = (1, 4, 8) if tiny else (8, 64, 56)
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((bs, c, hw, hw)).astype(np.float32)
+    w_np = (rng.standard_normal((c, c, 3, 3)) * 0.1).astype(np.float32)
+    g_np = rng.standard_normal((bs, c, hw, hw)).astype(np.float32)  # the upstream gradient
+    if lib == "torch":
+        import torch
+        x = torch.from_numpy(x_np).requires_grad_(backward)
+        wt = torch.from_numpy(w_np).requires_grad_(backward)
+        g = torch.from_numpy(g_np)
+
+        def run() -> None:
+            out = torch.nn.functional.conv2d(x, wt, padding=1)
+            if backward:
+                x.grad = wt.grad = None
+                out.backward(g)
+        return 1e3 * best(run, reps)
+    pg = import_polygrad()
+    x = pg.Tensor(x_np, requires_grad=backward).realize()
+    wt = pg.Tensor(w_np, requires_grad=backward).realize()
+    g_pg = pg.Tensor(g_np).realize()
+
+    def run_pg() -> None:
+        out = x.conv2d(wt, padding=1)
+        if backward:  # forward output, input and weight gradients, as torch computes them
+            x.grad = wt.grad = None
+            (out * g_pg).sum().backward()
+            out.realize(x.grad, wt.grad)
+        else:
+            out.realize()
+    return 1e3 * best(run_pg, reps)
+
+
+def w_conv2d_fwd(lib: str, tiny: bool, reps: int) -> float:
+    return _conv(lib, tiny, reps, False)
+
+
+def w_conv2d_bwd(lib: str, tiny: bool, reps: int) -> float:
+    return _conv(lib, tiny, reps, True)
+
+
+def w_elementwise(lib: str, tiny: bool, reps: int) -> float:
+    """GB/s of input read by a fused elementwise chain ((x*2+1).relu()*x) over 16M float32."""
+    import numpy as np
+    n = 4096 if tiny else 1 << 24
+    x_np = _rand(n)
+    if lib == "numpy":
+        t = best(lambda: np.maximum(x_np * 2 + 1, 0) * x_np, reps)
+    elif lib == "torch":
+        import torch
+        x = torch.from_numpy(x_np)
+        t = best(lambda: (x * 2 + 1).relu() * x, reps)
+    else:
+        pg = import_polygrad()
+        x = pg.Tensor(x_np).realize()
+        t = best(lambda: ((x * 2 + 1).relu() * x).realize(), reps)
+    return n * 4 / t / 1e9
+
+
+def _tiny(lib: str, reps: int, jit: bool) -> float:
+    import numpy as np
+    a_np, b_np = np.array([1.0, 2.0, 3.0, 4.0], np.float32), np.array([4.0, 3.0, 2.0, 1.0], np.float32)
+    if lib == "numpy":
+        return 1e6 * best(lambda: a_np + b_np, reps, 2000)
+    if lib == "torch":
+        import torch
+        a, b = torch.from_numpy(a_np), torch.from_numpy(b_np)
+        return 1e6 * best(lambda: a + b, reps, 2000)
+    pg = import_polygrad()
+    a, b = pg.Tensor(a_np).realize(), pg.Tensor(b_np).realize()
+    if not jit:
+        return 1e6 * best(lambda: (a + b).realize(), reps, 200)
+    add = pg.TinyJit(lambda a, b: (a + b).realize())
+    for _ in range(3):
+        add(a, b)
+    return 1e6 * best(lambda: add(a, b), reps, 500)
+
+
+def w_tiny_op(lib: str, tiny: bool, reps: int) -> float:
+    """Microseconds per call of a 4-element add, realized each call (no jit)."""
+    return _tiny(lib, reps, False)
+
+
+def w_tiny_op_jit(lib: str, tiny: bool, reps: int) -> float:
+    """Microseconds per jitted replay of a 4-element add (one kernel)."""
+    return _tiny(lib, reps, True)
+
+
+def w_first_call(lib: str, tiny: bool, reps: int) -> float:
+    """Milliseconds for the first realize of (a @ b).relu().sum() on 256x256 in this fresh process
+    (the driver runs it with an empty and then with a filled POLY_CACHE_DIR)."""
+    import numpy as np
+    n = 32 if tiny else 256
+    a_np, b_np = _rand(n, n), _rand(n, n) + 1
+    t0 = time.perf_counter()
+    if lib == "numpy":
+        float(np.maximum(a_np @ b_np, 0).sum())
+    elif lib == "torch":
+        import torch
+        float((torch.from_numpy(a_np) @ torch.from_numpy(b_np)).relu().sum())
+    else:
+        pg = import_polygrad()
+        a, b = pg.Tensor(a_np), pg.Tensor(b_np)
+        t0 = time.perf_counter()  # the import is not the compile path
+        float((a @ b).relu().sum().item())
+    return 1e3 * (time.perf_counter() - t0)
+
+
+# name: (unit, "higher"/"lower" is better, worker, libraries that have it)
+ALL = ("polygrad", "numpy", "torch")
+WORKLOADS: dict[str, tuple[str, str, Callable[[str, bool, int], float], tuple[str, ...]]] = {
+    "matmul1024": ("GFLOP/s", "higher", w_matmul1024, ALL),
+    "matmul2048": ("GFLOP/s", "higher", w_matmul2048, ALL),
+    "matmul1024_tn": ("GFLOP/s", "higher", w_matmul1024_tn, ALL),
+    "matmul1024_nt": ("GFLOP/s", "higher", w_matmul1024_nt, ALL),
+    "matmul1024_beam2": ("GFLOP/s", "higher", w_matmul1024_beam, ALL),
+    "mlp_adam": ("steps/s", "higher", w_mlp_adam, ("polygrad", "torch")),
+    "transformer_block": ("ms", "lower", w_transformer_block, ("polygrad", "torch")),
+    "conv2d_fwd": ("ms", "lower", w_conv2d_fwd, ("polygrad", "torch")),
+    "conv2d_fwd_bwd": ("ms", "lower", w_conv2d_bwd, ("polygrad", "torch")),
+    "elementwise_16M": ("GB/s", "higher", w_elementwise, ALL),
+    "tiny_op": ("us", "lower", w_tiny_op, ALL),
+    "tiny_op_jit": ("us", "lower", w_tiny_op_jit, ("polygrad",)),
+    "first_call_cold": ("ms", "lower", w_first_call, ALL),
+    "first_call_warm": ("ms", "lower", w_first_call, ("polygrad",)),
+}
+DEFAULT_SKIP = ("matmul1024_beam2",)  # minutes of search on a cold cache: ask for it with --only
+
+
+def worker(lib: str, names: str, tiny: bool, reps: int) -> None:
+    """Run workloads (comma-separated) for one library; print one JSON line each."""
+    for name in names.split(","):
+        value = WORKLOADS[name][2](lib, tiny, reps)
+        extra: dict[str, Any] = {}
+        if lib == "numpy":
+            try:
+                from threadpoolctl import threadpool_info
+                extra["blas"] = [f"{i.get('internal_api')}:{i.get('architecture')}:{i.get('num_threads')}"
+                                 for i in threadpool_info()]
+            except ImportError:
+                pass
+        print(json.dumps({"workload": name, "value": value, **extra}), flush=True)
+
+
+# ---- driver side ---------------------------------------------------------------------------------------
+def column_runs(args: argparse.Namespace) -> list[tuple[str, str, str, dict[str, str]]]:
+    """(column label, library, interpreter, extra environment) for every column of the table."""
+    cols = []
+    for cc in args.cc:
+        if shutil.which(cc):
+            cols.append((f"polygrad[{cc}]", "polygrad", sys.executable, {"POLY_CC": cc}))
+    cols.append(("numpy", "numpy", sys.executable, {}))
+    cols.append(("torch", "torch", sys.executable, {}))
+    for py in args.python:
+        cols.append((f"py:{py}", "polygrad", py, {}))
+    return cols
+
+
+def run_one(py: str, lib: str, names: list[str], env_extra: dict[str, str], args: argparse.Namespace,
+            cache: str) -> dict[str, dict[str, Any]]:
+    """Run workloads in one fresh worker process; {workload: its JSON result} for those that ran."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    env.update(env_extra)
+    env["POLY_CACHE_DIR"] = cache
+    cmd = [py, HERE, "--worker", lib, ",".join(names), "--reps", str(args.reps)] + (["--tiny"] if args.tiny else [])
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            res = json.loads(line)
+            results[res.pop("workload")] = res
+    if proc.returncode != 0:
+        print(f"  {names} [{lib} {py}] failed: {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+    return results
+
+
+def fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", nargs=2, metavar=("LIB", "WORKLOAD"), help=argparse.SUPPRESS)
+    ap.add_argument("--only", nargs="*", default=None, help=f"workloads (default: all but {DEFAULT_SKIP})")
+    ap.add_argument("--cc", nargs="*", default=["clang", "gcc"], help="C compilers for the polygrad columns")
+    ap.add_argument("--python", action="append", default=[], help="another interpreter (a column of its own)")
+    ap.add_argument("--jsonl", default="compare.jsonl", help="where to write one JSON line per figure")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--tiny", action="store_true", help="toy sizes, one repetition (keeps the script working)")
+    ap.add_argument("--timeout", type=int, default=1800)
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.reps = 1
+    if args.worker:
+        worker(args.worker[0], args.worker[1], args.tiny, args.reps)
+        return 0
+    names = args.only or [w for w in WORKLOADS if w not in DEFAULT_SKIP]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        ap.error(f"unknown workloads {unknown}; known: {sorted(WORKLOADS)}")
+    cols = column_runs(args)
+    caches = {label: tempfile.mkdtemp(prefix="pgcompare-") for label, *_ in cols}
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    rows: dict[str, dict[str, float | None]] = {name: {} for name in names}
+    with open(args.jsonl, "a") as out:
+        for label, lib, py, env in cols:
+            mine = [n for n in names if lib in WORKLOADS[n][3]]
+            # one process per workload (no shared thread pools or caches); --tiny batches the plain ones
+            plain = [n for n in mine if not n.startswith("first_call")]
+            batches = [plain] if args.tiny and plain else [[n] for n in plain]
+            results: dict[str, dict[str, Any]] = {}
+            for batch in batches:
+                results.update(run_one(py, lib, batch, env, args, caches[label]))
+            for name in (n for n in mine if n.startswith("first_call")):
+                cache = tempfile.mkdtemp(prefix="pgcompare-first-")  # empty: a cold start
+                if name == "first_call_warm":  # fill the disk cache in one process, time the next
+                    run_one(py, lib, [name], env, args, cache)
+                results.update(run_one(py, lib, [name], env, args, cache))
+            for name in names:
+                res = results.get(name)
+                rows[name][label] = None if res is None else res["value"]
+                if res is not None:
+                    unit, better = WORKLOADS[name][:2]
+                    out.write(json.dumps({"time": stamp, "workload": name, "column": label, "library": lib,
+                                          "python": py, "value": res["value"], "unit": unit, "better": better,
+                                          "tiny": args.tiny, **{k: v for k, v in res.items() if k != "value"},
+                                          **env}) + "\n")
+    labels = [c[0] for c in cols]
+    first = next((c for c in labels if c.startswith("polygrad")), None)
+    head = f"{'workload':18s} {'unit':8s} " + " ".join(f"{c[:16]:>16s}" for c in labels) + "   vs numpy  vs torch"
+    print(head)
+    for name in names:
+        unit, better = WORKLOADS[name][:2]
+        vals = rows[name]
+        ratios = []
+        for ref in ("numpy", "torch"):
+            ours, theirs = vals.get(first), vals.get(ref)
+            if ours and theirs:
+                ratios.append(f"{(ours / theirs if better == 'higher' else theirs / ours):8.2f}x")
+            else:
+                ratios.append(f"{'-':>9s}")
+        print(f"{name:18s} {unit:8s} " + " ".join(f"{fmt(vals.get(c)):>16s}" for c in labels) + "  " +
+              " ".join(ratios))
+    print(f"(ratios: {first} against each, > 1 means polygrad is better; JSON lines in {args.jsonl})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Deterministic guards for CPU kernel speed (issue 17): no timings, only the structure that makes the
+kernels fast. A matmul's register tile is sized from the device's lanes and registers and unrolled into
+named vector accumulators (no accumulator array a compiler could keep in memory); a device declaring
+FMA gets its reductions' multiply-adds contracted (and INTERP gives the same bits for that IR); a big
+matmul stages its column panels (OUTER + STAGE, a contiguous local array) for every layout of B; THREAD
+kernels launch on the persistent C pool.
+"""
+import re
+
+import numpy as np
+import pytest
+
+from polygrad import Tensor
+from polygrad.backend_api import Capabilities
+from polygrad.device import Buffer, open_device
+from polygrad.engine import realize
+from polygrad.engine.lower import OptKind, lower
+from polygrad.engine.schedule import schedule
+from polygrad.renderer.cstyle import CStyleRenderer
+from polygrad.renderer.linearize import L, linearize
+from polygrad.uop.ops import Ops
+from polygrad_backend_interp.evaluator import InterpProgram
+
+AVX512 = Capabilities(threads=2, vector_width=16, registers=32, fma=True, stage_bytes=512 * 1024)
+AVX2 = Capabilities(threads=2, vector_width=8, registers=16, fma=True, stage_bytes=512 * 1024)
+SSE = Capabilities(threads=1, vector_width=4, registers=16)
+SCALAR_FMA = Capabilities(threads=1, vector_width=1, fma=True)
+
+
+def kernel(t):
+    tpl, _ = schedule([t.uop])
+    (ast,) = [s.ast for s in tpl.steps if s.kind == "kernel"]
+    return ast
+
+
+def src_of(spec):
+    return CStyleRenderer().render(spec)
+
+
+@pytest.mark.parametrize("caps,tile", [(AVX512, [8, 32]), (AVX2, [4, 16]), (SSE, [4, 8])])
+def test_register_tile_comes_from_lanes_and_registers(caps, tile):
+    spec = lower(kernel(Tensor.empty(64, 96) @ Tensor.empty(96, 64)), caps)
+    ups = sorted(o.amount for o in spec.opts if o.kind is OptKind.UPCAST)
+    assert ups == tile
+    rows, vecs = tile[0], tile[1] // caps.vector_width
+    assert rows * vecs + vecs + 1 <= caps.registers  # accumulators + B vectors + A broadcast
+    src = src_of(spec)
+    # one named vector accumulator per (row, vector), no array, no loop over rows or vectors
+    accs = re.findall(rf"pg_f32x{caps.vector_width} acc\d+ = ", src)
+    assert len(accs) == rows * vecs and not re.search(r"acc\d+\[", src) and "uidx" not in src, src
+
+
+def test_fma_contraction_only_where_declared():
+    ast = kernel(Tensor.empty(64, 96) @ Tensor.empty(96, 64))
+    fused = lower(ast, AVX512)
+    assert any(n.op is Ops.REDUCE and n.arg is Ops.FMA for n in fused.ast.toposort())
+    prog = linearize(fused, vector_width=16)
+    assert sum(x.op is L.UPDATE and x.arg is Ops.FMA for x in prog.insts) == 16
+    assert "pg_fma_f32x16(" in src_of(fused)
+    plain = lower(ast, Capabilities(threads=2, vector_width=16, registers=32))
+    assert not any(n.op is Ops.REDUCE and n.arg is Ops.FMA for n in plain.ast.toposort())
+    assert "fma" not in src_of(plain)
+    # integer sums and sums that are not of products are never contracted
+    for t in (Tensor.empty(64, 96, dtype="int32").sum(1), Tensor.empty(64, 96).sum(1)):
+        assert not any(n.op is Ops.REDUCE and n.arg is Ops.FMA for n in lower(kernel(t), AVX512).ast.toposort())
+
+
+def _run_spec(spec, device, inputs):
+    prog = InterpProgram(spec) if device == "INTERP" else \
+        open_device("CPU").load(spec, open_device("CPU").compile(open_device("CPU").render(spec)))
+    bufs = []
+    for g in spec.globals:
+        b = Buffer(device, g.size, g.dtype)
+        b.copyin(inputs[g.slot] if not g.written else np.zeros(g.size, np.float32))
+        bufs.append(b)
+    prog([b.handle for b in bufs], ())
+    return [b.numpy() for b, g in zip(bufs, spec.globals) if g.written][0]
+
+
+def test_contracted_sum_gives_the_same_bits_on_cpu_and_interp():
+    """REDUCE(FMA) is one correctly rounded fma per step; INTERP folds it in the compiled loop's
+    order, so the two agree bit for bit, and the result differs from the uncontracted sum."""
+    ast = kernel(Tensor.empty(24, 200) @ Tensor.empty(200, 40))
+    spec = lower(ast, SCALAR_FMA)  # no lanes, no threads: one sequential loop per element
+    assert spec.opts == () and any(n.op is Ops.REDUCE and n.arg is Ops.FMA for n in spec.ast.toposort())
+    rng = np.random.default_rng(0)
+    inputs = {g.slot: rng.standard_normal(g.size).astype(np.float32) for g in spec.globals if not g.written}
+    cpu, interp = _run_spec(spec, "CPU", inputs), _run_spec(spec, "INTERP", inputs)
+    np.testing.assert_array_equal(cpu.view(np.uint32), interp.view(np.uint32))
+    unfused = _run_spec(lower(ast, Capabilities(threads=1, vector_width=1)), "CPU", inputs)
+    assert (unfused != cpu).any() and np.allclose(unfused, cpu, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
+def test_big_matmul_stages_its_column_panels(layout):
+    """OUTER + STAGE: the column panels are the outermost (thread-shared) loop and B, whatever its
+    layout, is copied per panel into a contiguous local array that the tile reads as vectors."""
+    n = 512
+    a, b = Tensor.empty(n, n), Tensor.empty(n, n)
+    t = {"nn": lambda: a @ b, "tn": lambda: a.T @ b, "nt": lambda: a @ b.T}[layout]()
+    spec = lower(kernel(t), AVX512)
+    kinds = [o.kind for o in spec.opts]
+    assert kinds == [OptKind.UPCAST, OptKind.UPCAST, OptKind.OUTER, OptKind.STAGE, OptKind.THREAD]
+    panel = next(o.axis for o in spec.opts if o.kind is OptKind.OUTER)
+    assert spec.ast.src[0].src[1].arg[0] == panel and spec.threads == 2
+    prog = linearize(spec, vector_width=16)
+    local = [x for x in prog.insts if x.op is L.LOCAL]
+    assert len(local) == 1 and local[0].arg == n * 32
+    reads = [x for x in prog.insts if x.op is L.LOAD and x.src[0] is local[0]]
+    assert len(reads) == 2 and all(x.arg == "contiguous" and x.lanes == 16 for x in reads)
+
+
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
+def test_no_staging_without_scratch(layout):
+    a, b = Tensor.empty(512, 512), Tensor.empty(512, 512)
+    t = {"nn": lambda: a @ b, "tn": lambda: a.T @ b, "nt": lambda: a @ b.T}[layout]()
+    spec = lower(kernel(t), Capabilities(threads=2, vector_width=16, registers=32, fma=True))
+    assert not {OptKind.OUTER, OptKind.STAGE} & {o.kind for o in spec.opts}
+    assert not any(x.op is L.LOCAL for x in linearize(spec, vector_width=16).insts)
+
+
+@pytest.mark.parametrize("layout", ["nn", "tn", "nt"])
+def test_staged_matmuls_equal_numpy_on_this_cpu(layout):
+    rng = np.random.default_rng(1)
+    an, bn = rng.random((384, 384), dtype=np.float32), rng.random((384, 384), dtype=np.float32)
+    a, b = Tensor(an, device="CPU"), Tensor(bn, device="CPU")
+    t = {"nn": lambda: a @ b, "tn": lambda: a.T @ b, "nt": lambda: a @ b.T}[layout]()
+    assert OptKind.STAGE in [o.kind for o in lower(kernel(t), open_device("CPU").capabilities).opts] or \
+        open_device("CPU").capabilities.vector_width < 8  # staged on this machine's lanes
+    ref = {"nn": an @ bn, "tn": an.T @ bn, "nt": an @ bn.T}[layout]
+    np.testing.assert_allclose(t.numpy(), ref, rtol=1e-4)
+
+
+def test_thread_kernels_launch_on_the_c_pool():
+    from polygrad_backend_cpu import runtime
+    caps = open_device("CPU").capabilities
+    if caps.threads < 2:
+        pytest.skip("one core")
+    x = Tensor(np.ones((512, 512), np.float32), device="CPU")
+    assert runtime.c_pool(wait=True) is not None
+    realize.program_cache.clear()
+    out = (x @ x).numpy()
+    progs = [p for (_, d), p in realize.program_cache.items() if d == "CPU" and p.spec.threads > 1]
+    assert progs and runtime.c_pool() is not None and all(p.program.task is not None for p in progs)
+    assert "_task(void** a, int tid)" in progs[0].source
+    np.testing.assert_array_equal(out, np.full((512, 512), 512, np.float32))
+
+
+def test_div_mod_recombine_into_the_index():
+    """(x // c) * c + x % c is x for C's truncating division, whatever the sign: a flattened
+    concatenation then reads its slices contiguously (affine indices the compilers vectorise)."""
+    from polygrad.dtype import dtypes
+    from polygrad.uop.ops import UOp
+    from polygrad.uop.rewrite import graph_rewrite
+    from polygrad.uop.symbolic import symbolic_rules
+    r = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 1000),), (0, "global"))
+    x = r - 400  # negative for part of the range
+    for expr in ((x // 7) * 7 + x % 7, x % 7 + (x // 7) * 7):
+        assert graph_rewrite(expr, symbolic_rules) is graph_rewrite(x, symbolic_rules)
+    vals = np.arange(1000) - 400
+    assert (np.trunc(vals / 7) * 7 + np.fmod(vals, 7) == vals).all()  # the C identity the rule relies on
+
+
+def test_scalar_gated_loads_are_kept_from_clangs_masked_vectorisation():
+    a, b = Tensor.empty(1000), Tensor.empty(337)
+    (ast,) = [kernel(a.cat(b) * 2)]
+    src = src_of(lower(ast, AVX512))
+    assert "#pragma clang loop vectorize(disable)" in src, src
+    assert "#pragma" not in src_of(lower(kernel(Tensor.empty(1024) * 2), AVX512))
+    out = (Tensor(np.arange(5, dtype=np.float32)).cat(Tensor(np.ones(3, np.float32))) * 2).numpy()
+    np.testing.assert_array_equal(out, [0, 2, 4, 6, 8, 2, 2, 2])
+
+
+def _conv_kernels():
+    x = Tensor.empty(8, 64, 56, 56, requires_grad=True)
+    w = Tensor.empty(64, 64, 3, 3, requires_grad=True)
+    out = x.conv2d(w, padding=1)
+    (out * Tensor.empty(8, 64, 56, 56)).sum().backward()
+    tpl, _ = schedule([out.uop, x.grad.uop, w.grad.uop])
+    return [s.ast for s in tpl.steps if s.kind == "kernel"]
+
+
+def test_conv_kernels_get_vector_tiles():
+    """conv2d 3x3 64->64 on 56x56: the forward tiles output channels x 8-pixel vectors (56 is not a
+    multiple of 16 lanes: half-width vectors), the weight gradient is a tile of dot products along the
+    pixel rows, and no kernel doing the convolution's multiply-adds is left without vectors."""
+    kinds = {}
+    for ast in _conv_kernels():
+        spec = lower(ast, AVX512)
+        if spec.ops < 1e9:
+            continue
+        src = src_of(spec)
+        assert "pg_f32x8" in src, spec.name
+        kinds[spec.name] = [(o.kind, o.amount) for o in spec.opts if o.kind is not OptKind.THREAD]
+    assert (OptKind.UPCAST, 8) in kinds["r_8_64_56_56"]  # forward: 8 output channels x one vector of 8 pixels
+    assert [k for k, _ in kinds["r_64_64_3_3"]] == [OptKind.UPCAST, OptKind.UPCAST, OptKind.SPLIT_REDUCE]
