@@ -1,20 +1,28 @@
 """Compile C source to a shared object with clang (gcc, then cc, as fallbacks).
 
 Results are cached in memory and on disk under POLY_CACHE_DIR/cpu, keyed by source, compiler and
-flags. Files are written to a temporary name and renamed into place, so several processes can share
-the cache: the worst case is that two of them compile the same kernel once each.
+flags. The disk side is polygrad's shared entry format (`backend_api.write_entry`): the compiler
+writes a temporary file carrying this process's pid, a length and checksum trailer is appended and the
+file is renamed into place, so several processes can share the folder (the worst case is that two
+of them compile the same kernel once each). An entry is loaded only after its trailer checks out: a
+truncated, empty, garbage or foreign file is discarded with a warning and compiled again. The
+compiler runs with a parent-death signal, so killing the Python process mid-compile kills it too;
+the temporary file it leaves is removed by the next process that opens the folder.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
-import tempfile
 
-from polygrad.backend_api import CompileError
+from polygrad.backend_api import CompileError, cache_dir, temp_path, valid_entry, write_entry
 
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-lm")
+PR_SET_PDEATHSIG = 1
 
 
 def find_compiler() -> str | None:
@@ -29,9 +37,31 @@ def find_compiler() -> str | None:
 
 
 def cache_root() -> str:
-    base = os.environ.get("POLY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "polygrad")
-    return os.path.join(base, "cpu")
+    """POLY_CACHE_DIR/cpu (or the temporary folder used instead when that cannot be written)."""
+    return cache_dir("cpu")
+
+
+_prctl: list = []  # [libc prctl or None], looked up once
+
+
+def _die_with_parent():
+    """A preexec_fn for the compiler child: SIGKILL it when the process that started it dies (Linux)."""
+    if not _prctl:
+        name = ctypes.util.find_library("c")
+        try:
+            _prctl.append(ctypes.CDLL(name, use_errno=True).prctl if name else None)
+        except (OSError, AttributeError):
+            _prctl.append(None)
+    prctl = _prctl[0]
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:  # runs in the child between fork and exec: one foreign call, nothing else
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+    return preexec
 
 
 class ClangCompiler:
@@ -58,26 +88,33 @@ class ClangCompiler:
         return h.hexdigest()[:40]
 
     def compile(self, src: str) -> str:
-        """Return the path of a shared object built from `src` (cached)."""
+        """Return the path of a validated shared object built from `src` (cached)."""
         key = self.key(src)
         hit = self.memory.get(key)
-        if hit is not None and os.path.exists(hit):
+        if hit is not None and valid_entry(hit):  # checked again: the file may have changed since
             return hit
         root = cache_root()
         path = os.path.join(root, f"{key}.so")
-        if not os.path.exists(path):
-            os.makedirs(root, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f"{key}.", suffix=".tmp.so", dir=root)
-            os.close(fd)
-            try:
-                proc = subprocess.run([self.cc, *FLAGS[:-1], "-x", "c", "-", "-o", tmp, FLAGS[-1]], input=src,
-                                      capture_output=True, text=True, timeout=300)
-                if proc.returncode != 0:
-                    raise CompileError(f"{os.path.basename(self.cc)} failed to compile a kernel:\n{proc.stderr}\n"
-                                       f"--- source\n{src}")
-                os.replace(tmp, path)
-            finally:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
+        if not valid_entry(path):  # missing, or corrupt and just discarded
+            for attempt in range(2):
+                try:
+                    self._build(src, root, path)
+                    break
+                except FileNotFoundError:  # our temporary file was removed under us (a cleaner elsewhere)
+                    if attempt:
+                        raise
         self.memory[key] = path
         return path
+
+    def _build(self, src: str, root: str, path: str) -> None:
+        tmp = temp_path(root, os.path.basename(path), ".so")
+        try:
+            proc = subprocess.run([self.cc, *FLAGS[:-1], "-x", "c", "-", "-o", tmp, FLAGS[-1]], input=src,
+                                  capture_output=True, text=True, timeout=300, preexec_fn=_die_with_parent())
+            if proc.returncode != 0:
+                raise CompileError(f"{os.path.basename(self.cc)} failed to compile a kernel:\n{proc.stderr}\n"
+                                   f"--- source\n{src}")
+            write_entry(path, tmp=tmp)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)

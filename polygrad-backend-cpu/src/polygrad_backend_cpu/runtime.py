@@ -5,22 +5,28 @@ symbol's address, which is cast to a cffi function pointer of the kernel's signa
 integer variables, and the thread index when the lowering gave the kernel a THREAD axis). Buffer
 pointers are cached on the host allocations, so a launch does no address lookups. cffi releases the
 GIL during the call, so the pool's workers run the other thread indices in parallel.
+
+A program owns its shared object: when the CPUProgram is garbage (polygrad.collect() dropped the
+program cache and no captured graph or schedule holds it), the object is closed (dlclose) and its
+mappings go away. Nothing else may keep the function pointer.
 """
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import os
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import cffi
 
-from polygrad.backend_api import ProgramSpec
+from polygrad.backend_api import CompileError, ProgramSpec
 
 FFI = cffi.FFI()
 _fn_types: dict[int, Any] = {}
-_libs: list[Any] = []  # keep shared objects loaded for the life of the process
+loaded = {"open": 0}  # shared objects currently open (tests read it)
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -56,9 +62,18 @@ class CPUProgram:
 
     def __init__(self, spec: ProgramSpec, path: str):
         self.spec = spec
-        lib = ctypes.CDLL(path)
-        _libs.append(lib)
-        addr = ctypes.cast(getattr(lib, spec.name), ctypes.c_void_p).value
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise CompileError(f"could not load kernel {spec.name} from {path}: {e}; delete that file (or the "
+                               "POLY_CACHE_DIR folder) to have it compiled again") from e
+        loaded["open"] += 1
+        weakref.finalize(self, _close, lib._handle)
+        try:
+            addr = ctypes.cast(getattr(lib, spec.name), ctypes.c_void_p).value
+        except AttributeError as e:
+            raise CompileError(f"{path} has no function {spec.name}; it is not the kernel's shared object: delete "
+                               "it (or the POLY_CACHE_DIR folder) to have it compiled again") from e
         var_types = tuple("long long" if v.dtype.itemsize == 8 else "int" for v in spec.vars)
         self.threads = spec.threads
         self.fn = FFI.cast(_fn_type(len(spec.globals), var_types, self.threads > 1), addr)
@@ -75,6 +90,11 @@ class CPUProgram:
             for f in futures:
                 f.result()
         return time.perf_counter() - t0 if timing else None
+
+
+def _close(handle: int) -> None:
+    loaded["open"] -= 1
+    _ctypes.dlclose(handle)
 
 
 def load_program(spec: ProgramSpec, path: str) -> CPUProgram:
