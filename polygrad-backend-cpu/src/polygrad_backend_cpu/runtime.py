@@ -68,7 +68,7 @@ class CPUProgram:
             raise CompileError(f"could not load kernel {spec.name} from {path}: {e}; delete that file (or the "
                                "POLY_CACHE_DIR folder) to have it compiled again") from e
         loaded["open"] += 1
-        weakref.finalize(self, _close, lib._handle)
+        weakref.finalize(self, _close, lib._handle).atexit = False  # the process exit unmaps it anyway
         try:
             addr = ctypes.cast(getattr(lib, spec.name), ctypes.c_void_p).value
         except AttributeError as e:
