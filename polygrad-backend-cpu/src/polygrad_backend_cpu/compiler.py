@@ -23,6 +23,9 @@ from polygrad.backend_api import CompileError, cache_dir, temp_path, valid_entry
 
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-lm")
 PR_SET_PDEATHSIG = 1
+# in the key, so files of an older layout (no checksum trailer) are never looked up, rather than each
+# one being discarded with a warning after an upgrade
+ENTRY_FORMAT = "entry-v2"
 
 
 def find_compiler() -> str | None:
@@ -82,7 +85,7 @@ class ClangCompiler:
 
     def key(self, src: str) -> str:
         h = hashlib.sha256()
-        for part in (src, self.cc, self.version, " ".join(FLAGS)):
+        for part in (src, self.cc, self.version, " ".join(FLAGS), ENTRY_FORMAT):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()[:40]

@@ -65,11 +65,34 @@ def _to_numpy(data: Any, dtype: DType | None) -> np.ndarray:
         dtype = _infer_list_dtype(data) if (not isinstance(data, (list, tuple)) or len(data)) else dtypes.default_float
     try:
         if dtype is dtypes.bfloat16:
-            return _np_cast(np.asarray(data, dtype=np.float32), dtype)
-        return np.asarray(data, dtype=dtype.np)
+            arr = _np_cast(np.asarray(data, dtype=np.float32), dtype)
+        else:
+            arr = np.asarray(data, dtype=dtype.np)
     except (ValueError, TypeError) as e:
+        if _holds_none(data):
+            raise _none_error() from None
         raise ValueError(f"cannot build a tensor from {type(data).__name__}: {e}; "
                          "nested lists must be rectangular") from e
+    # NumPy reads None as NaN in a float array; only a NaN can be one, so only then look for it
+    if arr.dtype.kind == "f" and np.isnan(arr).any() and _holds_none(data):
+        raise _none_error()
+    return arr
+
+
+def _holds_none(data: Any) -> bool:
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        if x is None:
+            return True
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return False
+
+
+def _none_error() -> TypeError:
+    return TypeError("cannot build a tensor from a list holding None; use a number (float('nan') for a missing "
+                     "value)")
 
 
 def _np_cast(arr: np.ndarray, dtype: DType) -> np.ndarray:
@@ -141,9 +164,12 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
                 self.uop = UOp.const(dt, data, dev)
             elif data is None:
                 self.uop = _buffer_uop(Buffer(dev, 0, dtype or dtypes.default_float), (0,))
-            elif isinstance(data, (bytes, bytearray, memoryview)):
+            elif isinstance(data, (bytes, bytearray)):
                 arr = np.frombuffer(bytes(data), dtype=np.uint8)
                 self.uop = _from_numpy(arr, dtype or dtypes.uint8, dev)
+            elif isinstance(data, memoryview):  # keeps its format and shape (a float32 view stays float32)
+                arr = _to_numpy(np.array(data), dtype)
+                self.uop = _from_numpy(arr, dtype or _dtype_from_numpy(arr), dev)
             else:
                 if isinstance(data, np.generic):
                     data = np.asarray(data)
@@ -431,11 +457,14 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
     # ---------------------------------------------------------------------------------------------
     # primitive builders
     def _alu(self, op: Ops, *others: "Tensor") -> "Tensor":
-        _check_runtimes([self, *others])
+        owner = _check_runtimes([self, *others])
         devs = {t.device for t in (self, *others)}
         if len(devs) > 1:
             raise DeviceError(f"operands are on different devices {sorted(devs)}; move them with .to(device)")
-        return self._new(self.uop.alu(op, *[o.uop for o in others]))
+        out = self._new(self.uop.alu(op, *[o.uop for o in others]))
+        if owner is not self._runtime:  # an unowned constant first: the result is the other operand's
+            out._runtime = owner
+        return out
 
     def _broadcasted(self, y: Any, reverse: bool = False) -> tuple["Tensor", "Tensor"]:
         x = self
@@ -649,6 +678,8 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         shape = _shape_arg(shape, allow_neg=True)
         if shape.count(-1) > 1:
             raise ShapeError(f"reshape {shape}: only one dimension can be -1")
+        if any(not isinstance(s, UOp) and s < -1 for s in shape):
+            raise ShapeError(f"reshape {shape}: sizes must be >= 0, or -1 for one size to infer")
         if -1 in shape:
             known = _prod(s for s in shape if s != -1)
             numel = self.numel()
@@ -675,6 +706,8 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
 
     def expand(self, *shape: Any) -> "Tensor":
         shape = _shape_arg(shape, allow_neg=True)
+        if any(not isinstance(s, UOp) and s < -1 for s in shape):
+            raise ShapeError(f"expand {shape}: sizes must be >= 0, or -1 to keep a size")
         pad = (1,) * (len(shape) - self.ndim) + self.shape
         shape = tuple(p if s == -1 else s for s, p in zip(shape, pad))
         base = self.reshape(pad) if pad != self.shape else self
@@ -1090,15 +1123,33 @@ def _default_device(runtime: Any) -> str | None:
     return current.device if current is not None else None
 
 
-def _check_runtimes(tensors: Sequence["Tensor"]) -> None:
+def _check_runtimes(tensors: Sequence["Tensor"]) -> Any:
+    """Reject operands of different owners; returns the owner (an explicit Runtime, or None: the default).
+
+    A tensor of the default runtime that holds no device memory (a constant, an arange: what polygrad
+    makes internally next to a runtime's tensors) belongs to nobody and takes the other operands' owner.
+    One that holds memory (Tensor(data), a realized result) is the default runtime's, and mixing it with
+    an explicit runtime's tensor is rejected, as the spec says, even on the same device."""
     owners = {id(t._runtime): t._runtime for t in tensors if t._runtime is not None}
+    if owners and len(owners) < len(tensors):  # defaults next to an explicit runtime: they count if they hold memory
+        if any(t._runtime is None and _holds_memory(t.uop) for t in tensors):
+            owners[0] = None
     if len(owners) > 1:
         raise RuntimeOwnershipError(
-            f"operands belong to different runtimes ({', '.join(map(repr, owners.values()))}); create tensors "
-            "and layers through the same runtime (rt.Tensor, rt.nn) or use the default API consistently")
+            f"operands belong to different runtimes ({', '.join(map(_owner_name, owners.values()))}); create "
+            "tensors and layers through the same runtime (rt.Tensor, rt.nn) or use the default API consistently")
     for rt in owners.values():
         if getattr(rt, "disposed", False):
             raise RuntimeOwnershipError(f"runtime {rt!r} was disposed; create a new one with polygrad.create()")
+    return next(iter(owners.values()), None)
+
+
+def _owner_name(runtime: Any) -> str:
+    return "the default runtime (polygrad.Tensor)" if runtime is None else repr(runtime)
+
+
+def _holds_memory(u: UOp) -> bool:
+    return any(n.op is Ops.BUFFER and n.arg.size for n in u.toposort())
 
 
 _ = config

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from polygrad import runtime_context
 from polygrad.dtype import dtypes
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.shape import ShapeError
@@ -114,7 +115,9 @@ def advanced_getitem(x: "Tensor", items: list) -> "Tensor":
             basic.append(None)
             out_dim += 1
         elif _is_advanced(it):
-            for idx in _to_indices(it, x.device):
+            with runtime_context.using(x._runtime or runtime_context.current()):  # index tensors are x's owner's
+                indices = _to_indices(it, x.device)
+            for idx in indices:
                 _check_host_bounds(idx, x.shape[src_dim], src_dim)
                 basic.append(slice(None))
                 index_of_dim.append((out_dim, idx))
@@ -265,7 +268,7 @@ class IndexingMixin:
             value = _fit(value, view.shape)
             Tensor(UOp(Ops.ASSIGN, self.dtype, (view.uop, value.uop)), _runtime=self._runtime).realize()
             return
-        pos = Tensor.arange(max(self.numel(), 1), device=self.device, dtype=dtypes.int32)
+        pos = Tensor.arange(max(self.numel(), 1), device=self.device, dtype=dtypes.int32, _runtime=self._runtime)
         pos = pos.shrink(((0, self.numel()),)).reshape(self.shape)[index]
         value = _fit(value, pos.shape).reshape(1, -1)
         mask = pos.reshape(-1, 1).eq(Tensor.arange(max(self.numel(), 1), device=self.device,

@@ -167,7 +167,7 @@ class MovementMixin(IndexingMixin):
                              f"got {counts}")
         # the output length depends on the counts, so they are read on the host (as in PyTorch)
         index = [i for i, c in enumerate(counts) for _ in range(c)]
-        return x.index_select(d, Tensor(index, device=x.device))
+        return x.index_select(d, Tensor(index, device=x.device, _runtime=x._runtime))
 
     # ---------------------------------------------------------------------------------------------
     # joining and splitting
