@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -17,6 +17,7 @@ from polygrad import config
 from polygrad.device import Buffer, canonicalize
 from polygrad.dtype import DType, dtype_of_python, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from polygrad.errors import DeviceError, RuntimeOwnershipError
+from polygrad.engine.overwrites import is_view, readers_of, written_buffers
 from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
@@ -312,6 +313,11 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
             return
         _check_runtimes(todo)
         olds = [t.uop for t in todo]
+        # live lazy values that read a buffer this realize overwrites are computed now, before the write
+        stale = readers_of(written_buffers(olds), lambda: lazy_values(todo), olds)
+        if stale:
+            todo += stale
+            olds += [t.uop for t in stale]
         news = realize_uops(olds)
         for t, old, new in zip(todo, olds, news):
             t._graph = old if old.op is not Ops.ASSIGN else None
@@ -1146,6 +1152,16 @@ def _check_runtimes(tensors: Sequence["Tensor"]) -> Any:
 
 def _owner_name(runtime: Any) -> str:
     return "the default runtime (polygrad.Tensor)" if runtime is None else repr(runtime)
+
+
+def lazy_values(exclude: Iterable["Tensor"] = ()) -> Iterator[tuple["Tensor", UOp]]:
+    """(tensor, graph) for every live unrealized tensor that computes a value (not a view), except
+    `exclude` and the gradients of tensors that did not ask for one (requires_grad None: backward fills
+    them, tinygrad style, but a step does not compute them); engine/overwrites.py picks its readers."""
+    live = list(_all_tensors)
+    skip = {id(t) for t in exclude}
+    skip |= {id(t.grad) for t in live if t.grad is not None and t.requires_grad is not True}
+    return ((t, t.uop) for t in live if id(t) not in skip and not is_view(t.uop))
 
 
 def _holds_memory(u: UOp) -> bool:
