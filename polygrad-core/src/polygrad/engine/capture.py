@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
 from polygrad import config
-from polygrad.device import Buffer, GlobalCounters
+from polygrad.device import Buffer, GlobalCounters, debug_alloc
 from polygrad.engine import realize
 from polygrad.errors import PolygradError
 from polygrad.uop.ops import Ops, UOp
@@ -303,7 +303,7 @@ class CapturedGraph:
             for s in self.rng_slots:
                 table[s].copyin(next_key_values())
         plan = self._plan_with(var_vals) if (var_vals or self._missing_vars) else self._plan
-        if _active or config.get("DEBUG") >= 1:
+        if _active or config.get("DEBUG") >= 1 or debug_alloc.on:
             self._launch_recorded(plan)
         else:
             t0 = time.perf_counter()
@@ -343,6 +343,8 @@ class CapturedGraph:
                 dt += time.perf_counter() - t0
                 if x.kind == "kernel":
                     n, ops, mem = n + 1, ops + x.program.spec.ops, mem + x.program.spec.mem_bytes
+                if debug_alloc.on:
+                    debug_alloc.check(bufs, f"replayed {x.kind} {getattr(x.ast, 'arg', '')}")
             if _active:
                 _record(Launch(x.kind, x.device, x.ast, x.program, list(bufs), dict(zip(names, vv))),
                         [bufs[p] for p in mid])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from polygrad import config
-from polygrad.device import Buffer, GlobalCounters, open_device
+from polygrad.device import Buffer, GlobalCounters, debug_alloc, open_device
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
 from polygrad.engine.schedule import Template, capacity_buffers, denormalize, record_effects, schedule
@@ -47,6 +47,8 @@ class CompiledProgram:
         t0 = time.perf_counter()
         self.program(handles, args, timing)
         dt = time.perf_counter() - t0
+        if debug_alloc.on:
+            debug_alloc.check(buffers, f"kernel {self.spec.name}")
         GlobalCounters.kernel_count += 1
         GlobalCounters.global_ops += self.spec.ops
         GlobalCounters.global_mem += self.spec.mem_bytes
@@ -94,6 +96,8 @@ def copy_buffer(dst: Buffer, src: Buffer) -> None:
         full[:n] = data[:n]
         data = full
     dst.copyin(data)
+    if debug_alloc.on:
+        debug_alloc.check((dst, src), "a device copy")
     runtime_stats["copies"] += 1
 
 

@@ -85,7 +85,10 @@ def normalize(targets: list[UOp], effects: list[UOp] | None = None,
     binds: dict[UOp, int] = {} if var_vals is None else var_vals
     seen_vars: set[UOp] = set()
     sym_sizes = _symbolic_buffer_sizes(sink)
+    live = _live_nodes(targets)
     for node in sink.toposort():
+        if node not in live:
+            continue  # only under an effect that already ran: not part of this computation
         done = becomes.get(node)
         if done is not None and done is not node:
             memo[node] = _normalize_view(done, inputs, slot_of, memo)
@@ -126,6 +129,25 @@ def normalize(targets: list[UOp], effects: list[UOp] | None = None,
             raise VariableError(f"two different Variables are named {v.arg[0]!r} (bounds {names[v.arg[0]].arg[1:]} "
                                 f"and {v.arg[1:]}) in one computation; give them distinct names")
     return tuple(memo[t] for t in targets), inputs
+
+
+def _live_nodes(targets: list[UOp]) -> set[UOp]:
+    """The nodes the normalised graph keeps: everything reachable from the targets without passing
+    below an effect that already ran (it stands for its buffer now, `becomes`). The inputs are exactly
+    the buffers of these nodes, so the key alone determines the buffer table: a buffer that only fed
+    a finished assign must not take a slot (it shifted every new buffer's table index, and a template
+    cached under the same key then wrote into that unrelated input)."""
+    live: set[UOp] = set()
+    stack = list(targets)
+    while stack:
+        node = stack.pop()
+        if node in live:
+            continue
+        live.add(node)
+        done = becomes.get(node)
+        if done is None or done is node:
+            stack.extend(node.src)
+    return live
 
 
 def _symbolic_buffer_sizes(sink: UOp) -> dict[int, Any]:
@@ -544,6 +566,9 @@ def schedule(targets: list[UOp], effects: list[UOp] | None = None,
     tpl = schedule_cache.get(key)
     if tpl is None:
         tpl = schedule_cache[key] = build_template(key, len(inputs))
+    if tpl.n_inputs != len(inputs):  # the key must fix the table layout; a mismatch would misplace buffers
+        raise PolygradError(f"internal error: a cached schedule expects {tpl.n_inputs} input buffers, the graph "
+                            f"has {len(inputs)}; please report it (clear_schedule_cache() works around it)")
     return tpl, inputs
 
 
