@@ -155,3 +155,19 @@ def test_layer_training_loop_with_nn_modules() -> None:
         opt.step()
         assert loss.item() == pytest.approx(expected, rel=1e-6)
         assert out.numpy().shape == (2, 3) and float((out.numpy() ** 2).sum()) == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_graph_mixing_old_values_and_the_write(device: str) -> None:
+    """`a` was computed from x before the write, the assign is in the same graph: old*2 + new, as in
+    PyTorch (before: a scheduler cycle error, or silently new*2 + new once the assign ran elsewhere)."""
+    x = Tensor(np.array([1.0, 2.0], np.float32), device=device).realize()
+    a = x * 2
+    y = a + x.assign(Tensor(np.array([10.0, 20.0], np.float32), device=device))
+    assert y.tolist() == [12.0, 24.0] and x.tolist() == [10.0, 20.0]
+    x2 = Tensor(np.array([1.0, 2.0], np.float32), device=device).realize()
+    b = x2 * 2
+    y2 = b + x2.assign(Tensor(np.array([10.0, 20.0], np.float32), device=device))
+    del b  # only y2's graph remembers the pre-write part
+    assert (x2 + 0).tolist() == [10.0, 20.0]  # runs the assign through another graph first
+    assert y2.tolist() == [12.0, 24.0]

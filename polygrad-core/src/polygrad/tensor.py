@@ -17,7 +17,7 @@ from polygrad import config
 from polygrad.device import Buffer, canonicalize
 from polygrad.dtype import DType, dtype_of_python, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from polygrad.errors import DeviceError, RuntimeOwnershipError
-from polygrad.engine.overwrites import is_view, readers_of, written_buffers
+from polygrad.engine.overwrites import is_view, mixed_frontier, readers_of, written_buffers
 from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
@@ -313,10 +313,12 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
             return
         _check_runtimes(todo)
         olds = [t.uop for t in todo]
-        # live lazy values that read a buffer this realize overwrites are computed now, before the write
-        stale = readers_of(written_buffers(olds), lambda: lazy_values(todo), olds)
-        if stale:
-            todo += stale
+        written = written_buffers(olds)
+        if written:  # values built before the writes keep their inputs' old values (engine/overwrites.py)
+            _compute_before_writes(written, todo)
+            olds = [t.uop for t in todo]
+            stale = readers_of(written, lambda: lazy_values(todo), olds)
+            todo += stale  # plain readers: computed in this schedule, which orders reads before writes
             olds += [t.uop for t in stale]
         news = realize_uops(olds)
         for t, old, new in zip(todo, olds, news):
@@ -1152,6 +1154,21 @@ def _check_runtimes(tensors: Sequence["Tensor"]) -> Any:
 
 def _owner_name(runtime: Any) -> str:
     return "the default runtime (polygrad.Tensor)" if runtime is None else repr(runtime)
+
+
+def _compute_before_writes(written: set[int], targets: list["Tensor"]) -> None:
+    """Graphs (targets or live) that read a written buffer both before and after the write: realize
+    their pre-write parts now (a copy each) and rewrite the graphs to read those copies."""
+    from polygrad.engine.realize import realize_uops
+    mixed = [(t, mixed_frontier(t.uop, written)) for t in [*targets, *(t for t, _ in lazy_values(targets))]]
+    mixed = [(t, parts) for t, parts in mixed if parts]
+    if not mixed:
+        return
+    nodes = list(dict.fromkeys(n for _, parts in mixed for n in parts))
+    views = realize_uops([UOp(Ops.CONTIGUOUS, n.dtype, (n,)) for n in nodes])
+    mapping = dict(zip(nodes, views))
+    for t, _ in mixed:
+        t.uop = _substitute(t.uop, mapping)
 
 
 def lazy_values(exclude: Iterable["Tensor"] = ()) -> Iterator[tuple["Tensor", UOp]]:

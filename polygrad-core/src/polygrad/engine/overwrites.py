@@ -8,8 +8,10 @@ schedule, where `order_points` runs every read of a buffer's old value before it
 A lazy tensor reads the values its inputs had when it was built, as in PyTorch's eager evaluation:
 `loss = (w * w).sum(); loss.backward(); opt.step(); loss.item()` is the loss before the step. Pure
 views of a buffer (reshape, permute, shrink, flip, expand) are excepted: as PyTorch views they alias
-the buffer and show what was written. A live graph that itself holds a pending effect is left alone
-(realizing it would run that effect early; it reads after its own writes by construction).
+the buffer and show what was written. A graph that holds a pending effect and also reads the buffer
+outside it (`y = a + x.assign(...)` with `a` computed from x before) is split: its parts that read
+the buffer without the effect (`mixed_frontier`) are computed first, into their own buffers, and the
+graph is rewritten to use them; the effect itself then runs with the rest.
 
 The cost is bounded: only pending effects trigger the search, realized tensors are skipped at once,
 and each candidate graph is walked through its cached topological order.
@@ -47,6 +49,50 @@ def is_view(u: UOp) -> bool:
     while u.op in MOVEMENT:
         u = u.src[0]
     return u.op is Ops.BUFFER
+
+
+def mixed_frontier(u: UOp, written: set[int]) -> list[UOp]:
+    """For a graph that holds a pending effect and also reads a written buffer outside it (values built
+    before the write next to the write itself: `y = old_lazy_of_x + x.assign(...)`), the largest
+    subgraphs that read a written buffer without holding a pending effect: the parts to compute before
+    the write. Empty for a graph without pending effects (it is a plain reader) or without such reads.
+    Effects are opaque: what an assign reads to compute its own value is its own business."""
+    order: list[UOp] = []
+    seen: set[UOp] = set()
+    stack: list[tuple[UOp, bool]] = [(u, False)]
+    while stack:  # sources first, never entering an effect or a node standing for a buffer
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node in seen:
+            continue
+        seen.add(node)
+        stack.append((node, True))
+        if not _stands_for_buffer(node) and node.op not in EFFECT_OPS:
+            stack.extend((s, False) for s in node.src if s not in seen)
+    reads: dict[UOp, bool] = {}
+    holds: dict[UOp, bool] = {}
+    for n in order:
+        if n.op in EFFECT_OPS and becomes.get(n) is None:
+            reads[n], holds[n] = False, True
+        elif _stands_for_buffer(n):
+            reads[n], holds[n] = bool(buffer_ids([becomes.get(n, n)]) & written), False
+        else:
+            reads[n] = any(reads[s] for s in n.src)
+            holds[n] = any(holds[s] for s in n.src)
+    if not holds[u]:
+        return []
+    out: list[UOp] = []
+    for p in order:
+        if holds[p] and p.op not in EFFECT_OPS:
+            out.extend(s for s in p.src if reads[s] and not holds[s] and s not in out)
+    return out
+
+
+def _stands_for_buffer(n: UOp) -> bool:
+    done = becomes.get(n)
+    return n.op is Ops.BUFFER or (done is not None and done is not n)
 
 
 def buffer_ids(views: Iterable[UOp]) -> set[int]:
