@@ -16,13 +16,13 @@ from random_programs import Program, run_program
 chains = st.lists(st.sampled_from(Program.OPS), min_size=1, max_size=12)
 
 
-@fuzz_settings(40, 3000)
+@fuzz_settings(30, 3000)
 @given(st.integers(0, 2**32 - 1), chains)
 def test_op_chains_interp(seed: int, names: list[str]) -> None:
     run_program(seed, 0, "INTERP", names)
 
 
-@fuzz_settings(6, 500)
+@fuzz_settings(3, 500)
 @given(st.integers(0, 2**32 - 1), chains)
 def test_op_chains_cpu(seed: int, names: list[str]) -> None:
     run_program(seed, 0, "CPU", names)
