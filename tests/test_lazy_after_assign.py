@@ -171,3 +171,21 @@ def test_graph_mixing_old_values_and_the_write(device: str) -> None:
     del b  # only y2's graph remembers the pre-write part
     assert (x2 + 0).tolist() == [10.0, 20.0]  # runs the assign through another graph first
     assert y2.tolist() == [12.0, 24.0]
+
+
+def test_values_outside_a_capture_are_not_recorded_into_it() -> None:
+    """A live value built before a jitted write is computed once, outside the capture: the replay runs
+    only the function's own kernels."""
+    from polygrad import TinyJit
+    w = Tensor(np.array([1.0, 2.0], np.float32)).realize()
+
+    @TinyJit
+    def step(g: Tensor) -> Tensor:
+        return w.assign(w - g).realize()
+
+    step(Tensor(np.array([0.5, 0.5], np.float32)))  # the warm-up
+    before = w * 2 + 1  # lazy, reads w; alive while the next call captures
+    for _ in range(3):
+        step(Tensor(np.array([0.5, 0.5], np.float32)))
+    assert step.stats()["captured_kernels"] == 1
+    assert before.tolist() == [2.0, 4.0] and w.tolist() == [-1.0, 0.0]

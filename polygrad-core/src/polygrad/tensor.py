@@ -17,6 +17,8 @@ from polygrad import config
 from polygrad.device import Buffer, canonicalize
 from polygrad.dtype import DType, dtype_of_python, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from polygrad.errors import DeviceError, RuntimeOwnershipError
+from polygrad.engine.capture import active as capture_active
+from polygrad.engine.capture import paused as capture_paused
 from polygrad.engine.overwrites import is_view, mixed_frontier, readers_of, written_buffers
 from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
@@ -318,8 +320,12 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
             _compute_before_writes(written, todo)
             olds = [t.uop for t in todo]
             stale = readers_of(written, lambda: lazy_values(todo), olds)
-            todo += stale  # plain readers: computed in this schedule, which orders reads before writes
-            olds += [t.uop for t in stale]
+            if stale and capture_active():  # not part of the captured work: computed once, now, unrecorded
+                with capture_paused():
+                    Tensor.realize_all(*stale)
+            elif stale:  # plain readers: computed in this schedule, which orders reads before writes
+                todo += stale
+                olds += [t.uop for t in stale]
         news = realize_uops(olds)
         for t, old, new in zip(todo, olds, news):
             t._graph = old if old.op is not Ops.ASSIGN else None
@@ -1160,15 +1166,20 @@ def _compute_before_writes(written: set[int], targets: list["Tensor"]) -> None:
     """Graphs (targets or live) that read a written buffer both before and after the write: realize
     their pre-write parts now (a copy each) and rewrite the graphs to read those copies."""
     from polygrad.engine.realize import realize_uops
-    mixed = [(t, mixed_frontier(t.uop, written)) for t in [*targets, *(t for t, _ in lazy_values(targets))]]
-    mixed = [(t, parts) for t, parts in mixed if parts]
-    if not mixed:
-        return
-    nodes = list(dict.fromkeys(n for _, parts in mixed for n in parts))
-    views = realize_uops([UOp(Ops.CONTIGUOUS, n.dtype, (n,)) for n in nodes])
-    mapping = dict(zip(nodes, views))
-    for t, _ in mixed:
-        t.uop = _substitute(t.uop, mapping)
+    for group, outside in ((targets, False), ([t for t, _ in lazy_values(targets)], True)):
+        mixed = [(t, parts) for t in group if (parts := mixed_frontier(t.uop, written))]
+        if not mixed:
+            continue
+        nodes = list(dict.fromkeys(n for _, parts in mixed for n in parts))
+        contiguous = [UOp(Ops.CONTIGUOUS, n.dtype, (n,)) for n in nodes]
+        if outside and capture_active():  # live values the captured work did not ask for: unrecorded
+            with capture_paused():
+                views = realize_uops(contiguous)
+        else:
+            views = realize_uops(contiguous)
+        mapping = dict(zip(nodes, views))
+        for t, _ in mixed:
+            t.uop = _substitute(t.uop, mapping)
 
 
 def lazy_values(exclude: Iterable["Tensor"] = ()) -> Iterator[tuple["Tensor", UOp]]:

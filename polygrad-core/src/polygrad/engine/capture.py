@@ -36,9 +36,10 @@ Captures nest: every active capture gets each launch, so a JIT capturing a funct
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 from polygrad import config
 from polygrad.device import Buffer, GlobalCounters, debug_alloc
@@ -105,6 +106,23 @@ def _record(launch: Launch, created: list[Buffer]) -> None:
     for cap in _active:
         cap.launches.append(launch)
         cap._created.update(id(b) for b in created)
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Launches in the block are not recorded: work the captured function did not ask for (values
+    computed before a write they would otherwise miss, engine/overwrites.py) stays out of replays."""
+    saved = list(_active)
+    _active.clear()
+    hooked = _on_launch in realize.capture_hooks
+    if hooked:
+        realize.capture_hooks.remove(_on_launch)
+    try:
+        yield
+    finally:
+        _active.extend(saved)
+        if hooked:
+            realize.capture_hooks.append(_on_launch)
 
 
 def note_rng_key(t: Any) -> None:
