@@ -18,6 +18,7 @@ from polygrad.device import Buffer, canonicalize
 from polygrad.dtype import DType, dtype_of_python, dtypes, least_upper_dtype, least_upper_float, to_dtype
 from polygrad.errors import DeviceError, RuntimeOwnershipError
 from polygrad.engine.capture import active as capture_active
+from polygrad.engine.capture import made_before
 from polygrad.engine.capture import paused as capture_paused
 from polygrad.engine.overwrites import is_view, mixed_frontier, readers_of, written_buffers
 from polygrad.gradient import compute_gradient
@@ -319,13 +320,9 @@ class Tensor(MathMixin, ActivationMixin, ReduceMixin, CreationMixin, MovementMix
         if written:  # values built before the writes keep their inputs' old values (engine/overwrites.py)
             _compute_before_writes(written, todo)
             olds = [t.uop for t in todo]
-            stale = readers_of(written, lambda: lazy_values(todo), olds)
-            if stale and capture_active():  # not part of the captured work: computed once, now, unrecorded
-                with capture_paused():
-                    Tensor.realize_all(*stale)
-            elif stale:  # plain readers: computed in this schedule, which orders reads before writes
-                todo += stale
-                olds += [t.uop for t in stale]
+            stale = realize_outside_captures(readers_of(written, lambda: lazy_values(todo), olds))
+            todo += stale  # plain readers: computed in this schedule, which orders reads before writes
+            olds += [t.uop for t in stale]
         news = realize_uops(olds)
         for t, old, new in zip(todo, olds, news):
             t._graph = old if old.op is not Ops.ASSIGN else None
@@ -1166,13 +1163,16 @@ def _compute_before_writes(written: set[int], targets: list["Tensor"]) -> None:
     """Graphs (targets or live) that read a written buffer both before and after the write: realize
     their pre-write parts now (a copy each) and rewrite the graphs to read those copies."""
     from polygrad.engine.realize import realize_uops
-    for group, outside in ((targets, False), ([t for t, _ in lazy_values(targets)], True)):
+    live = [t for t, _ in lazy_values(targets)]
+    older = made_before(live) if capture_active() else []
+    inside = [t for t in live if not any(t is o for o in older)]
+    for group, outside in ((targets + inside, False), (older, True)):
         mixed = [(t, parts) for t in group if (parts := mixed_frontier(t.uop, written))]
         if not mixed:
             continue
         nodes = list(dict.fromkeys(n for _, parts in mixed for n in parts))
         contiguous = [UOp(Ops.CONTIGUOUS, n.dtype, (n,)) for n in nodes]
-        if outside and capture_active():  # live values the captured work did not ask for: unrecorded
+        if outside:  # values the captured work did not compute: unrecorded
             with capture_paused():
                 views = realize_uops(contiguous)
         else:
@@ -1180,6 +1180,21 @@ def _compute_before_writes(written: set[int], targets: list["Tensor"]) -> None:
         mapping = dict(zip(nodes, views))
         for t, _ in mixed:
             t.uop = _substitute(t.uop, mapping)
+
+
+def live_tensors() -> list["Tensor"]:
+    """Every Tensor object alive now."""
+    return list(_all_tensors)
+
+
+def realize_outside_captures(tensors: list["Tensor"]) -> list["Tensor"]:
+    """Realize now, unrecorded, those of `tensors` that existed before the active captures began (values
+    a capture must not replay: its function did not compute them); returns the others."""
+    older = made_before(tensors) if capture_active() else []
+    if older:
+        with capture_paused():
+            Tensor.realize_all(*older)
+    return [t for t in tensors if not any(t is o for o in older)]
 
 
 def lazy_values(exclude: Iterable["Tensor"] = ()) -> Iterator[tuple["Tensor", UOp]]:

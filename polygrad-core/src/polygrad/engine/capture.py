@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple, Sequence
 
@@ -108,6 +109,16 @@ def _record(launch: Launch, created: list[Buffer]) -> None:
         cap._created.update(id(b) for b in created)
 
 
+def made_before(tensors: Sequence[Any]) -> list[Any]:
+    """The tensors among `tensors` that existed before an active capture began (not the captured work's)."""
+    return [t for t in tensors if any(_was_alive(cap, t) for cap in _active)]
+
+
+def _was_alive(cap: "Capture", t: Any) -> bool:
+    ref = cap.older.get(id(t))
+    return ref is not None and ref() is t
+
+
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """Launches in the block are not recorded: work the captured function did not ask for (values
@@ -139,11 +150,16 @@ class Capture:
         self.rng_keys: list[Any] = []  # Tensors made by polygrad.random while active
         self._created: set[int] = set()  # ids of recorded buffers the captured work made
         self._state = "new"
+        # Tensors alive when recording began, by id (a weak reference tells a reused id apart; Tensor's
+        # == is elementwise, so no WeakSet)
+        self.older: dict[int, Any] = {}
 
     def __enter__(self) -> "Capture":
         if self._state != "new":
             raise CaptureError(f"this capture is {self._state}; a Capture records once, make a new "
                                "capture() for another recording")
+        from polygrad.tensor import live_tensors
+        self.older = {id(t): weakref.ref(t) for t in live_tensors()}
         if not _active:
             realize.capture_hooks.append(_on_launch)
         _active.append(self)

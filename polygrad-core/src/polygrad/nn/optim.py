@@ -177,15 +177,10 @@ def _flat_groups(params: list[Tensor]) -> list[_FlatState]:
 def _stale_readers(state: list[Tensor], inputs: list[Tensor]) -> list[Tensor]:
     """Live lazy values computed from the tensors a step overwrites (the loss, say): realized with the
     gradients, sharing their kernels, so they keep the values they had when built."""
-    from polygrad.engine.capture import active, paused
     from polygrad.engine.overwrites import buffer_ids, readers_of
-    from polygrad.tensor import lazy_values
-    stale = readers_of(buffer_ids(t.uop for t in state), lambda: lazy_values(inputs))
-    if stale and active():  # inside a capture (TinyJit, Model): not part of the step, so not recorded
-        with paused():
-            Tensor.realize_all(*stale)
-        return []
-    return stale
+    from polygrad.tensor import lazy_values, realize_outside_captures
+    # those made before an active capture (TinyJit, Model) began are not the step's work: not recorded
+    return realize_outside_captures(readers_of(buffer_ids(t.uop for t in state), lambda: lazy_values(inputs)))
 
 
 def _grad(p: Tensor) -> Tensor:
