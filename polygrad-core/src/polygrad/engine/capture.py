@@ -21,7 +21,9 @@ A graph gives each buffer one role:
 Outputs (`output_slots`) are a separate list; an output is usually an intermediate.
 
 Captures nest: every active capture gets each launch, so a JIT capturing a function that uses linalg
-(which captures its own steps) records linalg's kernels too.
+(which captures its own steps) records linalg's kernels too. A capture remembers which Tensors were
+alive when it began (`made_before`); work done for them inside `paused()` is not recorded (values a
+write would otherwise change, computed for the program, not for the captured function).
 
 >>> from polygrad import Tensor
 >>> from polygrad.engine.capture import capture
