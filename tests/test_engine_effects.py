@@ -126,3 +126,22 @@ def test_assign_through_a_view_writes_the_base(device):
     v = m.T
     v.assign(v * 10).realize()
     assert m.numpy().tolist() == [[0.0, 10.0, 20.0], [30.0, 40.0, 50.0]]
+
+
+@pytest.mark.parametrize("device", ["CPU", "INTERP"])
+def test_finished_assign_in_a_live_graph_does_not_shift_the_buffer_table(device):
+    """The history-dependent corruption of issue 11: a graph holding an assign that already ran stands
+    for the assigned buffer, but the buffer that fed the assign still took an input slot. The schedule
+    cached for the same structure then put its new buffer at that slot's index and wrote the result
+    into `v`, an unrelated live tensor (or indexed past the table)."""
+    q = Tensor(np.full(4, 5, np.float32), device=device) * 2.0 + 1.0
+    assert q.tolist() == [11.0] * 4  # caches the schedule of `buffer * 2 + 1`
+    a = Tensor(np.zeros(4, np.float32), device=device).realize()
+    v = Tensor(np.ones(4, np.float32), device=device).realize()
+    w = a.assign(v * 3)
+    z = w * 2.0 + 1.0  # holds the assign
+    w.realize()
+    assert z.tolist() == [7.0] * 4
+    assert v.tolist() == [1.0] * 4
+    q2 = Tensor(np.full(4, 2, np.float32), device=device) * 2.0 + 1.0
+    assert q2.tolist() == [5.0] * 4 and v.tolist() == [1.0] * 4

@@ -169,3 +169,72 @@ def test_random_numbers_are_fresh_on_replay_and_match_eager():
     jitted = [f(_t(np.zeros(4), "CPU")).numpy().copy() for _ in range(5)]
     assert f.stats()["replays"] == 3
     np.testing.assert_array_equal(np.array(jitted), np.array(eager))
+
+
+# ---- inputs beyond plain Tensor arguments (issue 11): nothing is silently replayed stale
+
+@pytest.mark.parametrize("wrap", ["list", "tuple", "dict", "nested"])
+def test_tensors_nested_in_containers_are_inputs(wrap):
+    def pack(a, b):
+        return {"list": [a, b], "tuple": (a, b), "dict": {"a": a, "b": b}, "nested": [{"a": (a,)}, [b]]}[wrap]
+
+    def unpack(p):
+        return {"list": lambda: p, "tuple": lambda: p, "dict": lambda: (p["a"], p["b"]),
+                "nested": lambda: (p[0]["a"][0], p[1][0])}[wrap]()
+
+    f = jit(lambda p: (unpack(p)[0] * 10 + unpack(p)[1]).realize())
+    for i in range(5):
+        out = f(pack(_t([i, 2 * i], "CPU"), _t([1, 1], "CPU")))
+        assert out.numpy().tolist() == [10.0 * i + 1, 20.0 * i + 1]
+    assert f.stats()["replays"] == 3
+
+
+def test_non_tensor_arguments_are_part_of_the_capture_key():
+    f = jit(lambda x, k, opts: (x * k + opts["shift"]).realize())
+    for k in (2, 3, 4, 5, 5, 5, 2.5):
+        out = f(_t([1, 2], "CPU"), k, {"shift": 1})
+        assert out.numpy().tolist() == [k + 1, 2 * k + 1], k
+    out = f(_t([1, 2], "CPU"), 5, {"shift": 7})
+    assert out.numpy().tolist() == [12.0, 17.0]
+    assert f.stats()["replays"] == 2  # the second and third calls with k=5; each change warmed up again
+
+
+def test_non_tensor_objects_compare_by_identity():
+    class Scale:
+        def __init__(self, k):
+            self.k = k
+
+    f = jit(lambda x, s: (x * s.k).realize())
+    a, b = Scale(2.0), Scale(3.0)
+    for s in (a, a, a, b, b, b, a):
+        assert f(_t([1, 2], "CPU"), s).numpy().tolist() == [s.k, 2 * s.k]
+
+
+def test_host_readback_during_capture_raises():
+    def g(x):
+        y = (x * 2).realize()
+        scale = y.sum().item()  # would be frozen into the replay
+        return (y * scale).realize()
+
+    f = jit(g)
+    f(_t([1, 2], "CPU"))  # the warm-up runs plainly
+    with pytest.raises(JitError, match=r"item\(\).*outside the jitted function"):
+        f(_t([1, 2], "CPU"))
+    h = jit(lambda x: Tensor((x + 1).numpy()).realize())
+    h(_t([1, 2], "CPU"))
+    with pytest.raises(JitError, match=r"numpy\(\)"):
+        h(_t([1, 2], "CPU"))
+    assert Tensor([1.0, 2.0]).sum().item() == 3.0  # the guard is gone after the error
+
+
+def test_jitted_function_calling_itself_raises():
+    @jit
+    def f(x, depth):
+        if depth:
+            return f(x, depth - 1) + 1
+        return (x * 2).realize()
+
+    with pytest.raises(JitError, match="called itself"):
+        for _ in range(3):
+            f(_t([1, 2], "CPU"), 1)
+    assert f(_t([1, 2], "CPU"), 0).numpy().tolist() == [2.0, 4.0]  # still usable without recursion

@@ -55,6 +55,56 @@ def test_mixing_runtimes_names_them(op):
         b.dispose()
 
 
+@pytest.mark.parametrize("op", ["add", "radd", "matmul", "where", "assign", "cat", "realize_all"])
+def test_default_runtime_tensor_does_not_mix_with_an_explicit_one(op):
+    """The spec: mixing owners is rejected even when their devices match; package-level constructors use
+    the default runtime (`rt.Tensor([1.]) + Tensor([2.])` used to succeed)."""
+    rt = polygrad.create(device="CPU")
+    try:
+        x, y = rt.Tensor([[1.0, 2.0], [3.0, 4.0]]), Tensor([[1.0, 0.0], [0.0, 1.0]], device="CPU")
+        with pytest.raises(RuntimeOwnershipError, match="default runtime") as info:
+            if op == "add":
+                x + y
+            elif op == "radd":
+                y + x
+            elif op == "matmul":
+                y @ x
+            elif op == "where":
+                (y > 0).where(x, 0.0)
+            elif op == "assign":
+                x.realize().assign(y)
+            elif op == "cat":
+                y.cat(x)
+            else:
+                Tensor.realize_all(x * 2, y * 2)
+        assert f"#{rt.id}" in str(info.value)
+    finally:
+        rt.dispose()
+
+
+def test_internal_helpers_take_the_runtime_of_their_operands():
+    """Constants and aranges hold no memory: they mix with any runtime. Ops whose helpers hold data
+    (index lists, masks, dropout keys, repeat counts) make them for the operand's runtime."""
+    rt = polygrad.create(device="CPU")
+    try:
+        x = rt.Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+        assert (x + Tensor.arange(4)).tolist()[0] == [0.0, 2.0, 4.0, 6.0]
+        assert (Tensor.zeros(3, 4) + x)._runtime is rt
+        assert (Tensor.full((3, 4), 2.0) * x)._runtime is rt  # an unowned first operand gives the owner
+        assert x[[0, 2]].tolist()[1] == [8.0, 9.0, 10.0, 11.0]
+        assert x[[True, False, True]].shape == (2, 4)
+        assert x.repeat_interleave([1, 0, 2], 0).shape == (3, 4)
+        with polygrad.Context(TRAINING=1):
+            assert x.dropout(0.5).shape == (3, 4)
+        y = rt.Tensor(np.zeros((3, 4), np.float32)).realize()
+        y[[0, 1]] = 1.0
+        assert y.sum().item() == 8.0
+        with pytest.raises(RuntimeOwnershipError):
+            (Tensor.zeros(3, 4) + x) + Tensor(np.ones((3, 4), np.float32))  # the sum is rt's, not unowned
+    finally:
+        rt.dispose()
+
+
 def test_layers_belong_to_their_runtime():
     nn = pytest.importorskip("polygrad.nn")
     if not hasattr(nn, "Linear"):

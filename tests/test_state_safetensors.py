@@ -122,6 +122,43 @@ def test_corrupt_files_raise_typed_errors(tmp_path, blob, message):
         safe_load_metadata(blob)
 
 
+def _raw_header(text: str, data: bytes = b"") -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+F32x2 = '"dtype": "F32", "shape": [2], "data_offsets": [0, 8]'
+
+
+# crafted headers that raised TypeError / RecursionError / ValueError, or loaded, before (issue 11)
+@pytest.mark.parametrize("blob, message", [
+    (_with_header({"x": {"dtype": ["F32"], "shape": [2], "data_offsets": [0, 8]}}, b"\x00" * 8), "cannot hold"),
+    (_with_header({"x": {"dtype": {"F32": 1}, "shape": [2], "data_offsets": [0, 8]}}, b"\x00" * 8), "cannot hold"),
+    (_with_header({"x": {"dtype": "F32", "shape": [True, 2], "data_offsets": [0, 8]}}, b"\x00" * 8),
+     "invalid shape"),
+    (_raw_header("[" * 100_000 + "]" * 100_000), "not valid JSON"),
+    (_raw_header('{"x": {"dtype": "F32", "shape": [' + "9" * 5000 + '], "data_offsets": [0, 8]}}', b"\x00" * 8),
+     "corrupt"),
+    (_with_header({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                   "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, b"\x00" * 12), "overlap"),
+    (_raw_header("{" + f'"x": {{{F32x2}}}, "x": {{{F32x2}}}' + "}", b"\x00" * 8), "twice"),
+    (_raw_header('{"x": {"dtype": "U8", "shape": [1], "data_offsets": [false, true]}}', b"\x00"), "data_offsets"),
+    (_raw_header('{"x": {"dtype": "U8", "shape": [1], "data_offsets": [0.0, 1.0]}}', b"\x00"), "data_offsets"),
+])
+def test_crafted_headers_raise_safetensors_error(blob, message):
+    with pytest.raises(SafetensorsError, match=message):
+        safe_load(blob)
+    with pytest.raises(SafetensorsError, match=message):
+        safe_load_metadata(blob)
+
+
+def test_source_must_be_a_path_or_bytes():
+    with pytest.raises(SafetensorsError, match="path or bytes"):  # 5 used to open file descriptor 5
+        safe_load(5)
+    data = _file_bytes({"a": np.arange(3, dtype=np.float32)})
+    assert safe_load(memoryview(np.frombuffer(data, np.uint8)))["a"].tolist() == [0.0, 1.0, 2.0]
+
+
 def test_truncated_real_file(tmp_path):
     full = _file_bytes({"a": np.ones((4, 4), np.float32), "b": np.ones(3, np.float32)})
     path = tmp_path / "cut.safetensors"

@@ -1,8 +1,13 @@
 """Compile C source to a shared object with clang (gcc, then cc, as fallbacks).
 
 Results are cached in memory and on disk under POLY_CACHE_DIR/cpu, keyed by source, compiler and
-flags. Files are written to a temporary name and renamed into place, so several processes can share
-the cache: the worst case is that two of them compile the same kernel once each.
+flags. The disk side is polygrad's shared entry format (`backend_api.write_entry`): the compiler
+writes a temporary file carrying this process's pid, a length and checksum trailer is appended and the
+file is renamed into place, so several processes can share the folder (the worst case is that two
+of them compile the same kernel once each). An entry is loaded only after its trailer checks out: a
+truncated, empty, garbage or foreign file is discarded with a warning and compiled again. The
+compiler runs with a parent-death signal, so killing the Python process mid-compile kills it too;
+the temporary file it leaves is removed by the next process that opens the folder.
 
 The compiler process dominates a first call, so it runs as few times as possible: the driver only
 compiles (`-c`; `ld -shared` links, without a second driver), and `compile_many` builds every new
@@ -12,16 +17,22 @@ kernel's key.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
-import tempfile
 
-from polygrad.backend_api import CompileError
+from polygrad.backend_api import CompileError, cache_dir, temp_path, valid_entry, write_entry
 
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-lm")
+PR_SET_PDEATHSIG = 1
+# in the key, so files of an older layout (no checksum trailer) are never looked up, rather than each
+# one being discarded with a warning after an upgrade
+ENTRY_FORMAT = "entry-v2"
 
 
 def find_compiler() -> str | None:
@@ -36,9 +47,31 @@ def find_compiler() -> str | None:
 
 
 def cache_root() -> str:
-    base = os.environ.get("POLY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "polygrad")
-    return os.path.join(base, "cpu")
+    """POLY_CACHE_DIR/cpu (or the temporary folder used instead when that cannot be written)."""
+    return cache_dir("cpu")
+
+
+_prctl: list = []  # [libc prctl or None], looked up once
+
+
+def _die_with_parent():
+    """A preexec_fn for the compiler child: SIGKILL it when the process that started it dies (Linux)."""
+    if not _prctl:
+        name = ctypes.util.find_library("c")
+        try:
+            _prctl.append(ctypes.CDLL(name, use_errno=True).prctl if name else None)
+        except (OSError, AttributeError):
+            _prctl.append(None)
+    prctl = _prctl[0]
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:  # runs in the child between fork and exec: one foreign call, nothing else
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+    return preexec
 
 
 class ClangCompiler:
@@ -59,7 +92,7 @@ class ClangCompiler:
 
     def key(self, src: str, extra: tuple[str, ...] = ()) -> str:
         h = hashlib.sha256()
-        for part in (src, self.cc, self.version, " ".join(FLAGS + extra)):
+        for part in (src, self.cc, self.version, " ".join(FLAGS + extra), ENTRY_FORMAT):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()[:40]
@@ -67,10 +100,10 @@ class ClangCompiler:
     def cached(self, key: str) -> str | None:
         """The shared object for a key, when memory or disk has it."""
         hit = self.memory.get(key)
-        if hit is not None and os.path.exists(hit):
+        if hit is not None and valid_entry(hit):  # checked again: the file may have changed since
             return hit
         path = os.path.join(cache_root(), f"{key}.so")
-        if os.path.exists(path):
+        if valid_entry(path):  # missing, or corrupt and just discarded (with a warning)
             self.memory[key] = path
             return path
         return None
@@ -93,12 +126,14 @@ class ClangCompiler:
                 self._build({k: todo[k]}, {}, extra)
             if together:
                 self._build(together, named, extra)
+        for key, src in zip(keys, srcs):
+            if key not in self.memory:  # our temporary file was removed under us (a cleaner elsewhere)
+                self._build({key: src}, {}, extra)
         return [self.memory[key] for key in keys]
 
     def _build(self, srcs: dict[str, str], names: dict[str, str | None], extra: tuple[str, ...] = ()) -> None:
         """Compile srcs (key -> source) in one translation unit and link it under every key."""
         root = cache_root()
-        os.makedirs(root, exist_ok=True)
         parts = []
         for key, src in srcs.items():
             name = names.get(key)
@@ -110,13 +145,12 @@ class ClangCompiler:
                          + (f"#undef {name}_task\n" if task else ""))
         unit = "".join(parts)
         first = next(iter(srcs))
-        fd, tmp = tempfile.mkstemp(prefix=f"{first}.", suffix=".tmp.so", dir=root)
-        os.close(fd)
+        tmp = temp_path(root, f"{first}.so", ".so")
         obj = tmp[:-len(".so")] + ".o"
         try:
             flags = [f for f in FLAGS[:-1] if f != "-shared"]
             proc = subprocess.run([self.cc, *flags, *extra, "-c", "-x", "c", "-", "-o", obj], input=unit,
-                                  capture_output=True, text=True, timeout=300)
+                                  capture_output=True, text=True, timeout=300, preexec_fn=_die_with_parent())
             if proc.returncode != 0:
                 if len(srcs) > 1:  # find the kernel at fault: each on its own
                     for key, src in srcs.items():
@@ -125,10 +159,16 @@ class ClangCompiler:
                 raise CompileError(f"{os.path.basename(self.cc)} failed to compile a kernel:\n{proc.stderr}\n"
                                    f"--- source\n{unit}")
             self._link(obj, tmp)
-            for key in srcs:
+            keys = list(srcs)
+            path0 = os.path.join(root, f"{keys[0]}.so")
+            write_entry(path0, tmp=tmp)  # the checksum trailer, then renamed into place
+            self.memory[keys[0]] = path0
+            for key in keys[1:]:
                 path = os.path.join(root, f"{key}.so")
-                _publish(tmp, path)
+                _publish(path0, path)
                 self.memory[key] = path
+        except FileNotFoundError:
+            return  # a cleaner elsewhere removed our temporary file: compile_many builds the rest alone
         finally:
             for leftover in (tmp, obj):
                 if os.path.exists(leftover):
@@ -138,11 +178,12 @@ class ClangCompiler:
         """`ld -shared` (no second compiler driver); the driver links when ld is missing or fails."""
         ld = _linker()
         if ld is not None:
-            proc = subprocess.run([ld, "-shared", "-o", out, obj, "-lm"], capture_output=True, text=True, timeout=300)
+            proc = subprocess.run([ld, "-shared", "-o", out, obj, "-lm"], capture_output=True, text=True, timeout=300,
+                                  preexec_fn=_die_with_parent())
             if proc.returncode == 0:
                 return
         proc = subprocess.run([self.cc, "-shared", "-o", out, obj, FLAGS[-1]], capture_output=True, text=True,
-                              timeout=300)
+                              timeout=300, preexec_fn=_die_with_parent())
         if proc.returncode != 0:
             raise CompileError(f"{os.path.basename(self.cc)} failed to link a kernel:\n{proc.stderr}")
 
@@ -177,7 +218,7 @@ def _linker() -> str | None:
 def _publish(tmp: str, path: str) -> None:
     """Put the finished file `tmp` at `path` atomically (a hard link, or a copy renamed into place);
     a file another process already put there is as good."""
-    if os.path.exists(path):
+    if valid_entry(path):
         return
     try:
         os.link(tmp, path)
@@ -186,8 +227,7 @@ def _publish(tmp: str, path: str) -> None:
         return
     except OSError:
         pass
-    fd, tmp2 = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp.so", dir=os.path.dirname(path))
-    os.close(fd)
+    tmp2 = temp_path(os.path.dirname(path), os.path.basename(path), ".so")
     try:
         shutil.copyfile(tmp, tmp2)
         os.replace(tmp2, path)

@@ -12,26 +12,32 @@ then sleeping on a condition variable) run the others; cffi releases the GIL for
 launch costs one foreign call, not one Python future per thread. The pool is a small C library
 compiled with the kernel compiler (cached like kernels) in a background thread the first time a
 THREAD kernel loads; until it is ready, or if it cannot be built, launches use a Python thread pool.
+
+A program owns its shared object: when the CPUProgram is garbage (polygrad.collect() dropped the
+program cache and no captured graph or schedule holds it), the object is closed (dlclose) and its
+mappings go away. Nothing else may keep the function pointer (the pool library is never closed).
 """
 from __future__ import annotations
 
+import _ctypes
 import ctypes
 import os
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import _cffi_backend
 import cffi
 
-from polygrad.backend_api import ProgramSpec
+from polygrad.backend_api import CompileError, ProgramSpec
 from polygrad_backend_cpu.compiler import symbol_names
 
 FFI = cffi.FFI()
 FFI.cdef("int pg_pool_run(void* task, void** args, int threads);")
 _fn_types: dict[int, Any] = {}
-_libs: list[Any] = []  # keep shared objects loaded for the life of the process
+loaded = {"open": 0}  # shared objects currently open (tests read it)
 _pool: ThreadPoolExecutor | None = None
 _c_pool: Any = None  # the C pool library (False: could not be built)
 _pool_builder: threading.Thread | None = None
@@ -183,16 +189,26 @@ class CPUProgram:
 
     def __init__(self, spec: ProgramSpec, path: str):
         self.spec = spec
-        lib = ctypes.CDLL(path)
-        _libs.append(lib)
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise CompileError(f"could not load kernel {spec.name} from {path}: {e}; delete that file (or the "
+                               "POLY_CACHE_DIR folder) to have it compiled again") from e
+        loaded["open"] += 1
+        weakref.finalize(self, _close, lib._handle).atexit = False  # the process exit unmaps it anyway
         renamed, plain = symbol_names(spec.name, path)
-        fn = getattr(lib, renamed, None) or getattr(lib, plain)
+        fn = getattr(lib, renamed, None) or getattr(lib, plain, None)
+        if fn is None:
+            raise CompileError(f"{path} has no function {spec.name}; it is not the kernel's shared object: delete "
+                               "it (or the POLY_CACHE_DIR folder) to have it compiled again")
         addr = ctypes.cast(fn, ctypes.c_void_p).value
         self.var_types = tuple("long long" if v.dtype.itemsize == 8 else "int" for v in spec.vars)
         self.threads = spec.threads
         self.fn = FFI.cast(_fn_type(len(spec.globals), self.var_types, self.threads > 1), addr)
         self.task = None
-        task = getattr(lib, f"{renamed}_task", None) or getattr(lib, f"{plain}_task", None) if self.threads > 1 else None
+        task = None
+        if self.threads > 1:
+            task = getattr(lib, f"{renamed}_task", None) or getattr(lib, f"{plain}_task", None)
         if task is not None:
             self.task = FFI.cast("void*", ctypes.cast(task, ctypes.c_void_p).value)
             c_pool()  # start building the pool
@@ -213,6 +229,11 @@ class CPUProgram:
             for f in futures:
                 f.result()
         return time.perf_counter() - t0 if timing else None
+
+
+def _close(handle: int) -> None:
+    loaded["open"] -= 1
+    _ctypes.dlclose(handle)
 
 
 def load_program(spec: ProgramSpec, path: str) -> CPUProgram:

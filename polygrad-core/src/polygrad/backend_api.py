@@ -11,6 +11,8 @@ from typing import Any, Callable, Protocol
 
 import pluggy
 
+from polygrad.diskcache import (CacheWarning, cache_dir, read_entry, temp_path,  # noqa: F401
+                                valid_entry, write_entry)
 from polygrad.dtype import ALL_DTYPES, DType, dtypes  # noqa: F401  (re-exported for backends)
 from polygrad.engine.program import ProgramSpec  # noqa: F401
 from polygrad.errors import CompileError, DeviceUnavailableError  # noqa: F401

@@ -10,6 +10,7 @@
 | NOOPT             | disable kernel optimisations                                   | 0       |
 | POLY_CACHE_DIR    | on-disk cache of compiled programs and BEAM results            | ~/.cache/polygrad |
 | POLY_THREADS      | worker threads for CPU kernels                                 | cores   |
+| POLY_DEBUG_ALLOC  | poison new/freed memory, guard zones checked after launches    | 0       |
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import os
 from typing import Any
 
 _DEFAULTS: dict[str, Any] = {
-    "BEAM": 0, "DEBUG": 0, "POLY_DUMP_KERNELS": 0, "TRAINING": 0, "NOOPT": 0,
+    "BEAM": 0, "DEBUG": 0, "POLY_DUMP_KERNELS": 0, "TRAINING": 0, "NOOPT": 0, "POLY_DEBUG_ALLOC": 0,
     "POLY_THREADS": os.cpu_count() or 1,
 }
 _values: dict[str, Any] = {}

@@ -9,6 +9,7 @@ import importlib.metadata
 import itertools
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,9 +19,9 @@ import pluggy
 from polygrad import config
 from polygrad.uop.ops import SELF_KEYED_ARGS
 from polygrad.backend_api import (ENTRY_POINT_GROUP, PLUGIN_API, PROJECT, BackendHooks, BackendSpec, DeviceImpl,
-                                  ProbeResult)
+                                  HostAllocator, HostMemory, ProbeResult)
 from polygrad.dtype import DType
-from polygrad.errors import DeviceError, DeviceUnavailableError, PluginError, UnknownDeviceError
+from polygrad.errors import DeviceError, DeviceUnavailableError, PluginError, PolygradError, UnknownDeviceError
 
 KNOWN_PACKAGES = {
     "CPU": "polygrad-backend-cpu", "INTERP": "polygrad-backend-interp", "X86": "polygrad-backend-x86",
@@ -291,6 +292,10 @@ class Buffer:
     def ensure_allocated(self) -> "Buffer":
         if self._handle is None:
             impl = self.impl()
+            if debug_alloc.on:
+                self._handle = debug_alloc.alloc(impl.allocator, self.nbytes)
+                _account(self.device, self.nbytes, 1)
+                return self
             reused = _reuse(self.device, self.nbytes)
             if reused is not None:
                 self._handle = reused
@@ -364,6 +369,10 @@ def _reuse(device: str, nbytes: int) -> Any:
 
 def _release(allocator: Any, handle: Any, nbytes: int, device: str) -> None:
     buffers_live[device] = buffers_live.get(device, 0) - 1
+    if isinstance(handle, GuardedMemory):  # made while POLY_DEBUG_ALLOC was on
+        _account(device, -nbytes, 0)
+        debug_alloc.release(allocator, handle, nbytes)
+        return
     if nbytes and alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT:
         _alloc_cache.setdefault((device, nbytes), []).append((allocator, handle))
         alloc_cache_bytes["total"] += nbytes
@@ -383,3 +392,109 @@ def free_cached() -> int:
     _alloc_cache.clear()
     alloc_cache_bytes["total"] = 0
     return freed
+
+
+# ---------------------------------------------------------------------------------------------------
+# POLY_DEBUG_ALLOC=1: allocations that make memory bugs fail loudly (slow; for tests and bug hunts)
+
+
+class MemoryCheckError(PolygradError, RuntimeError):
+    """A kernel wrote outside its buffer, or memory was used after it was freed (POLY_DEBUG_ALLOC=1)."""
+
+
+POISON = 0xFF  # every float reads as NaN, every signed int as -1
+GUARD_BYTES = 64
+
+
+class GuardedMemory(HostMemory):
+    """A host allocation inside guard zones: `arr` is the payload, `full` the guards around it."""
+
+    __slots__ = ("full", "freed")
+
+    def __init__(self, full: np.ndarray, nbytes: int):
+        super().__init__(full[GUARD_BYTES:GUARD_BYTES + max(nbytes, 1)])
+        self.full = full
+        self.freed = False
+
+
+class DebugAlloc:
+    """POLY_DEBUG_ALLOC=1 (read when polygrad is imported; `enable()` switches it for new buffers).
+
+    - New allocations are filled with 0xFF bytes: a kernel that reads memory no one wrote sees NaN
+      (floats) or -1 (ints) instead of plausible stale values.
+    - Host allocations sit between guard zones of 0xFF; `check(buffers, what)` (after every kernel
+      launch) raises MemoryCheckError when a guard byte changed: a write out of bounds.
+    - Freed allocations are filled with 0xFF and quarantined (not reused until QUARANTINE_BYTES of
+      later frees push them out), so a read after free sees NaN and a late write is caught by
+      `check_quarantine()` when it evicts the block.
+    - The reuse cache is bypassed: every buffer gets fresh memory.
+    """
+
+    QUARANTINE_BYTES = 256 << 20
+
+    def __init__(self) -> None:
+        self.on = bool(config.get("POLY_DEBUG_ALLOC"))
+        self.quarantine: list[tuple[Any, Any, int]] = []
+        self.quarantined = 0
+        self.checks = 0
+
+    def enable(self, on: bool = True) -> None:
+        self.on = on
+
+    def alloc(self, allocator: Any, nbytes: int) -> Any:
+        if isinstance(allocator, HostAllocator):
+            full = np.full(max(nbytes, 1) + 2 * GUARD_BYTES, POISON, dtype=np.uint8)
+            return GuardedMemory(full, nbytes)
+        handle = allocator.alloc(nbytes)
+        if nbytes:
+            allocator.copyin(handle, memoryview(np.full(nbytes, POISON, dtype=np.uint8)))
+        return handle
+
+    def release(self, allocator: Any, handle: GuardedMemory, nbytes: int) -> None:
+        try:  # runs in Buffer.__del__: report, never raise
+            self._check_guards(handle, "something")
+        except MemoryCheckError as e:
+            warnings.warn(f"POLY_DEBUG_ALLOC: freeing a buffer whose guard zone changed: {e}", RuntimeWarning,
+                          stacklevel=2)
+        handle.full[:] = POISON
+        handle.freed = True
+        self.quarantine.append((allocator, handle, nbytes))
+        self.quarantined += nbytes
+        while self.quarantined > self.QUARANTINE_BYTES and self.quarantine:
+            self._evict()
+
+    def _evict(self) -> None:
+        allocator, handle, nbytes = self.quarantine.pop(0)
+        self.quarantined -= nbytes
+        if not np.all(handle.full == POISON):
+            warnings.warn(f"POLY_DEBUG_ALLOC: freed {nbytes}-byte block at {handle.addr:#x} was written after it "
+                          "was freed (use after free)", RuntimeWarning, stacklevel=2)
+        allocator.free(handle, nbytes)
+
+    def check_quarantine(self) -> None:
+        """Raise if any quarantined (freed) block was written since it was freed."""
+        for _, handle, nbytes in self.quarantine:
+            if not np.all(handle.full == POISON):
+                raise MemoryCheckError(f"a freed {nbytes}-byte block at {handle.addr:#x} was written after it "
+                                       "was freed (use after free)")
+
+    def check(self, buffers: Any, what: str) -> None:
+        """After a launch: every buffer's guards intact and none of them freed."""
+        self.checks += 1
+        for b in buffers:
+            handle = getattr(b, "_handle", b)
+            if isinstance(handle, GuardedMemory):
+                if handle.freed:
+                    raise MemoryCheckError(f"{what} used a buffer that was already freed (use after free)")
+                self._check_guards(handle, what)
+
+    @staticmethod
+    def _check_guards(handle: GuardedMemory, what: str) -> None:
+        head, tail = handle.full[:GUARD_BYTES], handle.full[GUARD_BYTES + handle.arr.nbytes:]
+        if not (np.all(head == POISON) and np.all(tail == POISON)):
+            where = "before" if not np.all(head == POISON) else "after"
+            raise MemoryCheckError(f"{what} wrote {where} the end of its {handle.arr.nbytes}-byte buffer at "
+                                   f"{handle.addr:#x} (POLY_DEBUG_ALLOC guard zone changed)")
+
+
+debug_alloc = DebugAlloc()

@@ -108,7 +108,9 @@ def _host_any(flags: Tensor, *also: Tensor) -> bool:
     """Host readback of 'any flag set' (used only to decide whether to raise); realizes `also` with it."""
     found = flags.cast(dtypes.int32).max()
     Tensor.realize_all(found, *also)
-    return bool(found.item() > 0)
+    # read the buffer directly, past the capture guards: this only decides whether to raise, and a
+    # TinyJit replay of the solve skips the check rather than refusing to capture it
+    return bool(found._buffer().numpy()[0] > 0)
 
 
 def _raise_if_singular(pivots: Tensor, name: str, *also: Tensor) -> None:

@@ -29,6 +29,7 @@ from typing import Any, Callable
 from polygrad import runtime_context
 from polygrad.device import canonicalize, free_cached
 from polygrad.errors import RuntimeOwnershipError
+from polygrad.uop.ops import compact_uop_cache
 
 _ids = itertools.count(1)
 
@@ -203,7 +204,8 @@ def collect() -> None:
     """Release cached schedules and compiled programs, collect garbage, and trim the C heap.
 
     Programs are reloaded from the on-disk compile cache when needed again; live tensors and
-    captured JIT functions keep their own buffers and programs.
+    captured JIT functions keep their own buffers and programs. On CPU a program nothing holds any
+    more closes its shared object (dlclose), so its mappings go too.
     """
     from polygrad import linalg
     from polygrad.engine import realize
@@ -215,6 +217,7 @@ def collect() -> None:
     for _ in range(8):  # freeing one graph's cycles releases the hash-cons keys holding the next layer
         if gc.collect() == 0:
             break
+    compact_uop_cache()
     free_cached()
     _trim_heap()
 

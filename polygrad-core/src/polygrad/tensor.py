@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import weakref
-from typing import Any
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -23,6 +23,10 @@ from polygrad import config
 from polygrad.device import Buffer, canonicalize
 from polygrad.dtype import DType, dtype_of_python, dtypes, least_upper_dtype, to_dtype
 from polygrad.errors import DeviceError, InvalidArgumentError
+from polygrad.engine.capture import active as capture_active
+from polygrad.engine.capture import made_before
+from polygrad.engine.capture import paused as capture_paused
+from polygrad.engine.overwrites import is_view, mixed_frontier, readers_of, written_buffers
 from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
@@ -96,11 +100,34 @@ def _to_numpy(data: Any, dtype: DType | None) -> np.ndarray:
         dtype = _infer_list_dtype(data) if (not isinstance(data, (list, tuple)) or len(data)) else dtypes.default_float
     try:
         if dtype is dtypes.bfloat16:
-            return _np_cast(np.asarray(data, dtype=np.float32), dtype)
-        return np.asarray(data, dtype=dtype.np)
+            arr = _np_cast(np.asarray(data, dtype=np.float32), dtype)
+        else:
+            arr = np.asarray(data, dtype=dtype.np)
     except (ValueError, TypeError) as e:
+        if _holds_none(data):
+            raise _none_error() from None
         raise InvalidArgumentError(f"cannot build a tensor from {type(data).__name__}: {e}; "
                          "nested lists must be rectangular") from e
+    # NumPy reads None as NaN in a float array; only a NaN can be one, so only then look for it
+    if arr.dtype.kind == "f" and np.isnan(arr).any() and _holds_none(data):
+        raise _none_error()
+    return arr
+
+
+def _holds_none(data: Any) -> bool:
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        if x is None:
+            return True
+        if isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return False
+
+
+def _none_error() -> TypeError:
+    return TypeError("cannot build a tensor from a list holding None; use a number (float('nan') for a missing "
+                     "value)")
 
 
 def _np_cast(arr: np.ndarray, dtype: DType) -> np.ndarray:
@@ -181,9 +208,12 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
                 self.uop = UOp.const(dt, data, dev)
             elif data is None:
                 self.uop = _buffer_uop(Buffer(dev, 0, dtype or dtypes.default_float), (0,))
-            elif isinstance(data, (bytes, bytearray, memoryview)):
+            elif isinstance(data, (bytes, bytearray)):
                 arr = np.frombuffer(bytes(data), dtype=np.uint8)
                 self.uop = _from_numpy(arr, dtype or dtypes.uint8, dev)
+            elif isinstance(data, memoryview):  # keeps its format and shape (a float32 view stays float32)
+                arr = _to_numpy(np.array(data), dtype)
+                self.uop = _from_numpy(arr, dtype or _dtype_from_numpy(arr), dev)
             else:
                 if isinstance(data, np.generic):
                     data = np.asarray(data)
@@ -296,6 +326,13 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         if len(todo) > 1 or getattr(todo[0]._runtime, "disposed", False):
             _check_runtimes(todo)
         olds = [t.uop for t in todo]
+        written = written_buffers(olds)
+        if written:  # values built before the writes keep their inputs' old values (engine/overwrites.py)
+            _compute_before_writes(written, todo)
+            olds = [t.uop for t in todo]
+            stale = realize_outside_captures(readers_of(written, lambda: lazy_values(todo), olds))
+            todo += stale  # plain readers: computed in this schedule, which orders reads before writes
+            olds += [t.uop for t in stale]
         news = realize_uops(olds)
         for t, old, new in zip(todo, olds, news):
             t._graph = old if old.op is not Ops.ASSIGN else None
@@ -448,8 +485,9 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     # primitive builders
     def _alu(self, op: Ops, *others: "Tensor") -> "Tensor":
         rt = self._runtime
+        owner = rt
         if any(o._runtime is not rt for o in others):
-            _check_runtimes([self, *others])
+            owner = _check_runtimes([self, *others])
         elif rt is not None and getattr(rt, "disposed", False):
             _check_runtimes([self])
         dev = self.uop.device
@@ -457,7 +495,10 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
             devs = {t.device for t in (self, *others)}
             if len(devs) > 1:
                 raise DeviceError(f"operands are on different devices {sorted(devs)}; move them with .to(device)")
-        return self._new(self.uop.alu(op, *[o.uop for o in others]))
+        out = self._new(self.uop.alu(op, *[o.uop for o in others]))
+        if owner is not rt:  # an unowned constant first: the result is the other operand's
+            out._runtime = owner
+        return out
 
     def _broadcasted(self, y: Any, reverse: bool = False) -> tuple["Tensor", "Tensor"]:
         x = self
@@ -608,6 +649,56 @@ def _is_view_of_realized(u: UOp) -> bool:
 def _is_realized(u: UOp) -> bool:
     u = mv.strip_reshapes(u)
     return u.op is Ops.BUFFER and (u.arg.is_allocated or u.arg.size == 0)
+
+
+def _compute_before_writes(written: set[int], targets: list["Tensor"]) -> None:
+    """Graphs (targets or live) that read a written buffer both before and after the write: realize
+    their pre-write parts now (a copy each) and rewrite the graphs to read those copies."""
+    from polygrad.engine.realize import realize_uops
+    live = [t for t, _ in lazy_values(targets)]
+    older = made_before(live) if capture_active() else []
+    inside = [t for t in live if not any(t is o for o in older)]
+    for group, outside in ((targets + inside, False), (older, True)):
+        mixed = [(t, parts) for t in group if (parts := mixed_frontier(t.uop, written))]
+        if not mixed:
+            continue
+        nodes = list(dict.fromkeys(n for _, parts in mixed for n in parts))
+        contiguous = [UOp(Ops.CONTIGUOUS, n.dtype, (n,)) for n in nodes]
+        if outside:  # values the captured work did not compute: unrecorded
+            with capture_paused():
+                views = realize_uops(contiguous)
+        else:
+            views = realize_uops(contiguous)
+        mapping = dict(zip(nodes, views))
+        for t, _ in mixed:
+            t.uop = _substitute(t.uop, mapping)
+
+
+def live_tensors() -> list["Tensor"]:
+    """Every Tensor object alive now."""
+    return list(_all_tensors)
+
+
+def realize_outside_captures(tensors: list["Tensor"]) -> list["Tensor"]:
+    """Realize now, unrecorded, those of `tensors` that existed before the active captures began (values
+    a capture must not replay: its function did not compute them); returns the others."""
+    older = made_before(tensors) if capture_active() else []
+    if older:
+        with capture_paused():
+            Tensor.realize_all(*older)
+    return [t for t in tensors if not any(t is o for o in older)]
+
+
+def lazy_values(exclude: Iterable["Tensor"] = ()) -> Iterator[tuple["Tensor", UOp]]:
+    """(tensor, graph) for every live unrealized tensor that computes a value (not a view), except
+    `exclude` and the gradients of tensors that did not ask for one (requires_grad None: backward fills
+    them, tinygrad style, but a step does not compute them); engine/overwrites.py picks its readers."""
+    live = list(_all_tensors)
+    skip = {id(t) for t in exclude}
+    skip |= {id(t.grad) for t in live if t.grad is not None and t.requires_grad is not True}
+    return ((t, t.uop) for t in live if id(t) not in skip and not is_view(t.uop))
+
+
 
 
 _ = config

@@ -84,15 +84,33 @@ def _default_device(runtime: Any) -> str | None:
     return current.device if current is not None else None
 
 
-def _check_runtimes(tensors: Sequence["Tensor"]) -> None:
+def _check_runtimes(tensors: Sequence["Tensor"]) -> Any:
+    """Reject operands of different owners; returns the owner (an explicit Runtime, or None: the default).
+
+    A tensor of the default runtime that holds no device memory (a constant, an arange: what polygrad
+    makes internally next to a runtime's tensors) belongs to nobody and takes the other operands' owner.
+    One that holds memory (Tensor(data), a realized result) is the default runtime's, and mixing it with
+    an explicit runtime's tensor is rejected, as the spec says, even on the same device."""
     owners = {id(t._runtime): t._runtime for t in tensors if t._runtime is not None}
+    if owners and len(owners) < len(tensors):  # defaults next to an explicit runtime: they count if they hold memory
+        if any(t._runtime is None and _holds_memory(t.uop) for t in tensors):
+            owners[0] = None
     if len(owners) > 1:
         raise RuntimeOwnershipError(
-            f"operands belong to different runtimes ({', '.join(map(repr, owners.values()))}); create tensors "
-            "and layers through the same runtime (rt.Tensor, rt.nn) or use the default API consistently")
+            f"operands belong to different runtimes ({', '.join(map(_owner_name, owners.values()))}); create "
+            "tensors and layers through the same runtime (rt.Tensor, rt.nn) or use the default API consistently")
     for rt in owners.values():
         if getattr(rt, "disposed", False):
             raise RuntimeOwnershipError(f"runtime {rt!r} was disposed; create a new one with polygrad.create()")
+    return next(iter(owners.values()), None)
+
+
+def _holds_memory(u: UOp) -> bool:
+    return any(n.op is Ops.BUFFER and n.arg.size for n in u.toposort())
+
+
+def _owner_name(runtime: Any) -> str:
+    return "the default runtime (polygrad.Tensor)" if runtime is None else repr(runtime)
 
 
 def is_tensor(x: Any) -> bool:

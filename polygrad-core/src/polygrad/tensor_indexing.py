@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from polygrad import runtime_context
 from polygrad.dtype import dtypes
 from polygrad.errors import DimensionError, InvalidArgumentError
 from polygrad.tensor_common import _check_runtimes, broadcast_shape, capture_guards, is_tensor
@@ -130,7 +131,9 @@ def advanced_getitem(x: "Tensor", items: list) -> "Tensor":
             basic.append(None)
             out_dim += 1
         elif _is_advanced(it):
-            for idx in _to_indices(it, x):
+            with runtime_context.using(x._runtime or runtime_context.current()):  # index tensors are x's owner's
+                indices = _to_indices(it, x)
+            for idx in indices:
                 _check_host_bounds(idx, x.shape[src_dim], src_dim)
                 basic.append(slice(None))
                 index_of_dim.append((out_dim, idx))
@@ -414,7 +417,8 @@ class IndexingMixin:
         # the flat position (+1, so a lazy out-of-range index reads 0 and becomes -1: no write) of
         # every element the index selects, then one scatter in which the last duplicate wins
         n = self.numel()
-        pos = type(self).arange(1, max(n, 1) + 1, device=self.device, dtype=dtypes.int32)
+        pos = type(self).arange(1, max(n, 1) + 1, device=self.device, dtype=dtypes.int32,
+                                _runtime=self._runtime)
         pos = pos.shrink(((0, n),)).reshape(self.shape)[index]
         value = _fit(value, pos.shape).reshape(-1)
         if pos.numel() == 0:

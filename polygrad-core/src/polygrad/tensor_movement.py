@@ -17,6 +17,7 @@ from polygrad.tensor_indexing import IndexingMixin
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
 from polygrad.uop.shape import ShapeError
+from polygrad.uop.ops import UOp
 
 if TYPE_CHECKING:
     from polygrad.tensor import Tensor
@@ -119,6 +120,8 @@ class MovementMixin(IndexingMixin):
         shape = _shape_arg(_keep_none(shape, self.shape), allow_neg=True)
         if shape.count(-1) > 1:
             raise ShapeError(f"reshape {shape}: only one dimension can be -1")
+        if any(not isinstance(s, UOp) and s < -1 for s in shape):
+            raise ShapeError(f"reshape {shape}: sizes must be >= 0, or -1 for one size to infer")
         if -1 in shape:
             known = _prod(s for s in shape if s != -1)
             numel = self.numel()
@@ -145,6 +148,8 @@ class MovementMixin(IndexingMixin):
 
     def expand(self, *shape: Any) -> "Tensor":
         shape = _shape_arg(_keep_none(shape, (1,) * 0, fill=-1), allow_neg=True)
+        if any(not isinstance(s, UOp) and s < -1 for s in shape):
+            raise ShapeError(f"expand {shape}: sizes must be >= 0, or -1 to keep a size")
         pad = (1,) * (len(shape) - self.ndim) + self.shape
         shape = tuple(p if s == -1 else s for s, p in zip(shape, pad))
         base = self.reshape(pad) if pad != self.shape else self
@@ -372,7 +377,7 @@ class MovementMixin(IndexingMixin):
                                        f"{d}, got {counts}")
         # the output length depends on the counts, so they are read on the host (as in PyTorch)
         index = [i for i, c in enumerate(counts) for _ in range(c)]
-        return x.index_select(d, type(self)(index, device=x.device))
+        return x.index_select(d, type(self)(index, device=x.device, _runtime=x._runtime))
 
     # ---------------------------------------------------------------------------------------------
     # joining and splitting

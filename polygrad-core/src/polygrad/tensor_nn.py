@@ -290,7 +290,7 @@ class NNMixin(LossMixin):
             return self
         if p == 1:
             return self * 0
-        keep = type(self).rand(*self.shape, device=self.device) >= p
+        keep = type(self).rand(*self.shape, device=self.device, _runtime=self._runtime) >= p
         return keep.where(self, 0) * (1.0 / (1.0 - p))
 
     def scaled_dot_product_attention(self: "Tensor", key: "Tensor", value: "Tensor", attn_mask: Any = None,

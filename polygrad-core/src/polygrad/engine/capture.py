@@ -21,7 +21,9 @@ A graph gives each buffer one role:
 Outputs (`output_slots`) are a separate list; an output is usually an intermediate.
 
 Captures nest: every active capture gets each launch, so a JIT capturing a function that uses linalg
-(which captures its own steps) records linalg's kernels too.
+(which captures its own steps) records linalg's kernels too. A capture remembers which Tensors were
+alive when it began (`made_before`); work done for them inside `paused()` is not recorded (values a
+write would otherwise change, computed for the program, not for the captured function).
 
 >>> from polygrad import Tensor
 >>> from polygrad.engine.capture import capture
@@ -36,12 +38,14 @@ Captures nest: every active capture gets each launch, so a JIT capturing a funct
 """
 from __future__ import annotations
 
+import contextlib
 import time
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 from polygrad import config
-from polygrad.device import Buffer, GlobalCounters
+from polygrad.device import Buffer, GlobalCounters, debug_alloc
 from polygrad.engine import realize
 from polygrad.errors import PolygradError
 from polygrad.uop.ops import Ops, UOp
@@ -107,6 +111,33 @@ def _record(launch: Launch, created: list[Buffer]) -> None:
         cap._created.update(id(b) for b in created)
 
 
+def made_before(tensors: Sequence[Any]) -> list[Any]:
+    """The tensors among `tensors` that existed before an active capture began (not the captured work's)."""
+    return [t for t in tensors if any(_was_alive(cap, t) for cap in _active)]
+
+
+def _was_alive(cap: "Capture", t: Any) -> bool:
+    ref = cap.older.get(id(t))
+    return ref is not None and ref() is t
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Launches in the block are not recorded: work the captured function did not ask for (values
+    computed before a write they would otherwise miss, engine/overwrites.py) stays out of replays."""
+    saved = list(_active)
+    _active.clear()
+    hooked = _on_launch in realize.capture_hooks
+    if hooked:
+        realize.capture_hooks.remove(_on_launch)
+    try:
+        yield
+    finally:
+        _active.extend(saved)
+        if hooked:
+            realize.capture_hooks.append(_on_launch)
+
+
 def note_rng_key(t: Any) -> None:
     """Called by polygrad.random for each key tensor it makes: graphs refill these before each replay."""
     for cap in _active:
@@ -121,11 +152,16 @@ class Capture:
         self.rng_keys: list[Any] = []  # Tensors made by polygrad.random while active
         self._created: set[int] = set()  # ids of recorded buffers the captured work made
         self._state = "new"
+        # Tensors alive when recording began, by id (a weak reference tells a reused id apart; Tensor's
+        # == is elementwise, so no WeakSet)
+        self.older: dict[int, Any] = {}
 
     def __enter__(self) -> "Capture":
         if self._state != "new":
             raise CaptureError(f"this capture is {self._state}; a Capture records once, make a new "
                                "capture() for another recording")
+        from polygrad.tensor import live_tensors
+        self.older = {id(t): weakref.ref(t) for t in live_tensors()}
         if not _active:
             realize.capture_hooks.append(_on_launch)
         _active.append(self)
@@ -303,7 +339,7 @@ class CapturedGraph:
             for s in self.rng_slots:
                 table[s].copyin(next_key_values())
         plan = self._plan_with(var_vals) if (var_vals or self._missing_vars) else self._plan
-        if _active or config.get("DEBUG") >= 1:
+        if _active or config.get("DEBUG") >= 1 or debug_alloc.on:
             self._launch_recorded(plan)
         else:
             t0 = time.perf_counter()
@@ -343,6 +379,8 @@ class CapturedGraph:
                 dt += time.perf_counter() - t0
                 if x.kind == "kernel":
                     n, ops, mem = n + 1, ops + x.program.spec.ops, mem + x.program.spec.mem_bytes
+                if debug_alloc.on:
+                    debug_alloc.check(bufs, f"replayed {x.kind} {getattr(x.ast, 'arg', '')}")
             if _active:
                 _record(Launch(x.kind, x.device, x.ast, x.program, list(bufs), dict(zip(names, vv))),
                         [bufs[p] for p in mid])

@@ -16,6 +16,12 @@ captured launch keeps the variable values it ran with; a replay reads the new va
 and hands them to the programs, and the returned tensors' shapes are rebound to them.
 Random numbers drawn inside the function (Tensor.rand, Dropout) are fresh on every replay: the key
 buffers the capture saw are refilled from the global RNG counter before each replay.
+Inputs are the Tensors among the arguments, also inside lists, tuples and dicts (as tinygrad finds
+them). Every other argument is part of the capture's key: a call with a different value (compared by
+value for numbers, strings and containers of them, by identity for other objects) starts over with a
+warm-up run and a new capture, since the captured kernels baked the old value in. A host readback
+(`.numpy()`, `.item()`, `.tolist()`) while capturing raises JitError, and so does a jitted function
+that calls itself.
 Replays return the very Tensor objects the capture returned, whose buffers the replay overwrote
 (as tinygrad does): copy a result (`.numpy()`, `.clone().realize()`) before the next call if you
 need to keep it. Work the function does outside kernels (Python side effects, `.numpy()` reads,
@@ -46,12 +52,58 @@ class JitError(PolygradError, RuntimeError):
     """A jitted function was called in a way its captured kernels cannot serve."""
 
 
-def _input_tensors(args: tuple, kwargs: dict) -> list[tuple[Any, Any]]:
-    """(name, Tensor) for every Tensor passed directly as a positional or keyword argument."""
+class _Same:
+    """A non-Tensor argument of no value type, compared by identity in the capture key."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any):
+        self.obj = obj
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __repr__(self) -> str:
+        return f"<{type(self.obj).__name__} object at {id(self.obj):#x}>"
+
+
+_VALUE_TYPES = (int, float, complex, str, bytes, bool, type(None))
+
+
+def _walk_args(value: Any, path: str, tensors: list[tuple[str, Any]], binds: list[tuple[str, UOp]]) -> Any:
+    """The capture-key form of an argument; Tensors found inside lists, tuples and dicts are appended
+    to `tensors` with their path (`0`, `1[2]`, `opts['x']`), bound Variables to `binds`."""
     from polygrad.tensor import Tensor
-    named = [(i, a) for i, a in enumerate(args) if isinstance(a, Tensor)]
-    named += [(k, kwargs[k]) for k in sorted(kwargs) if isinstance(kwargs[k], Tensor)]
-    return named
+    if isinstance(value, Tensor):
+        tensors.append((path, value))
+        return ("tensor",)
+    if isinstance(value, UOp) and value.op is Ops.BIND:
+        binds.append((path, value))
+        return ("variable", value.src[0])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_walk_args(v, f"{path}[{i}]", tensors, binds)
+                                            for i, v in enumerate(value)))
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda kv: repr(kv[0]))
+        return ("dict", tuple((repr(k), _walk_args(v, f"{path}[{k!r}]", tensors, binds)) for k, v in items))
+    if isinstance(value, float):
+        return ("float", repr(value))  # nan equals itself, -0.0 differs from 0.0
+    if isinstance(value, _VALUE_TYPES):
+        return (type(value).__name__, value)
+    return _Same(value)
+
+
+def _input_tensors(args: tuple, kwargs: dict) -> tuple[list[tuple[str, Any]], list[tuple[str, UOp]], tuple]:
+    """(path, Tensor) for every Tensor among the arguments (nested in lists, tuples and dicts too),
+    (path, BIND) for bound Variables, and the key of every other argument's value."""
+    tensors: list[tuple[str, Any]] = []
+    binds: list[tuple[str, UOp]] = []
+    key = tuple(_walk_args(a, str(i), tensors, binds) for i, a in enumerate(args))
+    key += tuple((k, _walk_args(kwargs[k], k, tensors, binds)) for k in sorted(kwargs))
+    return tensors, binds, key
 
 
 def _buffer_of(t: Any) -> Buffer:
@@ -63,12 +115,12 @@ def _buffer_of(t: Any) -> Buffer:
     return u.arg.ensure_allocated()
 
 
-def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple], dict[UOp, int]]:
-    """Realize the input tensors; return their buffers, the (name, shape, dtype, device) they had (shapes
-    with their variables unbound) and this call's variable values (from those shapes and from the
-    bound variables, v.bind(n), passed directly as arguments)."""
+def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple], dict[UOp, int], tuple]:
+    """Realize the input tensors; return their buffers, the (path, shape, dtype, device) they had (shapes
+    with their variables unbound), this call's variable values (from those shapes and from the bound
+    variables, v.bind(n), among the arguments) and the key of the other arguments."""
     from polygrad.tensor import Tensor, _is_realized
-    named = _input_tensors(args, kwargs)
+    named, binds, key = _input_tensors(args, kwargs)
     pending = [t for _, t in named if not _is_realized(t.uop)]
     if pending:
         Tensor.realize_all(*pending)
@@ -84,11 +136,22 @@ def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple
             sint.collect_binds(t.uop, var_vals)
             shape = sint.strip_binds(shape, {})
         info.append((name, shape, t.dtype, t.device))
-    for k, a in list(enumerate(args)) + sorted(kwargs.items()):
-        if isinstance(a, UOp) and a.op is Ops.BIND:
-            sint.record(var_vals, *a.unbind())
-            info.append((k, "variable", a.src[0]))
-    return buffers, info, var_vals
+    for name, b in binds:
+        sint.record(var_vals, *b.unbind())
+        info.append((name, "variable", b.src[0]))
+    return buffers, info, var_vals, key
+
+
+class _NoReadback:
+    """Pushed on tensor.capture_guards while TinyJit captures: a host read would be frozen into the replay."""
+
+    def read(self, t: Any, call: str) -> None:
+        raise JitError(f"Tensor.{call}() was called while TinyJit captured the function; replays run only the "
+                       f"captured kernels, so the value read here would never change again. Return the tensor "
+                       f"and call .{call}() outside the jitted function, or do not @jit this function")
+
+    def assign(self, t: Any) -> None:
+        pass  # an assign is a kernel: it is captured and replayed like any other
 
 
 def _result_tensors(ret: Any) -> list[Any]:
@@ -112,9 +175,9 @@ def _result_buffer(t: Any) -> Buffer | None:
 class TinyJit:
     """Wrap `fn` so its third and later calls replay the kernels captured on the second call.
 
-    Inputs are the Tensors passed directly as arguments; their shapes, dtypes and devices must stay
-    the same across calls (a new shape raises JitError), and one buffer may not be passed twice.
-    Non-Tensor arguments are not checked: the captured kernels baked in the values of the capture.
+    Inputs are the Tensors among the arguments, directly or inside lists, tuples and dicts; their
+    shapes, dtypes and devices must stay the same across calls (a new shape raises JitError), and one
+    buffer may not be passed twice. A change in any other argument starts a new warm-up and capture.
     """
 
     def __init__(self, fn: Callable[..., Any]):
@@ -124,8 +187,10 @@ class TinyJit:
         self.captures = 0
         self.graph: CapturedGraph | None = None
         self.expected: list[tuple] | None = None
+        self.static_key: tuple | None = None  # the non-Tensor arguments of the capture
         self.ret: Any = None
         self.disposed = False
+        self._running = False
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
@@ -136,15 +201,27 @@ class TinyJit:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.disposed:
             raise JitError("this jitted function was disposed; wrap the function again to use it")
-        if active():  # called inside another capture: run plainly so the outer capture records it
-            return self.fn(*args, **kwargs)
-        buffers, info, var_vals = _prepare_inputs(args, kwargs)
-        self.calls += 1
-        if self.calls == 1:
-            return self._run_plain(args, kwargs)
-        if self.graph is None:
-            return self._capture(args, kwargs, buffers, info)
-        return self._replay(buffers, info, var_vals)
+        if self._running:
+            raise JitError(f"jitted function {getattr(self.fn, '__name__', self.fn)!r} called itself (or was called "
+                           "from two threads at once); a capture cannot contain a replay of itself. Jit only the "
+                           "outermost function")
+        self._running = True
+        try:
+            if active():  # called inside another capture: run plainly so the outer capture records it
+                return self.fn(*args, **kwargs)
+            buffers, info, var_vals, key = _prepare_inputs(args, kwargs)
+            if self.graph is not None and key != self.static_key:
+                if config.get("DEBUG") >= 1:
+                    print("JIT non-Tensor arguments changed since capture: warming up and capturing again")
+                self.reset()  # the captured kernels baked the old values in
+            self.calls += 1
+            if self.calls == 1:
+                return self._run_plain(args, kwargs)
+            if self.graph is None:
+                return self._capture(args, kwargs, buffers, info, key)
+            return self._replay(buffers, info, var_vals)
+        finally:
+            self._running = False
 
     def _run_plain(self, args: tuple, kwargs: dict) -> Any:
         from polygrad.tensor import Tensor
@@ -154,15 +231,22 @@ class TinyJit:
             Tensor.realize_all(*outs)
         return ret
 
-    def _capture(self, args: tuple, kwargs: dict, buffers: list[Buffer], info: list[tuple]) -> Any:
-        with capture() as cap:
-            ret = self._run_plain(args, kwargs)
+    def _capture(self, args: tuple, kwargs: dict, buffers: list[Buffer], info: list[tuple], key: tuple) -> Any:
+        from polygrad import tensor as tensor_mod
+        guard = _NoReadback()
+        tensor_mod.capture_guards.append(guard)
+        try:
+            with capture() as cap:
+                ret = self._run_plain(args, kwargs)
+        finally:
+            tensor_mod.capture_guards.remove(guard)
         if not cap.launches:
             raise JitError("the jitted function ran no kernels; return realized tensors (x.realize()) "
                            "or call it without @jit")
         outs = [b for b in map(_result_buffer, _result_tensors(ret)) if b is not None]
         self.graph = graph = cap.graph(inputs=buffers, outputs=outs)
         self.expected = info
+        self.static_key = key
         self.ret = ret
         self.captures += 1
         if config.get("DEBUG") >= 1:
@@ -197,6 +281,7 @@ class TinyJit:
         self.calls = 0
         self.graph = None
         self.expected = None
+        self.static_key = None
         self.ret = None
 
     def dispose(self) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from polygrad import config
-from polygrad.device import Buffer, GlobalCounters, open_device
+from polygrad.device import Buffer, GlobalCounters, debug_alloc, open_device
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
 from polygrad.engine.search import choose_opts
@@ -49,6 +49,8 @@ class CompiledProgram:
         self.program(handles, args, debug >= 2)
         dt = time.perf_counter() - t0
         spec = self.spec
+        if debug_alloc.on:
+            debug_alloc.check(buffers, f"kernel {spec.name}")
         GlobalCounters.kernel_count += 1
         GlobalCounters.global_ops += spec.ops
         GlobalCounters.global_mem += spec.mem_bytes
@@ -118,6 +120,8 @@ def copy_buffer(dst: Buffer, src: Buffer) -> None:
         full[:n] = data[:n]
         data = full
     dst.copyin(data)
+    if debug_alloc.on:
+        debug_alloc.check((dst, src), "a device copy")
     runtime_stats["copies"] += 1
 
 

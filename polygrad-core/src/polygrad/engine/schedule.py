@@ -86,6 +86,9 @@ def normalize(targets: list[UOp], effects: list[UOp] | None = None,
     One walk over the graph; it runs on every realize, so the common nodes take the shortest path. A
     graph with symbolic sizes is walked again once its buffers' symbolic sizes are known."""
     order = targets[0].toposort() if len(targets) == 1 else UOp(Ops.SINK, None, tuple(targets)).toposort()[:-1]
+    if becomes and any(n.op in EFFECT_OPS and becomes.get(n, n) is not n for n in order):
+        live = _live_nodes(targets)  # what only fed an effect that already ran gets no slot
+        order = [n for n in order if n in live]
     binds: dict[UOp, int] = {} if var_vals is None else var_vals
     n_effects = len(effects) if effects is not None else 0
     try:
@@ -178,6 +181,25 @@ def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | N
 
 # nodes normalize only rebuilds over their normalised sources (everything but buffers, effects, variables)
 _PLAIN_NORMALIZE = frozenset(Ops) - {Ops.BUFFER, Ops.BIND, Ops.DEFINE_VAR, *EFFECT_OPS, *UNIQUE_OPS}
+
+
+def _live_nodes(targets: list[UOp]) -> set[UOp]:
+    """The nodes the normalised graph keeps: everything reachable from the targets without passing
+    below an effect that already ran (it stands for its buffer now, `becomes`). The inputs are exactly
+    the buffers of these nodes, so the key alone determines the buffer table: a buffer that only fed
+    a finished assign must not take a slot (it shifted every new buffer's table index, and a template
+    cached under the same key then wrote into that unrelated input)."""
+    live: set[UOp] = set()
+    stack = list(targets)
+    while stack:
+        node = stack.pop()
+        if node in live:
+            continue
+        live.add(node)
+        done = becomes.get(node)
+        if done is None or done is node:
+            stack.extend(node.src)
+    return live
 
 
 def _symbolic_buffer_sizes(order: list[UOp]) -> dict[int, Any]:
@@ -730,6 +752,9 @@ def schedule(targets: list[UOp], effects: list[UOp] | None = None,
     tpl = schedule_cache.get(key)
     if tpl is None:
         tpl = schedule_cache[key] = build_template(key, len(inputs))
+    if tpl.n_inputs != len(inputs):  # the key must fix the table layout; a mismatch would misplace buffers
+        raise PolygradError(f"internal error: a cached schedule expects {tpl.n_inputs} input buffers, the graph "
+                            f"has {len(inputs)}; please report it (clear_schedule_cache() works around it)")
     return tpl, inputs
 
 

@@ -82,15 +82,17 @@ class Optimizer:
         """Update every parameter that has a gradient. Needs training mode (`Context(TRAINING=1)`).
 
         `realize_with` (e.g. the loss) is realized together with the gradients, sharing their kernels,
-        before any parameter changes; a loss realized only after step() is recomputed with the new
-        parameters.
+        before any parameter changes. So is every other live lazy value computed from the parameters
+        or the optimizer's state (an unread loss): it keeps the value it had when it was built, as in
+        PyTorch (engine/overwrites.py).
         """
         Tensor.realize_all(*self.schedule_step(*realize_with))
 
     def schedule_step(self, *realize_with: Tensor) -> list[Tensor]:
         """Realize the gradients and pending buffer updates; return the (lazy) updated tensors."""
         _require_training()
-        Tensor.realize_all(*self._step_inputs(), *realize_with)
+        inputs = [*self._step_inputs(), *realize_with]
+        Tensor.realize_all(*inputs, *_stale_readers(self.params + self.buffers, inputs))
         return self._updates()
 
     def _step_inputs(self) -> list[Tensor]:
@@ -130,7 +132,8 @@ class OptimizerGroup(Optimizer):
 
     def schedule_step(self, *realize_with: Tensor) -> list[Tensor]:
         _require_training()
-        Tensor.realize_all(*[t for o in self.optimizers for t in o._step_inputs()], *realize_with)
+        inputs = [*[t for o in self.optimizers for t in o._step_inputs()], *realize_with]
+        Tensor.realize_all(*inputs, *_stale_readers(self.params + self.buffers, inputs))
         return [t for o in self.optimizers for t in o._updates()]
 
 
@@ -169,6 +172,15 @@ def _flat_groups(params: list[Tensor]) -> list[_FlatState]:
         by_kind.setdefault((p.device, p.dtype), []).append(i)
     return [_FlatState(params, idx[k:k + GROUP_SIZE])
             for idx in by_kind.values() for k in range(0, len(idx), GROUP_SIZE)]
+
+
+def _stale_readers(state: list[Tensor], inputs: list[Tensor]) -> list[Tensor]:
+    """Live lazy values computed from the tensors a step overwrites (the loss, say): realized with the
+    gradients, sharing their kernels, so they keep the values they had when built."""
+    from polygrad.engine.overwrites import buffer_ids, readers_of
+    from polygrad.tensor import lazy_values, realize_outside_captures
+    # those made before an active capture (TinyJit, Model) began are not the step's work: not recorded
+    return realize_outside_captures(readers_of(buffer_ids(t.uop for t in state), lambda: lazy_values(inputs)))
 
 
 def _grad(p: Tensor) -> Tensor:

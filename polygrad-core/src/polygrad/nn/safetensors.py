@@ -101,7 +101,11 @@ def safe_load(source: str | os.PathLike | bytes, device: str | None = None) -> d
 
 def _open(source: str | os.PathLike | bytes) -> Any:
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return memoryview(source)
+        view = memoryview(source)
+        return view.cast("B") if view.c_contiguous else memoryview(view.tobytes())
+    if not isinstance(source, (str, os.PathLike)):  # an int would open that file descriptor
+        raise SafetensorsError(f"safetensors source must be a path or bytes, got {type(source).__name__}; "
+                               "pass the file's path (str or pathlib.Path) or its contents as bytes")
     try:
         with open(source, "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
@@ -120,19 +124,47 @@ def _parse_header(data: Any) -> tuple[dict[str, Any], int]:
         raise SafetensorsError(f"safetensors header claims {n} bytes (limit {_MAX_HEADER}); the file is corrupt")
     if 8 + n > size:
         raise SafetensorsError(f"safetensors file is truncated: header needs {n} bytes, only {size - 8} follow")
+    text = bytes(data[8:8 + n])
     try:
-        header = json.loads(bytes(data[8:8 + n]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        header = json.loads(text.decode("utf-8"), object_pairs_hook=_unique_keys)
+    # JSONDecodeError, the int digit limit (ValueError), brackets nested past the recursion limit
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        if isinstance(e, SafetensorsError):
+            raise
         raise SafetensorsError(f"safetensors header is not valid JSON ({e}); the file is corrupt") from e
     if not isinstance(header, dict):
         raise SafetensorsError("safetensors header must be a JSON object; the file is corrupt")
     data_len = size - 8 - n
+    spans = []
     for name, info in header.items():
         if name == "__metadata__":
             _check_metadata(info)
         else:
-            _check_entry(name, info, data_len)
+            begin, end = _check_entry(name, info, data_len)
+            if end > begin:  # an empty tensor's offsets overlap nothing
+                spans.append((begin, end, name))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        if begin < end:
+            raise SafetensorsError(f"tensors {first!r} and {second!r} overlap in the data (data_offsets); the file "
+                                   "is corrupt")
     return header, 8 + n
+
+
+MAX_DIMS = 64
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise SafetensorsError(f"safetensors header has the key {key!r} twice; the file is corrupt")
+        out[key] = value
+    return out
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)  # JSON true is not a size
 
 
 def _check_metadata(info: Any) -> None:
@@ -140,18 +172,19 @@ def _check_metadata(info: Any) -> None:
         raise SafetensorsError("safetensors __metadata__ must map strings to strings; the file is corrupt")
 
 
-def _check_entry(name: str, info: Any, data_len: int) -> None:
+def _check_entry(name: str, info: Any, data_len: int) -> tuple[int, int]:
+    """Validate one tensor's entry; returns its (begin, end) in the data."""
     if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
         raise SafetensorsError(f"safetensors entry {name!r} lacks dtype/shape/data_offsets; the file is corrupt")
     code, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
-    if code not in SAFETENSORS_DTYPES:
-        raise SafetensorsError(f"tensor {name!r} has dtype {code!r}, which polygrad cannot hold; supported: "
+    if not isinstance(code, str) or code not in SAFETENSORS_DTYPES:
+        raise SafetensorsError(f"tensor {name!r} has dtype {code!r:.80}, which polygrad cannot hold; supported: "
                                f"{sorted(SAFETENSORS_DTYPES)}")
-    if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
-        raise SafetensorsError(f"tensor {name!r} has an invalid shape {shape!r}; the file is corrupt")
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_is_int(d) and 0 <= d < 2**63 for d in shape):
+        raise SafetensorsError(f"tensor {name!r} has an invalid shape {shape!r:.80}; the file is corrupt")
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]):
-        raise SafetensorsError(f"tensor {name!r} has invalid data_offsets {offsets!r}; the file is corrupt")
+        raise SafetensorsError(f"tensor {name!r} has invalid data_offsets {offsets!r:.80}; the file is corrupt")
     expected = math.prod(shape) * SAFETENSORS_DTYPES[code].itemsize
     if offsets[1] - offsets[0] != expected:
         raise SafetensorsError(f"tensor {name!r}: shape {shape} of {code} needs {expected} bytes, data_offsets "
@@ -159,3 +192,4 @@ def _check_entry(name: str, info: Any, data_len: int) -> None:
     if offsets[1] > data_len:
         raise SafetensorsError(f"tensor {name!r} ends at byte {offsets[1]} of the data, but only {data_len} bytes "
                                "are present; the file is truncated")
+    return offsets[0], offsets[1]

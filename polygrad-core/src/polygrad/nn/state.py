@@ -110,7 +110,7 @@ def _shape(value: Any) -> tuple[int, ...]:
 def _write(target: Tensor, value: Any) -> None:
     """Write value into target's buffer, keeping the Tensor object (and the buffer when it has one)."""
     if not isinstance(value, Tensor):
-        value = Tensor(np.asarray(value), device=target.device, dtype=target.dtype)
+        value = Tensor(np.asarray(value), device=target.device, dtype=target.dtype, _runtime=target._runtime)
     value = value.to(target.device).cast(target.dtype)
     if target.numel() == 0:
         return

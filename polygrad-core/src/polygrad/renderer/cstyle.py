@@ -13,6 +13,10 @@ in C). Contiguous loads and stores are __builtin_memcpy (unaligned); gathers, sc
 accesses and ops without a vector operator (sqrt, trunc, fmod, pow, fma, transcendentals) run one
 lane at a time over the vector's elements (`v[pl]`). Conversions are __builtin_convertvector,
 reinterpretations vector casts.
+
+Integer division wraps (docs/kernel-ir.md): `INT_MIN / -1` is INT_MIN and `INT_MIN % -1` is 0, as in
+NumPy. x86's idiv traps on that pair (SIGFPE), so a signed 32/64-bit IDIV or MOD whose divisor is not
+a constant other than -1 tests the divisor first (`trapping_division`), one lane at a time in vectors.
 """
 from __future__ import annotations
 
@@ -158,6 +162,14 @@ class CStyleRenderer:
         if dt is dtypes.int32 and v == -(2**31):
             return "(-2147483647-1)"
         return f"(({self.ctype(dt)}){int(v)})" if dt.itemsize < 4 else str(int(v))
+
+    def wrapping_division(self, op: Ops, dt: DType, a: list[str]) -> str:
+        """IDIV / MOD of signed ints that never traps: a divisor of -1 negates (wrapping, through the
+        unsigned type) or gives 0, the only case where C's `/` and `%` overflow."""
+        if op is Ops.MOD:
+            return f"(({a[1]})==-1?({self.ctype(dt)})0:({a[0]})%({a[1]}))"
+        unsigned = f"unsigned {self.ctype(dt)}"
+        return f"(({a[1]})==-1?({self.ctype(dt)})(({unsigned})0-({unsigned})({a[0]})):({a[0]})/({a[1]}))"
 
     def math_fn(self, name: str, dt: DType) -> str:
         return name + ("f" if dt is not dtypes.float64 else "")
@@ -501,13 +513,16 @@ class CStyleRenderer:
                 name = names[id(x)] = f"alu{i}"
                 sdt = x.src[0].dtype
                 vt = self.vtype(dt, x.lanes)
-                expr = self.valu(x.arg, dt, sdt, [n(s) for s in x.src], x.lanes)
+                traps = trapping_division(x)
+                expr = None if traps else self.valu(x.arg, dt, sdt, [n(s) for s in x.src], x.lanes)
                 if x.arg is Ops.FMA and dt.is_float:
                     expr = self.vfma(dt, x.lanes, *[n(s) for s in x.src])
                 if expr is not None:
                     lines.append(f"{pad}{vt} {name} = {expr};")
                 else:  # one lane at a time, the scalar rule on each lane
-                    scalar = self.alu(x.arg, dt, sdt, [self.lane(n(s), s.dtype) for s in x.src])
+                    lane_args = [self.lane(n(s), s.dtype) for s in x.src]
+                    scalar = self.wrapping_division(x.arg, dt, lane_args) if traps else \
+                        self.alu(x.arg, dt, sdt, lane_args)
                     lines.append(f"{pad}{vt} {name};")
                     lines.append(f"{pad}for (int pl = 0; pl < {x.lanes}; pl++) {name}[pl] = {scalar};")
             elif op is L.LOAD:
@@ -521,7 +536,11 @@ class CStyleRenderer:
                 lines.append(f"{pad}{n(buf)}[{n(idx)}] = {self.to_storage(buf.dtype, n(value))};")
             elif op is L.ALU:
                 sdt = x.src[0].dtype if x.src else dt
-                expr = self.alu(x.arg, dt, sdt, [n(s) for s in x.src])
+                args = [n(s) for s in x.src]
+                if trapping_division(x):
+                    expr = self.wrapping_division(x.arg, dt, args)
+                else:
+                    expr = self.alu(x.arg, dt, sdt, args)
                 if x.arg not in (Ops.CAST, Ops.BITCAST):
                     expr = self.round_half(dt, expr)
                 name = names[id(x)] = f"alu{i}"
@@ -535,3 +554,18 @@ class CStyleRenderer:
             prelude += "\n".join(self._helpers[k] for k in sorted(self._helpers)) + "\n"
         body = "\n".join(lines)
         return f"{prelude}\n{self.signature(prog)} {{\n{body}\n}}\n"
+
+
+def trapping_division(x: Inst) -> bool:
+    """A signed IDIV/MOD that C may compute with a trapping instruction (INT_MIN / -1 raises SIGFPE on
+    x86): 32 or 64 bits (narrower types are promoted to int, where the quotient fits), and a divisor that
+    is not a constant other than -1 (index arithmetic divides by positive constants and stays plain)."""
+    if x.arg not in (Ops.IDIV, Ops.MOD) or x.dtype is None or x.dtype.kind != "int" or x.dtype.itemsize < 4:
+        return False
+    d = x.src[1]
+    while d.op is L.BCAST:
+        d = d.src[0]
+    if d.op is not L.CONST:
+        return True
+    values = d.arg if isinstance(d.arg, tuple) else (d.arg,)
+    return any(int(v) == -1 for v in values)
