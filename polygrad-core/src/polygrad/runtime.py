@@ -218,6 +218,8 @@ def collect() -> None:
         if gc.collect() == 0:
             break
     compact_uop_cache()
+    from polygrad import tensor
+    tensor.live_tensors()  # drops the dead entries of the live-tensor list
     free_cached()
     _trim_heap()
 

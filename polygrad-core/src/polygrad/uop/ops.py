@@ -112,9 +112,10 @@ def _forget(ref: "weakref.ref") -> None:
 def compact_uop_cache() -> None:
     """Rebuild the hash-cons table at its live size: a dict never shrinks as entries go, so after a
     burst of graphs the table kept its peak size (megabytes) until the process ended."""
-    live = list(_uop_cache.items())
-    _uop_cache.clear()
-    _uop_cache.update(live)
+    for table in (_uop_cache, _ref_keys):
+        live = list(table.items())
+        table.clear()
+        table.update(live)
 
 
 def normalize_const(value: Any, dtype: DType) -> Any:
