@@ -109,7 +109,8 @@ class Assembler:
         self._add(Instruction.create_branch(Code.CALL_REL32_64, label))
 
     # ---- instructions
-    def op(self, name: str, *operands: Any) -> None:
+    def op(self, name: str, *operands: Any, mask: int | None = None) -> None:
+        """Append the instruction iced names `name`; `mask` is an AVX-512 write mask k1..k7 (merging)."""
         code = getattr(Code, name)
         kinds = []
         args: list[Any] = [code]
@@ -123,7 +124,10 @@ class Assembler:
             else:
                 kinds.append("reg")
                 args.append(o)
-        self._add(_create(tuple(kinds))(*args))
+        ins = _create(tuple(kinds))(*args)
+        if mask is not None:
+            ins.op_mask = KREG[mask]
+        self._add(ins)
 
     # ---- constant pool
     def const(self, data: bytes) -> Mem:
