@@ -186,8 +186,22 @@ class _Expander:
                 return a
             if b.is_const and op is Ops.MUL and b.arg == 0:
                 return self.const(dt, 0)
+            # constants move outward (exact in wrapping arithmetic), so they end in the addressing mode
+            # and the variable part is shared: (x + c) + y -> (x + y) + c, (x + c) * k -> x*k + c*k
+            if op is Ops.ADD and not b.is_const and self.plus_const(b, dt) and not self.plus_const(a, dt):
+                a, b = b, a
+            if op is Ops.ADD and not b.is_const and self.plus_const(a, dt):
+                return self.alu(dt, (self.alu(dt, (a.src[0], b), Ops.ADD, 1), a.src[1]), Ops.ADD, 1)
+            if op is Ops.MUL and b.is_const and self.plus_const(a, dt):
+                return self.alu(dt, (self.alu(dt, (a.src[0], b), Ops.MUL, 1),
+                                     self.const(dt, wrap(int(a.src[1].arg) * int(b.arg), dt))), Ops.ADD, 1)
             src = (a, b)
         return self.pure(L.ALU, dt, src, op, lanes)
+
+    @staticmethod
+    def plus_const(x: XInst, dt: DType) -> bool:
+        """x is `y + constant` of dtype dt."""
+        return x.op is L.ALU and x.arg is Ops.ADD and x.lanes == 1 and x.dtype is dt and x.src[1].is_const
 
     def address(self, idx: XInst, size: int) -> tuple[XInst | None, int]:
         """(index value or None, element displacement): constant additions fold into the address."""
@@ -348,7 +362,7 @@ class _Expander:
                 else:
                     flat.append(it)
         flatten(self.frames[0].items)
-        flat = eliminate_dead(flat)
+        flat = fuse_broadcast_loads(eliminate_dead(flat))
         return XProgram(self.prog.name, flat, self.params, self.vars, self.tid, self.prog.threads)
 
 
@@ -369,6 +383,32 @@ def eliminate_dead(insts: list[XInst]) -> list[XInst]:
                 if s is not None:
                     s.uses -= 1
     return [x for x, k in zip(insts, keep) if k]
+
+
+def fuse_broadcast_loads(insts: list[XInst]) -> list[XInst]:
+    """BCAST(LOAD x) with no other use of the load becomes one broadcasting load (`vbroadcastss m32`),
+    when no store comes between them."""
+    pos = {id(x): i for i, x in enumerate(insts)}
+    stores = [i for i, x in enumerate(insts) if x.op is L.STORE]
+    drop: set[int] = set()
+    for i, x in enumerate(insts):
+        if x.op is not L.BCAST:
+            continue
+        ld = x.src[0]
+        if ld.op is not L.LOAD or ld.uses != 1 or len(ld.src) > 2 or ld.dtype.itemsize != 4 or id(ld) not in pos:
+            continue
+        j = pos[id(ld)]
+        if any(j < s < i for s in stores):
+            continue
+        x.op, x.src, x.arg = L.LOAD, ld.src, ("broadcast", ld.arg[1])
+        drop.add(id(ld))
+    out = [x for x in insts if id(x) not in drop]
+    # a broadcast load used once, right away, by a float32 add or multiply becomes its memory operand
+    for prev, x in zip(out, out[1:]):
+        if x.op is L.ALU and x.lanes > 1 and x.arg in (Ops.ADD, Ops.MUL) and x.dtype is dtypes.float32 \
+                and prev.op is L.LOAD and prev.arg[0] == "broadcast" and prev.uses == 1 and prev in x.src:
+            prev.arg = ("folded", prev.arg[1])
+    return [x for x in out if not (x.op is L.LOAD and x.arg[0] == "folded")]
 
 
 def expand(prog: LinearProgram) -> XProgram:

@@ -78,11 +78,14 @@ def allocate(prog: XProgram, vec_regs: int, vec_bytes: int) -> Frame:
             x.start = x.end = x.num
             values.append(x)
 
+    weight: dict[int, float] = {}
+
     def use(v: XInst, at: int) -> None:
         if v is None or v.is_const:
             return
         if v.alias is not None:
             v = v.alias
+        weight[id(v)] = weight.get(id(v), 0.0) + 8.0 ** min(len(loops_at[at]), 6)
         end = at
         for s, e in loops_at[at]:  # outermost loop around this use that began after v's definition
             if v.start < s < at:
@@ -92,7 +95,11 @@ def allocate(prog: XProgram, vec_regs: int, vec_bytes: int) -> Frame:
 
     for x in insts:
         for s in x.src:
-            use(s, x.num)
+            if s is not None and s.op is L.LOAD and s.arg[0] == "folded":  # a memory operand of x
+                for t in s.src:
+                    use(t, x.num)
+            else:
+                use(s, x.num)
         if x.op is L.ENDLOOP:
             use(x.src[0], x.num)
             use(x.src[0].src[1], x.num)
@@ -109,9 +116,10 @@ def allocate(prog: XProgram, vec_regs: int, vec_bytes: int) -> Frame:
             v.loc = ("r", reg)
             active.append(v)
             continue
+        # spill the value whose uses weigh least (a use in a loop nest of depth d weighs 8**d)
         same = [a for a in active if is_gp(a) == gp_class]
-        victim = max(same, key=lambda a: a.end)
-        if victim.end > v.end:
+        victim = min(same, key=lambda a: (weight.get(id(a), 0.0), -a.end))
+        if (weight.get(id(victim), 0.0), -victim.end) < (weight.get(id(v), 0.0), -v.end):
             v.loc = victim.loc
             victim.loc = ("s", frame.slot(8 if gp_class else vec_bytes))
             active.remove(victim)

@@ -21,7 +21,7 @@ from typing import Any
 
 import iced_x86
 
-from polygrad.backend_api import DType, Ops, dtypes
+from polygrad.backend_api import DType, L, Ops, dtypes
 
 from polygrad_backend_x86.asm import RAX, RCX, RDX, RSP, Imm, Mem, gp, vreg
 from polygrad_backend_x86.emit import Emitter, VectorUnsupported
@@ -214,8 +214,21 @@ class VectorEmitter(Emitter):
         bits = self.width(x)
         op, dt = x.arg, x.dtype
         sdt = x.src[0].dtype
-        srcs = [self.vget(s, (self.T1, self.T2, self.TS)[i], bits) for i, s in enumerate(x.src)]
         r = self.vdst(x, bits)
+        folded = [s for s in x.src if s.op is L.LOAD and s.arg[0] == "folded"]
+        if folded:  # `vmulps r, a, [mem]{1to16}`: the broadcast load is the second operand
+            other = x.src[1] if x.src[0] is folded[0] else x.src[0]
+            mem = self.address(folded[0], RCX, RDX)
+            mn = "VADDPS" if op is Ops.ADD else "VMULPS"
+            if bits == 512:
+                mem.bcst = True
+                self.vop(mn, r, self.vget(other, self.T1, bits), mem)
+            else:  # VEX has no embedded broadcast
+                self.vop("VBROADCASTSS", VR(self.T2, bits), mem)
+                self.vop(mn, r, self.vget(other, self.T1, bits), VR(self.T2, bits))
+            self.vfinish(x, r)
+            return
+        srcs = [self.vget(s, (self.T1, self.T2, self.TS)[i], bits) for i, s in enumerate(x.src)]
         if op is Ops.CAST or op is Ops.BITCAST:
             self.vconvert(op, dt, sdt, r, srcs[0])
         elif op is Ops.WHERE:
@@ -356,7 +369,9 @@ class VectorEmitter(Emitter):
         bits = self.width(x)
         gate = x.src[2] if len(x.src) > 2 else None
         r = self.vdst(x, bits)
-        if x.arg[0] == "contiguous" and (gate is None or gate.lanes == 1):
+        if x.arg[0] == "broadcast":  # one element in every lane
+            self.vop("VBROADCASTSS", r, self.address(x, RCX, RDX))
+        elif x.arg[0] == "contiguous" and (gate is None or gate.lanes == 1):
             skip = None
             if gate is not None:
                 self.zero(r)
