@@ -95,6 +95,7 @@ class X86Source:
                 raise CompileError(f"X86 backend: kernel {self.spec.name} needs vector code it cannot emit")
             self.prog = linearize(self.spec, vector_width=1)
             self.scalar = True
+            stats["scalar_fallbacks"] += 1
             return emit_program(self.prog, self.isa)
 
     def __str__(self) -> str:
@@ -107,6 +108,7 @@ class X86Source:
 
 
 _memory: dict[str, Kernel] = {}
+stats = {"emitted": 0, "disk_hits": 0, "scalar_fallbacks": 0}  # for tests and DEBUG
 
 
 def load_or_emit(src: X86Source) -> Kernel:
@@ -118,7 +120,10 @@ def load_or_emit(src: X86Source) -> Kernel:
     kernel = read_cached(path)
     if kernel is None:
         kernel = src.emit()
+        stats["emitted"] += 1
         write_cached(root, path, kernel)
+    else:
+        stats["disk_hits"] += 1
     _memory[src.key] = kernel
     return kernel
 

@@ -250,6 +250,12 @@ class Emitter:
             self.op(f"VEX_V{mn}_XMM_XMM_XMMM128", self.x(dst), self.x(a), self.x(b) if isinstance(b, int) else b)
             return
         if isinstance(b, Mem):  # legacy SSE needs 16-byte alignment for memory operands: load it first
+            if dst == self.TS:  # the constant goes where the result does (the ops used so are commutative)
+                if mn == "ANDNPS":
+                    raise CompileError("X86 backend: internal error, ANDNPS into the scratch register")
+                self.op("MOVUPS_XMM_XMMM128", self.x(dst), b)
+                self.op(f"{mn}_XMM_XMMM128", self.x(dst), self.x(a))
+                return
             self.op("MOVUPS_XMM_XMMM128", self.x(self.TS), b)
             b = self.TS
         self.fcopy(dst, a)
