@@ -4,10 +4,11 @@ Run: python benchmarks/bench_x86.py [--rounds 3]
 
 Every (device, workload) pair runs in a fresh subprocess, rounds alternate the device order, and the
 best figure per pair is kept. Workloads: a fused elementwise chain over 16M float32 (GB/s of input
-and output), matmul 1024 (GFLOP/s), a JIT-replayed MLP training step (784-256-10, batch 128, Adam;
-steps/s), and first-call latency: a new kernel realized in a fresh process with an empty
-POLY_CACHE_DIR (ms: lowering, code generation or clang, loading and one run). NumPy's figure for
-the first two is printed alongside. Figures are noisy on a shared machine: repeat before trusting them.
+and output); from bench_compare_trees, run with DEV set, matmul 1024 (GFLOP/s) and a JIT-replayed MLP
+training step (784-256-10, batch 128, Adam; steps/s); and first-call latency: a new kernel realized in
+a fresh process with an empty POLY_CACHE_DIR (ms: lowering, code generation or clang, loading and one
+run). NumPy's elementwise and matmul figures are printed alongside. Figures are noisy on a shared
+machine: repeat before trusting them.
 """
 from __future__ import annotations
 
@@ -18,21 +19,23 @@ import subprocess
 import sys
 import tempfile
 
+# matmul1024 and mlp_step are bench_compare_trees' workloads, run with DEV set to each device
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_compare_trees import WORKLOAD as SHARED  # noqa: E402
+
 WORKLOAD = r'''
 import json, sys, time
 import numpy as np
-from polygrad import Context, Tensor, TinyJit, nn
-from polygrad.nn.optim import Adam
+from polygrad import Tensor
 name, dev = sys.argv[1], sys.argv[2]
 
-def best(fn, reps, inner=1):
+def best(fn, reps):
     fn()
     t = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        t = min(t, (time.perf_counter() - t0) / inner)
+        fn()
+        t = min(t, time.perf_counter() - t0)
     return t
 
 if name == "first_call":
@@ -49,44 +52,20 @@ elif name == "numpy_elementwise":
     x = np.random.rand(1 << 24).astype(np.float32)
     t = best(lambda: np.maximum(x * 2 + 1, 0) * x, 7)
     out = 2 * 4 * x.size / t / 1e9
-elif name == "matmul":
-    n = 1024
-    a = Tensor(np.random.rand(n, n).astype(np.float32), device=dev).realize()
-    b = Tensor(np.random.rand(n, n).astype(np.float32), device=dev).realize()
-    t = best(lambda: (a @ b).realize(), 5)
-    out = 2 * n ** 3 / t / 1e9
 elif name == "numpy_matmul":
     a = np.random.rand(1024, 1024).astype(np.float32)
     t = best(lambda: a @ a, 5)
     out = 2 * 1024 ** 3 / t / 1e9
-elif name == "mlp_step":
-    rng = np.random.default_rng(0)
-    l1, l2 = nn.Linear(784, 256), nn.Linear(256, 10)
-    opt = Adam([l1.weight, l1.bias, l2.weight, l2.bias], lr=1e-3)
-    x = Tensor(rng.random((128, 784), dtype=np.float32), device=dev).realize()
-    y = Tensor(rng.integers(0, 10, 128).astype(np.int32), device=dev).realize()
-    @TinyJit
-    def step(x, y):
-        opt.zero_grad()
-        loss = l2(l1(x).relu()).cross_entropy(y)
-        loss.backward()
-        opt.step(loss)
-        return loss
-    def run():
-        with Context(TRAINING=1):
-            return step(x, y).realize()
-    for _ in range(3):
-        run()
-    out = 1 / best(run, 5, 10)
 print(json.dumps(out))
 '''
 
-UNITS = {"elementwise": "GB/s", "matmul": "GFLOP/s", "mlp_step": "steps/s", "first_call": "ms"}
+UNITS = {"elementwise": "GB/s", "matmul1024": "GFLOP/s", "mlp_step": "steps/s", "first_call": "ms"}
 
 
 def run(name: str, dev: str, cache: str) -> float:
     env = dict(os.environ, POLY_CACHE_DIR=cache, DEV=dev)
-    proc = subprocess.run([sys.executable, "-c", WORKLOAD, name, dev], env=env, capture_output=True, text=True,
+    script = SHARED if name in ("matmul1024", "mlp_step") else WORKLOAD
+    proc = subprocess.run([sys.executable, "-c", script, name, dev], env=env, capture_output=True, text=True,
                           timeout=900)
     if proc.returncode != 0:
         raise RuntimeError(f"{name} on {dev} failed:\n{proc.stderr}")
