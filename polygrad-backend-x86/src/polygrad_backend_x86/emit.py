@@ -1016,11 +1016,11 @@ class Emitter:
         end = loop.src[1]
         if loop.loc[0] == "r":
             i = loop.loc[1]
-            self.op("ADD_RM64_IMM8", gp(i), Imm(1))
+            self.op("ADD_RM64_IMM8", gp(i), Imm(loop.step))
             self.rr("CMP", i, self.goperand(end, RCX))
         else:
             self.op("MOV_R64_RM64", gp(RAX), self.slot(loop.loc[1]))
-            self.op("ADD_RM64_IMM8", gp(RAX), Imm(1))
+            self.op("ADD_RM64_IMM8", gp(RAX), Imm(loop.step))
             self.op("MOV_RM64_R64", self.slot(loop.loc[1]), gp(RAX))
             self.rr("CMP", RAX, self.goperand(end, RCX))
         self.a.jump("JL", top)

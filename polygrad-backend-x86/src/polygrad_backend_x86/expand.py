@@ -22,13 +22,15 @@ from typing import Any
 from polygrad.backend_api import CompileError, DType, Inst, L, LinearProgram, Ops, dtypes
 
 UNROLL_LIMIT = 2048  # instructions an unroll-kind loop may grow to when unrolled (upcast loops always are)
-PURE = (L.ALU, L.BCAST, L.CONST)
+REDUCE_UNROLL = ((4, 64), (2, 160))  # (copies, largest body in linear instructions) for reduce loops
+COMMUTATIVE = frozenset({Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR, Ops.CMPEQ, Ops.CMPNE})
 
 
 class XInst:
     """One instruction of the expanded program. Values carry their register-allocation results."""
 
-    __slots__ = ("op", "dtype", "lanes", "src", "arg", "level", "uses", "start", "end", "loc", "num", "alias")
+    __slots__ = ("op", "dtype", "lanes", "src", "arg", "level", "uses", "start", "end", "loc", "num", "alias",
+                 "step")
 
     def __init__(self, op: L, dtype: DType | None, src: tuple = (), arg: Any = None, lanes: int = 1):
         self.op, self.dtype, self.src, self.arg, self.lanes = op, dtype, src, arg, lanes
@@ -38,6 +40,7 @@ class XInst:
         self.loc: Any = None
         self.num = -1
         self.alias: XInst | None = None  # ACC_READ: the accumulator it reads
+        self.step = 1  # LOOP: the variable's increment (a partially unrolled reduce loop runs `step` points a turn)
 
     def __repr__(self) -> str:
         arg = self.arg.name if isinstance(self.arg, Ops) else self.arg
@@ -163,7 +166,11 @@ class _Expander:
 
     def pure(self, op: L, dt: DType | None, src: tuple, arg: Any, lanes: int) -> XInst:
         """A hoistable, shareable value (ALU, BCAST, vector CONST)."""
-        key = (op, dt, lanes, arg if not isinstance(arg, float) else repr(arg), tuple(id(s) for s in src))
+        ids = tuple(id(s) for s in src)
+        if op is L.ALU and arg in COMMUTATIVE and not dt.is_float:  # a+b and b+a are one value (floats keep
+            # their order: with two NaNs the first one's payload is the result)
+            ids = tuple(sorted(ids))
+        key = (op, dt, lanes, arg if not isinstance(arg, float) else repr(arg), ids)
         hit = self.shared(key)
         if hit is not None:
             return hit
@@ -247,8 +254,13 @@ class _Expander:
                     self.frames[-1].items.append(loop)
                     self.frames.append(frame)
                     loop.level = len(self.frames) - 1  # its value, the loop variable, lives inside
-                    self.env[id(x)] = loop
-                    self.walk(i + 1, j)
+                    trips = int(end.arg) - int(start.arg) if consts else 0
+                    loop.step = next((u for u, size in REDUCE_UNROLL if kind == "reduce" and trips % u == 0
+                                      and trips >= 2 * u and j - i <= size), 1)
+                    for k in range(loop.step):  # the points run in order: reductions keep their order
+                        self.env[id(x)] = loop if k == 0 else self.alu(x.dtype, (loop, self.const(x.dtype, k)),
+                                                                       Ops.ADD, 1)
+                        self.walk(i + 1, j)
                     self.frames.pop()
                     self.frames[-1].items.append(frame.items)
                     end_x = XInst(L.ENDLOOP, None, (loop,))
