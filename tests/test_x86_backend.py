@@ -307,3 +307,34 @@ def test_bundle_saved_on_cpu_runs_on_x86():
     finally:
         again.dispose()
 
+
+
+def test_mismatched_store_dtype_converts_as_cpu_does():
+    """A custom kernel storing float32 values into an int32 buffer: converted (truncated) exactly as CPU and
+    INTERP do, never stored as raw float bits."""
+    from polygrad.uop.ops import KernelInfo, UOp
+
+    def mixed(out, a):
+        i = UOp.range(out.ctx, out.numel(), 0)
+        return out[i].store(a[i] * 2.5).end(i).sink(arg=KernelInfo(name="mixed_store"))
+
+    got = Tensor.empty(4, dtype="int32", device="X86").custom_kernel(
+        Tensor([1.0, 2.0, 3.0, -3.0], device="X86"), fxn=mixed)[0].numpy()
+    ref = Tensor.empty(4, dtype="int32", device="INTERP").custom_kernel(
+        Tensor([1.0, 2.0, 3.0, -3.0], device="INTERP"), fxn=mixed)[0].numpy()
+    assert got.tolist() == ref.tolist() == [2, 5, 7, -7]
+
+
+def test_thread_axis_runs_across_launches():
+    """A big kernel is split over POLY_THREADS launches (the THREAD axis), each its own share, results exact."""
+    p = run_python('''
+        import numpy as np
+        from polygrad import Tensor
+        from polygrad.engine import realize
+        x = Tensor(np.arange(1 << 20, dtype=np.float32), device="X86")
+        y = (x * 2 + 1).numpy()
+        assert np.array_equal(y, np.arange(1 << 20, dtype=np.float32) * 2 + 1)
+        print(max(p.spec.threads for (ast, dev), p in realize.program_cache.items() if dev == "X86"))
+    ''', env={"POLY_THREADS": "4"})
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["4"]
