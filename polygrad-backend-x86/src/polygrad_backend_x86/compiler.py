@@ -30,7 +30,7 @@ def _emitter_version() -> str:
     """A hash of the code generator's own source: a changed emitter never reads old cached code."""
     h = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("asm.py", "compiler.py", "emit.py", "expand.py", "regalloc.py", "vector.py"):
+    for name in ("arith.py", "asm.py", "compiler.py", "emit.py", "expand.py", "halves.py", "regalloc.py", "vector.py"):
         try:
             with open(os.path.join(here, name), "rb") as f:
                 h.update(f.read())
