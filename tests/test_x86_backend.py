@@ -248,6 +248,10 @@ def test_an_instruction_without_code_is_a_typed_error():
     s = Inst(L.STORE, None, (p, i, e))
     with pytest.raises(CompileError, match="EXP2"):
         emit_program(LinearProgram("k", (p, i, v, e, s), (p,), (), 1), choose_isa())
+    odd = Inst(L.LOAD, dtypes.float32, (p, i), "strided", 8)  # a memory access kind it does not know
+    s2 = Inst(L.STORE, None, (p, i, Inst(L.ALU, dtypes.float32, (odd,), Ops.ADD)))
+    with pytest.raises(CompileError, match="strided"):
+        emit_program(LinearProgram("k", (p, i, odd, s2), (p,), (), 1), choose_isa())
 
 
 def ulps(got: np.ndarray, want: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from polygrad.backend_api import CompileError, DType, Inst, L, LinearProgram, Op
 
 UNROLL_LIMIT = 2048  # instructions an unroll-kind loop may grow to when unrolled (upcast loops always are)
 REDUCE_UNROLL = ((4, 64), (2, 160))  # (copies, largest body in linear instructions) for reduce loops
+MEMORY_KINDS = {L.LOAD: (None, "contiguous", "gather"), L.STORE: (None, "contiguous", "scatter")}
 COMMUTATIVE = frozenset({Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR, Ops.CMPEQ, Ops.CMPNE})
 
 
@@ -326,6 +327,9 @@ class _Expander:
             r = self.place(XInst(L.ACC_READ, acc.dtype, (acc,), None, acc.lanes))
             r.alias = acc
             return r
+        if op in (L.LOAD, L.STORE) and x.arg not in MEMORY_KINDS[op]:
+            raise CompileError(f"X86 backend: no code for a {op.name} of kind {x.arg!r} ({x}); "
+                               "run this kernel on CPU or INTERP")
         if op is L.LOAD:
             buf, idx = self.v(x.src[0]), self.v(x.src[1])
             gate = self.v(x.src[2]) if len(x.src) > 2 else None

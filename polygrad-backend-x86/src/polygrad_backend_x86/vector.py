@@ -21,7 +21,7 @@ from typing import Any
 
 import iced_x86
 
-from polygrad.backend_api import DType, L, Ops, dtypes
+from polygrad.backend_api import CompileError, DType, L, Ops, dtypes
 
 from polygrad_backend_x86.asm import RAX, RCX, RDX, RSP, Imm, Mem, gp, vreg
 from polygrad_backend_x86.emit import Emitter, VectorUnsupported
@@ -385,9 +385,11 @@ class VectorEmitter(Emitter):
                 self.vop("VMOVUPS", r, mem)
             if skip is not None:
                 self.a.bind(skip)
-        else:
+        elif x.arg[0] in ("gather", "contiguous"):
             self.lanes_access(x, bits, None)
             self.vop("VMOVUPS", r, self.slot(self.lane_slot))
+        else:
+            raise CompileError(f"X86 backend: no code for a vector load of kind {x.arg[0]!r}")
         self.vfinish(x, r)
 
     def vec_store(self, x: XInst) -> None:
@@ -398,6 +400,8 @@ class VectorEmitter(Emitter):
             v = self.vget(value, self.T1, bits)
             self.vop("VMOVUPS", self.address(x, RCX, RDX), v)
             return
+        if x.arg[0] not in ("scatter", "contiguous"):
+            raise CompileError(f"X86 backend: no code for a vector store of kind {x.arg[0]!r}")
         self.lanes_access(x, bits, value)
 
     def lanes_access(self, x: XInst, bits: int, value: XInst | None) -> None:
