@@ -187,12 +187,10 @@ class ScalarArithmetic:
 
     def fmax(self, dt: DType, r: int, a: int, b: Any) -> None:
         """r = (a != a || a > b) ? a : b: maxss gives `a > b ? a : b` except for a NaN, which is kept."""
-        keep_a, done = self.a.label(), self.a.label()
+        done = self.a.label()
         self.fbin("MAX", dt, r, a, b)
         self.ucomi(dt, a, a)
-        self.a.jump("JP", keep_a)
-        self.a.jump("JMP", done)
-        self.a.bind(keep_a)
+        self.a.jump("JNP", done)  # a is a number: maxss was right
         self.fcopy(r, a)
         self.a.bind(done)
 
@@ -257,14 +255,8 @@ class ScalarArithmetic:
     def fwhere(self, x: XInst) -> None:
         r = self.fdst(x)
         cond, a, b = x.src
-        done = self.a.label()
         self.fcopy(r, self.fload(b, self.T1))
-        c = self.goperand(cond, RAX, imm=False)
-        if isinstance(c, Mem):
-            self.op("CMP_RM64_IMM8", c, Imm(0))
-        else:
-            self.op("TEST_RM64_R64", gp(c), gp(c))
-        self.a.jump("JE", done)
+        done = self.gate_jump(cond)
         self.fcopy(r, self.fload(a, self.T2))
         self.a.bind(done)
         self.fdone(x, r)
