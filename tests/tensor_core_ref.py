@@ -10,7 +10,7 @@ import torch
 
 from polygrad import Tensor
 
-DEVICES = ["CPU", "INTERP"]
+from conftest import DEVICES  # noqa: E402,F401  (every usable backend: CPU, INTERP, X86, ...; re-exported)
 
 
 def stack(ts: list[Tensor]) -> Tensor:

@@ -10,7 +10,7 @@ from polygrad.engine.capture import CaptureError, CapturedGraph, capture
 from polygrad.errors import PolygradError
 from polygrad.uop.ops import AxisKind, Ops
 
-DEVICES = ["CPU", "INTERP"]
+from conftest import DEVICES  # every usable backend: CPU, INTERP, X86, ...
 
 
 def _t(arr, device="CPU"):

@@ -147,10 +147,14 @@ def test_no_compiler_error_names_dev_interp(tmp_path):
     assert "DEV=INTERP" in proc.stdout and "compiler" in proc.stdout
 
 
-def test_no_compiler_default_falls_back_to_interp(tmp_path):
+def test_no_compiler_default_falls_back_to_the_next_backend(tmp_path):
+    """Without a compiler the default is the next usable backend: X86 (machine code) where it is installed
+    and usable, else INTERP."""
+    from polygrad import Device
+    expected = "X86" if "X86" in Device.installed() and Device.available("X86") else "INTERP"
     proc = run_python("""
         from polygrad import Device, Tensor
         print(Device.DEFAULT, (Tensor([1.0, 2.0]) * 2).tolist(), Device.available("CPU"))
     """, {**NO_COMPILER_ENV, "DEV": None, "POLY_CACHE_DIR": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["INTERP", "[2.0,", "4.0]", "False"]
+    assert proc.stdout.split() == [expected, "[2.0,", "4.0]", "False"]

@@ -5,7 +5,7 @@ import pytest
 from polygrad import Tensor, dtypes
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 
-DEVICES = ["CPU", "INTERP"]
+from conftest import DEVICES  # every usable backend: CPU, INTERP, X86, ...
 
 
 def fma_kernel(out, a, b, c):

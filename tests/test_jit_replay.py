@@ -5,7 +5,7 @@ import pytest
 from polygrad import GlobalCounters, JitError, Tensor, TinyJit, compile, jit
 from polygrad.engine import realize
 
-DEVICES = ["CPU", "INTERP"]
+from conftest import DEVICES  # every usable backend: CPU, INTERP, X86, ...
 
 
 def _t(arr, device):

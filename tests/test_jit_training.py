@@ -4,7 +4,7 @@ import pytest
 
 from polygrad import Context, Tensor, jit
 
-DEVICES = ["CPU", "INTERP"]
+from conftest import DEVICES  # every usable backend: CPU, INTERP, X86, ...
 
 
 def _data(n_steps, rng):

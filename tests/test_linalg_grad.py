@@ -12,7 +12,7 @@ from polygrad import Tensor
 
 torch = pytest.importorskip("torch")
 
-DEVICES = ["CPU", "INTERP"]
+from conftest import DEVICES  # noqa: E402  (every usable backend: CPU, INTERP, X86, ...)
 RNG = np.random.default_rng(3)
 
 

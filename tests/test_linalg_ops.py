@@ -14,7 +14,7 @@ from polygrad.errors import LinAlgError
 
 torch = pytest.importorskip("torch")
 
-DEVICES = ["CPU", "INTERP"]
+from conftest import DEVICES  # noqa: E402  (every usable backend: CPU, INTERP, X86, ...)
 DTYPES = ["float32", "float64"]
 # every (shape, dtype) compiles a few dozen kernels on CPU (~0.3 s each with a cold cache), so CPU
 # runs a subset of the size x dtype grid; INTERP (no compiler) runs all of it

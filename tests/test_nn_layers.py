@@ -12,7 +12,7 @@ import torch
 from polygrad import Context, Tensor, nn
 from polygrad.nn import get_parameters, get_state_dict, load_state_dict
 
-DEVICES = ["CPU", "INTERP"]
+from conftest import DEVICES  # every usable backend: CPU, INTERP, X86, ...
 
 
 def _assert_close(ours, theirs, what, atol=1e-5, rtol=1e-4):

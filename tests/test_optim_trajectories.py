@@ -14,7 +14,7 @@ from polygrad.errors import TrainingModeError
 from polygrad.nn import get_state_dict, load_state_dict
 from polygrad.nn.optim import LAMB, SGD, Adam, AdamW, OptimizerGroup
 
-DEVICES = ["CPU", "INTERP"]
+from conftest import DEVICES  # every usable backend: CPU, INTERP, X86, ...
 STEPS = 10
 
 

@@ -7,7 +7,7 @@ import pytest
 import polygrad
 from polygrad import GlobalCounters, Tensor
 
-DEVICES = ["CPU", "INTERP"]
+from conftest import DEVICES  # every usable backend: CPU, INTERP, X86, ...
 
 
 @pytest.mark.parametrize("device", DEVICES)

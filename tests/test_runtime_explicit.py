@@ -9,7 +9,7 @@ import polygrad
 from polygrad import Tensor
 from polygrad.errors import RuntimeOwnershipError
 
-DEVICES = ["CPU", "INTERP"]
+from conftest import DEVICES  # every usable backend: CPU, INTERP, X86, ...
 
 
 @pytest.mark.parametrize("device", DEVICES)

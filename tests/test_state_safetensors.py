@@ -16,7 +16,7 @@ from polygrad import Tensor, dtypes, nn
 from polygrad.errors import SafetensorsError
 from polygrad.nn import get_state_dict, load_state_dict, safe_load, safe_load_metadata, safe_save
 
-DEVICES = ["CPU", "INTERP"]
+from conftest import DEVICES  # every usable backend: CPU, INTERP, X86, ...
 
 
 def _sample():

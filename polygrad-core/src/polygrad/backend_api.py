@@ -17,6 +17,8 @@ from polygrad.dtype import ALL_DTYPES, DType, dtypes  # noqa: F401  (re-exported
 from polygrad.engine.program import ProgramSpec  # noqa: F401
 from polygrad.errors import CompileError, DeviceUnavailableError  # noqa: F401
 from polygrad.renderer.cstyle import CStyleRenderer  # noqa: F401
+# the linearized program that machine-code emitters (X86) walk, as the C renderer does
+from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize  # noqa: F401
 from polygrad.uop.ops import Ops, UOp  # noqa: F401
 
 PLUGIN_API = 1

@@ -1,0 +1,57 @@
+"""polygrad's X86 backend: kernels emitted as x86-64 machine code (encoded by iced-x86) from the linearized
+program, mapped W^X and called through cffi. No C compiler is needed on the machine.
+
+Pipeline: `render` (compiler.X86Source: linearize with the ISA's vector lanes) -> `compile` (expand.py,
+regalloc.py, emit.py/vector.py, cached on disk) -> `load` (runtime.X86Program, one call per THREAD index).
+"""
+from __future__ import annotations
+
+import os
+
+from polygrad.backend_api import BackendSpec, Capabilities, DeviceImpl, HostAllocator, ProbeResult, hookimpl
+
+__version__ = "0.1.0"
+
+
+def probe() -> ProbeResult:
+    from polygrad_backend_x86.cpu import host_is_x86_64
+    why = host_is_x86_64()
+    if why is not None:
+        return ProbeResult(False, f"{why}; use DEV=CPU (with a C compiler) or DEV=INTERP")
+    try:
+        import cffi  # noqa: F401
+        import iced_x86  # noqa: F401
+    except ImportError as e:
+        return ProbeResult(False, f"missing dependency ({e}); pip install polygrad-backend-x86")
+    try:
+        from polygrad_backend_x86.cpu import choose_isa, features
+        feats = features()
+        isa = choose_isa()
+    except (OSError, ValueError) as e:
+        return ProbeResult(False, f"cannot run generated code here ({e}); use DEV=CPU or DEV=INTERP")
+    if "sse2" not in feats:
+        return ProbeResult(False, "this processor lacks SSE2, the X86 backend's minimum; use DEV=INTERP")
+    return ProbeResult(True, f"x86-64 {isa.tier}{' +fma' if isa.fma else ''}")
+
+
+def open_x86(ordinal: int) -> DeviceImpl:
+    from polygrad_backend_x86.compiler import X86Source, compile_source
+    from polygrad_backend_x86.cpu import choose_isa
+    from polygrad_backend_x86.runtime import X86Program
+    isa = choose_isa()
+    threads = int(os.environ.get("POLY_THREADS") or os.cpu_count() or 1)
+
+    def render(spec):
+        return X86Source(spec, isa)
+
+    def load(spec, kernel):
+        return X86Program(spec, kernel.code, kernel.externs)
+
+    return DeviceImpl(name="X86", allocator=HostAllocator(), render=render, compile=compile_source, load=load,
+                      capabilities=Capabilities(threads=threads, vector_width=isa.lanes, registers=16))
+
+
+@hookimpl
+def polygrad_register_backends() -> list[BackendSpec]:
+    return [BackendSpec(name="X86", probe=probe, open=open_x86, priority=50, aliases=("X64", "X86_64"),
+                        package="polygrad-backend-x86", version=__version__, pip_name="polygrad-backend-x86")]

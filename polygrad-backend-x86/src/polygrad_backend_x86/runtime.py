@@ -1,0 +1,105 @@
+"""Map machine code W^X and call it through cffi (ABI mode: no compiler), one call per THREAD index.
+
+Stage: running. Input: position-independent code bytes (emit.py) and the kernel's launch contract.
+Output: a callable program. Pages are mapped read+write, the code is copied in, then the mapping is
+made read+execute (`mprotect`): it is never writable and executable at once. Every kernel has the C
+signature `void kernel(const int64_t *args)`; `args` holds the buffer addresses, the symbolic-size
+variables, the thread index and the addresses of the libm functions the kernel calls (pow, fmod, fma:
+resolved here, per process, so cached code holds no absolute address). cffi releases the GIL during
+the call, so a pool's workers run the other thread indices in parallel, as the CPU backend does.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import cffi
+
+FFI = cffi.FFI()
+FFI.cdef("""
+void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
+int mprotect(void *addr, size_t len, int prot);
+int munmap(void *addr, size_t length);
+""")
+_LIBC = FFI.dlopen(None)
+PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
+MAP_PRIVATE, MAP_ANONYMOUS = 0x02, (0x1000 if os.uname().sysname == "Darwin" else 0x20)
+KERNEL_TYPE = FFI.typeof("void(*)(const int64_t *)")
+_pool: ThreadPoolExecutor | None = None
+
+
+class ExecError(OSError):
+    """Executable memory could not be mapped (a hardened kernel, SELinux execmem, ...)."""
+
+
+class CodeMapping:
+    """Code bytes in their own read+execute pages; unmapped when the object is garbage."""
+
+    def __init__(self, code: bytes):
+        self.size = max(len(code), 1)
+        addr = _LIBC.mmap(FFI.NULL, self.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if int(FFI.cast("intptr_t", addr)) in (-1, 0):
+            raise ExecError(f"mmap of {self.size} bytes failed (errno {FFI.errno})")
+        FFI.memmove(addr, code, len(code))
+        if _LIBC.mprotect(addr, self.size, PROT_READ | PROT_EXEC) != 0:
+            _LIBC.munmap(addr, self.size)
+            raise ExecError(f"mprotect(PROT_READ|PROT_EXEC) failed (errno {FFI.errno}): this system does not "
+                            "allow executable memory; use DEV=CPU or DEV=INTERP")
+        self.addr = int(FFI.cast("uintptr_t", addr))
+        self.fn = FFI.cast(KERNEL_TYPE, addr)
+        weakref.finalize(self, _LIBC.munmap, addr, self.size)
+
+
+_LIBM_CACHE: dict[str, int] = {}
+
+
+def libm_address(name: str) -> int:
+    """Address of a C math function (pow, powf, fmod, fmodf, fma, fmaf) in this process."""
+    hit = _LIBM_CACHE.get(name)
+    if hit is None:
+        path = ctypes.util.find_library("m")
+        lib = ctypes.CDLL(path) if path else ctypes.CDLL(None)
+        hit = _LIBM_CACHE[name] = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    return hit
+
+
+def _threads() -> int:
+    return max(1, int(os.environ.get("POLY_THREADS") or os.cpu_count() or 1))
+
+
+def pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=_threads(), thread_name_prefix="polygrad-x86")
+    return _pool
+
+
+class X86Program:
+    """A kernel in executable memory; call with host buffers (backend_api.HostMemory)."""
+
+    def __init__(self, spec: Any, code: bytes, externs: tuple[str, ...]):
+        self.spec = spec
+        self.mapping = CodeMapping(code)
+        self.fn = self.mapping.fn
+        self.threads = spec.threads
+        self.n_fixed = len(spec.globals) + len(spec.vars)
+        self.externs = [libm_address(name) for name in externs]
+
+    def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> float | None:
+        head = [b.addr for b in buffers]
+        head.extend(var_vals)
+        t0 = time.perf_counter() if timing else 0.0
+        if self.threads == 1:
+            self.fn(FFI.new("int64_t[]", head + [0] + self.externs))
+        else:
+            arrays = [FFI.new("int64_t[]", head + [t] + self.externs) for t in range(self.threads)]
+            futures = [pool().submit(self.fn, arrays[t]) for t in range(1, self.threads)]
+            self.fn(arrays[0])
+            for f in futures:
+                f.result()
+        return time.perf_counter() - t0 if timing else None
