@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from polygrad import Tensor
+from polygrad import Device, Tensor
 
-DEVICES = ["CPU", "INTERP"]
+# CUDA joins where a GPU is usable (scripts/cuda_check.sh runs the op suite there)
+DEVICES = ["CPU", "INTERP"] + (["CUDA"] if Device.cuda_available() else [])
 
 
 def stack(ts: list[Tensor]) -> Tensor:

@@ -15,6 +15,7 @@ from polygrad.dtype import ALL_DTYPES, DType, dtypes  # noqa: F401  (re-exported
 from polygrad.engine.program import ProgramSpec  # noqa: F401
 from polygrad.errors import CompileError, DeviceUnavailableError  # noqa: F401
 from polygrad.renderer.cstyle import CStyleRenderer  # noqa: F401
+from polygrad.renderer.launch import LaunchDims, launch_dims  # noqa: F401
 from polygrad.uop.ops import Ops, UOp  # noqa: F401
 
 PLUGIN_API = 1
@@ -52,6 +53,8 @@ class Capabilities:
     has_local_memory: bool = False
     shared_memory_bytes: int = 0
     supports_beam: bool = True
+    tensor_cores: tuple = ()    # tensor-core instruction families the renderer emits (e.g. "mma_f16")
+    arch: str = ""              # the device's architecture name (e.g. "sm_90"), for renderers and caches
     unsupported_ops: frozenset = frozenset()
 
 

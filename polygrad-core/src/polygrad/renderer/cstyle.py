@@ -104,6 +104,7 @@ class CStyleRenderer:
     restrict = "restrict"
     emulate_half = True  # False where the compiler has native half/bfloat16 arithmetic
     vectorize = True  # render vector lanes (GCC/clang vector extensions) up to the spec's vector_width
+    half_helpers = HALF_HELPERS  # pg_h2f / pg_f2h / pg_b2f / pg_f2b / pg_rh / pg_rb for emulated halves
 
     def ctype(self, dt: DType) -> str:
         """The C type of a value of dtype dt (half/bfloat16 values live in float when emulated)."""
@@ -225,6 +226,18 @@ class CStyleRenderer:
         raise NotImplementedError(f"C renderer has no rule for {op.name}")
 
     # ---- structure
+    def special(self, x: Inst, i: int, lines: list[str], pad: str) -> str:
+        """The name of a SPECIAL launch index (a host thread index in C); GPU dialects declare it."""
+        if x.arg[0] != "thread":
+            raise NotImplementedError(f"{type(self).__name__} has no launch index {x.arg[0]}")
+        return "tid"
+
+    def define_local(self, x: Inst) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no block-shared memory")
+
+    def barrier(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no block barrier")
+
     def signature(self, prog: LinearProgram) -> str:
         params = []
         for p in prog.params:
@@ -237,7 +250,11 @@ class CStyleRenderer:
 
     def render(self, spec: ProgramSpec) -> str:
         width = getattr(spec, "vector_width", 1) if self.vectorize else 1
-        return self.render_program(linearize(spec, vector_width=width))
+        return self.render_program(linearize(spec, vector_width=width, launch=self.launch(spec)))
+
+    def launch(self, spec: ProgramSpec) -> Any:
+        """The GPU launch mapping (renderer/launch.py) of a dialect with launch indices; None in C."""
+        return None
 
     # ---- vector lanes
     def vtype(self, dt: DType, n: int) -> str:
@@ -401,7 +418,12 @@ class CStyleRenderer:
             elif op is L.VAR:
                 names[id(x)] = x.arg[0]
             elif op is L.SPECIAL:
-                names[id(x)] = "tid"
+                names[id(x)] = self.special(x, i, lines, pad)
+            elif op is L.DEFINE_LOCAL:
+                names[id(x)] = x.arg[0]
+                lines.append(f"{pad}{self.define_local(x)}")
+            elif op is L.BARRIER:
+                lines.append(f"{pad}{self.barrier()}")
             elif op is L.CONST and x.lanes > 1:
                 name = names[id(x)] = f"cvec{i}"
                 vals = ", ".join(self.literal(UOp.const(dt, v)) for v in x.arg)
@@ -478,7 +500,7 @@ class CStyleRenderer:
                 lines.append(f"{pad}{self.ctype(dt)} {name} = {expr};")
             else:
                 raise NotImplementedError(f"C renderer has no rule for {op.name}")
-        prelude = self.prelude + (HALF_HELPERS if self.emulate_half and uses_half else "")
+        prelude = self.prelude + (self.half_helpers if self.emulate_half and uses_half else "")
         if self._vtypes:
             prelude += "\n".join(self._vtypes[k] for k in sorted(self._vtypes)) + "\n"
         body = "\n".join(lines)
