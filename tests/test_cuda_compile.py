@@ -17,7 +17,7 @@ import pytest
 
 from polygrad import Context, Tensor, dtypes, nn
 from polygrad.engine import realize
-from polygrad.engine.lower import Opt, OptKind, lower
+from polygrad.engine.lower import OptKind, lower
 
 cuda = pytest.importorskip("polygrad_backend_cuda")
 from polygrad_backend_cuda import capabilities, libs  # noqa: E402
@@ -128,12 +128,15 @@ def test_tensor_core_and_half_kernels_compile():
     try:
         a = Tensor(rng.standard_normal((64, 96)).astype(np.float32), device=DEV).cast(dtypes.float16)
         b = Tensor(rng.standard_normal((96, 32)).astype(np.float32), device=DEV).cast(dtypes.float16)
+        a, b = a.realize(), b.realize()
         (a @ b).realize()
+        (a.T.contiguous().T @ b).cast(dtypes.float32).realize()  # strided A, float output
+        (a.reshape(2, 32, 96) @ b).realize()  # a batch range
         (a.cast(dtypes.bfloat16) * 3).realize()
     finally:
         realize.get_program = orig
     specs = [lower(ast, caps) for ast in asts]
-    assert any(Opt(OptKind.TC, o.axis, o.amount) in s.opts for s in specs for o in s.opts)
+    assert sum(any(o.kind is OptKind.TC for o in s.opts) for s in specs) == 3
     compile_all([renderer.render(s) for s in specs], "sm_90", compile_fn)
 
 

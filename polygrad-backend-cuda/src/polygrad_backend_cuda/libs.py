@@ -86,7 +86,7 @@ def _open(candidates: list[str], what: str, hint: str):
     for name in candidates:
         try:
             return ffi.dlopen(name)
-        except OSError as e:
+        except OSError:
             tried.append(name)
     raise LibraryMissing(f"{what} not found (tried {', '.join(tried) or 'nothing'}): {hint}")
 

@@ -15,6 +15,7 @@ from polygrad.dtype import ALL_DTYPES, DType, dtypes  # noqa: F401  (re-exported
 from polygrad.engine.program import ProgramSpec  # noqa: F401
 from polygrad.errors import CompileError, DeviceUnavailableError  # noqa: F401
 from polygrad.renderer.cstyle import CStyleRenderer  # noqa: F401
+from polygrad.engine.gpu_opts import matmul_shape  # noqa: F401
 from polygrad.renderer.launch import LaunchDims, launch_dims  # noqa: F401
 from polygrad.uop.ops import Ops, UOp  # noqa: F401
 
