@@ -188,14 +188,7 @@ class CUDARenderer(CStyleRenderer):
             if gate is None:
                 return [f"{pad}{vt} {name} = {load};"]
             return [f"{pad}{vt} {name} = {{0}};", f"{pad}if ({n(gate)}) {name} = {load};"]
-        at = f"{idx} + pl" if x.arg == "contiguous" else f"{idx}[pl]"
-        elem = f"{buf}[{at}]"
-        if dt is dtypes.bool:
-            elem = f"({elem} ? -1 : 0)"
-        if gate is not None:
-            g = self.lane(n(gate), dtypes.bool) if gate.lanes > 1 else n(gate)
-            elem = f"({g} ? {elem} : 0)"
-        return [f"{pad}{vt} {name};", f"{pad}for (int pl = 0; pl < {x.lanes}; pl++) {name}[pl] = {elem};"]
+        return [f"{pad}{vt} {name};", f"{pad}{self.lane_load_loop(x, name, n)}"]
 
     def vstore(self, x: Any, n: Any, pad: str) -> list[str]:
         buf, idx, value = x.src[0], x.src[1], x.src[2]
@@ -203,8 +196,4 @@ class CUDARenderer(CStyleRenderer):
         dt = buf.dtype
         if x.arg == "contiguous" and gate is None and dt is not dtypes.bool:
             return [f"{pad}pg_vstore<{self.types[dt]}, {x.lanes}>({n(buf)} + {n(idx)}, {n(value)});"]
-        at = f"{n(idx)} + pl" if x.arg == "contiguous" else f"{n(idx)}[pl]"
-        st = f"{n(buf)}[{at}] = {self.lane(n(value), dt)};"
-        if gate is not None:
-            st = f"if ({self.lane(n(gate), dtypes.bool)}) {st}"
-        return [f"{pad}for (int pl = 0; pl < {x.lanes}; pl++) {st}"]
+        return [f"{pad}{self.lane_store_loop(x, n)}"]

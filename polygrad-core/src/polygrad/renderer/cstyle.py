@@ -342,6 +342,29 @@ class CStyleRenderer:
         """A C expression: how many lanes of the bool mask `gate` are true (a movemask and popcount)."""
         return f"({{ int on_ = 0; for (int pl = 0; pl < {lanes}; pl++) on_ += ({gate}[pl]!=0); on_; }})"
 
+    def lane_load_loop(self, x: Inst, name: str, n: Any) -> str:
+        """A loop loading LOAD x's lanes one at a time into vector `name` (gathers, gated lanes)."""
+        buf, idx = n(x.src[0]), n(x.src[1])
+        gate = x.src[2] if len(x.src) > 2 else None
+        at = f"{idx} + pl" if x.arg == "contiguous" else f"{idx}[pl]"
+        elem = f"{buf}[{at}]"
+        if x.dtype is dtypes.bool:
+            elem = f"({elem} ? -1 : 0)"
+        if gate is not None:
+            g = self.lane(n(gate), dtypes.bool) if gate.lanes > 1 else n(gate)
+            elem = f"({g} ? {elem} : 0)"
+        return f"for (int pl = 0; pl < {x.lanes}; pl++) {name}[pl] = {elem};"
+
+    def lane_store_loop(self, x: Inst, n: Any) -> str:
+        """A loop storing STORE x's lanes one at a time (scatters, gated lanes)."""
+        buf, idx, value = x.src[0], x.src[1], x.src[2]
+        gate = x.src[3] if len(x.src) > 3 else None
+        at = f"{n(idx)} + pl" if x.arg == "contiguous" else f"{n(idx)}[pl]"
+        st = f"{n(buf)}[{at}] = {self.lane(n(value), buf.dtype)};"
+        if gate is not None:
+            st = f"if ({self.lane(n(gate), dtypes.bool)}) {st}"
+        return f"for (int pl = 0; pl < {x.lanes}; pl++) {st}"
+
     def vload(self, x: Inst, name: str, n: Any, pad: str) -> list[str]:
         """Statements defining vector `name` from LOAD x (contiguous or gathered, optionally gated)."""
         dt, buf, idx = x.dtype, n(x.src[0]), n(x.src[1])
@@ -359,14 +382,7 @@ class CStyleRenderer:
                 return [f"{pad}{vt} {name};", f"{pad}{copy}"]
             if gate.lanes == 1:
                 return [f"{pad}{vt} {name} = {{0}};", f"{pad}if ({n(gate)}) {copy}"]
-        at = f"{idx} + pl" if x.arg == "contiguous" else f"{idx}[pl]"
-        elem = f"{buf}[{at}]"
-        if dt is dtypes.bool:
-            elem = f"({elem} ? -1 : 0)"
-        if gate is not None:
-            g = self.lane(n(gate), dtypes.bool) if gate.lanes > 1 else n(gate)
-            elem = f"({g} ? {elem} : 0)"
-        lane_loop = f"for (int pl = 0; pl < {x.lanes}; pl++) {name}[pl] = {elem};"
+        lane_loop = self.lane_load_loop(x, name, n)
         if x.arg == "contiguous":  # a lane gate: one vector load where every lane is on (padding interiors)
             on = f"on{name}"
             return [f"{pad}{vt} {name} = {{0}};", f"{pad}int {on} = {self.count_lanes(n(gate), x.lanes)};",
@@ -387,11 +403,7 @@ class CStyleRenderer:
                 full = f"__builtin_memcpy({n(buf)} + {n(idx)}, &{n(value)}, sizeof({n(value)}));"
             if gate is None:
                 return [f"{pad}{full}"]
-        at = f"{n(idx)} + pl" if x.arg == "contiguous" else f"{n(idx)}[pl]"
-        st = f"{n(buf)}[{at}] = {self.lane(n(value), dt)};"
-        if gate is not None:
-            st = f"if ({self.lane(n(gate), dtypes.bool)}) {st}"
-        lane_loop = f"for (int pl = 0; pl < {x.lanes}; pl++) {st}"
+        lane_loop = self.lane_store_loop(x, n)
         if x.arg == "contiguous":  # a lane gate: one vector store where every lane is on
             return [f"{pad}if ({self.count_lanes(n(gate), x.lanes)} == {x.lanes}) {full}", f"{pad}else {lane_loop}"]
         return [f"{pad}{lane_loop}"]
