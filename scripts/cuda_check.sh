@@ -9,6 +9,10 @@
 # No network needed: Python packages missing from the interpreter are unpacked from the wheels in
 # $WHEELS (default .whl/: numpy, pluggy, cffi, pycparser, pytest, iniconfig, packaging, pygments,
 # nvidia-cuda-nvrtc-cu11 for libnvrtc), and the polygrad packages are used from the source tree.
+# Fetch the wheels on a machine with PyPI access first (40 MB; .whl/ is git-ignored, carry it along):
+#   pip download -d .whl --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     --platform manylinux_2_17_x86_64 nvidia-cuda-nvrtc-cu11 "numpy<2.3" pluggy cffi pycparser pytest pytest-timeout
+# (the cu11 NVRTC wheel: 23 MB, compiles for sm_90; the cu12 one, 90 MB, does not fit a 64 MiB carry)
 # DRY_RUN=1 runs steps 1-3 where no GPU is found (the GPU tests then skip) and says so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
