@@ -19,6 +19,8 @@ from polygrad.errors import CompileError, DeviceUnavailableError  # noqa: F401
 from polygrad.renderer.cstyle import CStyleRenderer  # noqa: F401
 # the linearized program that machine-code emitters (X86) walk, as the C renderer does
 from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize  # noqa: F401
+from polygrad.engine.gpu_opts import matmul_shape  # noqa: F401
+from polygrad.renderer.launch import LaunchDims, launch_dims  # noqa: F401
 from polygrad.uop.ops import Ops, UOp  # noqa: F401
 
 PLUGIN_API = 1
@@ -58,6 +60,8 @@ class Capabilities:
     has_local_memory: bool = False
     shared_memory_bytes: int = 0
     supports_beam: bool = True
+    tensor_cores: tuple = ()    # tensor-core instruction families the renderer emits (e.g. "mma_f16")
+    arch: str = ""              # the device's architecture name (e.g. "sm_90"), for renderers and caches
     unsupported_ops: frozenset = frozenset()
 
 

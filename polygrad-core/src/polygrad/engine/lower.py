@@ -14,9 +14,14 @@ for that device. The optimisations (`OptKind`) and what they make of a range (`A
                 the kernel copies what its one load of the buffer reads inside the loop into a local
                 array in the order its inner loops read it (packing: a strided or transposed operand
                 becomes contiguous and stays in cache); the IR is unchanged, the linearizer does it
-  LOCAL, GROUP  for GPU-style targets (workgroup-local axes, grouped reductions); the host heuristics
-                never choose them and the C renderer rejects them
-The capabilities decide: no vector lanes (vector_width <= 1) means no UPCAST/SPLIT_REDUCE, one thread
+  LOCAL, GROUP  for GPU-style targets: a global range -> outer global + inner LOCAL (threads of a
+                block), a reduce range -> outer reduce + inner GROUP (a reduction shared by a block's
+                threads); renderer/launch.py maps them to launch indices. The host heuristics never
+                choose them and the C renderer rejects them
+  TC            a matmul on tensor cores (amount: the reduce tile); ranges are left as they are and
+                the GPU renderer emits the tile instructions (engine/gpu_opts.py decides when)
+The capabilities decide: a device with local memory (a GPU) gets engine/gpu_opts.py instead of the
+host heuristics; no vector lanes (vector_width <= 1) means no UPCAST/SPLIT_REDUCE, one thread
 means no THREAD. Passes, in order:
   1. simplify_indices (symbolic_rules)
   2. choose_opts (heuristics from caps, or BEAM search when BEAM > 0)
@@ -56,6 +61,7 @@ class OptKind(str, Enum):
     STAGE = "STAGE"
     LOCAL = "LOCAL"
     GROUP = "GROUP"
+    TC = "TC"
 
     def __repr__(self) -> str:
         return f"OptKind.{self.name}"
@@ -344,7 +350,7 @@ SPLIT_KINDS = {OptKind.UPCAST: AxisKind.UPCAST, OptKind.SPLIT_REDUCE: AxisKind.U
 # the kind of range each optimisation applies to
 OPT_TARGET = {OptKind.UPCAST: AxisKind.GLOBAL, OptKind.SPLIT_REDUCE: AxisKind.REDUCE, OptKind.UNROLL: AxisKind.REDUCE,
               OptKind.THREAD: AxisKind.GLOBAL, OptKind.LOCAL: AxisKind.GLOBAL, OptKind.GROUP: AxisKind.REDUCE,
-              OptKind.OUTER: AxisKind.GLOBAL, OptKind.STAGE: AxisKind.GLOBAL}
+              OptKind.OUTER: AxisKind.GLOBAL, OptKind.STAGE: AxisKind.GLOBAL, OptKind.TC: AxisKind.REDUCE}
 
 
 def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
@@ -355,6 +361,8 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
         ranges = {r.arg[0]: r for r in ranges_of(ast)}
         r = ranges.get(opt.axis)
         if r is None or r.src[0].op is not Ops.CONST or r.arg[1] != OPT_TARGET[opt.kind]:
+            continue
+        if opt.kind is OptKind.TC:  # a marker for the renderer: the ranges stay
             continue
         if opt.kind is OptKind.THREAD:
             if r is not thread_axis(ast) or opt.amount < 2:
@@ -525,7 +533,11 @@ def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = N
 
 
 def default_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
-    """The heuristic choice for a simplified kernel: register tiles / lane accumulators, then THREAD."""
+    """The heuristic choice for a simplified kernel: register tiles / lane accumulators, then THREAD
+    (GPU-style devices: engine/gpu_opts.py)."""
+    if caps is not None and caps.has_local_memory:
+        from polygrad.engine.gpu_opts import gpu_opts
+        return gpu_opts(ast, caps)
     opts = heuristic_opts(ast, caps) or elementwise_vector_opts(ast, caps)  # vector code (issue 9 item 4)
     return opts + thread_opt(split_kernel(ast, opts), caps)
 

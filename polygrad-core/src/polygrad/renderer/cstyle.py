@@ -108,6 +108,7 @@ class CStyleRenderer:
     restrict = "restrict"
     emulate_half = True  # False where the compiler has native half/bfloat16 arithmetic
     vectorize = True  # render vector lanes (GCC/clang vector extensions) up to the spec's vector_width
+    half_helpers = HALF_HELPERS  # pg_h2f / pg_f2h / pg_b2f / pg_f2b / pg_rh / pg_rb for emulated halves
 
     def ctype(self, dt: DType) -> str:
         """The C type of a value of dtype dt (half/bfloat16 values live in float when emulated)."""
@@ -237,6 +238,18 @@ class CStyleRenderer:
         raise NotImplementedError(f"C renderer has no rule for {op.name}")
 
     # ---- structure
+    def special(self, x: Inst, i: int, lines: list[str], pad: str) -> str:
+        """The name of a SPECIAL launch index (a host thread index in C); GPU dialects declare it."""
+        if x.arg[0] != "thread":
+            raise NotImplementedError(f"{type(self).__name__} has no launch index {x.arg[0]}")
+        return "tid"
+
+    def define_local(self, x: Inst) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no block-shared memory")
+
+    def barrier(self) -> str:
+        raise NotImplementedError(f"{type(self).__name__} has no block barrier")
+
     def signature(self, prog: LinearProgram) -> str:
         params = []
         for p in prog.params:
@@ -249,7 +262,11 @@ class CStyleRenderer:
 
     def render(self, spec: ProgramSpec) -> str:
         width = getattr(spec, "vector_width", 1) if self.vectorize else 1
-        return self.render_program(linearize(spec, vector_width=width))
+        return self.render_program(linearize(spec, vector_width=width, launch=self.launch(spec)))
+
+    def launch(self, spec: ProgramSpec) -> Any:
+        """The GPU launch mapping (renderer/launch.py) of a dialect with launch indices; None in C."""
+        return None
 
     # ---- vector lanes
     def vtype(self, dt: DType, n: int) -> str:
@@ -347,6 +364,29 @@ class CStyleRenderer:
         """A C expression: how many lanes of the bool mask `gate` are true (a movemask and popcount)."""
         return f"({{ int on_ = 0; for (int pl = 0; pl < {lanes}; pl++) on_ += ({gate}[pl]!=0); on_; }})"
 
+    def lane_load_loop(self, x: Inst, name: str, n: Any) -> str:
+        """A loop loading LOAD x's lanes one at a time into vector `name` (gathers, gated lanes)."""
+        buf, idx = n(x.src[0]), n(x.src[1])
+        gate = x.src[2] if len(x.src) > 2 else None
+        at = f"{idx} + pl" if x.arg == "contiguous" else f"{idx}[pl]"
+        elem = f"{buf}[{at}]"
+        if x.dtype is dtypes.bool:
+            elem = f"({elem} ? -1 : 0)"
+        if gate is not None:
+            g = self.lane(n(gate), dtypes.bool) if gate.lanes > 1 else n(gate)
+            elem = f"({g} ? {elem} : 0)"
+        return f"for (int pl = 0; pl < {x.lanes}; pl++) {name}[pl] = {elem};"
+
+    def lane_store_loop(self, x: Inst, n: Any) -> str:
+        """A loop storing STORE x's lanes one at a time (scatters, gated lanes)."""
+        buf, idx, value = x.src[0], x.src[1], x.src[2]
+        gate = x.src[3] if len(x.src) > 3 else None
+        at = f"{n(idx)} + pl" if x.arg == "contiguous" else f"{n(idx)}[pl]"
+        st = f"{n(buf)}[{at}] = {self.lane(n(value), buf.dtype)};"
+        if gate is not None:
+            st = f"if ({self.lane(n(gate), dtypes.bool)}) {st}"
+        return f"for (int pl = 0; pl < {x.lanes}; pl++) {st}"
+
     def vload(self, x: Inst, name: str, n: Any, pad: str) -> list[str]:
         """Statements defining vector `name` from LOAD x (contiguous or gathered, optionally gated)."""
         dt, buf, idx = x.dtype, n(x.src[0]), n(x.src[1])
@@ -364,14 +404,7 @@ class CStyleRenderer:
                 return [f"{pad}{vt} {name};", f"{pad}{copy}"]
             if gate.lanes == 1:
                 return [f"{pad}{vt} {name} = {{0}};", f"{pad}if ({n(gate)}) {copy}"]
-        at = f"{idx} + pl" if x.arg == "contiguous" else f"{idx}[pl]"
-        elem = f"{buf}[{at}]"
-        if dt is dtypes.bool:
-            elem = f"({elem} ? -1 : 0)"
-        if gate is not None:
-            g = self.lane(n(gate), dtypes.bool) if gate.lanes > 1 else n(gate)
-            elem = f"({g} ? {elem} : 0)"
-        lane_loop = f"for (int pl = 0; pl < {x.lanes}; pl++) {name}[pl] = {elem};"
+        lane_loop = self.lane_load_loop(x, name, n)
         if x.arg == "contiguous":  # a lane gate: one vector load where every lane is on (padding interiors)
             on = f"on{name}"
             return [f"{pad}{vt} {name} = {{0}};", f"{pad}int {on} = {self.count_lanes(n(gate), x.lanes)};",
@@ -392,11 +425,7 @@ class CStyleRenderer:
                 full = f"__builtin_memcpy({n(buf)} + {n(idx)}, &{n(value)}, sizeof({n(value)}));"
             if gate is None:
                 return [f"{pad}{full}"]
-        at = f"{n(idx)} + pl" if x.arg == "contiguous" else f"{n(idx)}[pl]"
-        st = f"{n(buf)}[{at}] = {self.lane(n(value), dt)};"
-        if gate is not None:
-            st = f"if ({self.lane(n(gate), dtypes.bool)}) {st}"
-        lane_loop = f"for (int pl = 0; pl < {x.lanes}; pl++) {st}"
+        lane_loop = self.lane_store_loop(x, n)
         if x.arg == "contiguous":  # a lane gate: one vector store where every lane is on
             return [f"{pad}if ({self.count_lanes(n(gate), x.lanes)} == {x.lanes}) {full}", f"{pad}else {lane_loop}"]
         return [f"{pad}{lane_loop}"]
@@ -449,10 +478,15 @@ class CStyleRenderer:
             elif op is L.VAR:
                 names[id(x)] = x.arg[0]
             elif op is L.SPECIAL:
-                names[id(x)] = "tid"
+                names[id(x)] = self.special(x, i, lines, pad)
             elif op is L.LOCAL:  # on the launch's stack: every thread has its own
                 name = names[id(x)] = f"local{i}"
                 lines.append(f"{pad}{self.storage_ctype(dt)} {name}[{x.arg}] __attribute__((aligned(64)));")
+            elif op is L.DEFINE_LOCAL:
+                names[id(x)] = x.arg[0]
+                lines.append(f"{pad}{self.define_local(x)}")
+            elif op is L.BARRIER:
+                lines.append(f"{pad}{self.barrier()}")
             elif op is L.CONST and x.lanes > 1:
                 name = names[id(x)] = f"cvec{i}"
                 vals = ", ".join(self.literal(UOp.const(dt, v)) for v in x.arg)
@@ -547,7 +581,7 @@ class CStyleRenderer:
                 lines.append(f"{pad}{self.ctype(dt)} {name} = {expr};")
             else:
                 raise NotImplementedError(f"C renderer has no rule for {op.name}")
-        prelude = self.prelude + (HALF_HELPERS if self.emulate_half and uses_half else "")
+        prelude = self.prelude + (self.half_helpers if self.emulate_half and uses_half else "")
         if self._vtypes:
             prelude += "\n".join(self._vtypes[k] for k in sorted(self._vtypes)) + "\n"
         if self._helpers:

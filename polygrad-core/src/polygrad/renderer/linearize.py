@@ -21,6 +21,13 @@ decided here, once, for every target:
 - a THREAD range becomes a LOOP over this thread's share of the range: [tid*chunk, min(n, (tid+1)*chunk))
   where tid is the SPECIAL thread index (0 <= tid < spec.threads) and chunk = ceil(n / threads).
 
+GPU launches (`linearize(spec, launch=launch_dims(spec))`, renderer/launch.py; only emitters for
+devices with local memory pass it): a range the launch maps is a SPECIAL launch index (arg ("gidx" |
+"lidx", dimension, size)) instead of a LOOP. A reduce over a mapped GROUP range writes each thread's
+partial value to a DEFINE_LOCAL array, waits at a BARRIER, and folds the array in index order in
+every thread; the store after it is gated to the thread with group index 0. Without `launch` the
+program is exactly what it was before (CPU, X86, WebAssembly never see these instructions).
+
 Values are numbered by definition; common subexpressions are shared within a loop nest (a value
 computed in an inner loop is recomputed, not reused, after that loop has closed).
 
@@ -114,6 +121,8 @@ class L(Enum):
     LOCAL = auto()     # a scratch array of `arg` elements of dtype, private to each launch (in the head)
     IF = auto()        # src: (cond,)
     ENDIF = auto()     # src: (if,)
+    DEFINE_LOCAL = auto()  # block-shared memory (GPU launches only); dtype: element dtype; arg: (name, size)
+    BARRIER = auto()   # every thread of the block waits here (GPU launches only)
 
     def __repr__(self) -> str:
         return f"L.{self.name}"
@@ -263,8 +272,10 @@ _LANES = Inst(L.CONST, None)  # marks the vector range as open (its lanes, not a
 
 
 class _Linearizer:
-    def __init__(self, spec: Any, vector_width: int = 1):
+    def __init__(self, spec: Any, vector_width: int = 1, launch: Any = None):
         self.spec = spec
+        self.launch = launch  # LaunchDims (renderer/launch.py): ranges that are launch indices, not loops
+        self.group_ids: list[Inst] = []  # block indices of grouped reductions: only thread 0 of them stores
         self.width = vector_width
         self.vec: UOp | None = None  # the current END block's vector range
         self.head: list[Inst] = []
@@ -364,7 +375,24 @@ class _Linearizer:
             return hit
         return None
 
+    def launch_index(self, r: UOp) -> Inst | None:
+        """The SPECIAL launch index of a range the launch maps (gidx / lidx), None for a loop."""
+        where = self.launch.index_of(r.arg[0]) if self.launch is not None else None
+        if where is None:
+            return None
+        key = ("launch", r.arg[0])
+        hit = self.consts.get(key)
+        if hit is None:
+            hit = self.consts[key] = Inst(L.SPECIAL, r.dtype, (), where)
+            self.head.append(hit)
+        return hit
+
     def open_loop(self, r: UOp) -> None:
+        special = self.launch_index(r)
+        if special is not None:  # one launch index per point: no loop
+            self.open[r] = special
+            self.scopes.append({})
+            return
         if r is self.vec:  # vector lanes, not a loop: its value (when used) is the lane index vector
             self.open[r] = _LANES
             self.scopes.append({})
@@ -393,7 +421,7 @@ class _Linearizer:
 
     def close_loop(self, r: UOp) -> None:
         x = self.open.pop(r)
-        if r is not self.vec:
+        if r is not self.vec and x.op is not L.SPECIAL:
             self.add(L.ENDLOOP, None, (x,))
         self.scopes.pop()
 
@@ -557,6 +585,9 @@ class _Linearizer:
         if self.lookup_pending(red):
             return
         body, ranges = red.src[0], list(red.src[1:])
+        if len(ranges) == 1 and _kind(ranges[0]) == AxisKind.GROUP and self.launch_index(ranges[0]) is not None:
+            self.group_reduce(red)
+            return
         ups = sorted((r for r in self.deps(red) if _kind(r) == AxisKind.UPCAST and r not in self.open
                       and r not in self.bind), key=lambda r: r.arg[0])
         vec = self.vec
@@ -602,6 +633,32 @@ class _Linearizer:
         for r in unrolled:
             del self.bind[r]
 
+    def group_reduce(self, red: UOp) -> None:
+        """A reduce over a GROUP range mapped to a block index: each thread computes its partial value
+        (the inner reduce), writes it to shared memory, and after a barrier every thread folds the
+        block's values in index order (the order of the loop it replaces: the same bits)."""
+        g = red.src[1]
+        size = int(g.src[0].arg)
+        self.open_loop(g)
+        lid = self.open[g]
+        v = self.value(red.src[0])
+        smem = Inst(L.DEFINE_LOCAL, red.dtype, (), (f"smem{len(self.group_ids)}", size))
+        self.head.append(smem)
+        self.add(L.STORE, None, (smem, lid, v))
+        self.add(L.BARRIER, None)
+        self.close_loop(g)
+        init = self.const(red.dtype, reduce_identity(red.arg, red.dtype))
+        acc = self.add(L.ACC, red.dtype, (init,), (red.arg, 1))
+        j = UOp(Ops.RANGE, g.dtype, g.src, (self.next_axis, AxisKind.REDUCE))
+        self.next_axis += 1
+        self.open_loop(j)
+        part = self.add(L.LOAD, red.dtype, (smem, self.open[j]))
+        self.add(L.UPDATE, None, (acc, part), red.arg)
+        self.close_loop(j)
+        self.add(L.BARRIER, None)  # the next use of the shared memory (an outer loop's next point) waits
+        self.group_ids.append(lid)
+        self.scopes[-1][red] = _Pending(acc, [])
+
     def lookup_pending(self, u: UOp) -> bool:
         k = self.key(u)
         return any(k in scope for scope in self.scopes)
@@ -614,6 +671,9 @@ class _Linearizer:
             v = self.alu(index.dtype, (v,), Ops.CAST)
         buf = self.value(index.src[0])
         idx, gate, kind, n = self.access(index)
+        for lid in self.group_ids:  # every thread of a grouped reduction holds the value: thread 0 stores
+            first = self.add(L.ALU, dtypes.bool, (lid, self.const(lid.dtype, 0)), Ops.CMPEQ)
+            gate = first if gate is None else self.alu(dtypes.bool, (gate, first), Ops.AND)
         if st.arg is not None:  # accumulating store: load, fold, store back, one point at a time
             if n > 1 or v.lanes > 1:
                 raise NoVector("an accumulating store in lanes")
@@ -792,13 +852,13 @@ class _Linearizer:
                              self.spec.threads if self.tid is not None else 1)
 
 
-def linearize(spec: Any, vector_width: int = 1) -> LinearProgram:
+def linearize(spec: Any, vector_width: int = 1, launch: Any = None) -> LinearProgram:
     """The ordered program of a lowered kernel (see the module docstring). vector_width > 1 turns one
     upcast range per END block into vector lanes of that many float32 lanes or a multiple (emitters
     that render vectors pass `spec.vector_width`); a kernel that cannot be vectorised keeps its lane loops."""
     if vector_width > 1:
         try:
-            return _Linearizer(spec, vector_width).run()
+            return _Linearizer(spec, vector_width, launch).run()
         except NoVector:
             pass
-    return _Linearizer(spec).run()
+    return _Linearizer(spec, launch=launch).run()

@@ -1,0 +1,18 @@
+"""The launch of a CUDA kernel: grid and block sizes for a lowered ProgramSpec.
+
+Stage: rendering and running (the renderer and the loader both ask). Input: a ProgramSpec. Output:
+a LaunchDims (backend_api, from polygrad.renderer.launch): the tensor-core layout for kernels lowered with Opt(TC),
+else core's mapping of GLOBAL ranges to blocks and LOCAL/GROUP ranges to threads.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from polygrad.backend_api import LaunchDims, launch_dims
+
+
+def launch_of(spec: Any) -> LaunchDims:
+    from polygrad_backend_cuda.tensor_core import tensor_core_launch, uses_tensor_cores
+    if uses_tensor_cores(spec):
+        return tensor_core_launch(spec)
+    return launch_dims(spec)

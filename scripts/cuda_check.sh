@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The GPU check of polygrad-backend-cuda, in one go (under 8 minutes on one GPU):
+#   1. environment: the GPU, Python, the probe (python -m polygrad doctor)
+#   2. the op suite on CUDA (tests/test_tensor_core_*.py, CUDA cases; needs torch CPU for references),
+#      or, without torch, tests/test_cuda_compile.py's kernels only compiled
+#   3. tests/test_cuda_gpu.py: values vs NumPy, a training step, the bundle round trip (host -> CUDA)
+#   4. the matmul benchmark (4096 fp32 / fp16 TFLOP/s, beside torch CUDA when it is installed)
+# Usage: bash scripts/cuda_check.sh [LOG]   (LOG defaults to $OUT/cuda_check.log or ./cuda_check.log)
+# No network needed: Python packages missing from the interpreter are unpacked from the wheels in
+# $WHEELS (default .whl/: numpy, pluggy, cffi, pycparser, pytest, iniconfig, packaging, pygments,
+# nvidia-cuda-nvrtc-cu11 for libnvrtc), and the polygrad packages are used from the source tree.
+# Fetch the wheels on a machine with PyPI access first (40 MB; .whl/ is git-ignored, carry it along):
+#   pip download -d .whl --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     --platform manylinux_2_17_x86_64 nvidia-cuda-nvrtc-cu11 "numpy<2.3" pluggy cffi pycparser pytest pytest-timeout
+# (the cu11 NVRTC wheel: 23 MB, compiles for sm_90; the cu12 one, 90 MB, does not fit a 64 MiB carry)
+# DRY_RUN=1 runs steps 1-3 where no GPU is found (the GPU tests then skip) and says so.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+LOG=${1:-${OUT:-.}/cuda_check.log}
+mkdir -p "$(dirname "$LOG")"
+exec > >(tee "$LOG") 2>&1
+PY=${PYTHON:-python3}
+WHEELS=${WHEELS:-$ROOT/.whl}
+SITE=${SITE:-/tmp/polygrad-cuda-site}
+START=$(date +%s)
+status=0
+step() { echo; echo "=== $* ($(($(date +%s) - START)) s)"; }
+
+step "environment"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+$PY --version
+
+step "python packages (unpacked from $WHEELS where missing)"
+mkdir -p "$SITE"
+need() {  # need MODULE WHEEL-PREFIX: unpack the wheel when the module does not import
+  if ! PYTHONPATH="$SITE" $PY -c "import $1" 2>/dev/null; then
+    whl=$(ls "$WHEELS"/"$2"-*.whl 2>/dev/null | head -1)
+    if [ -n "$whl" ]; then
+      $PY -m zipfile -e "$whl" "$SITE" && echo "unpacked $(basename "$whl")"
+    else
+      echo "MISSING: $1 (no $2 wheel in $WHEELS)"
+    fi
+  fi
+}
+need numpy numpy; need pluggy pluggy; need pycparser pycparser; need cffi cffi
+need iniconfig iniconfig; need packaging packaging; need pygments pygments; need pytest pytest
+need pytest_timeout pytest_timeout
+if ! ls "$SITE"/nvidia/cuda_nvrtc/lib/libnvrtc.so* >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q libnvrtc; then
+  whl=$(ls "$WHEELS"/nvidia_cuda_nvrtc*.whl 2>/dev/null | head -1)
+  [ -n "$whl" ] && $PY -m zipfile -e "$whl" "$SITE" && echo "unpacked $(basename "$whl")"
+fi
+nvrtc=$(ls "$SITE"/nvidia/cuda_nvrtc/lib/libnvrtc.so.1? "$SITE"/nvidia/cuda_nvrtc/lib/libnvrtc.so.1?.? 2>/dev/null | head -1)
+[ -n "$nvrtc" ] && export POLY_NVRTC_LIB="$nvrtc" && echo "libnvrtc: $nvrtc"
+# the polygrad distributions from the tree: their entry points through minimal .dist-info folders
+for d in polygrad-core:polygrad_core polygrad-backend-cpu:polygrad_backend_cpu \
+         polygrad-backend-interp:polygrad_backend_interp polygrad-backend-cuda:polygrad_backend_cuda; do
+  dir=${d%%:*}; mod=${d##*:}; info="$SITE/$mod-0.1.0.dist-info"
+  mkdir -p "$info"
+  printf 'Metadata-Version: 2.1\nName: %s\nVersion: 0.1.0\n' "$dir" > "$info/METADATA"
+  if [ "$dir" != polygrad-core ]; then
+    printf '[polygrad.backends]\n%s = %s\n' "$(echo "$dir" | sed 's/polygrad-backend-//')" "$mod" > "$info/entry_points.txt"
+  fi
+done
+export PYTHONPATH="$ROOT:$SITE:$ROOT/polygrad-core/src:$ROOT/polygrad-backend-cpu/src:$ROOT/polygrad-backend-interp/src:$ROOT/polygrad-backend-cuda/src${PYTHONPATH:+:$PYTHONPATH}"
+export POLY_CACHE_DIR=${POLY_CACHE_DIR:-/tmp/polygrad-cuda-cache}
+$PY -m polygrad doctor || true
+if ! $PY -c "from polygrad import Device; import sys; sys.exit(0 if Device.cuda_available() else 1)"; then
+  $PY -c "from polygrad.device import registry; print('CUDA unavailable:', registry.probe('CUDA').reason)"
+  if [ "${DRY_RUN:-0}" != 1 ]; then echo "RESULT: no GPU, nothing checked"; exit 2; fi
+  echo "DRY RUN: continuing without a GPU (the GPU tests skip)"
+fi
+PYTEST=($PY -m pytest -q -p no:cacheprovider -o addopts= --timeout=300)
+$PY -c "import pytest_timeout" 2>/dev/null || PYTEST=($PY -m pytest -q -p no:cacheprovider -o addopts=)
+
+tests() {  # pytest with a time limit; exit 5 (nothing selected: no CUDA cases) fails unless DRY_RUN
+  timeout "$1" "${PYTEST[@]}" "${@:2}"
+  rc=$?
+  if [ $rc = 5 ]; then echo "no tests selected"; [ "${DRY_RUN:-0}" = 1 ] && rc=0; fi
+  return $rc
+}
+
+step "op suite on CUDA"
+if $PY -c "import torch" 2>/dev/null; then
+  tests 240 tests/test_tensor_core_unary.py tests/test_tensor_core_binary.py \
+    tests/test_tensor_core_reduce.py tests/test_tensor_core_dtypes.py tests/test_tensor_core_create.py \
+    tests/test_tensor_core_properties.py -k "CUDA" -x --maxfail=20 || status=1
+else
+  echo "torch is not installed: the op suite's references are missing; compiling its kernels instead"
+  tests 240 tests/test_cuda_compile.py || status=1
+fi
+
+step "GPU values, training step, bundle round trip"
+tests 180 -rs tests/test_cuda_gpu.py tests/test_cuda_backend.py || status=1
+
+step "matmul benchmark"
+timeout 150 $PY benchmarks/bench_cuda_matmul.py 4096 || status=1
+
+step "done"
+echo "RESULT: $([ $status = 0 ] && echo PASS || echo FAIL) in $(($(date +%s) - START)) s; log $LOG"
+exit $status
