@@ -3,9 +3,9 @@
 Run: python benchmarks/bench_compare_trees.py --before /path/to/old/checkout [--after .] [--rounds 5]
 
 Each round runs every workload once per tree (the order alternating between rounds), in a fresh subprocess
-whose PYTHONPATH points at that tree's packages, and keeps the best time per (tree, workload). Workloads: matmul 512 and 1024
-(GFLOP/s), a JIT-replayed MLP training step (steps/s), tiny-op dispatch (cached 4-element add,
-launches/s), a 16M-element fused chain (GB/s of input) and a full sum of 16M floats.
+whose PYTHONPATH points at that tree's packages, and keeps the best time per (tree, workload).
+Workloads: matmul 512 and 1024 (GFLOP/s), a JIT-replayed MLP training step (steps/s), tiny-op dispatch
+(cached 4-element add, launches/s), a 16M-element fused chain (GB/s of input) and a full sum of 16M floats.
 """
 from __future__ import annotations
 
