@@ -46,9 +46,10 @@ class Checkpoint:
     def take(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """The tensor `name` as a float32 array of `shape`; CheckpointError naming the file otherwise."""
         if name not in self.arrays:
-            raise CheckpointError(f"{self.source}: tensor {name!r} is missing from the checkpoint "
-                                  f"({len(self.arrays)} tensors present); is this a complete {self.config.family} "
-                                  "checkpoint?")
+            files = sorted({f for _, f in self.arrays.values()}) or [self.source]
+            where = files[0] if len(files) == 1 else f"{self.source} ({len(files)} files)"
+            raise CheckpointError(f"{where}: tensor {name!r} is missing ({len(self.arrays)} tensors present); is this "
+                                  f"a complete {self.config.family} checkpoint?")
         raw, file = self.arrays[name]
         arr = raw() if callable(raw) else raw
         if tuple(arr.shape) != tuple(shape):
@@ -132,11 +133,7 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{path}: load_hf takes a model folder (config.json + *.safetensors) or a .gguf file")
     files = os.listdir(path)
     tokenizer = os.path.join(path, "tokenizer.json") if "tokenizer.json" in files else None
-    if INDEX in files:
-        arrays = _sharded(path)
-    elif SINGLE in files:
-        arrays = _read_safetensors(os.path.join(path, SINGLE))
-    else:
+    if INDEX not in files and SINGLE not in files:
         ggufs = sorted(f for f in files if f.endswith(".gguf"))
         if len(ggufs) == 1:
             from polygrad_hf.gguf_file import open_gguf
@@ -150,4 +147,5 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if "config.json" not in files:
         raise CheckpointError(f"{path}: config.json is missing next to the weights")
     config = from_hf_config(_read_json(cfg_path), cfg_path)
+    arrays = _sharded(path) if INDEX in files else _read_safetensors(os.path.join(path, SINGLE))
     return Checkpoint(config, path, arrays, tokenizer_file=tokenizer)

@@ -140,22 +140,26 @@ class Decoder:
         else:
             x = rms_norm(x, w["model.norm.weight"], cfg.norm_eps)
         head = wte if cfg.tie_embeddings else w["lm_head.weight"]
-        return x @ head.T
+        return x.contiguous() @ head.T  # contiguous: see _linear
 
     def _block(self, i: int, x: Tensor, start: Any, length: Any) -> Tensor:
         cfg, w = self.cfg, self.w
         b = x.shape[0]
         H, KV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        # Each realize() schedules only what its targets need and leaves the other lazy tensors lazy, so a
+        # value read on both sides of one (the residual stream here, q below) is realized with it: computed
+        # once, not again by every later realize.
+        x.realize()
         if cfg.family == "gpt2":
             p = f"transformer.h.{i}."
             h = x.layernorm(eps=cfg.norm_eps) * w[p + "ln_1.weight"] + w[p + "ln_1.bias"]
-            qkv = h @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]
+            qkv = self._linear(h, p + "attn.c_attn")
             E = cfg.hidden_size
             q, k, v = qkv[..., :E], qkv[..., E:2 * E], qkv[..., 2 * E:]
         else:
             p = f"model.layers.{i}."
             h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.norm_eps)
-            q, k, v = (self._proj(h, p + f"self_attn.{n}_proj") for n in "qkv")
+            q, k, v = (self._linear(h, p + f"self_attn.{n}_proj") for n in "qkv")
         q = q.reshape(b, length, H, D).permute(0, 2, 1, 3)  # (b, H, t, D)
         k = k.reshape(b, length, KV, D).permute(0, 2, 1, 3)
         v = v.reshape(b, length, KV, D).permute(0, 2, 1, 3)
@@ -165,17 +169,19 @@ class Decoder:
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         a = self._attend(i, q, k, v, start, length)  # (b, t, H * D)
         if cfg.family == "gpt2":
-            x = x + (a @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"])
+            x = x + self._linear(a, p + "attn.c_proj")
             h = x.layernorm(eps=cfg.norm_eps) * w[p + "ln_2.weight"] + w[p + "ln_2.bias"]
-            h = gelu(h @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"], cfg.activation)
-            return x + (h @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"])
-        x = x + self._proj(a, p + "self_attn.o_proj")
+            h = gelu(self._linear(h, p + "mlp.c_fc"), cfg.activation)
+            return x + self._linear(h, p + "mlp.c_proj")
+        x = x + self._linear(a, p + "self_attn.o_proj")
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.norm_eps)
-        h = self._proj(h, p + "mlp.gate_proj").silu() * self._proj(h, p + "mlp.up_proj")
-        return x + self._proj(h, p + "mlp.down_proj")
+        h = self._linear(h, p + "mlp.gate_proj").silu() * self._linear(h, p + "mlp.up_proj")
+        return x + self._linear(h, p + "mlp.down_proj")
 
-    def _proj(self, x: Tensor, name: str) -> Tensor:
-        y = x @ self.w[name + ".weight"]
+    def _linear(self, x: Tensor, name: str) -> Tensor:
+        """x @ weight (+ bias). The input is realized first: fused into the matmul, an elementwise input
+        (a norm, gelu, silu * up) would be recomputed once per block of output columns."""
+        y = x.contiguous() @ self.w[name + ".weight"]
         bias = self.w.get(name + ".bias")
         return y if bias is None else y + bias
 
@@ -185,8 +191,7 @@ class Decoder:
         b = q.shape[0]
         H, KV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         kc, vc = self.caches[f"cache.k.{i}"], self.caches[f"cache.v.{i}"]
-        kc[:b, :, start:start + length].assign(k).realize()
-        vc[:b, :, start:start + length].assign(v).realize()
+        Tensor.realize_all(q, kc[:b, :, start:start + length].assign(k), vc[:b, :, start:start + length].assign(v))
         end = start + length
         keys, values = kc[:b, :, :end].unsqueeze(2), vc[:b, :, :end].unsqueeze(2)  # (b, KV, 1, L, D)
         q = q.reshape(b, KV, H // KV, length, D)  # query heads grouped by the key head they share

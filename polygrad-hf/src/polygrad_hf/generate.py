@@ -24,9 +24,9 @@ def _check_model(model: Any) -> tuple[int, int]:
         raise HFError("generate needs a Model with 'forward' and 'decode' entrypoints (input_ids -> logits), as "
                       f"load_hf makes; this one has {eps}")
     v = model.variables
-    if "batch" not in v or "tokens" not in v:
-        raise HFError("generate needs the Model's input_ids[batch, tokens] Variables, as load_hf makes")
-    return v["batch"][1], v["tokens"][1]
+    if "tokens" not in v:
+        raise HFError("generate needs the Model's input_ids[batch, tokens] Variable 'tokens', as load_hf makes")
+    return (v["batch"][1] if "batch" in v else 1), v["tokens"][1]
 
 
 def _as_ids(tokens: Any) -> tuple[np.ndarray, bool]:

@@ -7,7 +7,7 @@ runtime. Output: a `polygrad.Model` captured from decoder.Decoder with
   decode(input_ids[batch, 1], pos)  -> {"logits": [batch, 1, vocab]}        (one step at position pos)
 
 where batch <= max_batch, tokens <= max_seq_len and pos < max_seq_len are Variables (one compiled
-program per kernel, whatever their values). `save()` writes a portable .pgb bundle (format version 2:
+program per kernel, whatever their values); with max_batch=1 the batch is a fixed 1. `save()` writes a portable .pgb bundle (format version 2:
 the caches are `cache` buffers, not stored).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from polygrad import Model, Tensor, Variable, runtime_context
+from polygrad import Model, Tensor, Variable, dtypes, runtime_context
 from polygrad.device import canonicalize
 
 from polygrad_hf.checkpoint import Checkpoint, open_checkpoint
@@ -74,10 +74,11 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
     with runtime_context.using(rt):
         weights = read_weights(ck, convert)
         dec = Decoder(cfg, weights, max_batch, max_seq_len, dev, ck.extras.get("rope_freqs"))
-        batch = Variable("batch", 1, max_batch)
+        # one sequence: a fixed batch of 1, so the kernels' outer loops are concrete and can be split
+        # across threads (a kernel whose outermost loop has a Variable length runs on one thread)
+        batch = Variable("batch", 1, max_batch) if max_batch > 1 else 1
         tokens = Variable("tokens", 1, max_seq_len)
         pos = Variable("pos", 0, max_seq_len - 1)
-        from polygrad import dtypes
         ids = Tensor.empty(batch, tokens, dtype=dtypes.int32, device=dev)
         step = Tensor.empty(batch, 1, dtype=dtypes.int32, device=dev)
         model = Model(dec, inputs={"input_ids": ids}, params=dec.params(), caches=dec.caches,
