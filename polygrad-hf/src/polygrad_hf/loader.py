@@ -7,8 +7,8 @@ runtime. Output: a `polygrad.Model` captured from decoder.Decoder with
   decode(input_ids[batch, 1], pos)  -> {"logits": [batch, 1, vocab]}        (one step at position pos)
 
 where batch <= max_batch, tokens <= max_seq_len and pos < max_seq_len are Variables (one compiled
-program per kernel, whatever their values); with max_batch=1 the batch is a fixed 1. `save()` writes a portable .pgb bundle (format version 2:
-the caches are `cache` buffers, not stored).
+program per kernel, whatever their values); with max_batch=1 the batch is a fixed 1. `save()` writes
+a portable .pgb bundle (format version 2: the caches are `cache` buffers, not stored).
 """
 from __future__ import annotations
 
