@@ -114,7 +114,7 @@ def test_sharded_safetensors_with_index(tmp_path, saved):
 
 
 @pytest.mark.parametrize("kind,qtype", [("qwen2", "F32"), ("qwen2", "Q8_0"), ("qwen2", "Q4_0"), ("llama", "F16"),
-                                        ("llama", "Q4_0"), ("gpt2", "Q8_0")])
+                                        ("llama", "Q4_0"), ("llama_tied", "BF16"), ("gpt2", "Q8_0")])
 def test_gguf_matches_transformers_on_the_weights_it_holds(tmp_path, saved, kind, qtype):
     pytest.importorskip("gguf")
     ref, _ = saved[kind]
