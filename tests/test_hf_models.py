@@ -144,3 +144,18 @@ def test_bundle_of_a_loaded_model_gives_the_same_logits(tmp_path, saved):
     assert loaded.summary().parameter_count == summary.parameter_count
     assert summary.bytes["cache"] == 2 * 2 * 4 * 16 * 8 * 4  # (k, v) x layers x heads x positions x head_dim
     loaded.dispose()
+
+
+def test_runs_on_an_explicit_runtime(saved):
+    import polygrad
+    ref, path = saved["llama"]
+    rt = polygrad.create(device="interp")  # the reference backend: the same graph, evaluated by NumPy
+    model = load_hf(path, max_batch=1, max_seq_len=16, runtime=rt)
+    try:
+        assert model.device == "INTERP"
+        ids = _prompt(1, 3)
+        _close(model.forward(input_ids=ids)["logits"].numpy(), hc.logits(ref, ids))
+        assert generate(model, ids, max_new_tokens=4, top_k=1).tolist() == hc.greedy(ref, ids, 4).tolist()
+    finally:
+        model.dispose()
+        rt.dispose()
