@@ -159,3 +159,32 @@ def test_runs_on_an_explicit_runtime(saved):
     finally:
         model.dispose()
         rt.dispose()
+
+
+def test_older_checkpoint_layouts(tmp_path, saved):
+    """GPT-2 weights without the "transformer." prefix (the original gpt2 upload) and a Llama config.json in
+    the transformers 4 spelling (rope_theta and rope_scaling keys instead of rope_parameters)."""
+    import json
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+    ref, path = saved["gpt2"]
+    old = tmp_path / "gpt2"
+    shutil.copytree(path, old)
+    weights = load_file(old / "model.safetensors")
+    save_file({k.removeprefix("transformer."): v for k, v in weights.items()}, old / "model.safetensors")
+    model = load_hf(old, max_batch=2, max_seq_len=16)
+    _close(model.forward(input_ids=_prompt())["logits"].numpy(), hc.logits(ref, _prompt()))
+    model.dispose()
+
+    ref, path = saved["llama"]
+    old = tmp_path / "llama"
+    shutil.copytree(path, old)
+    cfg = json.loads((old / "config.json").read_text())
+    rope = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rope.pop("rope_theta")
+    cfg["rope_scaling"] = rope
+    (old / "config.json").write_text(json.dumps(cfg))
+    model = load_hf(old, max_batch=2, max_seq_len=32)
+    _check_logits(model, ref, _prompt(), steps=1)
+    model.dispose()
