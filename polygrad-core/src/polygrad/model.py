@@ -14,12 +14,14 @@ backward realized). The recorded buffers get roles:
   gradient   a parameter's gradient (training)      optimizer optimizer state (moments, lr, beta powers)
   input      a declared input or target             output    an entrypoint result
   temporary  anything else the kernels write before they read it
+  cache      a `caches=` buffer the entrypoints keep between calls (zeroed, never saved)
 The Model then owns copies of every persistent buffer; the authoring tensors, their gradients, the
 TRAINING setting and the global RNG are restored whatever happens. The optimizer graph is recorded on
 the first training step (that step is a real update), so construction never runs an optimizer.
 
 Entrypoints: "forward" (evaluation), "loss" (training forward + backward: the loss and the gradients),
-"optimizer_step" and "train_step" ("loss" then "optimizer_step") once an optimizer is configured.
+"optimizer_step" and "train_step" ("loss" then "optimizer_step") once an optimizer is configured, and
+any extra evaluation entrypoints given with `entrypoints=` (a KV-cache "decode", for instance).
 
 >>> from polygrad import Model, Tensor
 >>> class Scale:

@@ -27,14 +27,11 @@ from polygrad import Tensor, dtypes
 
 from polygrad_hf.config import DecoderConfig
 
-# Hugging Face tensor names, per family: (name inside a layer, is a (out, in) Linear to transpose)
+# a Llama/Qwen2 layer's Hugging Face tensor names by role
 LLAMA_LAYER = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
                "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
                "o": "self_attn.o_proj.weight", "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight",
                "down": "mlp.down_proj.weight"}
-GPT2_LAYER = {"ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-              "attn.c_proj.weight", "attn.c_proj.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight",
-              "mlp.c_proj.bias"}
 
 
 def _prefixed(ck: Any, name: str, prefixes: tuple[str, ...]) -> str:
