@@ -37,7 +37,8 @@ def load_hf(path: str | os.PathLike, max_batch: int = 1, max_seq_len: int | None
     or Q4_0; quantized weights are dequantized when loading, so the model holds them in `dtype` (float32 by
     default): a Q4_0 file of N parameters takes 4N bytes of memory as float32 (2N as float16), not the
     ~0.56N bytes of the file. `dtype="float16"` or `"bfloat16"` keeps the weights in 16 bits (computation
-    stays float32). Memory for the caches: 2 x layers x max_batch x kv_heads x max_seq_len x head_dim x 4
+    stays float32): half the memory, but the CPU backend does not vectorise kernels over 16-bit data, so
+    float32 decodes faster there. Memory for the caches: 2 x layers x max_batch x kv_heads x max_seq_len x head_dim x 4
     bytes.
 
     >>> model = load_hf("path/to/gpt2", max_batch=1, max_seq_len=64)    # doctest: +SKIP
