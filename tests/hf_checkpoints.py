@@ -27,14 +27,14 @@ CONFIGS = {
 }
 
 
-def hf_model(kind: str, seed: int = 0):
+def hf_model(kind: str, seed: int = 0, **overrides):
     import torch
     import transformers as tf
     torch.manual_seed(seed)
     family = kind.split("_")[0]
     cls, cfg = {"gpt2": (tf.GPT2LMHeadModel, tf.GPT2Config), "llama": (tf.LlamaForCausalLM, tf.LlamaConfig),
                 "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config)}[family]
-    model = cls(cfg(**CONFIGS[kind])).eval()
+    model = cls(cfg(**{**CONFIGS[kind], **overrides})).eval()
     with torch.no_grad():  # random init is small; widen it so the logits spread and greedy choices are clear
         for p in model.parameters():
             if p.ndim >= 1:
@@ -42,9 +42,9 @@ def hf_model(kind: str, seed: int = 0):
     return model
 
 
-def make(kind: str, folder, seed: int = 0, **save):
-    """(transformers model, folder) of a saved tiny checkpoint."""
-    model = hf_model(kind, seed)
+def make(kind: str, folder, seed: int = 0, overrides: dict | None = None, **save):
+    """(transformers model, folder) of a saved tiny checkpoint (config entries changed by `overrides`)."""
+    model = hf_model(kind, seed, **(overrides or {}))
     model.save_pretrained(folder, **save)
     return model, str(folder)
 

@@ -188,3 +188,21 @@ def test_older_checkpoint_layouts(tmp_path, saved):
     model = load_hf(old, max_batch=2, max_seq_len=32)
     _check_logits(model, ref, _prompt(), steps=1)
     model.dispose()
+
+
+@pytest.mark.skipif(not hasattr(__import__("polygrad.uop.ops", fromlist=["Ops"]).Ops, "GATHER"),
+                    reason="the GATHER primitive (issue 10) is not on this branch yet")
+def test_embedding_lookup_costs_tokens_times_width_not_vocabulary(tmp_path):
+    """A decode step's estimated operations grow with the vocabulary only through the output projection
+    (2 x vocab x width multiply-adds): the embedding lookup is an indexed load, not a one-hot compare and
+    sum over the vocabulary (which would add about 3 x vocab x width more)."""
+    def decode_ops(vocab):
+        _, path = hc.make("gpt2", tmp_path / f"v{vocab}", overrides={"vocab_size": vocab})
+        model = load_hf(path, max_batch=1, max_seq_len=8)
+        model.call("decode", {"input_ids": np.zeros((1, 1), np.int32), "pos": 0})
+        ops = sum(prog.spec.ops for prog, _, _ in model._plan("decode") if prog is not None)
+        model.dispose()
+        return ops
+    width, small, large = hc.CONFIGS["gpt2"]["n_embd"], 61, 2048
+    grown = decode_ops(large) - decode_ops(small)
+    assert grown <= 2.5 * (large - small) * width, grown / ((large - small) * width)
