@@ -269,12 +269,12 @@ class _Table:
 
     def __init__(self) -> None:
         self.slots: list[Slot] = []
-        self.data: dict[int, np.ndarray] = {}
+        self.data: dict[int, np.ndarray | Buffer] = {}  # a slot's initial contents
         self.bufs: list[Buffer | None] = []  # the Buffer a slot starts from (None: allocate)
         self.slot_of: dict[int, int] = {}
 
     def add(self, name: str, role: str, dtype: DType, shape: tuple, size: int, buf: Buffer | None = None,
-            data: np.ndarray | None = None) -> int:
+            data: np.ndarray | Buffer | None = None) -> int:
         s = len(self.slots)
         self.slots.append(Slot(name, role, dtype, tuple(shape), int(size)))
         self.bufs.append(None)
@@ -288,7 +288,7 @@ class _Table:
 
 def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None, params: Any, runtime: Any,
              caches: Mapping | None = None,
-             entrypoints: Mapping | None = None) -> tuple[Program, dict[int, np.ndarray], str]:
+             entrypoints: Mapping | None = None) -> tuple[Program, dict[int, Any], str]:
     from polygrad import random
     from polygrad import tensor as tensor_mod
     from polygrad.config import Context
@@ -332,8 +332,11 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
         cache_bufs.setdefault(id(b), (name, t, b))
     owned = {**unique, **cache_bufs}
     saved = {id(t): (t, t.uop, t.grad, t.requires_grad) for _, t, _ in owned.values()}
-    values = {bid: b.numpy() for bid, (_, _, b) in owned.items()}
     trainable = {bid for bid, (_, t, b) in unique.items() if t.requires_grad is not False and dtypes.is_float(t.dtype)}
+    # what the capture run may change (state, caches) is saved to restore it; parameters are guarded
+    # against assignment, so the Model copies them from their own buffers afterwards (no host copy of
+    # every weight at once)
+    values = {bid: b.numpy() for bid, (_, _, b) in owned.items() if bid not in trainable}
     rng_before = dict(random._state)
     training_before = config.get("TRAINING")
 
@@ -429,7 +432,7 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
             tb.add(f"input.{ename}.{spec.name}", "input", spec.dtype, spec.shape, b.size, b)
     for bid, (name, t, b) in unique.items():
         tb.add(name, "parameter" if bid in trainable else "state", b.dtype, tuple(int(d) for d in t.shape),
-               b.size, b, values[bid])
+               b.size, b, values.get(bid, b))
     for bid, (name, t, b) in cache_bufs.items():
         tb.add(name, "cache", b.dtype, tuple(int(d) for d in t.shape), b.size, b)
     kernels: dict[UOp, int] = {}
@@ -619,13 +622,16 @@ class Model:
         self._setup(prog, data, runtime, device)
 
     # ---- building from a program (capture or bundle)
-    def _setup(self, prog: Program, data: dict[int, np.ndarray], runtime: Any, device: str) -> None:
+    def _setup(self, prog: Program, data: dict[int, Any], runtime: Any, device: str) -> None:
         self._p = prog
         self._runtime = runtime
         self.device = canonicalize(device)
         self._bufs: list[Buffer] | None = [Buffer(self.device, s.size, s.dtype) for s in prog.slots]
         for s, arr in data.items():
-            self._bufs[s].copyin(arr)
+            if isinstance(arr, Buffer):
+                realize.copy_buffer(self._bufs[s], arr)
+            else:
+                self._bufs[s].copyin(arr)
         for s, slot in enumerate(prog.slots):
             if slot.role == "cache":
                 self._bufs[s].copyin(np.zeros(slot.size, dtype=slot.dtype.np))
