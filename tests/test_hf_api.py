@@ -65,8 +65,10 @@ def test_download_hf_is_snapshot_download(monkeypatch, tmp_path):
     assert hf.download_hf("org/tiny", revision="main", cache_dir=str(tmp_path)) == str(tmp_path)
     repo, kw = calls[0]
     assert repo == "org/tiny" and kw["revision"] == "main" and kw["cache_dir"] == str(tmp_path)
-    assert {"*.json", "*.safetensors", "*.gguf"} <= set(kw["allow_patterns"])
-    assert hf.download_hf(tmp_path) == str(tmp_path) and len(calls) == 1  # a local folder passes through
+    assert {"*.json", "*.safetensors"} <= set(kw["allow_patterns"]) and "*.bin" not in kw["allow_patterns"]
+    hf.download_hf("org/gguf", allow_patterns=["*Q8_0.gguf"])
+    assert calls[1][1]["allow_patterns"] == ["*Q8_0.gguf"]
+    assert hf.download_hf(tmp_path) == str(tmp_path) and len(calls) == 2  # a local folder passes through
     monkeypatch.setitem(__import__("sys").modules, "huggingface_hub", None)
     with pytest.raises(MissingDependencyError, match="pip install huggingface_hub"):
         hf.download_hf("org/other")

@@ -11,8 +11,9 @@ from typing import Any, Sequence
 
 from polygrad_hf.errors import need_package
 
-# what load_hf reads: the config, single or sharded safetensors with the index, GGUF, the tokenizer files
-DEFAULT_PATTERNS = ("*.json", "*.safetensors", "*.gguf", "*.model", "*.txt", "*.tiktoken")
+# what load_hf reads: the config, single or sharded safetensors with the index, the tokenizer files. Not
+# GGUF: such repositories hold one file per quantization, so the caller names the one to fetch.
+DEFAULT_PATTERNS = ("*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken")
 
 
 def download_hf(repo_id: str | os.PathLike, revision: str | None = None, cache_dir: str | os.PathLike | None = None,
@@ -20,8 +21,9 @@ def download_hf(repo_id: str | os.PathLike, revision: str | None = None, cache_d
     """The local folder of `repo_id` at `revision`, downloaded (or found in the cache) by huggingface_hub.
 
     An existing local folder or file is returned unchanged. `allow_patterns` defaults to the config,
-    safetensors, GGUF and tokenizer files (not PyTorch .bin weights); other keyword arguments (token=,
-    local_files_only=, ...) go to `huggingface_hub.snapshot_download`.
+    safetensors and tokenizer files (not PyTorch .bin weights, not GGUF: for a GGUF repository name the
+    file, e.g. allow_patterns=["*Q8_0.gguf"], and pass that file to load_hf); other keyword arguments
+    (token=, local_files_only=, ...) go to `huggingface_hub.snapshot_download`.
     """
     if os.path.exists(os.fspath(repo_id)):
         return os.fspath(repo_id)
