@@ -30,8 +30,8 @@ from polygrad.errors import PolygradError
 
 MAGIC = b"\x89PGB\r\n\x1a\n"
 FORMAT = "polygrad-bundle"
-VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+VERSION = 1  # what a bundle is written as unless it needs version 2 (modelformat.format_version)
+SUPPORTED_VERSIONS = (1, 2)  # 2 adds cache buffers, Variables in any dimension, Variable arguments
 HEADER = struct.Struct("<8sIIQQII24x")  # magic, version, flags, manifest_len, data_len, manifest_crc, data_crc
 assert HEADER.size == 64
 ALIGN = 64
@@ -67,7 +67,10 @@ def write(manifest: dict, blobs: Sequence[bytes]) -> bytes:
     data = bytearray(pos)
     for off, b in zip(offsets, blobs):
         data[off:off + len(b)] = b
-    head = HEADER.pack(MAGIC, VERSION, 0, len(text), len(data), zlib.crc32(text), zlib.crc32(data))
+    version = manifest.get("version", VERSION)
+    if version not in SUPPORTED_VERSIONS:
+        raise BundleError(f"internal: cannot write bundle version {version!r}")
+    head = HEADER.pack(MAGIC, version, 0, len(text), len(data), zlib.crc32(text), zlib.crc32(data))
     return b"".join((head, text, b"\0" * (_pad(len(text)) - len(text)), bytes(data)))
 
 

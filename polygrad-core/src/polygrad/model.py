@@ -14,12 +14,14 @@ backward realized). The recorded buffers get roles:
   gradient   a parameter's gradient (training)      optimizer optimizer state (moments, lr, beta powers)
   input      a declared input or target             output    an entrypoint result
   temporary  anything else the kernels write before they read it
+  cache      a `caches=` buffer the entrypoints keep between calls (zeroed, never saved)
 The Model then owns copies of every persistent buffer; the authoring tensors, their gradients, the
 TRAINING setting and the global RNG are restored whatever happens. The optimizer graph is recorded on
 the first training step (that step is a real update), so construction never runs an optimizer.
 
 Entrypoints: "forward" (evaluation), "loss" (training forward + backward: the loss and the gradients),
-"optimizer_step" and "train_step" ("loss" then "optimizer_step") once an optimizer is configured.
+"optimizer_step" and "train_step" ("loss" then "optimizer_step") once an optimizer is configured, and
+any extra evaluation entrypoints given with `entrypoints=` (a KV-cache "decode", for instance).
 
 >>> from polygrad import Model, Tensor
 >>> class Scale:
@@ -59,7 +61,7 @@ from polygrad.uop.ops import Ops, UOp
 
 __all__ = ["BundleError", "Model", "ModelCaptureError", "ModelError", "ModelInputError", "ModelSummary"]
 
-ROLES = ("parameter", "state", "constant", "rng", "optimizer", "gradient", "input", "output", "temporary")
+ROLES = ("parameter", "state", "constant", "rng", "optimizer", "gradient", "input", "output", "temporary", "cache")
 STORED = ("parameter", "state", "constant", "optimizer")  # roles whose contents a bundle keeps
 OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
 
@@ -121,6 +123,7 @@ class Entry:
     outputs: dict[str, int]
     calls: list[Call]
     rng: list[int] = field(default_factory=list)  # key slots refilled (seed, counter++) before each call
+    args: list[str] = field(default_factory=list)  # Variables the caller passes as ints (by their names)
 
 
 @dataclass
@@ -162,27 +165,59 @@ class _Guard:
                                     "and inputs and only the optimizer updates them. Compute a new tensor instead")
 
 
+def _declare(var: UOp, variables: dict[str, tuple[int, int]]) -> str:
+    """Record a Variable's bounds under its name (one name, one pair of bounds) and return the name."""
+    vname, lo, hi = var.arg
+    if variables.setdefault(vname, (lo, hi)) != (lo, hi):
+        raise ModelError(f"Variable {vname!r} is declared with bounds {variables[vname]} and {(lo, hi)}")
+    return vname
+
+
+def _is_variable(v: Any) -> bool:
+    return isinstance(v, UOp) and v.op in (Ops.DEFINE_VAR, Ops.BIND) and \
+        (v.op is Ops.DEFINE_VAR or v.src[0].op is Ops.DEFINE_VAR)
+
+
 def _spec_of(name: Any, t: Any, what: str, variables: dict[str, tuple[int, int]]) -> Spec:
     from polygrad.tensor import Tensor
     if not isinstance(name, str) or not name.isidentifier():
         raise ModelError(f"{what} names must be identifiers (they become keyword arguments), got {name!r}")
     if not isinstance(t, Tensor):
-        raise ModelError(f"{what}[{name!r}] must be a Tensor declaring shape and dtype, e.g. Tensor.empty(32, 784); "
-                         f"got {type(t).__name__}")
+        raise ModelError(f"{what}[{name!r}] must be a Tensor declaring shape and dtype, e.g. Tensor.empty(32, 784), "
+                         f"or a Variable passed as an int; got {type(t).__name__}")
     shape: list[int | str] = []
-    for k, d in enumerate(t.shape):
+    for d in t.shape:
         if isinstance(d, UOp):
-            if k != 0 or d.op not in (Ops.DEFINE_VAR, Ops.BIND):
-                raise ModelError(f"{what}[{name!r}] shape {t.shape}: only the leading dimension may be a Variable "
-                                 "(e.g. Tensor.empty(Variable('batch', 1, 64), 784))")
-            var = d if d.op is Ops.DEFINE_VAR else d.src[0]
-            vname, lo, hi = var.arg
-            if variables.setdefault(vname, (lo, hi)) != (lo, hi):
-                raise ModelError(f"Variable {vname!r} is declared with bounds {variables[vname]} and {(lo, hi)}")
-            shape.append(vname)
+            if not _is_variable(d):
+                raise ModelError(f"{what}[{name!r}] shape {t.shape}: a variable dimension must be a Variable itself, "
+                                 "not an expression (e.g. Tensor.empty(Variable('batch', 1, 64), 784))")
+            shape.append(_declare(d if d.op is Ops.DEFINE_VAR else d.src[0], variables))
         else:
             shape.append(int(d))
     return Spec(name, t.dtype, tuple(shape))
+
+
+def _split_inputs(decl: Any, what: str, variables: dict[str, tuple[int, int]]) -> tuple[list[Spec], list[str]]:
+    """(tensor input specs, Variable argument names) of one entrypoint's declared inputs."""
+    if not isinstance(decl, Mapping) or not decl:
+        raise ModelError(f"{what} must be a dict {{name: Tensor.empty(shape)}} declaring at least one input")
+    specs, args = [], []
+    for k, v in decl.items():
+        if _is_variable(v):
+            var = v if v.op is Ops.DEFINE_VAR else v.src[0]
+            if k != var.arg[0]:
+                raise ModelError(f"{what}[{k!r}] is Variable {var.arg[0]!r}; a Variable argument is passed under "
+                                 f"its own name: {{{var.arg[0]!r}: Variable({var.arg[0]!r}, ...)}}")
+            args.append(_declare(var, variables))
+        else:
+            specs.append(_spec_of(k, v, what, variables))
+    return specs, args
+
+
+def _capture_value(lo: int, hi: int) -> int:
+    """The value a Variable is bound to while capturing: the smallest positive one its bounds allow, so the
+    capture run is cheap (the recorded kernels are value-free and serve every value alike)."""
+    return min(hi, max(lo, 1))
 
 
 def _outputs_dict(result: Any) -> dict[str, Any]:
@@ -234,12 +269,12 @@ class _Table:
 
     def __init__(self) -> None:
         self.slots: list[Slot] = []
-        self.data: dict[int, np.ndarray] = {}
+        self.data: dict[int, np.ndarray | Buffer] = {}  # a slot's initial contents
         self.bufs: list[Buffer | None] = []  # the Buffer a slot starts from (None: allocate)
         self.slot_of: dict[int, int] = {}
 
     def add(self, name: str, role: str, dtype: DType, shape: tuple, size: int, buf: Buffer | None = None,
-            data: np.ndarray | None = None) -> int:
+            data: np.ndarray | Buffer | None = None) -> int:
         s = len(self.slots)
         self.slots.append(Slot(name, role, dtype, tuple(shape), int(size)))
         self.bufs.append(None)
@@ -251,8 +286,9 @@ class _Table:
         return s
 
 
-def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None, params: Any,
-             runtime: Any) -> tuple[Program, dict[int, np.ndarray], str]:
+def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None, params: Any, runtime: Any,
+             caches: Mapping | None = None,
+             entrypoints: Mapping | None = None) -> tuple[Program, dict[int, Any], str]:
     from polygrad import random
     from polygrad import tensor as tensor_mod
     from polygrad.config import Context
@@ -266,13 +302,21 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
     if loss is not None and not callable(loss):
         raise ModelError(f"loss must be callable as loss(outputs, **targets), got {type(loss).__name__}")
     variables: dict[str, tuple[int, int]] = {}
-    in_specs = [_spec_of(k, t, "inputs", variables) for k, t in inputs.items()]
+    in_specs, in_args = _split_inputs(inputs, "inputs", variables)
     tgt_specs = [_spec_of(k, t, "targets", variables) for k, t in (targets or {}).items()]
     if {s.name for s in in_specs} & {s.name for s in tgt_specs}:
         raise ModelError("an input and a target share a name; names must be distinct")
-    devices = {t.device for t in list(inputs.values()) + list((targets or {}).values())}
+    if loss is not None and in_args:
+        raise ModelError(f"Variable arguments {in_args} cannot feed a model with a loss; declare them on an extra "
+                         "evaluation entrypoint (entrypoints=)")
+    extra = _extra_entrypoints(entrypoints, variables)
+    decls = [inputs, targets or {}] + [d for _, d, _, _ in extra.values()]
+    devices = {t.device for d in decls for t in d.values() if isinstance(t, Tensor)}
     named = _params_of(obj, params)
-    devices |= {t.device for t in named.values()}
+    cache_named = _caches_of(caches)
+    cache_ids = {id(t._buffer()) for t in cache_named.values()}
+    named = {k: t for k, t in named.items() if id(t._buffer()) not in cache_ids}  # caches are not parameters
+    devices |= {t.device for t in list(named.values()) + list(cache_named.values())}
     if len(devices) != 1:
         raise ModelError(f"a Model lives on one device; its tensors are on {sorted(devices)}")
     device = devices.pop()
@@ -282,56 +326,75 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
     for name, t in named.items():
         b = t._buffer()
         unique.setdefault(id(b), (name, t, b))
-    saved = {id(t): (t, t.uop, t.grad, t.requires_grad) for _, t, _ in unique.values()}
-    values = {bid: b.numpy() for bid, (_, _, b) in unique.items()}
+    cache_bufs: dict[int, tuple[str, Any, Buffer]] = {}
+    for name, t in cache_named.items():
+        b = t._buffer()
+        cache_bufs.setdefault(id(b), (name, t, b))
+    owned = {**unique, **cache_bufs}
+    saved = {id(t): (t, t.uop, t.grad, t.requires_grad) for _, t, _ in owned.values()}
     trainable = {bid for bid, (_, t, b) in unique.items() if t.requires_grad is not False and dtypes.is_float(t.dtype)}
+    # what the capture run may change (state, caches) is saved to restore it; parameters are guarded
+    # against assignment, so the Model copies them from their own buffers afterwards (no host copy of
+    # every weight at once)
+    values = {bid: b.numpy() for bid, (_, _, b) in owned.items() if bid not in trainable}
     rng_before = dict(random._state)
     training_before = config.get("TRAINING")
 
     def placeholder(spec: Spec) -> Any:
-        vals = {}
         shape = []
         for d in spec.shape:
             if isinstance(d, str):
                 lo, hi = variables[d]
-                var = sint.Variable(d, lo, hi)
-                vals[d] = hi
-                shape.append(var.bind(hi))
+                shape.append(sint.Variable(d, lo, hi).bind(_capture_value(lo, hi)))
             else:
                 shape.append(d)
         size = int(np.prod([variables[d][1] if isinstance(d, str) else d for d in spec.shape], dtype=np.int64))
         buf = Buffer(device, size, spec.dtype)
         buf.copyin(np.zeros(size, dtype=spec.dtype.np))
-        if vals:
+        symbolic = any(isinstance(d, UOp) for d in shape)
+        if symbolic:
             capacity_buffers.add(buf)
-        u = UOp(Ops.RESHAPE, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), tuple(shape)) if vals else \
+        u = UOp(Ops.RESHAPE, buf.dtype, (UOp(Ops.BUFFER, buf.dtype, (), buf),), tuple(shape)) if symbolic else \
             _buffer_uop(buf, tuple(shape))
         return Tensor(u, _runtime=runtime)._as_leaf(), buf
 
+    def bound_args(names: list[str]) -> dict[str, UOp]:
+        return {v: sint.Variable(v, *variables[v]).bind(_capture_value(*variables[v])) for v in names}
+
     ph = {s.name: placeholder(s) for s in in_specs}
     th = {s.name: placeholder(s) for s in tgt_specs}
+    eh = {e: {s.name: placeholder(s) for s in specs} for e, (_, _, specs, _) in extra.items()}
     protected = {id(b): f"input {k!r}" for k, (_, b) in {**ph, **th}.items()}
+    protected.update({id(b): f"input {k!r} of entrypoint {e!r}" for e, h in eh.items() for k, (_, b) in h.items()})
     protected.update({bid: f"parameter {unique[bid][0]!r}" for bid in trainable})
     guard = _Guard(protected)
     start_serial = Buffer(device, 0, dtypes.float32).serial
     graphs: dict[str, Any] = {}
-    out_bufs: dict[str, Any] = {}
-    out_shapes: dict[str, tuple] = {}
+    outs_of: dict[str, dict[str, Buffer]] = {}
+    shapes_of: dict[str, dict[str, tuple]] = {}
     grad_bufs: dict[int, Buffer] = {}
+
+    def capture_eval(ename: str, fn: Callable, holders: dict, args: list[str]) -> None:
+        out_bufs, out_shapes = {}, {}
+        with capture() as cap:
+            outs = _outputs_dict(fn(**{k: t for k, (t, _) in holders.items()}, **bound_args(args)))
+            for k, t in outs.items():
+                out_shapes[k] = t.shape
+                out_bufs[k] = t.contiguous()._buffer()
+        for k, b in out_bufs.items():
+            if not cap.created(b):
+                raise ModelCaptureError(f"output {k!r} is an input or parameter itself; return a computed "
+                                        "tensor (for example x * 1) so the Model can hand out a copy")
+        graphs[ename] = (cap, list(out_bufs.values()))
+        outs_of[ename], shapes_of[ename] = out_bufs, out_shapes
+
     tensor_mod.capture_guards.append(guard)
     try:
         with runtime_context.using(runtime):
             with Context(TRAINING=0 if loss is not None else training_before):
-                with capture() as cap:
-                    outs = _outputs_dict(obj(**{k: t for k, (t, _) in ph.items()}))
-                    for k, t in outs.items():
-                        out_shapes[k] = t.shape
-                        out_bufs[k] = t.contiguous()._buffer()
-                graphs["forward"] = (cap, list(out_bufs.values()))
-                for k, b in out_bufs.items():
-                    if not cap.created(b):
-                        raise ModelCaptureError(f"output {k!r} is an input or parameter itself; return a computed "
-                                                "tensor (for example x * 1) so the Model can hand out a copy")
+                capture_eval("forward", obj, ph, in_args)
+                for ename, (fn, _, _, args) in extra.items():
+                    capture_eval(ename, fn, eh[ename], args)
             if loss is not None:
                 with Context(TRAINING=1):
                     for bid in trainable:
@@ -354,9 +417,9 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
         tensor_mod.capture_guards.remove(guard)
         for t, uop, grad, req in saved.values():
             t.uop, t.grad, t.requires_grad = uop, grad, req
-        for bid, (_, t, b) in unique.items():
+        for bid, (_, t, b) in owned.items():
             if bid not in trainable:
-                b.copyin(values[bid])  # the placeholder run's BatchNorm updates are not the model's
+                b.copyin(values[bid])  # the placeholder run's state and cache writes are not the model's
         random._state.clear()
         random._state.update(rng_before)
 
@@ -364,15 +427,25 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
     tb = _Table()
     for spec, (_, b) in list(zip(in_specs, ph.values())) + list(zip(tgt_specs, th.values())):
         tb.add(f"input.{spec.name}", "input", spec.dtype, spec.shape, b.size, b)
+    for ename, h in eh.items():
+        for spec, (_, b) in zip(extra[ename][2], h.values()):
+            tb.add(f"input.{ename}.{spec.name}", "input", spec.dtype, spec.shape, b.size, b)
     for bid, (name, t, b) in unique.items():
         tb.add(name, "parameter" if bid in trainable else "state", b.dtype, tuple(int(d) for d in t.shape),
-               b.size, b, values[bid])
+               b.size, b, values.get(bid, b))
+    for bid, (name, t, b) in cache_bufs.items():
+        tb.add(name, "cache", b.dtype, tuple(int(d) for d in t.shape), b.size, b)
     kernels: dict[UOp, int] = {}
     out_specs: list[Spec] = []
-    for k, b in out_bufs.items():
-        shape = _out_shape(k, out_shapes[k], variables)
-        out_specs.append(Spec(k, b.dtype, shape))
-        tb.add(f"output.{k}", "output", b.dtype, shape, b.size, b)
+    out_slots: dict[str, dict[str, int]] = {}
+    for ename, out_bufs in outs_of.items():
+        out_slots[ename] = {}
+        for k, b in out_bufs.items():
+            shape = _out_shape(k, shapes_of[ename][k], variables)
+            if ename == "forward":
+                out_specs.append(Spec(k, b.dtype, shape))
+            slot_name = f"output.{k}" if ename == "forward" else f"output.{ename}.{k}"
+            out_slots[ename][k] = tb.add(slot_name, "output", b.dtype, shape, b.size, b)
     loss_slot = None
     if "loss" in graphs:
         loss_slot = tb.add("output.loss", "output", graphs["loss"][1][0].dtype, (), graphs["loss"][1][0].size,
@@ -382,24 +455,65 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
     entries: dict[str, Entry] = {}
     for ename, (cap, outs_b) in graphs.items():
         entries[ename] = _entry_of(ename, cap, tb, kernels, start_serial, variables)
-        names = [s.name for s in in_specs] + ([s.name for s in tgt_specs] if ename == "loss" else [])
-        entries[ename].inputs = {n: tb.slot_of[id(b)] for n, (_, b) in {**ph, **th}.items() if n in names}
-        entries[ename].outputs = ({s.name: tb.slot_of[id(out_bufs[s.name])] for s in out_specs}
-                                  if ename == "forward" else {"loss": loss_slot})
+        if ename in eh:
+            holders, args = eh[ename], extra[ename][3]
+        else:
+            holders = {**ph, **th} if ename == "loss" else ph
+            args = in_args if ename == "forward" else []
+        entries[ename].inputs = {n: tb.slot_of[id(b)] for n, (_, b) in holders.items()}
+        entries[ename].outputs = out_slots[ename] if ename in out_slots else {"loss": loss_slot}
+        entries[ename].args = list(args)
     prog = Program(tb.slots, list(kernels), entries, in_specs, tgt_specs, out_specs, variables,
                    [int(rng_before["seed"]), int(rng_before["counter"])],
                    gradients={tb.slot_of[bid]: tb.slot_of[id(g)] for bid, g in grad_bufs.items()})
     return prog, tb.data, device
 
 
+BUILTIN_ENTRYPOINTS = ("forward", "loss", "optimizer_step", "train_step")
+
+
+def _extra_entrypoints(entrypoints: Any, variables: dict[str, tuple[int, int]]) -> dict[str, tuple]:
+    """{name: (callable, declared inputs, tensor input specs, Variable argument names)} of the extra
+    evaluation entrypoints, checked."""
+    if entrypoints is None:
+        return {}
+    if not isinstance(entrypoints, Mapping):
+        raise ModelError("entrypoints must be a dict {name: (callable, {input name: Tensor.empty(...) or Variable})}")
+    out = {}
+    for name, pair in entrypoints.items():
+        if not isinstance(name, str) or not name.isidentifier() or name in BUILTIN_ENTRYPOINTS:
+            raise ModelError(f"entrypoint name {name!r} must be an identifier other than {list(BUILTIN_ENTRYPOINTS)}")
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not callable(pair[0]):
+            raise ModelError(f"entrypoints[{name!r}] must be (callable, {{input name: Tensor.empty(...)}})")
+        specs, args = _split_inputs(pair[1], f"entrypoints[{name!r}] inputs", variables)
+        out[name] = (pair[0], pair[1], specs, args)
+    return out
+
+
+def _caches_of(caches: Any) -> dict[str, Any]:
+    from polygrad.tensor import Tensor
+    if caches is None:
+        return {}
+    if not isinstance(caches, Mapping):
+        raise ModelError("caches must be a dict {name: Tensor} of buffers the entrypoints keep between calls")
+    for k, t in caches.items():
+        if not isinstance(k, str) or not k:
+            raise ModelError(f"cache names must be non-empty strings, got {k!r}")
+        if not isinstance(t, Tensor):
+            raise ModelError(f"caches[{k!r}] must be a Tensor, got {type(t).__name__}")
+        if any(isinstance(d, UOp) for d in t.shape):
+            raise ModelError(f"caches[{k!r}] has a symbolic shape {t.shape}; a cache is allocated at a fixed size")
+    return dict(caches)
+
+
 def _out_shape(name: str, shape: tuple, variables: dict[str, tuple[int, int]]) -> tuple[int | str, ...]:
     out: list[int | str] = []
-    for k, d in enumerate(shape):
+    for d in shape:
         if isinstance(d, UOp):
             var = d.src[0] if d.op is Ops.BIND else d
-            if k != 0 or var.op is not Ops.DEFINE_VAR or var.arg[0] not in variables:
+            if var.op is not Ops.DEFINE_VAR or var.arg[0] not in variables:
                 raise ModelCaptureError(f"output {name!r} has shape {shape}; an output dimension must be fixed or be "
-                                        "the inputs' leading Variable itself (leading position only)")
+                                        "one of the inputs' Variables itself (not an expression of them)")
             out.append(var.arg[0])
         else:
             out.append(int(d))
@@ -486,24 +600,41 @@ class ModelSummary:
 
 
 class Model:
-    """A captured graph with its own state: forward/call/train_step/fit, summary, save/load, dispose."""
+    """A captured graph with its own state: forward/call/train_step/fit, summary, save/load, dispose.
+
+    Besides `inputs`/`targets`/`loss`/`params`:
+      caches       {name: Tensor} buffers the entrypoints write and read, kept between calls (a KV cache);
+                   the Model's copies start zeroed, and a bundle does not store them.
+      entrypoints  {name: (callable, inputs)} more evaluation entrypoints over the same parameters and
+                   caches, run with `model.call(name, {...})`.
+    An input declared as a Variable (inputs={"pos": Variable("pos", 0, 127)}) is an integer argument:
+    the callable receives it bound, and each call passes its value (`model.call("decode", {"pos": 5, ...})`).
+    Any dimension of an input may be a Variable; its value comes from the data's shape.
+    """
 
     def __init__(self, obj: Any, inputs: Mapping[str, Any], targets: Mapping[str, Any] | None = None,
-                 loss: Callable | None = None, params: Any = None, runtime: Any = None):
+                 loss: Callable | None = None, params: Any = None, runtime: Any = None,
+                 caches: Mapping[str, Any] | None = None, entrypoints: Mapping[str, Any] | None = None):
         runtime = runtime if runtime is not None else runtime_context.current()
         if runtime is not None:
             runtime.check_alive()
-        prog, data, device = _capture(obj, inputs, targets or {}, loss, params, runtime)
+        prog, data, device = _capture(obj, inputs, targets or {}, loss, params, runtime, caches, entrypoints)
         self._setup(prog, data, runtime, device)
 
     # ---- building from a program (capture or bundle)
-    def _setup(self, prog: Program, data: dict[int, np.ndarray], runtime: Any, device: str) -> None:
+    def _setup(self, prog: Program, data: dict[int, Any], runtime: Any, device: str) -> None:
         self._p = prog
         self._runtime = runtime
         self.device = canonicalize(device)
         self._bufs: list[Buffer] | None = [Buffer(self.device, s.size, s.dtype) for s in prog.slots]
         for s, arr in data.items():
-            self._bufs[s].copyin(arr)
+            if isinstance(arr, Buffer):
+                realize.copy_buffer(self._bufs[s], arr)
+            else:
+                self._bufs[s].copyin(arr)
+        for s, slot in enumerate(prog.slots):
+            if slot.role == "cache":
+                self._bufs[s].copyin(np.zeros(slot.size, dtype=slot.dtype.np))
         self._programs: dict[int, Any] = {}
         self._plans: dict[str, list] = {}
         self._refs: dict[int, list[tuple[list, int]]] = {}
@@ -599,45 +730,58 @@ class Model:
         fresh = Buffer(self.device, buf.size, buf.dtype)
         self._bufs[s] = fresh
         self._rebind(s, fresh)
-        if any(isinstance(d, str) for d in shape):
-            # the buffer holds the Variables' maxima; the result is this call's rows of it, concretely shaped
-            full = tuple(self._p.variables[d][1] if isinstance(d, str) else d for d in shape)
-            now = tuple(env[d] if isinstance(d, str) else d for d in shape)
-            t = Tensor(_buffer_uop(buf, full), _runtime=self._runtime)._as_leaf()
-            return t if now == full else t.shrink(tuple((0, n) for n in now))
-        u = _buffer_uop(buf, tuple(shape))
-        return Tensor(u, _runtime=self._runtime)._as_leaf()
+        full = tuple(self._p.variables[d][1] if isinstance(d, str) else d for d in shape)
+        now = tuple(env[d] if isinstance(d, str) else d for d in shape)
+        if now == full:
+            return Tensor(_buffer_uop(buf, full), _runtime=self._runtime)._as_leaf()
+        # the buffer holds the Variables' maxima; this call's result is its first prod(now) elements, row-major
+        t = Tensor(_buffer_uop(buf, (buf.size,)), _runtime=self._runtime)._as_leaf()
+        return t.shrink(((0, int(np.prod(now, dtype=np.int64))),)).reshape(now)
 
     # ---- inputs
+    def _entry_specs(self, entry: str) -> dict[str, Spec]:
+        """{input name: Spec} of an entrypoint's tensor inputs (their buffers carry dtype and shape)."""
+        return {k: Spec(k, self._p.slots[s].dtype, self._p.slots[s].shape)
+                for k, s in self._p.entries[entry].inputs.items()}
+
     def _feeds(self, entry: str, given: Mapping[str, Any]) -> tuple[dict[int, Any], dict[str, int]]:
         e = self._p.entries[entry]
-        specs = {s.name: s for s in self._p.inputs + self._p.targets if s.name in e.inputs}
-        unknown = sorted(set(given) - set(specs))
-        missing = [k for k in specs if k not in given]
+        specs = self._entry_specs(entry)
+        names = list(specs) + list(e.args)
+        unknown = sorted(set(given) - set(names))
+        missing = [k for k in names if k not in given]
         if unknown or missing:
-            raise ModelInputError(f"entrypoint {entry!r} takes {list(specs)}; " +
+            raise ModelInputError(f"entrypoint {entry!r} takes {names}; " +
                                   (f"unknown {unknown}" if unknown else "") + ("; " if unknown and missing else "") +
                                   (f"missing {missing}" if missing else ""))
         env: dict[str, int] = {}
+        for v in e.args:
+            env[v] = self._argument(v, given[v])
         feeds: dict[int, Any] = {}
         for k, spec in specs.items():
-            value, n = self._convert(spec, given[k])
-            if n is not None:
-                var = spec.shape[0]
-                if env.setdefault(var, n) != n:  # type: ignore[arg-type]
-                    raise ModelInputError(f"input {k!r} has {n} rows for Variable {var!r}, "
-                                          f"another input has {env[var]}")
+            value, dims = self._convert(spec, given[k])
+            for var, n in dims.items():
+                if env.setdefault(var, n) != n:
+                    raise ModelInputError(f"input {k!r} gives Variable {var!r} the value {n}, while another input "
+                                          f"or argument gives it {env[var]}")
             feeds[e.inputs[k]] = value
         for v, (lo, hi) in self._p.variables.items():
             env.setdefault(v, hi)
         return feeds, env
 
-    def _convert(self, spec: Spec, value: Any) -> tuple[Any, int | None]:
-        """(a Buffer or a flat host array, the leading Variable's value) for one input."""
+    def _argument(self, name: str, value: Any) -> int:
+        lo, hi = self._p.variables[name]
+        if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)):
+            raise ModelInputError(f"argument {name!r} is a Variable and takes an int in {lo}..{hi}, "
+                                  f"got {type(value).__name__}")
+        if not lo <= int(value) <= hi:
+            raise ModelInputError(f"argument {name!r} = {int(value)} is outside Variable {name!r} bounds {lo}..{hi}")
+        return int(value)
+
+    def _convert(self, spec: Spec, value: Any) -> tuple[Any, dict[str, int]]:
+        """(a Buffer or a flat host array, {Variable: value} read off its shape) for one input."""
         from polygrad.tensor import Tensor, _np_cast
-        sym = bool(spec.shape) and isinstance(spec.shape[0], str)
-        trailing = spec.shape[1:] if sym else spec.shape
-        per_row = int(np.prod(trailing, dtype=np.int64)) if sym else 1
+        sym = [k for k, d in enumerate(spec.shape) if isinstance(d, str)]
         want = "[" + ", ".join(str(d) for d in spec.shape) + "]"
         if isinstance(value, Tensor):
             if value.dtype != spec.dtype:
@@ -646,9 +790,8 @@ class Model:
             if value.device != self.device:
                 raise ModelInputError(f"input {spec.name!r} is on {value.device}, the model on {self.device}; "
                                       "use .to() first")
-            shape = sint.concrete_shape(value.shape)
-            n = self._rows(spec, shape, want)
-            return value.contiguous()._buffer(), n
+            dims = self._dims(spec, sint.concrete_shape(value.shape), want)
+            return value.contiguous()._buffer(), dims
         if isinstance(value, np.ndarray):
             arr = value
             if arr.dtype != spec.dtype.np and not np.can_cast(arr.dtype, spec.dtype.np, "same_kind") and \
@@ -662,31 +805,40 @@ class Model:
                 raise ModelInputError(f"input {spec.name!r}: cannot read {type(value).__name__} as "
                                       f"{_dtname(spec.dtype)}: {e}") from None
         if arr.ndim <= 1 and len(spec.shape) != 1:  # flat data: the signature gives the shape
+            fixed = int(np.prod([d for d in spec.shape if isinstance(d, int)], dtype=np.int64))
+            if len(sym) > 1:
+                raise ModelInputError(f"input {spec.name!r} has {len(sym)} Variable dimensions {want}; pass an array "
+                                      "of that shape, not flat data")
             if sym:
-                if per_row == 0 or arr.size % per_row:
+                if fixed == 0 or arr.size % fixed:
                     raise ModelInputError(f"input {spec.name!r} has {arr.size} values; expected a multiple of "
-                                          f"{per_row} for shape {want}")
-                n = arr.size // per_row
-                self._rows(spec, (n, *trailing), want)
+                                          f"{fixed} for shape {want}")
+                shape = tuple(arr.size // fixed if isinstance(d, str) else d for d in spec.shape)
+                dims = self._dims(spec, shape, want)
             else:
-                n = None
-                if arr.size != int(np.prod(spec.shape, dtype=np.int64)):
-                    raise ModelInputError(f"input {spec.name!r} has {arr.size} values; expected "
-                                          f"{int(np.prod(spec.shape, dtype=np.int64))} for shape {want}")
+                dims = {}
+                if arr.size != fixed:
+                    raise ModelInputError(f"input {spec.name!r} has {arr.size} values; expected {fixed} for "
+                                          f"shape {want}")
         else:
-            n = self._rows(spec, arr.shape, want)
-        return _np_cast(np.ascontiguousarray(arr).reshape(-1), spec.dtype), n
+            dims = self._dims(spec, arr.shape, want)
+        return _np_cast(np.ascontiguousarray(arr).reshape(-1), spec.dtype), dims
 
-    def _rows(self, spec: Spec, shape: tuple[int, ...], want: str) -> int | None:
+    def _dims(self, spec: Spec, shape: tuple[int, ...], want: str) -> dict[str, int]:
+        """{Variable: value} of a shape that matches the spec (fixed dims equal, Variables within bounds)."""
         if len(shape) != len(spec.shape) or any(a != b for a, b in zip(shape, spec.shape) if isinstance(b, int)):
             raise ModelInputError(f"input {spec.name!r} has shape {list(shape)}; expected {want}")
-        if spec.shape and isinstance(spec.shape[0], str):
-            lo, hi = self._p.variables[spec.shape[0]]
-            if not lo <= shape[0] <= hi:
-                raise ModelInputError(f"input {spec.name!r} has {shape[0]} rows; Variable {spec.shape[0]!r} allows "
-                                      f"{lo}..{hi}")
-            return int(shape[0])
-        return None
+        dims: dict[str, int] = {}
+        for n, d in zip(shape, spec.shape):
+            if isinstance(d, str):
+                lo, hi = self._p.variables[d]
+                if not lo <= n <= hi:
+                    raise ModelInputError(f"input {spec.name!r} has shape {list(shape)}; Variable {d!r} allows "
+                                          f"{lo}..{hi}")
+                if dims.setdefault(d, int(n)) != n:
+                    raise ModelInputError(f"input {spec.name!r} has shape {list(shape)}: the dimensions named "
+                                          f"{d!r} differ")
+        return dims
 
     # ---- public calls
     def call(self, entrypoint: str, inputs: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -698,8 +850,7 @@ class Model:
         if entrypoint == "train_step" and self._opt_pending:
             raise ModelError("the optimizer graph is recorded on the first train_step(); call train_step() or fit()")
         self._run(entrypoint, feeds, env)
-        shapes = {s.name: s.shape for s in self._p.outputs}
-        return {k: self._take(s, shapes.get(k, ()), env) for k, s in self._p.entries[entrypoint].outputs.items()}
+        return {k: self._take(s, self._p.slots[s].shape, env) for k, s in self._p.entries[entrypoint].outputs.items()}
 
     def forward(self, **inputs: Any) -> dict[str, Any]:
         """The evaluation forward: `model.forward(x=...)` -> {output name: Tensor}."""
@@ -861,6 +1012,10 @@ class Model:
         if not isinstance(data, Mapping):
             raise ModelError("fit(data) takes a dict {name: array or Tensor} of every input and target")
         specs = {s.name: s for s in self._p.inputs + self._p.targets}
+        inner = [k for k, s in specs.items() if any(isinstance(d, str) for d in s.shape[1:])]
+        if inner:
+            raise ModelError(f"fit() slices samples on the leading axis; inputs {inner} have a Variable in another "
+                             "dimension. Call train_step() per batch instead")
         unknown, missing = sorted(set(data) - set(specs)), [k for k in specs if k not in data]
         if unknown or missing:
             raise ModelInputError(f"fit data needs {list(specs)}; " + (f"unknown {unknown} " if unknown else "") +
@@ -901,6 +1056,7 @@ class Model:
                 self._admits(specs, rest, "the final batch (remainder='keep')")
                 batches.append((full * bs, rest))
         self._configure(optimizer, lr, hyper)
+        leading = {s.shape[0] for s in specs.values() if s.shape and isinstance(s.shape[0], str)}
         bar = _progress(epochs * len(batches), verbose)
         losses: list[float] = []
         e = self._p.entries["loss"]
@@ -912,7 +1068,7 @@ class Model:
                         part = col[start:start + size]
                         on_device = isinstance(col, Tensor)
                         feeds[e.inputs[k]] = part.contiguous()._buffer() if on_device else part.reshape(-1)
-                    env = {v: size for v in self._p.variables}
+                    env = {v: size if v in leading else hi for v, (_, hi) in self._p.variables.items()}
                     losses.append(self._step(feeds, env))
                     if bar is not None:
                         bar.update(1)

@@ -55,15 +55,20 @@ def to_manifest(model: Any, include_optimizer: bool, version: str) -> tuple[dict
     def calls(e: Any) -> list:
         return [{"copy": list(c.args)} if c.kernel < 0 else {"kernel": c.kernel, "args": list(c.args)} for c in e.calls]
 
+    def entry(e: Any) -> dict:
+        d = {"inputs": dict(e.inputs), "outputs": dict(e.outputs), "calls": calls(e), "rng": list(e.rng)}
+        if e.args:
+            d["arguments"] = list(e.args)
+        return d
+
     manifest = {
-        "format": bundle.FORMAT, "version": bundle.VERSION, "producer": f"polygrad {version}",
+        "format": bundle.FORMAT, "version": format_version(p), "producer": f"polygrad {version}",
         "signature": {"inputs": [spec(s) for s in p.inputs], "targets": [spec(s) for s in p.targets],
                       "outputs": [spec(s) for s in p.outputs]},
         "variables": [{"name": k, "min": lo, "max": hi} for k, (lo, hi) in p.variables.items()],
         "buffers": buffers,
         "kernels": serialize.encode(p.kernels),
-        "entrypoints": {name: {"inputs": dict(e.inputs), "outputs": dict(e.outputs), "calls": calls(e),
-                               "rng": list(e.rng)} for name, e in p.entries.items()},
+        "entrypoints": {name: entry(e) for name, e in p.entries.items()},
         "training": {"gradients": [[a, b] for a, b in p.gradients.items()],
                      "optimizer": dict(p.optimizer) if recorded and p.optimizer else None,
                      "optimizer_state": ("kept" if include_optimizer else "initial") if recorded else None,
@@ -71,6 +76,15 @@ def to_manifest(model: Any, include_optimizer: bool, version: str) -> tuple[dict
         "rng": {"seed": int(p.rng[0]), "counter": int(p.rng[1])},
     }
     return manifest, blobs
+
+
+def format_version(p: Any) -> int:
+    """The oldest bundle version that holds this program: 2 when it has a cache buffer, a Variable outside
+    a leading dimension or a Variable argument (what version 2 added), else 1 (every version-1 reader)."""
+    inner = any(isinstance(d, str) for slot in p.slots for d in slot.shape[1:])
+    if inner or any(slot.role == "cache" for slot in p.slots) or any(e.args for e in p.entries.values()):
+        return 2
+    return 1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -89,13 +103,14 @@ def _dtype(v: Any, where: str) -> DType:
     return serialize.DTYPES_BY_NAME[v]
 
 
-def _shape(v: Any, where: str, variables: dict[str, tuple[int, int]]) -> tuple[int | str, ...]:
+def _shape(v: Any, where: str, variables: dict[str, tuple[int, int]], version: int) -> tuple[int | str, ...]:
     need(isinstance(v, list) and len(v) <= 16, f"{where} must be a list of at most 16 dimensions")
     out: list[int | str] = []
     for k, d in enumerate(v):
         if isinstance(d, str):
-            need(k == 0 and d in variables, f"{where}[{k}] = {d!r}: only the leading dimension may name a declared "
-                 "Variable")
+            need(d in variables, f"{where}[{k}] = {d!r} is not a declared Variable")
+            need(k == 0 or version >= 2, f"{where}[{k}] = {d!r}: in a version-1 bundle only the leading dimension "
+                 "may name a Variable")
             out.append(d)
         else:
             out.append(check_int(d, f"{where}[{k}]", 0, bundle.MAX_ELEMENTS))
@@ -111,7 +126,7 @@ def _elements(shape: tuple[int | str, ...], variables: dict[str, tuple[int, int]
     return n
 
 
-def _specs(obj: Any, key: str, variables: dict) -> list:
+def _specs(obj: Any, key: str, variables: dict, version: int) -> list:
     from polygrad.model import Spec
     rows = get(obj, key, list, "signature")
     need(len(rows) <= 4096, f"signature.{key} has too many entries")
@@ -122,7 +137,7 @@ def _specs(obj: Any, key: str, variables: dict) -> list:
         need(name.isidentifier() and name not in seen, f"{where}.name {name!r} must be a distinct identifier")
         seen.add(name)
         out.append(Spec(name, _dtype(get(r, "dtype", str, where), f"{where}.dtype"),
-                        _shape(get(r, "shape", list, where), f"{where}.shape", variables)))
+                        _shape(get(r, "shape", list, where), f"{where}.shape", variables, version)))
     return out
 
 
@@ -148,8 +163,9 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
         Variable(name, lo, hi)  # checks the name and bounds (VariableError -> BundleError)
         need(name not in variables, f"{where}: Variable {name!r} declared twice")
         variables[name] = (lo, hi)
+    version = manifest.get("version", 1)
     sig = get(manifest, "signature", dict, "manifest")
-    inputs, targets, outputs = (_specs(sig, k, variables) for k in ("inputs", "targets", "outputs"))
+    inputs, targets, outputs = (_specs(sig, k, variables, version) for k in ("inputs", "targets", "outputs"))
 
     rows = get(manifest, "buffers", list, "manifest")
     need(len(rows) <= MAX_SLOTS, f"{len(rows)} buffers exceed the limit of {MAX_SLOTS}")
@@ -160,8 +176,9 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
         where = f"buffers[{s}]"
         role = get(r, "role", str, where)
         need(role in ROLES, f"{where}.role {role!r} is not one of {list(ROLES)}")
+        need(role != "cache" or version >= 2, f"{where}.role 'cache' needs bundle version 2")
         dt = _dtype(get(r, "dtype", str, where), f"{where}.dtype")
-        shape = _shape(get(r, "shape", list, where), f"{where}.shape", variables)
+        shape = _shape(get(r, "shape", list, where), f"{where}.shape", variables, version)
         size = get_int(r, "size", where)
         need(_elements(shape, variables) == size, f"{where}: size {size} does not match shape {list(shape)}")
         total += size * dt.itemsize
@@ -226,13 +243,20 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
             args = tuple(slot_no(v, f"{cw}.args[{j}]") for j, v in enumerate(get(c, "args", list, cw)))
             _check_call(cw, k, kernels[k], globals_of[k], args, slots, variables)
             calls.append(Call(k, args))
-        entries[name] = Entry(ins, outs, calls, rng)
+        args = []
+        if "arguments" in e:
+            need(version >= 2, f"{where}.arguments needs bundle version 2")
+            for i, v in enumerate(get(e, "arguments", list, where)):
+                need(isinstance(v, str) and v in variables and v not in args and v not in ins,
+                     f"{where}.arguments[{i}] must name a declared Variable once, distinct from the inputs")
+                args.append(v)
+        entries[name] = Entry(ins, outs, calls, rng, args)
     fwd = entries["forward"]
     need(set(fwd.inputs) == {s.name for s in inputs}, "entrypoints.forward.inputs do not match signature.inputs")
     need(set(fwd.outputs) == {s.name for s in outputs}, "entrypoints.forward.outputs do not match signature.outputs")
     for spec in inputs + targets:
         for name, e in entries.items():
-            if spec.name in e.inputs:
+            if spec.name in e.inputs and name in ("forward", "loss", "train_step"):  # others: their buffers
                 slot = slots[e.inputs[spec.name]]
                 need(slot.dtype == spec.dtype and slot.shape == spec.shape,
                      f"entrypoints.{name}.inputs.{spec.name}: buffer does not match the signature")

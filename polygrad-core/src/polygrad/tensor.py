@@ -353,7 +353,8 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         shape = sint.concrete_shape(self.shape)  # symbolic sizes read at their bound values
         if _prod(shape) == 0:
             return np.zeros(shape, dtype=self.dtype.np if self.dtype is not dtypes.bfloat16 else np.float32)
-        flat = self._buffer().numpy()
+        prefix = _prefix_buffer(self.uop)
+        flat = prefix.numpy() if prefix is not None else self._buffer().numpy()
         # a realized symbolic result fills a prefix of a buffer sized for the variables' maxima
         return _storage_to_numpy(flat[:_prod(shape)], self.dtype).reshape(shape)
 
@@ -644,6 +645,16 @@ def _is_view_of_realized(u: UOp) -> bool:
     while u.op in _WRITABLE_VIEW_OPS:
         u = u.src[0]
     return u.op is Ops.BUFFER and u.arg.is_allocated
+
+
+def _prefix_buffer(u: UOp) -> Buffer | None:
+    """The allocated buffer whose leading elements, row-major, are this view (reshapes of
+    buffer.reshape(-1)[:n], as Model hands out variable-size results), or None: read without a kernel."""
+    u = mv.strip_reshapes(u)
+    if u.op is not Ops.SHRINK or len(u.arg) != 1 or u.arg[0][0] != 0:
+        return None
+    base = mv.strip_reshapes(u.src[0])
+    return base.arg if base.op is Ops.BUFFER and base.arg.is_allocated else None
 
 
 def _is_realized(u: UOp) -> bool:

@@ -22,7 +22,7 @@ from polygrad.dtype import DType, dtypes
 from polygrad.errors import SafetensorsError
 from polygrad.tensor import Tensor
 
-__all__ = ["safe_load", "safe_load_metadata", "safe_save"]
+__all__ = ["safe_load", "safe_load_metadata", "safe_load_numpy", "safe_save"]
 
 SAFETENSORS_DTYPES: dict[str, DType] = {
     "BOOL": dtypes.bool, "U8": dtypes.uint8, "I8": dtypes.int8, "U16": dtypes.uint16, "I16": dtypes.int16,
@@ -96,6 +96,24 @@ def safe_load(source: str | os.PathLike | bytes, device: str | None = None) -> d
         arr = np.frombuffer(data, dtype=dt.np.newbyteorder("<"), count=(end - begin) // dt.itemsize,
                             offset=data_start + begin)
         out[name] = Tensor(arr.astype(dt.np, copy=False).reshape(info["shape"]), device=device, dtype=dt)
+    return out
+
+
+def safe_load_numpy(source: str | os.PathLike | bytes) -> dict[str, tuple[np.ndarray, DType]]:
+    """{name: (array, dtype)}: every tensor as a read-only NumPy view of the (memory-mapped) file, nothing
+    copied, for loaders that convert on the host; a bfloat16 tensor comes as its raw uint16 bits. The header
+    is validated as in safe_load (SafetensorsError names the tensor)."""
+    data = _open(source)
+    header, data_start = _parse_header(data)
+    out: dict[str, tuple[np.ndarray, DType]] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dt = SAFETENSORS_DTYPES[info["dtype"]]
+        begin, end = info["data_offsets"]
+        arr = np.frombuffer(data, dtype=np.dtype(dt.np).newbyteorder("<"), count=(end - begin) // dt.itemsize,
+                            offset=data_start + begin)
+        out[name] = (arr.reshape(info["shape"]), dt)
     return out
 
 

@@ -1,0 +1,232 @@
+"""The decoder-only transformer (GPT-2, Llama, Qwen2) in Tensor ops, with a KV cache.
+
+Stage: graph construction, captured by loader.py into a Model. Input: a DecoderConfig and the
+weights as host arrays in Hugging Face names. Output: a `Decoder` with two callables over the same
+weights and caches:
+
+  forward(input_ids[batch, tokens])           -> logits[batch, tokens, vocab]; writes cache[:, :tokens]
+  decode(input_ids[batch, 1], pos)            -> logits[batch, 1, vocab];      writes cache[:, pos],
+                                                 attends over cache[:, :pos + 1]
+
+`batch`, `tokens` and `pos` are bound Variables when captured, so one set of compiled kernels serves
+every prompt length and every position: decoding a token costs one pass over the weights plus the
+attention over the cached prefix, never a recompute of the prefix and never a compile.
+
+Layouts (chosen once here): a projection is stored (in, out) and applied as `x @ w`; the token
+embedding (vocab, width) doubles as the tied output projection (`x @ wte.T`). The caches are
+(max_batch, kv_heads, max_seq_len, head_dim) per layer for keys and for values.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from polygrad import Tensor, dtypes
+
+from polygrad_hf.config import DecoderConfig
+
+# a Llama/Qwen2 layer's Hugging Face tensor names by role
+LLAMA_LAYER = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
+               "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
+               "o": "self_attn.o_proj.weight", "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight",
+               "down": "mlp.down_proj.weight"}
+
+
+def _prefixed(ck: Any, name: str, prefixes: tuple[str, ...]) -> str:
+    """The checkpoint's spelling of `name`: with the first prefix it holds ("model.", "transformer.", "")."""
+    for p in prefixes:
+        if ck.has(p + name):
+            return p + name
+    return prefixes[0] + name  # missing: take() names the canonical spelling
+
+
+def expected_weights(cfg: DecoderConfig) -> dict[str, tuple[tuple[int, ...], bool]]:
+    """{HF name (canonical prefix): (shape as stored by Hugging Face, transpose to (in, out))}."""
+    E, V, F, L = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.num_layers
+    out: dict[str, tuple[tuple[int, ...], bool]] = {}
+    if cfg.family == "gpt2":
+        out.update({"transformer.wte.weight": ((V, E), False),
+                    "transformer.wpe.weight": ((cfg.max_positions, E), False),
+                    "transformer.ln_f.weight": ((E,), False), "transformer.ln_f.bias": ((E,), False)})
+        for i in range(L):
+            p = f"transformer.h.{i}."
+            out.update({p + "ln_1.weight": ((E,), False), p + "ln_1.bias": ((E,), False),
+                        p + "ln_2.weight": ((E,), False), p + "ln_2.bias": ((E,), False),
+                        p + "attn.c_attn.weight": ((E, 3 * E), False), p + "attn.c_attn.bias": ((3 * E,), False),
+                        p + "attn.c_proj.weight": ((E, E), False), p + "attn.c_proj.bias": ((E,), False),
+                        p + "mlp.c_fc.weight": ((E, F), False), p + "mlp.c_fc.bias": ((F,), False),
+                        p + "mlp.c_proj.weight": ((F, E), False), p + "mlp.c_proj.bias": ((E,), False)})
+        if not cfg.tie_embeddings:
+            out["lm_head.weight"] = ((V, E), False)
+        return out
+    H, KV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    out.update({"model.embed_tokens.weight": ((V, E), False), "model.norm.weight": ((E,), False)})
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = ((V, E), False)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        shapes = {"attn_norm": (E,), "mlp_norm": (E,), "q": (H * D, E), "k": (KV * D, E), "v": (KV * D, E),
+                  "o": (E, H * D), "gate": (F, E), "up": (F, E), "down": (E, F)}
+        for key, name in LLAMA_LAYER.items():
+            out[p + name] = (shapes[key], len(shapes[key]) == 2)
+        if cfg.attention_bias:
+            out.update({p + "self_attn.q_proj.bias": ((H * D,), False), p + "self_attn.k_proj.bias": ((KV * D,), False),
+                        p + "self_attn.v_proj.bias": ((KV * D,), False)})
+        if cfg.mlp_bias:
+            out.update({p + "mlp.gate_proj.bias": ((F,), False), p + "mlp.up_proj.bias": ((F,), False),
+                        p + "mlp.down_proj.bias": ((E,), False)})
+    return out
+
+
+def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor]) -> dict[str, Tensor]:
+    """Every weight the config needs, checked against its shape, laid out for the graph and converted to a
+    device Tensor by `convert` (one at a time, so host memory holds one converted array at once)."""
+    prefixes = ("transformer.", "") if ck.config.family == "gpt2" else ("model.", "")
+    out = {}
+    for name, (shape, transpose) in expected_weights(ck.config).items():
+        canon = name.split(".", 1)[1] if name.startswith(("transformer.", "model.")) else name
+        stored = name if name == "lm_head.weight" else _prefixed(ck, canon, prefixes)
+        arr = ck.take(stored, shape)
+        out[name] = convert(np.ascontiguousarray(arr.T) if transpose else arr)
+    return out
+
+
+class Decoder:
+    """The model as an object Model can capture: weights and caches as attributes, forward and decode."""
+
+    def __init__(self, cfg: DecoderConfig, weights: dict[str, Tensor], max_batch: int, max_seq_len: int,
+                 device: str | None, rope_freq_divisors: np.ndarray | None = None):
+        self.cfg, self.w = cfg, weights
+        self.max_batch, self.max_seq_len = max_batch, max_seq_len
+        shape = (max_batch, cfg.num_kv_heads, max_seq_len, cfg.head_dim)
+        self.caches = {f"cache.{kind}.{i}": Tensor.zeros(*shape, device=device).contiguous().realize()
+                       for i in range(cfg.num_layers) for kind in ("k", "v")}
+        mask = np.triu(np.full((max_seq_len, max_seq_len), -np.inf, np.float32), 1)
+        self.consts = {"causal_mask": Tensor(mask, device=device, requires_grad=False)}
+        if cfg.uses_rope:
+            angles = np.arange(max_seq_len, dtype=np.float64)[:, None] * cfg.inv_freq(rope_freq_divisors)[None, :]
+            self.consts["rope.cos"] = Tensor(np.cos(angles).astype(np.float32), device=device, requires_grad=False)
+            self.consts["rope.sin"] = Tensor(np.sin(angles).astype(np.float32), device=device, requires_grad=False)
+        for t in self.consts.values():
+            t.realize()
+
+    def params(self) -> dict[str, Tensor]:
+        return {**self.w, **self.consts}
+
+    # ---- the two entrypoints
+    def __call__(self, input_ids: Tensor) -> dict[str, Tensor]:
+        return {"logits": self._run(input_ids, 0, input_ids.shape[1])}
+
+    def decode(self, input_ids: Tensor, pos: Any) -> dict[str, Tensor]:
+        return {"logits": self._run(input_ids, pos, 1)}
+
+    # ---- the graph
+    def _run(self, ids: Tensor, start: Any, length: Any) -> Tensor:
+        cfg, w = self.cfg, self.w
+        gpt2 = cfg.family == "gpt2"
+        wte = w["transformer.wte.weight" if gpt2 else "model.embed_tokens.weight"]
+        x = embed(wte, ids).cast(dtypes.float32)  # 16-bit weights: the residual stream stays float32
+        if gpt2:
+            x = x + w["transformer.wpe.weight"][start:start + length]
+        for i in range(cfg.num_layers):
+            x = self._block(i, x, start, length)
+        if gpt2:
+            x = x.layernorm(eps=cfg.norm_eps) * w["transformer.ln_f.weight"] + w["transformer.ln_f.bias"]
+        else:
+            x = rms_norm(x, w["model.norm.weight"], cfg.norm_eps)
+        head = wte if cfg.tie_embeddings else w["lm_head.weight"]
+        return x.contiguous() @ head.T  # contiguous: see _linear
+
+    def _block(self, i: int, x: Tensor, start: Any, length: Any) -> Tensor:
+        cfg, w = self.cfg, self.w
+        b = x.shape[0]
+        H, KV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        # Each realize() schedules only what its targets need and leaves the other lazy tensors lazy, so a
+        # value read on both sides of one (the residual stream here, q below) is realized with it: computed
+        # once, not again by every later realize.
+        x.realize()
+        if cfg.family == "gpt2":
+            p = f"transformer.h.{i}."
+            h = x.layernorm(eps=cfg.norm_eps) * w[p + "ln_1.weight"] + w[p + "ln_1.bias"]
+            qkv = self._linear(h, p + "attn.c_attn")
+            E = cfg.hidden_size
+            q, k, v = qkv[..., :E], qkv[..., E:2 * E], qkv[..., 2 * E:]
+        else:
+            p = f"model.layers.{i}."
+            h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.norm_eps)
+            q, k, v = (self._linear(h, p + f"self_attn.{n}_proj") for n in "qkv")
+        q = q.reshape(b, length, H, D).permute(0, 2, 1, 3)  # (b, H, t, D)
+        k = k.reshape(b, length, KV, D).permute(0, 2, 1, 3)
+        v = v.reshape(b, length, KV, D).permute(0, 2, 1, 3)
+        if cfg.uses_rope:
+            cos = self.consts["rope.cos"][start:start + length]
+            sin = self.consts["rope.sin"][start:start + length]
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        a = self._attend(i, q, k, v, start, length)  # (b, t, H * D)
+        if cfg.family == "gpt2":
+            x = x + self._linear(a, p + "attn.c_proj")
+            h = x.layernorm(eps=cfg.norm_eps) * w[p + "ln_2.weight"] + w[p + "ln_2.bias"]
+            h = gelu(self._linear(h, p + "mlp.c_fc"), cfg.activation)
+            return x + self._linear(h, p + "mlp.c_proj")
+        x = x + self._linear(a, p + "self_attn.o_proj")
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.norm_eps)
+        h = self._linear(h, p + "mlp.gate_proj").silu() * self._linear(h, p + "mlp.up_proj")
+        return x + self._linear(h, p + "mlp.down_proj")
+
+    def _linear(self, x: Tensor, name: str) -> Tensor:
+        """x @ weight (+ bias). The input is realized first: fused into the matmul, an elementwise input
+        (a norm, gelu, silu * up) would be recomputed once per block of output columns."""
+        y = x.contiguous() @ self.w[name + ".weight"]
+        bias = self.w.get(name + ".bias")
+        return y if bias is None else y + bias
+
+    def _attend(self, i: int, q: Tensor, k: Tensor, v: Tensor, start: Any, length: Any) -> Tensor:
+        """Write this call's keys/values into the layer's cache, then attend over the cached prefix."""
+        cfg = self.cfg
+        b = q.shape[0]
+        H, KV, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        kc, vc = self.caches[f"cache.k.{i}"], self.caches[f"cache.v.{i}"]
+        Tensor.realize_all(q, kc[:b, :, start:start + length].assign(k), vc[:b, :, start:start + length].assign(v))
+        end = start + length
+        keys, values = kc[:b, :, :end].unsqueeze(2), vc[:b, :, :end].unsqueeze(2)  # (b, KV, 1, L, D)
+        q = q.reshape(b, KV, H // KV, length, D)  # query heads grouped by the key head they share
+        scores = (q @ keys.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # (b, KV, g, t, L)
+        if isinstance(start, int) and start == 0:  # forward: causal over the prompt (decode sees all of it)
+            scores = scores + self.consts["causal_mask"][:length, :length]
+        out = scores.softmax(-1) @ values  # (b, KV, g, t, D)
+        return out.reshape(b, H, length, D).permute(0, 2, 1, 3).reshape(b, length, H * D)
+
+
+def embed(table: Tensor, ids: Tensor) -> Tensor:
+    """Rows of `table` (vocab, width) at integer `ids` (any shape): ids.shape + (width,)."""
+    flat = ids.reshape(-1, 1)
+    rows = table.gather(0, flat.expand(flat.shape[0], table.shape[1]))
+    return rows.reshape(*ids.shape, table.shape[1])
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return x * (x * x).mean(-1, keepdim=True).add(eps).rsqrt() * weight
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotary position embedding in the Hugging Face layout (the two halves of each head rotate together)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)
+
+
+def gelu(x: Tensor, activation: str) -> Tensor:
+    return x.gelu() if activation == "gelu" else x.gelu(approximate="tanh")
+
+
+def storage_dtype(name: Any) -> Any:
+    """The polygrad dtype weights are kept in: float32 (default), float16 or bfloat16."""
+    table = {None: dtypes.float32, "float32": dtypes.float32, "float16": dtypes.float16, "bfloat16": dtypes.bfloat16}
+    key = getattr(name, "name", name)
+    key = {"float": "float32", "half": "float16"}.get(key, key)
+    if key not in table:
+        from polygrad_hf.errors import HFError
+        raise HFError(f"dtype={name!r}: weights can be kept as float32, float16 or bfloat16")
+    return table[key]

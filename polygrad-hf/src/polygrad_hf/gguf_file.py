@@ -1,0 +1,154 @@
+"""Read a GGUF file (llama.cpp's format) as a Checkpoint in Hugging Face names and layouts.
+
+Stage: checkpoint reading. Input: a .gguf path. Output: a checkpoint.Checkpoint whose config comes
+from the GGUF metadata (`<arch>.embedding_length`, `<arch>.block_count`, ...) and whose tensors are
+renamed (`blk.0.attn_q.weight` -> `model.layers.0.self_attn.q_proj.weight`) and laid out as the
+Hugging Face checkpoint would hold them: llama.cpp's reordering of Llama's q/k rows is undone, GPT-2's
+transposed Conv1D weights are transposed back, and a `rope_freqs` tensor (Llama 3 rope scaling) becomes
+frequency divisors.
+
+Tensor types: F32, F16, BF16, Q8_0 and Q4_0 (through the `gguf` package's dequantizer, at load:
+quantized weights end up as float arrays, see load_hf for the memory this costs). Architectures:
+llama, qwen2, gpt2.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from polygrad_hf.checkpoint import Checkpoint
+from polygrad_hf.config import DecoderConfig
+from polygrad_hf.errors import CheckpointError, UnsupportedModelError, need_package
+
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
+ARCHS = ("llama", "qwen2", "gpt2")
+
+LLAMA_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+               "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
+               "attn_v.weight": "self_attn.v_proj.weight", "attn_output.weight": "self_attn.o_proj.weight",
+               "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+               "attn_v.bias": "self_attn.v_proj.bias", "ffn_gate.weight": "mlp.gate_proj.weight",
+               "ffn_up.weight": "mlp.up_proj.weight", "ffn_down.weight": "mlp.down_proj.weight"}
+GPT2_NAMES = {"attn_norm.weight": "ln_1.weight", "attn_norm.bias": "ln_1.bias", "ffn_norm.weight": "ln_2.weight",
+              "ffn_norm.bias": "ln_2.bias", "attn_qkv.weight": "attn.c_attn.weight",
+              "attn_qkv.bias": "attn.c_attn.bias", "attn_output.weight": "attn.c_proj.weight",
+              "attn_output.bias": "attn.c_proj.bias", "ffn_up.weight": "mlp.c_fc.weight",
+              "ffn_up.bias": "mlp.c_fc.bias", "ffn_down.weight": "mlp.c_proj.weight",
+              "ffn_down.bias": "mlp.c_proj.bias"}
+GPT2_TRANSPOSED = {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"}
+
+
+def _hf_name(arch: str, name: str) -> str | None:
+    """The Hugging Face name of a GGUF tensor, or None for one the model does not use."""
+    top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+    if arch == "gpt2":
+        top = {"token_embd.weight": "transformer.wte.weight", "position_embd.weight": "transformer.wpe.weight",
+               "output_norm.weight": "transformer.ln_f.weight", "output_norm.bias": "transformer.ln_f.bias",
+               "output.weight": "lm_head.weight"}
+    if name in top:
+        return top[name]
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
+        table, prefix = (GPT2_NAMES, "transformer.h.") if arch == "gpt2" else (LLAMA_NAMES, "model.layers.")
+        inner = table.get(parts[2])
+        return None if inner is None else f"{prefix}{parts[1]}.{inner}"
+    return None
+
+
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row order (pairs interleaved per head) back to Hugging Face's halves."""
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _field(reader: Any, key: str, path: str, default: Any = KeyError) -> Any:
+    f = reader.fields.get(key)
+    if f is None:
+        if default is KeyError:
+            raise CheckpointError(f"{path}: GGUF metadata lacks {key!r}")
+        return default
+    v = f.contents()
+    return v
+
+
+def _config(reader: Any, path: str, arch: str, shapes: dict[str, tuple[int, ...]]) -> DecoderConfig:
+    def get(key: str, default: Any = KeyError) -> Any:
+        return _field(reader, f"{arch}.{key}", path, default)
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    emb = shapes.get("token_embd.weight")
+    if emb is None:
+        raise CheckpointError(f"{path}: tensor 'token_embd.weight' is missing")
+    vocab = emb[0]
+    eos = _field(reader, "tokenizer.ggml.eos_token_id", path, None)
+    bos = _field(reader, "tokenizer.ggml.bos_token_id", path, None)
+    common: dict[str, Any] = dict(
+        family=arch, vocab_size=int(vocab), hidden_size=hidden, num_layers=int(get("block_count")), num_heads=heads,
+        intermediate_size=int(get("feed_forward_length")), max_positions=int(get("context_length")),
+        tie_embeddings="output.weight" not in shapes, bos_token_id=None if bos is None else int(bos),
+        eos_token_id=() if eos is None else (int(eos),))
+    if arch == "gpt2":
+        return DecoderConfig(num_kv_heads=heads, head_dim=hidden // heads,
+                             norm_eps=float(get("attention.layer_norm_epsilon")), activation="gelu_new",
+                             attention_bias=True, mlp_bias=True, **common)
+    kv = int(get("attention.head_count_kv", heads))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    return DecoderConfig(num_kv_heads=kv, head_dim=head_dim, norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+                         rope_theta=float(get("rope.freq_base", 10000.0)), activation="silu",
+                         attention_bias="blk.0.attn_q.bias" in shapes, **common)
+
+
+def open_gguf(path: str) -> Checkpoint:
+    gguf = need_package("gguf", "gguf", "loading GGUF files")
+    try:
+        reader = gguf.GGUFReader(path)  # type: ignore[attr-defined]
+    except Exception as e:  # noqa: BLE001 (the reader raises ValueError, struct.error, IndexError...)
+        raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    arch = _field(reader, "general.architecture", path)
+    if arch not in ARCHS:
+        raise UnsupportedModelError(f"{path}: GGUF architecture {arch!r} is not supported; polygrad-hf loads "
+                                    f"{list(ARCHS)}")
+    tensors = {t.name: t for t in reader.tensors}
+    shapes = {name: tuple(int(d) for d in reversed(list(t.shape))) for name, t in tensors.items()}
+    cfg = _config(reader, path, arch, shapes)
+    arrays: dict[str, tuple[Any, str]] = {}
+    seen: set[str] = set()
+    for name, t in tensors.items():
+        kind = t.tensor_type.name
+        hf = _hf_name(arch, name)
+        if hf is None:
+            continue
+        if kind not in TYPES:
+            raise UnsupportedModelError(f"{path}: tensor {name!r} is {kind}; polygrad-hf reads {list(TYPES)}")
+        seen.add(kind)
+        arrays[hf] = (_loader(gguf, t, path, name, hf, cfg), path)
+    extras = {}
+    if "rope_freqs.weight" in tensors:
+        extras["rope_freqs"] = _dequantize(gguf, tensors["rope_freqs.weight"], path, "rope_freqs.weight").reshape(-1)
+    notes = [f"dequantized {k} at load" for k in sorted(seen & {"Q8_0", "Q4_0"})]
+    return Checkpoint(cfg, path, arrays, extras=extras, notes=notes)
+
+
+def _dequantize(gguf: Any, t: Any, path: str, name: str) -> np.ndarray:
+    try:
+        arr = gguf.quants.dequantize(t.data, t.tensor_type)
+    except Exception as e:  # noqa: BLE001
+        raise CheckpointError(f"{path}: tensor {name!r} ({t.tensor_type.name}) cannot be decoded: {e}") from None
+    shape = tuple(int(d) for d in reversed(list(t.shape)))
+    if arr.size != int(np.prod(shape)):
+        raise CheckpointError(f"{path}: tensor {name!r} holds {arr.size} values for shape {list(shape)}")
+    return np.asarray(arr, dtype=np.float32).reshape(shape)
+
+
+def _loader(gguf: Any, t: Any, path: str, name: str, hf: str, cfg: DecoderConfig) -> Callable[[], np.ndarray]:
+    def load() -> np.ndarray:
+        arr = _dequantize(gguf, t, path, name)
+        if cfg.family == "llama" and hf.endswith(("q_proj.weight", "q_proj.bias")):
+            arr = _unpermute(arr, cfg.num_heads)
+        elif cfg.family == "llama" and hf.endswith(("k_proj.weight", "k_proj.bias")):
+            arr = _unpermute(arr, cfg.num_kv_heads)
+        elif cfg.family == "gpt2" and hf.split(".", 3)[-1] in GPT2_TRANSPOSED:
+            arr = np.ascontiguousarray(arr.T)
+        return arr
+    return load

@@ -1,0 +1,89 @@
+"""load_hf: a checkpoint folder or GGUF file -> an ordinary polygrad Model with a KV cache.
+
+Stage: user API. Input: a path (see checkpoint.py), the cache bounds, a weight dtype, a device or
+runtime. Output: a `polygrad.Model` captured from decoder.Decoder with
+
+  forward(input_ids[batch, tokens]) -> {"logits": [batch, tokens, vocab]}   (fills the KV cache)
+  decode(input_ids[batch, 1], pos)  -> {"logits": [batch, 1, vocab]}        (one step at position pos)
+
+where batch <= max_batch, tokens <= max_seq_len and pos < max_seq_len are Variables (one compiled
+program per kernel, whatever their values); with max_batch=1 the batch is a fixed 1. `save()` writes
+a portable .pgb bundle (format version 2: the caches are `cache` buffers, not stored).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from polygrad import Model, Tensor, Variable, dtypes, runtime_context
+from polygrad.device import canonicalize
+
+from polygrad_hf.checkpoint import Checkpoint, open_checkpoint
+from polygrad_hf.decoder import Decoder, read_weights, storage_dtype
+from polygrad_hf.errors import HFError
+
+DEFAULT_MAX_SEQ_LEN = 1024
+
+
+def load_hf(path: str | os.PathLike, max_batch: int = 1, max_seq_len: int | None = None, dtype: Any = None,
+            device: str | None = None, runtime: Any = None) -> Model:
+    """Load a GPT-2, Llama or Qwen2 checkpoint as a Model with a KV cache for `max_batch` sequences of up to
+    `max_seq_len` tokens (default: the model's context length, at most 1024).
+
+    `path` is a folder with config.json and model.safetensors (or a sharded model.safetensors.index.json),
+    or a .gguf file. Safetensors weights may be F32, F16 or BF16. GGUF weights may be F32, F16, BF16, Q8_0
+    or Q4_0; quantized weights are dequantized when loading, so the model holds them in `dtype` (float32 by
+    default): a Q4_0 file of N parameters takes 4N bytes of memory as float32 (2N as float16), not the
+    ~0.56N bytes of the file. `dtype="float16"` or `"bfloat16"` keeps the weights in 16 bits (computation
+    stays float32): half the memory, but the CPU backend does not vectorise kernels over 16-bit data, so
+    float32 decodes faster there. Memory for the caches: 2 x layers x max_batch x kv_heads x max_seq_len x head_dim x 4
+    bytes.
+
+    >>> model = load_hf("path/to/gpt2", max_batch=1, max_seq_len=64)    # doctest: +SKIP
+    >>> model.forward(input_ids=[[1, 2, 3]])["logits"].shape            # doctest: +SKIP
+    (1, 3, 50257)
+    """
+    ck = open_checkpoint(path)
+    return model_from_checkpoint(ck, max_batch, max_seq_len, dtype, device, runtime)
+
+
+def _bound(name: str, value: Any, lo: int, hi: int | None) -> int:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < lo or \
+            (hi is not None and value > hi):
+        limit = f"an int in {lo}..{hi}" if hi is not None else f"an int >= {lo}"
+        raise HFError(f"{name} must be {limit}, got {value!r}")
+    return int(value)
+
+
+def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int | None = None, dtype: Any = None,
+                          device: str | None = None, runtime: Any = None) -> Model:
+    """The Model of an opened Checkpoint (load_hf without the reading)."""
+    cfg = ck.config
+    max_batch = _bound("max_batch", max_batch, 1, None)
+    limit = cfg.max_positions
+    max_seq_len = min(limit, DEFAULT_MAX_SEQ_LEN) if max_seq_len is None else \
+        _bound(f"max_seq_len (the model's context is {limit} positions)", max_seq_len, 1, limit)
+    wdt = storage_dtype(dtype)
+    rt = runtime if runtime is not None else runtime_context.current()
+    dev = canonicalize(device if device is not None else (rt.device if rt is not None else None))
+
+    def convert(arr: np.ndarray) -> Tensor:
+        return Tensor(arr, device=dev, dtype=wdt, _runtime=rt).realize()
+
+    with runtime_context.using(rt):
+        weights = read_weights(ck, convert)
+        dec = Decoder(cfg, weights, max_batch, max_seq_len, dev, ck.extras.get("rope_freqs"))
+        # one sequence: a fixed batch of 1, so the kernels' outer loops are concrete and can be split
+        # across threads (a kernel whose outermost loop has a Variable length runs on one thread)
+        batch = Variable("batch", 1, max_batch) if max_batch > 1 else 1
+        tokens = Variable("tokens", 1, max_seq_len)
+        pos = Variable("pos", 0, max_seq_len - 1)
+        ids = Tensor.empty(batch, tokens, dtype=dtypes.int32, device=dev)
+        step = Tensor.empty(batch, 1, dtype=dtypes.int32, device=dev)
+        model = Model(dec, inputs={"input_ids": ids}, params=dec.params(), caches=dec.caches,
+                      entrypoints={"decode": (dec.decode, {"input_ids": step, "pos": pos})}, runtime=rt)
+    model.hf_config = cfg  # type: ignore[attr-defined]
+    model.tokenizer_file = ck.tokenizer_file  # type: ignore[attr-defined]
+    return model

@@ -1,0 +1,174 @@
+"""Tiny Hugging Face checkpoints for the polygrad-hf tests, made with transformers (no hub access).
+
+`make(kind, folder)` builds a randomly initialised GPT2LMHeadModel / LlamaForCausalLM /
+Qwen2ForCausalLM with a few layers and tiny widths and saves it with save_pretrained (config.json +
+model.safetensors, or shards). `write_gguf` writes the same weights as llama.cpp's converter lays them
+out, through the gguf package's own name map and writer (names, q/k row order, GPT-2 transposes).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+VOCAB = 61  # not a multiple of anything the kernels like
+
+CONFIGS = {
+    "gpt2": dict(vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0),
+    # GQA (4 query heads share 2 key/value heads), Llama 3.1 rope scaling, untied output projection
+    "llama": dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, rope_theta=5000.0, tie_word_embeddings=False,
+                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 16}),
+    # tied embeddings, another rope_theta, no GQA
+    "llama_tied": dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64, rope_theta=20000.0,
+                       tie_word_embeddings=True),
+    "qwen2": dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=True),
+}
+
+
+def hf_model(kind: str, seed: int = 0, **overrides):
+    import torch
+    import transformers as tf
+    torch.manual_seed(seed)
+    family = kind.split("_")[0]
+    cls, cfg = {"gpt2": (tf.GPT2LMHeadModel, tf.GPT2Config), "llama": (tf.LlamaForCausalLM, tf.LlamaConfig),
+                "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config)}[family]
+    model = cls(cfg(**{**CONFIGS[kind], **overrides})).eval()
+    with torch.no_grad():  # random init is small; widen it so the logits spread and greedy choices are clear
+        for p in model.parameters():
+            if p.ndim >= 1:
+                p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+def make(kind: str, folder, seed: int = 0, overrides: dict | None = None, **save):
+    """(transformers model, folder) of a saved tiny checkpoint (config entries changed by `overrides`)."""
+    model = hf_model(kind, seed, **(overrides or {}))
+    model.save_pretrained(folder, **save)
+    return model, str(folder)
+
+
+def logits(model, ids: np.ndarray) -> np.ndarray:
+    import torch
+    with torch.no_grad():
+        return model(torch.tensor(np.asarray(ids), dtype=torch.long)).logits.float().numpy()
+
+
+def greedy(model, ids: np.ndarray, n: int) -> np.ndarray:
+    import torch
+    with torch.no_grad():
+        out = model.generate(torch.tensor(ids, dtype=torch.long), max_new_tokens=n, do_sample=False,
+                             eos_token_id=None, pad_token_id=0, min_new_tokens=n)
+    return out.numpy()
+
+
+def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf row order for Llama q/k projections."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(model, path, qtype: str = "F32") -> dict[str, np.ndarray]:
+    """Write `model` as a GGUF file of `qtype` (F32, F16, Q8_0, Q4_0 for 2-D weights; norms and biases
+    stay F32 as llama.cpp keeps them); returns the state dict as the file holds it, dequantized, in
+    Hugging Face names and layouts (what a correct reader must reproduce)."""
+    import gguf
+    cfg = model.config
+    family = cfg.model_type
+    arch = {"gpt2": gguf.MODEL_ARCH.GPT2, "llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2}[family]
+    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    if family == "gpt2":
+        w.add_context_length(cfg.n_positions)
+        w.add_embedding_length(cfg.n_embd)
+        w.add_feed_forward_length(4 * cfg.n_embd)
+        w.add_block_count(cfg.n_layer)
+        w.add_head_count(cfg.n_head)
+        w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    else:
+        w.add_context_length(cfg.max_position_embeddings)
+        w.add_embedding_length(cfg.hidden_size)
+        w.add_feed_forward_length(cfg.intermediate_size)
+        w.add_block_count(cfg.num_hidden_layers)
+        w.add_head_count(cfg.num_attention_heads)
+        w.add_head_count_kv(cfg.num_key_value_heads)
+        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+        w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    held = {}
+    state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    if getattr(cfg, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    for hf_name, arr in state.items():
+        if hf_name.endswith((".attn.bias", ".attn.masked_bias")):  # old GPT-2 mask buffers
+            continue
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        data = arr
+        if family == "llama" and hf_name.endswith("q_proj.weight"):
+            data = _llama_cpp_permute(arr, cfg.num_attention_heads)
+        elif family == "llama" and hf_name.endswith("k_proj.weight"):
+            data = _llama_cpp_permute(arr, cfg.num_key_value_heads)
+        elif family == "gpt2" and hf_name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+            data = np.ascontiguousarray(arr.T)
+        kind = qtype if data.ndim == 2 else "F32"
+        if kind == "F32":
+            w.add_tensor(name, data.astype(np.float32))
+            stored = data.astype(np.float32)
+        elif kind == "F16":
+            w.add_tensor(name, data.astype(np.float16))
+            stored = data.astype(np.float16).astype(np.float32)
+        else:
+            qt = getattr(gguf.GGMLQuantizationType, kind)
+            q = gguf.quants.quantize(data.astype(np.float32), qt)
+            w.add_tensor(name, q, raw_dtype=qt)
+            stored = gguf.quants.dequantize(q, qt).reshape(data.shape)
+        held[hf_name] = _undo_layout(family, hf_name, stored, cfg)
+    if family == "llama" and getattr(cfg, "rope_parameters", {}).get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", _llama3_factors(cfg))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held
+
+
+def _undo_layout(family, hf_name, stored, cfg):
+    if family == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        heads = cfg.num_attention_heads if "q_proj" in hf_name else cfg.num_key_value_heads
+        r = stored.shape[0]
+        return stored.reshape(heads, r // heads // 2, 2, -1).swapaxes(1, 2).reshape(stored.shape)
+    if family == "gpt2" and hf_name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+        return np.ascontiguousarray(stored.T)
+    return stored
+
+
+def _llama3_factors(cfg) -> np.ndarray:
+    """llama.cpp's rope_freqs tensor for Llama 3.1 scaling: the divisor of each rotary frequency."""
+    import math
+    rp = cfg.rope_parameters
+    base, dim = rp["rope_theta"], cfg.hidden_size // cfg.num_attention_heads
+    factor, low, high, old = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"], \
+        rp["original_max_position_embeddings"]
+    out = []
+    for i in range(0, dim, 2):
+        freq = 1.0 / (base ** (i / dim))
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def set_state(model, state: dict[str, np.ndarray]) -> None:
+    """Load host arrays (HF names and layouts) into a transformers model, e.g. a GGUF's dequantized weights."""
+    import torch
+    sd = model.state_dict()
+    with torch.no_grad():
+        for k, v in state.items():
+            sd[k].copy_(torch.tensor(v))
+        if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" in sd:
+            emb = "transformer.wte.weight" if model.config.model_type == "gpt2" else "model.embed_tokens.weight"
+            sd["lm_head.weight"].copy_(sd[emb])
