@@ -205,4 +205,7 @@ def test_embedding_lookup_costs_tokens_times_width_not_vocabulary(tmp_path):
         return ops
     width, small, large = hc.CONFIGS["gpt2"]["n_embd"], 61, 2048
     grown = decode_ops(large) - decode_ops(small)
-    assert grown <= 2.5 * (large - small) * width, grown / ((large - small) * width)
+    # the projection is 2 ops per multiply-add, plus up to 1 more where the device splits its short
+    # reduction into vector lanes and sums the lanes at the end (width 32 on 16 lanes: +0.5); the one-hot
+    # lookup would add about 3 more
+    assert grown <= 3.0 * (large - small) * width, grown / ((large - small) * width)
