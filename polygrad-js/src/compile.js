@@ -3,8 +3,9 @@
  * One kernel from stored IR to a linearized program: the order of passes, in one place.
  *
  *   1. simplifyIndices            (simplify.js)     fold constants, simplify index arithmetic
- *   2. checkKernel                (validate.js)     structure and index bounds; unproven accesses get checks
- *   3. chooseOpts + applyOpts     (lower.js)        vector lanes, register tiles (width > 1 only)
+ *   (checkKernel (validate.js) ran on the stored kernel when the bundle was read)
+ *   2. chooseOpts + applyOpts     (lower.js)        vector lanes, register tiles (width > 1 only)
+ *   3. provenIndices              (validate.js)     accesses not proven in bounds get run-time checks
  *   4. decomposeTranscendentals   (transcendental.js)
  *   5. linearize                  (linearize.js)    the structured program an emitter walks
  */
@@ -14,13 +15,16 @@ const { chooseOpts, applyOpts } = require('./lower')
 const { decomposeTranscendentals } = require('./transcendental')
 const { linearize } = require('./linearize')
 const { toposort } = require('./ir')
+const { provenIndices } = require('./validate')
 
 function lowerKernel (g, ast, { width = 1, check = null, opts = null } = {}) {
   let k = simplifyIndices(g, ast)
   let vector = new Set()
   const chosen = opts !== null ? opts : chooseOpts(k, width)
   if (chosen.length) ({ ast: k, vector } = applyOpts(g, k, chosen))
-  const prog = linearize(g, decomposeTranscendentals(g, k), { vector, width, check: check || (() => true) })
+  const proven = check === null ? provenIndices(k) : null
+  const needsCheck = check || ((index) => !proven.has(index))
+  const prog = linearize(g, decomposeTranscendentals(g, k), { vector, width, check: needsCheck })
   if (chosen.length && !prog.vectorized && !toposort(k).some((n) => n.op === 'REDUCE')) {
     // lanes did not fit (a 64-bit or integer-division op): plain loops beat an unrolled scalar copy
     return lowerKernel(g, ast, { width, check, opts: [] })

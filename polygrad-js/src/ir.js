@@ -15,6 +15,7 @@
  */
 
 const { KernelError } = require('./errors')
+const { show, stringify } = require('./json')
 const { DTYPES, wrapInt } = require('./dtypes')
 
 const FORMAT = 'polygrad-kernel'
@@ -68,7 +69,7 @@ function argText (a) {
   if (a instanceof UOp) return `#${a.id}`
   if (Array.isArray(a)) return '[' + a.map(argText).join(',') + ']'
   if (typeof a === 'bigint') return a.toString()
-  if (a !== null && typeof a === 'object') return JSON.stringify(a)
+  if (a !== null && typeof a === 'object') return stringify(a)
   return String(a)
 }
 
@@ -79,14 +80,14 @@ function argKey (op, dtype, arg) {
     if (typeof arg === 'boolean') return arg ? 'T' : 'F'
     return 'i' + arg.toString()
   }
-  if (op === 'SINK') return 'k' + JSON.stringify(arg)
+  if (op === 'SINK') return 'k' + stringify(arg)
   return keyOf(arg)
 }
 
 function keyOf (a) {
   if (a instanceof UOp) return '#' + a.id
   if (Array.isArray(a)) return '[' + a.map(keyOf).join(',') + ']'
-  if (typeof a === 'string') return JSON.stringify(a)
+  if (typeof a === 'string') return stringify(a)
   if (typeof a === 'number') return Object.is(a, -0) ? '-0' : String(a)
   return String(a)
 }
@@ -182,7 +183,7 @@ function decodeArg (obj, where, depth, built) {
   if (depth > MAX_ARG_DEPTH) throw fail(where, `nested deeper than ${MAX_ARG_DEPTH} levels`)
   if (obj === null) return null
   if (!Array.isArray(obj) || obj.length !== 2 || typeof obj[0] !== 'string') {
-    throw fail(where, `expected null or a [tag, payload] pair, got ${JSON.stringify(obj).slice(0, 80)}`)
+    throw fail(where, `expected null or a [tag, payload] pair, got ${show(obj, 80)}`)
   }
   const [tag, val] = obj
   switch (tag) {
@@ -205,13 +206,13 @@ function decodeArg (obj, where, depth, built) {
       if (!built || !Number.isInteger(val) || val < 0 || val >= built.length) throw fail(where, `a uop arg needs the index of an earlier node, got ${String(val).slice(0, 20)}`)
       return built[val]
     case 'op':
-      if (!OP_SET.has(val)) throw fail(where, `unknown op ${JSON.stringify(val).slice(0, 40)}; upgrade the polygrad package or regenerate the file`)
+      if (!OP_SET.has(val)) throw fail(where, `unknown op ${show(val, 40)}; upgrade the polygrad package or regenerate the file`)
       return { op: val }
     case 'dtype':
-      if (!Object.prototype.hasOwnProperty.call(DTYPES, val)) throw fail(where, `unknown dtype ${JSON.stringify(val).slice(0, 40)}`)
+      if (!Object.prototype.hasOwnProperty.call(DTYPES, val)) throw fail(where, `unknown dtype ${show(val, 40)}`)
       return { dtype: val }
     case 'axis_kind':
-      if (!AXIS_KINDS.includes(val)) throw fail(where, `unknown axis kind ${JSON.stringify(val).slice(0, 40)}; use one of ${AXIS_KINDS.join(', ')}`)
+      if (!AXIS_KINDS.includes(val)) throw fail(where, `unknown axis kind ${show(val, 40)}; use one of ${AXIS_KINDS.join(', ')}`)
       return { axis: val }
     case 'kernel_info':
       if (val === null || typeof val !== 'object' || Array.isArray(val) || Object.keys(val).sort().join() !== 'name,opts' || typeof val.name !== 'string') {
@@ -220,7 +221,7 @@ function decodeArg (obj, where, depth, built) {
       if (!(decodeArg(val.opts, `${where}.opts`, depth + 1) || {}).tuple) throw fail(where, 'kernel_info opts must be a tuple arg')
       return { kernel_info: { name: val.name, opts: val.opts } }
     default:
-      throw fail(where, `unknown arg tag ${JSON.stringify(tag).slice(0, 40)}; data from a newer polygrad needs a newer reader`)
+      throw fail(where, `unknown arg tag ${show(tag, 40)}; data from a newer polygrad needs a newer reader`)
   }
 }
 
@@ -229,7 +230,7 @@ const intVal = (a) => a.int
 
 /** A decoded generic arg in the form the node of this op keeps (see the module docstring). */
 function opArg (op, dtype, a, where) {
-  const bad = (what) => fail(where, `${op} needs ${what}, got ${argText(a === null ? 'null' : JSON.stringify(a, (k, v) => (typeof v === 'bigint' ? v.toString() : v instanceof UOp ? `#${v.id}` : v)).slice(0, 80))}`)
+  const bad = (what) => fail(where, `${op} needs ${what}, got ${argText(a === null ? 'null' : show(a, (k, v) => (typeof v === 'bigint' ? v.toString() : v instanceof UOp ? `#${v.id}` : v)).slice(0, 80))}`)
   switch (op) {
     case 'CONST':
       if (!dtype) throw bad('a dtype')
@@ -278,7 +279,7 @@ function opArg (op, dtype, a, where) {
 /** The kernels (one UOp per root) of a serialised kernel table, built in graph `g`. */
 function decode (obj, g) {
   if (obj === null || typeof obj !== 'object' || Array.isArray(obj)) throw new KernelError('serialised kernels must be a JSON object')
-  if (obj.format !== FORMAT) throw new KernelError(`not a polygrad kernel table: format is ${JSON.stringify(obj.format)}, expected ${JSON.stringify(FORMAT)}`)
+  if (obj.format !== FORMAT) throw new KernelError(`not a polygrad kernel table: format is ${show(obj.format)}, expected ${show(FORMAT)}`)
   const version = obj.version
   if (!Number.isInteger(version)) throw new KernelError("serialised kernels have no integer 'version'; the file is damaged")
   if (!SUPPORTED_VERSIONS.includes(version)) {
@@ -286,7 +287,7 @@ function decode (obj, g) {
       (version > 2 ? 'Upgrade the polygrad package to read it.' : 'Regenerate it with this polygrad.'))
   }
   const extra = Object.keys(obj).filter((k) => !['format', 'version', 'nodes', 'roots'].includes(k))
-  if (extra.length) throw new KernelError(`serialised kernels have unknown fields ${JSON.stringify(extra.sort())} for version ${version}`)
+  if (extra.length) throw new KernelError(`serialised kernels have unknown fields ${show(extra.sort())} for version ${version}`)
   const { nodes, roots } = obj
   if (!Array.isArray(nodes) || !Array.isArray(roots)) throw new KernelError("serialised kernels need a 'nodes' list and a 'roots' list")
   const built = []
@@ -295,10 +296,10 @@ function decode (obj, g) {
     const node = nodes[i]
     if (!Array.isArray(node) || node.length !== 4) throw fail(where, 'expected [op, dtype, [src indices], arg]')
     const [opName, dtName, src, arg] = node
-    if (typeof opName !== 'string' || !OP_SET.has(opName)) throw fail(where, `unknown op ${JSON.stringify(opName).slice(0, 40)}; upgrade the polygrad package or regenerate the file`)
+    if (typeof opName !== 'string' || !OP_SET.has(opName)) throw fail(where, `unknown op ${show(opName, 40)}; upgrade the polygrad package or regenerate the file`)
     let dtype = null
     if (dtName !== null) {
-      if (typeof dtName !== 'string' || !Object.prototype.hasOwnProperty.call(DTYPES, dtName)) throw fail(where, `unknown dtype ${JSON.stringify(dtName).slice(0, 40)}`)
+      if (typeof dtName !== 'string' || !Object.prototype.hasOwnProperty.call(DTYPES, dtName)) throw fail(where, `unknown dtype ${show(dtName, 40)}`)
       dtype = DTYPES[dtName]
     }
     if (!Array.isArray(src)) throw fail(where, 'src must be a list of node indices')

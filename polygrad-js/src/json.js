@@ -9,7 +9,7 @@
 
 const { BundleError } = require('./errors')
 
-const LONG_INT = /[-\d]\d{15,}/ // a run of 16+ digits somewhere (perhaps inside a string: then only slower)
+const LONG_INT = /[,:[]\s*-?\d{16,}/ // an integer literal of 16+ digits (strings start with a quote)
 
 function parse (text, what = 'bundle manifest') {
   if (!LONG_INT.test(text)) {
@@ -170,3 +170,16 @@ function stringify (v) {
 }
 
 module.exports = { parse, stringify }
+
+/** A short readable rendering of any decoded JSON value, for error messages. */
+function show (v, n = 60) {
+  let s
+  try {
+    s = stringify(v)
+  } catch (e) {
+    s = String(v)
+  }
+  return s === undefined ? String(v) : s.length > n ? s.slice(0, n) + '...' : s
+}
+
+module.exports.show = show

@@ -29,6 +29,14 @@ const { toposort } = require('./ir')
 const { rangeCoeff, simplifyIndices } = require('./simplify')
 const { topLevelReduces } = require('./lower')
 const { KernelError } = require('./errors')
+const { aluFn } = require('./scalar')
+
+function constValue (x) {
+  const d = x.dtype
+  if (d.isBool) return x.value ? 1 : 0
+  if (d.bits === 64) return d.isUnsigned ? BigInt.asUintN(64, BigInt(x.value)) : BigInt.asIntN(64, BigInt(x.value))
+  return Number(x.value)
+}
 
 class NoVector extends Error {}
 
@@ -178,7 +186,7 @@ class Linearizer {
     if (op === 'REDUCE') {
       this.reduce(u)
       const r = this.lookup(k)
-      if (!r) throw new KernelError('a reduce was not emitted')
+      if (!r) throw new KernelError('internal: a reduce was not emitted')
       return r
     }
     let x
@@ -201,6 +209,18 @@ class Linearizer {
       if ((op === 'SHL' || op === 'SHR') && src[1].lanes > 1) throw new NoVector('a shift by lanes')
       if (op === 'BITCAST' && (dtype.isBool || from.isBool)) throw new NoVector('bool BITCAST lanes')
       src = src.map((s, i) => ((op === 'SHL' || op === 'SHR') && i === 1 ? s : this.bcast(s, n)))
+    }
+    if (n === 1 && !dtype.isFloat && src.every((s) => s.k === 'const') && op !== 'BITCAST' && !src[0].dtype.isFloat) {
+      const fn = aluFn(op, dtype, src[0].dtype)
+      const v = fn && fn(...src.map((s) => constValue(s)))
+      if (v !== null && v !== undefined) return this.const(dtype, typeof v === 'bigint' ? v : Number(v))
+    }
+    if (n === 1 && dtype.isInt && (op === 'ADD' || op === 'MUL')) {
+      const [a, b] = src
+      const unit = op === 'ADD' ? 0 : 1
+      if (b.k === 'const' && Number(b.value) === unit && a.dtype === dtype) return a
+      if (a.k === 'const' && Number(a.value) === unit && b.dtype === dtype) return b
+      if (op === 'MUL' && ((b.k === 'const' && Number(b.value) === 0) || (a.k === 'const' && Number(a.value) === 0))) return this.const(dtype, 0)
     }
     let level = 0
     for (const s of src) level = Math.max(level, s.level)
@@ -261,6 +281,14 @@ class Linearizer {
     }
   }
 
+  /** Emit red's accumulators and loops for every point of its free upcast ranges, once. */
+  ensure (red) {
+    const k = 'emitted:' + this.key(red)
+    if (this.lookup(k)) return
+    this.reduce(red)
+    this.levels[this.depth].cse.set(k, true)
+  }
+
   reduce (red) {
     const body = red.src[0]
     const own = red.src.slice(1)
@@ -274,11 +302,13 @@ class Linearizer {
     const points = this.upcastPoints(free)
     const init = this.const(red.dtype, identity(red.arg, red.dtype))
     const accs = points.map(() => this.place(this.inst('acc', red.dtype, accLanes, { src: [accLanes > 1 ? this.bcast(init, accLanes) : init] }), this.depth))
-    if (own.some((r) => r.arg[1] === 'upcast')) {
-      for (const p of points) this.withEnv(p, () => { for (const inner of topLevelReduces(body)) this.value(inner) })
-    }
     const loops = own.filter((r) => r.arg[1] !== 'upcast')
     const unrolled = own.filter((r) => r.arg[1] === 'upcast' && r !== this.V)
+    // partial reduces that do not move with this reduce's loops (the partial sums of a split reduction)
+    // are emitted first, all tile points in one loop nest
+    for (const inner of topLevelReduces(body)) {
+      if (!loops.some((r) => this.deps(inner).has(r))) this.ensure(inner)
+    }
     for (const r of loops) this.openLoop(r)
     points.forEach((p, i) => this.withEnv(p, () => {
       for (const q of this.upcastPoints(unrolled)) {
@@ -358,13 +388,13 @@ class Linearizer {
     if (node.op !== 'END') throw new KernelError(`a kernel block must be STORE or END, got ${node.op}`)
     const inner = node.src[0]
     const ranges = node.src.slice(1)
-    const chosen = this.V === null ? ranges.find((r) => this.vectorRanges.has(r)) || null : null
+    const chosen = this.V === null ? toposort(node).find((r) => r.op === 'RANGE' && this.vectorRanges.has(r)) || null : null
     if (chosen) this.V = chosen
     const loops = ranges.filter((r) => r.arg[1] !== 'upcast')
     for (const r of loops) this.openLoop(r)
     if (inner.op === 'STORE') {
       const ups = ranges.filter((r) => r.arg[1] === 'upcast' && r !== this.V)
-      for (const p of this.upcastPoints(ups)) this.withEnv(p, () => { for (const red of topLevelReduces(inner)) this.value(red) })
+      for (const red of topLevelReduces(inner)) this.ensure(red)
     }
     this.block(inner)
     for (let j = loops.length - 1; j >= 0; j--) this.closeLoop(loops[j])

@@ -12,9 +12,11 @@
  */
 
 const { BundleError, KernelError } = require('./errors')
+const { show } = require('./json')
 const { DTYPES } = require('./dtypes')
 const ir = require('./ir')
 const bundle = require('./bundle')
+const { checkKernel } = require('./validate')
 
 const ROLES = ['parameter', 'state', 'constant', 'rng', 'optimizer', 'gradient', 'input', 'output', 'temporary']
 const STORED = new Set(['parameter', 'state', 'constant', 'optimizer'])
@@ -58,7 +60,7 @@ function name (v, where) {
 }
 
 function dtype (v, where) {
-  need(typeof v === 'string' && Object.prototype.hasOwnProperty.call(DTYPES, v), `${where} = ${JSON.stringify(v)} is not a known dtype (${Object.keys(DTYPES).join(', ')})`)
+  need(typeof v === 'string' && Object.prototype.hasOwnProperty.call(DTYPES, v), `${where} = ${show(v)} is not a known dtype (${Object.keys(DTYPES).join(', ')})`)
   return DTYPES[v]
 }
 
@@ -66,7 +68,7 @@ function shape (v, where, variables) {
   need(Array.isArray(v) && v.length <= 16, `${where} must be a list of at most 16 dimensions`)
   return v.map((d, k) => {
     if (typeof d === 'string') {
-      need(k === 0 && variables.has(d), `${where}[${k}] = ${JSON.stringify(d)}: only the leading dimension may name a declared Variable`)
+      need(k === 0 && variables.has(d), `${where}[${k}] = ${show(d)}: only the leading dimension may name a declared Variable`)
       return d
     }
     need(isInt(d) && d >= 0 && d <= MAX_ELEMENTS, `${where}[${k}] must be an integer in [0, ${MAX_ELEMENTS}]`)
@@ -90,7 +92,7 @@ function specs (sig, key, variables) {
   return rows.map((r, i) => {
     const where = `signature.${key}[${i}]`
     const n = name(get(r, 'name', 'string', where), `${where}.name`)
-    need(IDENT.test(n) && !seen.has(n), `${where}.name ${JSON.stringify(n)} must be a distinct identifier`)
+    need(IDENT.test(n) && !seen.has(n), `${where}.name ${show(n)} must be a distinct identifier`)
     seen.add(n)
     return { name: n, dtype: dtype(get(r, 'dtype', 'string', where), `${where}.dtype`), shape: shape(get(r, 'shape', 'list', where), `${where}.shape`, variables) }
   })
@@ -100,12 +102,12 @@ function specs (sig, key, variables) {
 function optimizerConfig (opt, where = 'training.optimizer') {
   need(isObj(opt) && typeof opt.name === 'string', `${where} must be an object with a name`)
   const known = OPTIMIZER_HYPER[opt.name]
-  need(known !== undefined, `${where}.name ${JSON.stringify(opt.name)} is not one of ${Object.keys(OPTIMIZER_HYPER).join(', ')}`)
+  need(known !== undefined, `${where}.name ${show(opt.name)} is not one of ${Object.keys(OPTIMIZER_HYPER).join(', ')}`)
   need(typeof opt.lr === 'number', `${where}.lr must be a number`)
   for (const [k, v] of Object.entries(opt)) {
     if (k === 'name' || k === 'lr') continue
     const kind = known[k]
-    need(kind !== undefined, `${where}: optimizer ${opt.name} has no hyperparameter ${JSON.stringify(k)}`)
+    need(kind !== undefined, `${where}: optimizer ${opt.name} has no hyperparameter ${show(k)}`)
     const ok = kind === 'pair' ? Array.isArray(v) && v.length === 2 && v.every((x) => typeof x === 'number') : typeof v === kind
     need(ok, `${where}.${k} must be ${kind === 'pair' ? 'a pair of numbers' : 'a ' + kind}`)
   }
@@ -123,9 +125,9 @@ function readProgram (manifest, body, opts = {}) {
     const n = name(get(v, 'name', 'string', where), `${where}.name`)
     const lo = getInt(v, 'min', where)
     const hi = getInt(v, 'max', where)
-    need(IDENT.test(n), `${where}: Variable name ${JSON.stringify(n)} must be a plain identifier`)
-    need(lo <= hi, `${where}: Variable ${JSON.stringify(n)} needs min <= max`)
-    need(!variables.has(n), `${where}: Variable ${JSON.stringify(n)} declared twice`)
+    need(IDENT.test(n), `${where}: Variable name ${show(n)} must be a plain identifier`)
+    need(lo <= hi, `${where}: Variable ${show(n)} needs min <= max`)
+    need(!variables.has(n), `${where}: Variable ${show(n)} declared twice`)
     variables.set(n, [lo, hi])
   })
   const sig = get(manifest, 'signature', 'object', 'manifest')
@@ -139,11 +141,11 @@ function readProgram (manifest, body, opts = {}) {
   const slots = rows.map((r, s) => {
     const where = `buffers[${s}]`
     const role = get(r, 'role', 'string', where)
-    need(ROLES.includes(role), `${where}.role ${JSON.stringify(role)} is not one of ${ROLES.join(', ')}`)
+    need(ROLES.includes(role), `${where}.role ${show(role)} is not one of ${ROLES.join(', ')}`)
     const dt = dtype(get(r, 'dtype', 'string', where), `${where}.dtype`)
     const sh = shape(get(r, 'shape', 'list', where), `${where}.shape`, variables)
     const size = getInt(r, 'size', where)
-    need(elements(sh, variables) === size, `${where}: size ${size} does not match shape ${JSON.stringify(sh)}`)
+    need(elements(sh, variables) === size, `${where}: size ${size} does not match shape ${show(sh)}`)
     total += size * dt.size
     need(total <= maxBytes, `the buffers need more than ${maxBytes} bytes (the maxBytes load option)`)
     const data = r.data
@@ -172,6 +174,14 @@ function readProgram (manifest, body, opts = {}) {
   }
   kernels.forEach((k, i) => need(k.op === 'SINK', `kernels root ${i} is a ${k.op}, expected SINK`))
   const globalsOf = kernels.map((k, i) => kernelGlobals(i, k, variables))
+  kernels.forEach((k, i) => {
+    try {
+      checkKernel(k, `kernel ${i}`, opts)
+    } catch (e) {
+      if (e instanceof KernelError) throw new BundleError(`bundle manifest: ${e.message}`)
+      throw e
+    }
+  })
 
   const slotNo = (v, where, roles) => {
     need(slots.length > 0, `${where}: there are no buffers`)
@@ -226,7 +236,7 @@ function readProgram (manifest, body, opts = {}) {
   }
   for (const spec of outputs) {
     const s = fwd.outputs[spec.name]
-    need(s.dtype === spec.dtype && sameShape(s.shape, spec.shape), `output ${JSON.stringify(spec.name)}: buffer does not match`)
+    need(s.dtype === spec.dtype && sameShape(s.shape, spec.shape), `output ${show(spec.name)}: buffer does not match`)
   }
 
   const tr = get(manifest, 'training', 'object', 'manifest')
@@ -268,7 +278,7 @@ function kernelGlobals (k, ast, variables) {
       else need(prev.dtype === n.dtype && prev.arg[1].length === n.arg[1].length && prev.arg[1].every((d, i) => d === n.arg[1][i]), `kernel ${k}: parameter ${n.arg[0]} declared twice differently`)
     } else if (n.op === 'DEFINE_VAR') {
       const decl = variables.get(n.arg[0])
-      need(decl && BigInt(decl[0]) === BigInt(n.arg[1]) && BigInt(decl[1]) === BigInt(n.arg[2]), `kernel ${k}: Variable ${JSON.stringify(n.arg)} is not declared in the manifest's variables`)
+      need(decl && BigInt(decl[0]) === BigInt(n.arg[1]) && BigInt(decl[1]) === BigInt(n.arg[2]), `kernel ${k}: Variable ${show(n.arg)} is not declared in the manifest's variables`)
     } else if (n.op === 'BIND') {
       need(false, `kernel ${k}: a kernel cannot hold a bound value (BIND)`)
     }

@@ -15,7 +15,6 @@
 
 const { KernelError } = require('./errors')
 const { lowerKernel } = require('./compile')
-const { checkKernel } = require('./validate')
 const { buildModule, importObject, simdSupported } = require('./wasm/module')
 const { JSKernel } = require('./jsexec')
 
@@ -91,8 +90,7 @@ class Executor {
     const ast = this.prog.kernels[k]
     let p = this.lowered.get(ast)
     if (!p) {
-      const safe = checkKernel(this.prog.graph, ast, `kernel ${k}`)
-      p = lowerKernel(this.prog.graph, ast, { width: this.width, check: (index) => !safe.has(index) })
+      p = lowerKernel(this.prog.graph, ast, { width: this.width })
       p.kernelIndex = k
       this.lowered.set(ast, p)
     }
