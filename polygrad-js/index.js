@@ -8,7 +8,11 @@
  */
 
 const fs = require('fs')
+const zlib = require('zlib')
 const api = require('./src/index')
+const { useNative } = require('./src/crc32')
+
+if (typeof zlib.crc32 === 'function') useNative(zlib.crc32)
 const { Model, BundleError } = api
 
 /** A Model from a .pgb file, loaded and compiled synchronously. opts: {backend: 'wasm' | 'js', maxBytes}. */

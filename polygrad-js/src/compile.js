@@ -2,7 +2,8 @@
 /**
  * One kernel from stored IR to a linearized program: the order of passes, in one place.
  *
- *   1. simplifyIndices            (simplify.js)     fold constants, simplify index arithmetic
+ *   1. simplifyIndices, fission   (simplify.js, fission.js)  simplify index arithmetic; split off prologues a
+ *                                                   register tile would recompute (scratch buffers)
  *   (checkKernel (validate.js) ran on the stored kernel when the bundle was read)
  *   2. chooseOpts + applyOpts     (lower.js)        vector lanes, register tiles (width > 1 only)
  *   3. provenIndices              (validate.js)     accesses not proven in bounds get run-time checks
@@ -16,9 +17,17 @@ const { decomposeTranscendentals } = require('./transcendental')
 const { linearize } = require('./linearize')
 const { toposort } = require('./ir')
 const { provenIndices } = require('./validate')
+const { fission } = require('./fission')
 
-function lowerKernel (g, ast, { width = 1, check = null, opts = null } = {}) {
-  let k = simplifyIndices(g, ast)
+/** The kernel after index simplification and fission: {ast, scratch: [{slot, dtype, size}]} (cache it). */
+function prepareKernel (g, ast) {
+  const simple = simplifyIndices(g, ast)
+  const split = fission(g, simple)
+  return split ? { ast: simplifyIndices(g, split.ast), scratch: split.scratch } : { ast: simple, scratch: [] }
+}
+
+function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null } = {}) {
+  let k = (prepared || prepareKernel(g, ast)).ast
   let vector = new Set()
   const chosen = opts !== null ? opts : chooseOpts(k, width)
   if (chosen.length) ({ ast: k, vector } = applyOpts(g, k, chosen))
@@ -27,9 +36,9 @@ function lowerKernel (g, ast, { width = 1, check = null, opts = null } = {}) {
   const prog = linearize(g, decomposeTranscendentals(g, k), { vector, width, check: needsCheck })
   if (chosen.length && !prog.vectorized && !toposort(k).some((n) => n.op === 'REDUCE')) {
     // lanes did not fit (a 64-bit or integer-division op): plain loops beat an unrolled scalar copy
-    return lowerKernel(g, ast, { width, check, opts: [] })
+    return lowerKernel(g, ast, { width, check, opts: [], prepared })
   }
   return prog
 }
 
-module.exports = { lowerKernel }
+module.exports = { lowerKernel, prepareKernel }

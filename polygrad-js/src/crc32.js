@@ -21,8 +21,16 @@ function tables () {
   return TABLES
 }
 
+let native = null
+
+/** Use a native implementation (Node's zlib.crc32) when the environment has one. */
+function useNative (fn) {
+  native = fn
+}
+
 /** The CRC-32 of bytes (a Uint8Array), as an unsigned 32-bit number. */
 function crc32 (bytes) {
+  if (native !== null) return native(bytes) >>> 0
   const t = tables()
   let c = -1
   let i = 0
@@ -38,4 +46,4 @@ function crc32 (bytes) {
   return (c ^ -1) >>> 0
 }
 
-module.exports = { crc32 }
+module.exports = { crc32, useNative }

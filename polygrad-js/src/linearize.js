@@ -40,11 +40,11 @@ function constValue (x) {
 
 class NoVector extends Error {}
 
-const F32_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'FDIV', 'MAX', 'CMPLT', 'CMPNE', 'CMPEQ', 'WHERE', 'SQRT', 'TRUNC',
+const F32_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'FDIV', 'MAX', 'CMPLT', 'CMPLE', 'CMPNE', 'CMPEQ', 'WHERE', 'SQRT', 'TRUNC',
   'RECIPROCAL', 'CAST', 'BITCAST'])
-const I32_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'AND', 'OR', 'XOR', 'SHL', 'SHR', 'CMPLT', 'CMPNE', 'CMPEQ', 'WHERE',
+const I32_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'AND', 'OR', 'XOR', 'SHL', 'SHR', 'CMPLT', 'CMPLE', 'CMPNE', 'CMPEQ', 'WHERE',
   'MAX', 'CAST', 'BITCAST', 'TRUNC'])
-const BOOL_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'MAX', 'CMPLT', 'CMPNE', 'CMPEQ', 'AND', 'OR', 'XOR', 'WHERE', 'CAST'])
+const BOOL_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'MAX', 'CMPLT', 'CMPLE', 'CMPNE', 'CMPEQ', 'AND', 'OR', 'XOR', 'WHERE', 'CAST'])
 const LANE_DTYPES = new Set(['float32', 'int32', 'uint32', 'bool'])
 
 function identity (op, d) {
@@ -199,6 +199,12 @@ class Linearizer {
   }
 
   alu (op, dtype, src) {
+    if (op === 'OR' && src.length === 2) {
+      // a <= b written as a < b or a == b (ReLU's mask): one comparison
+      const [x, y] = src
+      const pair = (p, q) => p.k === 'alu' && q.k === 'alu' && p.op === 'CMPLT' && q.op === 'CMPEQ' && p.src[0] === q.src[0] && p.src[1] === q.src[1]
+      if (pair(x, y) || pair(y, x)) return this.alu('CMPLE', dtype, (pair(x, y) ? x : y).src)
+    }
     let n = 1
     for (const s of src) n = Math.max(n, s.lanes)
     if (n > 1) {

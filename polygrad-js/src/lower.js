@@ -26,7 +26,19 @@ function rangesOf (ast) {
   return toposort(ast).filter((n) => n.op === 'RANGE').sort((a, b) => a.arg[0] - b.arg[0])
 }
 
+const TOP_REDUCES = new WeakMap()
+
+/** REDUCE nodes reachable from u without passing through another REDUCE, sources first (cached). */
 function topLevelReduces (u) {
+  let hit = TOP_REDUCES.get(u)
+  if (!hit) {
+    hit = findTopLevelReduces(u)
+    TOP_REDUCES.set(u, hit)
+  }
+  return hit
+}
+
+function findTopLevelReduces (u) {
   const out = new Set()
   const seen = new Set()
   const stack = [u]
@@ -51,8 +63,11 @@ const VECTOR_DTYPES = new Set(['float32', 'int32', 'uint32'])
  * 32-bit values (4 for wasm SIMD; 1: no vector code, no tiles).
  */
 function chooseOpts (ast, width) {
-  if (width <= 1 || ast.src.length !== 1 || ast.src[0].op !== 'END') return []
-  const end = ast.src[0]
+  if (width <= 1) return []
+  return ast.src.flatMap((block) => (block.op === 'END' ? blockOpts(block, width) : []))
+}
+
+function blockOpts (end, width) {
   const store = end.src[0]
   if (store.op !== 'STORE') return []
   const nodes = toposort(store)

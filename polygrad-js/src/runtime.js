@@ -14,7 +14,7 @@
  */
 
 const { KernelError } = require('./errors')
-const { lowerKernel } = require('./compile')
+const { lowerKernel, prepareKernel } = require('./compile')
 const { buildModule, importObject, simdSupported } = require('./wasm/module')
 const { JSKernel } = require('./jsexec')
 
@@ -80,17 +80,44 @@ class Executor {
     this.backend = backend === 'auto' ? (simdSupported() ? 'wasm' : 'js') : backend
     this.width = this.backend === 'wasm' ? 4 : 1
     this.lowered = new Map() // kernel UOp -> program
+    this.prepared = new Map() // kernel UOp -> prepareKernel's result
     this.bytesUsed = planMemory(prog)
+    this.scratchBase = this.bytesUsed
+    this.scratchSize = 0
     this.memory = ensureMemory(memory, this.bytesUsed)
     this.entries = {}
     this.stats = { kernels: 0, checks: 0, sites: 0 }
+  }
+
+  prepare1 (ast) {
+    let p = this.prepared.get(ast)
+    if (!p) {
+      p = prepareKernel(this.prog.graph, ast)
+      this.prepared.set(ast, p)
+    }
+    return p
+  }
+
+  /** Bytes of scratch the kernels of `names` need at once (fission prologues; shared by all kernels). */
+  scratchBytes (names) {
+    let most = 0
+    for (const n of names) {
+      for (const c of this.prog.entries[n].calls) {
+        if (c.copy) continue
+        const need = this.prepare1(this.prog.kernels[c.kernel]).scratch.reduce((a, s) => a + up(s.size * s.dtype.size), 0)
+        most = Math.max(most, need)
+      }
+    }
+    return most
   }
 
   lower (k) {
     const ast = this.prog.kernels[k]
     let p = this.lowered.get(ast)
     if (!p) {
-      p = lowerKernel(this.prog.graph, ast, { width: this.width })
+      const prepared = this.prepare1(ast)
+      p = lowerKernel(this.prog.graph, ast, { width: this.width, prepared })
+      p.scratch = prepared.scratch
       p.kernelIndex = k
       this.lowered.set(ast, p)
     }
@@ -130,11 +157,25 @@ class Executor {
   prepare (names) {
     const pending = this.pendingSites(names)
     if (!pending.size) return null
+    // scratch for split-off prologues: reserved when the kernels that need it are first compiled (sites
+    // already compiled keep the region they were given; it is never reused for anything else)
+    const need = this.scratchBytes(names)
+    if (need > this.scratchSize) {
+      this.scratchBase = this.bytesUsed
+      this.scratchSize = need
+      this.bytesUsed += need
+      this.memory = ensureMemory(this.memory, this.bytesUsed)
+    }
     const sites = []
     const keys = []
     for (const [key, c] of pending) {
       const prog = this.lower(c.kernel)
       const layout = new Map(c.args.map((s, i) => [i, { base: s.base, size: s.size }]))
+      let at = this.scratchBase
+      for (const s of prog.scratch) {
+        layout.set(s.slot, { base: at, size: s.size })
+        at += up(s.size * s.dtype.size)
+      }
       sites.push({ prog, layout, call: c })
       keys.push(key)
     }
@@ -151,11 +192,16 @@ class Executor {
         fn = instance.exports[`k${i}`]
       } else {
         const kern = new JSKernel(site.prog)
-        const args = site.call.args
+        const params = site.prog.params
         fn = (...vals) => {
           const vars = {}
           site.prog.vars.forEach((n, j) => { vars[n] = vals[j] })
-          kern.run(args.map((s) => ({ view: this.view(s.dtype), start: s.base / s.dtype.size, size: s.size })), vars)
+          const bufs = {}
+          for (const p of params) {
+            const L = site.layout.get(p.slot)
+            bufs[p.slot] = { view: this.view(p.dtype), start: L.base / p.dtype.size, size: L.size }
+          }
+          kern.run(bufs, vars)
         }
       }
       this.siteFns.set(prepared.keys[i], { fn, prog: site.prog })

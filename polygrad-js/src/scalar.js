@@ -176,6 +176,7 @@ function aluFn (op, d, s) {
   if (op === 'BITCAST') return (x) => bitcast(x, s, d)
   if (op === 'WHERE') return (c, a, b) => (c ? a : b)
   if (op === 'CMPLT') return (a, b) => (a < b ? 1 : 0)
+  if (op === 'CMPLE') return (a, b) => (a <= b ? 1 : 0) // internal: the linearizer's fusion of CMPLT | CMPEQ
   if (op === 'CMPNE') return (a, b) => (a !== b ? 1 : 0)
   if (op === 'CMPEQ') return (a, b) => (a === b ? 1 : 0)
   if (d.isBool) {

@@ -41,6 +41,7 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
+    this.addrOf = new Map() // index inst id -> {local, size}: a strength-reduced byte address (see loop)
   }
 
   newLocal (t) {
@@ -109,6 +110,11 @@ class KernelEmitter {
 
   /** push the byte address (without the base) of element idx of a buffer of dtype d */
   address (idx, d) {
+    const reduced = this.addrOf.get(idx.id)
+    if (reduced !== undefined && reduced.size === d.size) {
+      this.c.get(reduced.local)
+      return
+    }
     this.push(idx)
     if (idx.dtype.wasm === 'i64') this.c.op(0xa7) // i32.wrap_i64 (the validator bounds it)
     const s = LOG2[d.size]
@@ -314,14 +320,14 @@ class KernelEmitter {
       return
     }
     const t = s.wasm
-    if (op === 'CMPLT' || op === 'CMPNE' || op === 'CMPEQ') {
+    if (op === 'CMPLT' || op === 'CMPLE' || op === 'CMPNE' || op === 'CMPEQ') {
       P(0); P(1)
       const u = s.isUnsigned || s.isBool
       const codes = {
-        i32: { CMPLT: u ? 0x49 : 0x48, CMPNE: 0x47, CMPEQ: 0x46 },
-        i64: { CMPLT: u ? 0x54 : 0x53, CMPNE: 0x52, CMPEQ: 0x51 },
-        f32: { CMPLT: 0x5d, CMPNE: 0x5c, CMPEQ: 0x5b },
-        f64: { CMPLT: 0x63, CMPNE: 0x62, CMPEQ: 0x61 }
+        i32: { CMPLT: u ? 0x49 : 0x48, CMPLE: u ? 0x4d : 0x4c, CMPNE: 0x47, CMPEQ: 0x46 },
+        i64: { CMPLT: u ? 0x54 : 0x53, CMPLE: u ? 0x58 : 0x57, CMPNE: 0x52, CMPEQ: 0x51 },
+        f32: { CMPLT: 0x5d, CMPLE: 0x5f, CMPNE: 0x5c, CMPEQ: 0x5b },
+        f64: { CMPLT: 0x63, CMPLE: 0x65, CMPNE: 0x62, CMPEQ: 0x61 }
       }
       c.op(codes[t][op])
       return
@@ -471,6 +477,9 @@ class KernelEmitter {
     const c = this.c
     const P = (i) => this.push(src[i])
     if (op === 'WHERE') {
+      const zero = (v) => v.k === 'bcast' && v.src[0].k === 'const' && Object.is(Number(v.src[0].value), 0) && !v.dtype.isBool
+      if (zero(src[1])) { P(2); P(0); c.simd(0x4f); return } // cond ? +0 : x  is  x & ~cond
+      if (zero(src[2])) { P(1); P(0); c.simd(0x4e); return } // cond ? x : +0  is  x & cond
       P(1); P(2); P(0); c.simd(0x52)
       return
     }
@@ -494,16 +503,17 @@ class KernelEmitter {
       P(0)
       return
     }
-    if (op === 'CMPLT' || op === 'CMPNE' || op === 'CMPEQ') {
+    if (op === 'CMPLT' || op === 'CMPLE' || op === 'CMPNE' || op === 'CMPEQ') {
       if (s.isBool) {
         if (op === 'CMPLT') { P(1); P(0); c.simd(0x4f); return } // b & ~a
+        if (op === 'CMPLE') { P(0); P(1); c.simd(0x4f).simd(0x4d); return } // ~(a & ~b)
         P(0); P(1); c.simd(0x51)
         if (op === 'CMPEQ') c.simd(0x4d)
         return
       }
       P(0); P(1)
-      if (s.isFloat) c.simd({ CMPLT: 0x43, CMPNE: 0x42, CMPEQ: 0x41 }[op])
-      else c.simd({ CMPLT: s.isUnsigned ? 0x3a : 0x39, CMPNE: 0x38, CMPEQ: 0x37 }[op])
+      if (s.isFloat) c.simd({ CMPLT: 0x43, CMPLE: 0x45, CMPNE: 0x42, CMPEQ: 0x41 }[op])
+      else c.simd({ CMPLT: s.isUnsigned ? 0x3a : 0x39, CMPLE: s.isUnsigned ? 0x3e : 0x3d, CMPNE: 0x38, CMPEQ: 0x37 }[op])
       return
     }
     if (d.isBool) {
@@ -610,6 +620,7 @@ class KernelEmitter {
         this.val.set(x.id, { local: i })
         this.push(x.start)
         c.set(i)
+        const steps = wide ? [] : this.strengthReduce(x)
         // block { if (i >= end) break; loop { body; i++; if (i < end) continue } }
         c.byte(0x02, 0x40)
         c.get(i)
@@ -617,6 +628,7 @@ class KernelEmitter {
         c.op(wide ? 0x59 : 0x4e).byte(0x0d, 0x00)
         c.byte(0x03, 0x40)
         this.block(x.body)
+        for (const [local, step] of steps) c.get(local).i32(step).op(0x6a).set(local)
         c.get(i)
         if (wide) c.i64(1).op(0x7c)
         else c.i32(1).op(0x6a)
@@ -629,6 +641,61 @@ class KernelEmitter {
       default:
         throw new KernelError(`the WebAssembly emitter has no rule for ${x.k}`)
     }
+  }
+
+  /**
+   * Strength reduction: an access in the loop's body whose index is affine in the loop variable
+   * (invariant + i * stride) gets a byte-address local set before the loop and advanced by stride * size
+   * each iteration, instead of a multiply, add and shift per access per iteration. Returns the
+   * [local, byte step] pairs the loop's latch adds.
+   */
+  strengthReduce (loop) {
+    const memo = new Map()
+    const affine = (x) => {
+      if (memo.has(x)) return memo.get(x)
+      let r = null
+      if (x === loop) r = { terms: [], c: 0, s: 1 }
+      else if (x.k === 'const' && x.lanes === 1 && x.dtype === loop.dtype) r = { terms: [], c: Number(x.value), s: 0 }
+      else if (x.level < loop.level && x.lanes === 1 && x.dtype === loop.dtype && this.val.has(x.id)) r = { terms: [[x, 1]], c: 0, s: 0 }
+      else if (x.k === 'alu' && x.lanes === 1 && x.dtype === loop.dtype && x.level >= loop.level) {
+        const [a, b] = x.src.map((v) => (v ? affine(v) : null))
+        if (x.op === 'ADD' && a && b) r = { terms: [...a.terms, ...b.terms], c: a.c + b.c, s: a.s + b.s }
+        else if (x.op === 'MUL' && a && b && (a.terms.length === 0 && a.s === 0)) r = { terms: b.terms.map(([t, k]) => [t, k * a.c]), c: b.c * a.c, s: b.s * a.c }
+        else if (x.op === 'MUL' && a && b && (b.terms.length === 0 && b.s === 0)) r = { terms: a.terms.map(([t, k]) => [t, k * b.c]), c: a.c * b.c, s: a.s * b.c }
+      }
+      memo.set(x, r)
+      return r
+    }
+    const steps = []
+    const byKey = new Map()
+    const visit = (insts) => {
+      for (const x of insts) {
+        if (x.k === 'if') visit(x.body)
+        if ((x.k !== 'load' && x.k !== 'store') || x.idx.lanes !== 1 || x.idx.dtype !== loop.dtype || this.addrOf.has(x.idx.id)) continue
+        const a = affine(x.idx)
+        if (!a || a.s === 0 || Math.abs(a.s * x.dtype.size) > 2 ** 30) continue
+        const size = x.dtype.size
+        const key = a.terms.map(([t, k]) => `${t.id}*${k}`).join('+') + `|${a.c}|${a.s}|${size}`
+        let local = byKey.get(key)
+        if (local === undefined) {
+          // byte address at the first iteration: (sum k*t + c + start*s) * size
+          local = this.newLocal(T.i32)
+          this.c.i32((a.c * size) | 0)
+          for (const [t, k] of a.terms) {
+            this.push(t)
+            this.c.i32((k * size) | 0).op(0x6c).op(0x6a)
+          }
+          this.push(loop.start)
+          this.c.i32((a.s * size) | 0).op(0x6c).op(0x6a)
+          this.c.set(local)
+          byKey.set(key, local)
+          steps.push([local, (a.s * size) | 0])
+        }
+        this.addrOf.set(x.idx.id, { local, size })
+      }
+    }
+    visit(loop.body)
+    return steps
   }
 
   emit () {
