@@ -131,6 +131,8 @@ function blockOpts (end, width) {
         if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
       }
       rowTile(last, 4, (ix) => coeff(ix, last) !== 0)
+      // the column tiles' loop outermost: each block of weight rows is read once, the rows it meets stay cached
+      if (glob.length === 2) opts.push({ kind: 'OUTER', range: last, amount: 1 })
     }
     return opts
   }
@@ -148,6 +150,12 @@ function applyOpts (g, ast, opts) {
     const r = current.get(opt.range) || opt.range
     const ranges = rangesOf(ast)
     if (!ranges.includes(r)) continue
+    if (opt.kind === 'OUTER') {
+      // loop order: r becomes its END's outermost loop (the operand swept by the inner loops stays cached)
+      ast = g.substitute(ast, new Map(toposort(ast).filter((n) => n.op === 'END' && n.src.includes(r)).map((e) =>
+        [e, g.node('END', null, [e.src[0], r, ...e.src.slice(1).filter((x) => x !== r)])])))
+      continue
+    }
     const nextId = Math.max(...ranges.map((x) => x.arg[0])) + 1
     const n = constSize(r)
     const int = r.dtype

@@ -15,6 +15,7 @@
 
 const { KernelError } = require('./errors')
 const { lowerKernel, prepareKernel } = require('./compile')
+const { chooseOpts } = require('./lower')
 const { buildModule, importObject, simdSupported } = require('./wasm/module')
 const { JSKernel } = require('./jsexec')
 
@@ -116,9 +117,19 @@ class Executor {
     let p = this.lowered.get(ast)
     if (!p) {
       const prepared = this.prepare1(ast)
-      p = lowerKernel(this.prog.graph, ast, { width: this.width, prepared })
+      const opts = chooseOpts(prepared.ast, this.width)
+      p = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts })
       p.scratch = prepared.scratch
       p.kernelIndex = k
+      // a row tile over a Variable's size recomputes the clamped last rows: below the tile's height a
+      // variant without that tile runs instead (batch 1 does one row of work, not four)
+      const sym = opts.filter((o) => o.kind === 'UPCAST' && o.range.src[0].op === 'DEFINE_VAR')
+      if (sym.length === 1) {
+        p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: opts.filter((o) => o !== sym[0]) })
+        p.small.scratch = prepared.scratch
+        p.smallVar = sym[0].range.src[0].arg[0]
+        p.smallBelow = sym[0].amount
+      }
       this.lowered.set(ast, p)
     }
     return p
@@ -178,6 +189,10 @@ class Executor {
       }
       sites.push({ prog, layout, call: c })
       keys.push(key)
+      if (prog.small) {
+        sites.push({ prog: prog.small, layout, call: c })
+        keys.push(key + '|small')
+      }
     }
     if (this.backend !== 'wasm') return { bytes: null, sites, keys }
     return { bytes: buildModule(sites, this.memory.buffer.byteLength / PAGE), sites, keys }
@@ -242,7 +257,10 @@ class Executor {
           return { copy: true, dst: dst.base, src: src.base, n: Math.min(dst.size, src.size) * src.dtype.size }
         }
         const site = this.siteFns.get(this.siteKey(c))
-        return { copy: false, fn: site.fn, vars: site.prog.vars, name: site.prog.name }
+        const step = { copy: false, fn: site.fn, vars: site.prog.vars, name: site.prog.name, small: null }
+        const small = this.siteFns.get(this.siteKey(c) + '|small')
+        if (small) Object.assign(step, { small: small.fn, smallVars: small.prog.vars, smallVar: site.prog.smallVar, smallBelow: site.prog.smallBelow })
+        return step
       })
     }
   }
@@ -270,7 +288,8 @@ class Executor {
         continue
       }
       try {
-        if (st.vars.length === 0) st.fn()
+        if (st.small !== null && env.get(st.smallVar) < st.smallBelow) st.small(...st.smallVars.map((v) => env.get(v)))
+        else if (st.vars.length === 0) st.fn()
         else st.fn(...st.vars.map((v) => env.get(v)))
       } catch (e) {
         if (e instanceof WebAssembly.RuntimeError) {

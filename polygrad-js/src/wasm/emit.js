@@ -109,16 +109,19 @@ class KernelEmitter {
   }
 
   /** push the byte address (without the base) of element idx of a buffer of dtype d */
+  /** Push the byte address of element idx (without the buffer's base); returns a constant byte offset
+   * the access adds to its memarg offset (non-zero for a strength-reduced address). */
   address (idx, d) {
     const reduced = this.addrOf.get(idx.id)
     if (reduced !== undefined && reduced.size === d.size) {
       this.c.get(reduced.local)
-      return
+      return reduced.offset
     }
     this.push(idx)
     if (idx.dtype.wasm === 'i64') this.c.op(0xa7) // i32.wrap_i64 (the validator bounds it)
     const s = LOG2[d.size]
     if (s) this.c.i32(s).op(0x74)
+    return 0
   }
 
   boundsCheck (idx, slot, lanes) {
@@ -136,6 +139,7 @@ class KernelEmitter {
 
   // ---- loads and stores
   emitLoad (x) {
+    if (!this.uses.get(x.id) && !x.check) return // only broadcast loads read it (v128.load32_splat)
     const d = x.dtype
     const b = this.buf(x.buf)
     if (x.check) {
@@ -149,29 +153,32 @@ class KernelEmitter {
       }
     }
     if (x.lanes === 1) {
-      this.address(x.idx, d)
       if (x.gate) {
         // address 0 where the gate is off (the element is not read), then 0 as the value
+        const extra = this.address(x.idx, d)
+        if (extra) this.c.i32(extra).op(0x6a)
         this.c.i32(0)
         this.push(x.gate).op(0x1b)
         this.loadScalar(d, b.base)
         this.scalarConst(d, 0)(this.c)
         this.push(x.gate).op(0x1b)
       } else {
-        this.loadScalar(d, b.base)
+        this.loadScalar(d, b.base + this.address(x.idx, d))
       }
       return this.define(x)
     }
     if (x.mode === 'contiguous' && (!x.gate || x.gate.lanes === 1)) {
-      this.address(x.idx, d)
       if (x.gate) {
+        const extra = this.address(x.idx, d)
+        if (extra) this.c.i32(extra).op(0x6a)
         this.c.i32(0)
         this.push(x.gate).op(0x1b)
         this.c.vmem(0x00, 0, b.base)
         this.c.v128const(new Uint8Array(16))
         this.push(x.gate).byte(0x1c, 0x01, T.v128)
       } else {
-        this.c.vmem(0x00, 0, b.base)
+        const extra = this.address(x.idx, d)
+        this.c.vmem(0x00, 0, b.base + extra)
       }
       return this.define(x)
     }
@@ -245,16 +252,16 @@ class KernelEmitter {
     const v = x.src[0]
     if (x.lanes === 1) {
       if (x.check) this.boundsCheck(x.idx, x.buf, 1)
-      this.address(x.idx, d)
+      const extra = this.address(x.idx, d)
       this.push(v)
-      this.storeScalar(d, b.base)
+      this.storeScalar(d, b.base + extra)
       return
     }
     if (x.mode === 'contiguous' && !x.gate) {
       if (x.check) this.boundsCheck(x.idx, x.buf, x.lanes)
-      this.address(x.idx, d)
+      const extra = this.address(x.idx, d)
       this.push(v)
-      this.c.vmem(0x0b, 0, b.base)
+      this.c.vmem(0x0b, 0, b.base + extra)
       return
     }
     for (let lane = 0; lane < x.lanes; lane++) {
@@ -276,9 +283,9 @@ class KernelEmitter {
   emitBcast (x) {
     const s = x.src[0]
     const d = x.dtype
-    if (s.k === 'load' && !s.gate && !s.check && s.lanes === 1 && d.size === 4 && !d.isBool) {
-      this.address(s.idx, d)
-      this.c.vmem(0x09, 2, this.buf(s.buf).base) // v128.load32_splat
+    if (this.splattable(x)) {
+      const extra = this.address(s.idx, d)
+      this.c.vmem(0x09, 2, this.buf(s.buf).base + extra) // v128.load32_splat
       return this.define(x)
     }
     if (d.isBool) {
@@ -656,13 +663,14 @@ class KernelEmitter {
       let r = null
       if (x === loop) r = { terms: [], c: 0, s: 1 }
       else if (x.k === 'const' && x.lanes === 1 && x.dtype === loop.dtype) r = { terms: [], c: Number(x.value), s: 0 }
-      else if (x.level < loop.level && x.lanes === 1 && x.dtype === loop.dtype && this.val.has(x.id)) r = { terms: [[x, 1]], c: 0, s: 0 }
-      else if (x.k === 'alu' && x.lanes === 1 && x.dtype === loop.dtype && x.level >= loop.level) {
+      else if (x.k === 'alu' && x.lanes === 1 && x.dtype === loop.dtype && (x.op === 'ADD' || x.op === 'MUL')) {
+        // invariant sums too (row r of a tile is j0 + r: one pointer with offsets for the rows)
         const [a, b] = x.src.map((v) => (v ? affine(v) : null))
         if (x.op === 'ADD' && a && b) r = { terms: [...a.terms, ...b.terms], c: a.c + b.c, s: a.s + b.s }
         else if (x.op === 'MUL' && a && b && (a.terms.length === 0 && a.s === 0)) r = { terms: b.terms.map(([t, k]) => [t, k * a.c]), c: b.c * a.c, s: b.s * a.c }
         else if (x.op === 'MUL' && a && b && (b.terms.length === 0 && b.s === 0)) r = { terms: a.terms.map(([t, k]) => [t, k * b.c]), c: a.c * b.c, s: a.s * b.c }
       }
+      if (r === null && x.level < loop.level && x.lanes === 1 && x.dtype === loop.dtype && this.val.has(x.id)) r = { terms: [[x, 1]], c: 0, s: 0 }
       memo.set(x, r)
       return r
     }
@@ -673,13 +681,18 @@ class KernelEmitter {
         if (x.k === 'if') visit(x.body)
         if ((x.k !== 'load' && x.k !== 'store') || x.idx.lanes !== 1 || x.idx.dtype !== loop.dtype || this.addrOf.has(x.idx.id)) continue
         const a = affine(x.idx)
-        if (!a || a.s === 0 || Math.abs(a.s * x.dtype.size) > 2 ** 30) continue
+        if (!a || a.s === 0 || Math.abs(a.s * x.dtype.size) > 2 ** 30 || a.terms.some(([t]) => !this.val.has(t.id))) continue
         const size = x.dtype.size
-        const key = a.terms.map(([t, k]) => `${t.id}*${k}`).join('+') + `|${a.c}|${a.s}|${size}`
-        let local = byKey.get(key)
-        if (local === undefined) {
-          // byte address at the first iteration: (sum k*t + c + start*s) * size
-          local = this.newLocal(T.i32)
+        // accesses that differ by a constant share one pointer; the difference goes into the memarg offset
+        const merged = new Map()
+        for (const [t, k] of a.terms) merged.set(t, (merged.get(t) || 0) + k)
+        a.terms = [...merged].filter(([, k]) => k !== 0).sort((p, q) => p[0].id - q[0].id)
+        const key = a.terms.map(([t, k]) => `${t.id}*${k}`).join('+') + `|${a.s}|${size}`
+        let entry = byKey.get(key)
+        if (entry === undefined || a.c < entry.c) {
+          if (entry !== undefined) continue // keep the first pointer; a smaller offset would go negative
+          const local = this.newLocal(T.i32)
+          entry = { local, c: a.c }
           this.c.i32((a.c * size) | 0)
           for (const [t, k] of a.terms) {
             this.push(t)
@@ -688,17 +701,45 @@ class KernelEmitter {
           this.push(loop.start)
           this.c.i32((a.s * size) | 0).op(0x6c).op(0x6a)
           this.c.set(local)
-          byKey.set(key, local)
+          byKey.set(key, entry)
           steps.push([local, (a.s * size) | 0])
         }
-        this.addrOf.set(x.idx.id, { local, size })
+        this.addrOf.set(x.idx.id, { local: entry.local, size, offset: (a.c - entry.c) * size })
       }
     }
     visit(loop.body)
     return steps
   }
 
+  /** How many instructions read each value (a load nobody reads is not emitted: wasm keeps loads alive). */
+  countUses () {
+    const uses = new Map()
+    const use = (v) => { if (v) uses.set(v.id, (uses.get(v.id) || 0) + 1) }
+    const walk = (insts) => {
+      for (const x of insts) {
+        for (const v of x.src || []) use(v)
+        use(x.idx)
+        use(x.gate)
+        use(x.cond)
+        use(x.start)
+        use(x.end)
+        if (x.k === 'bcast' && this.splattable(x)) uses.set(x.src[0].id, uses.get(x.src[0].id) - 1)
+        if (x.k === 'loop') { walk(x.pre); walk(x.body) }
+        if (x.k === 'if') walk(x.body)
+      }
+    }
+    walk(this.prog.head)
+    walk(this.prog.body)
+    return uses
+  }
+
+  splattable (x) {
+    const s = x.src[0]
+    return s.k === 'load' && !s.gate && !s.check && s.lanes === 1 && x.dtype.size === 4 && !x.dtype.isBool
+  }
+
   emit () {
+    this.uses = this.countUses()
     this.block(this.prog.head)
     this.block(this.prog.body)
     return { params: this.params, locals: this.locals, body: this.c }
