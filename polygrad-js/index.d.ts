@@ -27,6 +27,10 @@ export interface LoadOptions {
   maxBytes?: number
   /** Refuse kernels whose loops run more points than this (default 2**40). */
   maxWork?: number
+  /** Check every kernel's indices at load ('all'), or forward's at load and the others' when first compiled (default). */
+  validate?: 'forward' | 'all'
+  /** Prove the lowered kernels' indices again; accesses it cannot prove get run-time checks (default false). */
+  verify?: boolean
 }
 
 export interface OptimizerOptions {

@@ -6,7 +6,7 @@
  *                                                   register tile would recompute (scratch buffers)
  *   (checkKernel (validate.js) ran on the stored kernel when the bundle was read)
  *   2. chooseOpts + applyOpts     (lower.js)        vector lanes, register tiles (width > 1 only)
- *   3. provenIndices              (validate.js)     accesses not proven in bounds get run-time checks
+ *   3. provenIndices (verify)     (validate.js)     accesses not proven in bounds get run-time checks
  *   4. decomposeTranscendentals   (transcendental.js)
  *   5. linearize                  (linearize.js)    the structured program an emitter walks
  */
@@ -26,17 +26,22 @@ function prepareKernel (g, ast) {
   return split ? { ast: simplifyIndices(g, split.ast), scratch: split.scratch } : { ast: simple, scratch: [] }
 }
 
-function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null } = {}) {
+/**
+ * The linearized program of a kernel. The stored kernel was proven safe (validate.checkKernel) and every
+ * pass here keeps its indices in bounds by construction; `verify` proves the lowered kernel again and
+ * guards what it cannot prove with run-time checks (the tests run with it).
+ */
+function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null, verify = false } = {}) {
   let k = (prepared || prepareKernel(g, ast)).ast
   let vector = new Set()
   const chosen = opts !== null ? opts : chooseOpts(k, width)
   if (chosen.length) ({ ast: k, vector } = applyOpts(g, k, chosen))
-  const proven = check === null ? provenIndices(k) : null
-  const needsCheck = check || ((index) => !proven.has(index))
+  const proven = check === null && verify ? provenIndices(k) : null
+  const needsCheck = check || (proven ? (index) => !proven.has(index) : () => false)
   const prog = linearize(g, decomposeTranscendentals(g, k), { vector, width, check: needsCheck })
   if (chosen.length && !prog.vectorized && !toposort(k).some((n) => n.op === 'REDUCE')) {
     // lanes did not fit (a 64-bit or integer-division op): plain loops beat an unrolled scalar copy
-    return lowerKernel(g, ast, { width, check, opts: [], prepared })
+    return lowerKernel(g, ast, { width, check, opts: [], prepared, verify })
   }
   return prog
 }

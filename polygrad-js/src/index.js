@@ -9,3 +9,5 @@ const errors = require('./errors')
 const { simdSupported } = require('./wasm/module')
 
 module.exports = Object.assign({ Model, VERSION, simdSupported }, errors)
+// for the Node entry (index.js): a native CRC-32 (zlib.crc32) where the runtime has one
+Object.defineProperty(module.exports, '_internals', { value: { crc32: require('./crc32') }, enumerable: false })

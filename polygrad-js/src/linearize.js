@@ -72,6 +72,8 @@ class Linearizer {
     this.levels = [{ block: [], cse: new Map(), loop: null }]
     this.open = new Map() // RANGE -> loop inst
     this.nextId = 0
+    this.laneIndexCache = new Map()
+    this.coeffCache = new Map()
   }
 
   inst (k, dtype, lanes, fields) {
@@ -234,15 +236,27 @@ class Linearizer {
   }
 
   laneIndex (expr) {
-    // expr with the vector range set to 0: the index of lane 0 of a contiguous access
-    const zero = this.g.const(this.V.dtype, 0)
-    return simplifyIndices(this.g, this.g.substitute(expr, new Map([[this.V, zero]])))
+    // expr with the vector range set to 0: the index of lane 0 of a contiguous access (cached: every
+    // unrolled point of a tile asks for the same expression)
+    const key = expr.id + ':' + this.V.id
+    let hit = this.laneIndexCache.get(key)
+    if (hit === undefined) {
+      const zero = this.g.const(this.V.dtype, 0)
+      hit = simplifyIndices(this.g, this.g.substitute(expr, new Map([[this.V, zero]])))
+      this.laneIndexCache.set(key, hit)
+    }
+    return hit
   }
 
   access (index) {
     const gate = index.src.length > 2 ? this.value(index.src[2]) : null
     if (this.V === null || !this.deps(index).has(this.V)) return { idx: this.value(index.src[1]), gate, mode: 'scalar', lanes: gate ? gate.lanes : 1 }
-    const c = rangeCoeff(index.src[1], this.V)
+    const ck = index.src[1].id + ':' + this.V.id
+    let c = this.coeffCache.get(ck)
+    if (c === undefined) {
+      c = rangeCoeff(index.src[1], this.V)
+      this.coeffCache.set(ck, c)
+    }
     if (c === 1) return { idx: this.value(this.laneIndex(index.src[1])), gate, mode: 'contiguous', lanes: this.width }
     const idx = this.value(index.src[1])
     if (idx.lanes === 1 && (gate === null || gate.lanes === 1)) return { idx, gate, mode: 'scalar', lanes: 1 }

@@ -174,14 +174,6 @@ function readProgram (manifest, body, opts = {}) {
   }
   kernels.forEach((k, i) => need(k.op === 'SINK', `kernels root ${i} is a ${k.op}, expected SINK`))
   const globalsOf = kernels.map((k, i) => kernelGlobals(i, k, variables))
-  kernels.forEach((k, i) => {
-    try {
-      checkKernel(k, `kernel ${i}`, opts)
-    } catch (e) {
-      if (e instanceof KernelError) throw new BundleError(`bundle manifest: ${e.message}`)
-      throw e
-    }
-  })
 
   const slotNo = (v, where, roles) => {
     need(slots.length > 0, `${where}: there are no buffers`)
@@ -263,10 +255,29 @@ function readProgram (manifest, body, opts = {}) {
   }
   const rngObj = get(manifest, 'rng', 'object', 'manifest')
   const rng = [getInt(rngObj, 'seed', 'rng', 0, 0xffffffff), getInt(rngObj, 'counter', 'rng', 0, 0xffffffff)]
-  return {
+  const prog = {
     slots, graph, kernels, kernelTable, entries, inputs, targets, outputs, variables, rng, gradients, optimizer,
-    lrSlot, optimizerState, producer: typeof manifest.producer === 'string' ? manifest.producer : ''
+    lrSlot, optimizerState, producer: typeof manifest.producer === 'string' ? manifest.producer : '',
+    validated: new Set(), limits: { maxWork: opts.maxWork }
   }
+  // the index analysis of every kernel `forward` calls (or of all, opts.validate === 'all') before anything
+  // runs; the others' when their entrypoint is first compiled (validateKernel, before lowering)
+  const first = opts.validate === 'all' ? kernels.map((_, i) => i) : [...new Set(entries.forward.calls.filter((c) => !c.copy).map((c) => c.kernel))]
+  for (const k of first) validateKernel(prog, k)
+  return prog
+}
+
+/** Check kernel k of a Program once (validate.checkKernel); a failure is a BundleError. */
+function validateKernel (prog, k) {
+  const ast = prog.kernels[k]
+  if (prog.validated.has(ast)) return
+  try {
+    checkKernel(ast, `kernel ${k}`, prog.limits)
+  } catch (e) {
+    if (e instanceof KernelError) throw new BundleError(`bundle manifest: ${e.message}`)
+    throw e
+  }
+  prog.validated.add(ast)
 }
 
 function kernelGlobals (k, ast, variables) {
@@ -352,4 +363,4 @@ function writeManifest (prog, read, producer) {
   return { manifest, blobs }
 }
 
-module.exports = { readProgram, writeManifest, optimizerConfig, ROLES, STORED, IDENT }
+module.exports = { readProgram, writeManifest, optimizerConfig, validateKernel, ROLES, STORED, IDENT }

@@ -16,6 +16,7 @@
 const { KernelError } = require('./errors')
 const { lowerKernel, prepareKernel } = require('./compile')
 const { chooseOpts } = require('./lower')
+const { validateKernel } = require('./manifest')
 const { buildModule, importObject, simdSupported } = require('./wasm/module')
 const { JSKernel } = require('./jsexec')
 
@@ -76,7 +77,8 @@ function ensureMemory (memory, bytes) {
 }
 
 class Executor {
-  constructor (prog, { backend = 'auto', memory = null } = {}) {
+  constructor (prog, { backend = 'auto', memory = null, verify = false } = {}) {
+    this.verify = verify
     this.prog = prog
     this.backend = backend === 'auto' ? (simdSupported() ? 'wasm' : 'js') : backend
     this.width = this.backend === 'wasm' ? 4 : 1
@@ -116,16 +118,17 @@ class Executor {
     const ast = this.prog.kernels[k]
     let p = this.lowered.get(ast)
     if (!p) {
+      validateKernel(this.prog, k)
       const prepared = this.prepare1(ast)
       const opts = chooseOpts(prepared.ast, this.width)
-      p = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts })
+      p = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts, verify: this.verify })
       p.scratch = prepared.scratch
       p.kernelIndex = k
       // a row tile over a Variable's size recomputes the clamped last rows: below the tile's height a
       // variant without that tile runs instead (batch 1 does one row of work, not four)
       const sym = opts.filter((o) => o.kind === 'UPCAST' && o.range.src[0].op === 'DEFINE_VAR')
       if (sym.length === 1) {
-        p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: opts.filter((o) => o !== sym[0]) })
+        p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: opts.filter((o) => o !== sym[0]), verify: this.verify })
         p.small.scratch = prepared.scratch
         p.smallVar = sym[0].range.src[0].arg[0]
         p.smallBelow = sym[0].amount

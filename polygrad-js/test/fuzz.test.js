@@ -12,7 +12,7 @@ const { crc32 } = require('../src/crc32')
 const json = require('../src/json')
 const { fixture } = require('./helpers')
 
-const LIMITS = { maxBytes: 64 << 20, maxWork: 2 ** 24 }
+const LIMITS = { maxBytes: 64 << 20, maxWork: 2 ** 24, validate: 'all' }
 const CASES = Number(process.env.POLYGRAD_FUZZ_CASES || 150)
 
 function rng (seed) {

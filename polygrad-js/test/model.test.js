@@ -21,7 +21,7 @@ test('the spec example: Model.load, forward with a Float32Array, dispose', () =>
 
 for (const backend of ['wasm', 'js']) {
   test(`forward matches Python on a variable batch (${backend})`, () => {
-    const m = Model.fromBytesSync(fixture('mlp_untrained.pgb'), { backend })
+    const m = Model.fromBytesSync(fixture('mlp_untrained.pgb'), { backend, verify: true })
     const x = ref.mlp.x.slice(0, 5)
     const out = m.forward({ x: { data: Float32Array.from(x.flat()), shape: [5, 4] } }).logits
     assert.deepStrictEqual(out.shape, [5, 3])

@@ -66,6 +66,30 @@ export default api
 `
   fs.mkdirSync(DIST, { recursive: true })
   fs.writeFileSync(path.join(DIST, 'polygrad.browser.mjs'), text)
+  // the same modules in one CommonJS file for Node (index.js loads it when it is current)
+  const cjs = `'use strict'
+// polygrad ${pkg.version} for Node.js, all of src/ in one file (built by tools/build.js: do not edit)
+const modules = {
+${mods.join(',\n')}
+}
+const cache = {}
+function resolve (from, name) {
+  const parts = from.split('/').slice(0, -1)
+  for (const p of name.split('/')) {
+    if (p === '..') parts.pop()
+    else if (p !== '.') parts.push(p)
+  }
+  return parts.join('/')
+}
+function load (id) {
+  if (cache[id]) return cache[id].exports
+  const module = cache[id] = { exports: {} }
+  modules[id](module, module.exports, (name) => load(resolve(id, name)))
+  return module.exports
+}
+module.exports = load('./index')
+`
+  fs.writeFileSync(path.join(DIST, 'polygrad.node.cjs'), cjs)
   let minified = null
   try {
     const esbuild = require('esbuild')

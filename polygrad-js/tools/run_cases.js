@@ -36,7 +36,7 @@ function main () {
     let m
     try {
       const t0 = performance.now()
-      m = Model.load(c.bundle, c.backend ? { backend: c.backend } : {})
+      m = Model.load(c.bundle, Object.assign({ verify: true }, c.backend ? { backend: c.backend } : {}))
       r.load_ms = performance.now() - t0
       const inputs = (src) => Object.fromEntries(Object.entries(src).map(([k, v]) => [k, decode(v)]))
       if (c.fit) r.losses = m.fit(inputs(c.fit.data), c.fit.options || {})

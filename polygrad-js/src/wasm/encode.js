@@ -13,11 +13,25 @@ const f64bytes = new Uint8Array(f64buf.buffer)
 
 class Code {
   constructor () {
-    this.b = []
+    this.buf = new Uint8Array(256)
+    this.n = 0
+  }
+
+  get b () {
+    return this.buf.subarray(0, this.n)
+  }
+
+  push (x) {
+    if (this.n === this.buf.length) {
+      const bigger = new Uint8Array(this.buf.length * 2)
+      bigger.set(this.buf)
+      this.buf = bigger
+    }
+    this.buf[this.n++] = x
   }
 
   byte (...xs) {
-    for (const x of xs) this.b.push(x)
+    for (let i = 0; i < xs.length; i++) this.push(xs[i])
     return this
   }
 
@@ -27,7 +41,7 @@ class Code {
       let c = v & 0x7f
       v >>>= 7
       if (v) c |= 0x80
-      this.b.push(c)
+      this.push(c)
     } while (v)
     return this
   }
@@ -38,10 +52,10 @@ class Code {
       const c = v & 0x7f
       v >>= 7
       if ((v === 0 && (c & 0x40) === 0) || (v === -1 && (c & 0x40) !== 0)) {
-        this.b.push(c)
+        this.push(c)
         return this
       }
-      this.b.push(c | 0x80)
+      this.push(c | 0x80)
     }
   }
 
@@ -51,29 +65,29 @@ class Code {
       const c = Number(v & 0x7fn)
       v >>= 7n
       if ((v === 0n && (c & 0x40) === 0) || (v === -1n && (c & 0x40) !== 0)) {
-        this.b.push(c)
+        this.push(c)
         return this
       }
-      this.b.push(c | 0x80)
+      this.push(c | 0x80)
     }
   }
 
   f32 (x) {
     f32buf[0] = x
-    for (const c of f32bytes) this.b.push(c)
+    for (const c of f32bytes) this.push(c)
     return this
   }
 
   f64 (x) {
     f64buf[0] = x
-    for (const c of f64bytes) this.b.push(c)
+    for (const c of f64bytes) this.push(c)
     return this
   }
 
   name (s) {
     const bytes = new TextEncoder().encode(s)
     this.u32(bytes.length)
-    for (const c of bytes) this.b.push(c)
+    for (const c of bytes) this.push(c)
     return this
   }
 
@@ -84,7 +98,8 @@ class Code {
   }
 
   append (other) {
-    for (const c of other.b) this.b.push(c)
+    const b = other.b
+    for (let i = 0; i < b.length; i++) this.push(b[i])
     return this
   }
 
@@ -101,7 +116,7 @@ class Code {
   f64c (v) { return this.byte(0x44).f64(v) }
   mem (code, align, offset) { return this.byte(code).u32(align).u32(offset) }
   vmem (code, align, offset) { return this.simd(code).u32(align).u32(offset) }
-  v128const (bytes) { this.simd(0x0c); for (const c of bytes) this.b.push(c); return this }
+  v128const (bytes) { this.simd(0x0c); for (const c of bytes) this.push(c); return this }
 }
 
 function section (out, id, body) {
@@ -135,7 +150,7 @@ function moduleBytes ({ types, imports, funcs, exports }) {
     body.append(f.body).byte(0x0b)
     c.u32(body.b.length).append(body)
   }))
-  return new Uint8Array(out.b)
+  return out.b.slice()
 }
 
 module.exports = { Code, moduleBytes, T }
