@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 from polygrad import Model, Tensor, Variable, nn
+from test_model import ConvBN  # the conv + BatchNorm net of the Model tests
+from test_model import TinyAttention as ModelTestsAttention
 
 ROOT = Path(__file__).resolve().parent.parent
 JS = ROOT / "polygrad-js"
@@ -63,29 +65,11 @@ class MLP:
         return {"logits": self.l2(self.l1(x).relu())}
 
 
-class ConvBN:
-    def __init__(self):
-        self.conv = nn.Conv2d(1, 4, 3)
-        self.bn = nn.BatchNorm2d(4)
-        self.fc = nn.Linear(4 * 4 * 4, 2)
-
-    def __call__(self, x):
-        h = self.bn(self.conv(x)).relu()
-        return {"logits": self.fc(h.reshape(h.shape[0], -1))}
-
-
-class TinyAttention:
-    def __init__(self, vocab: int = 11, dim: int = 8):
-        self.emb = nn.Embedding(vocab, dim)
-        self.q = nn.Linear(dim, dim, bias=False)
-        self.k = nn.Linear(dim, dim, bias=False)
-        self.v = nn.Linear(dim, dim, bias=False)
-        self.out = nn.Linear(dim, vocab)
+class TinyAttention(ModelTestsAttention):
+    """test_model's embedding + causal attention net, with a log-softmax (exp and log kernels) on top."""
 
     def __call__(self, tokens):
-        h = self.emb(tokens)
-        att = self.q(h).scaled_dot_product_attention(self.k(h), self.v(h), is_causal=True)
-        return {"logits": self.out(h + att).log_softmax(-1)}
+        return {"logits": super().__call__(tokens)["logits"].log_softmax(-1)}
 
 
 class LinearSpec:

@@ -148,36 +148,38 @@ function buildOptimizer (prog, cfg) {
   const neg = (a) => g.alu('NEG', a)
   const unsupported = params.find((p) => p.dtype !== f32)
   if (unsupported) throw new ModelError(`the JavaScript optimizers update float32 parameters; '${unsupported.name}' is ${unsupported.dtype.name}`)
+  // every parameter with a gradient: fn(parameter, gradient, group index, offset in the group's flat state)
+  const eachParam = (fn) => groups.forEach((grp, gi) => {
+    let off = 0
+    for (const p of grp) {
+      const grad = prog.gradients.get(p)
+      if (grad) fn(p, grad, gi, off)
+      off += p.size
+    }
+  })
 
   if (cfg.name === 'sgd') {
     const bufs = cfg.momentum ? groups.map((grp) => slot(groupSize(grp), [0])) : []
-    groups.forEach((grp, gi) => {
-      let off = 0
-      for (const p of grp) {
-        const grad = prog.gradients.get(p)
-        const n = p.size
-        const o = off
-        off += n
-        if (!grad) continue
-        const decayed = (kb, i) => {
-          const gv = kb.load(grad, i)
-          return cfg.weight_decay ? add(gv, mul(C(cfg.weight_decay), kb.load(p, i))) : gv
-        }
-        if (cfg.momentum) {
-          const b = bufs[gi]
-          const kb = new KernelBuilder(g, 'sgd_momentum')
-          kernel(kb.elementwise(b, n, o, (i, at) => add(mul(C(cfg.momentum), kb.load(b, at)), decayed(kb, i))))
-        }
-        const kb = new KernelBuilder(g, 'sgd')
-        kernel(kb.elementwise(p, n, 0, (i) => {
-          let step = decayed(kb, i)
-          if (cfg.momentum) {
-            const bv = kb.load(bufs[gi], o ? add(i, g.const(DTYPES.int32, o)) : i)
-            step = cfg.nesterov ? add(step, mul(C(cfg.momentum), bv)) : bv
-          }
-          return add(kb.load(p, i), neg(mul(kb.load(lr, g.const(DTYPES.int32, 0)), step)))
-        }))
+    eachParam((p, grad, gi, o) => {
+      const n = p.size
+      const decayed = (kb, i) => {
+        const gv = kb.load(grad, i)
+        return cfg.weight_decay ? add(gv, mul(C(cfg.weight_decay), kb.load(p, i))) : gv
       }
+      if (cfg.momentum) {
+        const b = bufs[gi]
+        const kb = new KernelBuilder(g, 'sgd_momentum')
+        kernel(kb.elementwise(b, n, o, (i, at) => add(mul(C(cfg.momentum), kb.load(b, at)), decayed(kb, i))))
+      }
+      const kb = new KernelBuilder(g, 'sgd')
+      kernel(kb.elementwise(p, n, 0, (i) => {
+        let step = decayed(kb, i)
+        if (cfg.momentum) {
+          const bv = kb.load(bufs[gi], o ? add(i, g.const(DTYPES.int32, o)) : i)
+          step = cfg.nesterov ? add(step, mul(C(cfg.momentum), bv)) : bv
+        }
+        return add(kb.load(p, i), neg(mul(kb.load(lr, g.const(DTYPES.int32, 0)), step)))
+      }))
     })
   } else {
     const [b1, b2] = cfg.betas
@@ -189,37 +191,30 @@ function buildOptimizer (prog, cfg) {
     kernel(kb0.elementwise(betaT, 2, 0, (i) => mul(kb0.load(betaT, i), kb0.load(betas, i))))
     const l2 = cfg.name === 'adam' ? cfg.weight_decay : 0
     const wd = cfg.name === 'adamw' ? cfg.weight_decay : 0
-    groups.forEach((grp, gi) => {
-      let off = 0
-      for (const p of grp) {
-        const grad = prog.gradients.get(p)
-        const n = p.size
-        const o = off
-        off += n
-        if (!grad) continue
-        const gradOf = (kb, i) => {
-          const gv = kb.load(grad, i)
-          return l2 ? add(gv, mul(C(l2), kb.load(p, i))) : gv
-        }
-        const km = new KernelBuilder(g, 'adam_m')
-        kernel(km.elementwise(ms[gi], n, o, (i, at) => add(mul(C(b1), km.load(ms[gi], at)), mul(C(1.0 - b1), gradOf(km, i)))))
-        const kv = new KernelBuilder(g, 'adam_v')
-        kernel(kv.elementwise(vs[gi], n, o, (i, at) => {
-          const gv = gradOf(kv, i)
-          return add(mul(C(b2), kv.load(vs[gi], at)), mul(C(1.0 - b2), mul(gv, gv)))
-        }))
-        const kp = new KernelBuilder(g, 'adam_p')
-        kernel(kp.elementwise(p, n, 0, (i) => {
-          const at = o ? add(i, g.const(DTYPES.int32, o)) : i
-          const zero = g.const(DTYPES.int32, 0)
-          const one = g.const(DTYPES.int32, 1)
-          const mhat = g.alu('FDIV', kp.load(ms[gi], at), add(C(1.0), neg(kp.load(betaT, zero))))
-          const vhat = g.alu('FDIV', kp.load(vs[gi], at), add(C(1.0), neg(kp.load(betaT, one))))
-          let up = g.alu('FDIV', mhat, add(g.node('SQRT', f32, [vhat]), C(cfg.eps)))
-          if (wd) up = add(up, mul(C(wd), kp.load(p, i)))
-          return add(kp.load(p, i), neg(mul(kp.load(lr, zero), up)))
-        }))
+    eachParam((p, grad, gi, o) => {
+      const n = p.size
+      const gradOf = (kb, i) => {
+        const gv = kb.load(grad, i)
+        return l2 ? add(gv, mul(C(l2), kb.load(p, i))) : gv
       }
+      const km = new KernelBuilder(g, 'adam_m')
+      kernel(km.elementwise(ms[gi], n, o, (i, at) => add(mul(C(b1), km.load(ms[gi], at)), mul(C(1.0 - b1), gradOf(km, i)))))
+      const kv = new KernelBuilder(g, 'adam_v')
+      kernel(kv.elementwise(vs[gi], n, o, (i, at) => {
+        const gv = gradOf(kv, i)
+        return add(mul(C(b2), kv.load(vs[gi], at)), mul(C(1.0 - b2), mul(gv, gv)))
+      }))
+      const kp = new KernelBuilder(g, 'adam_p')
+      kernel(kp.elementwise(p, n, 0, (i) => {
+        const at = o ? add(i, g.const(DTYPES.int32, o)) : i
+        const zero = g.const(DTYPES.int32, 0)
+        const one = g.const(DTYPES.int32, 1)
+        const mhat = g.alu('FDIV', kp.load(ms[gi], at), add(C(1.0), neg(kp.load(betaT, zero))))
+        const vhat = g.alu('FDIV', kp.load(vs[gi], at), add(C(1.0), neg(kp.load(betaT, one))))
+        let up = g.alu('FDIV', mhat, add(g.node('SQRT', f32, [vhat]), C(cfg.eps)))
+        if (wd) up = add(up, mul(C(wd), kp.load(p, i)))
+        return add(kp.load(p, i), neg(mul(kp.load(lr, zero), up)))
+      }))
     })
   }
   prog.slots.push(...newSlots)

@@ -24,15 +24,13 @@ function files (dir, out = []) {
   return out
 }
 
-function build () {
+/** Every src/ module in one script: a module table and a small require (`load`), ending with `api`. */
+function moduleTable () {
   const mods = files(SRC).map((p) => {
     const id = './' + path.relative(SRC, p).replace(/\\/g, '/').replace(/\.js$/, '')
     return `${JSON.stringify(id)}: function (module, exports, require) {\n${fs.readFileSync(p, 'utf8')}\n}`
   })
-  const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8'))
-  const text = `// polygrad ${pkg.version} for browsers (ES module), built by tools/build.js from src/: do not edit.
-// Load and fine-tune .pgb bundles; kernels are rendered to WebAssembly SIMD at load, nothing is evaluated.
-const modules = {
+  return `const modules = {
 ${mods.join(',\n')}
 }
 const cache = {}
@@ -52,7 +50,15 @@ function load (id) {
   return module.exports
 }
 const api = load('./index')
-/** A Model from a bundle URL: fetch, then Model.fromBytes (asynchronous compilation). */
+`
+}
+
+function build () {
+  const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, 'package.json'), 'utf8'))
+  const table = moduleTable()
+  const text = `// polygrad ${pkg.version} for browsers (ES module), built by tools/build.js from src/: do not edit.
+// Load and fine-tune .pgb bundles; kernels are rendered to WebAssembly SIMD at load, nothing is evaluated.
+${table}/** A Model from a bundle URL: fetch, then Model.fromBytes (asynchronous compilation). */
 api.Model.fetch = async function (url, opts = {}) {
   const res = await fetch(url)
   if (!res.ok) throw new api.BundleError('cannot fetch bundle ' + url + ': HTTP ' + res.status)
@@ -69,25 +75,7 @@ export default api
   // the same modules in one CommonJS file for Node (index.js loads it when it is current)
   const cjs = `'use strict'
 // polygrad ${pkg.version} for Node.js, all of src/ in one file (built by tools/build.js: do not edit)
-const modules = {
-${mods.join(',\n')}
-}
-const cache = {}
-function resolve (from, name) {
-  const parts = from.split('/').slice(0, -1)
-  for (const p of name.split('/')) {
-    if (p === '..') parts.pop()
-    else if (p !== '.') parts.push(p)
-  }
-  return parts.join('/')
-}
-function load (id) {
-  if (cache[id]) return cache[id].exports
-  const module = cache[id] = { exports: {} }
-  modules[id](module, module.exports, (name) => load(resolve(id, name)))
-  return module.exports
-}
-module.exports = load('./index')
+${table}module.exports = api
 `
   fs.writeFileSync(path.join(DIST, 'polygrad.node.cjs'), cjs)
   let minified = null
