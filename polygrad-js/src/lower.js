@@ -171,6 +171,15 @@ function applyOpts (g, ast, opts) {
       const tiles = g.alu('IDIV', g.alu('ADD', size, g.const(int, opt.amount - 1)), g.const(int, opt.amount))
       outer = g.node('RANGE', int, [tiles], [nextId, r.arg[1]])
       const raw = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
+      const { bounds } = require('./simplify')
+      if (size.op === 'DEFINE_VAR' && bounds(size)[1] % opt.amount === 0) {
+        // the buffers hold the Variable's maximum, a multiple of the tile: the last tile reads rows past the
+        // size (inside the buffers, values unused) and its stores are gated; rows stay affine (one pointer)
+        ast = substituteRange(g, ast, r, outer, inner, raw, opt.kind)
+        ast = gateStores(g, ast, inner, g.alu('CMPLT', raw, size))
+        current.set(opt.range, outer)
+        continue
+      }
       const lastRow = g.alu('ADD', size, g.const(int, -1))
       expr = g.node('WHERE', int, [g.alu('CMPLT', raw, size), raw, lastRow])
     }
@@ -179,6 +188,17 @@ function applyOpts (g, ast, opts) {
     if (opt.kind === 'VECTOR' || opt.kind === 'SPLIT_REDUCE') vector.add(inner)
   }
   return { ast: simplifyIndices(g, ast), vector }
+}
+
+/** Every STORE that depends on range r gets `cond` AND-ed into its INDEX's gate. */
+function gateStores (g, ast, r, cond) {
+  const map = new Map()
+  for (const st of toposort(ast).filter((n) => n.op === 'STORE' && toposort(n).includes(r))) {
+    const ix = st.src[0]
+    const gate = ix.src.length > 2 ? g.alu('AND', ix.src[2], cond) : cond
+    map.set(st, g.node('STORE', null, [g.node('INDEX', ix.dtype, [ix.src[0], ix.src[1], gate]), st.src[1]]))
+  }
+  return g.substitute(ast, map)
 }
 
 function substituteRange (g, ast, r, outer, inner, expr, kind) {
