@@ -72,6 +72,15 @@ class TinyAttention(ModelTestsAttention):
         return {"logits": super().__call__(tokens)["logits"].log_softmax(-1)}
 
 
+class DropoutMLP(MLP):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.3)
+
+    def __call__(self, x):
+        return {"logits": self.l2(self.drop(self.l1(x).relu()))}
+
+
 class LinearSpec:
     def __init__(self):
         self.a, self.b = Tensor([0.0]), Tensor([0.0])
@@ -223,6 +232,18 @@ def training(zoo, tmp_path_factory):
         cases.append({"name": tag, "bundle": str(zoo["variable_batch"][0]), "save": str(tmp / f"{tag}.pgb"),
                       "fit": {"data": {"x": enc(X), "y": enc(Y)}, "options": {"epochs": 2, "batchSize": 8, **js_opts}},
                       "forward": {"x": enc(X[:5])}})
+    # dropout: the bundle's RNG state (seed, counter) gives Python and Node the same masks, step by step
+    Tensor.manual_seed(8)
+    drop = Model(DropoutMLP(), inputs={"x": Tensor.empty(8, 6)}, targets={"y": Tensor.empty(8, dtype="int32")},
+                 loss=xent)
+    drop.save(str(tmp / "dropout.pgb"))
+    drop.dispose()
+    m = Model.load(str(tmp / "dropout.pgb"))
+    py["dropout"] = m.fit({"x": X[:16], "y": Y[:16]}, epochs=2, batch_size=8, optimizer="sgd", lr=0.1, verbose=False)
+    m.dispose()
+    cases.append({"name": "dropout", "bundle": str(tmp / "dropout.pgb"),
+                  "fit": {"data": {"x": enc(X[:16]), "y": enc(Y[:16])},
+                          "options": {"epochs": 2, "batchSize": 8, "optimizer": "sgd", "lr": 0.1}}})
     cases.append({"name": "resume", "bundle": str(zoo["adam_trained"][0]),
                   "fit": {"data": {"x": enc(X), "y": enc(Y)}, "options": {"epochs": 2, "batchSize": 8}}})
     Xc = np.random.default_rng(9).standard_normal((4, 1, 6, 6)).astype(np.float32)
@@ -236,7 +257,7 @@ def training(zoo, tmp_path_factory):
     return py, run_node(cases, tmp), tmp
 
 
-@pytest.mark.parametrize("tag", ["sgd", "adam", "adamw", "conv"])
+@pytest.mark.parametrize("tag", ["sgd", "adam", "adamw", "conv", "dropout"])
 def test_js_fine_tune_follows_python_loss_trajectory(training, tag):
     py, js, _ = training
     assert "error" not in js[tag], js[tag].get("error")

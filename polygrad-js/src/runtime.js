@@ -128,7 +128,13 @@ class Executor {
       // variant without that tile runs instead (batch 1 does one row of work, not four)
       const sym = opts.filter((o) => o.kind === 'UPCAST' && o.range.src[0].op === 'DEFINE_VAR')
       if (sym.length === 1) {
-        p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: opts.filter((o) => o !== sym[0]), verify: this.verify })
+        // one row at a time streams the weights: more columns per tile (more loads in flight per row)
+        const small = opts.filter((o) => o !== sym[0]).map((o) => {
+          if (o.kind !== 'UPCAST' || !opts.some((q) => q.kind === 'SPLIT_REDUCE') || o.range.src[0].op !== 'CONST') return o
+          const n = Number(o.range.src[0].arg)
+          return Object.assign({}, o, { amount: [8, 4, 2].find((a) => n % a === 0) || o.amount })
+        })
+        p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: small, verify: this.verify })
         p.small.scratch = prepared.scratch
         p.smallVar = sym[0].range.src[0].arg[0]
         p.smallBelow = sym[0].amount
