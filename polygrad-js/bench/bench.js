@@ -1,0 +1,233 @@
+#!/usr/bin/env node
+'use strict'
+/**
+ * polygrad-js beside onnxruntime-web (wasm) and TensorFlow.js (tfjs-backend-wasm), in one Node process,
+ * one thread each, on the same MLP 784-512-512-10 weights (the bundle's, exported to ONNX for ort-web).
+ *
+ *   python polygrad-js/bench/make_mlp.py      # writes bench/mlp784.pgb (once)
+ *   (cd polygrad-js/bench && npm install)     # the comparison libraries (bench/package.json)
+ *   node polygrad-js/bench/bench.js [--quick]
+ *
+ * Rows: forward at batch 128 and batch 1 (best of N, after warm-up), a training step at batch 128 (Adam),
+ * time from require to the first result in a fresh process, and the package's minified size. Prints the
+ * times, our ratio to each library and to the issue's targets. Timings on a shared machine are noisy:
+ * every row is a best-of-N.
+ */
+
+const path = require('path')
+const fs = require('fs')
+const { execFileSync } = require('child_process')
+
+const ROOT = path.join(__dirname, '..')
+const LIBS = path.join(__dirname, 'node_modules') // the comparison libraries: bench/package.json
+const BUNDLE = path.join(__dirname, 'mlp784.pgb')
+const QUICK = process.argv.includes('--quick')
+const ROUNDS = QUICK ? 5 : 20
+
+// Each measurement returns {wall: best-of-n wall time per call, cpu: this process's CPU time per call over
+// all n*inner calls}. On a loaded machine the CPU time is the steadier figure (time spent waiting for a core
+// is not counted); every library here runs on one thread, so CPU time is its compute time.
+function best (fn, n = ROUNDS, inner = 1) {
+  let b = Infinity
+  const c0 = process.cpuUsage()
+  for (let i = 0; i < n; i++) {
+    const t = performance.now()
+    for (let j = 0; j < inner; j++) fn()
+    b = Math.min(b, (performance.now() - t) / inner)
+  }
+  const c = process.cpuUsage(c0)
+  return { wall: b, cpu: (c.user + c.system) / 1000 / (n * inner) }
+}
+
+async function bestAsync (fn, n = ROUNDS, inner = 1) {
+  let b = Infinity
+  const c0 = process.cpuUsage()
+  for (let i = 0; i < n; i++) {
+    const t = performance.now()
+    for (let j = 0; j < inner; j++) await fn()
+    b = Math.min(b, (performance.now() - t) / inner)
+  }
+  const c = process.cpuUsage(c0)
+  return { wall: b, cpu: (c.user + c.system) / 1000 / (n * inner) }
+}
+
+function data (batch) {
+  const x = new Float32Array(batch * 784)
+  for (let i = 0; i < x.length; i++) x[i] = Math.sin(i * 0.37) * 0.5
+  const y = new Int32Array(batch)
+  for (let i = 0; i < batch; i++) y[i] = (i * 7) % 10
+  return { x, y }
+}
+
+function weights () {
+  const { Model } = require(ROOT)
+  const m = Model.load(BUNDLE)
+  const p = m.parameters()
+  m.dispose()
+  return [1, 2, 3].map((i) => ({ weight: p[`l${i}.weight`].data, bias: p[`l${i}.bias`].data, out: p[`l${i}.weight`].shape[0], in: p[`l${i}.weight`].shape[1] }))
+}
+
+async function ours (rows) {
+  const { Model } = require(ROOT)
+  const m = Model.load(BUNDLE)
+  const d128 = data(128)
+  const d1 = data(1)
+  for (let i = 0; i < 30; i++) m.forward({ x: d128.x })
+  rows.fwd128.polygrad = best(() => m.forward({ x: d128.x }))
+  for (let i = 0; i < 300; i++) m.forward({ x: d1.x })
+  rows.fwd1.polygrad = best(() => m.forward({ x: d1.x }), ROUNDS, 50)
+  m.trainStep({ x: d128.x, y: d128.y }, { optimizer: 'adam', lr: 1e-3 })
+  for (let i = 0; i < 10; i++) m.trainStep({ x: d128.x, y: d128.y })
+  rows.train128.polygrad = best(() => m.trainStep({ x: d128.x, y: d128.y }), Math.max(5, ROUNDS / 2))
+  m.dispose()
+}
+
+async function ort (rows, layers) {
+  const ortw = require(path.join(LIBS, 'onnxruntime-web'))
+  ortw.env.wasm.numThreads = 1
+  ortw.env.wasm.wasmPaths = path.join(LIBS, 'onnxruntime-web', 'dist') + '/'
+  const { mlpOnnx } = require('./onnx')
+  const session = await ortw.InferenceSession.create(mlpOnnx(layers), { executionProviders: ['wasm'], graphOptimizationLevel: 'all' })
+  const run = async (d, n) => (await session.run({ x: new ortw.Tensor('float32', d.x, [n, 784]) })).logits.data
+  const d128 = data(128)
+  const d1 = data(1)
+  rows.check.ort = await run(d128, 128)
+  for (let i = 0; i < 30; i++) await run(d128, 128)
+  rows.fwd128.ort = await bestAsync(() => run(d128, 128))
+  for (let i = 0; i < 300; i++) await run(d1, 1)
+  rows.fwd1.ort = await bestAsync(() => run(d1, 1), ROUNDS, 50)
+  rows.train128.ort = null // onnxruntime-web has no training API any more
+}
+
+async function tfjs (rows, layers) {
+  const tf = require(path.join(LIBS, '@tensorflow', 'tfjs'))
+  const wasm = require(path.join(LIBS, '@tensorflow', 'tfjs-backend-wasm'))
+  wasm.setWasmPaths(path.join(LIBS, '@tensorflow', 'tfjs-backend-wasm', 'dist') + '/')
+  wasm.setThreadsCount(1)
+  await tf.setBackend('wasm')
+  await tf.ready()
+  // the same weights in the layout tfjs-wasm is fastest with ([in, out]: its transposed-B matmul is
+  // several times slower), one fused matmul + bias + ReLU per layer
+  const vars = layers.map((l) => ({ w: tf.variable(tf.tidy(() => tf.transpose(tf.tensor2d(l.weight, [l.out, l.in])))), b: tf.variable(tf.tensor1d(l.bias)) }))
+  const net = (x) => {
+    let h = x
+    vars.forEach((v, i) => {
+      h = tf.fused.matMul({ a: h, b: v.w, bias: v.b, activation: i < vars.length - 1 ? 'relu' : 'linear' })
+    })
+    return h
+  }
+  const d128 = data(128)
+  const d1 = data(1)
+  const fwd = (d, n) => tf.tidy(() => net(tf.tensor2d(d.x, [n, 784]))).dataSync()
+  rows.check.tfjs = fwd(d128, 128)
+  for (let i = 0; i < 30; i++) fwd(d128, 128)
+  rows.fwd128.tfjs = best(() => fwd(d128, 128))
+  for (let i = 0; i < 300; i++) fwd(d1, 1)
+  rows.fwd1.tfjs = best(() => fwd(d1, 1), ROUNDS, 50)
+  const opt = tf.train.adam(1e-3)
+  const x = tf.tensor2d(d128.x, [128, 784])
+  const y = tf.oneHot(tf.tensor1d(d128.y, 'int32'), 10)
+  const step = () => opt.minimize(() => tf.losses.softmaxCrossEntropy(y, net(x)), true).dataSync()
+  for (let i = 0; i < 3; i++) step()
+  rows.train128.tfjs = best(step, Math.max(3, ROUNDS / 4))
+}
+
+function naive (rows, layers) {
+  const fwd = (x, n) => {
+    let h = x
+    layers.forEach((l, i) => {
+      const o = new Float32Array(n * l.out)
+      for (let r = 0; r < n; r++) {
+        for (let j = 0; j < l.out; j++) {
+          let s = l.bias[j]
+          for (let k = 0; k < l.in; k++) s += h[r * l.in + k] * l.weight[j * l.in + k]
+          o[r * l.out + j] = i < layers.length - 1 ? Math.max(s, 0) : s
+        }
+      }
+      h = o
+    })
+    return h
+  }
+  rows.fwd128.naive = best(() => fwd(data(128).x, 128), 3)
+  rows.fwd1.naive = best(() => fwd(data(1).x, 1), 10)
+}
+
+function firstResult (which) {
+  const scripts = {
+    polygrad: `const t0 = performance.now(); const c0 = process.cpuUsage(); const { Model } = require(${JSON.stringify(ROOT)}); const m = Model.load(${JSON.stringify(BUNDLE)});
+      m.forward({ x: new Float32Array(784) }); const c = process.cpuUsage(c0); console.log(performance.now() - t0, (c.user + c.system) / 1000)`,
+    ort: `(async () => { const t0 = performance.now(); const c0 = process.cpuUsage(); const ort = require(${JSON.stringify(path.join(LIBS, 'onnxruntime-web'))}); ort.env.wasm.numThreads = 1;
+      ort.env.wasm.wasmPaths = ${JSON.stringify(path.join(LIBS, 'onnxruntime-web', 'dist') + '/')};
+      const s = await ort.InferenceSession.create(require('fs').readFileSync(${JSON.stringify(path.join(__dirname, 'mlp784.onnx'))}), { executionProviders: ['wasm'] });
+      await s.run({ x: new ort.Tensor('float32', new Float32Array(784), [1, 784]) }); const c = process.cpuUsage(c0); console.log(performance.now() - t0, (c.user + c.system) / 1000) })()`,
+    tfjs: `(async () => { const t0 = performance.now(); const c0 = process.cpuUsage(); const tf = require(${JSON.stringify(path.join(LIBS, '@tensorflow', 'tfjs'))}); const w = require(${JSON.stringify(path.join(LIBS, '@tensorflow', 'tfjs-backend-wasm'))});
+      w.setWasmPaths(${JSON.stringify(path.join(LIBS, '@tensorflow', 'tfjs-backend-wasm', 'dist') + '/')}); w.setThreadsCount(1);
+      await tf.setBackend('wasm'); const ws = require('fs').readFileSync(${JSON.stringify(path.join(__dirname, 'mlp784.f32'))});
+      const f = new Float32Array(ws.buffer, ws.byteOffset, ws.byteLength / 4); let o = 0; const take = (n) => f.subarray(o, o += n);
+      let h = tf.zeros([1, 784]); for (const [i, n] of [[784, 512], [512, 512], [512, 10]]) { const W = tf.transpose(tf.tensor2d(take(i * n), [n, i])); const b = tf.tensor1d(take(n));
+      h = tf.fused.matMul({ a: h, b: W, bias: b, activation: 'relu' }) } h.dataSync(); const c = process.cpuUsage(c0); console.log(performance.now() - t0, (c.user + c.system) / 1000) })()`
+  }
+  let wall = Infinity
+  let cpu = Infinity
+  for (let i = 0; i < (QUICK ? 2 : 5); i++) {
+    const [w, c] = execFileSync(process.execPath, ['-e', scripts[which]], { cwd: ROOT, encoding: 'utf8' }).trim().split('\n').pop().split(' ').map(Number)
+    wall = Math.min(wall, w)
+    cpu = Math.min(cpu, c) // from just before require to the first result (Node's own start-up excluded)
+  }
+  return { wall, cpu }
+}
+
+function packageSize () {
+  execFileSync(process.execPath, [path.join(ROOT, 'tools', 'build.js')], { cwd: ROOT })
+  const min = path.join(ROOT, 'dist', 'polygrad.browser.min.mjs')
+  return fs.existsSync(min) ? fs.statSync(min).size : null
+}
+
+async function main () {
+  if (!fs.existsSync(BUNDLE)) throw new Error(`${BUNDLE} is missing: run python polygrad-js/bench/make_mlp.py`)
+  const rows = { fwd128: {}, fwd1: {}, train128: {}, first: {}, check: {} }
+  const layers = weights()
+  fs.writeFileSync(path.join(__dirname, 'mlp784.onnx'), require('./onnx').mlpOnnx(layers))
+  fs.writeFileSync(path.join(__dirname, 'mlp784.f32'), Buffer.concat(layers.flatMap((l) => [Buffer.from(l.weight.buffer, l.weight.byteOffset, l.weight.byteLength), Buffer.from(l.bias.buffer, l.bias.byteOffset, l.bias.byteLength)])))
+  await ours(rows)
+  await ort(rows, layers)
+  await tfjs(rows, layers)
+  if (!QUICK) naive(rows, layers)
+  for (const w of ['polygrad', 'ort', 'tfjs']) rows.first[w] = firstResult(w)
+  const size = packageSize()
+  // the same weights give the same logits in all three
+  const { Model } = require(ROOT)
+  const m = Model.load(BUNDLE)
+  const mine = m.forward({ x: data(128).x }).logits
+  m.dispose()
+  const diff = (a) => Math.max(...Array.from(a, (v, i) => Math.abs(v - mine[i])))
+  const f = (v) => (v === null || v === undefined ? '       -' : v.toFixed(3).padStart(8))
+  const ratio = (a, b) => (a && b ? (a / b).toFixed(2).padStart(9) : '        -')
+  console.log(`polygrad-js benchmark, node ${process.version}, one thread each, times in ms (wall: best of ${ROUNDS}; cpu: mean process CPU time per call)`)
+  for (const kind of ['wall', 'cpu']) {
+    console.log(`\n[${kind}] row                 polygrad      ort     tfjs    naive   ours/ort ours/tfjs`)
+    for (const [k, label] of [['fwd128', 'forward, batch 128'], ['fwd1', 'forward, batch 1'], ['train128', 'train step, batch 128'], ['first', 'require to first result']]) {
+      const r = rows[k]
+      const v = (w) => (r[w] ? r[w][kind] : null)
+      console.log(`${label.padEnd(26)} ${f(v('polygrad'))} ${f(v('ort'))} ${f(v('tfjs'))} ${f(v('naive'))} ${ratio(v('polygrad'), v('ort'))} ${ratio(v('polygrad'), v('tfjs'))}`)
+    }
+  }
+  const flops = 2 * 128 * (784 * 512 + 512 * 512 + 512 * 10)
+  console.log(`\nforward batch 128: ${(flops / rows.fwd128.polygrad.wall / 1e6).toFixed(1)} GFLOP/s (wall), ${(flops / rows.fwd128.polygrad.cpu / 1e6).toFixed(1)} GFLOP/s (cpu), one thread`)
+  console.log(`package: ${size === null ? '?' : (size / 1024).toFixed(1)} KB of minified JS, no wasm files`)
+  console.log(`max |logits - ort| = ${diff(rows.check.ort).toExponential(2)}, max |logits - tfjs| = ${diff(rows.check.tfjs).toExponential(2)}`)
+  for (const kind of ['wall', 'cpu']) {
+    const g = (k, w) => rows[k][w][kind]
+    const faster = Math.min(g('fwd1', 'ort'), g('fwd1', 'tfjs'))
+    console.log(`targets (${kind}): fwd128 <= 0.67x tfjs: ` + (g('fwd128', 'polygrad') <= 0.67 * g('fwd128', 'tfjs') ? 'met' : 'NOT met') +
+      '; fwd1 <= 0.8x the faster: ' + (g('fwd1', 'polygrad') <= 0.8 * faster ? 'met' : 'NOT met') +
+      '; train <= 25 ms: ' + (g('train128', 'polygrad') <= 25 ? 'met' : 'NOT met') +
+      '; first result <= 100 ms: ' + (g('first', 'polygrad') <= 100 ? 'met' : 'NOT met') +
+      '; size <= 300 KB: ' + (size !== null && size <= 300 * 1024 ? 'met' : 'NOT met'))
+  }
+}
+
+main().catch((e) => {
+  console.error(e)
+  process.exit(1)
+})

@@ -1,0 +1,110 @@
+// Type declarations for the polygrad npm package (CommonJS, ES module and browser builds).
+
+export type DType = 'bool' | 'int8' | 'uint8' | 'int16' | 'uint16' | 'int32' | 'uint32' | 'int64' | 'uint64' |
+  'float16' | 'bfloat16' | 'float32' | 'float64'
+
+/** A dimension: a size, or (leading dimension only) the name of a bounded Variable such as 'batch'. */
+export type Dim = number | string
+
+export interface TensorSpec { name: string; dtype: DType; shape: Dim[] }
+
+export interface Signature { inputs: TensorSpec[]; targets: TensorSpec[]; outputs: TensorSpec[] }
+
+export type TypedArray = Float32Array | Float64Array | Int8Array | Uint8Array | Uint8ClampedArray | Int16Array |
+  Uint16Array | Int32Array | Uint32Array | BigInt64Array | BigUint64Array
+
+/** An input: a typed array or plain array read with the signature's shape, a nested array of that shape, or
+ * {data, shape}. A leading Variable dimension takes any size within its bounds. */
+export type Input = TypedArray | number[] | boolean[] | bigint[] | unknown[][] | { data: TypedArray | number[]; shape: number[] }
+
+/** A result: a copy of the output buffer (float16/bfloat16 widened to Float32Array) with its shape. */
+export type Output = TypedArray & { readonly shape: number[] }
+
+export interface LoadOptions {
+  /** 'wasm' (WebAssembly SIMD, the default where supported) or 'js' (plain JavaScript, the fallback). */
+  backend?: 'auto' | 'wasm' | 'js'
+  /** Refuse bundles whose buffers need more bytes than this (default 2 GiB). */
+  maxBytes?: number
+  /** Refuse kernels whose loops run more points than this (default 2**40). */
+  maxWork?: number
+  /** Check every kernel's indices at load ('all'), or forward's at load and the others' when first compiled (default). */
+  validate?: 'forward' | 'all'
+  /** Prove the lowered kernels' indices again; accesses it cannot prove get run-time checks (default false). */
+  verify?: boolean
+}
+
+export interface OptimizerOptions {
+  /** 'sgd', 'adam' or 'adamw' (built in JavaScript when the bundle holds another one). Default: the bundle's, else 'sgd'. */
+  optimizer?: 'sgd' | 'adam' | 'adamw' | 'lamb'
+  lr?: number
+  momentum?: number
+  weight_decay?: number
+  weightDecay?: number
+  nesterov?: boolean
+  betas?: [number, number]
+  eps?: number
+}
+
+export interface FitOptions extends OptimizerOptions {
+  epochs?: number
+  /** Samples per step (default: all of them as one batch). */
+  batchSize?: number
+  /** What to do with an incomplete final batch: null (an error), 'drop' or 'keep'. */
+  remainder?: null | 'drop' | 'keep'
+  onStep?: (loss: number, step: number) => void
+}
+
+export interface ParameterInfo { name: string; dtype: DType; shape: Dim[]; count: number }
+
+export interface Summary {
+  inputs: TensorSpec[]
+  targets: TensorSpec[]
+  outputs: TensorSpec[]
+  entrypoints: string[]
+  parameters: ParameterInfo[]
+  state: ParameterInfo[]
+  parameterCount: number
+  bytes: Record<string, number>
+  memoryBytes: number
+  backend: 'wasm' | 'js'
+  optimizer: Record<string, unknown> | null
+  toString(): string
+}
+
+export class Model {
+  /** Node: read and compile a .pgb file synchronously. */
+  static load (path: string, opts?: LoadOptions): Model
+  /** Browser: fetch a bundle and compile it asynchronously. */
+  static fetch (url: string, opts?: LoadOptions): Promise<Model>
+  /** Everywhere: compile bundle bytes asynchronously (every entrypoint). */
+  static fromBytes (bytes: Uint8Array | ArrayBuffer, opts?: LoadOptions): Promise<Model>
+  /** Compile bundle bytes synchronously (Node; small bundles in browsers). */
+  static fromBytesSync (bytes: Uint8Array | ArrayBuffer, opts?: LoadOptions): Model
+
+  readonly signature: Signature
+  readonly entrypoints: string[]
+  readonly variables: Record<string, { min: number; max: number }>
+  readonly backend: 'wasm' | 'js'
+
+  forward (inputs: Record<string, Input>): Record<string, Output>
+  call (entrypoint: string, inputs?: Record<string, Input>): Record<string, Output>
+  /** One optimizer step on one batch (inputs and targets together); the loss before the update. */
+  trainStep (data: Record<string, Input>, opts?: OptimizerOptions): number
+  /** Python's Model.fit: samples in order, minibatches of batchSize; one loss per step. */
+  fit (data: Record<string, Input>, opts?: FitOptions): number[]
+  summary (): Summary
+  parameters (): Record<string, { data: Output; shape: Dim[]; dtype: DType }>
+  /** The bundle bytes of the model as it is now (Python's Model.load reads them). */
+  save (): Uint8Array
+  dispose (): void
+}
+
+export const VERSION: string
+export function simdSupported (): boolean
+
+export class PolygradError extends Error {}
+export class BundleError extends PolygradError {}
+export class KernelError extends PolygradError {}
+export class ModelError extends PolygradError {}
+export class ModelInputError extends ModelError {}
+export class EntrypointError extends ModelError {}

@@ -1,0 +1,111 @@
+'use strict'
+/**
+ * The `.pgb` container (docs/bundle-format.md section 1): header, manifest JSON, aligned data section.
+ *
+ * Stage: import / export. read(bytes) -> {manifest, body} after the header, length, checksum and JSON
+ * checks (the manifest's contents are checked by manifest.js); write(manifest, blobs) -> bytes, filling in
+ * each stored buffer's data offset. Nothing is allocated from a size before it is checked against the file.
+ */
+
+const { BundleError } = require('./errors')
+const { crc32 } = require('./crc32')
+const json = require('./json')
+
+const MAGIC = [0x89, 0x50, 0x47, 0x42, 0x0d, 0x0a, 0x1a, 0x0a]
+const FORMAT = 'polygrad-bundle'
+const VERSION = 1
+const SUPPORTED_VERSIONS = [1]
+const HEADER = 64
+const ALIGN = 64
+const MAX_MANIFEST = 256 * 1024 * 1024
+
+const pad = (n) => Math.ceil(n / ALIGN) * ALIGN
+
+function asBytes (data) {
+  if (data instanceof Uint8Array) return data
+  if (data instanceof ArrayBuffer) return new Uint8Array(data)
+  if (ArrayBuffer.isView(data)) return new Uint8Array(data.buffer, data.byteOffset, data.byteLength)
+  throw new TypeError(`a bundle is a Uint8Array or an ArrayBuffer, got ${data === null ? 'null' : typeof data}`)
+}
+
+function u64 (view, off, what) {
+  const lo = view.getUint32(off, true)
+  const hi = view.getUint32(off + 4, true)
+  if (hi >= 0x200000) throw new BundleError(`bundle header ${what} is impossibly large (corrupted file?)`)
+  return hi * 0x100000000 + lo
+}
+
+/** {manifest, body} of bundle bytes: the parsed manifest JSON and a view of the data section. */
+function read (data) {
+  const bytes = asBytes(data)
+  if (bytes.length < HEADER) {
+    throw new BundleError(`not a polygrad bundle: ${bytes.length} bytes is shorter than the ${HEADER}-byte header (truncated file?)`)
+  }
+  for (let i = 0; i < 8; i++) {
+    if (bytes[i] !== MAGIC[i]) throw new BundleError('not a polygrad bundle (wrong magic bytes); .pgb files are written by Model.save()')
+  }
+  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+  const version = view.getUint32(8, true)
+  if (!SUPPORTED_VERSIONS.includes(version)) {
+    throw new BundleError(`bundle format version ${version} is not supported by this polygrad package (it reads ${JSON.stringify(SUPPORTED_VERSIONS)}); save it again with a matching polygrad`)
+  }
+  const flags = view.getUint32(12, true)
+  if (flags !== 0) throw new BundleError(`bundle header flags 0x${flags.toString(16)} are unknown to this reader (expected 0)`)
+  const mlen = u64(view, 16, 'manifest length')
+  const dlen = u64(view, 24, 'data length')
+  if (mlen > MAX_MANIFEST) throw new BundleError(`bundle manifest length ${mlen} exceeds the ${MAX_MANIFEST}-byte limit`)
+  const start = HEADER + pad(mlen)
+  if (start + dlen !== bytes.length) {
+    throw new BundleError(`bundle size mismatch: header declares ${start + dlen} bytes (manifest ${mlen}, data ${dlen}), the file has ${bytes.length} (truncated or padded file?)`)
+  }
+  const text = bytes.subarray(HEADER, HEADER + mlen)
+  if (crc32(text) !== view.getUint32(32, true)) throw new BundleError('bundle manifest checksum mismatch: the file is corrupted')
+  const body = bytes.subarray(start, start + dlen)
+  if (crc32(body) !== view.getUint32(36, true)) throw new BundleError('bundle data checksum mismatch: the file is corrupted')
+  let str
+  try {
+    str = new TextDecoder('utf-8', { fatal: true }).decode(text)
+  } catch (e) {
+    throw new BundleError('bundle manifest is not valid UTF-8')
+  }
+  const manifest = json.parse(str)
+  if (manifest === null || typeof manifest !== 'object' || Array.isArray(manifest)) throw new BundleError('bundle manifest must be a JSON object')
+  if (manifest.format !== FORMAT) throw new BundleError(`bundle manifest format is ${JSON.stringify(manifest.format)}, expected ${JSON.stringify(FORMAT)}`)
+  if (manifest.version !== version) throw new BundleError(`bundle manifest version ${JSON.stringify(manifest.version)} differs from the header's ${version}`)
+  return { manifest, body }
+}
+
+/** Bundle bytes of a manifest and the stored buffers' bytes: blob k goes to the k-th buffer whose `data` is true. */
+function write (manifest, blobs) {
+  const offsets = []
+  let pos = 0
+  for (const b of blobs) {
+    offsets.push(pos)
+    pos = pad(pos + b.length)
+  }
+  let k = 0
+  for (const buf of manifest.buffers || []) {
+    if (buf.data === true) {
+      buf.data = { offset: offsets[k], nbytes: blobs[k].length }
+      k++
+    }
+  }
+  if (k !== blobs.length) throw new Error(`internal: ${blobs.length} blobs for ${k} stored buffers`)
+  const text = new TextEncoder().encode(json.stringify(manifest))
+  const start = HEADER + pad(text.length)
+  const out = new Uint8Array(start + pos)
+  out.set(text, HEADER)
+  for (let i = 0; i < blobs.length; i++) out.set(blobs[i], start + offsets[i])
+  out.set(MAGIC, 0)
+  const view = new DataView(out.buffer)
+  view.setUint32(8, VERSION, true)
+  view.setUint32(12, 0, true)
+  view.setUint32(16, text.length, true)
+  view.setUint32(24, pos % 0x100000000, true)
+  view.setUint32(28, Math.floor(pos / 0x100000000), true)
+  view.setUint32(32, crc32(text), true)
+  view.setUint32(36, crc32(out.subarray(start)), true)
+  return out
+}
+
+module.exports = { read, write, asBytes, FORMAT, VERSION, ALIGN, HEADER, MAGIC }

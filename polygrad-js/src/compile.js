@@ -1,0 +1,49 @@
+'use strict'
+/**
+ * One kernel from stored IR to a linearized program: the order of passes, in one place.
+ *
+ *   1. simplifyIndices, fission   (simplify.js, fission.js)  simplify index arithmetic; split off prologues a
+ *                                                   register tile would recompute (scratch buffers)
+ *   (checkKernel (validate.js) ran on the stored kernel when the bundle was read)
+ *   2. chooseOpts + applyOpts     (lower.js)        vector lanes, register tiles (width > 1 only)
+ *   3. provenIndices (verify)     (validate.js)     accesses not proven in bounds get run-time checks
+ *   4. decomposeTranscendentals   (transcendental.js)
+ *   5. linearize                  (linearize.js)    the structured program an emitter walks
+ */
+
+const { simplifyIndices } = require('./simplify')
+const { chooseOpts, applyOpts } = require('./lower')
+const { decomposeTranscendentals } = require('./transcendental')
+const { linearize } = require('./linearize')
+const { toposort } = require('./ir')
+const { provenIndices } = require('./validate')
+const { fission } = require('./fission')
+
+/** The kernel after index simplification and fission: {ast, scratch: [{slot, dtype, size}]} (cache it). */
+function prepareKernel (g, ast) {
+  const simple = simplifyIndices(g, ast)
+  const split = fission(g, simple)
+  return split ? { ast: simplifyIndices(g, split.ast), scratch: split.scratch } : { ast: simple, scratch: [] }
+}
+
+/**
+ * The linearized program of a kernel. The stored kernel was proven safe (validate.checkKernel) and every
+ * pass here keeps its indices in bounds by construction; `verify` proves the lowered kernel again and
+ * guards what it cannot prove with run-time checks (the tests run with it).
+ */
+function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null, verify = false } = {}) {
+  let k = (prepared || prepareKernel(g, ast)).ast
+  let vector = new Set()
+  const chosen = opts !== null ? opts : chooseOpts(k, width)
+  if (chosen.length) ({ ast: k, vector } = applyOpts(g, k, chosen))
+  const proven = check === null && verify ? provenIndices(k) : null
+  const needsCheck = check || (proven ? (index) => !proven.has(index) : () => false)
+  const prog = linearize(g, decomposeTranscendentals(g, k), { vector, width, check: needsCheck })
+  if (chosen.length && !prog.vectorized && !toposort(k).some((n) => n.op === 'REDUCE')) {
+    // lanes did not fit (a 64-bit or integer-division op): plain loops beat an unrolled scalar copy
+    return lowerKernel(g, ast, { width, check, opts: [], prepared, verify })
+  }
+  return prog
+}
+
+module.exports = { lowerKernel, prepareKernel }

@@ -1,0 +1,161 @@
+'use strict'
+/**
+ * Caller data in and results out: the input forms of docs/bundle-format.md section 3 for JavaScript.
+ *
+ * Stage: user API. An input is a typed array or a plain array read with the signature's shape, a nested
+ * plain array of exactly that shape, or {data, shape}; the leading dimension may be a Variable's size.
+ * `readInput(spec, value, variables)` -> {values (flat), rows (the Variable's value or null)};
+ * `writeValues` puts them into a buffer; `readOutput` copies a result out as a typed array with `.shape`.
+ */
+
+const { ModelInputError } = require('./errors')
+const { f32ToF16Bits, f16BitsToF32, f32ToBf16Bits, bf16BitsToF32 } = require('./dtypes')
+
+const FLOAT_ARRAYS = [Float32Array, Float64Array]
+const INT_ARRAYS = [Int8Array, Uint8Array, Uint8ClampedArray, Int16Array, Uint16Array, Int32Array, Uint32Array]
+const BIG_ARRAYS = [BigInt64Array, BigUint64Array]
+
+function kindOfArray (a) {
+  if (FLOAT_ARRAYS.some((T) => a instanceof T)) return 'float'
+  if (INT_ARRAYS.some((T) => a instanceof T)) return 'int'
+  if (BIG_ARRAYS.some((T) => a instanceof T)) return 'bigint'
+  return null
+}
+
+const shapeText = (sh) => '[' + sh.join(', ') + ']'
+
+/** The shape of a nested plain array (rectangular), or throws. */
+function nestedShape (v, what) {
+  const shape = []
+  let cur = v
+  while (Array.isArray(cur)) {
+    shape.push(cur.length)
+    cur = cur[0]
+  }
+  const check = (x, depth) => {
+    if (depth === shape.length) {
+      if (Array.isArray(x)) throw new ModelInputError(`${what} is a ragged nested array; give equal-length rows`)
+      return
+    }
+    if (!Array.isArray(x) || x.length !== shape[depth]) throw new ModelInputError(`${what} is a ragged nested array; give equal-length rows`)
+    for (const y of x) check(y, depth + 1)
+  }
+  check(v, 0)
+  return shape
+}
+
+function flatten (v, out = []) {
+  if (Array.isArray(v)) for (const x of v) flatten(x, out)
+  else out.push(v)
+  return out
+}
+
+/** Checks that every value can be an element of dtype d; returns them (typed array or plain array). */
+function checkValues (values, d, what) {
+  const kind = kindOfArray(values)
+  if (kind !== null) {
+    if (kind === 'float' && !d.isFloat) throw new ModelInputError(`${what} is a ${values.constructor.name}; expected ${d.name} (integers: use an Int32Array or a plain array of integers)`)
+    if (kind === 'bigint' && d.isFloat) return Array.from(values, Number)
+    if (kind === 'bigint' && d.bits !== 64) return Array.from(values, Number)
+    if (kind !== 'bigint' && d.bits === 64 && !d.isFloat) return Array.from(values, (x) => BigInt(x))
+    return values
+  }
+  const out = new Array(values.length)
+  for (let i = 0; i < values.length; i++) {
+    let x = values[i]
+    if (typeof x === 'boolean') x = x ? 1 : 0
+    if (typeof x === 'bigint') {
+      if (d.isFloat) x = Number(x)
+    } else if (typeof x !== 'number') {
+      throw new ModelInputError(`${what}: element ${i} is ${x === null ? 'null' : typeof x}; expected a number (${d.name})`)
+    } else if (!d.isFloat && !Number.isInteger(x)) {
+      throw new ModelInputError(`${what}: element ${i} is ${x}; ${d.name} needs integers`)
+    }
+    if (d.bits === 64 && !d.isFloat && typeof x === 'number') x = BigInt(x)
+    out[i] = x
+  }
+  return out
+}
+
+/**
+ * {values, rows} of one input value for `spec` (rows: the leading Variable's value, or null).
+ * `leading` true reads the value as samples (fit): any leading size, the rest as the spec.
+ */
+function readInput (spec, value, variables, { leading = false, what = `input '${spec.name}'` } = {}) {
+  const sym = spec.shape.length > 0 && typeof spec.shape[0] === 'string'
+  const free = sym || leading
+  const trailing = free ? spec.shape.slice(1) : spec.shape
+  const perRow = trailing.reduce((a, b) => a * b, 1)
+  const want = leading ? '[samples' + trailing.map((d) => ', ' + d).join('') + ']' : shapeText(spec.shape)
+  let values, shape
+  if (value !== null && typeof value === 'object' && !Array.isArray(value) && !ArrayBuffer.isView(value)) {
+    if (!('data' in value) || !('shape' in value)) throw new ModelInputError(`${what} must be a typed array, an array, or {data, shape}`)
+    shape = value.shape
+    if (!Array.isArray(shape) || !shape.every((d) => Number.isInteger(d) && d >= 0)) throw new ModelInputError(`${what}.shape must be a list of non-negative integers`)
+    values = ArrayBuffer.isView(value.data) ? value.data : Array.isArray(value.data) ? flatten(value.data) : null
+    if (values === null) throw new ModelInputError(`${what}.data must be a typed array or an array`)
+    const n = shape.reduce((a, b) => a * b, 1)
+    if (values.length !== n) throw new ModelInputError(`${what} has ${values.length} values for shape ${shapeText(shape)}`)
+  } else if (ArrayBuffer.isView(value) && !(value instanceof DataView)) {
+    values = value
+  } else if (Array.isArray(value)) {
+    const sh = nestedShape(value, what)
+    values = flatten(value)
+    if (sh.length > 1 || (sh.length === 1 && spec.shape.length === 1)) shape = sh
+  } else {
+    throw new ModelInputError(`${what} must be a typed array, an array, or {data, shape}; got ${value === null ? 'null' : typeof value}`)
+  }
+  if (shape === undefined) {
+    // flat data: the signature gives the shape
+    if (free) {
+      if (perRow === 0 ? values.length !== 0 : values.length % perRow) throw new ModelInputError(`${what} has ${values.length} values; expected a multiple of ${perRow} for shape ${want}`)
+      shape = [perRow ? values.length / perRow : 0, ...trailing]
+    } else {
+      if (values.length !== perRow) throw new ModelInputError(`${what} has ${values.length} values; expected ${perRow} for shape ${want}`)
+      shape = spec.shape.slice()
+    }
+  }
+  const fixedOk = shape.length === spec.shape.length && spec.shape.every((d, i) => (free && i === 0) || typeof d === 'string' || d === shape[i])
+  if (!fixedOk) throw new ModelInputError(`${what} has shape ${shapeText(shape)}; expected ${want}`)
+  let rows = null
+  if (free) {
+    rows = shape[0]
+    if (sym && !leading) {
+      const [lo, hi] = variables.get(spec.shape[0])
+      if (rows < lo || rows > hi) throw new ModelInputError(`${what} has ${rows} rows; Variable '${spec.shape[0]}' allows ${lo}..${hi}`)
+    }
+  }
+  return { values: checkValues(values, spec.dtype, what), rows, perRow }
+}
+
+/** Write values (element `from` onwards, `count` of them) into a buffer of dtype d at element `start` of `view`. */
+function writeValues (view, start, d, values, from = 0, count = values.length - from) {
+  if (d.name === 'float16' || d.name === 'bfloat16') {
+    const conv = d.name === 'float16' ? f32ToF16Bits : f32ToBf16Bits
+    for (let i = 0; i < count; i++) view[start + i] = conv(Math.fround(Number(values[from + i])))
+    return
+  }
+  if (ArrayBuffer.isView(values) && (from || count !== values.length)) values = values.subarray(from, from + count)
+  else if (from || count !== values.length) values = values.slice(from, from + count)
+  if (d.isBool) {
+    for (let i = 0; i < count; i++) view[start + i] = values[i] ? 1 : 0
+    return
+  }
+  view.set(values, start)
+}
+
+/** A copy of `count` elements of a buffer as a typed array (16-bit floats widened to float32), with `.shape`. */
+function readOutput (view, start, d, count, shape) {
+  let out
+  if (d.name === 'float16' || d.name === 'bfloat16') {
+    const conv = d.name === 'float16' ? f16BitsToF32 : bf16BitsToF32
+    out = new Float32Array(count)
+    for (let i = 0; i < count; i++) out[i] = conv(view[start + i])
+  } else {
+    out = view.slice(start, start + count)
+  }
+  Object.defineProperty(out, 'shape', { value: shape, enumerable: false })
+  return out
+}
+
+module.exports = { readInput, writeValues, readOutput, shapeText }

@@ -1,0 +1,13 @@
+'use strict'
+/**
+ * The package's environment-independent API: Model, the error classes, and the format constants.
+ * index.js (Node, CommonJS) adds Model.load(path); the browser build adds Model.fetch(url).
+ */
+
+const { Model, VERSION } = require('./model')
+const errors = require('./errors')
+const { simdSupported } = require('./wasm/module')
+
+module.exports = Object.assign({ Model, VERSION, simdSupported }, errors)
+// for the Node entry (index.js): a native CRC-32 (zlib.crc32) where the runtime has one
+Object.defineProperty(module.exports, '_internals', { value: { crc32: require('./crc32') }, enumerable: false })

@@ -1,0 +1,457 @@
+'use strict'
+/**
+ * The linearize pass: a lowered kernel -> a structured program that every emitter walks (WebAssembly,
+ * plain JavaScript).
+ *
+ * Stage: linearizing, between lowering (lower.js) and emitting. Input: kernel IR after applyOpts, the set
+ * of vector ranges and the lane width. Output: a Program whose body is a tree of instructions:
+ *
+ *   const var                      constants and integer parameters (the head, first)
+ *   loop {start, end, pre, body}   a loop over [start, end); `pre` runs once before it (hoisted values)
+ *   acc update read                an accumulator: defined before its loops, updated inside, read after
+ *   if {cond, body}                a gated store
+ *   load store alu bcast           memory, arithmetic, a scalar broadcast into lanes
+ *
+ * It follows polygrad's renderer/linearize.py (loop order, accumulators, lanes, the fallback to scalar
+ * code), with three differences suited to emitters without a C compiler behind them:
+ * - `upcast` ranges are unrolled here: each point is emitted with the range replaced by a constant, and a
+ *   value is keyed by the upcast values it depends on, so a load shared by a register tile is one load;
+ * - every value is placed in the outermost loop its operands allow (loop-invariant code motion): a bias or
+ *   a row's scale is loaded once per row, not once per reduction step;
+ * - one vector range per kernel becomes lanes (4 x 32 bits, wasm SIMD). A reduce over the lanes (the
+ *   final sum of a split reduction) folds them in order 0..3. Anything without a lane form (integer
+ *   division, 64-bit or 16-bit lanes, gathers of narrow types) makes the whole kernel scalar again.
+ * Loads and stores whose index the validator could not prove in bounds carry `check` (emitters trap).
+ */
+
+const { DTYPES } = require('./dtypes')
+const { toposort } = require('./ir')
+const { rangeCoeff, simplifyIndices } = require('./simplify')
+const { topLevelReduces } = require('./lower')
+const { KernelError } = require('./errors')
+const { aluFn } = require('./scalar')
+
+function constValue (x) {
+  const d = x.dtype
+  if (d.isBool) return x.value ? 1 : 0
+  if (d.bits === 64) return d.isUnsigned ? BigInt.asUintN(64, BigInt(x.value)) : BigInt.asIntN(64, BigInt(x.value))
+  return Number(x.value)
+}
+
+class NoVector extends Error {}
+
+const F32_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'FDIV', 'MAX', 'CMPLT', 'CMPLE', 'CMPNE', 'CMPEQ', 'WHERE', 'SQRT', 'TRUNC',
+  'RECIPROCAL', 'CAST', 'BITCAST'])
+const I32_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'AND', 'OR', 'XOR', 'SHL', 'SHR', 'CMPLT', 'CMPLE', 'CMPNE', 'CMPEQ', 'WHERE',
+  'MAX', 'CAST', 'BITCAST', 'TRUNC'])
+const BOOL_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'MAX', 'CMPLT', 'CMPLE', 'CMPNE', 'CMPEQ', 'AND', 'OR', 'XOR', 'WHERE', 'CAST'])
+const LANE_DTYPES = new Set(['float32', 'int32', 'uint32', 'bool'])
+
+function identity (op, d) {
+  if (op === 'ADD') return 0
+  if (op === 'MUL') return 1
+  if (d.isFloat) return -Infinity
+  if (d.isBool) return false
+  if (d.isUnsigned) return 0
+  return d.bits === 64 ? -(2n ** 63n) : -(2 ** (d.bits - 1))
+}
+
+class Linearizer {
+  constructor (g, ast, { vector, width, check }) {
+    this.g = g
+    this.ast = ast
+    this.vectorRanges = vector
+    this.width = width
+    this.check = check || (() => false)
+    this.V = null
+    this.head = []
+    this.consts = new Map()
+    this.vars = new Map()
+    this.env = new Map()
+    this.depsMemo = new Map()
+    this.levels = [{ block: [], cse: new Map(), loop: null }]
+    this.open = new Map() // RANGE -> loop inst
+    this.nextId = 0
+    this.laneIndexCache = new Map()
+    this.coeffCache = new Map()
+  }
+
+  inst (k, dtype, lanes, fields) {
+    return Object.assign({ k, dtype, lanes, id: this.nextId++, level: 0 }, fields)
+  }
+
+  get depth () {
+    return this.levels.length - 1
+  }
+
+  place (x, level) {
+    x.level = level
+    if (level >= this.depth) this.levels[this.depth].block.push(x)
+    else this.levels[level + 1].loop.pre.push(x)
+    return x
+  }
+
+  // ---- dependencies
+  deps (u) {
+    let d = this.depsMemo.get(u)
+    if (d) return d
+    for (const n of toposort(u)) {
+      if (this.depsMemo.has(n)) continue
+      let s
+      if (n.op === 'RANGE') {
+        s = new Set([n])
+      } else {
+        s = new Set()
+        for (const x of n.src) for (const r of this.depsMemo.get(x)) s.add(r)
+        if (n.op === 'REDUCE') for (const r of n.src.slice(1)) s.delete(r)
+      }
+      this.depsMemo.set(n, s)
+    }
+    d = this.depsMemo.get(u)
+    return d
+  }
+
+  key (u) {
+    let k = String(u.id)
+    for (const r of this.deps(u)) if (this.env.has(r)) k += `,${r.id}=${this.env.get(r)}`
+    return k
+  }
+
+  lookup (k) {
+    for (let i = this.depth; i >= 0; i--) {
+      const hit = this.levels[i].cse.get(k)
+      if (hit !== undefined) return hit
+    }
+    return undefined
+  }
+
+  remember (k, x) {
+    this.levels[Math.min(x.level, this.depth)].cse.set(k, x)
+    return x
+  }
+
+  // ---- constants and broadcasts (the head)
+  const (dtype, value, lanes = 1) {
+    const k = `${dtype.name}|${lanes}|${Array.isArray(value) ? value.join(',') : (typeof value === 'number' && Object.is(value, -0) ? '-0' : String(value))}`
+    let x = this.consts.get(k)
+    if (!x) {
+      x = this.inst('const', dtype, lanes, { value })
+      this.consts.set(k, x)
+      this.head.push(x)
+    }
+    return x
+  }
+
+  bcast (x, n) {
+    if (x.lanes === n) return x
+    if (x.lanes !== 1) throw new NoVector(`${x.lanes} lanes where ${n} are needed`)
+    if (!LANE_DTYPES.has(x.dtype.name)) throw new NoVector(`${x.dtype.name} lanes`)
+    if (x.k === 'const') {
+      const k = `bcast|${x.id}|${n}`
+      let b = this.consts.get(k)
+      if (!b) {
+        b = this.inst('bcast', x.dtype, n, { src: [x] })
+        this.consts.set(k, b)
+        this.head.push(b)
+      }
+      return b
+    }
+    const k = `bcast|${x.id}|${n}`
+    const hit = this.lookup(k)
+    if (hit) return hit
+    return this.remember(k, this.place(this.inst('bcast', x.dtype, n, { src: [x] }), x.level))
+  }
+
+  // ---- values
+  value (u) {
+    const op = u.op
+    if (op === 'CONST') return this.const(u.dtype, u.arg)
+    if (op === 'RANGE') {
+      if (u === this.V) return this.const(u.dtype, [0, 1, 2, 3].slice(0, this.width), this.width)
+      if (this.env.has(u)) return this.const(u.dtype, this.env.get(u))
+      const loop = this.open.get(u)
+      if (!loop) throw new KernelError(`range ${u.arg[0]} is used outside its loop`)
+      return loop
+    }
+    if (op === 'DEFINE_VAR') {
+      let x = this.vars.get(u.arg[0])
+      if (!x) {
+        x = this.inst('var', u.dtype, 1, { name: u.arg[0] })
+        this.vars.set(u.arg[0], x)
+        this.head.push(x)
+      }
+      return x
+    }
+    const k = this.key(u)
+    const hit = this.lookup(k)
+    if (hit) return hit
+    if (op === 'REDUCE') {
+      this.reduce(u)
+      const r = this.lookup(k)
+      if (!r) throw new KernelError('internal: a reduce was not emitted')
+      return r
+    }
+    let x
+    if (op === 'LOAD') {
+      x = this.load(u)
+    } else {
+      x = this.alu(u.op, u.dtype, u.src.map((s) => this.value(s)))
+    }
+    return this.remember(k, x)
+  }
+
+  alu (op, dtype, src) {
+    if (op === 'OR' && src.length === 2) {
+      // a <= b written as a < b or a == b (ReLU's mask): one comparison
+      const [x, y] = src
+      const pair = (p, q) => p.k === 'alu' && q.k === 'alu' && p.op === 'CMPLT' && q.op === 'CMPEQ' && p.src[0] === q.src[0] && p.src[1] === q.src[1]
+      if (pair(x, y) || pair(y, x)) return this.alu('CMPLE', dtype, (pair(x, y) ? x : y).src)
+    }
+    let n = 1
+    for (const s of src) n = Math.max(n, s.lanes)
+    if (n > 1) {
+      const from = src[0].dtype
+      for (const d of [dtype, ...src.map((s) => s.dtype)]) if (!LANE_DTYPES.has(d.name)) throw new NoVector(`${d.name} lanes`)
+      const table = dtype.isBool && (op !== 'CAST' || from.isBool) ? BOOL_LANE_OPS : (dtype.isFloat || from.isFloat) ? F32_LANE_OPS : I32_LANE_OPS
+      if (!table.has(op)) throw new NoVector(`no lanes for ${op} on ${dtype.name}`)
+      if ((op === 'SHL' || op === 'SHR') && src[1].lanes > 1) throw new NoVector('a shift by lanes')
+      if (op === 'BITCAST' && (dtype.isBool || from.isBool)) throw new NoVector('bool BITCAST lanes')
+      src = src.map((s, i) => ((op === 'SHL' || op === 'SHR') && i === 1 ? s : this.bcast(s, n)))
+    }
+    if (n === 1 && !dtype.isFloat && src.every((s) => s.k === 'const') && op !== 'BITCAST' && !src[0].dtype.isFloat) {
+      const fn = aluFn(op, dtype, src[0].dtype)
+      const v = fn && fn(...src.map((s) => constValue(s)))
+      if (v !== null && v !== undefined) return this.const(dtype, typeof v === 'bigint' ? v : Number(v))
+    }
+    if (n === 1 && dtype.isInt && (op === 'ADD' || op === 'MUL')) {
+      const [a, b] = src
+      const unit = op === 'ADD' ? 0 : 1
+      if (b.k === 'const' && Number(b.value) === unit && a.dtype === dtype) return a
+      if (a.k === 'const' && Number(a.value) === unit && b.dtype === dtype) return b
+      if (op === 'MUL' && ((b.k === 'const' && Number(b.value) === 0) || (a.k === 'const' && Number(a.value) === 0))) return this.const(dtype, 0)
+    }
+    let level = 0
+    for (const s of src) level = Math.max(level, s.level)
+    return this.place(this.inst('alu', dtype, n, { op, src }), level)
+  }
+
+  laneIndex (expr) {
+    // expr with the vector range set to 0: the index of lane 0 of a contiguous access (cached: every
+    // unrolled point of a tile asks for the same expression)
+    const key = expr.id + ':' + this.V.id
+    let hit = this.laneIndexCache.get(key)
+    if (hit === undefined) {
+      const zero = this.g.const(this.V.dtype, 0)
+      hit = simplifyIndices(this.g, this.g.substitute(expr, new Map([[this.V, zero]])))
+      this.laneIndexCache.set(key, hit)
+    }
+    return hit
+  }
+
+  access (index) {
+    const gate = index.src.length > 2 ? this.value(index.src[2]) : null
+    if (this.V === null || !this.deps(index).has(this.V)) return { idx: this.value(index.src[1]), gate, mode: 'scalar', lanes: gate ? gate.lanes : 1 }
+    const ck = index.src[1].id + ':' + this.V.id
+    let c = this.coeffCache.get(ck)
+    if (c === undefined) {
+      c = rangeCoeff(index.src[1], this.V)
+      this.coeffCache.set(ck, c)
+    }
+    if (c === 1) return { idx: this.value(this.laneIndex(index.src[1])), gate, mode: 'contiguous', lanes: this.width }
+    const idx = this.value(index.src[1])
+    if (idx.lanes === 1 && (gate === null || gate.lanes === 1)) return { idx, gate, mode: 'scalar', lanes: 1 }
+    return { idx: this.bcast(idx, this.width), gate, mode: 'gather', lanes: this.width }
+  }
+
+  load (u) {
+    const index = u.src[0]
+    const a = this.access(index)
+    if (a.mode === 'scalar' && a.lanes > 1) {
+      // a scalar address under a lane gate: gather the same element
+      a.idx = this.bcast(a.idx, a.lanes)
+      a.mode = 'gather'
+    }
+    if (a.lanes > 1 && (!LANE_DTYPES.has(u.dtype.name) || u.dtype.isBool)) throw new NoVector(`${u.dtype.name} loads in lanes`)
+    let level = a.idx.level
+    if (a.gate) level = Math.max(level, a.gate.level)
+    return this.place(this.inst('load', u.dtype, a.lanes, {
+      buf: index.src[0].arg[0], idx: a.idx, gate: a.gate, mode: a.mode, check: this.check(index)
+    }), level)
+  }
+
+  // ---- reduces
+  upcastPoints (ranges) {
+    // every combination of values of these (unrolled) ranges, as lists of [range, value]
+    let points = [[]]
+    for (const r of ranges) {
+      const n = Number(r.src[0].arg)
+      const next = []
+      for (const p of points) for (let i = 0; i < n; i++) next.push([...p, [r, i]])
+      points = next
+    }
+    return points
+  }
+
+  withEnv (point, fn) {
+    for (const [r, v] of point) this.env.set(r, v)
+    try {
+      return fn()
+    } finally {
+      for (const [r] of point) this.env.delete(r)
+    }
+  }
+
+  /** Emit red's accumulators and loops for every point of its free upcast ranges, once. */
+  ensure (red) {
+    const k = 'emitted:' + this.key(red)
+    if (this.lookup(k)) return
+    this.reduce(red)
+    this.levels[this.depth].cse.set(k, true)
+  }
+
+  reduce (red) {
+    const body = red.src[0]
+    const own = red.src.slice(1)
+    const free = [...this.deps(red)].filter((r) => r.arg[1] === 'upcast' && r !== this.V && !this.env.has(r) && !this.open.has(r))
+      .sort((a, b) => a.arg[0] - b.arg[0])
+    const lanes = this.V !== null && this.deps(red).has(this.V) ? this.width : 1
+    const overLanes = this.V !== null && own.includes(this.V)
+    if (overLanes && own[own.length - 1] !== this.V) throw new NoVector('a reduce over the lanes and later ranges')
+    if ((lanes > 1 || overLanes) && !LANE_DTYPES.has(red.dtype.name)) throw new NoVector(`${red.dtype.name} lanes`)
+    const accLanes = overLanes ? 1 : lanes
+    const points = this.upcastPoints(free)
+    const init = this.const(red.dtype, identity(red.arg, red.dtype))
+    const accs = points.map(() => this.place(this.inst('acc', red.dtype, accLanes, { src: [accLanes > 1 ? this.bcast(init, accLanes) : init] }), this.depth))
+    const loops = own.filter((r) => r.arg[1] !== 'upcast')
+    const unrolled = own.filter((r) => r.arg[1] === 'upcast' && r !== this.V)
+    // partial reduces that do not move with this reduce's loops (the partial sums of a split reduction)
+    // are emitted first, all tile points in one loop nest
+    for (const inner of topLevelReduces(body)) {
+      if (!loops.some((r) => this.deps(inner).has(r))) this.ensure(inner)
+    }
+    for (const r of loops) this.openLoop(r)
+    points.forEach((p, i) => this.withEnv(p, () => {
+      for (const q of this.upcastPoints(unrolled)) {
+        this.withEnv(q, () => {
+          let v = this.value(body)
+          if (overLanes) {
+            v = this.bcast(v, this.width)
+            this.place(this.inst('update', null, 1, { acc: accs[i], op: red.arg, src: [v], fold: true }), this.depth)
+          } else {
+            this.place(this.inst('update', null, accLanes, { acc: accs[i], op: red.arg, src: [this.bcast(v, accLanes)], fold: false }), this.depth)
+          }
+        })
+      }
+    }))
+    for (let j = loops.length - 1; j >= 0; j--) this.closeLoop(loops[j])
+    points.forEach((p, i) => this.withEnv(p, () => {
+      const read = this.place(this.inst('read', red.dtype, accLanes, { acc: accs[i] }), this.depth)
+      this.levels[this.depth].cse.set(this.key(red), read)
+    }))
+  }
+
+  // ---- loops
+  openLoop (r) {
+    const start = this.const(r.dtype, 0)
+    const end = this.value(r.src[0])
+    const loop = this.inst('loop', r.dtype, 1, { start, end, pre: [], body: [], axis: r.arg[0], kind: r.arg[1] })
+    this.place(loop, this.depth)
+    this.levels.push({ block: loop.body, cse: new Map(), loop })
+    loop.level = this.depth
+    this.open.set(r, loop)
+  }
+
+  closeLoop (r) {
+    this.open.delete(r)
+    this.levels.pop()
+  }
+
+  // ---- blocks
+  store (st) {
+    const [index, valueNode] = st.src
+    let v = this.value(valueNode)
+    if (valueNode.dtype !== index.dtype) v = this.alu('CAST', index.dtype, [v])
+    const a = this.access(index)
+    let { idx, gate, mode, lanes } = a
+    if (mode === 'scalar' && v.lanes > 1) {
+      idx = this.bcast(idx, v.lanes)
+      mode = 'scatter'
+      lanes = v.lanes
+    }
+    if (mode === 'scalar' && lanes > 1) {
+      idx = this.bcast(idx, lanes)
+      mode = 'scatter'
+    }
+    if (mode === 'gather') mode = 'scatter'
+    if (lanes > 1) {
+      if (!LANE_DTYPES.has(index.dtype.name) || index.dtype.isBool) throw new NoVector(`${index.dtype.name} stores in lanes`)
+      v = this.bcast(v, lanes)
+    }
+    const x = this.inst('store', index.dtype, lanes, { buf: index.src[0].arg[0], idx, src: [v], gate: null, mode, check: this.check(index) })
+    if (gate && gate.lanes > 1) {
+      x.gate = gate
+      this.place(x, this.depth)
+    } else if (gate) {
+      const cond = this.inst('if', null, 1, { cond: gate, body: [x] })
+      this.place(cond, this.depth)
+    } else {
+      this.place(x, this.depth)
+    }
+  }
+
+  block (node) {
+    if (node.op === 'STORE') {
+      const free = [...this.deps(node)].filter((r) => r.arg[1] === 'upcast' && r !== this.V && !this.env.has(r))
+      for (const p of this.upcastPoints(free)) this.withEnv(p, () => this.store(node))
+      return
+    }
+    if (node.op !== 'END') throw new KernelError(`a kernel block must be STORE or END, got ${node.op}`)
+    const inner = node.src[0]
+    const ranges = node.src.slice(1)
+    const chosen = this.V === null ? toposort(node).find((r) => r.op === 'RANGE' && this.vectorRanges.has(r)) || null : null
+    if (chosen) this.V = chosen
+    const loops = ranges.filter((r) => r.arg[1] !== 'upcast')
+    for (const r of loops) this.openLoop(r)
+    if (inner.op === 'STORE') {
+      const ups = ranges.filter((r) => r.arg[1] === 'upcast' && r !== this.V)
+      for (const red of topLevelReduces(inner)) this.ensure(red)
+    }
+    this.block(inner)
+    for (let j = loops.length - 1; j >= 0; j--) this.closeLoop(loops[j])
+    if (chosen) this.V = null
+  }
+
+  run () {
+    const params = new Map()
+    const vars = new Map()
+    for (const n of toposort(this.ast)) {
+      if (n.op === 'DEFINE_GLOBAL') params.set(n.arg[0], n.dtype)
+      if (n.op === 'DEFINE_VAR') vars.set(n.arg[0], n)
+    }
+    for (const node of this.ast.src) this.block(node)
+    return {
+      name: this.ast.arg ? this.ast.arg.name : 'kernel',
+      params: [...params].sort((a, b) => a[0] - b[0]).map(([slot, dtype]) => ({ slot, dtype })),
+      vars: [...vars.keys()].sort(),
+      head: this.head,
+      body: this.levels[0].block,
+      count: this.nextId
+    }
+  }
+}
+
+/** The structured program of a lowered kernel (see the module docstring). */
+function linearize (g, ast, { vector = new Set(), width = 1, check } = {}) {
+  if (vector.size && width > 1) {
+    try {
+      const prog = new Linearizer(g, ast, { vector, width, check }).run()
+      prog.vectorized = true
+      return prog
+    } catch (e) {
+      if (!(e instanceof NoVector)) throw e
+    }
+  }
+  return new Linearizer(g, ast, { vector: new Set(), width: 1, check }).run()
+}
+
+module.exports = { linearize, NoVector, identity }

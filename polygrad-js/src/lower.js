@@ -1,0 +1,231 @@
+'use strict'
+/**
+ * Device optimisation for the WebAssembly target: `chooseOpts(ast, width)` and `applyOpts(g, ast, opts)`.
+ *
+ * Stage: lowering, after index simplification, before linearizing. Input: a simplified kernel (global and
+ * reduce ranges). Output: the same kernel with ranges split, as polygrad's engine/lower.py does:
+ *   UPCAST r by n        r -> ro*n + ri, ri an `upcast` range (register tiles; unrolled by the linearizer)
+ *   VECTOR r by w        the same split, ri the block's vector range (w lanes of 128-bit SIMD)
+ *   SPLIT_REDUCE r by w  REDUCE over r -> REDUCE(REDUCE(body, ro), ri): one partial accumulator per lane
+ *   a symbolic range (a Variable's size) is tiled with a clamp: r -> min(ro*n + ri, size-1), ro < ceil(size/n);
+ *   the last tile recomputes the last row and stores the same values again (never used for a kernel that
+ *   reads a buffer it writes)
+ * Where this differs from Python's heuristics (which target C compilers): a matmul whose operands are both
+ * contiguous along the reduction (x @ W.T, PyTorch's Linear layout) vectorises the reduction itself
+ * (SPLIT_REDUCE into lanes, the lanes summed at the end) instead of gathering columns; the other matmul
+ * layouts vectorise the output's contiguous axis. Tiles are sized for 16 SIMD registers.
+ */
+
+const { DTYPES } = require('./dtypes')
+const { toposort } = require('./ir')
+const { rangeCoeff, simplifyIndices } = require('./simplify')
+
+const constSize = (r) => (r.src[0].op === 'CONST' ? Number(r.src[0].arg) : null)
+
+function rangesOf (ast) {
+  return toposort(ast).filter((n) => n.op === 'RANGE').sort((a, b) => a.arg[0] - b.arg[0])
+}
+
+const TOP_REDUCES = new WeakMap()
+
+/** REDUCE nodes reachable from u without passing through another REDUCE, sources first (cached). */
+function topLevelReduces (u) {
+  let hit = TOP_REDUCES.get(u)
+  if (!hit) {
+    hit = findTopLevelReduces(u)
+    TOP_REDUCES.set(u, hit)
+  }
+  return hit
+}
+
+function findTopLevelReduces (u) {
+  const out = new Set()
+  const seen = new Set()
+  const stack = [u]
+  while (stack.length) {
+    const x = stack.pop()
+    if (seen.has(x)) continue
+    seen.add(x)
+    if (x.op === 'REDUCE') {
+      out.add(x)
+      continue
+    }
+    stack.push(...x.src)
+  }
+  const order = new Map(toposort(u).map((n, i) => [n, i]))
+  return [...out].sort((a, b) => order.get(a) - order.get(b))
+}
+
+const VECTOR_DTYPES = new Set(['float32', 'int32', 'uint32'])
+
+/**
+ * The optimisations for one kernel: a list of {kind, range, amount}. `width` is the SIMD lane count of
+ * 32-bit values (4 for wasm SIMD; 1: no vector code, no tiles).
+ */
+function chooseOpts (ast, width) {
+  if (width <= 1) return []
+  return ast.src.flatMap((block) => (block.op === 'END' ? blockOpts(block, width) : []))
+}
+
+function blockOpts (end, width) {
+  const store = end.src[0]
+  if (store.op !== 'STORE') return []
+  const nodes = toposort(store)
+  const loads = nodes.filter((n) => n.op === 'LOAD').map((n) => n.src[0])
+  const storeIndex = store.src[0]
+  const accesses = [storeIndex, ...loads]
+  if (accesses.some((ix) => !VECTOR_DTYPES.has(ix.dtype.name))) return []
+  const glob = end.src.slice(1).filter((r) => r.arg[1] === 'global')
+  const written = new Set([storeIndex.src[0].arg[0]])
+  const inPlace = loads.some((ix) => written.has(ix.src[0].arg[0]))
+  const reduces = nodes.filter((n) => n.op === 'REDUCE')
+  const coeff = (ix, r) => rangeCoeff(ix.src[1], r)
+  const opts = []
+
+  // rows: a second global range tiled by `rows` (a clamp where symbolic), when some load is reused across it
+  const rowTile = (exclude, rows, reusedBy) => {
+    const cands = glob.filter((r) => r !== exclude)
+    if (!cands.length) return
+    const r = cands[cands.length - 1]
+    const n = constSize(r)
+    if (!loads.some((ix) => coeff(ix, r) === 0 && reusedBy(ix))) return
+    if (n === null) {
+      if (!inPlace) opts.push({ kind: 'UPCAST', range: r, amount: rows })
+      return
+    }
+    const amt = [rows, 4, 2].find((a) => a <= rows && n % a === 0 && n >= a)
+    if (amt && amt > 1) opts.push({ kind: 'UPCAST', range: r, amount: amt })
+  }
+
+  if (!reduces.length) {
+    const last = glob[glob.length - 1]
+    const n = last ? constSize(last) : null
+    if (n === null || n % width !== 0 || coeff(storeIndex, last) !== 1) return []
+    opts.push({ kind: 'VECTOR', range: last, amount: width })
+    if ((n / width) % 2 === 0) opts.push({ kind: 'UPCAST', range: last, amount: 2 })
+    return opts
+  }
+  if (topLevelReduces(store).length !== 1) return []
+  const red = reduces.find((r) => topLevelReduces(store)[0] === r)
+  const k = red.src[red.src.length - 1]
+  // A: vectorise the output's contiguous axis (every load that moves along it moves contiguously)
+  const last = glob[glob.length - 1]
+  const nLast = last ? constSize(last) : null
+  if (last && nLast !== null && nLast % width === 0 && coeff(storeIndex, last) === 1 &&
+      loads.every((ix) => { const c = coeff(ix, last); return c === 0 || c === 1 })) {
+    opts.push({ kind: 'VECTOR', range: last, amount: width })
+    const cols = [2, 1].find((c) => (nLast / width) % c === 0)
+    if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
+    rowTile(last, 4, (ix) => coeff(ix, last) !== 0)
+    return opts
+  }
+  // B: vectorise the reduction (partial sums per lane) when its loads are contiguous along it
+  const nk = constSize(k)
+  if (k.arg[1] === 'reduce' && nk !== null && nk % width === 0 && nk >= 2 * width &&
+      loads.every((ix) => { const c = coeff(ix, k); return c === 0 || c === 1 }) &&
+      loads.some((ix) => coeff(ix, k) === 1)) {
+    opts.push({ kind: 'SPLIT_REDUCE', range: k, amount: width })
+    if (last) {
+      if (nLast !== null && loads.some((ix) => coeff(ix, last) === 0)) {
+        const cols = [2, 1].find((c) => nLast % c === 0)
+        if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
+      }
+      rowTile(last, 4, (ix) => coeff(ix, last) !== 0)
+      // the column tiles' loop outermost: each block of weight rows is read once, the rows it meets stay cached
+      if (glob.length === 2) opts.push({ kind: 'OUTER', range: last, amount: 1 })
+    }
+    return opts
+  }
+  return []
+}
+
+/**
+ * Apply opts in order (each splits its range; new ranges get fresh axis ids; an opt naming a range an
+ * earlier opt split applies to its outer part). Returns {ast (simplified), vector: Set of vector ranges}.
+ */
+function applyOpts (g, ast, opts) {
+  const vector = new Set()
+  const current = new Map() // a range as the opts name it -> the range that now stands for it
+  for (const opt of opts) {
+    const r = current.get(opt.range) || opt.range
+    const ranges = rangesOf(ast)
+    if (!ranges.includes(r)) continue
+    if (opt.kind === 'OUTER') {
+      // loop order: r becomes its END's outermost loop (the operand swept by the inner loops stays cached)
+      ast = g.substitute(ast, new Map(toposort(ast).filter((n) => n.op === 'END' && n.src.includes(r)).map((e) =>
+        [e, g.node('END', null, [e.src[0], r, ...e.src.slice(1).filter((x) => x !== r)])])))
+      continue
+    }
+    const nextId = Math.max(...ranges.map((x) => x.arg[0])) + 1
+    const n = constSize(r)
+    const int = r.dtype
+    let outer, expr
+    const inner = g.node('RANGE', int, [g.const(int, opt.amount)], [nextId + 1, 'upcast'])
+    if (n !== null) {
+      if (n % opt.amount !== 0) continue
+      outer = g.node('RANGE', int, [g.const(int, n / opt.amount)], [nextId, r.arg[1]])
+      expr = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
+    } else {
+      if (opt.kind !== 'UPCAST' || r.arg[1] !== 'global') continue
+      const size = r.src[0]
+      const tiles = g.alu('IDIV', g.alu('ADD', size, g.const(int, opt.amount - 1)), g.const(int, opt.amount))
+      outer = g.node('RANGE', int, [tiles], [nextId, r.arg[1]])
+      const raw = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
+      const { bounds } = require('./simplify')
+      if (size.op === 'DEFINE_VAR' && bounds(size)[1] % opt.amount === 0) {
+        // the buffers hold the Variable's maximum, a multiple of the tile: the last tile reads rows past the
+        // size (inside the buffers, values unused) and its stores are gated; rows stay affine (one pointer)
+        ast = substituteRange(g, ast, r, outer, inner, raw, opt.kind)
+        ast = gateStores(g, ast, inner, g.alu('CMPLT', raw, size))
+        current.set(opt.range, outer)
+        continue
+      }
+      const lastRow = g.alu('ADD', size, g.const(int, -1))
+      expr = g.node('WHERE', int, [g.alu('CMPLT', raw, size), raw, lastRow])
+    }
+    ast = substituteRange(g, ast, r, outer, inner, expr, opt.kind)
+    current.set(opt.range, outer)
+    if (opt.kind === 'VECTOR' || opt.kind === 'SPLIT_REDUCE') vector.add(inner)
+  }
+  return { ast: simplifyIndices(g, ast), vector }
+}
+
+/** Every STORE that depends on range r gets `cond` AND-ed into its INDEX's gate. */
+function gateStores (g, ast, r, cond) {
+  const map = new Map()
+  for (const st of toposort(ast).filter((n) => n.op === 'STORE' && toposort(n).includes(r))) {
+    const ix = st.src[0]
+    const gate = ix.src.length > 2 ? g.alu('AND', ix.src[2], cond) : cond
+    map.set(st, g.node('STORE', null, [g.node('INDEX', ix.dtype, [ix.src[0], ix.src[1], gate]), st.src[1]]))
+  }
+  return g.substitute(ast, map)
+}
+
+function substituteRange (g, ast, r, outer, inner, expr, kind) {
+  const memo = new Map([[r, expr]])
+  for (const node of toposort(ast)) {
+    if (memo.has(node)) continue
+    let out
+    if (node.op === 'END') {
+      const rs = node.src.slice(1).map((x) => (x === r ? outer : memo.get(x)))
+      if (node.src.slice(1).includes(r)) rs.push(inner)
+      out = g.node('END', null, [memo.get(node.src[0]), ...rs])
+    } else if (node.op === 'REDUCE' && node.src.slice(1).includes(r)) {
+      const body = memo.get(node.src[0])
+      const others = node.src.slice(1).filter((x) => x !== r).map((x) => memo.get(x))
+      if (kind === 'SPLIT_REDUCE') {
+        const partial = g.node('REDUCE', node.dtype, [body, ...others, outer], node.arg)
+        out = g.node('REDUCE', node.dtype, [partial, inner], node.arg)
+      } else {
+        out = g.node('REDUCE', node.dtype, [body, ...others, outer, inner], node.arg)
+      }
+    } else {
+      const src = node.src.map((s) => memo.get(s))
+      out = src.every((s, i) => s === node.src[i]) ? node : g.node(node.op, node.dtype, src, node.arg)
+    }
+    memo.set(node, out)
+  }
+  return memo.get(ast)
+}
+
+module.exports = { chooseOpts, applyOpts, topLevelReduces, rangesOf, constSize, VECTOR_DTYPES, DTYPES }

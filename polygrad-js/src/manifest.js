@@ -1,0 +1,366 @@
+'use strict'
+/**
+ * The bundle manifest (docs/bundle-format.md section 2) read into a Program, every field checked, and a
+ * Program written back. A port of polygrad's modelformat.py.
+ *
+ * Stage: import / export. readProgram(manifest, body, opts) -> Program, or BundleError naming the field;
+ * nothing is allocated before the whole manifest passed (sizes are checked against `maxBytes`).
+ * writeManifest(program, blobs) builds the manifest of save() (bundle.js lays out the bytes).
+ *
+ * A Program refers to buffers by Slot objects (not numbers), so adding or dropping an optimizer renumbers
+ * nothing: a slot's index is its position in `program.slots` when written.
+ */
+
+const { BundleError, KernelError } = require('./errors')
+const { show } = require('./json')
+const { DTYPES } = require('./dtypes')
+const ir = require('./ir')
+const bundle = require('./bundle')
+const { checkKernel } = require('./validate')
+
+const ROLES = ['parameter', 'state', 'constant', 'rng', 'optimizer', 'gradient', 'input', 'output', 'temporary']
+const STORED = new Set(['parameter', 'state', 'constant', 'optimizer'])
+const MAX_ELEMENTS = 2 ** 31 - 1
+const MAX_SLOTS = 1 << 20
+const MAX_CALLS = 1 << 20
+const MAX_NAME = 256
+const IDENT = /^[A-Za-z_][A-Za-z0-9_]*$/
+const OPTIMIZER_HYPER = {
+  sgd: { momentum: 'number', weight_decay: 'number', nesterov: 'boolean' },
+  adam: { betas: 'pair', eps: 'number', weight_decay: 'number' },
+  adamw: { betas: 'pair', eps: 'number', weight_decay: 'number' },
+  lamb: { b1: 'number', b2: 'number', eps: 'number', weight_decay: 'number' }
+}
+
+function need (cond, msg) {
+  if (!cond) throw new BundleError(`bundle manifest: ${msg}`)
+}
+
+const isObj = (v) => v !== null && typeof v === 'object' && !Array.isArray(v)
+const isInt = (v) => Number.isInteger(v)
+
+function get (obj, key, kind, where) {
+  need(isObj(obj), `${where} must be an object`)
+  need(Object.prototype.hasOwnProperty.call(obj, key), `${where} lacks '${key}'`)
+  const v = obj[key]
+  const ok = kind === 'list' ? Array.isArray(v) : kind === 'object' ? isObj(v) : kind === 'int' ? isInt(v) : typeof v === kind
+  need(ok, `${where}.${key} must be ${{ list: 'a list', object: 'an object', int: 'an integer', string: 'a string' }[kind] || kind}, got ${Array.isArray(v) ? 'list' : v === null ? 'null' : typeof v}`)
+  return v
+}
+
+function getInt (obj, key, where, lo = 0, hi = MAX_ELEMENTS) {
+  const v = get(obj, key, 'int', where)
+  need(v >= lo && v <= hi, `${where}.${key} = ${v} is outside [${lo}, ${hi}]`)
+  return v
+}
+
+function name (v, where) {
+  need(typeof v === 'string' && v.length > 0 && v.length <= MAX_NAME, `${where} must be a non-empty string of at most ${MAX_NAME} characters`)
+  return v
+}
+
+function dtype (v, where) {
+  need(typeof v === 'string' && Object.prototype.hasOwnProperty.call(DTYPES, v), `${where} = ${show(v)} is not a known dtype (${Object.keys(DTYPES).join(', ')})`)
+  return DTYPES[v]
+}
+
+function shape (v, where, variables) {
+  need(Array.isArray(v) && v.length <= 16, `${where} must be a list of at most 16 dimensions`)
+  return v.map((d, k) => {
+    if (typeof d === 'string') {
+      need(k === 0 && variables.has(d), `${where}[${k}] = ${show(d)}: only the leading dimension may name a declared Variable`)
+      return d
+    }
+    need(isInt(d) && d >= 0 && d <= MAX_ELEMENTS, `${where}[${k}] must be an integer in [0, ${MAX_ELEMENTS}]`)
+    return d
+  })
+}
+
+function elements (sh, variables) {
+  let n = 1
+  for (const d of sh) {
+    n *= typeof d === 'string' ? variables.get(d)[1] : d
+    if (n > MAX_ELEMENTS) return n
+  }
+  return n
+}
+
+function specs (sig, key, variables) {
+  const rows = get(sig, key, 'list', 'signature')
+  need(rows.length <= 4096, `signature.${key} has too many entries`)
+  const seen = new Set()
+  return rows.map((r, i) => {
+    const where = `signature.${key}[${i}]`
+    const n = name(get(r, 'name', 'string', where), `${where}.name`)
+    need(IDENT.test(n) && !seen.has(n), `${where}.name ${show(n)} must be a distinct identifier`)
+    seen.add(n)
+    return { name: n, dtype: dtype(get(r, 'dtype', 'string', where), `${where}.dtype`), shape: shape(get(r, 'shape', 'list', where), `${where}.shape`, variables) }
+  })
+}
+
+/** The optimizer configuration of a manifest (name, lr, hyperparameters by their Python names). */
+function optimizerConfig (opt, where = 'training.optimizer') {
+  need(isObj(opt) && typeof opt.name === 'string', `${where} must be an object with a name`)
+  const known = OPTIMIZER_HYPER[opt.name]
+  need(known !== undefined, `${where}.name ${show(opt.name)} is not one of ${Object.keys(OPTIMIZER_HYPER).join(', ')}`)
+  need(typeof opt.lr === 'number', `${where}.lr must be a number`)
+  for (const [k, v] of Object.entries(opt)) {
+    if (k === 'name' || k === 'lr') continue
+    const kind = known[k]
+    need(kind !== undefined, `${where}: optimizer ${opt.name} has no hyperparameter ${show(k)}`)
+    const ok = kind === 'pair' ? Array.isArray(v) && v.length === 2 && v.every((x) => typeof x === 'number') : typeof v === kind
+    need(ok, `${where}.${k} must be ${kind === 'pair' ? 'a pair of numbers' : 'a ' + kind}`)
+  }
+  return Object.assign({}, opt)
+}
+
+/**
+ * The Program of a manifest read by bundle.read. opts.maxBytes bounds the memory all buffers need.
+ */
+function readProgram (manifest, body, opts = {}) {
+  const maxBytes = opts.maxBytes || 2 ** 31
+  const variables = new Map()
+  get(manifest, 'variables', 'list', 'manifest').forEach((v, i) => {
+    const where = `variables[${i}]`
+    const n = name(get(v, 'name', 'string', where), `${where}.name`)
+    const lo = getInt(v, 'min', where)
+    const hi = getInt(v, 'max', where)
+    need(IDENT.test(n), `${where}: Variable name ${show(n)} must be a plain identifier`)
+    need(lo <= hi, `${where}: Variable ${show(n)} needs min <= max`)
+    need(!variables.has(n), `${where}: Variable ${show(n)} declared twice`)
+    variables.set(n, [lo, hi])
+  })
+  const sig = get(manifest, 'signature', 'object', 'manifest')
+  const inputs = specs(sig, 'inputs', variables)
+  const targets = specs(sig, 'targets', variables)
+  const outputs = specs(sig, 'outputs', variables)
+
+  const rows = get(manifest, 'buffers', 'list', 'manifest')
+  need(rows.length <= MAX_SLOTS, `${rows.length} buffers exceed the limit of ${MAX_SLOTS}`)
+  let total = 0
+  const slots = rows.map((r, s) => {
+    const where = `buffers[${s}]`
+    const role = get(r, 'role', 'string', where)
+    need(ROLES.includes(role), `${where}.role ${show(role)} is not one of ${ROLES.join(', ')}`)
+    const dt = dtype(get(r, 'dtype', 'string', where), `${where}.dtype`)
+    const sh = shape(get(r, 'shape', 'list', where), `${where}.shape`, variables)
+    const size = getInt(r, 'size', where)
+    need(elements(sh, variables) === size, `${where}: size ${size} does not match shape ${show(sh)}`)
+    total += size * dt.size
+    need(total <= maxBytes, `the buffers need more than ${maxBytes} bytes (the maxBytes load option)`)
+    const data = r.data
+    let stored = null
+    if (STORED.has(role)) {
+      need(isObj(data), `${where} (${role}) must have stored data`)
+      const off = getInt(data, 'offset', `${where}.data`, 0, body.length)
+      const nbytes = getInt(data, 'nbytes', `${where}.data`, 0, body.length)
+      need(nbytes === size * dt.size, `${where}.data.nbytes ${nbytes} != size ${size} x ${dt.size} bytes`)
+      need(off % bundle.ALIGN === 0 && off + nbytes <= body.length, `${where}.data [${off}, ${off + nbytes}) is misaligned or outside the ${body.length}-byte data section`)
+      stored = body.subarray(off, off + nbytes)
+    } else {
+      need(data === undefined || data === null, `${where} (${role}) must not store data`)
+    }
+    return { index: s, name: name(get(r, 'name', 'string', where), `${where}.name`), role, dtype: dt, shape: sh, size, stored }
+  })
+
+  const kernelTable = get(manifest, 'kernels', 'object', 'manifest')
+  const graph = new ir.Graph()
+  let kernels
+  try {
+    kernels = ir.decode(kernelTable, graph)
+  } catch (e) {
+    if (e instanceof KernelError) throw new BundleError(`bundle manifest: kernels: ${e.message}`)
+    throw e
+  }
+  kernels.forEach((k, i) => need(k.op === 'SINK', `kernels root ${i} is a ${k.op}, expected SINK`))
+  const globalsOf = kernels.map((k, i) => kernelGlobals(i, k, variables))
+
+  const slotNo = (v, where, roles) => {
+    need(slots.length > 0, `${where}: there are no buffers`)
+    need(isInt(v) && v >= 0 && v < slots.length, `${where} must be a buffer index in [0, ${slots.length - 1}]`)
+    if (roles) need(roles.includes(slots[v].role), `${where}: buffer ${v} is a ${slots[v].role}, expected ${roles.join('/')}`)
+    return slots[v]
+  }
+
+  const entries = {}
+  const eps = get(manifest, 'entrypoints', 'object', 'manifest')
+  need(Object.prototype.hasOwnProperty.call(eps, 'forward'), "entrypoints lack 'forward'")
+  let nCalls = 0
+  for (const [ename, e] of Object.entries(eps)) {
+    const where = `entrypoints.${name(ename, 'entrypoint name')}`
+    const ins = {}
+    for (const [k, v] of Object.entries(get(e, 'inputs', 'object', where))) ins[name(k, `${where}.inputs key`)] = slotNo(v, `${where}.inputs.${k}`, ['input'])
+    const outs = {}
+    for (const [k, v] of Object.entries(get(e, 'outputs', 'object', where))) outs[name(k, `${where}.outputs key`)] = slotNo(v, `${where}.outputs.${k}`, ['output'])
+    const rng = get(e, 'rng', 'list', where).map((v, i) => slotNo(v, `${where}.rng[${i}]`, ['rng']))
+    for (const s of rng) need(s.size === 2 && s.dtype === DTYPES.uint32, `${where}: rng buffer ${s.index} must be 2 x uint32`)
+    const raw = get(e, 'calls', 'list', where)
+    nCalls += raw.length
+    need(nCalls <= MAX_CALLS, `more than ${MAX_CALLS} calls`)
+    const calls = raw.map((c, i) => {
+      const cw = `${where}.calls[${i}]`
+      need(isObj(c), `${cw} must be an object`)
+      if (Object.prototype.hasOwnProperty.call(c, 'copy')) {
+        const pair = get(c, 'copy', 'list', cw)
+        need(pair.length === 2, `${cw}.copy must be [destination, source]`)
+        const [dst, src] = pair.map((v) => slotNo(v, `${cw}.copy`))
+        need(dst.dtype === src.dtype, `${cw}: copy between ${src.dtype.name} and ${dst.dtype.name}`)
+        return { copy: [dst, src] }
+      }
+      const k = getInt(c, 'kernel', cw, 0, Math.max(kernels.length - 1, 0))
+      need(k < kernels.length, `${cw}.kernel ${k}: there are ${kernels.length} kernels`)
+      const args = get(c, 'args', 'list', cw).map((v, j) => slotNo(v, `${cw}.args[${j}]`))
+      checkCall(cw, k, globalsOf[k], args)
+      return { kernel: k, args }
+    })
+    entries[ename] = { inputs: ins, outputs: outs, calls, rng }
+  }
+  const fwd = entries.forward
+  const sameSet = (a, b) => a.length === b.length && a.every((x) => b.includes(x))
+  need(sameSet(Object.keys(fwd.inputs), inputs.map((s) => s.name)), 'entrypoints.forward.inputs do not match signature.inputs')
+  need(sameSet(Object.keys(fwd.outputs), outputs.map((s) => s.name)), 'entrypoints.forward.outputs do not match signature.outputs')
+  const sameShape = (a, b) => a.length === b.length && a.every((x, i) => x === b[i])
+  for (const spec of [...inputs, ...targets]) {
+    for (const [ename, e] of Object.entries(entries)) {
+      const s = e.inputs[spec.name]
+      if (s) need(s.dtype === spec.dtype && sameShape(s.shape, spec.shape), `entrypoints.${ename}.inputs.${spec.name}: buffer does not match the signature`)
+    }
+  }
+  for (const spec of outputs) {
+    const s = fwd.outputs[spec.name]
+    need(s.dtype === spec.dtype && sameShape(s.shape, spec.shape), `output ${show(spec.name)}: buffer does not match`)
+  }
+
+  const tr = get(manifest, 'training', 'object', 'manifest')
+  const gradients = new Map()
+  get(tr, 'gradients', 'list', 'training').forEach((pair, i) => {
+    need(Array.isArray(pair) && pair.length === 2, `training.gradients[${i}] must be [parameter, gradient]`)
+    const a = slotNo(pair[0], `training.gradients[${i}]`, ['parameter'])
+    const b = slotNo(pair[1], `training.gradients[${i}]`, ['gradient'])
+    need(sameShape(a.shape, b.shape), `training.gradients[${i}]: shapes differ`)
+    gradients.set(a, b)
+  })
+  let optimizer = tr.optimizer === undefined ? null : tr.optimizer
+  let lrSlot = null
+  let optimizerState = null
+  if (optimizer !== null) {
+    optimizer = optimizerConfig(optimizer)
+    need(entries.train_step && entries.optimizer_step, 'an optimizer without train_step/optimizer_step')
+    lrSlot = slotNo(tr.lr_buffer, 'training.lr_buffer', ['optimizer'])
+    need(lrSlot.size === 1 && lrSlot.dtype === DTYPES.float32, 'training.lr_buffer must be a one-element float32 buffer')
+    optimizerState = tr.optimizer_state
+    need(optimizerState === 'kept' || optimizerState === 'initial', "training.optimizer_state must be 'kept' or 'initial'")
+  } else {
+    need(!entries.train_step && !entries.optimizer_step, 'train_step without an optimizer')
+  }
+  const rngObj = get(manifest, 'rng', 'object', 'manifest')
+  const rng = [getInt(rngObj, 'seed', 'rng', 0, 0xffffffff), getInt(rngObj, 'counter', 'rng', 0, 0xffffffff)]
+  const prog = {
+    slots, graph, kernels, kernelTable, entries, inputs, targets, outputs, variables, rng, gradients, optimizer,
+    lrSlot, optimizerState, producer: typeof manifest.producer === 'string' ? manifest.producer : '',
+    validated: new Set(), limits: { maxWork: opts.maxWork }
+  }
+  // the index analysis of every kernel `forward` calls (or of all, opts.validate === 'all') before anything
+  // runs; the others' when their entrypoint is first compiled (validateKernel, before lowering)
+  const first = opts.validate === 'all' ? kernels.map((_, i) => i) : [...new Set(entries.forward.calls.filter((c) => !c.copy).map((c) => c.kernel))]
+  for (const k of first) validateKernel(prog, k)
+  return prog
+}
+
+/** Check kernel k of a Program once (validate.checkKernel); a failure is a BundleError. */
+function validateKernel (prog, k) {
+  const ast = prog.kernels[k]
+  if (prog.validated.has(ast)) return
+  try {
+    checkKernel(ast, `kernel ${k}`, prog.limits)
+  } catch (e) {
+    if (e instanceof KernelError) throw new BundleError(`bundle manifest: ${e.message}`)
+    throw e
+  }
+  prog.validated.add(ast)
+}
+
+function kernelGlobals (k, ast, variables) {
+  const out = new Map()
+  for (const n of ir.toposort(ast)) {
+    if (n.op === 'DEFINE_GLOBAL') {
+      const prev = out.get(n.arg[0])
+      if (prev === undefined) out.set(n.arg[0], n)
+      else need(prev.dtype === n.dtype && prev.arg[1].length === n.arg[1].length && prev.arg[1].every((d, i) => d === n.arg[1][i]), `kernel ${k}: parameter ${n.arg[0]} declared twice differently`)
+    } else if (n.op === 'DEFINE_VAR') {
+      const decl = variables.get(n.arg[0])
+      need(decl && BigInt(decl[0]) === BigInt(n.arg[1]) && BigInt(decl[1]) === BigInt(n.arg[2]), `kernel ${k}: Variable ${show(n.arg)} is not declared in the manifest's variables`)
+    } else if (n.op === 'BIND') {
+      need(false, `kernel ${k}: a kernel cannot hold a bound value (BIND)`)
+    }
+  }
+  return out
+}
+
+/** The largest value of a size expression (ints, DEFINE_VARs at their max, ADD/MUL/...). */
+function sizeMax (d) {
+  if (!(d instanceof ir.UOp)) return Number(d)
+  const { bounds } = require('./simplify')
+  return bounds(d)[1]
+}
+
+function checkCall (where, k, globals, args) {
+  const slotsOk = [...globals.keys()].sort((a, b) => a - b)
+  need(slotsOk.length === args.length && slotsOk.every((s, i) => s === i), `${where}: kernel ${k} takes ${globals.size} buffers, the call passes ${args.length}`)
+  args.forEach((s, i) => {
+    const g = globals.get(i)
+    need(g.dtype === s.dtype, `${where}: kernel ${k} parameter ${i} is ${g.dtype.name}, buffer ${s.index} is ${s.dtype.name}`)
+    let n = 1
+    for (const d of g.arg[1]) n *= sizeMax(d)
+    need(n >= 0 && n <= s.size, `${where}: kernel ${k} parameter ${i} spans ${n} elements, buffer ${s.index} holds ${s.size}`)
+  })
+}
+
+// ---------------------------------------------------------------------------------------------------
+// writing
+
+/** (manifest, blobs) of a Program: blob k holds the k-th buffer whose "data" is true. `read(slot)` gives a
+ * slot's current bytes (little-endian). */
+function writeManifest (prog, read, producer) {
+  const index = new Map(prog.slots.map((s, i) => [s, i]))
+  const blobs = []
+  const buffers = prog.slots.map((s) => {
+    const d = { name: s.name, role: s.role, dtype: s.dtype.name, shape: s.shape.slice(), size: s.size }
+    if (STORED.has(s.role)) {
+      blobs.push(read(s))
+      d.data = true
+    }
+    return d
+  })
+  const spec = (s) => ({ name: s.name, dtype: s.dtype.name, shape: s.shape.slice() })
+  const mapSlots = (o) => Object.fromEntries(Object.entries(o).map(([k, s]) => [k, index.get(s)]))
+  const entrypoints = {}
+  for (const [n, e] of Object.entries(prog.entries)) {
+    entrypoints[n] = {
+      inputs: mapSlots(e.inputs),
+      outputs: mapSlots(e.outputs),
+      calls: e.calls.map((c) => (c.copy ? { copy: c.copy.map((s) => index.get(s)) } : { kernel: c.kernel, args: c.args.map((s) => index.get(s)) })),
+      rng: e.rng.map((s) => index.get(s))
+    }
+  }
+  const manifest = {
+    format: bundle.FORMAT,
+    version: bundle.VERSION,
+    producer,
+    signature: { inputs: prog.inputs.map(spec), targets: prog.targets.map(spec), outputs: prog.outputs.map(spec) },
+    variables: [...prog.variables].map(([n, [lo, hi]]) => ({ name: n, min: lo, max: hi })),
+    buffers,
+    kernels: prog.kernelTable || ir.encode(prog.kernels),
+    entrypoints,
+    training: {
+      gradients: [...prog.gradients].map(([a, b]) => [index.get(a), index.get(b)]),
+      optimizer: prog.optimizer,
+      optimizer_state: prog.optimizer ? prog.optimizerState || 'kept' : null,
+      lr_buffer: prog.lrSlot ? index.get(prog.lrSlot) : null
+    },
+    rng: { seed: prog.rng[0], counter: prog.rng[1] }
+  }
+  return { manifest, blobs }
+}
+
+module.exports = { readProgram, writeManifest, optimizerConfig, validateKernel, ROLES, STORED, IDENT }

@@ -1,0 +1,365 @@
+'use strict'
+/**
+ * Model: a bundle (.pgb) loaded for running and fine-tuning: forward, call, trainStep, fit, save, summary.
+ *
+ * Stage: user API over the runtime. Input: bundle bytes. Output: a Model whose entrypoints run the
+ * bundle's kernels, rendered to WebAssembly at load (runtime.js), with Python's rules for inputs,
+ * Variables, minibatches and optimizer configuration (polygrad/model.py, docs/bundle-format.md).
+ */
+
+const { BundleError, ModelError, ModelInputError, EntrypointError, PolygradError } = require('./errors')
+const bundle = require('./bundle')
+const { readProgram, writeManifest, STORED } = require('./manifest')
+const { Executor } = require('./runtime')
+const { readInput, writeValues, readOutput } = require('./data')
+const { buildOptimizer, optimizerConfigOf, sameConfig } = require('./optim')
+
+const VERSION = '0.1.0'
+
+function loadProgram (bytes, opts) {
+  let data
+  try {
+    data = bundle.asBytes(bytes)
+  } catch (e) {
+    throw new BundleError(e.message)
+  }
+  const { manifest, body } = bundle.read(data)
+  return readProgram(manifest, body, opts)
+}
+
+function fillStored (prog, exec) {
+  const u8 = exec.bytes()
+  for (const s of prog.slots) {
+    if (s.stored) {
+      u8.set(s.stored, s.base)
+      s.stored = null // the bundle bytes are not kept alive
+    }
+  }
+}
+
+class Model {
+  constructor (prog, exec, opts) {
+    this._p = prog
+    this._x = exec
+    this._opts = opts
+    this._disposed = false
+  }
+
+  /** A Model from bundle bytes (Uint8Array or ArrayBuffer), compiled synchronously. */
+  static fromBytesSync (bytes, opts = {}) {
+    const prog = loadProgram(bytes, opts)
+    const exec = new Executor(prog, opts)
+    fillStored(prog, exec)
+    exec.compileSync(['forward'])
+    return new Model(prog, exec, opts)
+  }
+
+  /** A Model from bundle bytes, every entrypoint compiled asynchronously (the browser path). */
+  static async fromBytes (bytes, opts = {}) {
+    const prog = loadProgram(bytes, opts)
+    const exec = new Executor(prog, opts)
+    fillStored(prog, exec)
+    await exec.compileAsync(Object.keys(prog.entries))
+    return new Model(prog, exec, opts)
+  }
+
+  // ---- inspection
+  _alive () {
+    if (this._disposed) throw new ModelError('this Model was disposed; load the bundle again')
+  }
+
+  get signature () {
+    const rows = (specs) => specs.map((s) => ({ name: s.name, dtype: s.dtype.name, shape: s.shape.slice() }))
+    return { inputs: rows(this._p.inputs), targets: rows(this._p.targets), outputs: rows(this._p.outputs) }
+  }
+
+  get entrypoints () {
+    return Object.keys(this._p.entries)
+  }
+
+  get variables () {
+    return Object.fromEntries([...this._p.variables].map(([n, [lo, hi]]) => [n, { min: lo, max: hi }]))
+  }
+
+  get backend () {
+    return this._x.backend
+  }
+
+  /** Inputs, outputs, entrypoints, parameters and bytes; runs nothing, reads no weights. */
+  summary () {
+    this._alive()
+    const p = this._p
+    const tensors = (role) => p.slots.filter((s) => s.role === role).map((s) => ({ name: s.name, dtype: s.dtype.name, shape: s.shape.slice(), count: s.size }))
+    const bytes = {}
+    for (const s of p.slots) bytes[s.role] = (bytes[s.role] || 0) + s.size * s.dtype.size
+    const parameters = tensors('parameter')
+    const sig = this.signature
+    const out = {
+      inputs: sig.inputs, targets: sig.targets, outputs: sig.outputs, entrypoints: this.entrypoints,
+      parameters, state: tensors('state'), parameterCount: parameters.reduce((a, t) => a + t.count, 0), bytes,
+      memoryBytes: this._x.memory.buffer.byteLength, backend: this._x.backend, optimizer: p.optimizer ? Object.assign({}, p.optimizer) : null
+    }
+    Object.defineProperty(out, 'toString', { enumerable: false, value: () => summaryText(out) })
+    return out
+  }
+
+  /** {name: {data, shape, dtype}} copies of the parameters and state. */
+  parameters () {
+    this._alive()
+    const out = {}
+    for (const s of this._p.slots) {
+      if (s.role !== 'parameter' && s.role !== 'state') continue
+      const data = readOutput(this._x.view(s.dtype), s.base / s.dtype.size, s.dtype, s.size, s.shape.slice())
+      out[s.name] = { data, shape: s.shape.slice(), dtype: s.dtype.name }
+    }
+    return out
+  }
+
+  // ---- execution
+  _ensure (names) {
+    const missing = names.filter((n) => !this._x.entries[n])
+    if (missing.length) this._x.compileSync(missing)
+  }
+
+  /** feeds: Map slot -> {values, rows}; checks names and shapes of `given` for entrypoint `entry`. */
+  _feeds (entry, given) {
+    const e = this._p.entries[entry]
+    if (given === null || typeof given !== 'object' || Array.isArray(given) || ArrayBuffer.isView(given)) {
+      throw new ModelInputError(`entrypoint '${entry}' takes an object {name: data}; names: ${Object.keys(e.inputs).join(', ')}`)
+    }
+    const specs = [...this._p.inputs, ...this._p.targets].filter((s) => s.name in e.inputs)
+    const names = specs.map((s) => s.name)
+    const unknown = Object.keys(given).filter((k) => !names.includes(k)).sort()
+    const missing = names.filter((k) => !(k in given))
+    if (unknown.length || missing.length) {
+      throw new ModelInputError(`entrypoint '${entry}' takes ${JSON.stringify(names)}` + (unknown.length ? `; unknown ${JSON.stringify(unknown)}` : '') + (missing.length ? `; missing ${JSON.stringify(missing)}` : ''))
+    }
+    const env = new Map()
+    const feeds = new Map()
+    for (const spec of specs) {
+      const r = readInput(spec, given[spec.name], this._p.variables)
+      if (r.rows !== null) {
+        const v = spec.shape[0]
+        if (env.has(v) && env.get(v) !== r.rows) throw new ModelInputError(`input '${spec.name}' has ${r.rows} rows for Variable '${v}', another input has ${env.get(v)}`)
+        env.set(v, r.rows)
+      }
+      feeds.set(e.inputs[spec.name], r.values)
+    }
+    for (const [v, [, hi]] of this._p.variables) if (!env.has(v)) env.set(v, hi)
+    return { feeds, env }
+  }
+
+  _run (entry, feeds, env) {
+    const x = this._x
+    for (const [slot, values] of feeds) writeValues(x.view(slot.dtype), slot.base / slot.dtype.size, slot.dtype, values)
+    const rngSlots = this._p.entries[entry].rng
+    if (rngSlots.length) {
+      const u32 = x.view(rngSlots[0].dtype)
+      for (const s of rngSlots) {
+        u32[s.base / 4] = this._p.rng[0]
+        u32[s.base / 4 + 1] = this._p.rng[1]
+        this._p.rng[1] = (this._p.rng[1] + 1) >>> 0
+      }
+    }
+    x.run(entry, env)
+  }
+
+  _results (entry, env) {
+    const shapes = new Map(this._p.outputs.map((s) => [s.name, s.shape]))
+    const out = {}
+    for (const [name, slot] of Object.entries(this._p.entries[entry].outputs)) {
+      const shape = (shapes.get(name) || slot.shape).map((d) => (typeof d === 'string' ? env.get(d) : d))
+      const count = shape.reduce((a, b) => a * b, 1)
+      out[name] = readOutput(this._x.view(slot.dtype), slot.base / slot.dtype.size, slot.dtype, count, shape)
+    }
+    return out
+  }
+
+  /** Run one entrypoint; returns its outputs as typed arrays (each with a `.shape`). */
+  call (entrypoint, inputs = {}) {
+    this._alive()
+    if (!Object.prototype.hasOwnProperty.call(this._p.entries, entrypoint)) {
+      throw new EntrypointError(`no entrypoint ${JSON.stringify(entrypoint)}; this model has ${JSON.stringify(this.entrypoints)}`)
+    }
+    const { feeds, env } = this._feeds(entrypoint, inputs)
+    this._ensure([entrypoint])
+    this._run(entrypoint, feeds, env)
+    return this._results(entrypoint, env)
+  }
+
+  /** The evaluation forward: model.forward({x: ...}) -> {output name: typed array}. */
+  forward (inputs) {
+    return this.call('forward', inputs)
+  }
+
+  // ---- training
+  _needTraining () {
+    if (!this._p.entries.loss) throw new ModelError('this model has no training entrypoint: build it in Python with targets= and loss=')
+  }
+
+  /**
+   * One optimizer step on one batch (inputs and targets together in `data`); returns that step's loss,
+   * computed before the update. opts: {optimizer, lr, ...hyperparameters}, as fit().
+   */
+  trainStep (data, opts = {}) {
+    this._alive()
+    this._needTraining()
+    this._configure(opts)
+    const { feeds, env } = this._feeds('loss', data)
+    return this._step(feeds, env)
+  }
+
+  _step (feeds, env) {
+    this._ensure(['train_step'])
+    this._run('train_step', feeds, env)
+    const slot = this._p.entries.train_step.outputs.loss
+    return this._x.view(slot.dtype)[slot.base / slot.dtype.size]
+  }
+
+  _configure (opts) {
+    const { optimizer, lr, hyper } = splitOptions(opts)
+    const current = this._p.optimizer
+    if (optimizer === undefined && !Object.keys(hyper).length) {
+      if (current) {
+        if (lr !== undefined && lr !== current.lr) this._setLr(lr)
+        return
+      }
+    }
+    const cfg = optimizerConfigOf(optimizer === undefined ? 'sgd' : optimizer, lr, hyper)
+    if (current && sameConfig(cfg, current)) {
+      if (cfg.lr !== current.lr) this._setLr(cfg.lr)
+      return
+    }
+    buildOptimizer(this._p, cfg)
+    this._x.extend()
+    this._x.compileSync(['optimizer_step', 'train_step'])
+  }
+
+  _setLr (lr) {
+    this._p.optimizer.lr = lr
+    const s = this._p.lrSlot
+    this._x.view(s.dtype)[s.base / 4] = lr
+  }
+
+  /**
+   * Train on `data` ({input/target name: samples on the leading axis}) as Python's Model.fit: samples in
+   * order, `batchSize` at a time (default: all as one batch); an incomplete final batch is an error unless
+   * remainder 'drop' (skip it) or 'keep' (run it smaller, within every input's bounds). Returns one loss
+   * per step. opts: {epochs = 1, batchSize, remainder, optimizer ('sgd' | 'adam' | 'adamw'), lr, ...}.
+   */
+  fit (data, opts = {}) {
+    this._alive()
+    this._needTraining()
+    const { epochs = 1, batchSize, remainder = null, onStep, ...rest } = opts
+    if (!Number.isInteger(epochs) || epochs < 0) throw new ModelError(`epochs must be a non-negative integer, got ${epochs}`)
+    if (![null, undefined, 'drop', 'keep'].includes(remainder)) throw new ModelError(`remainder must be null, 'drop' or 'keep', got ${JSON.stringify(remainder)}`)
+    if (data === null || typeof data !== 'object' || Array.isArray(data)) throw new ModelError('fit(data) takes an object {name: samples} of every input and target')
+    const specs = [...this._p.inputs, ...this._p.targets]
+    const names = specs.map((s) => s.name)
+    const unknown = Object.keys(data).filter((k) => !names.includes(k)).sort()
+    const missing = names.filter((k) => !(k in data))
+    if (unknown.length || missing.length) {
+      throw new ModelInputError(`fit data needs ${JSON.stringify(names)}` + (unknown.length ? `; unknown ${JSON.stringify(unknown)}` : '') + (missing.length ? `; missing ${JSON.stringify(missing)}` : ''))
+    }
+    let count = null
+    const columns = new Map()
+    for (const spec of specs) {
+      if (!spec.shape.length) throw new ModelInputError(`input '${spec.name}' is a scalar; fit() needs a leading sample axis`)
+      const col = readInput(spec, data[spec.name], this._p.variables, { leading: true, what: `fit data '${spec.name}'` })
+      if (count === null) count = col.rows
+      else if (col.rows !== count) throw new ModelInputError(`fit data '${spec.name}' has ${col.rows} samples, others have ${count}`)
+      columns.set(spec, col)
+    }
+    const bs = batchSize === undefined || batchSize === null ? count : batchSize
+    if (!Number.isInteger(bs) || bs < 1) throw new ModelError(`batchSize must be a positive integer, got ${batchSize}`)
+    this._admits(specs, bs, 'batchSize')
+    const full = Math.floor(count / bs)
+    const rest0 = count - full * bs
+    const batches = []
+    for (let i = 0; i < full; i++) batches.push([i * bs, bs])
+    if (rest0) {
+      if (!remainder) throw new ModelInputError(`${count} samples do not split into batches of ${bs}: the last batch would have ${rest0}. Pass remainder: 'drop' to skip it or remainder: 'keep' to run it smaller`)
+      if (remainder === 'keep') {
+        this._admits(specs, rest0, "the final batch (remainder: 'keep')")
+        batches.push([full * bs, rest0])
+      }
+    }
+    this._configure(rest)
+    const e = this._p.entries.loss
+    const losses = []
+    for (let ep = 0; ep < epochs; ep++) {
+      for (const [start, size] of batches) {
+        const feeds = new Map()
+        for (const [spec, col] of columns) {
+          const from = start * col.perRow
+          const n = size * col.perRow
+          feeds.set(e.inputs[spec.name], ArrayBuffer.isView(col.values) ? col.values.subarray(from, from + n) : col.values.slice(from, from + n))
+        }
+        const env = new Map([...this._p.variables.keys()].map((v) => [v, size]))
+        const loss = this._step(feeds, env)
+        losses.push(loss)
+        if (onStep) onStep(loss, losses.length - 1)
+      }
+    }
+    return losses
+  }
+
+  _admits (specs, n, what) {
+    for (const spec of specs) {
+      const d = spec.shape[0]
+      if (typeof d === 'string') {
+        const [lo, hi] = this._p.variables.get(d)
+        if (n < lo || n > hi) throw new ModelInputError(`${what} ${n} is outside Variable '${d}' bounds ${lo}..${hi} of input '${spec.name}'`)
+      } else if (d !== n) {
+        throw new ModelInputError(`${what} ${n} does not fit input '${spec.name}', whose leading dimension is fixed at ${d}; use batchSize: ${d} or save the model with a Variable batch dimension`)
+      }
+    }
+  }
+
+  // ---- saving
+  /** The bundle bytes (Uint8Array) of the model as it is now: Python's Model.load reads them. */
+  save () {
+    this._alive()
+    const x = this._x
+    const u8 = x.bytes()
+    const { manifest, blobs } = writeManifest(this._p, (s) => u8.slice(s.base, s.base + s.size * s.dtype.size), `polygrad-js ${VERSION}`)
+    return bundle.write(manifest, blobs)
+  }
+
+  /** Release the model's memory and compiled code; later calls raise ModelError. Idempotent. */
+  dispose () {
+    if (this._disposed) return
+    this._disposed = true
+    this._x = null
+    this._p = null
+  }
+
+  toString () {
+    if (this._disposed) return '<Model disposed>'
+    return `<Model (${this._p.inputs.map((s) => `${s.name}[${s.shape.join(', ')}]`).join(', ')}) -> (${this._p.outputs.map((s) => s.name).join(', ')})>`
+  }
+}
+
+const HYPER_NAMES = { weightDecay: 'weight_decay' }
+
+function splitOptions (opts) {
+  if (opts === null || typeof opts !== 'object') throw new ModelError('options must be an object')
+  const { optimizer, lr, ...hyper } = opts
+  const out = {}
+  for (const [k, v] of Object.entries(hyper)) if (v !== undefined) out[HYPER_NAMES[k] || k] = v
+  if (lr !== undefined && typeof lr !== 'number') throw new ModelError(`lr must be a number, got ${typeof lr}`)
+  return { optimizer, lr, hyper: out }
+}
+
+function summaryText (s) {
+  const sig = (rows) => rows.map((r) => `${r.name}: ${r.dtype}[${r.shape.join(', ')}]`).join(', ') || '-'
+  const lines = [`Model (${s.backend})`, `  inputs:      ${sig(s.inputs)}`, `  targets:     ${sig(s.targets)}`,
+    `  outputs:     ${sig(s.outputs)}`, `  entrypoints: ${s.entrypoints.join(', ')}`,
+    `  parameters:  ${s.parameterCount.toLocaleString('en-US')} in ${s.parameters.length} tensors`]
+  for (const p of [...s.parameters, ...s.state]) lines.push(`    ${p.name.padEnd(32)} ${p.dtype.padEnd(9)} ${('[' + p.shape.join(', ') + ']').padEnd(18)} ${String(p.count).padStart(10)}`)
+  lines.push('  bytes:       ' + Object.entries(s.bytes).filter(([, v]) => v).map(([k, v]) => `${k} ${v.toLocaleString('en-US')}`).join(', '))
+  if (s.optimizer) lines.push(`  optimizer:   ${JSON.stringify(s.optimizer)}`)
+  return lines.join('\n')
+}
+
+module.exports = { Model, PolygradError, VERSION, STORED }

@@ -1,0 +1,328 @@
+'use strict'
+/**
+ * Execution of a Program: one linear memory holding every buffer, the kernels compiled per call site,
+ * entrypoints run as lists of steps.
+ *
+ * Stage: execution. Input: a Program (manifest.js). Output: an Executor with run(entry, env).
+ * - Memory plan (`planMemory`): persistent buffers (everything but temporaries) get their own 64-byte
+ *   aligned region; temporaries share space when no entrypoint has both alive at once (first-fit over
+ *   their live call ranges). The memory is sized once, at load; calls never allocate. (Configuring a new
+ *   optimizer appends its state and grows the memory once, before the first step.)
+ * - Compilation (`compileSites`): each distinct (kernel, buffers) call is lowered (compile.js) and emitted
+ *   into one WebAssembly module (wasm/module.js) whose functions have their buffers' addresses baked in;
+ *   or, with backend 'js' or without wasm SIMD, compiled to closures (jsexec.js).
+ */
+
+const { KernelError } = require('./errors')
+const { lowerKernel, prepareKernel } = require('./compile')
+const { chooseOpts } = require('./lower')
+const { validateKernel } = require('./manifest')
+const { buildModule, importObject, simdSupported } = require('./wasm/module')
+const { JSKernel } = require('./jsexec')
+
+const ALIGN = 64
+const PAGE = 65536
+const up = (n, a = ALIGN) => Math.ceil(n / a) * a
+
+function nbytes (s) {
+  return Math.max(s.size * s.dtype.size, 1)
+}
+
+/** Assign `slot.base` (a byte address) to every slot; returns the bytes used. */
+function planMemory (prog, start = ALIGN) {
+  let pos = start
+  for (const s of prog.slots) {
+    if (s.role === 'temporary' || s.base !== undefined) continue
+    s.base = pos
+    pos = up(pos + nbytes(s))
+  }
+  const temps = prog.slots.filter((s) => s.role === 'temporary' && s.base === undefined)
+  const live = new Map(temps.map((t) => [t, []]))
+  for (const e of Object.values(prog.entries)) {
+    e.calls.forEach((c, i) => {
+      for (const s of c.copy || c.args) {
+        const iv = live.get(s)
+        if (!iv) continue
+        const last = iv.find((v) => v.entry === e)
+        if (last) last.hi = i
+        else iv.push({ entry: e, lo: i, hi: i })
+      }
+    })
+  }
+  const conflict = (a, b) => live.get(a).some((x) => live.get(b).some((y) => x.entry === y.entry && x.lo <= y.hi && y.lo <= x.hi))
+  const placed = []
+  const arena = pos
+  let top = pos
+  for (const t of temps.sort((a, b) => nbytes(b) - nbytes(a))) {
+    const busy = placed.filter((p) => conflict(p, t)).map((p) => [p.base, p.base + up(nbytes(p))]).sort((a, b) => a[0] - b[0])
+    let at = arena
+    for (const [lo, hi] of busy) {
+      if (at + nbytes(t) <= lo) break
+      at = Math.max(at, hi)
+    }
+    t.base = at
+    placed.push(t)
+    top = Math.max(top, up(at + nbytes(t)))
+  }
+  return top
+}
+
+/** A WebAssembly.Memory of at least `bytes` bytes (grown if it exists). */
+function ensureMemory (memory, bytes) {
+  const pages = Math.ceil(bytes / PAGE) + 1
+  if (!memory) return new WebAssembly.Memory({ initial: pages })
+  const have = memory.buffer.byteLength / PAGE
+  if (have < pages) memory.grow(pages - have)
+  return memory
+}
+
+class Executor {
+  constructor (prog, { backend = 'auto', memory = null, verify = false } = {}) {
+    this.verify = verify
+    this.prog = prog
+    this.backend = backend === 'auto' ? (simdSupported() ? 'wasm' : 'js') : backend
+    this.width = this.backend === 'wasm' ? 4 : 1
+    this.lowered = new Map() // kernel UOp -> program
+    this.prepared = new Map() // kernel UOp -> prepareKernel's result
+    this.bytesUsed = planMemory(prog)
+    this.scratchBase = this.bytesUsed
+    this.scratchSize = 0
+    this.memory = ensureMemory(memory, this.bytesUsed)
+    this.entries = {}
+    this.stats = { kernels: 0, checks: 0, sites: 0 }
+  }
+
+  prepare1 (ast) {
+    let p = this.prepared.get(ast)
+    if (!p) {
+      p = prepareKernel(this.prog.graph, ast)
+      this.prepared.set(ast, p)
+    }
+    return p
+  }
+
+  /** Bytes of scratch the kernels of `names` need at once (fission prologues; shared by all kernels). */
+  scratchBytes (names) {
+    let most = 0
+    for (const n of names) {
+      for (const c of this.prog.entries[n].calls) {
+        if (c.copy) continue
+        const need = this.prepare1(this.prog.kernels[c.kernel]).scratch.reduce((a, s) => a + up(s.size * s.dtype.size), 0)
+        most = Math.max(most, need)
+      }
+    }
+    return most
+  }
+
+  lower (k) {
+    const ast = this.prog.kernels[k]
+    let p = this.lowered.get(ast)
+    if (!p) {
+      validateKernel(this.prog, k)
+      const prepared = this.prepare1(ast)
+      const opts = chooseOpts(prepared.ast, this.width)
+      p = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts, verify: this.verify })
+      p.scratch = prepared.scratch
+      p.kernelIndex = k
+      // a row tile over a Variable's size recomputes the clamped last rows: below the tile's height a
+      // variant without that tile runs instead (batch 1 does one row of work, not four)
+      const sym = opts.filter((o) => o.kind === 'UPCAST' && o.range.src[0].op === 'DEFINE_VAR')
+      if (sym.length === 1) {
+        // one row at a time streams the weights: more columns per tile (more loads in flight per row)
+        const small = opts.filter((o) => o !== sym[0]).map((o) => {
+          if (o.kind !== 'UPCAST' || !opts.some((q) => q.kind === 'SPLIT_REDUCE') || o.range.src[0].op !== 'CONST') return o
+          const n = Number(o.range.src[0].arg)
+          return Object.assign({}, o, { amount: [8, 4, 2].find((a) => n % a === 0) || o.amount })
+        })
+        p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: small, verify: this.verify })
+        p.small.scratch = prepared.scratch
+        p.smallVar = sym[0].range.src[0].arg[0]
+        p.smallBelow = sym[0].amount
+      }
+      this.lowered.set(ast, p)
+    }
+    return p
+  }
+
+  siteKey (c) {
+    return this.prog.kernels[c.kernel].id + ':' + c.args.map((s) => s.base).join(',')
+  }
+
+  /** Place slots added since load (a new optimizer's state), grow the memory once, write their values. */
+  extend () {
+    this.bytesUsed = planMemory(this.prog, this.bytesUsed)
+    this.memory = ensureMemory(this.memory, this.bytesUsed)
+    for (const s of this.prog.slots) {
+      if (s.init) {
+        this.view(s.dtype).set(s.init, s.base / s.dtype.size)
+        s.init = null
+      }
+    }
+  }
+
+  /** The call sites of `names` not compiled yet, as {key, call} (one per distinct kernel and buffers). */
+  pendingSites (names) {
+    const sites = new Map()
+    for (const n of names) {
+      for (const c of this.prog.entries[n].calls) {
+        if (c.copy) continue
+        const key = this.siteKey(c)
+        if (!this.siteFns || !this.siteFns.has(key)) sites.set(key, c)
+      }
+    }
+    return sites
+  }
+
+  /** {bytes, sites} of a module for the pending call sites of `names` (null when none are pending). */
+  prepare (names) {
+    const pending = this.pendingSites(names)
+    if (!pending.size) return null
+    // scratch for split-off prologues: reserved when the kernels that need it are first compiled (sites
+    // already compiled keep the region they were given; it is never reused for anything else)
+    const need = this.scratchBytes(names)
+    if (need > this.scratchSize) {
+      this.scratchBase = this.bytesUsed
+      this.scratchSize = need
+      this.bytesUsed += need
+      this.memory = ensureMemory(this.memory, this.bytesUsed)
+    }
+    const sites = []
+    const keys = []
+    for (const [key, c] of pending) {
+      const prog = this.lower(c.kernel)
+      const layout = new Map(c.args.map((s, i) => [i, { base: s.base, size: s.size }]))
+      let at = this.scratchBase
+      for (const s of prog.scratch) {
+        layout.set(s.slot, { base: at, size: s.size })
+        at += up(s.size * s.dtype.size)
+      }
+      sites.push({ prog, layout, call: c })
+      keys.push(key)
+      if (prog.small) {
+        sites.push({ prog: prog.small, layout, call: c })
+        keys.push(key + '|small')
+      }
+    }
+    if (this.backend !== 'wasm') return { bytes: null, sites, keys }
+    return { bytes: buildModule(sites, this.memory.buffer.byteLength / PAGE), sites, keys }
+  }
+
+  /** Bind the functions of a prepared module (instance: a WebAssembly.Instance, or null for js). */
+  bind (prepared, instance) {
+    if (!this.siteFns) this.siteFns = new Map()
+    prepared.sites.forEach((site, i) => {
+      let fn
+      if (instance) {
+        fn = instance.exports[`k${i}`]
+      } else {
+        const kern = new JSKernel(site.prog)
+        const params = site.prog.params
+        fn = (...vals) => {
+          const vars = {}
+          site.prog.vars.forEach((n, j) => { vars[n] = vals[j] })
+          const bufs = {}
+          for (const p of params) {
+            const L = site.layout.get(p.slot)
+            bufs[p.slot] = { view: this.view(p.dtype), start: L.base / p.dtype.size, size: L.size }
+          }
+          kern.run(bufs, vars)
+        }
+      }
+      this.siteFns.set(prepared.keys[i], { fn, prog: site.prog })
+      this.stats.sites++
+      this.stats.checks += countChecks(site.prog)
+    })
+  }
+
+  /** Compile what `names` need, synchronously (Node; small modules in browsers). */
+  compileSync (names) {
+    const prepared = this.prepare(names)
+    if (prepared) {
+      const instance = prepared.bytes ? new WebAssembly.Instance(new WebAssembly.Module(prepared.bytes), importObject(this.memory)) : null
+      this.bind(prepared, instance)
+    }
+    this.link(names)
+  }
+
+  /** Compile what `names` need, asynchronously (browsers). */
+  async compileAsync (names) {
+    const prepared = this.prepare(names)
+    if (prepared) {
+      let instance = null
+      if (prepared.bytes) {
+        const mod = await WebAssembly.compile(prepared.bytes)
+        instance = await WebAssembly.instantiate(mod, importObject(this.memory))
+      }
+      this.bind(prepared, instance)
+    }
+    this.link(names)
+  }
+
+  link (names) {
+    for (const n of names) {
+      this.entries[n] = this.prog.entries[n].calls.map((c) => {
+        if (c.copy) {
+          const [dst, src] = c.copy
+          return { copy: true, dst: dst.base, src: src.base, n: Math.min(dst.size, src.size) * src.dtype.size }
+        }
+        const site = this.siteFns.get(this.siteKey(c))
+        const step = { copy: false, fn: site.fn, vars: site.prog.vars, name: site.prog.name, small: null }
+        const small = this.siteFns.get(this.siteKey(c) + '|small')
+        if (small) Object.assign(step, { small: small.fn, smallVars: small.prog.vars, smallVar: site.prog.smallVar, smallBelow: site.prog.smallBelow })
+        return step
+      })
+    }
+  }
+
+  view (dtype) {
+    if (!this.views || this.views.buffer !== this.memory.buffer) this.views = { buffer: this.memory.buffer }
+    let v = this.views[dtype.name]
+    if (!v) v = this.views[dtype.name] = new dtype.store(this.memory.buffer)
+    return v
+  }
+
+  bytes () {
+    return new Uint8Array(this.memory.buffer)
+  }
+
+  /** Run entrypoint `name` with Variable values `env` (a Map name -> int). */
+  run (name, env) {
+    const steps = this.entries[name]
+    if (!steps) throw new KernelError(`internal: entrypoint ${name} is not compiled`)
+    let u8 = null
+    for (const st of steps) {
+      if (st.copy) {
+        if (!u8) u8 = this.bytes()
+        u8.copyWithin(st.dst, st.src, st.src + st.n)
+        continue
+      }
+      try {
+        if (st.small !== null && env.get(st.smallVar) < st.smallBelow) st.small(...st.smallVars.map((v) => env.get(v)))
+        else if (st.vars.length === 0) st.fn()
+        else st.fn(...st.vars.map((v) => env.get(v)))
+      } catch (e) {
+        if (e instanceof WebAssembly.RuntimeError) {
+          throw new KernelError(`kernel ${st.name} stopped: ${e.message} (an access outside its buffers was caught; the bundle's kernel is malformed)`)
+        }
+        throw e
+      }
+      this.stats.kernels++
+    }
+  }
+}
+
+function countChecks (prog) {
+  let n = 0
+  const walk = (insts) => {
+    for (const x of insts) {
+      if ((x.k === 'load' || x.k === 'store') && x.check) n++
+      if (x.k === 'loop') { walk(x.pre); walk(x.body) }
+      if (x.k === 'if') walk(x.body)
+    }
+  }
+  walk(prog.head)
+  walk(prog.body)
+  return n
+}
+
+module.exports = { Executor, planMemory, ensureMemory }

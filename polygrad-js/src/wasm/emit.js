@@ -1,0 +1,749 @@
+'use strict'
+/**
+ * The WebAssembly emitter: a linearized kernel (linearize.js) -> one wasm function body with 128-bit SIMD.
+ *
+ * Stage: emitting. Input: a Program and the call's buffer layout (each parameter's byte address in linear
+ * memory and its capacity in elements). Buffers never move after load, so their addresses are memarg
+ * offsets baked into the code (one function per call site) and the function's parameters are only the
+ * Variables' values (i32). Output: {params, locals, body} for encode.moduleBytes.
+ *
+ * Values live in locals (one per instruction; the engine's register allocator takes it from there):
+ * floats of 16 bits as float32 rounded to their format, 8/16-bit integers as canonical i32 (sign- or
+ * zero-extended), bool as i32 0/1, a value with lanes as v128 (bool lanes as i32x4 masks 0/-1).
+ * Semantics follow docs/kernel-ir.md exactly: no contraction (mul and add stay separate), NaN-propagating
+ * MAX as a select, integer division by zero dividing by 1 (and INT_MIN / -1 wrapping instead of trapping),
+ * float-to-int conversions saturating instead of trapping. A load or store the validator could not prove
+ * in bounds gets an explicit check that traps (`unreachable`), which the runtime reports as KernelError.
+ */
+
+const { Code, T } = require('./encode')
+const { KernelError } = require('../errors')
+const { roundFloat } = require('../dtypes')
+
+const SCALAR = (d) => (d.wasm === 'i32' ? T.i32 : d.wasm === 'i64' ? T.i64 : d.wasm === 'f32' ? T.f32 : T.f64)
+const LOG2 = { 1: 0, 2: 1, 4: 2, 8: 3 }
+
+// scalar load/store opcodes by dtype name
+const LOAD = { bool: 0x2d, int8: 0x2c, uint8: 0x2d, int16: 0x2e, uint16: 0x2f, float16: 0x2f, bfloat16: 0x2f, int32: 0x28, uint32: 0x28, int64: 0x29, uint64: 0x29, float32: 0x2a, float64: 0x2b }
+const STORE = { bool: 0x3a, int8: 0x3a, uint8: 0x3a, int16: 0x3b, uint16: 0x3b, float16: 0x3b, bfloat16: 0x3b, int32: 0x36, uint32: 0x36, int64: 0x37, uint64: 0x37, float32: 0x38, float64: 0x39 }
+
+class KernelEmitter {
+  /**
+   * layout: Map slot -> {base (bytes), size (elements)}; helpers: {h2f, f2h, ...} function indices;
+   * imports: {fmod, pow, fma32, fma64} function indices.
+   */
+  constructor (prog, layout, helpers, imports) {
+    this.prog = prog
+    this.layout = layout
+    this.h = helpers
+    this.imp = imports
+    this.c = new Code()
+    this.params = prog.vars.map(() => T.i32)
+    this.locals = []
+    this.val = new Map() // inst id -> {local} | {konst: fn(code)}
+    this.addrOf = new Map() // index inst id -> {local, size}: a strength-reduced byte address (see loop)
+  }
+
+  newLocal (t) {
+    this.locals.push(t)
+    return this.params.length + this.locals.length - 1
+  }
+
+  typeOf (x) {
+    return x.lanes > 1 ? T.v128 : SCALAR(x.dtype)
+  }
+
+  push (x) {
+    const v = this.val.get(x.id)
+    if (v === undefined) throw new KernelError(`internal: value ${x.k} #${x.id} used before it is defined`)
+    if (v.konst) v.konst(this.c)
+    else this.c.get(v.local)
+    return this.c
+  }
+
+  define (x) {
+    // the value on the stack becomes x's local
+    const l = this.newLocal(this.typeOf(x))
+    this.c.set(l)
+    this.val.set(x.id, { local: l })
+    return l
+  }
+
+  // ---- constants
+  scalarConst (d, v) {
+    if (d.isBool) return (c) => c.i32(v ? 1 : 0)
+    if (d.isFloat) {
+      const r = roundFloat(Number(v), d)
+      return d.wasm === 'f64' ? (c) => c.f64c(r) : (c) => c.f32c(r)
+    }
+    if (d.wasm === 'i64') return (c) => c.i64(BigInt(v))
+    const n = Number(v) | 0
+    return (c) => c.i32(n)
+  }
+
+  laneBytes (d, values) {
+    const buf = new ArrayBuffer(16)
+    const dv = new DataView(buf)
+    values.forEach((v, i) => {
+      if (d.isBool) dv.setInt32(i * 4, v ? -1 : 0, true)
+      else if (d.isFloat) dv.setFloat32(i * 4, roundFloat(Number(v), d), true)
+      else dv.setInt32(i * 4, Number(v) | 0, true)
+    })
+    return new Uint8Array(buf)
+  }
+
+  emitConst (x) {
+    if (x.lanes === 1) {
+      this.val.set(x.id, { konst: this.scalarConst(x.dtype, x.value) })
+      return
+    }
+    const bytes = this.laneBytes(x.dtype, x.value)
+    this.val.set(x.id, { konst: (c) => c.v128const(bytes) })
+  }
+
+  // ---- addresses
+  buf (slot) {
+    const b = this.layout.get(slot)
+    if (!b) throw new KernelError(`internal: no buffer bound to parameter ${slot}`)
+    return b
+  }
+
+  /** push the byte address (without the base) of element idx of a buffer of dtype d */
+  /** Push the byte address of element idx (without the buffer's base); returns a constant byte offset
+   * the access adds to its memarg offset (non-zero for a strength-reduced address). */
+  address (idx, d) {
+    const reduced = this.addrOf.get(idx.id)
+    if (reduced !== undefined && reduced.size === d.size) {
+      this.c.get(reduced.local)
+      return reduced.offset
+    }
+    this.push(idx)
+    if (idx.dtype.wasm === 'i64') this.c.op(0xa7) // i32.wrap_i64 (the validator bounds it)
+    const s = LOG2[d.size]
+    if (s) this.c.i32(s).op(0x74)
+    return 0
+  }
+
+  boundsCheck (idx, slot, lanes) {
+    const b = this.buf(slot)
+    const limit = b.size - lanes + 1
+    this.push(idx)
+    if (idx.dtype.wasm === 'i64') {
+      this.c.i64(limit).op(0x5a) // i64.ge_u
+    } else {
+      this.c.i32(limit).op(0x4f) // i32.ge_u
+    }
+    if (limit <= 0) this.c.op(0x1a).i32(1) // an empty buffer: every access is out of bounds
+    this.c.byte(0x04, 0x40, 0x00, 0x0b) // if unreachable end
+  }
+
+  // ---- loads and stores
+  emitLoad (x) {
+    if (!this.uses.get(x.id) && !x.check) return // only broadcast loads read it (v128.load32_splat)
+    const d = x.dtype
+    const b = this.buf(x.buf)
+    if (x.check) {
+      if (x.gate && x.gate.lanes === 1) {
+        // a gated load is only checked where its gate is on
+        this.push(x.gate).byte(0x04, 0x40)
+        this.boundsCheck(x.idx, x.buf, x.mode === 'contiguous' ? x.lanes : 1)
+        this.c.byte(0x0b)
+      } else if (!x.gate && x.mode !== 'gather') {
+        this.boundsCheck(x.idx, x.buf, x.mode === 'contiguous' ? x.lanes : 1)
+      }
+    }
+    if (x.lanes === 1) {
+      if (x.gate) {
+        // address 0 where the gate is off (the element is not read), then 0 as the value
+        const extra = this.address(x.idx, d)
+        if (extra) this.c.i32(extra).op(0x6a)
+        this.c.i32(0)
+        this.push(x.gate).op(0x1b)
+        this.loadScalar(d, b.base)
+        this.scalarConst(d, 0)(this.c)
+        this.push(x.gate).op(0x1b)
+      } else {
+        this.loadScalar(d, b.base + this.address(x.idx, d))
+      }
+      return this.define(x)
+    }
+    if (x.mode === 'contiguous' && (!x.gate || x.gate.lanes === 1)) {
+      if (x.gate) {
+        const extra = this.address(x.idx, d)
+        if (extra) this.c.i32(extra).op(0x6a)
+        this.c.i32(0)
+        this.push(x.gate).op(0x1b)
+        this.c.vmem(0x00, 0, b.base)
+        this.c.v128const(new Uint8Array(16))
+        this.push(x.gate).byte(0x1c, 0x01, T.v128)
+      } else {
+        const extra = this.address(x.idx, d)
+        this.c.vmem(0x00, 0, b.base + extra)
+      }
+      return this.define(x)
+    }
+    // a gather (or a contiguous load with lane gates): lane by lane
+    const out = this.newLocal(T.v128)
+    this.c.v128const(new Uint8Array(16)).set(out)
+    for (let lane = 0; lane < x.lanes; lane++) {
+      const gated = !!x.gate
+      if (gated) this.laneOf(x.gate, lane, true).byte(0x04, 0x40)
+      if (x.check) {
+        this.laneIdx(x, lane)
+        this.c.i32(b.size).op(0x4f).byte(0x04, 0x40, 0x00, 0x0b)
+      }
+      this.c.get(out)
+      this.laneIdx(x, lane)
+      const s = LOG2[d.size]
+      if (s) this.c.i32(s).op(0x74)
+      this.loadScalar(d, b.base)
+      this.c.simd(d.isFloat ? 0x20 : 0x1c).byte(lane) // replace_lane
+      this.c.set(out)
+      if (gated) this.c.byte(0x0b)
+    }
+    this.val.set(x.id, { local: out })
+    return out
+  }
+
+  laneIdx (x, lane) {
+    // the element index of a lane of an access: idx + lane (contiguous) or lane `lane` of idx (gather)
+    if (x.mode === 'contiguous') {
+      this.push(x.idx)
+      if (x.idx.dtype.wasm === 'i64') this.c.op(0xa7)
+      if (lane) this.c.i32(lane).op(0x6a)
+    } else {
+      this.push(x.idx).simd(0x1b).byte(lane)
+    }
+  }
+
+  laneOf (v, lane, asBool) {
+    // push lane `lane` of vector v as a scalar (bool lanes: 0/1 when asBool)
+    this.push(v)
+    const d = v.dtype
+    if (d.isBool) {
+      this.c.simd(0x1b).byte(lane)
+      if (asBool) this.c.i32(0).op(0x47)
+    } else {
+      this.c.simd(d.isFloat ? 0x1f : 0x1b).byte(lane)
+    }
+    return this.c
+  }
+
+  loadScalar (d, base) {
+    this.c.mem(LOAD[d.name], LOG2[d.size], base)
+    if (d.name === 'float16') this.call(this.h.h2f)
+    else if (d.name === 'bfloat16') this.call(this.h.b2f)
+    else if (d.isBool) this.c.i32(0).op(0x47) // bytes other than 0/1 still read as a bool
+  }
+
+  storeScalar (d, base) {
+    if (d.name === 'float16') this.call(this.h.f2h)
+    else if (d.name === 'bfloat16') this.call(this.h.f2b)
+    this.c.mem(STORE[d.name], LOG2[d.size], base)
+  }
+
+  call (f) {
+    this.c.byte(0x10).u32(f)
+  }
+
+  emitStore (x) {
+    const d = x.dtype
+    const b = this.buf(x.buf)
+    const v = x.src[0]
+    if (x.lanes === 1) {
+      if (x.check) this.boundsCheck(x.idx, x.buf, 1)
+      const extra = this.address(x.idx, d)
+      this.push(v)
+      this.storeScalar(d, b.base + extra)
+      return
+    }
+    if (x.mode === 'contiguous' && !x.gate) {
+      if (x.check) this.boundsCheck(x.idx, x.buf, x.lanes)
+      const extra = this.address(x.idx, d)
+      this.push(v)
+      this.c.vmem(0x0b, 0, b.base + extra)
+      return
+    }
+    for (let lane = 0; lane < x.lanes; lane++) {
+      if (x.gate) this.laneOf(x.gate, lane, true).byte(0x04, 0x40)
+      if (x.check) {
+        this.laneIdx(x, lane)
+        this.c.i32(b.size).op(0x4f).byte(0x04, 0x40, 0x00, 0x0b)
+      }
+      this.laneIdx(x, lane)
+      const s = LOG2[d.size]
+      if (s) this.c.i32(s).op(0x74)
+      this.laneOf(v, lane, true)
+      this.storeScalar(d, b.base)
+      if (x.gate) this.c.byte(0x0b)
+    }
+  }
+
+  // ---- arithmetic
+  emitBcast (x) {
+    const s = x.src[0]
+    const d = x.dtype
+    if (this.splattable(x)) {
+      const extra = this.address(s.idx, d)
+      this.c.vmem(0x09, 2, this.buf(s.buf).base + extra) // v128.load32_splat
+      return this.define(x)
+    }
+    if (d.isBool) {
+      this.c.i32(0)
+      this.push(s)
+      this.c.op(0x6b).simd(0x11)
+    } else {
+      this.push(s)
+      this.c.simd(d.isFloat ? 0x13 : 0x11)
+    }
+    return this.define(x)
+  }
+
+  emitAlu (x) {
+    if (x.lanes > 1) this.vectorAlu(x.op, x.dtype, x.src[0].dtype, x.src)
+    else this.scalarAlu(x.op, x.dtype, x.src[0].dtype, x.src)
+    return this.define(x)
+  }
+
+  roundHalf (d) {
+    if (d.name === 'float16') this.call(this.h.roundH)
+    else if (d.name === 'bfloat16') this.call(this.h.roundB)
+  }
+
+  wrapNarrow (d) {
+    if (d.isBool || d.bits >= 32) return
+    if (d.isUnsigned) this.c.i32(d.bits === 8 ? 0xff : 0xffff).op(0x71)
+    else this.c.op(d.bits === 8 ? 0xc0 : 0xc1)
+  }
+
+  scalarAlu (op, d, s, src) {
+    const c = this.c
+    const P = (i) => this.push(src[i])
+    if (op === 'CAST') return this.cast(s, d, () => P(0))
+    if (op === 'BITCAST') return this.bitcast(s, d, () => P(0))
+    if (op === 'WHERE') {
+      P(1); P(2); P(0)
+      c.op(0x1b)
+      return
+    }
+    const t = s.wasm
+    if (op === 'CMPLT' || op === 'CMPLE' || op === 'CMPNE' || op === 'CMPEQ') {
+      P(0); P(1)
+      const u = s.isUnsigned || s.isBool
+      const codes = {
+        i32: { CMPLT: u ? 0x49 : 0x48, CMPLE: u ? 0x4d : 0x4c, CMPNE: 0x47, CMPEQ: 0x46 },
+        i64: { CMPLT: u ? 0x54 : 0x53, CMPLE: u ? 0x58 : 0x57, CMPNE: 0x52, CMPEQ: 0x51 },
+        f32: { CMPLT: 0x5d, CMPLE: 0x5f, CMPNE: 0x5c, CMPEQ: 0x5b },
+        f64: { CMPLT: 0x63, CMPLE: 0x65, CMPNE: 0x62, CMPEQ: 0x61 }
+      }
+      c.op(codes[t][op])
+      return
+    }
+    if (d.isBool) {
+      switch (op) {
+        case 'ADD': case 'OR': case 'MAX': P(0); P(1); c.op(0x72); return
+        case 'MUL': case 'AND': P(0); P(1); c.op(0x71); return
+        case 'XOR': P(0); P(1); c.op(0x73); return
+        case 'NEG': P(0); c.op(0x45); return
+        case 'TRUNC': P(0); return
+      }
+      throw new KernelError(`no rule for ${op} on bool`)
+    }
+    if (d.isFloat) {
+      const w = d.wasm === 'f64'
+      switch (op) {
+        case 'ADD': P(0); P(1); c.op(w ? 0xa0 : 0x92); break
+        case 'MUL': P(0); P(1); c.op(w ? 0xa2 : 0x94); break
+        case 'FDIV': P(0); P(1); c.op(w ? 0xa3 : 0x95); break
+        case 'NEG': P(0); c.op(w ? 0x9a : 0x8c); return
+        case 'SQRT': P(0); c.op(w ? 0x9f : 0x91); break
+        case 'TRUNC': P(0); c.op(w ? 0x9d : 0x8f); return
+        case 'RECIPROCAL': if (w) c.f64c(1); else c.f32c(1); P(0); c.op(w ? 0xa3 : 0x95); break
+        case 'MAX':
+          // (a != a || a > b) ? a : b
+          P(0); P(1); P(0); P(0); c.op(w ? 0x62 : 0x5c); P(0); P(1); c.op(w ? 0x64 : 0x5e); c.op(0x72).op(0x1b)
+          return
+        case 'MOD': case 'POW': {
+          const f = op === 'MOD' ? this.imp.fmod : this.imp.pow
+          P(0); if (!w) c.op(0xbb); P(1); if (!w) c.op(0xbb)
+          this.call(f)
+          if (!w) c.op(0xb6)
+          break
+        }
+        case 'FMA':
+          for (let i = 0; i < 3; i++) { P(i); if (!w) c.op(0xbb) }
+          this.call(w ? this.imp.fma64 : this.imp.fma32)
+          if (!w) c.op(0xb6)
+          break
+        default:
+          throw new KernelError(`no rule for ${op} on ${d.name}`)
+      }
+      this.roundHalf(d)
+      return
+    }
+    const w = d.wasm === 'i64'
+    const u = d.isUnsigned
+    const I = (a, b) => (w ? b : a)
+    const one = () => (w ? c.i64(1) : c.i32(1))
+    const zero = () => (w ? c.i64(0) : c.i32(0))
+    switch (op) {
+      case 'ADD': P(0); P(1); c.op(I(0x6a, 0x7c)); break
+      case 'MUL': P(0); P(1); c.op(I(0x6c, 0x7e)); break
+      case 'NEG': zero(); P(0); c.op(I(0x6b, 0x7d)); break
+      case 'AND': P(0); P(1); c.op(I(0x71, 0x83)); return
+      case 'OR': P(0); P(1); c.op(I(0x72, 0x84)); return
+      case 'XOR': P(0); P(1); c.op(I(0x73, 0x85)); return
+      case 'SHL': P(0); P(1); c.op(I(0x74, 0x86)); break
+      case 'SHR': P(0); P(1); c.op(u ? I(0x76, 0x88) : I(0x75, 0x87)); return
+      case 'TRUNC': P(0); return
+      case 'MAX': P(0); P(1); P(0); P(1); c.op(u ? I(0x4b, 0x56) : I(0x4a, 0x55)).op(0x1b); return
+      case 'FMA': P(0); P(1); c.op(I(0x6c, 0x7e)); P(2); c.op(I(0x6a, 0x7c)); break
+      case 'IDIV': case 'MOD': {
+        // divisor 0 -> 1; a signed quotient by -1 is the negation (no INT_MIN / -1 trap)
+        const eq = I(0x46, 0x51)
+        const minus1 = () => (w ? c.i64(-1) : c.i32(-1))
+        const divisor = (signedDiv) => {
+          one(); P(1); P(1); zero(); c.op(eq)
+          if (signedDiv) { P(1); minus1(); c.op(eq); c.op(0x72) }
+          c.op(0x1b)
+        }
+        if (op === 'IDIV' && !u) {
+          zero(); P(0); c.op(I(0x6b, 0x7d))
+          P(0); divisor(true); c.op(I(0x6d, 0x7f))
+          P(1); minus1(); c.op(eq)
+          c.op(0x1b)
+          break
+        }
+        P(0); divisor(false)
+        c.op(op === 'IDIV' ? I(0x6e, 0x80) : (u ? I(0x70, 0x82) : I(0x6f, 0x81)))
+        break
+      }
+      default:
+        throw new KernelError(`no rule for ${op} on ${d.name}`)
+    }
+    this.wrapNarrow(d)
+  }
+
+  cast (s, d, pushSrc) {
+    const c = this.c
+    pushSrc()
+    if (d.isBool) {
+      if (s.isBool) return
+      if (s.wasm === 'i32') c.i32(0).op(0x47)
+      else if (s.wasm === 'i64') c.i64(0).op(0x52)
+      else if (s.wasm === 'f32') c.f32c(0).op(0x5c)
+      else c.f64c(0).op(0x62)
+      return
+    }
+    if (d.isFloat) {
+      const to64 = d.wasm === 'f64'
+      if (s.isFloat) {
+        if (s.wasm === 'f64' && !to64) c.op(0xb6)
+        else if (s.wasm === 'f32' && to64) c.op(0xbb)
+      } else if (s.wasm === 'i64') {
+        c.op(to64 ? (s.isUnsigned ? 0xba : 0xb9) : (s.isUnsigned ? 0xb5 : 0xb4))
+      } else {
+        const unsigned = s.isUnsigned || s.isBool
+        c.op(to64 ? (unsigned ? 0xb8 : 0xb7) : (unsigned ? 0xb3 : 0xb2))
+      }
+      this.roundHalf(d)
+      return
+    }
+    // to an integer
+    if (s.isFloat) {
+      if (d.wasm === 'i32' && d.bits === 32 && !d.isUnsigned) {
+        c.sat(s.wasm === 'f64' ? 2 : 0) // i32.trunc_sat_fXX_s
+      } else {
+        c.sat(s.wasm === 'f64' ? 6 : 4) // i64.trunc_sat_fXX_s
+        if (d.wasm === 'i32') c.op(0xa7)
+      }
+    } else if (s.wasm === 'i32' && d.wasm === 'i64') {
+      c.op(s.isUnsigned || s.isBool ? 0xad : 0xac)
+    } else if (s.wasm === 'i64' && d.wasm === 'i32') {
+      c.op(0xa7)
+    }
+    this.wrapNarrow(d)
+  }
+
+  bitcast (s, d, pushSrc) {
+    const c = this.c
+    pushSrc()
+    if (s.half) this.call(s.name === 'float16' ? this.h.f2h : this.h.f2b)
+    else if (s.isFloat) c.op(s.wasm === 'f64' ? 0xbd : 0xbc)
+    // now the bits are an integer of the source width
+    if (d.half) {
+      this.call(d.name === 'float16' ? this.h.h2f : this.h.b2f)
+    } else if (d.isFloat) {
+      c.op(d.wasm === 'f64' ? 0xbf : 0xbe)
+    } else {
+      this.wrapNarrow(d)
+    }
+  }
+
+  vectorAlu (op, d, s, src) {
+    const c = this.c
+    const P = (i) => this.push(src[i])
+    if (op === 'WHERE') {
+      const zero = (v) => v.k === 'bcast' && v.src[0].k === 'const' && Object.is(Number(v.src[0].value), 0) && !v.dtype.isBool
+      if (zero(src[1])) { P(2); P(0); c.simd(0x4f); return } // cond ? +0 : x  is  x & ~cond
+      if (zero(src[2])) { P(1); P(0); c.simd(0x4e); return } // cond ? x : +0  is  x & cond
+      P(1); P(2); P(0); c.simd(0x52)
+      return
+    }
+    if (op === 'CAST') {
+      P(0)
+      if (d.isBool) {
+        if (s.isBool) return
+        c.v128const(new Uint8Array(16)).simd(s.isFloat ? 0x42 : 0x38) // ne 0
+        return
+      }
+      if (s.isBool) {
+        c.v128const(this.laneBytes(d.isFloat ? { isBool: false, isFloat: false } : d, [1, 1, 1, 1])).simd(0x4e)
+        if (d.isFloat) c.simd(0xfa)
+        return
+      }
+      if (d.isFloat && !s.isFloat) c.simd(s.isUnsigned ? 0xfb : 0xfa)
+      else if (!d.isFloat && s.isFloat) c.simd(0xf8) // i32x4.trunc_sat_f32x4_s
+      return
+    }
+    if (op === 'BITCAST') {
+      P(0)
+      return
+    }
+    if (op === 'CMPLT' || op === 'CMPLE' || op === 'CMPNE' || op === 'CMPEQ') {
+      if (s.isBool) {
+        if (op === 'CMPLT') { P(1); P(0); c.simd(0x4f); return } // b & ~a
+        if (op === 'CMPLE') { P(0); P(1); c.simd(0x4f).simd(0x4d); return } // ~(a & ~b)
+        P(0); P(1); c.simd(0x51)
+        if (op === 'CMPEQ') c.simd(0x4d)
+        return
+      }
+      P(0); P(1)
+      if (s.isFloat) c.simd({ CMPLT: 0x43, CMPLE: 0x45, CMPNE: 0x42, CMPEQ: 0x41 }[op])
+      else c.simd({ CMPLT: s.isUnsigned ? 0x3a : 0x39, CMPLE: s.isUnsigned ? 0x3e : 0x3d, CMPNE: 0x38, CMPEQ: 0x37 }[op])
+      return
+    }
+    if (d.isBool) {
+      switch (op) {
+        case 'ADD': case 'OR': case 'MAX': P(0); P(1); c.simd(0x50); return
+        case 'MUL': case 'AND': P(0); P(1); c.simd(0x4e); return
+        case 'XOR': P(0); P(1); c.simd(0x51); return
+        case 'NEG': P(0); c.simd(0x4d); return
+      }
+      throw new KernelError(`no lane rule for ${op} on bool`)
+    }
+    if (d.isFloat) {
+      switch (op) {
+        case 'ADD': P(0); P(1); c.simd(0xe4); return
+        case 'MUL': P(0); P(1); c.simd(0xe6); return
+        case 'FDIV': P(0); P(1); c.simd(0xe7); return
+        case 'NEG': P(0); c.simd(0xe1); return
+        case 'SQRT': P(0); c.simd(0xe3); return
+        case 'TRUNC': P(0); c.simd(0x69); return
+        case 'RECIPROCAL': c.v128const(this.laneBytes(d, [1, 1, 1, 1])); P(0); c.simd(0xe7); return
+        case 'MAX':
+          P(0); P(1)
+          P(0); P(0); c.simd(0x42); P(0); P(1); c.simd(0x44); c.simd(0x50)
+          c.simd(0x52)
+          return
+      }
+      throw new KernelError(`no lane rule for ${op} on ${d.name}`)
+    }
+    switch (op) {
+      case 'ADD': P(0); P(1); c.simd(0xae); return
+      case 'MUL': P(0); P(1); c.simd(0xb5); return
+      case 'NEG': P(0); c.simd(0xa1); return
+      case 'AND': P(0); P(1); c.simd(0x4e); return
+      case 'OR': P(0); P(1); c.simd(0x50); return
+      case 'XOR': P(0); P(1); c.simd(0x51); return
+      case 'SHL': P(0); P(1); c.simd(0xab); return
+      case 'SHR': P(0); P(1); c.simd(d.isUnsigned ? 0xad : 0xac); return
+      case 'TRUNC': P(0); return
+      case 'MAX': P(0); P(1); P(0); P(1); c.simd(d.isUnsigned ? 0x3c : 0x3b); c.simd(0x52); return
+    }
+    throw new KernelError(`no lane rule for ${op} on ${d.name}`)
+  }
+
+  // ---- accumulators
+  emitUpdate (x) {
+    const acc = this.val.get(x.acc.id).local
+    const d = x.acc.dtype
+    const v = x.src[0]
+    const accRef = { id: -1 - x.acc.id, dtype: d, lanes: x.acc.lanes, k: 'accref' }
+    this.val.set(accRef.id, { local: acc })
+    if (x.fold) {
+      for (let lane = 0; lane < v.lanes; lane++) {
+        const laneRef = { id: -1000000 - x.id * 8 - lane, dtype: d, lanes: 1 }
+        this.laneOf(v, lane, true)
+        const l = this.newLocal(SCALAR(d))
+        this.c.set(l)
+        this.val.set(laneRef.id, { local: l })
+        this.scalarAlu(x.op, d, d, [accRef, laneRef])
+        this.c.set(acc)
+      }
+      return
+    }
+    if (x.lanes > 1) this.vectorAlu(x.op, d, d, [accRef, v])
+    else this.scalarAlu(x.op, d, d, [accRef, v])
+    this.c.set(acc)
+  }
+
+  // ---- structure
+  block (insts) {
+    for (const x of insts) this.inst(x)
+  }
+
+  inst (x) {
+    const c = this.c
+    switch (x.k) {
+      case 'const': return this.emitConst(x)
+      case 'var': {
+        const i = this.prog.vars.indexOf(x.name)
+        this.val.set(x.id, { local: i })
+        return
+      }
+      case 'bcast': return this.emitBcast(x)
+      case 'alu': return this.emitAlu(x)
+      case 'load': return this.emitLoad(x)
+      case 'store': return this.emitStore(x)
+      case 'acc':
+        this.push(x.src[0])
+        this.define(x)
+        return
+      case 'update': return this.emitUpdate(x)
+      case 'read':
+        this.val.set(x.id, { local: this.val.get(x.acc.id).local })
+        return
+      case 'if':
+        this.push(x.cond)
+        c.byte(0x04, 0x40)
+        this.block(x.body)
+        c.byte(0x0b)
+        return
+      case 'loop': {
+        this.block(x.pre)
+        const wide = x.dtype.wasm === 'i64'
+        const i = this.newLocal(wide ? T.i64 : T.i32)
+        this.val.set(x.id, { local: i })
+        this.push(x.start)
+        c.set(i)
+        const steps = wide ? [] : this.strengthReduce(x)
+        // block { if (i >= end) break; loop { body; i++; if (i < end) continue } }
+        c.byte(0x02, 0x40)
+        c.get(i)
+        this.push(x.end)
+        c.op(wide ? 0x59 : 0x4e).byte(0x0d, 0x00)
+        c.byte(0x03, 0x40)
+        this.block(x.body)
+        for (const [local, step] of steps) c.get(local).i32(step).op(0x6a).set(local)
+        c.get(i)
+        if (wide) c.i64(1).op(0x7c)
+        else c.i32(1).op(0x6a)
+        c.tee(i)
+        this.push(x.end)
+        c.op(wide ? 0x53 : 0x48).byte(0x0d, 0x00)
+        c.byte(0x0b, 0x0b)
+        return
+      }
+      default:
+        throw new KernelError(`the WebAssembly emitter has no rule for ${x.k}`)
+    }
+  }
+
+  /**
+   * Strength reduction: an access in the loop's body whose index is affine in the loop variable
+   * (invariant + i * stride) gets a byte-address local set before the loop and advanced by stride * size
+   * each iteration, instead of a multiply, add and shift per access per iteration. Returns the
+   * [local, byte step] pairs the loop's latch adds.
+   */
+  strengthReduce (loop) {
+    const memo = new Map()
+    const affine = (x) => {
+      if (memo.has(x)) return memo.get(x)
+      let r = null
+      if (x === loop) r = { terms: [], c: 0, s: 1 }
+      else if (x.k === 'const' && x.lanes === 1 && x.dtype === loop.dtype) r = { terms: [], c: Number(x.value), s: 0 }
+      else if (x.k === 'alu' && x.lanes === 1 && x.dtype === loop.dtype && (x.op === 'ADD' || x.op === 'MUL')) {
+        // invariant sums too (row r of a tile is j0 + r: one pointer with offsets for the rows)
+        const [a, b] = x.src.map((v) => (v ? affine(v) : null))
+        if (x.op === 'ADD' && a && b) r = { terms: [...a.terms, ...b.terms], c: a.c + b.c, s: a.s + b.s }
+        else if (x.op === 'MUL' && a && b && (a.terms.length === 0 && a.s === 0)) r = { terms: b.terms.map(([t, k]) => [t, k * a.c]), c: b.c * a.c, s: b.s * a.c }
+        else if (x.op === 'MUL' && a && b && (b.terms.length === 0 && b.s === 0)) r = { terms: a.terms.map(([t, k]) => [t, k * b.c]), c: a.c * b.c, s: a.s * b.c }
+      }
+      if (r === null && x.level < loop.level && x.lanes === 1 && x.dtype === loop.dtype && this.val.has(x.id)) r = { terms: [[x, 1]], c: 0, s: 0 }
+      memo.set(x, r)
+      return r
+    }
+    const steps = []
+    const byKey = new Map()
+    const visit = (insts) => {
+      for (const x of insts) {
+        if (x.k === 'if') visit(x.body)
+        if ((x.k !== 'load' && x.k !== 'store') || x.idx.lanes !== 1 || x.idx.dtype !== loop.dtype || this.addrOf.has(x.idx.id)) continue
+        const a = affine(x.idx)
+        if (!a || a.s === 0 || Math.abs(a.s * x.dtype.size) > 2 ** 30 || a.terms.some(([t]) => !this.val.has(t.id))) continue
+        const size = x.dtype.size
+        // accesses that differ by a constant share one pointer; the difference goes into the memarg offset
+        const merged = new Map()
+        for (const [t, k] of a.terms) merged.set(t, (merged.get(t) || 0) + k)
+        a.terms = [...merged].filter(([, k]) => k !== 0).sort((p, q) => p[0].id - q[0].id)
+        const key = a.terms.map(([t, k]) => `${t.id}*${k}`).join('+') + `|${a.s}|${size}`
+        let entry = byKey.get(key)
+        if (entry === undefined || a.c < entry.c) {
+          if (entry !== undefined) continue // keep the first pointer; a smaller offset would go negative
+          const local = this.newLocal(T.i32)
+          entry = { local, c: a.c }
+          this.c.i32((a.c * size) | 0)
+          for (const [t, k] of a.terms) {
+            this.push(t)
+            this.c.i32((k * size) | 0).op(0x6c).op(0x6a)
+          }
+          this.push(loop.start)
+          this.c.i32((a.s * size) | 0).op(0x6c).op(0x6a)
+          this.c.set(local)
+          byKey.set(key, entry)
+          steps.push([local, (a.s * size) | 0])
+        }
+        this.addrOf.set(x.idx.id, { local: entry.local, size, offset: (a.c - entry.c) * size })
+      }
+    }
+    visit(loop.body)
+    return steps
+  }
+
+  /** How many instructions read each value (a load nobody reads is not emitted: wasm keeps loads alive). */
+  countUses () {
+    const uses = new Map()
+    const use = (v) => { if (v) uses.set(v.id, (uses.get(v.id) || 0) + 1) }
+    const walk = (insts) => {
+      for (const x of insts) {
+        for (const v of x.src || []) use(v)
+        use(x.idx)
+        use(x.gate)
+        use(x.cond)
+        use(x.start)
+        use(x.end)
+        if (x.k === 'bcast' && this.splattable(x)) uses.set(x.src[0].id, uses.get(x.src[0].id) - 1)
+        if (x.k === 'loop') { walk(x.pre); walk(x.body) }
+        if (x.k === 'if') walk(x.body)
+      }
+    }
+    walk(this.prog.head)
+    walk(this.prog.body)
+    return uses
+  }
+
+  splattable (x) {
+    const s = x.src[0]
+    return s.k === 'load' && !s.gate && !s.check && s.lanes === 1 && x.dtype.size === 4 && !x.dtype.isBool
+  }
+
+  emit () {
+    this.uses = this.countUses()
+    this.block(this.prog.head)
+    this.block(this.prog.body)
+    return { params: this.params, locals: this.locals, body: this.c }
+  }
+}
+
+module.exports = { KernelEmitter }

@@ -1,0 +1,147 @@
+'use strict'
+// Fuzzing the loader with mutated real bundles: every case loads (and then runs or fails with a typed
+// error) or is rejected with a typed error. Nothing may throw another exception type, hang, or allocate
+// beyond the declared limit. Three families: raw bytes anywhere; manifest bytes with recomputed checksums;
+// one JSON value anywhere in the manifest replaced (huge, negative, wrong type, nested) with consistent
+// checksums, so the semantic checks (buffer table, kernels, entrypoints, training) see it.
+const test = require('node:test')
+const assert = require('node:assert')
+const { Model, PolygradError } = require('..')
+const bundle = require('../src/bundle')
+const { crc32 } = require('../src/crc32')
+const json = require('../src/json')
+const { fixture } = require('./helpers')
+
+const LIMITS = { maxBytes: 64 << 20, maxWork: 2 ** 24, validate: 'all' }
+const CASES = Number(process.env.POLYGRAD_FUZZ_CASES || 150)
+
+function rng (seed) {
+  let s = seed >>> 0
+  return () => {
+    s = (s + 0x6d2b79f5) >>> 0
+    let t = s
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+function split (bytes) {
+  const v = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+  const mlen = v.getUint32(16, true)
+  const start = 64 + Math.ceil(mlen / 64) * 64
+  return { text: bytes.slice(64, 64 + mlen), data: bytes.slice(start) }
+}
+
+function pack (text, data) {
+  const start = 64 + Math.ceil(text.length / 64) * 64
+  const out = new Uint8Array(start + data.length)
+  out.set(bundle.MAGIC, 0)
+  const v = new DataView(out.buffer)
+  v.setUint32(8, 1, true)
+  v.setUint32(16, text.length, true)
+  v.setUint32(24, data.length, true)
+  v.setUint32(32, crc32(text), true)
+  v.setUint32(36, crc32(data), true)
+  out.set(text, 64)
+  out.set(data, start)
+  return out
+}
+
+function attempt (bytes) {
+  const t0 = Date.now()
+  let m
+  try {
+    m = Model.fromBytesSync(bytes, LIMITS)
+  } catch (e) {
+    if (!(e instanceof PolygradError)) throw new Error(`a mutated bundle raised ${e.constructor.name}: ${e.stack}`)
+    return 'rejected'
+  }
+  try {
+    String(m.summary())
+    const inputs = {}
+    for (const s of m.signature.inputs) inputs[s.name] = { data: new Array(s.shape.reduce((a, d) => a * (typeof d === 'string' ? 1 : d), 1)).fill(0), shape: s.shape.map((d) => (typeof d === 'string' ? 1 : d)) }
+    m.forward(inputs)
+  } catch (e) {
+    if (!(e instanceof PolygradError)) throw new Error(`a loaded mutated bundle raised ${e.constructor.name}: ${e.stack}`)
+  } finally {
+    m.dispose()
+  }
+  assert.ok(Date.now() - t0 < 10000, 'a case took more than 10 s')
+  return 'loaded'
+}
+
+const BUNDLES = ['linear.pgb', 'mlp_adam.pgb'].map((f) => new Uint8Array(fixture(f)))
+
+test('raw byte mutations are rejected with typed errors', () => {
+  const r = rng(1)
+  for (let i = 0; i < CASES; i++) {
+    const b = BUNDLES[i % BUNDLES.length].slice()
+    const n = 1 + Math.floor(r() * 4)
+    for (let k = 0; k < n; k++) b[Math.floor(r() * b.length)] = Math.floor(r() * 256)
+    attempt(r() < 0.1 ? b.subarray(0, Math.floor(r() * b.length)) : b)
+  }
+})
+
+test('manifest byte mutations with consistent checksums', () => {
+  const r = rng(2)
+  for (let i = 0; i < CASES; i++) {
+    const { text, data } = split(BUNDLES[i % BUNDLES.length])
+    const t = text.slice()
+    const n = 1 + Math.floor(r() * 3)
+    for (let k = 0; k < n; k++) t[Math.floor(r() * t.length)] = ' {}[],:"0123456789-eE.tfn'.charCodeAt(Math.floor(r() * 25))
+    attempt(pack(t, data))
+  }
+})
+
+const REPLACEMENTS = [0, -1, 1, 2, 7, 2 ** 31, 2 ** 53, -(2 ** 40), 1e300, 0.5, '', 'x', 'forward', 'float16', 'int64', 'parameter', 'temporary',
+  null, true, false, [], [0], [[0]], {}, { a: 1 }, [2 ** 31 - 1], ['batch'], 12345678901234567890n]
+
+function paths (v, prefix = [], out = []) {
+  out.push(prefix)
+  if (Array.isArray(v)) v.forEach((x, i) => paths(x, [...prefix, i], out))
+  else if (v !== null && typeof v === 'object') for (const k of Object.keys(v)) paths(v[k], [...prefix, k], out)
+  return out
+}
+
+test('structure-aware manifest mutations (semantic checks, kernels, limits)', () => {
+  const r = rng(3)
+  const decoded = BUNDLES.map((b) => {
+    const { text, data } = split(b)
+    const manifest = json.parse(new TextDecoder().decode(text))
+    return { manifest, data, paths: paths(manifest).filter((p) => p.length) }
+  })
+  const counts = { rejected: 0, loaded: 0 }
+  for (let i = 0; i < CASES * 2; i++) {
+    const d = decoded[i % decoded.length]
+    const m = json.parse(json.stringify(d.manifest))
+    const p = d.paths[Math.floor(r() * d.paths.length)]
+    let obj = m
+    for (const k of p.slice(0, -1)) obj = obj[k]
+    const last = p[p.length - 1]
+    if (r() < 0.15 && Array.isArray(obj)) obj.splice(last, 1)
+    else if (r() < 0.1 && !Array.isArray(obj)) delete obj[last]
+    else obj[last] = REPLACEMENTS[Math.floor(r() * REPLACEMENTS.length)]
+    counts[attempt(pack(new TextEncoder().encode(json.stringify(m)), d.data))]++
+  }
+  assert.ok(counts.rejected > counts.loaded / 4, JSON.stringify(counts))
+})
+
+test('a kernel that reads past its buffer is rejected at load', () => {
+  const { text, data } = split(BUNDLES[0])
+  const m = json.parse(new TextDecoder().decode(text))
+  // make every DEFINE_GLOBAL of size 5 claim 6 elements: the buffer table no longer covers it
+  for (const n of m.kernels.nodes) {
+    if (n[0] === 'CONST' && n[1] === 'int32' && n[3][1] === 5) n[3][1] = 6
+  }
+  assert.throws(() => Model.fromBytesSync(pack(new TextEncoder().encode(json.stringify(m)), data)), PolygradError)
+})
+
+test('sizes beyond maxBytes are refused before anything is allocated', () => {
+  const { text, data } = split(BUNDLES[1])
+  const m = json.parse(new TextDecoder().decode(text))
+  const tmp = m.buffers.find((b) => b.role === 'temporary')
+  tmp.shape = [2 ** 30]
+  tmp.size = 2 ** 30
+  assert.throws(() => Model.fromBytesSync(pack(new TextEncoder().encode(json.stringify(m)), data), LIMITS), /maxBytes/)
+})

@@ -1,0 +1,97 @@
+'use strict'
+// The kernel-IR golden files of the Python suite (tests/golden/*.json), run by both JavaScript backends:
+// results must match exactly ("exact" files, any NaN matching any NaN) or within the stored rtol/atol.
+const test = require('node:test')
+const assert = require('node:assert')
+const fs = require('fs')
+const path = require('path')
+const ir = require('../src/ir')
+const { lowerKernel } = require('../src/compile')
+const { JSKernel } = require('../src/jsexec')
+const { buildModule, importObject } = require('../src/wasm/module')
+const { DTYPES, f16BitsToF32, bf16BitsToF32 } = require('../src/dtypes')
+const { checkKernel } = require('../src/validate')
+const { REPO } = require('./helpers')
+
+const DIR = path.join(REPO, 'tests', 'golden')
+const files = fs.existsSync(DIR) ? fs.readdirSync(DIR).filter((f) => f.endsWith('.json')).sort() : []
+
+function array (item) {
+  const raw = Buffer.from(item.data, 'base64')
+  const ab = new ArrayBuffer(raw.length)
+  new Uint8Array(ab).set(raw)
+  return new DTYPES[item.dtype].store(ab)
+}
+
+const asFloat = (a, name) => (name === 'float16' ? Float64Array.from(a, f16BitsToF32) : name === 'bfloat16' ? Float64Array.from(a, bf16BitsToF32) : a)
+
+function compare (got, e, where) {
+  const ref = array(e)
+  const g = asFloat(got, e.dtype)
+  const r = asFloat(ref, e.dtype)
+  let bad = 0
+  let first = -1
+  for (let i = 0; i < r.length; i++) {
+    const a = g[i]
+    const b = r[i]
+    const nan = a !== a && b !== b // eslint-disable-line no-self-compare
+    const ok = e.compare === 'exact'
+      ? nan || (a === b && (typeof a === 'bigint' || a !== 0 || Object.is(a, b)))
+      : nan || a === b || Math.abs(a - b) <= e.atol + e.rtol * Math.abs(b)
+    if (!ok && bad++ === 0) first = i
+  }
+  assert.strictEqual(bad, 0, `${where}: ${bad} elements differ, first at ${first}: ${g[first]} vs ${r[first]}`)
+}
+
+function run (obj, backend) {
+  const g = new ir.Graph()
+  const [k] = ir.decode(obj.kernel, g)
+  checkKernel(k, obj.name)
+  const prog = lowerKernel(g, k, { width: backend === 'wasm' ? 4 : 1 })
+  const layout = new Map()
+  let pos = 64
+  for (const item of obj.buffers) {
+    const d = DTYPES[item.dtype]
+    const n = item.shape.reduce((a, b) => a * b, 1)
+    layout.set(item.slot, { base: pos, size: n, d })
+    pos += Math.ceil((n * d.size) / 64) * 64 + 64
+  }
+  const memory = new WebAssembly.Memory({ initial: Math.ceil(pos / 65536) + 1 })
+  for (const item of obj.buffers) {
+    const L = layout.get(item.slot)
+    if (item.role === 'input') new L.d.store(memory.buffer, L.base, L.size).set(array(item))
+    else new Uint8Array(memory.buffer, L.base, L.size * L.d.size).fill(0xa5) // the kernel must write every element
+  }
+  if (backend === 'wasm') {
+    const bytes = buildModule([{ prog, layout }], memory.buffer.byteLength / 65536)
+    new WebAssembly.Instance(new WebAssembly.Module(bytes), importObject(memory)).exports.k0()
+  } else {
+    const bufs = {}
+    for (const [slot, L] of layout) bufs[slot] = { view: new L.d.store(memory.buffer), start: L.base / L.d.size, size: L.size }
+    new JSKernel(prog).run(bufs, {})
+  }
+  const out = {}
+  for (const [slot, L] of layout) out[slot] = new L.d.store(memory.buffer, L.base, L.size)
+  return out
+}
+
+test('golden files are present', { skip: files.length ? false : 'no tests/golden (installed package)' }, () => {
+  assert.ok(files.length >= 5)
+})
+
+for (const f of files) {
+  const obj = JSON.parse(fs.readFileSync(path.join(DIR, f), 'utf8'))
+  for (const backend of ['wasm', 'js']) {
+    test(`golden ${obj.name} (${backend})`, () => {
+      const out = run(obj, backend)
+      for (const e of obj.expected) compare(out[e.slot], e, `${obj.name} slot ${e.slot}`)
+    })
+  }
+  if (!obj.kernel.nodes.some((n) => n[0] === 'REDUCE')) {
+    test(`golden ${obj.name}: wasm and js agree bit for bit`, () => {
+      const a = run(obj, 'wasm')
+      const b = run(obj, 'js')
+      for (const e of obj.expected) assert.deepStrictEqual(Buffer.from(a[e.slot].buffer, a[e.slot].byteOffset, a[e.slot].byteLength), Buffer.from(b[e.slot].buffer, b[e.slot].byteOffset, b[e.slot].byteLength))
+    })
+  }
+}

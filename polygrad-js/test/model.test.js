@@ -1,0 +1,148 @@
+'use strict'
+const test = require('node:test')
+const assert = require('node:assert')
+const path = require('path')
+const { Model, ModelError, ModelInputError, EntrypointError, BundleError } = require('..')
+const { FIXTURES, fixture, reference, maxRel } = require('./helpers')
+
+const ref = reference()
+
+test('the spec example: Model.load, forward with a Float32Array, dispose', () => {
+  const model = Model.load(path.join(FIXTURES, 'linear.pgb'))
+  try {
+    const { prediction } = model.forward({ x: new Float32Array([3, 4, 5, 6, 7]) })
+    assert.ok(prediction instanceof Float32Array)
+    assert.deepStrictEqual(prediction.shape, [5])
+    assert.deepStrictEqual(Array.from(prediction), ref.linear.prediction) // bit for bit: elementwise kernels
+  } finally {
+    model.dispose()
+  }
+})
+
+for (const backend of ['wasm', 'js']) {
+  test(`forward matches Python on a variable batch (${backend})`, () => {
+    const m = Model.fromBytesSync(fixture('mlp_untrained.pgb'), { backend, verify: true })
+    const x = ref.mlp.x.slice(0, 5)
+    const out = m.forward({ x: { data: Float32Array.from(x.flat()), shape: [5, 4] } }).logits
+    assert.deepStrictEqual(out.shape, [5, 3])
+    assert.ok(maxRel(out, ref.mlp.logits_untrained.flat(), 1e-3) < 1e-5)
+    // the same rows from a nested array and from a flat one give the same bits; 1 row too
+    assert.deepStrictEqual(Array.from(m.forward({ x }).logits), Array.from(out))
+    assert.deepStrictEqual(m.forward({ x: x[0] }).logits.shape, [1, 3])
+    m.dispose()
+  })
+}
+
+test('wasm and plain-JS backends agree', () => {
+  const a = Model.fromBytesSync(fixture('mlp_adam.pgb'), { backend: 'wasm' })
+  const b = Model.fromBytesSync(fixture('mlp_adam.pgb'), { backend: 'js' })
+  const x = Float32Array.from(ref.mlp.x.flat())
+  const ya = a.forward({ x }).logits
+  const yb = b.forward({ x }).logits
+  assert.ok(maxRel(ya, yb, 1e-3) < 1e-5)
+  const la = a.fit({ x, y: Int32Array.from(ref.mlp.y) }, { batchSize: 4 })
+  const lb = b.fit({ x, y: Int32Array.from(ref.mlp.y) }, { batchSize: 4 })
+  assert.ok(maxRel(la, lb) < 1e-5)
+})
+
+test('fit resumes the bundle optimizer and follows Python', () => {
+  const m = Model.fromBytesSync(fixture('mlp_adam.pgb'))
+  const losses = m.fit({ x: Float32Array.from(ref.mlp.x.flat()), y: ref.mlp.y }, { epochs: 2, batchSize: 4 })
+  assert.strictEqual(losses.length, 6)
+  assert.ok(maxRel(losses, ref.mlp.adam_resume) < 1e-5, `${losses} vs ${ref.mlp.adam_resume}`)
+  m.dispose()
+})
+
+test('a JS-built Adam on an untrained bundle follows Python; trainStep returns the loss before the update', () => {
+  const m = Model.fromBytesSync(fixture('mlp_untrained.pgb'))
+  const x = Float32Array.from(ref.mlp.x.flat())
+  const losses = m.fit({ x, y: ref.mlp.y }, { batchSize: 4, optimizer: 'adam', lr: 0.01 })
+  assert.ok(maxRel(losses, ref.mlp.adam_first) < 1e-5, `${losses} vs ${ref.mlp.adam_first}`)
+  const l1 = m.trainStep({ x: x.subarray(0, 16), y: ref.mlp.y.slice(0, 4) })
+  assert.ok(Number.isFinite(l1))
+  assert.strictEqual(m.summary().optimizer.name, 'adam')
+  m.dispose()
+})
+
+test('minibatch rules: incomplete batches, remainder drop/keep, bounds', () => {
+  const m = Model.fromBytesSync(fixture('mlp_untrained.pgb'))
+  const x = Float32Array.from(ref.mlp.x.flat()) // 12 samples
+  const y = ref.mlp.y
+  assert.throws(() => m.fit({ x, y }, { batchSize: 5 }), ModelInputError)
+  assert.strictEqual(m.fit({ x, y }, { batchSize: 5, remainder: 'drop', optimizer: 'sgd', lr: 0.1 }).length, 2)
+  assert.strictEqual(m.fit({ x, y }, { batchSize: 5, remainder: 'keep' }).length, 3)
+  assert.throws(() => m.fit({ x, y }, { batchSize: 17 }), /outside Variable 'batch' bounds 1..16/)
+  assert.throws(() => m.fit({ x, y: y.slice(1) }), /samples/)
+  assert.throws(() => m.fit({ x }), /missing \["y"\]/)
+  assert.strictEqual(m.fit({ x, y }, { epochs: 0 }).length, 0)
+  m.dispose()
+})
+
+test('typed errors: names, shapes, dtypes, entrypoints, disposal, bundles', () => {
+  const m = Model.fromBytesSync(fixture('linear.pgb'))
+  assert.throws(() => m.forward({ z: [1, 2, 3, 4, 5] }), (e) => e instanceof ModelInputError && /unknown \["z"\]/.test(e.message))
+  assert.throws(() => m.forward({ x: [1, 2, 3] }), (e) => e instanceof ModelInputError && /has shape \[3\]; expected \[5\]/.test(e.message))
+  assert.throws(() => m.forward({ x: new Float32Array(3) }), /has 3 values; expected 5/)
+  assert.throws(() => m.forward({ x: { data: [1, 2, 3, 4, 5], shape: [1, 5] } }), /has shape \[1, 5\]; expected \[5\]/)
+  assert.throws(() => m.forward({ x: ['a', 2, 3, 4, 5] }), ModelInputError)
+  assert.throws(() => m.call('sample', {}), EntrypointError)
+  assert.throws(() => m.call('sample', {}), ModelError)
+  const mi = Model.fromBytesSync(fixture('mlp_untrained.pgb'))
+  assert.throws(() => mi.call('loss', { x: [[1, 2, 3, 4]], y: new Float32Array([1]) }), /Float32Array; expected int32/)
+  assert.throws(() => mi.call('loss', { x: [[1, 2, 3, 4]], y: [0.5] }), /needs integers/)
+  assert.throws(() => mi.forward({ x: new Float32Array(4 * 17) }), /17 rows; Variable 'batch' allows 1..16/)
+  assert.throws(() => mi.fit({ x: [[1, 2, 3, 4]], y: [0] }, { optimizer: 'rmsprop' }), /optimizer must be one of/)
+  assert.throws(() => mi.fit({ x: [[1, 2, 3, 4]], y: [0] }, { optimizer: 'adam', momentum: 0.9 }), /unknown \["momentum"\]/)
+  m.dispose()
+  m.dispose() // idempotent
+  assert.throws(() => m.forward({ x: [1, 2, 3, 4, 5] }), (e) => e instanceof ModelError && /disposed/.test(e.message))
+  assert.throws(() => Model.load(path.join(FIXTURES, 'missing.pgb')), BundleError)
+  assert.throws(() => Model.fromBytesSync(new Uint8Array(10)), BundleError)
+  const bad = new Uint8Array(fixture('linear.pgb'))
+  bad[bad.length - 1] ^= 1
+  assert.throws(() => Model.fromBytesSync(bad), /checksum/)
+  for (const e of [ModelError, ModelInputError, EntrypointError, BundleError]) assert.ok(new e('x') instanceof Error)
+})
+
+test('summary, signature and variables describe the bundle without running it', () => {
+  const m = Model.fromBytesSync(fixture('mlp_adam.pgb'))
+  const s = m.summary()
+  assert.deepStrictEqual(s.inputs, [{ name: 'x', dtype: 'float32', shape: ['batch', 4] }])
+  assert.deepStrictEqual(m.signature.targets, [{ name: 'y', dtype: 'int32', shape: ['batch'] }])
+  assert.deepStrictEqual(m.variables, { batch: { min: 1, max: 16 } })
+  assert.strictEqual(s.parameterCount, 4 * 8 + 8 + 8 * 3 + 3)
+  assert.deepStrictEqual(m.entrypoints, ['forward', 'loss', 'optimizer_step', 'train_step'])
+  assert.match(String(s), /l1\.weight\s+float32\s+\[8, 4\]/)
+  assert.strictEqual(s.optimizer.name, 'adam')
+  m.dispose()
+})
+
+test('save returns bundle bytes that load again with the trained weights', () => {
+  const m = Model.fromBytesSync(fixture('mlp_untrained.pgb'))
+  const x = Float32Array.from(ref.mlp.x.flat())
+  m.fit({ x, y: ref.mlp.y }, { batchSize: 4, optimizer: 'sgd', lr: 0.5, epochs: 2 })
+  const before = m.forward({ x }).logits
+  const bytes = m.save()
+  assert.ok(bytes instanceof Uint8Array)
+  const again = Model.fromBytesSync(bytes)
+  assert.deepStrictEqual(Array.from(again.forward({ x }).logits), Array.from(before))
+  assert.deepStrictEqual(again.summary().optimizer, m.summary().optimizer)
+  // the saved optimizer state resumes: the same next steps from both
+  assert.deepStrictEqual(again.fit({ x, y: ref.mlp.y }, { batchSize: 4 }), m.fit({ x, y: ref.mlp.y }, { batchSize: 4 }))
+  m.dispose()
+  again.dispose()
+})
+
+test('results are copies: a later call does not change them', () => {
+  const m = Model.fromBytesSync(fixture('linear.pgb'))
+  const a = m.forward({ x: [1, 1, 1, 1, 1] }).prediction
+  const copy = Array.from(a)
+  m.forward({ x: [9, 9, 9, 9, 9] })
+  assert.deepStrictEqual(Array.from(a), copy)
+})
+
+test('fromBytes is asynchronous and compiles every entrypoint', async () => {
+  const m = await Model.fromBytes(fixture('mlp_adam.pgb').buffer.slice(0))
+  assert.deepStrictEqual(m.forward({ x: [[0, 0, 0, 0]] }).logits.shape, [1, 3])
+  m.dispose()
+})
