@@ -194,3 +194,14 @@ def test_conv_kernels_get_vector_tiles():
         kinds[spec.name] = [(o.kind, o.amount) for o in spec.opts if o.kind is not OptKind.THREAD]
     assert (OptKind.UPCAST, 8) in kinds["r_8_64_56_56"]  # forward: 8 output channels x one vector of 8 pixels
     assert [k for k, _ in kinds["r_64_64_3_3"]] == [OptKind.UPCAST, OptKind.UPCAST, OptKind.SPLIT_REDUCE]
+
+
+def test_conv_input_gradient_is_a_transposed_convolution():
+    """A stride-1 conv's input gradient is one convolution of the output gradient (gradient.with_vjp), not
+    the window view's chain rule (a 9x larger per-window product summed back with div/mod indices): three
+    kernels (forward, input and weight gradients), no buffer larger than the input, no division in any index."""
+    asts = _conv_kernels()
+    assert len(asts) == 3
+    for ast in asts:
+        assert max(g.arg[1][0] for g in ast.toposort() if g.op is Ops.DEFINE_GLOBAL) <= 8 * 64 * 56 * 56
+        assert not any(n.op in (Ops.IDIV, Ops.MOD) for n in lower(ast, AVX512).ast.toposort()), ast.arg
