@@ -205,3 +205,36 @@ def test_conv_input_gradient_is_a_transposed_convolution():
     for ast in asts:
         assert max(g.arg[1][0] for g in ast.toposort() if g.op is Ops.DEFINE_GLOBAL) <= 8 * 64 * 56 * 56
         assert not any(n.op in (Ops.IDIV, Ops.MOD) for n in lower(ast, AVX512).ast.toposort()), ast.arg
+
+
+def test_host_buffers_start_on_a_cache_line():
+    """NumPy puts big arrays 16 bytes past a page: every 64-byte vector access would straddle two lines."""
+    for n in (3, 1000, 1 << 20):
+        assert Buffer("CPU", n, Tensor.empty(1).dtype).ensure_allocated()._handle.addr % 64 == 0
+
+
+def test_big_outputs_are_streamed_past_the_cache():
+    """An elementwise output larger than the last-level cache gets non-temporal vector stores (no
+    read-for-ownership of every line), fenced at the end; a small output, or one the kernel also reads
+    (an in-place update), keeps plain stores. The streamed kernel computes the same values."""
+    from polygrad_backend_cpu.renderer import CPURenderer
+    big, small = Tensor.empty(1 << 20), Tensor.empty(1 << 10)
+    r = CPURenderer(stream_bytes=1 << 20)
+    src = r.render(lower(kernel((big * 2 + 1).relu()), AVX512))
+    assert "pg_stream64(data0 + " in src and "pg_stream_fence();\n}" in src and "immintrin" not in src
+    assert "pg_stream" not in r.render(lower(kernel(small * 2), AVX512))
+    x = Tensor.empty(1 << 20)
+    (ast,) = [s.ast for s in schedule([x.assign(x * 2).uop])[0].steps if s.kind == "kernel"]
+    assert "pg_stream" not in r.render(lower(ast, AVX512))
+    assert "pg_stream" not in CPURenderer(stream_bytes=0).render(lower(kernel((big * 2 + 1).relu()), AVX512))
+    impl = open_device("CPU")
+    saved, impl.render.__self__.stream_bytes = impl.render.__self__.stream_bytes, 4096
+    try:
+        realize.program_cache.clear()
+        data = np.linspace(-3, 3, 40000, dtype=np.float32)
+        out = (Tensor(data) * 2 + 1).relu() * 0.5
+        np.testing.assert_array_equal(out.numpy(), np.maximum(data * 2 + 1, 0) * 0.5)
+        assert any("pg_stream" in p.source for p in realize.program_cache.values())
+    finally:
+        impl.render.__self__.stream_bytes = saved
+        realize.program_cache.clear()

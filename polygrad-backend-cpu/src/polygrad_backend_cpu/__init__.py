@@ -23,7 +23,7 @@ def open_cpu(ordinal: int) -> DeviceImpl:
     from polygrad_backend_cpu.renderer import CPURenderer
     from polygrad_backend_cpu.runtime import load_program
     compiler = ClangCompiler()
-    renderer = CPURenderer()
+    renderer = CPURenderer(stream_bytes=last_level_cache_bytes())
     threads = int(os.environ.get("POLY_THREADS") or os.cpu_count() or 1)
     lanes, registers, fma = vector_caps()
     return DeviceImpl(name="CPU", allocator=HostAllocator(), render=renderer.render, compile=compiler.compile,
@@ -33,6 +33,27 @@ def open_cpu(ordinal: int) -> DeviceImpl:
 
 
 STAGE_BYTES = 512 * 1024  # staged panels live on the launch's stack (8 MB for the main thread and the pool)
+
+
+def last_level_cache_bytes(default: int = 16 << 20) -> int:
+    """The largest CPU cache (Linux sysfs; `default` elsewhere): outputs at least this big are written with
+    non-temporal stores (renderer.CPURenderer.stream_slots)."""
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    best = 0
+    try:
+        for entry in os.listdir(root):
+            try:
+                with open(os.path.join(root, entry, "size")) as f:
+                    text = f.read().strip().upper()
+            except OSError:
+                continue
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            digits = text.rstrip("KMG")
+            if digits.isdigit():
+                best = max(best, int(digits) * scale)
+    except OSError:
+        pass
+    return best or default
 
 
 def vector_caps() -> tuple[int, int, bool]:
