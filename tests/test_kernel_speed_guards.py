@@ -22,6 +22,7 @@ from polygrad.uop.ops import Ops
 from polygrad_backend_interp.evaluator import InterpProgram
 
 AVX512 = Capabilities(threads=2, vector_width=16, registers=32, fma=True, stage_bytes=512 * 1024)
+AVX512_4 = Capabilities(threads=2, vector_width=16, registers=32, fma=True, stage_bytes=512 * 1024, tile_vectors=4)
 AVX2 = Capabilities(threads=2, vector_width=8, registers=16, fma=True, stage_bytes=512 * 1024)
 SSE = Capabilities(threads=1, vector_width=4, registers=16)
 SCALAR_FMA = Capabilities(threads=1, vector_width=1, fma=True)
@@ -37,7 +38,7 @@ def src_of(spec):
     return CStyleRenderer().render(spec)
 
 
-@pytest.mark.parametrize("caps,tile", [(AVX512, [8, 32]), (AVX2, [4, 16]), (SSE, [4, 8])])
+@pytest.mark.parametrize("caps,tile", [(AVX512, [8, 32]), (AVX512_4, [4, 64]), (AVX2, [4, 16]), (SSE, [4, 8])])
 def test_register_tile_comes_from_lanes_and_registers(caps, tile):
     spec = lower(kernel(Tensor.empty(64, 96) @ Tensor.empty(96, 64)), caps)
     ups = sorted(o.amount for o in spec.opts if o.kind is OptKind.UPCAST)
@@ -238,3 +239,23 @@ def test_big_outputs_are_streamed_past_the_cache():
     finally:
         impl.render.__self__.stream_bytes = saved
         realize.program_cache.clear()
+
+
+def test_four_vector_rows_narrow_where_their_panel_does_not_fit():
+    """A device asking for 4-vector tile rows (clang with AVX-512) gets 4 x 64 tiles with 64-column
+    panels staged; where such a panel would not fit the staging scratch (a 3072-long reduction), the tile
+    narrows to 8 x 32 and stays staged rather than losing the staging."""
+    def tile(m, k, n):
+        spec = lower(kernel(Tensor.empty(m, k) @ Tensor.empty(k, n)), AVX512_4)
+        return sorted(o.amount for o in spec.opts if o.kind is OptKind.UPCAST), \
+            any(o.kind is OptKind.STAGE for o in spec.opts)
+    assert tile(128, 768, 3072) == ([4, 64], True)
+    assert tile(128, 3072, 768) == ([8, 32], True)
+    assert tile(1024, 1024, 1024) == ([4, 64], True)
+
+
+def test_tile_vectors_follow_the_compiler():
+    from polygrad_backend_cpu import tile_vectors
+    assert tile_vectors("Debian clang version 14.0.6", 32) == 4
+    assert tile_vectors("gcc (Debian 12.2.0-14) 12.2.0", 32) == 2
+    assert tile_vectors("Ubuntu clang version 18.1.3", 16) == 2  # AVX2: 16 registers
