@@ -27,7 +27,7 @@ def open_cpu(ordinal: int) -> DeviceImpl:
     threads = int(os.environ.get("POLY_THREADS") or os.cpu_count() or 1)
     lanes, registers, fma = vector_caps()
     return DeviceImpl(name="CPU", allocator=HostAllocator(), render=renderer.render, compile=compiler.compile,
-                      load=load_program, compile_many=compiler.compile_many,
+                      load=load_program, compile_many=compiler.compile_many, render_cacheable=True,
                       capabilities=Capabilities(threads=threads, vector_width=lanes, registers=registers, fma=fma,
                                                 stage_bytes=STAGE_BYTES,
                                                 tile_vectors=tile_vectors(compiler.version, registers)))

@@ -26,7 +26,7 @@ import shutil
 import signal
 import subprocess
 
-from polygrad.backend_api import CompileError, cache_dir, temp_path, valid_entry, write_entry
+from polygrad.backend_api import CompileError, cache_dir, read_entry, temp_path, valid_entry, write_entry
 
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-lm")
 PR_SET_PDEATHSIG = 1
@@ -49,6 +49,45 @@ def find_compiler() -> str | None:
 def cache_root() -> str:
     """POLY_CACHE_DIR/cpu (or the temporary folder used instead when that cannot be written)."""
     return cache_dir("cpu")
+
+
+_versions: dict[tuple, str] = {}  # compiler identity -> its `--version` line, for this process
+
+
+def compiler_version(cc: str) -> str:
+    """The first line of `cc --version` (part of every program's key). Running the compiler costs tens
+    of milliseconds, so the answer is kept per compiler file (its resolved path, inode, size and
+    modification time), in memory and under POLY_CACHE_DIR/compilers: installing another compiler at
+    that path changes the file and asks again."""
+    try:
+        real = os.path.realpath(cc)
+        st = os.stat(real)
+        ident: tuple = (real, st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        ident = (cc,)
+    hit = _versions.get(ident)
+    if hit is not None:
+        return hit
+    path = None
+    if len(ident) > 1:
+        name = hashlib.sha256(repr(ident).encode()).hexdigest()[:32]
+        path = os.path.join(cache_dir("compilers"), name)
+        stored = read_entry(path)
+        if stored is not None:
+            hit = _versions[ident] = stored.decode(errors="replace")
+            return hit
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30)
+        version = out.stdout.splitlines()[0] if out.stdout else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"  # not remembered: a compiler that failed once is asked again
+    _versions[ident] = version
+    if path is not None:
+        try:
+            write_entry(path, version.encode())
+        except OSError:
+            pass  # a read-only cache only costs the question next time
+    return version
 
 
 _prctl: list = []  # [libc prctl or None], looked up once
@@ -84,11 +123,7 @@ class ClangCompiler:
         self.memory: dict[str, str] = {}
 
     def _version(self) -> str:
-        try:
-            out = subprocess.run([self.cc, "--version"], capture_output=True, text=True, timeout=30)
-            return out.stdout.splitlines()[0] if out.stdout else "unknown"
-        except (OSError, subprocess.SubprocessError):
-            return "unknown"
+        return compiler_version(self.cc)  # type: ignore[arg-type]
 
     def key(self, src: str, extra: tuple[str, ...] = ()) -> str:
         h = hashlib.sha256()

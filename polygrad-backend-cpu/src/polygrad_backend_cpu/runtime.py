@@ -20,6 +20,7 @@ mappings go away. Nothing else may keep the function pointer (the pool library i
 from __future__ import annotations
 
 import _ctypes
+import atexit
 import ctypes
 import os
 import threading
@@ -132,31 +133,56 @@ def pool() -> ThreadPoolExecutor:
     return _pool
 
 
-try:  # the pointer type without parsing "void*" (the first parse of any C text costs milliseconds)
+try:  # types built without parsing C text (the first parse of any C text costs milliseconds: 5 for "void*[]")
     _VOID_P: Any = _cffi_backend.new_pointer_type(_cffi_backend.new_void_type())
+    _VOID_P_ARRAY: Any = _cffi_backend.new_array_type(_cffi_backend.new_pointer_type(_VOID_P), None)
+    _VALUE_P: dict[str, Any] = {t: _cffi_backend.new_pointer_type(_cffi_backend.new_primitive_type(t))
+                                for t in ("int", "long long")}
 except AttributeError:
-    _VOID_P = "void*"
+    _VOID_P, _VOID_P_ARRAY, _VALUE_P = "void*", "void*[]", {"int": "int*", "long long": "long long*"}
+POOL_FLAGS = ("-pthread",)
+POOL_EXIT_WAIT_S = 60.0  # a process exiting mid-build finishes it, so the next process finds the pool cached
 
 
 def _build_pool() -> None:
     global _c_pool
     try:
         from polygrad_backend_cpu.compiler import ClangCompiler
-        _c_pool = FFI.dlopen(ClangCompiler().compile(POOL_SOURCE, extra=("-pthread",)))
+        _c_pool = FFI.dlopen(ClangCompiler().compile(POOL_SOURCE, extra=POOL_FLAGS))
     except Exception:  # noqa: BLE001 - any failure: the Python pool still runs every launch
         _c_pool = False
 
 
+def _cached_pool() -> Any:
+    """The pool library when it is compiled already (a cache lookup and a dlopen), else None."""
+    try:
+        from polygrad_backend_cpu.compiler import ClangCompiler
+        compiler = ClangCompiler()
+        path = compiler.cached(compiler.key(POOL_SOURCE, POOL_FLAGS))
+        return FFI.dlopen(path) if path is not None else None
+    except Exception:  # noqa: BLE001 - the background build reports failures
+        return None
+
+
+def _finish_build() -> None:
+    if _pool_builder is not None and _pool_builder.is_alive():
+        _pool_builder.join(POOL_EXIT_WAIT_S)
+
+
 def c_pool(wait: bool = False) -> Any:
-    """The C thread pool library, or None while it is being built (in the background, so a cold
-    start does not wait for its compile: launches use the Python pool meanwhile) or if it cannot be."""
-    global _pool_builder
+    """The C thread pool library, or None while it is being built or if it cannot be. A cached library
+    loads at once; otherwise it compiles in the background (a cold start does not wait for it: launches
+    use the Python pool meanwhile), and a process that exits meanwhile finishes the build first."""
+    global _pool_builder, _c_pool
     if _c_pool is None:
         with _pool_lock:
-            if _pool_builder is None:
-                _pool_builder = threading.Thread(target=_build_pool, name="polygrad-pool-build", daemon=True)
-                _pool_builder.start()
-        if wait:
+            if _pool_builder is None and _c_pool is None:
+                _c_pool = _cached_pool()
+                if _c_pool is None:
+                    _pool_builder = threading.Thread(target=_build_pool, name="polygrad-pool-build", daemon=True)
+                    _pool_builder.start()
+                    atexit.register(_finish_build)
+        if wait and _pool_builder is not None:
             _pool_builder.join()
     return _c_pool or None
 
@@ -210,7 +236,7 @@ class CPUProgram:
         if self.threads > 1:
             task = getattr(lib, f"{renamed}_task", None) or getattr(lib, f"{plain}_task", None)
         if task is not None:
-            self.task = FFI.cast("void*", ctypes.cast(task, ctypes.c_void_p).value)
+            self.task = FFI.cast(_VOID_P, ctypes.cast(task, ctypes.c_void_p).value)
             c_pool()  # start building the pool
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> float | None:
@@ -219,8 +245,8 @@ class CPUProgram:
         if self.threads == 1:
             self.fn(*args, *var_vals)
         elif self.task is not None and _c_pool:
-            keep = [FFI.new(f"{t}*", v) for t, v in zip(self.var_types, var_vals)]
-            packed = FFI.new("void*[]", args + keep) if keep else FFI.new("void*[]", args)
+            keep = [FFI.new(_VALUE_P[t], v) for t, v in zip(self.var_types, var_vals)]
+            packed = FFI.new(_VOID_P_ARRAY, args + keep) if keep else FFI.new(_VOID_P_ARRAY, args)
             _c_pool.pg_pool_run(self.task, packed, self.threads)
         else:
             args.extend(var_vals)

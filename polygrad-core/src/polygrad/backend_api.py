@@ -91,6 +91,9 @@ class DeviceImpl:
     synchronize: Callable[[], None] = lambda: None
     # optional: compile several sources at once (one compiler run for a schedule's new kernels)
     compile_many: Callable[[list[str]], list[Any]] | None = None
+    # render(spec) depends on the spec and the backend's code alone: the lowered spec and its source may
+    # be kept on disk and reused by later processes without lowering or rendering (engine/rendercache.py)
+    render_cacheable: bool = False
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ POLY_CACHE_DIR that several processes may share.
 
 - `cache_dir(*parts)`: POLY_CACHE_DIR/parts, created. A POLY_CACHE_DIR that cannot be used (a file, a
   read-only folder, a path that cannot be created) falls back to one temporary folder per process,
-  with a warning, so a bad setting costs recompiles but never an error.
+  with a warning, so a bad setting costs recompiles but never an error. A folder is probed (created,
+  a file written and removed) once per process; later calls only check that it is still a writable
+  folder (two system calls), since every cache lookup asks for its folder.
 - `write_entry(path, data)`: the bytes followed by a trailer (magic, length, sha256), written to a
   temporary file in the same folder and renamed into place (`os.replace`): readers never see a
   partial entry, and two writers of one entry both succeed. The trailer leaves the payload usable as
@@ -13,9 +15,15 @@ POLY_CACHE_DIR that several processes may share.
 - `read_entry(path)` / `valid_entry(path)`: an entry is used only if its length and checksum match
   the trailer. A truncated, empty, garbage or foreign file is removed with a warning and reported as
   missing, so the caller rebuilds it. (A shared object truncated by a crash made dlopen die with
-  SIGBUS; loading only validated entries rules that out.)
+  SIGBUS; loading only validated entries rules that out.) The full check reads and hashes the whole
+  file, so it runs once per process per file version: a file that passed it (or that this process
+  wrote) is remembered with its identity (inode, size, modification and change times, nanoseconds),
+  and `valid_entry` of the same file again costs one `stat`. Any rewrite, truncation or replacement
+  changes that identity and brings the full check back.
 - Temporary files carry their writer's pid (`<name>.<pid>.<random>.tmp<suffix>`); `clean_stale`
-  removes those whose writer is gone (a process killed mid-compile), once per folder per process.
+  removes those whose writer is gone (a process killed mid-compile), once per folder per process,
+  when the process first writes there (`temp_path`): a process that only reads a warm cache never
+  lists the folder.
 """
 from __future__ import annotations
 
@@ -43,6 +51,9 @@ class CacheWarning(UserWarning):
 
 _fallback: dict[str, str] = {}  # configured root -> the temporary folder used instead
 _cleaned: set[str] = set()
+_probed: set[str] = set()  # folders found usable by the full probe in this process
+# path -> identity (os.stat fields) of the file version that passed the full check in this process
+_verified: dict[str, tuple[int, int, int, int]] = {}
 _TMP_NAME = re.compile(r"\.(\d+)\.[^.]*\.tmp")
 
 
@@ -50,8 +61,10 @@ def cache_dir(*parts: str) -> str:
     """POLY_CACHE_DIR/parts..., created and writable; a temporary folder (with a warning) when not."""
     root = config.cache_dir()
     path = os.path.join(_fallback.get(root, root), *parts)
+    if path in _probed and os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK):
+        return path  # probed before; still a writable folder
     if _usable(path):
-        clean_stale(path)
+        _probed.add(path)
         return path
     if root not in _fallback:
         _fallback[root] = tempfile.mkdtemp(prefix="polygrad-cache-")
@@ -81,7 +94,9 @@ def _usable(path: str) -> bool:
 
 
 def temp_path(folder: str, name: str, suffix: str = "") -> str:
-    """A new, empty temporary file in `folder` for entry `name`, marked with this process's pid."""
+    """A new, empty temporary file in `folder` for entry `name`, marked with this process's pid (the
+    first one in a folder removes what dead writers left there)."""
+    clean_stale(folder)
     fd, tmp = tempfile.mkstemp(prefix=f"{name}.{os.getpid()}.", suffix=f".tmp{suffix}", dir=folder)
     os.close(fd)
     return tmp
@@ -100,6 +115,7 @@ def write_entry(path: str, data: bytes | None = None, tmp: str | None = None) ->
             f.seek(0, os.SEEK_END)
             f.write(TRAILER.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()))
         os.replace(tmp, path)
+        _remember(path)  # written whole by this process: no need to read it back
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -110,21 +126,51 @@ def read_entry(path: str) -> bytes | None:
     try:
         with open(path, "rb") as f:
             blob = f.read()
+            st = os.fstat(f.fileno())
     except FileNotFoundError:
         return None
     except OSError as e:  # a folder or an unreadable file in the entry's place
+        _verified.pop(path, None)
         _discard(path, f"it cannot be read ({e.strerror})")
         return None
     problem = _check(blob)
     if problem:
+        _verified.pop(path, None)
         _discard(path, problem)
         return None
+    _verified[path] = _identity(st)
     return blob[:-TRAILER.size]
 
 
 def valid_entry(path: str) -> bool:
-    """Whether `path` holds a valid entry (its payload is then safe to hand to a loader)."""
+    """Whether `path` holds a valid entry (its payload is then safe to hand to a loader). The full check
+    runs once per process per file version; the same file again costs one stat."""
+    known = _verified.get(path)
+    if known is not None:
+        try:
+            if _identity(os.stat(path)) == known:
+                return True
+        except OSError:
+            pass
+        del _verified[path]
     return read_entry(path) is not None
+
+
+def forget_checks() -> None:
+    """Forget which files passed the full check (polygrad.collect()): each is read and hashed again at
+    its next use."""
+    _verified.clear()
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _remember(path: str) -> None:
+    try:
+        _verified[path] = _identity(os.stat(path))
+    except OSError:
+        _verified.pop(path, None)
 
 
 def _check(blob: bytes) -> str | None:

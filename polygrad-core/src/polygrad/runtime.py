@@ -203,14 +203,17 @@ def clear_schedule_cache() -> None:
 def collect() -> None:
     """Release cached schedules and compiled programs, collect garbage, and trim the C heap.
 
-    Programs are reloaded from the on-disk compile cache when needed again; live tensors and
+    Programs are reloaded from the on-disk compile cache when needed again (and its entries checked in
+    full again: diskcache.forget_checks); live tensors and
     captured JIT functions keep their own buffers and programs. On CPU a program nothing holds any
     more closes its shared object (dlclose), so its mappings go too.
     """
     from polygrad import linalg
     from polygrad.engine import realize
     from polygrad.engine import lower
+    from polygrad.diskcache import forget_checks
     clear_schedule_cache()
+    forget_checks()
     realize.program_cache.clear()
     lower.clear_cache()  # simplified and split kernel ASTs
     linalg.clear_cache()  # its replayed steps hold programs and scratch buffers

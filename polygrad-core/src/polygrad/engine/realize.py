@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 from polygrad import config
 from polygrad.device import Buffer, GlobalCounters, debug_alloc, open_device
+from polygrad.engine import rendercache
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
 from polygrad.engine.search import choose_opts
@@ -84,8 +85,11 @@ def get_programs(asts: list[UOp], device: str) -> list[CompiledProgram]:
     todo = list(dict.fromkeys(a for a in asts if (a, device) not in program_cache))
     if todo:
         impl = open_device(device)
-        specs = [lower(ast, impl.capabilities, choose_opts(ast, device)) for ast in todo]
-        sources = [impl.render(spec) for spec in specs]
+        specs, sources = [], []
+        for ast in todo:
+            spec, source = lower_and_render(ast, device, impl)
+            specs.append(spec)
+            sources.append(source)
         for spec, source in zip(specs, sources):
             if config.get("DEBUG") >= 3:  # each level adds to the one below: 4 shows the IR and the source
                 print(spec.ast)
@@ -99,6 +103,23 @@ def get_programs(asts: list[UOp], device: str) -> list[CompiledProgram]:
             program_cache[(ast, device)] = CompiledProgram(spec, device, impl.load(spec, binary), source)
             runtime_stats["programs_compiled"] += 1
     return [program_cache[(a, device)] for a in asts]
+
+
+def lower_and_render(ast: UOp, device: str, impl: Any) -> tuple[ProgramSpec, Any]:
+    """The lowered spec and the device's source for a kernel: from the on-disk render cache when the
+    device allows it and an earlier process made them (engine/rendercache.py), else made now (and stored)."""
+    opts = choose_opts(ast, device)
+    if not impl.render_cacheable:
+        spec = lower(ast, impl.capabilities, opts)
+        return spec, impl.render(spec)
+    name = rendercache.key(ast, device, impl, opts)
+    hit = rendercache.load(device, name)
+    if hit is not None:
+        return hit
+    spec = lower(ast, impl.capabilities, opts)
+    source = impl.render(spec)
+    rendercache.store(device, name, spec, source)
+    return spec, source
 
 
 def prepare(tpl: Template) -> None:
