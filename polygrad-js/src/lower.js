@@ -58,12 +58,18 @@ function findTopLevelReduces (u) {
 
 const VECTOR_DTYPES = new Set(['float32', 'int32', 'uint32'])
 
+/** Whether a kernel has an accumulating STORE (arg ADD/MUL/MAX): such a kernel gets no opts at all, so its
+ * points run one at a time in loop order, as in Python's lowering. */
+function hasAccumulatingStore (ast) {
+  return toposort(ast).some((n) => n.op === 'STORE' && n.arg !== null)
+}
+
 /**
  * The optimisations for one kernel: a list of {kind, range, amount}. `width` is the SIMD lane count of
  * 32-bit values (4 for wasm SIMD; 1: no vector code, no tiles).
  */
 function chooseOpts (ast, width) {
-  if (width <= 1) return []
+  if (width <= 1 || hasAccumulatingStore(ast)) return []
   return ast.src.flatMap((block) => (block.op === 'END' ? blockOpts(block, width) : []))
 }
 
@@ -196,7 +202,7 @@ function gateStores (g, ast, r, cond) {
   for (const st of toposort(ast).filter((n) => n.op === 'STORE' && toposort(n).includes(r))) {
     const ix = st.src[0]
     const gate = ix.src.length > 2 ? g.alu('AND', ix.src[2], cond) : cond
-    map.set(st, g.node('STORE', null, [g.node('INDEX', ix.dtype, [ix.src[0], ix.src[1], gate]), st.src[1]]))
+    map.set(st, g.node('STORE', null, [g.node('INDEX', ix.dtype, [ix.src[0], ix.src[1], gate]), st.src[1]], st.arg))
   }
   return g.substitute(ast, map)
 }
@@ -228,4 +234,4 @@ function substituteRange (g, ast, r, outer, inner, expr, kind) {
   return memo.get(ast)
 }
 
-module.exports = { chooseOpts, applyOpts, topLevelReduces, rangesOf, constSize, VECTOR_DTYPES, DTYPES }
+module.exports = { chooseOpts, applyOpts, topLevelReduces, hasAccumulatingStore, rangesOf, constSize, VECTOR_DTYPES, DTYPES }
