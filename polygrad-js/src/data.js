@@ -86,7 +86,7 @@ function checkValues (values, d, what) {
 function readInput (spec, value, variables, { leading = false, what = `input '${spec.name}'` } = {}) {
   const free = spec.shape.map((d, i) => (leading && i === 0) || typeof d === 'string')
   const perRow = spec.shape.slice(1).reduce((a, b) => a * (typeof b === 'string' ? variables.get(b)[1] : b), 1)
-  const want = leading ? '[samples' + spec.shape.slice(1).map((d) => ', ' + d).join('') + ']' : shapeText(spec.shape)
+  const want = () => (leading ? '[samples' + spec.shape.slice(1).map((d) => ', ' + d).join('') + ']' : shapeText(spec.shape)) // for messages
   let values, shape
   if (value !== null && typeof value === 'object' && !Array.isArray(value) && !ArrayBuffer.isView(value)) {
     if (!('data' in value) || !('shape' in value)) throw new ModelInputError(`${what} must be a typed array, an array, or {data, shape}`)
@@ -108,18 +108,18 @@ function readInput (spec, value, variables, { leading = false, what = `input '${
   if (shape === undefined) {
     // flat data: the signature gives the shape, the one free dimension (if any) takes what is left
     const nFree = free.filter(Boolean).length
-    if (nFree > 1) throw new ModelInputError(`${what} has ${nFree} Variable dimensions ${want}; pass {data, shape} or a nested array of that shape, not flat data`)
+    if (nFree > 1) throw new ModelInputError(`${what} has ${nFree} Variable dimensions ${want()}; pass {data, shape} or a nested array of that shape, not flat data`)
     const fixed = spec.shape.reduce((a, d, i) => (free[i] ? a : a * d), 1)
     if (nFree === 1) {
-      if (fixed === 0 ? values.length !== 0 : values.length % fixed) throw new ModelInputError(`${what} has ${values.length} values; expected a multiple of ${fixed} for shape ${want}`)
+      if (fixed === 0 ? values.length !== 0 : values.length % fixed) throw new ModelInputError(`${what} has ${values.length} values; expected a multiple of ${fixed} for shape ${want()}`)
       shape = spec.shape.map((d, i) => (free[i] ? (fixed ? values.length / fixed : 0) : d))
     } else {
-      if (values.length !== fixed) throw new ModelInputError(`${what} has ${values.length} values; expected ${fixed} for shape ${want}`)
+      if (values.length !== fixed) throw new ModelInputError(`${what} has ${values.length} values; expected ${fixed} for shape ${want()}`)
       shape = spec.shape.slice()
     }
   }
   const fixedOk = shape.length === spec.shape.length && spec.shape.every((d, i) => free[i] || d === shape[i])
-  if (!fixedOk) throw new ModelInputError(`${what} has shape ${shapeText(shape)}; expected ${want}`)
+  if (!fixedOk) throw new ModelInputError(`${what} has shape ${shapeText(shape)}; expected ${want()}`)
   const dims = new Map()
   spec.shape.forEach((d, i) => {
     if (typeof d !== 'string' || (leading && i === 0)) return

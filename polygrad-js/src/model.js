@@ -128,7 +128,8 @@ class Model {
    * train_step these are the signature's). */
   _entrySpecs (entry) {
     const e = this._p.entries[entry]
-    return Object.entries(e.inputs).map(([name, s]) => ({ name, dtype: s.dtype, shape: s.shape }))
+    if (!e.specs) e.specs = Object.entries(e.inputs).map(([name, s]) => ({ name, dtype: s.dtype, shape: s.shape }))
+    return e.specs
   }
 
   /** {feeds: Map slot -> values, env: Map Variable -> int} of `given` for entrypoint `entry`, every name,

@@ -1,6 +1,6 @@
 """Write the small bundles the JavaScript unit tests load (test/fixtures/), with Python's results for them.
 
-linear.pgb and the two MLPs are version-1 bundles; decoder.pgb is version 2 (an embedding gather, `cache`
+linear.pgb and the MLPs are version-1 bundles (mlp_wide.pgb is wide enough for the register tiles); decoder.pgb is version 2 (an embedding gather, `cache`
 buffers, a `decode` entrypoint taking the Variable `pos` as an int, Variables in two dimensions);
 embedding_sgd.pgb trains an embedding, whose gradient is a scatter-add (accumulating stores).
 
@@ -32,6 +32,14 @@ class Linear:
 class MLP:
     def __init__(self):
         self.l1, self.l2 = nn.Linear(4, 8), nn.Linear(8, 3)
+
+    def __call__(self, x):
+        return {"logits": self.l2(self.l1(x).relu())}
+
+
+class Wide:
+    def __init__(self):
+        self.l1, self.l2 = nn.Linear(32, 16), nn.Linear(16, 8)
 
     def __call__(self, x):
         return {"logits": self.l2(self.l1(x).relu())}
@@ -140,6 +148,14 @@ def main() -> None:
     ref["mlp"]["adam_first"] = first
     ref["mlp"]["adam_resume"] = mlp.fit({"x": X, "y": Y}, epochs=2, batch_size=4, verbose=False)
     mlp.dispose()
+
+    # wide enough for the register tiles and the few-rows variant (x @ W.T split into lanes, unrolled)
+    Tensor.manual_seed(4)
+    Xw = np.random.default_rng(4).standard_normal((8, 32)).astype(np.float32)
+    wide = Model(Wide(), inputs={"x": Tensor.empty(Variable("batch", 1, 8), 32)})
+    (OUT / "mlp_wide.pgb").write_bytes(wide.save())
+    ref["wide"] = {"x": Xw.tolist(), **{str(n): wide.forward(x=Xw[:n])["logits"].numpy().tolist() for n in (1, 3, 8)}}
+    wide.dispose()
     decoder_fixtures(ref)
     (OUT / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
 
