@@ -1,6 +1,7 @@
 """Write the small bundles the JavaScript unit tests load (test/fixtures/), with Python's results for them.
 
-linear.pgb and the MLPs are version-1 bundles (mlp_wide.pgb is wide enough for the register tiles); decoder.pgb is version 2 (an embedding gather, `cache`
+linear.pgb and the MLPs are version-1 bundles (mlp_wide.pgb is wide enough for the register tiles);
+decoder.pgb is version 2 (an embedding gather, `cache`
 buffers, a `decode` entrypoint taking the Variable `pos` as an int, Variables in two dimensions);
 embedding_sgd.pgb trains an embedding, whose gradient is a scatter-add (accumulating stores).
 
