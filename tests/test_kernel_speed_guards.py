@@ -19,6 +19,7 @@ from polygrad.engine.schedule import schedule
 from polygrad.renderer.cstyle import CStyleRenderer
 from polygrad.renderer.linearize import L, linearize
 from polygrad.uop.ops import Ops
+from polygrad_backend_cpu.renderer import CPURenderer
 from polygrad_backend_interp.evaluator import InterpProgram
 
 AVX512 = Capabilities(threads=2, vector_width=16, registers=32, fma=True, stage_bytes=512 * 1024)
@@ -195,6 +196,23 @@ def test_conv_kernels_get_vector_tiles():
         kinds[spec.name] = [(o.kind, o.amount) for o in spec.opts if o.kind is not OptKind.THREAD]
     assert (OptKind.UPCAST, 8) in kinds["r_8_64_56_56"]  # forward: 8 output channels x one vector of 8 pixels
     assert [k for k, _ in kinds["r_64_64_3_3"]] == [OptKind.UPCAST, OptKind.UPCAST, OptKind.SPLIT_REDUCE]
+
+
+def test_conv_padded_loads_and_fmas_are_single_vector_operations_on_the_cpu():
+    """The padded (gated) loads of conv2d's kernels go through one helper call each, whose x86 build is a
+    masked vector load, and their multiply-adds through the FMA helper, whose build is one vector FMA: no
+    lane-by-lane load, FMA or lane count left in the kernels (gcc spilled the register tile around them)."""
+    for ast in _conv_kernels():
+        spec = lower(ast, AVX512)
+        if spec.ops < 1e9:
+            continue
+        src = CPURenderer().render(spec)
+        body = src[src.index(f"void {spec.name}("):]
+        # (the one lane loop left is the split reduction's final horizontal sum, after the loops)
+        assert "pg_fma_f32x" in body and not re.search(r"\w\[pl\] =", body) and "on_" not in body, spec.name
+        if spec.name == "r_64_64_3_3":  # the weight gradient reads the padded input
+            assert "pg_gload_f32x8(" in body and "__builtin_ia32_maskloadps256(" in src
+            assert "__builtin_ia32_vfmaddps256(a, b, c)" in src
 
 
 def test_conv_input_gradient_is_a_transposed_convolution():

@@ -24,6 +24,7 @@ from polygrad.renderer.cstyle import CStyleRenderer
 from polygrad.renderer.linearize import L, linearize
 from polygrad.uop.ops import AxisKind, KernelInfo, Ops, UOp
 from polygrad_backend_cpu.compiler import ClangCompiler
+from polygrad_backend_cpu.renderer import CPURenderer
 
 from test_linearize import check_structure
 
@@ -442,6 +443,39 @@ def test_both_compilers_build_the_same_vector_code(cc):
                  REDUCTIONS["bool_any_all"]):
         for i, ast in enumerate(kernels(make())):
             check_kernel(ast, seed=i, cc=cc)
+
+
+@pytest.mark.parametrize("cc", ["clang", "gcc"])
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+def test_cpu_dialect_x86_builtins_match_the_portable_loops(cc, lanes):
+    """The CPU dialect's gated loads (masked loads: a padded row whose masked lanes lie past the buffer's
+    end) and lane FMAs go through x86 builtins where the compiler targets AVX / FMA / AVX-512, and through
+    the base renderer's lane loops elsewhere (-mno-avx here): both builds equal the scalar C bit for bit."""
+    n = 64
+    out, a, b = (UOp.placeholder((n,), dtypes.float32, 0), UOp.placeholder((n - 13,), dtypes.float32, 1),
+                 UOp.placeholder((n,), dtypes.float32, 2))
+    r = UOp.range(None, n, 0)
+    gated = UOp(Ops.INDEX, dtypes.float32, (a, r + 3, r < n - 16)).load()
+    value = UOp(Ops.FMA, dtypes.float32, (gated, b[r].load(), b[(r + 1) % n].load()))
+    ast = out[r].store(value).end(r).sink(arg=KernelInfo(name="k_x86_builtins"))
+    caps = Capabilities(threads=1, vector_width=lanes, registers=16)
+    spec = lower(ast, caps, [Opt(OptKind.UPCAST, 0, lanes)])
+    src = CPURenderer().render_program(linearize(spec, vector_width=lanes))
+    vt = f"pg_f32x{lanes}"
+    assert f"pg_fma_{vt[3:]}(" in src and f"pg_gload_{vt[3:]}(data1 + " in src, src
+    fast = {4: "__builtin_ia32_maskloadps(", 8: "__builtin_ia32_maskloadps256("}
+    if lanes in fast:
+        assert "#if defined(__AVX__)\n  return " + fast[lanes] in src, src
+    inputs = inputs_for(spec.globals, np.random.default_rng(lanes), True)
+    scalar = run_c(spec, 1, inputs, cc)
+    for extra in ((), ("-mno-avx",)):
+        prog = CPU.load(spec, compiler(cc).compile(src, extra))
+        bufs = {}
+        for g in spec.globals:
+            bufs[g.slot] = Buffer("CPU", g.size, g.dtype)
+            bufs[g.slot].copyin(inputs[g.slot] if not g.written else np.zeros(g.size, np.float32))
+        prog([bufs[g.slot].handle for g in spec.globals], (), False)
+        assert_bits_equal(bufs[0].numpy(), scalar[0], f"{cc} {extra} lanes {lanes}")
 
 
 def test_unvectorisable_kernels_fall_back_to_lane_loops():

@@ -11,7 +11,8 @@ int32 mask (0 / -1), converted with __builtin_convertvector where a select or a 
 another width; WHERE and MAX are bitwise selects on the mask (both compilers accept no vector `?:`
 in C). Contiguous loads and stores are __builtin_memcpy (unaligned); gathers, scatters, masked
 accesses and ops without a vector operator (sqrt, trunc, fmod, pow, fma, transcendentals) run one
-lane at a time over the vector's elements (`v[pl]`). Conversions are __builtin_convertvector,
+lane at a time over the vector's elements (`v[pl]`); a dialect may give the FMA and gated-load helpers
+faster bodies (the CPU's x86 builtins). Conversions are __builtin_convertvector,
 reinterpretations vector casts.
 
 Integer division wraps (docs/kernel-ir.md): `INT_MIN / -1` is INT_MIN and `INT_MIN % -1` is 0, as in
@@ -361,10 +362,13 @@ class CStyleRenderer:
         to each lane (clang and gcc compile it to one vector FMA instruction where the CPU has one)."""
         vt = self.vtype(dt, n)
         name = f"pg_fma_{vt[3:]}"
-        lane = f"r[pl] = {self.math_fn('fma', dt)}(a[pl], b[pl], c[pl]);"
-        self._helpers[name] = (f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{ {vt} r; "
-                               f"for (int pl = 0; pl < {n}; pl++) {lane} return r; }}")
+        self._helpers[name] = f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{ {self.vfma_body(dt, n)} }}"
         return f"{name}({a}, {b}, {c})"
+
+    def vfma_body(self, dt: DType, n: int) -> str:
+        """The body of the FMA helper over vectors a, b, c: the scalar fma of each lane."""
+        lane = f"r[pl] = {self.math_fn('fma', dt)}(a[pl], b[pl], c[pl]);"
+        return f"{self.vtype(dt, n)} r; for (int pl = 0; pl < {n}; pl++) {lane} return r;"
 
     def count_lanes(self, gate: str, lanes: int) -> str:
         """A C expression: how many lanes of the bool mask `gate` are true (a movemask and popcount)."""
@@ -399,23 +403,40 @@ class CStyleRenderer:
         gate = x.src[2] if len(x.src) > 2 else None
         vt = self.vtype(dt, x.lanes)
         if x.arg == "contiguous":
-            if dt is dtypes.bool:
-                bt, zero = self.vtype(dtypes.uint8, x.lanes), self.splat(dtypes.int32, x.lanes, "0")
-                words = f"__builtin_convertvector(b_, {vt})!={zero}"
-                copy = (f"{{ {bt} b_; __builtin_memcpy(&b_, {buf} + {idx}, sizeof(b_)); "
-                        f"{name} = {self.mask_of(words, 4, x.lanes)}; }}")
-            else:
-                copy = f"__builtin_memcpy(&{name}, {buf} + {idx}, sizeof({name}));"
             if gate is None:
-                return [f"{pad}{vt} {name};", f"{pad}{copy}"]
+                return [f"{pad}{vt} {name};", f"{pad}{self.vector_copy(dt, x.lanes, name, f'{buf} + {idx}')}"]
             if gate.lanes == 1:
+                copy = self.vector_copy(dt, x.lanes, name, f"{buf} + {idx}")
                 return [f"{pad}{vt} {name} = {{0}};", f"{pad}if ({n(gate)}) {copy}"]
-        lane_loop = self.lane_load_loop(x, name, n)
-        if x.arg == "contiguous":  # a lane gate: one vector load where every lane is on (padding interiors)
-            on = f"on{name}"
-            return [f"{pad}{vt} {name} = {{0}};", f"{pad}int {on} = {self.count_lanes(n(gate), x.lanes)};",
-                    f"{pad}if ({on} == {x.lanes}) {copy}", f"{pad}else if ({on}) {lane_loop}"]
-        return [f"{pad}{vt} {name};", f"{pad}{lane_loop}"]
+            # a lane gate (padding): see gated_vload
+            return [f"{pad}{vt} {name} = {self.gated_vload(dt, x.lanes, f'{buf} + {idx}', n(gate))};"]
+        return [f"{pad}{vt} {name};", f"{pad}{self.lane_load_loop(x, name, n)}"]
+
+    def vector_copy(self, dt: DType, lanes: int, name: str, ptr: str) -> str:
+        """A statement setting vector `name` from `lanes` contiguous elements at ptr (bools: bytes to a mask)."""
+        if dt is not dtypes.bool:
+            return f"__builtin_memcpy(&{name}, {ptr}, sizeof({name}));"
+        vt, bt, zero = self.vtype(dt, lanes), self.vtype(dtypes.uint8, lanes), self.splat(dtypes.int32, lanes, "0")
+        words = f"__builtin_convertvector(b_, {vt})!={zero}"
+        return f"{{ {bt} b_; __builtin_memcpy(&b_, {ptr}, sizeof(b_)); {name} = {self.mask_of(words, 4, lanes)}; }}"
+
+    def gated_vload(self, dt: DType, lanes: int, ptr: str, gate: str) -> str:
+        """A C expression: `lanes` contiguous elements at ptr, lanes whose gate is off reading nothing and
+        giving 0; through a helper per vector type (`pg_gload_<type>(p, m)`, body: gated_vload_body)."""
+        vt = self.vtype(dt, lanes)
+        name = f"pg_gload_{vt[3:]}"
+        self._helpers[name] = (f"static inline {vt} {name}(const {self.storage_ctype(dt)}* p, "
+                               f"{self.vtype(dtypes.bool, lanes)} m) {{\n{self.gated_vload_body(dt, lanes)}\n}}")
+        return f"{name}({ptr}, {gate})"
+
+    def gated_vload_body(self, dt: DType, lanes: int) -> str:
+        """The gated load helper's body over pointer p and mask m: one vector load where every lane is on
+        (padding interiors), else each lane that is on read alone."""
+        elem = "(p[pl] ? -1 : 0)" if dt is dtypes.bool else "p[pl]"
+        return (f"  {self.vtype(dt, lanes)} r = {{0}}; int on = {self.count_lanes('m', lanes)};\n"
+                f"  if (on == {lanes}) {self.vector_copy(dt, lanes, 'r', 'p')}\n"
+                f"  else if (on) for (int pl = 0; pl < {lanes}; pl++) r[pl] = (m[pl]!=0) ? {elem} : 0;\n"
+                f"  return r;")
 
     def vstore(self, x: Inst, n: Any, pad: str) -> list[str]:
         """Statements for a STORE of lanes (contiguous or scattered, optionally with a lane gate)."""
