@@ -55,8 +55,8 @@ Vector lanes (`linearize(spec, vector_width=w)`, w > 1; emitters that handle vec
 device's width, `spec.vector_width`; the default 1 keeps every upcast range a scalar loop). In each
 END block one upcast range V becomes vector lanes instead of a loop: the END's last upcast range if
 some load or the store is contiguous in it (coefficient 1), or the last range of a split
-reduction's final sum that is, whichever gets more lanes (the END's range on a tie). Its lanes are w when w divides its size (a bigger range is split
-first: V = Vo*w + Vl, Vo an upcast loop and Vl the lanes, in V's place, so the points keep their
+reduction's final sum that is, whichever gets more lanes (the END's range on a tie). Its lanes
+are w when w divides its size (a bigger range is split first: V = Vo*w + Vl, Vo an upcast loop and Vl the lanes, in V's place, so the points keep their
 order; a 16-column tile on an 8-lane device is two vectors), or its size when that divides w and
 is at least 4; otherwise no lanes. Every instruction has a lane count `lanes` (1: scalar); its
 dtype stays the scalar element dtype, so an instruction with lanes n > 1 is a vector of n values of
