@@ -58,7 +58,8 @@ some load or the store is contiguous in it (coefficient 1), or the last range of
 reduction's final sum that is, whichever gets more lanes (the END's range on a tie). Its lanes
 are w when w divides its size (a bigger range is split first: V = Vo*w + Vl, Vo an upcast loop
 and Vl the lanes, in V's place, so the points keep their order; a 16-column tile on an 8-lane
-device is two vectors), or its size when that divides w and is at least 4; otherwise no lanes. Every instruction has a lane count `lanes` (1: scalar); its
+device is two vectors), or its size when that divides w and is at least 4; otherwise no lanes.
+Every instruction has a lane count `lanes` (1: scalar); its
 dtype stays the scalar element dtype, so an instruction with lanes n > 1 is a vector of n values of
 `dtype`, lane k being the scalar path's value at V = k. Everything that depends on V has V's lanes;
 the rest stays scalar and is broadcast where it meets a vector:
