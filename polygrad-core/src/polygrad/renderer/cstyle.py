@@ -12,7 +12,7 @@ another width; WHERE and MAX are bitwise selects on the mask (both compilers acc
 in C). Contiguous loads and stores are __builtin_memcpy (unaligned); gathers, scatters, masked
 accesses and ops without a vector operator (sqrt, trunc, fmod, pow, fma, transcendentals) run one
 lane at a time over the vector's elements (`v[pl]`); a dialect may give the FMA and gated-load helpers
-faster bodies (the CPU's x86 builtins). Conversions are __builtin_convertvector,
+faster bodies (the CPU's vector builtins). Conversions are __builtin_convertvector,
 reinterpretations vector casts.
 
 Integer division wraps (docs/kernel-ir.md): `INT_MIN / -1` is INT_MIN and `INT_MIN % -1` is 0, as in
@@ -362,13 +362,10 @@ class CStyleRenderer:
         to each lane (clang and gcc compile it to one vector FMA instruction where the CPU has one)."""
         vt = self.vtype(dt, n)
         name = f"pg_fma_{vt[3:]}"
-        self._helpers[name] = f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{ {self.vfma_body(dt, n)} }}"
-        return f"{name}({a}, {b}, {c})"
-
-    def vfma_body(self, dt: DType, n: int) -> str:
-        """The body of the FMA helper over vectors a, b, c: the scalar fma of each lane."""
         lane = f"r[pl] = {self.math_fn('fma', dt)}(a[pl], b[pl], c[pl]);"
-        return f"{self.vtype(dt, n)} r; for (int pl = 0; pl < {n}; pl++) {lane} return r;"
+        self._helpers[name] = (f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{ {vt} r; "
+                               f"for (int pl = 0; pl < {n}; pl++) {lane} return r; }}")
+        return f"{name}({a}, {b}, {c})"
 
     def count_lanes(self, gate: str, lanes: int) -> str:
         """A C expression: how many lanes of the bool mask `gate` are true (a movemask and popcount)."""
