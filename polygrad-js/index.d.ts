@@ -3,7 +3,7 @@
 export type DType = 'bool' | 'int8' | 'uint8' | 'int16' | 'uint16' | 'int32' | 'uint32' | 'int64' | 'uint64' |
   'float16' | 'bfloat16' | 'float32' | 'float64'
 
-/** A dimension: a size, or (leading dimension only) the name of a bounded Variable such as 'batch'. */
+/** A dimension: a size, or the name of a bounded Variable such as 'batch' (format 1: leading dimension only). */
 export type Dim = number | string
 
 export interface TensorSpec { name: string; dtype: DType; shape: Dim[] }
@@ -14,7 +14,8 @@ export type TypedArray = Float32Array | Float64Array | Int8Array | Uint8Array | 
   Uint16Array | Int32Array | Uint32Array | BigInt64Array | BigUint64Array
 
 /** An input: a typed array or plain array read with the signature's shape, a nested array of that shape, or
- * {data, shape}. A leading Variable dimension takes any size within its bounds. */
+ * {data, shape}. A Variable dimension takes any size within its bounds (flat data: one Variable dimension at
+ * most). */
 export type Input = TypedArray | number[] | boolean[] | bigint[] | unknown[][] | { data: TypedArray | number[]; shape: number[] }
 
 /** A result: a copy of the output buffer (float16/bfloat16 widened to Float32Array) with its shape. */
@@ -87,7 +88,8 @@ export class Model {
   readonly backend: 'wasm' | 'js'
 
   forward (inputs: Record<string, Input>): Record<string, Output>
-  call (entrypoint: string, inputs?: Record<string, Input>): Record<string, Output>
+  /** Any entrypoint; an entrypoint's Variable arguments (a decode step's `pos`) are passed as integers by name. */
+  call (entrypoint: string, inputs?: Record<string, Input | number>): Record<string, Output>
   /** One optimizer step on one batch (inputs and targets together); the loss before the update. */
   trainStep (data: Record<string, Input>, opts?: OptimizerOptions): number
   /** Python's Model.fit: samples in order, minibatches of batchSize; one loss per step. */

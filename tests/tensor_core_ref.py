@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from polygrad import Device, Tensor
+from polygrad import Tensor
 
 from conftest import DEVICES  # noqa: E402,F401  (every usable backend: CPU, INTERP, X86, ...; re-exported)
 

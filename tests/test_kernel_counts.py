@@ -125,3 +125,14 @@ def test_backward_kernel_count_is_bounded(device):
     ref = np.where(a * 2 + 1 > 0, 2 * a + (a * 2 + 1), 0.0)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
     assert n <= 2
+
+
+def test_long_full_sum_takes_two_kernels():
+    """A float sum of 2**22 elements is blocked (at most 128 terms per accumulator): 128-element sums,
+    their 128-block sums, ... Each kernel holds its own reduction and one nested in it, also when the
+    result is reshaped to a scalar: partial sums of 16384 elements, then their total (was three kernels)."""
+    from polygrad.engine.schedule import schedule
+    tpl, _ = schedule([Tensor.empty(1 << 22).sum().uop])
+    assert sum(s.kind == "kernel" for s in tpl.steps) == 2
+    n, got = count_kernels(lambda: Tensor(np.ones(1 << 20, np.float32)).sum())
+    assert n == 2 and got == 1 << 20

@@ -22,6 +22,7 @@ from polygrad.uop.ops import Ops
 from polygrad_backend_interp.evaluator import InterpProgram
 
 AVX512 = Capabilities(threads=2, vector_width=16, registers=32, fma=True, stage_bytes=512 * 1024)
+AVX512_4 = Capabilities(threads=2, vector_width=16, registers=32, fma=True, stage_bytes=512 * 1024, tile_vectors=4)
 AVX2 = Capabilities(threads=2, vector_width=8, registers=16, fma=True, stage_bytes=512 * 1024)
 SSE = Capabilities(threads=1, vector_width=4, registers=16)
 SCALAR_FMA = Capabilities(threads=1, vector_width=1, fma=True)
@@ -37,7 +38,7 @@ def src_of(spec):
     return CStyleRenderer().render(spec)
 
 
-@pytest.mark.parametrize("caps,tile", [(AVX512, [8, 32]), (AVX2, [4, 16]), (SSE, [4, 8])])
+@pytest.mark.parametrize("caps,tile", [(AVX512, [8, 32]), (AVX512_4, [4, 64]), (AVX2, [4, 16]), (SSE, [4, 8])])
 def test_register_tile_comes_from_lanes_and_registers(caps, tile):
     spec = lower(kernel(Tensor.empty(64, 96) @ Tensor.empty(96, 64)), caps)
     ups = sorted(o.amount for o in spec.opts if o.kind is OptKind.UPCAST)
@@ -194,3 +195,67 @@ def test_conv_kernels_get_vector_tiles():
         kinds[spec.name] = [(o.kind, o.amount) for o in spec.opts if o.kind is not OptKind.THREAD]
     assert (OptKind.UPCAST, 8) in kinds["r_8_64_56_56"]  # forward: 8 output channels x one vector of 8 pixels
     assert [k for k, _ in kinds["r_64_64_3_3"]] == [OptKind.UPCAST, OptKind.UPCAST, OptKind.SPLIT_REDUCE]
+
+
+def test_conv_input_gradient_is_a_transposed_convolution():
+    """A stride-1 conv's input gradient is one convolution of the output gradient (gradient.with_vjp), not
+    the window view's chain rule (a 9x larger per-window product summed back with div/mod indices): three
+    kernels (forward, input and weight gradients), no buffer larger than the input, no division in any index."""
+    asts = _conv_kernels()
+    assert len(asts) == 3
+    for ast in asts:
+        assert max(g.arg[1][0] for g in ast.toposort() if g.op is Ops.DEFINE_GLOBAL) <= 8 * 64 * 56 * 56
+        assert not any(n.op in (Ops.IDIV, Ops.MOD) for n in lower(ast, AVX512).ast.toposort()), ast.arg
+
+
+def test_host_buffers_start_on_a_cache_line():
+    """NumPy puts big arrays 16 bytes past a page: every 64-byte vector access would straddle two lines."""
+    for n in (3, 1000, 1 << 20):
+        assert Buffer("CPU", n, Tensor.empty(1).dtype).ensure_allocated()._handle.addr % 64 == 0
+
+
+def test_big_outputs_are_streamed_past_the_cache():
+    """An elementwise output larger than the last-level cache gets non-temporal vector stores (no
+    read-for-ownership of every line), fenced at the end; a small output, or one the kernel also reads
+    (an in-place update), keeps plain stores. The streamed kernel computes the same values."""
+    from polygrad_backend_cpu.renderer import CPURenderer
+    big, small = Tensor.empty(1 << 20), Tensor.empty(1 << 10)
+    r = CPURenderer(stream_bytes=1 << 20)
+    src = r.render(lower(kernel((big * 2 + 1).relu()), AVX512))
+    assert "pg_stream64(data0 + " in src and "pg_stream_fence();\n}" in src and "immintrin" not in src
+    assert "pg_stream" not in r.render(lower(kernel(small * 2), AVX512))
+    x = Tensor.empty(1 << 20)
+    (ast,) = [s.ast for s in schedule([x.assign(x * 2).uop])[0].steps if s.kind == "kernel"]
+    assert "pg_stream" not in r.render(lower(ast, AVX512))
+    assert "pg_stream" not in CPURenderer(stream_bytes=0).render(lower(kernel((big * 2 + 1).relu()), AVX512))
+    impl = open_device("CPU")
+    saved, impl.render.__self__.stream_bytes = impl.render.__self__.stream_bytes, 4096
+    try:
+        realize.program_cache.clear()
+        data = np.linspace(-3, 3, 40000, dtype=np.float32)
+        out = (Tensor(data) * 2 + 1).relu() * 0.5
+        np.testing.assert_array_equal(out.numpy(), np.maximum(data * 2 + 1, 0) * 0.5)
+        assert any("pg_stream" in p.source for p in realize.program_cache.values())
+    finally:
+        impl.render.__self__.stream_bytes = saved
+        realize.program_cache.clear()
+
+
+def test_four_vector_rows_narrow_where_their_panel_does_not_fit():
+    """A device asking for 4-vector tile rows (clang with AVX-512) gets 4 x 64 tiles with 64-column
+    panels staged; where such a panel would not fit the staging scratch (a 3072-long reduction), the tile
+    narrows to 8 x 32 and stays staged rather than losing the staging."""
+    def tile(m, k, n):
+        spec = lower(kernel(Tensor.empty(m, k) @ Tensor.empty(k, n)), AVX512_4)
+        return sorted(o.amount for o in spec.opts if o.kind is OptKind.UPCAST), \
+            any(o.kind is OptKind.STAGE for o in spec.opts)
+    assert tile(128, 768, 3072) == ([4, 64], True)
+    assert tile(128, 3072, 768) == ([8, 32], True)
+    assert tile(1024, 1024, 1024) == ([4, 64], True)
+
+
+def test_tile_vectors_follow_the_compiler():
+    from polygrad_backend_cpu import tile_vectors
+    assert tile_vectors("Debian clang version 14.0.6", 32) == 4
+    assert tile_vectors("gcc (Debian 12.2.0-14) 12.2.0", 32) == 2
+    assert tile_vectors("Ubuntu clang version 18.1.3", 16) == 2  # AVX2: 16 registers

@@ -31,6 +31,22 @@ def test_conv_matches_torch(name: str, device: str) -> None:
             [rand(*xs), rand(*ws, seed=1), rand(ws[0], seed=2)], device, atol=1e-4)
 
 
+def test_conv_gradient_reaches_its_inner_views(device: str) -> None:
+    """conv2d's own gradient rule (a transposed convolution) steps over its window view; a gradient asked
+    of a node inside that view (the padded input, hash-consed with the conv's own) takes the chain rule."""
+    x, w = rand(1, 2, 5, 5), rand(3, 2, 3, 3, seed=1)
+    px = Tensor(x, device=device, requires_grad=True)
+    out = px.conv2d(Tensor(w, device=device), padding=1)
+    padded = px.pad((1, 1, 1, 1))
+    got_p, got_x = (out * out).sum().gradient(padded, px)
+    tp = F.pad(torch.tensor(x), (1, 1, 1, 1)).requires_grad_(True)
+    tx = torch.tensor(x, requires_grad=True)
+    (F.conv2d(tp, torch.tensor(w)) ** 2).sum().backward()
+    (F.conv2d(tx, torch.tensor(w), padding=1) ** 2).sum().backward()
+    np.testing.assert_allclose(got_p.numpy(), tp.grad.numpy(), atol=1e-4)
+    np.testing.assert_allclose(got_x.numpy(), tx.grad.numpy(), atol=1e-4)
+
+
 def test_conv_flat_torch_order_padding(device: str) -> None:
     # a 4-entry padding is flat torch order (left, right, top, bottom), like F.pad
     x, w = rand(1, 1, 4, 5), rand(1, 1, 3, 3, seed=1)

@@ -12,6 +12,12 @@
  * time from require to the first result in a fresh process, and the package's minified size. Prints the
  * times, our ratio to each library and to the issue's targets. Timings on a shared machine are noisy:
  * every row is a best-of-N.
+ *
+ * One thread each: ort (numThreads = 1) and tfjs (setThreadsCount(1)) run their kernels on the main thread,
+ * as polygrad does. Their CPU time can still exceed their wall time: Node's V8 helper threads sweep the
+ * ArrayBuffers a call allocates and tier up the libraries' large wasm modules in the background (measured
+ * with perf on Linux; the table prints that helper-thread CPU time). `node --single-threaded bench.js` keeps
+ * that work on the main thread too.
  */
 
 const path = require('path')
@@ -25,30 +31,56 @@ const QUICK = process.argv.includes('--quick')
 const ROUNDS = QUICK ? 5 : 20
 
 // Each measurement returns {wall: best-of-n wall time per call, cpu: this process's CPU time per call over
-// all n*inner calls}. On a loaded machine the CPU time is the steadier figure (time spent waiting for a core
-// is not counted); every library here runs on one thread, so CPU time is its compute time.
+// all n*inner calls, other: the part of that CPU time spent on threads other than the main one}. On a loaded
+// machine the CPU time is the steadier figure (time spent waiting for a core is not counted). Every library
+// computes on the main thread (ort numThreads = 1, tfjs setThreadsCount(1)); `other` is Node's own helper
+// threads (V8's concurrent garbage collection of the objects a call allocates), which is why a library's CPU
+// time can exceed its wall time.
+const TICK_MS = 10 // /proc/<pid>/task/<tid>/stat counts CPU time in clock ticks of 10 ms (USER_HZ 100)
+
+function otherThreadsMs () {
+  // CPU time of every thread but the main one, from /proc (Linux); null elsewhere
+  const dir = '/proc/self/task'
+  if (!fs.existsSync(dir)) return null
+  let ticks = 0
+  for (const t of fs.readdirSync(dir)) {
+    if (Number(t) === process.pid) continue
+    try {
+      const st = fs.readFileSync(`${dir}/${t}/stat`, 'utf8')
+      const f = st.slice(st.lastIndexOf(')') + 2).split(' ')
+      ticks += Number(f[11]) + Number(f[12])
+    } catch (e) {} // the thread ended
+  }
+  return ticks * TICK_MS
+}
+
+function measured (b, c, o0, calls) {
+  const o1 = otherThreadsMs()
+  return { wall: b, cpu: (c.user + c.system) / 1000 / calls, other: o0 === null || o1 === null ? null : (o1 - o0) / calls }
+}
+
 function best (fn, n = ROUNDS, inner = 1) {
   let b = Infinity
+  const o0 = otherThreadsMs()
   const c0 = process.cpuUsage()
   for (let i = 0; i < n; i++) {
     const t = performance.now()
     for (let j = 0; j < inner; j++) fn()
     b = Math.min(b, (performance.now() - t) / inner)
   }
-  const c = process.cpuUsage(c0)
-  return { wall: b, cpu: (c.user + c.system) / 1000 / (n * inner) }
+  return measured(b, process.cpuUsage(c0), o0, n * inner)
 }
 
 async function bestAsync (fn, n = ROUNDS, inner = 1) {
   let b = Infinity
+  const o0 = otherThreadsMs()
   const c0 = process.cpuUsage()
   for (let i = 0; i < n; i++) {
     const t = performance.now()
     for (let j = 0; j < inner; j++) await fn()
     b = Math.min(b, (performance.now() - t) / inner)
   }
-  const c = process.cpuUsage(c0)
-  return { wall: b, cpu: (c.user + c.system) / 1000 / (n * inner) }
+  return measured(b, process.cpuUsage(c0), o0, n * inner)
 }
 
 function data (batch) {
@@ -212,6 +244,8 @@ async function main () {
       console.log(`${label.padEnd(26)} ${f(v('polygrad'))} ${f(v('ort'))} ${f(v('tfjs'))} ${f(v('naive'))} ${ratio(v('polygrad'), v('ort'))} ${ratio(v('polygrad'), v('tfjs'))}`)
     }
   }
+  const threads = (w) => ['fwd128', 'fwd1'].map((k) => rows[k][w] && rows[k][w].other !== null ? `${k} ${rows[k][w].other.toFixed(3)} ms` : null).filter(Boolean).join(', ')
+  console.log(`\nCPU time per call on threads other than the main one (Node's GC helpers; the libraries compute on one thread): ${['polygrad', 'ort', 'tfjs'].map((w) => `${w}: ${threads(w) || '-'}`).join('; ')}`)
   const flops = 2 * 128 * (784 * 512 + 512 * 512 + 512 * 10)
   console.log(`\nforward batch 128: ${(flops / rows.fwd128.polygrad.wall / 1e6).toFixed(1)} GFLOP/s (wall), ${(flops / rows.fwd128.polygrad.cpu / 1e6).toFixed(1)} GFLOP/s (cpu), one thread`)
   console.log(`package: ${size === null ? '?' : (size / 1024).toFixed(1)} KB of minified JS, no wasm files`)

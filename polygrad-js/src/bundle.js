@@ -13,8 +13,8 @@ const json = require('./json')
 
 const MAGIC = [0x89, 0x50, 0x47, 0x42, 0x0d, 0x0a, 0x1a, 0x0a]
 const FORMAT = 'polygrad-bundle'
-const VERSION = 1
-const SUPPORTED_VERSIONS = [1]
+const VERSION = 1 // the oldest version; a writer uses the oldest that holds the model (manifest.formatVersion)
+const SUPPORTED_VERSIONS = [1, 2]
 const HEADER = 64
 const ALIGN = 64
 const MAX_MANIFEST = 256 * 1024 * 1024
@@ -75,8 +75,10 @@ function read (data) {
   return { manifest, body }
 }
 
-/** Bundle bytes of a manifest and the stored buffers' bytes: blob k goes to the k-th buffer whose `data` is true. */
+/** Bundle bytes of a manifest and the stored buffers' bytes: blob k goes to the k-th buffer whose `data` is true.
+ * The header's version is the manifest's. */
 function write (manifest, blobs) {
+  if (!SUPPORTED_VERSIONS.includes(manifest.version)) throw new Error(`internal: cannot write bundle version ${manifest.version}`)
   const offsets = []
   let pos = 0
   for (const b of blobs) {
@@ -98,7 +100,7 @@ function write (manifest, blobs) {
   for (let i = 0; i < blobs.length; i++) out.set(blobs[i], start + offsets[i])
   out.set(MAGIC, 0)
   const view = new DataView(out.buffer)
-  view.setUint32(8, VERSION, true)
+  view.setUint32(8, manifest.version, true)
   view.setUint32(12, 0, true)
   view.setUint32(16, text.length, true)
   view.setUint32(24, pos % 0x100000000, true)
@@ -108,4 +110,4 @@ function write (manifest, blobs) {
   return out
 }
 
-module.exports = { read, write, asBytes, FORMAT, VERSION, ALIGN, HEADER, MAGIC }
+module.exports = { read, write, asBytes, FORMAT, VERSION, SUPPORTED_VERSIONS, ALIGN, HEADER, MAGIC }

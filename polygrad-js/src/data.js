@@ -3,8 +3,8 @@
  * Caller data in and results out: the input forms of docs/bundle-format.md section 3 for JavaScript.
  *
  * Stage: user API. An input is a typed array or a plain array read with the signature's shape, a nested
- * plain array of exactly that shape, or {data, shape}; the leading dimension may be a Variable's size.
- * `readInput(spec, value, variables)` -> {values (flat), rows (the Variable's value or null)};
+ * plain array of exactly that shape, or {data, shape}; any dimension may be a Variable's size (flat data:
+ * one at most). `readInput(spec, value, variables)` -> {values (flat), dims (Variable -> size)};
  * `writeValues` puts them into a buffer; `readOutput` copies a result out as a typed array with `.shape`.
  */
 
@@ -78,15 +78,15 @@ function checkValues (values, d, what) {
 }
 
 /**
- * {values, rows} of one input value for `spec` (rows: the leading Variable's value, or null).
- * `leading` true reads the value as samples (fit): any leading size, the rest as the spec.
+ * {values, dims, rows, perRow} of one input value for `spec`: `dims` maps each Variable named in the spec's
+ * shape to the size the value gives it (within its bounds); `rows` is the leading size when `leading` (fit:
+ * the value is read as samples, any number of them, the rest as the spec) and null otherwise; `perRow` is
+ * the element count of one leading row. Flat data takes the spec's shape, with one Variable dim at most.
  */
 function readInput (spec, value, variables, { leading = false, what = `input '${spec.name}'` } = {}) {
-  const sym = spec.shape.length > 0 && typeof spec.shape[0] === 'string'
-  const free = sym || leading
-  const trailing = free ? spec.shape.slice(1) : spec.shape
-  const perRow = trailing.reduce((a, b) => a * b, 1)
-  const want = leading ? '[samples' + trailing.map((d) => ', ' + d).join('') + ']' : shapeText(spec.shape)
+  const free = spec.shape.map((d, i) => (leading && i === 0) || typeof d === 'string')
+  const perRow = spec.shape.slice(1).reduce((a, b) => a * (typeof b === 'string' ? variables.get(b)[1] : b), 1)
+  const want = () => (leading ? '[samples' + spec.shape.slice(1).map((d) => ', ' + d).join('') + ']' : shapeText(spec.shape)) // for messages
   let values, shape
   if (value !== null && typeof value === 'object' && !Array.isArray(value) && !ArrayBuffer.isView(value)) {
     if (!('data' in value) || !('shape' in value)) throw new ModelInputError(`${what} must be a typed array, an array, or {data, shape}`)
@@ -106,26 +106,31 @@ function readInput (spec, value, variables, { leading = false, what = `input '${
     throw new ModelInputError(`${what} must be a typed array, an array, or {data, shape}; got ${value === null ? 'null' : typeof value}`)
   }
   if (shape === undefined) {
-    // flat data: the signature gives the shape
-    if (free) {
-      if (perRow === 0 ? values.length !== 0 : values.length % perRow) throw new ModelInputError(`${what} has ${values.length} values; expected a multiple of ${perRow} for shape ${want}`)
-      shape = [perRow ? values.length / perRow : 0, ...trailing]
+    // flat data: the signature gives the shape, the one free dimension (if any) takes what is left
+    const nFree = free.filter(Boolean).length
+    if (nFree > 1) throw new ModelInputError(`${what} has ${nFree} Variable dimensions ${want()}; pass {data, shape} or a nested array of that shape, not flat data`)
+    const fixed = spec.shape.reduce((a, d, i) => (free[i] ? a : a * d), 1)
+    if (nFree === 1) {
+      if (fixed === 0 ? values.length !== 0 : values.length % fixed) throw new ModelInputError(`${what} has ${values.length} values; expected a multiple of ${fixed} for shape ${want()}`)
+      shape = spec.shape.map((d, i) => (free[i] ? (fixed ? values.length / fixed : 0) : d))
     } else {
-      if (values.length !== perRow) throw new ModelInputError(`${what} has ${values.length} values; expected ${perRow} for shape ${want}`)
+      if (values.length !== fixed) throw new ModelInputError(`${what} has ${values.length} values; expected ${fixed} for shape ${want()}`)
       shape = spec.shape.slice()
     }
   }
-  const fixedOk = shape.length === spec.shape.length && spec.shape.every((d, i) => (free && i === 0) || typeof d === 'string' || d === shape[i])
-  if (!fixedOk) throw new ModelInputError(`${what} has shape ${shapeText(shape)}; expected ${want}`)
-  let rows = null
-  if (free) {
-    rows = shape[0]
-    if (sym && !leading) {
-      const [lo, hi] = variables.get(spec.shape[0])
-      if (rows < lo || rows > hi) throw new ModelInputError(`${what} has ${rows} rows; Variable '${spec.shape[0]}' allows ${lo}..${hi}`)
+  const fixedOk = shape.length === spec.shape.length && spec.shape.every((d, i) => free[i] || d === shape[i])
+  if (!fixedOk) throw new ModelInputError(`${what} has shape ${shapeText(shape)}; expected ${want()}`)
+  const dims = new Map()
+  spec.shape.forEach((d, i) => {
+    if (typeof d !== 'string' || (leading && i === 0)) return
+    const [lo, hi] = variables.get(d)
+    if (shape[i] < lo || shape[i] > hi) {
+      throw new ModelInputError(`${what} has ${i === 0 ? `${shape[0]} rows` : `shape ${shapeText(shape)}`}; Variable '${d}' allows ${lo}..${hi}`)
     }
-  }
-  return { values: checkValues(values, spec.dtype, what), rows, perRow }
+    if (dims.has(d) && dims.get(d) !== shape[i]) throw new ModelInputError(`${what} has shape ${shapeText(shape)}: the dimensions named '${d}' differ`)
+    dims.set(d, shape[i])
+  })
+  return { values: checkValues(values, spec.dtype, what), dims, rows: leading ? shape[0] : null, perRow }
 }
 
 /** Write values (element `from` onwards, `count` of them) into a buffer of dtype d at element `start` of `view`. */

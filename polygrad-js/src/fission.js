@@ -68,7 +68,7 @@ function maxSize (r) {
  * {ast, scratch: [{dtype, size}]} of a kernel with its prologues split off, or null when nothing qualifies.
  */
 function fission (g, ast) {
-  if (ast.src.length !== 1 || ast.src[0].op !== 'END' || ast.src[0].src[0].op !== 'STORE') return null
+  if (ast.src.length !== 1 || ast.src[0].op !== 'END' || ast.src[0].src[0].op !== 'STORE' || ast.src[0].src[0].arg !== null) return null
   const end = ast.src[0]
   const store = end.src[0]
   const outer = end.src.slice(1)

@@ -10,7 +10,8 @@
  *
  * Args in JS: CONST a number (floats keep their float64 value; rounding to the dtype happens when
  * rendered), an integer Number/BigInt or a boolean; RANGE [axis id, kind]; DEFINE_GLOBAL [slot, shape]
- * (shape entries integers or size UOps); DEFINE_VAR [name, min, max]; REDUCE the op name; SINK
+ * (shape entries integers or size UOps); DEFINE_VAR [name, min, max]; REDUCE the op name; STORE null or the
+ * op name of an accumulating store; SINK
  * {name, opts} (opts kept in their encoded form); VECTORIZE the lane count; everything else null.
  */
 
@@ -263,6 +264,12 @@ function opArg (op, dtype, a, where) {
     case 'REDUCE':
       if (!a || !a.op) throw bad('a reduce op')
       return a.op
+    case 'STORE':
+      // an accumulating store (docs/kernel-ir.md "Accumulating stores") keeps its op's name; validation
+      // allows ADD, MUL and MAX
+      if (a === null) return null
+      if (!a.op) throw bad('no arg or an op')
+      return a.op
     case 'SINK':
       if (a === null) return null
       if (!a.kernel_info) throw bad('a KernelInfo')
@@ -334,6 +341,8 @@ function encodeOpArg (n, index) {
       return ['tuple', [['str', a[0]], ['int', a[1]], ['int', a[2]]]]
     case 'REDUCE':
       return ['op', a]
+    case 'STORE':
+      return a === null ? null : ['op', a]
     case 'SINK':
       return a === null ? null : ['kernel_info', { name: a.name, opts: a.opts }]
     case 'VECTORIZE':

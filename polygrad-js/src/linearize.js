@@ -372,6 +372,7 @@ class Linearizer {
     let v = this.value(valueNode)
     if (valueNode.dtype !== index.dtype) v = this.alu('CAST', index.dtype, [v])
     const a = this.access(index)
+    if (st.arg !== null) return this.accumulate(st, index, v, a)
     let { idx, gate, mode, lanes } = a
     if (mode === 'scalar' && v.lanes > 1) {
       idx = this.bcast(idx, v.lanes)
@@ -397,6 +398,23 @@ class Linearizer {
     } else {
       this.place(x, this.depth)
     }
+  }
+
+  /**
+   * An accumulating store: load the element, fold the value in with the store's op, store it back, one point
+   * at a time, inside the gate's `if`. The load and the op are placed at the store, never hoisted or shared
+   * (the element changes between points).
+   */
+  accumulate (st, index, v, a) {
+    if (a.lanes > 1 || v.lanes > 1) throw new NoVector('an accumulating store in lanes')
+    const d = index.dtype
+    const check = this.check(index)
+    const old = this.inst('load', d, 1, { buf: index.src[0].arg[0], idx: a.idx, gate: null, mode: 'scalar', check })
+    const sum = this.inst('alu', d, 1, { op: st.arg, src: [old, v] })
+    const put = this.inst('store', d, 1, { buf: index.src[0].arg[0], idx: a.idx, src: [sum], gate: null, mode: 'scalar', check })
+    for (const x of [old, sum, put]) x.level = this.depth
+    if (a.gate) this.place(this.inst('if', null, 1, { cond: a.gate, body: [old, sum, put] }), this.depth)
+    else for (const x of [old, sum, put]) this.place(x, this.depth)
   }
 
   block (node) {

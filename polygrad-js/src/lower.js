@@ -7,6 +7,8 @@
  *   UPCAST r by n        r -> ro*n + ri, ri an `upcast` range (register tiles; unrolled by the linearizer)
  *   VECTOR r by w        the same split, ri the block's vector range (w lanes of 128-bit SIMD)
  *   SPLIT_REDUCE r by w  REDUCE over r -> REDUCE(REDUCE(body, ro), ri): one partial accumulator per lane
+ *   UNROLL r by n        a reduce range r -> ro*n + ri, ri an `upcast` range of the same REDUCE (its steps
+ *                        unrolled into the same accumulators; after SPLIT_REDUCE it splits the outer part)
  *   a symbolic range (a Variable's size) is tiled with a clamp: r -> min(ro*n + ri, size-1), ro < ceil(size/n);
  *   the last tile recomputes the last row and stores the same values again (never used for a kernel that
  *   reads a buffer it writes)
@@ -58,12 +60,18 @@ function findTopLevelReduces (u) {
 
 const VECTOR_DTYPES = new Set(['float32', 'int32', 'uint32'])
 
+/** Whether a kernel has an accumulating STORE (arg ADD/MUL/MAX): such a kernel gets no opts at all, so its
+ * points run one at a time in loop order, as in Python's lowering. */
+function hasAccumulatingStore (ast) {
+  return toposort(ast).some((n) => n.op === 'STORE' && n.arg !== null)
+}
+
 /**
  * The optimisations for one kernel: a list of {kind, range, amount}. `width` is the SIMD lane count of
  * 32-bit values (4 for wasm SIMD; 1: no vector code, no tiles).
  */
 function chooseOpts (ast, width) {
-  if (width <= 1) return []
+  if (width <= 1 || hasAccumulatingStore(ast)) return []
   return ast.src.flatMap((block) => (block.op === 'END' ? blockOpts(block, width) : []))
 }
 
@@ -140,6 +148,28 @@ function blockOpts (end, width) {
 }
 
 /**
+ * The opts of a kernel's variant for fewer rows than its row tile `rowTile` (an UPCAST of a Variable-sized
+ * range: batch 1 runs it): no row tile; and where the reduction is split into lanes (x @ W.T, one row streaming
+ * the weights) 8 columns per tile instead of 2 and the reduction unrolled by 2, so that 16 weight loads are in
+ * flight per iteration (on the benchmark's MLP at batch 1 this takes the kernels from about 19 to 33 GFLOP/s).
+ */
+function fewRowsOpts (opts, rowTile) {
+  const split = opts.find((o) => o.kind === 'SPLIT_REDUCE')
+  const out = []
+  for (const o of opts) {
+    if (o === rowTile) continue
+    if (split && o.kind === 'UPCAST' && o.range.src[0].op === 'CONST') {
+      const n = Number(o.range.src[0].arg)
+      out.push(Object.assign({}, o, { amount: [8, 4, 2].find((a) => n % a === 0) || o.amount }))
+      continue
+    }
+    out.push(o)
+    if (o === split && (constSize(o.range) / o.amount) % 2 === 0) out.push({ kind: 'UNROLL', range: o.range, amount: 2 })
+  }
+  return out
+}
+
+/**
  * Apply opts in order (each splits its range; new ranges get fresh axis ids; an opt naming a range an
  * earlier opt split applies to its outer part). Returns {ast (simplified), vector: Set of vector ranges}.
  */
@@ -196,7 +226,7 @@ function gateStores (g, ast, r, cond) {
   for (const st of toposort(ast).filter((n) => n.op === 'STORE' && toposort(n).includes(r))) {
     const ix = st.src[0]
     const gate = ix.src.length > 2 ? g.alu('AND', ix.src[2], cond) : cond
-    map.set(st, g.node('STORE', null, [g.node('INDEX', ix.dtype, [ix.src[0], ix.src[1], gate]), st.src[1]]))
+    map.set(st, g.node('STORE', null, [g.node('INDEX', ix.dtype, [ix.src[0], ix.src[1], gate]), st.src[1]], st.arg))
   }
   return g.substitute(ast, map)
 }
@@ -228,4 +258,4 @@ function substituteRange (g, ast, r, outer, inner, expr, kind) {
   return memo.get(ast)
 }
 
-module.exports = { chooseOpts, applyOpts, topLevelReduces, rangesOf, constSize, VECTOR_DTYPES, DTYPES }
+module.exports = { chooseOpts, fewRowsOpts, applyOpts, topLevelReduces, hasAccumulatingStore, rangesOf, constSize, VECTOR_DTYPES, DTYPES }

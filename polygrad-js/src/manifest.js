@@ -16,15 +16,16 @@ const { show } = require('./json')
 const { DTYPES } = require('./dtypes')
 const ir = require('./ir')
 const bundle = require('./bundle')
-const { checkKernel } = require('./validate')
+const { checkKernel, checkSizeExpr } = require('./validate')
 
-const ROLES = ['parameter', 'state', 'constant', 'rng', 'optimizer', 'gradient', 'input', 'output', 'temporary']
+const ROLES = ['parameter', 'state', 'constant', 'rng', 'optimizer', 'gradient', 'input', 'output', 'temporary', 'cache']
 const STORED = new Set(['parameter', 'state', 'constant', 'optimizer'])
 const MAX_ELEMENTS = 2 ** 31 - 1
 const MAX_SLOTS = 1 << 20
 const MAX_CALLS = 1 << 20
 const MAX_NAME = 256
 const IDENT = /^[A-Za-z_][A-Za-z0-9_]*$/
+const TRAINING_OR_FORWARD = new Set(['forward', 'loss', 'train_step'])
 const OPTIMIZER_HYPER = {
   sgd: { momentum: 'number', weight_decay: 'number', nesterov: 'boolean' },
   adam: { betas: 'pair', eps: 'number', weight_decay: 'number' },
@@ -64,11 +65,12 @@ function dtype (v, where) {
   return DTYPES[v]
 }
 
-function shape (v, where, variables) {
+function shape (v, where, variables, version) {
   need(Array.isArray(v) && v.length <= 16, `${where} must be a list of at most 16 dimensions`)
   return v.map((d, k) => {
     if (typeof d === 'string') {
-      need(k === 0 && variables.has(d), `${where}[${k}] = ${show(d)}: only the leading dimension may name a declared Variable`)
+      need(variables.has(d), `${where}[${k}] = ${show(d)} is not a declared Variable`)
+      need(k === 0 || version >= 2, `${where}[${k}] = ${show(d)}: in a version-1 bundle only the leading dimension may name a Variable`)
       return d
     }
     need(isInt(d) && d >= 0 && d <= MAX_ELEMENTS, `${where}[${k}] must be an integer in [0, ${MAX_ELEMENTS}]`)
@@ -85,7 +87,7 @@ function elements (sh, variables) {
   return n
 }
 
-function specs (sig, key, variables) {
+function specs (sig, key, variables, version) {
   const rows = get(sig, key, 'list', 'signature')
   need(rows.length <= 4096, `signature.${key} has too many entries`)
   const seen = new Set()
@@ -94,7 +96,7 @@ function specs (sig, key, variables) {
     const n = name(get(r, 'name', 'string', where), `${where}.name`)
     need(IDENT.test(n) && !seen.has(n), `${where}.name ${show(n)} must be a distinct identifier`)
     seen.add(n)
-    return { name: n, dtype: dtype(get(r, 'dtype', 'string', where), `${where}.dtype`), shape: shape(get(r, 'shape', 'list', where), `${where}.shape`, variables) }
+    return { name: n, dtype: dtype(get(r, 'dtype', 'string', where), `${where}.dtype`), shape: shape(get(r, 'shape', 'list', where), `${where}.shape`, variables, version) }
   })
 }
 
@@ -119,6 +121,7 @@ function optimizerConfig (opt, where = 'training.optimizer') {
  */
 function readProgram (manifest, body, opts = {}) {
   const maxBytes = opts.maxBytes || 2 ** 31
+  const version = manifest.version
   const variables = new Map()
   get(manifest, 'variables', 'list', 'manifest').forEach((v, i) => {
     const where = `variables[${i}]`
@@ -131,9 +134,9 @@ function readProgram (manifest, body, opts = {}) {
     variables.set(n, [lo, hi])
   })
   const sig = get(manifest, 'signature', 'object', 'manifest')
-  const inputs = specs(sig, 'inputs', variables)
-  const targets = specs(sig, 'targets', variables)
-  const outputs = specs(sig, 'outputs', variables)
+  const inputs = specs(sig, 'inputs', variables, version)
+  const targets = specs(sig, 'targets', variables, version)
+  const outputs = specs(sig, 'outputs', variables, version)
 
   const rows = get(manifest, 'buffers', 'list', 'manifest')
   need(rows.length <= MAX_SLOTS, `${rows.length} buffers exceed the limit of ${MAX_SLOTS}`)
@@ -142,8 +145,9 @@ function readProgram (manifest, body, opts = {}) {
     const where = `buffers[${s}]`
     const role = get(r, 'role', 'string', where)
     need(ROLES.includes(role), `${where}.role ${show(role)} is not one of ${ROLES.join(', ')}`)
+    need(role !== 'cache' || version >= 2, `${where}.role 'cache' needs bundle version 2`)
     const dt = dtype(get(r, 'dtype', 'string', where), `${where}.dtype`)
-    const sh = shape(get(r, 'shape', 'list', where), `${where}.shape`, variables)
+    const sh = shape(get(r, 'shape', 'list', where), `${where}.shape`, variables, version)
     const size = getInt(r, 'size', where)
     need(elements(sh, variables) === size, `${where}: size ${size} does not match shape ${show(sh)}`)
     total += size * dt.size
@@ -213,7 +217,16 @@ function readProgram (manifest, body, opts = {}) {
       checkCall(cw, k, globalsOf[k], args)
       return { kernel: k, args }
     })
-    entries[ename] = { inputs: ins, outputs: outs, calls, rng }
+    const args = []
+    if (Object.prototype.hasOwnProperty.call(e, 'arguments')) {
+      need(version >= 2, `${where}.arguments needs bundle version 2`)
+      get(e, 'arguments', 'list', where).forEach((v, i) => {
+        need(typeof v === 'string' && variables.has(v) && !args.includes(v) && !Object.prototype.hasOwnProperty.call(ins, v),
+          `${where}.arguments[${i}] must name a declared Variable once, distinct from the inputs`)
+        args.push(v)
+      })
+    }
+    entries[ename] = { inputs: ins, outputs: outs, calls, rng, args }
   }
   const fwd = entries.forward
   const sameSet = (a, b) => a.length === b.length && a.every((x) => b.includes(x))
@@ -222,7 +235,7 @@ function readProgram (manifest, body, opts = {}) {
   const sameShape = (a, b) => a.length === b.length && a.every((x, i) => x === b[i])
   for (const spec of [...inputs, ...targets]) {
     for (const [ename, e] of Object.entries(entries)) {
-      const s = e.inputs[spec.name]
+      const s = TRAINING_OR_FORWARD.has(ename) ? e.inputs[spec.name] : undefined // others: their buffers describe them
       if (s) need(s.dtype === spec.dtype && sameShape(s.shape, spec.shape), `entrypoints.${ename}.inputs.${spec.name}: buffer does not match the signature`)
     }
   }
@@ -284,6 +297,16 @@ function kernelGlobals (k, ast, variables) {
   const out = new Map()
   for (const n of ir.toposort(ast)) {
     if (n.op === 'DEFINE_GLOBAL') {
+      need(n.dtype !== null && Array.isArray(n.arg) && n.arg.length === 2 && Number.isInteger(n.arg[0]) && Array.isArray(n.arg[1]), `kernel ${k}: malformed DEFINE_GLOBAL ${n}`)
+      for (const d of n.arg[1]) {
+        if (!(d instanceof ir.UOp)) continue
+        try {
+          checkSizeExpr(`kernel ${k}`, d, `buffer ${n.arg[0]}'s shape`, new Map())
+        } catch (e) {
+          if (e instanceof KernelError) throw new BundleError(`bundle manifest: ${e.message}`)
+          throw e
+        }
+      }
       const prev = out.get(n.arg[0])
       if (prev === undefined) out.set(n.arg[0], n)
       else need(prev.dtype === n.dtype && prev.arg[1].length === n.arg[1].length && prev.arg[1].every((d, i) => d === n.arg[1][i]), `kernel ${k}: parameter ${n.arg[0]} declared twice differently`)
@@ -319,6 +342,14 @@ function checkCall (where, k, globals, args) {
 // ---------------------------------------------------------------------------------------------------
 // writing
 
+/** The oldest bundle version that holds a Program (docs/bundle-format.md section 5): 2 when it has a cache
+ * buffer, a Variable outside a leading dimension or a Variable argument, else 1 (as Python writes). */
+function formatVersion (prog) {
+  const inner = prog.slots.some((s) => s.shape.slice(1).some((d) => typeof d === 'string'))
+  if (inner || prog.slots.some((s) => s.role === 'cache') || Object.values(prog.entries).some((e) => e.args && e.args.length)) return 2
+  return 1
+}
+
 /** (manifest, blobs) of a Program: blob k holds the k-th buffer whose "data" is true. `read(slot)` gives a
  * slot's current bytes (little-endian). */
 function writeManifest (prog, read, producer) {
@@ -342,10 +373,11 @@ function writeManifest (prog, read, producer) {
       calls: e.calls.map((c) => (c.copy ? { copy: c.copy.map((s) => index.get(s)) } : { kernel: c.kernel, args: c.args.map((s) => index.get(s)) })),
       rng: e.rng.map((s) => index.get(s))
     }
+    if (e.args && e.args.length) entrypoints[n].arguments = e.args.slice()
   }
   const manifest = {
     format: bundle.FORMAT,
-    version: bundle.VERSION,
+    version: formatVersion(prog),
     producer,
     signature: { inputs: prog.inputs.map(spec), targets: prog.targets.map(spec), outputs: prog.outputs.map(spec) },
     variables: [...prog.variables].map(([n, [lo, hi]]) => ({ name: n, min: lo, max: hi })),
@@ -363,4 +395,4 @@ function writeManifest (prog, read, producer) {
   return { manifest, blobs }
 }
 
-module.exports = { readProgram, writeManifest, optimizerConfig, validateKernel, ROLES, STORED, IDENT }
+module.exports = { readProgram, writeManifest, formatVersion, optimizerConfig, validateKernel, ROLES, STORED, IDENT }

@@ -27,12 +27,15 @@ function loadProgram (bytes, opts) {
   return readProgram(manifest, body, opts)
 }
 
+/** Write the stored buffers' bytes into memory and zero the caches (a loaded model starts with empty ones). */
 function fillStored (prog, exec) {
   const u8 = exec.bytes()
   for (const s of prog.slots) {
     if (s.stored) {
       u8.set(s.stored, s.base)
       s.stored = null // the bundle bytes are not kept alive
+    } else if (s.role === 'cache') {
+      u8.fill(0, s.base, s.base + s.size * s.dtype.size)
     }
   }
 }
@@ -121,32 +124,53 @@ class Model {
     if (missing.length) this._x.compileSync(missing)
   }
 
-  /** feeds: Map slot -> {values, rows}; checks names and shapes of `given` for entrypoint `entry`. */
+  /** {name: spec} of an entrypoint's tensor inputs: their buffers' dtype and shape (for forward, loss and
+   * train_step these are the signature's). */
+  _entrySpecs (entry) {
+    const e = this._p.entries[entry]
+    if (!e.specs) e.specs = Object.entries(e.inputs).map(([name, s]) => ({ name, dtype: s.dtype, shape: s.shape }))
+    return e.specs
+  }
+
+  /** {feeds: Map slot -> values, env: Map Variable -> int} of `given` for entrypoint `entry`, every name,
+   * shape, dtype and Variable checked (docs/bundle-format.md section 3, step 1). */
   _feeds (entry, given) {
     const e = this._p.entries[entry]
+    const args = e.args || []
+    const specs = this._entrySpecs(entry)
+    const names = [...specs.map((s) => s.name), ...args]
     if (given === null || typeof given !== 'object' || Array.isArray(given) || ArrayBuffer.isView(given)) {
-      throw new ModelInputError(`entrypoint '${entry}' takes an object {name: data}; names: ${Object.keys(e.inputs).join(', ')}`)
+      throw new ModelInputError(`entrypoint '${entry}' takes an object {name: data}; names: ${names.join(', ')}`)
     }
-    const specs = [...this._p.inputs, ...this._p.targets].filter((s) => s.name in e.inputs)
-    const names = specs.map((s) => s.name)
     const unknown = Object.keys(given).filter((k) => !names.includes(k)).sort()
     const missing = names.filter((k) => !(k in given))
     if (unknown.length || missing.length) {
       throw new ModelInputError(`entrypoint '${entry}' takes ${JSON.stringify(names)}` + (unknown.length ? `; unknown ${JSON.stringify(unknown)}` : '') + (missing.length ? `; missing ${JSON.stringify(missing)}` : ''))
     }
     const env = new Map()
+    for (const v of args) env.set(v, this._argument(v, given[v]))
     const feeds = new Map()
     for (const spec of specs) {
       const r = readInput(spec, given[spec.name], this._p.variables)
-      if (r.rows !== null) {
-        const v = spec.shape[0]
-        if (env.has(v) && env.get(v) !== r.rows) throw new ModelInputError(`input '${spec.name}' has ${r.rows} rows for Variable '${v}', another input has ${env.get(v)}`)
-        env.set(v, r.rows)
+      for (const [v, n] of r.dims) {
+        if (env.has(v) && env.get(v) !== n) throw new ModelInputError(`input '${spec.name}' gives Variable '${v}' the value ${n}, while another input or argument gives it ${env.get(v)}`)
+        env.set(v, n)
       }
       feeds.set(e.inputs[spec.name], r.values)
     }
     for (const [v, [, hi]] of this._p.variables) if (!env.has(v)) env.set(v, hi)
     return { feeds, env }
+  }
+
+  /** The int a Variable argument (`pos` of a decode entrypoint) takes, within its bounds. */
+  _argument (name, value) {
+    const [lo, hi] = this._p.variables.get(name)
+    const n = typeof value === 'bigint' ? Number(value) : value
+    if (typeof n !== 'number' || !Number.isInteger(n)) {
+      throw new ModelInputError(`argument '${name}' is a Variable and takes an integer in ${lo}..${hi}, got ${value === null ? 'null' : typeof value === 'number' ? value : typeof value}`)
+    }
+    if (n < lo || n > hi) throw new ModelInputError(`argument '${name}' = ${n} is outside Variable '${name}' bounds ${lo}..${hi}`)
+    return n
   }
 
   _run (entry, feeds, env) {
@@ -165,10 +189,9 @@ class Model {
   }
 
   _results (entry, env) {
-    const shapes = new Map(this._p.outputs.map((s) => [s.name, s.shape]))
     const out = {}
     for (const [name, slot] of Object.entries(this._p.entries[entry].outputs)) {
-      const shape = (shapes.get(name) || slot.shape).map((d) => (typeof d === 'string' ? env.get(d) : d))
+      const shape = slot.shape.map((d) => (typeof d === 'string' ? env.get(d) : d))
       const count = shape.reduce((a, b) => a * b, 1)
       out[name] = readOutput(this._x.view(slot.dtype), slot.base / slot.dtype.size, slot.dtype, count, shape)
     }
@@ -255,6 +278,8 @@ class Model {
     if (![null, undefined, 'drop', 'keep'].includes(remainder)) throw new ModelError(`remainder must be null, 'drop' or 'keep', got ${JSON.stringify(remainder)}`)
     if (data === null || typeof data !== 'object' || Array.isArray(data)) throw new ModelError('fit(data) takes an object {name: samples} of every input and target')
     const specs = [...this._p.inputs, ...this._p.targets]
+    const inner = specs.filter((s) => s.shape.slice(1).some((d) => typeof d === 'string')).map((s) => s.name)
+    if (inner.length) throw new ModelError(`fit() slices samples on the leading axis; inputs ${JSON.stringify(inner)} have a Variable in another dimension. Call trainStep() per batch instead`)
     const names = specs.map((s) => s.name)
     const unknown = Object.keys(data).filter((k) => !names.includes(k)).sort()
     const missing = names.filter((k) => !(k in data))
@@ -285,6 +310,7 @@ class Model {
       }
     }
     this._configure(rest)
+    const leadingVars = new Set(specs.filter((s) => typeof s.shape[0] === 'string').map((s) => s.shape[0]))
     const e = this._p.entries.loss
     const losses = []
     for (let ep = 0; ep < epochs; ep++) {
@@ -295,7 +321,7 @@ class Model {
           const n = size * col.perRow
           feeds.set(e.inputs[spec.name], ArrayBuffer.isView(col.values) ? col.values.subarray(from, from + n) : col.values.slice(from, from + n))
         }
-        const env = new Map([...this._p.variables.keys()].map((v) => [v, size]))
+        const env = new Map([...this._p.variables].map(([v, [, hi]]) => [v, leadingVars.has(v) ? size : hi]))
         const loss = this._step(feeds, env)
         losses.push(loss)
         if (onStep) onStep(loss, losses.length - 1)

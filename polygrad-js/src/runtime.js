@@ -15,7 +15,7 @@
 
 const { KernelError } = require('./errors')
 const { lowerKernel, prepareKernel } = require('./compile')
-const { chooseOpts } = require('./lower')
+const { chooseOpts, fewRowsOpts } = require('./lower')
 const { validateKernel } = require('./manifest')
 const { buildModule, importObject, simdSupported } = require('./wasm/module')
 const { JSKernel } = require('./jsexec')
@@ -128,13 +128,7 @@ class Executor {
       // variant without that tile runs instead (batch 1 does one row of work, not four)
       const sym = opts.filter((o) => o.kind === 'UPCAST' && o.range.src[0].op === 'DEFINE_VAR')
       if (sym.length === 1) {
-        // one row at a time streams the weights: more columns per tile (more loads in flight per row)
-        const small = opts.filter((o) => o !== sym[0]).map((o) => {
-          if (o.kind !== 'UPCAST' || !opts.some((q) => q.kind === 'SPLIT_REDUCE') || o.range.src[0].op !== 'CONST') return o
-          const n = Number(o.range.src[0].arg)
-          return Object.assign({}, o, { amount: [8, 4, 2].find((a) => n % a === 0) || o.amount })
-        })
-        p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: small, verify: this.verify })
+        p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: fewRowsOpts(opts, sym[0]), verify: this.verify })
         p.small.scratch = prepared.scratch
         p.smallVar = sym[0].range.src[0].arg[0]
         p.smallBelow = sym[0].amount

@@ -120,7 +120,9 @@ function checkNode (where, n, vars) {
       if (n.src.length !== 1 || n.src[0].op !== 'INDEX' || n.dtype !== n.src[0].dtype || n.arg !== null) throw fail(where, `LOAD reads one INDEX of its dtype, got ${describe(n)}`)
       return
     case 'STORE':
-      if (n.src.length !== 2 || n.src[0].op !== 'INDEX' || n.dtype !== null || n.src[1].dtype === null || n.arg !== null || n.src[1].op === 'VECTORIZE') throw fail(where, `STORE is (INDEX, scalar value) with no dtype, got ${describe(n)}`)
+      if (n.src.length !== 2 || n.src[0].op !== 'INDEX' || n.dtype !== null || n.src[1].dtype === null || (n.arg !== null && !REDUCE_OPS.has(n.arg)) || n.src[1].op === 'VECTORIZE') {
+        throw fail(where, `STORE is (INDEX, scalar value) with no dtype and arg null, ADD, MUL or MAX, got ${describe(n)}`)
+      }
       return
     case 'REDUCE':
       if (n.src.length < 2 || !REDUCE_OPS.has(n.arg) || n.dtype === null || n.dtype !== n.src[0].dtype || n.src.slice(1).some((r) => r.op !== 'RANGE') || new Set(n.src.slice(1)).size !== n.src.length - 1) {
@@ -714,4 +716,4 @@ function analyse (ast, where, strict) {
   return { proven, failures, work }
 }
 
-module.exports = { checkKernel, provenIndices, checkStructure, MAX_RANGE }
+module.exports = { checkKernel, provenIndices, checkStructure, checkSizeExpr, MAX_RANGE }

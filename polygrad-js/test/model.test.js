@@ -146,3 +146,43 @@ test('fromBytes is asynchronous and compiles every entrypoint', async () => {
   assert.deepStrictEqual(m.forward({ x: [[0, 0, 0, 0]] }).logits.shape, [1, 3])
   m.dispose()
 })
+
+// Deterministic guards of the lowering the speed depends on (timings live in bench/, never in tests): x @ W.T
+// at a Variable batch runs a 4-row x 2-column register tile of vector accumulators over the reduction split
+// into lanes; below 4 rows a variant without the row tile runs, 8 columns per tile and the reduction unrolled
+// by 2 (16 weight loads in flight per iteration). Both give Python's results.
+function innerLoop (insts) {
+  let found = null
+  const walk = (xs) => {
+    for (const x of xs) {
+      if (x.k === 'loop') {
+        if (x.kind === 'reduce' && !x.body.some((y) => y.k === 'loop')) found = found || x
+        walk(x.pre)
+        walk(x.body)
+      }
+    }
+  }
+  walk(insts)
+  return found
+}
+
+test('register tiles of x @ W.T: 4x2 at full batch, 8 columns and an unrolled reduction for a few rows', () => {
+  const m = Model.fromBytesSync(fixture('mlp_wide.pgb'), { verify: true })
+  for (const n of ['1', '3', '8']) {
+    const out = m.forward({ x: ref.wide.x.slice(0, Number(n)) }).logits
+    assert.ok(maxRel(out, ref.wide[n].flat(), 1e-3) < 1e-5, `batch ${n}`)
+  }
+  if (m.backend !== 'wasm') return
+  const first = m._p.entries.forward.calls.find((c) => !c.copy)
+  const p = m._x.lower(first.kernel)
+  const count = (loop, k) => loop.body.filter((x) => x.k === k && x.lanes === 4).length
+  const big = innerLoop(p.body)
+  assert.strictEqual(count(big, 'load'), 4 + 2)
+  assert.strictEqual(count(big, 'update'), 4 * 2)
+  assert.ok(p.small, 'a variant for fewer rows than the tile')
+  const small = innerLoop(p.small.body)
+  assert.strictEqual(count(small, 'load'), 2 * (1 + 8))
+  assert.strictEqual(count(small, 'update'), 2 * 8)
+  assert.ok(m._x.stats.checks === 0)
+  m.dispose()
+})

@@ -1,5 +1,10 @@
 """Write the small bundles the JavaScript unit tests load (test/fixtures/), with Python's results for them.
 
+linear.pgb and the MLPs are version-1 bundles (mlp_wide.pgb is wide enough for the register tiles);
+decoder.pgb is version 2 (an embedding gather, `cache`
+buffers, a `decode` entrypoint taking the Variable `pos` as an int, Variables in two dimensions);
+embedding_sgd.pgb trains an embedding, whose gradient is a scatter-add (accumulating stores).
+
 Run from the repository root: `python polygrad-js/tools/make_fixtures.py`. The cross-language tests
 (tests/test_js.py) build their own bundles every run; these fixtures only let `node --test` run without
 Python. Everything is seeded, so the files change only when polygrad's capture or format changes.
@@ -33,8 +38,89 @@ class MLP:
         return {"logits": self.l2(self.l1(x).relu())}
 
 
+class Wide:
+    def __init__(self):
+        self.l1, self.l2 = nn.Linear(32, 16), nn.Linear(16, 8)
+
+    def __call__(self, x):
+        return {"logits": self.l2(self.l1(x).relu())}
+
+
 def xent(o, y):
     return o["logits"].sparse_categorical_crossentropy(y)
+
+
+class Decoder:
+    """A one-layer causal decoder over token ids with a key/value cache: forward(ids[batch, tokens]) fills the
+    cache, decode(ids[batch, 1], pos) writes position pos and attends over cache[:, :pos + 1]."""
+
+    def __init__(self, vocab: int = 13, dim: int = 8, batch: int = 2, seq: int = 8):
+        self.emb = nn.Embedding(vocab, dim)
+        self.q, self.k, self.v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.out = nn.Linear(dim, vocab)
+        self.mask = Tensor(np.triu(np.full((seq, seq), -np.inf, np.float32), 1), requires_grad=False)
+        self.k_cache = Tensor.zeros(batch, seq, dim).contiguous().realize()
+        self.v_cache = Tensor.zeros(batch, seq, dim).contiguous().realize()
+
+    def _attend(self, h, keys, values, mask=None):
+        s = self.q(h) @ keys.transpose(-1, -2) / np.sqrt(h.shape[-1])
+        return {"logits": self.out(h + (s if mask is None else s + mask).softmax(-1) @ values)}
+
+    def __call__(self, ids):
+        b, t = ids.shape[0], ids.shape[1]
+        h = self.emb(ids)
+        self.k_cache[:b, :t].assign(self.k(h)).realize()
+        self.v_cache[:b, :t].assign(self.v(h)).realize()
+        return self._attend(h, self.k_cache[:b, :t], self.v_cache[:b, :t], self.mask[:t, :t])
+
+    def decode(self, ids, pos):
+        b = ids.shape[0]
+        h = self.emb(ids)
+        self.k_cache[:b, pos:pos + 1].assign(self.k(h)).realize()
+        self.v_cache[:b, pos:pos + 1].assign(self.v(h)).realize()
+        return self._attend(h, self.k_cache[:b, :pos + 1], self.v_cache[:b, :pos + 1])
+
+
+class Bag:
+    def __init__(self):
+        self.emb, self.out = nn.Embedding(13, 6), nn.Linear(6, 3)
+
+    def __call__(self, ids):
+        return {"logits": self.out(self.emb(ids).mean(1))}
+
+
+def decoder_fixtures(ref: dict) -> None:
+    Tensor.manual_seed(2)
+    dec = Decoder()
+    batch, tokens = Variable("batch", 1, 2), Variable("tokens", 1, 8)
+    model = Model(dec, inputs={"ids": Tensor.empty(batch, tokens, dtype="int32")},
+                  params={k: v for k, v in nn.state.get_state_dict(dec).items() if "cache" not in k},
+                  caches={"k_cache": dec.k_cache, "v_cache": dec.v_cache},
+                  entrypoints={"decode": (dec.decode, {"ids": Tensor.empty(batch, 1, dtype="int32"),
+                                                       "pos": Variable("pos", 0, 7)})})
+    (OUT / "decoder.pgb").write_bytes(model.save())
+    ids = np.array([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]], np.int32)
+    r = {"ids": ids.tolist(), "forward": model.forward(ids=ids[:, :3])["logits"].numpy().tolist()}
+    r["decode"] = [model.call("decode", {"ids": ids[:, p:p + 1], "pos": p})["logits"].numpy().tolist()
+                   for p in range(3, 6)]
+    model.dispose()
+    fresh = Model.load(str(OUT / "decoder.pgb"))  # caches start zeroed
+    r["fresh_decode"] = fresh.call("decode", {"ids": ids[:1, 2:3], "pos": 2})["logits"].numpy().tolist()
+    fresh.dispose()
+    ref["decoder"] = r
+
+    Tensor.manual_seed(3)
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 13, (8, 5)).astype(np.int32)
+    y = rng.integers(0, 3, 8).astype(np.int32)
+    bag = Model(Bag(), inputs={"ids": Tensor.empty(Variable("batch", 1, 8), 5, dtype="int32")},
+                targets={"y": Tensor.empty(Variable("batch", 1, 8), dtype="int32")}, loss=xent)
+    (OUT / "embedding_sgd.pgb").write_bytes(bag.save())
+    bag.dispose()
+    bag = Model.load(str(OUT / "embedding_sgd.pgb"))
+    losses = bag.fit({"ids": ids, "y": y}, epochs=3, batch_size=4, optimizer="sgd", lr=0.5, verbose=False)
+    ref["embedding"] = {"ids": ids.tolist(), "y": y.tolist(), "sgd": losses}
+    bag.dispose()
 
 
 def main() -> None:
@@ -63,6 +149,15 @@ def main() -> None:
     ref["mlp"]["adam_first"] = first
     ref["mlp"]["adam_resume"] = mlp.fit({"x": X, "y": Y}, epochs=2, batch_size=4, verbose=False)
     mlp.dispose()
+
+    # wide enough for the register tiles and the few-rows variant (x @ W.T split into lanes, unrolled)
+    Tensor.manual_seed(4)
+    Xw = np.random.default_rng(4).standard_normal((8, 32)).astype(np.float32)
+    wide = Model(Wide(), inputs={"x": Tensor.empty(Variable("batch", 1, 8), 32)})
+    (OUT / "mlp_wide.pgb").write_bytes(wide.save())
+    ref["wide"] = {"x": Xw.tolist(), **{str(n): wide.forward(x=Xw[:n])["logits"].numpy().tolist() for n in (1, 3, 8)}}
+    wide.dispose()
+    decoder_fixtures(ref)
     (OUT / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
 
 

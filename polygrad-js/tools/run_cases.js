@@ -5,8 +5,12 @@
  * tests (tests/test_js.py). Usage: node tools/run_cases.js plan.json results.json
  *
  * plan.json: {"cases": [{"name", "bundle" (path), "backend"?, "forward"?: {input: Array}, "fit"?: {
- *   "data": {name: Array}, "options": {...}}, "trainStep"?: ..., "save"?: path}]}; arrays are {dtype, shape,
- * data (base64, little-endian)}. results.json: {name: {"outputs": {name: array}, "losses": [...], "error"?}}.
+ *   "data": {name: Array}, "options": {...}}, "calls"?: [{"entry", "inputs": {name: Array}, "args"?: {Variable:
+ *   int}}], "greedy"?: {"prompt": Array, "steps": n}, "save"?: path}]}; arrays are {dtype, shape, data
+ * (base64, little-endian)}. Steps run in that order on one model (fit, forward, calls, greedy, save).
+ * results.json: {name: {"outputs": {name: array}, "losses": [...], "calls": [{name: array}], "tokens": [...],
+ * "error"?}}. `greedy` continues a [1, length] prompt of input_ids as polygrad_hf.generate does with top_k=1:
+ * forward over the prompt, then decode(input_ids, pos) one token at a time, each the argmax of the last logits.
  */
 
 const fs = require('fs')
@@ -28,6 +32,27 @@ function encode (arr) {
   return { dtype, shape: arr.shape, data: Buffer.from(arr.buffer, arr.byteOffset, arr.byteLength).toString('base64') }
 }
 
+function argmaxLast (logits) {
+  const vocab = logits.shape[logits.shape.length - 1]
+  const last = logits.subarray(logits.length - vocab)
+  let best = 0
+  for (let i = 1; i < vocab; i++) if (last[i] > last[best]) best = i
+  return best
+}
+
+function greedy (m, prompt, steps) {
+  const t = prompt.shape[1]
+  const out = Array.from(prompt.data)
+  let logits = m.forward({ input_ids: prompt }).logits
+  for (let s = 0; s < steps; s++) {
+    const next = argmaxLast(logits)
+    out.push(next)
+    if (s === steps - 1) break
+    logits = m.call('decode', { input_ids: { data: Int32Array.of(next), shape: [1, 1] }, pos: t + s }).logits
+  }
+  return out
+}
+
 function main () {
   const plan = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'))
   const out = {}
@@ -40,7 +65,10 @@ function main () {
       r.load_ms = performance.now() - t0
       const inputs = (src) => Object.fromEntries(Object.entries(src).map(([k, v]) => [k, decode(v)]))
       if (c.fit) r.losses = m.fit(inputs(c.fit.data), c.fit.options || {})
-      if (c.forward) r.outputs = Object.fromEntries(Object.entries(m.forward(inputs(c.forward))).map(([k, v]) => [k, encode(v)]))
+      const encodeAll = (o) => Object.fromEntries(Object.entries(o).map(([k, v]) => [k, encode(v)]))
+      if (c.forward) r.outputs = encodeAll(m.forward(inputs(c.forward)))
+      if (c.calls) r.calls = c.calls.map((k) => encodeAll(m.call(k.entry, Object.assign(inputs(k.inputs), k.args || {}))))
+      if (c.greedy) r.tokens = greedy(m, decode(c.greedy.prompt), c.greedy.steps)
       if (c.save) fs.writeFileSync(c.save, m.save())
       r.summary = m.summary()
       r.stats = m._x.stats

@@ -57,6 +57,7 @@ class Capabilities:
     registers: int = 0          # vector registers (sizes register tiles); 0: unknown
     fma: bool = False           # fused multiply-add in hardware: reductions' multiply-adds are contracted
     stage_bytes: int = 0        # launch-private scratch (L.LOCAL) a kernel may stage an operand in; 0: none
+    tile_vectors: int = 2       # vectors per row of a register tile the code generator handles best (1, 2 or 4)
     has_local_memory: bool = False
     shared_memory_bytes: int = 0
     supports_beam: bool = True
@@ -123,12 +124,20 @@ class HostMemory:
         self.ptr: Any = None
 
 
+# host buffers start on a cache line: NumPy puts a large array 16 bytes past a page, so every 64-byte vector
+# access of a kernel would straddle two lines, and aligned (non-temporal) stores would be impossible
+HOST_ALIGN = 64
+
+
 class HostAllocator:
-    """Memory from NumPy arrays: shared by host backends (CPU, INTERP, X86)."""
+    """Memory from NumPy arrays, aligned to HOST_ALIGN bytes: shared by host backends (CPU, INTERP, X86)."""
 
     def alloc(self, nbytes: int) -> HostMemory:
         import numpy as np
-        return HostMemory(np.empty(max(nbytes, 1), dtype=np.uint8))
+        n = max(nbytes, 1)
+        raw = np.empty(n + HOST_ALIGN, dtype=np.uint8)
+        skip = -int(raw.ctypes.data) % HOST_ALIGN
+        return HostMemory(raw[skip:skip + n])  # the view keeps the allocation alive
 
     def free(self, handle: Any, nbytes: int) -> None:
         pass

@@ -3,10 +3,19 @@
 Stage: graph construction. Input: a scalar root UOp, its incoming gradient and the targets.
 Output: {target: gradient UOp}. Each rule maps (node, grad) to one gradient per source (None = no
 gradient flows there). Derived ops (exp, softmax, matmul...) are built from these primitives.
+
+A composite op may register a vector-Jacobian product on the node it builds (`with_vjp`): the
+gradient then goes from that node straight to the op's inputs, computed by the op, instead of down
+the chain of its primitives' rules. Convolution uses it: the chain's input gradient sums a window
+view's copies back (col2im, a 9x larger intermediate and div/mod index arithmetic), while the op
+knows it is a transposed convolution of the gradient. The value is unchanged; only the gradient's
+graph differs (same mathematics).
 """
 from __future__ import annotations
 
 import math
+import weakref
+from typing import Callable
 
 from polygrad.dtype import dtypes
 from polygrad.uop import movement as mv
@@ -195,6 +204,38 @@ NO_GRADIENT = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR, Ops.SH
                Ops.BITCAST, Ops.DETACH, Ops.CONST, Ops.IOTA, Ops.BUFFER, Ops.DEVICE, Ops.ASSIGN, Ops.BIND}
 
 
+# node -> (its inputs, vjp(gradient, inputs wanted) -> {input: gradient}); weak keys: an entry goes with its node
+Vjp = Callable[[UOp, "set[UOp]"], "dict[UOp, UOp]"]
+_custom_vjps: "weakref.WeakKeyDictionary[UOp, tuple[tuple[UOp, ...], Vjp]]" = weakref.WeakKeyDictionary()
+
+
+def with_vjp(node: UOp, inputs: tuple[UOp, ...], vjp: Vjp) -> UOp:
+    """Register `vjp` as node's gradient rule: given the gradient of node and the set of `inputs` that
+    need one, it returns {input: gradient}. Used by composite ops (conv2d) whose primitive chain has a
+    costly gradient. Returns node."""
+    _custom_vjps[node] = (inputs, vjp)
+    return node
+
+
+def _custom_vjp(node: UOp, targets: set[UOp]) -> tuple[tuple[UOp, ...], Vjp] | None:
+    """node's registered vjp, unless a target lies strictly inside its graph (above its inputs): that
+    target's gradient needs the primitive chain."""
+    entry = _custom_vjps.get(node)
+    if entry is None:
+        return None
+    stop = set(entry[0])
+    stack, seen = list(node.src), set()
+    while stack:
+        x = stack.pop()
+        if x in stop or x in seen:
+            continue
+        if x in targets:
+            return None
+        seen.add(x)
+        stack.extend(x.src)
+    return entry
+
+
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
     """Reverse-mode accumulation from root to every target it depends on."""
     order = root.toposort()
@@ -206,6 +247,17 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
     for node in reversed(order):
         g = grads.get(node)
         if g is None or node.op in NO_GRADIENT:
+            continue
+        custom = _custom_vjp(node, targets) if _custom_vjps else None
+        if custom is not None:
+            wanted = {s for s in custom[0] if s in on_path and s.dtype is not None and s.dtype.is_float}
+            for src, sg in (custom[1](g, wanted) if wanted else {}).items():
+                if src not in wanted:
+                    continue
+                if sg.dtype != src.dtype:
+                    sg = sg.cast(src.dtype)
+                prev = grads.get(src)
+                grads[src] = sg if prev is None else alu(Ops.ADD, prev, sg)
             continue
         rule = GRADIENT_RULES.get(node.op)
         if rule is None:
@@ -222,4 +274,4 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
     return {t: grads[t] for t in targets if t in grads}
 
 
-__all__ = ["compute_gradient", "GRADIENT_RULES", "dtypes"]
+__all__ = ["compute_gradient", "GRADIENT_RULES", "dtypes", "with_vjp"]

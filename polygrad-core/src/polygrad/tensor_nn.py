@@ -51,6 +51,35 @@ def _ceil_pads(shape: tuple[int, ...], pads: list[int], k_: tuple[int, ...], s_:
     return pads
 
 
+def _conv_vjp(out: "Tensor", x: "Tensor", weight: "Tensor", windows: "Tensor", groups: int, dilation: tuple,
+              pads: list[int]) -> None:
+    """Give a stride-1 convolution's output its own gradient rule (gradient.with_vjp): the input gradient
+    is the transposed convolution of the output gradient (one kernel like the forward one), instead of
+    the window view's chain rule, which sums the 9x larger per-window products back with div/mod index
+    arithmetic (col2im). The weight gradient is the chain rule's own: the output gradient times the
+    window view `windows` (bs, groups, cout/groups, *out, *kernel, cin), summed over the batch and the
+    output positions."""
+    from polygrad.gradient import with_vjp
+    cls, rt = type(out), out._runtime
+    x_uop, w_uop, view, w_shape = x.uop, weight.uop, windows.uop, weight.shape
+    bs, nd = x.shape[0], len(w_shape) - 2
+    oyx = out.shape[2:]
+
+    def vjp(g: Any, wanted: set) -> dict:
+        grads = {}
+        gt = cls(g, _runtime=rt)
+        if x_uop in wanted:
+            wt = cls(w_uop, _runtime=rt)
+            grads[x_uop] = gt.conv_transpose2d(wt, groups=groups, dilation=dilation, padding=pads).uop
+        if w_uop in wanted:
+            rcout = w_shape[0] // groups
+            gv = gt.reshape(bs, groups, rcout, *oyx, *[1] * (nd + 1))
+            dw = (gv * cls(view, _runtime=rt)).sum((0, *range(3, 3 + nd)))  # (groups, rcout, *kernel, cin)
+            grads[w_uop] = dw.permute(0, 1, 2 + nd, *range(2, 2 + nd)).reshape(w_shape).uop
+        return grads
+    with_vjp(out.uop, (x_uop, w_uop), vjp)
+
+
 class NNMixin(LossMixin):
     __slots__ = ()
 
@@ -72,13 +101,19 @@ class NNMixin(LossMixin):
         d_ = _tuple(dilation, len(hw), "dilation")
         if isinstance(padding, str):
             padding = _string_padding(padding, hw, d_, _tuple(stride, len(hw), "stride"))
-        x = self.pad(_flat_pads(padding, len(hw)))._pool(hw, stride, dilation)  # (bs, cin_all, *out, *hw)
+        pads = _flat_pads(padding, len(hw))
+        x = self.pad(pads)._pool(hw, stride, dilation)  # (bs, cin_all, *out, *hw)
         rcout, oyx = cout // groups, x.shape[2:2 + len(hw)]
         nd = len(oyx)
         x = x.reshape(bs, groups, cin, 1, *oyx, *hw).expand(bs, groups, cin, rcout, *oyx, *hw)
-        x = x.permute(0, 1, 3, *[4 + i for i in range(nd)], 2, *[4 + nd + i for i in range(len(hw))])
-        w = weight.reshape(1, groups, rcout, *[1] * nd, cin, *hw)
+        # summed over (*kernel, cin), the channels innermost: a padded input's validity gates depend on the
+        # kernel offsets, not the channel, so they stay outside the innermost loop
+        x = x.permute(0, 1, 3, *[4 + i for i in range(nd)], *[4 + nd + i for i in range(len(hw))], 2)
+        w = weight.permute(0, *range(2, 2 + len(hw)), 1).reshape(1, groups, rcout, *[1] * nd, *hw, cin)
         out = (x * w).sum([-1 - i for i in range(1 + len(hw))], dtype=dtype).reshape(bs, cout, *oyx)
+        if dtype is None and all(s == 1 for s in _tuple(stride, nd, "stride")) and \
+                all(p <= d * (k - 1) for (pb, pa), k, d in zip(_grouped(pads), hw, d_) for p in (pb, pa)):
+            _conv_vjp(out, self, weight, x, groups, d_, pads)
         return out if bias is None else out + bias.reshape(1, -1, *[1] * nd)
 
     def conv_transpose2d(self: "Tensor", weight: "Tensor", bias: "Tensor | None" = None, groups: int = 1,

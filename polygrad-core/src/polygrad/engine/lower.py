@@ -170,13 +170,22 @@ STAGE_MIN_WORK = 1 << 25
 STAGE_MIN_B_BYTES = 256 * 1024
 
 
-def register_tile(rows: UOp | None, cols: UOp, caps: Capabilities | None) -> tuple[int, int]:
+def tile_vector_counts(caps: Capabilities | None) -> tuple[int, ...]:
+    """Vectors per register-tile row to try, most first: the device's `tile_vectors` (4 where its code
+    generator keeps a 4-vector row in registers: the CPU backend with clang), then 2 and 1."""
+    most = int(getattr(caps, "tile_vectors", 2) or 2)
+    return tuple(v for v in (4, 2, 1) if v <= most)
+
+
+def register_tile(rows: UOp | None, cols: UOp, caps: Capabilities | None, most: int = 4) -> tuple[int, int]:
     """(rows, vectors) of an outer-product register tile from the device's lanes and registers:
     rows x vectors accumulators, plus one register per vector of the other operand and one broadcast,
-    must fit the vector registers; two vectors per row where the columns allow it."""
+    must fit the vector registers; as many vectors per row (up to `most` and the device's tile_vectors)
+    as the columns allow."""
     width = max(1, int(getattr(caps, "vector_width", 1) or 1))
     regs = int(getattr(caps, "registers", 0) or 0) or 16
-    vecs = next((v for v in (2, 1) if _divides(cols, v * width)), 0)
+    vecs = next((v for v in tile_vector_counts(caps) if v <= most and _divides(cols, v * width)
+                 and v + v + 1 <= regs), 0)
     if not vecs:
         return 0, 0
     fits = [r for r in (8, 6, 4, 2) if r * vecs + vecs + 1 <= regs]
@@ -184,11 +193,12 @@ def register_tile(rows: UOp | None, cols: UOp, caps: Capabilities | None) -> tup
     return tile_rows, vecs
 
 
-def column_lanes(cols: UOp, caps: Capabilities | None) -> int:
-    """Columns of a register tile: two or one of the device's vectors, or, for a size the width does
-    not divide (a 56-pixel row), one narrower vector (half the width, 4 lanes or more) that divides it."""
+def column_lanes(cols: UOp, caps: Capabilities | None, most: int = 4) -> int:
+    """Columns of a register tile: four (where the device's tile_vectors says so), two or one of the
+    device's vectors, or, for a size the width does not divide (a 56-pixel row), one narrower vector
+    (half the width, 4 lanes or more) that divides it."""
     width = max(1, int(getattr(caps, "vector_width", 1) or 1))
-    _, vecs = register_tile(None, cols, caps)
+    _, vecs = register_tile(None, cols, caps, most)
     if vecs:
         return vecs * width
     half = width // 2
@@ -241,17 +251,14 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
         # a tile only pays when some operand is reused across it; a plain row reduction gets
         # partial accumulators instead
         reused = any(range_coeff(ix.src[1], last) == 0 for ix in loads)
-        cols = column_lanes(last, caps) if contiguous and reused else 0
-        if not cols:
+        if not (contiguous and reused) or not column_lanes(last, caps):
             continue
-        vecs = max(1, cols // caps.vector_width)
-        regs = int(caps.registers or 16)
-        fits = [r for r in (8, 6, 4, 2) if r * vecs + vecs + 1 <= regs]
+        # the widest row the device likes (tile_vectors), narrower while a big kernel's column panel of
+        # that width would not fit the staging scratch; two vectors (or what fits) when none does
+        cols = next((c for c in (column_lanes(last, caps, most) for most in tile_vector_counts(caps))
+                     if not _stage_blocked(ast, red, glob, loads, last, c, caps)), column_lanes(last, caps, 2))
+        rows, tile_rows = _tile_rows(glob, loads, last, cols, caps)
         along = [ix for ix in loads if last in ix.src[1].toposort()]
-        others = [r for r in reversed(glob) if r is not last and _size(r) is not None]
-        shared = [r for r in others if along and all(range_coeff(ix.src[1], r) == 0 for ix in along)]
-        some = [r for r in others if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
-        rows, tile_rows = next(((r, n) for r in shared + some for n in fits if _divides(r, n)), (None, 1))
         opts: list[Opt] = []
         top = max(r.arg[0] for r in ranges_of(ast))
         if rows is not None:  # the row tile is split first so its upcast loop sits outside the columns
@@ -263,6 +270,28 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
             return opts + staged
         return dot_tile_opts(glob, red, loads, caps) or opts
     return []
+
+
+def _tile_rows(glob: list[UOp], loads: list[UOp], last: UOp, cols: int, caps: Capabilities) -> tuple[UOp | None, int]:
+    """The row range of an outer-product tile with `cols` columns along `last`, and how many rows fit the
+    registers with them: a range the vector operand does not depend on (else one some operand ignores)."""
+    vecs = max(1, cols // caps.vector_width)
+    regs = int(caps.registers or 16)
+    fits = [r for r in (8, 6, 4, 2) if r * vecs + vecs + 1 <= regs]
+    along = [ix for ix in loads if last in ix.src[1].toposort()]
+    others = [r for r in reversed(glob) if r is not last and _size(r) is not None]
+    shared = [r for r in others if along and all(range_coeff(ix.src[1], r) == 0 for ix in along)]
+    some = [r for r in others if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
+    return next(((r, n) for r in shared + some for n in fits if _divides(r, n)), (None, 1))
+
+
+def _stage_blocked(ast: UOp, red: UOp, glob: list[UOp], loads: list[UOp], last: UOp, cols: int,
+                   caps: Capabilities) -> bool:
+    """A kernel big enough to stage its column panels whose panel of `cols` columns cannot be (too wide
+    for the scratch, or too few panels to share among the threads)."""
+    rows, tile_rows = _tile_rows(glob, loads, last, cols, caps)
+    plan = _stage_plan(red, glob, rows, last, loads, tile_rows, cols, caps)
+    return plan is not None and not plan[1]
 
 
 def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilities) -> list[Opt]:
@@ -295,6 +324,25 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     return [Opt(OptKind.UPCAST, r.arg[0], a) for r, a in picked] + [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)]
 
 
+def _stage_plan(red: UOp, glob: list[UOp], rows: UOp | None, last: UOp, loads: list[UOp], tile_rows: int,
+                cols: int, caps: Capabilities) -> tuple[int, bool] | None:
+    """(slot of B, whether its panel of `cols` columns fits) for a kernel big enough to stage on a device
+    with staging scratch; None when staging does not apply."""
+    if len(glob) != 2 or rows is None or tile_rows < 2 or any(_size(r) is None for r in [*glob, *red.src[1:]]):
+        return None
+    k = math.prod(_size(r) for r in red.src[1:])
+    work = _size(rows) * _size(last) * k
+    others = [ix for ix in loads if range_coeff(ix.src[1], rows) == 0 and last in ix.src[1].toposort()]
+    if len(others) != 1 or not getattr(caps, "stage_bytes", 0):
+        return None
+    b_bytes = _size(last) * k * others[0].dtype.itemsize
+    if work < STAGE_MIN_WORK or b_bytes <= STAGE_MIN_B_BYTES or _size(rows) // tile_rows < 4:
+        return None
+    panels = _size(last) // cols
+    fits = panels >= 2 * max(1, caps.threads) and k * cols * others[0].dtype.itemsize <= caps.stage_bytes
+    return others[0].src[0].arg[0], fits
+
+
 def stage_opts(ast: UOp, red: UOp, glob: list[UOp], rows: UOp | None, last: UOp, loads: list[UOp], tile_rows: int,
                cols: int, panel: int, caps: Capabilities) -> list[Opt]:
     """Cache blocking for a big matmul-like kernel (rows x columns, one reduction): the column panels
@@ -302,18 +350,10 @@ def stage_opts(ast: UOp, red: UOp, glob: list[UOp], rows: UOp | None, last: UOp,
     depend on the rows (B) is staged per panel into a contiguous local array, so it stays in cache for
     every row tile, whatever its layout (B, or W.T of `x @ W.T`). Only on devices with stage_bytes
     of launch-private scratch (the CPU: its stack) for the panel."""
-    if len(glob) != 2 or rows is None or tile_rows < 2 or any(_size(r) is None for r in [*glob, *red.src[1:]]):
+    plan = _stage_plan(red, glob, rows, last, loads, tile_rows, cols, caps)
+    if plan is None or not plan[1]:
         return []
-    k = math.prod(_size(r) for r in red.src[1:])
-    work = _size(rows) * _size(last) * k
-    panels = _size(last) // cols
-    others = [ix for ix in loads if range_coeff(ix.src[1], rows) == 0 and last in ix.src[1].toposort()]
-    b_bytes = _size(last) * k * (others[0].dtype.itemsize if others else 4)
-    if len(others) != 1 or work < STAGE_MIN_WORK or b_bytes <= STAGE_MIN_B_BYTES or panels < 2 * max(1, caps.threads) \
-            or _size(rows) // tile_rows < 4 or k * cols * others[0].dtype.itemsize > getattr(caps, "stage_bytes", 0):
-        return []
-    slot = others[0].src[0].arg[0]
-    return [Opt(OptKind.OUTER, panel, 0), Opt(OptKind.STAGE, panel, slot)]
+    return [Opt(OptKind.OUTER, panel, 0), Opt(OptKind.STAGE, panel, plan[0])]
 
 
 def thread_axis(ast: UOp) -> UOp | None:

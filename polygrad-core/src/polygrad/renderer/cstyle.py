@@ -262,7 +262,13 @@ class CStyleRenderer:
 
     def render(self, spec: ProgramSpec) -> str:
         width = getattr(spec, "vector_width", 1) if self.vectorize else 1
-        return self.render_program(linearize(spec, vector_width=width, launch=self.launch(spec)))
+        prog = linearize(spec, vector_width=width, launch=self.launch(spec))
+        stream = self.stream_slots(spec)
+        return self.render_program(prog, stream) if stream else self.render_program(prog)
+
+    def stream_slots(self, spec: ProgramSpec) -> frozenset[int]:
+        """Buffers (slots) whose contiguous vector stores are non-temporal; none in the base dialect."""
+        return frozenset()
 
     def launch(self, spec: ProgramSpec) -> Any:
         """The GPU launch mapping (renderer/launch.py) of a dialect with launch indices; None in C."""
@@ -417,10 +423,15 @@ class CStyleRenderer:
         gate = x.src[3] if len(x.src) > 3 else None
         dt = buf.dtype
         if x.arg == "contiguous":
+            size = x.lanes * dt.itemsize
             if dt is dtypes.bool:
                 bt = self.vtype(dtypes.uint8, x.lanes)
                 full = (f"{{ {bt} b_ = __builtin_convertvector(-{n(value)}, {bt}); "
                         f"__builtin_memcpy({n(buf)} + {n(idx)}, &b_, sizeof(b_)); }}")
+            elif gate is None and buf.op is L.PARAM and buf.arg[0] in self._stream and size in STREAM_SIZES:
+                self._helpers["pg_stream_fence"] = STREAM_FENCE
+                self._helpers[f"pg_stream{size}"] = stream_helper(size)
+                return [f"{pad}pg_stream{size}({n(buf)} + {n(idx)}, (pg_nt{size})({n(value)}));"]
             else:
                 full = f"__builtin_memcpy({n(buf)} + {n(idx)}, &{n(value)}, sizeof({n(value)}));"
             if gate is None:
@@ -453,8 +464,10 @@ class CStyleRenderer:
                 stack[-1][2] = True
         return out
 
-    def render_program(self, prog: LinearProgram) -> str:
-        """C source for a linearized kernel: one statement per instruction, in order."""
+    def render_program(self, prog: LinearProgram, stream: frozenset[int] = frozenset()) -> str:
+        """C source for a linearized kernel: one statement per instruction, in order. Contiguous vector
+        stores into the buffers in `stream` (slots) are non-temporal (stream_helper), fenced at the end."""
+        self._stream = stream
         names: dict[int, str] = {}
         lines: list[str] = []
         depth = 1
@@ -586,8 +599,34 @@ class CStyleRenderer:
             prelude += "\n".join(self._vtypes[k] for k in sorted(self._vtypes)) + "\n"
         if self._helpers:
             prelude += "\n".join(self._helpers[k] for k in sorted(self._helpers)) + "\n"
+        if "pg_stream_fence" in self._helpers:  # non-temporal stores are weakly ordered: drain them
+            lines.append("  pg_stream_fence();")
         body = "\n".join(lines)
         return f"{prelude}\n{self.signature(prog)} {{\n{body}\n}}\n"
+
+
+# Non-temporal stores (the CPU dialect, for outputs larger than the last-level cache): a vector written
+# straight to memory skips the read-for-ownership of its cache line and leaves the cache to the inputs.
+# Compiler builtins, no intrinsics header (immintrin.h costs ~0.4 s of compile time): clang's
+# __builtin_nontemporal_store on any target, gcc's x86 movnt builtins; an address that is not aligned
+# to the vector's size (a view into a buffer) or another compiler stores normally.
+STREAM_SIZES = (16, 32, 64)
+_STREAM_GCC = {64: ("__AVX512F__", "__builtin_ia32_movntps512"), 32: ("__AVX__", "__builtin_ia32_movntps256"),
+               16: ("__SSE__", "__builtin_ia32_movntps")}
+STREAM_FENCE = ("static inline void pg_stream_fence(void) {\n#if defined(__x86_64__) || defined(__i386__)\n"
+                "  __builtin_ia32_sfence();\n#endif\n}")
+
+
+def stream_helper(size: int) -> str:
+    """`pg_stream<size>(void* p, pg_nt<size> v)`: a non-temporal store of a size-byte vector (any lane type,
+    reinterpreted as floats) where p is aligned, else a plain store."""
+    macro, builtin = _STREAM_GCC[size]
+    t, aligned = f"pg_nt{size}", f"(((uintptr_t)p & {size - 1}) == 0)"
+    return (f"typedef float {t} __attribute__((vector_size({size})));\n"
+            f"static inline void pg_stream{size}(void* p, {t} v) {{\n"
+            f"#if defined(__clang__)\n  if ({aligned}) {{ __builtin_nontemporal_store(v, ({t}*)p); return; }}\n"
+            f"#elif defined({macro})\n  if ({aligned}) {{ {builtin}((float*)p, v); return; }}\n#endif\n"
+            f"  __builtin_memcpy(p, &v, sizeof(v));\n}}")
 
 
 def trapping_division(x: Inst) -> bool:

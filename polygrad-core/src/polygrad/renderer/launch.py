@@ -16,7 +16,8 @@ the launch and, per mapped range, its launch index.
   exists (the shared-memory combine keeps one value per thread); otherwise it stays a loop.
 - A kernel of several blocks runs as one thread: blocks must run in order, which a launch grid does
   not give. So does a kernel with an accumulating STORE (a scatter: several points may fold into one
-  element, and the load-fold-store sequence is not atomic). A single STORE without ranges (a full reduction) can still have a GROUP block.
+  element, and the load-fold-store sequence is not atomic). A single STORE without ranges (a full
+  reduction) can still have a GROUP block.
 
 Every mapped size divides exactly (the opts only split ranges by divisors), so no thread is idle and
 no bounds check is needed.

@@ -1,0 +1,127 @@
+"""Cross-language tests of bundle format 2: KV-cache models saved by Python run in Node (polygrad-js).
+
+A tiny GPT-2 made with transformers, loaded with polygrad.hf.load_hf and saved to a .pgb (version 2: `cache`
+buffers, a `decode` entrypoint taking the Variable `pos` as an int, `input_ids[1, tokens]` with a Variable in
+its second dimension) must give Python's logits in Node, for the prompt and for each decode step after it
+(the caches persist between calls), within 1e-5 relative; a fresh load starts from zeroed caches; greedy
+generation picks the same tokens; what Node saves loads in Python with the same results. A one-layer
+attention with caches and two Variable dimensions (`x[batch, tokens, D]`, tests/test_model_decode.py) covers
+a Variable batch. Skipped without `node`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polygrad import Model, bundle
+from test_js import NODE, close, dec, enc, run_node
+
+pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
+
+PROMPT = np.array([[1, 5, 2, 9, 3]], np.int32)
+NEXT = [7, 11, 3]  # tokens fed to decode after the prompt, at positions 5, 6, 7
+GREEDY = 6
+
+
+def _decode_inputs(tokens: list[int], start: int) -> list[dict]:
+    return [{"input_ids": np.array([[t]], np.int32), "pos": start + i} for i, t in enumerate(tokens)]
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    pytest.importorskip("transformers")
+    pytest.importorskip("polygrad_hf")
+    import hf_checkpoints
+    from polygrad.hf import generate, load_hf
+    tmp = tmp_path_factory.mktemp("gpt2")
+    hf, folder = hf_checkpoints.make("gpt2", tmp / "ckpt")
+    model = load_hf(folder, max_batch=1, max_seq_len=16)
+    path = tmp / "gpt2.pgb"
+    model.save(str(path))
+    py = {"forward": model.forward(input_ids=PROMPT)["logits"].numpy()}
+    py["decode"] = [model.call("decode", d)["logits"].numpy() for d in _decode_inputs(NEXT, PROMPT.shape[1])]
+    py["greedy"] = generate(model, PROMPT[0], max_new_tokens=GREEDY, top_k=1).tolist()
+    py["torch"] = hf_checkpoints.logits(hf, PROMPT)
+    model.dispose()
+    fresh = Model.load(str(path))
+    py["fresh"] = fresh.call("decode", {"input_ids": np.array([[4]], np.int32), "pos": 3})["logits"].numpy()
+    fresh.dispose()
+
+    def steps(tokens: list[int], start: int) -> list[dict]:
+        return [{"entry": "decode", "inputs": {"input_ids": enc(d["input_ids"])}, "args": {"pos": d["pos"]}}
+                for d in _decode_inputs(tokens, start)]
+
+    cases = []
+    prompt = {"entry": "forward", "inputs": {"input_ids": enc(PROMPT)}}
+    for backend in ("wasm", "js"):
+        cases.append({"name": backend, "bundle": str(path), "backend": backend,
+                      "calls": [prompt, *steps(NEXT, PROMPT.shape[1])],
+                      **({"save": str(tmp / "from_js.pgb")} if backend == "wasm" else {})})
+    cases.append({"name": "fresh", "bundle": str(path), "calls": steps([4], 3)})
+    cases.append({"name": "greedy", "bundle": str(path), "greedy": {"prompt": enc(PROMPT), "steps": GREEDY}})
+    return py, run_node(cases, tmp), tmp
+
+
+@pytest.mark.parametrize("backend", ["wasm", "js"])
+def test_gpt2_bundle_runs_in_node_with_the_same_logits(gpt2, backend):
+    py, js, _ = gpt2
+    res = js[backend]
+    assert "error" not in res, res.get("error")
+    logits = dec(res["calls"][0]["logits"])
+    assert logits.shape == (1, PROMPT.shape[1], 61)
+    close(logits, py["forward"])
+    close(logits, py["torch"], rtol=1e-4)  # and transformers itself, at the HF tests' tolerance
+    assert len(res["calls"]) == 1 + len(NEXT)
+    for got, want in zip(res["calls"][1:], py["decode"]):  # each step reads the cache the earlier ones wrote
+        assert dec(got["logits"]).shape == (1, 1, 61)
+        close(dec(got["logits"]), want)
+    if backend == "wasm":
+        assert res["stats"]["checks"] == 0, "every access of these kernels should be proven in bounds"
+
+
+def test_a_loaded_bundle_starts_with_zeroed_caches(gpt2):
+    py, js, _ = gpt2
+    assert "error" not in js["fresh"], js["fresh"].get("error")
+    close(dec(js["fresh"]["calls"][0]["logits"]), py["fresh"])
+
+
+def test_greedy_generation_in_node_picks_python_tokens(gpt2):
+    py, js, _ = gpt2
+    assert "error" not in js["greedy"], js["greedy"].get("error")
+    assert js["greedy"]["tokens"] == py["greedy"]
+
+
+def test_node_writes_a_version_2_bundle_python_reads(gpt2):
+    py, _, tmp = gpt2
+    raw = (tmp / "from_js.pgb").read_bytes()
+    assert int.from_bytes(raw[8:12], "little") == 2
+    manifest, _ = bundle.read(raw)
+    assert manifest["entrypoints"]["decode"]["arguments"] == ["pos"]
+    assert all("data" not in b or b["data"] is None for b in manifest["buffers"] if b["role"] == "cache")
+    m = Model.load(raw)
+    try:
+        close(m.forward(input_ids=PROMPT)["logits"].numpy(), py["forward"])
+        for d, want in zip(_decode_inputs(NEXT, PROMPT.shape[1]), py["decode"]):
+            close(m.call("decode", d)["logits"].numpy(), want)
+    finally:
+        m.dispose()
+
+
+# ---------------------------------------------------------------- a Variable batch and sequence
+def test_cache_attention_with_two_variable_dimensions(tmp_path):
+    from test_model_decode import _ATT, B, D, _model
+    model = _model(_ATT)
+    path = tmp_path / "attention.pgb"
+    model.save(str(path))
+    x = np.random.default_rng(3).standard_normal((B, 6, D)).astype(np.float32)
+    want = [model.forward(x=x[:, :3])["y"].numpy()]
+    want += [model.call("decode", {"x": x[:, p:p + 1], "pos": p})["y"].numpy() for p in range(3, 6)]
+    one = model.forward(x=x[:1, :4])["y"].numpy()  # a smaller batch and prompt reuse the same buffers
+    model.dispose()
+    calls = [{"entry": "forward", "inputs": {"x": enc(x[:, :3])}}]
+    calls += [{"entry": "decode", "inputs": {"x": enc(x[:, p:p + 1])}, "args": {"pos": p}} for p in range(3, 6)]
+    calls.append({"entry": "forward", "inputs": {"x": enc(x[:1, :4])}})
+    res = run_node([{"name": "att", "bundle": str(path), "calls": calls}], tmp_path)["att"]
+    assert "error" not in res, res.get("error")
+    for got, ref in zip(res["calls"], want + [one]):
+        close(dec(got["y"]), ref)
