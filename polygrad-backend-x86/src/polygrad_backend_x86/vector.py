@@ -91,11 +91,11 @@ def _fits(tok: str, o: Any) -> bool:
 
 def resolve(mn: str, ops: tuple, masked: bool) -> str:
     """The iced Code name of mnemonic mn with these operands (VEX unless EVEX is needed)."""
-    key = (mn, masked) + tuple((type(o).__name__, getattr(o, "bits", 0)) for o in ops)
+    key = (mn, masked) + tuple((type(o).__name__, getattr(o, "bits", 0), isinstance(o, VR) and o.n >= 16) for o in ops)
     hit = _RESOLVED.get(key)
     if hit is not None:
         return hit
-    need_evex = masked or any(isinstance(o, KR) or (isinstance(o, VR) and o.bits == 512) for o in ops)
+    need_evex = masked or any(isinstance(o, KR) or (isinstance(o, VR) and (o.bits == 512 or o.n >= 16)) for o in ops)
     for prefix in (("EVEX",) if need_evex else ("VEX", "EVEX")):
         for pre, tokens, name in _index().get(mn, []):
             if pre == prefix and len(tokens) == len(ops) and all(_fits(t, o) for t, o in zip(tokens, ops)):
@@ -348,8 +348,8 @@ class VectorEmitter(Emitter):
             self.gmov(RAX, s)
             if dt is dtypes.bool:
                 self.op("NEG_RM32", gp(RAX, 32))
-            self.movd_to_x(r.n, RAX)
-            self.vop("VPBROADCASTD", r, VR(r.n, 128))
+            self.movd_to_x(self.T0, RAX)  # a VEX move: through a low scratch register (r may be zmm16..31)
+            self.vop("VPBROADCASTD", r, VR(self.T0, 128))
         self.vfinish(x, r)
 
     def vec_const(self, x: XInst) -> None:
@@ -465,8 +465,21 @@ class VectorEmitter(Emitter):
 
     # ---- accumulators
     def vec_update(self, x: XInst) -> None:
-        acc, value = x.src
+        acc, value = x.src[0], x.src[1]
         red = x.arg
+        if red is Ops.FMA:  # acc = fma(a, b, acc) lane-wise: one vfmadd231ps into a register accumulator
+            if acc.lanes != value.lanes or acc.lanes != x.src[2].lanes or acc.dtype is not dtypes.float32 \
+                    or not self.isa.fma:
+                raise VectorUnsupported("an FMA update whose operands and accumulator differ in lanes")
+            bits = self.width(acc)
+            a, b = self.vget(value, self.T1, bits), self.vget(x.src[2], self.T2, bits)
+            if acc.loc[0] == "r":
+                self.vop("VFMADD231PS", VR(acc.loc[1], bits), a, b)
+                return
+            self.vcopy(VR(self.T0, bits), self.vget(acc, self.TS, bits))
+            self.vop("VFMADD231PS", VR(self.T0, bits), a, b)
+            self.vfinish(acc, VR(self.T0, bits))
+            return
         if acc.lanes > 1:
             bits = self.width(acc)
             v = self.vget(value, self.T1, bits)
