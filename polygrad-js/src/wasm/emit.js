@@ -628,6 +628,15 @@ class KernelEmitter {
         this.push(x.start)
         c.set(i)
         const steps = wide ? [] : this.strengthReduce(x)
+        // with a strength-reduced address, the loop ends when that pointer reaches its last value (one
+        // compare, no separate counter: the counter's increment is dead code when nothing else reads it)
+        let last = null
+        if (steps.length) {
+          last = this.newLocal(T.i32)
+          this.push(x.end)
+          this.push(x.start)
+          c.op(0x6b).i32(steps[0][1]).op(0x6c).get(steps[0][0]).op(0x6a).set(last)
+        }
         // block { if (i >= end) break; loop { body; i++; if (i < end) continue } }
         c.byte(0x02, 0x40)
         c.get(i)
@@ -639,9 +648,14 @@ class KernelEmitter {
         c.get(i)
         if (wide) c.i64(1).op(0x7c)
         else c.i32(1).op(0x6a)
-        c.tee(i)
-        this.push(x.end)
-        c.op(wide ? 0x53 : 0x48).byte(0x0d, 0x00)
+        if (last !== null) {
+          c.set(i)
+          c.get(steps[0][0]).get(last).op(0x47).byte(0x0d, 0x00) // i32.ne
+        } else {
+          c.tee(i)
+          this.push(x.end)
+          c.op(wide ? 0x53 : 0x48).byte(0x0d, 0x00)
+        }
         c.byte(0x0b, 0x0b)
         return
       }
