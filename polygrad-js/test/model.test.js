@@ -186,5 +186,12 @@ test('register tiles of x @ W.T: 2x4 at full batch, 8 columns and an unrolled re
   assert.strictEqual(count(small, 'load'), 2 * (1 + 8))
   assert.strictEqual(count(small, 'update'), 2 * 8)
   assert.ok(m._x.stats.checks === 0)
+  // the emitted function: every reduction loop ends on its address pointer (no counter), and the epilogue's
+  // ReLU selects by bits, without the branch V8 makes of a float select
+  const { KernelEmitter } = require('../src/wasm/emit')
+  const layout = new Map(first.args.map((s, i) => [i, { base: s.base, size: s.size }]))
+  const { stats } = new KernelEmitter(p, layout, {}, {}).emit()
+  assert.ok(stats.pointerExits >= 1, 'the reduction loop ends on its pointer')
+  assert.ok(stats.bitSelects >= 1, 'the ReLU selects without a branch')
   m.dispose()
 })

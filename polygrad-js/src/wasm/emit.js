@@ -41,6 +41,7 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
+    this.stats = { pointerExits: 0, bitSelects: 0 } // what the speed guards (tests) look for
     this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
   }
 
@@ -436,6 +437,7 @@ class KernelEmitter {
    */
   selectF32 (pushA, pushB, pushCond) {
     const c = this.c
+    this.stats.bitSelects++
     const bb = this.newLocal(T.i32)
     pushB(); c.op(0xbc).set(bb) // i32.reinterpret_f32
     c.get(bb)
@@ -652,6 +654,7 @@ class KernelEmitter {
         // compare, no separate counter: the counter's increment is dead code when nothing else reads it)
         let last = null
         if (steps.length) {
+          this.stats.pointerExits++
           last = this.newLocal(T.i32)
           this.push(x.end)
           this.push(x.start)
@@ -778,7 +781,7 @@ class KernelEmitter {
     this.uses = this.countUses()
     this.block(this.prog.head)
     this.block(this.prog.body)
-    return { params: this.params, locals: this.locals, body: this.c }
+    return { params: this.params, locals: this.locals, body: this.c, stats: this.stats }
   }
 }
 
