@@ -259,3 +259,50 @@ def test_tile_vectors_follow_the_compiler():
     assert tile_vectors("Debian clang version 14.0.6", 32) == 4
     assert tile_vectors("gcc (Debian 12.2.0-14) 12.2.0", 32) == 2
     assert tile_vectors("Ubuntu clang version 18.1.3", 16) == 2  # AVX2: 16 registers
+
+
+def _native_macros(cc):
+    import subprocess
+    out = subprocess.run([cc, "-march=native", "-dM", "-E", "-x", "c", "/dev/null"], capture_output=True, text=True)
+    return out.stdout
+
+
+@pytest.mark.parametrize("cc", ["clang", "gcc"])
+def test_vector_fma_is_one_packed_instruction(cc, tmp_path):
+    """A tile of dot products (x @ W.T, too small to stage) multiply-adds whole vectors: the compiled
+    inner loop has packed vfmadd on ymm/zmm registers and no scalar fma (clang 14 scalarized the per-lane
+    helper and re-vectorized it across the tile: 2 GFLOP/s a core)."""
+    import shutil
+    import subprocess
+    from polygrad_backend_cpu.compiler import FLAGS
+    from polygrad_backend_cpu.renderer import CPURenderer
+    if shutil.which(cc) is None or "__FMA__" not in _native_macros(cc):
+        pytest.skip(f"{cc} missing or this CPU has no FMA")
+    spec = lower(kernel(Tensor.empty(128, 784) @ Tensor.empty(256, 784).T), AVX512)
+    assert any(o.kind is OptKind.SPLIT_REDUCE for o in spec.opts)  # the dot tile, not a staged outer tile
+    src = tmp_path / "k.c"
+    src.write_text(CPURenderer().render(spec))
+    flags = [f for f in FLAGS if f not in ("-shared", "-fPIC", "-lm")]
+    subprocess.run([cc, *flags, "-S", str(src), "-o", str(tmp_path / "k.s")], check=True)
+    asm = (tmp_path / "k.s").read_text()
+    assert re.search(r"vfmadd\w*ps\s+[^\n]*%[yz]mm", asm), asm[:2000]
+    assert not re.search(r"vfmadd\w*ss|call\s+fmaf", asm)
+
+
+def test_dot_tile_matmul_equals_numpy_on_this_cpu():
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((128, 784), dtype=np.float32), rng.standard_normal((256, 784), dtype=np.float32)
+    out = (Tensor(x) @ Tensor(w).T).numpy()
+    np.testing.assert_allclose(out, x @ w.T, rtol=1e-4, atol=1e-3)
+
+
+def test_dot_tile_lanes_are_the_split_reduction():
+    """With 16 registers a tile of dot products upcasts one 4-wide output range beside a 16-lane split
+    reduction: the lanes must be the reduction's (contiguous loads of both operands), not the 4 output
+    columns (which gathered W lane by lane: the X86 MLP's x @ W.T ran 10x slower)."""
+    caps = Capabilities(threads=1, vector_width=16, registers=16)
+    spec = lower(kernel(Tensor.empty(128, 784) @ Tensor.empty(256, 784).T), caps)
+    assert sorted(o.kind.name for o in spec.opts) == ["SPLIT_REDUCE", "UPCAST"]
+    prog = linearize(spec, vector_width=16)
+    loads = [x for x in prog.insts if x.op is L.LOAD]
+    assert loads and all(x.lanes == 16 and x.arg == "contiguous" for x in loads)

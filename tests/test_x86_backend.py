@@ -342,3 +342,58 @@ def test_thread_axis_runs_across_launches():
     ''', env={"POLY_THREADS": "4"})
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["4"]
+
+
+@pytest.mark.parametrize("shape", [(24, 200, 40, "nn"), (32, 208, 64, "nt")])
+@pytest.mark.parametrize("lanes", [1, 0])  # 0: the tier's own vector lanes
+def test_contracted_matmul_gives_the_same_bits(monkeypatch, shape, lanes):
+    """On a CPU with FMA3 the X86 device declares fma, so matmuls' multiply-adds are contracted: each
+    step is one vfmadd (scalar, or lane-wise into a vector accumulator, as in a tile of dot products),
+    rounded once. Scalar code gives INTERP's bits; vector code gives the CPU backend's bits for the same
+    lowered kernel (INTERP folds a split reduction's lanes in another order: equal to rounding)."""
+    from polygrad.backend_api import Capabilities
+    from polygrad.device import Buffer, open_device
+    from polygrad.engine.lower import lower
+    from polygrad.engine.schedule import schedule
+    from polygrad.uop.ops import Ops
+    from polygrad_backend_interp.evaluator import InterpProgram
+    from polygrad_backend_x86.compiler import X86Source, compile_source
+    from polygrad_backend_x86.cpu import choose_isa
+    from polygrad_backend_x86.runtime import X86Program
+    m, k, n, layout = shape
+    for tier in [t for t in tiers() if t != "sse2"]:
+        monkeypatch.setenv("POLY_X86_ISA", tier)
+        isa = choose_isa()
+        assert isa.fma
+        a, b = Tensor.empty(m, k), (Tensor.empty(k, n) if layout == "nn" else Tensor.empty(n, k).T)
+        tpl, _ = schedule([(a @ b).uop])
+        (ast,) = [s.ast for s in tpl.steps if s.kind == "kernel"]
+        spec = lower(ast, Capabilities(threads=1, vector_width=lanes or isa.lanes, registers=16, fma=True))
+        assert any(u.op is Ops.REDUCE and u.arg is Ops.FMA for u in spec.ast.toposort())
+        kern = compile_source(X86Source(spec, isa))
+        progs = {"X86": X86Program(spec, kern.code, kern.externs)}
+        if lanes == 1:
+            progs["INTERP"] = InterpProgram(spec)
+        elif Device.available("CPU"):
+            cpu = open_device("CPU")
+            progs["CPU"] = cpu.load(spec, cpu.compile(cpu.render(spec)))
+        rng = np.random.default_rng(0)
+        inputs = {g.slot: rng.standard_normal(g.size).astype(np.float32) for g in spec.globals if not g.written}
+        outs = {}
+        for dev, prog in progs.items():
+            bufs = [Buffer(dev, g.size, g.dtype) for g in spec.globals]
+            for buf, g in zip(bufs, spec.globals):
+                buf.copyin(inputs[g.slot] if not g.written else np.zeros(g.size, np.float32))
+            prog([buf.handle for buf in bufs], ())
+            outs[dev] = [buf.numpy() for buf, g in zip(bufs, spec.globals) if g.written][0]
+        x, w = (inputs[g.slot] for g in spec.globals if not g.written)
+        w = w.reshape(k, n) if layout == "nn" else w.reshape(n, k).T
+        np.testing.assert_allclose(outs["X86"].reshape(m, n), x.reshape(m, k) @ w, rtol=1e-4, atol=1e-4)
+        for dev, out in outs.items():
+            assert same_bits(outs["X86"], out), (tier, dev)
+
+
+def test_device_declares_fma_where_the_cpu_has_it():
+    from polygrad.device import open_device
+    from polygrad_backend_x86.cpu import choose_isa
+    assert open_device("X86").capabilities.fma == choose_isa().fma

@@ -2,10 +2,23 @@
 from __future__ import annotations
 
 from polygrad.backend_api import CStyleRenderer
+from polygrad.dtype import DType, dtypes
 from polygrad.uop.ops import Ops
 
 # outputs of at least this many bytes get non-temporal stores when the cache size is unknown
 DEFAULT_STREAM_BYTES = 16 << 20
+
+
+# x86 vector FMA builtins of GCC and clang by (element dtype, vector bytes): (feature macro, builtin, extra
+# arguments). Each is one vfmadd instruction, rounded once like fma/fmaf, so results do not change.
+X86_FMA = {
+    (dtypes.float32, 16): ("__FMA__", "__builtin_ia32_vfmaddps", ""),
+    (dtypes.float32, 32): ("__FMA__", "__builtin_ia32_vfmaddps256", ""),
+    (dtypes.float32, 64): ("__AVX512F__", "__builtin_ia32_vfmaddps512_mask", ", (unsigned short)-1, 4"),
+    (dtypes.float64, 16): ("__FMA__", "__builtin_ia32_vfmaddpd", ""),
+    (dtypes.float64, 32): ("__FMA__", "__builtin_ia32_vfmaddpd256", ""),
+    (dtypes.float64, 64): ("__AVX512F__", "__builtin_ia32_vfmaddpd512_mask", ", (unsigned char)-1, 4"),
+}
 
 
 class CPURenderer(CStyleRenderer):
@@ -25,6 +38,29 @@ class CPURenderer(CStyleRenderer):
             return frozenset()
         read = {n.src[0].src[0].arg[0] for n in spec.ast.toposort() if n.op is Ops.LOAD}
         return frozenset(big - read)
+
+    def vfma(self, dt: DType, n: int, a: str, b: str, c: str) -> str:
+        """A lane-wise fused multiply-add as the compiler's vector FMA builtin where the target has one
+        (`__builtin_elementwise_fma` on newer clang, else the x86 builtin for the vector's size), else the
+        per-lane loop. Left to itself, clang 14 scalarizes the loop inside a tile of dot products and
+        re-vectorizes it across the wrong axis (measured: a 128x256x784 x @ W.T at 2 GFLOP/s a core, 75 with
+        the builtin)."""
+        call = super().vfma(dt, n, a, b, c)
+        vt = self.vtype(dt, n)
+        name = f"pg_fma_{vt[3:]}"
+        x86 = X86_FMA.get((dt, n * dt.itemsize))
+        if x86 is None or not self._helpers[name].startswith("static"):
+            return call
+        macro, builtin, extra = x86
+        loop = self._helpers[name].split("{", 1)[1].rsplit("}", 1)[0].strip()
+        done = f"PG_FMA_{vt[3:].upper()}"
+        self._helpers[name] = (
+            f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{\n#if defined(__has_builtin)\n"
+            f"#if __has_builtin(__builtin_elementwise_fma)\n  return __builtin_elementwise_fma(a, b, c);\n"
+            f"#define {done}\n#elif defined({macro}) && __has_builtin({builtin})\n"
+            f"  return ({vt}){builtin}(a, b, c{extra});\n#define {done}\n#endif\n#endif\n"
+            f"#ifndef {done}\n  {loop}\n#endif\n}}")
+        return call
 
     def render_program(self, prog, stream: frozenset[int] = frozenset()) -> str:  # type: ignore[no-untyped-def]
         """The kernel, and for a THREAD kernel its pool trampoline `<name>_task(void** args, int tid)`

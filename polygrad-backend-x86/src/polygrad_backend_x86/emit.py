@@ -374,12 +374,17 @@ class Emitter(ScalarArithmetic, HalfRoutines):
             self.fdone(x, r)
 
     def update(self, x: XInst) -> None:
-        acc, value = x.src
+        acc, value = x.src[0], x.src[1]
         red = x.arg
         if acc.lanes > 1 or value.lanes > 1:
             self.vec_update(x)
             return
         dt = acc.dtype
+        if red is Ops.FMA:  # acc = fma(a, b, acc): a float accumulator on a CPU with FMA3 (lowering's rule)
+            self.float_op(Ops.FMA, dt, [value, x.src[2], acc], self.T0)
+            self.round_to(dt, self.T0)
+            self.fdone(acc, self.T0)
+            return
         if is_gp(acc):
             self.int_op(red, dt, dt, [acc, value], RAX)
             self.gdone(acc, RAX)

@@ -317,6 +317,11 @@ class _Expander:
             init = self.v(x.src[0])
             red, count = x.arg
             return [self.place(XInst(L.ACC, x.dtype, (init,), red, x.lanes)) for _ in range(count)]
+        if op is L.UPDATE and x.arg is Ops.FMA:  # acc = fma(a, b, acc), rounded once
+            acc = self.lane_of(x)
+            a, b = self.v(x.src[1]), self.v(x.src[2])
+            self.place(XInst(L.UPDATE, acc.dtype, (acc, a, b), Ops.FMA, max(a.lanes, b.lanes)))
+            return None
         if op is L.UPDATE:
             acc = self.lane_of(x)
             value = self.v(x.src[1])
@@ -360,8 +365,9 @@ class _Expander:
 
     def lane_of(self, x: Inst) -> XInst:
         accs = self.v(x.src[0])
-        if len(x.src) > 2 or (x.op is L.ACC_READ and len(x.src) > 1):
-            lane = self.v(x.src[2] if x.op is L.UPDATE else x.src[1])
+        at = (3 if x.arg is Ops.FMA else 2) if x.op is L.UPDATE else 1  # where the lane index sits
+        if len(x.src) > at:
+            lane = self.v(x.src[at])
             if not lane.is_const:
                 raise CompileError("X86 backend: an accumulator lane index that is not constant after unrolling")
             return accs[int(lane.arg)]

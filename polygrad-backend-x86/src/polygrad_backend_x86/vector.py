@@ -465,8 +465,21 @@ class VectorEmitter(Emitter):
 
     # ---- accumulators
     def vec_update(self, x: XInst) -> None:
-        acc, value = x.src
+        acc, value = x.src[0], x.src[1]
         red = x.arg
+        if red is Ops.FMA:  # acc = fma(a, b, acc) lane-wise: one vfmadd231ps into a register accumulator
+            if acc.lanes != value.lanes or acc.lanes != x.src[2].lanes or acc.dtype is not dtypes.float32 \
+                    or not self.isa.fma:
+                raise VectorUnsupported("an FMA update whose operands and accumulator differ in lanes")
+            bits = self.width(acc)
+            a, b = self.vget(value, self.T1, bits), self.vget(x.src[2], self.T2, bits)
+            if acc.loc[0] == "r":
+                self.vop("VFMADD231PS", VR(acc.loc[1], bits), a, b)
+                return
+            self.vcopy(VR(self.T0, bits), self.vget(acc, self.TS, bits))
+            self.vop("VFMADD231PS", VR(self.T0, bits), a, b)
+            self.vfinish(acc, VR(self.T0, bits))
+            return
         if acc.lanes > 1:
             bits = self.width(acc)
             v = self.vget(value, self.T1, bits)

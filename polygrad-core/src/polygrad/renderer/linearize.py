@@ -54,11 +54,12 @@ LOCAL is private to each launch (the C renderer puts it on the stack).
 Vector lanes (`linearize(spec, vector_width=w)`, w > 1; emitters that handle vectors pass the
 device's width, `spec.vector_width`; the default 1 keeps every upcast range a scalar loop). In each
 END block one upcast range V becomes vector lanes instead of a loop: the END's last upcast range if
-some load or the store is contiguous in it (coefficient 1), else the last range of a split
-reduction's final sum that is. Its lanes are w when w divides its size (a bigger range is split
-first: V = Vo*w + Vl, Vo an upcast loop and Vl the lanes, in V's place, so the points keep their
-order; a 16-column tile on an 8-lane device is two vectors), or its size when that divides w and
-is at least 4; otherwise no lanes. Every instruction has a lane count `lanes` (1: scalar); its
+some load or the store is contiguous in it (coefficient 1), or the last range of a split
+reduction's final sum that is, whichever gets more lanes (the END's range on a tie). Its lanes
+are w when w divides its size (a bigger range is split first: V = Vo*w + Vl, Vo an upcast loop
+and Vl the lanes, in V's place, so the points keep their order; a 16-column tile on an 8-lane
+device is two vectors), or its size when that divides w and is at least 4; otherwise no lanes.
+Every instruction has a lane count `lanes` (1: scalar); its
 dtype stays the scalar element dtype, so an instruction with lanes n > 1 is a vector of n values of
 `dtype`, lane k being the scalar path's value at V = k. Everything that depends on V has V's lanes;
 the rest stays scalar and is broadcast where it meets a vector:
@@ -728,14 +729,16 @@ class _Linearizer:
             return any(range_coeff(ix, r) == 1 for ix in indexes)
 
         ups = [r for r in node.src[1:] if _kind(r) == AxisKind.UPCAST]
-        if ups and self.lanes_for(ups[-1]) and contiguous(ups[-1]):
-            return ups[-1]
+        found = [ups[-1]] if ups and self.lanes_for(ups[-1]) and contiguous(ups[-1]) else []
         for red in store.toposort():
             if red.op is Ops.REDUCE and _kind(red.src[-1]) == AxisKind.UPCAST:
                 r = red.src[-1]
                 if self.lanes_for(r) and contiguous(r):
-                    return r
-        return None
+                    found.append(r)
+                    break
+        # the wider of the two (the END's range on a tie): a 4-column upcast of a tile of dot products
+        # would leave the 16-lane split reduction a loop and gather the other operand lane by lane
+        return max(found, key=self.lanes_for) if found else None
 
     def split_lanes(self, node: UOp, v: UOp, lanes: int) -> tuple[UOp, UOp]:
         """node with range v replaced by vo*lanes + vl: vo an upcast loop, vl the lanes (in END and
