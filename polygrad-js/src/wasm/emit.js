@@ -323,7 +323,7 @@ class KernelEmitter {
     if (op === 'CAST') return this.cast(s, d, () => P(0))
     if (op === 'BITCAST') return this.bitcast(s, d, () => P(0))
     if (op === 'WHERE') {
-      if (d.wasm === 'f32') return this.selectF32(() => P(1), () => P(2), () => P(0))
+      if (d.wasm === 'f32' && !this.prog.selectBranches) return this.selectF32(() => P(1), () => P(2), () => P(0))
       P(1); P(2); P(0)
       c.op(0x1b)
       return
@@ -363,7 +363,7 @@ class KernelEmitter {
         case 'RECIPROCAL': if (w) c.f64c(1); else c.f32c(1); P(0); c.op(w ? 0xa3 : 0x95); break
         case 'MAX':
           // (a != a || a > b) ? a : b
-          if (!w) {
+          if (!w && !this.prog.selectBranches) {
             this.selectF32(() => P(0), () => P(1), () => { P(0); P(0); c.op(0x5c); P(0); P(1); c.op(0x5e); c.op(0x72) })
             return
           }
@@ -433,7 +433,8 @@ class KernelEmitter {
   /**
    * cond ? a : b for float32 without a branch: V8 compiles a float `select` to a compare and jump, which a
    * ReLU over mixed signs (a tile's epilogue) mispredicts about half the time. The bits instead:
-   * b ^ ((a ^ b) & -cond). pushCond pushes an i32 0/1.
+   * b ^ ((a ^ b) & -cond). pushCond pushes an i32 0/1. A program with `selectBranches` (the few-rows
+   * variant, runtime.js) keeps wasm's select: measured at batch 1, its branch is the faster one there.
    */
   selectF32 (pushA, pushB, pushCond) {
     const c = this.c
