@@ -397,3 +397,28 @@ def test_device_declares_fma_where_the_cpu_has_it():
     from polygrad.device import open_device
     from polygrad_backend_x86.cpu import choose_isa
     assert open_device("X86").capabilities.fma == choose_isa().fma
+
+
+def test_avx512_tiles_use_the_upper_sixteen_registers():
+    """On AVX-512 the device declares 32 vector registers: a matmul gets an 8-row register tile whose
+    512-bit accumulators live in zmm16..31 (EVEX-only), and still equals NumPy."""
+    import re
+
+    from polygrad.device import open_device
+    from polygrad.engine.lower import OptKind, lower
+    from polygrad.engine.schedule import schedule
+    from polygrad_backend_x86.cpu import choose_isa
+    if choose_isa().tier != "avx512":
+        pytest.skip("needs AVX-512")
+    dev = open_device("X86")
+    assert dev.capabilities.registers == 32
+    a, b = Tensor.empty(64, 96), Tensor.empty(96, 64)
+    tpl, _ = schedule([(a @ b).uop])
+    (ast,) = [s.ast for s in tpl.steps if s.kind == "kernel"]
+    spec = lower(ast, dev.capabilities)
+    assert 8 in [o.amount for o in spec.opts if o.kind is OptKind.UPCAST]
+    assert re.search(r"zmm(1[6-9]|2\d|3[01])\b", str(dev.render(spec)))
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((64, 96), dtype=np.float32), rng.standard_normal((96, 64), dtype=np.float32)
+    out = (Tensor(x, device="X86") @ Tensor(w, device="X86")).numpy()
+    np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-4)

@@ -48,7 +48,8 @@ def open_x86(ordinal: int) -> DeviceImpl:
         return X86Program(spec, kernel.code, kernel.externs)
 
     return DeviceImpl(name="X86", allocator=HostAllocator(), render=render, compile=compile_source, load=load,
-                      capabilities=Capabilities(threads=threads, vector_width=isa.lanes, registers=16, fma=isa.fma))
+                      capabilities=Capabilities(threads=threads, vector_width=isa.lanes,
+                                                registers=16 + isa.high_vec_regs, fma=isa.fma))
 
 
 @hookimpl

@@ -62,7 +62,7 @@ def emit_program(prog: LinearProgram, isa: Isa) -> Kernel:
     from polygrad_backend_x86.vector import VectorEmitter
     xprog = expand(prog)
     vec_bytes = isa.vec_bits // 8 if isa.lanes > 1 else 16
-    frame = allocate(xprog, isa.vec_regs, vec_bytes)
+    frame = allocate(xprog, isa.vec_regs, vec_bytes, isa.high_vec_regs)
     return VectorEmitter(xprog, isa, frame, vec_bytes).run()
 
 

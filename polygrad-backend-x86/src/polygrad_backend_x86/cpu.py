@@ -36,6 +36,11 @@ class Isa:
         return 12
 
     @property
+    def high_vec_regs(self) -> int:
+        """zmm16..31 (EVEX only, AVX-512): given to 512-bit values, so register tiles can grow."""
+        return 16 if self.tier == "avx512" else 0
+
+    @property
     def lanes(self) -> int:
         """float32 lanes of a vector (1: the scalar tier declares no vectors)."""
         return {"sse2": 1, "avx2": 8, "avx512": 16}[self.tier]

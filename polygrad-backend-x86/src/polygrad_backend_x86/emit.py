@@ -55,7 +55,7 @@ class Emitter(ScalarArithmetic, HalfRoutines):
         self.args_slot = frame.slot(8)
         self.tmp_slot = frame.slot(64)  # staging for libm arguments and lane folds
         if self.has_calls:
-            self.save_slot = frame.slot(8 * len(CALLER_SAVED_GP) + vec_bytes * (self.vs + 4))
+            self.save_slot = frame.slot(8 * len(CALLER_SAVED_GP) + vec_bytes * (16 + isa.high_vec_regs))
 
     # ---- small helpers
     def op(self, name: str, *ops: Any) -> None:

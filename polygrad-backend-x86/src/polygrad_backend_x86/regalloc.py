@@ -47,8 +47,14 @@ class Frame:
         return off
 
 
-def allocate(prog: XProgram, vec_regs: int, vec_bytes: int) -> Frame:
-    """Assign `loc` to every value of prog; vec_regs vector registers 0..vec_regs-1 may be used."""
+def wide(v: XInst) -> bool:
+    """A 512-bit vector value (16 lanes of a 4-byte type): it may live in zmm16..31."""
+    return not is_gp(v) and v.lanes == 16
+
+
+def allocate(prog: XProgram, vec_regs: int, vec_bytes: int, high_regs: int = 0) -> Frame:
+    """Assign `loc` to every value of prog; vector registers 0..vec_regs-1 may be used, and for 512-bit
+    values also 16..16+high_regs-1 (EVEX-only registers, taken first so the low ones stay for the rest)."""
     insts = prog.insts
     for i, x in enumerate(insts):
         x.num = i
@@ -104,20 +110,26 @@ def allocate(prog: XProgram, vec_regs: int, vec_bytes: int) -> Frame:
             use(x.src[0], x.num)
             use(x.src[0].src[1], x.num)
     frame = Frame()
+    high = list(range(16, 16 + high_regs))
     free = {True: list(GP_ALLOC), False: list(range(vec_regs))}
     active: list[XInst] = []
     for v in sorted(values, key=lambda x: (x.start, x.num)):
         gp_class = is_gp(v)
         for a in [a for a in active if a.end < v.start]:
             active.remove(a)
-            free[is_gp(a)].append(a.loc[1])
+            (high if a.loc[1] >= 16 and not is_gp(a) else free[is_gp(a)]).append(a.loc[1])
+        if wide(v) and high:
+            v.loc = ("r", high.pop(0))
+            active.append(v)
+            continue
         if free[gp_class]:
             reg = free[gp_class].pop(0)
             v.loc = ("r", reg)
             active.append(v)
             continue
-        # spill the value whose uses weigh least (a use in a loop nest of depth d weighs 8**d)
-        same = [a for a in active if is_gp(a) == gp_class]
+        # spill the value whose uses weigh least (a use in a loop nest of depth d weighs 8**d); only a
+        # 512-bit value may take a high register
+        same = [a for a in active if is_gp(a) == gp_class and (wide(v) or gp_class or a.loc[1] < 16)]
         victim = min(same, key=lambda a: (weight.get(id(a), 0.0), -a.end))
         if (weight.get(id(victim), 0.0), -victim.end) < (weight.get(id(v), 0.0), -v.end):
             v.loc = victim.loc

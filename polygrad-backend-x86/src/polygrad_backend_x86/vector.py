@@ -91,11 +91,11 @@ def _fits(tok: str, o: Any) -> bool:
 
 def resolve(mn: str, ops: tuple, masked: bool) -> str:
     """The iced Code name of mnemonic mn with these operands (VEX unless EVEX is needed)."""
-    key = (mn, masked) + tuple((type(o).__name__, getattr(o, "bits", 0)) for o in ops)
+    key = (mn, masked) + tuple((type(o).__name__, getattr(o, "bits", 0), isinstance(o, VR) and o.n >= 16) for o in ops)
     hit = _RESOLVED.get(key)
     if hit is not None:
         return hit
-    need_evex = masked or any(isinstance(o, KR) or (isinstance(o, VR) and o.bits == 512) for o in ops)
+    need_evex = masked or any(isinstance(o, KR) or (isinstance(o, VR) and (o.bits == 512 or o.n >= 16)) for o in ops)
     for prefix in (("EVEX",) if need_evex else ("VEX", "EVEX")):
         for pre, tokens, name in _index().get(mn, []):
             if pre == prefix and len(tokens) == len(ops) and all(_fits(t, o) for t, o in zip(tokens, ops)):
@@ -348,8 +348,8 @@ class VectorEmitter(Emitter):
             self.gmov(RAX, s)
             if dt is dtypes.bool:
                 self.op("NEG_RM32", gp(RAX, 32))
-            self.movd_to_x(r.n, RAX)
-            self.vop("VPBROADCASTD", r, VR(r.n, 128))
+            self.movd_to_x(self.T0, RAX)  # a VEX move: through a low scratch register (r may be zmm16..31)
+            self.vop("VPBROADCASTD", r, VR(self.T0, 128))
         self.vfinish(x, r)
 
     def vec_const(self, x: XInst) -> None:
