@@ -8,6 +8,7 @@ computation, measured by what they do (files read, graphs walked, compilers run)
   CacheWarning and the kernel lowered again; its key follows the capabilities, opts and code.
 - The C pool library a cold process starts compiling is finished before it exits, so the next process
   finds it cached.
+- A realize whose schedule is cached orders the graph once (UOp.toposort on the target only).
 """
 from __future__ import annotations
 
@@ -218,3 +219,25 @@ def test_pool_library_is_finished_before_exit(tmp_path: Path) -> None:
     second = _result(run_python(POOL_USER, env))
     assert second["ok"] and second["ready"]
     assert not [p.name for p in (tmp_path / "cpu").iterdir() if ".tmp" in p.name]
+
+
+def test_cached_realize_walks_the_graph_once(monkeypatch) -> None:
+    """Realizing a graph whose schedule is cached orders its nodes once: UOp.toposort runs only on the
+    target, and every call after the first returns the order cached on it (no walk below it)."""
+    from polygrad.uop.ops import UOp
+    x = Tensor(np.arange(64, dtype=np.float32).reshape(8, 8)).realize()
+
+    def f():
+        return ((x * 2 + 1).relu() * x).sum(1)
+
+    f().realize()
+    y = f()
+    calls: list[tuple[UOp, bool]] = []
+    real = UOp.toposort
+    monkeypatch.setattr(UOp, "toposort", lambda self: calls.append((self, self._toposort is not None)) or real(self))
+    target = y.uop
+    y.realize()
+    assert calls and all(u is target for u, _ in calls)
+    assert [cached for _, cached in calls[1:]] == [True] * (len(calls) - 1)
+    a = np.arange(64, dtype=np.float32).reshape(8, 8)
+    np.testing.assert_allclose(y.numpy(), (np.maximum(a * 2 + 1, 0) * a).sum(1))

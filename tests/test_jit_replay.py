@@ -238,3 +238,28 @@ def test_jitted_function_calling_itself_raises():
         for _ in range(3):
             f(_t([1, 2], "CPU"), 1)
     assert f(_t([1, 2], "CPU"), 0).numpy().tolist() == [2.0, 4.0]  # still usable without recursion
+
+
+def test_replay_with_the_same_inputs_checks_them_once(monkeypatch):
+    """A replay whose arguments are the very realized tensors of the last replay reuses that call's checked
+    buffers and shapes (engine/jit.py TinyJit._inputs): no argument walk. New data in the same buffers is
+    still read, another tensor is checked again, and a freed-and-changed input is still rejected."""
+    from polygrad.engine import jit as jit_mod
+    f = jit(lambda x, y: (x * y).realize())
+    x, y = _t([1, 2, 3], "CPU"), _t([4, 5, 6], "CPU")
+    for _ in range(3):
+        f(x, y)
+    calls = []
+    real = jit_mod._prepare_inputs
+    monkeypatch.setattr(jit_mod, "_prepare_inputs", lambda *a: calls.append(1) or real(*a))
+    for _ in range(5):
+        out = f(x, y)
+    assert calls == [] and out.numpy().tolist() == [4.0, 10.0, 18.0]
+    x.assign(Tensor(np.array([2, 2, 2], np.float32))).realize()  # new values, same buffer
+    assert f(x, y).numpy().tolist() == [8.0, 10.0, 12.0]
+    z = _t([1, 1, 1], "CPU")
+    assert f(z, y).numpy().tolist() == [4.0, 5.0, 6.0] and len(calls) >= 1
+    with pytest.raises(JitError):
+        f(z, z)
+    with pytest.raises(JitError):
+        f(_t([1, 2], "CPU"), y)

@@ -136,3 +136,19 @@ def test_long_full_sum_takes_two_kernels():
     assert sum(s.kind == "kernel" for s in tpl.steps) == 2
     n, got = count_kernels(lambda: Tensor(np.ones(1 << 20, np.float32)).sum())
     assert n == 2 and got == 1 << 20
+
+
+def test_contraction_inside_a_sum_keeps_its_own_kernel():
+    """`(a @ b).relu().sum()`: the matmul nested in the full sum would lose its output axes and run as one
+    serial loop nest (256x256x256 in one thread); it gets its own kernel (output axes kept, threaded),
+    and the sum of its results a second. A plain nested sum (a blocked sum) still fuses (test above)."""
+    from polygrad.engine.schedule import schedule
+    a_np = RNG.standard_normal((64, 32)).astype(np.float32)
+    b_np = RNG.standard_normal((32, 48)).astype(np.float32)
+    a, b = Tensor(a_np).realize(), Tensor(b_np).realize()
+    tpl, _ = schedule([(a @ b).relu().sum().uop])
+    assert [s.kind for s in tpl.steps] == ["kernel", "kernel"]
+    assert [n for n, _, _ in tpl.new_buffers] == [64 * 48, 1]  # the matmul's whole output, then the sum
+    n, got = count_kernels(lambda: (a @ b).relu().sum())
+    assert n == 2
+    np.testing.assert_allclose(got, np.maximum(a_np @ b_np, 0).sum(), rtol=1e-4)

@@ -28,7 +28,7 @@ const ROOT = path.join(__dirname, '..')
 const LIBS = path.join(__dirname, 'node_modules') // the comparison libraries: bench/package.json
 const BUNDLE = path.join(__dirname, 'mlp784.pgb')
 const QUICK = process.argv.includes('--quick')
-const ROUNDS = QUICK ? 5 : 20
+const ROUNDS = QUICK ? 5 : 40
 
 // Each measurement returns {wall: best-of-n wall time per call, cpu: this process's CPU time per call over
 // all n*inner calls, other: the part of that CPU time spent on threads other than the main one}. On a loaded

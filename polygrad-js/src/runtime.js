@@ -130,6 +130,9 @@ class Executor {
       if (sym.length === 1) {
         p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: fewRowsOpts(opts, sym[0]), verify: this.verify })
         p.small.scratch = prepared.scratch
+        // its epilogue's ReLUs keep wasm's select (a branch in V8): at batch 1 the bit select of the tiled
+        // kernels (wasm/emit.js selectF32) measured about 10 us slower per call on the bench MLP
+        p.small.selectBranches = true
         p.smallVar = sym[0].range.src[0].arg[0]
         p.smallBelow = sym[0].amount
       }

@@ -148,9 +148,10 @@ test('fromBytes is asynchronous and compiles every entrypoint', async () => {
 })
 
 // Deterministic guards of the lowering the speed depends on (timings live in bench/, never in tests): x @ W.T
-// at a Variable batch runs a 4-row x 2-column register tile of vector accumulators over the reduction split
-// into lanes; below 4 rows a variant without the row tile runs, 8 columns per tile and the reduction unrolled
-// by 2 (16 weight loads in flight per iteration). Both give Python's results.
+// at a Variable batch runs a 2-row x 4-column register tile of vector accumulators over the reduction split
+// into lanes; below 2 rows a variant without the row tile runs, 8 columns per tile and the reduction unrolled
+// by 2 (16 weight loads in flight per iteration). Both give Python's results. The tile's reduction loop has
+// no counter of its own: it ends when its first address pointer reaches its last value.
 function innerLoop (insts) {
   let found = null
   const walk = (xs) => {
@@ -166,7 +167,7 @@ function innerLoop (insts) {
   return found
 }
 
-test('register tiles of x @ W.T: 4x2 at full batch, 8 columns and an unrolled reduction for a few rows', () => {
+test('register tiles of x @ W.T: 2x4 at full batch, 8 columns and an unrolled reduction for a few rows', () => {
   const m = Model.fromBytesSync(fixture('mlp_wide.pgb'), { verify: true })
   for (const n of ['1', '3', '8']) {
     const out = m.forward({ x: ref.wide.x.slice(0, Number(n)) }).logits
@@ -177,12 +178,20 @@ test('register tiles of x @ W.T: 4x2 at full batch, 8 columns and an unrolled re
   const p = m._x.lower(first.kernel)
   const count = (loop, k) => loop.body.filter((x) => x.k === k && x.lanes === 4).length
   const big = innerLoop(p.body)
-  assert.strictEqual(count(big, 'load'), 4 + 2)
-  assert.strictEqual(count(big, 'update'), 4 * 2)
+  assert.strictEqual(count(big, 'load'), 2 + 4)
+  assert.strictEqual(count(big, 'update'), 2 * 4)
+  assert.strictEqual(p.smallBelow, 2)
   assert.ok(p.small, 'a variant for fewer rows than the tile')
   const small = innerLoop(p.small.body)
   assert.strictEqual(count(small, 'load'), 2 * (1 + 8))
   assert.strictEqual(count(small, 'update'), 2 * 8)
   assert.ok(m._x.stats.checks === 0)
+  // the emitted function: every reduction loop ends on its address pointer (no counter), and the epilogue's
+  // ReLU selects by bits, without the branch V8 makes of a float select
+  const { KernelEmitter } = require('../src/wasm/emit')
+  const layout = new Map(first.args.map((s, i) => [i, { base: s.base, size: s.size }]))
+  const { stats } = new KernelEmitter(p, layout, {}, {}).emit()
+  assert.ok(stats.pointerExits >= 1, 'the reduction loop ends on its pointer')
+  assert.ok(stats.bitSelects >= 1, 'the ReLU selects without a branch')
   m.dispose()
 })

@@ -41,7 +41,8 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
-    this.addrOf = new Map() // index inst id -> {local, size}: a strength-reduced byte address (see loop)
+    this.stats = { pointerExits: 0, bitSelects: 0 } // what the speed guards (tests) look for
+    this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
   }
 
   newLocal (t) {
@@ -108,11 +109,11 @@ class KernelEmitter {
     return b
   }
 
-  /** push the byte address (without the base) of element idx of a buffer of dtype d */
-  /** Push the byte address of element idx (without the buffer's base); returns a constant byte offset
-   * the access adds to its memarg offset (non-zero for a strength-reduced address). */
-  address (idx, d) {
-    const reduced = this.addrOf.get(idx.id)
+  /** Push the byte address of element idx of buffer `slot` (without the buffer's base); returns a constant
+   * byte offset the access adds to its memarg offset (for a strength-reduced address, whose pointer holds
+   * the base: the offset minus the base). */
+  address (idx, d, slot) {
+    const reduced = this.addrOf.get(`${idx.id}|${slot}`)
     if (reduced !== undefined && reduced.size === d.size) {
       this.c.get(reduced.local)
       return reduced.offset
@@ -155,7 +156,7 @@ class KernelEmitter {
     if (x.lanes === 1) {
       if (x.gate) {
         // address 0 where the gate is off (the element is not read), then 0 as the value
-        const extra = this.address(x.idx, d)
+        const extra = this.address(x.idx, d, x.buf)
         if (extra) this.c.i32(extra).op(0x6a)
         this.c.i32(0)
         this.push(x.gate).op(0x1b)
@@ -163,13 +164,13 @@ class KernelEmitter {
         this.scalarConst(d, 0)(this.c)
         this.push(x.gate).op(0x1b)
       } else {
-        this.loadScalar(d, b.base + this.address(x.idx, d))
+        this.loadScalar(d, b.base + this.address(x.idx, d, x.buf))
       }
       return this.define(x)
     }
     if (x.mode === 'contiguous' && (!x.gate || x.gate.lanes === 1)) {
       if (x.gate) {
-        const extra = this.address(x.idx, d)
+        const extra = this.address(x.idx, d, x.buf)
         if (extra) this.c.i32(extra).op(0x6a)
         this.c.i32(0)
         this.push(x.gate).op(0x1b)
@@ -177,7 +178,7 @@ class KernelEmitter {
         this.c.v128const(new Uint8Array(16))
         this.push(x.gate).byte(0x1c, 0x01, T.v128)
       } else {
-        const extra = this.address(x.idx, d)
+        const extra = this.address(x.idx, d, x.buf)
         this.c.vmem(0x00, 0, b.base + extra)
       }
       return this.define(x)
@@ -252,14 +253,14 @@ class KernelEmitter {
     const v = x.src[0]
     if (x.lanes === 1) {
       if (x.check) this.boundsCheck(x.idx, x.buf, 1)
-      const extra = this.address(x.idx, d)
+      const extra = this.address(x.idx, d, x.buf)
       this.push(v)
       this.storeScalar(d, b.base + extra)
       return
     }
     if (x.mode === 'contiguous' && !x.gate) {
       if (x.check) this.boundsCheck(x.idx, x.buf, x.lanes)
-      const extra = this.address(x.idx, d)
+      const extra = this.address(x.idx, d, x.buf)
       this.push(v)
       this.c.vmem(0x0b, 0, b.base + extra)
       return
@@ -284,7 +285,7 @@ class KernelEmitter {
     const s = x.src[0]
     const d = x.dtype
     if (this.splattable(x)) {
-      const extra = this.address(s.idx, d)
+      const extra = this.address(s.idx, d, s.buf)
       this.c.vmem(0x09, 2, this.buf(s.buf).base + extra) // v128.load32_splat
       return this.define(x)
     }
@@ -322,6 +323,7 @@ class KernelEmitter {
     if (op === 'CAST') return this.cast(s, d, () => P(0))
     if (op === 'BITCAST') return this.bitcast(s, d, () => P(0))
     if (op === 'WHERE') {
+      if (d.wasm === 'f32' && !this.prog.selectBranches) return this.selectF32(() => P(1), () => P(2), () => P(0))
       P(1); P(2); P(0)
       c.op(0x1b)
       return
@@ -361,7 +363,11 @@ class KernelEmitter {
         case 'RECIPROCAL': if (w) c.f64c(1); else c.f32c(1); P(0); c.op(w ? 0xa3 : 0x95); break
         case 'MAX':
           // (a != a || a > b) ? a : b
-          P(0); P(1); P(0); P(0); c.op(w ? 0x62 : 0x5c); P(0); P(1); c.op(w ? 0x64 : 0x5e); c.op(0x72).op(0x1b)
+          if (!w && !this.prog.selectBranches) {
+            this.selectF32(() => P(0), () => P(1), () => { P(0); P(0); c.op(0x5c); P(0); P(1); c.op(0x5e); c.op(0x72) })
+            return
+          }
+          P(0); P(1); P(0); P(0); c.op(0x62); P(0); P(1); c.op(0x64); c.op(0x72).op(0x1b)
           return
         case 'MOD': case 'POW': {
           const f = op === 'MOD' ? this.imp.fmod : this.imp.pow
@@ -422,6 +428,23 @@ class KernelEmitter {
         throw new KernelError(`no rule for ${op} on ${d.name}`)
     }
     this.wrapNarrow(d)
+  }
+
+  /**
+   * cond ? a : b for float32 without a branch: V8 compiles a float `select` to a compare and jump, which a
+   * ReLU over mixed signs (a tile's epilogue) mispredicts about half the time. The bits instead:
+   * b ^ ((a ^ b) & -cond). pushCond pushes an i32 0/1. A program with `selectBranches` (the few-rows
+   * variant, runtime.js) keeps wasm's select: measured at batch 1, its branch is the faster one there.
+   */
+  selectF32 (pushA, pushB, pushCond) {
+    const c = this.c
+    this.stats.bitSelects++
+    const bb = this.newLocal(T.i32)
+    pushB(); c.op(0xbc).set(bb) // i32.reinterpret_f32
+    c.get(bb)
+    pushA(); c.op(0xbc).get(bb).op(0x73) // a ^ b
+    c.i32(0); pushCond(); c.op(0x6b) // -cond
+    c.op(0x71).op(0x73).op(0xbe) // & , ^ , f32.reinterpret_i32
   }
 
   cast (s, d, pushSrc) {
@@ -628,6 +651,16 @@ class KernelEmitter {
         this.push(x.start)
         c.set(i)
         const steps = wide ? [] : this.strengthReduce(x)
+        // with a strength-reduced address, the loop ends when that pointer reaches its last value (one
+        // compare, no separate counter: the counter's increment is dead code when nothing else reads it)
+        let last = null
+        if (steps.length) {
+          this.stats.pointerExits++
+          last = this.newLocal(T.i32)
+          this.push(x.end)
+          this.push(x.start)
+          c.op(0x6b).i32(steps[0][1]).op(0x6c).get(steps[0][0]).op(0x6a).set(last)
+        }
         // block { if (i >= end) break; loop { body; i++; if (i < end) continue } }
         c.byte(0x02, 0x40)
         c.get(i)
@@ -639,9 +672,14 @@ class KernelEmitter {
         c.get(i)
         if (wide) c.i64(1).op(0x7c)
         else c.i32(1).op(0x6a)
-        c.tee(i)
-        this.push(x.end)
-        c.op(wide ? 0x53 : 0x48).byte(0x0d, 0x00)
+        if (last !== null) {
+          c.set(i)
+          c.get(steps[0][0]).get(last).op(0x47).byte(0x0d, 0x00) // i32.ne
+        } else {
+          c.tee(i)
+          this.push(x.end)
+          c.op(wide ? 0x53 : 0x48).byte(0x0d, 0x00)
+        }
         c.byte(0x0b, 0x0b)
         return
       }
@@ -679,7 +717,7 @@ class KernelEmitter {
     const visit = (insts) => {
       for (const x of insts) {
         if (x.k === 'if') visit(x.body)
-        if ((x.k !== 'load' && x.k !== 'store') || x.idx.lanes !== 1 || x.idx.dtype !== loop.dtype || this.addrOf.has(x.idx.id)) continue
+        if ((x.k !== 'load' && x.k !== 'store') || x.idx.lanes !== 1 || x.idx.dtype !== loop.dtype || this.addrOf.has(`${x.idx.id}|${x.buf}`)) continue
         const a = affine(x.idx)
         if (!a || a.s === 0 || Math.abs(a.s * x.dtype.size) > 2 ** 30 || a.terms.some(([t]) => !this.val.has(t.id))) continue
         const size = x.dtype.size
@@ -687,13 +725,15 @@ class KernelEmitter {
         const merged = new Map()
         for (const [t, k] of a.terms) merged.set(t, (merged.get(t) || 0) + k)
         a.terms = [...merged].filter(([, k]) => k !== 0).sort((p, q) => p[0].id - q[0].id)
-        const key = a.terms.map(([t, k]) => `${t.id}*${k}`).join('+') + `|${a.s}|${size}`
+        // the buffer's base goes into the pointer (short displacements in the machine code's addresses)
+        const base = this.buf(x.buf).base
+        const key = a.terms.map(([t, k]) => `${t.id}*${k}`).join('+') + `|${a.s}|${size}|${base}`
         let entry = byKey.get(key)
         if (entry === undefined || a.c < entry.c) {
           if (entry !== undefined) continue // keep the first pointer; a smaller offset would go negative
           const local = this.newLocal(T.i32)
           entry = { local, c: a.c }
-          this.c.i32((a.c * size) | 0)
+          this.c.i32((a.c * size + base) | 0)
           for (const [t, k] of a.terms) {
             this.push(t)
             this.c.i32((k * size) | 0).op(0x6c).op(0x6a)
@@ -704,7 +744,7 @@ class KernelEmitter {
           byKey.set(key, entry)
           steps.push([local, (a.s * size) | 0])
         }
-        this.addrOf.set(x.idx.id, { local: entry.local, size, offset: (a.c - entry.c) * size })
+        this.addrOf.set(`${x.idx.id}|${x.buf}`, { local: entry.local, size, offset: (a.c - entry.c) * size - base })
       }
     }
     visit(loop.body)
@@ -742,7 +782,7 @@ class KernelEmitter {
     this.uses = this.countUses()
     this.block(this.prog.head)
     this.block(this.prog.body)
-    return { params: this.params, locals: this.locals, body: this.c }
+    return { params: this.params, locals: this.locals, body: this.c, stats: this.stats }
   }
 }
 

@@ -445,6 +445,8 @@ RECOMPUTE_MIN_OPS = 1 << 14
 # how far the cost walk looks below an expand before it calls the expression expensive
 _COST_WALK_LIMIT = 256
 _VIEW_OPS = MOVEMENT | {Ops.DETACH}
+# a reduction doing this many operations per element it reads is a contraction (see _is_contraction)
+CONTRACTION_REUSE = 4
 
 
 def _under_views(u: UOp) -> UOp:
@@ -501,6 +503,28 @@ def _numel(u: UOp) -> int:
     return sint.vmax(sint.sprod(u.shape))
 
 
+def _is_contraction(reduce: UOp, points: set[UOp]) -> bool:
+    """A reduction that reads its data many times over (a matmul, a convolution: an expanded product doing
+    CONTRACTION_REUSE or more times as many operations as the elements it reads). Nested in another reduction
+    (`(a @ b).sum()`) it would lose its output axes (no threads, no tiling) and run as one serial loop nest:
+    it gets its own kernel. A nested sum that reads each element once (a blocked sum's partials, `(m * w)`
+    summed) stays fused."""
+    work = _numel(reduce.src[0])
+    data, stack, seen = 0, [reduce.src[0]], {reduce.src[0]}
+    while stack:
+        node = stack.pop()
+        if len(seen) > _COST_WALK_LIMIT:
+            return False
+        if node is not reduce.src[0] and (node in points or node.op in BOUNDARY_OPS or node.op is Ops.REDUCE_AXIS):
+            data += _numel(node)
+            continue
+        for s in node.src:
+            if s not in seen and s.dtype is not None:
+                seen.add(s)
+                stack.append(s)
+    return work >= CONTRACTION_REUSE * max(data, 1)
+
+
 def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], dict[UOp, UOp | None], set[UOp]]:
     """One kernel's walk from its root down to the boundaries: (nodes visited, nodes that must get a buffer:
     reductions inside another reduction, expressions an expand or pad should not fuse (_needs_buffer),
@@ -527,7 +551,8 @@ def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], dict[UOp, UOp | N
         if node is not start and (node in points or node.op in BOUNDARY_OPS):
             continue
         if node.op is Ops.REDUCE_AXIS:
-            if node is not start and (expanded or in_reduce):
+            if node is not start and (expanded or in_reduce or (start.op is Ops.REDUCE_AXIS
+                                                                 and _is_contraction(node, points))):
                 must[node] = None
                 continue
             reached.add(node)

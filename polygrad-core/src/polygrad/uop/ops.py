@@ -173,9 +173,23 @@ class UOp:
 
     # ---- graph walking
     def toposort(self) -> list["UOp"]:
-        """All nodes reachable from self, sources before users."""
+        """All nodes reachable from self, sources before users (the post-order of a depth-first walk
+        taking sources in order). A node's order is cached on it; a walk reaching a node with a cached
+        order splices it in (deduplicated) instead of walking below it, which gives the same order."""
         if self._toposort is not None:
             return [*self._toposort, self]
+        merged: dict[UOp, None] = {}
+        for s in self.src:  # every source a leaf or already ordered: merge their orders (the common case)
+            sub = s._toposort
+            if sub is None:
+                if s.src:
+                    break
+            elif sub:
+                merged.update(dict.fromkeys(sub))
+            merged[s] = None
+        else:
+            order = self._toposort = tuple(merged)
+            return [*order, self]
         out: list[UOp] = []
         seen: set[int] = set()
         stack: list[tuple[UOp, bool]] = [(self, False)]
@@ -187,6 +201,14 @@ class UOp:
             if id(node) in seen:
                 continue
             seen.add(id(node))
+            sub = node._toposort
+            if sub is not None or not node.src:
+                for n in sub or ():
+                    if id(n) not in seen:
+                        seen.add(id(n))
+                        out.append(n)
+                out.append(node)
+                continue
             stack.append((node, True))
             for s in reversed(node.src):
                 if id(s) not in seen:
