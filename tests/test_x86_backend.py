@@ -422,3 +422,24 @@ def test_avx512_tiles_use_the_upper_sixteen_registers():
     x, w = rng.standard_normal((64, 96), dtype=np.float32), rng.standard_normal((96, 64), dtype=np.float32)
     out = (Tensor(x, device="X86") @ Tensor(w, device="X86")).numpy()
     np.testing.assert_allclose(out, x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_avx512_padded_rows_load_with_one_masked_move():
+    """A contiguous vector load gated per lane (a padded row's edge) is one AVX-512 masked move, not a
+    lane-at-a-time copy through the stack; the masked-off lanes (past the row, past the buffer) read
+    nothing and give 0."""
+    from polygrad.device import open_device
+    from polygrad.engine.lower import lower
+    from polygrad.engine.schedule import schedule
+    from polygrad_backend_x86.cpu import choose_isa
+    if choose_isa().tier != "avx512":
+        pytest.skip("needs AVX-512")
+    x = np.arange(64 * 30, dtype=np.float32).reshape(64, 30)
+    t = Tensor(x, device="X86").pad(((0, 0), (1, 1))) * 2
+    tpl, _ = schedule([t.uop])
+    (ast,) = [s.ast for s in tpl.steps if s.kind == "kernel"]
+    dev = open_device("X86")
+    text = str(dev.render(lower(ast, dev.capabilities)))
+    import re
+    assert re.search(r"vmovups [xyz]mm\d+\{k1\},\[", text), text
+    np.testing.assert_array_equal(t.numpy(), np.pad(x, ((0, 0), (1, 1))) * 2)

@@ -385,6 +385,12 @@ class VectorEmitter(Emitter):
                 self.vop("VMOVUPS", r, mem)
             if skip is not None:
                 self.a.bind(skip)
+        elif x.arg[0] == "contiguous" and self.isa.tier == "avx512" and x.dtype is not dtypes.bool:
+            # lane-gated (a padded row's edge): one masked move; masked-off lanes read nothing (no fault)
+            # and keep the zeros
+            self.vop("VPMOVD2M", KR(1), self.vget(gate, self.T2, bits))
+            self.zero(r)
+            self.vop("VMOVUPS", r, self.address(x, RCX, RDX), mask=1)
         elif x.arg[0] in ("gather", "contiguous"):
             self.lanes_access(x, bits, None)
             self.vop("VMOVUPS", r, self.slot(self.lane_slot))
