@@ -45,28 +45,21 @@ class CPURenderer(CStyleRenderer):
         read = {n.src[0].src[0].arg[0] for n in spec.ast.toposort() if n.op is Ops.LOAD}
         return frozenset(big - read)
 
-    def vfma(self, dt: DType, n: int, a: str, b: str, c: str) -> str:
-        """A lane-wise fused multiply-add as the compiler's vector FMA builtin where the target has one
-        (`__builtin_elementwise_fma` on newer clang, else the x86 builtin for the vector's size), else the
-        per-lane loop. Left to itself, clang 14 scalarizes the loop inside a tile of dot products and
-        re-vectorizes it across the wrong axis (measured: a 128x256x784 x @ W.T at 2 GFLOP/s a core, 75 with
-        the builtin)."""
-        call = super().vfma(dt, n, a, b, c)
-        vt = self.vtype(dt, n)
-        name = f"pg_fma_{vt[3:]}"
+    def vfma_body(self, dt: DType, n: int) -> str:
+        """The compiler's vector FMA builtin where the target has one (`__builtin_elementwise_fma` on newer
+        clang, else the x86 builtin for the vector's size), else the base's per-lane loop. Left to itself,
+        clang 14 scalarizes the loop inside a tile of dot products and re-vectorizes it across the wrong
+        axis (measured: a 128x256x784 x @ W.T at 2 GFLOP/s a core, 75 with the builtin)."""
+        portable = super().vfma_body(dt, n)
         x86 = X86_FMA.get((dt, n * dt.itemsize))
-        if x86 is None or not self._helpers[name].startswith("static"):
-            return call
+        if x86 is None:
+            return portable
         macro, builtin, extra = x86
-        loop = self._helpers[name].split("{", 1)[1].rsplit("}", 1)[0].strip()
-        done = f"PG_FMA_{vt[3:].upper()}"
-        self._helpers[name] = (
-            f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{\n#if defined(__has_builtin)\n"
-            f"#if __has_builtin(__builtin_elementwise_fma)\n  return __builtin_elementwise_fma(a, b, c);\n"
-            f"#define {done}\n#elif defined({macro}) && __has_builtin({builtin})\n"
-            f"  return ({vt}){builtin}(a, b, c{extra});\n#define {done}\n#endif\n#endif\n"
-            f"#ifndef {done}\n  {loop}\n#endif\n}}")
-        return call
+        vt = self.vtype(dt, n)
+        return (f"#if defined(__has_builtin)\n#if __has_builtin(__builtin_elementwise_fma)\n"
+                f"  return __builtin_elementwise_fma(a, b, c);\n"
+                f"#elif defined({macro}) && __has_builtin({builtin})\n  return ({vt}){builtin}(a, b, c{extra});\n"
+                f"#else\n{portable}\n#endif\n#else\n{portable}\n#endif")
 
     def gated_vload_body(self, dt: DType, lanes: int) -> str:
         """The x86 masked load where the target has AVX, else the base's portable body."""

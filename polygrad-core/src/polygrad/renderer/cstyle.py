@@ -280,8 +280,12 @@ class CStyleRenderer:
         """The C vector type of n lanes of dt (bool lanes: the int32 mask); registered for the prelude."""
         elem = dtypes.int32 if dt is dtypes.bool else dt
         name = f"pg_{VEC_NAMES[elem]}x{n}"
-        self._vtypes[name] = f"typedef {self.types[elem]} {name} __attribute__((vector_size({n * elem.itemsize})));"
+        self._vtypes[name] = self.vector_typedef(elem, n, name)
         return name
+
+    def vector_typedef(self, elem: DType, n: int, name: str) -> str:
+        """The prelude line declaring vector type `name`: n lanes of elem (a GCC/clang vector type)."""
+        return f"typedef {self.types[elem]} {name} __attribute__((vector_size({n * elem.itemsize})));"
 
     def mask_of(self, expr: str, size: int, n: int) -> str:
         """A comparison of size-byte lanes (a signed mask of that width) as the int32 bool mask."""
@@ -362,10 +366,13 @@ class CStyleRenderer:
         to each lane (clang and gcc compile it to one vector FMA instruction where the CPU has one)."""
         vt = self.vtype(dt, n)
         name = f"pg_fma_{vt[3:]}"
-        lane = f"r[pl] = {self.math_fn('fma', dt)}(a[pl], b[pl], c[pl]);"
-        self._helpers[name] = (f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{ {vt} r; "
-                               f"for (int pl = 0; pl < {n}; pl++) {lane} return r; }}")
+        self._helpers[name] = f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{\n{self.vfma_body(dt, n)}\n}}"
         return f"{name}({a}, {b}, {c})"
+
+    def vfma_body(self, dt: DType, n: int) -> str:
+        """The body of the pg_fma helper for n lanes of dt (a, b, c in scope): the scalar fma per lane."""
+        lane = f"r[pl] = {self.math_fn('fma', dt)}(a[pl], b[pl], c[pl]);"
+        return f"  {self.vtype(dt, n)} r; for (int pl = 0; pl < {n}; pl++) {lane} return r;"
 
     def count_lanes(self, gate: str, lanes: int) -> str:
         """A C expression: how many lanes of the bool mask `gate` are true (a movemask and popcount)."""
