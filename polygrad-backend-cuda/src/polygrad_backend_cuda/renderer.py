@@ -153,11 +153,8 @@ class CUDARenderer(CStyleRenderer):
         return super().alu(op, dt, sdt, a)
 
     # ---- vector lanes: pg_v<T, N> instead of GCC vector types
-    def vtype(self, dt: Any, n: int) -> str:
-        elem = dtypes.int32 if dt is dtypes.bool else dt
-        name = f"pg_{elem.name.replace(' ', '_')}x{n}"
-        self._vtypes[name] = f"typedef pg_v<{self.types[elem]}, {n}> {name};"
-        return name
+    def vector_typedef(self, elem: Any, n: int, name: str) -> str:
+        return f"typedef pg_v<{self.types[elem]}, {n}> {name};"
 
     def mask_of(self, expr: str, size: int, n: int) -> str:
         return f"({expr})"  # comparisons of pg_v already give int32 masks
