@@ -479,12 +479,9 @@ class VectorEmitter(Emitter):
                 raise VectorUnsupported("an FMA update whose operands and accumulator differ in lanes")
             bits = self.width(acc)
             a, b = self.vget(value, self.T1, bits), self.vget(x.src[2], self.T2, bits)
-            if acc.loc[0] == "r":
-                self.vop("VFMADD231PS", VR(acc.loc[1], bits), a, b)
-                return
-            self.vcopy(VR(self.T0, bits), self.vget(acc, self.TS, bits))
-            self.vop("VFMADD231PS", VR(self.T0, bits), a, b)
-            self.vfinish(acc, VR(self.T0, bits))
+            r = self.vget(acc, self.T0, bits)  # its register, or its stack slot loaded into T0
+            self.vop("VFMADD231PS", r, a, b)
+            self.vfinish(acc, r)  # back to the slot (a copy onto itself is no instruction)
             return
         if acc.lanes > 1:
             bits = self.width(acc)
