@@ -49,7 +49,8 @@ def open_x86(ordinal: int) -> DeviceImpl:
 
     return DeviceImpl(name="X86", allocator=HostAllocator(), render=render, compile=compile_source, load=load,
                       capabilities=Capabilities(threads=threads, vector_width=isa.lanes,
-                                                registers=16 + isa.high_vec_regs, fma=isa.fma))
+                                                registers=16 + isa.high_vec_regs, fma=isa.fma,
+                                                masked_lanes=isa.vex))
 
 
 @hookimpl

@@ -3,12 +3,13 @@
 Stage: x86 code generation, last pass (the vector half of emit.py). Input and output as emit.py's.
 A vector of n lanes of a 4-byte type (float32, int32, uint32; bool lanes are int32 masks 0 / -1,
 as in the C renderer) is one register: xmm for 4 lanes, ymm for 8, zmm for 16. Contiguous loads and
-stores are single unaligned moves; gathers, scatters, per-lane gates and bool stores go one lane at a
-time through a stack area. On zmm, comparisons write a mask register (k1) that `vpmovm2d` widens to
-the int32 mask, and selects use `vpmovd2m` + `vblendmps`. Lane-wise results are the scalar path's
-bit for bit (`tests/test_x86_backend.py` compares both). Anything else (float64 or narrow-int lanes,
-integer division, unsigned comparisons without AVX-512, libm calls) raises `VectorUnsupported` and
-the kernel is emitted from its scalar linearization.
+stores are single unaligned moves, lane-gated ones single masked moves (AVX-512 write mask k1, AVX2
+vmaskmovps: masked-off lanes are neither read nor written and cannot fault); gathers, scatters and
+bool accesses go one lane at a time through a stack area. On zmm, comparisons write a mask register
+(k1) that `vpmovm2d` widens to the int32 mask, and selects use `vpmovd2m` + `vblendmps`. Lane-wise
+results are the scalar path's bit for bit (`tests/test_x86_backend.py` compares both). Anything else
+(float64 or narrow-int lanes, integer division, unsigned comparisons without AVX-512, libm calls)
+raises `VectorUnsupported` and the kernel is emitted from its scalar linearization.
 
 iced-x86 names every encoding (`VEX_VADDPS_YMM_YMM_YMMM256`); `resolve` picks the one matching an
 instruction's mnemonic and operands, preferring VEX and using EVEX where a zmm or mask register needs it.
@@ -59,19 +60,29 @@ class GR:
         self.n, self.bits = n, bits
 
 
-_INDEX: dict[str, list[tuple[str, tuple[str, ...], str]]] = {}
+_NAMES: dict[str, list[str]] = {}  # mnemonic -> iced Code names of its VEX/EVEX encodings
+_INDEX: dict[str, list[tuple[str, tuple[str, ...], str]]] = {}  # mnemonic -> (prefix, operand tokens, name)
 _RESOLVED: dict[tuple, str] = {}
 
 
-def _index() -> dict[str, list[tuple[str, tuple[str, ...], str]]]:
-    if not _INDEX:
+def _encodings(mn: str) -> list[tuple[str, tuple[str, ...], str]]:
+    """The VEX/EVEX encodings of mnemonic mn as (prefix, operand tokens, iced name). Names are grouped by
+    mnemonic once (a split per name); tokens are parsed only for the mnemonics a kernel uses, so a first
+    kernel in a fresh process does not pay for the 2,700 encodings it never needs."""
+    hit = _INDEX.get(mn)
+    if hit is not None:
+        return hit
+    if not _NAMES:
         for name in dir(iced_x86.Code):
-            if not (name.startswith("VEX_") or name.startswith("EVEX_")):
-                continue
-            parts = name.split("_")
-            tokens = tuple(re.sub(r"B(32|64)$", "", t) for t in parts[2:] if t not in ("K1Z", "K1", "ER", "SAE"))
-            _INDEX.setdefault(parts[1], []).append((parts[0], tokens, name))
-    return _INDEX
+            if name.startswith("VEX_") or name.startswith("EVEX_"):
+                _NAMES.setdefault(name.split("_", 2)[1], []).append(name)
+    hit = _INDEX[mn] = []
+    for name in _NAMES.get(mn, ()):
+        parts = name.split("_")
+        tokens = tuple(t[:-3] if t.endswith(("B32", "B64")) else t for t in parts[2:]
+                       if t not in ("K1Z", "K1", "ER", "SAE"))
+        hit.append((parts[0], tokens, name))
+    return hit
 
 
 def _fits(tok: str, o: Any) -> bool:
@@ -97,7 +108,7 @@ def resolve(mn: str, ops: tuple, masked: bool) -> str:
         return hit
     need_evex = masked or any(isinstance(o, KR) or (isinstance(o, VR) and (o.bits == 512 or o.n >= 16)) for o in ops)
     for prefix in (("EVEX",) if need_evex else ("VEX", "EVEX")):
-        for pre, tokens, name in _index().get(mn, []):
+        for pre, tokens, name in _encodings(mn):
             if pre == prefix and len(tokens) == len(ops) and all(_fits(t, o) for t, o in zip(tokens, ops)):
                 _RESOLVED[key] = name
                 return name
@@ -391,6 +402,10 @@ class VectorEmitter(Emitter):
             self.vop("VPMOVD2M", KR(1), self.vget(gate, self.T2, bits))
             self.zero(r)
             self.vop("VMOVUPS", r, self.address(x, RCX, RDX), mask=1)
+        elif x.arg[0] == "contiguous" and x.dtype is not dtypes.bool:
+            # AVX2: vmaskmovps reads the lanes whose mask sign bit is set (the int32 masks are 0 / -1),
+            # zeroes the others and never faults on them
+            self.vop("VMASKMOVPS", r, self.vget(gate, self.T2, bits), self.address(x, RCX, RDX))
         elif x.arg[0] in ("gather", "contiguous"):
             self.lanes_access(x, bits, None)
             self.vop("VMOVUPS", r, self.slot(self.lane_slot))
@@ -405,6 +420,18 @@ class VectorEmitter(Emitter):
         if x.arg[0] == "contiguous" and gate is None and value.dtype is not dtypes.bool:
             v = self.vget(value, self.T1, bits)
             self.vop("VMOVUPS", self.address(x, RCX, RDX), v)
+            return
+        if x.arg[0] == "contiguous" and gate is not None and gate.lanes > 1 and value.dtype is not dtypes.bool \
+                and value.lanes > 1:
+            # lane-gated (a padded range's last vector): one masked move that writes only the lanes
+            # whose gate is on (AVX-512 write mask k1; AVX2 vmaskmovps by the masks' sign bits)
+            g = self.vget(gate, self.T2, bits)
+            v = self.vget(value, self.T1, bits)
+            if self.isa.tier == "avx512":
+                self.vop("VPMOVD2M", KR(1), g)
+                self.vop("VMOVUPS", self.address(x, RCX, RDX), v, mask=1)
+            else:
+                self.vop("VMASKMOVPS", self.address(x, RCX, RDX), g, v)
             return
         if x.arg[0] not in ("scatter", "contiguous"):
             raise CompileError(f"X86 backend: no code for a vector store of kind {x.arg[0]!r}")

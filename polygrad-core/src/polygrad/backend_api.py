@@ -58,6 +58,8 @@ class Capabilities:
     fma: bool = False           # fused multiply-add in hardware: reductions' multiply-adds are contracted
     stage_bytes: int = 0        # launch-private scratch (L.LOCAL) a kernel may stage an operand in; 0: none
     tile_vectors: int = 2       # vectors per row of a register tile the code generator handles best (1, 2 or 4)
+    masked_lanes: bool = False  # lane-gated contiguous loads/stores are single masked moves: an elementwise
+                                # range the vector width does not divide is padded (PADTO) and gets lanes
     has_local_memory: bool = False
     shared_memory_bytes: int = 0
     supports_beam: bool = True

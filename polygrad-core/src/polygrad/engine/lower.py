@@ -18,11 +18,16 @@ for that device. The optimisations (`OptKind`) and what they make of a range (`A
                 block), a reduce range -> outer reduce + inner GROUP (a reduction shared by a block's
                 threads); renderer/launch.py maps them to launch indices. The host heuristics never
                 choose them and the C renderer rejects them
+  PADTO         a global range of n points -> a range of n rounded up to a multiple of `amount` whose
+                points past n are gated off (every load whose address depends on it and every store
+                of its block gets the gate `r < n`): an UPCAST by `amount` then divides it. For a
+                device whose code generator masks vector lanes cheaply (`caps.masked_lanes`): an
+                elementwise kernel of a size the vector width does not divide still gets lanes
   TC            a matmul on tensor cores (amount: the reduce tile); ranges are left as they are and
                 the GPU renderer emits the tile instructions (engine/gpu_opts.py decides when)
 The capabilities decide: a device with local memory (a GPU) gets engine/gpu_opts.py instead of the
 host heuristics; no vector lanes (vector_width <= 1) means no UPCAST/SPLIT_REDUCE, one thread
-means no THREAD. Passes, in order:
+means no THREAD, and PADTO only where `masked_lanes` says lanes can be gated cheaply. Passes, in order:
   1. simplify_indices (symbolic_rules)
   2. choose_opts (heuristics from caps, or BEAM search when BEAM > 0)
   3. apply_opts, then simplify_indices again
@@ -46,7 +51,7 @@ from polygrad.uop.ops import ALU, AxisKind, Ops, UOp
 from polygrad.dtype import dtypes
 from polygrad.uop.rewrite import PatternMatcher, UPat, graph_rewrite
 from polygrad.uop.sint import sprod, sym_vars, vmax
-from polygrad.uop.symbolic import range_coeff, symbolic_rules
+from polygrad.uop.symbolic import bounds, range_coeff, symbolic_rules
 from polygrad.uop.transcendental import decompose_transcendentals
 
 
@@ -62,6 +67,7 @@ class OptKind(str, Enum):
     LOCAL = "LOCAL"
     GROUP = "GROUP"
     TC = "TC"
+    PADTO = "PADTO"
 
     def __repr__(self) -> str:
         return f"OptKind.{self.name}"
@@ -390,13 +396,15 @@ SPLIT_KINDS = {OptKind.UPCAST: AxisKind.UPCAST, OptKind.SPLIT_REDUCE: AxisKind.U
 # the kind of range each optimisation applies to
 OPT_TARGET = {OptKind.UPCAST: AxisKind.GLOBAL, OptKind.SPLIT_REDUCE: AxisKind.REDUCE, OptKind.UNROLL: AxisKind.REDUCE,
               OptKind.THREAD: AxisKind.GLOBAL, OptKind.LOCAL: AxisKind.GLOBAL, OptKind.GROUP: AxisKind.REDUCE,
-              OptKind.OUTER: AxisKind.GLOBAL, OptKind.STAGE: AxisKind.GLOBAL, OptKind.TC: AxisKind.REDUCE}
+              OptKind.OUTER: AxisKind.GLOBAL, OptKind.STAGE: AxisKind.GLOBAL, OptKind.TC: AxisKind.REDUCE,
+              OptKind.PADTO: AxisKind.GLOBAL}
 
 
 def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
     """Apply opts in order: split the named ranges (new ranges get fresh axis ids), or retag the
-    THREAD range. An opt that does not fit the kernel (unknown axis, wrong range kind, amount not
-    dividing the size) is skipped."""
+    THREAD range, or pad a range (PADTO). An opt that does not fit the kernel (unknown axis, wrong range
+    kind, amount not dividing the size; for PADTO, an amount below 2 or one that already divides it) is
+    skipped."""
     for opt in opts:
         ranges = {r.arg[0]: r for r in ranges_of(ast)}
         r = ranges.get(opt.axis)
@@ -416,6 +424,10 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
             continue
         if opt.kind is OptKind.STAGE:  # a schedule for the linearizer: the IR stays as it is
             continue
+        if opt.kind is OptKind.PADTO:
+            if opt.amount >= 2 and _size(r) % opt.amount != 0:
+                ast = _pad_range(ast, r, opt.amount)
+            continue
         if _size(r) % opt.amount != 0 or _size(r) < opt.amount:
             continue
         next_id = max(ranges) + 1
@@ -423,6 +435,51 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
         inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, opt.amount),), (next_id + 1, SPLIT_KINDS[opt.kind]))
         ast = _substitute_range(ast, r, outer, inner, opt.kind)
     return ast
+
+
+def _pad_range(ast: UOp, r: UOp, amount: int) -> UOp:
+    """PADTO: range r (n points, a global range) replaced by one of n rounded up to a multiple of
+    `amount`, with the same axis id; the points past n do nothing: every INDEX whose address or gate
+    depends on the range, and every store index of its block, gets the gate `r < n` (combined with
+    its own by AND). A gated load reads nothing and gives 0, a gated store writes nothing, and values
+    computed at those points from the index itself never trap (division by zero divides by 1). A kernel
+    whose address arithmetic might leave its index dtype at the added points (a range near 2**31, or
+    arithmetic on a loaded index whose bounds are unknown) is returned unpadded."""
+    n = _size(r)
+    end = -(-n // amount) * amount
+    if end > dtypes.max(r.dtype):
+        return ast
+    padded = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, end),), r.arg)
+    valid = UOp(Ops.CMPLT, dtypes.bool, (padded, UOp.const(r.dtype, n)))
+    stores = {_store_of(b).src[0] for b in ast.toposort() if b.op is Ops.END and r in b.src[1:]}
+    memo: dict[UOp, UOp] = {r: padded}
+    depends: set[UOp] = {padded}
+    for node in ast.toposort():
+        if node in memo:
+            continue
+        src = tuple(memo.get(s, s) for s in node.src)
+        new = node if src == node.src else node.replace(src=src)
+        if any(s in depends for s in src):
+            depends.add(new)
+        if node.op is Ops.INDEX and (new in depends or node in stores):
+            gate = valid if len(src) < 3 else UOp(Ops.AND, dtypes.bool, (src[2], valid))
+            new = UOp(Ops.INDEX, node.dtype, (src[0], src[1], gate), node.arg)
+            depends.add(new)
+        memo[node] = new
+    out = memo[ast]
+    for x in _address_nodes(out):
+        if x in depends and x.dtype is not None and x.dtype.is_int:
+            lo, hi = bounds(x)
+            if lo < dtypes.min(x.dtype) or hi > dtypes.max(x.dtype):
+                return ast
+    return out
+
+
+def _store_of(block: UOp) -> UOp:
+    """The STORE at the bottom of a block (END(END(STORE, ...), ...))."""
+    while block.op is Ops.END:
+        block = block.src[0]
+    return block
 
 
 def threads_of(ast: UOp, opts: list[Opt]) -> int:
@@ -560,9 +617,11 @@ def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = N
         opts = [] if config.get("NOOPT") else default_opts(ast, caps)
     if opts and has_accumulating_store(ast):
         opts = []
-    ast = split_kernel(ast, opts)
-    # counted before decomposition: a transcendental counts as one operation, as users expect
-    ops, mem = estimate(ast)
+    split = split_kernel(ast, opts)
+    # counted before decomposition: a transcendental counts as one operation, as users expect; the points
+    # a PADTO adds do nothing, so a padded kernel is counted unpadded
+    ops, mem = estimate(ast if any(o.kind is OptKind.PADTO for o in opts) else split)
+    ast = split
     if getattr(caps, "fma", False) and not config.get("NOOPT"):
         ast = contract_fma(ast)
     ast = decompose_transcendentals(ast)
@@ -585,7 +644,9 @@ def default_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
 # ---- vector code (issue 9 item 4) ------------------------------------------------------------------
 def elementwise_vector_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
     """An elementwise kernel (one END, no reduce) whose store is contiguous in its last range gets
-    that range split into vector lanes (UPCAST by the device's vector width)."""
+    that range split into vector lanes (UPCAST by the device's vector width); on a device with
+    `masked_lanes`, a range the width does not divide is padded first (PADTO: the last vector's lanes
+    past the end are gated off)."""
     width = int(getattr(caps, "vector_width", 1) or 1)
     if width <= 1 or len(ast.src) != 1 or ast.src[0].op is not Ops.END or ast.src[0].src[0].op is not Ops.STORE:
         return []
@@ -593,9 +654,15 @@ def elementwise_vector_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
     if any(n.op is Ops.REDUCE for n in end.toposort()):
         return []
     last = end.src[-1]
-    if last.arg[1] != AxisKind.GLOBAL or last.src[0].op is not Ops.CONST or _size(last) % width != 0:
+    if last.arg[1] != AxisKind.GLOBAL or last.src[0].op is not Ops.CONST:
         return []
     if range_coeff(end.src[0].src[0].src[1], last) != 1:
         return []
-    return [Opt(OptKind.UPCAST, last.arg[0], width)]
+    if _size(last) % width == 0:
+        return [Opt(OptKind.UPCAST, last.arg[0], width)]
+    if not getattr(caps, "masked_lanes", False):
+        return []
+    # a size the width does not divide: padded to a multiple, the points past the end gated off (masked
+    # lanes in the last vector); the padded range keeps its axis id
+    return [Opt(OptKind.PADTO, last.arg[0], width), Opt(OptKind.UPCAST, last.arg[0], width)]
 # ---- end vector code ----------------------------------------------------------------------------------

@@ -80,8 +80,9 @@ def _searchable(ast: UOp) -> bool:
 
 
 def candidate_opts(ast: UOp, opts: list[Opt], caps: Any = None) -> list[list[Opt]]:
-    """Every opt list that extends `opts` by one valid UPCAST, SPLIT_REDUCE, (on a device with
-    threads) THREAD, or cache blocking (OUTER + STAGE of a loaded buffer at a global range, for a
+    """Every opt list that extends `opts` by one valid UPCAST, SPLIT_REDUCE, (on a device with masked
+    lanes, for a range the width does not divide) PADTO + UPCAST, (on a device with threads) THREAD,
+    or cache blocking (OUTER + STAGE of a loaded buffer at a global range, for a
     kernel with a reduction): the same space the heuristics choose from."""
     current = apply_opts(ast, opts) if opts else ast
     budget = MAX_UNROLL // math.prod(o.amount for o in opts if o.kind in SPLITS)
@@ -110,6 +111,10 @@ def candidate_opts(ast: UOp, opts: list[Opt], caps: Any = None) -> list[list[Opt
                 out.append(opts + [Opt(kind, r.arg[0], amount)])
             elif size == amount and kind is OptKind.UPCAST:
                 out.append(opts + [Opt(kind, r.arg[0], amount)])
+        width = getattr(caps, "vector_width", 1)
+        if kind is OptKind.UPCAST and getattr(caps, "masked_lanes", False) and size % width and width <= budget:
+            # a size the lanes do not divide: padded, the last vector masked (as the heuristics do)
+            out.append(opts + [Opt(OptKind.PADTO, r.arg[0], width), Opt(kind, r.arg[0], width)])
     return out
 
 
