@@ -443,3 +443,59 @@ def test_avx512_padded_rows_load_with_one_masked_move():
     import re
     assert re.search(r"vmovups [xyz]mm\d+\{k1\},\[", text), text
     np.testing.assert_array_equal(t.numpy(), np.pad(x, ((0, 0), (1, 1))) * 2)
+
+
+def test_thread_pool_is_our_machine_code_and_survives_fork_and_exit():
+    """THREAD launches go through pool.py's machine-code workers (one foreign call per launch): more
+    workers than cores (they sleep on a futex and the launcher yields), hundreds of launches of an
+    in-place update that a share run twice or skipped would show, a forked child with a pool of its
+    own, and a process that exits promptly with its workers still parked."""
+    p = run_python('''
+        import os
+        import numpy as np
+        from polygrad import Tensor
+        from polygrad_backend_x86 import pool
+        n = 203530
+        w = Tensor(np.zeros(n, dtype=np.float32), device="X86").realize()
+        for _ in range(300):
+            w.assign(w + 1).realize()
+        assert np.array_equal(w.numpy(), np.full(n, 300, dtype=np.float32))
+        first = pool.shared_pool()
+        assert first is not None and first.workers == 4, first
+        pid = os.fork()
+        if pid == 0:
+            w.assign(w * 2).realize()
+            ok = np.array_equal(w.numpy(), np.full(n, 600, dtype=np.float32))
+            os._exit(0 if ok and pool.shared_pool() is not first else 3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, status
+        print("ok")
+    ''', env={"POLY_THREADS": "5"}, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["ok"]
+
+
+def test_thread_pool_runs_the_indices_itself_when_no_worker_starts(monkeypatch):
+    """Where no thread can be started, the launcher runs every index itself, in order."""
+    import threading
+    from polygrad.device import open_device
+    from polygrad.engine.lower import lower
+    from polygrad_backend_x86 import pool
+    from polygrad_backend_x86.runtime import FFI
+    from test_padded_lanes import padded_kernel, inputs, GUARD, SENTINEL
+    dev = open_device("X86")
+    spec = lower(padded_kernel(203530), dev.capabilities)
+    prog = dev.load(spec, dev.compile(dev.render(spec)))
+    a, b, want = inputs(203530)
+    out = np.full(203530 + GUARD, SENTINEL, dtype=np.float32)
+    arrays = [FFI.new("int64_t[]", [out.ctypes.data, a.ctypes.data, b.ctypes.data, t] + prog.externs)
+              for t in range(spec.threads)]
+
+    def refuse(self):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    p = pool.Pool()
+    p.launch(prog.fn, prog.mapping.addr, arrays)
+    assert p.workers == 0
+    np.testing.assert_array_equal(out[:203530], want)
+    assert (out[203530:] == SENTINEL).all()

@@ -5,8 +5,9 @@ Output: a callable program. Pages are mapped read+write, the code is copied in, 
 made read+execute (`mprotect`): it is never writable and executable at once. Every kernel has the C
 signature `void kernel(const int64_t *args)`; `args` holds the buffer addresses, the symbolic-size
 variables, the thread index and the addresses of the libm functions the kernel calls (pow, fmod, fma:
-resolved here, per process, so cached code holds no absolute address). cffi releases the GIL during
-the call, so a pool's workers run the other thread indices in parallel, as the CPU backend does.
+resolved here, per process, so cached code holds no absolute address). A THREAD kernel's indices run
+in parallel on pool.py's workers (machine code of our own, one foreign call per launch; cffi releases
+the GIL during it), or on a Python thread pool where that pool cannot start.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import cffi
+
+from polygrad_backend_x86.pool import shared_pool
 
 FFI = cffi.FFI()
 FFI.cdef("""
@@ -38,9 +41,10 @@ class ExecError(OSError):
 
 
 class CodeMapping:
-    """Code bytes in their own read+execute pages; unmapped when the object is garbage."""
+    """Code bytes in their own read+execute pages; unmapped when the object is garbage (never where
+    `permanent`: the thread pool's routines, which its workers run until the process ends)."""
 
-    def __init__(self, code: bytes):
+    def __init__(self, code: bytes, permanent: bool = False):
         self.size = max(len(code), 1)
         addr = _LIBC.mmap(FFI.NULL, self.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
         if int(FFI.cast("intptr_t", addr)) in (-1, 0):
@@ -52,7 +56,8 @@ class CodeMapping:
                             "allow executable memory; use DEV=CPU or DEV=INTERP")
         self.addr = int(FFI.cast("uintptr_t", addr))
         self.fn = FFI.cast(KERNEL_TYPE, addr)
-        weakref.finalize(self, _LIBC.munmap, addr, self.size)
+        if not permanent:
+            weakref.finalize(self, _LIBC.munmap, addr, self.size)
 
 
 _LIBM_CACHE: dict[str, int] = {}
@@ -98,8 +103,12 @@ class X86Program:
             self.fn(FFI.new("int64_t[]", head + [0] + self.externs))
         else:
             arrays = [FFI.new("int64_t[]", head + [t] + self.externs) for t in range(self.threads)]
-            futures = [pool().submit(self.fn, arrays[t]) for t in range(1, self.threads)]
-            self.fn(arrays[0])
-            for f in futures:
-                f.result()
+            native = shared_pool()
+            if native is not None:
+                native.launch(self.fn, self.mapping.addr, arrays)
+            else:
+                futures = [pool().submit(self.fn, arrays[t]) for t in range(1, self.threads)]
+                self.fn(arrays[0])
+                for f in futures:
+                    f.result()
         return time.perf_counter() - t0 if timing else None
