@@ -73,8 +73,8 @@ def _encodings(mn: str) -> list[tuple[str, tuple[str, ...], str]]:
     if hit is not None:
         return hit
     if not _NAMES:
-        for name in dir(iced_x86.Code):
-            if name.startswith("VEX_") or name.startswith("EVEX_"):
+        for name in vars(iced_x86.Code):  # a module of constants: vars() spares dir()'s sort
+            if name.startswith(("VEX_", "EVEX_")):
                 _NAMES.setdefault(name.split("_", 2)[1], []).append(name)
     hit = _INDEX[mn] = []
     for name in _NAMES.get(mn, ()):
