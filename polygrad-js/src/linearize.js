@@ -11,7 +11,7 @@
  *   acc update read                an accumulator: defined before its loops, updated inside, read after
  *   if {cond, body}                a gated store
  *   load store alu bcast           memory, arithmetic, a scalar broadcast into lanes
- *   hsum {src: [init, a0..a3]}     lane j = init_j + the sum of a_j's lanes (a split reduction's lane epilogue)
+ *   hsum {src: [init, a0..a3]}     lane j = init + the sum of a_j's lanes (a split reduction's lane epilogue)
  *
  * It follows polygrad's renderer/linearize.py (loop order, accumulators, lanes, the fallback to scalar
  * code), with three differences suited to emitters without a C compiler behind them:
@@ -463,7 +463,7 @@ class Linearizer {
       this.withEnv(p, () => {
         const parts = []
         for (let j = 0; j < this.width; j++) this.withEnv([[c, j]], () => parts.push(this.bcast(this.value(red.src[0]), this.width)))
-        const init = this.bcast(this.const(red.dtype, identity(red.arg, red.dtype)), this.width)
+        const init = this.const(red.dtype, identity(red.arg, red.dtype)) // a scalar: emitters splat it in place
         let level = 0
         for (const x of parts) level = Math.max(level, x.level)
         const sum = this.place(this.inst('hsum', red.dtype, this.width, { op: red.arg, src: [init, ...parts] }), level)

@@ -611,8 +611,9 @@ class KernelEmitter {
     this.c.set(acc)
   }
 
-  /** hsum: lane j = init_j + ((a_j[0] + a_j[1]) + (a_j[2] + a_j[3])) of the four vectors a_0..a_3 (a 4 x 4
-   * transpose folded with adds: six two-input shuffles and four adds for four sums). */
+  /** hsum: lane j = init + ((a_j[0] + a_j[1]) + (a_j[2] + a_j[3])) of the four vectors a_0..a_3 (a 4 x 4
+   * transpose folded with adds: six two-input shuffles and four adds for four sums). `init` is a scalar
+   * constant (the reduce's identity), emitted in place as a v128.const rather than kept in a local. */
   emitHsum (x) {
     const [init, ...parts] = x.src
     if (parts.length !== 4) throw new KernelError(`internal: hsum of ${parts.length} vectors`)
@@ -634,7 +635,8 @@ class KernelEmitter {
     }
     const lo = pair(parts[0], parts[1])
     const hi = pair(parts[2], parts[3])
-    this.push(init)
+    if (init.k !== 'const' || init.lanes !== 1) throw new KernelError('internal: hsum starts from a scalar constant')
+    this.c.v128const(this.laneBytes(x.dtype, [init.value, init.value, init.value, init.value]))
     this.c.get(lo).get(hi); shuffle(EVEN)
     this.c.get(lo).get(hi); shuffle(ODD)
     this.c.simd(add).simd(add)
