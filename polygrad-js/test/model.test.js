@@ -91,6 +91,17 @@ test('typed errors: names, shapes, dtypes, entrypoints, disposal, bundles', () =
   assert.throws(() => mi.call('loss', { x: [[1, 2, 3, 4]], y: new Float32Array([1]) }), /Float32Array; expected int32/)
   assert.throws(() => mi.call('loss', { x: [[1, 2, 3, 4]], y: [0.5] }), /needs integers/)
   assert.throws(() => mi.forward({ x: new Float32Array(4 * 17) }), /17 rows; Variable 'batch' allows 1..16/)
+  assert.throws(() => mi.forward({ x: new Float32Array(4 * 2 + 1) }), /has 9 values; expected a multiple of 4/)
+  assert.throws(() => mi.forward({ x: new Float32Array(0) }), /0 rows; Variable 'batch' allows 1..16/)
+  assert.throws(() => mi.forward({ x: new Float32Array(8), y: new Int32Array(2) }), /unknown \["y"\]/)
+  // the flat typed array of the input's dtype (data.js flatTyped) and the general reader agree
+  const x8 = Float32Array.from({ length: 8 }, (_, i) => Math.sin(i))
+  const a = mi.forward({ x: x8 }).logits
+  for (const other of [Float64Array.from(x8), Array.from(x8), { data: x8, shape: [2, 4] }]) {
+    const b = mi.forward({ x: other }).logits
+    assert.deepStrictEqual(b.shape, [2, 3])
+    assert.deepStrictEqual(Array.from(b), Array.from(a))
+  }
   assert.throws(() => mi.fit({ x: [[1, 2, 3, 4]], y: [0] }, { optimizer: 'rmsprop' }), /optimizer must be one of/)
   assert.throws(() => mi.fit({ x: [[1, 2, 3, 4]], y: [0] }, { optimizer: 'adam', momentum: 0.9 }), /unknown \["momentum"\]/)
   m.dispose()
