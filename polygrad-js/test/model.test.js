@@ -163,7 +163,7 @@ test('fromBytes is asynchronous and compiles every entrypoint', async () => {
 // into lanes; below 2 rows a variant without the row tile runs, 8 columns per tile and the reduction unrolled
 // by 2 (16 weight loads in flight per iteration). Both give Python's results. The tile's reduction loop has
 // no counter of its own: it ends when its first address pointer reaches its last value; its epilogue runs in
-// lanes over the tile's columns.
+// lanes over the tile's columns. Below the row tile the weights are read through packed copies.
 function flat (insts, out = []) {
   for (const x of insts) {
     out.push(x)
@@ -207,6 +207,24 @@ test('register tiles of x @ W.T: 2x4 at full batch, 8 columns and an unrolled re
   assert.strictEqual(count(small, 'load'), 2 * (1 + 8))
   assert.strictEqual(count(small, 'update'), 2 * 8)
   assert.ok(m._x.stats.checks === 0)
+  // the few-rows variant reads both layers' weights through copies packed in its loop order (pack.js): the
+  // 16 weight loads of a reduction step read one contiguous block; the copies are made once (no weights
+  // were written since), not per call
+  assert.strictEqual(m._x.packed.size, 2)
+  for (const r of m._x.packed.values()) {
+    assert.strictEqual(r.source.role, 'parameter')
+    assert.deepStrictEqual(r.layout.sizes.slice(-3), [8, 2, 4])
+  }
+  const site = m._x.siteFns.get(m._x.siteKey(first) + '|packed')
+  assert.strictEqual(site.packs.length, 1)
+  const packedLoop = innerLoop(site.prog.body)
+  assert.strictEqual(packedLoop.body.filter((x) => x.k === 'load' && x.buf === site.prog.packs[0].slot).length, 2 * 8)
+  // the first batch-1 call ran unpacked (a first result pays no refill); the second makes the copies, once
+  assert.strictEqual(m._x.stats.repacks, 0)
+  const again = m.forward({ x: ref.wide.x.slice(0, 1) }).logits
+  assert.ok(maxRel(again, ref.wide['1'].flat(), 1e-3) < 1e-5, 'batch 1, packed')
+  m.forward({ x: ref.wide.x.slice(0, 1) })
+  assert.strictEqual(m._x.stats.repacks, 2)
   // the full-batch tile's epilogue runs in lanes over its 4 columns: per tile row one hsum folds the 4
   // columns' partial sums into one vector, then bias, ReLU and one 4-lane store (no lane-by-lane folds)
   const all = flat(p.body)
@@ -220,4 +238,15 @@ test('register tiles of x @ W.T: 2x4 at full batch, 8 columns and an unrolled re
   const { stats } = new KernelEmitter(p, layout, {}, {}).emit()
   assert.ok(stats.pointerExits >= 1, 'the reduction loop ends on its pointer')
   m.dispose()
+})
+
+test('repack fills a packed copy in the loop order of its layout', () => {
+  const { repack } = require('../src/pack')
+  // a 3 x 4 buffer read as (column pair j, row i, lane l): element i*4 + j*2 + l at packed (j*3 + i)*2 + l
+  const view = new Float32Array(40)
+  for (let e = 0; e < 12; e++) view[e] = e + 1
+  repack(view, 0, 20, { sizes: [2, 3, 2], src: [2, 4, 1], size: 12 })
+  const want = []
+  for (let j = 0; j < 2; j++) for (let i = 0; i < 3; i++) for (let l = 0; l < 2; l++) want.push(i * 4 + j * 2 + l + 1)
+  assert.deepStrictEqual(Array.from(view.subarray(20, 32)), want)
 })
