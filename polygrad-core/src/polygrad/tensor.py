@@ -486,6 +486,11 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     # primitive builders
     def _alu(self, op: Ops, *others: "Tensor") -> "Tensor":
         rt = self._runtime
+        if len(others) == 1:  # binary ops, the common case: checked without generators
+            other = others[0]
+            if other._runtime is rt and (rt is None or not getattr(rt, "disposed", False)) and \
+                    other.uop.device == self.uop.device:
+                return self._new(self.uop.alu(op, other.uop))
         owner = rt
         if any(o._runtime is not rt for o in others):
             owner = _check_runtimes([self, *others])

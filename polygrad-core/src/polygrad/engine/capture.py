@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, NamedTuple, Sequence
 
 from polygrad import config
-from polygrad.device import Buffer, GlobalCounters, debug_alloc
+from polygrad.device import Buffer, debug_alloc
 from polygrad.engine import realize
 from polygrad.errors import PolygradError
 from polygrad.uop.ops import Ops, UOp
@@ -345,7 +345,7 @@ class CapturedGraph:
             t0 = time.perf_counter()
             for fn, args, vv in plan:
                 fn(args, vv, False)
-            self._count(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
+            realize.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
         return [table[s] for s in self.output_slots]
 
     def _plan_with(self, var_vals: dict[str, int] | None) -> list[tuple[Any, list[Any], Any]]:
@@ -384,12 +384,5 @@ class CapturedGraph:
             if _active:
                 _record(Launch(x.kind, x.device, x.ast, x.program, list(bufs), dict(zip(names, vv))),
                         [bufs[p] for p in mid])
-        self._count(n, ops, mem, dt)
+        realize.count_kernels(n, ops, mem, dt)
 
-    @staticmethod
-    def _count(n: int, ops: int, mem: int, dt: float) -> None:
-        GlobalCounters.kernel_count += n
-        GlobalCounters.global_ops += ops
-        GlobalCounters.global_mem += mem
-        GlobalCounters.time_sum_s += dt
-        realize.runtime_stats["kernels_run"] += n

@@ -8,12 +8,12 @@ integer arguments, in the order of its `spec.vars`.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, Callable
 
 from polygrad import config
-from polygrad.device import Buffer, GlobalCounters, debug_alloc, open_device
+from polygrad.device import Buffer, counts, debug_alloc, open_device
 from polygrad.engine import rendercache
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
@@ -43,19 +43,19 @@ class CompiledProgram:
                                 "(v.bind(n)) in the tensors being realized") from None
 
     def __call__(self, buffers: list[Buffer], var_vals: dict[UOp, int] | None = None) -> None:
-        handles = [b._handle if b._handle is not None else b.handle for b in buffers]
-        debug = config.get("DEBUG")
-        args = self.var_args(var_vals) if self.spec.vars else ()
-        t0 = time.perf_counter()
-        self.program(handles, args, debug >= 2)
-        dt = time.perf_counter() - t0
         spec = self.spec
+        handles = [b._handle if b._handle is not None else b.handle for b in buffers]
+        args = self.var_args(var_vals) if spec.vars else ()
+        debug = config.get("DEBUG")
+        t0 = perf_counter()
+        self.program(handles, args, debug >= 2)
+        dt = perf_counter() - t0
         if debug_alloc.on:
             debug_alloc.check(buffers, f"kernel {spec.name}")
-        GlobalCounters.kernel_count += 1
-        GlobalCounters.global_ops += spec.ops
-        GlobalCounters.global_mem += spec.mem_bytes
-        GlobalCounters.time_sum_s += dt
+        counts.kernel_count += 1
+        counts.global_ops += spec.ops
+        counts.global_mem += spec.mem_bytes
+        counts.time_sum_s += dt
         runtime_stats["kernels_run"] += 1
         if debug >= 1:
             extra = f" {dt * 1e6:9.1f} us" if debug >= 2 else ""
@@ -68,6 +68,15 @@ runtime_stats: dict[str, int] = {"programs_compiled": 0, "program_cache_hits": 0
 # hook(step, program or None, buffers, n_inputs) after each step; args >= n_inputs are new buffers.
 # Installed only by engine/capture.py (use `with capture():` instead of appending here).
 capture_hooks: list[Callable[[Any, Any, list[Buffer], int, dict], None]] = []
+
+
+def count_kernels(n: int, ops: int, mem_bytes: int, seconds: float) -> None:
+    """Add launched kernels to GlobalCounters and runtime_stats (for replays that launch many at once)."""
+    counts.kernel_count += n
+    counts.global_ops += ops
+    counts.global_mem += mem_bytes
+    counts.time_sum_s += seconds
+    runtime_stats["kernels_run"] += n
 
 
 def get_program(ast: UOp, device: str) -> CompiledProgram:
@@ -167,7 +176,11 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
             for hook in hooks:
                 hook(step, None, args, tpl.n_inputs, vals)
             continue
-        prog = get_program(step.ast, step.device)
+        prog = program_cache.get((step.ast, step.device))  # get_program, without a call on the common hit
+        if prog is None:
+            prog = get_program(step.ast, step.device)
+        else:
+            runtime_stats["program_cache_hits"] += 1
         prog(args, vals)
         for hook in hooks:
             hook(step, prog, args, tpl.n_inputs, vals)
