@@ -176,11 +176,7 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
             for hook in hooks:
                 hook(step, None, args, tpl.n_inputs, vals)
             continue
-        prog = program_cache.get((step.ast, step.device))  # get_program, without a call on the common hit
-        if prog is None:
-            prog = get_program(step.ast, step.device)
-        else:
-            runtime_stats["program_cache_hits"] += 1
+        prog = get_program(step.ast, step.device)
         prog(args, vals)
         for hook in hooks:
             hook(step, prog, args, tpl.n_inputs, vals)
