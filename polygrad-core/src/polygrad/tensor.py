@@ -27,6 +27,7 @@ from polygrad.engine.capture import active as capture_active
 from polygrad.engine.capture import made_before
 from polygrad.engine.capture import paused as capture_paused
 from polygrad.engine.overwrites import is_view, mixed_frontier, readers_of, written_buffers
+from polygrad.engine import realize as engine_realize
 from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
@@ -319,11 +320,10 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
 
     @staticmethod
     def realize_all(*tensors: "Tensor") -> None:
-        from polygrad.engine.realize import realize_uops
         todo = [t for t in tensors if not _is_realized(t.uop)]
         if not todo:
             return
-        if len(todo) > 1 or getattr(todo[0]._runtime, "disposed", False):
+        if len(todo) > 1 or (todo[0]._runtime is not None and getattr(todo[0]._runtime, "disposed", False)):
             _check_runtimes(todo)
         olds = [t.uop for t in todo]
         written = written_buffers(olds)
@@ -333,7 +333,7 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
             stale = realize_outside_captures(readers_of(written, lambda: lazy_values(todo), olds))
             todo += stale  # plain readers: computed in this schedule, which orders reads before writes
             olds += [t.uop for t in stale]
-        news = realize_uops(olds)
+        news = engine_realize.realize_uops(olds)
         for t, old, new in zip(todo, olds, news):
             t._graph = old if old.op is not Ops.ASSIGN else None
             t.uop = new
@@ -663,14 +663,14 @@ def _prefix_buffer(u: UOp) -> Buffer | None:
 
 
 def _is_realized(u: UOp) -> bool:
-    u = mv.strip_reshapes(u)
+    if u.op is Ops.RESHAPE:
+        u = mv.strip_reshapes(u)
     return u.op is Ops.BUFFER and (u.arg.is_allocated or u.arg.size == 0)
 
 
 def _compute_before_writes(written: set[int], targets: list["Tensor"]) -> None:
     """Graphs (targets or live) that read a written buffer both before and after the write: realize
     their pre-write parts now (a copy each) and rewrite the graphs to read those copies."""
-    from polygrad.engine.realize import realize_uops
     live = [t for t, _ in lazy_values(targets)]
     older = made_before(live) if capture_active() else []
     inside = [t for t in live if not any(t is o for o in older)]
@@ -682,9 +682,9 @@ def _compute_before_writes(written: set[int], targets: list["Tensor"]) -> None:
         contiguous = [UOp(Ops.CONTIGUOUS, n.dtype, (n,)) for n in nodes]
         if outside:  # values the captured work did not compute: unrecorded
             with capture_paused():
-                views = realize_uops(contiguous)
+                views = engine_realize.realize_uops(contiguous)
         else:
-            views = realize_uops(contiguous)
+            views = engine_realize.realize_uops(contiguous)
         mapping = dict(zip(nodes, views))
         for t, _ in mixed:
             t.uop = _substitute(t.uop, mapping)
