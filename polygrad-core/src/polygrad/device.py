@@ -339,9 +339,17 @@ class Buffer:
 
     def __del__(self) -> None:
         handle = self._handle
-        if handle is not None:
-            self._handle = None
-            _release(self._impl.allocator, handle, self.size * self.dtype.itemsize, self.device)
+        if handle is None:
+            return
+        self._handle = None
+        device, nbytes = self.device, self.size * self.dtype.itemsize
+        if type(handle) is not GuardedMemory and nbytes and alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT:
+            # kept for the next buffer of this size (_release, inline: every realize frees a buffer)
+            buffers_live[device] -= 1
+            _alloc_cache.setdefault((device, nbytes), []).append((self._impl.allocator, handle))
+            alloc_cache_bytes["total"] += nbytes
+            return
+        _release(self._impl.allocator, handle, nbytes, device)
 
     @property
     def handle(self) -> Any:

@@ -31,7 +31,7 @@ from polygrad.engine import realize as engine_realize
 from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
-from polygrad.uop.ops import Ops, UOp
+from polygrad.uop.ops import COMPARISONS, Ops, UOp
 from polygrad.uop.shape import ShapeError
 from polygrad.tensor_activation import ActivationMixin
 from polygrad.tensor_common import (_buffer_uop, _check_runtimes, _default_device, _prod, _resolve_axis, _shape_arg,
@@ -61,11 +61,14 @@ class _LiveTensors:
         self.limit = 1024
 
     def add(self, t: "Tensor") -> None:
-        refs = self.refs
-        refs.append(weakref.ref(t))
-        if len(refs) >= self.limit:
-            self.refs = [r for r in refs if r() is not None]
-            self.limit = max(1024, 2 * len(self.refs))
+        self.refs.append(weakref.ref(t))
+        if len(self.refs) >= self.limit:
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Drop the references to dead tensors; the next sweep waits until the list has doubled."""
+        self.refs = [r for r in self.refs if r() is not None]
+        self.limit = max(1024, 2 * len(self.refs))
 
     def __iter__(self):
         out = [t for t in (r() for r in self.refs) if t is not None]
@@ -308,35 +311,27 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         argument checks, since every op builds one."""
         t = object.__new__(Tensor)
         t.uop, t.requires_grad, t.grad, t._leaf, t._graph, t._runtime = uop, None, None, False, None, self._runtime
-        _all_tensors.add(t)
+        refs = _all_tensors.refs  # _all_tensors.add(t), without the call: every op makes a tensor
+        refs.append(weakref.ref(t))
+        if len(refs) >= _all_tensors.limit:
+            _all_tensors.sweep()
         return t
 
     # ---------------------------------------------------------------------------------------------
     # ---------------------------------------------------------------------------------------------
     # realization and data exchange
     def realize(self, *others: "Tensor") -> "Tensor":
-        Tensor.realize_all(self, *others)
+        if others:
+            Tensor.realize_all(self, *others)
+        elif not _is_realized(self.uop):
+            _realize_tensors([self])
         return self
 
     @staticmethod
     def realize_all(*tensors: "Tensor") -> None:
         todo = [t for t in tensors if not _is_realized(t.uop)]
-        if not todo:
-            return
-        if len(todo) > 1 or (todo[0]._runtime is not None and getattr(todo[0]._runtime, "disposed", False)):
-            _check_runtimes(todo)
-        olds = [t.uop for t in todo]
-        written = written_buffers(olds)
-        if written:  # values built before the writes keep their inputs' old values (engine/overwrites.py)
-            _compute_before_writes(written, todo)
-            olds = [t.uop for t in todo]
-            stale = realize_outside_captures(readers_of(written, lambda: lazy_values(todo), olds))
-            todo += stale  # plain readers: computed in this schedule, which orders reads before writes
-            olds += [t.uop for t in stale]
-        news = engine_realize.realize_uops(olds)
-        for t, old, new in zip(todo, olds, news):
-            t._graph = old if old.op is not Ops.ASSIGN else None
-            t.uop = new
+        if todo:
+            _realize_tensors(todo)
 
     def _buffer(self) -> Buffer:
         """The Buffer behind a realized contiguous tensor."""
@@ -488,9 +483,9 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         rt = self._runtime
         if len(others) == 1:  # binary ops, the common case: checked without generators
             other = others[0]
-            if other._runtime is rt and (rt is None or not getattr(rt, "disposed", False)) and \
-                    other.uop.device == self.uop.device:
-                return self._new(self.uop.alu(op, other.uop))
+            u, v = self.uop, other.uop
+            if other._runtime is rt and (rt is None or not getattr(rt, "disposed", False)) and u.device == v.device:
+                return self._new(UOp(op, dtypes.bool if op in COMPARISONS else u.dtype, (u, v)))  # u.alu(op, v)
         owner = rt
         if any(o._runtime is not rt for o in others):
             owner = _check_runtimes([self, *others])
@@ -660,6 +655,24 @@ def _prefix_buffer(u: UOp) -> Buffer | None:
         return None
     base = mv.strip_reshapes(u.src[0])
     return base.arg if base.op is Ops.BUFFER and base.arg.is_allocated else None
+
+
+def _realize_tensors(todo: list["Tensor"]) -> None:
+    """Realize these unrealized tensors in one schedule (Tensor.realize and realize_all)."""
+    if len(todo) > 1 or (todo[0]._runtime is not None and getattr(todo[0]._runtime, "disposed", False)):
+        _check_runtimes(todo)
+    olds = [t.uop for t in todo]
+    written = written_buffers(olds)
+    if written:  # values built before the writes keep their inputs' old values (engine/overwrites.py)
+        _compute_before_writes(written, todo)
+        olds = [t.uop for t in todo]
+        stale = realize_outside_captures(readers_of(written, lambda: lazy_values(todo), olds))
+        todo += stale  # plain readers: computed in this schedule, which orders reads before writes
+        olds += [t.uop for t in stale]
+    news = engine_realize.realize_uops(olds)
+    for t, old, new in zip(todo, olds, news):
+        t._graph = old if old.op is not Ops.ASSIGN else None
+        t.uop = new
 
 
 def _is_realized(u: UOp) -> bool:

@@ -18,10 +18,10 @@ from polygrad.engine import rendercache
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
 from polygrad.engine.search import choose_opts
-from polygrad.engine.schedule import Template, capacity_buffers, denormalize, record_effects, schedule
+from polygrad.engine.schedule import SlotRef, Template, capacity_buffers, denormalize, record_effects, schedule
 from polygrad.errors import VariableError
 from polygrad.uop import sint
-from polygrad.uop.ops import UOp
+from polygrad.uop.ops import Ops, UOp
 
 
 @dataclass
@@ -164,7 +164,7 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
             capacity_buffers.add(buf)
             table.append(buf)
         else:
-            table.append(Buffer(device, size, dtype))
+            table.append(Buffer(device, size, dtype).ensure_allocated())
     if not tpl.prepared:
         prepare(tpl)
     vals = var_vals or {}
@@ -189,5 +189,12 @@ def realize_uops(targets: list[UOp]) -> list[UOp]:
     var_vals: dict[UOp, int] = {}
     tpl, inputs = schedule(targets, effects, var_vals)
     table = run_template(tpl, inputs, var_vals)
-    record_effects(effects)
-    return [denormalize(out, table, var_vals) for out in tpl.outputs]
+    if effects:
+        record_effects(effects)
+    out = []
+    for u in tpl.outputs:
+        if u.op is Ops.BUFFER and type(u.arg) is SlotRef:  # a whole new buffer: denormalize, inline
+            out.append(UOp(Ops.BUFFER, u.dtype, (), table[u.arg.index]))
+        else:
+            out.append(denormalize(u, table, var_vals))
+    return out
