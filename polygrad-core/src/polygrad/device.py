@@ -296,7 +296,7 @@ class Buffer:
     def __init__(self, device: str, size: int, dtype: DType):
         self._handle: Any = None  # first: __del__ of a Buffer whose size was rejected finds nothing to free
         self._impl: DeviceImpl | None = None
-        self.device, self.size, self.dtype = device, int(size), dtype
+        self.device, self.size, self.dtype = device, size if type(size) is int else int(size), dtype
         self.serial = next(_serials)  # creation order: a capture tells buffers made during it from older ones
 
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import operator
 import weakref
 from typing import Any, Iterable, Iterator
 
@@ -27,6 +28,7 @@ from polygrad.engine.capture import active as capture_active
 from polygrad.engine.capture import made_before
 from polygrad.engine.capture import paused as capture_paused
 from polygrad.engine.overwrites import is_view, mixed_frontier, readers_of, written_buffers
+from polygrad.engine.schedule import EFFECT_OPS
 from polygrad.engine import realize as engine_realize
 from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
@@ -662,7 +664,7 @@ def _realize_tensors(todo: list["Tensor"]) -> None:
     if len(todo) > 1 or (todo[0]._runtime is not None and getattr(todo[0]._runtime, "disposed", False)):
         _check_runtimes(todo)
     olds = [t.uop for t in todo]
-    written = written_buffers(olds)
+    written = written_buffers(olds) if len(olds) > 1 or _holds_effect(olds[0]) else None
     if written:  # values built before the writes keep their inputs' old values (engine/overwrites.py)
         _compute_before_writes(written, todo)
         olds = [t.uop for t in todo]
@@ -673,6 +675,15 @@ def _realize_tensors(todo: list["Tensor"]) -> None:
     for t, old, new in zip(todo, olds, news):
         t._graph = old if old.op is not Ops.ASSIGN else None
         t.uop = new
+
+
+def _holds_effect(u: UOp) -> bool:
+    """Whether u's graph holds an ASSIGN or AFTER (run or not): a check in C calls, before written_buffers."""
+    return not _EFFECT_OPS.isdisjoint(map(_op_of, u.toposort()))
+
+
+_EFFECT_OPS = frozenset(EFFECT_OPS)
+_op_of = operator.attrgetter("op")
 
 
 def _is_realized(u: UOp) -> bool:

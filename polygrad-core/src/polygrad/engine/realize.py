@@ -13,6 +13,7 @@ from time import perf_counter
 from typing import Any, Callable
 
 from polygrad import config
+from polygrad.config import values as settings
 from polygrad.device import Buffer, counts, debug_alloc, open_device
 from polygrad.engine import rendercache
 from polygrad.engine.lower import lower
@@ -46,7 +47,7 @@ class CompiledProgram:
         spec = self.spec
         handles = [b._handle if b._handle is not None else b.handle for b in buffers]
         args = self.var_args(var_vals) if spec.vars else ()
-        debug = config.get("DEBUG")
+        debug = settings.get("DEBUG", 0)
         t0 = perf_counter()
         self.program(handles, args, debug >= 2)
         dt = perf_counter() - t0

@@ -117,7 +117,7 @@ class _RanEffect(Exception):
 def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | None, binds: dict[UOp, int],
                     sym_sizes: dict[int, Any] | None, pruned: bool) -> tuple[tuple[UOp, ...], list[Any]]:
     inputs: list[Any] = []
-    slot_of: dict[int, int] = {}
+    slot_of: dict[Any, int] = {}  # Buffer -> its slot (Buffers hash by identity)
     memo: dict[UOp, UOp] = {}
     seen_vars: set[UOp] = set()
     for node in order:
@@ -127,9 +127,9 @@ def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | N
             if sym_sizes or type(buf) is SlotRef:
                 memo[node] = _slot(node, inputs, slot_of, sym_sizes)
                 continue
-            k = slot_of.get(id(buf))
+            k = slot_of.get(buf)
             if k is None:
-                k = slot_of[id(buf)] = len(inputs)
+                k = slot_of[buf] = len(inputs)
                 inputs.append(buf)
             key = (k, buf.size, buf.device, node.dtype)
             hit = _slot_nodes.get(key)
@@ -239,13 +239,13 @@ _slot_nodes: dict[tuple, UOp] = {}
 _SLOT_NODES_MAX = 1 << 14
 
 
-def _slot(node: UOp, inputs: list[Any], slot_of: dict[int, int], sym_sizes: dict[int, Any] | None = None) -> UOp:
+def _slot(node: UOp, inputs: list[Any], slot_of: dict[Any, int], sym_sizes: dict[int, Any] | None = None) -> UOp:
     buf = node.arg
     if isinstance(buf, SlotRef):
         return node
-    k = slot_of.get(id(buf))
+    k = slot_of.get(buf)
     if k is None:
-        k = slot_of[id(buf)] = len(inputs)
+        k = slot_of[buf] = len(inputs)
         inputs.append(buf)
     size = sym_sizes.get(id(buf), buf.size) if sym_sizes else buf.size
     key = (k, size, buf.device, node.dtype)
@@ -257,7 +257,7 @@ def _slot(node: UOp, inputs: list[Any], slot_of: dict[int, int], sym_sizes: dict
     return hit
 
 
-def _normalize_view(view: UOp, inputs: list[Any], slot_of: dict[int, int], memo: dict[UOp, UOp]) -> UOp:
+def _normalize_view(view: UOp, inputs: list[Any], slot_of: dict[Any, int], memo: dict[UOp, UOp]) -> UOp:
     out: dict[UOp, UOp] = {}
     for node in view.toposort():
         if node.op is Ops.BUFFER:

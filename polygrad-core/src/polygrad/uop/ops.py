@@ -64,6 +64,7 @@ def _without_member_getattr(enum_cls: type) -> None:
 
 
 _without_member_getattr(Ops)
+_RANGE = Ops.RANGE  # UOp() tests it on every node: a module global is the cheapest read
 
 
 class AxisKind(str, Enum):
@@ -158,7 +159,7 @@ class UOp:
     __slots__ = ("op", "dtype", "src", "arg", "_shape", "_device", "_toposort", "__weakref__")
 
     def __new__(cls, op: Ops, dtype: DType | None = None, src: tuple = (), arg: Any = None):
-        if op is Ops.RANGE and type(arg) is tuple and len(arg) > 1 and type(arg[1]) is str:
+        if op is _RANGE and type(arg) is tuple and len(arg) > 1 and type(arg[1]) is str:
             # a kind given as a plain string hashes and compares like its AxisKind: store the enum,
             # so one range never comes back with either spelling depending on which was made first
             arg = (arg[0], AxisKind(arg[1]), *arg[2:])
