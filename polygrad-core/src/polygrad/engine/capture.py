@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from polygrad import config
+from polygrad.config import values as settings
 from polygrad.device import Buffer, debug_alloc
 from polygrad.engine import realize
 from polygrad.errors import PolygradError
@@ -90,6 +91,7 @@ class SlotInfo(NamedTuple):
 
 
 _active: list["Capture"] = []
+active_captures = _active  # the same list, for callers that test it per call without calling active()
 
 
 def active() -> bool:
@@ -340,8 +342,9 @@ class CapturedGraph:
         return self.launch(inputs, var_vals, scratch)
 
     def launch(self, inputs: Sequence[Buffer], var_vals: dict[str, int] | None = None,
-               scratch: Sequence[Buffer] | None = None) -> list[Buffer]:
-        """replay() without the input checks, for callers that checked already (TinyJit, linalg)."""
+               scratch: Sequence[Buffer] | None = None, outputs: bool = True) -> list[Buffer]:
+        """replay() without the input checks, for callers that checked already (TinyJit, linalg); with
+        outputs=False it returns [] (TinyJit hands back its captured tensors instead)."""
         if scratch is not None:
             self.bind_scratch(scratch)
         handles = [b._handle if b._handle is not None else b.handle for b in inputs]
@@ -369,14 +372,14 @@ class CapturedGraph:
                 for fn, args, vv in plan:
                     fn(args, vv, False)
                 realize.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
-        elif _active or config.get("DEBUG") >= 1 or debug_alloc.on:
+        elif _active or settings.get("DEBUG", 0) >= 1 or debug_alloc.on:
             self._launch_recorded(self._plan)
         else:
             t0 = time.perf_counter()
             for run in self._launchers:
                 run()
             realize.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
-        return [table[s] for s in self.output_slots]
+        return [table[s] for s in self.output_slots] if outputs else []
 
     def _plan_with(self, var_vals: dict[str, int] | None) -> list[tuple[Any, list[Any], Any]]:
         var_vals = var_vals or {}
