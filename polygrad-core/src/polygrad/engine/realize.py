@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from polygrad import config
 from polygrad.config import values as settings
-from polygrad.device import Buffer, counts, debug_alloc, open_device
+from polygrad.device import Buffer, GlobalCounters, counts, debug_alloc, open_device  # noqa: F401 (re-exported)
 from polygrad.engine import rendercache
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
