@@ -316,8 +316,8 @@ class Buffer:
         if self._handle is not None:
             return self
         impl = self._impl
-        if impl is None:
-            impl = self._impl = open_device(self.device)
+        if impl is None:  # open_device, with its cache read here first
+            impl = self._impl = registry.opened_by_text.get(self.device) or open_device(self.device)
         nbytes = self.size * self.dtype.itemsize
         if debug_alloc.on:
             self._handle = debug_alloc.alloc(impl.allocator, nbytes)

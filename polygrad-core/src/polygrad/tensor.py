@@ -663,8 +663,12 @@ def _realize_tensors(todo: list["Tensor"]) -> None:
     """Realize these unrealized tensors in one schedule (Tensor.realize and realize_all)."""
     if len(todo) > 1 or (todo[0]._runtime is not None and getattr(todo[0]._runtime, "disposed", False)):
         _check_runtimes(todo)
-    olds = [t.uop for t in todo]
-    written = written_buffers(olds) if len(olds) > 1 or _holds_effect(olds[0]) else None
+    if len(todo) == 1:  # the common case, without a comprehension; an effect-free graph writes nothing
+        olds = [todo[0].uop]
+        written = written_buffers(olds) if not _EFFECT_OPS.isdisjoint(map(_op_of, olds[0].toposort())) else None
+    else:
+        olds = [t.uop for t in todo]
+        written = written_buffers(olds)
     if written:  # values built before the writes keep their inputs' old values (engine/overwrites.py)
         _compute_before_writes(written, todo)
         olds = [t.uop for t in todo]
@@ -677,12 +681,7 @@ def _realize_tensors(todo: list["Tensor"]) -> None:
         t.uop = new
 
 
-def _holds_effect(u: UOp) -> bool:
-    """Whether u's graph holds an ASSIGN or AFTER (run or not): a check in C calls, before written_buffers."""
-    return not _EFFECT_OPS.isdisjoint(map(_op_of, u.toposort()))
-
-
-_EFFECT_OPS = frozenset(EFFECT_OPS)
+_EFFECT_OPS = frozenset(EFFECT_OPS)  # (a graph holds one: written_buffers must look; tested in C calls)
 _op_of = operator.attrgetter("op")
 
 
