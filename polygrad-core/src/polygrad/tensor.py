@@ -483,11 +483,6 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     # primitive builders
     def _alu(self, op: Ops, *others: "Tensor") -> "Tensor":
         rt = self._runtime
-        if len(others) == 1:  # binary ops, the common case: checked without generators
-            other = others[0]
-            u, v = self.uop, other.uop
-            if other._runtime is rt and (rt is None or not getattr(rt, "disposed", False)) and u.device == v.device:
-                return self._new(UOp(op, dtypes.bool if op in COMPARISONS else u.dtype, (u, v)))  # u.alu(op, v)
         owner = rt
         if any(o._runtime is not rt for o in others):
             owner = _check_runtimes([self, *others])
@@ -532,8 +527,14 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         return self.reshape(padded).expand(shape)
 
     def _binop(self, op: Ops, y: Any, reverse: bool = False) -> "Tensor":
-        if type(y) is Tensor and y.uop.dtype is self.uop.dtype and y.uop.shape == self.uop.shape:
-            return y._alu(op, self) if reverse else self._alu(op, y)  # same dtype and shape: nothing to do
+        if type(y) is Tensor:
+            u, v = self.uop, y.uop
+            if v.dtype is u.dtype and v.shape == u.shape:  # same dtype and shape: nothing to broadcast
+                rt = self._runtime
+                if y._runtime is rt and rt is None and v.device == u.device:  # _alu's checks, passed: build here
+                    dtype = dtypes.bool if op in COMPARISONS else u.dtype
+                    return self._new(UOp(op, dtype, (v, u) if reverse else (u, v)))
+                return y._alu(op, self) if reverse else self._alu(op, y)
         a, b = self._broadcasted(y, reverse)
         return a._alu(op, b)
 
