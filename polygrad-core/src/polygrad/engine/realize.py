@@ -44,14 +44,18 @@ class CompiledProgram:
                                 "(v.bind(n)) in the tensors being realized") from None
 
     def __call__(self, buffers: list[Buffer], var_vals: dict[UOp, int] | None = None) -> None:
+        self.launch([b._handle if b._handle is not None else b.handle for b in buffers], var_vals, buffers)
+
+    def launch(self, handles: list[Any], var_vals: dict[UOp, int] | None = None,
+               buffers: list[Buffer] | None = None) -> None:
+        """Run with the buffers' handles already taken (run_template); `buffers` is for POLY_DEBUG_ALLOC's check."""
         spec = self.spec
-        handles = [b._handle if b._handle is not None else b.handle for b in buffers]
         args = self.var_args(var_vals) if spec.vars else ()
         debug = settings.get("DEBUG", 0)
         t0 = perf_counter()
         self.program(handles, args, debug >= 2)
         dt = perf_counter() - t0
-        if debug_alloc.on:
+        if debug_alloc.on and buffers is not None:
             debug_alloc.check(buffers, f"kernel {spec.name}")
         counts.kernel_count += 1
         counts.global_ops += spec.ops
@@ -171,6 +175,13 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
     vals = var_vals or {}
     hooks = capture_hooks
     for step in tpl.steps:
+        if step.kind == "kernel" and not hooks and not debug_alloc.on:  # nothing wants the Buffers: handles only
+            prog = get_program(step.ast, step.device)
+            handles = [table[i]._handle for i in step.args]
+            if None in handles:  # an input never allocated (an empty tensor's)
+                handles = [table[i].handle for i in step.args]
+            prog.launch(handles, vals)
+            continue
         args = [table[i] for i in step.args]
         if step.kind == "copy":
             copy_buffer(args[0], args[1])
