@@ -8,7 +8,10 @@ are honest and one library's thread pools never slow another. polygrad runs once
 `--cc` (POLY_CC; default: every one of clang and gcc found on PATH), so each row has a column per
 compiler. `--python PATH` adds a column per interpreter: it runs the polygrad workloads with that
 interpreter, whatever `polygrad` (or, failing that, `tinygrad`) it imports, e.g. a separate venv with
-the published polygrad. Nothing here is a dependency of the project.
+the published polygrad. Nothing here is a dependency of the project. On x86-64 with clang or gcc, a
+"ceiling" column runs hand-written C (benchmarks/ceiling.c) in the same invocation: the FMA peak of every
+core on the matmul rows, a non-temporal stream of the same body on the elementwise row. It says how close
+to the machine each library is on this run (`--no-ceiling` leaves it out).
 
 The table prints one row per workload, the figure of each column and the ratios of the first polygrad
 column to NumPy and to PyTorch, oriented so that > 1 means polygrad is better. Each figure is also
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -65,7 +69,36 @@ def _rand(*shape: int) -> Any:
     return np.random.default_rng(0).random(shape, dtype=np.float32)
 
 
+def _ceiling_lib() -> Any:
+    """benchmarks/ceiling.c compiled with POLY_CC (else clang or gcc) for this CPU, loaded with ctypes."""
+    import ctypes
+    cc = os.environ.get("POLY_CC") or next((c for c in ("clang", "gcc") if shutil.which(c)), None)
+    if cc is None:
+        raise RuntimeError("the ceiling column needs a C compiler (clang or gcc) on PATH")
+    so = os.path.join(tempfile.mkdtemp(prefix="pgceiling-"), "ceiling.so")
+    subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-o", so,
+                    os.path.join(os.path.dirname(HERE), "ceiling.c")], check=True)
+    lib = ctypes.CDLL(so)
+    lib.pg_stream.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    lib.pg_fma_peak.argtypes, lib.pg_fma_peak.restype = [ctypes.c_long, ctypes.c_int], ctypes.c_double
+    return lib
+
+
+def _threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _fma_peak(tiny: bool, reps: int) -> float:
+    """GFLOP/s of independent FMA chains on every core: the most any matmul here can reach."""
+    lib, iters = _ceiling_lib(), 1000 if tiny else 2_000_000
+    flops: list[float] = []
+    t = best(lambda: flops.append(lib.pg_fma_peak(iters, _threads())), reps)
+    return flops[-1] / t / 1e9
+
+
 def _matmul(lib: str, tiny: bool, reps: int, n: int, kind: str) -> float:
+    if lib == "ceiling":
+        return _fma_peak(tiny, reps)
     n = 64 if tiny else n
     a, b = _rand(n, n), _rand(n, n)
     if lib == "numpy":
@@ -102,7 +135,7 @@ def w_matmul1024_nt(lib: str, tiny: bool, reps: int) -> float:
 
 
 def w_matmul1024_beam(lib: str, tiny: bool, reps: int) -> float:
-    if lib in ("numpy", "torch"):
+    if lib in ("numpy", "torch", "ceiling"):
         return _matmul(lib, tiny, reps, 1024, "nn")
     pg = import_polygrad()
     with pg.Context(BEAM=2):
@@ -244,7 +277,16 @@ def w_elementwise(lib: str, tiny: bool, reps: int) -> float:
     import numpy as np
     n = 4096 if tiny else 1 << 24
     x_np = _rand(n)
-    if lib == "numpy":
+    if lib == "ceiling":  # the same body in hand-written C: aligned loads, non-temporal stores, every core
+        c, threads = _ceiling_lib(), _threads()
+        n -= n % (16 * threads)
+        x_al, y_al = (np.empty(n + 16, np.float32) for _ in range(2))
+        x, y = (a[(-a.ctypes.data % 64) // 4:][:n] for a in (x_al, y_al))
+        x[:] = x_np[:n]
+        t = best(lambda: c.pg_stream(x.ctypes.data, y.ctypes.data, n, threads), reps)
+        if not np.array_equal(y, np.maximum(x * 2 + 1, 0) * x):  # the C body must compute what the libraries do
+            raise RuntimeError("benchmarks/ceiling.c's stream gave a wrong result")
+    elif lib == "numpy":
         t = best(lambda: np.maximum(x_np * 2 + 1, 0) * x_np, reps)
     elif lib == "torch":
         import torch
@@ -314,17 +356,20 @@ def w_first_call(lib: str, tiny: bool, reps: int) -> float:
 
 # name: (unit, "higher"/"lower" is better, worker, libraries that have it)
 ALL = ("polygrad", "numpy", "torch")
+# "ceiling": hand-written C (benchmarks/ceiling.c) for what the machine allows: the FMA peak for the
+# matmul rows, a non-temporal stream for the elementwise row
+MM = ALL + ("ceiling",)
 WORKLOADS: dict[str, tuple[str, str, Callable[[str, bool, int], float], tuple[str, ...]]] = {
-    "matmul1024": ("GFLOP/s", "higher", w_matmul1024, ALL),
-    "matmul2048": ("GFLOP/s", "higher", w_matmul2048, ALL),
-    "matmul1024_tn": ("GFLOP/s", "higher", w_matmul1024_tn, ALL),
-    "matmul1024_nt": ("GFLOP/s", "higher", w_matmul1024_nt, ALL),
-    "matmul1024_beam2": ("GFLOP/s", "higher", w_matmul1024_beam, ALL),
+    "matmul1024": ("GFLOP/s", "higher", w_matmul1024, MM),
+    "matmul2048": ("GFLOP/s", "higher", w_matmul2048, MM),
+    "matmul1024_tn": ("GFLOP/s", "higher", w_matmul1024_tn, MM),
+    "matmul1024_nt": ("GFLOP/s", "higher", w_matmul1024_nt, MM),
+    "matmul1024_beam2": ("GFLOP/s", "higher", w_matmul1024_beam, MM),
     "mlp_adam": ("steps/s", "higher", w_mlp_adam, ("polygrad", "torch")),
     "transformer_block": ("ms", "lower", w_transformer_block, ("polygrad", "torch")),
     "conv2d_fwd": ("ms", "lower", w_conv2d_fwd, ("polygrad", "torch")),
     "conv2d_fwd_bwd": ("ms", "lower", w_conv2d_bwd, ("polygrad", "torch")),
-    "elementwise_16M": ("GB/s", "higher", w_elementwise, ALL),
+    "elementwise_16M": ("GB/s", "higher", w_elementwise, MM),
     "tiny_op": ("us", "lower", w_tiny_op, ALL),
     "tiny_op_jit": ("us/kernel", "lower", w_tiny_op_jit, ("polygrad",)),
     "first_call_cold": ("ms", "lower", w_first_call, ALL),
@@ -357,6 +402,8 @@ def column_runs(args: argparse.Namespace) -> list[tuple[str, str, str, dict[str,
             cols.append((f"polygrad[{cc}]", "polygrad", sys.executable, {"POLY_CC": cc}))
     cols.append(("numpy", "numpy", sys.executable, {}))
     cols.append(("torch", "torch", sys.executable, {}))
+    if args.ceiling and platform.machine() in ("x86_64", "AMD64") and (shutil.which("clang") or shutil.which("gcc")):
+        cols.append(("ceiling", "ceiling", sys.executable, {}))
     for py in args.python:
         cols.append((f"py:{py}", "polygrad", py, {}))
     return cols
@@ -414,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--tiny", action="store_true", help="toy sizes, one repetition (keeps the script working)")
     ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                    help="leave out the hand-written C ceiling column (shown on x86-64 with clang or gcc)")
     args = ap.parse_args(argv)
     if args.tiny:
         args.reps = 1
