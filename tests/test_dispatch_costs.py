@@ -184,3 +184,9 @@ def test_op_enum_keeps_its_enum_behaviour():
         Ops.NOT_AN_OP  # noqa: B018
     with pytest.raises(AttributeError):
         Ops.ADD = 3
+    with pytest.raises(AttributeError):
+        del Ops.ADD
+    Ops.extra_note = "set"  # other class attributes can be set and deleted (mock.patch does)
+    assert Ops.extra_note == "set"
+    del Ops.extra_note
+    assert not hasattr(Ops, "extra_note")

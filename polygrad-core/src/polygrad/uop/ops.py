@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import struct
 import sys
+import types
 import weakref
 from dataclasses import dataclass
 from enum import Enum, auto
@@ -60,6 +61,16 @@ def _without_member_getattr(enum_cls: type) -> None:
         return
     skip = ("__getattr__", "__dict__", "__weakref__", "__module__", "__doc__", "__qualname__")
     fast = type(f"Fast{meta.__name__}", (type,), {k: v for k, v in vars(meta).items() if k not in skip})
+    for name, value in list(vars(fast).items()):
+        # methods calling zero-argument super() (__setattr__, __delattr__) close over EnumType: rebind
+        # their __class__ cell to the copy, so `Ops.x = ...` and mock.patch work as on EnumType
+        func = value.__func__ if isinstance(value, staticmethod) else value
+        if isinstance(func, types.FunctionType) and "__class__" in func.__code__.co_freevars:
+            cells = tuple(types.CellType(fast) if v == "__class__" else c
+                          for v, c in zip(func.__code__.co_freevars, func.__closure__ or ()))
+            clone = types.FunctionType(func.__code__, func.__globals__, func.__name__, func.__defaults__, cells)
+            clone.__kwdefaults__, clone.__qualname__ = func.__kwdefaults__, func.__qualname__
+            setattr(fast, name, staticmethod(clone) if isinstance(value, staticmethod) else clone)
     enum_cls.__class__ = fast
 
 
