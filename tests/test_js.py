@@ -244,6 +244,22 @@ def training(zoo, tmp_path_factory):
     cases.append({"name": "dropout", "bundle": str(tmp / "dropout.pgb"),
                   "fit": {"data": {"x": enc(X[:16]), "y": enc(Y[:16])},
                           "options": {"epochs": 2, "batchSize": 8, "optimizer": "sgd", "lr": 0.1}}})
+    # weights packed for the few-rows variant (polygrad-js/src/pack.js): the second of two batch-1 forwards
+    # before the fit makes the packed copies; the second of two after it must see the trained weights
+    Tensor.manual_seed(10)
+    Xw = np.random.default_rng(10).standard_normal((16, 32)).astype(np.float32)
+    Yw = np.random.default_rng(11).integers(0, 4, 16).astype(np.int32)
+    wide = Model(MLP(32, 16, 4), inputs={"x": Tensor.empty(batch := Variable("batch", 1, 16), 32)},
+                 targets={"y": Tensor.empty(batch, dtype="int32")}, loss=xent)
+    wide.save(str(tmp / "wide.pgb"))
+    py["wide/before"] = wide.forward(x=Xw[:1])["logits"].numpy()
+    py["wide"] = wide.fit({"x": Xw, "y": Yw}, epochs=2, batch_size=8, optimizer="sgd", lr=0.1, verbose=False)
+    py["wide/after"] = wide.forward(x=Xw[:1])["logits"].numpy()
+    wide.dispose()
+    cases.append({"name": "wide", "bundle": str(tmp / "wide.pgb"), "repeat": 2, "before": {"x": enc(Xw[:1])},
+                  "fit": {"data": {"x": enc(Xw), "y": enc(Yw)},
+                          "options": {"epochs": 2, "batchSize": 8, "optimizer": "sgd", "lr": 0.1}},
+                  "forward": {"x": enc(Xw[:1])}})
     cases.append({"name": "resume", "bundle": str(zoo["adam_trained"][0]),
                   "fit": {"data": {"x": enc(X), "y": enc(Y)}, "options": {"epochs": 2, "batchSize": 8}}})
     Xc = np.random.default_rng(9).standard_normal((4, 1, 6, 6)).astype(np.float32)
@@ -257,13 +273,23 @@ def training(zoo, tmp_path_factory):
     return py, run_node(cases, tmp), tmp
 
 
-@pytest.mark.parametrize("tag", ["sgd", "adam", "adamw", "conv", "dropout"])
+@pytest.mark.parametrize("tag", ["sgd", "adam", "adamw", "conv", "dropout", "wide"])
 def test_js_fine_tune_follows_python_loss_trajectory(training, tag):
     py, js, _ = training
     assert "error" not in js[tag], js[tag].get("error")
     got, want = np.array(js[tag]["losses"]), np.array(py[tag])
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_js_packed_weights_follow_training(training):
+    py, js, _ = training
+    res = js["wide"]
+    assert "error" not in res, res.get("error")
+    close(dec(res["before"]["logits"]), py["wide/before"])
+    np.testing.assert_allclose(res["losses"], py["wide"], rtol=1e-5)
+    close(dec(res["outputs"]["logits"]), py["wide/after"], rtol=1e-4)
+    assert res["stats"]["repacks"] >= 4, res["stats"]  # two layers' copies, made before the fit and after it
 
 
 def test_js_resumes_the_bundle_optimizer(zoo, training):

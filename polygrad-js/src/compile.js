@@ -6,6 +6,7 @@
  *                                                   register tile would recompute (scratch buffers)
  *   (checkKernel (validate.js) ran on the stored kernel when the bundle was read)
  *   2. chooseOpts + applyOpts     (lower.js)        vector lanes, register tiles (width > 1 only)
+ *      packLoads (pack, optional)  (pack.js)         weights read through a copy in loop order
  *   3. provenIndices (verify)     (validate.js)     accesses not proven in bounds get run-time checks
  *   4. decomposeTranscendentals   (transcendental.js)
  *   5. linearize                  (linearize.js)    the structured program an emitter walks
@@ -18,6 +19,7 @@ const { linearize } = require('./linearize')
 const { toposort } = require('./ir')
 const { provenIndices } = require('./validate')
 const { fission } = require('./fission')
+const { packLoads } = require('./pack')
 
 /** The kernel after index simplification and fission: {ast, scratch: [{slot, dtype, size}]} (cache it). */
 function prepareKernel (g, ast) {
@@ -31,11 +33,13 @@ function prepareKernel (g, ast) {
  * pass here keeps its indices in bounds by construction; `verify` proves the lowered kernel again and
  * guards what it cannot prove with run-time checks (the tests run with it).
  */
-function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null, verify = false } = {}) {
+function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null, verify = false, pack = null } = {}) {
   let k = (prepared || prepareKernel(g, ast)).ast
   let vector = new Set()
   const chosen = opts !== null ? opts : chooseOpts(k, width)
   if (chosen.length) ({ ast: k, vector } = applyOpts(g, k, chosen))
+  let packs = []
+  if (pack) ({ ast: k, packs } = packLoads(g, k, vector, pack))
   const proven = check === null && verify ? provenIndices(k) : null
   const needsCheck = check || (proven ? (index) => !proven.has(index) : () => false)
   const prog = linearize(g, decomposeTranscendentals(g, k), { vector, width, check: needsCheck })
@@ -43,6 +47,7 @@ function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared =
     // lanes did not fit (a 64-bit or integer-division op): plain loops beat an unrolled scalar copy
     return lowerKernel(g, ast, { width, check, opts: [], prepared, verify })
   }
+  prog.packs = packs
   return prog
 }
 

@@ -83,7 +83,44 @@ function checkValues (values, d, what) {
  * the value is read as samples, any number of them, the rest as the spec) and null otherwise; `perRow` is
  * the element count of one leading row. Flat data takes the spec's shape, with one Variable dim at most.
  */
-function readInput (spec, value, variables, { leading = false, what = `input '${spec.name}'` } = {}) {
+function readInput (spec, value, variables, opts) {
+  if (opts === undefined && ArrayBuffer.isView(value)) {
+    const fast = flatTyped(spec, value, variables)
+    if (fast !== null) return fast
+  }
+  return readAnyInput(spec, value, variables, opts)
+}
+
+// typed arrays that a buffer of the dtype takes as they are (checkValues returns them unchanged)
+const AS_IS = new Set(['float32', 'float64', 'int8', 'uint8', 'int16', 'uint16', 'int32', 'uint32'])
+
+/**
+ * readInput's common case without its general machinery: flat data in the typed array of the spec's dtype,
+ * at most one Variable dimension, every check passing. Null otherwise (readAnyInput then gives the answer or
+ * the error).
+ */
+function flatTyped (spec, values, variables) {
+  const d = spec.dtype
+  if (values.constructor !== d.store || !AS_IS.has(d.name)) return null
+  let fixed = 1
+  let free = null
+  let perRow = 1
+  spec.shape.forEach((dim, i) => {
+    if (typeof dim !== 'string') fixed *= dim
+    else if (free === null) free = dim
+    else free = false
+    if (i > 0) perRow *= typeof dim === 'string' ? variables.get(dim)[1] : dim
+  })
+  if (free === false) return null
+  if (free === null) return values.length === fixed ? { values, dims: new Map(), rows: null, perRow } : null
+  if (fixed === 0 || values.length % fixed) return null
+  const n = values.length / fixed
+  const [lo, hi] = variables.get(free)
+  if (n < lo || n > hi) return null
+  return { values, dims: new Map([[free, n]]), rows: null, perRow }
+}
+
+function readAnyInput (spec, value, variables, { leading = false, what = `input '${spec.name}'` } = {}) {
   const free = spec.shape.map((d, i) => (leading && i === 0) || typeof d === 'string')
   const perRow = spec.shape.slice(1).reduce((a, b) => a * (typeof b === 'string' ? variables.get(b)[1] : b), 1)
   const want = () => (leading ? '[samples' + spec.shape.slice(1).map((d) => ', ' + d).join('') + ']' : shapeText(spec.shape)) // for messages

@@ -11,6 +11,7 @@
  *   acc update read                an accumulator: defined before its loops, updated inside, read after
  *   if {cond, body}                a gated store
  *   load store alu bcast           memory, arithmetic, a scalar broadcast into lanes
+ *   hsum {src: [init, a0..a3]}     lane j = init + the sum of a_j's lanes (a split reduction's lane epilogue)
  *
  * It follows polygrad's renderer/linearize.py (loop order, accumulators, lanes, the fallback to scalar
  * code), with three differences suited to emitters without a C compiler behind them:
@@ -21,6 +22,9 @@
  * - one vector range per kernel becomes lanes (4 x 32 bits, wasm SIMD). A reduce over the lanes (the
  *   final sum of a split reduction) folds them in order 0..3. Anything without a lane form (integer
  *   division, 64-bit or 16-bit lanes, gathers of narrow types) makes the whole kernel scalar again.
+ *   Where the store after such a fold moves contiguously along a 4-point upcast range (the columns of an
+ *   x @ W.T tile), that range becomes the lanes of the epilogue instead (laneEpilogue): the columns' partial
+ *   sums fold in one `hsum` and bias, activation and store run once per 4 columns.
  * Loads and stores whose index the validator could not prove in bounds carry `check` (emitters trap).
  */
 
@@ -417,9 +421,68 @@ class Linearizer {
     else for (const x of [old, sum, put]) this.place(x, this.depth)
   }
 
+  // ---- the lane epilogue of a split reduction
+  /**
+   * {red, c} when a store's value folds a reduce over the lanes (the partial sums of a split reduction) and
+   * a free upcast range `c` of `width` points moves the store contiguously: the column tile's partial sums
+   * are then folded together (one `hsum`: lane j sums column j's partial lanes) and the rest of the store
+   * (bias, activation, the store itself) runs in lanes over `c`. Null when anything after the reduce has no
+   * lane form (checked before anything is emitted).
+   */
+  laneEpilogue (store) {
+    if (this.V === null || this.width < 2 || store.op !== 'STORE' || store.arg !== null || this.deps(store).has(this.V)) return null
+    const reds = topLevelReduces(store)
+    if (reds.length !== 1) return null
+    const red = reds[0]
+    if (red.arg !== 'ADD' || red.src.length !== 2 || red.src[1] !== this.V || (red.dtype.name !== 'float32' && red.dtype.name !== 'int32')) return null
+    const index = store.src[0]
+    if (!LANE_DTYPES.has(index.dtype.name) || index.dtype.isBool) return null
+    const c = [...this.deps(store)].find((r) => r.arg[1] === 'upcast' && !this.env.has(r) && r.src[0].op === 'CONST' &&
+      Number(r.src[0].arg) === this.width && this.deps(red).has(r) && rangeCoeff(index.src[1], r) === 1)
+    if (!c) return null
+    const inside = new Set(toposort(red))
+    for (const n of toposort(store)) {
+      if (n === store || inside.has(n) || !this.deps(n).has(c)) continue
+      if (n.op === 'INDEX' || n.op === 'RANGE') continue
+      if (!LANE_DTYPES.has(n.dtype.name)) return null
+      if (n.op === 'LOAD') {
+        if (n.dtype.isBool) return null
+        continue
+      }
+      const from = n.src[0].dtype
+      const table = n.dtype.isBool && (n.op !== 'CAST' || from.isBool) ? BOOL_LANE_OPS : (n.dtype.isFloat || from.isFloat) ? F32_LANE_OPS : I32_LANE_OPS
+      if (!table.has(n.op) || n.op === 'SHL' || n.op === 'SHR' || n.op === 'BITCAST' || n.src.some((x) => !LANE_DTYPES.has(x.dtype.name))) return null
+    }
+    return { red, c }
+  }
+
+  /** The store of a lane epilogue (laneEpilogue) for every point of its other free upcast ranges. */
+  laneStore (store, { red, c }, free) {
+    const V = this.V
+    for (const p of this.upcastPoints(free.filter((r) => r !== c))) {
+      this.withEnv(p, () => {
+        const parts = []
+        for (let j = 0; j < this.width; j++) this.withEnv([[c, j]], () => parts.push(this.bcast(this.value(red.src[0]), this.width)))
+        const init = this.const(red.dtype, identity(red.arg, red.dtype)) // a scalar: emitters splat it in place
+        let level = 0
+        for (const x of parts) level = Math.max(level, x.level)
+        const sum = this.place(this.inst('hsum', red.dtype, this.width, { op: red.arg, src: [init, ...parts] }), level)
+        this.V = c
+        try {
+          this.levels[Math.min(level, this.depth)].cse.set(this.key(red), sum)
+          this.store(store)
+        } finally {
+          this.V = V
+        }
+      })
+    }
+  }
+
   block (node) {
     if (node.op === 'STORE') {
       const free = [...this.deps(node)].filter((r) => r.arg[1] === 'upcast' && r !== this.V && !this.env.has(r))
+      const lanes = this.laneEpilogue(node)
+      if (lanes) return this.laneStore(node, lanes, free)
       for (const p of this.upcastPoints(free)) this.withEnv(p, () => this.store(node))
       return
     }
@@ -431,8 +494,12 @@ class Linearizer {
     const loops = ranges.filter((r) => r.arg[1] !== 'upcast')
     for (const r of loops) this.openLoop(r)
     if (inner.op === 'STORE') {
-      const ups = ranges.filter((r) => r.arg[1] === 'upcast' && r !== this.V)
-      for (const red of topLevelReduces(inner)) this.ensure(red)
+      // a lane epilogue folds its reduce's partial sums itself (laneStore): only those are emitted here
+      const lanes = this.laneEpilogue(inner)
+      for (const red of topLevelReduces(inner)) {
+        if (lanes && red === lanes.red) for (const part of topLevelReduces(red.src[0])) this.ensure(part)
+        else this.ensure(red)
+      }
     }
     this.block(inner)
     for (let j = loops.length - 1; j >= 0; j--) this.closeLoop(loops[j])

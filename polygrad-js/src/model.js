@@ -128,7 +128,11 @@ class Model {
    * train_step these are the signature's). */
   _entrySpecs (entry) {
     const e = this._p.entries[entry]
-    if (!e.specs) e.specs = Object.entries(e.inputs).map(([name, s]) => ({ name, dtype: s.dtype, shape: s.shape }))
+    if (!e.specs) {
+      e.specs = Object.entries(e.inputs).map(([name, s]) => ({ name, dtype: s.dtype, shape: s.shape }))
+      e.names = [...e.specs.map((s) => s.name), ...(e.args || [])]
+      e.nameSet = new Set(e.names)
+    }
     return e.specs
   }
 
@@ -138,14 +142,18 @@ class Model {
     const e = this._p.entries[entry]
     const args = e.args || []
     const specs = this._entrySpecs(entry)
-    const names = [...specs.map((s) => s.name), ...args]
+    const names = e.names
     if (given === null || typeof given !== 'object' || Array.isArray(given) || ArrayBuffer.isView(given)) {
       throw new ModelInputError(`entrypoint '${entry}' takes an object {name: data}; names: ${names.join(', ')}`)
     }
-    const unknown = Object.keys(given).filter((k) => !names.includes(k)).sort()
-    const missing = names.filter((k) => !(k in given))
-    if (unknown.length || missing.length) {
-      throw new ModelInputError(`entrypoint '${entry}' takes ${JSON.stringify(names)}` + (unknown.length ? `; unknown ${JSON.stringify(unknown)}` : '') + (missing.length ? `; missing ${JSON.stringify(missing)}` : ''))
+    const keys = Object.keys(given)
+    if (keys.length !== names.length || !keys.every((k) => e.nameSet.has(k))) {
+      // not exactly the entrypoint's names (distinct keys, all known, as many as the names: an exact match)
+      const unknown = keys.filter((k) => !e.nameSet.has(k)).sort()
+      const missing = names.filter((k) => !(k in given))
+      if (unknown.length || missing.length) {
+        throw new ModelInputError(`entrypoint '${entry}' takes ${JSON.stringify(names)}` + (unknown.length ? `; unknown ${JSON.stringify(unknown)}` : '') + (missing.length ? `; missing ${JSON.stringify(missing)}` : ''))
+      }
     }
     const env = new Map()
     for (const v of args) env.set(v, this._argument(v, given[v]))
@@ -189,10 +197,13 @@ class Model {
   }
 
   _results (entry, env) {
+    const e = this._p.entries[entry]
+    if (!e.outList) e.outList = Object.entries(e.outputs).map(([name, slot]) => ({ name, slot, symbolic: slot.shape.some((d) => typeof d === 'string') }))
     const out = {}
-    for (const [name, slot] of Object.entries(this._p.entries[entry].outputs)) {
-      const shape = slot.shape.map((d) => (typeof d === 'string' ? env.get(d) : d))
-      const count = shape.reduce((a, b) => a * b, 1)
+    for (const { name, slot, symbolic } of e.outList) {
+      const shape = symbolic ? slot.shape.map((d) => (typeof d === 'string' ? env.get(d) : d)) : slot.shape.slice()
+      let count = 1
+      for (const d of shape) count *= d
       out[name] = readOutput(this._x.view(slot.dtype), slot.base / slot.dtype.size, slot.dtype, count, shape)
     }
     return out

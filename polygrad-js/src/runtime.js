@@ -11,6 +11,12 @@
  * - Compilation (`compileSites`): each distinct (kernel, buffers) call is lowered (compile.js) and emitted
  *   into one WebAssembly module (wasm/module.js) whose functions have their buffers' addresses baked in;
  *   or, with backend 'js' or without wasm SIMD, compiled to closures (jsexec.js).
+ * - Packed weights (pack.js): the few-rows variant of a call whose arguments include model parameters
+ *   has a second form reading them through copies in its loop order, placed after the other buffers when
+ *   the call is first compiled; entrypoints that write no parameter (forward, loss, decode) run it,
+ *   training steps keep the unpacked one. Every step counts the parameter slots it writes (its kernel's
+ *   stores, a copy's destination); before a step reads a copy, the copy is refilled if its slot was
+ *   written since it was made (after training, the next batch-1 forward repacks once).
  */
 
 const { KernelError } = require('./errors')
@@ -19,6 +25,8 @@ const { chooseOpts, fewRowsOpts } = require('./lower')
 const { validateKernel } = require('./manifest')
 const { buildModule, importObject, simdSupported } = require('./wasm/module')
 const { JSKernel } = require('./jsexec')
+const { repack } = require('./pack')
+const { toposort } = require('./ir')
 
 const ALIGN = 64
 const PAGE = 65536
@@ -89,7 +97,11 @@ class Executor {
     this.scratchSize = 0
     this.memory = ensureMemory(memory, this.bytesUsed)
     this.entries = {}
-    this.stats = { kernels: 0, checks: 0, sites: 0 }
+    this.stats = { kernels: 0, checks: 0, sites: 0, repacks: 0 }
+    // packed copies of parameters (pack.js), by source slot and layout, and how many times each slot was
+    // written by a call (a copy made at another count is stale)
+    this.packed = new Map()
+    this.writes = new Map()
   }
 
   prepare1 (ast) {
@@ -135,10 +147,70 @@ class Executor {
         p.small.selectBranches = true
         p.smallVar = sym[0].range.src[0].arg[0]
         p.smallBelow = sym[0].amount
+        p.smallOpts = fewRowsOpts(opts, sym[0])
+        p.prepared = prepared
+        p.packedSmall = new Map()
       }
       this.lowered.set(ast, p)
     }
     return p
+  }
+
+  /**
+   * The few-rows variant for call `c`: where some of its parameter buffers are model parameters, a variant
+   * reading them through packed copies in its loop order (pack.js; one per set of such buffers), else p.small.
+   */
+  smallFor (p, c) {
+    const params = c.args.map((s) => s.role === 'parameter')
+    const key = params.map(Number).join('')
+    if (!params.some(Boolean)) return p.small
+    let q = p.packedSmall.get(key)
+    if (!q) {
+      const eligible = (i) => (params[i] ? c.args[i].size : 0)
+      q = lowerKernel(this.prog.graph, this.prog.kernels[p.kernelIndex], { width: this.width, prepared: p.prepared, opts: p.smallOpts, verify: this.verify, pack: eligible })
+      if (!q.packs.length) q = p.small
+      else Object.assign(q, { scratch: p.small.scratch, selectBranches: true })
+      p.packedSmall.set(key, q)
+    }
+    return q
+  }
+
+  /** The region of the packed copy of call argument `src` with layout `pk` (one per slot and layout). */
+  packRegion (src, pk) {
+    const key = `${src.index}|${pk.sizes}|${pk.src}`
+    let r = this.packed.get(key)
+    if (!r) {
+      r = { source: src, base: up(this.bytesUsed), size: pk.size, dtype: pk.dtype, layout: pk, written: -1, wanted: -1 }
+      this.bytesUsed = up(r.base + pk.size * pk.dtype.size)
+      this.memory = ensureMemory(this.memory, this.bytesUsed)
+      this.packed.set(key, r)
+    }
+    return r
+  }
+
+  /**
+   * Whether a packed copy holds its slot's current values. A copy behind its slot (written since, by a call
+   * or at load) is refilled when a second call asks for it with no write in between; the first call runs the
+   * unpacked variant (a fresh process's first result and a forward between training steps pay no refill).
+   */
+  ready (r) {
+    const n = this.writes.get(r.source) || 0
+    if (r.written === n) return true
+    if (r.wanted !== n) {
+      r.wanted = n
+      return false
+    }
+    repack(this.view(r.dtype), r.source.base / r.dtype.size, r.base / r.dtype.size, r.layout)
+    r.written = n
+    this.stats.repacks++
+    return true
+  }
+
+  /** The parameter slots call `c` writes (its kernel's stores, or a copy's destination). */
+  writtenBy (c) {
+    if (c.copy) return c.copy[0].role === 'parameter' ? [c.copy[0]] : []
+    const stored = new Set(toposort(this.prog.kernels[c.kernel]).filter((n) => n.op === 'STORE').map((n) => n.src[0].src[0].arg[0]))
+    return [...stored].map((i) => c.args[i]).filter((s) => s && s.role === 'parameter')
   }
 
   siteKey (c) {
@@ -153,6 +225,7 @@ class Executor {
       if (s.init) {
         this.view(s.dtype).set(s.init, s.base / s.dtype.size)
         s.init = null
+        this.wrote([s])
       }
     }
   }
@@ -193,11 +266,19 @@ class Executor {
         layout.set(s.slot, { base: at, size: s.size })
         at += up(s.size * s.dtype.size)
       }
-      sites.push({ prog, layout, call: c })
+      sites.push({ prog, layout, call: c, packs: [] })
       keys.push(key)
       if (prog.small) {
-        sites.push({ prog: prog.small, layout, call: c })
+        sites.push({ prog: prog.small, layout, call: c, packs: [] })
         keys.push(key + '|small')
+        const packed = this.smallFor(prog, c)
+        if (packed !== prog.small) {
+          const packs = packed.packs.map((pk) => this.packRegion(c.args[pk.from], pk))
+          const packedLayout = new Map(layout)
+          packed.packs.forEach((pk, i) => packedLayout.set(pk.slot, { base: packs[i].base, size: pk.size }))
+          sites.push({ prog: packed, layout: packedLayout, call: c, packs })
+          keys.push(key + '|packed')
+        }
       }
     }
     if (this.backend !== 'wasm') return { bytes: null, sites, keys }
@@ -225,7 +306,7 @@ class Executor {
           kern.run(bufs, vars)
         }
       }
-      this.siteFns.set(prepared.keys[i], { fn, prog: site.prog })
+      this.siteFns.set(prepared.keys[i], { fn, prog: site.prog, packs: site.packs })
       this.stats.sites++
       this.stats.checks += countChecks(site.prog)
     })
@@ -257,18 +338,29 @@ class Executor {
 
   link (names) {
     for (const n of names) {
+      // an entrypoint that writes parameters (a training step) reads them unpacked: a packed copy would be
+      // refilled at every one of its steps
+      const training = this.prog.entries[n].calls.some((c) => this.writtenBy(c).length)
       this.entries[n] = this.prog.entries[n].calls.map((c) => {
+        const writes = this.writtenBy(c)
         if (c.copy) {
           const [dst, src] = c.copy
-          return { copy: true, dst: dst.base, src: src.base, n: Math.min(dst.size, src.size) * src.dtype.size }
+          return { copy: true, dst: dst.base, src: src.base, n: Math.min(dst.size, src.size) * src.dtype.size, writes }
         }
         const site = this.siteFns.get(this.siteKey(c))
-        const step = { copy: false, fn: site.fn, vars: site.prog.vars, name: site.prog.name, small: null }
+        const step = { copy: false, fn: site.fn, vars: site.prog.vars, name: site.prog.name, small: null, writes }
         const small = this.siteFns.get(this.siteKey(c) + '|small')
-        if (small) Object.assign(step, { small: small.fn, smallVars: small.prog.vars, smallVar: site.prog.smallVar, smallBelow: site.prog.smallBelow })
+        const packed = !training && this.siteFns.get(this.siteKey(c) + '|packed')
+        if (small) Object.assign(step, { small: small.fn, smallVars: small.prog.vars, smallVar: site.prog.smallVar, smallBelow: site.prog.smallBelow, packed: null })
+        if (packed) Object.assign(step, { packed: packed.fn, packs: packed.packs })
         return step
       })
     }
+  }
+
+  /** Count a write of each of these slots (their packed copies are stale until refilled). */
+  wrote (slots) {
+    for (const s of slots) this.writes.set(s, (this.writes.get(s) || 0) + 1)
   }
 
   view (dtype) {
@@ -291,12 +383,18 @@ class Executor {
       if (st.copy) {
         if (!u8) u8 = this.bytes()
         u8.copyWithin(st.dst, st.src, st.src + st.n)
+        this.wrote(st.writes)
         continue
       }
       try {
-        if (st.small !== null && env.get(st.smallVar) < st.smallBelow) st.small(...st.smallVars.map((v) => env.get(v)))
-        else if (st.vars.length === 0) st.fn()
+        if (st.small !== null && env.get(st.smallVar) < st.smallBelow) {
+          let packed = st.packed !== null
+          if (packed) for (const r of st.packs) packed = this.ready(r) && packed // every copy asked (no short cut)
+          const fn = packed ? st.packed : st.small
+          fn(...st.smallVars.map((v) => env.get(v)))
+        } else if (st.vars.length === 0) st.fn()
         else st.fn(...st.vars.map((v) => env.get(v)))
+        this.wrote(st.writes)
       } catch (e) {
         if (e instanceof WebAssembly.RuntimeError) {
           throw new KernelError(`kernel ${st.name} stopped: ${e.message} (an access outside its buffers was caught; the bundle's kernel is malformed)`)

@@ -91,6 +91,17 @@ test('typed errors: names, shapes, dtypes, entrypoints, disposal, bundles', () =
   assert.throws(() => mi.call('loss', { x: [[1, 2, 3, 4]], y: new Float32Array([1]) }), /Float32Array; expected int32/)
   assert.throws(() => mi.call('loss', { x: [[1, 2, 3, 4]], y: [0.5] }), /needs integers/)
   assert.throws(() => mi.forward({ x: new Float32Array(4 * 17) }), /17 rows; Variable 'batch' allows 1..16/)
+  assert.throws(() => mi.forward({ x: new Float32Array(4 * 2 + 1) }), /has 9 values; expected a multiple of 4/)
+  assert.throws(() => mi.forward({ x: new Float32Array(0) }), /0 rows; Variable 'batch' allows 1..16/)
+  assert.throws(() => mi.forward({ x: new Float32Array(8), y: new Int32Array(2) }), /unknown \["y"\]/)
+  // the flat typed array of the input's dtype (data.js flatTyped) and the general reader agree
+  const x8 = Float32Array.from({ length: 8 }, (_, i) => Math.sin(i))
+  const a = mi.forward({ x: x8 }).logits
+  for (const other of [Float64Array.from(x8), Array.from(x8), { data: x8, shape: [2, 4] }]) {
+    const b = mi.forward({ x: other }).logits
+    assert.deepStrictEqual(b.shape, [2, 3])
+    assert.deepStrictEqual(Array.from(b), Array.from(a))
+  }
   assert.throws(() => mi.fit({ x: [[1, 2, 3, 4]], y: [0] }, { optimizer: 'rmsprop' }), /optimizer must be one of/)
   assert.throws(() => mi.fit({ x: [[1, 2, 3, 4]], y: [0] }, { optimizer: 'adam', momentum: 0.9 }), /unknown \["momentum"\]/)
   m.dispose()
@@ -151,7 +162,17 @@ test('fromBytes is asynchronous and compiles every entrypoint', async () => {
 // at a Variable batch runs a 2-row x 4-column register tile of vector accumulators over the reduction split
 // into lanes; below 2 rows a variant without the row tile runs, 8 columns per tile and the reduction unrolled
 // by 2 (16 weight loads in flight per iteration). Both give Python's results. The tile's reduction loop has
-// no counter of its own: it ends when its first address pointer reaches its last value.
+// no counter of its own: it ends when its first address pointer reaches its last value; its epilogue runs in
+// lanes over the tile's columns. Below the row tile the weights are read through packed copies.
+function flat (insts, out = []) {
+  for (const x of insts) {
+    out.push(x)
+    if (x.k === 'loop') { flat(x.pre, out); flat(x.body, out) }
+    if (x.k === 'if') flat(x.body, out)
+  }
+  return out
+}
+
 function innerLoop (insts) {
   let found = null
   const walk = (xs) => {
@@ -186,12 +207,46 @@ test('register tiles of x @ W.T: 2x4 at full batch, 8 columns and an unrolled re
   assert.strictEqual(count(small, 'load'), 2 * (1 + 8))
   assert.strictEqual(count(small, 'update'), 2 * 8)
   assert.ok(m._x.stats.checks === 0)
-  // the emitted function: every reduction loop ends on its address pointer (no counter), and the epilogue's
-  // ReLU selects by bits, without the branch V8 makes of a float select
+  // the few-rows variant reads both layers' weights through copies packed in its loop order (pack.js): the
+  // 16 weight loads of a reduction step read one contiguous block; the copies are made once (no weights
+  // were written since), not per call
+  assert.strictEqual(m._x.packed.size, 2)
+  for (const r of m._x.packed.values()) {
+    assert.strictEqual(r.source.role, 'parameter')
+    assert.deepStrictEqual(r.layout.sizes.slice(-3), [8, 2, 4])
+  }
+  const site = m._x.siteFns.get(m._x.siteKey(first) + '|packed')
+  assert.strictEqual(site.packs.length, 1)
+  const packedLoop = innerLoop(site.prog.body)
+  assert.strictEqual(packedLoop.body.filter((x) => x.k === 'load' && x.buf === site.prog.packs[0].slot).length, 2 * 8)
+  // the first batch-1 call ran unpacked (a first result pays no refill); the second makes the copies, once
+  assert.strictEqual(m._x.stats.repacks, 0)
+  const again = m.forward({ x: ref.wide.x.slice(0, 1) }).logits
+  assert.ok(maxRel(again, ref.wide['1'].flat(), 1e-3) < 1e-5, 'batch 1, packed')
+  m.forward({ x: ref.wide.x.slice(0, 1) })
+  assert.strictEqual(m._x.stats.repacks, 2)
+  // the full-batch tile's epilogue runs in lanes over its 4 columns: per tile row one hsum folds the 4
+  // columns' partial sums into one vector, then bias, ReLU and one 4-lane store (no lane-by-lane folds)
+  const all = flat(p.body)
+  assert.strictEqual(all.filter((x) => x.k === 'hsum').length, 2)
+  assert.ok(!all.some((x) => x.k === 'update' && x.fold), 'no lane-by-lane fold')
+  const stores = all.filter((x) => x.k === 'store')
+  assert.ok(stores.length === 2 && stores.every((x) => x.lanes === 4 && x.mode === 'contiguous'), 'one 4-lane store per tile row')
+  // the emitted function: every reduction loop ends on its address pointer (no counter)
   const { KernelEmitter } = require('../src/wasm/emit')
   const layout = new Map(first.args.map((s, i) => [i, { base: s.base, size: s.size }]))
   const { stats } = new KernelEmitter(p, layout, {}, {}).emit()
   assert.ok(stats.pointerExits >= 1, 'the reduction loop ends on its pointer')
-  assert.ok(stats.bitSelects >= 1, 'the ReLU selects without a branch')
   m.dispose()
+})
+
+test('repack fills a packed copy in the loop order of its layout', () => {
+  const { repack } = require('../src/pack')
+  // a 3 x 4 buffer read as (column pair j, row i, lane l): element i*4 + j*2 + l at packed (j*3 + i)*2 + l
+  const view = new Float32Array(40)
+  for (let e = 0; e < 12; e++) view[e] = e + 1
+  repack(view, 0, 20, { sizes: [2, 3, 2], src: [2, 4, 1], size: 12 })
+  const want = []
+  for (let j = 0; j < 2; j++) for (let i = 0; i < 3; i++) for (let l = 0; l < 2; l++) want.push(i * 4 + j * 2 + l + 1)
+  assert.deepStrictEqual(Array.from(view.subarray(20, 32)), want)
 })

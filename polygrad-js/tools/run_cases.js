@@ -4,11 +4,13 @@
  * Run a plan of cases against the package and write the results: the Node half of the cross-language
  * tests (tests/test_js.py). Usage: node tools/run_cases.js plan.json results.json
  *
- * plan.json: {"cases": [{"name", "bundle" (path), "backend"?, "forward"?: {input: Array}, "fit"?: {
+ * plan.json: {"cases": [{"name", "bundle" (path), "backend"?, "repeat"?: n, "before"?: {input: Array}, "forward"?:
+ *   {input: Array}, "fit"?: {
  *   "data": {name: Array}, "options": {...}}, "calls"?: [{"entry", "inputs": {name: Array}, "args"?: {Variable:
  *   int}}], "greedy"?: {"prompt": Array, "steps": n}, "save"?: path}]}; arrays are {dtype, shape, data
- * (base64, little-endian)}. Steps run in that order on one model (fit, forward, calls, greedy, save).
- * results.json: {name: {"outputs": {name: array}, "losses": [...], "calls": [{name: array}], "tokens": [...],
+ * (base64, little-endian)}. Steps run in that order on one model (before: a forward before the fit, fit,
+ * forward, calls, greedy, save); the forward steps run `repeat` times each.
+ * results.json: {name: {"before": {name: array}, "outputs": {name: array}, "losses": [...], "calls": [{name: array}], "tokens": [...],
  * "error"?}}. `greedy` continues a [1, length] prompt of input_ids as polygrad_hf.generate does with top_k=1:
  * forward over the prompt, then decode(input_ids, pos) one token at a time, each the argmax of the last logits.
  */
@@ -64,9 +66,12 @@ function main () {
       m = Model.load(c.bundle, Object.assign({ verify: true }, c.backend ? { backend: c.backend } : {}))
       r.load_ms = performance.now() - t0
       const inputs = (src) => Object.fromEntries(Object.entries(src).map(([k, v]) => [k, decode(v)]))
-      if (c.fit) r.losses = m.fit(inputs(c.fit.data), c.fit.options || {})
       const encodeAll = (o) => Object.fromEntries(Object.entries(o).map(([k, v]) => [k, encode(v)]))
-      if (c.forward) r.outputs = encodeAll(m.forward(inputs(c.forward)))
+      const repeat = c.repeat || 1 // forward steps run this many times (the last one's outputs are kept)
+      const forward = (x) => { let o; for (let i = 0; i < repeat; i++) o = m.forward(inputs(x)); return encodeAll(o) }
+      if (c.before) r.before = forward(c.before)
+      if (c.fit) r.losses = m.fit(inputs(c.fit.data), c.fit.options || {})
+      if (c.forward) r.outputs = forward(c.forward)
       if (c.calls) r.calls = c.calls.map((k) => encodeAll(m.call(k.entry, Object.assign(inputs(k.inputs), k.args || {}))))
       if (c.greedy) r.tokens = greedy(m, decode(c.greedy.prompt), c.greedy.steps)
       if (c.save) fs.writeFileSync(c.save, m.save())

@@ -22,12 +22,13 @@ from __future__ import annotations
 import _ctypes
 import atexit
 import ctypes
+import functools
 import os
 import threading
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import _cffi_backend
 import cffi
@@ -255,6 +256,16 @@ class CPUProgram:
             for f in futures:
                 f.result()
         return time.perf_counter() - t0 if timing else None
+
+    def bind(self, buffers: list[Any], var_vals: tuple[int, ...] = ()) -> Callable[[], Any]:
+        """A launcher with these buffers and values fixed: calling it (no arguments) runs the kernel. A JIT
+        replay keeps one per launch, so it converts no arguments; a one-thread kernel is a bare cffi call."""
+        args = [pointer(b) for b in buffers]
+        if self.threads == 1:
+            return functools.partial(self.fn, *args, *var_vals)
+        if self.task is not None and _c_pool and not var_vals:
+            return functools.partial(_c_pool.pg_pool_run, self.task, FFI.new(_VOID_P_ARRAY, args), self.threads)
+        return functools.partial(self, list(buffers), tuple(var_vals))  # the pool may still be building
 
 
 def _close(handle: int) -> None:

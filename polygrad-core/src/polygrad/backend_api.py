@@ -76,6 +76,11 @@ class Allocator(Protocol):
 
 
 class Program(Protocol):
+    """A loaded kernel: call it with buffer handles (slot order) and the variables' values. A program may
+    also offer `bind(handles, var_vals) -> launcher`, a zero-argument callable with the arguments fixed:
+    JIT replays keep one per launch (and make one again when an input's handle changes), so a replay
+    converts nothing per kernel. Without it they call the program with the same arguments each time."""
+
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...], timing: bool = False) -> float | None: ...
 
 

@@ -49,6 +49,9 @@ def get(name: str) -> Any:
     return _values.get(name, 0)
 
 
+values = _values  # the current settings, for hot paths that read one per launch without a call (values.get)
+
+
 def set_value(name: str, value: Any) -> None:
     """Change a setting for the rest of the process (or until the enclosing Context exits)."""
     if name not in _DEFAULTS:

@@ -229,26 +229,49 @@ Device = _Device()
 # Buffers
 
 
-class GlobalCounters:
-    """tinygrad-compatible counters. reset() zeroes the per-run counters and keeps live memory.
+class CounterValues:
+    """Where GlobalCounters keeps its numbers. Launch paths add to `counts` directly: writing a class
+    attribute (GlobalCounters.kernel_count += 1) costs about a microsecond in CPython 3.11, since every
+    write to a class invalidates its attribute caches, and a launch updated four of them."""
+
+    __slots__ = ("global_ops", "global_mem", "time_sum_s", "kernel_count", "mem_used")
+
+    def __init__(self) -> None:
+        self.global_ops = self.global_mem = self.kernel_count = self.mem_used = 0
+        self.time_sum_s = 0.0
+
+
+counts = CounterValues()
+
+
+def _counter(name: str) -> property:
+    return property(lambda cls: getattr(counts, name), lambda cls, value: setattr(counts, name, value))
+
+
+class _CountersType(type):
+    """GlobalCounters.<name> reads and writes counts.<name>, so the tinygrad spelling keeps working."""
+
+    global_ops = _counter("global_ops")
+    global_mem = _counter("global_mem")
+    time_sum_s = _counter("time_sum_s")
+    kernel_count = _counter("kernel_count")
+    mem_used = _counter("mem_used")
+
+
+class GlobalCounters(metaclass=_CountersType):
+    """tinygrad-compatible counters: global_ops, global_mem, time_sum_s, kernel_count, mem_used.
+    reset() zeroes the per-run counters and keeps live memory.
 
     mem_used is the memory the runtime holds per device: live buffers plus freed allocations kept
     for reuse (see device.free_cached()); stats()["buffers_live"] counts live buffers alone.
     """
 
-    global_ops: int = 0
-    global_mem: int = 0
-    time_sum_s: float = 0.0
-    kernel_count: int = 0
-    mem_used: int = 0
     mem_used_per_device: dict = {}
 
     @staticmethod
     def reset() -> None:
-        GlobalCounters.global_ops = 0
-        GlobalCounters.global_mem = 0
-        GlobalCounters.time_sum_s = 0.0
-        GlobalCounters.kernel_count = 0
+        counts.global_ops = counts.global_mem = counts.kernel_count = 0
+        counts.time_sum_s = 0.0
 
 
 # allocated Buffers per device (polygrad.stats()["buffers_live"]); not a GlobalCounters field in tinygrad
@@ -256,7 +279,7 @@ buffers_live: dict[str, int] = {}
 
 
 def _account(device: str, nbytes: int, count: int = 0) -> None:
-    GlobalCounters.mem_used += nbytes
+    counts.mem_used += nbytes
     buffers_live[device] = buffers_live.get(device, 0) + count
     per = GlobalCounters.mem_used_per_device
     per[device] = per.get(device, 0) + nbytes
@@ -271,10 +294,10 @@ class Buffer:
     __slots__ = ("device", "size", "dtype", "serial", "_handle", "_impl", "__weakref__")
 
     def __init__(self, device: str, size: int, dtype: DType):
-        self.device, self.size, self.dtype = device, int(size), dtype
-        self.serial = next(_serials)  # creation order: a capture tells buffers made during it from older ones
-        self._handle: Any = None
+        self._handle: Any = None  # first: __del__ of a Buffer whose size was rejected finds nothing to free
         self._impl: DeviceImpl | None = None
+        self.device, self.size, self.dtype = device, size if type(size) is int else int(size), dtype
+        self.serial = next(_serials)  # creation order: a capture tells buffers made during it from older ones
 
     @property
     def nbytes(self) -> int:
@@ -290,19 +313,24 @@ class Buffer:
         return self._impl
 
     def ensure_allocated(self) -> "Buffer":
-        if self._handle is None:
-            impl = self.impl()
-            if debug_alloc.on:
-                self._handle = debug_alloc.alloc(impl.allocator, self.nbytes)
-                _account(self.device, self.nbytes, 1)
-                return self
-            reused = _reuse(self.device, self.nbytes)
-            if reused is not None:
-                self._handle = reused
-                buffers_live[self.device] = buffers_live.get(self.device, 0) + 1
-            else:
-                self._handle = impl.allocator.alloc(self.nbytes)
-                _account(self.device, self.nbytes, 1)
+        if self._handle is not None:
+            return self
+        impl = self._impl
+        if impl is None:  # open_device, with its cache read here first
+            impl = self._impl = registry.opened_by_text.get(self.device) or open_device(self.device)
+        nbytes = self.size * self.dtype.itemsize
+        if debug_alloc.on:
+            self._handle = debug_alloc.alloc(impl.allocator, nbytes)
+            _account(self.device, nbytes, 1)
+            return self
+        free = _alloc_cache.get((self.device, nbytes))  # a freed allocation of this size (_release)
+        if free:
+            self._handle = free.pop()[1]
+            alloc_cache_bytes["total"] -= nbytes
+            buffers_live[self.device] = buffers_live.get(self.device, 0) + 1
+        else:
+            self._handle = impl.allocator.alloc(nbytes)
+            _account(self.device, nbytes, 1)
         return self
 
     def __reduce__(self):
@@ -310,9 +338,18 @@ class Buffer:
                         "(its values are saved)")
 
     def __del__(self) -> None:
-        if getattr(self, "_handle", None) is not None:  # a half-built Buffer (a failed copy) holds nothing
-            _release(self._impl.allocator, self._handle, self.nbytes, self.device)
-            self._handle = None
+        handle = self._handle
+        if handle is None:
+            return
+        self._handle = None
+        device, nbytes = self.device, self.size * self.dtype.itemsize
+        if type(handle) is not GuardedMemory and nbytes and alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT:
+            # kept for the next buffer of this size (_release, inline: every realize frees a buffer)
+            buffers_live[device] -= 1
+            _alloc_cache.setdefault((device, nbytes), []).append((self._impl.allocator, handle))
+            alloc_cache_bytes["total"] += nbytes
+            return
+        _release(self._impl.allocator, handle, nbytes, device)
 
     @property
     def handle(self) -> Any:
@@ -356,15 +393,6 @@ SELF_KEYED_ARGS.add(Buffer)  # a BUFFER node's arg hashes and compares by identi
 ALLOC_CACHE_LIMIT = int(os.environ.get("POLY_ALLOC_CACHE_MB", "1024")) << 20
 _alloc_cache: dict[tuple[str, int], list[tuple[Any, Any]]] = {}
 alloc_cache_bytes = {"total": 0}
-
-
-def _reuse(device: str, nbytes: int) -> Any:
-    free = _alloc_cache.get((device, nbytes))
-    if not free:
-        return None
-    _allocator, handle = free.pop()
-    alloc_cache_bytes["total"] -= nbytes
-    return handle
 
 
 def _release(allocator: Any, handle: Any, nbytes: int, device: str) -> None:

@@ -50,7 +50,7 @@ import numpy as np
 
 from polygrad import bundle, config, runtime_context
 from polygrad.bundle import BundleError
-from polygrad.device import Buffer, GlobalCounters, canonicalize
+from polygrad.device import Buffer, canonicalize
 from polygrad.dtype import DType, dtypes
 from polygrad.engine import realize
 from polygrad.engine.capture import CaptureError, capture
@@ -717,11 +717,7 @@ class Model:
         finally:
             for s in patched:
                 self._rebind(s, self._bufs[s])
-        GlobalCounters.kernel_count += n
-        GlobalCounters.global_ops += ops
-        GlobalCounters.global_mem += mem
-        GlobalCounters.time_sum_s += time.perf_counter() - t0
-        realize.runtime_stats["kernels_run"] += n
+        realize.count_kernels(n, ops, mem, time.perf_counter() - t0)
 
     def _take(self, s: int, shape: tuple[int | str, ...], env: dict[str, int]) -> Any:
         """The output buffer of slot s as a Tensor the caller keeps; the slot gets a fresh buffer."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import operator
 import weakref
 from typing import Any, Iterable, Iterator
 
@@ -27,10 +28,12 @@ from polygrad.engine.capture import active as capture_active
 from polygrad.engine.capture import made_before
 from polygrad.engine.capture import paused as capture_paused
 from polygrad.engine.overwrites import is_view, mixed_frontier, readers_of, written_buffers
+from polygrad.engine.schedule import EFFECT_OPS
+from polygrad.engine import realize as engine_realize
 from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
-from polygrad.uop.ops import Ops, UOp
+from polygrad.uop.ops import COMPARISONS, Ops, UOp
 from polygrad.uop.shape import ShapeError
 from polygrad.tensor_activation import ActivationMixin
 from polygrad.tensor_common import (_buffer_uop, _check_runtimes, _default_device, _prod, _resolve_axis, _shape_arg,
@@ -60,11 +63,14 @@ class _LiveTensors:
         self.limit = 1024
 
     def add(self, t: "Tensor") -> None:
-        refs = self.refs
-        refs.append(weakref.ref(t))
-        if len(refs) >= self.limit:
-            self.refs = [r for r in refs if r() is not None]
-            self.limit = max(1024, 2 * len(self.refs))
+        self.refs.append(weakref.ref(t))
+        if len(self.refs) >= self.limit:
+            self.sweep()
+
+    def sweep(self) -> None:
+        """Drop the references to dead tensors; the next sweep waits until the list has doubled."""
+        self.refs = [r for r in self.refs if r() is not None]
+        self.limit = max(1024, 2 * len(self.refs))
 
     def __iter__(self):
         out = [t for t in (r() for r in self.refs) if t is not None]
@@ -307,36 +313,27 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         argument checks, since every op builds one."""
         t = object.__new__(Tensor)
         t.uop, t.requires_grad, t.grad, t._leaf, t._graph, t._runtime = uop, None, None, False, None, self._runtime
-        _all_tensors.add(t)
+        refs = _all_tensors.refs  # _all_tensors.add(t), without the call: every op makes a tensor
+        refs.append(weakref.ref(t))
+        if len(refs) >= _all_tensors.limit:
+            _all_tensors.sweep()
         return t
 
     # ---------------------------------------------------------------------------------------------
     # ---------------------------------------------------------------------------------------------
     # realization and data exchange
     def realize(self, *others: "Tensor") -> "Tensor":
-        Tensor.realize_all(self, *others)
+        if others:
+            Tensor.realize_all(self, *others)
+        elif not _is_realized(self.uop):
+            _realize_tensors([self])
         return self
 
     @staticmethod
     def realize_all(*tensors: "Tensor") -> None:
-        from polygrad.engine.realize import realize_uops
         todo = [t for t in tensors if not _is_realized(t.uop)]
-        if not todo:
-            return
-        if len(todo) > 1 or getattr(todo[0]._runtime, "disposed", False):
-            _check_runtimes(todo)
-        olds = [t.uop for t in todo]
-        written = written_buffers(olds)
-        if written:  # values built before the writes keep their inputs' old values (engine/overwrites.py)
-            _compute_before_writes(written, todo)
-            olds = [t.uop for t in todo]
-            stale = realize_outside_captures(readers_of(written, lambda: lazy_values(todo), olds))
-            todo += stale  # plain readers: computed in this schedule, which orders reads before writes
-            olds += [t.uop for t in stale]
-        news = realize_uops(olds)
-        for t, old, new in zip(todo, olds, news):
-            t._graph = old if old.op is not Ops.ASSIGN else None
-            t.uop = new
+        if todo:
+            _realize_tensors(todo)
 
     def _buffer(self) -> Buffer:
         """The Buffer behind a realized contiguous tensor."""
@@ -530,8 +527,14 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         return self.reshape(padded).expand(shape)
 
     def _binop(self, op: Ops, y: Any, reverse: bool = False) -> "Tensor":
-        if type(y) is Tensor and y.uop.dtype is self.uop.dtype and y.uop.shape == self.uop.shape:
-            return y._alu(op, self) if reverse else self._alu(op, y)  # same dtype and shape: nothing to do
+        if type(y) is Tensor:
+            u, v = self.uop, y.uop
+            if v.dtype is u.dtype and v.shape == u.shape:  # same dtype and shape: nothing to broadcast
+                rt = self._runtime
+                if y._runtime is rt and rt is None and v.device == u.device:  # _alu's checks, passed: build here
+                    dtype = dtypes.bool if op in COMPARISONS else u.dtype
+                    return self._new(UOp(op, dtype, (v, u) if reverse else (u, v)))
+                return y._alu(op, self) if reverse else self._alu(op, y)
         a, b = self._broadcasted(y, reverse)
         return a._alu(op, b)
 
@@ -657,15 +660,41 @@ def _prefix_buffer(u: UOp) -> Buffer | None:
     return base.arg if base.op is Ops.BUFFER and base.arg.is_allocated else None
 
 
+def _realize_tensors(todo: list["Tensor"]) -> None:
+    """Realize these unrealized tensors in one schedule (Tensor.realize and realize_all)."""
+    if len(todo) > 1 or (todo[0]._runtime is not None and getattr(todo[0]._runtime, "disposed", False)):
+        _check_runtimes(todo)
+    if len(todo) == 1:  # the common case, without a comprehension; an effect-free graph writes nothing
+        olds = [todo[0].uop]
+        written = written_buffers(olds) if not _EFFECT_OPS.isdisjoint(map(_op_of, olds[0].toposort())) else None
+    else:
+        olds = [t.uop for t in todo]
+        written = written_buffers(olds)
+    if written:  # values built before the writes keep their inputs' old values (engine/overwrites.py)
+        _compute_before_writes(written, todo)
+        olds = [t.uop for t in todo]
+        stale = realize_outside_captures(readers_of(written, lambda: lazy_values(todo), olds))
+        todo += stale  # plain readers: computed in this schedule, which orders reads before writes
+        olds += [t.uop for t in stale]
+    news = engine_realize.realize_uops(olds)
+    for t, old, new in zip(todo, olds, news):
+        t._graph = old if old.op is not Ops.ASSIGN else None
+        t.uop = new
+
+
+_EFFECT_OPS = frozenset(EFFECT_OPS)  # (a graph holds one: written_buffers must look; tested in C calls)
+_op_of = operator.attrgetter("op")
+
+
 def _is_realized(u: UOp) -> bool:
-    u = mv.strip_reshapes(u)
+    if u.op is Ops.RESHAPE:
+        u = mv.strip_reshapes(u)
     return u.op is Ops.BUFFER and (u.arg.is_allocated or u.arg.size == 0)
 
 
 def _compute_before_writes(written: set[int], targets: list["Tensor"]) -> None:
     """Graphs (targets or live) that read a written buffer both before and after the write: realize
     their pre-write parts now (a copy each) and rewrite the graphs to read those copies."""
-    from polygrad.engine.realize import realize_uops
     live = [t for t, _ in lazy_values(targets)]
     older = made_before(live) if capture_active() else []
     inside = [t for t in live if not any(t is o for o in older)]
@@ -677,9 +706,9 @@ def _compute_before_writes(written: set[int], targets: list["Tensor"]) -> None:
         contiguous = [UOp(Ops.CONTIGUOUS, n.dtype, (n,)) for n in nodes]
         if outside:  # values the captured work did not compute: unrecorded
             with capture_paused():
-                views = realize_uops(contiguous)
+                views = engine_realize.realize_uops(contiguous)
         else:
-            views = realize_uops(contiguous)
+            views = engine_realize.realize_uops(contiguous)
         mapping = dict(zip(nodes, views))
         for t, _ in mixed:
             t.uop = _substitute(t.uop, mapping)

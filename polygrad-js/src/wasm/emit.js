@@ -611,6 +611,38 @@ class KernelEmitter {
     this.c.set(acc)
   }
 
+  /** hsum: lane j = init + ((a_j[0] + a_j[1]) + (a_j[2] + a_j[3])) of the four vectors a_0..a_3 (a 4 x 4
+   * transpose folded with adds: six two-input shuffles and four adds for four sums). `init` is a scalar
+   * constant (the reduce's identity), emitted in place as a v128.const rather than kept in a local. */
+  emitHsum (x) {
+    const [init, ...parts] = x.src
+    if (parts.length !== 4) throw new KernelError(`internal: hsum of ${parts.length} vectors`)
+    const add = x.dtype.isFloat ? 0xe4 : 0xae
+    const EVEN = [0, 2, 4, 6]
+    const ODD = [1, 3, 5, 7]
+    const shuffle = (lanes) => {
+      this.c.simd(0x0d)
+      for (const l of lanes) for (let b = 0; b < 4; b++) this.c.byte(l * 4 + b)
+    }
+    // pairs[i] = [a_2i even + odd, a_2i+1 even + odd]: lanes (a_2i[01], a_2i[23], a_2i+1[01], a_2i+1[23])
+    const pair = (a, b) => {
+      this.push(a); this.push(b); shuffle(EVEN)
+      this.push(a); this.push(b); shuffle(ODD)
+      this.c.simd(add)
+      const l = this.newLocal(T.v128)
+      this.c.set(l)
+      return l
+    }
+    const lo = pair(parts[0], parts[1])
+    const hi = pair(parts[2], parts[3])
+    if (init.k !== 'const' || init.lanes !== 1) throw new KernelError('internal: hsum starts from a scalar constant')
+    this.c.v128const(this.laneBytes(x.dtype, [init.value, init.value, init.value, init.value]))
+    this.c.get(lo).get(hi); shuffle(EVEN)
+    this.c.get(lo).get(hi); shuffle(ODD)
+    this.c.simd(add).simd(add)
+    return this.define(x)
+  }
+
   // ---- structure
   block (insts) {
     for (const x of insts) this.inst(x)
@@ -634,6 +666,7 @@ class KernelEmitter {
         this.define(x)
         return
       case 'update': return this.emitUpdate(x)
+      case 'hsum': return this.emitHsum(x)
       case 'read':
         this.val.set(x.id, { local: this.val.get(x.acc.id).local })
         return

@@ -39,13 +39,15 @@ write would otherwise change, computed for the program, not for the captured fun
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from polygrad import config
-from polygrad.device import Buffer, GlobalCounters, debug_alloc
+from polygrad.config import values as settings
+from polygrad.device import Buffer, debug_alloc
 from polygrad.engine import realize
 from polygrad.errors import PolygradError
 from polygrad.uop.ops import Ops, UOp
@@ -89,6 +91,7 @@ class SlotInfo(NamedTuple):
 
 
 _active: list["Capture"] = []
+active_captures = _active  # the same list, for callers that test it per call without calling active()
 
 
 def active() -> bool:
@@ -283,6 +286,21 @@ class CapturedGraph:
                     self._mid_patch.append((hs, bufs, pos, j_of[s]))
             self._mid_pos.append(tuple(p for p, s in enumerate(x.args) if s in j_of))
         self._in_table = [(s, k) for k, s in enumerate(self.input_slots) if s is not None]
+        self._in_launches = [i for i, x in enumerate(self.launches) if any(s in k_of for s in x.args)]
+        self._mid_launches = [i for i, x in enumerate(self.launches) if any(s in j_of for s in x.args)]
+        self._launchers = [self._launcher(i) for i in range(len(self.launches))]
+        self._last_handles: list[Any] | None = None  # the input handles the launchers hold now
+
+    def _launcher(self, i: int) -> Callable[[], Any]:
+        """Launch i with its arguments fixed: the program's own `bind` (no per-call conversion), else a
+        call of the program over the plan's argument list (which input patches update in place)."""
+        fn, args, vv = self._plan[i]
+        bind = getattr(fn, "bind", None) if self.launches[i].kind == "kernel" else None
+        return bind(args, vv) if bind is not None else functools.partial(fn, args, vv, False)
+
+    def _rebind(self, indices: list[int]) -> None:
+        for i in indices:
+            self._launchers[i] = self._launcher(i)
 
     def slots(self) -> list[SlotInfo]:
         """(size, dtype, device, role) of every buffer-table slot."""
@@ -304,6 +322,7 @@ class CapturedGraph:
             bufs[pos] = scratch[j]
         for s, b in zip(self.intermediate_slots, scratch):
             self.buffers[s] = b
+        self._rebind(self._mid_launches)
 
     # ---- replay
     def replay(self, inputs: Sequence[Buffer], var_vals: dict[str, int] | None = None,
@@ -323,30 +342,44 @@ class CapturedGraph:
         return self.launch(inputs, var_vals, scratch)
 
     def launch(self, inputs: Sequence[Buffer], var_vals: dict[str, int] | None = None,
-               scratch: Sequence[Buffer] | None = None) -> list[Buffer]:
-        """replay() without the input checks, for callers that checked already (TinyJit, linalg)."""
+               scratch: Sequence[Buffer] | None = None, outputs: bool = True) -> list[Buffer]:
+        """replay() without the input checks, for callers that checked already (TinyJit, linalg); with
+        outputs=False it returns [] (TinyJit hands back its captured tensors instead)."""
         if scratch is not None:
             self.bind_scratch(scratch)
-        handles = [b.handle for b in inputs]
-        for hs, bufs, pos, k in self._in_patch:
-            hs[pos] = handles[k]
-            bufs[pos] = inputs[k]
+        handles = [b._handle if b._handle is not None else b.handle for b in inputs]
         table = self.buffers
-        for s, k in self._in_table:
-            table[s] = inputs[k]
+        if handles != self._last_handles:  # other input buffers than last time: patch them in
+            for hs, bufs, pos, k in self._in_patch:
+                hs[pos] = handles[k]
+                bufs[pos] = inputs[k]
+            for s, k in self._in_table:
+                table[s] = inputs[k]
+            self._rebind(self._in_launches)
+            self._last_handles = handles
+        # (the same handles are the same buffers: the graph holds the buffers it was last given, so
+        # their allocations cannot have passed to others)
         if self.rng_slots:
             from polygrad.random import next_key_values
             for s in self.rng_slots:
                 table[s].copyin(next_key_values())
-        plan = self._plan_with(var_vals) if (var_vals or self._missing_vars) else self._plan
-        if _active or config.get("DEBUG") >= 1 or debug_alloc.on:
-            self._launch_recorded(plan)
+        if var_vals or self._missing_vars:
+            plan = self._plan_with(var_vals)
+            if _active or config.get("DEBUG") >= 1 or debug_alloc.on:
+                self._launch_recorded(plan)
+            else:
+                t0 = time.perf_counter()
+                for fn, args, vv in plan:
+                    fn(args, vv, False)
+                realize.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
+        elif _active or settings.get("DEBUG", 0) >= 1 or debug_alloc.on:
+            self._launch_recorded(self._plan)
         else:
             t0 = time.perf_counter()
-            for fn, args, vv in plan:
-                fn(args, vv, False)
-            self._count(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
-        return [table[s] for s in self.output_slots]
+            for run in self._launchers:
+                run()
+            realize.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
+        return [table[s] for s in self.output_slots] if outputs else []
 
     def _plan_with(self, var_vals: dict[str, int] | None) -> list[tuple[Any, list[Any], Any]]:
         var_vals = var_vals or {}
@@ -384,12 +417,5 @@ class CapturedGraph:
             if _active:
                 _record(Launch(x.kind, x.device, x.ast, x.program, list(bufs), dict(zip(names, vv))),
                         [bufs[p] for p in mid])
-        self._count(n, ops, mem, dt)
+        realize.count_kernels(n, ops, mem, dt)
 
-    @staticmethod
-    def _count(n: int, ops: int, mem: int, dt: float) -> None:
-        GlobalCounters.kernel_count += n
-        GlobalCounters.global_ops += ops
-        GlobalCounters.global_mem += mem
-        GlobalCounters.time_sum_s += dt
-        realize.runtime_stats["kernels_run"] += n

@@ -41,7 +41,7 @@ from typing import Any, Callable
 
 from polygrad import config
 from polygrad.device import Buffer
-from polygrad.engine.capture import CapturedGraph, active, capture
+from polygrad.engine.capture import CapturedGraph, active_captures, capture
 from polygrad.engine.capture import note_rng_key as note_rng_key  # polygrad.random imports it from here
 from polygrad.errors import PolygradError
 from polygrad.uop import sint
@@ -210,7 +210,7 @@ class TinyJit:
                            "outermost function")
         self._running = True
         try:
-            if active():  # called inside another capture: run plainly so the outer capture records it
+            if active_captures:  # called inside another capture: run plainly so the outer capture records it
                 return self.fn(*args, **kwargs)
             buffers, info, var_vals, key = self._inputs(args, kwargs)
             if self.graph is not None and key != self.static_key:
@@ -286,7 +286,7 @@ class TinyJit:
                                f"{self.expected}, got {info}; call a new @jit function for other shapes")
             self.expected = info  # equal: the next call with these inputs compares by identity
         names = {v.arg[0]: n for v, n in var_vals.items()} if var_vals else None
-        self.graph.launch(buffers, names)  # type: ignore[union-attr]  (the info check covers replay()'s)
+        self.graph.launch(buffers, names, outputs=False)  # type: ignore[union-attr]  (the info check covers replay()'s)
         if var_vals:  # the results' symbolic shapes follow this call's values
             for t in _result_tensors(self.ret):
                 if sint.has_sym(t.shape):

@@ -26,16 +26,13 @@ from polygrad.uop.ops import MOVEMENT, Ops, UOp
 T = TypeVar("T")
 
 
-def pending_effects(u: UOp) -> list[UOp]:
-    """The ASSIGN/AFTER nodes in u's graph that have not run yet."""
-    return [n for n in u.toposort() if n.op in EFFECT_OPS and becomes.get(n) is None]
-
-
 def written_buffers(targets: Iterable[UOp]) -> set[int]:
     """ids of the Buffers that the pending effects among `targets` overwrite."""
     out: set[int] = set()
     for t in targets:
-        for n in pending_effects(t):
+        for n in t.toposort():  # its pending (not yet run) ASSIGN/AFTER nodes
+            if n.op not in EFFECT_OPS or becomes.get(n) is not None:
+                continue
             base = n.src[0]
             while base.op is not Ops.BUFFER and base.src:
                 base = base.src[0]

@@ -8,20 +8,21 @@ integer arguments, in the order of its `spec.vars`.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, Callable
 
 from polygrad import config
-from polygrad.device import Buffer, GlobalCounters, debug_alloc, open_device
+from polygrad.config import values as settings
+from polygrad.device import Buffer, GlobalCounters, counts, debug_alloc, open_device  # noqa: F401 (re-exported)
 from polygrad.engine import rendercache
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
 from polygrad.engine.search import choose_opts
-from polygrad.engine.schedule import Template, capacity_buffers, denormalize, record_effects, schedule
+from polygrad.engine.schedule import SlotRef, Template, capacity_buffers, denormalize, record_effects, schedule
 from polygrad.errors import VariableError
 from polygrad.uop import sint
-from polygrad.uop.ops import UOp
+from polygrad.uop.ops import Ops, UOp
 
 
 @dataclass
@@ -43,19 +44,23 @@ class CompiledProgram:
                                 "(v.bind(n)) in the tensors being realized") from None
 
     def __call__(self, buffers: list[Buffer], var_vals: dict[UOp, int] | None = None) -> None:
-        handles = [b._handle if b._handle is not None else b.handle for b in buffers]
-        debug = config.get("DEBUG")
-        args = self.var_args(var_vals) if self.spec.vars else ()
-        t0 = time.perf_counter()
-        self.program(handles, args, debug >= 2)
-        dt = time.perf_counter() - t0
+        self.launch([b._handle if b._handle is not None else b.handle for b in buffers], var_vals, buffers)
+
+    def launch(self, handles: list[Any], var_vals: dict[UOp, int] | None = None,
+               buffers: list[Buffer] | None = None) -> None:
+        """Run with the buffers' handles already taken (run_template); `buffers` is for POLY_DEBUG_ALLOC's check."""
         spec = self.spec
-        if debug_alloc.on:
+        args = self.var_args(var_vals) if spec.vars else ()
+        debug = settings.get("DEBUG", 0)
+        t0 = perf_counter()
+        self.program(handles, args, debug >= 2)
+        dt = perf_counter() - t0
+        if debug_alloc.on and buffers is not None:
             debug_alloc.check(buffers, f"kernel {spec.name}")
-        GlobalCounters.kernel_count += 1
-        GlobalCounters.global_ops += spec.ops
-        GlobalCounters.global_mem += spec.mem_bytes
-        GlobalCounters.time_sum_s += dt
+        counts.kernel_count += 1
+        counts.global_ops += spec.ops
+        counts.global_mem += spec.mem_bytes
+        counts.time_sum_s += dt
         runtime_stats["kernels_run"] += 1
         if debug >= 1:
             extra = f" {dt * 1e6:9.1f} us" if debug >= 2 else ""
@@ -68,6 +73,15 @@ runtime_stats: dict[str, int] = {"programs_compiled": 0, "program_cache_hits": 0
 # hook(step, program or None, buffers, n_inputs) after each step; args >= n_inputs are new buffers.
 # Installed only by engine/capture.py (use `with capture():` instead of appending here).
 capture_hooks: list[Callable[[Any, Any, list[Buffer], int, dict], None]] = []
+
+
+def count_kernels(n: int, ops: int, mem_bytes: int, seconds: float) -> None:
+    """Add launched kernels to GlobalCounters and runtime_stats (for replays that launch many at once)."""
+    counts.kernel_count += n
+    counts.global_ops += ops
+    counts.global_mem += mem_bytes
+    counts.time_sum_s += seconds
+    runtime_stats["kernels_run"] += n
 
 
 def get_program(ast: UOp, device: str) -> CompiledProgram:
@@ -155,12 +169,19 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
             capacity_buffers.add(buf)
             table.append(buf)
         else:
-            table.append(Buffer(device, size, dtype))
+            table.append(Buffer(device, size, dtype).ensure_allocated())
     if not tpl.prepared:
         prepare(tpl)
     vals = var_vals or {}
     hooks = capture_hooks
     for step in tpl.steps:
+        if step.kind == "kernel" and not hooks and not debug_alloc.on:  # nothing wants the Buffers: handles only
+            prog = get_program(step.ast, step.device)
+            handles = [table[i]._handle for i in step.args]
+            if None in handles:  # an input never allocated (an empty tensor's)
+                handles = [table[i].handle for i in step.args]
+            prog.launch(handles, vals)
+            continue
         args = [table[i] for i in step.args]
         if step.kind == "copy":
             copy_buffer(args[0], args[1])
@@ -180,5 +201,12 @@ def realize_uops(targets: list[UOp]) -> list[UOp]:
     var_vals: dict[UOp, int] = {}
     tpl, inputs = schedule(targets, effects, var_vals)
     table = run_template(tpl, inputs, var_vals)
-    record_effects(effects)
-    return [denormalize(out, table, var_vals) for out in tpl.outputs]
+    if effects:
+        record_effects(effects)
+    out = []
+    for u in tpl.outputs:
+        if u.op is Ops.BUFFER and type(u.arg) is SlotRef:  # a whole new buffer: denormalize, inline
+            out.append(UOp(Ops.BUFFER, u.dtype, (), table[u.arg.index]))
+        else:
+            out.append(denormalize(u, table, var_vals))
+    return out

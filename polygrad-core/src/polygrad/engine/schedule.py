@@ -86,27 +86,38 @@ def normalize(targets: list[UOp], effects: list[UOp] | None = None,
     One walk over the graph; it runs on every realize, so the common nodes take the shortest path. A
     graph with symbolic sizes is walked again once its buffers' symbolic sizes are known."""
     order = targets[0].toposort() if len(targets) == 1 else UOp(Ops.SINK, None, tuple(targets)).toposort()[:-1]
-    if becomes and any(n.op in EFFECT_OPS and becomes.get(n, n) is not n for n in order):
-        live = _live_nodes(targets)  # what only fed an effect that already ran gets no slot
-        order = [n for n in order if n in live]
     binds: dict[UOp, int] = {} if var_vals is None else var_vals
     n_effects = len(effects) if effects is not None else 0
-    try:
-        return _normalize_walk(order, targets, effects, binds, None)
-    except _SymbolicSizes:
+    saved_binds = dict(binds) if binds else None
+    sym_sizes: dict[int, Any] | None = None
+    pruned = False
+    while True:  # a walk that meets one of the rare cases below starts over, knowing it
+        try:
+            return _normalize_walk(order, targets, effects, binds, sym_sizes, pruned)
+        except _RanEffect:
+            live = _live_nodes(targets)  # what only fed an effect that already ran gets no slot
+            order = [n for n in order if n in live]
+            pruned = True
+        except _SymbolicSizes:
+            sym_sizes = _symbolic_buffer_sizes(order)
         if effects is not None:
             del effects[n_effects:]
-        return _normalize_walk(order, targets, effects, binds, _symbolic_buffer_sizes(order))
+        binds.clear()
+        binds.update(saved_binds or {})
 
 
 class _SymbolicSizes(Exception):
     """The graph views a buffer through a symbolic size: its slots need `_symbolic_buffer_sizes`."""
 
 
+class _RanEffect(Exception):
+    """The graph holds an effect that already ran: the walk must skip what only fed it (`_live_nodes`)."""
+
+
 def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | None, binds: dict[UOp, int],
-                    sym_sizes: dict[int, Any] | None) -> tuple[tuple[UOp, ...], list[Any]]:
+                    sym_sizes: dict[int, Any] | None, pruned: bool) -> tuple[tuple[UOp, ...], list[Any]]:
     inputs: list[Any] = []
-    slot_of: dict[int, int] = {}
+    slot_of: dict[Any, int] = {}  # Buffer -> its slot (Buffers hash by identity)
     memo: dict[UOp, UOp] = {}
     seen_vars: set[UOp] = set()
     for node in order:
@@ -116,9 +127,9 @@ def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | N
             if sym_sizes or type(buf) is SlotRef:
                 memo[node] = _slot(node, inputs, slot_of, sym_sizes)
                 continue
-            k = slot_of.get(id(buf))
+            k = slot_of.get(buf)
             if k is None:
-                k = slot_of[id(buf)] = len(inputs)
+                k = slot_of[buf] = len(inputs)
                 inputs.append(buf)
             key = (k, buf.size, buf.device, node.dtype)
             hit = _slot_nodes.get(key)
@@ -129,16 +140,19 @@ def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | N
             raise _SymbolicSizes
         if op in _PLAIN_NORMALIZE and not sized:
             src = node.src
-            if len(src) == 1:
+            n_src = len(src)
+            if n_src == 1:
                 s0 = memo[src[0]]
                 memo[node] = node if s0 is src[0] else UOp(op, node.dtype, (s0,), node.arg)
-            else:
-                new_src = tuple([memo[x] for x in src])
-                memo[node] = node if new_src == src else UOp(op, node.dtype, new_src, node.arg)
+                continue
+            new_src = (memo[src[0]], memo[src[1]]) if n_src == 2 else tuple([memo[x] for x in src])
+            memo[node] = node if new_src == src else UOp(op, node.dtype, new_src, node.arg)
             continue
         if op in EFFECT_OPS:
             done = becomes.get(node)
             if done is not None and done is not node:
+                if not pruned:
+                    raise _RanEffect
                 memo[node] = _normalize_view(done, inputs, slot_of, memo)
                 continue
             if effects is not None:
@@ -225,13 +239,13 @@ _slot_nodes: dict[tuple, UOp] = {}
 _SLOT_NODES_MAX = 1 << 14
 
 
-def _slot(node: UOp, inputs: list[Any], slot_of: dict[int, int], sym_sizes: dict[int, Any] | None = None) -> UOp:
+def _slot(node: UOp, inputs: list[Any], slot_of: dict[Any, int], sym_sizes: dict[int, Any] | None = None) -> UOp:
     buf = node.arg
     if isinstance(buf, SlotRef):
         return node
-    k = slot_of.get(id(buf))
+    k = slot_of.get(buf)
     if k is None:
-        k = slot_of[id(buf)] = len(inputs)
+        k = slot_of[buf] = len(inputs)
         inputs.append(buf)
     size = sym_sizes.get(id(buf), buf.size) if sym_sizes else buf.size
     key = (k, size, buf.device, node.dtype)
@@ -243,7 +257,7 @@ def _slot(node: UOp, inputs: list[Any], slot_of: dict[int, int], sym_sizes: dict
     return hit
 
 
-def _normalize_view(view: UOp, inputs: list[Any], slot_of: dict[int, int], memo: dict[UOp, UOp]) -> UOp:
+def _normalize_view(view: UOp, inputs: list[Any], slot_of: dict[Any, int], memo: dict[UOp, UOp]) -> UOp:
     out: dict[UOp, UOp] = {}
     for node in view.toposort():
         if node.op is Ops.BUFFER:

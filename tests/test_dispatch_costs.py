@@ -1,0 +1,192 @@
+"""Deterministic guards for per-call dispatch (issue 17 item 5, "tiny op" and "jit replay"), counted in
+Python calls and cache misses, never timed:
+
+- a realize whose graph structure was seen neither schedules nor lowers again, and a changed structure
+  (another op, shape or dtype) never reuses the old template or program;
+- a cached one-op realize stays within a budget of Python function calls;
+- a TinyJit replay launches its kernels through launchers bound once, so its Python calls do not grow
+  with the number of kernels; a replay with other input buffers rebinds and computes with them; a
+  replay with a wrong shape, dtype or device still raises the typed JitError;
+- the counters and the IR's op enum keep their public behaviour after the changes that made them cheap.
+"""
+from __future__ import annotations
+
+import gc
+import pickle
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import DEVICES
+from polygrad import GlobalCounters, Tensor, jit
+from polygrad.engine import realize, schedule
+from polygrad.engine.jit import JitError
+from polygrad.uop.ops import Ops
+
+needs_cc = pytest.mark.skipif("CPU" not in DEVICES, reason="needs the CPU backend")
+
+# A cached realize of (a + b) enters 32 Python functions (the tensor op, one walk of the graph, one
+# launch, the result's buffer and UOp, their release); it took 53 before issue 17's dispatch work, and
+# a scheduler or lowering run takes hundreds. A little headroom for unrelated additions.
+TINY_OP_CALL_BUDGET = 40
+
+
+def _python_calls(fn) -> int:
+    """Python-level function calls (frames entered) while fn runs; the garbage collector waits, so
+    finalizers of unrelated garbage do not count."""
+    count = [0]
+
+    def profile(frame, event, arg):
+        if event == "call":
+            count[0] += 1
+    enabled = gc.isenabled()
+    gc.disable()
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+        if enabled:
+            gc.enable()
+    return count[0] - 1  # fn itself
+
+
+def _forbid(monkeypatch, what: str) -> None:
+    def boom(*a, **k):
+        raise AssertionError(f"a realize of a seen graph structure reached {what}")
+    if what == "build_template":
+        monkeypatch.setattr(schedule, "build_template", boom)
+    else:
+        monkeypatch.setattr(realize, what, boom)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_seen_structure_skips_scheduling_and_lowering(device, monkeypatch):
+    a_np, b_np = np.arange(4, dtype=np.float32), np.arange(4, dtype=np.float32)[::-1].copy()
+    (Tensor(a_np, device=device) + Tensor(b_np, device=device)).realize()
+    for what in ("build_template", "lower", "lower_and_render"):
+        _forbid(monkeypatch, what)
+    for k in range(3):  # new data, same structure: served from the schedule and program caches
+        got = (Tensor(a_np * k, device=device) + Tensor(b_np, device=device)).numpy()
+        np.testing.assert_allclose(got, a_np * k + b_np)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_changed_structure_never_hits_a_stale_entry(device, monkeypatch):
+    monkeypatch.setattr(schedule, "schedule_cache", {})  # structures other tests realized do not count
+    a_np = np.arange(6, dtype=np.float32)
+
+    def inputs(arr):
+        return Tensor(arr, device=device).realize(), Tensor(arr, device=device).realize()
+    x, y = inputs(a_np)
+    (x + y).realize()
+    built = []
+    real = schedule.build_template
+    monkeypatch.setattr(schedule, "build_template", lambda *a: built.append(a) or real(*a))
+    i32 = a_np.astype(np.int32)
+    cases = [(lambda x, y: x * y, a_np, a_np * a_np),  # another op
+             (lambda x, y: x + y, a_np[:4], a_np[:4] * 2),  # another shape
+             (lambda x, y: x + y, i32, i32 * 2)]  # another dtype
+    for op, arr, want in cases:
+        x, y = inputs(arr)
+        n = len(built)
+        got = op(x, y).numpy()
+        assert len(built) == n + 1, "a graph of a new structure must get its own template"
+        np.testing.assert_array_equal(got, want)
+        assert got.dtype == want.dtype
+
+
+@needs_cc
+def test_cached_tiny_op_stays_within_its_call_budget():
+    a = Tensor(np.array([1, 2, 3, 4], np.float32), device="CPU").realize()
+    b = Tensor(np.array([4, 3, 2, 1], np.float32), device="CPU").realize()
+    for _ in range(3):
+        (a + b).realize()
+    out = []
+    calls = _python_calls(lambda: out.append((a + b).realize()))
+    assert calls <= TINY_OP_CALL_BUDGET, f"{calls} Python calls for a cached a + b"
+    assert out[0].numpy().tolist() == [5.0] * 4
+
+
+def _chain(n: int):
+    def f(x):
+        for _ in range(n):
+            x = (x * 2 + 1).realize()  # one kernel each
+        return x
+    return jit(f)
+
+
+@needs_cc
+def test_jit_replay_calls_do_not_grow_with_kernels():
+    x = Tensor(np.ones(8, np.float32), device="CPU").realize()
+    short, long = _chain(1), _chain(8)
+    for f in (short, long):
+        for _ in range(3):
+            f(x)
+    GlobalCounters.reset()
+    calls_long = _python_calls(lambda: long(x))
+    assert GlobalCounters.kernel_count == 8
+    calls_short = _python_calls(lambda: short(x))
+    assert calls_long == calls_short, (calls_short, calls_long)
+    want = np.ones(8, np.float32)
+    for _ in range(8):
+        want = want * 2 + 1
+    np.testing.assert_allclose(long(x).numpy(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_jit_replay_follows_new_input_buffers(device):
+    f = jit(lambda x, y: (x * y + 1).realize())
+    xs = [Tensor(np.full(4, v, np.float32), device=device).realize() for v in (1, 2, 3)]
+    y = Tensor(np.arange(4, dtype=np.float32), device=device).realize()
+    for x in xs + xs[::-1] + [xs[1], xs[1], xs[0]]:  # captured, rebound, replayed as bound, rebound again
+        want = x.numpy() * np.arange(4, dtype=np.float32) + 1
+        np.testing.assert_allclose(f(x, y).numpy(), want)
+    assert f.stats()["replays"] == 7
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_jit_replay_still_checks_inputs(device):
+    f = jit(lambda x: (x + 1).realize())
+    x = Tensor(np.ones(4, np.float32), device=device).realize()
+    for _ in range(3):
+        f(x)
+    bad = [Tensor(np.ones(5, np.float32), device=device).realize(),
+           Tensor(np.ones(4, np.int32), device=device).realize()]
+    other = [d for d in DEVICES if d != device]
+    if other:
+        bad.append(Tensor(np.ones(4, np.float32), device=other[0]).realize())
+    for b in bad:
+        with pytest.raises(JitError, match="inputs changed since capture"):
+            f(b)
+    np.testing.assert_allclose(f(x).numpy(), [2.0] * 4)  # still serves the captured inputs
+
+
+def test_counters_keep_their_class_attribute_spelling():
+    GlobalCounters.reset()
+    assert (GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.time_sum_s) == (0, 0, 0.0)
+    (Tensor([1.0, 2.0]) + 1).realize()
+    assert GlobalCounters.kernel_count == 1 and GlobalCounters.global_ops == 2
+    GlobalCounters.kernel_count += 4
+    assert GlobalCounters.kernel_count == 5
+    GlobalCounters.reset()
+    assert GlobalCounters.kernel_count == 0 and GlobalCounters.mem_used > 0  # live memory is kept
+
+
+def test_op_enum_keeps_its_enum_behaviour():
+    assert type(Ops).__dict__.get("__getattr__") is None or sys.version_info >= (3, 12)
+    assert Ops["ADD"] is Ops.ADD and Ops(Ops.ADD.value) is Ops.ADD
+    assert list(Ops)[0] is Ops.BUFFER and len(Ops) == len(Ops.__members__) and Ops.SINK in Ops
+    assert pickle.loads(pickle.dumps(Ops.WHERE)) is Ops.WHERE
+    assert repr(Ops.ADD) == "Ops.ADD" and Ops.ADD.name == "ADD"
+    with pytest.raises(AttributeError):
+        Ops.NOT_AN_OP  # noqa: B018
+    with pytest.raises(AttributeError):
+        Ops.ADD = 3
+    with pytest.raises(AttributeError):
+        del Ops.ADD
+    Ops.extra_note = "set"  # other class attributes can be set and deleted (mock.patch does)
+    assert Ops.extra_note == "set"
+    del Ops.extra_note
+    assert not hasattr(Ops, "extra_note")
