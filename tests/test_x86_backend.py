@@ -455,7 +455,7 @@ def test_thread_pool_is_our_machine_code_and_survives_fork_and_exit():
     p = run_python('''
         import os
         import numpy as np
-        from polygrad import Tensor
+        from polygrad import Tensor, TinyJit
         from polygrad_backend_x86 import pool
         n = 203530
         w = Tensor(np.zeros(n, dtype=np.float32), device="X86").realize()
@@ -464,10 +464,16 @@ def test_thread_pool_is_our_machine_code_and_survives_fork_and_exit():
         assert np.array_equal(w.numpy(), np.full(n, 300, dtype=np.float32))
         first = pool.shared_pool()
         assert first is not None and first.workers == 4, first
+        step = TinyJit(lambda x: (x * 2 + 1).realize())  # replays launch through bound launchers
+        x = Tensor(np.arange(n, dtype=np.float32), device="X86").realize()
+        want = np.arange(n, dtype=np.float32) * 2 + 1
+        for _ in range(4):
+            assert np.array_equal(step(x).numpy(), want)
         pid = os.fork()
         if pid == 0:
             w.assign(w * 2).realize()
             ok = np.array_equal(w.numpy(), np.full(n, 600, dtype=np.float32))
+            ok = ok and np.array_equal(step(x).numpy(), want)
             os._exit(0 if ok and pool.shared_pool() is not first else 3)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0, status

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from polygrad_backend_x86.asm import RAX, RBX, RCX, RDI, RDX, RSI, Assembler, Imm, Mem, gp
 
@@ -176,12 +176,28 @@ class Pool:
     def launch(self, fn: Any, fn_addr: int, arrays: list[Any]) -> None:
         """Run the kernel at fn_addr (`fn`, its cffi pointer) once per argument array, array t as thread
         index t; indices no worker could be started for run here, after the others."""
+        self.bound(fn, fn_addr, arrays)()
+
+    def bound(self, fn: Any, fn_addr: int, arrays: list[Any]) -> Callable[[], None]:
+        """launch(fn, fn_addr, arrays) as a call without arguments, its index table built once (a JIT
+        replay keeps one per launch). Called in a forked child, it launches on the child's own pool."""
         with self.lock:
             n = min(len(arrays), self.grow(len(arrays) - 1) + 1)
-            table = self.ffi.new("int64_t[]", [int(self.ffi.cast("intptr_t", x)) for x in arrays[:n]])
-            self.run_fn(self.state, fn_addr, table, n)
-        for extra in arrays[n:]:
-            fn(extra)
+        table = self.ffi.new("int64_t[]", [int(self.ffi.cast("intptr_t", x)) for x in arrays[:n]])
+
+        def run() -> None:
+            if self.pid != os.getpid():
+                pool = shared_pool()
+                if pool is None:
+                    raise RuntimeError("X86 thread pool: cannot start one in this forked process")
+                pool.launch(fn, fn_addr, arrays)
+                return
+            with self.lock:
+                self.grow(n - 1)
+                self.run_fn(self.state, fn_addr, table, n)
+            for extra in arrays[n:]:
+                fn(extra)
+        return run
 
 
 _pool: Pool | None = None

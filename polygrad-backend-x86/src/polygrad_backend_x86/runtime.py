@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 import cffi
 
@@ -112,3 +113,15 @@ class X86Program:
                 for f in futures:
                     f.result()
         return time.perf_counter() - t0 if timing else None
+
+    def bind(self, buffers: list[Any], var_vals: tuple[int, ...] = ()) -> Callable[[], Any]:
+        """A launcher with these buffers and values fixed: calling it (no arguments) runs the kernel with
+        argument arrays built once (a JIT replay keeps one per launch and rebinds when an input changes)."""
+        head = [b.addr for b in buffers] + list(var_vals)
+        if self.threads == 1:
+            return functools.partial(self.fn, FFI.new("int64_t[]", head + [0] + self.externs))
+        native = shared_pool()
+        if native is None:
+            return functools.partial(self, list(buffers), tuple(var_vals))
+        arrays = [FFI.new("int64_t[]", head + [t] + self.externs) for t in range(self.threads)]
+        return native.bound(self.fn, self.mapping.addr, arrays)
