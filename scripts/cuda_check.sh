@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of polygrad-backend-cuda, in one go (under 8 minutes on one GPU):
 #   1. environment: the GPU, Python, the probe (python -m polygrad doctor)
-#   2. the op suite on CUDA (tests/test_tensor_core_*.py, CUDA cases; needs torch CPU for references),
+#   2. the op and nn suites on CUDA (tests/test_tensor_core_*.py, nn, optim, jit, transcendental, linalg:
+#      their CUDA cases; needs torch for references),
 #      or, without torch, tests/test_cuda_compile.py's kernels only compiled
 #   3. tests/test_cuda_gpu.py: values vs NumPy, a training step, the bundle round trip (host -> CUDA)
 #   4. the matmul benchmark (4096 fp32 / fp16 TFLOP/s, beside torch CUDA when it is installed)
@@ -82,9 +83,11 @@ tests() {  # pytest with a time limit; exit 5 (nothing selected: no CUDA cases) 
 
 step "op suite on CUDA"
 if $PY -c "import torch" 2>/dev/null; then
-  tests 240 tests/test_tensor_core_unary.py tests/test_tensor_core_binary.py \
+  tests 300 tests/test_tensor_core_unary.py tests/test_tensor_core_binary.py \
     tests/test_tensor_core_reduce.py tests/test_tensor_core_dtypes.py tests/test_tensor_core_create.py \
-    tests/test_tensor_core_properties.py -k "CUDA" -x --maxfail=20 || status=1
+    tests/test_tensor_core_properties.py tests/test_nn_layers.py tests/test_optim_trajectories.py \
+    tests/test_jit_training.py tests/test_jit_replay.py tests/test_transcendental.py tests/test_linalg_ops.py \
+    tests/test_foundation_grad.py tests/test_index_width.py -k "CUDA" --maxfail=40 -rf || status=1
 else
   echo "torch is not installed: the op suite's references are missing; compiling its kernels instead"
   tests 240 tests/test_cuda_compile.py || status=1

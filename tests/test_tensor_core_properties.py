@@ -11,7 +11,7 @@ from polygrad.uop.shape import ShapeError
 from tensor_core_ref import DEVICES
 
 SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-EXAMPLES = {"CPU": 5, "INTERP": 25, "X86": 25}  # compiled backends with slow compilers get fewer
+EXAMPLES = {"CPU": 5, "INTERP": 25, "X86": 25, "CUDA": 5}  # backends with a slow compiler get fewer
 
 dims = st.integers(min_value=0, max_value=4)
 
@@ -96,7 +96,7 @@ def _apply_pg(x: Tensor, steps) -> Tensor:
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_broadcast_arithmetic_matches_numpy(device):
-    @settings(max_examples=EXAMPLES[device], **SETTINGS)
+    @settings(max_examples=EXAMPLES.get(device, 5), **SETTINGS)
     @given(broadcastable_pair(), st.sampled_from(["add", "mul", "sub", "maximum", "where"]))
     def check(shapes, op):
         sa, sb = shapes
@@ -117,7 +117,7 @@ def test_broadcast_arithmetic_matches_numpy(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_incompatible_shapes_raise(device):
-    @settings(max_examples=EXAMPLES[device], **SETTINGS)
+    @settings(max_examples=EXAMPLES.get(device, 5), **SETTINGS)
     @given(st.lists(st.integers(2, 4), min_size=1, max_size=3))
     def check(shape):
         other = tuple(s + 1 for s in shape)
@@ -128,7 +128,7 @@ def test_incompatible_shapes_raise(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_movement_chains_match_numpy(device):
-    @settings(max_examples=EXAMPLES[device], **SETTINGS)
+    @settings(max_examples=EXAMPLES.get(device, 5), **SETTINGS)
     @given(movement_chain())
     def check(case):
         shape, steps = case
@@ -144,7 +144,7 @@ def test_movement_chains_match_numpy(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_reduce_axes_match_numpy(device):
-    @settings(max_examples=EXAMPLES[device], **SETTINGS)
+    @settings(max_examples=EXAMPLES.get(device, 5), **SETTINGS)
     @given(st.lists(st.integers(0, 4), min_size=1, max_size=3), st.data())
     def check(shape, data):
         x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
