@@ -94,9 +94,10 @@ def _threads() -> int:
 
 def _fma_peak(tiny: bool, reps: int) -> float:
     """GFLOP/s of independent FMA chains on every core: the most any matmul here can reach."""
-    lib, iters = _ceiling_lib(), 1000 if tiny else 2_000_000
+    lib, iters = _ceiling_lib(), 1000 if tiny else 1_000_000
     flops: list[float] = []
-    t = best(lambda: flops.append(lib.pg_fma_peak(iters, _threads())), reps)
+    # a few ms a round: more rounds than the libraries get, so one round with both cores free is likely
+    t = best(lambda: flops.append(lib.pg_fma_peak(iters, _threads())), max(reps, 20))
     return flops[-1] / t / 1e9
 
 
