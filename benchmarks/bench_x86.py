@@ -7,7 +7,8 @@ best figure per pair is kept. Workloads: a fused elementwise chain over 16M floa
 and output); from bench_compare_trees, run with DEV set, matmul 1024 (GFLOP/s) and a JIT-replayed MLP
 training step (784-256-10, batch 128, Adam; steps/s); and first-call latency: a new kernel realized in
 a fresh process with an empty POLY_CACHE_DIR (ms: lowering, code generation or clang, loading and one
-run). NumPy's elementwise and matmul figures are printed alongside. Figures are noisy on a shared
+run; the packages' bytecode is written first, as pip install does). NumPy's elementwise and matmul
+figures are printed alongside. Figures are noisy on a shared
 machine: repeat before trusting them.
 """
 from __future__ import annotations
@@ -22,6 +23,7 @@ import tempfile
 # matmul1024 and mlp_step are bench_compare_trees' workloads, run with DEV set to each device
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_compare_trees import WORKLOAD as SHARED  # noqa: E402
+from prepare_bytecode import prepare_bytecode  # noqa: E402
 
 WORKLOAD = r'''
 import json, sys, time
@@ -76,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    prepare_bytecode()  # as an installed package has it: no module compiled inside a timed first call
     results: dict[tuple[str, str], float] = {}
     devices = ["CPU", "X86"]
     for r in range(args.rounds):

@@ -19,7 +19,8 @@ written as one JSON line ({"workload", "library", "value", "unit", "better", ...
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are removed from the workers' environment (they slow a current
 NumPy); the BLAS NumPy ran with is reported when threadpoolctl is installed.
 
-Before its timed workers, each polygrad column runs one untimed process in its cache folder, so one-time
+The polygrad packages' bytecode is written first (benchmarks/prepare_bytecode.py), as pip install leaves
+it. Before its timed workers, each polygrad column runs one untimed process in its cache folder, so one-time
 set-up that lands there (the CPU backend builds its C thread pool in the background on a first run)
 is not timed; the first-call rows use folders of their own, cold or warmed as they say.
 
@@ -479,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown workloads {unknown}; known: {sorted(WORKLOADS)}")
     cols = column_runs(args)
+    if any(lib == "polygrad" and py == sys.executable for _, lib, py, _ in cols):
+        from prepare_bytecode import prepare_bytecode
+        prepare_bytecode()  # as pip install leaves it: first calls do not compile module source
     caches = {label: tempfile.mkdtemp(prefix="pgcompare-") for label, *_ in cols}
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
     rows: dict[str, dict[str, float | None]] = {name: {} for name in names}
