@@ -529,11 +529,25 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     def _binop(self, op: Ops, y: Any, reverse: bool = False) -> "Tensor":
         if type(y) is Tensor:
             u, v = self.uop, y.uop
-            if v.dtype is u.dtype and v.shape == u.shape:  # same dtype and shape: nothing to broadcast
+            # the shapes and devices as filled in the nodes' slots (the properties fill them when empty)
+            us, vs = u._shape, v._shape
+            if us is None or vs is None:
+                us, vs = u.shape, v.shape
+            if v.dtype is u.dtype and vs == us:  # same dtype and shape: nothing to broadcast
                 rt = self._runtime
-                if y._runtime is rt and rt is None and v.device == u.device:  # _alu's checks, passed: build here
+                ud, vd = u._device, v._device
+                if ud is None or vd is None:
+                    ud, vd = u.device, v.device
+                if y._runtime is rt and rt is None and vd == ud:  # _alu's checks, passed: build here
                     dtype = dtypes.bool if op in COMPARISONS else u.dtype
-                    return self._new(UOp(op, dtype, (v, u) if reverse else (u, v)))
+                    t = object.__new__(Tensor)  # self._new(...), inline: this is every same-shape op's path
+                    t.uop = UOp(op, dtype, (v, u) if reverse else (u, v))
+                    t.requires_grad, t.grad, t._leaf, t._graph, t._runtime = None, None, False, None, None
+                    refs = _all_tensors.refs
+                    refs.append(weakref.ref(t))
+                    if len(refs) >= _all_tensors.limit:
+                        _all_tensors.sweep()
+                    return t
                 return y._alu(op, self) if reverse else self._alu(op, y)
         a, b = self._broadcasted(y, reverse)
         return a._alu(op, b)
