@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import DEVICES
-from polygrad import GlobalCounters, Tensor, jit
+from polygrad import GlobalCounters, Tensor, dtypes, jit
 from polygrad.engine import realize, schedule
 from polygrad.engine.jit import JitError
 from polygrad.uop.ops import Ops
@@ -190,3 +190,22 @@ def test_op_enum_keeps_its_enum_behaviour():
     assert Ops.extra_note == "set"
     del Ops.extra_note
     assert not hasattr(Ops, "extra_note")
+
+
+def test_scalar_operand_builds_the_general_paths_nodes_with_fewer_calls():
+    x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4)).realize()
+    i = Tensor(np.arange(12, dtype=np.int32).reshape(3, 4)).realize()
+    # the same nodes as a constant tensor broadcast by hand (hash-consing makes them the same objects)
+    two = Tensor(2.0).reshape(1, 1).expand(3, 4)
+    assert (x * 2).uop is (x * two).uop and (2 * x).uop is (two * x).uop
+    assert (x - 1.5).uop is (x - Tensor(1.5).reshape(1, 1).expand(3, 4)).uop
+    # promotions still go through the general path: int tensor with a float scalar is float
+    assert (i * 2.5).dtype == dtypes.float32 and (i * 2).dtype == dtypes.int32
+    np.testing.assert_array_equal((2 - x).numpy(), 2 - np.arange(12, dtype=np.float32).reshape(3, 4))
+    np.testing.assert_array_equal(((x * 2 + 1).relu() * x).numpy(),
+                                  np.maximum(np.arange(12, dtype=np.float32) * 2 + 1, 0).reshape(3, 4) *
+                                  np.arange(12, dtype=np.float32).reshape(3, 4))
+    x * 2
+    assert _python_calls(lambda: x * 2) <= 110  # 93 now, 171 before the scalar path
+    (x * 2 + 1).relu() * x
+    assert _python_calls(lambda: (x * 2 + 1).relu() * x) <= 480  # 408 now, 766 before

@@ -510,6 +510,13 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
                     ydt = x.dtype if x.dtype is not dtypes.bool else dtypes.default_int
                 else:
                     ydt = x.dtype if x.dtype.is_float else dtypes.default_float
+                u = x.uop
+                if ydt is u.dtype:  # no promotion: the constant's nodes straight at x's shape (as below)
+                    shape = u.shape
+                    c = UOp.const(ydt, y, u.device)
+                    if shape:
+                        c = mv.expand(mv.reshape(c, (1,) * len(shape)), shape)
+                    return (x._new(c), x) if reverse else (x, x._new(c))
                 y = Tensor(UOp.const(ydt, y, self.device), _runtime=self._runtime)
         if reverse:
             x, y = y, x
@@ -541,7 +548,11 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
                 if y._runtime is rt and rt is None and vd == ud:  # _alu's checks, passed: build here
                     dtype = dtypes.bool if op in COMPARISONS else u.dtype
                     t = object.__new__(Tensor)  # self._new(...), inline: this is every same-shape op's path
-                    t.uop = UOp(op, dtype, (v, u) if reverse else (u, v))
+                    t.uop = n = UOp(op, dtype, (v, u) if reverse else (u, v))
+                    if n._shape is None:  # an elementwise node has its operands' shape and device: fill them
+                        n._shape = us     # now, not by a walk when the next op asks
+                        if u._device is not None:
+                            n._device = u._device
                     t.requires_grad, t.grad, t._leaf, t._graph, t._runtime = None, None, False, None, None
                     refs = _all_tensors.refs
                     refs.append(weakref.ref(t))
