@@ -511,12 +511,9 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
                 else:
                     ydt = x.dtype if x.dtype.is_float else dtypes.default_float
                 u = x.uop
-                if ydt is u.dtype:  # no promotion: the constant's nodes straight at x's shape (as below)
-                    shape = u.shape
-                    c = UOp.const(ydt, y, u.device)
-                    if shape:
-                        c = mv.expand(mv.reshape(c, (1,) * len(shape)), shape)
-                    return (x._new(c), x) if reverse else (x, x._new(c))
+                if ydt is u.dtype:  # no promotion or cast: the constant's nodes straight at x's shape
+                    c = x._new(_broadcast_uop(UOp.const(ydt, y, u.device), u.shape))
+                    return (c, x) if reverse else (x, c)
                 y = Tensor(UOp.const(ydt, y, self.device), _runtime=self._runtime)
         if reverse:
             x, y = y, x
@@ -530,8 +527,7 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
             return self
         if self.ndim > len(shape):
             raise ShapeError(f"cannot broadcast {self.shape} to {shape}")
-        padded = (1,) * (len(shape) - self.ndim) + self.shape
-        return self.reshape(padded).expand(shape)
+        return self._new(_broadcast_uop(self.uop, shape))
 
     def _binop(self, op: Ops, y: Any, reverse: bool = False) -> "Tensor":
         if type(y) is Tensor:
@@ -547,18 +543,12 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
                     ud, vd = u.device, v.device
                 if y._runtime is rt and rt is None and vd == ud:  # _alu's checks, passed: build here
                     dtype = dtypes.bool if op in COMPARISONS else u.dtype
-                    t = object.__new__(Tensor)  # self._new(...), inline: this is every same-shape op's path
-                    t.uop = n = UOp(op, dtype, (v, u) if reverse else (u, v))
+                    n = UOp(op, dtype, (v, u) if reverse else (u, v))
                     if n._shape is None:  # an elementwise node has its operands' shape and device: fill them
                         n._shape = us     # now, not by a walk when the next op asks
                         if u._device is not None:
                             n._device = u._device
-                    t.requires_grad, t.grad, t._leaf, t._graph, t._runtime = None, None, False, None, None
-                    refs = _all_tensors.refs
-                    refs.append(weakref.ref(t))
-                    if len(refs) >= _all_tensors.limit:
-                        _all_tensors.sweep()
-                    return t
+                    return self._new(n)
                 return y._alu(op, self) if reverse else self._alu(op, y)
         a, b = self._broadcasted(y, reverse)
         return a._alu(op, b)
@@ -683,6 +673,13 @@ def _prefix_buffer(u: UOp) -> Buffer | None:
         return None
     base = mv.strip_reshapes(u.src[0])
     return base.arg if base.op is Ops.BUFFER and base.arg.is_allocated else None
+
+
+def _broadcast_uop(u: UOp, shape: tuple) -> UOp:
+    """u at `shape`, a broadcast shape of at least u's rank: RESHAPE to that rank with leading 1s, then
+    EXPAND (the nodes Tensor.reshape/expand make, without their argument checks: broadcasting has
+    checked the shapes)."""
+    return mv.expand(mv.reshape(u, (1,) * (len(shape) - len(u.shape)) + u.shape), shape)
 
 
 def _realize_tensors(todo: list["Tensor"]) -> None:
