@@ -26,7 +26,8 @@ is not timed; the first-call rows use folders of their own, cold or warmed as th
 
 `--tiny` runs every workload at toy sizes with one repetition: CI uses it to keep this script working
 (tests/test_compare_bench.py); its figures mean nothing. The machine is usually shared: figures are the
-best of `--reps` runs (a first call: of `--reps` fresh processes), and still noisy under load.
+best of `--reps` runs after 0.25 s of untimed calls (WARMUP_S; a first call: the best of `--reps` fresh
+processes), and still noisy under load.
 
 Adding a workload: write `w_<name>(lib, tiny, reps)` below returning the figure (the worker imports
 `np`, and `pg`/`torch` as the library needs), and add a row to WORKLOADS.
@@ -49,9 +50,19 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 # ---- worker side: one workload for one library ------------------------------------------------------
-def best(fn: Callable[[], Any], reps: int, inner: int = 1) -> float:
-    """Best seconds per call of fn over `reps` rounds of `inner` calls, after one warm-up call."""
+# Untimed calls before the rounds, for at least this long: a fresh worker is not yet steady (NumPy's
+# OpenBLAS threads spin for tens of ms after the import, on the core the other thread of a 2-core machine
+# needs; measured: a tiny op read 13 us instead of 9 in a third of fresh processes). Every column gets it.
+WARMUP_S = 0.25
+
+
+def best(fn: Callable[[], Any], reps: int, inner: int = 1, warmup_s: float | None = None) -> float:
+    """Best seconds per call of fn over `reps` rounds of `inner` calls, after warm-up calls (at least one,
+    and for at least warmup_s)."""
+    end = time.perf_counter() + (WARMUP_S if warmup_s is None else warmup_s)
     fn()
+    while time.perf_counter() < end:
+        fn()
     t = float("inf")
     for _ in range(max(1, reps)):
         t0 = time.perf_counter()
@@ -472,6 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.tiny:
         args.reps = 1
+        global WARMUP_S
+        WARMUP_S = 0.0  # one warm-up call: the figures of --tiny mean nothing anyway
     if args.worker:
         worker(args.worker[0], args.worker[1], args.tiny, args.reps)
         return 0

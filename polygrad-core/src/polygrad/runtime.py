@@ -208,11 +208,12 @@ def collect() -> None:
     captured JIT functions keep their own buffers and programs. On CPU a program nothing holds any
     more closes its shared object (dlclose), so its mappings go too.
     """
-    from polygrad import linalg
+    from polygrad import linalg, tensor
     from polygrad.engine import realize
     from polygrad.engine import lower
     from polygrad.diskcache import forget_checks
     clear_schedule_cache()
+    tensor._const_nodes.clear()  # kept scalar nodes (tensor._broadcast_const)
     forget_checks()
     realize.program_cache.clear()
     lower.clear_cache()  # simplified and split kernel ASTs
@@ -221,7 +222,6 @@ def collect() -> None:
         if gc.collect() == 0:
             break
     compact_uop_cache()
-    from polygrad import tensor
     tensor.live_tensors()  # drops the dead entries of the live-tensor list
     free_cached()
     _trim_heap()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import operator
 import weakref
 from typing import Any, Iterable, Iterator
 
@@ -28,7 +27,6 @@ from polygrad.engine.capture import active as capture_active
 from polygrad.engine.capture import made_before
 from polygrad.engine.capture import paused as capture_paused
 from polygrad.engine.overwrites import is_view, mixed_frontier, readers_of, written_buffers
-from polygrad.engine.schedule import EFFECT_OPS
 from polygrad.engine import realize as engine_realize
 from polygrad.gradient import compute_gradient
 from polygrad.uop import movement as mv
@@ -504,15 +502,10 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
             if isinstance(y, (list, tuple, np.ndarray)):
                 y = Tensor(y, device=self.device, _runtime=self._runtime)
             else:
-                if isinstance(y, bool):
-                    ydt = x.dtype
-                elif isinstance(y, int):
-                    ydt = x.dtype if x.dtype is not dtypes.bool else dtypes.default_int
-                else:
-                    ydt = x.dtype if x.dtype.is_float else dtypes.default_float
+                ydt = _scalar_dtype(y, x.dtype)
                 u = x.uop
                 if ydt is u.dtype:  # no promotion or cast: the constant's nodes straight at x's shape
-                    c = x._new(_broadcast_uop(UOp.const(ydt, y, u.device), u.shape))
+                    c = x._new(_broadcast_const(ydt, y, u.shape, u.device))
                     return (c, x) if reverse else (x, c)
                 y = Tensor(UOp.const(ydt, y, self.device), _runtime=self._runtime)
         if reverse:
@@ -530,7 +523,8 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         return self._new(_broadcast_uop(self.uop, shape))
 
     def _binop(self, op: Ops, y: Any, reverse: bool = False) -> "Tensor":
-        if type(y) is Tensor:
+        kind = type(y)
+        if kind is Tensor:
             u, v = self.uop, y.uop
             # the shapes and devices as filled in the nodes' slots (the properties fill them when empty)
             us, vs = u._shape, v._shape
@@ -542,14 +536,14 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
                 if ud is None or vd is None:
                     ud, vd = u.device, v.device
                 if y._runtime is rt and rt is None and vd == ud:  # _alu's checks, passed: build here
-                    dtype = dtypes.bool if op in COMPARISONS else u.dtype
-                    n = UOp(op, dtype, (v, u) if reverse else (u, v))
-                    if n._shape is None:  # an elementwise node has its operands' shape and device: fill them
-                        n._shape = us     # now, not by a walk when the next op asks
-                        if u._device is not None:
-                            n._device = u._device
-                    return self._new(n)
+                    return self._new(_elementwise_node(op, u, v, reverse, us, ud))
                 return y._alu(op, self) if reverse else self._alu(op, y)
+        elif (kind is float or kind is int or kind is bool) and self._runtime is None:
+            u = self.uop
+            if _scalar_dtype(y, u.dtype) is u.dtype:  # no promotion: the kept constant nodes at u's shape
+                us = u._shape if u._shape is not None else u.shape
+                ud = u._device if u._device is not None else u.device
+                return self._new(_elementwise_node(op, u, _broadcast_const(u.dtype, y, us, ud), reverse, us, ud))
         a, b = self._broadcasted(y, reverse)
         return a._alu(op, b)
 
@@ -682,16 +676,58 @@ def _broadcast_uop(u: UOp, shape: tuple) -> UOp:
     return mv.expand(mv.reshape(u, (1,) * (len(shape) - len(u.shape)) + u.shape), shape)
 
 
+# CONST -> RESHAPE -> EXPAND of a Python scalar at a shape, kept for the next op with the same scalar,
+# dtype, shape and device (`x * 2 + 1` in a loop): hash-consing would make the same nodes again, at about
+# fifty Python calls each time. Keys tell 0.0 from -0.0 and 1 from 1.0 from True. Small, cleared when
+# full and by collect(): kept nodes made at different times pin the allocator's arenas they sit in.
+_CONST_NODES_MAX = 128
+_const_nodes: dict[tuple, UOp] = {}
+
+
+def _scalar_dtype(value: Any, dtype: DType) -> DType:
+    """The dtype a Python scalar operand takes beside a tensor of `dtype` (before promotion)."""
+    if isinstance(value, bool):
+        return dtype
+    if isinstance(value, int):
+        return dtype if dtype is not dtypes.bool else dtypes.default_int
+    return dtype if dtype.is_float else dtypes.default_float
+
+
+def _elementwise_node(op: Ops, u: UOp, v: UOp, reverse: bool, shape: tuple, device: Any) -> UOp:
+    """op over u and v (same dtype and shape), with the shape and device filled in its slots now rather
+    than by a walk when the next op asks."""
+    n = UOp(op, dtypes.bool if op in COMPARISONS else u.dtype, (v, u) if reverse else (u, v))
+    if n._shape is None:
+        n._shape, n._device = shape, device
+    return n
+
+
+def _broadcast_const(dtype: DType, value: Any, shape: tuple, device: Any) -> UOp:
+    kind = type(value)
+    if kind is not float and kind is not int and kind is not bool:  # NumPy scalars: 0.0 == -0.0 in any key
+        return _broadcast_uop(UOp.const(dtype, value, device), shape)
+    key = (dtype, kind, value.hex() if kind is float else value, shape, device)
+    hit = _const_nodes.get(key)
+    if hit is None:
+        if len(_const_nodes) >= _CONST_NODES_MAX:
+            _const_nodes.clear()
+        hit = _const_nodes[key] = _broadcast_uop(UOp.const(dtype, value, device), shape)
+    return hit
+
+
 def _realize_tensors(todo: list["Tensor"]) -> None:
     """Realize these unrealized tensors in one schedule (Tensor.realize and realize_all)."""
     if len(todo) > 1 or (todo[0]._runtime is not None and getattr(todo[0]._runtime, "disposed", False)):
         _check_runtimes(todo)
-    if len(todo) == 1:  # the common case, without a comprehension; an effect-free graph writes nothing
-        olds = [todo[0].uop]
-        written = written_buffers(olds) if not _EFFECT_OPS.isdisjoint(map(_op_of, olds[0].toposort())) else None
-    else:
-        olds = [t.uop for t in todo]
-        written = written_buffers(olds)
+    if len(todo) == 1:  # the common case: a graph without pending effects writes nothing, realized at once
+        t = todo[0]
+        old = t.uop
+        news = engine_realize.realize_uops([old], effect_free=True)
+        if news is not None:
+            t._graph, t.uop = old if old.op is not Ops.ASSIGN else None, news[0]
+            return
+    olds = [t.uop for t in todo]
+    written = written_buffers(olds)
     if written:  # values built before the writes keep their inputs' old values (engine/overwrites.py)
         _compute_before_writes(written, todo)
         olds = [t.uop for t in todo]
@@ -702,10 +738,6 @@ def _realize_tensors(todo: list["Tensor"]) -> None:
     for t, old, new in zip(todo, olds, news):
         t._graph = old if old.op is not Ops.ASSIGN else None
         t.uop = new
-
-
-_EFFECT_OPS = frozenset(EFFECT_OPS)  # (a graph holds one: written_buffers must look; tested in C calls)
-_op_of = operator.attrgetter("op")
 
 
 def _is_realized(u: UOp) -> bool:

@@ -19,7 +19,8 @@ from polygrad.engine import rendercache
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
 from polygrad.engine.search import choose_opts
-from polygrad.engine.schedule import SlotRef, Template, capacity_buffers, denormalize, record_effects, schedule
+from polygrad.engine.schedule import (SlotRef, Template, capacity_buffers, denormalize, normalize, record_effects,
+                                      template_for)
 from polygrad.errors import VariableError
 from polygrad.uop import sint
 from polygrad.uop.ops import Ops, UOp
@@ -195,11 +196,16 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
     return table
 
 
-def realize_uops(targets: list[UOp]) -> list[UOp]:
-    """Realize tensor-graph nodes; returns their buffer views (BUFFER or RESHAPE(BUFFER))."""
+def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | None:
+    """Realize tensor-graph nodes; returns their buffer views (BUFFER or RESHAPE(BUFFER)). With
+    `effect_free`, a graph holding a pending effect (ASSIGN/AFTER not yet run) is left alone and None comes
+    back: the caller must first order its reads and writes (Tensor's _realize_tensors)."""
     effects: list[UOp] = []
     var_vals: dict[UOp, int] = {}
-    tpl, inputs = schedule(targets, effects, var_vals)
+    key, inputs = normalize(targets, effects, var_vals)
+    if effects and effect_free:
+        return None
+    tpl = template_for(key, len(inputs))
     table = run_template(tpl, inputs, var_vals)
     if effects:
         record_effects(effects)

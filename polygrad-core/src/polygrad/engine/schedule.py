@@ -792,13 +792,18 @@ def schedule(targets: list[UOp], effects: list[UOp] | None = None,
     """Normalise, then look the structure up in the cache (building the template on a miss). The
     values of the graph's bound variables go into `var_vals` (pass a dict to run the template)."""
     key, inputs = normalize(targets, effects, var_vals)
+    return template_for(key, len(inputs)), inputs
+
+
+def template_for(key: tuple[UOp, ...], n_inputs: int) -> Template:
+    """The cached template of a normalised graph (built on a miss)."""
     tpl = schedule_cache.get(key)
     if tpl is None:
-        tpl = schedule_cache[key] = build_template(key, len(inputs))
-    if tpl.n_inputs != len(inputs):  # the key must fix the table layout; a mismatch would misplace buffers
+        tpl = schedule_cache[key] = build_template(key, n_inputs)
+    if tpl.n_inputs != n_inputs:  # the key must fix the table layout; a mismatch would misplace buffers
         raise PolygradError(f"internal error: a cached schedule expects {tpl.n_inputs} input buffers, the graph "
-                            f"has {len(inputs)}; please report it (clear_schedule_cache() works around it)")
-    return tpl, inputs
+                            f"has {n_inputs}; please report it (clear_schedule_cache() works around it)")
+    return tpl
 
 
 def clear_schedule_cache() -> None:
