@@ -230,7 +230,9 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     # properties
     @property
     def shape(self) -> tuple[int, ...]:
-        return self.uop.shape
+        u = self.uop
+        s = u._shape  # filled in the node (the common case), else the node's property fills it
+        return s if s is not None else u.shape
 
     @property
     def dtype(self) -> DType:
@@ -242,7 +244,9 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
 
     @property
     def ndim(self) -> int:
-        return len(self.shape)
+        u = self.uop
+        s = u._shape
+        return len(s if s is not None else u.shape)
 
     def numel(self) -> int:
         return _prod(self.shape)

@@ -6,8 +6,13 @@ from polygrad.uop.shape import ShapeError
 from polygrad.uop.sint import canon, is_sym, resolve, sym_str, vmax, vmin
 
 
+_INT = frozenset((int,))
+
+
 def _dims(xs) -> tuple:
     """ints stay ints; symbolic sizes are put in canonical form (so equal sizes are one UOp)."""
+    if _INT.issuperset(map(type, xs)):  # plain ints, checked in C (the common case)
+        return tuple(xs)
     return tuple(canon(x) for x in xs)
 
 

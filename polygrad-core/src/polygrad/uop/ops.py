@@ -120,7 +120,7 @@ def _arg_key(arg: Any) -> Any:
     if isinstance(arg, bool):
         return (bool, arg)
     if isinstance(arg, tuple):
-        if all(type(a) in _PLAIN_ARGS for a in arg):
+        if _PLAIN_ARG_TYPES.issuperset(map(type, arg)):  # (checked in C: a shape arg, rebuilt often)
             return arg
         return tuple(_arg_key(a) for a in arg)
     return arg
@@ -131,6 +131,7 @@ def _arg_key(arg: Any) -> Any:
 _uop_cache: dict[tuple, "weakref.ref"] = {}
 _ref_keys: dict["weakref.ref", tuple] = {}
 _PLAIN_ARGS = (type(None), int, str)
+_PLAIN_ARG_TYPES = frozenset(_PLAIN_ARGS)
 # arg types that are their own hash-cons key (compared by identity, or holding no floats or bools):
 # modules that define such args (Buffer, SlotRef) add them, so UOp() skips _arg_key for them
 SELF_KEYED_ARGS: set[type] = {type(None), int, str}

@@ -342,11 +342,16 @@ def _uops_in(x: Any) -> list[UOp]:
     return []
 
 
+_INT_TYPES = frozenset((int,))
+
+
 def has_sym(x: Any) -> bool:
     """Whether a size, or a (nested) tuple of sizes, holds a symbolic one."""
     if isinstance(x, UOp):
         return True
     if not isinstance(x, tuple):
+        return False
+    if _INT_TYPES.issuperset(map(type, x)):  # plain sizes (the common case), checked in C
         return False
     for a in x:
         if isinstance(a, UOp) or (isinstance(a, tuple) and has_sym(a)):
