@@ -236,9 +236,31 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
         return dot
     red = reduces[0]
     inner = red.src[-1]
+    cols = column_reduce_opts(glob, inner, loads, store_index, caps) if caps is not None else []
+    if cols:
+        return cols
     if inner.arg[1] == AxisKind.REDUCE and _divides(inner, 8) and _size(inner) >= 64:
         opts.append(Opt(OptKind.SPLIT_REDUCE, inner.arg[0], 8))
     return opts
+
+
+def column_reduce_opts(glob: list[UOp], inner: UOp, loads: list[UOp], store_index: UOp,
+                       caps: Capabilities) -> list[Opt]:
+    """A reduction along a strided axis whose outputs are contiguous along a global range (a column sum:
+    a bias gradient over the batch): lanes across that range, each accumulating its own output, with
+    contiguous vector loads. Partial sums of the strided reduction instead walk the columns one at a time
+    (a power-of-two row stride maps every load of the walk to the same few cache sets)."""
+    if inner.arg[1] != AxisKind.REDUCE or any(range_coeff(ix.src[1], inner) == 1 for ix in loads):
+        return []
+    for last in reversed(glob):
+        if _size(last) is None or range_coeff(store_index.src[1], last) != 1:
+            continue
+        coeffs = [range_coeff(ix.src[1], last) for ix in loads]
+        if any(c not in (0, 1) for c in coeffs) or 1 not in coeffs:
+            continue
+        lanes = column_lanes(last, caps)
+        return [Opt(OptKind.UPCAST, last.arg[0], lanes)] if lanes else []
+    return []
 
 
 def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store_index: UOp,
