@@ -260,6 +260,25 @@ def training(zoo, tmp_path_factory):
                   "fit": {"data": {"x": enc(Xw), "y": enc(Yw)},
                           "options": {"epochs": 2, "batchSize": 8, "optimizer": "sgd", "lr": 0.1}},
                   "forward": {"x": enc(Xw[:1])}})
+    # a weight over nn/optim.py's SOLO_NUMEL keeps its own Adam moments: optim.js must lay out the same
+    # buffers, or the bundle Node saves could not resume in Python
+    Tensor.manual_seed(12)
+    Xb = np.random.default_rng(12).standard_normal((16, 200)).astype(np.float32)
+    Yb = np.random.default_rng(13).integers(0, 3, 16).astype(np.int32)
+    big = Model(MLP(200, 100, 3), inputs={"x": Tensor.empty(8, 200)}, targets={"y": Tensor.empty(8, dtype="int32")},
+                loss=xent)
+    big.save(str(tmp / "big.pgb"))
+    big.dispose()
+    m = Model.load(str(tmp / "big.pgb"))
+    py["big"] = m.fit({"x": Xb, "y": Yb}, epochs=2, batch_size=8, optimizer="adam", lr=0.01, verbose=False)
+    py["big/after"] = m.forward(x=Xb[:8])["logits"].numpy()
+    m.save(str(tmp / "big_py.pgb"))
+    py["big/resumed"] = m.fit({"x": Xb, "y": Yb}, epochs=1, batch_size=8, verbose=False)
+    m.dispose()
+    cases.append({"name": "big", "bundle": str(tmp / "big.pgb"), "save": str(tmp / "big_js.pgb"),
+                  "fit": {"data": {"x": enc(Xb), "y": enc(Yb)},
+                          "options": {"epochs": 2, "batchSize": 8, "optimizer": "adam", "lr": 0.01}},
+                  "forward": {"x": enc(Xb[:8])}})
     cases.append({"name": "resume", "bundle": str(zoo["adam_trained"][0]),
                   "fit": {"data": {"x": enc(X), "y": enc(Y)}, "options": {"epochs": 2, "batchSize": 8}}})
     Xc = np.random.default_rng(9).standard_normal((4, 1, 6, 6)).astype(np.float32)
@@ -311,6 +330,31 @@ def test_js_saves_and_python_loads(zoo, training, tag):
         more = m.fit({"x": X, "y": Y}, epochs=1, batch_size=8, verbose=False)  # the JS-written optimizer resumes
         assert len(more) == 3 and all(np.isfinite(more))
         assert isinstance(m.save(include_optimizer=False), bytes)
+    finally:
+        m.dispose()
+
+
+def test_js_adam_state_of_a_big_weight_resumes_in_python(training):
+    """optim.js lays out Adam's moments as nn/optim.py does (a 200x100 weight alone, the rest in one flat
+    group): the losses agree step by step, and Python resumes the optimizer Node saved."""
+    py, js, tmp = training
+    assert "error" not in js["big"], js["big"].get("error")
+    np.testing.assert_allclose(js["big"]["losses"], py["big"], rtol=1e-5)
+    close(dec(js["big"]["outputs"]["logits"]), py["big/after"], rtol=1e-4)
+    layouts = []
+    for name in ("big_py.pgb", "big_js.pgb"):
+        saved = Model.load(str(tmp / name))
+        layouts.append([(s.name, s.shape) for s in saved._p.slots if s.role == "optimizer"])
+        saved.dispose()
+    assert layouts[0] == layouts[1]
+    assert (20000,) in [shape for _, shape in layouts[0]]  # the big weight's own moments
+    m = Model.load(str(tmp / "big_js.pgb"))
+    try:
+        assert m.summary().optimizer["name"] == "adam"
+        X = np.random.default_rng(12).standard_normal((16, 200)).astype(np.float32)
+        Y = np.random.default_rng(13).integers(0, 3, 16).astype(np.int32)
+        np.testing.assert_allclose(m.fit({"x": X, "y": Y}, epochs=1, batch_size=8, verbose=False), py["big/resumed"],
+                                   rtol=1e-5)
     finally:
         m.dispose()
 

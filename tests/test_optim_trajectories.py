@@ -257,3 +257,38 @@ def test_update_kernels_per_step(make, expected):
             opt.step()
             counts.append(GlobalCounters.kernel_count)
     assert counts == [expected(len(opt.params))] * 2
+
+
+def test_big_parameters_keep_state_of_their_own():
+    """A parameter over SOLO_NUMEL elements gets its own moment buffers (its state update is a plain
+    elementwise kernel in vector lanes); small ones still share one flat buffer per group. The trajectory
+    still matches torch, and the update phase is one kernel per parameter plus two per state group."""
+    from polygrad.nn import optim
+    torch.manual_seed(0)
+    theirs = torch.nn.Sequential(torch.nn.Linear(200, 100), torch.nn.ReLU(), torch.nn.Linear(100, 3))
+    big = 200 * 100
+    assert big > optim.SOLO_NUMEL and 100 * 3 <= optim.SOLO_NUMEL
+    l1, l2 = nn.Linear(200, 100), nn.Linear(100, 3)
+    for ours, t in ((l1, theirs[0]), (l2, theirs[2])):
+        ours.weight.assign(Tensor(t.weight.detach().numpy())).realize()
+        ours.bias.assign(Tensor(t.bias.detach().numpy())).realize()
+    params = [l1.weight, l1.bias, l2.weight, l2.bias]
+    opt, topt = Adam(params, lr=0.01), torch.optim.Adam(theirs.parameters(), lr=0.01)
+    assert [g.indices for g in opt.groups] == [[0], [1, 2, 3]]
+    assert [m.shape for m in opt.m] == [(big,), (100 + 300 + 3,)]
+    rng = np.random.default_rng(1)
+    x_np, y_np = rng.standard_normal((16, 200)).astype(np.float32), rng.standard_normal((16, 3)).astype(np.float32)
+    x, y = Tensor(x_np), Tensor(y_np)
+    with Context(TRAINING=1):
+        for _ in range(3):
+            opt.zero_grad()
+            (l2(l1(x).relu()) - y).square().mean().backward()
+            Tensor.realize_all(*[p.grad for p in params])
+            GlobalCounters.reset()
+            opt.step()
+            assert GlobalCounters.kernel_count == len(params) + 2 * 2 + 1  # + (b1**t, b2**t)
+            topt.zero_grad()
+            (theirs(torch.tensor(x_np)) - torch.tensor(y_np)).square().mean().backward()
+            topt.step()
+    np.testing.assert_allclose(l1.weight.numpy(), theirs[0].weight.detach().numpy(), atol=1e-5, rtol=1e-4)
+    np.testing.assert_allclose(l2.bias.numpy(), theirs[2].bias.detach().numpy(), atol=1e-5, rtol=1e-4)

@@ -6,10 +6,11 @@
  *
  * Stage: training setup. Input: a Program with a `loss` entrypoint and an optimizer configuration.
  * Output: the Program with that optimizer's state buffers (role `optimizer`, laid out as polygrad's
- * nn/optim.py lays them out: lr, then beta powers and betas, then flat moment buffers of up to 16
- * parameters each), its update kernels and the two entrypoints. The update formulas are polygrad's, op for
- * op (m = b1*m + (1-b1)*g; p = p - lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps); ...), so a JS fine-tune
- * follows a Python one step for step. A bundle's own optimizer (when the configuration matches) is used
+ * nn/optim.py lays them out: lr, then beta powers and betas, then moment buffers: one per parameter
+ * over 16384 elements, flat ones of up to 16 smaller parameters each), its update kernels and the two
+ * entrypoints. The update formulas are polygrad's, op for op (m = b1*m + (1-b1)*g;
+ * p = p - lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps); ...), so a JS fine-tune follows a Python one step
+ * for step. A bundle's own optimizer (when the configuration matches) is used
  * as it is.
  */
 
@@ -23,6 +24,7 @@ const DEFAULTS = {
   lamb: { lr: 0.001, b1: 0.9, b2: 0.999, eps: 1e-6, weight_decay: 0.0 }
 }
 const GROUP_SIZE = 16
+const SOLO_NUMEL = 1 << 14 // a parameter with more elements keeps moment buffers of its own
 
 /** The full configuration {name, lr, hyperparameters} of an optimizer request (Python's names). */
 function optimizerConfigOf (name, lr, hyper) {
@@ -128,14 +130,22 @@ function buildOptimizer (prog, cfg) {
     return s
   }
   const lr = slot(1, [cfg.lr])
-  // flat groups of up to 16 parameters of one dtype, in parameter order (nn/optim.py's _flat_groups)
+  // nn/optim.py's _flat_groups: per dtype, a parameter over SOLO_NUMEL elements alone, the others in flat
+  // groups of up to 16, ordered by their first parameter
   const byDtype = new Map()
   for (const p of params) {
     if (!byDtype.has(p.dtype)) byDtype.set(p.dtype, [])
     byDtype.get(p.dtype).push(p)
   }
   const groups = []
-  for (const list of byDtype.values()) for (let k = 0; k < list.length; k += GROUP_SIZE) groups.push(list.slice(k, k + GROUP_SIZE))
+  const position = new Map(params.map((p, i) => [p, i]))
+  for (const list of byDtype.values()) {
+    const small = list.filter((p) => p.size <= SOLO_NUMEL)
+    const kind = list.filter((p) => p.size > SOLO_NUMEL).map((p) => [p])
+    for (let k = 0; k < small.length; k += GROUP_SIZE) kind.push(small.slice(k, k + GROUP_SIZE))
+    kind.sort((a, b) => position.get(a[0]) - position.get(b[0]))
+    groups.push(...kind)
+  }
   const groupSize = (grp) => grp.reduce((a, p) => a + p.size, 0)
   const calls = []
   const kernel = (built) => {
