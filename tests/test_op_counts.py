@@ -136,3 +136,61 @@ def test_reduction_read_through_a_pad_gets_a_buffer(device):
     ops, kernels, out = counted(lambda: (x.sum(1).pad(((32, 32),)) + 1).realize())
     assert kernels == 2 and ops <= 1.05 * 64 * 512  # not 2x: the padded rows run no reduction
     np.testing.assert_allclose(out.numpy(), np.pad(x.numpy().sum(1), (32, 32)) + 1, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_backward_kernels_count_exactly_their_macs():
+    """The benchmark's conv2d forward and backward (compare.py's conv2d_fwd_bwd at a small size): each of
+    its three kernels counts two operations per multiply-accumulate. The input gradient reads the upstream
+    gradient through a padded view times the sum's ones: `g * 1.0` folds to g and the select of a gated
+    load by its own gate against 0 folds to the load (symbolic_rules), where they used to add 50%."""
+    import torch
+    rng = np.random.default_rng(3)
+    x_np = rng.standard_normal((2, 8, 10, 10)).astype(np.float32)
+    w_np = (rng.standard_normal((8, 8, 3, 3)) * 0.1).astype(np.float32)
+    g_np = rng.standard_normal((2, 8, 10, 10)).astype(np.float32)
+    x, w = Tensor(x_np, requires_grad=True).realize(), Tensor(w_np, requires_grad=True).realize()
+    g = Tensor(g_np).realize()
+
+    def step():
+        out = x.conv2d(w, padding=1)
+        x.grad = w.grad = None
+        (out * g).sum().backward()
+        out.realize(x.grad, w.grad)
+        return out
+    ops, kernels, out = counted(step)
+    macs = 2 * 8 * 10 * 10 * 8 * 9
+    assert kernels == 3 and ops == 3 * 2 * macs, (kernels, ops / (2 * macs))
+    tx, tw = torch.tensor(x_np, requires_grad=True), torch.tensor(w_np, requires_grad=True)
+    ref = torch.nn.functional.conv2d(tx, tw, padding=1)
+    ref.backward(torch.tensor(g_np))
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(x.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(w.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_identity_rules_are_exact():
+    from polygrad import dtypes
+    from polygrad.uop.ops import Ops, UOp
+    from polygrad.uop.rewrite import graph_rewrite
+    from polygrad.uop.symbolic import symbolic_rules
+    buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), (0, (16,)))
+    i = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("i", 0, 15))
+    gate = UOp(Ops.CMPLT, dtypes.bool, (i, UOp.const(dtypes.int32, 8)))
+    other = UOp(Ops.CMPLT, dtypes.bool, (i, UOp.const(dtypes.int32, 4)))
+    ld = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, dtypes.float32, (buf, i, gate)),))
+    plain = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, dtypes.float32, (buf, i)),))
+    zero, one = UOp.const(dtypes.float32, 0.0), UOp.const(dtypes.float32, 1.0)
+    assert graph_rewrite(UOp(Ops.MUL, dtypes.float32, (ld, one)), symbolic_rules) is ld
+    assert graph_rewrite(UOp(Ops.WHERE, dtypes.float32, (gate, ld, zero)), symbolic_rules) is ld
+    for kept in (UOp(Ops.WHERE, dtypes.float32, (other, ld, zero)),  # another gate: the select stays
+                 UOp(Ops.WHERE, dtypes.float32, (gate, plain, zero)),  # an ungated load reads everywhere
+                 UOp(Ops.WHERE, dtypes.float32, (gate, ld, one)),
+                 UOp(Ops.WHERE, dtypes.float32, (gate, ld, UOp.const(dtypes.float32, -0.0))),  # -0 is not what it gives
+                 UOp(Ops.MUL, dtypes.float32, (ld, UOp.const(dtypes.float32, 1.0000001)))):
+        assert graph_rewrite(kept, symbolic_rules) is kept
+    # IEEE: multiplying by 1 keeps -0.0, infinities and NaN (what the fold relies on)
+    v = np.array([-0.0, np.inf, -np.inf, np.nan, 1e-45], np.float32)
+    np.testing.assert_array_equal(np.signbit(v * np.float32(1)), np.signbit(v))
+    np.testing.assert_array_equal(v * np.float32(1), v)
+    t = Tensor(v)
+    np.testing.assert_array_equal((t * 1.0).numpy(), v)

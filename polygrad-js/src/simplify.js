@@ -239,6 +239,9 @@ function rewrite (g, x) {
     case 'WHERE':
       if (isConst(s[0])) return s[0].arg ? s[1] : s[2]
       if (s[1] === s[2]) return s[1]
+      // a load gated by s[0] gives +0 where s[0] is false: selecting it by s[0] against +0 changes nothing
+      if (s[1].op === 'LOAD' && isConst(s[2]) && Object.is(Number(s[2].arg), 0) && s[1].src[0].op === 'INDEX' &&
+          s[1].src[0].src.length > 2 && s[1].src[0].src[2] === s[0]) return s[1]
       return null
   }
   if (s.length !== 2) return null
@@ -260,7 +263,7 @@ function rewrite (g, x) {
       return null
     case 'MUL':
       if (isConst(a) && !isConst(b)) return g.node('MUL', x.dtype, [b, a])
-      if (eqConst(b, 1) && isInt(a)) return a
+      if (eqConst(b, 1) && a.dtype) return a // exact in every dtype (floats keep -0, infinities, NaN)
       if (eqConst(b, 0) && isInt(a)) return g.const(x.dtype, 0)
       if (a.op === 'MUL' && isConst(a.src[1]) && isConst(b) && isInt(a.src[0])) {
         return g.alu('MUL', a.src[0], g.const(a.src[0].dtype, big(a.src[1].arg) * big(b.arg)))

@@ -105,6 +105,13 @@ def _fold_binary(x: UOp) -> UOp | None:
     return None
 
 
+def _gated_load_select(g: UOp, ld: UOp, c: UOp) -> UOp | None:
+    if c.arg != 0 or (isinstance(c.arg, float) and math.copysign(1.0, c.arg) < 0):  # +0 only: a gated load gives +0
+        return None
+    ix = ld.src[0]
+    return ld if ix.op is Ops.INDEX and len(ix.src) > 2 and ix.src[2] is g else None
+
+
 def _is_int(u: UOp) -> bool:
     return u.dtype is not None and u.dtype.is_int
 
@@ -250,7 +257,8 @@ symbolic_rules = PatternMatcher([
      lambda x, c, y: x.replace(src=(y, c)) if y.op is not Ops.CONST else None),
     # identities
     (UPat(Ops.ADD, src=(UPat(name="y"), UPat(Ops.CONST, arg=0))), lambda y: y if _is_int(y) else None),
-    (UPat(Ops.MUL, src=(UPat(name="y"), UPat(Ops.CONST, arg=1))), lambda y: y if _is_int(y) else None),
+    # y * 1 is y in every dtype (exact for floats too: -0.0, infinities and NaN keep their value)
+    (UPat(Ops.MUL, src=(UPat(name="y"), UPat(Ops.CONST, arg=1))), lambda y: y if y.dtype is not None else None),
     (UPat(Ops.MUL, name="x", src=(UPat(name="y"), UPat(Ops.CONST, arg=0))),
      lambda x, y: x.const_like(0) if _is_int(y) else None),
     (UPat(Ops.IDIV, src=(UPat(name="y"), UPat(Ops.CONST, arg=1))), lambda y: y if _is_int(y) else None),
@@ -292,6 +300,8 @@ symbolic_rules = PatternMatcher([
     (UPat(Ops.WHERE, src=(UPat(Ops.CONST, name="c"), UPat(name="a"), UPat(name="b"))),
      lambda c, a, b: a if c.arg else b),
     (UPat(Ops.WHERE, src=(UPat(), UPat(name="a"), UPat(name="b"))), lambda a, b: a if a is b else None),
+    # a load gated by g gives 0 where g is false (kernel IR): selecting it by g against 0 changes nothing
+    (UPat(Ops.WHERE, src=(UPat(name="g"), UPat(Ops.LOAD, name="ld"), UPat(Ops.CONST, name="c"))), _gated_load_select),
     (UPat(Ops.CAST, name="x", src=(UPat(Ops.CONST, name="c"),)),
      lambda x, c: UOp.const(x.dtype, c.arg) if x.dtype.is_int and c.dtype.is_int else None),
 ], name="symbolic_rules")
