@@ -3,15 +3,12 @@ from __future__ import annotations
 
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.shape import ShapeError
-from polygrad.uop.sint import canon, is_sym, resolve, sym_str, vmax, vmin
-
-
-_INT = frozenset((int,))
+from polygrad.uop.sint import INT_TYPES, canon, is_sym, resolve, sym_str, vmax, vmin
 
 
 def _dims(xs) -> tuple:
     """ints stay ints; symbolic sizes are put in canonical form (so equal sizes are one UOp)."""
-    if _INT.issuperset(map(type, xs)):  # plain ints, checked in C (the common case)
+    if INT_TYPES.issuperset(map(type, xs)):  # plain ints, checked in C (the common case)
         return tuple(xs)
     return tuple(canon(x) for x in xs)
 

@@ -342,7 +342,7 @@ def _uops_in(x: Any) -> list[UOp]:
     return []
 
 
-_INT_TYPES = frozenset((int,))
+INT_TYPES = frozenset((int,))  # `INT_TYPES.issuperset(map(type, sizes))`: plain sizes, checked in C
 
 
 def has_sym(x: Any) -> bool:
@@ -351,7 +351,7 @@ def has_sym(x: Any) -> bool:
         return True
     if not isinstance(x, tuple):
         return False
-    if _INT_TYPES.issuperset(map(type, x)):  # plain sizes (the common case), checked in C
+    if INT_TYPES.issuperset(map(type, x)):  # plain sizes (the common case)
         return False
     for a in x:
         if isinstance(a, UOp) or (isinstance(a, tuple) and has_sym(a)):
