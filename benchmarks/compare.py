@@ -56,10 +56,10 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 WARMUP_S = 0.25
 
 
-def best(fn: Callable[[], Any], reps: int, inner: int = 1, warmup_s: float | None = None) -> float:
+def best(fn: Callable[[], Any], reps: int, inner: int = 1) -> float:
     """Best seconds per call of fn over `reps` rounds of `inner` calls, after warm-up calls (at least one,
-    and for at least warmup_s)."""
-    end = time.perf_counter() + (WARMUP_S if warmup_s is None else warmup_s)
+    and for at least WARMUP_S)."""
+    end = time.perf_counter() + WARMUP_S
     fn()
     while time.perf_counter() < end:
         fn()

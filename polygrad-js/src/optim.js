@@ -10,8 +10,7 @@
  * over 16384 elements, flat ones of up to 16 smaller parameters each), its update kernels and the two
  * entrypoints. The update formulas are polygrad's, op for op (m = b1*m + (1-b1)*g;
  * p = p - lr * (m/(1-b1^t)) / (sqrt(v/(1-b2^t)) + eps); ...), so a JS fine-tune follows a Python one step
- * for step. A bundle's own optimizer (when the configuration matches) is used
- * as it is.
+ * for step. A bundle's own optimizer (when the configuration matches) is used as it is.
  */
 
 const { ModelError } = require('./errors')
