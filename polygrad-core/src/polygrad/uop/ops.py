@@ -147,12 +147,17 @@ SELF_KEYED_ARGS: set[type] = {type(None), int, str}
 
 
 def _forget(ref: "weakref.ref") -> None:
-    _dead.append(ref)
-    if _uop_lock.acquire(blocking=False):  # else a later drop removes the entry
-        try:
+    if not _uop_lock.acquire(blocking=False):
+        _dead.append(ref)  # a later drop removes the entry
+        return
+    try:  # _drop_dead for this one reference, inline: every realize frees a node
+        key = _ref_keys.pop(ref, None)
+        if key is not None and _uop_cache.get(key) is ref:
+            del _uop_cache[key]
+        if _dead:
             _drop_dead()
-        finally:
-            _uop_lock.release()
+    finally:
+        _uop_lock.release()
 
 
 def _drop_dead() -> None:
