@@ -159,7 +159,7 @@ def test_nested_captures_all_record():
     assert dict(zip(map(id, og.buffers), og.roles))[id(a._buffer())] == "intermediate"
     assert dict(zip(map(id, ig.buffers), ig.roles))[id(a._buffer())] == "param"
     assert og.replay([_t([5.0, 6.0])._buffer()])[0].numpy().tolist() == [17.0, 20.0]
-    assert not realize.capture_hooks  # the hook is installed only while a capture is active
+    assert not realize.capture_hooks()  # the hook is installed only while a capture is active
 
 
 def test_replay_inside_a_capture_is_recorded_with_its_intermediates():
@@ -190,7 +190,7 @@ def test_misuse_raises_typed_errors():
     with pytest.raises(CaptureError, match="reverse order"):
         a.__exit__(None, None, None)
     b.__exit__(None, None, None)
-    assert not cap_mod._active and not realize.capture_hooks
+    assert not cap_mod.active() and not realize.capture_hooks()
 
 
 def test_random_keys_are_refilled_on_replay():

@@ -11,10 +11,15 @@
 | POLY_CACHE_DIR    | on-disk cache of compiled programs and BEAM results            | ~/.cache/polygrad |
 | POLY_THREADS      | worker threads for CPU kernels                                 | cores   |
 | POLY_DEBUG_ALLOC  | poison new/freed memory, guard zones checked after launches    | 0       |
+
+`set_value` changes a setting for the whole process; `Context` changes it in its block for the thread
+that entered it alone (each thread reads `get`: the process-wide values, or its innermost Context's),
+so a Model capture's TRAINING=1 or another thread's `with Context(...)` never leaks across threads.
 """
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 _DEFAULTS: dict[str, Any] = {
@@ -45,17 +50,31 @@ def reload_from_env() -> None:
 reload_from_env()
 
 
+class _ThreadSettings(threading.local):
+    """What the running thread reads: `values` is the process-wide dict, or inside a Context the copy it
+    made; `frames` holds (that copy, the keys the Context restores) per open Context, innermost last."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = _values
+        self.frames: list[tuple[dict[str, Any], frozenset[str]]] = []
+
+
+current = _ThreadSettings()  # hot paths read current.values.get(name, 0) per launch, without a call
+
+
 def get(name: str) -> Any:
-    return _values.get(name, 0)
-
-
-values = _values  # the current settings, for hot paths that read one per launch without a call (values.get)
+    return current.values.get(name, 0)
 
 
 def set_value(name: str, value: Any) -> None:
-    """Change a setting for the rest of the process (or until the enclosing Context exits)."""
+    """Change a setting for the rest of the process (or until the enclosing Context exits, when one of
+    this thread's open Contexts sets the same name)."""
     if name not in _DEFAULTS:
         raise KeyError(f"unknown setting {name!r}; known settings are {sorted(_DEFAULTS)}")
+    for values, keys in reversed(current.frames):
+        values[name] = value
+        if name in keys:
+            return  # that Context restores the name when it exits: the change ends with it
     _values[name] = value
 
 
@@ -71,19 +90,23 @@ def cache_dir() -> str:
 
 
 class Context:
-    """Temporarily change settings: `with Context(TRAINING=1, BEAM=2): ...`; nests, restores on error."""
+    """Temporarily change settings: `with Context(TRAINING=1, BEAM=2): ...`; nests, restores on error.
+    The change is seen by the thread that entered the block alone; one Context object may be entered
+    by several threads (as a decorator) at once."""
 
     def __init__(self, **kwargs: Any):
         for k in kwargs:
             if k not in _DEFAULTS:
                 raise KeyError(f"unknown setting {k!r}; known settings are {sorted(_DEFAULTS)}")
         self.kwargs = kwargs
-        self.saved: list[dict[str, Any]] = []
 
     def __enter__(self) -> "Context":
-        self.saved.append({k: _values[k] for k in self.kwargs})
-        _values.update(self.kwargs)
+        values = {**current.values, **self.kwargs}
+        current.frames.append((values, frozenset(self.kwargs)))
+        current.values = values
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _values.update(self.saved.pop())
+        frames = current.frames
+        frames.pop()
+        current.values = frames[-1][0] if frames else _values

@@ -279,10 +279,11 @@ buffers_live: dict[str, int] = {}
 
 
 def _account(device: str, nbytes: int, count: int = 0) -> None:
-    counts.mem_used += nbytes
-    buffers_live[device] = buffers_live.get(device, 0) + count
-    per = GlobalCounters.mem_used_per_device
-    per[device] = per.get(device, 0) + nbytes
+    with _alloc_lock:
+        counts.mem_used += nbytes
+        buffers_live[device] = buffers_live.get(device, 0) + count
+        per = GlobalCounters.mem_used_per_device
+        per[device] = per.get(device, 0) + nbytes
 
 
 _serials = itertools.count()
@@ -323,14 +324,15 @@ class Buffer:
             self._handle = debug_alloc.alloc(impl.allocator, nbytes)
             _account(self.device, nbytes, 1)
             return self
-        free = _alloc_cache.get((self.device, nbytes))  # a freed allocation of this size (_release)
-        if free:
-            self._handle = free.pop()[1]
-            alloc_cache_bytes["total"] -= nbytes
-            buffers_live[self.device] = buffers_live.get(self.device, 0) + 1
-        else:
-            self._handle = impl.allocator.alloc(nbytes)
-            _account(self.device, nbytes, 1)
+        with _alloc_lock:  # test and take at once: another thread may take the last one, or free_cached() all
+            free = _alloc_cache.get((self.device, nbytes))  # a freed allocation of this size (_release)
+            if free:
+                self._handle = free.pop()[1]
+                alloc_cache_bytes["total"] -= nbytes
+                buffers_live[self.device] = buffers_live.get(self.device, 0) + 1
+                return self
+        self._handle = impl.allocator.alloc(nbytes)
+        _account(self.device, nbytes, 1)
         return self
 
     def __reduce__(self):
@@ -343,12 +345,14 @@ class Buffer:
             return
         self._handle = None
         device, nbytes = self.device, self.size * self.dtype.itemsize
-        if type(handle) is not GuardedMemory and nbytes and alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT:
-            # kept for the next buffer of this size (_release, inline: every realize frees a buffer)
-            buffers_live[device] -= 1
-            _alloc_cache.setdefault((device, nbytes), []).append((self._impl.allocator, handle))
-            alloc_cache_bytes["total"] += nbytes
-            return
+        if type(handle) is not GuardedMemory and nbytes:
+            with _alloc_lock:
+                if alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT:
+                    # kept for the next buffer of this size (_release, inline: every realize frees a buffer)
+                    buffers_live[device] -= 1
+                    _alloc_cache.setdefault((device, nbytes), []).append((self._impl.allocator, handle))
+                    alloc_cache_bytes["total"] += nbytes
+                    return
         _release(self._impl.allocator, handle, nbytes, device)
 
     @property
@@ -393,32 +397,37 @@ SELF_KEYED_ARGS.add(Buffer)  # a BUFFER node's arg hashes and compares by identi
 ALLOC_CACHE_LIMIT = int(os.environ.get("POLY_ALLOC_CACHE_MB", "1024")) << 20
 _alloc_cache: dict[tuple[str, int], list[tuple[Any, Any]]] = {}
 alloc_cache_bytes = {"total": 0}
+# Held while the cache or the counters change, so threads allocating and freeing at once never take
+# one allocation twice nor lose a count. Reentrant: a collection inside it may free a Buffer.
+_alloc_lock = threading.RLock()
 
 
 def _release(allocator: Any, handle: Any, nbytes: int, device: str) -> None:
-    buffers_live[device] = buffers_live.get(device, 0) - 1
-    if isinstance(handle, GuardedMemory):  # made while POLY_DEBUG_ALLOC was on
+    with _alloc_lock:
+        buffers_live[device] = buffers_live.get(device, 0) - 1
+        if isinstance(handle, GuardedMemory):  # made while POLY_DEBUG_ALLOC was on
+            _account(device, -nbytes, 0)
+            debug_alloc.release(allocator, handle, nbytes)
+            return
+        if nbytes and alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT:
+            _alloc_cache.setdefault((device, nbytes), []).append((allocator, handle))
+            alloc_cache_bytes["total"] += nbytes
+            return
         _account(device, -nbytes, 0)
-        debug_alloc.release(allocator, handle, nbytes)
-        return
-    if nbytes and alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT:
-        _alloc_cache.setdefault((device, nbytes), []).append((allocator, handle))
-        alloc_cache_bytes["total"] += nbytes
-        return
-    _account(device, -nbytes, 0)
     allocator.free(handle, nbytes)
 
 
 def free_cached() -> int:
     """Give every cached (free, reusable) allocation back to its device; returns the bytes freed."""
     freed = 0
-    for (device, nbytes), entries in list(_alloc_cache.items()):
-        for allocator, handle in entries:
-            _account(device, -nbytes, 0)
-            allocator.free(handle, nbytes)
-            freed += nbytes
-    _alloc_cache.clear()
-    alloc_cache_bytes["total"] = 0
+    with _alloc_lock:  # no thread takes an allocation while it is given back
+        for (device, nbytes), entries in list(_alloc_cache.items()):
+            for allocator, handle in entries:
+                _account(device, -nbytes, 0)
+                allocator.free(handle, nbytes)
+                freed += nbytes
+        _alloc_cache.clear()
+        alloc_cache_bytes["total"] = 0
     return freed
 
 

@@ -22,6 +22,7 @@ raise LinAlgError; that is one small readback per call, only to decide the error
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from polygrad.dtype import DType, dtypes
@@ -174,8 +175,11 @@ class _Replay:
         return self.graph.launch(feeds, scratch=scratch)
 
 
+# (thread id, step key) -> _Replay. A replay patches its graph's buffer table and writes its scratch
+# buffers, so each thread replays its own (two threads sharing one would swap inputs and results).
 _replays: dict[tuple, _Replay] = {}
 _step_indices: dict[str, list[Any]] = {}
+_index_lock = threading.Lock()
 
 
 def clear_cache() -> None:
@@ -184,8 +188,12 @@ def clear_cache() -> None:
 
 
 def _replay(key: tuple, build: Any, inputs: list[tuple[tuple[int, ...], DType]], device: str) -> _Replay:
+    key = (threading.get_ident(), *key)
     r = _replays.get(key)
     if r is None:
+        alive = {t.ident for t in threading.enumerate()}
+        for old in [k for k in list(_replays) if k[0] not in alive]:  # the steps of threads that ended
+            _replays.pop(old, None)
         r = _replays[key] = _Replay(build, inputs, device)
     return r
 
@@ -193,9 +201,11 @@ def _replay(key: tuple, build: Any, inputs: list[tuple[tuple[int, ...], DType]],
 def _index_buffer(k: int, device: str) -> Any:
     """A cached one-element int32 buffer holding k (the only thing that changes between steps)."""
     held = _step_indices.setdefault(device, [])
-    while len(held) <= k:
-        t = Tensor([len(held)], dtype=dtypes.int32, device=device).realize()
-        held.append(_buffer_of(t.uop))
+    if len(held) <= k:
+        with _index_lock:  # one thread appends at a time, or two could append the same index
+            while len(held) <= k:
+                t = Tensor([len(held)], dtype=dtypes.int32, device=device).realize()
+                held.append(_buffer_of(t.uop))
     return held[k]
 
 

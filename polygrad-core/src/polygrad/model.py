@@ -18,6 +18,8 @@ backward realized). The recorded buffers get roles:
 The Model then owns copies of every persistent buffer; the authoring tensors, their gradients, the
 TRAINING setting and the global RNG are restored whatever happens. The optimizer graph is recorded on
 the first training step (that step is a real update), so construction never runs an optimizer.
+Capture is per thread: what other threads compute meanwhile is neither recorded nor guarded, and
+their RNG draws and settings do not reach the model (engine/capture.py, random.scoped, config.Context).
 
 Entrypoints: "forward" (evaluation), "loss" (training forward + backward: the loss and the gradients),
 "optimizer_step" and "train_step" ("loss" then "optimizer_step") once an optimizer is configured, and
@@ -146,7 +148,7 @@ class Program:
 
 
 class _Guard:
-    """Pushed on tensor.capture_guards while the user's callable runs."""
+    """Guards this thread's host reads and assignments while the user's callable runs (tensor_common.guarded)."""
 
     def __init__(self, protected: dict[int, str]):
         self.protected = protected  # id(Buffer) -> "parameter 'w'" / "input 'x'"
@@ -290,9 +292,9 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
              caches: Mapping | None = None,
              entrypoints: Mapping | None = None) -> tuple[Program, dict[int, Any], str]:
     from polygrad import random
-    from polygrad import tensor as tensor_mod
     from polygrad.config import Context
     from polygrad.tensor import Tensor, _buffer_uop
+    from polygrad.tensor_common import guarded
     if not callable(obj):
         raise ModelError(f"Model needs a callable (an object with __call__ or a function), got {type(obj).__name__}")
     if not isinstance(inputs, Mapping) or not inputs:
@@ -332,12 +334,15 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
         cache_bufs.setdefault(id(b), (name, t, b))
     owned = {**unique, **cache_bufs}
     saved = {id(t): (t, t.uop, t.grad, t.requires_grad) for _, t, _ in owned.values()}
-    trainable = {bid for bid, (_, t, b) in unique.items() if t.requires_grad is not False and dtypes.is_float(t.dtype)}
+    # in parameter order (a dict, not a set of ids): the gradient slots, and so the bundle, are the same on
+    # every build
+    trainable = {bid: None for bid, (_, t, b) in unique.items()
+                 if t.requires_grad is not False and dtypes.is_float(t.dtype)}
     # what the capture run may change (state, caches) is saved to restore it; parameters are guarded
     # against assignment, so the Model copies them from their own buffers afterwards (no host copy of
     # every weight at once)
     values = {bid: b.numpy() for bid, (_, _, b) in owned.items() if bid not in trainable}
-    rng_before = dict(random._state)
+    rng_before = random.get_state()
     training_before = config.get("TRAINING")
 
     def placeholder(spec: Spec) -> Any:
@@ -388,9 +393,10 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
         graphs[ename] = (cap, list(out_bufs.values()))
         outs_of[ename], shapes_of[ename] = out_bufs, out_shapes
 
-    tensor_mod.capture_guards.append(guard)
     try:
-        with runtime_context.using(runtime):
+        # the capture runs draw from this thread's copy of the RNG state (dropped afterwards), under this
+        # thread's guard: other threads neither see these settings nor get recorded
+        with guarded(guard), random.scoped(), runtime_context.using(runtime):
             with Context(TRAINING=0 if loss is not None else training_before):
                 capture_eval("forward", obj, ph, in_args)
                 for ename, (fn, _, _, args) in extra.items():
@@ -414,14 +420,11 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
                         grad_bufs = {bid: g._buffer() for bid, g in grads.items()}
                     graphs["loss"] = (cap, [loss_buf])
     finally:
-        tensor_mod.capture_guards.remove(guard)
         for t, uop, grad, req in saved.values():
             t.uop, t.grad, t.requires_grad = uop, grad, req
         for bid, (_, t, b) in owned.items():
             if bid not in trainable:
                 b.copyin(values[bid])  # the placeholder run's state and cache writes are not the model's
-        random._state.clear()
-        random._state.update(rng_before)
 
     # ---- the slot table
     tb = _Table()

@@ -369,20 +369,15 @@ def _build_model(net: Any, inputs: dict, outputs: dict[str, tuple], cfg: Mapping
 
 
 def _seeded(cfg: Mapping, build: Callable[[], Model]) -> Model:
-    """build() with the config's seed, if any, restoring the global RNG state afterwards."""
+    """build() with the config's seed, if any, leaving the global RNG state as it was."""
     seed = cfg.get("seed")
     if seed is None:
         return build()
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ModelConfigError(f"config.seed must be a non-negative int, got {seed!r:.40}")
     from polygrad import random
-    saved = dict(random._state)
-    random.manual_seed(seed)
-    try:
+    with random.scoped(seed):  # this thread's own generator: other threads' draws do not shift the weights
         return build()
-    finally:
-        random._state.clear()
-        random._state.update(saved)
 
 
 # ---------------------------------------------------------------------------------------------------

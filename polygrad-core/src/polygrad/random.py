@@ -3,42 +3,96 @@
 The key (seed, call counter) lives in a small buffer, so every call has the same graph structure and
 reuses the compiled kernel; the counter is the element index. Same seed -> same numbers on every
 backend, and a rand() of any size is never materialised on the host.
+
+One (seed, counter) serves the whole process, as torch's default generator does: each draw takes a
+counter value no other draw, in any thread, takes. Inside `scoped()` a thread draws from its own copy
+instead (Model capture and a seeded `models.Sequential` build run there), so what other threads draw
+meanwhile neither moves nor is moved by it.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any
+import threading
+from typing import Any, Iterator
 
 import numpy as np
 
 from polygrad.errors import InvalidArgumentError
 from polygrad.dtype import dtypes, to_dtype
 
-_state = {"seed": 0, "counter": 0}
+_state = {"seed": 0, "counter": 0}  # the process-wide generator
+_lock = threading.Lock()  # a key is read and the counter advanced as one step
 ROTATIONS = (13, 15, 26, 6, 17, 29, 16, 24)
 PARITY = 0x1BD11BDA
 
 
+class _Scoped(threading.local):
+    """The state this thread draws from inside scoped() (None: the process-wide one)."""
+
+    state: dict | None = None
+
+
+_scoped = _Scoped()
+
+
+def _current() -> dict:
+    return _scoped.state or _state
+
+
 def manual_seed(seed: int = 0) -> None:
-    _state["seed"] = int(seed) & 0xFFFFFFFF
-    _state["counter"] = 0
+    """Seed the generator (inside scoped(), this thread's own) and restart its counter."""
+    state = _current()
+    with _lock:
+        state["seed"] = int(seed) & 0xFFFFFFFF
+        state["counter"] = 0
 
 
-def _next_key(device: str | None, runtime: Any):
-    from polygrad.tensor import Tensor
-    key = np.array([_state["seed"], _state["counter"]], dtype=np.uint32)
-    _state["counter"] += 1
-    t = Tensor(key, device=device, dtype=dtypes.uint32, _runtime=runtime)
-    from polygrad.engine.jit import note_rng_key
-    note_rng_key(t)  # a JIT capturing now refills this key on every replay, so replays draw new numbers
-    return t
+def get_state() -> dict[str, int]:
+    """A copy of the (seed, counter) this thread draws from now."""
+    state = _current()
+    with _lock:
+        return dict(state)
+
+
+@contextlib.contextmanager
+def scoped(seed: int | None = None) -> Iterator[None]:
+    """In the block, this thread draws from its own copy of the current state (reseeded to `seed` with
+    counter 0 when given); the state outside is as it was before. Other threads are not affected.
+
+    >>> from polygrad import Tensor
+    >>> Tensor.manual_seed(3)
+    >>> with scoped(7):
+    ...     a = Tensor.rand(2).numpy()
+    >>> with scoped(7):
+    ...     b = Tensor.rand(2).numpy()
+    >>> bool((a == b).all()), get_state()["counter"]
+    (True, 0)
+    """
+    saved = _scoped.state
+    _scoped.state = get_state() if seed is None else {"seed": int(seed) & 0xFFFFFFFF, "counter": 0}
+    try:
+        yield
+    finally:
+        _scoped.state = saved
 
 
 def next_key_values() -> np.ndarray:
     """The next (seed, counter) key, advancing the counter (used by JIT replays)."""
-    key = np.array([_state["seed"], _state["counter"]], dtype=np.uint32)
-    _state["counter"] += 1
+    state = _current()
+    with _lock:
+        key = np.array([state["seed"], state["counter"]], dtype=np.uint32)
+        state["counter"] += 1
     return key
+
+
+def _next_key(device: str | None, runtime: Any):
+    from polygrad.tensor import Tensor
+    key = next_key_values()
+    t = Tensor(key, device=device, dtype=dtypes.uint32, _runtime=runtime)
+    from polygrad.engine.jit import note_rng_key
+    note_rng_key(t)  # a JIT capturing now refills this key on every replay, so replays draw new numbers
+    return t
 
 
 def _rotl(x, r: int):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import weakref
 from typing import Any, Iterable, Iterator
 
@@ -52,13 +53,17 @@ __all__ = ["Tensor", "broadcast_shape", "capture_guards", "is_tensor", "size_ten
 class _LiveTensors:
     """Every live Tensor (backward() looks for the ones that want gradients), held by weak references
     without callbacks, since every op makes a tensor: adding one is a C call, and dead references are
-    dropped whenever the list has doubled since the last sweep (amortised constant time)."""
+    dropped whenever the list has doubled since the last sweep (amortised constant time).
 
-    __slots__ = ("refs", "limit")
+    Threads add without a lock (one append to the one list, which is never replaced); a sweep rewrites
+    the part of the list it read, under `lock`, so what other threads append meanwhile is kept."""
+
+    __slots__ = ("refs", "limit", "lock")
 
     def __init__(self) -> None:
         self.refs: list[weakref.ref] = []
         self.limit = 1024
+        self.lock = threading.Lock()
 
     def add(self, t: "Tensor") -> None:
         self.refs.append(weakref.ref(t))
@@ -67,13 +72,23 @@ class _LiveTensors:
 
     def sweep(self) -> None:
         """Drop the references to dead tensors; the next sweep waits until the list has doubled."""
-        self.refs = [r for r in self.refs if r() is not None]
-        self.limit = max(1024, 2 * len(self.refs))
+        if self.lock.acquire(blocking=False):  # else a sweep is under way
+            try:
+                self._compact()
+            finally:
+                self.lock.release()
+            self.limit = max(1024, 2 * len(self.refs))
+
+    def _compact(self) -> list["Tensor"]:
+        refs = self.refs
+        n = len(refs)
+        pairs = [(r, t) for r in refs[:n] if (t := r()) is not None]
+        refs[:n] = [r for r, _ in pairs]  # one C call: an append from another thread lands after it
+        return [t for _, t in pairs]
 
     def __iter__(self):
-        out = [t for t in (r() for r in self.refs) if t is not None]
-        self.refs = [weakref.ref(t) for t in out]
-        return iter(out)
+        with self.lock:
+            return iter(self._compact())
 
 
 _all_tensors = _LiveTensors()
@@ -175,17 +190,17 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
 
     class train(contextlib.ContextDecorator):
         """`with Tensor.train():` (or as a decorator) runs a block in training mode (tinygrad); train(False) out
-        of it. Restores the previous mode on exit."""
+        of it. Restores the previous mode on exit; like Context, it changes the mode for this thread alone."""
 
         def __init__(self, mode: bool = True):
             self.mode = mode
+            self.context = config.Context(TRAINING=int(mode))  # for this thread alone, as any Context
 
         def __enter__(self) -> None:
-            self.prev = bool(config.get("TRAINING"))
-            config.set_value("TRAINING", int(self.mode))
+            self.context.__enter__()
 
         def __exit__(self, *exc: Any) -> None:
-            config.set_value("TRAINING", int(self.prev))
+            self.context.__exit__(*exc)
     training = property(lambda self: bool(config.get("TRAINING")), doc="Training mode (the TRAINING setting).")
 
     def __init__(self, data: Any = None, device: str | None = None, dtype: Any = None,
@@ -347,8 +362,8 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         return u.arg
 
     def numpy(self) -> np.ndarray:
-        if capture_guards:
-            capture_guards[-1].read(self, "numpy")
+        if capture_guards.stack:
+            capture_guards.stack[-1].read(self, "numpy")
         shape = sint.concrete_shape(self.shape)  # symbolic sizes read at their bound values
         if _prod(shape) == 0:
             return np.zeros(shape, dtype=self.dtype.np if self.dtype is not dtypes.bfloat16 else np.float32)
@@ -361,15 +376,15 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         return memoryview(self.numpy())
 
     def item(self) -> Any:
-        if capture_guards:
-            capture_guards[-1].read(self, "item")
+        if capture_guards.stack:
+            capture_guards.stack[-1].read(self, "item")
         if self.numel() != 1:
             raise InvalidArgumentError(f"item() needs a tensor with one element, this one has shape {self.shape}")
         return self.numpy().reshape(()).item()
 
     def tolist(self) -> Any:
-        if capture_guards:
-            capture_guards[-1].read(self, "tolist")
+        if capture_guards.stack:
+            capture_guards.stack[-1].read(self, "tolist")
         return self.numpy().tolist()
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -378,8 +393,8 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
 
     def copy_from(self, data: Any) -> "Tensor":
         """Write host data into this tensor's existing buffer (keeps identity for compiled replay)."""
-        if capture_guards:
-            capture_guards[-1].read(self, "copy_from")
+        if capture_guards.stack:
+            capture_guards.stack[-1].read(self, "copy_from")
         arr = np.asarray(data)
         if arr.size != self.numel():
             raise InvalidArgumentError(f"copy_from: {arr.shape} has {arr.size} elements, tensor {self.shape} has "
@@ -393,8 +408,8 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
 
     def assign(self, x: Any) -> "Tensor":
         """Write x into this tensor's buffer (in place, lazily)."""
-        if capture_guards:
-            capture_guards[-1].assign(self)
+        if capture_guards.stack:
+            capture_guards.stack[-1].assign(self)
         if not isinstance(x, Tensor):
             x = Tensor(x, device=self.device, dtype=self.dtype, _runtime=self._runtime)
         if x.shape != self.shape:

@@ -6,7 +6,9 @@ runtimes. Imports nothing from polygrad.tensor, so tensor.py and every tensor_* 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+import contextlib
+import threading
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -19,9 +21,28 @@ from polygrad.uop.ops import Ops, UOp
 if TYPE_CHECKING:
     from polygrad.tensor import Tensor
 
-# Model capture (polygrad/model.py) pushes a guard here: it rejects effectful reads (numpy, item,
-# tolist) and assignments to parameters or inputs while the user's callable is being recorded
-capture_guards: list[Any] = []
+
+
+class _CaptureGuards(threading.local):
+    """Model capture (polygrad/model.py) and TinyJit push a guard on `stack` (`guarded(guard)`): it rejects
+    effectful reads (numpy, item, tolist) and assignments to parameters or inputs while the user's callable
+    is being recorded. Per thread, as captures are: another thread's reads are not the callable's."""
+
+    def __init__(self) -> None:
+        self.stack: list[Any] = []
+
+
+capture_guards = _CaptureGuards()
+
+
+@contextlib.contextmanager
+def guarded(guard: Any) -> Iterator[None]:
+    """`guard` checks this thread's host reads and assignments in the block."""
+    capture_guards.stack.append(guard)
+    try:
+        yield
+    finally:
+        capture_guards.stack.remove(guard)
 
 
 def _buffer_uop(buf: Any, shape: tuple[int, ...]) -> UOp:

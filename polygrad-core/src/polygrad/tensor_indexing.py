@@ -52,7 +52,7 @@ def host_values(t: "Tensor") -> np.ndarray | None:
     about later calls)."""
     from polygrad.uop.movement import strip_reshapes
     u = strip_reshapes(t.uop)
-    if capture_guards or u.op is not Ops.BUFFER or not u.arg.is_allocated or t.dtype is dtypes.bfloat16:
+    if capture_guards.stack or u.op is not Ops.BUFFER or not u.arg.is_allocated or t.dtype is dtypes.bfloat16:
         return None
     if u.arg.size != t.numel() or not getattr(u.arg.impl(), "host_memory", False):
         return None

@@ -25,6 +25,10 @@ Captures nest: every active capture gets each launch, so a JIT capturing a funct
 alive when it began (`made_before`); work done for them inside `paused()` is not recorded (values a
 write would otherwise change, computed for the program, not for the captured function).
 
+Captures belong to the thread that opened them: a capture records the launches of its own thread
+alone, and other threads realize as usual meanwhile, unrecorded (`recording` is per thread, and so is
+the hook list it installs in `engine/realize.py`).
+
 >>> from polygrad import Tensor
 >>> from polygrad.engine.capture import capture
 >>> x = Tensor([1.0, 2.0]).realize()
@@ -40,13 +44,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from polygrad import config
-from polygrad.config import values as settings
+from polygrad.config import current as settings
 from polygrad.device import Buffer, debug_alloc
 from polygrad.engine import realize
 from polygrad.errors import PolygradError
@@ -90,13 +95,19 @@ class SlotInfo(NamedTuple):
     role: str  # "input" | "param" | "intermediate"
 
 
-_active: list["Capture"] = []
-active_captures = _active  # the same list, for callers that test it per call without calling active()
+class _Recording(threading.local):
+    """The captures open in the running thread, innermost last (each thread starts with none)."""
+
+    def __init__(self) -> None:
+        self.captures: list["Capture"] = []
+
+
+recording = _Recording()  # hot paths test `recording.captures` without calling active()
 
 
 def active() -> bool:
-    """Whether a capture is recording now."""
-    return bool(_active)
+    """Whether a capture opened by this thread is recording now."""
+    return bool(recording.captures)
 
 
 def _on_launch(step: Any, program: Any, buffers: list[Buffer], n_inputs: int,
@@ -109,14 +120,15 @@ def _on_launch(step: Any, program: Any, buffers: list[Buffer], n_inputs: int,
 
 
 def _record(launch: Launch, created: list[Buffer]) -> None:
-    for cap in _active:
+    for cap in recording.captures:
         cap.launches.append(launch)
         cap._created.update(id(b) for b in created)
 
 
 def made_before(tensors: Sequence[Any]) -> list[Any]:
     """The tensors among `tensors` that existed before an active capture began (not the captured work's)."""
-    return [t for t in tensors if any(_was_alive(cap, t) for cap in _active)]
+    captures = recording.captures
+    return [t for t in tensors if any(_was_alive(cap, t) for cap in captures)]
 
 
 def _was_alive(cap: "Capture", t: Any) -> bool:
@@ -128,22 +140,23 @@ def _was_alive(cap: "Capture", t: Any) -> bool:
 def paused() -> Iterator[None]:
     """Launches in the block are not recorded: work the captured function did not ask for (values
     computed before a write they would otherwise miss, engine/overwrites.py) stays out of replays."""
-    saved = list(_active)
-    _active.clear()
-    hooked = _on_launch in realize.capture_hooks
+    captures, hooks = recording.captures, realize.capture_hooks()
+    saved = list(captures)
+    captures.clear()
+    hooked = _on_launch in hooks
     if hooked:
-        realize.capture_hooks.remove(_on_launch)
+        hooks.remove(_on_launch)
     try:
         yield
     finally:
-        _active.extend(saved)
+        captures.extend(saved)
         if hooked:
-            realize.capture_hooks.append(_on_launch)
+            hooks.append(_on_launch)
 
 
 def note_rng_key(t: Any) -> None:
     """Called by polygrad.random for each key tensor it makes: graphs refill these before each replay."""
-    for cap in _active:
+    for cap in recording.captures:
         cap.rng_keys.append(t)
 
 
@@ -155,6 +168,7 @@ class Capture:
         self.rng_keys: list[Any] = []  # Tensors made by polygrad.random while active
         self._created: set[int] = set()  # ids of recorded buffers the captured work made
         self._state = "new"
+        self._thread = 0  # threading.get_ident() of the thread recording
         # Tensors alive when recording began, by id (a weak reference tells a reused id apart; Tensor's
         # == is elementwise, so no WeakSet)
         self.older: dict[int, Any] = {}
@@ -165,18 +179,24 @@ class Capture:
                                "capture() for another recording")
         from polygrad.tensor import live_tensors
         self.older = {id(t): weakref.ref(t) for t in live_tensors()}
-        if not _active:
-            realize.capture_hooks.append(_on_launch)
-        _active.append(self)
+        captures, hooks = recording.captures, realize.capture_hooks()
+        if not captures:
+            hooks.append(_on_launch)
+        captures.append(self)
         self._state = "active"
+        self._thread = threading.get_ident()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        in_order = bool(_active) and _active[-1] is self
-        if self in _active:
-            _active.remove(self)
-        if not _active and _on_launch in realize.capture_hooks:
-            realize.capture_hooks.remove(_on_launch)
+        if self._state == "active" and self._thread != threading.get_ident():
+            raise CaptureError("a capture must be closed by the thread that opened it (use `with capture():` "
+                               "inside one thread)")
+        captures, hooks = recording.captures, realize.capture_hooks()
+        in_order = bool(captures) and captures[-1] is self
+        if self in captures:
+            captures.remove(self)
+        if not captures and _on_launch in hooks:
+            hooks.remove(_on_launch)
         self._state = "closed"
         if not in_order and exc[0] is None:
             raise CaptureError("captures must close in the reverse order they were opened (use `with`)")
@@ -365,14 +385,14 @@ class CapturedGraph:
                 table[s].copyin(next_key_values())
         if var_vals or self._missing_vars:
             plan = self._plan_with(var_vals)
-            if _active or config.get("DEBUG") >= 1 or debug_alloc.on:
+            if recording.captures or config.get("DEBUG") >= 1 or debug_alloc.on:
                 self._launch_recorded(plan)
             else:
                 t0 = time.perf_counter()
                 for fn, args, vv in plan:
                     fn(args, vv, False)
                 realize.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
-        elif _active or settings.get("DEBUG", 0) >= 1 or debug_alloc.on:
+        elif recording.captures or settings.values.get("DEBUG", 0) >= 1 or debug_alloc.on:
             self._launch_recorded(self._plan)
         else:
             t0 = time.perf_counter()
@@ -414,7 +434,7 @@ class CapturedGraph:
                     n, ops, mem = n + 1, ops + x.program.spec.ops, mem + x.program.spec.mem_bytes
                 if debug_alloc.on:
                     debug_alloc.check(bufs, f"replayed {x.kind} {getattr(x.ast, 'arg', '')}")
-            if _active:
+            if recording.captures:
                 _record(Launch(x.kind, x.device, x.ast, x.program, list(bufs), dict(zip(names, vv))),
                         [bufs[p] for p in mid])
         realize.count_kernels(n, ops, mem, dt)

@@ -8,6 +8,8 @@ STORE (arg ADD, MUL or MAX), dropping the points whose index is outside the axis
 """
 from __future__ import annotations
 
+import threading
+
 from polygrad.dtype import dtypes
 from polygrad.uop.ops import COMPARISONS, ELEMENTWISE, AxisKind, KernelInfo, Ops, UOp
 from polygrad.uop.sint import is_sym, sadd, smul, sprod, ssub, sym_equal, vmax
@@ -16,23 +18,33 @@ TRUE = UOp.const(dtypes.bool, True)
 
 
 INT32_MAX = 2**31 - 1
-# The index dtype of the kernel being built: int32, unless a size, offset or buffer of the kernel does
-# not fit (then `wide_needed` is set and the scheduler builds the kernel again with int64).
-index_width = {"dtype": dtypes.int32, "wide_needed": False}
+
+
+class _IndexWidth(threading.local):
+    """The index dtype of the kernel being built: int32, unless a size, offset or buffer of the kernel does
+    not fit (then `wide_needed` is set and the scheduler builds the kernel again with int64). Per thread:
+    two threads scheduling at once each build their own kernel at their own width."""
+
+    def __init__(self) -> None:
+        self.dtype = dtypes.int32
+        self.wide_needed = False
+
+
+index_width = _IndexWidth()
 
 
 def _note_size(v: "int | UOp") -> None:
     if is_sym(v):  # a symbolic size counts at its largest value
         v = vmax(v)
     if not -INT32_MAX - 1 <= v <= INT32_MAX:
-        index_width["wide_needed"] = True
+        index_width.wide_needed = True
 
 
 def _c(v: "int | UOp") -> UOp:
     _note_size(v)
     if is_sym(v):
-        return _retype(v, index_width["dtype"])
-    return UOp.const(index_width["dtype"], v)
+        return _retype(v, index_width.dtype)
+    return UOp.const(index_width.dtype, v)
 
 
 def _retype(v: UOp, dt) -> UOp:
@@ -53,15 +65,15 @@ def _retype(v: UOp, dt) -> UOp:
 
 def build_with_index_width(build):
     """Run `build()` with int32 indices; again with int64 when any size or offset exceeded int32."""
-    index_width["dtype"], index_width["wide_needed"] = dtypes.int32, False
+    index_width.dtype, index_width.wide_needed = dtypes.int32, False
     try:
         out = build()
-        if not index_width["wide_needed"]:
+        if not index_width.wide_needed:
             return out
-        index_width["dtype"] = dtypes.int64
+        index_width.dtype = dtypes.int64
         return build()
     finally:
-        index_width["dtype"], index_width["wide_needed"] = dtypes.int32, False
+        index_width.dtype, index_width.wide_needed = dtypes.int32, False
 
 
 def strides_for(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -86,7 +98,7 @@ def checked_index(raw: UOp, n: "int | UOp") -> tuple[UOp, UOp]:
     gate is `-1 < v & v < n`, compared in a dtype that holds raw's values, and the index is
     `gate ? v : 0` in the kernel's index dtype, so the arithmetic built on it cannot overflow for any
     loaded value (and uop/validate.py can prove the access in bounds)."""
-    it = index_width["dtype"]
+    it = index_width.dtype
     _note_size(n)
     wide = raw.dtype.itemsize > it.itemsize or (raw.dtype.is_unsigned and raw.dtype.itemsize >= it.itemsize)
     v = raw if wide or raw.dtype is it else raw.cast(it)
@@ -116,7 +128,7 @@ class KernelBuilder:
         self.next_axis = 0
 
     def new_range(self, size: int, kind: str) -> UOp:
-        r = UOp(Ops.RANGE, index_width["dtype"], (_c(size),), (self.next_axis, kind))
+        r = UOp(Ops.RANGE, index_width.dtype, (_c(size),), (self.next_axis, kind))
         self.next_axis += 1
         return r
 

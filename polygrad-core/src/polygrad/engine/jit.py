@@ -37,11 +37,12 @@ host-to-device data made inside it) is not replayed.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Callable
 
 from polygrad import config
 from polygrad.device import Buffer
-from polygrad.engine.capture import CapturedGraph, active_captures, capture
+from polygrad.engine.capture import CapturedGraph, capture, recording
 from polygrad.engine.capture import note_rng_key as note_rng_key  # polygrad.random imports it from here
 from polygrad.errors import PolygradError
 from polygrad.uop import sint
@@ -144,7 +145,8 @@ def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple
 
 
 class _NoReadback:
-    """Pushed on tensor.capture_guards while TinyJit captures: a host read would be frozen into the replay."""
+    """Guards this thread's reads while TinyJit captures (tensor_common.guarded): a host read would be frozen
+    into the replay."""
 
     def read(self, t: Any, call: str) -> None:
         raise JitError(f"Tensor.{call}() was called while TinyJit captured the function; replays run only the "
@@ -191,7 +193,7 @@ class TinyJit:
         self.static_key: tuple | None = None  # the non-Tensor arguments of the capture
         self.ret: Any = None
         self.disposed = False
-        self._running = False
+        self._running = threading.Lock()  # held by the call under way (a second one raises)
         # (input nodes, _prepare_inputs' result) of the last replay whose arguments were all Tensors
         self._last_inputs: tuple[tuple[UOp, ...], tuple] | None = None
         functools.update_wrapper(self, fn)  # type: ignore[arg-type]
@@ -204,13 +206,12 @@ class TinyJit:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.disposed:
             raise JitError("this jitted function was disposed; wrap the function again to use it")
-        if self._running:
+        if not self._running.acquire(blocking=False):  # taken and tested at once: two threads cannot both pass
             raise JitError(f"jitted function {getattr(self.fn, '__name__', self.fn)!r} called itself (or was called "
                            "from two threads at once); a capture cannot contain a replay of itself. Jit only the "
-                           "outermost function")
-        self._running = True
+                           "outermost function, and give each thread its own")
         try:
-            if active_captures:  # called inside another capture: run plainly so the outer capture records it
+            if recording.captures:  # called inside this thread's capture: run plainly so that capture records it
                 return self.fn(*args, **kwargs)
             buffers, info, var_vals, key = self._inputs(args, kwargs)
             if self.graph is not None and key != self.static_key:
@@ -224,7 +225,7 @@ class TinyJit:
                 return self._capture(args, kwargs, buffers, info, key)
             return self._replay(buffers, info, var_vals)
         finally:
-            self._running = False
+            self._running.release()
 
     def _inputs(self, args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple], dict[UOp, int], tuple]:
         """_prepare_inputs, remembered while replaying: arguments that are all Tensors over the very nodes
@@ -257,14 +258,9 @@ class TinyJit:
         return ret
 
     def _capture(self, args: tuple, kwargs: dict, buffers: list[Buffer], info: list[tuple], key: tuple) -> Any:
-        from polygrad import tensor as tensor_mod
-        guard = _NoReadback()
-        tensor_mod.capture_guards.append(guard)
-        try:
-            with capture() as cap:
-                ret = self._run_plain(args, kwargs)
-        finally:
-            tensor_mod.capture_guards.remove(guard)
+        from polygrad.tensor_common import guarded
+        with guarded(_NoReadback()), capture() as cap:
+            ret = self._run_plain(args, kwargs)
         if not cap.launches:
             raise JitError("the jitted function ran no kernels; return realized tensors (x.realize()) "
                            "or call it without @jit")

@@ -1,19 +1,21 @@
 """Run schedules: compile (cached) and launch kernels, copy between devices, keep the counters.
 
 Stage: execution. Input: a Template and its input buffers from the scheduler. Output: filled
-buffers and the tensors' new buffer views. `engine/capture.py` listens here (`capture_hooks`) to record
-what ran; the JIT, linalg and exports build on it. The values of bound variables (`var_vals`,
+buffers and the tensors' new buffer views. `engine/capture.py` listens here (`capture_hooks()`, the
+running thread's hooks: a capture never sees another thread's launches) to record what ran; the JIT,
+linalg and exports build on it. The values of bound variables (`var_vals`,
 {DEFINE_VAR: int}) come from the scheduler and go to every launch: a program receives them as extra
 integer arguments, in the order of its `spec.vars`.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from time import perf_counter
 from typing import Any, Callable
 
 from polygrad import config
-from polygrad.config import values as settings
+from polygrad.config import current as settings
 from polygrad.device import Buffer, GlobalCounters, counts, debug_alloc, open_device  # noqa: F401 (re-exported)
 from polygrad.engine import rendercache
 from polygrad.engine.lower import lower
@@ -52,7 +54,7 @@ class CompiledProgram:
         """Run with the buffers' handles already taken (run_template); `buffers` is for POLY_DEBUG_ALLOC's check."""
         spec = self.spec
         args = self.var_args(var_vals) if spec.vars else ()
-        debug = settings.get("DEBUG", 0)
+        debug = settings.values.get("DEBUG", 0)
         t0 = perf_counter()
         self.program(handles, args, debug >= 2)
         dt = perf_counter() - t0
@@ -71,9 +73,23 @@ class CompiledProgram:
 program_cache: dict[tuple[UOp, str], CompiledProgram] = {}
 runtime_stats: dict[str, int] = {"programs_compiled": 0, "program_cache_hits": 0, "kernels_run": 0,
                                  "schedules_built": 0, "copies": 0}
-# hook(step, program or None, buffers, n_inputs) after each step; args >= n_inputs are new buffers.
-# Installed only by engine/capture.py (use `with capture():` instead of appending here).
-capture_hooks: list[Callable[[Any, Any, list[Buffer], int, dict], None]] = []
+
+
+class _ThreadHooks(threading.local):
+    """hook(step, program or None, buffers, n_inputs, var_vals) after each step of this thread's
+    realizes; args >= n_inputs are new buffers. Per thread: work other threads do meanwhile is theirs."""
+
+    def __init__(self) -> None:
+        self.hooks: list[Callable[[Any, Any, list[Buffer], int, dict], None]] = []
+
+
+_thread_hooks = _ThreadHooks()
+
+
+def capture_hooks() -> list[Callable[[Any, Any, list[Buffer], int, dict], None]]:
+    """The running thread's hook list. Installed only by engine/capture.py (use `with capture():`
+    instead of appending here)."""
+    return _thread_hooks.hooks
 
 
 def count_kernels(n: int, ops: int, mem_bytes: int, seconds: float) -> None:
@@ -97,7 +113,10 @@ def get_program(ast: UOp, device: str) -> CompiledProgram:
 def get_programs(asts: list[UOp], device: str) -> list[CompiledProgram]:
     """Programs for several kernels of one device. The missing ones are lowered and rendered, then
     compiled in one go when the device offers `compile_many` (one compiler process for a schedule)."""
-    todo = list(dict.fromkeys(a for a in asts if (a, device) not in program_cache))
+    # the programs are taken from this call's own table, not the cache, which collect() may empty meanwhile
+    # from another thread (two threads missing at once compile twice, and either result serves)
+    got = {a: hit for a in asts if (hit := program_cache.get((a, device))) is not None}
+    todo = list(dict.fromkeys(a for a in asts if a not in got))
     if todo:
         impl = open_device(device)
         specs, sources = [], []
@@ -115,9 +134,9 @@ def get_programs(asts: list[UOp], device: str) -> list[CompiledProgram]:
         else:
             binaries = [impl.compile(source) for source in sources]
         for ast, spec, source, binary in zip(todo, specs, sources, binaries):
-            program_cache[(ast, device)] = CompiledProgram(spec, device, impl.load(spec, binary), source)
+            got[ast] = program_cache[(ast, device)] = CompiledProgram(spec, device, impl.load(spec, binary), source)
             runtime_stats["programs_compiled"] += 1
-    return [program_cache[(a, device)] for a in asts]
+    return [got[a] for a in asts]
 
 
 def lower_and_render(ast: UOp, device: str, impl: Any) -> tuple[ProgramSpec, Any]:
@@ -174,7 +193,7 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
     if not tpl.prepared:
         prepare(tpl)
     vals = var_vals or {}
-    hooks = capture_hooks
+    hooks = _thread_hooks.hooks
     for step in tpl.steps:
         if step.kind == "kernel" and not hooks and not debug_alloc.on:  # nothing wants the Buffers: handles only
             prog = get_program(step.ast, step.device)

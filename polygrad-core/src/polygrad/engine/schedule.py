@@ -752,7 +752,7 @@ def _build_kernel_at_width(point: UOp, inputs: dict[UOp, int], out_entry: int) -
         target, value = point.src
         shape = target.shape
         ranges = [kb.new_range(s, AxisKind.GLOBAL) if s != 1 else None for s in shape]
-        idx = tuple(r if r is not None else UOp.const(index_width["dtype"], 0) for r in ranges)
+        idx = tuple(r if r is not None else UOp.const(index_width.dtype, 0) for r in ranges)
         val = kb.value(value, idx, _TRUE)
         buf_node, flat = address(target, idx)
         out = kb.define_global(0, buf_node)

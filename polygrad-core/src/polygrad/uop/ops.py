@@ -10,6 +10,7 @@ import math
 import struct
 import sys
 import types
+import threading
 import weakref
 from dataclasses import dataclass
 from enum import Enum, auto
@@ -130,6 +131,14 @@ def _arg_key(arg: Any) -> Any:
 # _ref_keys: a plain weakref with a shared callback costs a third of a KeyedRef to make)
 _uop_cache: dict[tuple, "weakref.ref"] = {}
 _ref_keys: dict["weakref.ref", tuple] = {}
+# Held while the table changes: without it two threads making the same node at once both miss and get
+# two nodes, and a graph (a kernel's RANGE, say) then holds two copies of what must be one. Lookups that
+# hit take no lock. Reentrant, since freeing a dead entry's key can free more nodes (_forget) in the
+# same thread. A collection never waits for the lock: when another thread holds it, the dead reference
+# stays in _dead until the next drop (so no lock order with device.Buffer's finalizer can deadlock; a
+# dead entry left a while is harmless, a lookup finds its node gone and replaces it).
+_uop_lock = threading.RLock()
+_dead: list["weakref.ref"] = []
 _PLAIN_ARGS = (type(None), int, str)
 _PLAIN_ARG_TYPES = frozenset(_PLAIN_ARGS)
 # arg types that are their own hash-cons key (compared by identity, or holding no floats or bools):
@@ -138,18 +147,38 @@ SELF_KEYED_ARGS: set[type] = {type(None), int, str}
 
 
 def _forget(ref: "weakref.ref") -> None:
-    key = _ref_keys.pop(ref, None)
-    if key is not None and _uop_cache.get(key) is ref:
-        del _uop_cache[key]
+    if not _uop_lock.acquire(blocking=False):
+        _dead.append(ref)  # a later drop removes the entry
+        return
+    try:  # _drop_dead for this one reference, inline: every realize frees a node
+        key = _ref_keys.pop(ref, None)
+        if key is not None and _uop_cache.get(key) is ref:
+            del _uop_cache[key]
+        if _dead:
+            _drop_dead()
+    finally:
+        _uop_lock.release()
+
+
+def _drop_dead() -> None:
+    """Remove the entries of dead nodes from the table (with _uop_lock held: the test and the delete at
+    once, while another thread may be putting a live node under the same key)."""
+    while _dead:
+        ref = _dead.pop()
+        key = _ref_keys.pop(ref, None)
+        if key is not None and _uop_cache.get(key) is ref:
+            del _uop_cache[key]
 
 
 def compact_uop_cache() -> None:
     """Rebuild the hash-cons table at its live size: a dict never shrinks as entries go, so after a
     burst of graphs the table kept its peak size (megabytes) until the process ended."""
-    for table in (_uop_cache, _ref_keys):
-        live = list(table.items())
-        table.clear()
-        table.update(live)
+    with _uop_lock:
+        _drop_dead()
+        for table in (_uop_cache, _ref_keys):
+            live = list(table.items())
+            table.clear()
+            table.update(live)
 
 
 def normalize_const(value: Any, dtype: DType) -> Any:
@@ -184,11 +213,20 @@ class UOp:
             hit = ref()
             if hit is not None:
                 return hit
-        self = object.__new__(cls)
+        self = object.__new__(cls)  # made before the lock: a collection here runs no code under it
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
         self._shape = self._device = self._toposort = None
-        ref = _uop_cache[key] = weakref.ref(self, _forget)
-        _ref_keys[ref] = key
+        ref = weakref.ref(self, _forget)
+        with _uop_lock:
+            held = _uop_cache.setdefault(key, ref)  # another thread may have made the node since the lookup
+            if held is not ref:
+                hit = held()
+                if hit is not None:
+                    return hit
+                _uop_cache[key] = ref  # a dead node's entry, not dropped yet
+            _ref_keys[ref] = key
+            if _dead:
+                _drop_dead()
         return self
 
     def __reduce__(self):
