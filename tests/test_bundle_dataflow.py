@@ -127,6 +127,11 @@ def _args(*positions: int):
     return edit
 
 
+def _copy_into_input(m: dict) -> None:
+    fwd = m["entrypoints"]["forward"]
+    fwd["calls"].append({"copy": [fwd["inputs"]["x"], fwd["outputs"]["y"]]})
+
+
 def _copy_onto_itself(m: dict) -> None:
     out = m["entrypoints"]["forward"]["outputs"]["y"]
     m["entrypoints"]["forward"]["calls"].append({"copy": [out, out]})
@@ -162,6 +167,7 @@ REJECTED = [
      "calls\\[0\\]: the copy reads buffer .* \\(temporary 'temp.leak'\\) before any earlier call"),
     ("temporary_read_before_written", _two_layer, _swap_calls,
      "calls\\[0\\]: kernel .* reads buffer .* \\(temporary 'temp.forward.0'\\) before"),
+    ("copy_into_input", _affine, _copy_into_input, "calls\\[1\\]: the copy writes buffer .* \\(input 'input.x'\\)"),
     ("output_as_input", _affine, _args(0, 1, 0, 3), "passed as parameters 0 and 2"),
     ("one_buffer_read_twice", _affine, _args(0, 1, 2, 1), "passed as parameters 1 and 3"),
     ("copy_onto_itself", _affine, _copy_onto_itself, "passed as parameters 0 and 1"),
@@ -207,6 +213,26 @@ def test_a_partial_write_leaves_zeros_not_earlier_data(bases, device):
             np.testing.assert_array_equal(y, np.r_[2 * x[:N // 2] + 1, np.zeros(N // 2, np.float32)])
             dirty(N * 4)
         m.dispose()
+
+
+@pytest.mark.parametrize("device", HOST_DEVICES)
+def test_a_tensor_input_with_fewer_rows_than_its_buffer_is_copied_not_bound(device):
+    """A Variable-sized input's buffer holds the largest batch, and a kernel may read all of it: a smaller
+    Tensor is copied into that buffer (zeros after its rows), never bound in its place (read past its end)."""
+    def peek(m: dict) -> None:  # y[i] = x[(i + 28) % 32]: the caller's first row shows the buffer's last one
+        y, x = UOp.placeholder((32,), dtypes.float32, 0), UOp.placeholder((32,), dtypes.float32, 1)
+        i = UOp.range(None, 32, 0)
+        m["kernels"] = serialize.encode([y[i].store(x[(i + 28) % 32]).end(i).sink(arg=KernelInfo(name="peek"))])
+
+    m = Model(lambda x: {"y": x * 1}, inputs={"x": Tensor.empty(Variable("batch", 1, 8), 4)})
+    blob = edited(m.save(), peek)
+    m.dispose()
+    loaded = Model.load(blob, device=device)
+    dirty(1024)
+    x = Tensor(np.ones((1, 4), np.float32), device=device)
+    assert loaded.forward(x=x)["y"].numpy().tolist() == [[0.0] * 4]
+    assert loaded.forward(x=Tensor(np.ones((8, 4), np.float32), device=device))["y"].numpy()[0].tolist() == [1.0] * 4
+    loaded.dispose()
 
 
 def test_debug_alloc_still_poisons_what_a_bundle_leaves_unwritten(bases):

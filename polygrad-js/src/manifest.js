@@ -391,8 +391,8 @@ const TRACKED = new Set(['temporary', 'output']) // roles that hold nothing unti
 
 /**
  * Every temporary or output an entrypoint reads, and every output it returns, is written by an earlier call of
- * that entrypoint (docs/bundle-format.md section 4; modelformat._check_dataflow). Within a call, blocks run in
- * order, each block's reads before its write.
+ * that entrypoint, and no call writes an input (docs/bundle-format.md section 4.1; modelformat._check_dataflow).
+ * Within a call, blocks run in order, each block's reads before its write.
  */
 function checkDataflow (kernels, entries) {
   const access = new Map()
@@ -400,17 +400,21 @@ function checkDataflow (kernels, entries) {
     const written = new Set()
     const tracked = (s) => s !== undefined && TRACKED.has(s.role) && !written.has(s)
     const unwritten = (i, what, s) => `entrypoints.${ename}.calls[${i}]: ${what} reads buffer ${s.index} (${s.role} ${show(s.name)}) before any earlier call of ${show(ename)} writes it; a bundle reads only what it stores, is given or wrote itself`
+    const write = (i, what, s) => {
+      need(s.role !== 'input', `entrypoints.${ename}.calls[${i}]: ${what} writes buffer ${s.index} (input ${show(s.name)}); a bundle never writes its inputs (they may be the caller's own tensors)`)
+      written.add(s)
+    }
     e.calls.forEach((c, i) => {
       if (c.copy) {
         const [dst, src] = c.copy
         need(!tracked(src), unwritten(i, 'the copy', src))
-        written.add(dst)
+        write(i, 'the copy', dst)
         return
       }
       if (!access.has(c.kernel)) access.set(c.kernel, kernelAccess(kernels[c.kernel]))
       const { reads, writes } = access.get(c.kernel)
       for (const [p, b] of reads) need(!tracked(c.args[p]) || writes.get(p) < b, unwritten(i, `kernel ${c.kernel} (parameter ${p})`, c.args[p]))
-      for (const p of writes.keys()) if (c.args[p]) written.add(c.args[p])
+      for (const p of writes.keys()) if (c.args[p]) write(i, `kernel ${c.kernel} (parameter ${p})`, c.args[p])
     })
     for (const [k, s] of Object.entries(e.outputs)) need(written.has(s), `entrypoints.${ename}.outputs.${k}: buffer ${s.index} (${show(s.name)}) is never written by the calls of ${show(ename)}`)
   }

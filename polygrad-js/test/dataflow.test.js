@@ -61,6 +61,8 @@ const REJECTED = [
   }, /calls\[0\]: the copy reads buffer \d+ \(temporary "temp\.leak"\) before any earlier call/],
   ['a temporary read before it is written', 'mlp_untrained.pgb', (m) => forward(m).calls.reverse(),
     /calls\[0\]: kernel \d+ \(parameter 1\) reads buffer \d+ \(temporary "temp\.forward\.0"\)/],
+  ['a copy into an input', 'linear.pgb', (m) => forward(m).calls.push({ copy: [forward(m).inputs.x, forward(m).outputs.prediction] }),
+    /calls\[1\]: the copy writes buffer \d+ \(input "input\.x"\)/],
   ['the output passed as an input', 'linear.pgb', args(0, 1, 0, 3), /passed as parameters 0 and 2/],
   ['one buffer read twice', 'linear.pgb', args(0, 1, 2, 1), /passed as parameters 1 and 3/],
   ['a copy onto itself', 'linear.pgb', (m) => {

@@ -722,9 +722,11 @@ class Model:
         plan = self._plan(name)
         patched = []
         for s, value in feeds.items():
-            if isinstance(value, Buffer):
+            if isinstance(value, Buffer) and value.size >= self._bufs[s].size:  # the caller's own buffer, bound
                 self._rebind(s, value)
                 patched.append(s)
+            elif isinstance(value, Buffer):  # fewer rows than the slot: a kernel may read up to its capacity
+                realize.copy_buffer(self._bufs[s], value)
             else:
                 self._bufs[s].copyin_prefix(value)
         for s in entry.rng:
@@ -735,7 +737,7 @@ class Model:
         try:
             for prog, hs, names in plan:
                 if prog is None:
-                    dst, src = (feeds.get(s) if isinstance(feeds.get(s), Buffer) else self._bufs[s] for s in hs)
+                    dst, src = (feeds[s] if s in patched else self._bufs[s] for s in hs)
                     realize.copy_buffer(dst, src)
                     continue
                 prog.program(hs, tuple(env[v] for v in names), False)

@@ -380,8 +380,9 @@ def program_flow(slots: list, kernels: list[UOp], entries: dict, variables: dict
         return n
 
     tracked = {s for s, slot in enumerate(slots) if slot.role in TRACKED}
+    inputs = {s for s, slot in enumerate(slots) if slot.role == "input"}  # may be the caller's own tensors
     return {name: dataflow.trace([(None if c.kernel < 0 else c.kernel, c.args) for c in e.calls], access_of,
-                                 tracked, list(e.outputs.values()), lambda s: slots[s].size, elements)
+                                 tracked, list(e.outputs.values()), lambda s: slots[s].size, elements, inputs)
             for name, e in entries.items()}
 
 
@@ -390,14 +391,21 @@ def _check_dataflow(slots: list, kernels: list[UOp], entries: dict, variables: d
     earlier call of that entrypoint (docs/bundle-format.md section 4.1)."""
     for name, flow in program_flow(slots, kernels, entries, variables).items():
         e = entries[name]
+        if flow.readonly_write is not None:
+            i, p, s = flow.readonly_write
+            need(False, f"{_call_text(name, e, i, p)} writes buffer {s} (input {slots[s].name!r}); a bundle never "
+                 "writes its inputs (they may be the caller's own tensors)")
         if flow.unwritten_read is not None:
             i, p, s = flow.unwritten_read
-            call = e.calls[i]
-            what = "the copy" if call.kernel < 0 else f"kernel {call.kernel} (parameter {p})"
-            need(False, f"entrypoints.{name}.calls[{i}]: {what} reads buffer {s} ({slots[s].role} "
-                 f"{slots[s].name!r}) before any earlier call of {name!r} writes it; a bundle reads only what it "
-                 "stores, is given or wrote itself")
+            need(False, f"{_call_text(name, e, i, p)} reads buffer {s} ({slots[s].role} {slots[s].name!r}) before "
+                 f"any earlier call of {name!r} writes it; a bundle reads only what it stores, is given or wrote "
+                 "itself")
         for s in flow.unwritten_outputs:
             key = next(k for k, v in e.outputs.items() if v == s)
             need(False, f"entrypoints.{name}.outputs.{key}: buffer {s} ({slots[s].name!r}) is never written by "
                  f"the calls of {name!r}")
+
+
+def _call_text(name: str, e: Any, i: int, p: int) -> str:
+    k = e.calls[i].kernel
+    return f"entrypoints.{name}.calls[{i}]: " + ("the copy" if k < 0 else f"kernel {k} (parameter {p})")

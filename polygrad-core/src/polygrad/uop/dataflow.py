@@ -230,18 +230,25 @@ class Flow:
     unwritten_read: tuple[int, int, int] | None = None  # (call, parameter or -1 for a copy, buffer): the first
     #                                                      read of a tracked buffer that nothing wrote before
     unwritten_outputs: list[int] = field(default_factory=list)  # outputs no call writes
+    readonly_write: tuple[int, int, int] | None = None  # (call, parameter or -1, buffer): the first write of a
+    #                                                     buffer in `readonly`
     exposed: set[int] = field(default_factory=set)  # tracked buffers read, or left at the end, not fully written
 
 
 def trace(calls: Sequence[tuple[Any, Sequence[int]]], access: Callable[[Any], Access], tracked: set[int],
-          outputs: Sequence[int], sizes: Callable[[int], int], need: Callable[[int], Poly | None]) -> Flow:
+          outputs: Sequence[int], sizes: Callable[[int], int], need: Callable[[int], Poly | None],
+          readonly: set[int] | frozenset = frozenset()) -> Flow:
     """Walk calls in order. A call is (kernel, buffer numbers in parameter order), or (None, (dst, src)) for
     a copy of src's first sizes(src) elements into dst. Buffers outside `tracked` hold data before the first
     call; a tracked buffer is written by a call's STORE, fully when the store covers `need(buffer)` elements
     (a copy: when its source was full and at least as large). Reads within one call come block by block,
-    each block's reads before its write."""
+    each block's reads before its write. No call should write a `readonly` buffer."""
     state: dict[int, int] = {}
     flow = Flow()
+
+    def wrote(i: int, p: int, s: int) -> None:
+        if s in readonly and flow.readonly_write is None:
+            flow.readonly_write = (i, p, s)
 
     def read(i: int, p: int, s: int) -> None:
         if s in tracked:
@@ -255,6 +262,7 @@ def trace(calls: Sequence[tuple[Any, Sequence[int]]], access: Callable[[Any], Ac
         if kernel is None:
             dst, src = args
             read(i, -1, src)
+            wrote(i, -1, dst)
             if dst in tracked:
                 full = sizes(src) >= sizes(dst) and (src not in tracked or state.get(src) == FULL)
                 state[dst] = max(state.get(dst, UNWRITTEN), FULL if full else PARTIAL)
@@ -266,7 +274,9 @@ def trace(calls: Sequence[tuple[Any, Sequence[int]]], access: Callable[[Any], Ac
             s = args[p] if p < len(args) else -1
             if not is_write:
                 read(i, p, s)
-            elif s in tracked:
+                continue
+            wrote(i, p, s)
+            if s in tracked:
                 state[s] = max(state.get(s, UNWRITTEN), FULL if covers(n, need(s)) else PARTIAL)
     for s in outputs:
         st = state.get(s, UNWRITTEN) if s in tracked else FULL
