@@ -37,10 +37,11 @@ def _bounded(p: Poly) -> Poly | None:
     return p if ok else None
 
 
-def poly_add(a: Poly, b: Poly, sign: int = 1) -> Poly | None:
-    out = dict(a)
-    for m, c in b.items():
-        v = out.get(m, 0) + sign * c
+def _collect(terms: Any) -> Poly | None:
+    """The polynomial sum of (monomial, coefficient) terms."""
+    out: Poly = {}
+    for m, c in terms:
+        v = out.get(m, 0) + c
         if v:
             out[m] = v
         else:
@@ -48,19 +49,14 @@ def poly_add(a: Poly, b: Poly, sign: int = 1) -> Poly | None:
     return _bounded(out)
 
 
+def poly_add(a: Poly, b: Poly, sign: int = 1) -> Poly | None:
+    return _collect([*a.items(), *((m, sign * c) for m, c in b.items())])
+
+
 def poly_mul(a: Poly, b: Poly) -> Poly | None:
     if len(a) * len(b) > MAX_TERMS * MAX_TERMS:
         return None
-    out: Poly = {}
-    for ma, ca in a.items():
-        for mb, cb in b.items():
-            m = tuple(sorted(ma + mb))
-            v = out.get(m, 0) + ca * cb
-            if v:
-                out[m] = v
-            else:
-                out.pop(m, None)
-    return _bounded(out)
+    return _collect((tuple(sorted(ma + mb)), ca * cb) for ma, ca in a.items() for mb, cb in b.items())
 
 
 def nonnegative(p: Poly, at_least: int = 0) -> bool:
