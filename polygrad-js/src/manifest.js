@@ -209,11 +209,13 @@ function readProgram (manifest, body, opts = {}) {
         need(pair.length === 2, `${cw}.copy must be [destination, source]`)
         const [dst, src] = pair.map((v) => slotNo(v, `${cw}.copy`))
         need(dst.dtype === src.dtype, `${cw}: copy between ${src.dtype.name} and ${dst.dtype.name}`)
+        checkDistinct(cw, [dst, src])
         return { copy: [dst, src] }
       }
       const k = getInt(c, 'kernel', cw, 0, Math.max(kernels.length - 1, 0))
       need(k < kernels.length, `${cw}.kernel ${k}: there are ${kernels.length} kernels`)
       const args = get(c, 'args', 'list', cw).map((v, j) => slotNo(v, `${cw}.args[${j}]`))
+      checkDistinct(cw, args)
       checkCall(cw, k, globalsOf[k], args)
       return { kernel: k, args }
     })
@@ -243,6 +245,8 @@ function readProgram (manifest, body, opts = {}) {
     const s = fwd.outputs[spec.name]
     need(s.dtype === spec.dtype && sameShape(s.shape, spec.shape), `output ${show(spec.name)}: buffer does not match`)
   }
+
+  checkDataflow(kernels, entries)
 
   const tr = get(manifest, 'training', 'object', 'manifest')
   const gradients = new Map()
@@ -337,6 +341,83 @@ function checkCall (where, k, globals, args) {
     for (const d of g.arg[1]) n *= sizeMax(d)
     need(n >= 0 && n <= s.size, `${where}: kernel ${k} parameter ${i} spans ${n} elements, buffer ${s.index} holds ${s.size}`)
   })
+}
+
+/** One buffer is never two parameters of a call (through two pointers the order of reads and writes is not
+ * defined, so backends would disagree); as modelformat._check_distinct. */
+function checkDistinct (where, args) {
+  args.forEach((s, j) => {
+    const i = args.indexOf(s)
+    need(i === j, `${where}: buffer ${s.index} is passed as parameters ${i} and ${j}; the buffers of one call must be distinct (a kernel reads and writes one buffer through one parameter)`)
+  })
+}
+
+/** The DEFINE_GLOBAL position an INDEX addresses, or null for a malformed node. */
+function paramOf (index) {
+  const g = index && index.op === 'INDEX' ? index.src[0] : null
+  return g && g.op === 'DEFINE_GLOBAL' && Array.isArray(g.arg) && Number.isInteger(g.arg[0]) ? g.arg[0] : null
+}
+
+/** {reads: parameter -> first block that reads it (a LOAD or an accumulating STORE), writes: parameter -> first
+ * block that STOREs to it}, blocks numbered in the SINK's order (polygrad/uop/dataflow.py kernel_access). */
+function kernelAccess (ast) {
+  const first = new Map() // node -> the first block it belongs to
+  ast.src.forEach((block, b) => {
+    const stack = [block]
+    while (stack.length) {
+      const n = stack.pop()
+      if (first.has(n)) continue
+      first.set(n, b)
+      for (const s of n.src) stack.push(s)
+    }
+  })
+  const reads = new Map()
+  for (const [n, b] of first) {
+    if (n.op !== 'LOAD' && !(n.op === 'STORE' && n.arg !== null)) continue
+    const p = paramOf(n.src[0])
+    if (p !== null && !(reads.get(p) <= b)) reads.set(p, b)
+  }
+  const writes = new Map()
+  ast.src.forEach((block, b) => {
+    let store = block
+    while (store.op === 'END' && store.src.length) store = store.src[0]
+    const p = store.op === 'STORE' ? paramOf(store.src[0]) : null
+    if (p !== null && !writes.has(p)) writes.set(p, b)
+  })
+  return { reads, writes }
+}
+
+const TRACKED = new Set(['temporary', 'output']) // roles that hold nothing until a call of the entrypoint writes them
+
+/**
+ * Every temporary or output an entrypoint reads, and every output it returns, is written by an earlier call of
+ * that entrypoint, and no call writes an input (docs/bundle-format.md section 4.1; modelformat._check_dataflow).
+ * Within a call, blocks run in order, each block's reads before its write.
+ */
+function checkDataflow (kernels, entries) {
+  const access = new Map()
+  for (const [ename, e] of Object.entries(entries)) {
+    const written = new Set()
+    const tracked = (s) => s !== undefined && TRACKED.has(s.role) && !written.has(s)
+    const unwritten = (i, what, s) => `entrypoints.${ename}.calls[${i}]: ${what} reads buffer ${s.index} (${s.role} ${show(s.name)}) before any earlier call of ${show(ename)} writes it; a bundle reads only what it stores, is given or wrote itself`
+    const write = (i, what, s) => {
+      need(s.role !== 'input', `entrypoints.${ename}.calls[${i}]: ${what} writes buffer ${s.index} (input ${show(s.name)}); a bundle never writes its inputs (they may be the caller's own tensors)`)
+      written.add(s)
+    }
+    e.calls.forEach((c, i) => {
+      if (c.copy) {
+        const [dst, src] = c.copy
+        need(!tracked(src), unwritten(i, 'the copy', src))
+        write(i, 'the copy', dst)
+        return
+      }
+      if (!access.has(c.kernel)) access.set(c.kernel, kernelAccess(kernels[c.kernel]))
+      const { reads, writes } = access.get(c.kernel)
+      for (const [p, b] of reads) need(!tracked(c.args[p]) || writes.get(p) < b, unwritten(i, `kernel ${c.kernel} (parameter ${p})`, c.args[p]))
+      for (const p of writes.keys()) if (c.args[p]) write(i, `kernel ${c.kernel} (parameter ${p})`, c.args[p])
+    })
+    for (const [k, s] of Object.entries(e.outputs)) need(written.has(s), `entrypoints.${ename}.outputs.${k}: buffer ${s.index} (${show(s.name)}) is never written by the calls of ${show(ename)}`)
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------

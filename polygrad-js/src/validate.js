@@ -673,6 +673,7 @@ function analyse (ast, where, strict) {
   const analysis = new Analysis(where, nodes.filter((n) => n.op === 'RANGE'))
   const root = analysis.root
   root.of(ast)
+  const unassumed = new Analysis(where).root
   const proven = new Set()
   const failures = []
   const bad = new Set()
@@ -683,6 +684,10 @@ function analyse (ast, where, strict) {
     if (n.op === 'RANGE') {
       const end = root.value(n.src[0])
       if (end[1] > MAX_RANGE) failures.push(fail(where, `RANGE ${n.arg[0]} (node #${i}) runs up to ${end[1]} times; the limit is ${MAX_RANGE}`))
+      // a loop of no points would make its block's STORE look like a write (manifest.js checkDataflow); the
+      // Variables' bounds alone (root assumes every loop runs: r < end)
+      const [lo, hi] = unassumed.of(n.src[0])
+      if (lo < 0n || hi <= 0n) failures.push(fail(where, `RANGE ${n.arg[0]} (node #${i}) has an end in [${lo}, ${hi}]; a loop size must be >= 0 for every value of the Variables, and not 0 for all of them`))
       work *= bmax(end[1], 0n)
     }
     if (n.op !== 'INDEX' && n.op !== 'RANGE') return

@@ -73,6 +73,7 @@ class Allocator(Protocol):
     def free(self, handle: Any, nbytes: int) -> None: ...
     def copyin(self, handle: Any, src: memoryview) -> None: ...  # src may be shorter: fills a prefix
     def copyout(self, dest: memoryview, handle: Any) -> None: ...
+    # optional: `zero(handle, nbytes)` fills with zero bytes (else device.zero_fill copies zeros in)
 
 
 class Program(Protocol):
@@ -148,6 +149,9 @@ class HostAllocator:
 
     def free(self, handle: Any, nbytes: int) -> None:
         pass
+
+    def zero(self, handle: HostMemory, nbytes: int) -> None:
+        handle.arr[:nbytes] = 0
 
     def copyin(self, handle: HostMemory, src: memoryview) -> None:
         import numpy as np

@@ -290,7 +290,13 @@ _serials = itertools.count()
 
 
 class Buffer:
-    """Device memory for `size` elements of `dtype`. Allocated on first use, freed when collected."""
+    """Device memory for `size` elements of `dtype`. Allocated on first use, freed when collected.
+
+    New memory reads as zeros, never as the bytes of an earlier computation (freed allocations are reused,
+    and host memory comes from the process heap), unless whoever allocates it says every byte is written
+    before anything reads it: `ensure_allocated(written=True)` (a full copy in, a kernel whose stores are
+    proven to cover the buffer: uop/dataflow.py). POLY_DEBUG_ALLOC poisons it instead (see DebugAlloc).
+    """
 
     __slots__ = ("device", "size", "dtype", "serial", "_handle", "_impl", "__weakref__")
 
@@ -313,7 +319,8 @@ class Buffer:
             self._impl = open_device(self.device)
         return self._impl
 
-    def ensure_allocated(self) -> "Buffer":
+    def ensure_allocated(self, written: bool = False) -> "Buffer":
+        """Allocate now; zero-filled unless `written` (the caller writes every byte before any read)."""
         if self._handle is not None:
             return self
         impl = self._impl
@@ -326,13 +333,17 @@ class Buffer:
             return self
         with _alloc_lock:  # test and take at once: another thread may take the last one, or free_cached() all
             free = _alloc_cache.get((self.device, nbytes))  # a freed allocation of this size (_release)
+            handle = None
             if free:
-                self._handle = free.pop()[1]
+                handle = free.pop()[1]
                 alloc_cache_bytes["total"] -= nbytes
                 buffers_live[self.device] = buffers_live.get(self.device, 0) + 1
-                return self
-        self._handle = impl.allocator.alloc(nbytes)
-        _account(self.device, nbytes, 1)
+        if handle is None:
+            handle = impl.allocator.alloc(nbytes)
+            _account(self.device, nbytes, 1)
+        if not written and nbytes:
+            zero_fill(impl.allocator, handle, nbytes)
+        self._handle = handle
         return self
 
     def __reduce__(self):
@@ -363,7 +374,8 @@ class Buffer:
         arr = np.ascontiguousarray(data)
         if arr.nbytes != self.nbytes:
             raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes; shapes must match")
-        self.impl().allocator.copyin(self.handle, memoryview(arr.reshape(-1).view(np.uint8)))
+        handle = self.ensure_allocated(written=True)._handle  # every byte: nothing to zero first
+        self.impl().allocator.copyin(handle, memoryview(arr.reshape(-1).view(np.uint8)))
         return self
 
     def copyin_prefix(self, data: np.ndarray) -> "Buffer":
@@ -415,6 +427,15 @@ def _release(allocator: Any, handle: Any, nbytes: int, device: str) -> None:
             return
         _account(device, -nbytes, 0)
     allocator.free(handle, nbytes)
+
+
+def zero_fill(allocator: Any, handle: Any, nbytes: int) -> None:
+    """Zero an allocation: the allocator's own `zero` (a memset) where it has one, else a copy of zeros."""
+    fill = getattr(allocator, "zero", None)
+    if fill is not None:
+        fill(handle, nbytes)
+    else:
+        allocator.copyin(handle, memoryview(bytes(nbytes)))
 
 
 def free_cached() -> int:

@@ -562,9 +562,34 @@ def _entry_of(name: str, cap: Any, tb: _Table, kernels: dict[UOp, int], start_se
             if variables.get(v.arg[0]) != tuple(v.arg[1:]):
                 raise ModelCaptureError(f"a kernel uses Variable {v.arg[0]!r} {v.arg[1:]}, which is not the declared "
                                         "leading dimension of an input; bind such sizes outside the model")
-        k = kernels.setdefault(launch.ast, len(kernels))
+        ast, args = _merge_aliases(launch.ast, args, [b.size for b in launch.buffers])
+        k = kernels.setdefault(ast, len(kernels))
         calls.append(Call(k, tuple(args)))
     return Entry({}, {}, calls, rng)
+
+
+def _merge_aliases(ast: UOp, args: list[int], sizes: list[int]) -> tuple[UOp, list[int]]:
+    """A kernel given one buffer as several parameters (a custom kernel called with one tensor twice)
+    rewritten to reach it through one parameter, the first: a bundle's calls take distinct buffers
+    (docs/bundle-format.md section 4), and through one pointer the reads and writes keep their order."""
+    if len(set(args)) == len(args):
+        return ast, args
+    kept: list[int] = []
+    position: list[int] = []  # old parameter -> new one
+    for s in args:
+        if s not in kept:
+            kept.append(s)
+        position.append(kept.index(s))
+    shared = {p for p in position if position.count(p) > 1}
+    new: dict[UOp, UOp] = {}
+    for n in ast.toposort():
+        if n.op is Ops.DEFINE_GLOBAL:
+            p = position[n.arg[0]]
+            new[n] = UOp(Ops.DEFINE_GLOBAL, n.dtype, (), (p, (sizes[n.arg[0]],) if p in shared else n.arg[1]))
+        else:
+            src = tuple(new[x] for x in n.src)
+            new[n] = n if src == n.src else n.replace(src=src)
+    return new[ast], kept
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -641,6 +666,7 @@ class Model:
         self._programs: dict[int, Any] = {}
         self._plans: dict[str, list] = {}
         self._refs: dict[int, list[tuple[list, int]]] = {}
+        self._unwritten: set[int] | None = None  # outputs a call may leave partly unwritten (_unwritten_outputs)
         self._opt_pending: dict | None = None
         self._disposed = False
 
@@ -699,9 +725,11 @@ class Model:
         plan = self._plan(name)
         patched = []
         for s, value in feeds.items():
-            if isinstance(value, Buffer):
+            if isinstance(value, Buffer) and value.size >= self._bufs[s].size:  # the caller's own buffer, bound
                 self._rebind(s, value)
                 patched.append(s)
+            elif isinstance(value, Buffer):  # fewer rows than the slot: a kernel may read up to its capacity
+                realize.copy_buffer(self._bufs[s], value)
             else:
                 self._bufs[s].copyin_prefix(value)
         for s in entry.rng:
@@ -712,7 +740,7 @@ class Model:
         try:
             for prog, hs, names in plan:
                 if prog is None:
-                    dst, src = (feeds.get(s) if isinstance(feeds.get(s), Buffer) else self._bufs[s] for s in hs)
+                    dst, src = (feeds[s] if s in patched else self._bufs[s] for s in hs)
                     realize.copy_buffer(dst, src)
                     continue
                 prog.program(hs, tuple(env[v] for v in names), False)
@@ -722,11 +750,22 @@ class Model:
                 self._rebind(s, self._bufs[s])
         realize.count_kernels(n, ops, mem, time.perf_counter() - t0)
 
+    def _unwritten_outputs(self) -> set[int]:
+        """Output slots that some entrypoint reads, or returns, without a proven full write before
+        (uop/dataflow.py): their fresh buffers start zeroed. Temporaries and the rest start zeroed once,
+        when first allocated, so a program only ever sees its own data."""
+        if self._unwritten is None:
+            from polygrad.modelformat import program_flow
+            p = self._p
+            flows = program_flow(p.slots, p.kernels, p.entries, p.variables)
+            self._unwritten = {s for f in flows.values() for s in f.exposed if p.slots[s].role == "output"}
+        return self._unwritten
+
     def _take(self, s: int, shape: tuple[int | str, ...], env: dict[str, int]) -> Any:
         """The output buffer of slot s as a Tensor the caller keeps; the slot gets a fresh buffer."""
         from polygrad.tensor import Tensor, _buffer_uop
         buf = self._bufs[s]
-        fresh = Buffer(self.device, buf.size, buf.dtype)
+        fresh = Buffer(self.device, buf.size, buf.dtype).ensure_allocated(written=s not in self._unwritten_outputs())
         self._bufs[s] = fresh
         self._rebind(s, fresh)
         full = tuple(self._p.variables[d][1] if isinstance(d, str) else d for d in shape)
@@ -933,7 +972,7 @@ class Model:
         self._p.kernels = [self._p.kernels[k] for k in used]
         for e in self._p.entries.values():
             e.calls = [Call(knew[c.kernel] if c.kernel >= 0 else -1, c.args) for c in e.calls]
-        self._programs, self._plans, self._refs = {}, {}, {}
+        self._programs, self._plans, self._refs, self._unwritten = {}, {}, {}, None
 
     def _record_optimizer(self, cfg: dict) -> None:
         """The first step's update, run eagerly under capture: its launches become "optimizer_step"."""
@@ -964,6 +1003,7 @@ class Model:
         p.entries["train_step"] = Entry(dict(loss.inputs), dict(loss.outputs), loss.calls + entry.calls, list(loss.rng))
         self._opt_pending = None
         self._plans.clear()
+        self._unwritten = None
 
     def _param_tensors(self, with_grads: bool) -> list[Any]:
         """Tensors over the parameter buffers (with .grad over the gradient buffers), in slot order."""

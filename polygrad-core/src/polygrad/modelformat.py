@@ -4,8 +4,9 @@ Stage: export / import, between polygrad/model.py (the Program a Model runs) and
 (the file layout). `to_manifest` writes; `from_manifest` reads an untrusted manifest and raises
 `BundleError` for anything out of place: unknown roles or dtypes, slot numbers out of range, sizes
 that disagree with shapes or with the stored bytes, offsets outside the data section, a kernel whose
-buffers do not match its call, Variables without declared bounds, or more memory than
-`bundle.MAX_BYTES`. Nothing is allocated before the whole manifest passed.
+buffers do not match its call, a call that passes one buffer twice, a temporary or output read before
+a call writes it (`_check_dataflow`, docs/bundle-format.md 4.1), Variables without declared bounds, or
+more memory than `bundle.MAX_BYTES`. Nothing is allocated before the whole manifest passed.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from polygrad import bundle
 from polygrad.bundle import BundleError, check_int, get, get_int, need
 from polygrad.dtype import DType
 from polygrad.errors import PolygradError
-from polygrad.uop import serialize
+from polygrad.uop import dataflow, serialize
 from polygrad.uop.ops import Ops, UOp
 
 MAX_SLOTS = 1 << 20
@@ -236,11 +237,13 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
                 dst, src = (slot_no(v, f"{cw}.copy") for v in pair)
                 need(slots[dst].dtype == slots[src].dtype, f"{cw}: copy between {slots[src].dtype.name} and "
                      f"{slots[dst].dtype.name}")
+                _check_distinct(cw, (dst, src))
                 calls.append(Call(-1, (dst, src)))
                 continue
             k = get_int(c, "kernel", cw, 0, max(len(kernels) - 1, 0))
             need(k < len(kernels), f"{cw}.kernel {k}: there are {len(kernels)} kernels")
             args = tuple(slot_no(v, f"{cw}.args[{j}]") for j, v in enumerate(get(c, "args", list, cw)))
+            _check_distinct(cw, args)
             _check_call(cw, k, kernels[k], globals_of[k], args, slots, variables)
             calls.append(Call(k, args))
         args = []
@@ -289,6 +292,8 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
         need("train_step" not in entries and "optimizer_step" not in entries, "train_step without an optimizer")
     rng = get(manifest, "rng", dict, "manifest")
     seed_counter = [get_int(rng, "seed", "rng", 0, 0xFFFFFFFF), get_int(rng, "counter", "rng", 0, 0xFFFFFFFF)]
+
+    _check_dataflow(slots, kernels, entries, variables)
 
     stored = {}
     for s, (off, nbytes) in where_data.items():
@@ -340,3 +345,67 @@ def _check_call(where: str, k: int, ast: UOp, globals_: dict[int, tuple[DType, A
         check_kernel(ast, [slots[s].size for s in args], [slots[s].dtype for s in args], where=f"kernel {k}")
     except serialize.KernelFormatError as e:
         raise BundleError(f"bundle manifest: {where}: {e}") from None
+
+
+def _check_distinct(where: str, args: tuple[int, ...]) -> None:
+    """One buffer is never two parameters of a call: through two pointers the order of reads and writes
+    is not defined (the C backends declare them restrict), so backends would disagree."""
+    for j, s in enumerate(args):
+        need(s not in args[:j], f"{where}: buffer {s} is passed as parameters {args.index(s)} and {j}; the buffers "
+             "of one call must be distinct (a kernel reads and writes one buffer through one parameter)")
+
+
+TRACKED = ("temporary", "output")  # roles that hold nothing until a call of the entrypoint writes them
+
+
+def program_flow(slots: list, kernels: list[UOp], entries: dict, variables: dict[str, tuple[int, int]]) -> dict:
+    """{entrypoint: dataflow.Flow} of a program: its calls in order over the temporaries and outputs
+    (every other role holds data when a call starts: stored, fed, refilled or zeroed at load)."""
+    access: dict[int, dataflow.Access] = {}
+
+    def access_of(k: int) -> dataflow.Access:
+        hit = access.get(k)
+        if hit is None:
+            hit = access[k] = dataflow.kernel_access(kernels[k])
+        return hit
+
+    def elements(s: int) -> dataflow.Poly | None:  # what a caller reads of an output: its shape at the call's values
+        slot = slots[s]
+        if slot.role != "output":
+            return None
+        n: dataflow.Poly | None = dataflow.ONE
+        for d in slot.shape:
+            dim = dataflow.variable_poly(d, *variables[d]) if isinstance(d, str) else dataflow.size_poly(d)
+            n = dataflow.poly_mul(n, dim) if n is not None and dim is not None else None
+        return n
+
+    tracked = {s for s, slot in enumerate(slots) if slot.role in TRACKED}
+    inputs = {s for s, slot in enumerate(slots) if slot.role == "input"}  # may be the caller's own tensors
+    return {name: dataflow.trace([(None if c.kernel < 0 else c.kernel, c.args) for c in e.calls], access_of,
+                                 tracked, list(e.outputs.values()), lambda s: slots[s].size, elements, inputs)
+            for name, e in entries.items()}
+
+
+def _check_dataflow(slots: list, kernels: list[UOp], entries: dict, variables: dict[str, tuple[int, int]]) -> None:
+    """Every temporary or output an entrypoint reads, and every output it returns, is written by an
+    earlier call of that entrypoint (docs/bundle-format.md section 4.1)."""
+    for name, flow in program_flow(slots, kernels, entries, variables).items():
+        e = entries[name]
+        if flow.readonly_write is not None:
+            i, p, s = flow.readonly_write
+            need(False, f"{_call_text(name, e, i, p)} writes buffer {s} (input {slots[s].name!r}); a bundle never "
+                 "writes its inputs (they may be the caller's own tensors)")
+        if flow.unwritten_read is not None:
+            i, p, s = flow.unwritten_read
+            need(False, f"{_call_text(name, e, i, p)} reads buffer {s} ({slots[s].role} {slots[s].name!r}) before "
+                 f"any earlier call of {name!r} writes it; a bundle reads only what it stores, is given or wrote "
+                 "itself")
+        for s in flow.unwritten_outputs:
+            key = next(k for k, v in e.outputs.items() if v == s)
+            need(False, f"entrypoints.{name}.outputs.{key}: buffer {s} ({slots[s].name!r}) is never written by "
+                 f"the calls of {name!r}")
+
+
+def _call_text(name: str, e: Any, i: int, p: int) -> str:
+    k = e.calls[i].kernel
+    return f"entrypoints.{name}.calls[{i}]: " + ("the copy" if k < 0 else f"kernel {k} (parameter {p})")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 
 from polygrad.dtype import dtypes
+from polygrad.renderer.linearize import reduce_identity
 from polygrad.uop.ops import COMPARISONS, ELEMENTWISE, AxisKind, KernelInfo, Ops, UOp
 from polygrad.uop.sint import is_sym, sadd, smul, sprod, ssub, sym_equal, vmax
 
@@ -220,6 +221,8 @@ class KernelBuilder:
             return gate.where(inner, UOp.const(u.dtype, 0))
         if op is Ops.REDUCE_AXIS:
             rop, axes = u.arg
+            if any(src.shape[ax] == 0 for ax in axes):  # nothing to fold: no loop of 0 points (bundles refuse them)
+                return UOp.const(u.dtype, reduce_identity(rop, u.dtype))
             new, ranges = list(idx), []
             for ax in axes:
                 if src.shape[ax] != 1:

@@ -9,6 +9,7 @@ integer arguments, in the order of its `spec.vars`.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 from time import perf_counter
@@ -24,7 +25,7 @@ from polygrad.engine.search import choose_opts
 from polygrad.engine.schedule import (SlotRef, Template, capacity_buffers, denormalize, normalize, record_effects,
                                       template_for)
 from polygrad.errors import VariableError
-from polygrad.uop import sint
+from polygrad.uop import dataflow, sint
 from polygrad.uop.ops import Ops, UOp
 
 
@@ -180,16 +181,34 @@ def copy_buffer(dst: Buffer, src: Buffer) -> None:
     runtime_stats["copies"] += 1
 
 
+def unwritten_new_buffers(tpl: Template) -> tuple[bool, ...]:
+    """Per new buffer of a template: True unless its steps provably write every element before anything
+    reads it (uop/dataflow.py); such buffers start zeroed, never holding an earlier computation's bytes.
+    The scheduler's own kernels store densely, so this is normally all False."""
+    n = tpl.n_inputs
+    new = range(n, n + len(tpl.new_buffers))
+    calls = [(step.ast if step.kind == "kernel" else None, step.args) for step in tpl.steps]
+
+    def size(i: int) -> int:  # a copy's source holds at least the elements of its destination
+        return int(sint.vmax(tpl.new_buffers[i - n][0])) if i >= n else sys.maxsize
+
+    flow = dataflow.trace(calls, dataflow.kernel_access, set(new), list(new), size,
+                          lambda i: dataflow.size_poly(tpl.new_buffers[i - n][0]))
+    return tuple(i in flow.exposed for i in new)
+
+
 def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | None = None) -> list[Any]:
     table: list[Any] = list(inputs)
-    for size, dtype, device in tpl.new_buffers:
+    if tpl.unwritten is None:
+        tpl.unwritten = unwritten_new_buffers(tpl)
+    for (size, dtype, device), unwritten in zip(tpl.new_buffers, tpl.unwritten):
         if type(size) is not int and sint.is_sym(size):
             # sized for the variables' largest values, so the buffer serves every binding (JIT replay)
             buf = Buffer(device, sint.vmax(size), dtype)
             capacity_buffers.add(buf)
-            table.append(buf)
+            table.append(buf.ensure_allocated(written=not unwritten))
         else:
-            table.append(Buffer(device, size, dtype).ensure_allocated())
+            table.append(Buffer(device, size, dtype).ensure_allocated(written=not unwritten))
     if not tpl.prepared:
         prepare(tpl)
     vals = var_vals or {}

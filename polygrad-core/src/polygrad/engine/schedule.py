@@ -68,6 +68,7 @@ class Template:
     steps: list[Step] = field(default_factory=list)
     outputs: list[UOp] = field(default_factory=list)  # normalised views over table slots
     prepared: bool = False  # its programs were compiled together once (run_template; a hint only)
+    unwritten: tuple[bool, ...] | None = None  # per new buffer: not provably written before read (run_template)
 
 
 schedule_cache: dict[tuple[UOp, ...], Template] = {}

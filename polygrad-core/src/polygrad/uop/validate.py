@@ -9,7 +9,8 @@ cannot read or write outside its buffers for any value of its Variables within t
    dtype, src count and arg; names that reach C source (the kernel's, the Variables') are plain
    identifiers; the DEFINE_GLOBAL slots are exactly 0..len(arg_sizes)-1, each with one dtype and a
    declared size that fits its buffer; RANGE ends are size expressions over Variables, bounded by
-   MAX_RANGE; every RANGE a STORE uses is one of its END's loops (or a REDUCE's inside it).
+   MAX_RANGE, never negative and not 0 for every value of the Variables (`check_indices` proves these
+   with the intervals below); every RANGE a STORE uses is one of its END's loops (or a REDUCE's inside it).
 2. `check_indices`: an interval analysis over the graph proves each INDEX's element in
    [0, declared size - 1]. The index arithmetic may not overflow its dtype anywhere (C's signed
    overflow is undefined). Gates narrow it: an INDEX's gate, and a WHERE's condition for its two
@@ -842,6 +843,7 @@ def check_indices(ast: UOp, globals_: dict[int, list[UOp]], where: str = "kernel
     analysis = _Analysis(where, [n for n in ast.toposort() if n.op is Ops.RANGE])
     root = analysis.root
     root.of(ast)
+    unassumed = _Analysis(where).root  # the Variables' bounds alone
     counts = {g: declared_count(g, where) for gs in globals_.values() for g in gs}
     checked: set[UOp] = set()
     for i, n in enumerate(ast.toposort()):
@@ -849,6 +851,10 @@ def check_indices(ast: UOp, globals_: dict[int, list[UOp]], where: str = "kernel
             end = root.value(n.src[0])
             if end[1] > MAX_RANGE:
                 raise _fail(where, f"RANGE {n.arg[0]} (node #{i}) runs up to {end[1]} times; the limit is {MAX_RANGE}")
+            lo, hi = unassumed.of(n.src[0])  # (root assumes every loop runs: r < end)
+            if lo < 0 or hi <= 0:  # a loop of no points would make its block's STORE look like a write
+                raise _fail(where, f"RANGE {n.arg[0]} (node #{i}) has an end in [{lo}, {hi}]; a loop size must be "
+                                   ">= 0 for every value of the Variables, and not 0 for all of them")
         if n.op in (Ops.IDIV, Ops.MOD) and n.dtype.is_int and not _nonzero(n.src[1], root):
             raise _fail(where, f"{n.op.name} node #{i} can divide by 0 (a trap in C); guard the divisor, e.g. "
                                "WHERE(b == 0, 1, b)")
