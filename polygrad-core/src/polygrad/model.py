@@ -49,6 +49,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from polygrad import bundle, config, runtime_context
+from polygrad.atomicfile import write_file
 from polygrad.bundle import BundleError
 from polygrad.device import Buffer, canonicalize
 from polygrad.dtype import DType, dtypes
@@ -1148,10 +1149,7 @@ class Model:
         data = bundle.write(manifest, blobs)
         if path is None:
             return data
-        tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:  # written next to the target, then renamed: no half-written bundle
-            f.write(data)
-        os.replace(tmp, path)
+        write_file(path, data)  # next to the target, then renamed: no half-written bundle (atomicfile.py)
         return None
 
     @classmethod
