@@ -47,11 +47,13 @@ def _real(v: Any) -> bool:
 
 
 def _rule(name: str, v: Any) -> str | None:
-    """What is wrong with hyperparameter `name` = v (None when nothing): rates, decays, eps and momentum
-    are numbers >= 0 that are finite as float32, betas lie in [0, 1) (a pair of them for `betas`), flags
-    are bools."""
-    if name in ("lr", "momentum", "weight_decay", "l2_decay", "eps"):
+    """What is wrong with hyperparameter `name` = v (None when nothing): rates, decays and momentum are
+    numbers >= 0 that are finite as float32, eps is > 0, betas lie in [0, 1) (a pair of them for `betas`),
+    flags are bools."""
+    if name in ("lr", "momentum", "weight_decay", "l2_decay"):
         return None if _real(v) and v >= 0 else "a number >= 0, finite as float32"
+    if name == "eps":  # 0 divides 0 by 0 wherever a gradient is 0 from the start (torch allows it, and NaNs)
+        return None if _real(v) and v > 0 else "a number > 0, finite as float32"
     if name in ("b1", "b2"):
         return None if _real(v) and 0 <= v < 1 else "a number in [0, 1)"
     if name == "betas":
