@@ -4,6 +4,11 @@ Stage: checkpoint reading. Input: the parsed config.json (or the GGUF key/value 
 gguf_file.py). Output: a frozen `DecoderConfig` that decoder.py builds the graph from and that
 checkpoint.py checks tensor shapes against. GPT-2 ("gpt2"), Llama ("llama") and Qwen2 ("qwen2") are
 supported; anything else raises UnsupportedModelError naming the file and the model_type.
+
+Every value that drives a shape is checked as it is read (`size_field`: an int in 1..2**31-1;
+`number_field`: a finite epsilon or rope base) and the sizes against each other (`check_decoder`: heads
+divisible by key/value heads, an even head_dim for rope, complete rope scaling), so a corrupt config is
+a CheckpointError naming the key, never a ZeroDivisionError, a KeyError or NaN logits.
 """
 from __future__ import annotations
 

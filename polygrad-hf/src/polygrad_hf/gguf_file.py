@@ -7,6 +7,11 @@ Hugging Face checkpoint would hold them: llama.cpp's reordering of Llama's q/k r
 transposed Conv1D weights are transposed back, and a `rope_freqs` tensor (Llama 3 rope scaling) becomes
 frequency divisors.
 
+The file is checked before anything is read from it: every tensor's data inside the data section, on
+the file's alignment and overlapping no other tensor (`_check_layout`), every metadata value that drives
+a shape an integer in range and the sizes consistent (`config.size_field`, `config.check_decoder`); a
+problem is a CheckpointError naming the file and the tensor or key.
+
 Tensor types: F32, F16, BF16, Q8_0 and Q4_0 (through the `gguf` package's dequantizer, at load:
 quantized weights end up as float arrays, see load_hf for the memory this costs). Architectures:
 llama, qwen2, gpt2.
@@ -58,11 +63,10 @@ def _hf_name(arch: str, name: str) -> str | None:
     return None
 
 
-def _unpermute(w: np.ndarray, heads: int, path: str, name: str) -> np.ndarray:
-    """Undo llama.cpp's q/k row order (pairs interleaved per head) back to Hugging Face's halves."""
+def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row order (pairs interleaved per head) back to Hugging Face's halves. The
+    shape was checked first (Checkpoint.take): rows = heads x an even head_dim (config.check_decoder)."""
     rows = w.shape[0]
-    if rows % (2 * heads):
-        raise CheckpointError(f"{path}: tensor {name!r} has {rows} rows, not a multiple of 2 x {heads} heads")
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
@@ -196,9 +200,9 @@ def _loader(gguf: Any, t: Any, path: str, name: str, hf: str, cfg: DecoderConfig
     def load() -> np.ndarray:
         arr = _dequantize(gguf, t, path, name)
         if cfg.family == "llama" and hf.endswith(("q_proj.weight", "q_proj.bias")):
-            arr = _unpermute(arr, cfg.num_heads, path, name)
+            arr = _unpermute(arr, cfg.num_heads)
         elif cfg.family == "llama" and hf.endswith(("k_proj.weight", "k_proj.bias")):
-            arr = _unpermute(arr, cfg.num_kv_heads, path, name)
+            arr = _unpermute(arr, cfg.num_kv_heads)
         elif transpose:
             arr = np.ascontiguousarray(arr.T)
         return arr
