@@ -70,6 +70,20 @@ def test_gguf_tensor_offsets_are_checked(tmp_path, qwen2_gguf, case, message):
         load_hf(bad, max_seq_len=4)
 
 
+@pytest.mark.parametrize("rows, message", [(0, r"'token_embd\.weight' has 0 rows \(the vocabulary\)"),
+                                           (2**62, "not a readable GGUF file")])
+def test_gguf_dimensions_are_checked(tmp_path, qwen2_gguf, rows, message):
+    # the embedding's row count is the vocabulary: 0 loaded as a model of no tokens
+    path, _ = qwen2_gguf
+    reader = gguf.GGUFReader(str(path))
+    t = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    at = t.field.offset + sum(int(p.nbytes) for p in t.field.parts[:3]) + 8  # the second dimension
+    del reader
+    bad = _patched(path, tmp_path / "dims.gguf", at, rows)
+    with pytest.raises(CheckpointError, match=rf"dims\.gguf: .*{message}"):
+        load_hf(bad, max_seq_len=4)
+
+
 def _metadata_gguf(path, arch: str = "qwen2", **overrides):
     """A GGUF holding the metadata of a 1-layer model (a key set to None is left out, a value given as
     (value, GGUFValueType) is written with that type) and only a token embedding: the config is read
