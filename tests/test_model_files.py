@@ -79,7 +79,9 @@ def test_a_save_killed_mid_write_is_cleaned_by_the_next_save(tmp_path, live_pid)
     left = tmp_path / f"m.pgb.tmp{dead}"
     model = _model()
     try:
-        assert left.read_bytes() == model.save()  # the child wrote its whole bundle before stalling
+        whole = Model.load(left.read_bytes())  # the child wrote its whole bundle before stalling
+        assert whole.forward(x=[1.0, 1.0])["y"].numpy().tolist() == [2.0, 3.0]
+        whole.dispose()
         kept = {f"m.pgb.tmp{live_pid}": b"another process is saving", f"m.pgb.tmp{dead}x": b"not our pattern",
                 f"other.pgb.tmp{dead}": b"another target", f"m.pgb.tmp{dead}.bak": b"not our pattern"}
         for name, data in kept.items():
