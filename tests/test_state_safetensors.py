@@ -15,6 +15,7 @@ from safetensors.torch import save_file as torch_save_file
 from polygrad import Tensor, dtypes, nn
 from polygrad.errors import SafetensorsError
 from polygrad.nn import get_state_dict, load_state_dict, safe_load, safe_load_metadata, safe_save
+from polygrad.nn.safetensors import safe_load_numpy
 
 from conftest import DEVICES  # every usable backend: CPU, INTERP, X86, ...
 
@@ -150,6 +151,22 @@ def test_crafted_headers_raise_safetensors_error(blob, message):
         safe_load(blob)
     with pytest.raises(SafetensorsError, match=message):
         safe_load_metadata(blob)
+
+
+@pytest.mark.parametrize("shape, code", [([2**62, 2**62, 0], "F32"), ([2**61, 0], "F32"), ([0, 2**62, 2], "U8")])
+def test_empty_shapes_too_large_for_an_array_raise_safetensors_error(shape, code):
+    # an empty tensor whose other dimensions multiply past 2**63 bytes: NumPy's reshape raised a builtin
+    # ValueError (issue 28, item 13)
+    blob = _with_header({"x": {"dtype": code, "shape": shape, "data_offsets": [0, 0]}})
+    for read in (safe_load, safe_load_metadata, safe_load_numpy):
+        with pytest.raises(SafetensorsError, match=r"'x'.*multiply past 2\*\*63 bytes"):
+            read(blob)
+
+
+def test_large_empty_shapes_within_the_bound_load():
+    blob = _with_header({"x": {"dtype": "F32", "shape": [2**40, 0], "data_offsets": [0, 0]}})
+    assert safe_load(blob)["x"].shape == (2**40, 0)
+    assert safe_load_numpy(blob)["x"][0].shape == (2**40, 0)
 
 
 def test_source_must_be_a_path_or_bytes():

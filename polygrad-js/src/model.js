@@ -12,7 +12,7 @@ const bundle = require('./bundle')
 const { readProgram, writeManifest, STORED } = require('./manifest')
 const { Executor } = require('./runtime')
 const { readInput, writeValues, readOutput } = require('./data')
-const { buildOptimizer, optimizerConfigOf, sameConfig } = require('./optim')
+const { buildOptimizer, checkHyperparameters, optimizerConfigOf, sameConfig } = require('./optim')
 
 const VERSION = '0.1.0'
 
@@ -255,6 +255,7 @@ class Model {
     const current = this._p.optimizer
     if (optimizer === undefined && !Object.keys(hyper).length) {
       if (current) {
+        if (lr !== undefined) checkHyperparameters({ lr })
         if (lr !== undefined && lr !== current.lr) this._setLr(lr)
         return
       }
@@ -384,7 +385,6 @@ function splitOptions (opts) {
   const { optimizer, lr, ...hyper } = opts
   const out = {}
   for (const [k, v] of Object.entries(hyper)) if (v !== undefined) out[HYPER_NAMES[k] || k] = v
-  if (lr !== undefined && typeof lr !== 'number') throw new ModelError(`lr must be a number, got ${typeof lr}`)
   return { optimizer, lr, hyper: out }
 }
 

@@ -23,7 +23,44 @@ const DEFAULTS = {
   lamb: { lr: 0.001, b1: 0.9, b2: 0.999, eps: 1e-6, weight_decay: 0.0 }
 }
 const GROUP_SIZE = 16
+const FLOAT32_MAX = 3.4028234663852886e38
+const RATES = ['lr', 'momentum', 'weight_decay', 'l2_decay']
 const SOLO_NUMEL = 1 << 14 // a parameter with more elements keeps moment buffers of its own
+
+/** A number that stays finite as the float32 the update kernels compute with. */
+const isReal = (v) => typeof v === 'number' && Number.isFinite(v) && Math.abs(v) <= FLOAT32_MAX
+
+/**
+ * What is wrong with hyperparameter `name` = v (null when nothing). The rules of Python's
+ * nn.optim.check_hyperparameters: rates, decays and momentum are numbers >= 0 finite as float32, eps
+ * is > 0, betas lie in [0, 1) (a pair of them for `betas`), flags are booleans.
+ */
+function hyperProblem (name, v) {
+  if (RATES.includes(name)) return isReal(v) && v >= 0 ? null : 'a number >= 0, finite as float32'
+  if (name === 'eps') return isReal(v) && v > 0 ? null : 'a number > 0, finite as float32' // 0 gives 0/0 where a gradient is 0
+  if (name === 'b1' || name === 'b2') return isReal(v) && v >= 0 && v < 1 ? null : 'a number in [0, 1)'
+  if (name === 'betas') return Array.isArray(v) && v.length === 2 && v.every((b) => isReal(b) && b >= 0 && b < 1) ? null : 'a pair of numbers in [0, 1)'
+  if (name === 'nesterov' || name === 'adam') return typeof v === 'boolean' ? null : 'true or false'
+  return null
+}
+
+function shown (v) {
+  if (typeof v !== 'object') return String(v) // NaN, Infinity, 10n, 'fast', true
+  try {
+    return JSON.stringify(v)
+  } catch {
+    return String(v) // a cycle
+  }
+}
+
+/** ModelError naming the first hyperparameter an optimizer cannot use (a NaN or negative rate would train to NaN). */
+function checkHyperparameters (values) {
+  for (const [k, v] of Object.entries(values)) {
+    const want = hyperProblem(k, v)
+    if (want) throw new ModelError(`optimizer hyperparameter ${k} must be ${want}, got ${shown(v).slice(0, 60)}`)
+  }
+  if (values.nesterov && !(values.momentum > 0)) throw new ModelError('nesterov momentum needs momentum > 0')
+}
 
 /** The full configuration {name, lr, hyperparameters} of an optimizer request (Python's names). */
 function optimizerConfigOf (name, lr, hyper) {
@@ -37,7 +74,7 @@ function optimizerConfigOf (name, lr, hyper) {
     const x = k === 'lr' ? (lr === undefined ? v : lr) : (k in hyper ? hyper[k] : v)
     cfg[k] = Array.isArray(x) ? x.slice() : x
   }
-  if (typeof cfg.lr !== 'number' || !Number.isFinite(cfg.lr)) throw new ModelError(`lr must be a finite number, got ${cfg.lr}`)
+  checkHyperparameters(cfg)
   return cfg
 }
 
@@ -237,4 +274,4 @@ function buildOptimizer (prog, cfg) {
   return newSlots
 }
 
-module.exports = { buildOptimizer, optimizerConfigOf, sameConfig, dropOptimizer, DEFAULTS }
+module.exports = { buildOptimizer, checkHyperparameters, optimizerConfigOf, sameConfig, dropOptimizer, DEFAULTS }

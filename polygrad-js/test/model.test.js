@@ -250,3 +250,31 @@ test('repack fills a packed copy in the loop order of its layout', () => {
   for (let j = 0; j < 2; j++) for (let i = 0; i < 3; i++) for (let l = 0; l < 2; l++) want.push(i * 4 + j * 2 + l + 1)
   assert.deepStrictEqual(Array.from(view.subarray(20, 32)), want)
 })
+
+test('fit and trainStep refuse the optimizer configurations Python refuses, before any step (issue 28)', () => {
+  const corpus = JSON.parse(require('fs').readFileSync(path.join(FIXTURES, 'optimizer_hyperparameters.json'), 'utf8'))
+  const data = { x: ref.mlp.x.slice(0, 4), y: ref.mlp.y.slice(0, 4) }
+  const m = Model.fromBytesSync(fixture('mlp_untrained.pgb'))
+  try {
+    const before = m.forward({ x: data.x }).logits
+    const refused = (fn, message) => assert.throws(fn, (e) => e instanceof ModelError && e.message.includes(message), message)
+    for (const { optimizer, hyper, message } of corpus.refused) {
+      refused(() => m.fit(data, { optimizer, ...hyper }), message)
+      refused(() => m.trainStep(data, { optimizer, ...hyper }), message)
+    }
+    // values JSON cannot hold
+    for (const lr of [NaN, Infinity, -Infinity, 10n]) refused(() => m.fit(data, { optimizer: 'sgd', lr }), 'hyperparameter lr must be')
+    refused(() => m.fit(data, { optimizer: 'adam', betas: [NaN, 0.9] }), 'hyperparameter betas must be')
+    assert.deepStrictEqual(Array.from(m.forward({ x: data.x }).logits), Array.from(before)) // no step ran
+    assert.strictEqual(m.summary().optimizer, null)
+    for (const { optimizer, hyper } of corpus.accepted) {
+      const losses = m.fit(data, { optimizer, ...hyper })
+      assert.ok(losses.every(Number.isFinite), JSON.stringify(hyper))
+    }
+    // a new learning rate alone (the configured optimizer kept) is checked too
+    for (const lr of ['fast', -1, NaN]) refused(() => m.fit(data, { lr }), 'hyperparameter lr must be')
+    assert.strictEqual(m.summary().optimizer.lr, 0.01)
+  } finally {
+    m.dispose()
+  }
+})

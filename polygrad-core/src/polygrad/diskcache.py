@@ -202,7 +202,7 @@ def clean_stale(folder: str, alive: Callable[[int], bool] | None = None) -> list
     if folder in _cleaned:
         return []
     _cleaned.add(folder)
-    alive = alive or _pid_alive
+    alive = alive or pid_alive
     removed = []
     try:
         names = os.listdir(folder)
@@ -224,8 +224,13 @@ def clean_stale(folder: str, alive: Callable[[int], bool] | None = None) -> list
     return removed
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` may still run (a temporary file it marked may be in use). Only a POSIX
+    `kill(pid, 0)` can say no: elsewhere (Windows, where signal 0 is CTRL_C_EVENT) every pid counts as
+    alive. A number no process can have is dead."""
+    if not 0 < pid < 2**31:
+        return False
+    if pid == os.getpid() or os.name != "posix":
         return True
     try:
         os.kill(pid, 0)

@@ -51,6 +51,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from polygrad import bundle, config, runtime_context
+from polygrad.atomicfile import write_file
 from polygrad.bundle import BundleError
 from polygrad.device import Buffer, canonicalize
 from polygrad.dtype import DType, dtypes
@@ -141,6 +142,9 @@ class Program:
     gradients: dict[int, int] = field(default_factory=dict)  # parameter slot -> gradient slot
     optimizer: dict | None = None  # {"name": ..., hyperparameters}
     lr_slot: int | None = None
+    # input/target name -> [(classes, ignore_index)]: the loss reads it as class labels (noted at capture,
+    # checked on the host data of every call; not stored in bundles)
+    labels: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -152,6 +156,14 @@ class _Guard:
 
     def __init__(self, protected: dict[int, str]):
         self.protected = protected  # id(Buffer) -> "parameter 'w'" / "input 'x'"
+        self.labels: dict[int, set[tuple[int, int]]] = {}  # id(Buffer) -> {(classes, ignore_index)}
+
+    def class_labels(self, t: Any, n_classes: int, ignore_index: int) -> None:
+        """A loss reads `t` as class labels (tensor_losses.py); remember it when `t` is an input."""
+        from polygrad.uop.movement import strip_reshapes
+        u = strip_reshapes(t.uop)
+        if u.op is Ops.BUFFER:
+            self.labels.setdefault(id(u.arg), set()).add((n_classes, ignore_index))
 
     def read(self, t: Any, call: str) -> None:
         raise ModelCaptureError(f"Tensor.{call}() was called during Model capture; a captured graph cannot read "
@@ -466,9 +478,10 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
         entries[ename].inputs = {n: tb.slot_of[id(b)] for n, (_, b) in holders.items()}
         entries[ename].outputs = out_slots[ename] if ename in out_slots else {"loss": loss_slot}
         entries[ename].args = list(args)
+    labels = {k: sorted(guard.labels[id(b)]) for k, (_, b) in {**ph, **th}.items() if id(b) in guard.labels}
     prog = Program(tb.slots, list(kernels), entries, in_specs, tgt_specs, out_specs, variables,
                    [int(rng_before["seed"]), int(rng_before["counter"])],
-                   gradients={tb.slot_of[bid]: tb.slot_of[id(g)] for bid, g in grad_bufs.items()})
+                   gradients={tb.slot_of[bid]: tb.slot_of[id(g)] for bid, g in grad_bufs.items()}, labels=labels)
     return prog, tb.data, device
 
 
@@ -829,6 +842,7 @@ class Model:
                 raise ModelInputError(f"input {spec.name!r} is on {value.device}, the model on {self.device}; "
                                       "use .to() first")
             dims = self._dims(spec, sint.concrete_shape(value.shape), want)
+            self._check_labels(spec.name, value, "input")
             return value.contiguous()._buffer(), dims
         if isinstance(value, np.ndarray):
             arr = value
@@ -860,7 +874,24 @@ class Model:
                                           f"shape {want}")
         else:
             dims = self._dims(spec, arr.shape, want)
-        return _np_cast(np.ascontiguousarray(arr).reshape(-1), spec.dtype), dims
+        flat = _np_cast(np.ascontiguousarray(arr).reshape(-1), spec.dtype)
+        self._check_labels(spec.name, flat, "input")
+        return flat, dims
+
+    def _check_labels(self, name: str, values: Any, what: str) -> None:
+        """ModelInputError for a class label the loss cannot take (eager cross_entropy's IndexError; the
+        captured loss would turn it into a NaN). Checks host data: a Tensor only when its buffer is in host
+        memory (no device read), as eager cross_entropy does."""
+        from polygrad.tensor import Tensor
+        from polygrad.tensor_indexing import host_values
+        from polygrad.tensor_losses import bad_label
+        rules = self._p.labels.get(name, [])
+        host = host_values(values) if rules and isinstance(values, Tensor) else values
+        for n_classes, ignore in rules if host is not None else []:
+            label = bad_label(np.asarray(host), n_classes, ignore)
+            if label is not None:
+                raise ModelInputError(f"{what} {name!r} holds the class label {label}; the loss takes labels in "
+                                      f"[0, {n_classes}) (or {ignore}, which skips a sample)")
 
     def _dims(self, spec: Spec, shape: tuple[int, ...], want: str) -> dict[str, int]:
         """{Variable: value} of a shape that matches the spec (fixed dims equal, Variables within bounds)."""
@@ -920,9 +951,12 @@ class Model:
 
     # ---- optimizer
     def _configure(self, name: str | None, lr: float | None, hyper: dict) -> None:
+        from polygrad.nn.optim import check_hyperparameters
         current = self._p.optimizer
         if name is None and not hyper:
             if current is not None:
+                if lr is not None:
+                    check_hyperparameters({"lr": lr}, ModelError)
                 if lr is not None and lr != current["lr"]:
                     self._set_lr(lr)
                 return
@@ -1074,6 +1108,7 @@ class Model:
                 if tuple(sint.concrete_shape(col.shape)[1:]) != tuple(spec.shape[1:]):
                     raise ModelInputError(f"fit data {k!r} has shape {list(sint.concrete_shape(col.shape))}; "
                                           f"expected [samples, {', '.join(str(d) for d in spec.shape[1:])}]")
+            self._check_labels(k, col, "fit data")
             if count is None:
                 count = rows
             elif rows != count:
@@ -1191,10 +1226,7 @@ class Model:
         data = bundle.write(manifest, blobs)
         if path is None:
             return data
-        tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
-        with open(tmp, "wb") as f:  # written next to the target, then renamed: no half-written bundle
-            f.write(data)
-        os.replace(tmp, path)
+        write_file(path, data)  # next to the target, then renamed: no half-written bundle (atomicfile.py)
         return None
 
     @classmethod
@@ -1267,9 +1299,15 @@ def _optimizer_config(name: Any, lr: float | None, hyper: dict) -> dict:
         raise ModelError(f"optimizer {name!r} takes {sorted(allowed)}; unknown {bad}")
     cfg: dict[str, Any] = {"name": name}
     for k, default in allowed.items():
-        v = lr if k == "lr" and lr is not None else hyper.get(k, default)
-        cfg[k] = list(v) if isinstance(v, tuple) else v
-    cfg["lr"] = float(cfg["lr"])
+        cfg[k] = lr if k == "lr" and lr is not None else hyper.get(k, default)
+    optim.check_hyperparameters(cfg, ModelError)
+    for k, v in cfg.items():  # plain JSON values for the bundle (a NumPy float, a tuple of betas)
+        if isinstance(v, (tuple, list)):
+            cfg[k] = [float(b) for b in v]
+        elif isinstance(v, (bool, np.bool_)):
+            cfg[k] = bool(v)
+        elif k != "name":
+            cfg[k] = float(v)
     return cfg
 
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from polygrad.errors import InvalidArgumentError
 from polygrad.dtype import dtypes
+from polygrad.tensor_common import capture_guards
 from polygrad.uop.shape import ShapeError
 
 if TYPE_CHECKING:
@@ -64,16 +67,27 @@ def _nll_index(logp: "Tensor", target: "Tensor", weight: "Tensor | None", ignore
     return _reduce(loss, reduction)
 
 
+def bad_label(host: np.ndarray, n_classes: int, ignore_index: int) -> int | None:
+    """The first label of `host` outside [0, n_classes) that is not ignore_index; None when all fit."""
+    bad = (host != ignore_index) & ((host < 0) | (host >= n_classes))
+    return int(host[bad].flat[0]) if bad.any() else None
+
+
 def _check_labels(target: "Tensor", n_classes: int, cdim: int, ignore_index: int) -> None:
-    """IndexError for a label outside [0, C) (other than ignore_index) when the labels are on the host."""
+    """IndexError for a label outside [0, C) (other than ignore_index) when the labels are on the host.
+    Under Model capture the labels are placeholders: the capture is told which input holds class labels
+    of how many classes, and the Model checks the host data fed to it at each call (model.py)."""
     from polygrad.tensor_indexing import host_values
     host = host_values(target)
     if host is None:
+        note = getattr(capture_guards[-1], "class_labels", None) if capture_guards else None
+        if note is not None and isinstance(n_classes, int):
+            note(target, n_classes, ignore_index)
         return
-    bad = (host != ignore_index) & ((host < 0) | (host >= n_classes))
-    if bad.any():
-        raise IndexError(f"class label {int(host[bad].flat[0])} is out of bounds for dimension {cdim} with size "
-                         f"{n_classes} (labels lie in [0, {n_classes}) or equal ignore_index={ignore_index})")
+    label = bad_label(host, n_classes, ignore_index)
+    if label is not None:
+        raise IndexError(f"class label {label} is out of bounds for dimension {cdim} with size {n_classes} "
+                         f"(labels lie in [0, {n_classes}) or equal ignore_index={ignore_index})")
 
 
 class LossMixin:

@@ -29,13 +29,21 @@ SINGLE = "model.safetensors"
 FLOAT_TYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
 
 
+@dataclass(frozen=True)
+class Lazy:
+    """A tensor read (converted, dequantized) on demand; its shape is known without reading it."""
+
+    shape: tuple[int, ...]
+    load: Callable[[], np.ndarray]
+
+
 @dataclass
 class Checkpoint:
     """A model's config and its named weights; `take(name, shape)` returns one as float32."""
 
     config: DecoderConfig
     source: str  # the folder or file, for messages
-    arrays: dict[str, tuple[Any, str]]  # name -> (array or a loader returning one, file it lives in)
+    arrays: dict[str, tuple[Any, str]]  # name -> (array or Lazy, file it lives in)
     extras: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. GGUF rope_freqs
     tokenizer_file: str | None = None
     notes: list[str] = field(default_factory=list)  # what loading did (dequantized types, ...)
@@ -43,18 +51,25 @@ class Checkpoint:
     def has(self, name: str) -> bool:
         return name in self.arrays
 
-    def take(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """The tensor `name` as a float32 array of `shape`; CheckpointError naming the file otherwise."""
+    def expect(self, name: str, shape: tuple[int, ...]) -> None:
+        """CheckpointError naming the file unless tensor `name` is present with `shape` (nothing is read)."""
         if name not in self.arrays:
             files = sorted({f for _, f in self.arrays.values()}) or [self.source]
             where = files[0] if len(files) == 1 else f"{self.source} ({len(files)} files)"
             raise CheckpointError(f"{where}: tensor {name!r} is missing ({len(self.arrays)} tensors present); is this "
                                   f"a complete {self.config.family} checkpoint?")
         raw, file = self.arrays[name]
-        arr = raw() if callable(raw) else raw
-        if tuple(arr.shape) != tuple(shape):
-            raise CheckpointError(f"{file}: tensor {name!r} has shape {list(arr.shape)}, the config implies "
+        if tuple(raw.shape) != tuple(shape):
+            raise CheckpointError(f"{file}: tensor {name!r} has shape {list(raw.shape)}, the config implies "
                                   f"{list(shape)}")
+
+    def take(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
+        """The tensor `name` as a float32 array of `shape`; CheckpointError naming the file otherwise."""
+        self.expect(name, shape)
+        raw, file = self.arrays[name]
+        arr = raw.load() if isinstance(raw, Lazy) else raw
+        if tuple(arr.shape) != tuple(shape):  # a reader's Lazy promised another shape: a bug, named as one
+            raise CheckpointError(f"{file}: tensor {name!r} was read with shape {list(arr.shape)}, not {list(shape)}")
         return arr
 
 
@@ -69,8 +84,8 @@ def to_float32(arr: np.ndarray, dt: DType, file: str, name: str) -> np.ndarray:
     raise UnsupportedModelError(f"{file}: tensor {name!r} is {dt.name}; weights must be F32, F16 or BF16")
 
 
-def _lazy(arr: np.ndarray, dt: DType, file: str, name: str) -> Callable[[], np.ndarray]:
-    return lambda: to_float32(arr, dt, file, name)
+def _lazy(arr: np.ndarray, dt: DType, file: str, name: str) -> Lazy:
+    return Lazy(tuple(arr.shape), lambda: to_float32(arr, dt, file, name))
 
 
 def _read_safetensors(path: str, names: set[str] | None = None) -> dict[str, tuple[Any, str]]:

@@ -4,6 +4,11 @@ Stage: checkpoint reading. Input: the parsed config.json (or the GGUF key/value 
 gguf_file.py). Output: a frozen `DecoderConfig` that decoder.py builds the graph from and that
 checkpoint.py checks tensor shapes against. GPT-2 ("gpt2"), Llama ("llama") and Qwen2 ("qwen2") are
 supported; anything else raises UnsupportedModelError naming the file and the model_type.
+
+Every value that drives a shape is checked as it is read (`size_field`: an int in 1..2**31-1;
+`number_field`: a finite epsilon or rope base) and the sizes against each other (`check_decoder`: heads
+divisible by key/value heads, an even head_dim for rope, complete rope scaling), so a corrupt config is
+a CheckpointError naming the key, never a ZeroDivisionError, a KeyError or NaN logits.
 """
 from __future__ import annotations
 
@@ -18,6 +23,9 @@ from polygrad_hf.errors import CheckpointError, UnsupportedModelError
 FAMILIES = ("gpt2", "llama", "qwen2")
 ROPE_TYPES = ("default", "linear", "llama3")
 ACTIVATIONS = {"gpt2": ("gelu_new", "gelu_pytorch_tanh", "gelu"), "llama": ("silu",), "qwen2": ("silu",)}
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+# every size indexes int32 positions in the kernels; a larger one only comes from a corrupt config
+MAX_SIZE = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -87,17 +95,60 @@ def _get(cfg: Mapping[str, Any], where: str, *names: str, default: Any = KeyErro
     return default
 
 
-def _int(cfg: Mapping[str, Any], where: str, *names: str, default: Any = KeyError) -> int:
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def size_field(cfg: Mapping[str, Any], where: str, *names: str, default: Any = KeyError) -> int:
+    """A size (width, count, length) of the config: an int in 1..MAX_SIZE, or CheckpointError naming the key."""
     v = _get(cfg, where, *names, default=default)
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-        raise CheckpointError(f"{where}: config {names[0]!r} must be a positive integer, got {v!r}")
+    if not _is_int(v) or not 0 < v <= MAX_SIZE:
+        raise CheckpointError(f"{where}: {names[0]!r} must be an integer in 1..{MAX_SIZE}, got {v!r:.60}; the "
+                              "config is corrupt")
     return v
 
 
-def _eos(v: Any) -> tuple[int, ...]:
-    if v is None:
-        return ()
-    return tuple(int(x) for x in v) if isinstance(v, (list, tuple)) else (int(v),)
+def number_field(cfg: Mapping[str, Any], where: str, *names: str, default: Any = KeyError,
+                 positive: bool = False) -> float:
+    """A finite float setting (an epsilon, a rope base): >= 0, or > 0 when `positive`."""
+    v = _get(cfg, where, *names, default=default)
+    x = math.nan
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        x = float(v) if abs(v) < 1e300 else math.inf  # float() of a JSON integer of 400 digits overflows
+    if not math.isfinite(x) or not (x > 0 if positive else x >= 0):
+        raise CheckpointError(f"{where}: {names[0]!r} must be a finite number {'> 0' if positive else '>= 0'}, "
+                              f"got {v!r:.60}")
+    return x
+
+
+def token_ids(v: Any, where: str, key: str) -> tuple[int, ...]:
+    """An eos_token_id entry (None, one id or a list of ids) as a tuple of non-negative ints."""
+    ids = () if v is None else tuple(v) if isinstance(v, (list, tuple)) else (v,)
+    if not all(_is_int(x) and x >= 0 for x in ids):
+        raise CheckpointError(f"{where}: {key!r} must be a token id or a list of them, got {v!r:.60}")
+    return ids
+
+
+def check_decoder(cfg: DecoderConfig, where: str) -> DecoderConfig:
+    """The rules that tie the sizes together (each size alone is checked as it is read); returns cfg."""
+    if cfg.num_heads % cfg.num_kv_heads:
+        raise CheckpointError(f"{where}: {cfg.num_heads} attention heads are not a multiple of {cfg.num_kv_heads} "
+                              "key/value heads")
+    if cfg.family == "gpt2" and cfg.hidden_size != cfg.num_heads * cfg.head_dim:
+        raise CheckpointError(f"{where}: the width {cfg.hidden_size} is not a multiple of the {cfg.num_heads} "
+                              "attention heads")
+    if cfg.uses_rope and cfg.head_dim % 2:
+        raise CheckpointError(f"{where}: rotary position encoding needs an even head dimension, got "
+                              f"{cfg.head_dim}")
+    scaling = dict(cfg.rope_scaling or {})
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    keys = {"linear": ("factor",), "llama3": LLAMA3_KEYS}.get(kind, ())
+    for key in keys:
+        number_field(scaling, f"{where}: rope scaling", key, positive=True)
+    if kind == "llama3" and not scaling["high_freq_factor"] > scaling["low_freq_factor"]:
+        raise CheckpointError(f"{where}: rope scaling high_freq_factor must exceed low_freq_factor, got "
+                              f"{scaling['high_freq_factor']} and {scaling['low_freq_factor']}")
+    return cfg
 
 
 def from_hf_config(cfg: Mapping[str, Any], where: str = "config.json") -> DecoderConfig:
@@ -110,17 +161,16 @@ def from_hf_config(cfg: Mapping[str, Any], where: str = "config.json") -> Decode
         raise UnsupportedModelError(f"{where}: model_type {family!r} (architectures {arch}) is not supported; "
                                     f"polygrad-hf loads {list(FAMILIES)}")
     if family == "gpt2":
-        hidden = _int(cfg, where, "n_embd", "hidden_size")
-        heads = _int(cfg, where, "n_head", "num_attention_heads")
+        hidden = size_field(cfg, where, "n_embd", "hidden_size")
+        heads = size_field(cfg, where, "n_head", "num_attention_heads")
         act = _get(cfg, where, "activation_function", default="gelu_new")
-        if hidden % heads:
-            raise CheckpointError(f"{where}: n_embd {hidden} is not a multiple of n_head {heads}")
         common: dict[str, Any] = dict(
-            vocab_size=_int(cfg, where, "vocab_size"), hidden_size=hidden, num_layers=_int(cfg, where, "n_layer"),
+            vocab_size=size_field(cfg, where, "vocab_size"), hidden_size=hidden,
+            num_layers=size_field(cfg, where, "n_layer"),
             num_heads=heads, num_kv_heads=heads, head_dim=hidden // heads,
-            intermediate_size=_int(cfg, where, "n_inner", default=4 * hidden),
-            max_positions=_int(cfg, where, "n_positions", "n_ctx"),
-            norm_eps=float(_get(cfg, where, "layer_norm_epsilon", default=1e-5)), activation=act,
+            intermediate_size=size_field(cfg, where, "n_inner", default=4 * hidden),
+            max_positions=size_field(cfg, where, "n_positions", "n_ctx"),
+            norm_eps=number_field(cfg, where, "layer_norm_epsilon", default=1e-5), activation=act,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", True)), attention_bias=True, mlp_bias=True)
         for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
             if cfg.get(flag):
@@ -128,12 +178,12 @@ def from_hf_config(cfg: Mapping[str, Any], where: str = "config.json") -> Decode
         if cfg.get("scale_attn_weights") is False:
             raise UnsupportedModelError(f"{where}: GPT-2 option scale_attn_weights=false is not supported")
     else:
-        hidden = _int(cfg, where, "hidden_size")
-        heads = _int(cfg, where, "num_attention_heads")
-        kv = _int(cfg, where, "num_key_value_heads", default=heads)
-        head_dim = _int(cfg, where, "head_dim", default=hidden // heads)
-        if heads % kv:
-            raise CheckpointError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+        hidden = size_field(cfg, where, "hidden_size")
+        heads = size_field(cfg, where, "num_attention_heads")
+        kv = size_field(cfg, where, "num_key_value_heads", default=heads)
+        if cfg.get("head_dim") is None and hidden < heads:
+            raise CheckpointError(f"{where}: hidden_size {hidden} is smaller than num_attention_heads {heads}")
+        head_dim = size_field(cfg, where, "head_dim", default=hidden // heads)
         rope = dict(cfg.get("rope_parameters") or {})  # transformers 5 folds rope_theta into rope_parameters
         scaling = cfg.get("rope_scaling") or ({k: v for k, v in rope.items() if k != "rope_theta"} if rope else None)
         kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
@@ -143,13 +193,13 @@ def from_hf_config(cfg: Mapping[str, Any], where: str = "config.json") -> Decode
         if family == "qwen2" and cfg.get("use_sliding_window"):
             raise UnsupportedModelError(f"{where}: Qwen2 sliding-window attention is not supported")
         common = dict(
-            vocab_size=_int(cfg, where, "vocab_size"), hidden_size=hidden,
-            num_layers=_int(cfg, where, "num_hidden_layers"), num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
-            intermediate_size=_int(cfg, where, "intermediate_size"),
-            max_positions=_int(cfg, where, "max_position_embeddings", default=2048),
-            norm_eps=float(_get(cfg, where, "rms_norm_eps", default=1e-6)),
+            vocab_size=size_field(cfg, where, "vocab_size"), hidden_size=hidden,
+            num_layers=size_field(cfg, where, "num_hidden_layers"), num_heads=heads, num_kv_heads=kv, head_dim=head_dim,
+            intermediate_size=size_field(cfg, where, "intermediate_size"),
+            max_positions=size_field(cfg, where, "max_position_embeddings", default=2048),
+            norm_eps=number_field(cfg, where, "rms_norm_eps", default=1e-6),
             activation=_get(cfg, where, "hidden_act", default="silu"),
-            rope_theta=float(_get(cfg, where, "rope_theta", default=rope.get("rope_theta", 10000.0))),
+            rope_theta=number_field(cfg, where, "rope_theta", default=rope.get("rope_theta", 10000.0), positive=True),
             rope_scaling=scaling if kind != "default" else None,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", family == "qwen2")),
@@ -158,5 +208,6 @@ def from_hf_config(cfg: Mapping[str, Any], where: str = "config.json") -> Decode
         raise UnsupportedModelError(f"{where}: activation {common['activation']!r} is not supported for {family} "
                                     f"(supported: {list(ACTIVATIONS[family])})")
     bos = cfg.get("bos_token_id")
-    return DecoderConfig(family=family, bos_token_id=bos if isinstance(bos, int) else None,
-                         eos_token_id=_eos(cfg.get("eos_token_id")), **common)
+    return check_decoder(DecoderConfig(family=family, bos_token_id=bos if isinstance(bos, int) else None,
+                                       eos_token_id=token_ids(cfg.get("eos_token_id"), where, "eos_token_id"),
+                                       **common), where)

@@ -26,6 +26,7 @@ import numpy as np
 from polygrad import Tensor, dtypes
 
 from polygrad_hf.config import DecoderConfig
+from polygrad_hf.errors import CheckpointError
 
 # a Llama/Qwen2 layer's Hugging Face tensor names by role
 LLAMA_LAYER = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
@@ -80,14 +81,44 @@ def expected_weights(cfg: DecoderConfig) -> dict[str, tuple[tuple[int, ...], boo
     return out
 
 
+def _canonical(name: str) -> str:
+    """A tensor name without its model prefix ("transformer.h.0.ln_1.weight" -> "h.0.ln_1.weight")."""
+    return name.split(".", 1)[1] if name.startswith(("transformer.", "model.")) else name
+
+
+def check_layer_count(ck: Any) -> None:
+    """CheckpointError when the config names more layers than the checkpoint holds tensors for, before
+    anything is read (a config of 10**6 layers over a 2-layer checkpoint fails here, not after listing
+    every layer's tensors)."""
+    lead = "h." if ck.config.family == "gpt2" else "layers."
+    held = set()
+    for name in ck.arrays:
+        rest = _canonical(name)
+        index = rest[len(lead):].split(".", 1)[0] if rest.startswith(lead) else ""
+        if index.isascii() and index.isdigit():
+            held.add(int(index))
+    first_missing = 0
+    while first_missing in held:
+        first_missing += 1
+    if first_missing < ck.config.num_layers:
+        raise CheckpointError(f"{ck.source}: the config gives {ck.config.num_layers} layers, but the checkpoint has "
+                              f"no tensors for layer {first_missing} ({first_missing} layers present); the config "
+                              "and the weights do not match")
+
+
 def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor]) -> dict[str, Tensor]:
     """Every weight the config needs, checked against its shape, laid out for the graph and converted to a
-    device Tensor by `convert` (one at a time, so host memory holds one converted array at once)."""
+    device Tensor by `convert` (one at a time, so host memory holds one converted array at once). Every
+    name and shape is checked before the first tensor is read."""
+    check_layer_count(ck)
     prefixes = ("transformer.", "") if ck.config.family == "gpt2" else ("model.", "")
-    out = {}
+    plan = []
     for name, (shape, transpose) in expected_weights(ck.config).items():
-        canon = name.split(".", 1)[1] if name.startswith(("transformer.", "model.")) else name
-        stored = name if name == "lm_head.weight" else _prefixed(ck, canon, prefixes)
+        stored = name if name == "lm_head.weight" else _prefixed(ck, _canonical(name), prefixes)
+        ck.expect(stored, shape)
+        plan.append((name, stored, shape, transpose))
+    out = {}
+    for name, stored, shape, transpose in plan:
         arr = ck.take(stored, shape)
         out[name] = convert(np.ascontiguousarray(arr.T) if transpose else arr)
     return out

@@ -7,18 +7,24 @@ Hugging Face checkpoint would hold them: llama.cpp's reordering of Llama's q/k r
 transposed Conv1D weights are transposed back, and a `rope_freqs` tensor (Llama 3 rope scaling) becomes
 frequency divisors.
 
+The file is checked before anything is read from it: every tensor's data inside the data section, on
+the file's alignment and overlapping no other tensor (`_check_layout`), every metadata value that drives
+a shape an integer in range and the sizes consistent (`config.size_field`, `config.check_decoder`); a
+problem is a CheckpointError naming the file and the tensor or key.
+
 Tensor types: F32, F16, BF16, Q8_0 and Q4_0 (through the `gguf` package's dequantizer, at load:
 quantized weights end up as float arrays, see load_hf for the memory this costs). Architectures:
 llama, qwen2, gpt2.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+import math
+from typing import Any
 
 import numpy as np
 
-from polygrad_hf.checkpoint import Checkpoint
-from polygrad_hf.config import DecoderConfig
+from polygrad_hf.checkpoint import Checkpoint, Lazy
+from polygrad_hf.config import MAX_SIZE, DecoderConfig, check_decoder, number_field, size_field, token_ids
 from polygrad_hf.errors import CheckpointError, UnsupportedModelError, need_package
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
@@ -58,7 +64,8 @@ def _hf_name(arch: str, name: str) -> str | None:
 
 
 def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
-    """Undo llama.cpp's q/k row order (pairs interleaved per head) back to Hugging Face's halves."""
+    """Undo llama.cpp's q/k row order (pairs interleaved per head) back to Hugging Face's halves. The
+    shape was checked first (Checkpoint.take): rows = heads x an even head_dim (config.check_decoder)."""
     rows = w.shape[0]
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
@@ -74,37 +81,82 @@ def _field(reader: Any, key: str, path: str, default: Any = KeyError) -> Any:
 
 
 def _config(reader: Any, path: str, arch: str, shapes: dict[str, tuple[int, ...]]) -> DecoderConfig:
-    def get(key: str, default: Any = KeyError) -> Any:
-        return _field(reader, f"{arch}.{key}", path, default)
-    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    keys = ("embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
+            "block_count", "feed_forward_length", "context_length", "attention.layer_norm_epsilon",
+            "attention.layer_norm_rms_epsilon", "rope.freq_base")
+    meta = {f"{arch}.{k}": _field(reader, f"{arch}.{k}", path, None) for k in keys}  # None reads as absent
+
+    def size(key: str, default: Any = KeyError) -> int:
+        if default is KeyError:
+            _field(reader, f"{arch}.{key}", path)  # CheckpointError naming the missing key
+        return size_field(meta, path, f"{arch}.{key}", default=default)
+
+    def number(key: str, **kw: Any) -> float:
+        if "default" not in kw:
+            _field(reader, f"{arch}.{key}", path)
+        return number_field(meta, path, f"{arch}.{key}", **kw)
+    hidden, heads = size("embedding_length"), size("attention.head_count")
     emb = shapes.get("token_embd.weight")
     if emb is None:
         raise CheckpointError(f"{path}: tensor 'token_embd.weight' is missing")
     vocab = emb[0]
+    if not 0 < vocab <= MAX_SIZE:
+        raise CheckpointError(f"{path}: tensor 'token_embd.weight' has {vocab} rows (the vocabulary); expected "
+                              f"1..{MAX_SIZE}")
+    bos = token_ids(_field(reader, "tokenizer.ggml.bos_token_id", path, None), path, "tokenizer.ggml.bos_token_id")
     eos = _field(reader, "tokenizer.ggml.eos_token_id", path, None)
-    bos = _field(reader, "tokenizer.ggml.bos_token_id", path, None)
     common: dict[str, Any] = dict(
-        family=arch, vocab_size=int(vocab), hidden_size=hidden, num_layers=int(get("block_count")), num_heads=heads,
-        intermediate_size=int(get("feed_forward_length")), max_positions=int(get("context_length")),
-        tie_embeddings="output.weight" not in shapes, bos_token_id=None if bos is None else int(bos),
-        eos_token_id=() if eos is None else (int(eos),))
+        family=arch, vocab_size=vocab, hidden_size=hidden, num_layers=size("block_count"), num_heads=heads,
+        intermediate_size=size("feed_forward_length"), max_positions=size("context_length"),
+        tie_embeddings="output.weight" not in shapes, bos_token_id=bos[0] if bos else None,
+        eos_token_id=token_ids(eos, path, "tokenizer.ggml.eos_token_id"))
     if arch == "gpt2":
-        return DecoderConfig(num_kv_heads=heads, head_dim=hidden // heads,
-                             norm_eps=float(get("attention.layer_norm_epsilon")), activation="gelu_new",
-                             attention_bias=True, mlp_bias=True, **common)
-    kv = int(get("attention.head_count_kv", heads))
-    head_dim = int(get("attention.key_length", hidden // heads))
-    return DecoderConfig(num_kv_heads=kv, head_dim=head_dim, norm_eps=float(get("attention.layer_norm_rms_epsilon")),
-                         rope_theta=float(get("rope.freq_base", 10000.0)), activation="silu",
-                         attention_bias="blk.0.attn_q.bias" in shapes, **common)
+        return check_decoder(DecoderConfig(num_kv_heads=heads, head_dim=hidden // heads,
+                                           norm_eps=number("attention.layer_norm_epsilon"), activation="gelu_new",
+                                           attention_bias=True, mlp_bias=True, **common), path)
+    if hidden < heads and meta[f"{arch}.attention.key_length"] is None:
+        raise CheckpointError(f"{path}: embedding_length {hidden} is smaller than attention.head_count {heads}")
+    return check_decoder(DecoderConfig(
+        num_kv_heads=size("attention.head_count_kv", heads), head_dim=size("attention.key_length", hidden // heads),
+        norm_eps=number("attention.layer_norm_rms_epsilon"), rope_theta=number("rope.freq_base", default=10000.0,
+                                                                                positive=True),
+        activation="silu", attention_bias="blk.0.attn_q.bias" in shapes, **common), path)
+
+
+def _check_layout(gguf: Any, reader: Any, path: str) -> None:
+    """Every tensor's data lies inside the data section, starts on the file's alignment and overlaps no
+    other tensor's. The gguf package reads whatever the offsets say (it checks only that the bytes exist
+    in the file; an offset near 2**64 wraps around to bytes before the data section)."""
+    size = len(reader.data) - reader.data_offset
+    spans = []
+    for t in reader.tensors:
+        # the tensor-info record: name length, name, dimension count, dimensions, type, offset
+        dims, offset = [int(d) for d in t.field.parts[3]], int(t.field.parts[5][0])
+        block, block_bytes = gguf.GGML_QUANT_SIZES[t.tensor_type]
+        nbytes = math.prod(dims) // block * block_bytes  # the reader has checked the rows are whole blocks
+        where = f"{path}: tensor {t.name!r}"
+        if offset + nbytes > size:
+            raise CheckpointError(f"{where} needs bytes {offset}..{offset + nbytes} of the data section, which holds "
+                                  f"{size}; the file is truncated or corrupt")
+        if offset % reader.alignment:
+            raise CheckpointError(f"{where} starts at data offset {offset}, not a multiple of the file's alignment "
+                                  f"{reader.alignment}; the file is corrupt")
+        if nbytes:
+            spans.append((offset, offset + nbytes, t.name))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        if begin < end:
+            raise CheckpointError(f"{path}: tensors {first!r} and {second!r} overlap in the data; the file is corrupt")
 
 
 def open_gguf(path: str) -> Checkpoint:
     gguf = need_package("gguf", "gguf", "loading GGUF files")
     try:
-        reader = gguf.GGUFReader(path)  # type: ignore[attr-defined]
+        with np.errstate(over="ignore"):  # the reader adds offsets in uint64: _check_layout reports a wrap
+            reader = gguf.GGUFReader(path)  # type: ignore[attr-defined]
     except Exception as e:  # noqa: BLE001 (the reader raises ValueError, struct.error, IndexError...)
         raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+    _check_layout(gguf, reader, path)
     arch = _field(reader, "general.architecture", path)
     if arch not in ARCHS:
         raise UnsupportedModelError(f"{path}: GGUF architecture {arch!r} is not supported; polygrad-hf loads "
@@ -141,14 +193,17 @@ def _dequantize(gguf: Any, t: Any, path: str, name: str) -> np.ndarray:
     return np.asarray(arr, dtype=np.float32).reshape(shape)
 
 
-def _loader(gguf: Any, t: Any, path: str, name: str, hf: str, cfg: DecoderConfig) -> Callable[[], np.ndarray]:
+def _loader(gguf: Any, t: Any, path: str, name: str, hf: str, cfg: DecoderConfig) -> Lazy:
+    shape = tuple(int(d) for d in reversed(list(t.shape)))
+    transpose = cfg.family == "gpt2" and hf.split(".", 3)[-1] in GPT2_TRANSPOSED
+
     def load() -> np.ndarray:
         arr = _dequantize(gguf, t, path, name)
         if cfg.family == "llama" and hf.endswith(("q_proj.weight", "q_proj.bias")):
             arr = _unpermute(arr, cfg.num_heads)
         elif cfg.family == "llama" and hf.endswith(("k_proj.weight", "k_proj.bias")):
             arr = _unpermute(arr, cfg.num_kv_heads)
-        elif cfg.family == "gpt2" and hf.split(".", 3)[-1] in GPT2_TRANSPOSED:
+        elif transpose:
             arr = np.ascontiguousarray(arr.T)
         return arr
-    return load
+    return Lazy(shape[::-1] if transpose else shape, load)

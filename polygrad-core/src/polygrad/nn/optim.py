@@ -12,15 +12,17 @@ host work per parameter. The learning rate is a one-element buffer read by those
 """
 from __future__ import annotations
 
-from typing import Any, Iterable
+import math
+import numbers
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from polygrad.config import get as get_setting
-from polygrad.errors import TrainingModeError
+from polygrad.errors import InvalidArgumentError, TrainingModeError
 from polygrad.tensor import Tensor
 
-__all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "OptimizerGroup"]
+__all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "OptimizerGroup", "check_hyperparameters"]
 
 TRAINING_HINT = ("TRAINING must be enabled to run an optimizer step: wrap the training loop in "
                  "`with Context(TRAINING=1):` (from polygrad import Context), or set Tensor.training = True")
@@ -29,6 +31,50 @@ TRAINING_HINT = ("TRAINING must be enabled to run an optimizer step: wrap the tr
 def _require_training() -> None:
     if not get_setting("TRAINING"):
         raise TrainingModeError(TRAINING_HINT)
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _real(v: Any) -> bool:
+    """A number that stays finite as the float32 the update kernels compute with."""
+    if not isinstance(v, numbers.Real) or isinstance(v, (bool, np.bool_)):
+        return False
+    try:
+        return math.isfinite(float(v)) and abs(float(v)) <= FLOAT32_MAX
+    except OverflowError:  # float() of an int of 400 digits
+        return False
+
+
+def _rule(name: str, v: Any) -> str | None:
+    """What is wrong with hyperparameter `name` = v (None when nothing): rates, decays and momentum are
+    numbers >= 0 that are finite as float32, eps is > 0, betas lie in [0, 1) (a pair of them for `betas`),
+    flags are bools."""
+    if name in ("lr", "momentum", "weight_decay", "l2_decay"):
+        return None if _real(v) and v >= 0 else "a number >= 0, finite as float32"
+    if name == "eps":  # 0 divides 0 by 0 wherever a gradient is 0 from the start (torch allows it, and NaNs)
+        return None if _real(v) and v > 0 else "a number > 0, finite as float32"
+    if name in ("b1", "b2"):
+        return None if _real(v) and 0 <= v < 1 else "a number in [0, 1)"
+    if name == "betas":
+        pair = isinstance(v, (tuple, list)) and len(v) == 2 and all(_real(b) and 0 <= b < 1 for b in v)
+        return None if pair else "a pair of numbers in [0, 1)"
+    if name in ("nesterov", "adam"):
+        return None if isinstance(v, (bool, np.bool_)) else "true or false"
+    return None
+
+
+def check_hyperparameters(values: Mapping[str, Any], error: type[Exception] = InvalidArgumentError) -> None:
+    """Raise `error` naming the first hyperparameter an optimizer cannot use: a negative or non-finite
+    rate (it trains to NaN), a beta outside [0, 1), a string where a number belongs, nesterov without
+    momentum. Model.fit checks the same rules when it configures an optimizer, and polygrad-js's
+    optimizerConfigOf mirrors them."""
+    for name, v in values.items():
+        want = _rule(name, v)
+        if want is not None:
+            raise error(f"optimizer hyperparameter {name} must be {want}, got {v!r:.60}")
+    if values.get("nesterov") and not values.get("momentum", 0) > 0:
+        raise error("nesterov momentum needs momentum > 0")
 
 
 def _scalar(value: float, device: str) -> Tensor:
@@ -41,6 +87,7 @@ class Optimizer:
     """Base class: holds the parameters, the learning-rate buffer, zero_grad() and step()."""
 
     def __init__(self, params: Iterable[Tensor], lr: float):
+        check_hyperparameters({"lr": lr})
         unique: dict[int, Tensor] = {}
         for p in params:
             if not isinstance(p, Tensor):
@@ -68,6 +115,7 @@ class Optimizer:
         if isinstance(value, Tensor):
             self._lr.assign(value.reshape(()).to(self._lr.device)).realize()
         else:
+            check_hyperparameters({"lr": value})
             self._lr.copy_from(np.array(float(value), dtype=np.float32))
 
     def _lr_on(self, device: str) -> Tensor:
@@ -206,8 +254,7 @@ class SGD(Optimizer):
 
     def __init__(self, params: Iterable[Tensor], lr: float = 0.001, momentum: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
-        if nesterov and momentum <= 0:
-            raise ValueError("nesterov momentum needs momentum > 0")
+        check_hyperparameters({"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov})
         super().__init__(params, lr)
         self.momentum, self.weight_decay, self.nesterov = momentum, weight_decay, nesterov
         self.groups = _flat_groups(self.params)
@@ -244,6 +291,8 @@ class LAMB(Optimizer):
 
     def __init__(self, params: Iterable[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999,
                  eps: float = 1e-6, weight_decay: float = 0.0, adam: bool = False, l2_decay: float = 0.0):
+        check_hyperparameters({"lr": lr, "b1": b1, "b2": b2, "eps": eps, "weight_decay": weight_decay, "adam": adam,
+                               "l2_decay": l2_decay})
         super().__init__(params, lr)
         self.b1, self.b2, self.eps, self.weight_decay, self.adam = b1, b2, eps, weight_decay, adam
         self.l2_decay = l2_decay
@@ -287,6 +336,7 @@ class Adam(LAMB):
 
     def __init__(self, params: Iterable[Tensor], lr: float = 0.001, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0):
+        check_hyperparameters({"betas": betas})
         super().__init__(params, lr, betas[0], betas[1], eps, adam=True, l2_decay=weight_decay)
 
 
@@ -295,4 +345,5 @@ class AdamW(LAMB):
 
     def __init__(self, params: Iterable[Tensor], lr: float = 0.001, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.01):
+        check_hyperparameters({"betas": betas})
         super().__init__(params, lr, betas[0], betas[1], eps, weight_decay=weight_decay, adam=True)

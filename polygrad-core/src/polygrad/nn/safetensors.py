@@ -203,7 +203,12 @@ def _check_entry(name: str, info: Any, data_len: int) -> tuple[int, int]:
     if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]):
         raise SafetensorsError(f"tensor {name!r} has invalid data_offsets {offsets!r:.80}; the file is corrupt")
-    expected = math.prod(shape) * SAFETENSORS_DTYPES[code].itemsize
+    itemsize = SAFETENSORS_DTYPES[code].itemsize
+    # NumPy's bound on an array (an empty one too): its non-zero dimensions times the item size
+    if math.prod(d for d in shape if d) * itemsize >= 2**63:
+        raise SafetensorsError(f"tensor {name!r} has shape {shape!r:.80} of {code}, whose dimensions multiply past "
+                               "2**63 bytes; the file is corrupt")
+    expected = math.prod(shape) * itemsize
     if offsets[1] - offsets[0] != expected:
         raise SafetensorsError(f"tensor {name!r}: shape {shape} of {code} needs {expected} bytes, data_offsets "
                                f"span {offsets[1] - offsets[0]}; the file is corrupt")
