@@ -80,7 +80,7 @@ def _check_labels(target: "Tensor", n_classes: int, cdim: int, ignore_index: int
     from polygrad.tensor_indexing import host_values
     host = host_values(target)
     if host is None:
-        note = getattr(capture_guards[-1], "class_labels", None) if capture_guards else None
+        note = getattr(capture_guards.stack[-1], "class_labels", None) if capture_guards.stack else None
         if note is not None and isinstance(n_classes, int):
             note(target, n_classes, ignore_index)
         return
