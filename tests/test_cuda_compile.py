@@ -66,7 +66,9 @@ def _nn_cases():
 
     def long_reductions():  # long enough for grouped (shared-memory) reductions
         x = Tensor(np.random.default_rng(1).standard_normal((4, 4096)).astype(np.float32), device=DEV)
-        return [x.sum(), x.softmax(1), x.max(1), x.cast(dtypes.float16).sum(1), (x * x).mean().sqrt()]
+        h = x.cast(dtypes.float16)  # half reductions accumulate in float32 (issue 28 item 11)
+        return [x.sum(), x.softmax(1), x.max(1), h.sum(1), (x * x).mean().sqrt(), h.mean(1), h.var(1),
+                h.layernorm(), x.cast(dtypes.bfloat16).std(1), h * 70000.0]
 
     return {"nn_layers": layers, "nn_optimizers": optimizers, "long_reductions": long_reductions}
 

@@ -363,3 +363,34 @@ def test_transcendental_constants_are_current():
     proc = subprocess.run(["python3" if shutil.which("python3") else "python", str(JS / "tools" / "gen_constants.py"),
                            "--check"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+class HalfStats:
+    """float16 statistics of rows whose sums pass float16's range (65504): issue 28 item 11."""
+
+    def __call__(self, x):
+        h = x.half()
+        return {"mean": h.mean(-1).float(), "var": h.var(-1).float(), "ln": h.layernorm()[:, :16].float()}
+
+
+def test_half_reductions_accumulate_in_float32_in_node(tmp_path):
+    """The float32 accumulation of half reductions is casts in the graph, so a bundle carries it: Node's
+    wasm and plain-JS executors give torch's values (the mean was inf before)."""
+    import torch
+    import torch.nn.functional as F
+    X = (np.random.default_rng(14).standard_normal((2, 20000)) * 3 + 10).astype(np.float32)
+    m = Model(HalfStats(), inputs={"x": Tensor.empty(2, 20000)})
+    m.save(str(tmp_path / "half.pgb"))
+    py = {k: v.numpy() for k, v in m.forward(x=X).items()}
+    m.dispose()
+    t = torch.tensor(X).half()
+    want = {"mean": t.mean(-1).float().numpy(), "var": t.var(-1).float().numpy(),
+            "ln": F.layer_norm(t, (20000,))[:, :16].float().numpy()}
+    cases = [{"name": backend, "bundle": str(tmp_path / "half.pgb"), "backend": backend, "forward": {"x": enc(X)}}
+             for backend in ("wasm", "js")]
+    res = run_node(cases, tmp_path)
+    for backend in ("wasm", "js"):
+        assert "error" not in res[backend], res[backend].get("error")
+        for k, ref in want.items():
+            close(dec(res[backend]["outputs"][k]), ref, rtol=2e-3)
+            close(py[k], ref, rtol=2e-3)

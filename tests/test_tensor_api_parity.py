@@ -240,9 +240,9 @@ def test_newton_schulz_and_multinomial(device: str) -> None:
 def test_parity_script_lists_what_is_still_missing() -> None:
     """tests/tinygrad_parity.py compares our Tensor with tinygrad's committed name list, without tinygrad."""
     import tinygrad_parity
-    assert tinygrad_parity.missing() == ["contiguous_backward", "svd"]
+    assert tinygrad_parity.missing() == []
     proc = subprocess.run([sys.executable, "tests/tinygrad_parity.py"], capture_output=True, text=True)
-    assert proc.stdout.split() == ["contiguous_backward", "svd"] and proc.returncode == 1
+    assert proc.stdout.split() == [] and proc.returncode == 0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -266,6 +266,8 @@ SHAPE_MISMATCH = {
     "reshape": (lambda m: m.ones(6).reshape(4, 2)),
     "expand": (lambda m: m.ones(2, 3).expand(4, 3)),
     "cat": (lambda m: m.cat([m.ones(2, 3), m.ones(2, 4)])),
+    "stack": (lambda m: m.stack([m.ones(2), m.ones(3)])),
+    "stack_ndim": (lambda m: m.stack([m.ones(2), m.ones(2, 1)])),
 }
 
 
@@ -286,6 +288,12 @@ BAD_DIMS = {
     "flip": (lambda m: m.ones(2, 2).flip(2)),
     "flip_repeated": (lambda m: m.ones(2, 2).flip(0, 0)),
     "transpose": (lambda m: m.ones(2, 2).transpose(0, 5)),
+    # a 0-d tensor takes dim 0 or -1 only (issue 28 item 15)
+    "cumsum_0d": (lambda m: m.ones(()).cumsum(1)),
+    "cumprod_0d": (lambda m: m.ones(()).cumprod(-2)),
+    "cummax_0d": (lambda m: m.ones(()).cummax(1)),
+    "cummin_0d": (lambda m: m.ones(()).cummin(-2)),
+    "squeeze_0d": (lambda m: m.ones(()).squeeze(1)),
 }
 
 
@@ -311,6 +319,19 @@ BAD_ARGS = {
     "rounding_mode": (lambda: torch.tensor([1.0]).div(2, rounding_mode="x"),
                       lambda: Tensor([1.0]).div(2, rounding_mode="x")),
     "shrink_length": (None, lambda: Tensor.ones(2, 2).shrink(((0, 1),))),
+    # issue 28 item 15: torch raises RuntimeError (NotImplementedError for linspace), tinygrad ValueError
+    "one_hot_negative_class": (lambda: F.one_hot(torch.tensor([-1, 1]), 3), lambda: Tensor([-1, 1]).one_hot(3)),
+    "one_hot_class_too_big": (lambda: F.one_hot(torch.tensor([3]), 3), lambda: Tensor([3]).one_hot(3)),
+    "one_hot_infer_negative": (lambda: F.one_hot(torch.tensor([-1])), lambda: Tensor([-1]).one_hot(-1)),
+    "one_hot_infer_empty": (lambda: F.one_hot(torch.tensor([], dtype=torch.long)),
+                            lambda: Tensor([], dtype="int32").one_hot(-1)),
+    "topk_k_too_big": (lambda: torch.ones(3).topk(4), lambda: Tensor.ones(3).topk(4)),
+    "topk_negative_k": (lambda: torch.ones(3).topk(-1), lambda: Tensor.ones(3).topk(-1)),
+    "linspace_bool": (lambda: torch.linspace(0, 1, 5, dtype=torch.bool),
+                      lambda: Tensor.linspace(0, 1, 5, dtype="bool")),
+    "pad_crops_everything": (lambda: F.pad(torch.ones(1, 1, 4), (-2, -2), mode="reflect"),
+                             lambda: Tensor.ones(1, 1, 4).pad((-2, -2), mode="reflect")),
+    "value_overflows_dtype": (lambda: torch.tensor([300], dtype=torch.uint8), lambda: Tensor([300], dtype="uint8")),
 }
 
 
@@ -460,3 +481,161 @@ def test_inplace_on_requires_grad_follows_tinygrad(device: str) -> None:
     with pytest.raises(RuntimeError):
         tw = torch.tensor([1.0, 2.0], requires_grad=True)
         tw -= 0.5
+
+
+# ---------------------------------------------------------------------------------------------------
+# 8. tinygrad habits and constructor leftovers (issue 28 items 13 and 15)
+
+
+def test_cummax_cummin_of_an_empty_axis(device: str) -> None:
+    for shape, dim in (((0, 3), 0), ((3, 0), 1), ((0,), 0), ((2, 0, 3), 1)):
+        for name in ("cummax", "cummin"):
+            values, indices = getattr(Tensor.ones(*shape, device=device), name)(dim)
+            ref = getattr(torch.ones(*shape), name)(dim)
+            assert values.shape == tuple(ref.values.shape) and indices.shape == tuple(ref.indices.shape)
+            assert values.numpy().shape == ref.values.shape and indices.dtype is dtypes.int32
+
+
+def test_scans_and_squeeze_of_a_0d_tensor_take_dim_0_or_minus_1(device: str) -> None:
+    x, t = Tensor(3.0, device=device), torch.tensor(3.0)
+    for dim in (0, -1):
+        assert x.cumsum(dim).item() == t.cumsum(dim).item() and x.squeeze(dim).item() == t.squeeze(dim).item()
+        assert x.cummax(dim).indices.item() == t.cummax(dim).indices.item() == 0
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
+def test_negative_pads_crop_in_every_mode(mode: str, device: str) -> None:
+    """torch crops for negative pads: reflect and replicate pad the whole dimension and crop after,
+    circular wraps what is left after cropping."""
+    cases = [(np.arange(40, dtype=np.float32).reshape(2, 2, 10), pads) for pads in
+             ((-2, 3), (3, -2), (-2, -3), (-8, 5), (5, -8), (-9, 0), (-10, 0), (-3, 8), (7, -3))]
+    cases += [(np.arange(60, dtype=np.float32).reshape(1, 2, 3, 10), pads) for pads in ((-1, 2, 1, -1), (2, -1, -1, 1))]
+    for x, pads in cases:
+        kept = [n + min(b, 0) + min(a, 0) for n, (b, a) in zip(x.shape[::-1], zip(pads[::2], pads[1::2]))]
+        if mode == "circular" and any(max(b, a) > k for k, b, a in zip(kept, pads[::2], pads[1::2])):
+            with pytest.raises(InvalidArgumentError, match="at most once"):  # torch reads out of bounds here
+                Tensor(x, device=device).pad(pads, mode=mode)
+            continue
+        try:
+            want = F.pad(torch.tensor(x), pads, mode=mode).numpy()
+        except RuntimeError:  # more padding than the cropped dimension holds: torch refuses, and so do we
+            with pytest.raises(RuntimeError):
+                Tensor(x, device=device).pad(pads, mode=mode).realize()
+            continue
+        np.testing.assert_array_equal(Tensor(x, device=device).pad(pads, mode=mode).numpy(), want, err_msg=str(pads))
+    compare(lambda a: a.pad((-1, 2, 1, -1), mode=mode), lambda a: F.pad(a, (-1, 2, 1, -1), mode=mode),
+            [rand(1, 2, 3, 4)], device)
+
+
+def test_masked_select_with_a_static_size(device: str) -> None:
+    """size= gives exactly `size` elements without reading the mask on the host: the selected ones in
+    row-major order, then fill_value (jax.numpy.extract(size=, fill_value=))."""
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) + 1
+    row = np.array([True, False, True])
+    picked = x[np.broadcast_to(row, x.shape)]
+    t = Tensor(x, device=device)
+    for size, fill in ((6, 0), (4, 0), (2, 0), (0, 0), (5, -9.5)):
+        want = np.concatenate([picked, np.full(max(size - picked.size, 0), fill, np.float32)])[:size]
+        got = t.masked_select(Tensor(row, device=device), size=size, fill_value=fill)
+        assert got.dtype is dtypes.float32 and got.tolist() == want.tolist()
+    ints = Tensor([1, 2, 3], device=device).masked_select(Tensor([True, False, True], device=device), size=3)
+    assert ints.dtype is dtypes.int32 and ints.tolist() == [1, 3, 0]
+    # differentiable: the gradient reaches exactly the selected elements (torch's masked_select gradient)
+    compare(lambda a: a.masked_select(Tensor(row, device=device), size=4),
+            lambda a: a.masked_select(torch.tensor(row)), [rand(2, 3)], device)
+    with pytest.raises(TypeError):
+        t.masked_select(Tensor([1, 0, 1], device=device), size=2)  # torch: RuntimeError; DTypeError is both
+    with pytest.raises(RuntimeError):
+        torch.tensor(x).masked_select(torch.tensor([1, 0, 1]))
+
+
+def test_int_and_bool_powers_promote_as_torch(device: str) -> None:
+    for base in ([1, 2, 3], [True, False]):
+        for exp in (2, 2.0, 3, 3.0, 0, 0.0):
+            got, want = Tensor(base, device=device) ** exp, torch.tensor(base) ** exp
+            assert got.dtype.is_float == want.dtype.is_floating_point, (base, exp)
+            assert got.tolist() == want.tolist(), (base, exp)
+
+
+def test_sigmoid_gradient_at_extreme_inputs(device: str) -> None:
+    a = np.array([-np.inf, -1e30, -1000, -300, -100, 0, 100, 300, 1000, 1e30, np.inf], np.float32)
+    for dt in ("float32", "float16", "float64"):
+        x = Tensor(a, device=device).cast(dt).requires_grad_(True)
+        x.sigmoid().sum().backward()
+        t = torch.tensor(a).to(getattr(torch, dt)).requires_grad_(True)
+        t.sigmoid().sum().backward()
+        got = x.grad.float().numpy()
+        assert not np.isnan(got).any()
+        np.testing.assert_allclose(got, t.grad.float().numpy(), atol=1e-30)
+
+
+def test_double_ellipsis_is_named() -> None:
+    t = Tensor.ones(2, 3)
+    for index in ((..., ...), (..., 0, ...), (0, ..., ...), (Tensor([0]), ..., ...)):
+        with pytest.raises(IndexError, match="single ellipsis"):
+            t[index]
+    assert t[..., 0].shape == (2,) and t[0, ...].shape == (3,)
+
+
+def test_constructor_refuses_none_and_values_that_do_not_fit() -> None:
+    """Tensor(None) built an empty tensor (tinygrad's habit); torch raises. A value outside the requested
+    integer dtype raised NumPy's OverflowError (or wrapped, for a scalar); torch raises RuntimeError."""
+    for ref in (lambda: torch.tensor(None), lambda: torch.Tensor(None)):
+        with pytest.raises((TypeError, RuntimeError)):
+            ref()
+    for ours in (lambda: Tensor(None), lambda: Tensor([None, 1.0])):
+        with pytest.raises(DTypeError, match="None") as info:
+            ours()
+        assert isinstance(info.value, TypeError) and isinstance(info.value, RuntimeError)
+    cases = [([300], "uint8"), (300, "uint8"), ([1, 128], "int8"), ([2**31], "int32"), ([300.5], "uint8"),
+             ([3e10], "int32"), (float("nan"), "int32")]
+    for data, name in cases:
+        with pytest.raises(RuntimeError):
+            torch.tensor(data, dtype=getattr(torch, name))
+        with pytest.raises(InvalidArgumentError, match="does not fit"):
+            Tensor(data, dtype=name)
+    assert Tensor([255, 0], dtype="uint8").tolist() == [255, 0] and Tensor(3.7, dtype="int32").item() == 3
+
+
+OPERANDS = {
+    "add": lambda x, v: x + v, "radd": lambda x, v: v + x, "sub": lambda x, v: x - v, "mul": lambda x, v: x * v,
+    "div": lambda x, v: x / v, "pow": lambda x, v: x ** v, "lt": lambda x, v: x < v,
+    "maximum": lambda x, v: x.maximum(v) if isinstance(x, Tensor) else torch.maximum(x, v),
+    "masked_fill": lambda x, v: x.masked_fill(x > 0, v),
+}
+
+
+@pytest.mark.parametrize("op", list(OPERANDS))
+def test_operands_that_are_not_numbers_raise_type_errors(op: str) -> None:
+    fn = OPERANDS[op]
+    for value in ("a", None):
+        with pytest.raises(TypeError):
+            fn(torch.tensor([1.0]), value)
+        with pytest.raises(DTypeError, match="operand") as info:
+            fn(Tensor([1.0]), value)
+        assert isinstance(info.value, TypeError)
+
+
+def test_contiguous_backward(device: str) -> None:
+    """Identity forward (no kernel of its own); the gradient through it is realized in its own kernel."""
+    from polygrad import GlobalCounters
+    from polygrad.uop.ops import Ops
+    a = rand(2, 3)
+    x = Tensor(a, device=device).realize()
+    plain, marked = (x * 2 + 1).sum(), (x.contiguous_backward() * 2 + 1).sum()
+    counts = []
+    for out in (plain, marked):
+        GlobalCounters.reset()
+        out.realize()
+        counts.append(GlobalCounters.kernel_count)
+    assert counts[0] == counts[1] and marked.item() == plain.item()
+    for dt in (dtypes.float16, dtypes.int32, dtypes.bool):
+        y = Tensor(a > 0, device=device).cast(dt)
+        assert y.contiguous_backward().dtype is dt and y.contiguous_backward().tolist() == y.tolist()
+    compare(lambda t: (t.contiguous_backward().reshape(3, 2).T * t.T.reshape(2, 3)).exp(),
+            lambda t: (t.reshape(3, 2).T * t.T.reshape(2, 3)).exp(), [a], device)
+    w = Tensor(a, device=device, requires_grad=True)
+    grad, = (w.contiguous_backward() * 3).sum().gradient(w)
+    assert any(n.op is Ops.CONTIGUOUS for n in grad.uop.toposort())
+    plain_grad, = (w * 3).sum().gradient(w)
+    assert not any(n.op is Ops.CONTIGUOUS for n in plain_grad.uop.toposort())

@@ -22,8 +22,8 @@ import numpy as np
 
 from polygrad import config
 from polygrad.device import Buffer, canonicalize
-from polygrad.dtype import DType, dtype_of_python, dtypes, least_upper_dtype, to_dtype
-from polygrad.errors import DeviceError, InvalidArgumentError
+from polygrad.dtype import DType, dtype_max, dtype_min, dtype_of_python, dtypes, least_upper_dtype, to_dtype
+from polygrad.errors import DeviceError, DTypeError, InvalidArgumentError
 from polygrad.engine.capture import active as capture_active
 from polygrad.engine.capture import made_before
 from polygrad.engine.capture import paused as capture_paused
@@ -35,8 +35,9 @@ from polygrad.uop import sint
 from polygrad.uop.ops import COMPARISONS, Ops, UOp
 from polygrad.uop.shape import ShapeError
 from polygrad.tensor_activation import ActivationMixin
-from polygrad.tensor_common import (_buffer_uop, _check_runtimes, _default_device, _prod, _resolve_axis, _shape_arg,
-                                    _sum_dtype, broadcast_shape, capture_guards, is_tensor, size_tensor)
+from polygrad.tensor_common import (_buffer_uop, _check_operand, _check_runtimes, _default_device, _prod,
+                                    _resolve_axis, _shape_arg, _sum_dtype, broadcast_shape, capture_guards, is_tensor,
+                                    size_tensor)
 from polygrad.tensor_contract import ContractionMixin
 from polygrad.tensor_create import CreationMixin
 from polygrad.tensor_dtype import DTypeMixin
@@ -122,6 +123,8 @@ def _to_numpy(data: Any, dtype: DType | None) -> np.ndarray:
             arr = _np_cast(np.asarray(data, dtype=np.float32), dtype)
         else:
             arr = np.asarray(data, dtype=dtype.np)
+    except OverflowError as e:  # torch raises RuntimeError; NumPy an OverflowError
+        raise _overflow_error(dtype, e) from None
     except (ValueError, TypeError) as e:
         if _holds_none(data):
             raise _none_error() from None
@@ -144,9 +147,23 @@ def _holds_none(data: Any) -> bool:
     return False
 
 
-def _none_error() -> TypeError:
-    return TypeError("cannot build a tensor from a list holding None; use a number (float('nan') for a missing "
-                     "value)")
+def _none_error() -> DTypeError:
+    return DTypeError("cannot build a tensor from None or a list holding None; use a number (float('nan') for a "
+                      "missing value), or Tensor.empty(0) for an empty tensor")
+
+
+def _overflow_error(dtype: DType, detail: Any) -> InvalidArgumentError:
+    return InvalidArgumentError(f"a value does not fit {dtype!r} ({detail}); pick a wider dtype, or build the "
+                                "tensor first and .cast() it to wrap around")
+
+
+def _check_scalar_fits(value: Any, dtype: DType) -> None:
+    """An int/float scalar asked to be an integer dtype it cannot hold (300 as uint8, NaN as int32) raises, as a
+    list of the same values does (and torch)."""
+    if dtype.is_float or dtype is dtypes.bool or isinstance(value, bool):
+        return
+    if not dtype_min(dtype) <= value <= dtype_max(dtype):  # NaN compares False
+        raise _overflow_error(dtype, f"got {value!r}")
 
 
 def _np_cast(arr: np.ndarray, dtype: DType) -> np.ndarray:
@@ -224,9 +241,10 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
             dev = canonicalize(device if device is not None else _default_device(_runtime))
             if isinstance(data, (bool, int, float)) and not isinstance(data, np.generic):
                 dt = dtype or dtype_of_python(data)
+                _check_scalar_fits(data, dt)
                 self.uop = UOp.const(dt, data, dev)
-            elif data is None:
-                self.uop = _buffer_uop(Buffer(dev, 0, dtype or dtypes.default_float), (0,))
+            elif data is None:  # tinygrad builds an empty tensor here; torch refuses
+                raise _none_error()
             elif isinstance(data, (bytes, bytearray)):
                 arr = np.frombuffer(bytes(data), dtype=np.uint8)
                 self.uop = _from_numpy(arr, dtype or dtypes.uint8, dev)
@@ -435,6 +453,14 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     def contiguous(self) -> "Tensor":
         return self._new(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
+    def contiguous_backward(self) -> "Tensor":
+        """The same values (no kernel, no copy); the gradient flowing back through it is made contiguous,
+        i.e. realized in its own kernel before it reaches this tensor's inputs (tinygrad's)."""
+        from polygrad.gradient import with_vjp
+        node = UOp(Ops.CAST, self.dtype, (self.uop,))  # a same-dtype cast: free in every kernel
+        with_vjp(node, (self.uop,), lambda g, wanted: {self.uop: UOp(Ops.CONTIGUOUS, g.dtype, (g,))})
+        return self._new(node)
+
     def detach(self) -> "Tensor":
         return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)), requires_grad=False, _runtime=self._runtime)
 
@@ -521,6 +547,7 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
             if isinstance(y, (list, tuple, np.ndarray)):
                 y = Tensor(y, device=self.device, _runtime=self._runtime)
             else:
+                _check_operand(y)
                 ydt = _scalar_dtype(y, x.dtype)
                 u = x.uop
                 if ydt is u.dtype:  # no promotion or cast: the constant's nodes straight at x's shape
@@ -612,6 +639,7 @@ def _delegate(module: str, name: str, doc: str):
 for _name in ("solve", "lstsq", "cholesky", "cholesky_solve", "qr", "solve_triangular", "triangular_solve", "inv",
               "det", "slogdet"):
     setattr(Tensor, _name, _delegate("linalg", _name, f"See polygrad.linalg.{_name}."))
+Tensor.svd = _delegate("linalg_svd", "svd", "See polygrad.linalg_svd.svd.")  # type: ignore[attr-defined]
 Tensor.custom_kernel = _delegate("engine.custom", "custom_kernel", "Run a kernel written in kernel IR; see "
                                  "polygrad.engine.custom.custom_kernel.")  # type: ignore[attr-defined]
 

@@ -7,13 +7,14 @@ runtimes. Imports nothing from polygrad.tensor, so tensor.py and every tensor_* 
 from __future__ import annotations
 
 import contextlib
+import numbers
 import threading
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
 from polygrad.dtype import DType, dtype_max, dtype_min, dtypes
-from polygrad.errors import DimensionError, RuntimeOwnershipError, ShapeError
+from polygrad.errors import DimensionError, DTypeError, RuntimeOwnershipError, ShapeError
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
 from polygrad.uop.ops import Ops, UOp
@@ -137,6 +138,14 @@ def _owner_name(runtime: Any) -> str:
 def is_tensor(x: Any) -> bool:
     """x is a Tensor (what the mixins test without importing the Tensor class)."""
     return hasattr(x, "uop") and hasattr(x, "_runtime")
+
+
+def _check_operand(value: Any) -> None:
+    """A DTypeError (a TypeError, as torch raises) for an operand that is not a number: x + "a", x * None."""
+    if isinstance(value, (numbers.Real, np.bool_, UOp)):
+        return
+    kind = "complex numbers (polygrad has no complex dtype)" if isinstance(value, complex) else type(value).__name__
+    raise DTypeError(f"unsupported operand for a tensor operation: {kind}; use a number or a Tensor")
 
 
 def _sum_dtype(dt: DType) -> DType:

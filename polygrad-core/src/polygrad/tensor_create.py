@@ -126,6 +126,9 @@ class CreationMixin:
         requires_grad = kw.pop("requires_grad", None)
         if steps <= 1:
             return _leaf(cls.full((steps,), start, dtype=dt, **kw), requires_grad)
+        if dt is dtypes.bool:  # torch: not implemented for bool; tinygrad: ValueError
+            raise InvalidArgumentError("linspace: a bool dtype cannot hold evenly spaced values; use an integer or "
+                                       "float dtype and compare the result")
         step = (stop - start) / (steps - 1)
         work = dtypes.float64 if dt is dtypes.float64 or not dt.is_float else dtypes.float32
         i = cls.arange(steps, dtype=work, **kw)

@@ -20,7 +20,7 @@ import numpy as np
 
 from polygrad import runtime_context
 from polygrad.dtype import dtypes
-from polygrad.errors import DimensionError, InvalidArgumentError
+from polygrad.errors import DimensionError, DTypeError, InvalidArgumentError
 from polygrad.tensor_common import _check_runtimes, broadcast_shape, capture_guards, is_tensor
 from polygrad.uop import sint
 from polygrad.uop.ops import Ops, UOp
@@ -82,6 +82,12 @@ def _to_indices(item: Any, like: "Tensor") -> list[_Index]:
     return [_Index(type(like)(host.astype(np.int32), device=device), host)]
 
 
+def _check_one_ellipsis(items: list) -> None:
+    """IndexError for x[..., ...], as NumPy and tinygrad (torch's answer depends on the other items)."""
+    if sum(1 for it in items if it is Ellipsis) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+
+
 def _expand_items(x: "Tensor", items: list) -> list:
     """Replace Ellipsis by full slices and append trailing full slices; check the index count."""
     consumes = [0 if (it is None or it is Ellipsis) else (
@@ -90,8 +96,7 @@ def _expand_items(x: "Tensor", items: list) -> list:
     n_real = sum(consumes)
     if n_real > x.ndim:
         raise IndexError(f"too many indices ({n_real}) for a tensor with {x.ndim} dimensions")
-    if sum(1 for it in items if it is Ellipsis) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
+    _check_one_ellipsis(items)
     fill = [slice(None)] * (x.ndim - n_real)
     if any(it is Ellipsis for it in items):
         at = next(i for i, it in enumerate(items) if it is Ellipsis)
@@ -304,6 +309,7 @@ class IndexingMixin:
         items = list(index) if isinstance(index, tuple) else [index]
         if any(isinstance(i, (type(self), list, tuple, np.ndarray)) for i in items):
             return self._advanced_getitem(items)
+        _check_one_ellipsis(items)
         n_real = sum(1 for i in items if i is not None and i is not Ellipsis)
         if n_real > self.ndim:
             raise IndexError(f"too many indices ({n_real}) for a tensor with {self.ndim} dimensions")
@@ -484,14 +490,25 @@ class IndexingMixin:
         mean = total.div(count, rounding_mode="floor") if not self.dtype.is_float else total / count
         return hit.where(mean.cast(self.dtype), self)
 
-    def masked_select(self: "Tensor", mask: Any) -> "Tensor":
-        """The elements where mask (broadcast to self) is True, as a 1-d tensor in row-major order. The
-        length depends on the mask's values, so they are read on the host (a sync, as in torch)."""
+    def masked_select(self: "Tensor", mask: Any, size: int | None = None, fill_value: Any = 0) -> "Tensor":
+        """The elements where mask (broadcast to self) is True, as a 1-d tensor in row-major order.
+
+        Without size= the length depends on the mask's values, so they are read on the host (a sync, as
+        in torch). With size= nothing is read: the result has exactly `size` elements, the first
+        min(count, size) selected ones followed by fill_value (as jax.numpy.extract(size=, fill_value=)).
+
+        >>> Tensor([1, 2, 3]).masked_select(Tensor([True, False, True]), size=3).tolist()
+        [1, 3, 0]
+        """
         mask = mask if isinstance(mask, type(self)) else type(self)(mask, device=self.device, _runtime=self._runtime)
         if mask.dtype is not dtypes.bool:
-            raise TypeError(f"masked_select needs a bool mask, got {mask.dtype}")
-        flat = np.flatnonzero(mask._broadcast_to(self.shape).numpy()).astype(np.int32)
-        return take(self.reshape(-1), 0, type(self)(flat, device=self.device, _runtime=self._runtime))
+            raise DTypeError(f"masked_select needs a bool mask, got {mask.dtype}; compare it (mask != 0) first")
+        flat_mask = mask._broadcast_to(self.shape).reshape(-1)
+        if size is None:
+            flat = np.flatnonzero(flat_mask.numpy()).astype(np.int32)
+            return take(self.reshape(-1), 0, type(self)(flat, device=self.device, _runtime=self._runtime))
+        where = flat_mask.nonzero(size=size).reshape(-1)  # -1 past the last selected element
+        return (where >= 0).where(take(self.reshape(-1), 0, where), fill_value).cast(self.dtype)
 
     def nonzero(self: "Tensor", as_tuple: bool = False, size: int | None = None, fill_value: int = -1) -> Any:
         """Coordinates of the non-zero elements, one row per element in row-major order: (count, ndim) int32.

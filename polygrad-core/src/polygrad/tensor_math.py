@@ -15,6 +15,7 @@ import math
 from typing import Any, Callable
 
 from polygrad.errors import InvalidArgumentError
+from polygrad.tensor_common import _check_operand
 from polygrad.dtype import dtypes, least_upper_float
 
 HALF_TYPES = (dtypes.float16, dtypes.bfloat16)
@@ -117,8 +118,8 @@ class MathMixin:
             a, b = self._broadcasted(x, reverse=True)
             return a.pow(b)
         if not isinstance(x, type(self)) and not isinstance(x, bool) and isinstance(x, (int, float)):
-            if x == 2:
-                return self * self
+            if x == 2 and (self.dtype.is_float or isinstance(x, int) and self.dtype is not dtypes.bool):
+                return self * self  # an int tensor ** 2.0 is float, bool ** 2 is int (torch): the general path
             if x == 0.5 and self.dtype.is_float:
                 return self.sqrt()
             if isinstance(x, int) and not self.dtype.is_float and self.dtype is not dtypes.bool:
@@ -470,6 +471,7 @@ class MathMixin:
 
     def _const_tensor(self, value: Any):
         from polygrad.uop.ops import UOp
+        _check_operand(value)
         return type(self)(UOp.const(self.dtype, value, self.device), _runtime=self._runtime)
 
     # ---- comparisons

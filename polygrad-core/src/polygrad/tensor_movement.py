@@ -232,9 +232,9 @@ class MovementMixin(IndexingMixin):
     def squeeze(self, dim: int | None = None) -> "Tensor":
         if dim is None:
             return self.reshape(tuple(s for s in self.shape if s != 1))
+        d = _resolve_axis(dim, self.ndim)  # a 0-d tensor takes dim 0 or -1, as torch
         if self.ndim == 0:
             return self
-        d = _resolve_axis(dim, self.ndim)
         return self if self.shape[d] != 1 else self.reshape(self.shape[:d] + self.shape[d + 1:])
 
     def unsqueeze(self, dim: int) -> "Tensor":
@@ -276,10 +276,18 @@ class MovementMixin(IndexingMixin):
         x = self
         for axis, (before, after) in enumerate(pairs):
             before, after = int(before), int(after)
-            if before < 0 or after < 0:
-                raise InvalidArgumentError(f"pad mode {mode!r} needs non-negative padding, got {(before, after)}")
-            if before or after:
-                x = _pad_one_axis(x, axis, before, after, mode)
+            n = x.shape[axis]
+            if n + before + after < (0 if mode == "circular" else 1):
+                raise InvalidArgumentError(f"pad: padding {(before, after)} in mode {mode!r} leaves dimension {axis} "
+                                           f"of size {n} with {n + before + after} elements; crop less")
+            # a negative pad crops, as torch: circular wraps what is left after cropping, reflect and
+            # replicate pad the whole dimension and crop after
+            crop = (max(-before, 0), max(-after, 0))
+            if mode == "circular":
+                x = shrink_axis(x, axis, crop[0], n - crop[1])
+            x = _pad_one_axis(x, axis, max(before, 0), max(after, 0), mode)
+            if mode != "circular":
+                x = shrink_axis(x, axis, crop[0], x.shape[axis] - crop[1])
         return x
 
     def rearrange(self: "Tensor", formula: str, **sizes: int) -> "Tensor":
@@ -581,6 +589,8 @@ def _triangle(x: "Tensor", diagonal: int, lower: bool) -> "Tensor":
 
 
 def _pad_one_axis(x: "Tensor", axis: int, before: int, after: int, mode: str) -> "Tensor":
+    if not (before or after):
+        return x
     n = x.shape[axis]
     if mode == "reflect":
         if before >= n or after >= n:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from polygrad.dtype import dtypes
 from polygrad.errors import DTypeError, InvalidArgumentError
 from polygrad.tensor_losses import LossMixin
+from polygrad.tensor_math import HALF_TYPES, float_math
 from polygrad.tensor_movement import _tuple
 from polygrad.uop.shape import ShapeError
 
@@ -289,18 +290,21 @@ class NNMixin(LossMixin):
         return g
 
     def normalize(self: "Tensor", p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> "Tensor":
-        """x / max(||x||_p along dim, eps) (torch.nn.functional.normalize; tinygrad's type(self).normalize)."""
+        """x / max(||x||_p along dim, eps) (torch.nn.functional.normalize; tinygrad's type(self).normalize).
+        The norm of float16/bfloat16 input is computed in float32 and rounded once, as torch's."""
+        from polygrad.dtype import least_upper_float
         if p == 0:
-            from polygrad.dtype import least_upper_float
             norm = self.ne(0).sum(dim, keepdim=True).cast(least_upper_float(self.dtype))
         elif p == float("inf"):
             norm = self.abs().max(dim, keepdim=True)
         else:
-            norm = self.abs().pow(p).sum(dim, keepdim=True).pow(1.0 / p)
+            wide = self.cast(dtypes.float32) if self.dtype in HALF_TYPES else self
+            norm = wide.abs().pow(p).sum(dim, keepdim=True).pow(1.0 / p).cast(least_upper_float(self.dtype))
         return self / norm.maximum(eps)
 
+    @float_math
     def layernorm(self: "Tensor", axis: Any = -1, eps: float = 1e-5) -> "Tensor":
-        """Normalise to zero mean and unit variance over `axis` (no affine part)."""
+        """Normalise to zero mean and unit variance over `axis` (no affine part); float16/bfloat16 in float32."""
         y = self - self.mean(axis, keepdim=True)
         return y * (y * y).mean(axis, keepdim=True).add(eps).rsqrt()
 
@@ -358,14 +362,29 @@ class NNMixin(LossMixin):
         return scores.softmax(-1).dropout(dropout_p).matmul(value)
 
     def one_hot(self, num_classes: int = -1) -> "Tensor":
-        """Integer classes -> int32 one-hot along a new last axis; num_classes=-1 reads max()+1 (a sync)."""
+        """Integer classes -> int32 one-hot along a new last axis; num_classes=-1 reads max()+1 (a sync).
+
+        A class outside [0, num_classes) raises InvalidArgumentError (torch's RuntimeError) when the values
+        are on the host (docs/tensor-semantics.md); a lazy one gives an all-zero row."""
+        from polygrad.tensor_indexing import host_values
         if self.dtype.is_float:
             raise DTypeError(f"one_hot needs integer classes, got {self.dtype}; cast with .int() first")
         if num_classes < -1:
             raise InvalidArgumentError(f"one_hot: num_classes must be non-negative (or -1 to infer it), got "
                                        f"{num_classes}")
+        host = host_values(self)
+        bounds = None if host is None or host.size == 0 else (int(host.min()), int(host.max()))
         if num_classes == -1:
-            num_classes = int(self.max().item()) + 1
+            if self.numel() == 0:
+                raise InvalidArgumentError("one_hot: cannot infer the number of classes of an empty tensor; pass "
+                                           "num_classes")
+            if bounds is None:
+                bounds = tuple(int(v) for v in type(self).stack(self.min(), self.max()).tolist())
+            num_classes = bounds[1] + 1
+        if bounds is not None and (bounds[0] < 0 or bounds[1] >= num_classes):
+            bad = bounds[0] if bounds[0] < 0 else bounds[1]
+            raise InvalidArgumentError(f"one_hot: class value {bad} is outside [0, {num_classes}); class values "
+                                       "must be non-negative and smaller than num_classes")
         return self.unsqueeze(-1).eq(type(self).arange(num_classes, device=self.device, dtype=self.dtype)).cast(
             dtypes.int32)
 

@@ -13,8 +13,9 @@ import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from polygrad.dtype import dtypes, least_upper_float
+from polygrad.errors import InvalidArgumentError
 from polygrad.tensor_common import _resolve_axis, _sum_dtype, size_tensor
-from polygrad.tensor_math import float_math
+from polygrad.tensor_math import HALF_TYPES, float_math
 from polygrad.uop import sint
 from polygrad.uop.ops import Ops, UOp
 
@@ -67,6 +68,8 @@ def _scan_indices(x, values, axis: int):
     if x.ndim == 0:
         return type(x)(0, device=x.device, dtype=dtypes.int32, _runtime=x._runtime)
     ax = _resolve_axis(axis, x.ndim)
+    if x.shape[ax] == 0:
+        return x.cast(dtypes.int32)
     xt, vt = x.transpose(ax, -1), values.transpose(ax, -1)
     n = xt.shape[-1]
     xj, vi = xt.unsqueeze(-2), vt.unsqueeze(-1)  # [..., 1, j] and [..., i, 1]
@@ -141,28 +144,37 @@ class ReduceMixin:
     amin = min
 
     # ---- mean / var / std
+    # float16/bfloat16 inputs are summed, divided and squared in float32 and rounded once at the end, as
+    # torch does: mean(ones(70000, float16)) is 1, not inf (the sum alone exceeds float16's range)
     def mean(self, axis: Any = None, keepdim: bool = False, dtype: Any = None):
         """The arithmetic mean (integers are averaged in the default float type, or in `dtype`); empty gives NaN."""
         from polygrad.dtype import to_dtype
-        x = self.cast(to_dtype(dtype) if dtype is not None else least_upper_float(self.dtype))
-        from polygrad.uop import sint
+        out_dtype = to_dtype(dtype) if dtype is not None else least_upper_float(self.dtype)
+        x = self.cast(out_dtype)
         n = sint.sprod(self.shape[a] for a in _axes_of(self, axis)) if self.ndim else 1
-        total = x.sum(axis, keepdim)
+        total = x.sum(axis, keepdim, dtype=_sum_dtype(out_dtype))
         if sint.is_sym(n):  # a symbolic count: divided in-kernel by the variable's value
-            return total / size_tensor(n, total)
-        return total * (1.0 / n) if n else total * math.nan
+            return (total / size_tensor(n, total)).cast(out_dtype)
+        return (total * (1.0 / n) if n else total * math.nan).cast(out_dtype)
+
+    def _var_wide(self, axis: Any, keepdim: bool, correction: float, unbiased: bool | None):
+        """(variance in the accumulation dtype, the dtype to round it to)."""
+        if unbiased is not None:
+            correction = 1 if unbiased else 0
+        dt = least_upper_float(self.dtype)
+        x = self.cast(dt).cast(_sum_dtype(dt))
+        n = math.prod(self.shape[a] for a in _axes_of(self, axis)) if self.ndim else 1
+        sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
+        return sq / max(n - correction, 0), dt
 
     def var(self, axis: Any = None, keepdim: bool = False, correction: float = 1, unbiased: bool | None = None):
         """Variance with Bessel's correction by default (torch's `correction`/`unbiased`)."""
-        if unbiased is not None:
-            correction = 1 if unbiased else 0
-        x = self.cast(least_upper_float(self.dtype))
-        n = math.prod(self.shape[a] for a in _axes_of(self, axis)) if self.ndim else 1
-        sq = (x - x.mean(axis, keepdim=True)).square().sum(axis, keepdim)
-        return sq / max(n - correction, 0)
+        wide, dt = self._var_wide(axis, keepdim, correction, unbiased)
+        return wide.cast(dt)
 
     def std(self, axis: Any = None, keepdim: bool = False, correction: float = 1, unbiased: bool | None = None):
-        return self.var(axis, keepdim, correction, unbiased).sqrt()
+        wide, dt = self._var_wide(axis, keepdim, correction, unbiased)
+        return wide.sqrt().cast(dt)
 
     def var_mean(self, axis: Any = None, keepdim: bool = False, correction: float = 1):
         return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
@@ -241,10 +253,15 @@ class ReduceMixin:
 
     # ---- cumulative scans
     def _scan(self, axis: int, kind: str):
-        """Inclusive scan along axis; kind is a row of SCANS."""
+        """Inclusive scan along axis; kind is a row of SCANS. Sums and products of float16/bfloat16
+        accumulate in float32 and round once, as torch's (the blocked scan would round three times)."""
+        ax = _resolve_axis(axis, self.ndim)  # a 0-d tensor takes dim 0 or -1, as torch
+        if kind in ("sum", "prod", "logsumexp") and self.dtype in HALF_TYPES:
+            return self.cast(dtypes.float32)._scan(ax, kind).cast(self.dtype)
         if self.ndim == 0:
             return self.reshape(1)._scan(0, kind).reshape(())
-        ax = _resolve_axis(axis, self.ndim)
+        if self.shape[ax] == 0 and kind in ("max", "min"):
+            return self  # an empty running max is empty (torch); max() itself would refuse the empty axis
         return self.transpose(ax, -1)._scan_last(kind).transpose(ax, -1)
 
     def _scan_last(self, kind: str):
@@ -339,8 +356,9 @@ class ReduceMixin:
         name for `sorted`)."""
         ax = _resolve_axis(dim, self.ndim)
         n = self.shape[ax] if self.ndim else 1
-        if not 0 <= k <= n:
-            raise IndexError(f"topk: k={k} is out of range for dimension {dim} of size {n}")
+        if not 0 <= k <= n:  # torch: RuntimeError, tinygrad: ValueError
+            raise InvalidArgumentError(f"topk: k={k} is out of range for dimension {dim} of size {n}; pick k in "
+                                       f"[0, {n}]")
         values, indices = self.sort(ax, descending=largest)
         if self.ndim == 0:
             return values, indices

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from polygrad.dtype import dtypes
+from polygrad.dtype import dtypes, least_upper_dtype, least_upper_float
 from polygrad.nn import init
 from polygrad.nn.layers import is_training
 from polygrad.tensor import Tensor
@@ -20,6 +20,24 @@ def normalize(x: Tensor, axes: tuple[int, ...], eps: float) -> Tensor:
     centered = x - mean
     var = centered.square().mean(axes, keepdim=True)
     return centered * (var + eps).rsqrt()
+
+
+# float16/bfloat16 inputs are normalised in float32 and rounded once at the end, as torch's CPU kernels do:
+# in half precision the squares overflow from |x| = 256 and every intermediate rounding adds an error
+def _wide(x: Tensor) -> Tensor:
+    """x in the dtype the statistics are computed in: float32 for float16/bfloat16, else its float type."""
+    dt = least_upper_float(x.dtype)
+    return x.cast(dtypes.float32 if dt in (dtypes.float16, dtypes.bfloat16) else dt)
+
+
+def _affine(x: Tensor, y: Tensor, weight: Tensor | None, bias: Tensor | None, shape: tuple[int, ...] | None = None):
+    """y * weight + bias (y computed from _wide(x)), rounded once to the dtype the layer returns."""
+    params = [p for p in (weight, bias) if p is not None]
+    if weight is not None:
+        y = y * (weight if shape is None else weight.reshape(shape))
+    if bias is not None:
+        y = y + (bias if shape is None else bias.reshape(shape))
+    return y.cast(least_upper_dtype(least_upper_float(x.dtype), *(p.dtype for p in params)))
 
 
 def _channel_shape(x: Tensor) -> tuple[int, ...]:
@@ -43,10 +61,8 @@ class LayerNorm:
         if x.shape[x.ndim - n:] != self.normalized_shape:
             raise ValueError(f"LayerNorm{self.normalized_shape} got input of shape {x.shape}; its trailing dims "
                              "must equal normalized_shape")
-        y = normalize(x, tuple(range(x.ndim - n, x.ndim)), self.eps)
-        if self.weight is not None:
-            y = y * self.weight
-        return y + self.bias if self.bias is not None else y
+        y = normalize(_wide(x), tuple(range(x.ndim - n, x.ndim)), self.eps)
+        return _affine(x, y, self.weight, self.bias)
 
 
 class LayerNorm2d(LayerNorm):
@@ -61,7 +77,8 @@ class LayerNorm2d(LayerNorm):
 
 
 class RMSNorm:
-    """x / sqrt(mean(x^2) + eps) * weight over the trailing dims; eps=None means the dtype's epsilon."""
+    """x / sqrt(mean(x^2) + eps) * weight over the trailing dims; eps=None means the epsilon of the dtype it is
+    computed in (float32 for float16/bfloat16 input, as torch)."""
 
     def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None,
                  elementwise_affine: bool = True, device: str | None = None, dtype: Any = None):
@@ -74,10 +91,11 @@ class RMSNorm:
         if x.shape[x.ndim - n:] != self.normalized_shape:
             raise ValueError(f"RMSNorm{self.normalized_shape} got input of shape {x.shape}; its trailing dims "
                              "must equal normalized_shape")
-        eps = self.eps if self.eps is not None else _finfo_eps(x.dtype)
         axes = tuple(range(x.ndim - n, x.ndim))
-        y = x * (x.square().mean(axes, keepdim=True) + eps).rsqrt()
-        return y * self.weight if self.weight is not None else y
+        w = _wide(x)
+        eps = self.eps if self.eps is not None else _finfo_eps(w.dtype)  # float32's for a half input (torch)
+        y = (w * (w.square().mean(axes, keepdim=True) + eps).rsqrt()).cast(least_upper_float(x.dtype))
+        return y * self.weight if self.weight is not None else y  # torch rounds before the weight
 
 
 def _finfo_eps(dtype: Any) -> float:
@@ -98,11 +116,9 @@ class GroupNorm:
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 2 or x.shape[1] != self.num_channels:
             raise ValueError(f"GroupNorm expects (N, {self.num_channels}, ...) input, got {x.shape}")
-        grouped = x.reshape(x.shape[0], self.num_groups, -1)
+        grouped = _wide(x).reshape(x.shape[0], self.num_groups, -1)
         y = normalize(grouped, (2,), self.eps).reshape(x.shape)
-        if self.weight is None:
-            return y
-        return y * self.weight.reshape(_channel_shape(x)) + self.bias.reshape(_channel_shape(x))
+        return _affine(x, y, self.weight, self.bias, _channel_shape(x))
 
 
 class InstanceNorm:
@@ -120,10 +136,8 @@ class InstanceNorm:
     def __call__(self, x: Tensor) -> Tensor:
         if x.ndim < 3 or x.shape[1] != self.num_features:
             raise ValueError(f"InstanceNorm expects (N, {self.num_features}, *spatial) input, got {x.shape}")
-        y = normalize(x, tuple(range(2, x.ndim)), self.eps)
-        if self.weight is None:
-            return y
-        return y * self.weight.reshape(_channel_shape(x)) + self.bias.reshape(_channel_shape(x))
+        y = normalize(_wide(x), tuple(range(2, x.ndim)), self.eps)
+        return _affine(x, y, self.weight, self.bias, _channel_shape(x))
 
 
 class BatchNorm:
@@ -152,18 +166,17 @@ class BatchNorm:
             raise ValueError(f"BatchNorm expects (N, {self.num_features}, ...) input, got {x.shape}")
         axes = (0,) + tuple(range(2, x.ndim))
         shape = _channel_shape(x)
+        w = _wide(x)
         if is_training() or not self.track_running_stats:
-            mean = x.mean(axes, keepdim=True)
-            centered = x - mean
+            mean = w.mean(axes, keepdim=True)
+            centered = w - mean
             var = centered.square().mean(axes, keepdim=True)
             if is_training() and self.track_running_stats:
                 self._update_running_stats(mean.reshape(-1), var.reshape(-1), x.numel() // x.shape[1])
             y = centered * (var + self.eps).rsqrt()
         else:
-            y = (x - self.running_mean.reshape(shape)) * (self.running_var.reshape(shape) + self.eps).rsqrt()
-        if self.weight is None:
-            return y
-        return y * self.weight.reshape(shape) + self.bias.reshape(shape)
+            y = (w - self.running_mean.reshape(shape)) * (self.running_var.reshape(shape) + self.eps).rsqrt()
+        return _affine(x, y, self.weight, self.bias, shape)
 
     def _update_running_stats(self, mean: Tensor, var: Tensor, n: int) -> None:
         count = self.num_batches_tracked + 1
@@ -172,8 +185,9 @@ class BatchNorm:
         else:
             factor = self.momentum
         unbiased = var.detach() * (n / max(n - 1, 1))
-        self.running_mean.assign(self.running_mean * (1 - factor) + mean.detach() * factor)
-        self.running_var.assign(self.running_var * (1 - factor) + unbiased * factor)
+        dt = self.running_mean.dtype
+        self.running_mean.assign((self.running_mean * (1 - factor) + mean.detach() * factor).cast(dt))
+        self.running_var.assign((self.running_var * (1 - factor) + unbiased * factor).cast(dt))
         self.num_batches_tracked.assign(count)
 
 

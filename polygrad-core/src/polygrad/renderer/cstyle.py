@@ -83,7 +83,8 @@ static inline float pg_rb(float x) { return pg_b2f(pg_f2b(x)); }
 def round_half_value(value: float, dt: DType) -> float:
     """A Python float rounded to float16/bfloat16 precision (round to nearest even)."""
     if dt is dtypes.float16:
-        return float(np.float16(value))
+        with np.errstate(over="ignore"):  # past the range: inf, as the kernel's own rounding gives
+            return float(np.float16(value))
     bits = int(np.array(value, dtype=np.float32).view(np.uint32))
     if math.isnan(value):
         return value
@@ -145,12 +146,14 @@ class CStyleRenderer:
         if dt is dtypes.bool:
             return "1" if v else "0"
         if dt.is_float:
+            if self.emulate_half and dt in HALF_TYPES:
+                v = round_half_value(float(v), dt)  # first: a value past the type's range rounds to inf
             if math.isnan(v):
                 return f"(({self.ctype(dt)})NAN)"
             if math.isinf(v):
                 return f"(({self.ctype(dt)}){'-' if v < 0 else ''}INFINITY)"
             if self.emulate_half and dt in HALF_TYPES:
-                return repr(round_half_value(float(v), dt)) + "f"
+                return repr(float(v)) + "f"
             text = repr(float(v))
             if dt is dtypes.float32:
                 return text + "f"
