@@ -11,7 +11,7 @@ import os
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pluggy
@@ -244,6 +244,18 @@ class CounterValues:
 counts = CounterValues()
 
 
+# Called after buffers that may already hold a value were written: host copies into a buffer, effects
+# that ran (assign, custom kernels), replays of captured graphs. Values computed from buffers and kept
+# for later realizes are then no longer known to be current (engine/computed.py adds its clear here).
+overwrite_listeners: list[Callable[[], Any]] = []
+
+
+def note_overwrite() -> None:
+    """Tell the listeners that buffers holding values may have been overwritten."""
+    for listener in overwrite_listeners:
+        listener()
+
+
 def _counter(name: str) -> property:
     return property(lambda cls: getattr(counts, name), lambda cls, value: setattr(counts, name, value))
 
@@ -359,6 +371,7 @@ class Buffer:
         arr = np.ascontiguousarray(data)
         if arr.nbytes != self.nbytes:
             raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes; shapes must match")
+        note_overwrite()
         self.impl().allocator.copyin(self.handle, memoryview(arr.reshape(-1).view(np.uint8)))
         return self
 
@@ -368,6 +381,7 @@ class Buffer:
         if arr.nbytes > self.nbytes:
             raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes")
         if arr.nbytes:
+            note_overwrite()
             self.impl().allocator.copyin(self.handle, memoryview(arr.reshape(-1).view(np.uint8)))
         return self
 
