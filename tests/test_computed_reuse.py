@@ -200,3 +200,15 @@ def test_kept_buffers_go_with_their_graphs():
     # ...and go with them
     assert computed.views() is None
     assert sum(buffers_live.values()) == before
+
+
+def test_symbolic_views_of_kept_values():
+    from polygrad import Variable
+    a = np.arange(32, dtype=np.float32).reshape(8, 4)
+    x = Tensor(a).realize()
+    doubled = (x * 2).contiguous()
+    (doubled + 1).realize()  # keeps x * 2
+    n = Variable("rows", 1, 8)
+    for k in (3, 5, 8):
+        got = (x * 2).contiguous().shrink(((0, n.bind(k)), None)).sum(1).numpy()
+        np.testing.assert_allclose(got, (a[:k] * 2).sum(1))

@@ -97,14 +97,15 @@ def normalize(targets: list[UOp], effects: list[UOp] | None = None,
     normalised form.
     One walk over the graph; it runs on every realize, so the common nodes take the shortest path. A
     graph with symbolic sizes is walked again once its buffers' symbolic sizes are known."""
-    keep: set[UOp] | None = None
-    if reuse:  # walk only what the kept values leave to compute (not the whole graph below them)
-        keep = _target_nodes(targets)
-        order, reuse = _live_order(targets, reuse, keep)
-        pruned = True
-    else:
+    keep = _target_nodes(targets) if reuse else None
+    # with kept values, walk only what they leave to compute (not the whole graph below them)
+    live = _live_order(targets, reuse, keep) if reuse else None
+    pruned = live is not None
+    if live is not None:
+        order = live
+    else:  # nothing kept, or a pending effect: the whole graph, as its cached toposort
+        reuse = None
         order = targets[0].toposort() if len(targets) == 1 else UOp(Ops.SINK, None, tuple(targets)).toposort()[:-1]
-        pruned = False
     binds: dict[UOp, int] = {} if var_vals is None else var_vals
     n_effects = len(effects) if effects is not None else 0
     saved_binds = dict(binds) if binds else None
@@ -113,15 +114,13 @@ def normalize(targets: list[UOp], effects: list[UOp] | None = None,
     while True:  # a walk that meets one of the rare cases below starts over, knowing it
         try:
             return _normalize_walk(order, targets, effects, binds, sym_sizes, pruned, memo, reuse, keep)
-        except _Prune:
-            # what only fed an effect that already ran, or a kept value, gets no slot
-            order, reuse = _live_order(targets, reuse, keep)
+        except _Prune:  # what only fed an effect that already ran gets no slot
+            order = _live_order(targets, None, None) or []
             pruned = True
         except _SymbolicSizes:
             if reuse is not None:  # symbolic graphs reuse nothing: walk below kept values again
                 reuse = None
-                if pruned:
-                    order = _live_order(targets, None, None)[0]
+                order = _live_order(targets, None, None) or []
             sym_sizes = _symbolic_buffer_sizes(order)
         if effects is not None:
             del effects[n_effects:]
@@ -241,18 +240,17 @@ _PLAIN_NORMALIZE = frozenset(Ops) - {Ops.BUFFER, Ops.BIND, Ops.DEFINE_VAR, *EFFE
 
 
 def _live_order(targets: list[UOp], reuse: dict[weakref.ref, UOp] | None,
-                keep: set[UOp] | None) -> tuple[list[UOp], dict[weakref.ref, UOp] | None]:
+                keep: set[UOp] | None) -> list[UOp] | None:
     """The nodes the normalised graph keeps, sources first: everything reachable from the targets
     without passing below an effect that already ran (it stands for its buffer now, `becomes`) or a
     value in `reuse` (read from its buffer). The inputs are exactly the buffers of these nodes, so the
     key alone determines the buffer table: a buffer that only fed a finished assign must not take a
     slot (it shifted every new buffer's table index, and a template cached under the same key then
-    wrote into that unrelated input). A graph holding an effect still to run reuses nothing: then the
-    order goes below kept values and `reuse` comes back None. Linear in the nodes kept."""
+    wrote into that unrelated input). Linear in the nodes kept. With `reuse`, a graph holding an
+    effect still to run gives None at once: such a graph reuses nothing."""
     order: list[UOp] = []
     seen: set[UOp] = set()
     stack: list[tuple[UOp, bool]] = [(t, False) for t in reversed(targets)]
-    pending = False
     ref = weakref.ref
     while stack:
         node, finished = stack.pop()
@@ -267,7 +265,8 @@ def _live_order(targets: list[UOp], reuse: dict[weakref.ref, UOp] | None,
             if done is not None and done is not node:
                 order.append(node)
                 continue
-            pending = True
+            if reuse is not None:
+                return None
         elif reuse is not None and node not in keep and ref(node) in reuse:  # type: ignore[operator]
             order.append(node)
             continue
@@ -275,9 +274,7 @@ def _live_order(targets: list[UOp], reuse: dict[weakref.ref, UOp] | None,
         for s in reversed(node.src):
             if s not in seen:
                 stack.append((s, False))
-    if pending and reuse is not None:
-        return _live_order(targets, None, None)
-    return order, reuse
+    return order
 
 
 def _symbolic_buffer_sizes(order: list[UOp]) -> dict[int, Any]:
