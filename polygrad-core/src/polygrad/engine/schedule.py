@@ -114,7 +114,7 @@ def normalize(targets: list[UOp], effects: list[UOp] | None = None,
     while True:  # a walk that meets one of the rare cases below starts over, knowing it
         try:
             return _normalize_walk(order, targets, effects, binds, sym_sizes, pruned, memo, reuse, keep)
-        except _Prune:  # what only fed an effect that already ran gets no slot
+        except _RanEffect:  # what only fed an effect that already ran gets no slot
             order = _live_order(targets, None, None) or []
             pruned = True
         except _SymbolicSizes:
@@ -145,9 +145,8 @@ class _SymbolicSizes(Exception):
     """The graph views a buffer through a symbolic size: its slots need `_symbolic_buffer_sizes`."""
 
 
-class _Prune(Exception):
-    """The graph holds an effect that already ran or a kept value: the walk must skip what only fed
-    them (`_live_order`)."""
+class _RanEffect(Exception):
+    """The graph holds an effect that already ran: the walk must skip what only fed it (`_live_order`)."""
 
 
 def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | None, binds: dict[UOp, int],
@@ -194,7 +193,7 @@ def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | N
             done = becomes.get(node)
             if done is not None and done is not node:
                 if not pruned:
-                    raise _Prune
+                    raise _RanEffect
                 memo[node] = _normalize_view(done, inputs, slot_of, memo)
                 continue
             if effects is not None:
