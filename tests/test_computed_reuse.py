@@ -106,6 +106,23 @@ def test_backward_after_realizing_the_loss_reuses_the_forward():
     _assert_close(grads, _torch_grads(ws, bs, x))
 
 
+def test_new_tensors_between_realizes_keep_the_chain():
+    ws, bs, x = _mlp(8, seed=3)
+    w = [Tensor(a, requires_grad=True) for a in ws]
+    b = [Tensor(a, requires_grad=True) for a in bs]
+    h = Tensor(x)
+    for wi, bi in zip(w, b):
+        h = (h @ wi.T + bi).relu()
+    h.sum().backward()
+    GlobalCounters.reset()
+    grads = []
+    for p in [p for pair in zip(w, b) for p in pair]:
+        grads.append(p.grad.numpy())
+        Tensor(np.ones(3, np.float32))  # host data into a new buffer: no kept value read it
+    assert GlobalCounters.kernel_count == KERNELS_PER_LAYER * 8 - 1
+    _assert_close(grads, _torch_grads(ws, bs, x))
+
+
 def _kept_product(x: Tensor):
     """A lazy x @ x that a realize computed as an intermediate (so it is kept), and its graph alive."""
     prod = x @ x

@@ -244,16 +244,17 @@ class CounterValues:
 counts = CounterValues()
 
 
-# Called after buffers that may already hold a value were written: host copies into a buffer, effects
-# that ran (assign, custom kernels), replays of captured graphs. Values computed from buffers and kept
-# for later realizes are then no longer known to be current (engine/computed.py adds its clear here).
-overwrite_listeners: list[Callable[[], Any]] = []
+# Called when buffers that may already hold a value are written: host copies into a buffer (with the
+# Buffer), effects that ran (assign, custom kernels) and replays of captured graphs (with None: any
+# buffer). Values computed from buffers and kept for later realizes are then no longer known to be
+# current (engine/computed.py listens here).
+overwrite_listeners: list[Callable[[Any], Any]] = []
 
 
-def note_overwrite() -> None:
-    """Tell the listeners that buffers holding values may have been overwritten."""
+def note_overwrite(buf: "Buffer | None" = None) -> None:
+    """Tell the listeners that `buf` (None: any buffer) may be overwritten."""
     for listener in overwrite_listeners:
-        listener()
+        listener(buf)
 
 
 def _counter(name: str) -> property:
@@ -371,7 +372,7 @@ class Buffer:
         arr = np.ascontiguousarray(data)
         if arr.nbytes != self.nbytes:
             raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes; shapes must match")
-        note_overwrite()
+        note_overwrite(self)
         self.impl().allocator.copyin(self.handle, memoryview(arr.reshape(-1).view(np.uint8)))
         return self
 
@@ -381,7 +382,7 @@ class Buffer:
         if arr.nbytes > self.nbytes:
             raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes")
         if arr.nbytes:
-            note_overwrite()
+            note_overwrite(self)
             self.impl().allocator.copyin(self.handle, memoryview(arr.reshape(-1).view(np.uint8)))
         return self
 

@@ -22,15 +22,18 @@ keeps a graph's activations in PyTorch.
 
 Validity: a kept value is exactly what computing the node now would give, because every entry is
 dropped when a buffer that may already hold a value is written (`device.note_overwrite`: host
-copies, effects that ran, replays of captured graphs). A realize that runs an effect keeps nothing and reads
-nothing kept (the scheduler orders its reads around the writes itself), and neither does one while a
-capture records (a captured function must record every kernel its work needs, and a replay writes
-into the buffers it captured). normalize never replaces a realize's target (or the node under its
-reshapes) by a kept buffer: the result would alias a buffer another tensor owns.
+copies, effects that ran, replays of captured graphs). A host copy into a buffer made after every
+kept value's realize (a new tensor's data) drops nothing: no kept value was computed from it. A
+realize that runs an effect keeps nothing and reads nothing kept (the scheduler orders its reads
+around the writes itself), and neither does one while a capture records (a captured function must
+record every kernel its work needs, and a replay writes into the buffers it captured). normalize
+never replaces a realize's target (or the node under its reshapes) by a kept buffer: the result
+would alias a buffer another tensor owns.
 """
 from __future__ import annotations
 
 import weakref
+from operator import attrgetter
 from typing import Any
 
 from polygrad.device import overwrite_listeners
@@ -40,7 +43,19 @@ from polygrad.uop.ops import Ops, UOp
 # entry without running Python code; clear() drops the refs, so their callbacks never run after it.
 _views: dict[weakref.ref, UOp] = {}
 _drop = _views.pop
-overwrite_listeners.append(_views.clear)
+# the newest Buffer (by creation serial) in the tables of the kept values' realizes: the values
+# depend on no younger buffer
+_newest = [-1]
+_serial = attrgetter("serial")
+
+
+def _overwritten(buf: Any) -> None:
+    """device.note_overwrite listener: drop every kept value unless `buf` is younger than them all."""
+    if buf is None or buf.serial <= _newest[0]:
+        forget()
+
+
+overwrite_listeners.append(_overwritten)
 
 
 def views() -> dict[weakref.ref, UOp] | None:
@@ -53,6 +68,7 @@ def remember(walked: dict[UOp, UOp], kept: dict[UOp, tuple[int, tuple | None]], 
     """Keep the values a realize just computed: `walked` maps its graph's nodes to their normalised forms
     (normalize), `kept` the template's points to their table entries and view shapes
     (Template.kept), `table` holds the buffers the template ran with."""
+    _newest[0] = max(_newest[0], max(map(_serial, table)))
     for node, norm in walked.items():
         hit = kept.get(norm)
         if hit is None or norm is node:  # not computed here, or no buffer below (see the docstring)
@@ -63,5 +79,6 @@ def remember(walked: dict[UOp, UOp], kept: dict[UOp, tuple[int, tuple | None]], 
 
 
 def forget() -> None:
-    """Drop every kept value (schedule.clear_schedule_cache, polygrad.collect)."""
+    """Drop every kept value (schedule.clear_schedule_cache, polygrad.collect, any overwrite)."""
     _views.clear()
+    _newest[0] = -1
