@@ -11,7 +11,7 @@ import os
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pluggy
@@ -244,6 +244,19 @@ class CounterValues:
 counts = CounterValues()
 
 
+# Called when buffers that may already hold a value are written: host copies into a buffer (with the
+# Buffer), effects that ran (assign, custom kernels) and replays of captured graphs (with None: any
+# buffer). Values computed from buffers and kept for later realizes are then no longer known to be
+# current (engine/computed.py listens here).
+overwrite_listeners: list[Callable[[Any], Any]] = []
+
+
+def note_overwrite(buf: "Buffer | None" = None) -> None:
+    """Tell the listeners that `buf` (None: any buffer) may be overwritten."""
+    for listener in overwrite_listeners:
+        listener(buf)
+
+
 def _counter(name: str) -> property:
     return property(lambda cls: getattr(counts, name), lambda cls, value: setattr(counts, name, value))
 
@@ -374,6 +387,7 @@ class Buffer:
         arr = np.ascontiguousarray(data)
         if arr.nbytes != self.nbytes:
             raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes; shapes must match")
+        note_overwrite(self)
         handle = self.ensure_allocated(written=True)._handle  # every byte: nothing to zero first
         self.impl().allocator.copyin(handle, memoryview(arr.reshape(-1).view(np.uint8)))
         return self
@@ -384,6 +398,7 @@ class Buffer:
         if arr.nbytes > self.nbytes:
             raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes")
         if arr.nbytes:
+            note_overwrite(self)
             self.impl().allocator.copyin(self.handle, memoryview(arr.reshape(-1).view(np.uint8)))
         return self
 

@@ -53,7 +53,7 @@ import numpy as np
 from polygrad import bundle, config, runtime_context
 from polygrad.atomicfile import write_file
 from polygrad.bundle import BundleError
-from polygrad.device import Buffer, canonicalize
+from polygrad.device import Buffer, canonicalize, note_overwrite
 from polygrad.dtype import DType, dtypes
 from polygrad.engine import realize
 from polygrad.engine.capture import CaptureError, capture
@@ -749,6 +749,7 @@ class Model:
             self._bufs[s].copyin(np.array(self._p.rng, dtype=np.uint32))
             self._p.rng[1] = (self._p.rng[1] + 1) & 0xFFFFFFFF
         n = ops = mem = 0
+        note_overwrite()  # its programs write into buffers that may hold values (engine/computed.py)
         t0 = time.perf_counter()
         try:
             for prog, hs, names in plan:

@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from polygrad import config
 from polygrad.config import current as settings
-from polygrad.device import Buffer, debug_alloc
+from polygrad.device import Buffer, debug_alloc, note_overwrite
 from polygrad.engine import realize
 from polygrad.errors import PolygradError
 from polygrad.uop.ops import Ops, UOp
@@ -365,6 +365,7 @@ class CapturedGraph:
                scratch: Sequence[Buffer] | None = None, outputs: bool = True) -> list[Buffer]:
         """replay() without the input checks, for callers that checked already (TinyJit, linalg); with
         outputs=False it returns [] (TinyJit hands back its captured tensors instead)."""
+        note_overwrite()  # it writes into buffers that may hold values (engine/computed.py)
         if scratch is not None:
             self.bind_scratch(scratch)
         handles = [b._handle if b._handle is not None else b.handle for b in inputs]

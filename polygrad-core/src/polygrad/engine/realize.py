@@ -18,7 +18,7 @@ from typing import Any, Callable
 from polygrad import config
 from polygrad.config import current as settings
 from polygrad.device import Buffer, GlobalCounters, counts, debug_alloc, open_device  # noqa: F401 (re-exported)
-from polygrad.engine import rendercache
+from polygrad.engine import computed, rendercache
 from polygrad.engine.lower import lower
 from polygrad.engine.program import ProgramSpec
 from polygrad.engine.search import choose_opts
@@ -240,13 +240,19 @@ def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | N
     back: the caller must first order its reads and writes (Tensor's _realize_tensors)."""
     effects: list[UOp] = []
     var_vals: dict[UOp, int] = {}
-    key, inputs = normalize(targets, effects, var_vals)
+    # values computed before are read, and this realize's are kept (engine/computed.py), unless a
+    # capture records: it must see every kernel its work needs
+    capturing = bool(_thread_hooks.hooks)  # this thread's capture_hooks(), inline
+    walked: dict[UOp, UOp] | None = None if capturing else {}
+    key, inputs = normalize(targets, effects, var_vals, None if capturing else computed.views(), walked)
     if effects and effect_free:
         return None
     tpl = template_for(key, len(inputs))
     table = run_template(tpl, inputs, var_vals)
     if effects:
         record_effects(effects)
+    elif walked is not None and not var_vals and tpl.kept:
+        computed.remember(walked, tpl.kept, table)
     out = []
     for u in tpl.outputs:
         if u.op is Ops.BUFFER and type(u.arg) is SlotRef:  # a whole new buffer: denormalize, inline

@@ -13,20 +13,23 @@ are returned beside the key as `var_vals`, so a graph over `batch` serves every 
 """
 from __future__ import annotations
 
+import heapq
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from polygrad.device import note_overwrite
 from polygrad.dtype import DType
 from polygrad.errors import PolygradError, VariableError
+from polygrad.engine import computed
 from polygrad.engine.indexing import KernelBuilder, address, build_with_index_width, flat_index, index_width
 from polygrad.uop.movement import strip_reshapes
 from polygrad.uop import sint
 from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, SELF_KEYED_ARGS, AxisKind, KernelInfo, Ops, UOp
 
 # effectful nodes that already ran (ASSIGN, AFTER) -> the buffer view they left behind, so a graph that
-# still holds one never runs it twice. Pure computations are not memoised: realizing the same
-# expression again recomputes it (as tinygrad does), which keeps results fresh after buffer writes.
+# still holds one never runs it twice. Pure values a realize computed are kept apart, in
+# engine/computed.py, only until a buffer is written (normalize's `reuse`).
 becomes: "weakref.WeakKeyDictionary[UOp, UOp]" = weakref.WeakKeyDictionary()
 EFFECT_OPS = (Ops.ASSIGN, Ops.AFTER)
 UNIQUE_OPS = (Ops.ASSIGN, Ops.AFTER)
@@ -67,6 +70,10 @@ class Template:
     new_buffers: list[tuple[int, DType, str]] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
     outputs: list[UOp] = field(default_factory=list)  # normalised views over table slots
+    # normalised nodes whose whole value a new table entry holds once the steps ran (the pure realize
+    # points and targets) -> (entry, the shape to view it at, None for the flat buffer itself):
+    # engine/computed.py keeps those values for later realizes
+    kept: dict[UOp, tuple[int, tuple | None]] = field(default_factory=dict)
     prepared: bool = False  # its programs were compiled together once (run_template; a hint only)
     unwritten: tuple[bool, ...] | None = None  # per new buffer: not provably written before read (run_template)
 
@@ -80,31 +87,59 @@ def is_buffer_view(u: UOp) -> bool:
 
 
 def normalize(targets: list[UOp], effects: list[UOp] | None = None,
-              var_vals: dict[UOp, int] | None = None) -> tuple[tuple[UOp, ...], list[Any]]:
+              var_vals: dict[UOp, int] | None = None, reuse: dict[weakref.ref, UOp] | None = None,
+              walked: dict[UOp, UOp] | None = None) -> tuple[tuple[UOp, ...], list[Any]]:
     """Replace realized subgraphs by their buffers and buffers by numbered SlotRefs; the effects
     (ASSIGN/AFTER) that have not run yet are appended to `effects` when given. BINDs become their
     variables, whose values go into `var_vals` (VariableError for a variable with no value).
+    `reuse` holds values computed before (engine/computed.py): a node found there is read from its
+    buffer and the walk stops there, unless the graph holds an effect still to run or symbolic sizes,
+    or the node is a target's (_target_nodes). `walked`, when given, receives each walked node's
+    normalised form.
     One walk over the graph; it runs on every realize, so the common nodes take the shortest path. A
     graph with symbolic sizes is walked again once its buffers' symbolic sizes are known."""
-    order = targets[0].toposort() if len(targets) == 1 else UOp(Ops.SINK, None, tuple(targets)).toposort()[:-1]
+    keep = _target_nodes(targets) if reuse else None
+    # with kept values, walk only what they leave to compute (not the whole graph below them)
+    live = _live_order(targets, reuse, keep) if reuse else None
+    pruned = live is not None
+    if live is not None:
+        order = live
+    else:  # nothing kept, or a pending effect: the whole graph, as its cached toposort
+        reuse = None
+        order = targets[0].toposort() if len(targets) == 1 else UOp(Ops.SINK, None, tuple(targets)).toposort()[:-1]
     binds: dict[UOp, int] = {} if var_vals is None else var_vals
     n_effects = len(effects) if effects is not None else 0
     saved_binds = dict(binds) if binds else None
     sym_sizes: dict[int, Any] | None = None
-    pruned = False
+    memo: dict[UOp, UOp] = {} if walked is None else walked
     while True:  # a walk that meets one of the rare cases below starts over, knowing it
         try:
-            return _normalize_walk(order, targets, effects, binds, sym_sizes, pruned)
-        except _RanEffect:
-            live = _live_nodes(targets)  # what only fed an effect that already ran gets no slot
-            order = [n for n in order if n in live]
+            return _normalize_walk(order, targets, effects, binds, sym_sizes, pruned, memo, reuse, keep)
+        except _RanEffect:  # what only fed an effect that already ran gets no slot
+            order = _live_order(targets, None, None) or []
             pruned = True
         except _SymbolicSizes:
+            if reuse is not None:  # symbolic graphs reuse nothing: walk below kept values again
+                reuse = None
+                order = _live_order(targets, None, None) or []
             sym_sizes = _symbolic_buffer_sizes(order)
         if effects is not None:
             del effects[n_effects:]
         binds.clear()
         binds.update(saved_binds or {})
+        memo.clear()
+
+
+def _target_nodes(targets: list[UOp]) -> set[UOp]:
+    """The targets and the nodes under their reshapes: never read from a kept value, whose buffer
+    the result would then alias."""
+    out: set[UOp] = set()
+    for t in targets:
+        out.add(t)
+        while t.op is Ops.RESHAPE:
+            t = t.src[0]
+            out.add(t)
+    return out
 
 
 class _SymbolicSizes(Exception):
@@ -112,17 +147,23 @@ class _SymbolicSizes(Exception):
 
 
 class _RanEffect(Exception):
-    """The graph holds an effect that already ran: the walk must skip what only fed it (`_live_nodes`)."""
+    """The graph holds an effect that already ran: the walk must skip what only fed it (`_live_order`)."""
 
 
 def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | None, binds: dict[UOp, int],
-                    sym_sizes: dict[int, Any] | None, pruned: bool) -> tuple[tuple[UOp, ...], list[Any]]:
+                    sym_sizes: dict[int, Any] | None, pruned: bool, memo: dict[UOp, UOp],
+                    reuse: dict[weakref.ref, UOp] | None, keep: set[UOp] | None) -> tuple[tuple[UOp, ...], list[Any]]:
     inputs: list[Any] = []
     slot_of: dict[Any, int] = {}  # Buffer -> its slot (Buffers hash by identity)
-    memo: dict[UOp, UOp] = {}
     seen_vars: set[UOp] = set()
+    ref = weakref.ref
     for node in order:
         op = node.op
+        if reuse is not None and op is not Ops.BUFFER:  # the order (_live_order) stops at kept values
+            view = reuse.get(ref(node))
+            if view is not None and node not in keep:  # type: ignore[operator]
+                memo[node] = _normalize_view(view, inputs, slot_of, memo)
+                continue
         if op is Ops.BUFFER:
             buf = node.arg
             if sym_sizes or type(buf) is SlotRef:
@@ -198,23 +239,42 @@ def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | N
 _PLAIN_NORMALIZE = frozenset(Ops) - {Ops.BUFFER, Ops.BIND, Ops.DEFINE_VAR, *EFFECT_OPS, *UNIQUE_OPS}
 
 
-def _live_nodes(targets: list[UOp]) -> set[UOp]:
-    """The nodes the normalised graph keeps: everything reachable from the targets without passing
-    below an effect that already ran (it stands for its buffer now, `becomes`). The inputs are exactly
-    the buffers of these nodes, so the key alone determines the buffer table: a buffer that only fed
-    a finished assign must not take a slot (it shifted every new buffer's table index, and a template
-    cached under the same key then wrote into that unrelated input)."""
-    live: set[UOp] = set()
-    stack = list(targets)
+def _live_order(targets: list[UOp], reuse: dict[weakref.ref, UOp] | None,
+                keep: set[UOp] | None) -> list[UOp] | None:
+    """The nodes the normalised graph keeps, sources first: everything reachable from the targets
+    without passing below an effect that already ran (it stands for its buffer now, `becomes`) or a
+    value in `reuse` (read from its buffer). The inputs are exactly the buffers of these nodes, so the
+    key alone determines the buffer table: a buffer that only fed a finished assign must not take a
+    slot (it shifted every new buffer's table index, and a template cached under the same key then
+    wrote into that unrelated input). Linear in the nodes kept. With `reuse`, a graph holding an
+    effect still to run gives None at once: such a graph reuses nothing."""
+    order: list[UOp] = []
+    seen: set[UOp] = set()
+    stack: list[tuple[UOp, bool]] = [(t, False) for t in reversed(targets)]
+    ref = weakref.ref
     while stack:
-        node = stack.pop()
-        if node in live:
+        node, finished = stack.pop()
+        if finished:
+            order.append(node)
             continue
-        live.add(node)
-        done = becomes.get(node)
-        if done is None or done is node:
-            stack.extend(node.src)
-    return live
+        if node in seen:
+            continue
+        seen.add(node)
+        if node.op in EFFECT_OPS:
+            done = becomes.get(node)
+            if done is not None and done is not node:
+                order.append(node)
+                continue
+            if reuse is not None:
+                return None
+        elif reuse is not None and node not in keep and ref(node) in reuse:  # type: ignore[operator]
+            order.append(node)
+            continue
+        stack.append((node, True))
+        for s in reversed(node.src):
+            if s not in seen:
+                stack.append((s, False))
+    return order
 
 
 def _symbolic_buffer_sizes(order: list[UOp]) -> dict[int, Any]:
@@ -344,25 +404,34 @@ def order_points(points: set[UOp], order: dict[UOp, int]) -> list[UOp]:
     overwrites it (assign, custom kernel)."""
     reads = {p: _reads(p, points) for p in points}
     after: dict[UOp, set[UOp]] = {p: {q for q in reads[p] if q in points} for p in points}
-    writes: dict[UOp, set[UOp]] = {}
+    writes: dict[UOp, set[UOp]] = {}  # the writing points (assigns, custom kernels) -> buffers written
     for p in points:
-        targets = [p.src[0]] if p.op is Ops.ASSIGN else (list(p.src) if p.op is Ops.CUSTOM else [])
-        writes[p] = {b for b in (_base_buffer(t) for t in targets) if b is not None}
+        if p.op is Ops.ASSIGN or p.op is Ops.CUSTOM:
+            targets = [p.src[0]] if p.op is Ops.ASSIGN else list(p.src)
+            writes[p] = {b for b in (_base_buffer(t) for t in targets) if b is not None}
     for w, bufs in writes.items():
         for r in points:
             if r is not w and reads[r] & bufs:
                 after[w].add(r)
+    # each time, the first point in graph order whose dependencies are placed (a heap of the ready ones)
+    users: dict[UOp, list[UOp]] = {p: [] for p in points}
+    waiting = {p: len(after[p]) for p in points}
+    for p in points:
+        for q in after[p]:
+            users[q].append(p)
+    ready = [(order[p], p) for p in points if not waiting[p]]  # graph positions are distinct: no ties
+    heapq.heapify(ready)
     done: list[UOp] = []
-    placed: set[UOp] = set()
-    pending = sorted(points, key=lambda n: order[n])
-    while pending:
-        ready = next((p for p in pending if after[p] <= placed), None)
-        if ready is None:
-            raise PolygradError("these assigns read each other's buffers in a cycle; realize one of them first "
-                                "(e.g. a.realize() before b.assign(a))")
-        pending.remove(ready)
-        placed.add(ready)
-        done.append(ready)
+    while ready:
+        p = heapq.heappop(ready)[1]
+        done.append(p)
+        for u in users[p]:
+            waiting[u] -= 1
+            if not waiting[u]:
+                heapq.heappush(ready, (order[u], u))
+    if len(done) < len(points):
+        raise PolygradError("these assigns read each other's buffers in a cycle; realize one of them first "
+                            "(e.g. a.realize() before b.assign(a))")
     return done
 
 
@@ -400,41 +469,85 @@ def _split_deep_chains(sink: UOp, points: set[UOp]) -> bool:
 def _add_reduce_points(points: set[UOp], order: dict[UOp, int]) -> None:
     """Add reductions (and expressions over them) needing their own buffer until none is left (a fixed
     point). Each round walks only the roots that are new or whose walk touched a point added in the round
-    before: every other walk is unchanged, since points only matter where a walk reaches them. Linear in
-    the graph, not quadratic. Then `_drop_cheap_epilogues`."""
-    walks: dict[UOp, tuple[set[UOp], dict[UOp, UOp | None], set[UOp]]] = {}  # root -> (visited, must, reached)
-    added: set[UOp] = set(points)
+    before (found through `visitors`): every other walk is unchanged, since points only matter where a
+    walk reaches them. What the walks ask for is counted as they change, so a round costs what it
+    re-walks: linear in the graph, even when a deep chain of nested reductions takes a round per level.
+    Then `_drop_cheap_epilogues`."""
+    tally = _WalkTally(points)
     firm: set[UOp] = set(points)  # points for a reason other than an expand or pad reading them
-    views: dict[UOp, set[UOp]] = {}  # point -> the expands/pads that asked for it
+    todo: set[UOp] = set(points)
     while True:
-        for root in list(points):
-            w = walks.get(root)
-            if w is None or any(a in w[0] for a in added):
-                walks[root] = _walk_root(root, points)
-        reached_by: dict[UOp, int] = {}
-        by_view: set[UOp] = set()
-        nested: set[UOp] = set()
-        for visited, m, reached in walks.values():
-            for n, view in m.items():
-                if view is None:
-                    nested.add(n)
-                else:
-                    by_view.add(n)
-                    views.setdefault(n, set()).add(view)
-            for n in reached:
-                reached_by[n] = reached_by.get(n, 0) + 1
+        for root in todo:
+            tally.replace(root, _walk_root(root, points))
         # the expands' and pads' points first: a reduction that several kernels, or another reduction,
         # read only through such an expression is then read by that expression's kernel alone
-        added = by_view - points
+        added = set(tally.open_view)
         if not added:
-            added = nested - points
-            if not added:
-                added = {n for n, k in reached_by.items() if k > 1 and n not in points}
+            added = set(tally.open_nested) or set(tally.open_shared)
             firm |= added
             if not added:
                 break
         points |= added
-    _drop_cheap_epilogues(points, firm, views, order)
+        todo = set(added)
+        for n in added:
+            tally.open_view.discard(n)
+            tally.open_nested.discard(n)
+            tally.open_shared.discard(n)
+            todo.update(tally.visitors.get(n, ()))
+    _drop_cheap_epilogues(points, firm, tally.views, order)
+
+
+class _WalkTally:
+    """What the current walks of _add_reduce_points ask for, kept up to date one walk at a time: the
+    nodes each walk visited (and the roots that visited each node), and the nodes not yet points that
+    some walk wants a buffer for through an expand or pad (`open_view`), as a nested reduction
+    (`open_nested`), or that several kernels reach (`open_shared`)."""
+
+    def __init__(self, points: set[UOp]):
+        self.points = points
+        self.walks: dict[UOp, tuple[set[UOp], dict[UOp, UOp | None], set[UOp]]] = {}  # root -> its walk
+        self.visitors: dict[UOp, set[UOp]] = {}
+        self.views: dict[UOp, set[UOp]] = {}  # node -> every expand/pad that asked for it (only grows)
+        self.by_view: dict[UOp, int] = {}  # node -> walks asking for it through an expand or pad
+        self.nested: dict[UOp, int] = {}  # node -> walks finding it nested in a reduction
+        self.reached_by: dict[UOp, int] = {}  # reduction -> walks reaching it
+        self.open_view: set[UOp] = set()
+        self.open_nested: set[UOp] = set()
+        self.open_shared: set[UOp] = set()
+
+    def replace(self, root: UOp, walk: tuple[set[UOp], dict[UOp, UOp | None], set[UOp]]) -> None:
+        old = self.walks.get(root)
+        if old is not None:
+            self._count(root, old, -1)
+        self.walks[root] = walk
+        self._count(root, walk, 1)
+
+    def _count(self, root: UOp, walk: tuple[set[UOp], dict[UOp, UOp | None], set[UOp]], step: int) -> None:
+        visited, must, reached = walk
+        for n in visited:
+            if step > 0:
+                self.visitors.setdefault(n, set()).add(root)
+            else:
+                self.visitors[n].discard(root)
+        for n, view in must.items():
+            if view is None:
+                self._bump(self.nested, self.open_nested, n, step, 1)
+            else:
+                self._bump(self.by_view, self.open_view, n, step, 1)
+                if step > 0:
+                    self.views.setdefault(n, set()).add(view)
+        for n in reached:
+            self._bump(self.reached_by, self.open_shared, n, step, 2)
+
+    def _bump(self, counts: dict[UOp, int], open_set: set[UOp], n: UOp, step: int, least: int) -> None:
+        """Count one walk more or less for n; n is open while at least `least` walks count and it is
+        not a point yet."""
+        k = counts.get(n, 0) + step
+        counts[n] = k
+        if k >= least and n not in self.points:
+            open_set.add(n)
+        elif k < least:
+            open_set.discard(n)
 
 
 def _drop_cheap_epilogues(points: set[UOp], firm: set[UOp], views: dict[UOp, set[UOp]],
@@ -646,8 +759,15 @@ def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
     for node in sink.toposort():
         if node.op is Ops.BUFFER:
             table_of[node] = node.arg.index
+    # the entries a kernel may read: table_of without the point being built and the custom kernels
+    # (-1); grown one point at a time, since a copy per point made deep graphs quadratic
+    ready = dict(table_of)
+    prev: UOp | None = None
 
     for point in find_realize_points(targets):
+        if prev is not None and table_of[prev] >= 0:
+            ready[prev] = table_of[prev]
+        prev = point
         if point.op is Ops.CUSTOM:
             args = tuple(entry_of(s) for s in point.src)
             table_of[point] = -1
@@ -661,6 +781,7 @@ def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
             dst = new_buffer(point)
             table_of[point] = dst
             tpl.steps.append(Step("copy", point.device, (dst, entry_of(point.src[0]))))
+            _keep(tpl, point, dst)
             continue
         if point.op is Ops.ASSIGN:
             out_entry = _assign_target_entry(point.src[0])
@@ -670,10 +791,11 @@ def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
             table_of[point] = out_entry
         if sint.sprod(point.shape) == 0:
             continue
-        inputs = {n: table_of[n] for n in table_of if n is not point and table_of[n] >= 0}
+        inputs = ready
         if point.op is Ops.SCATTER:  # the base into the buffer, then the indexed accumulate into it
             for ast, args in _scatter_kernels(point, inputs, out_entry):
                 tpl.steps.append(Step("kernel", point.device, args, ast))
+            _keep(tpl, point, out_entry)
             continue
         ast, args = _build_kernel(point, inputs, out_entry)
         if point.op is Ops.ASSIGN and _reads_target_elsewhere(ast):
@@ -683,9 +805,11 @@ def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
             tmp = new_buffer(value)
             vast, vargs = _build_kernel(value, inputs, tmp)
             tpl.steps.append(Step("kernel", point.device, vargs, vast))
-            inputs[value] = tmp
+            inputs = {**ready, value: tmp}
             ast, args = _build_kernel(point, inputs, out_entry)
         tpl.steps.append(Step("kernel", point.device, args, ast))
+        if point.op is not Ops.ASSIGN:
+            _keep(tpl, point, out_entry)
 
     for t in targets:
         if t.op is Ops.ASSIGN:
@@ -698,6 +822,12 @@ def build_template(targets: tuple[UOp, ...], n_inputs: int) -> Template:
             view = len(t.shape) != 1 or sint.has_sym(t.shape)
             tpl.outputs.append(UOp(Ops.RESHAPE, t.dtype, (buf,), t.shape) if view else buf)
     return tpl
+
+
+def _keep(tpl: Template, point: UOp, entry: int) -> None:
+    """Note that table entry `entry` holds point's whole value once the template ran (Template.kept)."""
+    shape = point.shape
+    tpl.kept[point] = (entry, None if len(shape) == 1 else shape)
 
 
 def _reads_target_elsewhere(ast: UOp) -> bool:
@@ -784,6 +914,9 @@ def _scatter_kernels(point: UOp, inputs: dict[UOp, int], out_entry: int) -> list
 
 
 def record_effects(effects: list[UOp]) -> None:
+    """Effects that ran: a later graph holding one reads the buffer it left (`becomes`), and values
+    kept from before the writes are stale (engine/computed.py)."""
+    note_overwrite()
     for node in effects:
         becomes[node] = node.src[0]
 
@@ -810,3 +943,4 @@ def template_for(key: tuple[UOp, ...], n_inputs: int) -> Template:
 def clear_schedule_cache() -> None:
     schedule_cache.clear()
     _slot_nodes.clear()
+    computed.forget()
