@@ -46,6 +46,9 @@ _drop = _views.pop
 # the newest Buffer (by creation serial) in the tables of the kept values' realizes: the values
 # depend on no younger buffer
 _newest = [-1]
+# how many times forget() ran: a realize that saw another count when it started computed from buffers
+# that were written meanwhile (another thread), so it keeps nothing
+_generation = [0]
 _serial = attrgetter("serial")
 
 
@@ -64,10 +67,19 @@ def views() -> dict[weakref.ref, UOp] | None:
     return _views or None
 
 
-def remember(walked: dict[UOp, UOp], kept: dict[UOp, tuple[int, tuple | None]], table: list[Any]) -> None:
+def generation() -> int:
+    """Read before a realize's walk and given back to remember()."""
+    return _generation[0]
+
+
+def remember(walked: dict[UOp, UOp], kept: dict[UOp, tuple[int, tuple | None]], table: list[Any],
+             since: int) -> None:
     """Keep the values a realize just computed: `walked` maps its graph's nodes to their normalised forms
     (normalize), `kept` the template's points to their table entries and view shapes
-    (Template.kept), `table` holds the buffers the template ran with."""
+    (Template.kept), `table` holds the buffers the template ran with, `since` is generation() from
+    before the realize's walk (nothing is kept if a buffer was written since)."""
+    if since != _generation[0]:
+        return
     _newest[0] = max(_newest[0], max(map(_serial, table)))
     for node, norm in walked.items():
         hit = kept.get(norm)
@@ -80,5 +92,6 @@ def remember(walked: dict[UOp, UOp], kept: dict[UOp, tuple[int, tuple | None]], 
 
 def forget() -> None:
     """Drop every kept value (schedule.clear_schedule_cache, polygrad.collect, any overwrite)."""
+    _generation[0] += 1
     _views.clear()
     _newest[0] = -1

@@ -244,6 +244,7 @@ def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | N
     # capture records: it must see every kernel its work needs
     capturing = bool(_thread_hooks.hooks)  # this thread's capture_hooks(), inline
     walked: dict[UOp, UOp] | None = None if capturing else {}
+    since = computed._generation[0]  # computed.generation(), inline
     key, inputs = normalize(targets, effects, var_vals, None if capturing else computed.views(), walked)
     if effects and effect_free:
         return None
@@ -252,7 +253,7 @@ def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | N
     if effects:
         record_effects(effects)
     elif walked is not None and not var_vals and tpl.kept:
-        computed.remember(walked, tpl.kept, table)
+        computed.remember(walked, tpl.kept, table, since)
     out = []
     for u in tpl.outputs:
         if u.op is Ops.BUFFER and type(u.arg) is SlotRef:  # a whole new buffer: denormalize, inline

@@ -99,14 +99,17 @@ def normalize(targets: list[UOp], effects: list[UOp] | None = None,
     One walk over the graph; it runs on every realize, so the common nodes take the shortest path. A
     graph with symbolic sizes is walked again once its buffers' symbolic sizes are known."""
     keep = _target_nodes(targets) if reuse else None
-    # with kept values, walk only what they leave to compute (not the whole graph below them)
-    live = _live_order(targets, reuse, keep) if reuse else None
+    # with kept values, walk only what they leave to compute (not the whole graph below them); the
+    # values the walk stopped at are taken into `hits` at once, since another thread may drop kept
+    # values (an overwrite) between this walk and the next
+    hits: dict[UOp, UOp] | None = {} if reuse else None
+    live = _live_order(targets, reuse, keep, hits) if reuse else None
     pruned = live is not None
-    if live is not None:
-        order = live
-    else:  # nothing kept, or a pending effect: the whole graph, as its cached toposort
-        reuse = None
+    if live is None:  # nothing kept, or a pending effect: the whole graph, as its cached toposort
+        hits = None
         order = targets[0].toposort() if len(targets) == 1 else UOp(Ops.SINK, None, tuple(targets)).toposort()[:-1]
+    else:
+        order = live
     binds: dict[UOp, int] = {} if var_vals is None else var_vals
     n_effects = len(effects) if effects is not None else 0
     saved_binds = dict(binds) if binds else None
@@ -114,13 +117,13 @@ def normalize(targets: list[UOp], effects: list[UOp] | None = None,
     memo: dict[UOp, UOp] = {} if walked is None else walked
     while True:  # a walk that meets one of the rare cases below starts over, knowing it
         try:
-            return _normalize_walk(order, targets, effects, binds, sym_sizes, pruned, memo, reuse, keep)
+            return _normalize_walk(order, targets, effects, binds, sym_sizes, pruned, memo, hits)
         except _RanEffect:  # what only fed an effect that already ran gets no slot
             order = _live_order(targets, None, None) or []
             pruned = True
         except _SymbolicSizes:
-            if reuse is not None:  # symbolic graphs reuse nothing: walk below kept values again
-                reuse = None
+            if hits is not None:  # symbolic graphs reuse nothing: walk below kept values again
+                hits = None
                 order = _live_order(targets, None, None) or []
             sym_sizes = _symbolic_buffer_sizes(order)
         if effects is not None:
@@ -152,16 +155,15 @@ class _RanEffect(Exception):
 
 def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | None, binds: dict[UOp, int],
                     sym_sizes: dict[int, Any] | None, pruned: bool, memo: dict[UOp, UOp],
-                    reuse: dict[weakref.ref, UOp] | None, keep: set[UOp] | None) -> tuple[tuple[UOp, ...], list[Any]]:
+                    hits: dict[UOp, UOp] | None) -> tuple[tuple[UOp, ...], list[Any]]:
     inputs: list[Any] = []
     slot_of: dict[Any, int] = {}  # Buffer -> its slot (Buffers hash by identity)
     seen_vars: set[UOp] = set()
-    ref = weakref.ref
     for node in order:
         op = node.op
-        if reuse is not None and op is not Ops.BUFFER:  # the order (_live_order) stops at kept values
-            view = reuse.get(ref(node))
-            if view is not None and node not in keep:  # type: ignore[operator]
+        if hits is not None and op is not Ops.BUFFER:  # the order (_live_order) stops at kept values
+            view = hits.get(node)
+            if view is not None:
                 memo[node] = _normalize_view(view, inputs, slot_of, memo)
                 continue
         if op is Ops.BUFFER:
@@ -240,14 +242,15 @@ _PLAIN_NORMALIZE = frozenset(Ops) - {Ops.BUFFER, Ops.BIND, Ops.DEFINE_VAR, *EFFE
 
 
 def _live_order(targets: list[UOp], reuse: dict[weakref.ref, UOp] | None,
-                keep: set[UOp] | None) -> list[UOp] | None:
+                keep: set[UOp] | None, hits: dict[UOp, UOp] | None = None) -> list[UOp] | None:
     """The nodes the normalised graph keeps, sources first: everything reachable from the targets
     without passing below an effect that already ran (it stands for its buffer now, `becomes`) or a
     value in `reuse` (read from its buffer). The inputs are exactly the buffers of these nodes, so the
     key alone determines the buffer table: a buffer that only fed a finished assign must not take a
     slot (it shifted every new buffer's table index, and a template cached under the same key then
     wrote into that unrelated input). Linear in the nodes kept. With `reuse`, a graph holding an
-    effect still to run gives None at once: such a graph reuses nothing."""
+    effect still to run gives None at once: such a graph reuses nothing. Each kept value the walk stops
+    at goes into `hits` (node -> its buffer view)."""
     order: list[UOp] = []
     seen: set[UOp] = set()
     stack: list[tuple[UOp, bool]] = [(t, False) for t in reversed(targets)]
@@ -267,9 +270,12 @@ def _live_order(targets: list[UOp], reuse: dict[weakref.ref, UOp] | None,
                 continue
             if reuse is not None:
                 return None
-        elif reuse is not None and node not in keep and ref(node) in reuse:  # type: ignore[operator]
-            order.append(node)
-            continue
+        elif reuse is not None and node not in keep:  # type: ignore[operator]
+            view = reuse.get(ref(node))
+            if view is not None:
+                hits[node] = view  # type: ignore[index]
+                order.append(node)
+                continue
         stack.append((node, True))
         for s in reversed(node.src):
             if s not in seen:
