@@ -9,6 +9,9 @@ optimisation). Output: a `LinearProgram`, a flat list of `Inst`s in execution or
     IF ... ENDIF                     a gated region (gated stores)
     LOAD STORE ALU                   memory and arithmetic
 
+A VAR's arg keeps the Variable's (name, min, max), the name as metadata only: emitters call the k-th
+VAR `var_name(k)` (`v<k>`), never by the name a user or a file chose, and `text()` lists it that way.
+
 Every value is defined before it is used and is used only inside the loop nest it was defined in
 (values cross loops only through accumulators), so an emitter can declare values where they appear
 (C, JavaScript, WebAssembly locals) or allocate registers in one pass (X86). The loop structure is
@@ -179,6 +182,12 @@ class Inst:
         return f"Inst({self.op.name}, {self.dtype}{lanes}, arg={self.arg!r})"
 
 
+def var_name(k: int) -> str:
+    """The identifier emitters give the kernel's k-th Variable parameter (LinearProgram.vars order, which
+    starts with spec.vars): `v<k>`."""
+    return f"v{k}"
+
+
 @dataclass(frozen=True)
 class LinearProgram:
     name: str
@@ -190,6 +199,7 @@ class LinearProgram:
     def text(self) -> str:
         """A readable listing (DEBUG output and tests)."""
         num = {id(x): i for i, x in enumerate(self.insts)}
+        var_of = {id(v): k for k, v in enumerate(self.vars)}
         out, depth = [], 0
         for i, x in enumerate(self.insts):
             if x.op in (L.ENDLOOP, L.ENDIF):
@@ -199,6 +209,8 @@ class LinearProgram:
             if x.lanes > 1:
                 dt += f"x{x.lanes}"
             arg = x.arg.name if isinstance(x.arg, Ops) else x.arg
+            if x.op is L.VAR:  # the emitters' name, not the user's (the listing keys X86's code cache)
+                arg = (var_name(var_of[id(x)]), *x.arg[1:])
             out.append(f"{'  ' * depth}%{i} = {x.op.name} {dt} ({srcs}) {arg if arg is not None else ''}".rstrip())
             if x.op in (L.LOOP, L.IF):
                 depth += 1
