@@ -16,14 +16,13 @@ const { show } = require('./json')
 const { DTYPES } = require('./dtypes')
 const ir = require('./ir')
 const bundle = require('./bundle')
-const { checkKernel, checkSizeExpr } = require('./validate')
+const { checkKernel, checkSizeExpr, isPlainName, MAX_NAME, NAME_RULE } = require('./validate')
 
 const ROLES = ['parameter', 'state', 'constant', 'rng', 'optimizer', 'gradient', 'input', 'output', 'temporary', 'cache']
 const STORED = new Set(['parameter', 'state', 'constant', 'optimizer'])
 const MAX_ELEMENTS = 2 ** 31 - 1
 const MAX_SLOTS = 1 << 20
 const MAX_CALLS = 1 << 20
-const MAX_NAME = 256
 const IDENT = /^[A-Za-z_][A-Za-z0-9_]*$/
 const TRAINING_OR_FORWARD = new Set(['forward', 'loss', 'train_step'])
 const OPTIMIZER_HYPER = {
@@ -128,7 +127,7 @@ function readProgram (manifest, body, opts = {}) {
     const n = name(get(v, 'name', 'string', where), `${where}.name`)
     const lo = getInt(v, 'min', where)
     const hi = getInt(v, 'max', where)
-    need(IDENT.test(n), `${where}: Variable name ${show(n)} must be a plain identifier`)
+    need(isPlainName(n), `${where}: Variable name ${show(n)} must be ${NAME_RULE}`)
     need(lo <= hi, `${where}: Variable ${show(n)} needs min <= max`)
     need(!variables.has(n), `${where}: Variable ${show(n)} declared twice`)
     variables.set(n, [lo, hi])

@@ -25,6 +25,14 @@ const INF = 1n << 256n
 const EMPTY = Symbol('EMPTY')
 const UNTRACKED = Symbol('UNTRACKED')
 
+// The one rule for the names a kernel carries (its name, its Variables'), as polygrad's uop/names.py: names
+// are metadata and never reach generated code, so any plain identifier of at most MAX_NAME characters is a
+// name (no reserved words: 'for' and 'HUGE_VALF' are names like 'batch').
+const MAX_NAME = 256
+const PLAIN_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
+const NAME_RULE = `a plain name: ASCII letters, digits and _, not starting with a digit, 1 to ${MAX_NAME} characters`
+const isPlainName = (name) => typeof name === 'string' && name.length <= MAX_NAME && PLAIN_NAME.test(name)
+
 const fail = (where, msg) => new KernelError(`${where}: ${msg}`)
 const isTuple = (v) => Array.isArray(v)
 const bmin = (...xs) => xs.reduce((a, b) => (b < a ? b : a))
@@ -94,7 +102,8 @@ function checkNode (where, n, vars) {
     case 'DEFINE_VAR': {
       if (n.dtype !== DTYPES.int32 || n.src.length || !Array.isArray(n.arg) || n.arg.length !== 3) throw fail(where, 'DEFINE_VAR must be int32 with no src and arg (name, min, max)')
       const [name, lo, hi] = n.arg
-      if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(name) || !(BigInt(lo) >= 0n && BigInt(lo) <= BigInt(hi) && BigInt(hi) <= 2n ** 31n - 1n)) throw fail(where, `bad Variable ${JSON.stringify(String(name))}`)
+      if (!isPlainName(name)) throw fail(where, `Variable name ${JSON.stringify(String(name)).slice(0, 80)} must be ${NAME_RULE}`)
+      if (!(BigInt(lo) >= 0n && BigInt(lo) <= BigInt(hi) && BigInt(hi) <= 2n ** 31n - 1n)) throw fail(where, `bad Variable ${JSON.stringify(name)}: bounds must satisfy 0 <= min <= max <= ${2 ** 31 - 1}`)
       const other = vars.get(name)
       if (other && other !== n) throw fail(where, `Variable ${JSON.stringify(name)} appears with two sets of bounds`)
       vars.set(name, n)
@@ -168,6 +177,7 @@ function freeRanges (ast) {
 
 function checkStructure (ast, where) {
   if (ast.op !== 'SINK') throw fail(where, `a kernel is a SINK, got ${ast.op}`)
+  if (ast.arg && !isPlainName(ast.arg.name)) throw fail(where, `kernel name ${JSON.stringify(String(ast.arg.name)).slice(0, 80)} must be ${NAME_RULE}`)
   if (ast.dtype !== null || ast.src.some((b) => b.op !== 'STORE' && b.op !== 'END')) throw fail(where, 'the kernel SINK holds blocks: STORE or END(STORE, RANGE...) nodes')
   const nodes = toposort(ast)
   if (nodes.length > MAX_NODES) throw fail(where, `${nodes.length} nodes; kernels of more than ${MAX_NODES} are not checked`)
@@ -649,7 +659,7 @@ function declaredCount (g, root) {
  * Returns the set of its INDEX nodes (all proven). opts.maxWork caps the product of its loop sizes.
  */
 function checkKernel (ast, where = 'kernel', opts = {}) {
-  const label = ast.arg && typeof ast.arg.name === 'string' ? `${where} '${ast.arg.name.slice(0, 200)}'` : where
+  const label = ast.arg && isPlainName(ast.arg.name) ? `${where} '${ast.arg.name}'` : where
   checkStructure(ast, label)
   const { proven, failures, work } = analyse(ast, label, true)
   if (failures.length) throw failures[0]
@@ -721,4 +731,4 @@ function analyse (ast, where, strict) {
   return { proven, failures, work }
 }
 
-module.exports = { checkKernel, provenIndices, checkStructure, checkSizeExpr, MAX_RANGE }
+module.exports = { checkKernel, provenIndices, checkStructure, checkSizeExpr, isPlainName, MAX_RANGE, MAX_NAME, NAME_RULE }

@@ -11,9 +11,10 @@ the temporary file it leaves is removed by the next process that opens the folde
 
 The compiler process dominates a first call, so it runs as few times as possible: the driver only
 compiles (`-c`; `ld -shared` links, without a second driver), and `compile_many` builds every new
-kernel of a schedule in one translation unit. There each kernel function is renamed `<name>_<key16>`
-(`symbol_names` gives the names to look up), and the one shared object is linked under each
-kernel's key.
+kernel of a schedule in one translation unit. Every rendered kernel defines the same function,
+`pg_kernel` (the renderer's own name: no kernel or Variable name reaches the source); there each is
+renamed `pg_kernel_<key16>` (`symbol_names` gives the names to look up), and the one shared object is
+linked under each kernel's key. Kernels whose sources are equal share one entry, whatever their names.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ import shutil
 import signal
 import subprocess
 
-from polygrad.backend_api import CompileError, cache_dir, read_entry, temp_path, valid_entry, write_entry
+from polygrad.backend_api import (KERNEL_SYMBOL, CompileError, cache_dir, read_entry, temp_path, valid_entry,
+                                  write_entry)
 
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-lm")
 PR_SET_PDEATHSIG = 1
@@ -235,10 +237,11 @@ def _kernel_name(src: str) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
-def symbol_names(name: str, path: str) -> tuple[str, str]:
-    """The symbols to try for kernel `name` in the shared object at `path`: renamed, then as written."""
+def symbol_names(path: str) -> tuple[str, str]:
+    """The symbols to try for the kernel in the shared object at `path`: renamed (compiled with others
+    by compile_many), then as rendered."""
     key = os.path.basename(path)[:-len(".so")]
-    return f"{name}_{key[:16]}", name
+    return f"{KERNEL_SYMBOL}_{key[:16]}", KERNEL_SYMBOL
 
 
 _ld: list[str | None] = []

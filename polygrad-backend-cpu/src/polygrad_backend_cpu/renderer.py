@@ -1,7 +1,7 @@
 """The CPU dialect of the C-family renderer (plain C99 with GNU statement expressions)."""
 from __future__ import annotations
 
-from polygrad.backend_api import CStyleRenderer
+from polygrad.backend_api import KERNEL_SYMBOL, CStyleRenderer
 from polygrad.dtype import DType, dtypes
 from polygrad.uop.ops import Ops
 
@@ -71,7 +71,7 @@ class CPURenderer(CStyleRenderer):
         return f"#if defined({macro})\n  {fast}\n#else\n{portable}\n#endif"
 
     def render_program(self, prog, stream: frozenset[int] = frozenset()) -> str:  # type: ignore[no-untyped-def]
-        """The kernel, and for a THREAD kernel its pool trampoline `<name>_task(void** args, int tid)`
+        """The kernel, and for a THREAD kernel its pool trampoline `pg_kernel_task(void** args, int tid)`
         (args: the buffer pointers, then pointers to the variables' values; see runtime.py)."""
         src = super().render_program(prog, stream)
         if prog.threads <= 1:
@@ -79,4 +79,5 @@ class CPURenderer(CStyleRenderer):
         args = [f"({'' if p.arg[1] else 'const '}{self.storage_ctype(p.dtype)}*)a[{i}]"
                 for i, p in enumerate(prog.params)]
         args += [f"*(const {self.ctype(v.dtype)}*)a[{len(prog.params) + i}]" for i, v in enumerate(prog.vars)]
-        return src + f"void {prog.name}_task(void** a, int tid) {{ {prog.name}({', '.join(args + ['tid'])}); }}\n"
+        call = f"{KERNEL_SYMBOL}({', '.join(args + ['tid'])});"
+        return src + f"void {KERNEL_SYMBOL}_task(void** a, int tid) {{ {call} }}\n"

@@ -223,10 +223,10 @@ class CPUProgram:
                                "POLY_CACHE_DIR folder) to have it compiled again") from e
         loaded["open"] += 1
         weakref.finalize(self, _close, lib._handle).atexit = False  # the process exit unmaps it anyway
-        renamed, plain = symbol_names(spec.name, path)
+        renamed, plain = symbol_names(path)
         fn = getattr(lib, renamed, None) or getattr(lib, plain, None)
         if fn is None:
-            raise CompileError(f"{path} has no function {spec.name}; it is not the kernel's shared object: delete "
+            raise CompileError(f"{path} has no function {plain}; it is not kernel {spec.name}'s shared object: delete "
                                "it (or the POLY_CACHE_DIR folder) to have it compiled again")
         addr = ctypes.cast(fn, ctypes.c_void_p).value
         self.var_types = tuple("long long" if v.dtype.itemsize == 8 else "int" for v in spec.vars)

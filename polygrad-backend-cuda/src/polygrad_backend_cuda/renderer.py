@@ -1,7 +1,8 @@
 """The CUDA dialect of the C-family renderer: kernel IR -> CUDA C (C++ for NVRTC, no headers).
 
 Stage: rendering. Input: a ProgramSpec lowered for CUDA's Capabilities. Output: the source of one
-`extern "C" __global__` function named spec.name, and its launch (grid and block sizes).
+`extern "C" __global__` function named KERNEL_SYMBOL (every identifier is the renderer's own, as in the
+C renderer: Variables are `v<k>`), and its launch (grid and block sizes).
 
 - Launch: renderer/launch.py maps GLOBAL ranges to blockIdx and LOCAL/GROUP ranges to threadIdx;
   grouped reductions combine through `__shared__` arrays and `__syncthreads()` (linearize emits them).
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polygrad.backend_api import CStyleRenderer, ProgramSpec, dtypes
+from polygrad.backend_api import KERNEL_SYMBOL, CStyleRenderer, ProgramSpec, dtypes, var_name
 
 from polygrad_backend_cuda.launch import launch_of
 
@@ -120,9 +121,9 @@ class CUDARenderer(CStyleRenderer):
         for p in prog.params:
             const = "" if p.arg[1] else "const "
             params.append(f"{const}{self.storage_ctype(p.dtype)}* {self.restrict} data{p.arg[0]}")
-        params += [f"const {self.ctype(v.dtype)} {v.arg[0]}" for v in prog.vars]
+        params += [f"const {self.ctype(v.dtype)} {var_name(k)}" for k, v in enumerate(prog.vars)]
         threads = self._threads
-        return f'extern "C" __global__ void __launch_bounds__({threads}) {prog.name}({", ".join(params)})'
+        return f'extern "C" __global__ void __launch_bounds__({threads}) {KERNEL_SYMBOL}({", ".join(params)})'
 
     def render_program(self, prog: Any) -> str:
         self._threads = 1

@@ -12,6 +12,8 @@ import threading
 import time
 from typing import Any
 
+from polygrad.backend_api import KERNEL_SYMBOL
+
 from polygrad_backend_cuda import libs
 from polygrad_backend_cuda.libs import check, ffi
 
@@ -114,7 +116,8 @@ class CUDAProgram:
         check(lib, lib.cuModuleLoadData(module, self._image), f"cuModuleLoadData({spec.name})")
         self.module = module[0]
         fn = ffi.new("CUfunction *")
-        check(lib, lib.cuModuleGetFunction(fn, self.module, spec.name.encode()), f"cuModuleGetFunction({spec.name})")
+        check(lib, lib.cuModuleGetFunction(fn, self.module, KERNEL_SYMBOL.encode()),
+              f"cuModuleGetFunction({spec.name})")
         self.fn = fn[0]
         self.grid, self.block = tuple(launch.grid), tuple(launch.block)
         self.var_types = tuple("long long *" if v.dtype.itemsize == 8 else "int *" for v in spec.vars)

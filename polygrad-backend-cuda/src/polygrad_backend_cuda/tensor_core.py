@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from polygrad.backend_api import LaunchDims, Ops, UOp, dtypes, matmul_shape
+from polygrad.backend_api import KERNEL_SYMBOL, LaunchDims, Ops, UOp, dtypes, matmul_shape, var_name
 
 M, N, K = 16, 8, 16  # one mma.sync tile
 
@@ -57,25 +57,28 @@ BINARY = {Ops.ADD: "+", Ops.MUL: "*", Ops.IDIV: "/", Ops.MOD: "%", Ops.CMPLT: "<
 
 
 def index_expr(u: UOp, names: dict[UOp, str], renderer: Any) -> str:
-    """C for an index expression over ranges (named in `names`), variables and constants."""
-    if u in names:
-        return names[u]
-    if u.op is Ops.CONST:
-        return renderer.literal(u)
-    if u.op is Ops.DEFINE_VAR:
-        return u.arg[0]
-    a = [index_expr(s, names, renderer) for s in u.src]
-    if u.op in BINARY:
-        return f"({a[0]}{BINARY[u.op]}{a[1]})"
-    if u.op is Ops.NEG:
-        return f"(-{a[0]})"
-    if u.op is Ops.WHERE:
-        return f"({a[0]}?{a[1]}:{a[2]})"
-    if u.op is Ops.MAX:
-        return f"(({a[0]}>{a[1]})?{a[0]}:{a[1]})"
-    if u.op is Ops.CAST:
-        return f"(({renderer.ctype(u.dtype)}){a[0]})"
-    raise NotImplementedError(f"tensor-core kernels have no index rule for {u.op.name}")
+    """C for an index expression over ranges and variables (named in `names`) and constants, built
+    sources first over u's toposort (no recursion: any depth)."""
+    text = dict(names)
+    for n in u.toposort():
+        if n in text:
+            continue
+        a = [text[s] for s in n.src]
+        if n.op is Ops.CONST:
+            text[n] = renderer.literal(n)
+        elif n.op in BINARY:
+            text[n] = f"({a[0]}{BINARY[n.op]}{a[1]})"
+        elif n.op is Ops.NEG:
+            text[n] = f"(-{a[0]})"
+        elif n.op is Ops.WHERE:
+            text[n] = f"({a[0]}?{a[1]}:{a[2]})"
+        elif n.op is Ops.MAX:
+            text[n] = f"(({a[0]}>{a[1]})?{a[0]}:{a[1]})"
+        elif n.op is Ops.CAST:
+            text[n] = f"(({renderer.ctype(n.dtype)}){a[0]})"
+        else:
+            raise NotImplementedError(f"tensor-core kernels have no index rule for {n.op.name}")
+    return text[u]
 
 
 def _operand_loads(spec: Any, i: UOp, j: UOp) -> tuple[UOp, UOp]:
@@ -99,6 +102,7 @@ def render_tensor_core(spec: Any, renderer: Any) -> str:
     load_a, load_b = _operand_loads(spec, i, j)
     idt = renderer.ctype(i.dtype)
     names = {i: "ri", j: "rj", k: "rk"}
+    names.update((v, var_name(n)) for n, v in enumerate(spec.vars))  # the renderer's names, never the user's
     for n, r in enumerate(batch):
         names[r] = f"rb{n}"
     slot = {g.slot: g for g in spec.globals}
@@ -162,10 +166,10 @@ def render_tensor_core(spec: Any, renderer: Any) -> str:
     for g in spec.globals:
         const = "" if g.written else "const "
         params.append(f"{const}{renderer.storage_ctype(g.dtype)}* __restrict__ data{g.slot}")
-    params += [f"const {renderer.ctype(x.dtype)} {x.arg[0]}" for x in spec.vars]
+    params += [f"const {renderer.ctype(x.dtype)} {var_name(n)}" for n, x in enumerate(spec.vars)]
     threads = 32 * wx * wy
     uses_half = any(dt in (dtypes.float16, dtypes.bfloat16) for dt in [out_dt, *casts])
     prelude = renderer.prelude + (renderer.half_helpers if uses_half else "")
     body = "\n".join(lines)
-    return (f'{prelude}\nextern "C" __global__ void __launch_bounds__({threads}) {spec.name}({", ".join(params)}) '
+    return (f'{prelude}\nextern "C" __global__ void __launch_bounds__({threads}) {KERNEL_SYMBOL}({", ".join(params)}) '
             f"{{\n{body}\n}}\n")

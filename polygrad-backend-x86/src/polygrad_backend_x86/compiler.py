@@ -100,7 +100,7 @@ class X86Source:
 
     def __str__(self) -> str:
         k = self.kernel()
-        return (f"; x86-64 {self.isa.tier} kernel {self.spec.name}: {len(k.code)} bytes"
+        return (f"; x86-64 {self.isa.tier} kernel: {len(k.code)} bytes"
                 f"{', calls ' + ', '.join(k.externs) if k.externs else ''}\n{disassemble(k.code, k.pool)}")
 
     def __contains__(self, text: str) -> bool:

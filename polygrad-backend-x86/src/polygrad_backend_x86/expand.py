@@ -17,9 +17,9 @@ Every instruction kind of the linear program is handled; anything else raises `C
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Generator
 
-from polygrad.backend_api import CompileError, DType, Inst, L, LinearProgram, Ops, dtypes
+from polygrad.backend_api import CompileError, DType, Inst, L, LinearProgram, Ops, dtypes, run_steps
 
 UNROLL_LIMIT = 2048  # instructions an unroll-kind loop may grow to when unrolled (upcast loops always are)
 REDUCE_UNROLL = ((4, 64), (2, 160))  # (copies, largest body in linear instructions) for reduce loops
@@ -231,7 +231,9 @@ class _Expander:
     def v(self, x: Inst) -> Any:
         return self.env[id(x)]
 
-    def walk(self, lo: int, hi: int) -> None:
+    def walk(self, lo: int, hi: int) -> Generator[Any, None, None]:
+        """Expand instructions lo..hi-1; a nested loop or IF body is yielded as its own walk (run_steps
+        runs it on an explicit stack: nesting depth is not bounded by Python's recursion limit)."""
         i = lo
         while i < hi:
             x = self.insts[i]
@@ -247,7 +249,7 @@ class _Expander:
                 if consts and (kind == "upcast" or (kind == "unroll" and body <= UNROLL_LIMIT)):
                     for k in range(int(start.arg), int(end.arg)):
                         self.env[id(x)] = self.const(x.dtype, k)
-                        self.walk(i + 1, j)
+                        yield self.walk(i + 1, j)
                 else:
                     loop = XInst(L.LOOP, x.dtype, (start, end), x.arg)
                     frame = _Frame()
@@ -261,7 +263,7 @@ class _Expander:
                     for k in range(loop.step):  # the points run in order: reductions keep their order
                         self.env[id(x)] = loop if k == 0 else self.alu(x.dtype, (loop, self.const(x.dtype, k)),
                                                                        Ops.ADD, 1)
-                        self.walk(i + 1, j)
+                        yield self.walk(i + 1, j)
                     self.frames.pop()
                     self.frames[-1].items.append(frame.items)
                     end_x = XInst(L.ENDLOOP, None, (loop,))
@@ -274,14 +276,14 @@ class _Expander:
                 cond = self.v(x.src[0])
                 if cond.is_const:  # a constant gate: the block runs always or never
                     if cond.arg:
-                        self.walk(i + 1, j)
+                        yield self.walk(i + 1, j)
                     i = j + 1
                     continue
                 frame = _Frame()
                 self.frames[-1].items.append(frame.pre)  # values hoisted out of the IF go in front of it
                 opener = self.place(XInst(L.IF, None, (cond,)))
                 self.frames.append(frame)
-                self.walk(i + 1, j)
+                yield self.walk(i + 1, j)
                 self.frames.pop()
                 self.frames[-1].items.append(frame.items)
                 close = XInst(L.ENDIF, None, (opener,))
@@ -374,18 +376,24 @@ class _Expander:
         return accs[0]
 
     def run(self) -> XProgram:
-        self.walk(0, len(self.insts))
-        flat: list[XInst] = []
-
-        def flatten(items: list) -> None:
-            for it in items:
-                if isinstance(it, list):
-                    flatten(it)
-                else:
-                    flat.append(it)
-        flatten(self.frames[0].items)
-        flat = fuse_broadcast_loads(eliminate_dead(flat))
+        run_steps(self.walk(0, len(self.insts)))
+        flat = fuse_broadcast_loads(eliminate_dead(flatten(self.frames[0].items)))
         return XProgram(self.prog.name, flat, self.params, self.vars, self.tid, self.prog.threads)
+
+
+def flatten(items: list) -> list[XInst]:
+    """The instructions of nested item lists (a loop's body is a list in its parent's), in order."""
+    flat: list[XInst] = []
+    stack = [iter(items)]
+    while stack:
+        it = next(stack[-1], stack)  # the stack itself marks an exhausted list
+        if it is stack:
+            stack.pop()
+        elif isinstance(it, list):
+            stack.append(iter(it))
+        else:
+            flat.append(it)
+    return flat
 
 
 def eliminate_dead(insts: list[XInst]) -> list[XInst]:

@@ -16,9 +16,9 @@ from polygrad.diskcache import (CacheWarning, cache_dir, read_entry, temp_path, 
 from polygrad.dtype import ALL_DTYPES, DType, dtypes  # noqa: F401  (re-exported for backends)
 from polygrad.engine.program import ProgramSpec  # noqa: F401
 from polygrad.errors import CompileError, DeviceUnavailableError  # noqa: F401
-from polygrad.renderer.cstyle import CStyleRenderer  # noqa: F401
+from polygrad.renderer.cstyle import KERNEL_SYMBOL, CStyleRenderer  # noqa: F401
 # the linearized program that machine-code emitters (X86) walk, as the C renderer does
-from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize  # noqa: F401
+from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, run_steps, var_name  # noqa: F401
 from polygrad.engine.gpu_opts import matmul_shape  # noqa: F401
 from polygrad.renderer.launch import LaunchDims, launch_dims  # noqa: F401
 from polygrad.uop.ops import Ops, UOp  # noqa: F401

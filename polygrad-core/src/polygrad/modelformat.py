@@ -19,11 +19,11 @@ from polygrad.bundle import BundleError, check_int, get, get_int, need
 from polygrad.dtype import DType
 from polygrad.errors import PolygradError
 from polygrad.uop import dataflow, serialize
+from polygrad.uop.names import MAX_NAME  # every name in a manifest: at most this long
 from polygrad.uop.ops import Ops, UOp
 
 MAX_SLOTS = 1 << 20
 MAX_CALLS = 1 << 20
-MAX_NAME = 256
 
 
 def _dtype_name(dt: DType) -> str:
@@ -161,7 +161,7 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
         where = f"variables[{i}]"
         name = _name(get(v, "name", str, where), f"{where}.name")
         lo, hi = get_int(v, "min", where), get_int(v, "max", where)
-        Variable(name, lo, hi)  # checks the name and bounds (VariableError -> BundleError)
+        Variable(name, lo, hi)  # the one name rule and the bounds (VariableError -> BundleError)
         need(name not in variables, f"{where}: Variable {name!r} declared twice")
         variables[name] = (lo, hi)
     version = manifest.get("version", 1)

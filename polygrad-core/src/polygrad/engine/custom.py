@@ -19,11 +19,11 @@ boundary and does not run, as in tinygrad: the output keeps whatever it held.
 from __future__ import annotations
 
 import dataclasses
-import re
 from typing import Any, Callable
 
 from polygrad.errors import DeviceError
 from polygrad.tensor import _effect_ids
+from polygrad.uop.names import plain_name
 from polygrad.uop.ops import ELEMENTWISE, AxisKind, KernelInfo, Ops, UOp, vector_width
 
 
@@ -55,19 +55,13 @@ def custom_kernel(self: Any, *srcs: Any, fxn: Callable[..., UOp]) -> list[Any]:
     return [Tensor(UOp(Ops.AFTER, t.dtype, (t.uop, kernel), call_id), _runtime=self._runtime) for t in tensors]
 
 
-C_KEYWORDS = frozenset("""auto break case char const continue default do double else enum extern float for goto if
-inline int long register restrict return short signed sizeof static struct switch typedef union unsigned void
-volatile while main""".split())
-
-
 def _safe_name(sink: UOp) -> UOp:
-    """Kernel names become C function names: make any KernelInfo name a valid, non-reserved identifier."""
+    """Any KernelInfo name made a plain name (uop/names.py), so a model holding this kernel saves a bundle
+    that loads (the name is metadata: renderers never put it in source)."""
     info = sink.arg
     if not isinstance(info, KernelInfo):
         return sink
-    name = re.sub(r"[^0-9A-Za-z_]", "_", info.name) or "kernel"
-    if name[0].isdigit() or name in C_KEYWORDS or name.startswith("__"):
-        name = "k_" + name
+    name = plain_name(str(info.name))
     return sink if name == info.name else sink.replace(arg=dataclasses.replace(info, name=name))
 
 

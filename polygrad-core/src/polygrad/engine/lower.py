@@ -567,20 +567,26 @@ def estimate(ast: UOp) -> tuple[int, int]:
             return 1
         return 1 if x.op in ALU and x.op not in (Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD) else 0
 
-    def count(node: UOp, trips: int) -> int:
+    def count(root: UOp, trips: int) -> int:
+        """Operations of root's expression run `trips` times; a REDUCE's body is its own walk (its own
+        trips), queued rather than recursed into: reduces may nest deeply."""
         total = 0
-        stack, seen = [node], {node}
-        while stack:
-            x = stack.pop()
-            if x.op is Ops.REDUCE:
-                inner = trips * math.prod(_max_size(r) for r in x.src[1:])
-                total += inner + count(x.src[0], inner)
-                continue
-            total += counted(x) * trips
-            for s in x.src:
-                if s not in seen:
-                    seen.add(s)
-                    stack.append(s)
+        bodies = [(root, trips)]
+        while bodies:
+            node, trips = bodies.pop()
+            stack, seen = [node], {node}
+            while stack:
+                x = stack.pop()
+                if x.op is Ops.REDUCE:
+                    inner = trips * math.prod(_max_size(r) for r in x.src[1:])
+                    total += inner
+                    bodies.append((x.src[0], inner))
+                    continue
+                total += counted(x) * trips
+                for s in x.src:
+                    if s not in seen:
+                        seen.add(s)
+                        stack.append(s)
         return total
 
     ops = 0

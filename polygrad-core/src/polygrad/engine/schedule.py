@@ -25,6 +25,7 @@ from polygrad.engine import computed
 from polygrad.engine.indexing import KernelBuilder, address, build_with_index_width, flat_index, index_width
 from polygrad.uop.movement import strip_reshapes
 from polygrad.uop import sint
+from polygrad.uop.names import plain_name
 from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, SELF_KEYED_ARGS, AxisKind, KernelInfo, Ops, UOp
 
 # effectful nodes that already ran (ASSIGN, AFTER) -> the buffer view they left behind, so a graph that
@@ -709,9 +710,10 @@ def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], dict[UOp, UOp | N
 
 
 def _kernel_name(root: UOp, ast: UOp) -> str:
+    """'r_<shape>' (a reduction) or 'E_<shape>': a plain name (uop/names.py), cut to its length limit."""
     has_reduce = any(n.op is Ops.REDUCE for n in ast.toposort())
     shape = "_".join(sint.sym_name(s) for s in root.shape) or "1"
-    return f"{'r' if has_reduce else 'E'}_{shape}"
+    return plain_name(f"{'r' if has_reduce else 'E'}_{shape}")
 
 
 # a full reduction at least this long is computed in two kernels (partial results over chunks, then
@@ -896,7 +898,7 @@ def _build_kernel_at_width(point: UOp, inputs: dict[UOp, int], out_entry: int) -
         store = UOp(Ops.STORE, None, (UOp(Ops.INDEX, out.dtype, (out, flat)), val.cast(out.dtype)))
         live = tuple(r for r in ranges if r is not None)
         body = UOp(Ops.END, None, (store,) + live) if live else store
-        ast = UOp(Ops.SINK, None, (body,), KernelInfo(name="assign_" + "_".join(map(sint.sym_name, shape)),
+        ast = UOp(Ops.SINK, None, (body,), KernelInfo(name=plain_name("assign_" + "_".join(map(sint.sym_name, shape))),
                                                       opts=("generated",)))
         return ast, tuple(kb.order)
     root = point.src[0] if point.op in (Ops.CONTIGUOUS, Ops.SCATTER) else point
@@ -913,7 +915,8 @@ def _scatter_kernels(point: UOp, inputs: dict[UOp, int], out_entry: int) -> list
     if sint.sprod(point.src[1].shape) != 0:
         def build() -> tuple[UOp, tuple[int, ...]]:
             kb = _TableKernelBuilder(inputs, out_entry)
-            name = f"scatter_{point.arg[1].name.lower()}_" + "_".join(map(sint.sym_name, point.src[1].shape))
+            shape = "_".join(map(sint.sym_name, point.src[1].shape))
+            name = plain_name(f"scatter_{point.arg[1].name.lower()}_{shape}")
             return kb.build_scatter(point, 0, name), tuple(kb.order)
         out.append(build_with_index_width(build))
     return out

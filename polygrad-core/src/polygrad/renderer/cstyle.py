@@ -1,7 +1,14 @@
 """The C-family renderer base: kernel IR -> C source. CUDA and other C dialects subclass it.
 
-Stage: rendering. Input: ProgramSpec. Output: source text with one function named spec.name.
+Stage: rendering. Input: ProgramSpec. Output: source text with one function, KERNEL_SYMBOL.
 The structure comes from the linear program (renderer/linearize.py): one statement per instruction.
+
+Names: every identifier in the source is the renderer's own. No name from the kernel (its KernelInfo
+name, a Variable's name), which a bundle or a user chose, reaches the text, not even in a comment: a
+Variable is the parameter `v<k>`, k its position in spec.vars, and the function is KERNEL_SYMBOL
+(compile_many makes it unique in a shared object; loaders look it up under that name). So a Variable
+named after a C macro or keyword (`HUGE_VALF`, `for`) is as harmless as `batch`. The names stay
+metadata: ProgramSpec.name, DEBUG lines, errors.
 
 Vector lanes (when `vectorize` and the spec's vector_width > 1): GCC/clang vector extension types,
 `typedef float pg_f32x8 __attribute__((vector_size(32)))`, one per element type and lane count the
@@ -28,7 +35,7 @@ import numpy as np
 
 from polygrad.dtype import DType, dtypes
 from polygrad.engine.program import ProgramSpec
-from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize
+from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, var_name
 from polygrad.uop.ops import Ops, UOp
 
 C_TYPES = {
@@ -100,6 +107,8 @@ VEC_NAMES = {
 SIGNED_OF_SIZE = {1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}
 # ops rendered one lane at a time (no vector operator in C)
 PER_LANE_OPS = (Ops.SQRT, Ops.TRUNC, Ops.POW, Ops.EXP2, Ops.LOG2, Ops.SIN)
+# the function every C-family renderer defines, whatever the kernel's name (see the module docstring)
+KERNEL_SYMBOL = "pg_kernel"
 
 
 class CStyleRenderer:
@@ -259,10 +268,10 @@ class CStyleRenderer:
         for p in prog.params:
             const = "" if p.arg[1] else "const "
             params.append(f"{const}{self.storage_ctype(p.dtype)}* {self.restrict} data{p.arg[0]}")
-        params += [f"const {self.ctype(v.dtype)} {v.arg[0]}" for v in prog.vars]
+        params += [f"const {self.ctype(v.dtype)} {var_name(k)}" for k, v in enumerate(prog.vars)]
         if prog.threads > 1:
             params.append("int tid")
-        return f"void {prog.name}({', '.join(params)})"
+        return f"void {KERNEL_SYMBOL}({', '.join(params)})"
 
     def render(self, spec: ProgramSpec) -> str:
         width = getattr(spec, "vector_width", 1) if self.vectorize else 1
@@ -507,6 +516,9 @@ class CStyleRenderer:
         def n(x: Inst) -> str:
             return names[id(x)]
 
+        for k, v in enumerate(prog.vars):
+            names[id(v)] = var_name(k)
+
         no_vectorize = self.gated_loops(prog)
 
         for i, x in enumerate(prog.insts):
@@ -517,7 +529,7 @@ class CStyleRenderer:
             if op is L.PARAM:
                 names[id(x)] = f"data{x.arg[0]}"
             elif op is L.VAR:
-                names[id(x)] = x.arg[0]
+                pass  # named with the parameters above
             elif op is L.SPECIAL:
                 names[id(x)] = self.special(x, i, lines, pad)
             elif op is L.LOCAL:  # on the launch's stack: every thread has its own

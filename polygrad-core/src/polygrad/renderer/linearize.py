@@ -9,6 +9,9 @@ optimisation). Output: a `LinearProgram`, a flat list of `Inst`s in execution or
     IF ... ENDIF                     a gated region (gated stores)
     LOAD STORE ALU                   memory and arithmetic
 
+A VAR's arg keeps the Variable's (name, min, max), the name as metadata only: emitters call the k-th
+VAR `var_name(k)` (`v<k>`), never by the name a user or a file chose, and `text()` lists it that way.
+
 Every value is defined before it is used and is used only inside the loop nest it was defined in
 (values cross loops only through accumulators), so an emitter can declare values where they appear
 (C, JavaScript, WebAssembly locals) or allocate registers in one pass (X86). The loop structure is
@@ -95,12 +98,47 @@ import itertools
 import math
 from dataclasses import dataclass
 from enum import Enum, auto
-from typing import Any
+from types import GeneratorType
+from typing import Any, Callable, Generator
 
 from polygrad.dtype import DType, dtypes
 from polygrad.uop.ops import AxisKind, Ops, UOp
 from polygrad.uop.rewrite import graph_rewrite
 from polygrad.uop.symbolic import range_coeff, symbolic_rules
+
+Steps = Generator[Any, Any, Any]  # a step generator run by run_steps
+
+
+def run_steps(steps: Steps, request: Callable[[Any], Any] | None = None) -> Any:
+    """Run a step generator to its end and return its return value, with nested work on an explicit
+    stack instead of Python's: a generator the steps yield runs next, to its end, and its return value
+    is sent back; anything else yielded goes to `request`, which answers with a value to send back or
+    with a generator to run first. So a walk written as recursion (a value needs its sources' values,
+    a block its inner blocks) goes as deep as memory allows. An exception ends the whole run.
+
+    >>> def count(n):
+    ...     return (yield count(n - 1)) + 1 if n else 0
+    >>> run_steps(count(100_000))
+    100000
+    """
+    stack = [steps]
+    reply = None
+    while True:
+        try:
+            asked = stack[-1].send(reply)
+        except StopIteration as done:
+            stack.pop()
+            if not stack:
+                return done.value
+            reply = done.value
+            continue
+        if request is not None and not isinstance(asked, GeneratorType):
+            asked = request(asked)
+            if not isinstance(asked, GeneratorType):
+                reply = asked
+                continue
+        stack.append(asked)
+        reply = None
 
 
 class L(Enum):
@@ -144,6 +182,12 @@ class Inst:
         return f"Inst({self.op.name}, {self.dtype}{lanes}, arg={self.arg!r})"
 
 
+def var_name(k: int) -> str:
+    """The identifier emitters give the kernel's k-th Variable parameter (LinearProgram.vars order, which
+    starts with spec.vars): `v<k>`."""
+    return f"v{k}"
+
+
 @dataclass(frozen=True)
 class LinearProgram:
     name: str
@@ -155,6 +199,7 @@ class LinearProgram:
     def text(self) -> str:
         """A readable listing (DEBUG output and tests)."""
         num = {id(x): i for i, x in enumerate(self.insts)}
+        var_of = {id(v): k for k, v in enumerate(self.vars)}
         out, depth = [], 0
         for i, x in enumerate(self.insts):
             if x.op in (L.ENDLOOP, L.ENDIF):
@@ -164,6 +209,8 @@ class LinearProgram:
             if x.lanes > 1:
                 dt += f"x{x.lanes}"
             arg = x.arg.name if isinstance(x.arg, Ops) else x.arg
+            if x.op is L.VAR:  # the emitters' name, not the user's (the listing keys X86's code cache)
+                arg = (var_name(var_of[id(x)]), *x.arg[1:])
             out.append(f"{'  ' * depth}%{i} = {x.op.name} {dt} ({srcs}) {arg if arg is not None else ''}".rstrip())
             if x.op in (L.LOOP, L.IF):
                 depth += 1
@@ -388,7 +435,7 @@ class _Linearizer:
             self.head.append(hit)
         return hit
 
-    def open_loop(self, r: UOp) -> None:
+    def open_loop(self, r: UOp) -> Steps:
         special = self.launch_index(r)
         if special is not None:  # one launch index per point: no loop
             self.open[r] = special
@@ -399,7 +446,7 @@ class _Linearizer:
             self.scopes.append({})
             return
         if _kind(r) == AxisKind.THREAD:
-            n = self.value(r.src[0])
+            n = yield r.src[0]
             t = self.spec.threads
             chunk = self.const(r.dtype, -(-int(r.src[0].arg) // t)) if r.src[0].op is Ops.CONST else None
             if chunk is None:  # symbolic size: ceil(n / t) at run time
@@ -415,7 +462,7 @@ class _Linearizer:
                 less = self.add(L.ALU, dtypes.bool, (end, n), Ops.CMPLT)
                 end = self.add(L.ALU, r.dtype, (less, end, n), Ops.WHERE)
         else:
-            start, end = self.const(r.dtype, 0), self.value(r.src[0])
+            start, end = self.const(r.dtype, 0), (yield r.src[0])
         loop = self.add(L.LOOP, r.dtype, (start, end), r.arg)
         self.scopes.append({})
         self.open[r] = loop
@@ -434,9 +481,19 @@ class _Linearizer:
 
     # ---- values
     def value(self, u: UOp) -> Inst:
+        """u's instruction here: the cached one, else emitted now (with whatever it needs first)."""
         hit = self.lookup(u)
         if hit is not None:
             return hit
+        return run_steps(self.emit_value(u), self.request)
+
+    def request(self, u: UOp) -> Inst | Steps:
+        """What `yield u` in a step generator gives: u's cached instruction, or the steps that emit it."""
+        hit = self.lookup(u)
+        return hit if hit is not None else self.emit_value(u)
+
+    def emit_value(self, u: UOp) -> Steps:
+        """Emit u (not cached here), its sources first, in order; returns its instruction."""
         op = u.op
         if op is Ops.CONST:
             return self.const(u.dtype, u.arg)
@@ -456,12 +513,15 @@ class _Linearizer:
                 self.head.append(hit)
             return hit
         if op is Ops.REDUCE:
-            self.reduce(u)
+            yield self.reduce(u)
             return self.lookup(u)
         if op is Ops.LOAD:
-            x = self.load(u)
+            x = yield from self.load(u)
         else:
-            x = self.alu(u.dtype, tuple(self.value(s) for s in u.src), op)
+            src = []
+            for s in u.src:
+                src.append((yield s))
+            x = self.alu(u.dtype, tuple(src), op)
         self.scopes[-1][self.key(u)] = x
         return x
 
@@ -501,22 +561,22 @@ class _Linearizer:
             src = tuple(self.bcast(s, n) for s in src)
         return self.add(L.ALU, dtype, src, op, n)
 
-    def access(self, index: UOp, at: UOp | None = None) -> tuple[Inst, Inst | None, str | None, int]:
+    def access(self, index: UOp, at: UOp | None = None) -> Steps:
         """(index, gate, kind, lanes) of a memory access: kind None (scalar), "contiguous" (the index
         is lane 0's) or "gather" (one index per lane). `at` replaces the index expression (a staged load
         reads its local array there)."""
-        gate = self.value(self.bound_expr(index.src[2])) if len(index.src) > 2 else None
+        gate = (yield self.bound_expr(index.src[2])) if len(index.src) > 2 else None
         expr, offset = self.bound_split(index.src[1] if at is None else at)
 
         def at_offset(x: Inst) -> Inst:  # the unrolled point's constant part, one add
             return x if offset == 0 else self.alu(x.dtype, (x, self.const(x.dtype, offset)), Ops.ADD)
         if not self.lanes_open():
-            return at_offset(self.value(expr)), gate, None, 1
+            return at_offset((yield expr)), gate, None, 1
         n = self.vec_size()
         c = range_coeff(expr, self.vec)
         if c == 1:
-            return at_offset(self.value(_at_lane0(expr, self.vec))), gate, "contiguous", n
-        idx = at_offset(self.value(expr))
+            return at_offset((yield _at_lane0(expr, self.vec))), gate, "contiguous", n
+        idx = at_offset((yield expr))
         if idx.lanes == 1 and (gate is None or gate.lanes == 1):
             return idx, gate, None, 1
         return self.bcast(idx, n), gate, "gather", n
@@ -546,11 +606,11 @@ class _Linearizer:
             base = self.folded[k] = graph_rewrite(memo[e], symbolic_rules, name="unrolled_index")
         return base, sum(c * self.bind[r] for c, r in zip(coeffs, hit))
 
-    def load(self, u: UOp) -> Inst:
+    def load(self, u: UOp) -> Steps:
         index = u.src[0]
         staged = self.staged.get(u)
-        buf = self.value(index.src[0]) if staged is None else staged[0]
-        idx, gate, kind, n = self.access(index, None if staged is None else staged[1])
+        buf = (yield index.src[0]) if staged is None else staged[0]
+        idx, gate, kind, n = yield from self.access(index, None if staged is None else staged[1])
         if n > 1 and u.dtype in HALF_DTYPES:
             raise NoVector("16-bit float lanes")
         return self.add(L.LOAD, u.dtype, (buf, idx) + ((gate,) if gate is not None else ()), kind, n)
@@ -564,30 +624,30 @@ class _Linearizer:
                                                       Ops.MUL), self.value(r)), Ops.ADD)
         return lane
 
-    def each_point(self, ranges: list[UOp], emit: Any) -> None:
-        """Call emit() at every point of ranges, in order: an unrolled range binds each of its values
-        in turn (no loop), any other opens a loop (or, for the vector range, its lanes)."""
+    def each_point(self, ranges: list[UOp], emit: Callable[[], Steps]) -> Steps:
+        """Run emit()'s steps at every point of ranges, in order: an unrolled range binds each of its
+        values in turn (no loop), any other opens a loop (or, for the vector range, its lanes)."""
         if not ranges:
-            emit()
+            yield emit()
             return
         r, rest = ranges[0], ranges[1:]
         if r in self.unrolled:
             for v in range(int(r.src[0].arg)):
                 self.bind[r] = v
-                self.each_point(rest, emit)
+                yield self.each_point(rest, emit)
             del self.bind[r]
             return
-        self.open_loop(r)
-        self.each_point(rest, emit)
+        yield from self.open_loop(r)
+        yield self.each_point(rest, emit)
         self.close_loop(r)
 
-    def reduce(self, red: UOp) -> None:
+    def reduce(self, red: UOp) -> Steps:
         """Emit red's accumulators and loops; its value is read (ACC_READ) where it is used."""
         if self.lookup_pending(red):
             return
         body, ranges = red.src[0], list(red.src[1:])
         if len(ranges) == 1 and _kind(ranges[0]) == AxisKind.GROUP and self.launch_index(ranges[0]) is not None:
-            self.group_reduce(red)
+            yield self.group_reduce(red)
             return
         ups = sorted((r for r in self.deps(red) if _kind(r) == AxisKind.UPCAST and r not in self.open
                       and r not in self.bind), key=lambda r: r.arg[0])
@@ -609,24 +669,25 @@ class _Linearizer:
             # a reduce over upcast lanes (a split reduction's final sum): run the partial reduces
             # first, with one accumulator per lane, so their loops stay outside the lane loop
             for inner in top_level_reduces(body):
-                self.reduce(inner)
+                yield self.reduce(inner)
 
-        def update() -> None:
+        def update() -> Steps:
             acc = accs[points.index(tuple(self.bind[r] for r in unrolled))]
             lane = self.flat_lane(array)
             lane_src = (lane,) if lane is not None else ()
             if red.arg is Ops.FMA:  # acc = fma(a, b, acc): the body is MUL(a, b), rounded once with the add
-                a, b = self.value(body.src[0]), self.value(body.src[1])
+                a = yield body.src[0]
+                b = yield body.src[1]
                 width = max(a.lanes, b.lanes, n)
                 self.add(L.UPDATE, None, (acc, self.bcast(a, width), self.bcast(b, width)) + lane_src, Ops.FMA,
                          width)
                 return
-            v = self.value(body)
+            v = yield body
             if n > 1 or over_lanes:
                 v = self.bcast(v, self.vec_size())
             self.add(L.UPDATE, None, (acc, v) + lane_src, red.arg, v.lanes)
 
-        self.each_point(ranges + looped + unrolled, update)
+        yield self.each_point(ranges + looped + unrolled, update)
         # read where the reduce is used: inside the lane loops (or at the unrolled point) the caller opens next
         for point, acc in zip(points, accs):
             self.bind.update(zip(unrolled, point))
@@ -634,15 +695,15 @@ class _Linearizer:
         for r in unrolled:
             del self.bind[r]
 
-    def group_reduce(self, red: UOp) -> None:
+    def group_reduce(self, red: UOp) -> Steps:
         """A reduce over a GROUP range mapped to a block index: each thread computes its partial value
         (the inner reduce), writes it to shared memory, and after a barrier every thread folds the
         block's values in index order (the order of the loop it replaces: the same bits)."""
         g = red.src[1]
         size = int(g.src[0].arg)
-        self.open_loop(g)
+        yield from self.open_loop(g)
         lid = self.open[g]
-        v = self.value(red.src[0])
+        v = yield red.src[0]
         smem = Inst(L.DEFINE_LOCAL, red.dtype, (), (f"smem{len(self.group_ids)}", size))
         self.head.append(smem)
         self.add(L.STORE, None, (smem, lid, v))
@@ -652,7 +713,7 @@ class _Linearizer:
         acc = self.add(L.ACC, red.dtype, (init,), (red.arg, 1))
         j = UOp(Ops.RANGE, g.dtype, g.src, (self.next_axis, AxisKind.REDUCE))
         self.next_axis += 1
-        self.open_loop(j)
+        yield from self.open_loop(j)
         part = self.add(L.LOAD, red.dtype, (smem, self.open[j]))
         self.add(L.UPDATE, None, (acc, part), red.arg)
         self.close_loop(j)
@@ -665,13 +726,13 @@ class _Linearizer:
         return any(k in scope for scope in self.scopes)
 
     # ---- blocks
-    def store(self, st: UOp) -> None:
+    def store(self, st: UOp) -> Steps:
         index, value = st.src
-        v = self.value(value)
+        v = yield value
         if value.dtype != index.dtype:
             v = self.alu(index.dtype, (v,), Ops.CAST)
-        buf = self.value(index.src[0])
-        idx, gate, kind, n = self.access(index)
+        buf = yield index.src[0]
+        idx, gate, kind, n = yield from self.access(index)
         for lid in self.group_ids:  # every thread of a grouped reduction holds the value: thread 0 stores
             first = self.add(L.ALU, dtypes.bool, (lid, self.const(lid.dtype, 0)), Ops.CMPEQ)
             gate = first if gate is None else self.alu(dtypes.bool, (gate, first), Ops.AND)
@@ -761,9 +822,9 @@ class _Linearizer:
                 memo[x] = x if src == x.src else x.replace(src=src)
         return memo[node], vl
 
-    def block(self, node: UOp) -> None:
+    def block(self, node: UOp) -> Steps:
         if node.op is Ops.STORE:
-            self.store(node)
+            yield self.store(node)
             return
         if node.op is not Ops.END:
             raise RuntimeError(f"kernel body must be STORE or END, got {node.op.name}")
@@ -779,21 +840,21 @@ class _Linearizer:
         loops = [r for r in ranges if _kind(r) != AxisKind.UPCAST]
         ups = [r for r in ranges if _kind(r) == AxisKind.UPCAST]
         for r in loops:
-            self.open_loop(r)
+            yield from self.open_loop(r)
             if r.arg[0] in self.stage_at:
-                self.stage(node, self.stage_at[r.arg[0]])
+                yield self.stage(node, self.stage_at[r.arg[0]])
         if inner.op is Ops.STORE:
             for red in top_level_reduces(inner):
-                self.reduce(red)
-        self.each_point([r for r in ups if r not in self.unrolled] + [r for r in ups if r in self.unrolled],
-                        lambda: self.block(inner))
+                yield self.reduce(red)
+        yield self.each_point([r for r in ups if r not in self.unrolled] + [r for r in ups if r in self.unrolled],
+                              lambda: self.block(inner))
         for r in reversed(loops):
             self.close_loop(r)
         self.unrolled -= unroll
         if chosen is not None:
             self.vec = None
 
-    def stage(self, node: UOp, slot: int) -> None:
+    def stage(self, node: UOp, slot: int) -> Steps:
         """STAGE: copy what the block's one load of buffer `slot` reads inside the loops still to open
         into a LOCAL array, in their order (reduce ranges, then upcast ranges, the vector lanes last,
         so the lanes read it contiguously), and make that load read the array. Skipped (the load stays
@@ -822,9 +883,11 @@ class _Linearizer:
         saved = self.vec, self.unrolled
         self.vec, self.unrolled = None, set()  # the copy is plain loops
         for r in inner:
-            self.open_loop(r)
-        v = self.add(L.LOAD, ld.dtype, (self.value(index.src[0]), self.value(self.bound_expr(index.src[1]))))
-        self.add(L.STORE, None, (local, self.value(flat), v))
+            yield from self.open_loop(r)
+        buf = yield index.src[0]
+        at = yield self.bound_expr(index.src[1])
+        v = self.add(L.LOAD, ld.dtype, (buf, at))
+        self.add(L.STORE, None, (local, (yield flat), v))
         for r in reversed(inner):
             self.close_loop(r)
         self.vec, self.unrolled = saved
@@ -845,7 +908,7 @@ class _Linearizer:
         for v in getattr(self.spec, "vars", ()):  # every parameter, even one simplification removed
             self.vars[v.arg[0]] = Inst(L.VAR, v.dtype, (), v.arg)
         for node in self.spec.ast.src:
-            self.block(node)
+            run_steps(self.block(node), self.request)
         params = tuple(self.params[g.slot] for g in self.spec.globals)
         order = [v.arg[0] for v in getattr(self.spec, "vars", ())]
         var_list = tuple(self.vars[n] for n in order) + tuple(

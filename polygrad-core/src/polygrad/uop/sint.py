@@ -12,22 +12,15 @@ shapes compare with `==`.
 """
 from __future__ import annotations
 
-import keyword
 import re
 from typing import Any, Callable, Iterable
 
 from polygrad.dtype import dtypes
 from polygrad.errors import VariableError
+from polygrad.uop.names import NAME_RULE, is_plain_name
 from polygrad.uop.ops import Ops, UOp
 
 MAX_BOUND = 2**31 - 1  # variables are int32 kernel parameters
-_C_WORDS = {"auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else", "enum",
-            "extern", "float", "for", "goto", "if", "inline", "int", "long", "register", "restrict", "return",
-            "short", "signed", "sizeof", "static", "struct", "switch", "typedef", "union", "unsigned", "void",
-            "volatile", "while", "NAN", "INFINITY", "core_start", "core_end", "i", "u_"}
-# names the C renderer gives its own values (buffers, loop counters, temporaries)
-_RENDERER_NAME = re.compile(r"^(data|gidx|ridx|uidx|idx|alu|val|acc)\d+$")
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -42,11 +35,8 @@ def Variable(name: str, min_val: int, max_val: int) -> UOp:  # noqa: N802 (tinyg
     >>> v.bind(8).unbind()[1]
     8
     """
-    if not isinstance(name, str) or not _IDENT.match(name) or keyword.iskeyword(name) or name in _C_WORDS \
-            or _RENDERER_NAME.match(name):
-        raise VariableError(f"Variable name {name!r} must be a plain identifier (letters, digits, _) that is not a "
-                            "C keyword or a name kernels use themselves (data0, gidx0, alu3, core_start...); "
-                            "e.g. Variable('batch', 1, 64)")
+    if not is_plain_name(name):  # the one rule for names (uop/names.py): no name reaches generated source
+        raise VariableError(f"Variable name {name!r:.80} must be {NAME_RULE}; e.g. Variable('batch', 1, 64)")
     for what, v in (("min", min_val), ("max", max_val)):
         if not _is_int(v):
             raise VariableError(f"Variable {name!r}: {what} bound must be an int, got {v!r}")

@@ -28,15 +28,42 @@ _bounds_cache: dict[UOp, tuple[int, int]] = {}
 
 
 def bounds(u: UOp) -> tuple[int, int]:
-    """Inclusive (min, max) an integer expression can take (conservative)."""
+    """Inclusive (min, max) an integer expression can take (conservative). The operands' bounds are
+    filled in first, sources before users, with an explicit stack: an index may be a long sum."""
     hit = _bounds_cache.get(u)
     if hit is not None:
         return hit
-    out = _bounds(u)
     if len(_bounds_cache) > 200000:
         _bounds_cache.clear()
-    _bounds_cache[u] = out
-    return out
+    stack = [(u, False)]
+    while stack:
+        node, ready = stack.pop()
+        if node in _bounds_cache:
+            continue
+        if ready:  # its operands are cached: _bounds looks one level down only
+            _bounds_cache[node] = _bounds(node)
+            continue
+        stack.append((node, True))
+        stack.extend((s, False) for s in _bound_operands(node) if s not in _bounds_cache)
+    return _bounds_cache[u]
+
+
+def _bound_operands(u: UOp) -> tuple[UOp, ...]:
+    """The sources whose bounds _bounds(u) reads."""
+    op = u.op
+    if op in (Ops.RANGE, Ops.BIND):
+        return u.src[:1]
+    if u.dtype is dtypes.bool or op in (Ops.CONST, Ops.DEFINE_VAR):
+        return ()
+    if op in (Ops.ADD, Ops.NEG, Ops.MUL, Ops.MAX):
+        return u.src
+    if op in (Ops.IDIV, Ops.MOD) and u.src[1].op is Ops.CONST and u.src[1].arg > 0:
+        return u.src[:1]
+    if op is Ops.WHERE:
+        return u.src[1:]
+    if op is Ops.CAST and u.src[0].dtype is not None and u.src[0].dtype.is_int:
+        return u.src[:1]
+    return ()
 
 
 def _bounds(u: UOp) -> tuple[int, int]:
@@ -185,9 +212,16 @@ def _mod_reduce_factors(terms: list[UOp], c: int) -> UOp | None:
 
 
 def _split_sum(x: UOp) -> list[UOp]:
-    if x.op is Ops.ADD:
-        return _split_sum(x.src[0]) + _split_sum(x.src[1])
-    return [x]
+    """The terms of a tree of ADDs, left to right (an explicit stack: a kernel's index may be a long sum)."""
+    out: list[UOp] = []
+    stack = [x]
+    while stack:
+        t = stack.pop()
+        if t.op is Ops.ADD:
+            stack += (t.src[1], t.src[0])
+        else:
+            out.append(t)
+    return out
 
 
 def _sum(terms: list[UOp]) -> UOp:

@@ -6,11 +6,12 @@ the element counts (and dtypes) of the buffers it will be given, in slot order. 
 cannot read or write outside its buffers for any value of its Variables within their bounds:
 
 1. `check_structure`: every op is one the kernel IR allows (docs/kernel-ir.md), with a plausible
-   dtype, src count and arg; names that reach C source (the kernel's, the Variables') are plain
-   identifiers; the DEFINE_GLOBAL slots are exactly 0..len(arg_sizes)-1, each with one dtype and a
-   declared size that fits its buffer; RANGE ends are size expressions over Variables, bounded by
-   MAX_RANGE, never negative and not 0 for every value of the Variables (`check_indices` proves these
-   with the intervals below); every RANGE a STORE uses is one of its END's loops (or a REDUCE's inside it).
+   dtype, src count and arg; the kernel's and the Variables' names follow the one name rule
+   (uop/names.py: plain identifiers, metadata only, never in generated source); the DEFINE_GLOBAL
+   slots are exactly 0..len(arg_sizes)-1, each with one dtype and a declared size that fits its
+   buffer; RANGE ends are size expressions over Variables, bounded by MAX_RANGE, never negative and
+   not 0 for every value of the Variables (`check_indices` proves these with the intervals below);
+   every RANGE a STORE uses is one of its END's loops (or a REDUCE's inside it).
 2. `check_indices`: an interval analysis over the graph proves each INDEX's element in
    [0, declared size - 1]. The index arithmetic may not overflow its dtype anywhere (C's signed
    overflow is undefined). Gates narrow it: an INDEX's gate, and a WHERE's condition for its two
@@ -24,12 +25,12 @@ once per set of assumptions, and gives up on kernels above MAX_NODES nodes or MA
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from polygrad.dtype import DType, dtypes
 from polygrad.errors import VariableError
 from polygrad.uop import sint
+from polygrad.uop.names import NAME_RULE, is_plain_name
 from polygrad.uop.ops import AxisKind, KernelInfo, Ops, UOp
 from polygrad.uop.serialize import DTYPE_NAMES, KernelFormatError
 
@@ -37,7 +38,6 @@ MAX_RANGE = 2**48  # a loop's largest trip count (index arithmetic past 2**31 is
 MAX_NODES = 1 << 18  # nodes in one kernel (generated kernels have hundreds)
 MAX_STEPS = 1 << 22  # node evaluations of the interval analysis, all assumptions together
 MAX_NARROW_DEPTH = 6  # WHEREs nested inside an index that still narrow their arms (deeper: union)
-MAX_NAME = 200
 
 Interval = Tuple[int, int]  # inclusive bounds of an integer or bool (0/1) value
 INF = 1 << 256  # "unbounded" on one side of a linear fact (larger than any int64 arithmetic here)
@@ -54,10 +54,6 @@ class _Mark:
 EMPTY = _Mark("EMPTY")  # the node takes no value under these assumptions: that code never runs
 UNTRACKED = _Mark("UNTRACKED")  # a float value (never part of an index; its ints come from CAST)
 Value = Union[Interval, _Mark]
-
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# names the C renderer gives its own values beyond those sint.Variable already refuses
-_RENDERER_NAMES = re.compile(r"^(tid|pl|b_|pg_\w*|__\w*|(cvec|bc|on\w*)\d+)$")
 
 UNARY_FLOAT = {Ops.RECIPROCAL, Ops.SQRT, Ops.TRUNC, Ops.EXP2, Ops.LOG2, Ops.SIN}
 BINARY_SAME = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MOD, Ops.IDIV, Ops.FDIV, Ops.POW, Ops.AND, Ops.OR, Ops.XOR,
@@ -89,9 +85,8 @@ def _is_int(x: Any) -> bool:
 
 
 def _check_name(where: str, name: Any, what: str) -> None:
-    if type(name) is not str or len(name) > MAX_NAME or not _IDENT.match(name) or _RENDERER_NAMES.match(name):
-        raise _fail(where, f"{what} {name!r:.60} is not a plain C identifier the renderers leave free "
-                           f"(letters, digits, _; at most {MAX_NAME} characters)")
+    if not is_plain_name(name):
+        raise _fail(where, f"{what} {name!r:.60} must be {NAME_RULE}")
 
 
 def _check_var(where: str, n: UOp, seen: dict[str, UOp]) -> None:
@@ -903,7 +898,7 @@ def check_kernel(ast: UOp, arg_sizes: Sequence[int], arg_dtypes: Sequence[DType]
 (4 elements at the Variables' maxima) but the buffer passed holds 3
     """
     name = getattr(ast.arg, "name", None) if isinstance(ast, UOp) else None
-    label = f"{where} {name!r}" if type(name) is str and len(name) <= MAX_NAME else where
+    label = f"{where} {name!r}" if is_plain_name(name) else where
     if arg_dtypes is not None and len(arg_dtypes) != len(arg_sizes):
         raise _fail(label, f"{len(arg_sizes)} buffer sizes but {len(arg_dtypes)} dtypes")
     globals_ = check_structure(ast, arg_sizes, arg_dtypes, label)
