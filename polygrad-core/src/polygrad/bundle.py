@@ -10,9 +10,10 @@ The layout is specified in docs/bundle-format.md (precise enough to write anothe
 
 Reading never executes anything from the file and never uses pickle: it is `struct`, `zlib.crc32`,
 `json` and table look-ups. Every field is type- and range-checked before it is used, sizes and offsets
-are checked against the file and against `max_bytes` before anything is allocated, and every problem
-raises `BundleError` naming the field and what was expected. The kernels are decoded by
-`uop/serialize.py` and each call is checked against its buffers (`uop/validate.py` where available).
+are checked against the file and against `max_bytes` before anything is allocated (the caps are in
+`polygrad/limits.py`), and every problem raises `BundleError` naming the field and what was expected.
+The kernels are decoded by `uop/serialize.py` and each call is checked against its buffers
+(`uop/validate.py` where available).
 
 >>> data = write({"format": FORMAT, "version": VERSION}, [])
 >>> data[:8] == MAGIC, len(data) % 64
@@ -21,12 +22,12 @@ raises `BundleError` naming the field and what was expected. The kernels are dec
 from __future__ import annotations
 
 import json
-import os
 import struct
 import zlib
 from typing import Any, Sequence
 
 from polygrad.errors import PolygradError
+from polygrad.limits import MAX_ELEMENTS, MAX_JSON_DEPTH, MAX_MANIFEST
 
 MAGIC = b"\x89PGB\r\n\x1a\n"
 FORMAT = "polygrad-bundle"
@@ -35,10 +36,6 @@ SUPPORTED_VERSIONS = (1, 2)  # 2 adds cache buffers, Variables in any dimension,
 HEADER = struct.Struct("<8sIIQQII24x")  # magic, version, flags, manifest_len, data_len, manifest_crc, data_crc
 assert HEADER.size == 64
 ALIGN = 64
-MAX_MANIFEST = 256 << 20
-# the most device memory a loaded bundle may ask for (stored and unstored buffers together)
-MAX_BYTES = int(os.environ.get("POLY_BUNDLE_MAX_BYTES", str(16 << 30)))
-MAX_ELEMENTS = (1 << 31) - 1  # per buffer: kernel indices are int32
 
 
 class BundleError(PolygradError, ValueError):
@@ -107,6 +104,8 @@ def read(data: bytes | bytearray | memoryview) -> tuple[dict, memoryview]:
         manifest = json.loads(text.decode("utf-8"), parse_constant=_no_constants)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise BundleError(f"bundle manifest is not valid JSON: {e}") from None
+    if json_depth(manifest) > MAX_JSON_DEPTH:
+        raise BundleError(f"bundle manifest nests JSON deeper than {MAX_JSON_DEPTH} levels (a damaged or crafted file)")
     if not isinstance(manifest, dict):
         raise BundleError("bundle manifest must be a JSON object")
     if manifest.get("format") != FORMAT:
@@ -118,6 +117,23 @@ def read(data: bytes | bytearray | memoryview) -> tuple[dict, memoryview]:
 
 def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not allowed in a bundle manifest")
+
+
+def json_depth(value: Any) -> int:
+    """The nesting depth of a parsed JSON value (a scalar is 0, `[]` is 1), walked without recursion.
+
+    >>> json_depth({"a": [1, [2]]}), json_depth(3)
+    (3, 0)
+    """
+    if not isinstance(value, (list, dict)):
+        return 0
+    deepest, stack = 1, [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        deepest = max(deepest, depth)
+        items = v.values() if isinstance(v, dict) else v
+        stack.extend((x, depth + 1) for x in items if isinstance(x, (list, dict)))
+    return deepest
 
 
 # ---------------------------------------------------------------------------------------------------

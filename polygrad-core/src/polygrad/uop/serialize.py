@@ -25,6 +25,7 @@ from typing import Any, Iterable
 
 from polygrad.dtype import ALL_DTYPES, DType, dtypes
 from polygrad.errors import PolygradError
+from polygrad.limits import MAX_ARG_DEPTH, MAX_NODES
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 
 try:  # RANGE kinds: (axis id, AxisKind) where ops.py has the enum, plain strs before it
@@ -45,8 +46,6 @@ DTYPE_NAMES: dict[DType, str] = {
 }
 assert set(DTYPE_NAMES) == set(ALL_DTYPES)
 DTYPES_BY_NAME: dict[str, DType] = {v: k for k, v in DTYPE_NAMES.items()}
-
-MAX_ARG_DEPTH = 64  # nested tuples in one arg; real args are at most two levels deep
 
 
 class KernelFormatError(PolygradError, ValueError):
@@ -229,8 +228,10 @@ def _arg_uops(arg: Any) -> list[UOp]:
     return []
 
 
-def decode(obj: Any) -> list[UOp]:
-    """The roots of an `encode` object, as hash-consed UOps (the same objects, if they are alive)."""
+def decode(obj: Any, max_nodes: int = MAX_NODES) -> list[UOp]:
+    """The roots of an `encode` object, as hash-consed UOps (the same objects, if they are alive).
+
+    More than `max_nodes` nodes or roots are refused before any node is built."""
     if type(obj) is not dict:
         raise KernelFormatError(f"serialised kernel must be a JSON object, got {type(obj).__name__}")
     fmt = obj.get("format")
@@ -252,6 +253,9 @@ def decode(obj: Any) -> list[UOp]:
     nodes, roots = obj.get("nodes"), obj.get("roots")
     if type(nodes) is not list or type(roots) is not list:
         raise KernelFormatError("serialised kernel needs a 'nodes' list and a 'roots' list")
+    if len(nodes) > max_nodes or len(roots) > max_nodes:
+        raise KernelFormatError(f"serialised kernel has {len(nodes)} nodes and {len(roots)} roots; the limit is "
+                                f"{max_nodes} (generated kernel tables have thousands)")
     built: list[UOp] = []
     for i, node in enumerate(nodes):
         where = f"node #{i}"

@@ -18,7 +18,9 @@ cannot read or write outside its buffers for any value of its Variables within t
 
 The analysis never recurses on the graph (each walk is over a cached toposort), memoizes each node
 once per set of assumptions, and gives up on kernels above MAX_NODES nodes or MAX_STEPS steps.
-`kernel_work(ast)` is the product of the RANGE maxima, for a caller that caps total work.
+A block (a SINK source) may unroll at most MAX_UPCAST points of upcast RANGEs, and its nodes counted
+once per point may total at most MAX_NODES over the kernel (what a renderer emits stays bounded).
+`kernel_work(ast)` counts the loop iterations of one run, for a caller that caps total work.
 """
 from __future__ import annotations
 
@@ -28,14 +30,14 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from polygrad.dtype import DType, dtypes
 from polygrad.errors import VariableError
+from polygrad.limits import MAX_NARROW_DEPTH, MAX_NODES, MAX_RANGE, MAX_STEPS, MAX_UPCAST
 from polygrad.uop import sint
 from polygrad.uop.ops import AxisKind, KernelInfo, Ops, UOp
 from polygrad.uop.serialize import DTYPE_NAMES, KernelFormatError
 
-MAX_RANGE = 2**48  # a loop's largest trip count (index arithmetic past 2**31 is int64)
-MAX_NODES = 1 << 18  # nodes in one kernel (generated kernels have hundreds)
-MAX_STEPS = 1 << 22  # node evaluations of the interval analysis, all assumptions together
-MAX_NARROW_DEPTH = 6  # WHEREs nested inside an index that still narrow their arms (deeper: union)
+# MAX_RANGE (a loop's largest trip count), MAX_NODES (nodes in one kernel), MAX_STEPS (node evaluations of
+# the interval analysis), MAX_NARROW_DEPTH (WHEREs nested in an index that still narrow their arms) and
+# MAX_UPCAST (the unrolled points of a block) are shared with polygrad-js: polygrad/limits.py
 MAX_NAME = 200
 
 Interval = Tuple[int, int]  # inclusive bounds of an integer or bool (0/1) value
@@ -290,7 +292,39 @@ def check_structure(ast: UOp, arg_sizes: Sequence[int], arg_dtypes: Sequence[DTy
     for slot, gs in sorted(globals_.items()):
         _check_globals(where, slot, gs, sizes[slot], None if arg_dtypes is None else arg_dtypes[slot], seen_vars)
     _check_scopes(where, ast)
+    _block_ranges(where, ast)
     return globals_
+
+
+def _block_ranges(where: str, ast: UOp) -> list[list[UOp]]:
+    """The RANGEs of each block (SINK source). A block's upcast RANGEs (unrolled by the renderers) span at most
+    MAX_UPCAST points, and the blocks' node counts, each times its points, total at most MAX_NODES; the walk
+    stops as soon as that total is passed, so it is bounded too (blocks may share nodes)."""
+    total, out = 0, []
+    for block in ast.src:
+        seen: set[UOp] = set()
+        stack, ranges = [block], []
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if total + len(seen) > MAX_NODES:
+                raise _fail(where, f"the blocks hold more than {MAX_NODES} nodes together (counted per block)")
+            if n.op is Ops.RANGE:
+                ranges.append(n)
+            stack.extend(n.src)
+        points = 1
+        for r in ranges:
+            if r.arg[1] == AxisKind.UPCAST:
+                points *= max(r.src[0].arg, 1)
+        if points > MAX_UPCAST:
+            raise _fail(where, f"a block unrolls {points} points of upcast RANGEs; the limit is {MAX_UPCAST}")
+        total += len(seen) * points
+        if total > MAX_NODES:
+            raise _fail(where, f"the blocks hold more than {MAX_NODES} nodes once their upcast RANGEs are unrolled")
+        out.append(ranges)
+    return out
 
 
 def _check_globals(where: str, slot: int, gs: list[UOp], size: int, dtype: DType | None,
@@ -905,7 +939,9 @@ def check_kernel(ast: UOp, arg_sizes: Sequence[int], arg_dtypes: Sequence[DType]
 
 
 def kernel_work(ast: UOp) -> int:
-    """The product of every RANGE's largest trip count: a bound on the points of any loop nest.
+    """Loop iterations of one run at the Variables' maxima: the product of max(1, trip count) over the RANGEs
+    of each block (a SINK source), summed over the blocks. It bounds the innermost points any renderer runs;
+    a reduce's loops count inside the loops of the store that uses it. For a structurally checked kernel.
 
     >>> from polygrad.uop.ops import UOp
     >>> from polygrad.dtype import dtypes
@@ -915,13 +951,18 @@ def kernel_work(ast: UOp) -> int:
     15
     """
     root = _Analysis("kernel").root
-    work = 1
-    for n in ast.toposort():
-        if n.op is Ops.RANGE:
-            _check_size_expr("kernel", n.src[0], f"RANGE {n.arg!r:.20}'s end", {})
-            work *= max(root.of(n.src[0])[1], 0)
+    trips: dict[UOp, int] = {}
+    work = 0
+    for ranges in _block_ranges("kernel", ast):
+        block = 1
+        for r in ranges:
+            if r not in trips:
+                _check_size_expr("kernel", r.src[0], f"RANGE {r.arg!r:.20}'s end", {})
+                trips[r] = max(root.of(r.src[0])[1], 1)
+            block *= trips[r]
+        work += block
     return work
 
 
 __all__ = ["check_kernel", "check_structure", "check_indices", "kernel_work", "declared_count", "MAX_RANGE",
-           "MAX_NODES", "MAX_STEPS"]
+           "MAX_NODES", "MAX_STEPS", "MAX_UPCAST"]
