@@ -18,6 +18,7 @@
 const { KernelError } = require('./errors')
 const { show, stringify } = require('./json')
 const { DTYPES, wrapInt } = require('./dtypes')
+const { MAX_ARG_DEPTH, MAX_NODES } = require('./limits')
 
 const FORMAT = 'polygrad-kernel'
 const SUPPORTED_VERSIONS = [1, 2]
@@ -35,7 +36,6 @@ const BINARY = new Set(['ADD', 'MUL', 'MAX', 'MOD', 'IDIV', 'FDIV', 'CMPLT', 'CM
 const COMPARISONS = new Set(['CMPLT', 'CMPNE', 'CMPEQ'])
 const ALU = new Set([...UNARY, ...BINARY, 'WHERE', 'FMA'])
 const AXIS_KINDS = ['global', 'reduce', 'upcast', 'unroll', 'thread', 'local', 'group']
-const MAX_ARG_DEPTH = 64
 
 const f64 = new Float64Array(1)
 const u32of64 = new Uint32Array(f64.buffer)
@@ -297,6 +297,9 @@ function decode (obj, g) {
   if (extra.length) throw new KernelError(`serialised kernels have unknown fields ${show(extra.sort())} for version ${version}`)
   const { nodes, roots } = obj
   if (!Array.isArray(nodes) || !Array.isArray(roots)) throw new KernelError("serialised kernels need a 'nodes' list and a 'roots' list")
+  if (nodes.length > MAX_NODES || roots.length > MAX_NODES) {
+    throw new KernelError(`serialised kernels have ${nodes.length} nodes and ${roots.length} roots; the limit is ${MAX_NODES} (generated kernel tables have thousands)`)
+  }
   const built = []
   for (let i = 0; i < nodes.length; i++) {
     const where = `node #${i}`

@@ -16,11 +16,8 @@
 const { KernelError } = require('./errors')
 const { DTYPES, intRange } = require('./dtypes')
 const { toposort } = require('./ir')
+const { MAX_RANGE, MAX_NODES, MAX_STEPS, MAX_NARROW_DEPTH, MAX_UPCAST } = require('./limits')
 
-const MAX_RANGE = 2n ** 48n
-const MAX_NODES = 1 << 18
-const MAX_STEPS = 1 << 22
-const MAX_NARROW_DEPTH = 6
 const INF = 1n << 256n
 const EMPTY = Symbol('EMPTY')
 const UNTRACKED = Symbol('UNTRACKED')
@@ -202,7 +199,66 @@ function checkStructure (ast, where) {
     const outside = [...free.get(node)].filter((r) => !loops.has(r))
     if (outside.length) throw fail(where, `a STORE uses RANGE ${JSON.stringify(outside.map((r) => r.arg[0]))} outside any loop over it`)
   }
+  blockRanges(ast, where)
   return globals
+}
+
+/**
+ * The RANGEs of each block (SINK source). A block's upcast RANGEs (unrolled by the emitters) span at most
+ * MAX_UPCAST points, and the blocks' node counts, each times its points, total at most MAX_NODES; the walk
+ * stops as soon as that total is passed, so it is bounded too (blocks may share nodes). Each RANGE is
+ * checked (checkNode) before its end is read: this runs on kernels not yet validated (kernelWork).
+ */
+function blockRanges (ast, where) {
+  let total = 0
+  const out = []
+  for (const block of ast.src) {
+    const seen = new Set()
+    const stack = [block]
+    const ranges = []
+    while (stack.length) {
+      const n = stack.pop()
+      if (seen.has(n)) continue
+      seen.add(n)
+      if (total + seen.size > MAX_NODES) throw fail(where, `the blocks hold more than ${MAX_NODES} nodes together (counted per block)`)
+      if (n.op === 'RANGE') {
+        checkNode(where, n, new Map())
+        ranges.push(n)
+      }
+      for (const s of n.src) stack.push(s)
+    }
+    let points = 1n
+    for (const r of ranges) if (r.arg[1] === 'upcast') points *= bmax(BigInt(r.src[0].arg), 1n)
+    if (points > BigInt(MAX_UPCAST)) throw fail(where, `a block unrolls ${points} points of upcast RANGEs; the limit is ${MAX_UPCAST}`)
+    total += seen.size * Number(points)
+    if (total > MAX_NODES) throw fail(where, `the blocks hold more than ${MAX_NODES} nodes once their upcast RANGEs are unrolled`)
+    out.push(ranges)
+  }
+  return out
+}
+
+/**
+ * Loop iterations of one run at the Variables' maxima (BigInt): the product of max(1, trip count) over the
+ * RANGEs of each block, summed over the blocks, as Python's uop/validate.kernel_work counts them. A reduce's
+ * loops count inside the loops of the store that uses it.
+ */
+function kernelWork (ast, where = 'kernel') {
+  if (ast.op !== 'SINK') throw fail(where, `a kernel is a SINK, got ${ast.op}`)
+  const root = new Analysis(where).root
+  const trips = new Map()
+  let work = 0n
+  for (const ranges of blockRanges(ast, where)) {
+    let block = 1n
+    for (const r of ranges) {
+      if (!trips.has(r)) {
+        checkSizeExpr(where, r.src[0], `RANGE ${r.arg[0]}'s end`, new Map())
+        trips.set(r, bmax(root.of(r.src[0])[1], 1n))
+      }
+      block *= trips.get(r)
+    }
+    work += block
+  }
+  return work
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -645,16 +701,14 @@ function declaredCount (g, root) {
 }
 
 /**
- * Check a stored kernel (structure, every index in bounds, no overflow in index arithmetic, bounded work).
- * Returns the set of its INDEX nodes (all proven). opts.maxWork caps the product of its loop sizes.
+ * Check a stored kernel (structure, unrolled size, every index in bounds, no overflow in index arithmetic).
+ * Returns the set of its INDEX nodes (all proven). Its work is capped per entrypoint (manifest.js, kernelWork).
  */
-function checkKernel (ast, where = 'kernel', opts = {}) {
+function checkKernel (ast, where = 'kernel') {
   const label = ast.arg && typeof ast.arg.name === 'string' ? `${where} '${ast.arg.name.slice(0, 200)}'` : where
   checkStructure(ast, label)
-  const { proven, failures, work } = analyse(ast, label, true)
+  const { proven, failures } = analyse(ast, label, true)
   if (failures.length) throw failures[0]
-  const maxWork = BigInt(opts.maxWork || 2 ** 40)
-  if (work > maxWork) throw fail(label, `the kernel's loops run up to ${work} points (the product of its loop sizes); the limit is ${maxWork} (the maxWork load option)`)
   return proven
 }
 
@@ -677,13 +731,11 @@ function analyse (ast, where, strict) {
   const failures = []
   const bad = new Set()
   const checked = new Set()
-  let work = 1n
   const counts = new Map()
   nodes.forEach((n, i) => {
     if (n.op === 'RANGE') {
       const end = root.value(n.src[0])
       if (end[1] > MAX_RANGE) failures.push(fail(where, `RANGE ${n.arg[0]} (node #${i}) runs up to ${end[1]} times; the limit is ${MAX_RANGE}`))
-      work *= bmax(end[1], 0n)
     }
     if (n.op !== 'INDEX' && n.op !== 'RANGE') return
     let overflow = false
@@ -713,7 +765,7 @@ function analyse (ast, where, strict) {
     proven.add(n)
   })
   if (!strict) failures.length = 0
-  return { proven, failures, work }
+  return { proven, failures }
 }
 
-module.exports = { checkKernel, provenIndices, checkStructure, checkSizeExpr, MAX_RANGE }
+module.exports = { checkKernel, kernelWork, provenIndices, checkStructure, checkSizeExpr, MAX_RANGE }
