@@ -17,7 +17,7 @@
 
 const { KernelError } = require('./errors')
 const { show, stringify } = require('./json')
-const { DTYPES, wrapInt } = require('./dtypes')
+const { DTYPES, wrapInt, intRange } = require('./dtypes')
 const { MAX_ARG_DEPTH, MAX_NODES } = require('./limits')
 
 const FORMAT = 'polygrad-kernel'
@@ -241,12 +241,14 @@ function opArg (op, dtype, a, where) {
       }
       if (dtype.isInt) {
         if (!isInt(a)) throw bad('an int value')
+        const [lo, hi] = intRange(dtype)
+        if (BigInt(a.int) < lo || BigInt(a.int) > hi) throw bad(`a ${dtype.name} value (constants are wrapped to their dtype when built)`)
         return wrapInt(a.int, dtype)
       }
       if (a === null || typeof a !== 'object' || !('float' in a)) throw bad('a float value')
       return a.float
     case 'RANGE':
-      if (!a || !a.tuple || a.tuple.length < 2 || !isInt(a.tuple[0]) || !a.tuple[1] || (!a.tuple[1].axis && typeof a.tuple[1] !== 'string')) throw bad('(axis id, axis kind)')
+      if (!a || !a.tuple || a.tuple.length !== 2 || !isInt(a.tuple[0]) || !a.tuple[1] || (!a.tuple[1].axis && typeof a.tuple[1] !== 'string')) throw bad('(axis id, axis kind)')
       return [Number(intVal(a.tuple[0])), a.tuple[1].axis || a.tuple[1]]
     case 'DEFINE_GLOBAL': {
       if (!a || !a.tuple || a.tuple.length !== 2 || !isInt(a.tuple[0])) throw bad('(slot, shape)')

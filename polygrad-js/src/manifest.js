@@ -97,20 +97,26 @@ function specs (sig, key, variables, version) {
   })
 }
 
+// a JSON number (an integer past 2**53 is read as a BigInt: still a number, as in Python)
+const isNumber = (v) => typeof v === 'number' || typeof v === 'bigint'
+const asNumber = (v) => (Array.isArray(v) ? v.map(asNumber) : typeof v === 'bigint' ? Number(v) : v)
+
 /** The optimizer configuration of a manifest (name, lr, hyperparameters by their Python names). */
 function optimizerConfig (opt, where = 'training.optimizer') {
   need(isObj(opt) && typeof opt.name === 'string', `${where} must be an object with a name`)
   const known = OPTIMIZER_HYPER[opt.name]
   need(known !== undefined, `${where}.name ${show(opt.name)} is not one of ${Object.keys(OPTIMIZER_HYPER).join(', ')}`)
-  need(typeof opt.lr === 'number', `${where}.lr must be a number`)
+  need(isNumber(opt.lr), `${where}.lr must be a number`)
+  const out = {}
   for (const [k, v] of Object.entries(opt)) {
+    out[k] = asNumber(v)
     if (k === 'name' || k === 'lr') continue
     const kind = known[k]
     need(kind !== undefined, `${where}: optimizer ${opt.name} has no hyperparameter ${show(k)}`)
-    const ok = kind === 'pair' ? Array.isArray(v) && v.length === 2 && v.every((x) => typeof x === 'number') : typeof v === kind
+    const ok = kind === 'pair' ? Array.isArray(v) && v.length === 2 && v.every(isNumber) : kind === 'number' ? isNumber(v) : typeof v === kind
     need(ok, `${where}.${k} must be ${kind === 'pair' ? 'a pair of numbers' : 'a ' + kind}`)
   }
-  return Object.assign({}, opt)
+  return out
 }
 
 /** A load option that caps what a bundle may ask for: a non-negative number, or undefined for the default. */
@@ -283,11 +289,9 @@ function readProgram (manifest, body, opts = {}) {
     lrSlot, optimizerState, producer: typeof manifest.producer === 'string' ? manifest.producer : '',
     validated: new Set()
   }
-  // the index analysis of every kernel `forward` calls (or of every kernel a call names, opts.validate ===
-  // 'all', as Python does) before anything runs; the others' when their entrypoint is first compiled
-  // (validateKernel, before lowering)
-  const callsOf = (e) => e.calls.filter((c) => !c.copy).map((c) => c.kernel)
-  const first = new Set(opts.validate === 'all' ? Object.values(entries).flatMap(callsOf) : callsOf(entries.forward))
+  // the index analysis of every kernel `forward` calls (or of all, opts.validate === 'all', as Python does)
+  // before anything runs; the others' when their entrypoint is first compiled (validateKernel, before lowering)
+  const first = opts.validate === 'all' ? kernels.map((_, i) => i) : [...new Set(entries.forward.calls.filter((c) => !c.copy).map((c) => c.kernel))]
   for (const k of first) validateKernel(prog, k)
   return prog
 }

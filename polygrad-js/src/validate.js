@@ -103,7 +103,7 @@ function checkNode (where, n, vars) {
     case 'RANGE': {
       if ((n.dtype !== DTYPES.int32 && n.dtype !== DTYPES.int64) || n.src.length !== 1 || n.src[0].dtype !== n.dtype) throw fail(where, `RANGE is int32 or int64 with one end of its dtype, got ${describe(n)}`)
       const arg = n.arg
-      if (!Array.isArray(arg) || arg.length !== 2 || !Number.isInteger(arg[0]) || arg[0] < 0 || !RANGE_KINDS.has(arg[1])) throw fail(where, 'RANGE arg must be (axis id >= 0, global|reduce|upcast)')
+      if (!Array.isArray(arg) || arg.length !== 2 || !Number.isInteger(arg[0]) || arg[0] < 0 || BigInt(arg[0]) > MAX_RANGE || !RANGE_KINDS.has(arg[1])) throw fail(where, 'RANGE arg must be (axis id in [0, 2**48], global|reduce|upcast)')
       if (arg[1] === 'upcast' && n.src[0].op !== 'CONST') throw fail(where, 'an upcast RANGE needs a constant end')
       return
     }
@@ -348,6 +348,28 @@ function meet (a, b) {
 function traps (n, srcs) {
   const [a, b] = srcs
   return isTuple(a) && isTuple(b) && a[0] === dtypeInterval(n.dtype)[0] && b[0] <= -1n && -1n <= b[1]
+}
+
+/** u is never 0: by its interval, or a guard such as WHERE(x == 0, 1, x) (how // is scheduled). */
+function nonzero (u, env) {
+  const v = env.of(u)
+  if (isTuple(v) && !(v[0] <= 0n && 0n <= v[1])) return true
+  if (u.op !== 'WHERE') return false
+  for (const [arm, truth] of [[u.src[1], true], [u.src[2], false]]) {
+    const lits = literals(u.src[0], truth)
+    if (lits === null) continue // this arm is never chosen
+    const armv = env.of(arm)
+    if (isTuple(armv) && !(armv[0] <= 0n && 0n <= armv[1])) continue
+    if (!lits.some(([c, t]) => saysNonzero(c, t, arm))) return false
+  }
+  return true
+}
+
+/** The literal `c == truth` is x != 0. */
+function saysNonzero (c, truth, x) {
+  if ((c.op !== 'CMPNE' && c.op !== 'CMPEQ') || (c.op === 'CMPNE') !== truth || !c.src.includes(x)) return false
+  const other = c.src[0] === x ? c.src[1] : c.src[0]
+  return other.op === 'CONST' && Number(other.arg) === 0
 }
 
 function sumBounds (terms, env) {
@@ -736,6 +758,9 @@ function analyse (ast, where, strict) {
     if (n.op === 'RANGE') {
       const end = root.value(n.src[0])
       if (end[1] > MAX_RANGE) failures.push(fail(where, `RANGE ${n.arg[0]} (node #${i}) runs up to ${end[1]} times; the limit is ${MAX_RANGE}`))
+    }
+    if (strict && (n.op === 'IDIV' || n.op === 'MOD') && n.dtype.isInt && !nonzero(n.src[1], root)) {
+      failures.push(fail(where, `${n.op} node #${i} can divide by 0 (a trap in C, where Python runs it); guard the divisor, e.g. WHERE(b == 0, 1, b)`))
     }
     if (n.op !== 'INDEX' && n.op !== 'RANGE') return
     let overflow = false

@@ -119,21 +119,23 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not allowed in a bundle manifest")
 
 
-def json_depth(value: Any) -> int:
-    """The nesting depth of a parsed JSON value (a scalar is 0, `[]` is 1), walked without recursion.
+def json_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
+    """The nesting depth of a parsed JSON value (a scalar is 0, `[]` is 1), walked level by level without
+    recursion; it stops counting past `limit`.
 
     >>> json_depth({"a": [1, [2]]}), json_depth(3)
     (3, 0)
     """
-    if not isinstance(value, (list, dict)):
-        return 0
-    deepest, stack = 1, [(value, 1)]
-    while stack:
-        v, depth = stack.pop()
-        deepest = max(deepest, depth)
-        items = v.values() if isinstance(v, dict) else v
-        stack.extend((x, depth + 1) for x in items if isinstance(x, (list, dict)))
-    return deepest
+    depth, level = 0, [value] if type(value) in (list, dict) else []
+    while level and depth <= limit:
+        depth += 1
+        inner = []
+        for v in level:
+            for x in (v.values() if type(v) is dict else v):
+                if type(x) is list or type(x) is dict:
+                    inner.append(x)
+        level = inner
+    return depth
 
 
 # ---------------------------------------------------------------------------------------------------

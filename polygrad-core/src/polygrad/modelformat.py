@@ -266,6 +266,10 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
                      f"{where}.arguments[{i}] must name a declared Variable once, distinct from the inputs")
                 args.append(v)
         entries[name] = Entry(ins, outs, calls, rng, args)
+    called = {c.kernel for e in entries.values() for c in e.calls}
+    for k, ast in enumerate(kernels):
+        if k not in called:
+            _check_uncalled(k, ast)
     fwd = entries["forward"]
     need(set(fwd.inputs) == {s.name for s in inputs}, "entrypoints.forward.inputs do not match signature.inputs")
     need(set(fwd.outputs) == {s.name for s in outputs}, "entrypoints.forward.outputs do not match signature.outputs")
@@ -332,6 +336,19 @@ def _check_hyper(opt: dict) -> None:
         need(kinds[known[k]](v), f"training.optimizer.{k} must be {names[known[k]]}, got {v!r:.40}")
 
 
+def _check_uncalled(k: int, ast: UOp) -> None:
+    """A kernel no call names is checked against its own declared shapes: every kernel of a file is valid
+    (polygrad-js decodes and checks them all, so both readers refuse the same files)."""
+    from polygrad.uop.validate import check_kernel, declared_count
+    where = f"kernel {k}"
+    params = {n.arg[0]: n for n in ast.toposort() if n.op is Ops.DEFINE_GLOBAL}
+    try:
+        check_kernel(ast, [declared_count(params[i], where) if i in params else -1 for i in range(len(params))],
+                     where=where)
+    except serialize.KernelFormatError as e:
+        raise BundleError(f"bundle manifest: {e}") from None
+
+
 def _check_work(where: str, calls: list, kernels: list[UOp], slots: list, work_of: dict[int, int],
                 max_work: int) -> None:
     """One call of the entrypoint runs at most max_work loop iterations, its Variables at their maxima."""
@@ -358,8 +375,8 @@ def _kernel_globals(k: int, ast: UOp, variables: dict[str, tuple[int, int]]) -> 
     out: dict[int, tuple[DType, Any]] = {}
     for n in ast.toposort():
         if n.op is Ops.DEFINE_GLOBAL:
-            need(isinstance(n.arg, tuple) and len(n.arg) == 2 and isinstance(n.arg[0], int),
-                 f"kernel {k}: malformed DEFINE_GLOBAL {n.arg!r}")
+            need(n.dtype is not None and isinstance(n.arg, tuple) and len(n.arg) == 2 and isinstance(n.arg[0], int),
+                 f"kernel {k}: malformed DEFINE_GLOBAL {n.arg!r:.60}")
             prev = out.setdefault(n.arg[0], (n.dtype, n.arg[1]))
             need(prev == (n.dtype, n.arg[1]), f"kernel {k}: parameter {n.arg[0]} declared twice differently")
         elif n.op is Ops.DEFINE_VAR:
