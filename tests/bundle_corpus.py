@@ -234,6 +234,13 @@ def out_of_bounds() -> UOp:
     return _raw(Ops.STORE, None, (_raw(Ops.INDEX, F32, (y, i)), load)).end(i).sink(arg=KernelInfo("E_oob"))
 
 
+def _shape_node_without_arg(m: dict) -> None:
+    """The size expression of a buffer shape (batch*6) becomes a DEFINE_VAR without an arg: a node that
+    cannot even be printed, reached only through a DEFINE_GLOBAL's arg."""
+    node = next(n for n in m["kernels"]["nodes"] if n[0] == "MUL" and n[1] == "int32")
+    node[0], node[3] = "DEFINE_VAR", None
+
+
 def _extra_key(depth: int) -> bytes:
     return _with_manifest("linear.pgb", lambda m: m.update(note=RAW), _nested(depth))
 
@@ -258,6 +265,7 @@ CRAFTED: dict[str, tuple[str, Callable[[], bytes]]] = {
     "kernel_uncalled_valid": ("accept", lambda: _uncalled(elementwise(4, lambda v: v, "E_spare"))),
     "kernel_uncalled_out_of_bounds": ("reject", lambda: _uncalled(out_of_bounds())),
     "kernel_const_out_of_range": ("reject", lambda: _node_arg('["int",4294967296]')),
+    "kernel_shape_node_without_arg": ("reject", lambda: _with_manifest("embedding_sgd.pgb", _shape_node_without_arg)),
     # the kernel table's node count is checked before any node is decoded
     "nodes_over_limit": ("reject", lambda: _unused_nodes(limits.MAX_NODES)),
     # unrolled upcast RANGEs (MAX_UPCAST points per block)
@@ -387,20 +395,28 @@ def _kernel_edit(manifest: dict, rnd: random.Random) -> None:
             pair[1] = rnd.choice([v + 1, v - 1, 2 * v, v // 2, 0, -1, 2**31 - 1, 2**31, v + 2**32, 2**48 + 1])
 
 
-def _byte_edit(buf: bytearray, rnd: random.Random, alphabet: bytes | None = None) -> bytearray:
-    for _ in range(rnd.randint(1, 4)):
+def apply_edits(buf: bytearray, edits: list[tuple[str, int, int]]) -> bytearray:
+    """buf with (kind, position, byte) edits applied in order: flip a bit, set, insert or delete a byte (the
+    position taken modulo the current length)."""
+    for kind, pos, val in edits:
         if not buf:
             break
-        i = rnd.randrange(len(buf))
-        kind = rnd.choice(["set", "set", "insert", "delete"])
-        v = rnd.choice(alphabet) if alphabet else rnd.randrange(256)
-        if kind == "set":
-            buf[i] = v
+        i = pos % len(buf)
+        if kind == "flip":
+            buf[i] ^= 1 << (val % 8)
+        elif kind == "set":
+            buf[i] = val
         elif kind == "insert":
-            buf.insert(i, v)
+            buf.insert(i, val)
         else:
             del buf[i]
     return buf
+
+
+def _byte_edit(buf: bytearray, rnd: random.Random, alphabet: bytes | None = None) -> bytearray:
+    kinds = ["set", "set", "insert", "delete"]
+    return apply_edits(buf, [(rnd.choice(kinds), rnd.randrange(1 << 30), rnd.choice(alphabet) if alphabet else
+                              rnd.randrange(256)) for _ in range(rnd.randint(1, 4))])
 
 
 def mutations(seed: int, count: int) -> Iterator[tuple[str, bytes]]:

@@ -121,3 +121,9 @@ def test_optimizer_hyperparameters_have_the_formats_kinds(name):
     else:
         with pytest.raises(BundleError, match="training.optimizer"):
             Model.load(crafted(name))
+
+
+def test_a_malformed_node_reached_only_through_a_buffer_shape_is_a_bundle_error():
+    # a size expression turned into a DEFINE_VAR without an arg: printing it raised TypeError
+    with pytest.raises(BundleError, match="kernel 0"):
+        Model.load(crafted("kernel_shape_node_without_arg"))

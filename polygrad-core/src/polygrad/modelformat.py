@@ -374,14 +374,17 @@ def _kernel_globals(k: int, ast: UOp, variables: dict[str, tuple[int, int]]) -> 
     """{slot: (dtype, declared shape)} of a kernel's DEFINE_GLOBALs; its Variables must be declared."""
     out: dict[int, tuple[DType, Any]] = {}
     for n in ast.toposort():
+        # the messages show no arg: a malformed one may hold nodes that cannot even be printed
         if n.op is Ops.DEFINE_GLOBAL:
             need(n.dtype is not None and isinstance(n.arg, tuple) and len(n.arg) == 2 and isinstance(n.arg[0], int),
-                 f"kernel {k}: malformed DEFINE_GLOBAL {n.arg!r:.60}")
+                 f"kernel {k}: a DEFINE_GLOBAL needs a dtype and the arg (slot, shape)")
             prev = out.setdefault(n.arg[0], (n.dtype, n.arg[1]))
             need(prev == (n.dtype, n.arg[1]), f"kernel {k}: parameter {n.arg[0]} declared twice differently")
         elif n.op is Ops.DEFINE_VAR:
-            need(isinstance(n.arg, tuple) and len(n.arg) == 3 and variables.get(n.arg[0]) == tuple(n.arg[1:]),
-                 f"kernel {k}: Variable {n.arg!r} is not declared in the manifest's variables")
+            ok = isinstance(n.arg, tuple) and len(n.arg) == 3 and isinstance(n.arg[0], str)
+            need(ok and variables.get(n.arg[0]) == tuple(n.arg[1:]),
+                 f"kernel {k}: a DEFINE_VAR {n.arg[0] if ok else '(malformed)'!r:.60} is not declared with these "
+                 "bounds in the manifest's variables")
         elif n.op is Ops.BIND:
             need(False, f"kernel {k}: a kernel cannot hold a bound value (BIND)")
     return out
