@@ -241,6 +241,16 @@ def _shape_node_without_arg(m: dict) -> None:
     node[0], node[3] = "DEFINE_VAR", None
 
 
+def _respelled(*pairs: tuple[str, str]) -> bytes:
+    """linear.pgb with each JSON text `old` written as `new` ((old, new) pairs; each old must occur)."""
+    manifest, data, version = split(base("linear.pgb"))
+    text = json.dumps(manifest, separators=(",", ":"))
+    for old, new in pairs:
+        assert old in text, old
+        text = text.replace(old, new)
+    return pack(text.encode(), data, version)
+
+
 def _extra_key(depth: int) -> bytes:
     return _with_manifest("linear.pgb", lambda m: m.update(note=RAW), _nested(depth))
 
@@ -261,6 +271,10 @@ CRAFTED: dict[str, tuple[str, Callable[[], bytes]]] = {
     # graph depth: every walk is iterative, so a long chain loads (it is far below MAX_NODES)
     "chain_600": ("accept", lambda: one_kernel(chain(600), 4, 4)),
     "chain_60000": ("accept", lambda: one_kernel(chain(60000), 4, 4)),
+    # JSON has one number type: an integral value is an integer however it is written, a fraction is not
+    "integers_written_as_floats": ("accept", lambda: _respelled(('"roots":[21,', '"roots":[21.0,'),
+                                                                ('"kernel":0,', '"kernel":0e0,'))),
+    "integer_with_a_fraction": ("reject", lambda: _respelled(('"kernel":0,', '"kernel":0.5,'))),
     # every kernel of the table is valid, called or not
     "kernel_uncalled_valid": ("accept", lambda: _uncalled(elementwise(4, lambda v: v, "E_spare"))),
     "kernel_uncalled_out_of_bounds": ("reject", lambda: _uncalled(out_of_bounds())),

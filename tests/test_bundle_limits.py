@@ -127,3 +127,10 @@ def test_a_malformed_node_reached_only_through_a_buffer_shape_is_a_bundle_error(
     # a size expression turned into a DEFINE_VAR without an arg: printing it raised TypeError
     with pytest.raises(BundleError, match="kernel 0"):
         Model.load(crafted("kernel_shape_node_without_arg"))
+
+
+def test_an_integer_may_be_written_as_any_json_number_with_an_integral_value():
+    # polygrad-js reads 21.0 and 21 alike (JSON has one number type); Python refused 21.0
+    Model.load(crafted("integers_written_as_floats")).dispose()
+    with pytest.raises(BundleError, match="kernel must be an integer, got float"):
+        Model.load(crafted("integer_with_a_fraction"))

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 from polygrad.errors import PolygradError
 from polygrad.limits import MAX_ELEMENTS, MAX_JSON_DEPTH, MAX_MANIFEST
+from polygrad.uop.serialize import json_int
 
 MAGIC = b"\x89PGB\r\n\x1a\n"
 FORMAT = "polygrad-bundle"
@@ -148,11 +149,14 @@ def need(cond: bool, msg: str) -> None:
 
 
 def get(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    """obj[key], checked to be of `kind` (bool is never an int here)."""
+    """obj[key], checked to be of `kind` (an int: any JSON number with an integral value, never a bool)."""
     need(isinstance(obj, dict), f"{where} must be an object")
     need(key in obj, f"{where} lacks {key!r}")
     v = obj[key]
-    ok = isinstance(v, kind) and not (isinstance(v, bool) and kind in (int, (int,)))
+    if kind in (int, (int,)):
+        need(json_int(v) is not None, f"{where}.{key} must be an integer, got {type(v).__name__}")
+        return json_int(v)
+    ok = isinstance(v, kind)
     need(ok, f"{where}.{key} must be {_kind_name(kind)}, got {type(v).__name__}")
     return v
 
@@ -164,9 +168,10 @@ def get_int(obj: Any, key: str, where: str, lo: int = 0, hi: int = MAX_ELEMENTS)
 
 
 def check_int(v: Any, where: str, lo: int, hi: int) -> int:
-    need(isinstance(v, int) and not isinstance(v, bool), f"{where} must be an integer, got {type(v).__name__}")
-    need(lo <= v <= hi, f"{where} = {v} is outside [{lo}, {hi}]")
-    return v
+    n = json_int(v)
+    need(n is not None, f"{where} must be an integer, got {type(v).__name__}")
+    need(lo <= n <= hi, f"{where} = {n} is outside [{lo}, {hi}]")
+    return n
 
 
 def _kind_name(kind: Any) -> str:
