@@ -251,6 +251,13 @@ def _respelled(*pairs: tuple[str, str]) -> bytes:
     return pack(text.encode(), data, version)
 
 
+def _buffer_as_value(m: dict) -> None:
+    """A WHERE's arm (an int32 value) becomes the int32 DEFINE_GLOBAL of its kernel: a pointer as a value."""
+    nodes = m["kernels"]["nodes"]
+    where = next(n for n in nodes if n[0] == "WHERE" and n[1] == "int32")
+    where[2][2] = next(i for i, n in enumerate(nodes) if n[0] == "DEFINE_GLOBAL" and n[1] == "int32")
+
+
 def _extra_key(depth: int) -> bytes:
     return _with_manifest("linear.pgb", lambda m: m.update(note=RAW), _nested(depth))
 
@@ -279,6 +286,7 @@ CRAFTED: dict[str, tuple[str, Callable[[], bytes]]] = {
     "kernel_uncalled_valid": ("accept", lambda: _uncalled(elementwise(4, lambda v: v, "E_spare"))),
     "kernel_uncalled_out_of_bounds": ("reject", lambda: _uncalled(out_of_bounds())),
     "kernel_const_out_of_range": ("reject", lambda: _node_arg('["int",4294967296]')),
+    "kernel_buffer_as_value": ("reject", lambda: _with_manifest("embedding_sgd.pgb", _buffer_as_value)),
     "kernel_shape_node_without_arg": ("reject", lambda: _with_manifest("embedding_sgd.pgb", _shape_node_without_arg)),
     # the kernel table's node count is checked before any node is decoded
     "nodes_over_limit": ("reject", lambda: _unused_nodes(limits.MAX_NODES)),

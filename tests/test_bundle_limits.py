@@ -134,3 +134,10 @@ def test_an_integer_may_be_written_as_any_json_number_with_an_integral_value():
     Model.load(crafted("integers_written_as_floats")).dispose()
     with pytest.raises(BundleError, match="kernel must be an integer, got float"):
         Model.load(crafted("integer_with_a_fraction"))
+
+
+def test_a_buffer_used_as_a_value_is_a_bundle_error():
+    # a WHERE arm pointing at an int32 DEFINE_GLOBAL passed the dtype checks; the index proof then raised
+    # TypeError (Python) and polygrad-js's lowering a TypeError of its own
+    with pytest.raises(BundleError, match="uses a DEFINE_GLOBAL .* as a value"):
+        Model.load(crafted("kernel_buffer_as_value"))

@@ -175,6 +175,7 @@ function checkStructure (ast, where) {
     const at = `${where}, node #${i}`
     checkNode(at, n, vars)
     if (n.src.some((s) => s.op === 'INDEX') && n.op !== 'LOAD' && n.op !== 'STORE') throw fail(at, `${n.op} uses an INDEX; only LOAD and STORE may`)
+    if (n.src.some((s, k) => s.op === 'DEFINE_GLOBAL' && (n.op !== 'INDEX' || k))) throw fail(at, `${n.op} uses a DEFINE_GLOBAL (a buffer) as a value; only an INDEX's first src may`)
     if (n.op === 'STORE' && n.src[1].op === 'INDEX') throw fail(at, "STORE's value is an INDEX (an address); load it first")
     if (n.op === 'RANGE') {
       const other = axes.get(n.arg[0])

@@ -276,6 +276,8 @@ def check_structure(ast: UOp, arg_sizes: Sequence[int], arg_dtypes: Sequence[DTy
         _check_node(at, n, seen_vars)
         if any(s.op is Ops.INDEX for s in n.src) and n.op not in (Ops.LOAD, Ops.STORE):
             raise _fail(at, f"{n.op.name} uses an INDEX; only LOAD and STORE (its first src) may")
+        if any(s.op is Ops.DEFINE_GLOBAL and (n.op is not Ops.INDEX or k) for k, s in enumerate(n.src)):
+            raise _fail(at, f"{n.op.name} uses a DEFINE_GLOBAL (a buffer) as a value; only an INDEX's first src may")
         if n.op is Ops.STORE and n.src[1].op is Ops.INDEX:
             raise _fail(at, "STORE's value is an INDEX (an address); load it first")
         if n.op is Ops.RANGE:
