@@ -80,3 +80,11 @@ test('an upcast range of 65,536 points is refused at load (it would be unrolled)
 test('a load option of the wrong kind is a ModelError naming it', () => {
   assert.throws(() => Model.fromBytesSync(new Uint8Array(fixture('linear.pgb')), { maxWork: 'lots' }), /maxWork load option/)
 })
+
+test('a model past WebAssembly\'s 4 GiB is a BundleError that says so, even with maxBytes raised', () => {
+  const m = manifestOf(crafted('cache_1gib'))
+  const cache = m.buffers.find((b) => b.role === 'cache')
+  cache.size = cache.shape[0] = 2 ** 31 - 1 // 8 GiB of float32
+  const bytes = pack(encode(m), new Uint8Array(0), 2)
+  assert.throws(() => Model.fromBytesSync(bytes, { maxBytes: 2 ** 40 }), (e) => e instanceof BundleError && /at most 4 GiB/.test(e.message))
+})
