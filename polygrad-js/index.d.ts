@@ -26,8 +26,8 @@ export interface LoadOptions {
   backend?: 'auto' | 'wasm' | 'js'
   /** Refuse bundles whose buffers need more bytes than this (default: max(256 MiB, 16 x the file's size)). */
   maxBytes?: number
-  /** Refuse bundles one of whose entrypoints runs more loop iterations per call than this (default: max(2**34,
-   * 2**11 x the file's size)). Both defaults are Python's (docs/bundle-format.md, "Trust model"). */
+  /** Refuse bundles one of whose entrypoints evaluates more kernel nodes per call than this (default: max(2**36,
+   * 2**16 x the file's size)). Both defaults are Python's (docs/bundle-format.md, "Trust model"). */
   maxWork?: number
   /** Check every kernel's indices at load ('all'), or forward's at load and the others' when first compiled (default). */
   validate?: 'forward' | 'all'

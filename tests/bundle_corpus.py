@@ -29,6 +29,7 @@ from polygrad import bundle, limits
 from polygrad.dtype import dtypes
 from polygrad.uop import serialize
 from polygrad.uop.ops import AxisKind, KernelInfo, Ops, UOp
+from polygrad.uop.validate import kernel_work
 
 FIXTURES = Path(__file__).resolve().parent.parent / "polygrad-js" / "test" / "fixtures"
 BASES = ("mlp_adam.pgb", "embedding_sgd.pgb", "linear.pgb", "decoder.pgb")
@@ -140,6 +141,25 @@ def reduction(trips: list[int], blocks: int = 1) -> UOp:
         total = _raw(Ops.REDUCE, F32, (body, *ranges), Ops.ADD)
         stores.append(_raw(Ops.STORE, None, (_raw(Ops.INDEX, F32, (y, _const(b))), total)))
     return _raw(Ops.SINK, None, tuple(stores), KernelInfo("r_crafted"))
+
+
+def shared_loop(nested: bool) -> UOp:
+    """y[0] = two REDUCEs over one RANGE: nested (sum of sums) or side by side (sum + sum)."""
+    y, x = UOp.placeholder((1,), F32, 0), UOp.placeholder((1,), F32, 1)
+    r = UOp(Ops.RANGE, dtypes.int32, (_const(64),), (0, AxisKind.REDUCE))
+    load = _raw(Ops.LOAD, F32, (_raw(Ops.INDEX, F32, (x, _const(0))),))
+    inner = _raw(Ops.REDUCE, F32, (load, r), Ops.ADD)
+    other = _raw(Ops.REDUCE, F32, (_raw(Ops.MUL, F32, (load, load)), r), Ops.ADD)
+    value = _raw(Ops.REDUCE, F32, (inner, r), Ops.ADD) if nested else _raw(Ops.ADD, F32, (inner, other))
+    return _raw(Ops.STORE, None, (_raw(Ops.INDEX, F32, (y, _const(0))), value)).sink(arg=KernelInfo("r_shared"))
+
+
+def at_work(make: Callable[[int], UOp], work: int, calls: int = 1, extra: int = 0) -> UOp:
+    """make(t) with the largest t whose `calls` runs evaluate at most `work` nodes (make's work is linear in t:
+    its node count does not depend on t, measured at a t no other constant of the kernel equals), or `extra`
+    more than that t."""
+    per_point = kernel_work(make(7919)) // 7919
+    return make(work // (calls * per_point) + extra)
 
 
 def upcast(points: int) -> UOp:
@@ -288,21 +308,30 @@ CRAFTED: dict[str, tuple[str, Callable[[], bytes]]] = {
     "kernel_const_out_of_range": ("reject", lambda: _node_arg('["int",4294967296]')),
     "kernel_buffer_as_value": ("reject", lambda: _with_manifest("embedding_sgd.pgb", _buffer_as_value)),
     "kernel_shape_node_without_arg": ("reject", lambda: _with_manifest("embedding_sgd.pgb", _shape_node_without_arg)),
+    # each RANGE is one loop: a reduce nested in a reduce over the same RANGE broke the C renderer at the first
+    # call, and two reduces side by side over one RANGE would run that loop twice per counted point
+    "reduce_nested_same_range": ("reject", lambda: one_kernel(shared_loop(nested=True), 1, 1)),
+    "reduce_siblings_same_range": ("reject", lambda: one_kernel(shared_loop(nested=False), 1, 1)),
     # the kernel table's node count is checked before any node is decoded
     "nodes_over_limit": ("reject", lambda: _unused_nodes(limits.MAX_NODES)),
     # unrolled upcast RANGEs (MAX_UPCAST points per block)
     "upcast_256": ("accept", lambda: one_kernel(upcast(256), 256, 256)),
     "upcast_257": ("reject", lambda: one_kernel(upcast(257), 257, 257)),
     "upcast_65536": ("reject", lambda: one_kernel(upcast(65536), 65536, 65536)),
-    # work: loop iterations per entrypoint call, summed over blocks and calls, at the default cap
+    # work: node evaluations per entrypoint call (nodes x loop points, summed over blocks and calls), at the
+    # default cap
     "work_2_38_reduction": ("reject", lambda: one_kernel(reduction([2**38]), 1, 1)),
-    "work_at_floor": ("accept", lambda: one_kernel(reduction([W]), 1, 1)),
-    "work_over_floor": ("reject", lambda: one_kernel(reduction([W + 1]), 1, 1)),
-    "work_nested_at_floor": ("accept", lambda: one_kernel(reduction([2**17, 2**17]), 1, 1)),
-    "work_two_blocks_at_floor": ("accept", lambda: one_kernel(reduction([W // 2], blocks=2), 2, 2)),
-    "work_two_blocks_over_floor": ("reject", lambda: one_kernel(reduction([W // 2 + 1], blocks=2), 2, 2)),
-    "work_calls_over_floor": ("reject", lambda: one_kernel(reduction([2**30]), 1, 1, calls=17)),
-    "work_calls_at_floor": ("accept", lambda: one_kernel(reduction([2**30]), 1, 1, calls=16)),
+    "work_at_floor": ("accept", lambda: one_kernel(at_work(lambda t: reduction([t]), W), 1, 1)),
+    "work_over_floor": ("reject", lambda: one_kernel(at_work(lambda t: reduction([t]), W, extra=1), 1, 1)),
+    "work_nested_at_floor": ("accept", lambda: one_kernel(at_work(lambda t: reduction([2**12, t]), W), 1, 1)),
+    "work_nested_over_floor": ("reject", lambda: one_kernel(at_work(lambda t: reduction([2**12, t]), W, extra=1),
+                                                            1, 1)),
+    "work_two_blocks_at_floor": ("accept", lambda: one_kernel(at_work(lambda t: reduction([t], 2), W), 2, 2)),
+    "work_two_blocks_over_floor": ("reject", lambda: one_kernel(at_work(lambda t: reduction([t], 2), W, extra=1),
+                                                                2, 2)),
+    "work_calls_at_floor": ("accept", lambda: one_kernel(at_work(lambda t: reduction([t]), W, 16), 1, 1, calls=16)),
+    "work_calls_over_floor": ("reject", lambda: one_kernel(at_work(lambda t: reduction([t]), W, 16), 1, 1,
+                                                           calls=17)),
     "work_empty_inner_range": ("reject", lambda: one_kernel(reduction([2**40, 0]), 1, 1)),
     # memory: a tiny file may allocate BYTES_FLOOR, not more
     "cache_at_floor": ("accept", lambda: _cache(limits.BYTES_FLOOR // 4 - 8)),

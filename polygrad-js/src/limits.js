@@ -9,9 +9,10 @@
  *
  * Two caps grow with the file, because a real model's memory and work grow with its weights:
  *   maxBytes = max(BYTES_FLOOR, BYTES_PER_FILE_BYTE * file length)   all buffers together
- *   maxWork  = max(WORK_FLOOR, WORK_PER_FILE_BYTE * file length)     loop iterations of one call
- * A GPT-2 small saved by polygrad.hf with max_seq_len 1024 (502 MB) needs 2.5 GB of buffers and 1.5e11
- * loop iterations per forward. The caller raises either cap: Model.load(path, { maxBytes, maxWork }).
+ *   maxWork  = max(WORK_FLOOR, WORK_PER_FILE_BYTE * file length)     node evaluations of one call
+ * (validate.kernelWork: each block of a kernel evaluates each of its nodes at most once per point of all its
+ * loops). A GPT-2 small saved by polygrad.hf with max_seq_len 1024 (502 MB) needs 2.5 GB of buffers and
+ * 8.3e12 node evaluations per forward. The caller raises either cap: Model.load(path, { maxBytes, maxWork }).
  */
 
 const LIMITS = Object.freeze({
@@ -29,8 +30,8 @@ const LIMITS = Object.freeze({
   MAX_NARROW_DEPTH: 6, // WHEREs nested inside an index that still narrow their arms
   BYTES_FLOOR: 256 * 1024 * 1024, // what any bundle may allocate, however small the file
   BYTES_PER_FILE_BYTE: 16,
-  WORK_FLOOR: 2 ** 34, // loop iterations one entrypoint call may run, however small the file
-  WORK_PER_FILE_BYTE: 2 ** 11
+  WORK_FLOOR: 2 ** 36, // node evaluations one entrypoint call may run, however small the file
+  WORK_PER_FILE_BYTE: 2 ** 16
 })
 
 /** The memory a bundle of `fileBytes` bytes may ask for when the caller does not say. */
@@ -38,7 +39,7 @@ function defaultMaxBytes (fileBytes) {
   return Math.max(LIMITS.BYTES_FLOOR, LIMITS.BYTES_PER_FILE_BYTE * fileBytes)
 }
 
-/** The loop iterations one entrypoint call of such a bundle may run when the caller does not say. */
+/** The node evaluations one entrypoint call of such a bundle may run when the caller does not say. */
 function defaultMaxWork (fileBytes) {
   return Math.max(LIMITS.WORK_FLOOR, LIMITS.WORK_PER_FILE_BYTE * fileBytes)
 }

@@ -129,7 +129,7 @@ function cap (opts, key, fallback) {
 
 /**
  * The Program of a manifest read by bundle.read. opts.maxBytes bounds the memory all buffers need, opts.maxWork
- * the loop iterations of one entrypoint call; by default those of limits.js for a file of opts.fileBytes bytes.
+ * the node evaluations of one entrypoint call; by default those of limits.js for a file of opts.fileBytes bytes.
  */
 function readProgram (manifest, body, opts = {}) {
   const fileBytes = opts.fileBytes === undefined ? bundle.HEADER + body.length : opts.fileBytes
@@ -296,7 +296,7 @@ function readProgram (manifest, body, opts = {}) {
   return prog
 }
 
-/** One call of the entrypoint runs at most maxWork loop iterations, its Variables at their maxima (a copy
+/** One call of the entrypoint evaluates at most maxWork kernel nodes, its Variables at their maxima (a copy
  * counts its elements): Python's modelformat._check_work. */
 function checkWork (where, calls, kernels, workOf, maxWork) {
   let work = 0n
@@ -315,7 +315,7 @@ function checkWork (where, calls, kernels, workOf, maxWork) {
     }
     work += workOf.get(c.kernel)
   }
-  need(work <= maxWork, `${where} runs up to ${work} loop iterations per call (its Variables at their maxima); the limit for this file is ${maxWork}. If you trust it, load it with Model.load(path, { maxWork: N })`)
+  need(work <= maxWork, `${where} evaluates up to ${work} kernel nodes per call (its Variables at their maxima); the limit for this file is ${maxWork}. If you trust it, load it with Model.load(path, { maxWork: N })`)
 }
 
 /** Check kernel k of a Program once (validate.checkKernel); a failure is a BundleError. */

@@ -200,17 +200,42 @@ function checkStructure (ast, where) {
     const outside = [...free.get(node)].filter((r) => !loops.has(r))
     if (outside.length) throw fail(where, `a STORE uses RANGE ${JSON.stringify(outside.map((r) => r.arg[0]))} outside any loop over it`)
   }
-  blockRanges(ast, where)
+  checkLoops(ast, where)
+  blocks(ast, where)
   return globals
 }
 
+/** Each RANGE is one loop: the loop of one REDUCE, or of blocks' END chains (each chain naming it once). */
+function checkLoops (ast, where) {
+  const owner = new Map()
+  for (const n of toposort(ast)) {
+    if (n.op !== 'REDUCE') continue
+    for (const r of n.src.slice(1)) {
+      if (!owner.has(r)) owner.set(r, n)
+      if (owner.get(r) !== n) throw fail(where, `RANGE ${r.arg[0]} is reduced by two REDUCEs; each loop has one owner`)
+    }
+  }
+  for (const block of ast.src) {
+    const chain = new Set()
+    let node = block
+    while (node.op === 'END') {
+      for (const r of node.src.slice(1)) {
+        if (!owner.has(r)) owner.set(r, 'END')
+        if (chain.has(r) || owner.get(r) !== 'END') throw fail(where, `RANGE ${r.arg[0]} is looped twice (by a REDUCE or twice by one block's ENDs)`)
+        chain.add(r)
+      }
+      node = node.src[0]
+    }
+  }
+}
+
 /**
- * The RANGEs of each block (SINK source). A block's upcast RANGEs (unrolled by the emitters) span at most
- * MAX_UPCAST points, and the blocks' node counts, each times its points, total at most MAX_NODES; the walk
- * stops as soon as that total is passed, so it is bounded too (blocks may share nodes). Each RANGE is
+ * [node count, RANGEs] of each block (SINK source). A block's upcast RANGEs (unrolled by the emitters) span
+ * at most MAX_UPCAST points, and the blocks' node counts, each times its points, total at most MAX_NODES; the
+ * walk stops as soon as that total is passed, so it is bounded too (blocks may share nodes). Each RANGE is
  * checked (checkNode) before its end is read: this runs on kernels not yet validated (kernelWork).
  */
-function blockRanges (ast, where) {
+function blocks (ast, where) {
   let total = 0
   const out = []
   for (const block of ast.src) {
@@ -233,23 +258,23 @@ function blockRanges (ast, where) {
     if (points > BigInt(MAX_UPCAST)) throw fail(where, `a block unrolls ${points} points of upcast RANGEs; the limit is ${MAX_UPCAST}`)
     total += seen.size * Number(points)
     if (total > MAX_NODES) throw fail(where, `the blocks hold more than ${MAX_NODES} nodes once their upcast RANGEs are unrolled`)
-    out.push(ranges)
+    out.push([seen.size, ranges])
   }
   return out
 }
 
 /**
- * Loop iterations of one run at the Variables' maxima (BigInt): the product of max(1, trip count) over the
- * RANGEs of each block, summed over the blocks, as Python's uop/validate.kernel_work counts them. A reduce's
- * loops count inside the loops of the store that uses it.
+ * Node evaluations of one run at the Variables' maxima (BigInt), as Python's uop/validate.kernel_work counts
+ * them: each block evaluates each of its nodes at most once per point of all its RANGEs (max(1, trip count)
+ * each, multiplied), and the blocks add up.
  */
 function kernelWork (ast, where = 'kernel') {
   if (ast.op !== 'SINK') throw fail(where, `a kernel is a SINK, got ${ast.op}`)
   const root = new Analysis(where).root
   const trips = new Map()
   let work = 0n
-  for (const ranges of blockRanges(ast, where)) {
-    let block = 1n
+  for (const [nodes, ranges] of blocks(ast, where)) {
+    let block = BigInt(nodes)
     for (const r of ranges) {
       if (!trips.has(r)) {
         checkSizeExpr(where, r.src[0], `RANGE ${r.arg[0]}'s end`, new Map())

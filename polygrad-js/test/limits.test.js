@@ -19,10 +19,10 @@ const crafted = (name) => new Uint8Array(fixture(`crafted/${name}.pgb`))
 const encode = (m) => new TextEncoder().encode(json.stringify(m))
 const manifestOf = (bytes) => json.parse(new TextDecoder().decode(split(bytes).text))
 
-test('a 1.3 KB bundle asking for 2**38 loop iterations is refused, unless the caller raises maxWork', () => {
+test('a 1.3 KB bundle asking for a 2**38-step reduction is refused, unless the caller raises maxWork', () => {
   const bytes = crafted('work_2_38_reduction')
-  assert.throws(() => Model.fromBytesSync(bytes), (e) => e instanceof BundleError && /274877906944 loop iterations/.test(e.message) && /maxWork/.test(e.message))
-  Model.fromBytesSync(bytes, { maxWork: 2 ** 38 }).dispose() // loads (nothing runs)
+  assert.throws(() => Model.fromBytesSync(bytes), (e) => e instanceof BundleError && /evaluates up to \d+ kernel nodes per call/.test(e.message) && /maxWork/.test(e.message))
+  Model.fromBytesSync(bytes, { maxWork: 2 ** 42 }).dispose() // loads (nothing runs)
 })
 
 test('a tiny file cannot make the loader zero-fill a 1 GiB cache', () => {
@@ -33,7 +33,7 @@ test('a tiny file cannot make the loader zero-fill a 1 GiB cache', () => {
 
 test('the default caps admit a GPT-2 small saved by load_hf with max_seq_len 1024', () => {
   // measured (docs/bundle-format.md, "Trust model"): a 502,081,984-byte file whose buffers need 2,491,544,208
-  // bytes and whose forward runs 146,362,219,776 loop iterations. The buffer table here declares that much
+  // bytes and whose forward evaluates 8,261,019,893,760 nodes. The buffer table here declares that much
   // memory (unstored, so nothing is allocated by readProgram); the old 2 GiB default refused it (issue 31).
   const file = 502081984
   const m = manifestOf(crafted('cache_1gib'))
@@ -42,7 +42,7 @@ test('the default caps admit a GPT-2 small saved by load_hf with max_seq_len 102
   const { manifest, body } = bundle.read(pack(encode(m), new Uint8Array(0), 2))
   readProgram(manifest, body, { fileBytes: file })
   assert.throws(() => readProgram(manifest, body, { fileBytes: 4096 }), /maxBytes/)
-  assert.ok(limits.defaultMaxWork(file) >= 146362219776)
+  assert.ok(limits.defaultMaxWork(file) >= 8261019893760)
 })
 
 test('manifest JSON nested 10,000 deep is a BundleError, not a RangeError', () => {

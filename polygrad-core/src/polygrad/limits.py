@@ -9,11 +9,13 @@ of tests/test_bundle_differential.py checks it). docs/bundle-format.md ("Trust m
 Two caps grow with the file, because a real model's memory and work grow with its weights:
 
     max_bytes = max(BYTES_FLOOR, BYTES_PER_FILE_BYTE * file length)   all buffers together
-    max_work  = max(WORK_FLOOR, WORK_PER_FILE_BYTE * file length)     loop iterations of one call
+    max_work  = max(WORK_FLOOR, WORK_PER_FILE_BYTE * file length)     node evaluations of one call
 
-A GPT-2 small saved by polygrad.hf with max_seq_len 1024 (502 MB) needs 2.5 GB of buffers (5x its size:
-the attention temporaries) and 1.5e11 loop iterations per forward (292 per byte). The caller raises
-either cap explicitly: `Model.load(path, max_bytes=..., max_work=...)` (JS: `{ maxBytes, maxWork }`).
+Work is counted by `uop/validate.kernel_work`: each block of a kernel evaluates each of its nodes at most
+once per point of all its loops. A GPT-2 small saved by polygrad.hf with max_seq_len 1024 (502 MB) needs
+2.5 GB of buffers (5x its size: the attention temporaries) and 8.3e12 node evaluations per forward
+(16,454 per byte; 1.5e11 loop points). The caller raises either cap explicitly:
+`Model.load(path, max_bytes=..., max_work=...)` (JS: `{ maxBytes, maxWork }`).
 """
 from __future__ import annotations
 
@@ -32,8 +34,8 @@ MAX_NARROW_DEPTH = 6  # WHEREs nested inside an index that still narrow their ar
 
 BYTES_FLOOR = 256 << 20  # what any bundle may allocate, however small the file
 BYTES_PER_FILE_BYTE = 16
-WORK_FLOOR = 1 << 34  # loop iterations one entrypoint call may run, however small the file
-WORK_PER_FILE_BYTE = 1 << 11
+WORK_FLOOR = 1 << 36  # node evaluations one entrypoint call may run, however small the file
+WORK_PER_FILE_BYTE = 1 << 16
 
 
 def default_max_bytes(file_bytes: int) -> int:
@@ -46,5 +48,5 @@ def default_max_bytes(file_bytes: int) -> int:
 
 
 def default_max_work(file_bytes: int) -> int:
-    """The loop iterations one entrypoint call of such a bundle may run when the caller does not say."""
+    """The node evaluations one entrypoint call of such a bundle may run when the caller does not say."""
     return max(WORK_FLOOR, WORK_PER_FILE_BYTE * file_bytes)

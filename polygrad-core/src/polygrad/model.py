@@ -1159,8 +1159,8 @@ class Model:
              device: str | None = None, *, max_bytes: int | None = None, max_work: int | None = None) -> "Model":
         """A Model from a bundle path or its bytes, on `runtime` (default: the default runtime) or `device`.
 
-        A bundle may ask for at most `max_bytes` of buffers and `max_work` loop iterations per entrypoint
-        call; by default max(256 MiB, 16 x the file's size) and max(2**34, 2**11 x the file's size)
+        A bundle may ask for at most `max_bytes` of buffers and `max_work` node evaluations per entrypoint
+        call; by default max(256 MiB, 16 x the file's size) and max(2**36, 2**16 x the file's size)
         (polygrad/limits.py, the same in polygrad-js). Raise them for a file you trust that needs more.
         """
         from polygrad.modelformat import from_manifest

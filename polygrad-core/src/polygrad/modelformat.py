@@ -150,7 +150,7 @@ def _specs(obj: Any, key: str, variables: dict, version: int) -> list:
 def from_manifest(manifest: dict, body: memoryview, max_bytes: int, max_work: int) -> tuple[Any, dict[int, np.ndarray]]:
     """(Program, {slot: stored array}) of a manifest read by bundle.read(); BundleError if inconsistent.
 
-    max_bytes caps the memory of all buffers together, max_work the loop iterations of one entrypoint call
+    max_bytes caps the memory of all buffers together, max_work the node evaluations of one entrypoint call
     (`uop/validate.kernel_work` summed over its calls; a copy counts its elements). Model.load passes the
     defaults for the file's length (polygrad/limits.py) unless its caller gave others."""
     try:
@@ -351,7 +351,7 @@ def _check_uncalled(k: int, ast: UOp) -> None:
 
 def _check_work(where: str, calls: list, kernels: list[UOp], slots: list, work_of: dict[int, int],
                 max_work: int) -> None:
-    """One call of the entrypoint runs at most max_work loop iterations, its Variables at their maxima."""
+    """One call of the entrypoint evaluates at most max_work nodes, its Variables at their maxima."""
     from polygrad.uop.validate import kernel_work
     work = 0
     for c in calls:
@@ -365,7 +365,7 @@ def _check_work(where: str, calls: list, kernels: list[UOp], slots: list, work_o
                 raise BundleError(f"bundle manifest: {where}: kernel {c.kernel}: {e}") from None
         work += work_of[c.kernel]
     if work > max_work:
-        raise BundleError(f"bundle manifest: {where} runs up to {work} loop iterations per call (its Variables at "
+        raise BundleError(f"bundle manifest: {where} evaluates up to {work} kernel nodes per call (its Variables at "
                           f"their maxima); the limit for this file is {max_work}. If you trust it, load it with "
                           "Model.load(..., max_work=N)")
 

@@ -19,8 +19,9 @@ cannot read or write outside its buffers for any value of its Variables within t
 The analysis never recurses on the graph (each walk is over a cached toposort), memoizes each node
 once per set of assumptions, and gives up on kernels above MAX_NODES nodes or MAX_STEPS steps.
 A block (a SINK source) may unroll at most MAX_UPCAST points of upcast RANGEs, and its nodes counted
-once per point may total at most MAX_NODES over the kernel (what a renderer emits stays bounded).
-`kernel_work(ast)` counts the loop iterations of one run, for a caller that caps total work.
+once per point may total at most MAX_NODES over the kernel (what a renderer emits stays bounded); each
+RANGE is one loop (of one REDUCE, or of ENDs). `kernel_work(ast)` bounds the node evaluations of one run,
+for a caller that caps total work.
 """
 from __future__ import annotations
 
@@ -294,14 +295,15 @@ def check_structure(ast: UOp, arg_sizes: Sequence[int], arg_dtypes: Sequence[DTy
     for slot, gs in sorted(globals_.items()):
         _check_globals(where, slot, gs, sizes[slot], None if arg_dtypes is None else arg_dtypes[slot], seen_vars)
     _check_scopes(where, ast)
-    _block_ranges(where, ast)
+    _check_loops(where, ast)
+    _blocks(where, ast)
     return globals_
 
 
-def _block_ranges(where: str, ast: UOp) -> list[list[UOp]]:
-    """The RANGEs of each block (SINK source). A block's upcast RANGEs (unrolled by the renderers) span at most
-    MAX_UPCAST points, and the blocks' node counts, each times its points, total at most MAX_NODES; the walk
-    stops as soon as that total is passed, so it is bounded too (blocks may share nodes)."""
+def _blocks(where: str, ast: UOp) -> list[tuple[int, list[UOp]]]:
+    """(node count, RANGEs) of each block (SINK source). A block's upcast RANGEs (unrolled by the renderers) span
+    at most MAX_UPCAST points, and the blocks' node counts, each times its points, total at most MAX_NODES; the
+    walk stops as soon as that total is passed, so it is bounded too (blocks may share nodes)."""
     total, out = 0, []
     for block in ast.src:
         seen: set[UOp] = set()
@@ -325,8 +327,26 @@ def _block_ranges(where: str, ast: UOp) -> list[list[UOp]]:
         total += len(seen) * points
         if total > MAX_NODES:
             raise _fail(where, f"the blocks hold more than {MAX_NODES} nodes once their upcast RANGEs are unrolled")
-        out.append(ranges)
+        out.append((len(seen), ranges))
     return out
+
+
+def _check_loops(where: str, ast: UOp) -> None:
+    """Each RANGE is one loop: the loop of one REDUCE, or of blocks' END chains (each chain naming it once)."""
+    owner: dict[UOp, Any] = {}
+    for n in ast.toposort():
+        if n.op is Ops.REDUCE:
+            for r in n.src[1:]:
+                if owner.setdefault(r, n) is not n:
+                    raise _fail(where, f"RANGE {r.arg[0]} is reduced by two REDUCEs; each loop has one owner")
+    for block in ast.src:
+        node, chain = block, set()
+        while node.op is Ops.END:
+            for r in node.src[1:]:
+                if r in chain or owner.setdefault(r, Ops.END) is not Ops.END:
+                    raise _fail(where, f"RANGE {r.arg[0]} is looped twice (by a REDUCE or twice by one block's ENDs)")
+                chain.add(r)
+            node = node.src[0]
 
 
 def _check_globals(where: str, slot: int, gs: list[UOp], size: int, dtype: DType | None,
@@ -941,22 +961,23 @@ def check_kernel(ast: UOp, arg_sizes: Sequence[int], arg_dtypes: Sequence[DType]
 
 
 def kernel_work(ast: UOp) -> int:
-    """Loop iterations of one run at the Variables' maxima: the product of max(1, trip count) over the RANGEs
-    of each block (a SINK source), summed over the blocks. It bounds the innermost points any renderer runs;
-    a reduce's loops count inside the loops of the store that uses it. For a structurally checked kernel.
+    """Node evaluations of one run at the Variables' maxima: each block (a SINK source) evaluates each of its
+    nodes at most once per point of all its RANGEs (max(1, trip count) each, multiplied), and the blocks add
+    up. It bounds the work of any renderer, whatever it hoists, and does not depend on how a loop's body is
+    written (one node per iteration or many). For a structurally checked kernel.
 
     >>> from polygrad.uop.ops import UOp
     >>> from polygrad.dtype import dtypes
     >>> out = UOp.placeholder((3, 5), dtypes.float32, 0)
     >>> i, j = UOp.range(None, 3, 0), UOp.range(None, 5, 1)
-    >>> kernel_work(out[i, j].store(1.0).end(i, j).sink())
-    15
+    >>> kernel_work(out[i, j].store(1.0).end(i, j).sink())  # 15 points x 14 nodes (constants, index arithmetic)
+    210
     """
     root = _Analysis("kernel").root
     trips: dict[UOp, int] = {}
     work = 0
-    for ranges in _block_ranges("kernel", ast):
-        block = 1
+    for nodes, ranges in _blocks("kernel", ast):
+        block = nodes
         for r in ranges:
             if r not in trips:
                 _check_size_expr("kernel", r.src[0], f"RANGE {r.arg!r:.20}'s end", {})
