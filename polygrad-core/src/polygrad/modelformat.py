@@ -5,7 +5,7 @@ Stage: export / import, between polygrad/model.py (the Program a Model runs) and
 `BundleError` for anything out of place: unknown roles or dtypes, slot numbers out of range, sizes
 that disagree with shapes or with the stored bytes, offsets outside the data section, a kernel whose
 buffers do not match its call, Variables without declared bounds, more memory than `max_bytes`, or an
-entrypoint whose loops run more than `max_work` iterations per call (polygrad/limits.py has the caps and
+entrypoint whose calls evaluate more than `max_work` kernel nodes (polygrad/limits.py has the caps and
 their defaults). Nothing is allocated before the whole manifest passed.
 """
 from __future__ import annotations
