@@ -24,9 +24,10 @@ export type Output = TypedArray & { readonly shape: number[] }
 export interface LoadOptions {
   /** 'wasm' (WebAssembly SIMD, the default where supported) or 'js' (plain JavaScript, the fallback). */
   backend?: 'auto' | 'wasm' | 'js'
-  /** Refuse bundles whose buffers need more bytes than this (default 2 GiB). */
+  /** Refuse bundles whose buffers need more bytes than this (default: max(256 MiB, 16 x the file's size)). */
   maxBytes?: number
-  /** Refuse kernels whose loops run more points than this (default 2**40). */
+  /** Refuse bundles one of whose entrypoints evaluates more kernel nodes per call than this (default: max(2**36,
+   * 2**16 x the file's size)). Both defaults are Python's (docs/bundle-format.md, "Trust model"). */
   maxWork?: number
   /** Check every kernel's indices at load ('all'), or forward's at load and the others' when first compiled (default). */
   validate?: 'forward' | 'all'

@@ -30,7 +30,8 @@ const api = loadApi()
 if (typeof zlib.crc32 === 'function') api._internals.crc32.useNative(zlib.crc32)
 const { Model, BundleError } = api
 
-/** A Model from a .pgb file, loaded and compiled synchronously. opts: {backend: 'wasm' | 'js', maxBytes}. */
+/** A Model from a .pgb file, loaded and compiled synchronously. opts: {backend: 'wasm' | 'js', maxBytes, maxWork,
+ * validate} (src/limits.js has the caps' defaults). */
 Model.load = function load (path, opts = {}) {
   let bytes
   try {

@@ -10,6 +10,7 @@
 const { BundleError } = require('./errors')
 const { crc32 } = require('./crc32')
 const json = require('./json')
+const { MAX_MANIFEST } = require('./limits')
 
 const MAGIC = [0x89, 0x50, 0x47, 0x42, 0x0d, 0x0a, 0x1a, 0x0a]
 const FORMAT = 'polygrad-bundle'
@@ -17,7 +18,6 @@ const VERSION = 1 // the oldest version; a writer uses the oldest that holds the
 const SUPPORTED_VERSIONS = [1, 2]
 const HEADER = 64
 const ALIGN = 64
-const MAX_MANIFEST = 256 * 1024 * 1024
 
 const pad = (n) => Math.ceil(n / ALIGN) * ALIGN
 

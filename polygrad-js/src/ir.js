@@ -17,7 +17,8 @@
 
 const { KernelError } = require('./errors')
 const { show, stringify } = require('./json')
-const { DTYPES, wrapInt } = require('./dtypes')
+const { DTYPES, wrapInt, intRange } = require('./dtypes')
+const { MAX_ARG_DEPTH, MAX_NODES } = require('./limits')
 
 const FORMAT = 'polygrad-kernel'
 const SUPPORTED_VERSIONS = [1, 2]
@@ -35,7 +36,6 @@ const BINARY = new Set(['ADD', 'MUL', 'MAX', 'MOD', 'IDIV', 'FDIV', 'CMPLT', 'CM
 const COMPARISONS = new Set(['CMPLT', 'CMPNE', 'CMPEQ'])
 const ALU = new Set([...UNARY, ...BINARY, 'WHERE', 'FMA'])
 const AXIS_KINDS = ['global', 'reduce', 'upcast', 'unroll', 'thread', 'local', 'group']
-const MAX_ARG_DEPTH = 64
 
 const f64 = new Float64Array(1)
 const u32of64 = new Uint32Array(f64.buffer)
@@ -241,12 +241,14 @@ function opArg (op, dtype, a, where) {
       }
       if (dtype.isInt) {
         if (!isInt(a)) throw bad('an int value')
+        const [lo, hi] = intRange(dtype)
+        if (BigInt(a.int) < lo || BigInt(a.int) > hi) throw bad(`a ${dtype.name} value (constants are wrapped to their dtype when built)`)
         return wrapInt(a.int, dtype)
       }
       if (a === null || typeof a !== 'object' || !('float' in a)) throw bad('a float value')
       return a.float
     case 'RANGE':
-      if (!a || !a.tuple || a.tuple.length < 2 || !isInt(a.tuple[0]) || !a.tuple[1] || (!a.tuple[1].axis && typeof a.tuple[1] !== 'string')) throw bad('(axis id, axis kind)')
+      if (!a || !a.tuple || a.tuple.length !== 2 || !isInt(a.tuple[0]) || !a.tuple[1] || (!a.tuple[1].axis && typeof a.tuple[1] !== 'string')) throw bad('(axis id, axis kind)')
       return [Number(intVal(a.tuple[0])), a.tuple[1].axis || a.tuple[1]]
     case 'DEFINE_GLOBAL': {
       if (!a || !a.tuple || a.tuple.length !== 2 || !isInt(a.tuple[0])) throw bad('(slot, shape)')
@@ -297,6 +299,9 @@ function decode (obj, g) {
   if (extra.length) throw new KernelError(`serialised kernels have unknown fields ${show(extra.sort())} for version ${version}`)
   const { nodes, roots } = obj
   if (!Array.isArray(nodes) || !Array.isArray(roots)) throw new KernelError("serialised kernels need a 'nodes' list and a 'roots' list")
+  if (nodes.length > MAX_NODES || roots.length > MAX_NODES) {
+    throw new KernelError(`serialised kernels have ${nodes.length} nodes and ${roots.length} roots; the limit is ${MAX_NODES} (generated kernel tables have thousands)`)
+  }
   const built = []
   for (let i = 0; i < nodes.length; i++) {
     const where = `node #${i}`

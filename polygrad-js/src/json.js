@@ -1,25 +1,47 @@
 'use strict'
 /**
  * JSON for bundle manifests: integers beyond 2**53 must survive (int64 constants in kernels), NaN and
- * Infinity are refused (they are not JSON), and nothing is evaluated.
+ * Infinity are refused (they are not JSON), nesting deeper than MAX_JSON_DEPTH is refused (as Python
+ * does), and nothing is evaluated.
  *
  * parse(text): JSON.parse when no integer literal can exceed 2**53 (the common case, fast), else a small
  * strict parser that returns such integers as BigInt. stringify(value): JSON text with BigInts as integers.
  */
 
 const { BundleError } = require('./errors')
+const { MAX_JSON_DEPTH } = require('./limits')
 
 const LONG_INT = /[,:[]\s*-?\d{16,}/ // an integer literal of 16+ digits (strings start with a quote)
 
 function parse (text, what = 'bundle manifest') {
   if (!LONG_INT.test(text)) {
+    let v
     try {
-      return JSON.parse(text)
+      v = JSON.parse(text)
     } catch (e) {
       throw new BundleError(`${what} is not valid JSON: ${e.message}`)
     }
+    if (depth(v) > MAX_JSON_DEPTH) tooDeep(what)
+    return v
   }
   return new Parser(text, what).document()
+}
+
+function tooDeep (what) {
+  throw new BundleError(`${what} nests JSON deeper than ${MAX_JSON_DEPTH} levels (a damaged or crafted file)`)
+}
+
+/** The nesting depth of a parsed JSON value (a scalar is 0, [] is 1), walked without recursion. */
+function depth (value) {
+  if (value === null || typeof value !== 'object') return 0
+  let deepest = 1
+  const stack = [[value, 1]]
+  while (stack.length) {
+    const [v, d] = stack.pop()
+    if (d > deepest) deepest = d
+    for (const x of Array.isArray(v) ? v : Object.values(v)) if (x !== null && typeof x === 'object') stack.push([x, d + 1])
+  }
+  return deepest
 }
 
 class Parser {
@@ -57,6 +79,7 @@ class Parser {
       this.ws()
       const c = this.s[this.i]
       let done = true
+      if ((c === '{' || c === '[') && stack.length >= MAX_JSON_DEPTH) tooDeep(this.what)
       if (c === '{') {
         this.i++
         this.ws()

@@ -50,6 +50,7 @@ const I32_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'AND', 'OR', 'XOR', 'SHL', 'S
   'MAX', 'CAST', 'BITCAST', 'TRUNC'])
 const BOOL_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'MAX', 'CMPLT', 'CMPLE', 'CMPNE', 'CMPEQ', 'AND', 'OR', 'XOR', 'WHERE', 'CAST'])
 const LANE_DTYPES = new Set(['float32', 'int32', 'uint32', 'bool'])
+const LEAVES = new Set(['CONST', 'RANGE', 'DEFINE_VAR', 'REDUCE']) // value() computes these without operands first
 
 function identity (op, d) {
   if (op === 'ADD') return 0
@@ -167,7 +168,38 @@ class Linearizer {
   }
 
   // ---- values
+  /**
+   * The instruction computing u. The operands of ALU ops and loads are computed first, sources before
+   * users, with an explicit stack, so a dependency chain of any length never deepens the call stack; only
+   * reduces recurse (reduce -> value of its body), as deep as they nest.
+   */
   value (u) {
+    const todo = [[u, false]]
+    while (todo.length) {
+      const [n, expanded] = todo.pop()
+      if (expanded) {
+        if (n !== u) this.valueOf(n)
+        continue
+      }
+      if (LEAVES.has(n.op) || this.lookup(this.key(n)) !== undefined) continue
+      todo.push([n, true])
+      const srcs = this.operandsOf(n)
+      for (let i = srcs.length - 1; i >= 0; i--) todo.push([srcs[i], false])
+    }
+    return this.valueOf(u)
+  }
+
+  /** The nodes valueOf(n) asks the value of, in its order (a load: its gate, then its index unless the
+   * vector range makes that index a lane index, which access() derives itself). */
+  operandsOf (n) {
+    if (n.op !== 'LOAD') return n.src
+    const index = n.src[0]
+    const out = index.src.length > 2 ? [index.src[2]] : []
+    if (this.V === null || !this.deps(index).has(this.V)) out.push(index.src[1])
+    return out
+  }
+
+  valueOf (u) {
     const op = u.op
     if (op === 'CONST') return this.const(u.dtype, u.arg)
     if (op === 'RANGE') {

@@ -11,18 +11,16 @@
  * nothing: a slot's index is its position in `program.slots` when written.
  */
 
-const { BundleError, KernelError } = require('./errors')
+const { BundleError, KernelError, ModelError } = require('./errors')
 const { show } = require('./json')
 const { DTYPES } = require('./dtypes')
 const ir = require('./ir')
 const bundle = require('./bundle')
-const { checkKernel, checkSizeExpr, isPlainName, MAX_NAME, NAME_RULE } = require('./validate')
+const { checkKernel, checkSizeExpr, kernelWork, isPlainName, NAME_RULE } = require('./validate')
+const { MAX_ELEMENTS, MAX_SLOTS, MAX_CALLS, MAX_NAME, defaultMaxBytes, defaultMaxWork } = require('./limits')
 
 const ROLES = ['parameter', 'state', 'constant', 'rng', 'optimizer', 'gradient', 'input', 'output', 'temporary', 'cache']
 const STORED = new Set(['parameter', 'state', 'constant', 'optimizer'])
-const MAX_ELEMENTS = 2 ** 31 - 1
-const MAX_SLOTS = 1 << 20
-const MAX_CALLS = 1 << 20
 const IDENT = /^[A-Za-z_][A-Za-z0-9_]*$/
 const TRAINING_OR_FORWARD = new Set(['forward', 'loss', 'train_step'])
 const OPTIMIZER_HYPER = {
@@ -99,27 +97,44 @@ function specs (sig, key, variables, version) {
   })
 }
 
+// a JSON number (an integer past 2**53 is read as a BigInt: still a number, as in Python)
+const isNumber = (v) => typeof v === 'number' || typeof v === 'bigint'
+const asNumber = (v) => (Array.isArray(v) ? v.map(asNumber) : typeof v === 'bigint' ? Number(v) : v)
+
 /** The optimizer configuration of a manifest (name, lr, hyperparameters by their Python names). */
 function optimizerConfig (opt, where = 'training.optimizer') {
   need(isObj(opt) && typeof opt.name === 'string', `${where} must be an object with a name`)
   const known = OPTIMIZER_HYPER[opt.name]
   need(known !== undefined, `${where}.name ${show(opt.name)} is not one of ${Object.keys(OPTIMIZER_HYPER).join(', ')}`)
-  need(typeof opt.lr === 'number', `${where}.lr must be a number`)
+  need(isNumber(opt.lr), `${where}.lr must be a number`)
+  const out = {}
   for (const [k, v] of Object.entries(opt)) {
+    out[k] = asNumber(v)
     if (k === 'name' || k === 'lr') continue
     const kind = known[k]
     need(kind !== undefined, `${where}: optimizer ${opt.name} has no hyperparameter ${show(k)}`)
-    const ok = kind === 'pair' ? Array.isArray(v) && v.length === 2 && v.every((x) => typeof x === 'number') : typeof v === kind
+    const ok = kind === 'pair' ? Array.isArray(v) && v.length === 2 && v.every(isNumber) : kind === 'number' ? isNumber(v) : typeof v === kind
     need(ok, `${where}.${k} must be ${kind === 'pair' ? 'a pair of numbers' : 'a ' + kind}`)
   }
-  return Object.assign({}, opt)
+  return out
+}
+
+/** A load option that caps what a bundle may ask for: a non-negative number, or undefined for the default. */
+function cap (opts, key, fallback) {
+  const v = opts[key]
+  if (v === undefined || v === null) return fallback
+  if (typeof v !== 'number' || !(v >= 0)) throw new ModelError(`the ${key} load option takes a non-negative number, got ${show(v)}`)
+  return v
 }
 
 /**
- * The Program of a manifest read by bundle.read. opts.maxBytes bounds the memory all buffers need.
+ * The Program of a manifest read by bundle.read. opts.maxBytes bounds the memory all buffers need, opts.maxWork
+ * the node evaluations of one entrypoint call; by default those of limits.js for a file of opts.fileBytes bytes.
  */
 function readProgram (manifest, body, opts = {}) {
-  const maxBytes = opts.maxBytes || 2 ** 31
+  const fileBytes = opts.fileBytes === undefined ? bundle.HEADER + body.length : opts.fileBytes
+  const maxBytes = cap(opts, 'maxBytes', defaultMaxBytes(fileBytes))
+  const maxWork = BigInt(Math.floor(cap(opts, 'maxWork', defaultMaxWork(fileBytes))))
   const version = manifest.version
   const variables = new Map()
   get(manifest, 'variables', 'list', 'manifest').forEach((v, i) => {
@@ -150,7 +165,7 @@ function readProgram (manifest, body, opts = {}) {
     const size = getInt(r, 'size', where)
     need(elements(sh, variables) === size, `${where}: size ${size} does not match shape ${show(sh)}`)
     total += size * dt.size
-    need(total <= maxBytes, `the buffers need more than ${maxBytes} bytes (the maxBytes load option)`)
+    need(total <= maxBytes, `the buffers need more than ${maxBytes} bytes, the limit for this file; if you trust it, load it with Model.load(path, { maxBytes: N })`)
     const data = r.data
     let stored = null
     if (STORED.has(role)) {
@@ -186,6 +201,7 @@ function readProgram (manifest, body, opts = {}) {
   }
 
   const entries = {}
+  const workOf = new Map()
   const eps = get(manifest, 'entrypoints', 'object', 'manifest')
   need(Object.prototype.hasOwnProperty.call(eps, 'forward'), "entrypoints lack 'forward'")
   let nCalls = 0
@@ -218,6 +234,7 @@ function readProgram (manifest, body, opts = {}) {
       checkCall(cw, k, globalsOf[k], args)
       return { kernel: k, args }
     })
+    checkWork(where, calls, kernels, workOf, maxWork)
     const args = []
     if (Object.prototype.hasOwnProperty.call(e, 'arguments')) {
       need(version >= 2, `${where}.arguments needs bundle version 2`)
@@ -274,13 +291,35 @@ function readProgram (manifest, body, opts = {}) {
   const prog = {
     slots, graph, kernels, kernelTable, entries, inputs, targets, outputs, variables, rng, gradients, optimizer,
     lrSlot, optimizerState, producer: typeof manifest.producer === 'string' ? manifest.producer : '',
-    validated: new Set(), limits: { maxWork: opts.maxWork }
+    validated: new Set()
   }
-  // the index analysis of every kernel `forward` calls (or of all, opts.validate === 'all') before anything
-  // runs; the others' when their entrypoint is first compiled (validateKernel, before lowering)
+  // the index analysis of every kernel `forward` calls (or of all, opts.validate === 'all', as Python does)
+  // before anything runs; the others' when their entrypoint is first compiled (validateKernel, before lowering)
   const first = opts.validate === 'all' ? kernels.map((_, i) => i) : [...new Set(entries.forward.calls.filter((c) => !c.copy).map((c) => c.kernel))]
   for (const k of first) validateKernel(prog, k)
   return prog
+}
+
+/** One call of the entrypoint evaluates at most maxWork kernel nodes, its Variables at their maxima (a copy
+ * counts its elements): Python's modelformat._check_work. */
+function checkWork (where, calls, kernels, workOf, maxWork) {
+  let work = 0n
+  for (const c of calls) {
+    if (c.copy) {
+      work += BigInt(c.copy[1].size)
+      continue
+    }
+    if (!workOf.has(c.kernel)) {
+      try {
+        workOf.set(c.kernel, kernelWork(kernels[c.kernel], `kernel ${c.kernel}`))
+      } catch (e) {
+        if (e instanceof KernelError) throw new BundleError(`bundle manifest: ${where}: ${e.message}`)
+        throw e
+      }
+    }
+    work += workOf.get(c.kernel)
+  }
+  need(work <= maxWork, `${where} evaluates up to ${work} kernel nodes per call (its Variables at their maxima); the limit for this file is ${maxWork}. If you trust it, load it with Model.load(path, { maxWork: N })`)
 }
 
 /** Check kernel k of a Program once (validate.checkKernel); a failure is a BundleError. */
@@ -288,7 +327,7 @@ function validateKernel (prog, k) {
   const ast = prog.kernels[k]
   if (prog.validated.has(ast)) return
   try {
-    checkKernel(ast, `kernel ${k}`, prog.limits)
+    checkKernel(ast, `kernel ${k}`)
   } catch (e) {
     if (e instanceof KernelError) throw new BundleError(`bundle manifest: ${e.message}`)
     throw e

@@ -24,7 +24,18 @@ function loadProgram (bytes, opts) {
     throw new BundleError(e.message)
   }
   const { manifest, body } = bundle.read(data)
-  return readProgram(manifest, body, opts)
+  return readProgram(manifest, body, Object.assign({}, opts, { fileBytes: data.length }))
+}
+
+/**
+ * Run a load step so that every failure is a PolygradError: the checks before it raise BundleError for
+ * anything a file can get wrong; an engine error past them (a stack or a WebAssembly limit) still
+ * becomes a BundleError, the last line of defence, never a RangeError or CompileError.
+ */
+function asLoadError (e) {
+  if (e instanceof PolygradError) return e
+  const what = e && e.constructor ? e.constructor.name : typeof e
+  return new BundleError(`this bundle cannot be loaded here (${what}: ${String(e && e.message).slice(0, 200)}); it passed the checks of docs/bundle-format.md, so please report it with the file`)
 }
 
 /** Write the stored buffers' bytes into memory and zero the caches (a loaded model starts with empty ones). */
@@ -50,20 +61,28 @@ class Model {
 
   /** A Model from bundle bytes (Uint8Array or ArrayBuffer), compiled synchronously. */
   static fromBytesSync (bytes, opts = {}) {
-    const prog = loadProgram(bytes, opts)
-    const exec = new Executor(prog, opts)
-    fillStored(prog, exec)
-    exec.compileSync(['forward'])
-    return new Model(prog, exec, opts)
+    try {
+      const prog = loadProgram(bytes, opts)
+      const exec = new Executor(prog, opts)
+      fillStored(prog, exec)
+      exec.compileSync(['forward'])
+      return new Model(prog, exec, opts)
+    } catch (e) {
+      throw asLoadError(e)
+    }
   }
 
   /** A Model from bundle bytes, every entrypoint compiled asynchronously (the browser path). */
   static async fromBytes (bytes, opts = {}) {
-    const prog = loadProgram(bytes, opts)
-    const exec = new Executor(prog, opts)
-    fillStored(prog, exec)
-    await exec.compileAsync(Object.keys(prog.entries))
-    return new Model(prog, exec, opts)
+    try {
+      const prog = loadProgram(bytes, opts)
+      const exec = new Executor(prog, opts)
+      fillStored(prog, exec)
+      await exec.compileAsync(Object.keys(prog.entries))
+      return new Model(prog, exec, opts)
+    } catch (e) {
+      throw asLoadError(e)
+    }
   }
 
   // ---- inspection

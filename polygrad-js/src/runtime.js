@@ -19,7 +19,7 @@
  *   written since it was made (after training, the next batch-1 forward repacks once).
  */
 
-const { KernelError } = require('./errors')
+const { BundleError, KernelError, ModelError } = require('./errors')
 const { lowerKernel, prepareKernel } = require('./compile')
 const { chooseOpts, fewRowsOpts } = require('./lower')
 const { validateKernel } = require('./manifest')
@@ -75,9 +75,13 @@ function planMemory (prog, start = ALIGN) {
   return top
 }
 
-/** A WebAssembly.Memory of at least `bytes` bytes (grown if it exists). */
-function ensureMemory (memory, bytes) {
+const MAX_PAGES = 65536 // a WebAssembly (32-bit) memory holds at most 4 GiB
+
+/** A WebAssembly.Memory of at least `bytes` bytes (grown if it exists); Error (BundleError at load) if it
+ * cannot be that large. */
+function ensureMemory (memory, bytes, Error = ModelError) {
   const pages = Math.ceil(bytes / PAGE) + 1
+  if (pages > MAX_PAGES) throw new Error(`this model needs ${bytes} bytes of memory; a WebAssembly memory holds at most 4 GiB, so polygrad-js cannot run it (Python's polygrad can)`)
   if (!memory) return new WebAssembly.Memory({ initial: pages })
   const have = memory.buffer.byteLength / PAGE
   if (have < pages) memory.grow(pages - have)
@@ -95,7 +99,7 @@ class Executor {
     this.bytesUsed = planMemory(prog)
     this.scratchBase = this.bytesUsed
     this.scratchSize = 0
-    this.memory = ensureMemory(memory, this.bytesUsed)
+    this.memory = ensureMemory(memory, this.bytesUsed, BundleError)
     this.entries = {}
     this.stats = { kernels: 0, checks: 0, sites: 0, repacks: 0 }
     // packed copies of parameters (pack.js), by source slot and layout, and how many times each slot was

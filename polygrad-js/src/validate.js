@@ -2,11 +2,11 @@
 /**
  * A static safety check for untrusted kernel IR, a port of polygrad's uop/validate.py.
  *
- * Stage: loading, before lowering. `checkKernel(ast, where, opts)` checks the structure (ops, dtypes, src
- * counts, args, loop scopes) and proves with an interval analysis that every LOAD/STORE index stays inside
- * its buffer's declared size for every value of the Variables, that no index or loop-size arithmetic
- * overflows, and that the kernel's work (the product of its loop sizes) is bounded; otherwise it throws
- * KernelError. Gates narrow the analysis: an INDEX's gate, and a WHERE's condition for its two arms, are
+ * Stage: loading, before lowering. `checkKernel(ast, where)` checks the structure (ops, dtypes, src
+ * counts, args, loop scopes, names) and proves with an interval analysis that every LOAD/STORE index stays
+ * inside its buffer's declared size for every value of the Variables, that no index or loop-size arithmetic
+ * overflows, and that no loop end is negative or always 0; otherwise it throws KernelError. `kernelWork(ast)`
+ * counts its node evaluations for the per-entrypoint work cap (manifest.js). Gates narrow the analysis: an INDEX's gate, and a WHERE's condition for its two arms, are
  * split into AND-ed comparisons whose linear sides tighten the intervals of their terms (single nodes or
  * linear forms such as r4 + 2*r2). `provenIndices(ast)` runs the same analysis on a lowered kernel and
  * returns the INDEX nodes it proves, without throwing: the emitters check the others at run time.
@@ -16,11 +16,8 @@
 const { KernelError } = require('./errors')
 const { DTYPES, intRange } = require('./dtypes')
 const { toposort } = require('./ir')
+const { MAX_RANGE, MAX_NODES, MAX_STEPS, MAX_NARROW_DEPTH, MAX_UPCAST, MAX_NAME } = require('./limits')
 
-const MAX_RANGE = 2n ** 48n
-const MAX_NODES = 1 << 18
-const MAX_STEPS = 1 << 22
-const MAX_NARROW_DEPTH = 6
 const INF = 1n << 256n
 const EMPTY = Symbol('EMPTY')
 const UNTRACKED = Symbol('UNTRACKED')
@@ -28,7 +25,6 @@ const UNTRACKED = Symbol('UNTRACKED')
 // The one rule for the names a kernel carries (its name, its Variables'), as polygrad's uop/names.py: names
 // are metadata and never reach generated code, so any plain identifier of at most MAX_NAME characters is a
 // name (no reserved words: 'for' and 'HUGE_VALF' are names like 'batch').
-const MAX_NAME = 256
 const PLAIN_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/
 const NAME_RULE = `a plain name: ASCII letters, digits and _, not starting with a digit, 1 to ${MAX_NAME} characters`
 const isPlainName = (name) => typeof name === 'string' && name.length <= MAX_NAME && PLAIN_NAME.test(name)
@@ -115,7 +111,7 @@ function checkNode (where, n, vars) {
     case 'RANGE': {
       if ((n.dtype !== DTYPES.int32 && n.dtype !== DTYPES.int64) || n.src.length !== 1 || n.src[0].dtype !== n.dtype) throw fail(where, `RANGE is int32 or int64 with one end of its dtype, got ${describe(n)}`)
       const arg = n.arg
-      if (!Array.isArray(arg) || arg.length !== 2 || !Number.isInteger(arg[0]) || arg[0] < 0 || !RANGE_KINDS.has(arg[1])) throw fail(where, 'RANGE arg must be (axis id >= 0, global|reduce|upcast)')
+      if (!Array.isArray(arg) || arg.length !== 2 || !Number.isInteger(arg[0]) || arg[0] < 0 || BigInt(arg[0]) > MAX_RANGE || !RANGE_KINDS.has(arg[1])) throw fail(where, 'RANGE arg must be (axis id in [0, 2**48], global|reduce|upcast)')
       if (arg[1] === 'upcast' && n.src[0].op !== 'CONST') throw fail(where, 'an upcast RANGE needs a constant end')
       return
     }
@@ -188,6 +184,7 @@ function checkStructure (ast, where) {
     const at = `${where}, node #${i}`
     checkNode(at, n, vars)
     if (n.src.some((s) => s.op === 'INDEX') && n.op !== 'LOAD' && n.op !== 'STORE') throw fail(at, `${n.op} uses an INDEX; only LOAD and STORE may`)
+    if (n.src.some((s, k) => s.op === 'DEFINE_GLOBAL' && (n.op !== 'INDEX' || k))) throw fail(at, `${n.op} uses a DEFINE_GLOBAL (a buffer) as a value; only an INDEX's first src may`)
     if (n.op === 'STORE' && n.src[1].op === 'INDEX') throw fail(at, "STORE's value is an INDEX (an address); load it first")
     if (n.op === 'RANGE') {
       const other = axes.get(n.arg[0])
@@ -212,7 +209,91 @@ function checkStructure (ast, where) {
     const outside = [...free.get(node)].filter((r) => !loops.has(r))
     if (outside.length) throw fail(where, `a STORE uses RANGE ${JSON.stringify(outside.map((r) => r.arg[0]))} outside any loop over it`)
   }
+  checkLoops(ast, where)
+  blocks(ast, where)
   return globals
+}
+
+/** Each RANGE is one loop: the loop of one REDUCE, or of blocks' END chains (each chain naming it once). */
+function checkLoops (ast, where) {
+  const owner = new Map()
+  for (const n of toposort(ast)) {
+    if (n.op !== 'REDUCE') continue
+    for (const r of n.src.slice(1)) {
+      if (!owner.has(r)) owner.set(r, n)
+      if (owner.get(r) !== n) throw fail(where, `RANGE ${r.arg[0]} is reduced by two REDUCEs; each loop has one owner`)
+    }
+  }
+  for (const block of ast.src) {
+    const chain = new Set()
+    let node = block
+    while (node.op === 'END') {
+      for (const r of node.src.slice(1)) {
+        if (!owner.has(r)) owner.set(r, 'END')
+        if (chain.has(r) || owner.get(r) !== 'END') throw fail(where, `RANGE ${r.arg[0]} is looped twice (by a REDUCE or twice by one block's ENDs)`)
+        chain.add(r)
+      }
+      node = node.src[0]
+    }
+  }
+}
+
+/**
+ * [node count, RANGEs] of each block (SINK source). A block's upcast RANGEs (unrolled by the emitters) span
+ * at most MAX_UPCAST points, and the blocks' node counts, each times its points, total at most MAX_NODES; the
+ * walk stops as soon as that total is passed, so it is bounded too (blocks may share nodes). Each RANGE is
+ * checked (checkNode) before its end is read: this runs on kernels not yet validated (kernelWork).
+ */
+function blocks (ast, where) {
+  let total = 0
+  const out = []
+  for (const block of ast.src) {
+    const seen = new Set()
+    const stack = [block]
+    const ranges = []
+    while (stack.length) {
+      const n = stack.pop()
+      if (seen.has(n)) continue
+      seen.add(n)
+      if (total + seen.size > MAX_NODES) throw fail(where, `the blocks hold more than ${MAX_NODES} nodes together (counted per block)`)
+      if (n.op === 'RANGE') {
+        checkNode(where, n, new Map())
+        ranges.push(n)
+      }
+      for (const s of n.src) stack.push(s)
+    }
+    let points = 1n
+    for (const r of ranges) if (r.arg[1] === 'upcast') points *= bmax(BigInt(r.src[0].arg), 1n)
+    if (points > BigInt(MAX_UPCAST)) throw fail(where, `a block unrolls ${points} points of upcast RANGEs; the limit is ${MAX_UPCAST}`)
+    total += seen.size * Number(points)
+    if (total > MAX_NODES) throw fail(where, `the blocks hold more than ${MAX_NODES} nodes once their upcast RANGEs are unrolled`)
+    out.push([seen.size, ranges])
+  }
+  return out
+}
+
+/**
+ * Node evaluations of one run at the Variables' maxima (BigInt), as Python's uop/validate.kernel_work counts
+ * them: each block evaluates each of its nodes at most once per point of all its RANGEs (max(1, trip count)
+ * each, multiplied), and the blocks add up.
+ */
+function kernelWork (ast, where = 'kernel') {
+  if (ast.op !== 'SINK') throw fail(where, `a kernel is a SINK, got ${ast.op}`)
+  const root = new Analysis(where).root
+  const trips = new Map()
+  let work = 0n
+  for (const [nodes, ranges] of blocks(ast, where)) {
+    let block = BigInt(nodes)
+    for (const r of ranges) {
+      if (!trips.has(r)) {
+        checkSizeExpr(where, r.src[0], `RANGE ${r.arg[0]}'s end`, new Map())
+        trips.set(r, bmax(root.of(r.src[0])[1], 1n))
+      }
+      block *= trips.get(r)
+    }
+    work += block
+  }
+  return work
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -302,6 +383,28 @@ function meet (a, b) {
 function traps (n, srcs) {
   const [a, b] = srcs
   return isTuple(a) && isTuple(b) && a[0] === dtypeInterval(n.dtype)[0] && b[0] <= -1n && -1n <= b[1]
+}
+
+/** u is never 0: by its interval, or a guard such as WHERE(x == 0, 1, x) (how // is scheduled). */
+function nonzero (u, env) {
+  const v = env.of(u)
+  if (isTuple(v) && !(v[0] <= 0n && 0n <= v[1])) return true
+  if (u.op !== 'WHERE') return false
+  for (const [arm, truth] of [[u.src[1], true], [u.src[2], false]]) {
+    const lits = literals(u.src[0], truth)
+    if (lits === null) continue // this arm is never chosen
+    const armv = env.of(arm)
+    if (isTuple(armv) && !(armv[0] <= 0n && 0n <= armv[1])) continue
+    if (!lits.some(([c, t]) => saysNonzero(c, t, arm))) return false
+  }
+  return true
+}
+
+/** The literal `c == truth` is x != 0. */
+function saysNonzero (c, truth, x) {
+  if ((c.op !== 'CMPNE' && c.op !== 'CMPEQ') || (c.op === 'CMPNE') !== truth || !c.src.includes(x)) return false
+  const other = c.src[0] === x ? c.src[1] : c.src[0]
+  return other.op === 'CONST' && Number(other.arg) === 0
 }
 
 function sumBounds (terms, env) {
@@ -655,16 +758,14 @@ function declaredCount (g, root) {
 }
 
 /**
- * Check a stored kernel (structure, every index in bounds, no overflow in index arithmetic, bounded work).
- * Returns the set of its INDEX nodes (all proven). opts.maxWork caps the product of its loop sizes.
+ * Check a stored kernel (structure, unrolled size, every index in bounds, no overflow in index arithmetic).
+ * Returns the set of its INDEX nodes (all proven). Its work is capped per entrypoint (manifest.js, kernelWork).
  */
-function checkKernel (ast, where = 'kernel', opts = {}) {
+function checkKernel (ast, where = 'kernel') {
   const label = ast.arg && isPlainName(ast.arg.name) ? `${where} '${ast.arg.name}'` : where
   checkStructure(ast, label)
-  const { proven, failures, work } = analyse(ast, label, true)
+  const { proven, failures } = analyse(ast, label, true)
   if (failures.length) throw failures[0]
-  const maxWork = BigInt(opts.maxWork || 2 ** 40)
-  if (work > maxWork) throw fail(label, `the kernel's loops run up to ${work} points (the product of its loop sizes); the limit is ${maxWork} (the maxWork load option)`)
   return proven
 }
 
@@ -688,7 +789,6 @@ function analyse (ast, where, strict) {
   const failures = []
   const bad = new Set()
   const checked = new Set()
-  let work = 1n
   const counts = new Map()
   nodes.forEach((n, i) => {
     if (n.op === 'RANGE') {
@@ -698,7 +798,9 @@ function analyse (ast, where, strict) {
       // Variables' bounds alone (root assumes every loop runs: r < end)
       const [lo, hi] = unassumed.of(n.src[0])
       if (lo < 0n || hi <= 0n) failures.push(fail(where, `RANGE ${n.arg[0]} (node #${i}) has an end in [${lo}, ${hi}]; a loop size must be >= 0 for every value of the Variables, and not 0 for all of them`))
-      work *= bmax(end[1], 0n)
+    }
+    if (strict && (n.op === 'IDIV' || n.op === 'MOD') && n.dtype.isInt && !nonzero(n.src[1], root)) {
+      failures.push(fail(where, `${n.op} node #${i} can divide by 0 (a trap in C, where Python runs it); guard the divisor, e.g. WHERE(b == 0, 1, b)`))
     }
     if (n.op !== 'INDEX' && n.op !== 'RANGE') return
     let overflow = false
@@ -728,7 +830,7 @@ function analyse (ast, where, strict) {
     proven.add(n)
   })
   if (!strict) failures.length = 0
-  return { proven, failures, work }
+  return { proven, failures }
 }
 
-module.exports = { checkKernel, provenIndices, checkStructure, checkSizeExpr, isPlainName, MAX_RANGE, MAX_NAME, NAME_RULE }
+module.exports = { checkKernel, kernelWork, provenIndices, checkStructure, checkSizeExpr, isPlainName, MAX_RANGE, MAX_NAME, NAME_RULE }

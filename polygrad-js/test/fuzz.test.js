@@ -10,10 +10,8 @@
 const test = require('node:test')
 const assert = require('node:assert')
 const { Model, PolygradError, BundleError } = require('..')
-const bundle = require('../src/bundle')
-const { crc32 } = require('../src/crc32')
 const json = require('../src/json')
-const { fixture } = require('./helpers')
+const { fixture, split, pack } = require('./helpers')
 
 const LIMITS = { maxBytes: 64 << 20, maxWork: 2 ** 24, validate: 'all' }
 const CASES = Number(process.env.POLYGRAD_FUZZ_CASES || 150)
@@ -27,28 +25,6 @@ function rng (seed) {
     t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296
   }
-}
-
-function split (bytes) {
-  const v = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
-  const mlen = v.getUint32(16, true)
-  const start = 64 + Math.ceil(mlen / 64) * 64
-  return { text: bytes.slice(64, 64 + mlen), data: bytes.slice(start), version: v.getUint32(8, true) }
-}
-
-function pack (text, data, version = 1) {
-  const start = 64 + Math.ceil(text.length / 64) * 64
-  const out = new Uint8Array(start + data.length)
-  out.set(bundle.MAGIC, 0)
-  const v = new DataView(out.buffer)
-  v.setUint32(8, version, true)
-  v.setUint32(16, text.length, true)
-  v.setUint32(24, data.length, true)
-  v.setUint32(32, crc32(text), true)
-  v.setUint32(36, crc32(data), true)
-  out.set(text, 64)
-  out.set(data, start)
-  return out
 }
 
 function attempt (bytes) {

@@ -10,9 +10,10 @@ The layout is specified in docs/bundle-format.md (precise enough to write anothe
 
 Reading never executes anything from the file and never uses pickle: it is `struct`, `zlib.crc32`,
 `json` and table look-ups. Every field is type- and range-checked before it is used, sizes and offsets
-are checked against the file and against `max_bytes` before anything is allocated, and every problem
-raises `BundleError` naming the field and what was expected. The kernels are decoded by
-`uop/serialize.py` and each call is checked against its buffers (`uop/validate.py` where available).
+are checked against the file and against `max_bytes` before anything is allocated (the caps are in
+`polygrad/limits.py`), and every problem raises `BundleError` naming the field and what was expected.
+The kernels are decoded by `uop/serialize.py` and each call is checked against its buffers
+(`uop/validate.py` where available).
 
 >>> data = write({"format": FORMAT, "version": VERSION}, [])
 >>> data[:8] == MAGIC, len(data) % 64
@@ -21,12 +22,13 @@ raises `BundleError` naming the field and what was expected. The kernels are dec
 from __future__ import annotations
 
 import json
-import os
 import struct
 import zlib
 from typing import Any, Sequence
 
 from polygrad.errors import PolygradError
+from polygrad.limits import MAX_ELEMENTS, MAX_JSON_DEPTH, MAX_MANIFEST
+from polygrad.uop.serialize import json_int
 
 MAGIC = b"\x89PGB\r\n\x1a\n"
 FORMAT = "polygrad-bundle"
@@ -35,10 +37,6 @@ SUPPORTED_VERSIONS = (1, 2)  # 2 adds cache buffers, Variables in any dimension,
 HEADER = struct.Struct("<8sIIQQII24x")  # magic, version, flags, manifest_len, data_len, manifest_crc, data_crc
 assert HEADER.size == 64
 ALIGN = 64
-MAX_MANIFEST = 256 << 20
-# the most device memory a loaded bundle may ask for (stored and unstored buffers together)
-MAX_BYTES = int(os.environ.get("POLY_BUNDLE_MAX_BYTES", str(16 << 30)))
-MAX_ELEMENTS = (1 << 31) - 1  # per buffer: kernel indices are int32
 
 
 class BundleError(PolygradError, ValueError):
@@ -107,6 +105,8 @@ def read(data: bytes | bytearray | memoryview) -> tuple[dict, memoryview]:
         manifest = json.loads(text.decode("utf-8"), parse_constant=_no_constants)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise BundleError(f"bundle manifest is not valid JSON: {e}") from None
+    if json_depth(manifest) > MAX_JSON_DEPTH:
+        raise BundleError(f"bundle manifest nests JSON deeper than {MAX_JSON_DEPTH} levels (a damaged or crafted file)")
     if not isinstance(manifest, dict):
         raise BundleError("bundle manifest must be a JSON object")
     if manifest.get("format") != FORMAT:
@@ -120,6 +120,25 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not allowed in a bundle manifest")
 
 
+def json_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
+    """The nesting depth of a parsed JSON value (a scalar is 0, `[]` is 1), walked level by level without
+    recursion; it stops counting past `limit`.
+
+    >>> json_depth({"a": [1, [2]]}), json_depth(3)
+    (3, 0)
+    """
+    depth, level = 0, [value] if type(value) in (list, dict) else []
+    while level and depth <= limit:
+        depth += 1
+        inner = []
+        for v in level:
+            for x in (v.values() if type(v) is dict else v):
+                if type(x) is list or type(x) is dict:
+                    inner.append(x)
+        level = inner
+    return depth
+
+
 # ---------------------------------------------------------------------------------------------------
 # field checks used by the manifest validation in polygrad/model.py
 
@@ -130,11 +149,14 @@ def need(cond: bool, msg: str) -> None:
 
 
 def get(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    """obj[key], checked to be of `kind` (bool is never an int here)."""
+    """obj[key], checked to be of `kind` (an int: any JSON number with an integral value, never a bool)."""
     need(isinstance(obj, dict), f"{where} must be an object")
     need(key in obj, f"{where} lacks {key!r}")
     v = obj[key]
-    ok = isinstance(v, kind) and not (isinstance(v, bool) and kind in (int, (int,)))
+    if kind in (int, (int,)):
+        need(json_int(v) is not None, f"{where}.{key} must be an integer, got {type(v).__name__}")
+        return json_int(v)
+    ok = isinstance(v, kind)
     need(ok, f"{where}.{key} must be {_kind_name(kind)}, got {type(v).__name__}")
     return v
 
@@ -146,9 +168,10 @@ def get_int(obj: Any, key: str, where: str, lo: int = 0, hi: int = MAX_ELEMENTS)
 
 
 def check_int(v: Any, where: str, lo: int, hi: int) -> int:
-    need(isinstance(v, int) and not isinstance(v, bool), f"{where} must be an integer, got {type(v).__name__}")
-    need(lo <= v <= hi, f"{where} = {v} is outside [{lo}, {hi}]")
-    return v
+    n = json_int(v)
+    need(n is not None, f"{where} must be an integer, got {type(v).__name__}")
+    need(lo <= n <= hi, f"{where} = {n} is outside [{lo}, {hi}]")
+    return n
 
 
 def _kind_name(kind: Any) -> str:

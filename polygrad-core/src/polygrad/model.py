@@ -50,7 +50,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from polygrad import bundle, config, runtime_context
+from polygrad import bundle, config, limits, runtime_context
 from polygrad.atomicfile import write_file
 from polygrad.bundle import BundleError
 from polygrad.device import Buffer, canonicalize, note_overwrite
@@ -1232,8 +1232,13 @@ class Model:
 
     @classmethod
     def load(cls, source: str | os.PathLike | bytes | bytearray | memoryview, runtime: Any = None,
-             device: str | None = None) -> "Model":
-        """A Model from a bundle path or its bytes, on `runtime` (default: the default runtime) or `device`."""
+             device: str | None = None, *, max_bytes: int | None = None, max_work: int | None = None) -> "Model":
+        """A Model from a bundle path or its bytes, on `runtime` (default: the default runtime) or `device`.
+
+        A bundle may ask for at most `max_bytes` of buffers and `max_work` node evaluations per entrypoint
+        call; by default max(256 MiB, 16 x the file's size) and max(2**36, 2**16 x the file's size)
+        (polygrad/limits.py, the same in polygrad-js). Raise them for a file you trust that needs more.
+        """
         from polygrad.modelformat import from_manifest
         if isinstance(source, (bytes, bytearray, memoryview)):
             data = source
@@ -1250,7 +1255,10 @@ class Model:
             runtime.check_alive()
         dev = canonicalize(device if device is not None else (runtime.device if runtime is not None else None))
         manifest, body = bundle.read(data)
-        prog, stored = from_manifest(manifest, body)
+        size = len(memoryview(data).cast("B"))
+        max_bytes = limits.default_max_bytes(size) if max_bytes is None else _cap(max_bytes, "max_bytes")
+        max_work = limits.default_max_work(size) if max_work is None else _cap(max_work, "max_work")
+        prog, stored = from_manifest(manifest, body, max_bytes, max_work)
         return cls._from_program(prog, stored, runtime, dev)
 
     # ---- lifetime
@@ -1272,6 +1280,12 @@ class Model:
         state = " disposed" if self._disposed else ""
         ins = ", ".join(f"{s.name}{list(s.shape)}" for s in self._p.inputs)
         return f"<Model ({ins}) -> ({', '.join(s.name for s in self._p.outputs)}) on {self.device}{state}>"
+
+
+def _cap(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ModelError(f"Model.load({name}=...) takes a non-negative int, got {value!r:.40}")
+    return value
 
 
 def _optimizer_buffers(opt: Any, known: Mapping[int, int]) -> list[Buffer]:

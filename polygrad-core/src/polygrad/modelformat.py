@@ -5,8 +5,10 @@ Stage: export / import, between polygrad/model.py (the Program a Model runs) and
 `BundleError` for anything out of place: unknown roles or dtypes, slot numbers out of range, sizes
 that disagree with shapes or with the stored bytes, offsets outside the data section, a kernel whose
 buffers do not match its call, a call that passes one buffer twice, a temporary or output read before
-a call writes it (`_check_dataflow`, docs/bundle-format.md 4.1), Variables without declared bounds, or
-more memory than `bundle.MAX_BYTES`. Nothing is allocated before the whole manifest passed.
+a call writes it (`_check_dataflow`, docs/bundle-format.md 4.1), Variables without declared bounds,
+more memory than `max_bytes`, or an entrypoint whose calls evaluate more than `max_work` kernel
+nodes (polygrad/limits.py has the caps and their defaults). Nothing is allocated before the whole
+manifest passed.
 """
 from __future__ import annotations
 
@@ -18,12 +20,17 @@ from polygrad import bundle
 from polygrad.bundle import BundleError, check_int, get, get_int, need
 from polygrad.dtype import DType
 from polygrad.errors import PolygradError
+from polygrad.limits import MAX_CALLS, MAX_ELEMENTS, MAX_NAME, MAX_SLOTS
 from polygrad.uop import dataflow, serialize
-from polygrad.uop.names import MAX_NAME  # every name in a manifest: at most this long
 from polygrad.uop.ops import Ops, UOp
 
-MAX_SLOTS = 1 << 20
-MAX_CALLS = 1 << 20
+# the hyperparameters a bundle's optimizer may carry and their JSON kinds (docs/bundle-format.md 2.6)
+OPTIMIZER_HYPER: dict[str, dict[str, str]] = {
+    "sgd": {"momentum": "number", "weight_decay": "number", "nesterov": "bool"},
+    "adam": {"betas": "pair", "eps": "number", "weight_decay": "number"},
+    "adamw": {"betas": "pair", "eps": "number", "weight_decay": "number"},
+    "lamb": {"b1": "number", "b2": "number", "eps": "number", "weight_decay": "number"},
+}
 
 
 def _dtype_name(dt: DType) -> str:
@@ -114,7 +121,7 @@ def _shape(v: Any, where: str, variables: dict[str, tuple[int, int]], version: i
                  "may name a Variable")
             out.append(d)
         else:
-            out.append(check_int(d, f"{where}[{k}]", 0, bundle.MAX_ELEMENTS))
+            out.append(check_int(d, f"{where}[{k}]", 0, MAX_ELEMENTS))
     return tuple(out)
 
 
@@ -122,7 +129,7 @@ def _elements(shape: tuple[int | str, ...], variables: dict[str, tuple[int, int]
     n = 1
     for d in shape:
         n *= variables[d][1] if isinstance(d, str) else d
-        if n > bundle.MAX_ELEMENTS:
+        if n > MAX_ELEMENTS:
             return n
     return n
 
@@ -142,17 +149,22 @@ def _specs(obj: Any, key: str, variables: dict, version: int) -> list:
     return out
 
 
-def from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.ndarray]]:
-    """(Program, {slot: stored array}) of a manifest read by bundle.read(); BundleError if inconsistent."""
+def from_manifest(manifest: dict, body: memoryview, max_bytes: int, max_work: int) -> tuple[Any, dict[int, np.ndarray]]:
+    """(Program, {slot: stored array}) of a manifest read by bundle.read(); BundleError if inconsistent.
+
+    max_bytes caps the memory of all buffers together, max_work the node evaluations of one entrypoint call
+    (`uop/validate.kernel_work` summed over its calls; a copy counts its elements). Model.load passes the
+    defaults for the file's length (polygrad/limits.py) unless its caller gave others."""
     try:
-        return _from_manifest(manifest, body)
+        return _from_manifest(manifest, body, max_bytes, max_work)
     except BundleError:
         raise
     except PolygradError as e:  # a kernel or an optimizer configuration that does not read
         raise BundleError(f"bundle manifest: {e}") from None
 
 
-def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.ndarray]]:
+def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
+                   max_work: int) -> tuple[Any, dict[int, np.ndarray]]:
     from polygrad.model import ROLES, STORED, Call, Entry, Program, Slot, _optimizer_config
     from polygrad.uop.sint import Variable
 
@@ -183,7 +195,9 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
         size = get_int(r, "size", where)
         need(_elements(shape, variables) == size, f"{where}: size {size} does not match shape {list(shape)}")
         total += size * dt.itemsize
-        need(total <= bundle.MAX_BYTES, f"the buffers need more than {bundle.MAX_BYTES} bytes (POLY_BUNDLE_MAX_BYTES)")
+        if total > max_bytes:
+            raise BundleError(f"bundle manifest: the buffers need more than {max_bytes} bytes, the limit for this "
+                              "file; if you trust it, load it with Model.load(..., max_bytes=N)")
         data = r.get("data")
         if role in STORED:
             need(isinstance(data, dict), f"{where} ({role}) must have stored data")
@@ -212,6 +226,7 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
         return s  # type: ignore[return-value]
 
     entries: dict[str, Entry] = {}
+    work_of: dict[int, int] = {}
     eps = get(manifest, "entrypoints", dict, "manifest")
     need("forward" in eps, "entrypoints lack 'forward'")
     n_calls = 0
@@ -246,6 +261,7 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
             _check_distinct(cw, args)
             _check_call(cw, k, kernels[k], globals_of[k], args, slots, variables)
             calls.append(Call(k, args))
+        _check_work(where, calls, kernels, slots, work_of, max_work)
         args = []
         if "arguments" in e:
             need(version >= 2, f"{where}.arguments needs bundle version 2")
@@ -254,6 +270,10 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
                      f"{where}.arguments[{i}] must name a declared Variable once, distinct from the inputs")
                 args.append(v)
         entries[name] = Entry(ins, outs, calls, rng, args)
+    called = {c.kernel for e in entries.values() for c in e.calls}
+    for k, ast in enumerate(kernels):
+        if k not in called:
+            _check_uncalled(k, ast)
     fwd = entries["forward"]
     need(set(fwd.inputs) == {s.name for s in inputs}, "entrypoints.forward.inputs do not match signature.inputs")
     need(set(fwd.outputs) == {s.name for s in outputs}, "entrypoints.forward.outputs do not match signature.outputs")
@@ -282,7 +302,8 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
         need(named, "training.optimizer must be an object with a name")
         hyper = {k: (tuple(v) if isinstance(v, list) else v) for k, v in opt.items() if k not in ("name", "lr")}
         lr = opt.get("lr")
-        need(isinstance(lr, (int, float)) and not isinstance(lr, bool), "training.optimizer.lr must be a number")
+        need(_is_number(lr), "training.optimizer.lr must be a number")
+        _check_hyper(opt)
         opt = _optimizer_config(opt["name"], float(lr), hyper)
         need("train_step" in entries and "optimizer_step" in entries, "an optimizer without train_step/optimizer_step")
         lr_slot = slot_no(tr.get("lr_buffer"), "training.lr_buffer", ("optimizer",))
@@ -303,18 +324,73 @@ def _from_manifest(manifest: dict, body: memoryview) -> tuple[Any, dict[int, np.
     return prog, stored
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_hyper(opt: dict) -> None:
+    """Each hyperparameter of a named optimizer is one it takes, of the JSON kind docs/bundle-format.md gives."""
+    known = OPTIMIZER_HYPER.get(opt["name"])
+    need(known is not None, f"training.optimizer.name {opt['name']!r:.40} is not one of {list(OPTIMIZER_HYPER)}")
+    kinds = {"number": _is_number, "bool": lambda v: isinstance(v, bool),
+             "pair": lambda v: isinstance(v, list) and len(v) == 2 and all(_is_number(x) for x in v)}
+    names = {"number": "a number", "bool": "true or false", "pair": "a list of two numbers"}
+    for k, v in opt.items():
+        if k in ("name", "lr"):
+            continue
+        need(k in known, f"training.optimizer: {opt['name']} has no hyperparameter {k!r:.40} (it takes {list(known)})")
+        need(kinds[known[k]](v), f"training.optimizer.{k} must be {names[known[k]]}, got {v!r:.40}")
+
+
+def _check_uncalled(k: int, ast: UOp) -> None:
+    """A kernel no call names is checked against its own declared shapes: every kernel of a file is valid
+    (polygrad-js decodes and checks them all, so both readers refuse the same files)."""
+    from polygrad.uop.validate import check_kernel, declared_count
+    where = f"kernel {k}"
+    params = {n.arg[0]: n for n in ast.toposort() if n.op is Ops.DEFINE_GLOBAL}
+    try:
+        check_kernel(ast, [declared_count(params[i], where) if i in params else -1 for i in range(len(params))],
+                     where=where)
+    except serialize.KernelFormatError as e:
+        raise BundleError(f"bundle manifest: {e}") from None
+
+
+def _check_work(where: str, calls: list, kernels: list[UOp], slots: list, work_of: dict[int, int],
+                max_work: int) -> None:
+    """One call of the entrypoint evaluates at most max_work nodes, its Variables at their maxima."""
+    from polygrad.uop.validate import kernel_work
+    work = 0
+    for c in calls:
+        if c.kernel < 0:
+            work += slots[c.args[1]].size
+            continue
+        if c.kernel not in work_of:
+            try:
+                work_of[c.kernel] = kernel_work(kernels[c.kernel])
+            except serialize.KernelFormatError as e:
+                raise BundleError(f"bundle manifest: {where}: kernel {c.kernel}: {e}") from None
+        work += work_of[c.kernel]
+    if work > max_work:
+        raise BundleError(f"bundle manifest: {where} evaluates up to {work} kernel nodes per call (its Variables at "
+                          f"their maxima); the limit for this file is {max_work}. If you trust it, load it with "
+                          "Model.load(..., max_work=N)")
+
+
 def _kernel_globals(k: int, ast: UOp, variables: dict[str, tuple[int, int]]) -> dict[int, tuple[DType, Any]]:
     """{slot: (dtype, declared shape)} of a kernel's DEFINE_GLOBALs; its Variables must be declared."""
     out: dict[int, tuple[DType, Any]] = {}
     for n in ast.toposort():
+        # the messages show no arg: a malformed one may hold nodes that cannot even be printed
         if n.op is Ops.DEFINE_GLOBAL:
-            need(isinstance(n.arg, tuple) and len(n.arg) == 2 and isinstance(n.arg[0], int),
-                 f"kernel {k}: malformed DEFINE_GLOBAL {n.arg!r}")
+            need(n.dtype is not None and isinstance(n.arg, tuple) and len(n.arg) == 2 and isinstance(n.arg[0], int),
+                 f"kernel {k}: a DEFINE_GLOBAL needs a dtype and the arg (slot, shape)")
             prev = out.setdefault(n.arg[0], (n.dtype, n.arg[1]))
             need(prev == (n.dtype, n.arg[1]), f"kernel {k}: parameter {n.arg[0]} declared twice differently")
         elif n.op is Ops.DEFINE_VAR:
-            need(isinstance(n.arg, tuple) and len(n.arg) == 3 and variables.get(n.arg[0]) == tuple(n.arg[1:]),
-                 f"kernel {k}: Variable {n.arg!r} is not declared in the manifest's variables")
+            ok = isinstance(n.arg, tuple) and len(n.arg) == 3 and isinstance(n.arg[0], str)
+            need(ok and variables.get(n.arg[0]) == tuple(n.arg[1:]),
+                 f"kernel {k}: a DEFINE_VAR {n.arg[0] if ok else '(malformed)'!r:.60} is not declared with these "
+                 "bounds in the manifest's variables")
         elif n.op is Ops.BIND:
             need(False, f"kernel {k}: a kernel cannot hold a bound value (BIND)")
     return out

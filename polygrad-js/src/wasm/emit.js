@@ -7,7 +7,9 @@
  * offsets baked into the code (one function per call site) and the function's parameters are only the
  * Variables' values (i32). Output: {params, locals, body} for encode.moduleBytes.
  *
- * Values live in locals (one per instruction; the engine's register allocator takes it from there):
+ * Values live in locals, reused once a value is dead (after its last use, or after the outermost loop that
+ * uses it without defining it), so a kernel needs as many locals as values are live at once, never one per
+ * instruction (engines cap a function's locals; the engine's register allocator takes it from there):
  * floats of 16 bits as float32 rounded to their format, 8/16-bit integers as canonical i32 (sign- or
  * zero-extended), bool as i32 0/1, a value with lanes as v128 (bool lanes as i32x4 masks 0/-1).
  * Semantics follow docs/kernel-ir.md exactly: no contraction (mul and add stay separate), NaN-propagating
@@ -43,11 +45,39 @@ class KernelEmitter {
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
     this.stats = { pointerExits: 0, bitSelects: 0 } // what the speed guards (tests) look for
     this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
+    this.free = new Map() // wasm type -> locals no live value holds
+    this.pooled = new Map() // value id -> its reusable local
+    this.scratch = [] // [type, local] taken by the instruction being emitted, freed after it
   }
 
   newLocal (t) {
     this.locals.push(t)
     return this.params.length + this.locals.length - 1
+  }
+
+  /** A local of type t that no live value holds (reused, or a new one). */
+  alloc (t) {
+    const list = this.free.get(t)
+    return list && list.length ? list.pop() : this.newLocal(t)
+  }
+
+  /** A local for the current instruction's own use only (a temporary inside its code). */
+  temp (t) {
+    const l = this.alloc(t)
+    this.scratch.push([t, l])
+    return l
+  }
+
+  release (t, l) {
+    if (!this.free.has(t)) this.free.set(t, [])
+    this.free.get(t).push(l)
+  }
+
+  /** x's local holds its value from now on: reusable after releaseAfter says x is dead. */
+  hold (x, l) {
+    this.pooled.set(x.id, [this.typeOf(x), l])
+    this.val.set(x.id, { local: l })
+    return l
   }
 
   typeOf (x) {
@@ -64,9 +94,8 @@ class KernelEmitter {
 
   define (x) {
     // the value on the stack becomes x's local
-    const l = this.newLocal(this.typeOf(x))
+    const l = this.hold(x, this.alloc(this.typeOf(x)))
     this.c.set(l)
-    this.val.set(x.id, { local: l })
     return l
   }
 
@@ -184,7 +213,7 @@ class KernelEmitter {
       return this.define(x)
     }
     // a gather (or a contiguous load with lane gates): lane by lane
-    const out = this.newLocal(T.v128)
+    const out = this.hold(x, this.alloc(T.v128))
     this.c.v128const(new Uint8Array(16)).set(out)
     for (let lane = 0; lane < x.lanes; lane++) {
       const gated = !!x.gate
@@ -202,7 +231,6 @@ class KernelEmitter {
       this.c.set(out)
       if (gated) this.c.byte(0x0b)
     }
-    this.val.set(x.id, { local: out })
     return out
   }
 
@@ -439,7 +467,7 @@ class KernelEmitter {
   selectF32 (pushA, pushB, pushCond) {
     const c = this.c
     this.stats.bitSelects++
-    const bb = this.newLocal(T.i32)
+    const bb = this.temp(T.i32)
     pushB(); c.op(0xbc).set(bb) // i32.reinterpret_f32
     c.get(bb)
     pushA(); c.op(0xbc).get(bb).op(0x73) // a ^ b
@@ -598,7 +626,7 @@ class KernelEmitter {
       for (let lane = 0; lane < v.lanes; lane++) {
         const laneRef = { id: -1000000 - x.id * 8 - lane, dtype: d, lanes: 1 }
         this.laneOf(v, lane, true)
-        const l = this.newLocal(SCALAR(d))
+        const l = this.temp(SCALAR(d))
         this.c.set(l)
         this.val.set(laneRef.id, { local: l })
         this.scalarAlu(x.op, d, d, [accRef, laneRef])
@@ -629,7 +657,7 @@ class KernelEmitter {
       this.push(a); this.push(b); shuffle(EVEN)
       this.push(a); this.push(b); shuffle(ODD)
       this.c.simd(add)
-      const l = this.newLocal(T.v128)
+      const l = this.temp(T.v128)
       this.c.set(l)
       return l
     }
@@ -645,7 +673,18 @@ class KernelEmitter {
 
   // ---- structure
   block (insts) {
-    for (const x of insts) this.inst(x)
+    for (const x of insts) {
+      const mark = this.scratch.length
+      this.inst(x)
+      for (const [t, l] of this.scratch.splice(mark)) this.release(t, l)
+      for (const id of this.dead.get(x.id) || []) {
+        const held = this.pooled.get(id)
+        if (held === undefined) continue
+        this.pooled.delete(id)
+        this.val.delete(id) // a use after this point is an internal error, never a stale read
+        this.release(held[0], held[1])
+      }
+    }
   }
 
   inst (x) {
@@ -661,9 +700,10 @@ class KernelEmitter {
       case 'alu': return this.emitAlu(x)
       case 'load': return this.emitLoad(x)
       case 'store': return this.emitStore(x)
-      case 'acc':
+      case 'acc': // updated inside loops and read after them: its own local, never reused
         this.push(x.src[0])
-        this.define(x)
+        this.val.set(x.id, { local: this.newLocal(this.typeOf(x)) })
+        c.set(this.val.get(x.id).local)
         return
       case 'update': return this.emitUpdate(x)
       case 'hsum': return this.emitHsum(x)
@@ -784,6 +824,49 @@ class KernelEmitter {
     return steps
   }
 
+  /**
+   * Map inst id -> ids of the values that are dead once that instruction is emitted: a value dies after its
+   * last use in emission order, or, when a use sits in a loop that does not hold the value's definition,
+   * after the outermost such loop (the loop runs that use again). A value nobody reads dies at once.
+   */
+  deadAfter () {
+    const place = new Map() // inst id -> [position, loops around it]
+    const last = new Map() // value id -> [position, inst id after which it dies]
+    const uses = [] // [value, user inst]
+    let n = 0
+    const walk = (insts, loops) => {
+      for (const x of insts) {
+        if (x.k === 'loop') walk(x.pre, loops)
+        place.set(x.id, [n++, loops])
+        last.set(x.id, [n - 1, x.id])
+        for (const v of operands(x)) uses.push([v, x])
+        if (x.k === 'loop') {
+          walk(x.body, [...loops, x])
+          place.get(x.id)[0] = n++ // a loop's operands (its end, read by the latch) die after its body
+        }
+        if (x.k === 'if') walk(x.body, loops)
+      }
+    }
+    walk(this.prog.head, [])
+    walk(this.prog.body, [])
+    for (const [v, user] of uses) {
+      const def = place.get(v.id)
+      if (def === undefined) continue // a parameter (var) or an accumulator reference
+      const [pos, loops] = place.get(user.id)
+      let k = 0
+      while (k < loops.length && k < def[1].length && loops[k] === def[1][k]) k++
+      const after = k < loops.length ? loops[k] : user
+      const at = after === user ? pos : place.get(after.id)[0]
+      if (at > last.get(v.id)[0]) last.set(v.id, [at, after.id])
+    }
+    const dead = new Map()
+    for (const [id, [, after]] of last) {
+      if (!dead.has(after)) dead.set(after, [])
+      dead.get(after).push(id)
+    }
+    return dead
+  }
+
   /** How many instructions read each value (a load nobody reads is not emitted: wasm keeps loads alive). */
   countUses () {
     const uses = new Map()
@@ -813,10 +896,20 @@ class KernelEmitter {
 
   emit () {
     this.uses = this.countUses()
+    this.dead = this.deadAfter()
     this.block(this.prog.head)
     this.block(this.prog.body)
     return { params: this.params, locals: this.locals, body: this.c, stats: this.stats }
   }
+}
+
+/** The values an instruction reads (a broadcast load reads its load's address; a loop its start and end). */
+function operands (x) {
+  const out = []
+  for (const v of x.src || []) if (v) out.push(v)
+  for (const v of [x.idx, x.gate, x.cond, x.start, x.end, x.acc]) if (v) out.push(v)
+  if (x.k === 'bcast' && x.src[0].k === 'load') out.push(x.src[0].idx)
+  return out
 }
 
 module.exports = { KernelEmitter }

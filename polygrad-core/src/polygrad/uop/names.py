@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-MAX_NAME = 256
+from polygrad.limits import MAX_NAME  # shared with polygrad-js (src/limits.js)
+
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 NAME_RULE = (f"a plain name: ASCII letters, digits and _, not starting with a digit, 1 to {MAX_NAME} "
              "characters")

@@ -25,6 +25,7 @@ from typing import Any, Iterable
 
 from polygrad.dtype import ALL_DTYPES, DType, dtypes
 from polygrad.errors import PolygradError
+from polygrad.limits import MAX_ARG_DEPTH, MAX_NODES
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 
 try:  # RANGE kinds: (axis id, AxisKind) where ops.py has the enum, plain strs before it
@@ -46,11 +47,23 @@ DTYPE_NAMES: dict[DType, str] = {
 assert set(DTYPE_NAMES) == set(ALL_DTYPES)
 DTYPES_BY_NAME: dict[str, DType] = {v: k for k, v in DTYPE_NAMES.items()}
 
-MAX_ARG_DEPTH = 64  # nested tuples in one arg; real args are at most two levels deep
-
 
 class KernelFormatError(PolygradError, ValueError):
     """Serialised kernel data that cannot be read (or a graph that cannot be written)."""
+
+
+def json_int(v: Any) -> int | None:
+    """A JSON number with an integral value as an int (`5`, `5.0`, `5e0` alike: JSON has one number type,
+    and JavaScript's reader cannot tell them apart), else None; a boolean is never an integer.
+
+    >>> json_int(5), json_int(5.0), json_int(5.5), json_int(True)
+    (5, 5, None, None)
+    """
+    if type(v) is int:
+        return v
+    if type(v) is float and v.is_integer():
+        return int(v)
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -114,9 +127,9 @@ def decode_arg(obj: Any, where: str = "arg", depth: int = 0, built: list[UOp] | 
         raise KernelFormatError(f"{where}: expected null or a [tag, payload] pair, got {obj!r:.80}")
     tag, val = obj
     if tag == "int":
-        if type(val) is not int:
+        if json_int(val) is None:
             raise KernelFormatError(f"{where}: an int arg needs a JSON integer, got {val!r:.40}")
-        return val
+        return json_int(val)
     if tag == "float":
         if type(val) is not str or len(val) != 16:
             raise KernelFormatError(f"{where}: a float arg is 16 hex digits of float64 bits, got {val!r:.40}")
@@ -137,7 +150,8 @@ def decode_arg(obj: Any, where: str = "arg", depth: int = 0, built: list[UOp] | 
             raise KernelFormatError(f"{where}: a tuple arg needs a JSON list, got {val!r:.40}")
         return tuple(decode_arg(v, f"{where}[{i}]", depth + 1, built) for i, v in enumerate(val))
     if tag == "uop":
-        if built is None or type(val) is not int or not 0 <= val < len(built):
+        val = json_int(val)
+        if built is None or val is None or not 0 <= val < len(built):
             n = len(built) if built is not None else 0
             raise KernelFormatError(f"{where}: a uop arg needs the index of an earlier node (0..{n - 1}), "
                                     f"got {val!r:.20}")
@@ -229,15 +243,17 @@ def _arg_uops(arg: Any) -> list[UOp]:
     return []
 
 
-def decode(obj: Any) -> list[UOp]:
-    """The roots of an `encode` object, as hash-consed UOps (the same objects, if they are alive)."""
+def decode(obj: Any, max_nodes: int = MAX_NODES) -> list[UOp]:
+    """The roots of an `encode` object, as hash-consed UOps (the same objects, if they are alive).
+
+    More than `max_nodes` nodes or roots are refused before any node is built."""
     if type(obj) is not dict:
         raise KernelFormatError(f"serialised kernel must be a JSON object, got {type(obj).__name__}")
     fmt = obj.get("format")
     if fmt != FORMAT:
         raise KernelFormatError(f"not a polygrad kernel: format is {fmt!r:.40}, expected {FORMAT!r}")
-    version = obj.get("version")
-    if type(version) is not int:
+    version = json_int(obj.get("version"))
+    if version is None:
         raise KernelFormatError(f"serialised kernel has no integer 'version' (got {version!r:.40}); the file is "
                                 "damaged or not written by polygrad.uop.serialize")
     if version not in SUPPORTED_VERSIONS:
@@ -252,6 +268,9 @@ def decode(obj: Any) -> list[UOp]:
     nodes, roots = obj.get("nodes"), obj.get("roots")
     if type(nodes) is not list or type(roots) is not list:
         raise KernelFormatError("serialised kernel needs a 'nodes' list and a 'roots' list")
+    if len(nodes) > max_nodes or len(roots) > max_nodes:
+        raise KernelFormatError(f"serialised kernel has {len(nodes)} nodes and {len(roots)} roots; the limit is "
+                                f"{max_nodes} (generated kernel tables have thousands)")
     built: list[UOp] = []
     for i, node in enumerate(nodes):
         where = f"node #{i}"
@@ -262,15 +281,16 @@ def decode(obj: Any) -> list[UOp]:
         dtype = None if dt_name is None else _dtype_named(dt_name, where)
         if type(src) is not list:
             raise KernelFormatError(f"{where}: src must be a list of node indices, got {src!r:.40}")
+        src = [json_int(s) for s in src]
         for s in src:
-            if type(s) is not int or not 0 <= s < i:
+            if s is None or not 0 <= s < i:
                 raise KernelFormatError(f"{where}: src index {s!r:.20} is not an earlier node (0..{i - 1}); nodes "
                                         "must be listed sources first")
         value = decode_arg(arg, f"{where} ({op_name}) arg", built=built if version >= 2 else None)
         built.append(UOp(op, dtype, tuple(built[s] for s in src), value))
     out = []
-    for r in roots:
-        if type(r) is not int or not 0 <= r < len(built):
+    for r in map(json_int, roots):
+        if r is None or not 0 <= r < len(built):
             raise KernelFormatError(f"root {r!r:.20} is not a node index (0..{len(built) - 1})")
         out.append(built[r])
     return out

@@ -20,7 +20,10 @@ cannot read or write outside its buffers for any value of its Variables within t
 
 The analysis never recurses on the graph (each walk is over a cached toposort), memoizes each node
 once per set of assumptions, and gives up on kernels above MAX_NODES nodes or MAX_STEPS steps.
-`kernel_work(ast)` is the product of the RANGE maxima, for a caller that caps total work.
+A block (a SINK source) may unroll at most MAX_UPCAST points of upcast RANGEs, and its nodes counted
+once per point may total at most MAX_NODES over the kernel (what a renderer emits stays bounded); each
+RANGE is one loop (of one REDUCE, or of ENDs). `kernel_work(ast)` bounds the node evaluations of one run,
+for a caller that caps total work.
 """
 from __future__ import annotations
 
@@ -29,15 +32,15 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 from polygrad.dtype import DType, dtypes
 from polygrad.errors import VariableError
+from polygrad.limits import MAX_NARROW_DEPTH, MAX_NODES, MAX_RANGE, MAX_STEPS, MAX_UPCAST
 from polygrad.uop import sint
 from polygrad.uop.names import NAME_RULE, is_plain_name
 from polygrad.uop.ops import AxisKind, KernelInfo, Ops, UOp
 from polygrad.uop.serialize import DTYPE_NAMES, KernelFormatError
 
-MAX_RANGE = 2**48  # a loop's largest trip count (index arithmetic past 2**31 is int64)
-MAX_NODES = 1 << 18  # nodes in one kernel (generated kernels have hundreds)
-MAX_STEPS = 1 << 22  # node evaluations of the interval analysis, all assumptions together
-MAX_NARROW_DEPTH = 6  # WHEREs nested inside an index that still narrow their arms (deeper: union)
+# MAX_RANGE (a loop's largest trip count), MAX_NODES (nodes in one kernel), MAX_STEPS (node evaluations of
+# the interval analysis), MAX_NARROW_DEPTH (WHEREs nested in an index that still narrow their arms) and
+# MAX_UPCAST (the unrolled points of a block) are shared with polygrad-js: polygrad/limits.py
 
 Interval = Tuple[int, int]  # inclusive bounds of an integer or bool (0/1) value
 INF = 1 << 256  # "unbounded" on one side of a linear fact (larger than any int64 arithmetic here)
@@ -270,6 +273,8 @@ def check_structure(ast: UOp, arg_sizes: Sequence[int], arg_dtypes: Sequence[DTy
         _check_node(at, n, seen_vars)
         if any(s.op is Ops.INDEX for s in n.src) and n.op not in (Ops.LOAD, Ops.STORE):
             raise _fail(at, f"{n.op.name} uses an INDEX; only LOAD and STORE (its first src) may")
+        if any(s.op is Ops.DEFINE_GLOBAL and (n.op is not Ops.INDEX or k) for k, s in enumerate(n.src)):
+            raise _fail(at, f"{n.op.name} uses a DEFINE_GLOBAL (a buffer) as a value; only an INDEX's first src may")
         if n.op is Ops.STORE and n.src[1].op is Ops.INDEX:
             raise _fail(at, "STORE's value is an INDEX (an address); load it first")
         if n.op is Ops.RANGE:
@@ -286,7 +291,58 @@ def check_structure(ast: UOp, arg_sizes: Sequence[int], arg_dtypes: Sequence[DTy
     for slot, gs in sorted(globals_.items()):
         _check_globals(where, slot, gs, sizes[slot], None if arg_dtypes is None else arg_dtypes[slot], seen_vars)
     _check_scopes(where, ast)
+    _check_loops(where, ast)
+    _blocks(where, ast)
     return globals_
+
+
+def _blocks(where: str, ast: UOp) -> list[tuple[int, list[UOp]]]:
+    """(node count, RANGEs) of each block (SINK source). A block's upcast RANGEs (unrolled by the renderers) span
+    at most MAX_UPCAST points, and the blocks' node counts, each times its points, total at most MAX_NODES; the
+    walk stops as soon as that total is passed, so it is bounded too (blocks may share nodes)."""
+    total, out = 0, []
+    for block in ast.src:
+        seen: set[UOp] = set()
+        stack, ranges = [block], []
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if total + len(seen) > MAX_NODES:
+                raise _fail(where, f"the blocks hold more than {MAX_NODES} nodes together (counted per block)")
+            if n.op is Ops.RANGE:
+                ranges.append(n)
+            stack.extend(n.src)
+        points = 1
+        for r in ranges:
+            if r.arg[1] == AxisKind.UPCAST:
+                points *= max(r.src[0].arg, 1)
+        if points > MAX_UPCAST:
+            raise _fail(where, f"a block unrolls {points} points of upcast RANGEs; the limit is {MAX_UPCAST}")
+        total += len(seen) * points
+        if total > MAX_NODES:
+            raise _fail(where, f"the blocks hold more than {MAX_NODES} nodes once their upcast RANGEs are unrolled")
+        out.append((len(seen), ranges))
+    return out
+
+
+def _check_loops(where: str, ast: UOp) -> None:
+    """Each RANGE is one loop: the loop of one REDUCE, or of blocks' END chains (each chain naming it once)."""
+    owner: dict[UOp, Any] = {}
+    for n in ast.toposort():
+        if n.op is Ops.REDUCE:
+            for r in n.src[1:]:
+                if owner.setdefault(r, n) is not n:
+                    raise _fail(where, f"RANGE {r.arg[0]} is reduced by two REDUCEs; each loop has one owner")
+    for block in ast.src:
+        node, chain = block, set()
+        while node.op is Ops.END:
+            for r in node.src[1:]:
+                if r in chain or owner.setdefault(r, Ops.END) is not Ops.END:
+                    raise _fail(where, f"RANGE {r.arg[0]} is looped twice (by a REDUCE or twice by one block's ENDs)")
+                chain.add(r)
+            node = node.src[0]
 
 
 def _check_globals(where: str, slot: int, gs: list[UOp], size: int, dtype: DType | None,
@@ -906,23 +962,31 @@ def check_kernel(ast: UOp, arg_sizes: Sequence[int], arg_dtypes: Sequence[DType]
 
 
 def kernel_work(ast: UOp) -> int:
-    """The product of every RANGE's largest trip count: a bound on the points of any loop nest.
+    """Node evaluations of one run at the Variables' maxima: each block (a SINK source) evaluates each of its
+    nodes at most once per point of all its RANGEs (max(1, trip count) each, multiplied), and the blocks add
+    up. It bounds the work of any renderer, whatever it hoists, and does not depend on how a loop's body is
+    written (one node per iteration or many). For a structurally checked kernel.
 
     >>> from polygrad.uop.ops import UOp
     >>> from polygrad.dtype import dtypes
     >>> out = UOp.placeholder((3, 5), dtypes.float32, 0)
     >>> i, j = UOp.range(None, 3, 0), UOp.range(None, 5, 1)
-    >>> kernel_work(out[i, j].store(1.0).end(i, j).sink())
-    15
+    >>> kernel_work(out[i, j].store(1.0).end(i, j).sink())  # 15 points x 14 nodes (constants, index arithmetic)
+    210
     """
     root = _Analysis("kernel").root
-    work = 1
-    for n in ast.toposort():
-        if n.op is Ops.RANGE:
-            _check_size_expr("kernel", n.src[0], f"RANGE {n.arg!r:.20}'s end", {})
-            work *= max(root.of(n.src[0])[1], 0)
+    trips: dict[UOp, int] = {}
+    work = 0
+    for nodes, ranges in _blocks("kernel", ast):
+        block = nodes
+        for r in ranges:
+            if r not in trips:
+                _check_size_expr("kernel", r.src[0], f"RANGE {r.arg!r:.20}'s end", {})
+                trips[r] = max(root.of(r.src[0])[1], 1)
+            block *= trips[r]
+        work += block
     return work
 
 
 __all__ = ["check_kernel", "check_structure", "check_indices", "kernel_work", "declared_count", "MAX_RANGE",
-           "MAX_NODES", "MAX_STEPS"]
+           "MAX_NODES", "MAX_STEPS", "MAX_UPCAST"]

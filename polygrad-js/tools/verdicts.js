@@ -1,0 +1,36 @@
+'use strict'
+/**
+ * The loader's verdict on every bundle of a folder: `node tools/verdicts.js DIR OUT.json [OPTIONS_JSON]`.
+ *
+ * Stage: tests (the differential corpus of tests/test_bundle_differential.py). Input: DIR/*.pgb and the
+ * Model.load options (JSON: maxBytes, maxWork, ...; every kernel is validated at load, validate: 'all',
+ * as Python does). Output: OUT.json, {file name: {verdict, error, message}} with verdict 'accept' (loaded
+ * and compiled), 'reject' (a BundleError from a check) or 'crash' (any other exception, or an engine error
+ * the last line of defence wrapped: a bug, since every file the checks pass must load).
+ */
+
+const fs = require('fs')
+const path = require('path')
+const { Model, BundleError } = require('..')
+
+function main () {
+  const [dir, out, options] = process.argv.slice(2)
+  const opts = Object.assign({ validate: 'all' }, options ? JSON.parse(options) : {})
+  const result = {}
+  for (const file of fs.readdirSync(dir).filter((f) => f.endsWith('.pgb')).sort()) {
+    let row
+    try {
+      Model.load(path.join(dir, file), opts).dispose()
+      row = { verdict: 'accept' }
+    } catch (e) {
+      const name = e && e.constructor ? e.constructor.name : typeof e
+      // the last line of defence (model.js asLoadError) turns an engine error into a BundleError: still a bug
+      const typed = e instanceof BundleError && !/^this bundle cannot be loaded here/.test(e.message)
+      row = { verdict: typed ? 'reject' : 'crash', error: name, message: String(e && e.message).slice(0, 400) }
+    }
+    result[file] = row
+  }
+  fs.writeFileSync(out, JSON.stringify(result, null, 1))
+}
+
+main()
