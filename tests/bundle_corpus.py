@@ -344,12 +344,19 @@ CRAFTED: dict[str, tuple[str, Callable[[], bytes]]] = {
     "optimizer_weight_decay_null": ("reject", lambda: _optimizer(weight_decay=None)),
     "optimizer_unknown_hyper": ("reject", lambda: _optimizer(momentum=0.9)),
     "optimizer_name_capitalised": ("reject", lambda: _optimizer(name="Adam")),
-    "optimizer_int_lr_and_eps": ("accept", lambda: _optimizer(lr=1, eps=0)),
-    # names that reach no generated source (the name rule: the `names` part of issue 28)
-    "kernel_name_asm": ("reject", lambda: _rename_kernel("__asm__")),
+    "optimizer_int_lr_and_eps": ("accept", lambda: _optimizer(lr=1, eps=1)),
+    # the values Model.fit refuses (nn/optim.check_hyperparameters, optim.js checkHyperparameters)
+    "optimizer_eps_zero": ("reject", lambda: _optimizer(eps=0)),
+    "optimizer_lr_negative": ("reject", lambda: _optimizer(lr=-1)),
+    "optimizer_beta_one": ("reject", lambda: _optimizer(betas=[0.9, 1.0])),
+    # names are metadata that reach no generated source (uop/names.py): any plain name is one, others are not
+    "kernel_name_asm": ("accept", lambda: _rename_kernel("__asm__")),
     "kernel_name_injection": ("reject", lambda: _rename_kernel("E_1(){}; int main")),
-    "variable_name_for": ("reject", lambda: _rename_variable("for")),
-    "variable_name_return": ("reject", lambda: _rename_variable("return")),
+    "kernel_name_leading_digit": ("reject", lambda: _rename_kernel("6assign_1")),
+    "kernel_name_too_long": ("reject", lambda: _rename_kernel("k" * 257)),
+    "variable_name_for": ("accept", lambda: _rename_variable("for")),
+    "variable_name_huge_valf": ("accept", lambda: _rename_variable("HUGE_VALF")),
+    "variable_name_newline": ("reject", lambda: _rename_variable("batch\n")),
 }
 
 

@@ -38,7 +38,8 @@ def test_work_is_summed_over_blocks_and_calls_at_the_default_cap(name):
     if CRAFTED[name][0] == "accept":
         Model.load(blob).dispose()
     else:
-        with pytest.raises(BundleError, match="kernel nodes per call"):
+        # (a loop of no points is refused as such, docs/bundle-format.md 4.1, before its work is counted)
+        with pytest.raises(BundleError, match="kernel nodes per call|not 0 for all of them"):
             Model.load(blob)
 
 

@@ -18,6 +18,7 @@ const ir = require('./ir')
 const bundle = require('./bundle')
 const { checkKernel, checkSizeExpr, kernelWork, isPlainName, NAME_RULE } = require('./validate')
 const { MAX_ELEMENTS, MAX_SLOTS, MAX_CALLS, MAX_NAME, defaultMaxBytes, defaultMaxWork } = require('./limits')
+const { checkHyperparameters } = require('./optim')
 
 const ROLES = ['parameter', 'state', 'constant', 'rng', 'optimizer', 'gradient', 'input', 'output', 'temporary', 'cache']
 const STORED = new Set(['parameter', 'state', 'constant', 'optimizer'])
@@ -115,6 +116,12 @@ function optimizerConfig (opt, where = 'training.optimizer') {
     need(kind !== undefined, `${where}: optimizer ${opt.name} has no hyperparameter ${show(k)}`)
     const ok = kind === 'pair' ? Array.isArray(v) && v.length === 2 && v.every(isNumber) : kind === 'number' ? isNumber(v) : typeof v === kind
     need(ok, `${where}.${k} must be ${kind === 'pair' ? 'a pair of numbers' : 'a ' + kind}`)
+  }
+  try { // the values Model.fit would refuse (optim.js, as Python's modelformat through nn/optim.py)
+    checkHyperparameters(out)
+  } catch (e) {
+    if (e instanceof ModelError) throw new BundleError(`bundle manifest: ${where}: ${e.message}`)
+    throw e
   }
   return out
 }
@@ -313,7 +320,7 @@ function checkWork (where, calls, kernels, workOf, maxWork) {
       try {
         workOf.set(c.kernel, kernelWork(kernels[c.kernel], `kernel ${c.kernel}`))
       } catch (e) {
-        if (e instanceof KernelError) throw new BundleError(`bundle manifest: ${where}: ${e.message}`)
+        if (e instanceof KernelError) throw new BundleError(`bundle manifest: ${e.message}`)
         throw e
       }
     }

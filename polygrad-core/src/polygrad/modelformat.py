@@ -304,7 +304,10 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
         lr = opt.get("lr")
         need(_is_number(lr), "training.optimizer.lr must be a number")
         _check_hyper(opt)
-        opt = _optimizer_config(opt["name"], float(lr), hyper)
+        try:  # the values Model.fit would refuse (nn/optim.check_hyperparameters; optim.js the same)
+            opt = _optimizer_config(opt["name"], float(lr), hyper)
+        except PolygradError as e:
+            raise BundleError(f"bundle manifest: training.optimizer: {e}") from None
         need("train_step" in entries and "optimizer_step" in entries, "an optimizer without train_step/optimizer_step")
         lr_slot = slot_no(tr.get("lr_buffer"), "training.lr_buffer", ("optimizer",))
         need(slots[lr_slot].size == 1, "training.lr_buffer must be a one-element buffer")
