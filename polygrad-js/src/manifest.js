@@ -300,9 +300,10 @@ function readProgram (manifest, body, opts = {}) {
     lrSlot, optimizerState, producer: typeof manifest.producer === 'string' ? manifest.producer : '',
     validated: new Set()
   }
-  // the index analysis of every kernel `forward` calls (or of all, opts.validate === 'all', as Python does)
-  // before anything runs; the others' when their entrypoint is first compiled (validateKernel, before lowering)
-  const first = opts.validate === 'all' ? kernels.map((_, i) => i) : [...new Set(entries.forward.calls.filter((c) => !c.copy).map((c) => c.kernel))]
+  // the index analysis of every kernel before anything runs, as Python does, so both accept and reject the
+  // same files; with opts.validate === 'forward', only the kernels `forward` calls, the others' when their
+  // entrypoint is first compiled (validateKernel, before lowering)
+  const first = opts.validate === 'forward' ? [...new Set(entries.forward.calls.filter((c) => !c.copy).map((c) => c.kernel))] : kernels.map((_, i) => i)
   for (const k of first) validateKernel(prog, k)
   return prog
 }

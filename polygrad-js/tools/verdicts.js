@@ -3,8 +3,8 @@
  * The loader's verdict on every bundle of a folder: `node tools/verdicts.js DIR OUT.json [OPTIONS_JSON]`.
  *
  * Stage: tests (the differential corpus of tests/test_bundle_differential.py). Input: DIR/*.pgb and the
- * Model.load options (JSON: maxBytes, maxWork, ...; every kernel is validated at load, validate: 'all',
- * as Python does). Output: OUT.json, {file name: {verdict, error, message}} with verdict 'accept' (loaded
+ * Model.load options (JSON: maxBytes, maxWork, ...; the defaults otherwise, which validate every kernel at
+ * load, as Python does). Output: OUT.json, {file name: {verdict, error, message}} with verdict 'accept' (loaded
  * and compiled), 'reject' (a BundleError from a check) or 'crash' (any other exception, or an engine error
  * the last line of defence wrapped: a bug, since every file the checks pass must load).
  */
@@ -15,7 +15,7 @@ const { Model, BundleError } = require('..')
 
 function main () {
   const [dir, out, options] = process.argv.slice(2)
-  const opts = Object.assign({ validate: 'all' }, options ? JSON.parse(options) : {})
+  const opts = options ? JSON.parse(options) : {}
   const result = {}
   for (const file of fs.readdirSync(dir).filter((f) => f.endsWith('.pgb')).sort()) {
     let row
