@@ -88,18 +88,22 @@ def test_per_parameter_gradients_of_a_deep_mlp_grow_linearly(monkeypatch):
     assert walked32 <= 2.2 * walked16, (walked16, walked32)
 
 
+def _tensor_mlp(ws, bs, x) -> tuple[list[Tensor], Tensor]:
+    """The parameters (w0, b0, w1, b1, ...) with requires_grad, and the lazy loss sum(relu(... x ...))."""
+    params = [Tensor(a, requires_grad=True) for pair in zip(ws, bs) for a in pair]
+    h = Tensor(x)
+    for wi, bi in zip(params[0::2], params[1::2]):
+        h = (h @ wi.T + bi).relu()
+    return params, h.sum()
+
+
 def test_backward_after_realizing_the_loss_reuses_the_forward():
     ws, bs, x = _mlp(6, seed=1)
-    w = [Tensor(a, requires_grad=True) for a in ws]
-    b = [Tensor(a, requires_grad=True) for a in bs]
-    h = Tensor(x)
-    for wi, bi in zip(w, b):
-        h = (h @ wi.T + bi).relu()
-    loss = h.sum()
+    params, loss = _tensor_mlp(ws, bs, x)
     loss.item()  # computes the forward products
     loss.backward()
     GlobalCounters.reset()
-    grads = [p.grad.numpy() for pair in zip(w, b) for p in pair]
+    grads = [p.grad.numpy() for p in params]
     # the gradients' kernels only: 2 per layer for the parameters, 1 per layer above the first to
     # carry the gradient down; the forward products are read, not computed again
     assert GlobalCounters.kernel_count == 3 * 6 - 1
@@ -108,15 +112,11 @@ def test_backward_after_realizing_the_loss_reuses_the_forward():
 
 def test_new_tensors_between_realizes_keep_the_chain():
     ws, bs, x = _mlp(8, seed=3)
-    w = [Tensor(a, requires_grad=True) for a in ws]
-    b = [Tensor(a, requires_grad=True) for a in bs]
-    h = Tensor(x)
-    for wi, bi in zip(w, b):
-        h = (h @ wi.T + bi).relu()
-    h.sum().backward()
+    params, loss = _tensor_mlp(ws, bs, x)
+    loss.backward()
     GlobalCounters.reset()
     grads = []
-    for p in [p for pair in zip(w, b) for p in pair]:
+    for p in params:
         grads.append(p.grad.numpy())
         Tensor(np.ones(3, np.float32))  # host data into a new buffer: no kept value read it
     assert GlobalCounters.kernel_count == KERNELS_PER_LAYER * 8 - 1
