@@ -4,7 +4,7 @@ Freed allocations are reused by size, and host memory comes from the process hea
 writes holds whatever an earlier computation left there. Four bundles read such a buffer: a forward with
 no calls, a loop whose end is -1 (or 0), a copy from a temporary nothing wrote, a kernel that writes part
 of its output. The first three (and reads before writes, and one buffer passed as two parameters of a
-call) are refused at load (`modelformat._check_dataflow`, `uop/validate.py`); a partial write loads and
+call) are refused at load (`model/format._check_dataflow`, `uop/validate.py`); a partial write loads and
 its unwritten part reads as zeros, on every backend. Each test first fills the reuse cache with freed
 buffers of 7s, so an unzeroed buffer shows up as 7s. polygrad-js gives the same files the same verdicts.
 """

@@ -140,16 +140,23 @@ def test_no_import_cycle_passes_through_the_model_package() -> None:
     assert not cyclic, f"import cycles through {cyclic}"
 
 
+# polygrad/model/ bottom-up, as docs/architecture.md lists it: each module imports only modules before it
+MODEL_ORDER = ["program", "errors", "signature", "table", "executor", "data", "optim", "format", "capture",
+               "training", "core"]
+
+
 def test_model_modules_depend_downward() -> None:
-    """program.py is the data model under everything; format.py (the bundle) never reaches the Model."""
+    """program.py is the data model under everything, format.py (the bundle) never reaches the Model, and
+    no module imports one listed after it in MODEL_ORDER (nor the package's __init__)."""
     graph = import_graph()
-    assert (MODEL / "program.py").is_file() and (MODEL / "format.py").is_file(), "polygrad/model/ is not split"
-    package = set(_model_modules(graph))
-    assert not graph["polygrad.model.program"] & package, "program.py imports other modules of polygrad.model"
-    reach = _reachable(graph, "polygrad.model.format")
-    assert not reach & {"polygrad.model", "polygrad.model.core"}, "format.py reaches the Model class"
-    inner = [m for m in package if m != "polygrad.model" and "polygrad.model" in graph[m]]
-    assert not inner, f"{inner} import the package's __init__ (import the module that defines the name)"
+    found = sorted(p.stem for p in MODEL.glob("*.py") if p.stem != "__init__")
+    assert found == sorted(MODEL_ORDER), f"polygrad/model/ holds {found}; list each module in MODEL_ORDER"
+    for k, name in enumerate(MODEL_ORDER):
+        deps = {"__init__" if m == "polygrad.model" else m.rpartition(".")[2]
+                for m in set(_model_modules(graph)) & graph[f"polygrad.model.{name}"]}
+        above = sorted(deps - set(MODEL_ORDER[:k]))
+        assert not above, f"model/{name}.py imports {above}, which are not below it in MODEL_ORDER"
+    assert not _reachable(graph, "polygrad.model.format") & {"polygrad.model", "polygrad.model.core"}
 
 
 def test_model_modules_state_their_stage_and_stay_small() -> None:
