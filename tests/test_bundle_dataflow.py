@@ -206,7 +206,7 @@ def test_bundles_that_read_unwritten_or_aliased_buffers_are_refused(bases, name,
 def test_a_partial_write_leaves_zeros_not_earlier_data(bases, device):
     blob = edited(bases[_affine], _set_range_end(N // 2))
     x = np.arange(N, dtype=np.float32)
-    for _ in range(2):  # the second call's output buffer is a fresh one (Model._take)
+    for _ in range(2):  # the second call's output buffer is a fresh one (Executor.take)
         dirty(N * 4)
         m = Model.load(blob, device=device)
         for _ in range(2):

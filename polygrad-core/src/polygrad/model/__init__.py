@@ -6,20 +6,20 @@ whose entrypoints are lists of device-independent kernels over one buffer table,
 that `save()` writes and `Model.load()` reads (docs/bundle-format.md), so a captured model and a
 loaded one run through the same code, on any installed backend.
 
-One module per concern (polygrad-js is laid out the same way), none importing this package's
-`__init__` or core.py, so the imports among them have no cycle (tests/test_model_layout.py):
+One module per concern, laid out as polygrad-js is, each importing only modules listed before it
+(no import cycle, function-level imports included: tests/test_tensor_layout.py):
 
-  program.py    the Program: slots with roles, kernels, entrypoints of calls   (js: manifest.js types)
-  errors.py     ModelError, ModelInputError, ModelCaptureError                  (js: errors.js)
+  program.py    the Program: slots with roles, kernels, entrypoints of calls  (js: manifest.js's types)
+  errors.py     ModelError, ModelInputError, ModelCaptureError                (js: errors.js)
   signature.py  declared inputs, targets, Variables, params, caches -> Specs
   table.py      recorded launches -> slots and calls
+  executor.py   Program + buffers -> entrypoints run, results handed out      (js: runtime.js)
+  data.py       caller data -> checked feeds and Variable values              (js: data.js)
+  optim.py      optimizer configuration; its step recorded into the Program   (js: optim.js)
+  format.py     Program <-> bundle manifest, every field of a file checked    (js: manifest.js)
   capture.py    a callable run under engine/capture.py -> Program
-  executor.py   Program + buffers -> entrypoints run, results handed out         (js: runtime.js)
-  data.py       caller data -> checked feeds and Variable values                 (js: data.js)
-  optim.py      optimizer configuration; its step recorded into the Program      (js: optim.js)
   training.py   train_step() and fit()
-  format.py     Program <-> bundle manifest, every field of a file checked       (js: manifest.js)
-  core.py       the Model class composing them                                   (js: model.js)
+  core.py       the Model class composing them                                (js: model.js)
 
 Entrypoints: "forward" (evaluation), "loss" (training forward + backward: the loss and the gradients),
 "optimizer_step" and "train_step" ("loss" then "optimizer_step") once an optimizer is configured, and

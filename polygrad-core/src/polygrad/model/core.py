@@ -166,8 +166,10 @@ class Model(TrainingMixin):
         p, bufs = self._p, self._x.bufs
         recorded = "optimizer_step" in p.entries
         initial = initial_optimizer_values(p, bufs, self._runtime) if recorded and not include_optimizer else {}
-        manifest, blobs = to_manifest(p, lambda s: initial[s] if s in initial else bufs[s].numpy(), include_optimizer,
-                                      __version__)
+
+        def stored(s: int) -> np.ndarray:
+            return initial[s] if s in initial else bufs[s].numpy()
+        manifest, blobs = to_manifest(p, stored, include_optimizer, __version__)
         data = bundle.write(manifest, blobs)
         if path is None:
             return data
