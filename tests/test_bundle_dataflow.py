@@ -4,7 +4,7 @@ Freed allocations are reused by size, and host memory comes from the process hea
 writes holds whatever an earlier computation left there. Four bundles read such a buffer: a forward with
 no calls, a loop whose end is -1 (or 0), a copy from a temporary nothing wrote, a kernel that writes part
 of its output. The first three (and reads before writes, and one buffer passed as two parameters of a
-call) are refused at load (`modelformat._check_dataflow`, `uop/validate.py`); a partial write loads and
+call) are refused at load (`model/format._check_dataflow`, `uop/validate.py`); a partial write loads and
 its unwritten part reads as zeros, on every backend. Each test first fills the reuse cache with freed
 buffers of 7s, so an unzeroed buffer shows up as 7s. polygrad-js gives the same files the same verdicts.
 """
@@ -206,7 +206,7 @@ def test_bundles_that_read_unwritten_or_aliased_buffers_are_refused(bases, name,
 def test_a_partial_write_leaves_zeros_not_earlier_data(bases, device):
     blob = edited(bases[_affine], _set_range_end(N // 2))
     x = np.arange(N, dtype=np.float32)
-    for _ in range(2):  # the second call's output buffer is a fresh one (Model._take)
+    for _ in range(2):  # the second call's output buffer is a fresh one (Executor.take)
         dirty(N * 4)
         m = Model.load(blob, device=device)
         for _ in range(2):

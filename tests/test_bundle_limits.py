@@ -11,7 +11,7 @@ import pytest
 
 from bundle_corpus import CRAFTED, one_kernel, reduction, split
 from polygrad import BundleError, Model, bundle, limits
-from polygrad.modelformat import from_manifest
+from polygrad.model.format import from_manifest
 from polygrad.uop import serialize
 from polygrad.uop.validate import kernel_work
 

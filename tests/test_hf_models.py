@@ -200,7 +200,7 @@ def test_embedding_lookup_costs_tokens_times_width_not_vocabulary(tmp_path):
         _, path = hc.make("gpt2", tmp_path / f"v{vocab}", overrides={"vocab_size": vocab})
         model = load_hf(path, max_batch=1, max_seq_len=8)
         model.call("decode", {"input_ids": np.zeros((1, 1), np.int32), "pos": 0})
-        ops = sum(prog.spec.ops for prog, _, _ in model._plan("decode") if prog is not None)
+        ops = sum(prog.spec.ops for prog, _, _ in model._x.plan("decode") if prog is not None)
         model.dispose()
         return ops
     width, small, large = hc.CONFIGS["gpt2"]["n_embd"], 61, 2048

@@ -102,7 +102,7 @@ def test_caches_start_zeroed_and_are_not_saved():
     assert manifest["entrypoints"]["decode"]["arguments"] == ["pos"]
     assert manifest["signature"]["inputs"] == [{"name": "x", "dtype": "float32", "shape": ["batch", "tokens", D]}]
     loaded = Model.load(data)
-    assert all(not loaded._bufs[k].numpy().any() for k, s in enumerate(loaded._p.slots) if s.role == "cache")
+    assert all(not loaded._x.bufs[k].numpy().any() for k, s in enumerate(loaded._p.slots) if s.role == "cache")
     _decode_run(loaded, x, 2)
     loaded.dispose()
     model.dispose()

@@ -1,7 +1,7 @@
 'use strict'
 /**
  * The bundle manifest (docs/bundle-format.md section 2) read into a Program, every field checked, and a
- * Program written back. A port of polygrad's modelformat.py.
+ * Program written back. A port of polygrad's model/format.py.
  *
  * Stage: import / export. readProgram(manifest, body, opts) -> Program, or BundleError naming the field;
  * nothing is allocated before the whole manifest passed (sizes are checked against `maxBytes`).
@@ -117,7 +117,7 @@ function optimizerConfig (opt, where = 'training.optimizer') {
     const ok = kind === 'pair' ? Array.isArray(v) && v.length === 2 && v.every(isNumber) : kind === 'number' ? isNumber(v) : typeof v === kind
     need(ok, `${where}.${k} must be ${kind === 'pair' ? 'a pair of numbers' : 'a ' + kind}`)
   }
-  try { // the values Model.fit would refuse (optim.js, as Python's modelformat through nn/optim.py)
+  try { // the values Model.fit would refuse (optim.js, as Python's model/format.py through nn/optim.py)
     checkHyperparameters(out)
   } catch (e) {
     if (e instanceof ModelError) throw new BundleError(`bundle manifest: ${where}: ${e.message}`)
@@ -309,7 +309,7 @@ function readProgram (manifest, body, opts = {}) {
 }
 
 /** One call of the entrypoint evaluates at most maxWork kernel nodes, its Variables at their maxima (a copy
- * counts its elements): Python's modelformat._check_work. */
+ * counts its elements): Python's model/format.py _check_work. */
 function checkWork (where, calls, kernels, workOf, maxWork) {
   let work = 0n
   for (const c of calls) {
@@ -390,7 +390,7 @@ function checkCall (where, k, globals, args) {
 }
 
 /** One buffer is never two parameters of a call (through two pointers the order of reads and writes is not
- * defined, so backends would disagree); as modelformat._check_distinct. */
+ * defined, so backends would disagree); as model/format.py _check_distinct. */
 function checkDistinct (where, args) {
   args.forEach((s, j) => {
     const i = args.indexOf(s)
@@ -437,7 +437,7 @@ const TRACKED = new Set(['temporary', 'output']) // roles that hold nothing unti
 
 /**
  * Every temporary or output an entrypoint reads, and every output it returns, is written by an earlier call of
- * that entrypoint, and no call writes an input (docs/bundle-format.md section 4.1; modelformat._check_dataflow).
+ * that entrypoint, and no call writes an input (docs/bundle-format.md section 4.1; model/format.py _check_dataflow).
  * Within a call, blocks run in order, each block's reads before its write.
  */
 function checkDataflow (kernels, entries) {

@@ -4,7 +4,7 @@
  *
  * Stage: user API over the runtime. Input: bundle bytes. Output: a Model whose entrypoints run the
  * bundle's kernels, rendered to WebAssembly at load (runtime.js), with Python's rules for inputs,
- * Variables, minibatches and optimizer configuration (polygrad/model.py, docs/bundle-format.md).
+ * Variables, minibatches and optimizer configuration (polygrad/model/, docs/bundle-format.md).
  */
 
 const { BundleError, ModelError, ModelInputError, EntrypointError, PolygradError } = require('./errors')

@@ -1,6 +1,6 @@
 'use strict'
 // Bundles that read what no call wrote, or pass one buffer as two parameters of a call, are refused at load
-// with the verdicts Python gives (polygrad/modelformat.py _check_dataflow, tests/test_bundle_dataflow.py, which
+// with the verdicts Python gives (polygrad/model/format.py _check_dataflow, tests/test_bundle_dataflow.py, which
 // also runs this package on the files Python edits): a forward with no calls, a loop ending at -1 or 0, a copy
 // from a temporary nothing wrote, calls in the wrong order, aliased arguments. A kernel that writes part of its
 // output loads; the rest reads as zeros (a model's memory is its own and starts zeroed).

@@ -15,8 +15,7 @@ from polygrad.uop.sint import Variable
 from polygrad import nn  # noqa: E402  (after Tensor: nn builds on it)
 from polygrad.bundle import BundleError  # noqa: E402
 from polygrad.model import Model, ModelError  # noqa: E402
-
-__version__ = "0.1.0"
+from polygrad.version import __version__  # noqa: E402
 
 __all__ = ["BundleError", "CompiledCallable", "Context", "Device", "GlobalCounters", "JitError", "Model", "ModelError",
            "Runtime", "Tensor", "TinyJit", "Variable", "can_run", "compile", "create", "dtypes", "jit", "nn", "stats",

@@ -32,7 +32,7 @@ from polygrad.uop.serialize import json_int
 
 MAGIC = b"\x89PGB\r\n\x1a\n"
 FORMAT = "polygrad-bundle"
-VERSION = 1  # what a bundle is written as unless it needs version 2 (modelformat.format_version)
+VERSION = 1  # what a bundle is written as unless it needs version 2 (model/format.format_version)
 SUPPORTED_VERSIONS = (1, 2)  # 2 adds cache buffers, Variables in any dimension, Variable arguments
 HEADER = struct.Struct("<8sIIQQII24x")  # magic, version, flags, manifest_len, data_len, manifest_crc, data_crc
 assert HEADER.size == 64
@@ -140,7 +140,7 @@ def json_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------
-# field checks used by the manifest validation in polygrad/model.py
+# field checks used by the manifest validation in polygrad/model/format.py
 
 
 def need(cond: bool, msg: str) -> None:

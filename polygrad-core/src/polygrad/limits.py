@@ -1,7 +1,7 @@
 """What a bundle may ask of the loader: the caps that Python and polygrad-js (src/limits.js) share.
 
 Stage: import (bundle loading). Input: nothing (constants), or a file's length. Output: the limits that
-`bundle.read`, `modelformat.from_manifest`, `uop/serialize.decode` and `uop/validate` check before they
+`bundle.read`, `model/format.from_manifest`, `uop/serialize.decode` and `uop/validate` check before they
 allocate or run anything. A file from a stranger can only compute, and only this much; the JavaScript
 reader has the same names and values, so both accept and reject the same files (the differential corpus
 of tests/test_bundle_differential.py checks it). docs/bundle-format.md ("Trust model") is the contract.

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 
 class _CaptureGuards(threading.local):
-    """Model capture (polygrad/model.py) and TinyJit push a guard on `stack` (`guarded(guard)`): it rejects
+    """Model capture (polygrad/model/capture.py) and TinyJit push a guard on `stack` (`guarded(guard)`): it rejects
     effectful reads (numpy, item, tolist) and assignments to parameters or inputs while the user's callable
     is being recorded. Per thread, as captures are: another thread's reads are not the callable's."""
 

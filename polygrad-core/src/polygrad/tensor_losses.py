@@ -76,7 +76,7 @@ def bad_label(host: np.ndarray, n_classes: int, ignore_index: int) -> int | None
 def _check_labels(target: "Tensor", n_classes: int, cdim: int, ignore_index: int) -> None:
     """IndexError for a label outside [0, C) (other than ignore_index) when the labels are on the host.
     Under Model capture the labels are placeholders: the capture is told which input holds class labels
-    of how many classes, and the Model checks the host data fed to it at each call (model.py)."""
+    of how many classes, and the Model checks the host data fed to it at each call (model/data.py)."""
     from polygrad.tensor_indexing import host_values
     host = host_values(target)
     if host is None:

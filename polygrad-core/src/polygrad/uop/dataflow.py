@@ -5,8 +5,8 @@ a bundle's after `uop/validate.py` checked them) and the order in which calls ru
 buffers. Output: `kernel_access(ast)`, what one kernel does to each of its buffer parameters, and
 `trace(calls, ...)`, a walk over calls in order that finds the first read of a buffer nothing wrote
 yet and the buffers whose unwritten bytes a read (or the caller) could see. The bundle loader rejects
-the first (`modelformat.py`); the runtime zeroes the second (`Model`, `engine/realize.py`), so a
-program never sees another computation's bytes.
+the first (`model/format.py`); the runtime zeroes the second (`model/executor.py`,
+`engine/realize.py`), so a program never sees another computation's bytes.
 
 A block `END(STORE(INDEX(buf, idx), value), loops...)` provably writes every element of [0, n) when
 the store has no gate and no accumulate op, idx is a dense mixed radix of loops of the block

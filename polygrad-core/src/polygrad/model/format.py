@@ -1,7 +1,9 @@
 """A Model's program to and from the bundle manifest (docs/bundle-format.md), with every field checked.
 
-Stage: export / import, between polygrad/model.py (the Program a Model runs) and polygrad/bundle.py
-(the file layout). `to_manifest` writes; `from_manifest` reads an untrusted manifest and raises
+Stage: export / import (polygrad-js: manifest.js), between the Program a Model runs (program.py) and
+polygrad/bundle.py (the file layout). Input: a Program and its stored buffers' contents, or a manifest
+and the bundle's data section. Output: (manifest, blobs), or (Program, {slot: stored array}).
+`to_manifest` writes; `from_manifest` reads an untrusted manifest and raises
 `BundleError` for anything out of place: unknown roles or dtypes, slot numbers out of range, sizes
 that disagree with shapes or with the stored bytes, offsets outside the data section, a kernel whose
 buffers do not match its call, a call that passes one buffer twice, a temporary or output read before
@@ -12,7 +14,7 @@ manifest passed.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -21,8 +23,11 @@ from polygrad.bundle import BundleError, check_int, get, get_int, need
 from polygrad.dtype import DType
 from polygrad.errors import PolygradError
 from polygrad.limits import MAX_CALLS, MAX_ELEMENTS, MAX_NAME, MAX_SLOTS
-from polygrad.uop import dataflow, serialize
+from polygrad.model.optim import optimizer_config
+from polygrad.model.program import ROLES, STORED, Call, Entry, Program, Slot, Spec, dtype_name, program_flow
+from polygrad.uop import serialize, sint
 from polygrad.uop.ops import Ops, UOp
+from polygrad.uop.validate import check_kernel, declared_count, kernel_work
 
 # the hyperparameters a bundle's optimizer may carry and their JSON kinds (docs/bundle-format.md 2.6)
 OPTIMIZER_HYPER: dict[str, dict[str, str]] = {
@@ -33,32 +38,28 @@ OPTIMIZER_HYPER: dict[str, dict[str, str]] = {
 }
 
 
-def _dtype_name(dt: DType) -> str:
-    return serialize.DTYPE_NAMES[dt]
-
-
 def _le(arr: np.ndarray) -> bytes:
     return np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
-def to_manifest(model: Any, include_optimizer: bool, version: str) -> tuple[dict, list[bytes]]:
-    """(manifest, blobs) of a Model; blob k holds the k-th buffer whose "data" is true."""
-    from polygrad.model import STORED
-    p = model._p
+def to_manifest(p: Program, stored: Callable[[int], np.ndarray], include_optimizer: bool,
+                version: str) -> tuple[dict, list[bytes]]:
+    """(manifest, blobs) of a program; blob k holds the k-th buffer whose "data" is true, `stored(slot)`.
+
+    include_optimizer=False marks the optimizer state "initial" (`stored` then gives the values before
+    any step); `version` is the producing polygrad's."""
     recorded = "optimizer_step" in p.entries
-    initial = model._initial_optimizer_values() if recorded and not include_optimizer else {}
     buffers, blobs = [], []
     for s, slot in enumerate(p.slots):
-        d: dict[str, Any] = {"name": slot.name, "role": slot.role, "dtype": _dtype_name(slot.dtype),
+        d: dict[str, Any] = {"name": slot.name, "role": slot.role, "dtype": dtype_name(slot.dtype),
                              "shape": list(slot.shape), "size": slot.size}
         if slot.role in STORED:
-            arr = initial[s] if s in initial else model._bufs[s].numpy()
-            blobs.append(_le(arr))
+            blobs.append(_le(stored(s)))
             d["data"] = True
         buffers.append(d)
 
     def spec(s: Any) -> dict:
-        return {"name": s.name, "dtype": _dtype_name(s.dtype), "shape": list(s.shape)}
+        return {"name": s.name, "dtype": dtype_name(s.dtype), "shape": list(s.shape)}
 
     def calls(e: Any) -> list:
         return [{"copy": list(c.args)} if c.kernel < 0 else {"kernel": c.kernel, "args": list(c.args)} for c in e.calls]
@@ -135,7 +136,6 @@ def _elements(shape: tuple[int | str, ...], variables: dict[str, tuple[int, int]
 
 
 def _specs(obj: Any, key: str, variables: dict, version: int) -> list:
-    from polygrad.model import Spec
     rows = get(obj, key, list, "signature")
     need(len(rows) <= 4096, f"signature.{key} has too many entries")
     out, seen = [], set()
@@ -149,7 +149,8 @@ def _specs(obj: Any, key: str, variables: dict, version: int) -> list:
     return out
 
 
-def from_manifest(manifest: dict, body: memoryview, max_bytes: int, max_work: int) -> tuple[Any, dict[int, np.ndarray]]:
+def from_manifest(manifest: dict, body: memoryview, max_bytes: int,
+                  max_work: int) -> tuple[Program, dict[int, np.ndarray]]:
     """(Program, {slot: stored array}) of a manifest read by bundle.read(); BundleError if inconsistent.
 
     max_bytes caps the memory of all buffers together, max_work the node evaluations of one entrypoint call
@@ -164,16 +165,14 @@ def from_manifest(manifest: dict, body: memoryview, max_bytes: int, max_work: in
 
 
 def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
-                   max_work: int) -> tuple[Any, dict[int, np.ndarray]]:
-    from polygrad.model import ROLES, STORED, Call, Entry, Program, Slot, _optimizer_config
-    from polygrad.uop.sint import Variable
+                   max_work: int) -> tuple[Program, dict[int, np.ndarray]]:
 
     variables: dict[str, tuple[int, int]] = {}
     for i, v in enumerate(get(manifest, "variables", list, "manifest")):
         where = f"variables[{i}]"
         name = _name(get(v, "name", str, where), f"{where}.name")
         lo, hi = get_int(v, "min", where), get_int(v, "max", where)
-        Variable(name, lo, hi)  # the one name rule and the bounds (VariableError -> BundleError)
+        sint.Variable(name, lo, hi)  # the one name rule and the bounds (VariableError -> BundleError)
         need(name not in variables, f"{where}: Variable {name!r} declared twice")
         variables[name] = (lo, hi)
     version = manifest.get("version", 1)
@@ -305,7 +304,7 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
         need(_is_number(lr), "training.optimizer.lr must be a number")
         _check_hyper(opt)
         try:  # the values Model.fit would refuse (nn/optim.check_hyperparameters; optim.js the same)
-            opt = _optimizer_config(opt["name"], float(lr), hyper)
+            opt = optimizer_config(opt["name"], float(lr), hyper)
         except PolygradError as e:
             raise BundleError(f"bundle manifest: training.optimizer: {e}") from None
         need("train_step" in entries and "optimizer_step" in entries, "an optimizer without train_step/optimizer_step")
@@ -348,7 +347,6 @@ def _check_hyper(opt: dict) -> None:
 def _check_uncalled(k: int, ast: UOp) -> None:
     """A kernel no call names is checked against its own declared shapes: every kernel of a file is valid
     (polygrad-js decodes and checks them all, so both readers refuse the same files)."""
-    from polygrad.uop.validate import check_kernel, declared_count
     where = f"kernel {k}"
     params = {n.arg[0]: n for n in ast.toposort() if n.op is Ops.DEFINE_GLOBAL}
     try:
@@ -361,7 +359,6 @@ def _check_uncalled(k: int, ast: UOp) -> None:
 def _check_work(where: str, calls: list, kernels: list[UOp], slots: list, work_of: dict[int, int],
                 max_work: int) -> None:
     """One call of the entrypoint evaluates at most max_work nodes, its Variables at their maxima."""
-    from polygrad.uop.validate import kernel_work
     work = 0
     for c in calls:
         if c.kernel < 0:
@@ -401,7 +398,6 @@ def _kernel_globals(k: int, ast: UOp, variables: dict[str, tuple[int, int]]) -> 
 
 def _check_call(where: str, k: int, ast: UOp, globals_: dict[int, tuple[DType, Any]], args: tuple[int, ...],
                 slots: list, variables: dict[str, tuple[int, int]]) -> None:
-    from polygrad.uop import sint
     need(sorted(globals_) == list(range(len(args))), f"{where}: kernel {k} takes {len(globals_)} buffers, the call "
          f"passes {len(args)}")
     for i, s in enumerate(args):
@@ -417,10 +413,6 @@ def _check_call(where: str, k: int, ast: UOp, globals_: dict[int, tuple[DType, A
             n = -1
         need(0 <= n <= slot.size, f"{where}: kernel {k} parameter {i} spans {n} elements, buffer {s} holds {slot.size}")
     try:
-        from polygrad.uop.validate import check_kernel
-    except ImportError:  # pragma: no cover (the validator ships with core)
-        return
-    try:
         check_kernel(ast, [slots[s].size for s in args], [slots[s].dtype for s in args], where=f"kernel {k}")
     except serialize.KernelFormatError as e:
         raise BundleError(f"bundle manifest: {where}: {e}") from None
@@ -432,37 +424,6 @@ def _check_distinct(where: str, args: tuple[int, ...]) -> None:
     for j, s in enumerate(args):
         need(s not in args[:j], f"{where}: buffer {s} is passed as parameters {args.index(s)} and {j}; the buffers "
              "of one call must be distinct (a kernel reads and writes one buffer through one parameter)")
-
-
-TRACKED = ("temporary", "output")  # roles that hold nothing until a call of the entrypoint writes them
-
-
-def program_flow(slots: list, kernels: list[UOp], entries: dict, variables: dict[str, tuple[int, int]]) -> dict:
-    """{entrypoint: dataflow.Flow} of a program: its calls in order over the temporaries and outputs
-    (every other role holds data when a call starts: stored, fed, refilled or zeroed at load)."""
-    access: dict[int, dataflow.Access] = {}
-
-    def access_of(k: int) -> dataflow.Access:
-        hit = access.get(k)
-        if hit is None:
-            hit = access[k] = dataflow.kernel_access(kernels[k])
-        return hit
-
-    def elements(s: int) -> dataflow.Poly | None:  # what a caller reads of an output: its shape at the call's values
-        slot = slots[s]
-        if slot.role != "output":
-            return None
-        n: dataflow.Poly | None = dataflow.ONE
-        for d in slot.shape:
-            dim = dataflow.variable_poly(d, *variables[d]) if isinstance(d, str) else dataflow.size_poly(d)
-            n = dataflow.poly_mul(n, dim) if n is not None and dim is not None else None
-        return n
-
-    tracked = {s for s, slot in enumerate(slots) if slot.role in TRACKED}
-    inputs = {s for s, slot in enumerate(slots) if slot.role == "input"}  # may be the caller's own tensors
-    return {name: dataflow.trace([(None if c.kernel < 0 else c.kernel, c.args) for c in e.calls], access_of,
-                                 tracked, list(e.outputs.values()), lambda s: slots[s].size, elements, inputs)
-            for name, e in entries.items()}
 
 
 def _check_dataflow(slots: list, kernels: list[UOp], entries: dict, variables: dict[str, tuple[int, int]]) -> None:

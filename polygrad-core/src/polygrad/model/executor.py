@@ -1,0 +1,138 @@
+"""Running a Program's entrypoints on one device: a buffer per slot, kernels launched in call order.
+
+Stage: execution (polygrad-js: runtime.js). Input: a Program (program.py) and the slots' initial
+contents. Output: an `Executor` that allocates one Buffer per slot (caches zeroed), runs an entrypoint
+over fed inputs (`run`: inputs copied into their buffers or a device Tensor's buffer bound in their
+place, rng keys refilled, kernels launched with the call's Variable values) and hands results out
+(`take`: the output's buffer becomes a Tensor the caller keeps, and the slot gets a fresh buffer, so
+results stay valid across later calls and dispose()).
+
+Each entrypoint's plan is a list of (compiled program, buffer handle list) pairs built on first use;
+binding a caller's buffer patches those handle lists in place for one call.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from polygrad.device import Buffer, note_overwrite
+from polygrad.engine import realize
+from polygrad.model.program import Program, program_flow
+from polygrad.tensor import Tensor, _buffer_uop
+
+
+class Executor:
+    """The buffers and compiled programs of one Model; `run` an entrypoint, `take` its outputs."""
+
+    def __init__(self, prog: Program, data: dict[int, Any], device: str, runtime: Any):
+        self.prog = prog
+        self.device = device
+        self.runtime = runtime
+        self.bufs: list[Buffer] = [Buffer(device, s.size, s.dtype) for s in prog.slots]
+        for s, arr in data.items():
+            if isinstance(arr, Buffer):
+                realize.copy_buffer(self.bufs[s], arr)
+            else:
+                self.bufs[s].copyin(arr)
+        for s, slot in enumerate(prog.slots):
+            if slot.role == "cache":
+                self.bufs[s].copyin(np.zeros(slot.size, dtype=slot.dtype.np))
+        self.programs: dict[int, Any] = {}
+        self.plans: dict[str, list] = {}
+        self.refs: dict[int, list[tuple[list, int]]] = {}
+        self.unwritten: set[int] | None = None  # outputs a call may leave partly unwritten (unwritten_outputs)
+
+    def reset(self) -> None:
+        """Forget every compiled program and plan (the slots or kernels were renumbered)."""
+        self.programs, self.plans, self.refs, self.unwritten = {}, {}, {}, None
+
+    def replan(self) -> None:
+        """Forget the plans (entrypoints changed; the kernels kept their numbers)."""
+        self.plans.clear()
+        self.unwritten = None
+
+    def program(self, k: int) -> Any:
+        prog = self.programs.get(k)
+        if prog is None:
+            prog = self.programs[k] = realize.get_program(self.prog.kernels[k], self.device)
+        return prog
+
+    def plan(self, name: str) -> list:
+        plan = self.plans.get(name)
+        if plan is not None:
+            return plan
+        plan = []
+        for call in self.prog.entries[name].calls:
+            if call.kernel < 0:
+                plan.append((None, call.args, ()))
+                continue
+            prog = self.program(call.kernel)
+            hs = [self.bufs[s].handle for s in call.args]
+            for pos, s in enumerate(call.args):
+                self.refs.setdefault(s, []).append((hs, pos))
+            plan.append((prog, hs, tuple(v.arg[0] for v in prog.spec.vars)))
+        self.plans[name] = plan
+        return plan
+
+    def rebind(self, s: int, buf: Buffer) -> None:
+        h = buf.handle
+        for hs, pos in self.refs.get(s, ()):
+            hs[pos] = h
+
+    def run(self, name: str, feeds: dict[int, Any], env: dict[str, int]) -> None:
+        """Run entrypoint `name` with {slot: Buffer or flat host array} fed and the Variables' values."""
+        entry = self.prog.entries[name]
+        plan = self.plan(name)
+        patched = []
+        for s, value in feeds.items():
+            if isinstance(value, Buffer) and value.size >= self.bufs[s].size:  # the caller's own buffer, bound
+                self.rebind(s, value)
+                patched.append(s)
+            elif isinstance(value, Buffer):  # fewer rows than the slot: a kernel may read up to its capacity
+                realize.copy_buffer(self.bufs[s], value)
+            else:
+                self.bufs[s].copyin_prefix(value)
+        for s in entry.rng:
+            self.bufs[s].copyin(np.array(self.prog.rng, dtype=np.uint32))
+            self.prog.rng[1] = (self.prog.rng[1] + 1) & 0xFFFFFFFF
+        n = ops = mem = 0
+        note_overwrite()  # its programs write into buffers that may hold values (engine/computed.py)
+        t0 = time.perf_counter()
+        try:
+            for prog, hs, names in plan:
+                if prog is None:
+                    dst, src = (feeds[s] if s in patched else self.bufs[s] for s in hs)
+                    realize.copy_buffer(dst, src)
+                    continue
+                prog.program(hs, tuple(env[v] for v in names), False)
+                n, ops, mem = n + 1, ops + prog.spec.ops, mem + prog.spec.mem_bytes
+        finally:
+            for s in patched:
+                self.rebind(s, self.bufs[s])
+        realize.count_kernels(n, ops, mem, time.perf_counter() - t0)
+
+    def unwritten_outputs(self) -> set[int]:
+        """Output slots that some entrypoint reads, or returns, without a proven full write before
+        (uop/dataflow.py): their fresh buffers start zeroed. Temporaries and the rest start zeroed once,
+        when first allocated, so a program only ever sees its own data."""
+        if self.unwritten is None:
+            p = self.prog
+            flows = program_flow(p.slots, p.kernels, p.entries, p.variables)
+            self.unwritten = {s for f in flows.values() for s in f.exposed if p.slots[s].role == "output"}
+        return self.unwritten
+
+    def take(self, s: int, shape: tuple[int | str, ...], env: dict[str, int]) -> Any:
+        """The output buffer of slot s as a Tensor the caller keeps; the slot gets a fresh buffer."""
+        buf = self.bufs[s]
+        fresh = Buffer(self.device, buf.size, buf.dtype).ensure_allocated(written=s not in self.unwritten_outputs())
+        self.bufs[s] = fresh
+        self.rebind(s, fresh)
+        full = tuple(self.prog.variables[d][1] if isinstance(d, str) else d for d in shape)
+        now = tuple(env[d] if isinstance(d, str) else d for d in shape)
+        if now == full:
+            return Tensor(_buffer_uop(buf, full), _runtime=self.runtime)._as_leaf()
+        # the buffer holds the Variables' maxima; this call's result is its first prod(now) elements, row-major
+        t = Tensor(_buffer_uop(buf, (buf.size,)), _runtime=self.runtime)._as_leaf()
+        return t.shrink(((0, int(np.prod(now, dtype=np.int64))),)).reshape(now)
