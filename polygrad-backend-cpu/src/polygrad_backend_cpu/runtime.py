@@ -33,7 +33,7 @@ from typing import Any, Callable
 import _cffi_backend
 import cffi
 
-from polygrad.backend_api import CompileError, ProgramSpec, launch_threads, run_split
+from polygrad.backend_api import CompileError, ProgramSpec, launch_threads, run_split, thread_settings
 from polygrad_backend_cpu.compiler import symbol_names
 
 FFI = cffi.FFI()
@@ -257,7 +257,9 @@ class CPUProgram:
             return functools.partial(self.fn, *args, *var_vals)
         if self.task is not None and _c_pool and not var_vals:
             run, task, packed, split = _c_pool.pg_pool_run, self.task, FFI.new(_VOID_P_ARRAY, args), self.threads
-            return lambda: run(task, packed, split, launch_threads(split))  # the thread count read per launch
+            now = thread_settings
+            # POLY_THREADS read at each launch (a Context applies; pg_pool_run caps it at the split)
+            return lambda: run(task, packed, split, now.values["POLY_THREADS"])
         return functools.partial(self, list(buffers), tuple(var_vals))  # the pool may still be building
 
 

@@ -20,6 +20,9 @@ from typing import Any, Callable, Protocol
 import pluggy
 
 from polygrad.config import Setting  # noqa: F401  (re-exported for backends)
+# the running thread's values: `thread_settings.values[name]` is setting(name) without a call, for a
+# per-launch read (a setting read once only; never write to it: use Context or set_value)
+from polygrad.config import current as thread_settings  # noqa: F401
 from polygrad.config import get as setting  # noqa: F401
 from polygrad.config import process_value as process_setting  # noqa: F401
 from polygrad.config import register as register_setting  # noqa: F401

@@ -22,12 +22,12 @@ with `backend_api.register_setting` when their package is imported: core knows n
 they are typed and checked like these and listed by `settings()` (and `python -m polygrad doctor`).
 
 Names are checked: an unknown one (DEBGU, in `get`, `set_value` or a `Context`) raises
-UnknownSettingError (a KeyError) that lists the known names and suggests the closest. Values are checked: one that does not
-parse or is out of range (`POLY_THREADS=abc`, `Context(BEAM=-1)`) raises SettingError naming the
-variable. Most settings are read from the environment once, when polygrad is imported (or a backend
-declares them), so a bad value fails at once; the `live` ones (DEV, POLY_DEV, POLY_CACHE_DIR and the
-backends' library and compiler paths) are read again at each use, so changing the environment
-meanwhile takes effect.
+UnknownSettingError (a KeyError) that lists the known names and suggests the closest. Values are
+checked: one that does not parse or is out of range (`POLY_THREADS=abc`, `Context(BEAM=-1)`) raises
+SettingError naming the variable. Most settings are read from the environment once, when polygrad is
+imported (or a backend declares them), so a bad value fails at once; the `live` ones (DEV, POLY_DEV,
+POLY_CACHE_DIR and the backends' library and compiler paths) are read again at each use, so changing
+the environment meanwhile takes effect.
 
 `set_value` changes a setting for the whole process; `Context` changes it in its block for the thread
 that entered it alone (each thread reads `get`: the process-wide values, or its innermost Context's),

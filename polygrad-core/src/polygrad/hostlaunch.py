@@ -24,9 +24,10 @@ _pool_lock = threading.Lock()
 
 
 def launch_threads(split: int) -> int:
-    """Threads a launch of a kernel split `split` ways runs on now: POLY_THREADS of this thread, at most
-    `split`, at least 1."""
-    return max(1, min(split, current.values.get("POLY_THREADS", 1)))
+    """Threads a launch of a kernel split `split` ways runs on now: POLY_THREADS of this thread (at
+    least 1: config checks it), at most `split`."""
+    n = current.values["POLY_THREADS"]
+    return n if n < split else split
 
 
 def run_split(run_part: Callable[[int], Any], split: int) -> int:
