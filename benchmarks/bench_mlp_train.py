@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--tinygrad", help="a Python interpreter that has tinygrad installed")
     parser.add_argument("--threads", type=int, help="CPU threads for polygrad (POLY_THREADS) and torch")
     args = parser.parse_args()
-    if args.threads:  # before polygrad opens the CPU device, which reads POLY_THREADS then
+    if args.threads:  # before polygrad is imported, which reads POLY_THREADS then
         import torch
         os.environ["POLY_THREADS"] = str(args.threads)
         torch.set_num_threads(args.threads)

@@ -4,11 +4,14 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from polygrad import Context, Tensor
+from polygrad import diskcache
+from polygrad.diskcache import read_entry
 from polygrad.engine import realize, search
 from polygrad.engine.lower import Opt, simplify_indices
 from polygrad.engine.schedule import schedule
@@ -39,9 +42,9 @@ def test_beam_results_match_numpy(device, m, k, n, width, fresh_caches):
         s = Tensor(a, device=device).sum(0).numpy()
     np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(s, a.sum(0), rtol=1e-5, atol=1e-5)
-    files = list((fresh_caches / "beam" / device).glob("*.json"))
+    files = list((fresh_caches / "beam" / device).glob("*.opts"))
     assert len(files) >= 2
-    data = json.loads(files[0].read_text())
+    data = json.loads(read_entry(str(files[0])))
     if device == "INTERP":  # no vector lanes and one thread: the space holds only the plain kernel
         assert data["candidates"] == 1 and data["opts"] == []
     else:
@@ -112,3 +115,58 @@ def test_second_process_pays_nothing(tmp_path):
         assert r.returncode == 0, r.stderr
     assert "searched" in runs[0].stdout
     assert "searched" not in runs[1].stdout and "disk cache" in runs[1].stdout
+
+
+def _forbid_search(monkeypatch):
+    def no_search(*args, **kwargs):
+        raise AssertionError("searched although the winner is on disk")
+    monkeypatch.setattr(search, "beam_search", no_search)
+
+
+def test_beam_results_land_in_the_diskcache_folder(tmp_path, monkeypatch):
+    """BEAM's winners are diskcache entries: where POLY_CACHE_DIR cannot be used (a file), they go to the
+    folder diskcache falls back on, with its warning, and are read back from there."""
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file")
+    monkeypatch.setenv("POLY_CACHE_DIR", str(not_a_folder))
+    monkeypatch.setattr(realize, "program_cache", {})
+    monkeypatch.setattr(search, "beam_cache", {})
+    a = np.arange(60, dtype=np.float32).reshape(6, 10)
+    with pytest.warns(diskcache.CacheWarning, match="cannot be used"), Context(BEAM=2):
+        np.testing.assert_array_equal(Tensor(a, device="INTERP").max(1).numpy(), a.max(1))
+    entries = list(Path(diskcache.cache_dir("beam", "INTERP")).glob("*.opts"))
+    assert entries and all(read_entry(str(e)) is not None for e in entries)
+    monkeypatch.setattr(realize, "program_cache", {})
+    monkeypatch.setattr(search, "beam_cache", {})
+    _forbid_search(monkeypatch)
+    with Context(BEAM=2):
+        np.testing.assert_array_equal(Tensor(a + 1, device="INTERP").max(1).numpy(), a.max(1) + 1)
+
+
+def test_damaged_beam_entry_is_discarded_with_a_warning_and_searched_again(fresh_caches, monkeypatch):
+    ast = _matmul_ast(8, 12, 4)
+    with Context(BEAM=2):
+        first = search.choose_opts(ast, "INTERP")
+    (entry,) = (fresh_caches / "beam" / "INTERP").glob("*.opts")
+    blob = bytearray(entry.read_bytes())
+    blob[2] ^= 0xFF  # a flipped byte in the JSON
+    entry.write_bytes(bytes(blob))
+    monkeypatch.setattr(search, "beam_cache", {})
+    with pytest.warns(diskcache.CacheWarning, match="checksum does not match"), Context(BEAM=2):
+        assert search.choose_opts(ast, "INTERP") == first
+    assert read_entry(str(entry)) is not None  # stored again, whole
+
+
+def test_winner_kept_by_an_older_polygrad_is_used_and_moved(fresh_caches, monkeypatch):
+    """Before the checked entries, a winner was plain JSON at beam/<device>/<key>.json: it still counts."""
+    ast = _matmul_ast(8, 12, 4)
+    key = search.kernel_key(ast, "INTERP", 2)
+    legacy = fresh_caches / "beam" / "INTERP" / f"{key}.json"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text(json.dumps({"opts": [["UPCAST", 0, 2]], "time_s": 1e-5, "candidates": 7}))
+    _forbid_search(monkeypatch)
+    with Context(BEAM=2):
+        assert search.choose_opts(ast, "INTERP") == [Opt("UPCAST", 0, 2)]
+    assert not legacy.exists()
+    stored = json.loads(read_entry(str(legacy.with_suffix(".opts"))))
+    assert stored == {"opts": [["UPCAST", 0, 2]], "time_s": 1e-5, "candidates": 7}

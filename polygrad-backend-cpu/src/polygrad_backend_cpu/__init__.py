@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 
-from polygrad.backend_api import BackendSpec, Capabilities, DeviceImpl, HostAllocator, ProbeResult, hookimpl
+from polygrad.backend_api import (BackendSpec, Capabilities, DeviceImpl, HostAllocator, ProbeResult, Setting, hookimpl,
+                                  process_setting, register_setting)
 
 __version__ = "0.1.0"
+# declared when the package is imported, before any of its code reads it; read with backend_api.setting("POLY_CC")
+register_setting(Setting("POLY_CC", str, "", "the C compiler to use instead of clang, gcc or cc (a name on PATH "
+                         "or a path)", live=True, owner="polygrad-backend-cpu"))
 
 
 def probe() -> ProbeResult:
@@ -24,7 +28,7 @@ def open_cpu(ordinal: int) -> DeviceImpl:
     from polygrad_backend_cpu.runtime import load_program
     compiler = ClangCompiler()
     renderer = CPURenderer(stream_bytes=last_level_cache_bytes())
-    threads = int(os.environ.get("POLY_THREADS") or os.cpu_count() or 1)
+    threads = process_setting("POLY_THREADS")  # kernels are split this many ways; a Context may use fewer
     lanes, registers, fma = vector_caps()
     return DeviceImpl(name="CPU", allocator=HostAllocator(), render=renderer.render, compile=compiler.compile,
                       load=load_program, compile_many=compiler.compile_many, render_cacheable=True,

@@ -27,8 +27,8 @@ import shutil
 import signal
 import subprocess
 
-from polygrad.backend_api import (KERNEL_SYMBOL, CompileError, cache_dir, read_entry, temp_path, valid_entry,
-                                  write_entry)
+from polygrad.backend_api import (KERNEL_SYMBOL, CompileError, cache_dir, read_entry, setting, temp_path,
+                                  valid_entry, write_entry)
 
 FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-fno-math-errno", "-ffp-contract=off", "-lm")
 PR_SET_PDEATHSIG = 1
@@ -38,7 +38,7 @@ ENTRY_FORMAT = "entry-v2"
 
 
 def find_compiler() -> str | None:
-    forced = os.environ.get("POLY_CC")
+    forced = setting("POLY_CC")
     if forced:
         return shutil.which(forced)
     for name in ("clang", "gcc", "cc"):

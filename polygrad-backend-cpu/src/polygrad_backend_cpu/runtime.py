@@ -6,10 +6,12 @@ integer variables, and the thread index when the lowering gave the kernel a THRE
 pointers are cached on the host allocations, so a launch does no address lookups.
 
 Threads: a kernel with `spec.threads > 1` also has a trampoline `<name>_task(void** args, int tid)`
-(the CPU renderer adds it), and one cffi call to `pg_pool_run(task, args, threads)` launches it: the
-calling thread runs index 0 and persistent pthreads (created once, spinning briefly between launches,
-then sleeping on a condition variable) run the others; cffi releases the GIL for the whole call, so a
-launch costs one foreign call, not one Python future per thread. The pool is a small C library
+(the CPU renderer adds it), and one cffi call to `pg_pool_run(task, args, threads, want)` launches it:
+the calling thread and up to want - 1 persistent pthreads (created when first wanted, spinning briefly
+between launches, then sleeping on a condition variable) share the indices, thread w taking w, w + n...
+`want` is the running thread's POLY_THREADS, read at every launch (backend_api.launch_threads), so
+`Context(POLY_THREADS=1)` runs every index on the calling thread. cffi releases the GIL for the whole
+call, so a launch costs one foreign call, not one Python future per thread. The pool is a small C library
 compiled with the kernel compiler (cached like kernels) in a background thread the first time a
 THREAD kernel loads; until it is ready, or if it cannot be built, launches use a Python thread pool.
 
@@ -23,24 +25,21 @@ import _ctypes
 import atexit
 import ctypes
 import functools
-import os
 import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import _cffi_backend
 import cffi
 
-from polygrad.backend_api import CompileError, ProgramSpec
+from polygrad.backend_api import CompileError, ProgramSpec, launch_threads, run_split, thread_settings
 from polygrad_backend_cpu.compiler import symbol_names
 
 FFI = cffi.FFI()
-FFI.cdef("int pg_pool_run(void* task, void** args, int threads);")
+FFI.cdef("int pg_pool_run(void* task, void** args, int threads, int want);")
 _fn_types: dict[int, Any] = {}
 loaded = {"open": 0}  # shared objects currently open (tests read it)
-_pool: ThreadPoolExecutor | None = None
 _c_pool: Any = None  # the C pool library (False: could not be built)
 _pool_builder: threading.Thread | None = None
 _pool_lock = threading.Lock()
@@ -57,7 +56,7 @@ static atomic_ulong generation;
 static atomic_int remaining;
 static pg_task cur_task;
 static void** cur_args;
-static int cur_threads, workers;
+static int cur_threads, cur_stride, workers;  /* parts of the launch, threads running them */
 static unsigned long start_generation[PG_MAX_THREADS];  /* what a new worker has already seen */
 static inline void pg_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -75,8 +74,8 @@ static void* pg_worker(void* arg) {
       pthread_mutex_unlock(&mu);
     }
     seen = atomic_load(&generation);
-    if (tid < cur_threads) {
-      cur_task(cur_args, tid);
+    if (tid < cur_stride) {
+      for (int part = tid; part < cur_threads; part += cur_stride) cur_task(cur_args, part);
       if (atomic_fetch_sub(&remaining, 1) == 1) {
         pthread_mutex_lock(&mu);
         pthread_cond_broadcast(&done);
@@ -86,10 +85,16 @@ static void* pg_worker(void* arg) {
   }
   return 0;
 }
-int pg_pool_run(void* task, void** args, int threads) {
-  if (threads > PG_MAX_THREADS) threads = PG_MAX_THREADS;
+/* Run task(args, 0..threads-1) on at most `want` threads: thread w takes parts w, w+n, w+2n... */
+int pg_pool_run(void* task, void** args, int threads, int want) {
+  if (want > threads) want = threads;
+  if (want > PG_MAX_THREADS) want = PG_MAX_THREADS;
+  if (want <= 1) {
+    for (int part = 0; part < threads; part++) ((pg_task)task)(args, part);
+    return 1;
+  }
   pthread_mutex_lock(&run_mu);
-  while (workers < threads - 1) {
+  while (workers < want - 1) {
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
@@ -100,17 +105,17 @@ int pg_pool_run(void* task, void** args, int threads) {
     pthread_detach(t);
     workers++;
   }
-  int n = threads < workers + 1 ? threads : workers + 1;
+  int n = want < workers + 1 ? want : workers + 1;  /* fewer when a worker could not start */
   cur_task = (pg_task)task;
   cur_args = args;
-  cur_threads = n;
+  cur_threads = threads;
+  cur_stride = n;
   atomic_store(&remaining, n - 1);
   pthread_mutex_lock(&mu);
   atomic_fetch_add_explicit(&generation, 1, memory_order_release);
   pthread_cond_broadcast(&wake);
   pthread_mutex_unlock(&mu);
-  cur_task(args, 0);
-  for (int tid = n; tid < threads; tid++) cur_task(args, tid);  /* workers that could not start */
+  for (int part = 0; part < threads; part += n) cur_task(args, part);
   for (int spin = 0; atomic_load_explicit(&remaining, memory_order_acquire) > 0; spin++) {
     if (spin < PG_SPIN) { pg_relax(); continue; }
     pthread_mutex_lock(&mu);
@@ -121,17 +126,6 @@ int pg_pool_run(void* task, void** args, int threads) {
   return n;
 }
 """
-
-
-def _threads() -> int:
-    return max(1, int(os.environ.get("POLY_THREADS") or os.cpu_count() or 1))
-
-
-def pool() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=_threads(), thread_name_prefix="polygrad-cpu")
-    return _pool
 
 
 try:  # types built without parsing C text (the first parse of any C text costs milliseconds: 5 for "void*[]")
@@ -248,13 +242,11 @@ class CPUProgram:
         elif self.task is not None and _c_pool:
             keep = [FFI.new(_VALUE_P[t], v) for t, v in zip(self.var_types, var_vals)]
             packed = FFI.new(_VOID_P_ARRAY, args + keep) if keep else FFI.new(_VOID_P_ARRAY, args)
-            _c_pool.pg_pool_run(self.task, packed, self.threads)
+            _c_pool.pg_pool_run(self.task, packed, self.threads, launch_threads(self.threads))
         else:
             args.extend(var_vals)
-            futures = [pool().submit(self.fn, *args, t) for t in range(1, self.threads)]
-            self.fn(*args, 0)
-            for f in futures:
-                f.result()
+            fn = self.fn
+            run_split(lambda part: fn(*args, part), self.threads)
         return time.perf_counter() - t0 if timing else None
 
     def bind(self, buffers: list[Any], var_vals: tuple[int, ...] = ()) -> Callable[[], Any]:
@@ -264,7 +256,10 @@ class CPUProgram:
         if self.threads == 1:
             return functools.partial(self.fn, *args, *var_vals)
         if self.task is not None and _c_pool and not var_vals:
-            return functools.partial(_c_pool.pg_pool_run, self.task, FFI.new(_VOID_P_ARRAY, args), self.threads)
+            run, task, packed, split = _c_pool.pg_pool_run, self.task, FFI.new(_VOID_P_ARRAY, args), self.threads
+            now = thread_settings
+            # POLY_THREADS read at each launch (a Context applies; pg_pool_run caps it at the split)
+            return lambda: run(task, packed, split, now.values["POLY_THREADS"])
         return functools.partial(self, list(buffers), tuple(var_vals))  # the pool may still be building
 
 

@@ -7,9 +7,14 @@ when it cannot (no driver, no device, no NVRTC). `open(ordinal)` creates the dev
 from __future__ import annotations
 
 from polygrad.backend_api import (BackendSpec, Capabilities, DeviceImpl, DeviceUnavailableError, ProbeResult,
-                                  hookimpl)
+                                  Setting, hookimpl, register_setting)
 
 __version__ = "0.1.0"
+# declared when the package is imported, before any of its code reads them (backend_api.setting)
+register_setting(Setting("POLY_CUDA_LIB", str, "", "the driver library (libcuda) to open instead of searching",
+                         live=True, owner="polygrad-backend-cuda"))
+register_setting(Setting("POLY_NVRTC_LIB", str, "", "the NVRTC library to open instead of searching", live=True,
+                         owner="polygrad-backend-cuda"))
 MAX_ORDINAL = 15  # static: registration never asks the driver; open() checks the real count
 
 

@@ -4,7 +4,8 @@ Stage: compiling. Input: CUDA C source from the renderer and a target architectu
 Output: cubin bytes for cuModuleLoadData. A cubin for the exact architecture, not PTX: the driver
 then never JIT-compiles, so an NVRTC newer than the driver's PTX support still loads.
 Results are cached in memory and under POLY_CACHE_DIR/cuda/<key>.cubin, keyed by source, NVRTC
-version, architecture and options; files are written to a temporary name and renamed into place.
+version, architecture and options, as checked entries of polygrad.diskcache (written to a temporary
+name and renamed into place; a damaged file is discarded and compiled again).
 """
 from __future__ import annotations
 
@@ -14,17 +15,21 @@ import shutil
 import subprocess
 import tempfile
 
-from polygrad.backend_api import CompileError
+from polygrad.backend_api import CompileError, cache_dir, read_entry, write_entry
 
 from polygrad_backend_cuda import libs
 
 OPTIONS = ("--std=c++17", "-default-device", "--fmad=false", "-diag-suppress=177,550")
 
 
+# in the key, so cubins of the older layout (no checksum trailer) are never looked up, rather than each
+# one being discarded with a warning after an upgrade
+ENTRY_FORMAT = "entry-v2"
+
+
 def cache_root() -> str:
-    base = os.environ.get("POLY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "polygrad")
-    return os.path.join(base, "cuda")
+    """POLY_CACHE_DIR/cuda (or the temporary folder used instead when that cannot be written)."""
+    return cache_dir("cuda")
 
 
 def nvrtc_version() -> tuple[int, int]:
@@ -88,7 +93,7 @@ class NVRTCCompiler:
 
     def key(self, src: str) -> str:
         h = hashlib.sha256()
-        for part in (src, "nvrtc", self.version, self.arch, " ".join(OPTIONS)):
+        for part in (src, "nvrtc", self.version, self.arch, " ".join(OPTIONS), ENTRY_FORMAT):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()[:40]
@@ -98,19 +103,12 @@ class NVRTCCompiler:
         hit = self.memory.get(key)
         if hit is not None:
             return hit
-        root = cache_root()
-        path = os.path.join(root, f"{key}.cubin")
-        try:
-            with open(path, "rb") as f:
-                binary = f.read()
-        except OSError:
+        path = os.path.join(cache_root(), f"{key}.cubin")
+        binary = read_entry(path)  # a checked entry: a damaged file is discarded with a warning
+        if binary is None:
             binary = nvrtc_compile(src, self.arch)
             try:
-                os.makedirs(root, exist_ok=True)
-                fd, tmp = tempfile.mkstemp(prefix=f"{key}.", suffix=".tmp", dir=root)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(binary)
-                os.replace(tmp, path)
+                write_entry(path, binary)
             except OSError:
                 pass  # a read-only cache only costs a compile next time
         self.memory[key] = binary

@@ -14,6 +14,8 @@ import sys
 
 import cffi
 
+from polygrad.backend_api import setting
+
 CUDA_CDEF = """
 typedef int CUresult;
 typedef int CUdevice;
@@ -92,7 +94,7 @@ def _open(candidates: list[str], what: str, hint: str):
 
 
 def cuda_candidates() -> list[str]:
-    forced = os.environ.get("POLY_CUDA_LIB")
+    forced = setting("POLY_CUDA_LIB")
     if forced:
         return [forced]
     found = ctypes.util.find_library("cuda")
@@ -101,7 +103,7 @@ def cuda_candidates() -> list[str]:
 
 def nvrtc_candidates() -> list[str]:
     """libnvrtc from POLY_NVRTC_LIB, the nvidia-cuda-nvrtc wheels, CUDA_HOME, or the loader's path."""
-    forced = os.environ.get("POLY_NVRTC_LIB")
+    forced = setting("POLY_NVRTC_LIB")
     if forced:
         return [forced]
     out: list[str] = []
@@ -109,7 +111,7 @@ def nvrtc_candidates() -> list[str]:
     for root in roots:
         for pattern in ("cuda_nvrtc/lib/libnvrtc.so.*", "cu*/lib/libnvrtc.so.*"):
             out += sorted(p for p in glob.glob(os.path.join(root, pattern)) if "builtins" not in p and ".alt." not in p)
-    for env in ("CUDA_HOME", "CUDA_PATH"):
+    for env in ("CUDA_HOME", "CUDA_PATH"):  # the CUDA toolkit's variables, not polygrad settings
         home = os.environ.get(env)
         if home:
             out += sorted(glob.glob(os.path.join(home, "lib64", "libnvrtc.so*")))

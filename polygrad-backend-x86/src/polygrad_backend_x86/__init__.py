@@ -6,11 +6,15 @@ regalloc.py, emit.py/vector.py, cached on disk) -> `load` (runtime.X86Program, o
 """
 from __future__ import annotations
 
-import os
+from polygrad.backend_api import (BackendSpec, Capabilities, DeviceImpl, HostAllocator, ProbeResult, Setting, hookimpl,
+                                  process_setting, register_setting)
 
-from polygrad.backend_api import BackendSpec, Capabilities, DeviceImpl, HostAllocator, ProbeResult, hookimpl
+from polygrad_backend_x86.cpu import TIERS
 
 __version__ = "0.1.0"
+# declared when the package is imported, before any of its code reads it; read with backend_api.setting("POLY_X86_ISA")
+register_setting(Setting("POLY_X86_ISA", str, "", "the highest instruction set the X86 backend uses", choices=TIERS,
+                         live=True, owner="polygrad-backend-x86"))
 
 
 def probe() -> ProbeResult:
@@ -39,7 +43,7 @@ def open_x86(ordinal: int) -> DeviceImpl:
     from polygrad_backend_x86.cpu import choose_isa
     from polygrad_backend_x86.runtime import X86Program
     isa = choose_isa()
-    threads = int(os.environ.get("POLY_THREADS") or os.cpu_count() or 1)
+    threads = process_setting("POLY_THREADS")  # kernels are split this many ways; a Context may use fewer
 
     def render(spec):
         return X86Source(spec, isa)

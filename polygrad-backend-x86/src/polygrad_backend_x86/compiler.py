@@ -3,20 +3,19 @@
 Stage: rendering and compiling. `render(spec)` linearizes the kernel (with the ISA's vector lanes) and
 returns an `X86Source`; its text (`str()`, what POLY_DUMP_KERNELS prints) is the disassembly of the
 code. `compile(source)` returns the `Kernel` (code bytes, constant-pool size, libm functions used):
-from memory, from `POLY_CACHE_DIR/x86/<key>.bin`, or by running expand -> allocate -> emit. The key
-is a hash of the linear program's listing, the ISA tier and features, and the emitter version, so a
-cached file never serves another CPU's code. A kernel whose vector instructions the emitter cannot
-encode is emitted again from the scalar linearization.
+from memory, from `POLY_CACHE_DIR/x86/<key>.bin` (a checked entry of polygrad.diskcache), or by
+running expand -> allocate -> emit. The key is a hash of the linear program's listing, the ISA tier
+and features, and the emitter version, so a cached file never serves another CPU's code. A kernel
+whose vector instructions the emitter cannot encode is emitted again from the scalar linearization.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import tempfile
 from typing import Any
 
-from polygrad.backend_api import CompileError, LinearProgram, linearize
+from polygrad.backend_api import CompileError, LinearProgram, cache_dir, linearize, read_entry, write_entry
 
 from polygrad_backend_x86.asm import disassemble
 from polygrad_backend_x86.cpu import Isa
@@ -43,9 +42,8 @@ EMITTER_VERSION = _emitter_version()
 
 
 def cache_root() -> str:
-    base = os.environ.get("POLY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "polygrad")
-    return os.path.join(base, "x86")
+    """POLY_CACHE_DIR/x86 (or the temporary folder used instead when that cannot be written)."""
+    return cache_dir("x86")
 
 
 def vector_lanes(spec: Any, isa: Isa) -> int:
@@ -115,13 +113,12 @@ def load_or_emit(src: X86Source) -> Kernel:
     hit = _memory.get(src.key)
     if hit is not None:
         return hit
-    root = cache_root()
-    path = os.path.join(root, f"{src.key}.bin")
+    path = os.path.join(cache_root(), f"{src.key}.bin")
     kernel = read_cached(path)
     if kernel is None:
         kernel = src.emit()
         stats["emitted"] += 1
-        write_cached(root, path, kernel)
+        write_cached(path, kernel)
     else:
         stats["disk_hits"] += 1
     _memory[src.key] = kernel
@@ -129,26 +126,24 @@ def load_or_emit(src: X86Source) -> Kernel:
 
 
 def read_cached(path: str) -> Kernel | None:
+    """The kernel of a checked cache entry (diskcache: a damaged one is discarded with a warning)."""
+    data = read_entry(path)
+    if data is None:
+        return None
     try:
-        with open(path, "rb") as f:
-            data = f.read()
         head, code = data.split(b"\n", 1)
         meta = json.loads(head)
         if meta.get("size") != len(code):
             return None
         return Kernel(code, int(meta["pool"]), tuple(meta["externs"]))
-    except (OSError, ValueError, KeyError):
-        return None  # missing or damaged: emit again
+    except (ValueError, KeyError, TypeError):
+        return None  # an entry of another layout: emit again
 
 
-def write_cached(root: str, path: str, kernel: Kernel) -> None:
+def write_cached(path: str, kernel: Kernel) -> None:
     head = json.dumps({"size": len(kernel.code), "pool": kernel.pool, "externs": list(kernel.externs)}).encode()
     try:
-        os.makedirs(root, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=root)
-        with os.fdopen(fd, "wb") as f:
-            f.write(head + b"\n" + kernel.code)
-        os.replace(tmp, path)
+        write_entry(path, head + b"\n" + kernel.code)
     except OSError:
         pass  # a read-only cache folder only costs speed
 

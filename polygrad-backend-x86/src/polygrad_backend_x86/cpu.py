@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
+from polygrad.backend_api import setting
+
 TIERS = ("sse2", "avx2", "avx512")
 
 
@@ -128,10 +130,8 @@ def choose_isa() -> Isa:
         best = "avx2"
     if best == "avx2" and {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= feats:
         best = "avx512"
-    forced = (os.environ.get("POLY_X86_ISA") or "").strip().lower()
+    forced = setting("POLY_X86_ISA")  # checked: one of TIERS, or "" (SettingError, a ValueError, if not)
     if forced:
-        if forced not in TIERS:
-            raise ValueError(f"POLY_X86_ISA={forced!r}: use one of {', '.join(TIERS)}")
         if TIERS.index(forced) < TIERS.index(best):
             best = forced
     return Isa(best, fma="fma" in feats and best != "sse2", features=tuple(sorted(feats)))

@@ -1,7 +1,9 @@
 """A thread pool for THREAD kernels in our own machine code: one foreign call per launch.
 
 Stage: running (used by runtime.X86Program). Input: a kernel's code address and one argument array per
-thread index. Output: the launch, run by the calling thread (index 0) and persistent workers (1..W).
+thread index. Output: the launch, run by the calling thread (index 0) and persistent workers (1..W),
+W + 1 being the running thread's POLY_THREADS at that launch (at most the kernel's split; with fewer
+threads than indices, the indices run in rounds).
 
 Why: a Python thread pool costs a future per worker and a wake-up through the GIL for every launch,
 tens of microseconds, which a training step of small threaded kernels pays over and over (the CPU
@@ -27,6 +29,8 @@ import os
 import sys
 import threading
 from typing import Any, Callable
+
+from polygrad.backend_api import launch_threads
 
 from polygrad_backend_x86.asm import RAX, RBX, RCX, RDI, RDX, RSI, Assembler, Imm, Mem, gp
 
@@ -173,30 +177,35 @@ class Pool:
             self.state[WORKERS] = tid
         return self.workers
 
-    def launch(self, fn: Any, fn_addr: int, arrays: list[Any]) -> None:
+    def launch(self, fn: Any, fn_addr: int, arrays: list[Any]) -> int:
         """Run the kernel at fn_addr (`fn`, its cffi pointer) once per argument array, array t as thread
-        index t; indices no worker could be started for run here, after the others."""
-        self.bound(fn, fn_addr, arrays)()
+        index t, on `launch_threads(len(arrays))` threads; returns how many ran it."""
+        return self.bound(fn, fn_addr, arrays)()
 
-    def bound(self, fn: Any, fn_addr: int, arrays: list[Any]) -> Callable[[], None]:
+    def bound(self, fn: Any, fn_addr: int, arrays: list[Any]) -> Callable[[], int]:
         """launch(fn, fn_addr, arrays) as a call without arguments, its index table built once (a JIT
-        replay keeps one per launch). Called in a forked child, it launches on the child's own pool."""
-        with self.lock:
-            n = min(len(arrays), self.grow(len(arrays) - 1) + 1)
-        table = self.ffi.new("int64_t[]", [int(self.ffi.cast("intptr_t", x)) for x in arrays[:n]])
+        replay keeps one per launch). The thread count n is read at each call (POLY_THREADS: a Context
+        applies), workers are started when first wanted; with n below the split the indices run in
+        rounds of n. Called in a forked child, it launches on the child's own pool."""
+        split = len(arrays)
+        table = self.ffi.new("int64_t[]", [int(self.ffi.cast("intptr_t", x)) for x in arrays])
 
-        def run() -> None:
+        def run() -> int:
             if self.pid != os.getpid():
                 pool = shared_pool()
                 if pool is None:
                     raise RuntimeError("X86 thread pool: cannot start one in this forked process")
-                pool.launch(fn, fn_addr, arrays)
-                return
+                return pool.launch(fn, fn_addr, arrays)
+            want = launch_threads(split)
+            if want == 1:
+                for args in arrays:
+                    fn(args)
+                return 1
             with self.lock:
-                self.grow(n - 1)
-                self.run_fn(self.state, fn_addr, table, n)
-            for extra in arrays[n:]:
-                fn(extra)
+                n = min(want, self.grow(want - 1) + 1)  # fewer when a worker could not start
+                for first in range(0, split, n):
+                    self.run_fn(self.state, fn_addr, table + first if first else table, min(n, split - first))
+            return n
         return run
 
 

@@ -7,7 +7,8 @@ signature `void kernel(const int64_t *args)`; `args` holds the buffer addresses,
 variables, the thread index and the addresses of the libm functions the kernel calls (pow, fmod, fma:
 resolved here, per process, so cached code holds no absolute address). A THREAD kernel's indices run
 in parallel on pool.py's workers (machine code of our own, one foreign call per launch; cffi releases
-the GIL during it), or on a Python thread pool where that pool cannot start.
+the GIL during it), or on a Python thread pool where that pool cannot start; on as many threads as the
+running thread's POLY_THREADS says at that launch (a Context applies), at most the kernel's split.
 """
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ import functools
 import os
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import cffi
+
+from polygrad.backend_api import run_split
 
 from polygrad_backend_x86.pool import shared_pool
 
@@ -34,7 +36,6 @@ _LIBC = FFI.dlopen(None)
 PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
 MAP_PRIVATE, MAP_ANONYMOUS = 0x02, (0x1000 if os.uname().sysname == "Darwin" else 0x20)
 KERNEL_TYPE = FFI.typeof("void(*)(const int64_t *)")
-_pool: ThreadPoolExecutor | None = None
 
 
 class ExecError(OSError):
@@ -74,17 +75,6 @@ def libm_address(name: str) -> int:
     return hit
 
 
-def _threads() -> int:
-    return max(1, int(os.environ.get("POLY_THREADS") or os.cpu_count() or 1))
-
-
-def pool() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=_threads(), thread_name_prefix="polygrad-x86")
-    return _pool
-
-
 class X86Program:
     """A kernel in executable memory; call with host buffers (backend_api.HostMemory)."""
 
@@ -108,10 +98,8 @@ class X86Program:
             if native is not None:
                 native.launch(self.fn, self.mapping.addr, arrays)
             else:
-                futures = [pool().submit(self.fn, arrays[t]) for t in range(1, self.threads)]
-                self.fn(arrays[0])
-                for f in futures:
-                    f.result()
+                fn = self.fn
+                run_split(lambda part: fn(arrays[part]), self.threads)
         return time.perf_counter() - t0 if timing else None
 
     def bind(self, buffers: list[Any], var_vals: tuple[int, ...] = ()) -> Callable[[], Any]:

@@ -1,4 +1,5 @@
-"""`python -m polygrad doctor`: list backend plugins, versions, probe results and run a smoke test."""
+"""`python -m polygrad doctor`: list backend plugins, versions, probe results and the settings (core's
+and the backends'), and run a smoke test."""
 from __future__ import annotations
 
 import sys
@@ -8,6 +9,7 @@ def doctor() -> int:
     import numpy as np
 
     import polygrad
+    from polygrad import config
     from polygrad.device import registry
     from polygrad.tensor import Tensor
 
@@ -31,6 +33,9 @@ def doctor() -> int:
     for f in registry.failures:
         print(f"  plugin {f.plugin} {f.version} failed to load: {f.error}")
     failed += len(registry.failures)  # a broken plugin is a problem to fix, even if the others work
+    print("settings (name = value, default, declared by):")
+    for setting in config.settings():
+        print(f"  {setting.name} = {config.get(setting.name)!r}, default {setting.default!r}, {setting.owner}")
     try:
         print(f"default device: {polygrad.Device.DEFAULT}")
     except Exception as e:

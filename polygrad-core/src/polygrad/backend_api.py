@@ -3,6 +3,14 @@
 A backend distribution declares an entry point in the group `polygrad.backends` that points at a
 module (or object) with a `polygrad_register_backends` hook implementation returning BackendSpecs.
 Registration must be cheap and must not touch hardware: `probe()` and `open()` do that later.
+
+Settings: a backend reads polygrad's settings (POLY_THREADS, DEBUG, ...) with `setting(name)` (the
+running thread's value: a Context applies) or `process_setting(name)` (the process-wide value, for
+what a device fixes when it opens), never from `os.environ`. Its own settings it declares with
+`register_setting(Setting(...))` at the top of its package (imported before any of its modules, and
+when the entry point loads), and reads them the same way: they are typed, checked and listed like
+core's, while core knows nothing of them. Caches live in `cache_dir(<backend>)`, entries written with
+`write_entry` and read with `read_entry` / `valid_entry` (polygrad/diskcache.py).
 """
 from __future__ import annotations
 
@@ -11,11 +19,19 @@ from typing import Any, Callable, Protocol
 
 import pluggy
 
+from polygrad.config import Setting  # noqa: F401  (re-exported for backends)
+# the running thread's values: `thread_settings.values[name]` is setting(name) without a call, for a
+# per-launch read (a setting read once only; never write to it: use Context or set_value)
+from polygrad.config import current as thread_settings  # noqa: F401
+from polygrad.config import get as setting  # noqa: F401
+from polygrad.config import process_value as process_setting  # noqa: F401
+from polygrad.config import register as register_setting  # noqa: F401
 from polygrad.diskcache import (CacheWarning, cache_dir, read_entry, temp_path,  # noqa: F401
                                 valid_entry, write_entry)
 from polygrad.dtype import ALL_DTYPES, DType, dtypes  # noqa: F401  (re-exported for backends)
 from polygrad.engine.program import ProgramSpec  # noqa: F401
-from polygrad.errors import CompileError, DeviceUnavailableError  # noqa: F401
+from polygrad.hostlaunch import launch_threads, run_split  # noqa: F401  (THREAD kernels on host threads)
+from polygrad.errors import CompileError, DeviceUnavailableError, SettingError  # noqa: F401
 from polygrad.renderer.cstyle import KERNEL_SYMBOL, CStyleRenderer  # noqa: F401
 # the linearized program that machine-code emitters (X86) walk, as the C renderer does
 from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, run_steps, var_name  # noqa: F401

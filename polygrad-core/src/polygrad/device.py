@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import itertools
-import os
 import threading
 import warnings
 from dataclasses import dataclass
@@ -421,7 +420,7 @@ SELF_KEYED_ARGS.add(Buffer)  # a BUFFER node's arg hashes and compares by identi
 # training loop stops paying the allocator (and, on the host, page faults) after its first step.
 # GlobalCounters.mem_used counts them: it is the memory the runtime holds on each device, live or
 # cached for reuse. free_cached() (and polygrad's collect()) gives the cached part back.
-ALLOC_CACHE_LIMIT = int(os.environ.get("POLY_ALLOC_CACHE_MB", "1024")) << 20
+ALLOC_CACHE_LIMIT = config.get("POLY_ALLOC_CACHE_MB") << 20  # read when polygrad is imported
 _alloc_cache: dict[tuple[str, int], list[tuple[Any, Any]]] = {}
 alloc_cache_bytes = {"total": 0}
 # Held while the cache or the counters change, so threads allocating and freeing at once never take

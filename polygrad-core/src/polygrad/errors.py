@@ -25,6 +25,18 @@ class PluginError(PolygradError):
     """A backend plugin is malformed or built for another plugin API version."""
 
 
+class SettingError(PolygradError, ValueError):
+    """A setting's value that cannot be used (POLY_THREADS=abc, BEAM=-1), or a setting declared twice with
+    different meanings; the message names the variable and the values it takes."""
+
+
+class UnknownSettingError(SettingError, KeyError):
+    """A setting name nobody declared (DEBGU for DEBUG); the message lists the known names and suggests
+    the closest one. A KeyError too, as a missing key of a table."""
+
+    __str__ = BaseException.__str__  # KeyError would quote the whole message
+
+
 class CapabilityError(PolygradError):
     """can_run() cannot prove support for a query statically."""
 

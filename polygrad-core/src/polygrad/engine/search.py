@@ -5,26 +5,29 @@ of Opts to apply (None: let the heuristics in `lower` decide, as with BEAM=0).
 
 With BEAM=N the search starts from no opts and the heuristic choice, and at each depth extends
 every kept candidate by one more UPCAST (a global range), SPLIT_REDUCE (a reduce range) or THREAD
-(the outermost range, on a device with threads). Each
-candidate is lowered, rendered, compiled and timed on scratch buffers; the N fastest survive. The
-winner is stored under POLY_CACHE_DIR/beam/<device>/<hash of the kernel>.json, so a second process
-(or the same one after `collect()`) pays nothing. DEBUG>=1 and POLY_DUMP_KERNELS print the choice.
+(the outermost range, on a device with threads). Each candidate is lowered, rendered, compiled and
+timed on scratch buffers; the N fastest survive. The winner is stored under
+POLY_CACHE_DIR/beam/<device>/<hash of the kernel>.opts (JSON in a checked entry of polygrad.diskcache),
+so a second process (or the same one after `collect()`) pays nothing; a winner an older polygrad kept
+as plain `<hash>.json` there is still used, and moved into the new entry. DEBUG>=1 and
+POLY_DUMP_KERNELS print the choice.
 Custom kernels (no "generated" in their KernelInfo opts: the scheduler did not make them) and kernels
 over symbolic sizes are never searched.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from polygrad import config
+from polygrad.diskcache import cache_dir, read_entry, write_entry
 from polygrad.errors import CompileError
 from polygrad.engine.lower import (Opt, OptKind, apply_opts, default_opts, lower, ranges_of, simplify_indices,
                                    thread_axis)
@@ -207,28 +210,45 @@ def kernel_key(ast: UOp, device: str, width: int) -> str:
 
 
 def _path(device: str, key: str) -> str:
-    safe = "".join(c if c.isalnum() else "_" for c in device)
-    return os.path.join(config.cache_dir(), "beam", safe, f"{key}.json")
+    return os.path.join(cache_dir("beam", _folder_name(device)), f"{key}.opts")
+
+
+def _legacy_path(device: str, key: str) -> str:
+    """Where polygrad before the checked entries kept a winner: plain JSON, beside the new entries."""
+    return os.path.join(cache_dir("beam", _folder_name(device)), f"{key}.json")
+
+
+def _folder_name(device: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in device)
 
 
 def _load(device: str, key: str) -> list[Opt] | None:
+    """The stored winner: a checked entry (diskcache), else a legacy JSON file, which is moved into a
+    checked entry so the searches it saved stay saved."""
+    data = read_entry(_path(device, key))
+    legacy = _legacy_path(device, key) if data is None else None
+    if legacy is not None:
+        try:
+            with open(legacy, "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
     try:
-        with open(_path(device, key)) as f:
-            data = json.load(f)
-        return [Opt(OptKind(k), int(a), int(n)) for k, a, n in data["opts"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        obj = json.loads(data)
+        opts = [Opt(OptKind(k), int(a), int(n)) for k, a, n in obj["opts"]]
+    except (ValueError, KeyError, TypeError):
+        return None  # an entry of another layout: searched again and overwritten
+    if legacy is not None:
+        _store(device, key, opts, obj.get("time_s"), obj.get("candidates"))
+        with contextlib.suppress(OSError):
+            os.unlink(legacy)
+    return opts
 
 
-def _store(device: str, key: str, opts: list[Opt], best_s: float, tried: int) -> None:
-    path = _path(device, key)
+def _store(device: str, key: str, opts: list[Opt], best_s: float | None, tried: int | None) -> None:
     data = {"opts": [[o.kind.value, o.axis, o.amount] for o in opts], "time_s": best_s, "candidates": tried}
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
+        write_entry(_path(device, key), json.dumps(data).encode())
     except OSError:
         pass  # a read-only cache only costs a search next time
 
