@@ -53,6 +53,8 @@ import numpy as np
 from polygrad import bundle, config, limits, runtime_context
 from polygrad.atomicfile import write_file
 from polygrad.bundle import BundleError
+from polygrad.definitions import bundle as bundle_format
+from polygrad.definitions import optimizer as optimizer_table
 from polygrad.device import Buffer, canonicalize, note_overwrite
 from polygrad.dtype import DType, dtypes
 from polygrad.engine import realize
@@ -64,9 +66,9 @@ from polygrad.uop.ops import Ops, UOp
 
 __all__ = ["BundleError", "Model", "ModelCaptureError", "ModelError", "ModelInputError", "ModelSummary"]
 
-ROLES = ("parameter", "state", "constant", "rng", "optimizer", "gradient", "input", "output", "temporary", "cache")
-STORED = ("parameter", "state", "constant", "optimizer")  # roles whose contents a bundle keeps
-OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
+ROLES = tuple(bundle_format.ROLES)  # a buffer's role in the bundle (polygrad/definitions/bundle.py)
+STORED = bundle_format.STORED  # roles whose contents a bundle keeps
+OPTIMIZERS = optimizer_table.NAMES
 
 
 def _dtname(dt: DType) -> str:
@@ -485,7 +487,7 @@ def _capture(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable | None,
     return prog, tb.data, device
 
 
-BUILTIN_ENTRYPOINTS = ("forward", "loss", "optimizer_step", "train_step")
+BUILTIN_ENTRYPOINTS = tuple(bundle_format.ENTRYPOINTS)
 
 
 def _extra_entrypoints(entrypoints: Any, variables: dict[str, tuple[int, int]]) -> dict[str, tuple]:
@@ -1304,11 +1306,7 @@ def _optimizer_config(name: Any, lr: float | None, hyper: dict) -> dict:
     if not isinstance(name, str) or name.lower() not in OPTIMIZERS:
         raise ModelError(f"optimizer must be one of {list(OPTIMIZERS)}, got {name!r}")
     name = name.lower()
-    cls = {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW, "lamb": optim.LAMB}[name]
-    params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name not in ("self", "params")]
-    if name == "lamb":
-        params = [p for p in params if p.name not in ("adam", "l2_decay")]
-    allowed = {p.name: p.default for p in params}
+    allowed = optimizer_table.DEFAULTS[name]
     bad = sorted(set(hyper) - set(allowed))
     if bad:
         raise ModelError(f"optimizer {name!r} takes {sorted(allowed)}; unknown {bad}")
