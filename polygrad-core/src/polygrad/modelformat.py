@@ -186,7 +186,8 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
         where = f"buffers[{s}]"
         role = get(r, "role", str, where)
         need(role in ROLES, f"{where}.role {role!r} is not one of {list(ROLES)}")
-        need(role != "cache" or version >= 2, f"{where}.role 'cache' needs bundle version 2")
+        since = bundle_format.ROLES_SINCE.get(role, 1)
+        need(version >= since, f"{where}.role {role!r} needs bundle version {since}")
         dt = _dtype(get(r, "dtype", str, where), f"{where}.dtype")
         shape = _shape(get(r, "shape", list, where), f"{where}.shape", variables, version)
         size = get_int(r, "size", where)

@@ -55,8 +55,12 @@ class Op(NamedTuple):
     commutative: bool = False       # op(a, b) == op(b, a)
 
 
-def _unary(name: str, cls: str = FLOAT) -> Op:
-    return Op(name, 1, _ALL, ELEMENTWISE, cls, SAME)
+def _unary(name: str, cls: str = FLOAT, levels: Tuple[str, ...] = _ALL) -> Op:
+    return Op(name, 1, levels, ELEMENTWISE, cls, SAME)
+
+
+# lowering expands EXP2/LOG2/SIN into arithmetic (uop/transcendental.py): no renderer meets them
+_BEFORE_LOWERING = (TENSOR, KERNEL, CUSTOM)
 
 
 def _binary(name: str, cls: str = ANY, relation: str = SAME, commutative: bool = False) -> Op:
@@ -97,7 +101,8 @@ OPS: Tuple[Op, ...] = (
     # elementwise (shared by every level)
     Op("CAST", 1, _ALL, ELEMENTWISE, ANY, CONVERT),
     Op("BITCAST", 1, _ALL, ELEMENTWISE, ANY, REINTERPRET),
-    _unary("EXP2"), _unary("LOG2"), _unary("SIN"), _unary("SQRT"), _unary("RECIPROCAL"),
+    _unary("EXP2", levels=_BEFORE_LOWERING), _unary("LOG2", levels=_BEFORE_LOWERING),
+    _unary("SIN", levels=_BEFORE_LOWERING), _unary("SQRT"), _unary("RECIPROCAL"),
     _unary("NEG", ANY), _unary("TRUNC"),
     _binary("ADD", commutative=True), _binary("MUL", commutative=True), _binary("MAX", commutative=True),
     _binary("MOD"), _binary("IDIV", INT), _binary("FDIV", FLOAT),
