@@ -10,6 +10,8 @@ levels are met by some node of the corpus, so a level the table claims is one po
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -24,7 +26,7 @@ from polygrad.uop.ops import KernelInfo, Ops, UOp
 
 from conftest import DEVICES
 
-FIXTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "polygrad-js" / "test" / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "polygrad-js" / "test" / "fixtures"
 CLASSES = {
     table.ANY: lambda dt: True,
     table.FLOAT: lambda dt: dt.is_float,
@@ -150,9 +152,10 @@ def with_arg_nodes(nodes: dict[UOp, None]) -> list[UOp]:
 
 
 def stored_kernels() -> list[UOp]:
-    """The kernels of the bundles polygrad-js's tests load: kernel IR as files hold it."""
+    """The kernels of the bundles polygrad-js's tests load, today's and those saved at 20af852: kernel IR as
+    files hold it."""
     out = []
-    for f in sorted(FIXTURES.glob("*.pgb")):
+    for f in sorted(FIXTURES.glob("*.pgb")) + sorted((FIXTURES / "saved_at_20af852").glob("*.pgb")):
         manifest, _ = bundle.read(f.read_bytes())
         out += serialize.decode(manifest["kernels"])
     return out
