@@ -47,8 +47,8 @@ function read (data) {
   }
   const flags = view.getUint32(AT.flags, true)
   if (flags !== 0) throw new BundleError(`bundle header flags 0x${flags.toString(16)} are unknown to this reader (expected 0)`)
-  const mlen = u64(view, AT.manifest_length, 'manifest length')
-  const dlen = u64(view, AT.data_length, 'data length')
+  const mlen = u64(view, AT.manifest_len, 'manifest length')
+  const dlen = u64(view, AT.data_len, 'data length')
   if (mlen > MAX_MANIFEST) throw new BundleError(`bundle manifest length ${mlen} exceeds the ${MAX_MANIFEST}-byte limit`)
   const start = HEADER + pad(mlen)
   if (start + dlen !== bytes.length) {
@@ -98,9 +98,9 @@ function write (manifest, blobs) {
   const view = new DataView(out.buffer)
   view.setUint32(AT.version, manifest.version, true)
   view.setUint32(AT.flags, 0, true)
-  view.setUint32(AT.manifest_length, text.length, true)
-  view.setUint32(AT.data_length, pos % 0x100000000, true)
-  view.setUint32(AT.data_length + 4, Math.floor(pos / 0x100000000), true)
+  view.setUint32(AT.manifest_len, text.length, true)
+  view.setUint32(AT.data_len, pos % 0x100000000, true)
+  view.setUint32(AT.data_len + 4, Math.floor(pos / 0x100000000), true)
   view.setUint32(AT.manifest_crc, crc32(text), true)
   view.setUint32(AT.data_crc, crc32(out.subarray(start)), true)
   return out

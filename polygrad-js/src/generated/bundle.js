@@ -18,7 +18,7 @@ module.exports = frozen({
   SUPPORTED_VERSIONS: [1, 2],
   ALIGN: 64,
   HEADER_SIZE: 64,
-  HEADER_OFFSETS: { magic: 0, version: 8, flags: 12, manifest_length: 16, data_length: 24, manifest_crc: 32, data_crc: 36 },
+  HEADER_OFFSETS: { magic: 0, version: 8, flags: 12, manifest_len: 16, data_len: 24, manifest_crc: 32, data_crc: 36 },
   ROLES: ['parameter', 'state', 'constant', 'rng', 'optimizer', 'gradient', 'input', 'output', 'temporary', 'cache'],
   STORED: ['parameter', 'state', 'constant', 'optimizer'],
   TRACKED: ['temporary', 'output'],

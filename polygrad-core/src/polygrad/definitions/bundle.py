@@ -24,8 +24,8 @@ HEADER_LAYOUT: Tuple[Tuple[str, str], ...] = (
     ("magic", "8s"),
     ("version", "I"),
     ("flags", "I"),            # 0; a reader refuses any other value
-    ("manifest_length", "Q"),  # bytes of JSON, without padding
-    ("data_length", "Q"),
+    ("manifest_len", "Q"),  # bytes of JSON, without padding
+    ("data_len", "Q"),
     ("manifest_crc", "I"),     # CRC-32 (zlib) of the JSON bytes
     ("data_crc", "I"),         # CRC-32 of the data section
     ("reserved", "24x"),       # zero when written, ignored when read
