@@ -12,12 +12,8 @@ const { crc32 } = require('./crc32')
 const json = require('./json')
 const { MAX_MANIFEST } = require('./limits')
 
-const MAGIC = [0x89, 0x50, 0x47, 0x42, 0x0d, 0x0a, 0x1a, 0x0a]
-const FORMAT = 'polygrad-bundle'
-const VERSION = 1 // the oldest version; a writer uses the oldest that holds the model (manifest.formatVersion)
-const SUPPORTED_VERSIONS = [1, 2]
-const HEADER = 64
-const ALIGN = 64
+// the layout's names, versions and header (polygrad-core's polygrad/definitions/bundle.py, as Python's bundle.py)
+const { MAGIC, FORMAT, VERSION, SUPPORTED_VERSIONS, ALIGN, HEADER_SIZE: HEADER, HEADER_OFFSETS: AT } = require('./generated/bundle')
 
 const pad = (n) => Math.ceil(n / ALIGN) * ALIGN
 
@@ -41,27 +37,27 @@ function read (data) {
   if (bytes.length < HEADER) {
     throw new BundleError(`not a polygrad bundle: ${bytes.length} bytes is shorter than the ${HEADER}-byte header (truncated file?)`)
   }
-  for (let i = 0; i < 8; i++) {
-    if (bytes[i] !== MAGIC[i]) throw new BundleError('not a polygrad bundle (wrong magic bytes); .pgb files are written by Model.save()')
+  for (let i = 0; i < MAGIC.length; i++) {
+    if (bytes[AT.magic + i] !== MAGIC[i]) throw new BundleError('not a polygrad bundle (wrong magic bytes); .pgb files are written by Model.save()')
   }
   const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
-  const version = view.getUint32(8, true)
+  const version = view.getUint32(AT.version, true)
   if (!SUPPORTED_VERSIONS.includes(version)) {
     throw new BundleError(`bundle format version ${version} is not supported by this polygrad package (it reads ${JSON.stringify(SUPPORTED_VERSIONS)}); save it again with a matching polygrad`)
   }
-  const flags = view.getUint32(12, true)
+  const flags = view.getUint32(AT.flags, true)
   if (flags !== 0) throw new BundleError(`bundle header flags 0x${flags.toString(16)} are unknown to this reader (expected 0)`)
-  const mlen = u64(view, 16, 'manifest length')
-  const dlen = u64(view, 24, 'data length')
+  const mlen = u64(view, AT.manifest_len, 'manifest length')
+  const dlen = u64(view, AT.data_len, 'data length')
   if (mlen > MAX_MANIFEST) throw new BundleError(`bundle manifest length ${mlen} exceeds the ${MAX_MANIFEST}-byte limit`)
   const start = HEADER + pad(mlen)
   if (start + dlen !== bytes.length) {
     throw new BundleError(`bundle size mismatch: header declares ${start + dlen} bytes (manifest ${mlen}, data ${dlen}), the file has ${bytes.length} (truncated or padded file?)`)
   }
   const text = bytes.subarray(HEADER, HEADER + mlen)
-  if (crc32(text) !== view.getUint32(32, true)) throw new BundleError('bundle manifest checksum mismatch: the file is corrupted')
+  if (crc32(text) !== view.getUint32(AT.manifest_crc, true)) throw new BundleError('bundle manifest checksum mismatch: the file is corrupted')
   const body = bytes.subarray(start, start + dlen)
-  if (crc32(body) !== view.getUint32(36, true)) throw new BundleError('bundle data checksum mismatch: the file is corrupted')
+  if (crc32(body) !== view.getUint32(AT.data_crc, true)) throw new BundleError('bundle data checksum mismatch: the file is corrupted')
   let str
   try {
     str = new TextDecoder('utf-8', { fatal: true }).decode(text)
@@ -98,15 +94,15 @@ function write (manifest, blobs) {
   const out = new Uint8Array(start + pos)
   out.set(text, HEADER)
   for (let i = 0; i < blobs.length; i++) out.set(blobs[i], start + offsets[i])
-  out.set(MAGIC, 0)
+  out.set(MAGIC, AT.magic)
   const view = new DataView(out.buffer)
-  view.setUint32(8, manifest.version, true)
-  view.setUint32(12, 0, true)
-  view.setUint32(16, text.length, true)
-  view.setUint32(24, pos % 0x100000000, true)
-  view.setUint32(28, Math.floor(pos / 0x100000000), true)
-  view.setUint32(32, crc32(text), true)
-  view.setUint32(36, crc32(out.subarray(start)), true)
+  view.setUint32(AT.version, manifest.version, true)
+  view.setUint32(AT.flags, 0, true)
+  view.setUint32(AT.manifest_len, text.length, true)
+  view.setUint32(AT.data_len, pos % 0x100000000, true)
+  view.setUint32(AT.data_len + 4, Math.floor(pos / 0x100000000), true)
+  view.setUint32(AT.manifest_crc, crc32(text), true)
+  view.setUint32(AT.data_crc, crc32(out.subarray(start)), true)
   return out
 }
 

@@ -1,41 +1,49 @@
 'use strict'
 /**
- * Element types of the kernel IR (docs/kernel-ir.md), by their width-explicit serialised names, and the
- * 16-bit float conversions. float16/bfloat16 are stored as 16-bit words and computed in float32; every
- * result is rounded to the 16-bit format (nearest even, NaN kept quiet), bit for bit as the C renderer's
- * pg_f2h/pg_h2f/pg_f2b/pg_b2f helpers do.
+ * Element types of the kernel IR (docs/kernel-ir.md), by their width-explicit serialised names (the table of
+ * polygrad/definitions/dtypes.py, generated/dtypes.js), and the 16-bit float conversions. float16/bfloat16
+ * are stored as 16-bit words and computed in float32; every result is rounded to the 16-bit format (nearest
+ * even, NaN kept quiet), bit for bit as the C renderer's pg_f2h/pg_h2f/pg_f2b/pg_b2f helpers do.
  */
+
+const { DTYPES: TABLE } = require('./generated/dtypes')
 
 const f32 = new Float32Array(1)
 const u32 = new Uint32Array(f32.buffer)
 
-function dt (name, size, kind, extra) {
-  return Object.freeze(Object.assign({ name, size, kind, isFloat: kind === 'float', isInt: kind === 'int' || kind === 'uint', isUnsigned: kind === 'uint', isBool: kind === 'bool' }, extra))
+// what JavaScript adds to each dtype of the table: wasm, the value type a register of this dtype has; store,
+// the typed array over its storage; half, a 16-bit float computed in float32
+const HOST = {
+  bool: { wasm: 'i32', store: Uint8Array },
+  int8: { wasm: 'i32', store: Int8Array },
+  uint8: { wasm: 'i32', store: Uint8Array },
+  int16: { wasm: 'i32', store: Int16Array },
+  uint16: { wasm: 'i32', store: Uint16Array },
+  int32: { wasm: 'i32', store: Int32Array },
+  uint32: { wasm: 'i32', store: Uint32Array },
+  int64: { wasm: 'i64', store: BigInt64Array },
+  uint64: { wasm: 'i64', store: BigUint64Array },
+  float16: { wasm: 'f32', store: Uint16Array, half: true },
+  bfloat16: { wasm: 'f32', store: Uint16Array, half: true },
+  float32: { wasm: 'f32', store: Float32Array },
+  float64: { wasm: 'f64', store: Float64Array }
 }
 
-// wasm: the value type a register of this dtype has; store: the typed array over its storage
-const DTYPES = {
-  bool: dt('bool', 1, 'bool', { wasm: 'i32', bits: 8, store: Uint8Array }),
-  int8: dt('int8', 1, 'int', { wasm: 'i32', bits: 8, store: Int8Array }),
-  uint8: dt('uint8', 1, 'uint', { wasm: 'i32', bits: 8, store: Uint8Array }),
-  int16: dt('int16', 2, 'int', { wasm: 'i32', bits: 16, store: Int16Array }),
-  uint16: dt('uint16', 2, 'uint', { wasm: 'i32', bits: 16, store: Uint16Array }),
-  int32: dt('int32', 4, 'int', { wasm: 'i32', bits: 32, store: Int32Array }),
-  uint32: dt('uint32', 4, 'uint', { wasm: 'i32', bits: 32, store: Uint32Array }),
-  int64: dt('int64', 8, 'int', { wasm: 'i64', bits: 64, store: BigInt64Array }),
-  uint64: dt('uint64', 8, 'uint', { wasm: 'i64', bits: 64, store: BigUint64Array }),
-  float16: dt('float16', 2, 'float', { wasm: 'f32', bits: 16, store: Uint16Array, half: true }),
-  bfloat16: dt('bfloat16', 2, 'float', { wasm: 'f32', bits: 16, store: Uint16Array, half: true }),
-  float32: dt('float32', 4, 'float', { wasm: 'f32', bits: 32, store: Float32Array }),
-  float64: dt('float64', 8, 'float', { wasm: 'f64', bits: 64, store: Float64Array })
+function dt ({ name, itemsize, kind, min, max }) {
+  if (!HOST[name]) throw new Error(`internal: dtype ${name} has no JavaScript storage (src/dtypes.js HOST)`)
+  return Object.freeze(Object.assign({
+    name, size: itemsize, bits: 8 * itemsize, kind, isFloat: kind === 'float', isInt: kind === 'int' || kind === 'uint',
+    isUnsigned: kind === 'uint', isBool: kind === 'bool', range: min === null ? null : Object.freeze([min, max])
+  }, HOST[name]))
 }
+
+const DTYPES = Object.fromEntries(TABLE.map((row) => [row.name, dt(row)]))
 const NAMES = Object.keys(DTYPES)
 
-/** The inclusive integer range of an int/bool dtype, as BigInts. */
+/** The inclusive integer range of an int/bool dtype, as BigInts (a fresh pair). */
 function intRange (d) {
-  if (d.isBool) return [0n, 1n]
-  const bits = BigInt(d.bits)
-  return d.isUnsigned ? [0n, (1n << bits) - 1n] : [-(1n << (bits - 1n)), (1n << (bits - 1n)) - 1n]
+  if (d.range === null) throw new Error(`internal: ${d.name} has no integer range`)
+  return [d.range[0], d.range[1]]
 }
 
 /** An integer (Number or BigInt) wrapped to dtype d (two's complement); Number when it is safe. */

@@ -19,23 +19,19 @@ const { KernelError } = require('./errors')
 const { show, stringify } = require('./json')
 const { DTYPES, wrapInt, intRange } = require('./dtypes')
 const { MAX_ARG_DEPTH, MAX_NODES } = require('./limits')
+const OP_TABLE = require('./generated/ops')
+const { KERNEL_FORMAT, KERNEL_SUPPORTED_VERSIONS, KERNEL_FIELDS } = require('./generated/bundle')
 
-const FORMAT = 'polygrad-kernel'
-const SUPPORTED_VERSIONS = [1, 2]
-
-// every Ops member of polygrad (decode knows them all; validation allows only the kernel-IR ones)
-const ALL_OPS = ['BUFFER', 'CONST', 'DEVICE', 'COPY', 'CONTIGUOUS', 'DETACH', 'ASSIGN', 'CUSTOM', 'AFTER', 'BIND',
-  'RESHAPE', 'PERMUTE', 'EXPAND', 'PAD', 'SHRINK', 'FLIP', 'REDUCE_AXIS', 'IOTA', 'SINK', 'DEFINE_GLOBAL',
-  'DEFINE_VAR', 'RANGE', 'INDEX', 'LOAD', 'STORE', 'END', 'REDUCE', 'CAST', 'BITCAST', 'EXP2', 'LOG2', 'SIN', 'SQRT',
-  'RECIPROCAL', 'NEG', 'TRUNC', 'ADD', 'MUL', 'MAX', 'MOD', 'IDIV', 'FDIV', 'CMPLT', 'CMPNE', 'CMPEQ', 'AND', 'OR',
-  'XOR', 'SHL', 'SHR', 'POW', 'WHERE', 'FMA', 'VECTORIZE']
+// the kernel table's format and the op table (polygrad-core's polygrad/definitions/, generated/)
+const FORMAT = KERNEL_FORMAT
+const SUPPORTED_VERSIONS = KERNEL_SUPPORTED_VERSIONS
+const ALL_OPS = OP_TABLE.NAMES // every Ops member of polygrad (decode knows them all; validation allows only the kernel-IR ones)
 const OP_SET = new Set(ALL_OPS)
-const UNARY = new Set(['EXP2', 'LOG2', 'SIN', 'SQRT', 'RECIPROCAL', 'NEG', 'TRUNC'])
-const BINARY = new Set(['ADD', 'MUL', 'MAX', 'MOD', 'IDIV', 'FDIV', 'CMPLT', 'CMPNE', 'CMPEQ', 'AND', 'OR', 'XOR',
-  'SHL', 'SHR', 'POW'])
-const COMPARISONS = new Set(['CMPLT', 'CMPNE', 'CMPEQ'])
-const ALU = new Set([...UNARY, ...BINARY, 'WHERE', 'FMA'])
-const AXIS_KINDS = ['global', 'reduce', 'upcast', 'unroll', 'thread', 'local', 'group']
+const UNARY = new Set(OP_TABLE.UNARY)
+const BINARY = new Set(OP_TABLE.BINARY)
+const COMPARISONS = new Set(OP_TABLE.COMPARISONS)
+const ALU = new Set(OP_TABLE.ALU)
+const AXIS_KINDS = OP_TABLE.AXIS_KINDS
 
 const f64 = new Float64Array(1)
 const u32of64 = new Uint32Array(f64.buffer)
@@ -293,9 +289,9 @@ function decode (obj, g) {
   if (!Number.isInteger(version)) throw new KernelError("serialised kernels have no integer 'version'; the file is damaged")
   if (!SUPPORTED_VERSIONS.includes(version)) {
     throw new KernelError(`serialised kernels are format version ${version}; this package reads versions ${SUPPORTED_VERSIONS.join(', ')}. ` +
-      (version > 2 ? 'Upgrade the polygrad package to read it.' : 'Regenerate it with this polygrad.'))
+      (version > Math.max(...SUPPORTED_VERSIONS) ? 'Upgrade the polygrad package to read it.' : 'Regenerate it with this polygrad.'))
   }
-  const extra = Object.keys(obj).filter((k) => !['format', 'version', 'nodes', 'roots'].includes(k))
+  const extra = Object.keys(obj).filter((k) => !KERNEL_FIELDS.includes(k))
   if (extra.length) throw new KernelError(`serialised kernels have unknown fields ${show(extra.sort())} for version ${version}`)
   const { nodes, roots } = obj
   if (!Array.isArray(nodes) || !Array.isArray(roots)) throw new KernelError("serialised kernels need a 'nodes' list and a 'roots' list")

@@ -17,19 +17,18 @@ const { DTYPES } = require('./dtypes')
 const ir = require('./ir')
 const bundle = require('./bundle')
 const { checkKernel, checkSizeExpr, kernelWork, isPlainName, NAME_RULE } = require('./validate')
-const { MAX_ELEMENTS, MAX_SLOTS, MAX_CALLS, MAX_NAME, defaultMaxBytes, defaultMaxWork } = require('./limits')
+const { MAX_ELEMENTS, MAX_SLOTS, MAX_CALLS, MAX_NAME, MAX_DIMS, MAX_SPECS, defaultMaxBytes, defaultMaxWork } = require('./limits')
 const { checkHyperparameters } = require('./optim')
+const BUNDLE = require('./generated/bundle')
+const { HYPER_KINDS } = require('./generated/optimizer')
 
-const ROLES = ['parameter', 'state', 'constant', 'rng', 'optimizer', 'gradient', 'input', 'output', 'temporary', 'cache']
-const STORED = new Set(['parameter', 'state', 'constant', 'optimizer'])
+// roles, entrypoints and optimizer kinds: polygrad-core's polygrad/definitions/ (as Python's modelformat.py)
+const ROLES = BUNDLE.ROLES
+const STORED = new Set(BUNDLE.STORED)
 const IDENT = /^[A-Za-z_][A-Za-z0-9_]*$/
-const TRAINING_OR_FORWARD = new Set(['forward', 'loss', 'train_step'])
-const OPTIMIZER_HYPER = {
-  sgd: { momentum: 'number', weight_decay: 'number', nesterov: 'boolean' },
-  adam: { betas: 'pair', eps: 'number', weight_decay: 'number' },
-  adamw: { betas: 'pair', eps: 'number', weight_decay: 'number' },
-  lamb: { b1: 'number', b2: 'number', eps: 'number', weight_decay: 'number' }
-}
+const TRAINING_OR_FORWARD = new Set(BUNDLE.SIGNATURE_ENTRYPOINTS)
+const OPTIMIZER_HYPER = HYPER_KINDS
+const JSON_KIND = { number: 'number', bool: 'boolean', pair: 'pair' } // a hyperparameter kind -> its typeof test
 
 function need (cond, msg) {
   if (!cond) throw new BundleError(`bundle manifest: ${msg}`)
@@ -64,7 +63,7 @@ function dtype (v, where) {
 }
 
 function shape (v, where, variables, version) {
-  need(Array.isArray(v) && v.length <= 16, `${where} must be a list of at most 16 dimensions`)
+  need(Array.isArray(v) && v.length <= MAX_DIMS, `${where} must be a list of at most ${MAX_DIMS} dimensions`)
   return v.map((d, k) => {
     if (typeof d === 'string') {
       need(variables.has(d), `${where}[${k}] = ${show(d)} is not a declared Variable`)
@@ -87,7 +86,7 @@ function elements (sh, variables) {
 
 function specs (sig, key, variables, version) {
   const rows = get(sig, key, 'list', 'signature')
-  need(rows.length <= 4096, `signature.${key} has too many entries`)
+  need(rows.length <= MAX_SPECS, `signature.${key} has too many entries`)
   const seen = new Set()
   return rows.map((r, i) => {
     const where = `signature.${key}[${i}]`
@@ -112,7 +111,7 @@ function optimizerConfig (opt, where = 'training.optimizer') {
   for (const [k, v] of Object.entries(opt)) {
     out[k] = asNumber(v)
     if (k === 'name' || k === 'lr') continue
-    const kind = known[k]
+    const kind = JSON_KIND[known[k]]
     need(kind !== undefined, `${where}: optimizer ${opt.name} has no hyperparameter ${show(k)}`)
     const ok = kind === 'pair' ? Array.isArray(v) && v.length === 2 && v.every(isNumber) : kind === 'number' ? isNumber(v) : typeof v === kind
     need(ok, `${where}.${k} must be ${kind === 'pair' ? 'a pair of numbers' : 'a ' + kind}`)
@@ -166,7 +165,8 @@ function readProgram (manifest, body, opts = {}) {
     const where = `buffers[${s}]`
     const role = get(r, 'role', 'string', where)
     need(ROLES.includes(role), `${where}.role ${show(role)} is not one of ${ROLES.join(', ')}`)
-    need(role !== 'cache' || version >= 2, `${where}.role 'cache' needs bundle version 2`)
+    const since = BUNDLE.ROLES_SINCE[role] || 1
+    need(version >= since, `${where}.role '${role}' needs bundle version ${since}`)
     const dt = dtype(get(r, 'dtype', 'string', where), `${where}.dtype`)
     const sh = shape(get(r, 'shape', 'list', where), `${where}.shape`, variables, version)
     const size = getInt(r, 'size', where)
@@ -210,7 +210,7 @@ function readProgram (manifest, body, opts = {}) {
   const entries = {}
   const workOf = new Map()
   const eps = get(manifest, 'entrypoints', 'object', 'manifest')
-  need(Object.prototype.hasOwnProperty.call(eps, 'forward'), "entrypoints lack 'forward'")
+  for (const required of BUNDLE.REQUIRED_ENTRYPOINTS) need(Object.prototype.hasOwnProperty.call(eps, required), `entrypoints lack '${required}'`)
   let nCalls = 0
   for (const [ename, e] of Object.entries(eps)) {
     const where = `entrypoints.${name(ename, 'entrypoint name')}`
@@ -285,13 +285,13 @@ function readProgram (manifest, body, opts = {}) {
   let optimizerState = null
   if (optimizer !== null) {
     optimizer = optimizerConfig(optimizer)
-    need(entries.train_step && entries.optimizer_step, 'an optimizer without train_step/optimizer_step')
+    need(BUNDLE.OPTIMIZER_ENTRYPOINTS.every((k) => entries[k]), 'an optimizer without train_step/optimizer_step')
     lrSlot = slotNo(tr.lr_buffer, 'training.lr_buffer', ['optimizer'])
     need(lrSlot.size === 1 && lrSlot.dtype === DTYPES.float32, 'training.lr_buffer must be a one-element float32 buffer')
     optimizerState = tr.optimizer_state
-    need(optimizerState === 'kept' || optimizerState === 'initial', "training.optimizer_state must be 'kept' or 'initial'")
+    need(BUNDLE.OPTIMIZER_STATES.includes(optimizerState), "training.optimizer_state must be 'kept' or 'initial'")
   } else {
-    need(!entries.train_step && !entries.optimizer_step, 'train_step without an optimizer')
+    need(!BUNDLE.OPTIMIZER_ENTRYPOINTS.some((k) => entries[k]), 'train_step without an optimizer')
   }
   const rngObj = get(manifest, 'rng', 'object', 'manifest')
   const rng = [getInt(rngObj, 'seed', 'rng', 0, 0xffffffff), getInt(rngObj, 'counter', 'rng', 0, 0xffffffff)]
@@ -433,7 +433,7 @@ function kernelAccess (ast) {
   return { reads, writes }
 }
 
-const TRACKED = new Set(['temporary', 'output']) // roles that hold nothing until a call of the entrypoint writes them
+const TRACKED = new Set(BUNDLE.TRACKED) // roles that hold nothing until a call of the entrypoint writes them
 
 /**
  * Every temporary or output an entrypoint reads, and every output it returns, is written by an earlier call of

@@ -16,32 +16,33 @@
 const { ModelError } = require('./errors')
 const { DTYPES } = require('./dtypes')
 
-const DEFAULTS = {
-  sgd: { lr: 0.001, momentum: 0.0, weight_decay: 0.0, nesterov: false },
-  adam: { lr: 0.001, betas: [0.9, 0.999], eps: 1e-8, weight_decay: 0.0 },
-  adamw: { lr: 0.001, betas: [0.9, 0.999], eps: 1e-8, weight_decay: 0.01 },
-  lamb: { lr: 0.001, b1: 0.9, b2: 0.999, eps: 1e-6, weight_decay: 0.0 }
-}
-const GROUP_SIZE = 16
-const FLOAT32_MAX = 3.4028234663852886e38
-const RATES = ['lr', 'momentum', 'weight_decay', 'l2_decay']
-const SOLO_NUMEL = 1 << 14 // a parameter with more elements keeps moment buffers of its own
+// defaults, value rules and the flat state layout: polygrad-core's polygrad/definitions/optimizer.py, as
+// Python's nn/optim.py reads them (a parameter over SOLO_NUMEL elements keeps moment buffers of its own)
+const { DEFAULTS, RULES, REQUIRES, FLOAT32_MAX, GROUP_SIZE, SOLO_NUMEL } = require('./generated/optimizer')
 
 /** A number that stays finite as the float32 the update kernels compute with. */
 const isReal = (v) => typeof v === 'number' && Number.isFinite(v) && Math.abs(v) <= FLOAT32_MAX
 
+/** v is a real number inside a rule's bounds. */
+function within (rule, v) {
+  if (!isReal(v)) return false
+  if (rule.low !== null && (rule.low_open ? v <= rule.low : v < rule.low)) return false
+  return rule.high === null || (rule.high_open ? v < rule.high : v <= rule.high)
+}
+
 /**
- * What is wrong with hyperparameter `name` = v (null when nothing). The rules of Python's
- * nn.optim.check_hyperparameters: rates, decays and momentum are numbers >= 0 finite as float32, eps
+ * What is wrong with hyperparameter `name` = v (null when nothing), by the rule table Python's
+ * nn.optim.check_hyperparameters reads: rates, decays and momentum are numbers >= 0 finite as float32, eps
  * is > 0, betas lie in [0, 1) (a pair of them for `betas`), flags are booleans.
  */
 function hyperProblem (name, v) {
-  if (RATES.includes(name)) return isReal(v) && v >= 0 ? null : 'a number >= 0, finite as float32'
-  if (name === 'eps') return isReal(v) && v > 0 ? null : 'a number > 0, finite as float32' // 0 gives 0/0 where a gradient is 0
-  if (name === 'b1' || name === 'b2') return isReal(v) && v >= 0 && v < 1 ? null : 'a number in [0, 1)'
-  if (name === 'betas') return Array.isArray(v) && v.length === 2 && v.every((b) => isReal(b) && b >= 0 && b < 1) ? null : 'a pair of numbers in [0, 1)'
-  if (name === 'nesterov' || name === 'adam') return typeof v === 'boolean' ? null : 'true or false'
-  return null
+  const rule = Object.prototype.hasOwnProperty.call(RULES, name) ? RULES[name] : null
+  if (rule === null) return null
+  let ok
+  if (rule.kind === 'bool') ok = typeof v === 'boolean'
+  else if (rule.kind === 'pair') ok = Array.isArray(v) && v.length === 2 && v.every((b) => within(rule, b))
+  else ok = within(rule, v)
+  return ok ? null : rule.want
 }
 
 function shown (v) {
@@ -59,7 +60,7 @@ function checkHyperparameters (values) {
     const want = hyperProblem(k, v)
     if (want) throw new ModelError(`optimizer hyperparameter ${k} must be ${want}, got ${shown(v).slice(0, 60)}`)
   }
-  if (values.nesterov && !(values.momentum > 0)) throw new ModelError('nesterov momentum needs momentum > 0')
+  for (const [flag, number, message] of REQUIRES) if (values[flag] && !(values[number] > 0)) throw new ModelError(message)
 }
 
 /** The full configuration {name, lr, hyperparameters} of an optimizer request (Python's names). */

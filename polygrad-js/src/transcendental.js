@@ -1,7 +1,7 @@
 'use strict'
 /**
  * EXP2, LOG2 and SIN as plain IR arithmetic: a port of polygrad-core's uop/transcendental.py, node for
- * node, with its float64 constants copied bit for bit (constants.js), so JavaScript computes the same
+ * node, with its float64 constants copied bit for bit (generated/constants.js), so JavaScript computes the same
  * bits as the C and NumPy backends (docs/kernel-ir.md, "Transcendentals").
  *
  * Stage: lowering (the last pass, as in Python). Input: kernel IR that may hold EXP2/LOG2/SIN. Output:
@@ -11,7 +11,7 @@
 const { DTYPES } = require('./dtypes')
 const { hexFloat, toposort } = require('./ir')
 const { graphRewrite } = require('./simplify')
-const C = require('./constants')
+const C = require('./generated/constants')
 
 const F = (list) => list.map(hexFloat)
 const K = {

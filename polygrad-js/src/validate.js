@@ -17,6 +17,7 @@ const { KernelError } = require('./errors')
 const { DTYPES, intRange } = require('./dtypes')
 const { toposort } = require('./ir')
 const { MAX_RANGE, MAX_NODES, MAX_STEPS, MAX_NARROW_DEPTH, MAX_UPCAST, MAX_NAME } = require('./limits')
+const OPS = require('./generated/ops')
 
 const INF = 1n << 256n
 const EMPTY = Symbol('EMPTY')
@@ -43,15 +44,16 @@ const hull = (vs) => [bmin(...vs), bmax(...vs)]
 const tracked = (d) => d !== null && (d.isInt || d.isBool)
 const dtypeInterval = (d) => intRange(d)
 
-const UNARY_FLOAT = new Set(['RECIPROCAL', 'SQRT', 'TRUNC', 'EXP2', 'LOG2', 'SIN'])
-const BINARY_SAME = new Set(['ADD', 'MUL', 'MAX', 'MOD', 'IDIV', 'FDIV', 'POW', 'AND', 'OR', 'XOR', 'SHL', 'SHR'])
-const COMPARE = new Set(['CMPLT', 'CMPNE', 'CMPEQ'])
-const FLOAT_ONLY = new Set([...UNARY_FLOAT, 'FDIV', 'POW'])
-const INT_ONLY = new Set(['IDIV', 'SHL', 'SHR'])
-const INT_OR_BOOL = new Set(['AND', 'OR', 'XOR'])
-const SIZE_OPS = new Set(['CONST', 'DEFINE_VAR', 'ADD', 'MUL', 'IDIV', 'MOD', 'MAX', 'NEG', 'CAST'])
-const RANGE_KINDS = new Set(['global', 'reduce', 'upcast'])
-const REDUCE_OPS = new Set(['ADD', 'MUL', 'MAX'])
+// the op table's classes (polygrad-core's polygrad/definitions/ops.py, as Python's uop/validate.py reads it)
+const COMPARE = new Set(OPS.COMPARISONS)
+const FLOAT_ONLY = new Set(OPS.FLOAT_ONLY)
+const INT_ONLY = new Set(OPS.INT_ONLY)
+const INT_OR_BOOL = new Set(OPS.INT_OR_BOOL_ONLY)
+const ELEMENTWISE = new Set(OPS.KERNEL_ELEMENTWISE) // the elementwise ops a stored kernel may hold
+const ARITY = new Map(OPS.OPS.filter((o) => Number.isInteger(o.src)).map((o) => [o.name, o.src]))
+const SIZE_OPS = new Set(OPS.SIZE_OPS)
+const RANGE_KINDS = new Set(OPS.STORED_AXIS_KINDS)
+const REDUCE_OPS = new Set(OPS.REDUCE_OPS)
 
 function describe (n) {
   return `${n.op} (${n.dtype ? n.dtype.name : 'no dtype'}, ${n.src.length} src)`
@@ -62,7 +64,7 @@ function describe (n) {
 
 function checkAlu (where, n) {
   const { op, dtype: dt, src } = n
-  const want = UNARY_FLOAT.has(op) || op === 'NEG' || op === 'CAST' || op === 'BITCAST' ? 1 : op === 'WHERE' || op === 'FMA' ? 3 : 2
+  const want = ARITY.get(op)
   if (src.length !== want || dt === null || n.arg !== null) throw fail(where, `${op} takes ${want} src, a dtype and no arg, got ${describe(n)}`)
   const same = (dts) => {
     if (dts.some((d) => d === null || d !== dts[0])) throw fail(where, `${op} needs operands of one dtype, got ${dts.map((d) => (d ? d.name : null)).join(', ')}`)
@@ -142,7 +144,7 @@ function checkNode (where, n, vars) {
     case 'SINK':
       throw fail(where, 'a SINK inside a kernel; only the root is a SINK')
   }
-  if (UNARY_FLOAT.has(op) || BINARY_SAME.has(op) || COMPARE.has(op) || ['NEG', 'WHERE', 'FMA', 'CAST', 'BITCAST'].includes(op)) return checkAlu(where, n)
+  if (ELEMENTWISE.has(op)) return checkAlu(where, n)
   throw fail(where, `op ${op} is not allowed in a stored kernel`)
 }
 

@@ -5,13 +5,17 @@ decoder.pgb is version 2 (an embedding gather, `cache`
 buffers, a `decode` entrypoint taking the Variable `pos` as an int, Variables in two dimensions);
 embedding_sgd.pgb trains an embedding, whose gradient is a scatter-add (accumulating stores).
 
-Run from the repository root: `python polygrad-js/tools/make_fixtures.py`. The cross-language tests
-(tests/test_js.py) build their own bundles every run; these fixtures only let `node --test` run without
-Python. Everything is seeded, so the files change only when polygrad's capture or format changes.
+Run from the repository root: `python polygrad-js/tools/make_fixtures.py [--out DIR]` (default
+polygrad-js/test/fixtures). The cross-language tests (tests/test_js.py) build their own bundles every run;
+these fixtures only let `node --test` run without Python. Everything is seeded, so the files change only
+when polygrad's capture or format changes; tests/test_js_fixtures.py fails when they differ from what
+this script writes now (regenerate them), and keeps loading the bundles of test/fixtures/saved_at_20af852/
+(written by polygrad before issue 29) in both languages.
 """
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +93,7 @@ class Bag:
         return {"logits": self.out(self.emb(ids).mean(1))}
 
 
-def decoder_fixtures(ref: dict) -> None:
+def decoder_fixtures(ref: dict, out: Path) -> None:
     Tensor.manual_seed(2)
     dec = Decoder()
     batch, tokens = Variable("batch", 1, 2), Variable("tokens", 1, 8)
@@ -98,13 +102,13 @@ def decoder_fixtures(ref: dict) -> None:
                   caches={"k_cache": dec.k_cache, "v_cache": dec.v_cache},
                   entrypoints={"decode": (dec.decode, {"ids": Tensor.empty(batch, 1, dtype="int32"),
                                                        "pos": Variable("pos", 0, 7)})})
-    (OUT / "decoder.pgb").write_bytes(model.save())
+    (out / "decoder.pgb").write_bytes(model.save())
     ids = np.array([[3, 1, 4, 1, 5, 9], [2, 6, 5, 3, 5, 8]], np.int32)
     r = {"ids": ids.tolist(), "forward": model.forward(ids=ids[:, :3])["logits"].numpy().tolist()}
     r["decode"] = [model.call("decode", {"ids": ids[:, p:p + 1], "pos": p})["logits"].numpy().tolist()
                    for p in range(3, 6)]
     model.dispose()
-    fresh = Model.load(str(OUT / "decoder.pgb"))  # caches start zeroed
+    fresh = Model.load(str(out / "decoder.pgb"))  # caches start zeroed
     r["fresh_decode"] = fresh.call("decode", {"ids": ids[:1, 2:3], "pos": 2})["logits"].numpy().tolist()
     fresh.dispose()
     ref["decoder"] = r
@@ -115,22 +119,23 @@ def decoder_fixtures(ref: dict) -> None:
     y = rng.integers(0, 3, 8).astype(np.int32)
     bag = Model(Bag(), inputs={"ids": Tensor.empty(Variable("batch", 1, 8), 5, dtype="int32")},
                 targets={"y": Tensor.empty(Variable("batch", 1, 8), dtype="int32")}, loss=xent)
-    (OUT / "embedding_sgd.pgb").write_bytes(bag.save())
+    (out / "embedding_sgd.pgb").write_bytes(bag.save())
     bag.dispose()
-    bag = Model.load(str(OUT / "embedding_sgd.pgb"))
+    bag = Model.load(str(out / "embedding_sgd.pgb"))
     losses = bag.fit({"ids": ids, "y": y}, epochs=3, batch_size=4, optimizer="sgd", lr=0.5, verbose=False)
     ref["embedding"] = {"ids": ids.tolist(), "y": y.tolist(), "sgd": losses}
     bag.dispose()
 
 
-def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+def main(out: Path = OUT) -> None:
+    """Write the fixtures and reference.json into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
     ref: dict = {}
     Tensor.manual_seed(0)
     lin = Model(Linear(), inputs={"x": Tensor.empty(5)}, targets={"y": Tensor.empty(5)},
                 loss=lambda o, y: (o["prediction"] - y).square().mean())
     lin.fit({"x": [-2, -1, 0, 1, 2], "y": [-4, -1, 2, 5, 8]}, epochs=100, optimizer="sgd", lr=0.1, verbose=False)
-    (OUT / "linear.pgb").write_bytes(lin.save(include_optimizer=False))
+    (out / "linear.pgb").write_bytes(lin.save(include_optimizer=False))
     ref["linear"] = {"x": [3, 4, 5, 6, 7], "prediction": lin.forward(x=[3, 4, 5, 6, 7])["prediction"].numpy().tolist()}
     lin.dispose()
 
@@ -141,11 +146,11 @@ def main() -> None:
     batch = Variable("batch", 1, 16)
     mlp = Model(MLP(), inputs={"x": Tensor.empty(batch, 4)}, targets={"y": Tensor.empty(batch, dtype="int32")},
                 loss=xent)
-    (OUT / "mlp_untrained.pgb").write_bytes(mlp.save())
+    (out / "mlp_untrained.pgb").write_bytes(mlp.save())
     ref["mlp"] = {"x": X.tolist(), "y": Y.tolist(),
                   "logits_untrained": mlp.forward(x=X[:5])["logits"].numpy().tolist()}
     first = mlp.fit({"x": X, "y": Y}, epochs=1, batch_size=4, optimizer="adam", lr=0.01, verbose=False)
-    (OUT / "mlp_adam.pgb").write_bytes(mlp.save())
+    (out / "mlp_adam.pgb").write_bytes(mlp.save())
     ref["mlp"]["adam_first"] = first
     ref["mlp"]["adam_resume"] = mlp.fit({"x": X, "y": Y}, epochs=2, batch_size=4, verbose=False)
     mlp.dispose()
@@ -154,12 +159,12 @@ def main() -> None:
     Tensor.manual_seed(4)
     Xw = np.random.default_rng(4).standard_normal((8, 32)).astype(np.float32)
     wide = Model(Wide(), inputs={"x": Tensor.empty(Variable("batch", 1, 8), 32)})
-    (OUT / "mlp_wide.pgb").write_bytes(wide.save())
+    (out / "mlp_wide.pgb").write_bytes(wide.save())
     ref["wide"] = {"x": Xw.tolist(), **{str(n): wide.forward(x=Xw[:n])["logits"].numpy().tolist() for n in (1, 3, 8)}}
     wide.dispose()
-    decoder_fixtures(ref)
-    (OUT / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
+    decoder_fixtures(ref, out)
+    (out / "reference.json").write_text(json.dumps(ref, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    main(Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else OUT)

@@ -26,17 +26,18 @@ import struct
 import zlib
 from typing import Any, Sequence
 
+from polygrad.definitions import bundle as bundle_format
 from polygrad.errors import PolygradError
 from polygrad.limits import MAX_ELEMENTS, MAX_JSON_DEPTH, MAX_MANIFEST
 from polygrad.uop.serialize import json_int
 
-MAGIC = b"\x89PGB\r\n\x1a\n"
-FORMAT = "polygrad-bundle"
-VERSION = 1  # what a bundle is written as unless it needs version 2 (model/format.format_version)
-SUPPORTED_VERSIONS = (1, 2)  # 2 adds cache buffers, Variables in any dimension, Variable arguments
-HEADER = struct.Struct("<8sIIQQII24x")  # magic, version, flags, manifest_len, data_len, manifest_crc, data_crc
-assert HEADER.size == 64
-ALIGN = 64
+# the layout's names, versions and header (polygrad/definitions/bundle.py; polygrad-js's bundle.js reads the same)
+MAGIC = bundle_format.MAGIC
+FORMAT = bundle_format.FORMAT
+VERSION = bundle_format.VERSION  # what a bundle is written as unless it needs version 2 (model/format.format_version)
+SUPPORTED_VERSIONS = bundle_format.SUPPORTED_VERSIONS  # 2 adds cache buffers, Variables in any dimension, arguments
+HEADER = struct.Struct(bundle_format.HEADER_FORMAT)  # magic, version, flags, manifest_len, data_len, two CRCs
+ALIGN = bundle_format.ALIGN
 
 
 class BundleError(PolygradError, ValueError):

@@ -1,10 +1,12 @@
-"""Data types: the scalar types tensors hold, their promotion lattice and NumPy/C names."""
+"""Data types: the scalar types tensors hold (polygrad/definitions/dtypes.py), their promotion lattice and NumPy/C
+names."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
+from polygrad.definitions import dtypes as dtype_table
 from polygrad.errors import DTypeError
 
 
@@ -67,22 +69,28 @@ class DType:
         return self
 
 
+def _from_table(name: str) -> DType:
+    """The DType of a row of polygrad/definitions/dtypes.py; its priority is the row's position."""
+    row = dtype_table.BY_NAME[name]
+    return DType(dtype_table.NAMES.index(name), row.itemsize, row.c_name, row.numpy, row.kind)
+
+
 class dtypes:
     """Namespace of every supported dtype, in the manner of tinygrad's `dtypes`."""
 
-    bool = DType(0, 1, "bool", "?", "bool")
-    int8 = DType(1, 1, "char", "i1", "int")
-    uint8 = DType(2, 1, "uchar", "u1", "uint")
-    int16 = DType(3, 2, "short", "i2", "int")
-    uint16 = DType(4, 2, "ushort", "u2", "uint")
-    int32 = DType(5, 4, "int", "i4", "int")
-    uint32 = DType(6, 4, "uint", "u4", "uint")
-    int64 = DType(7, 8, "long", "i8", "int")
-    uint64 = DType(8, 8, "ulong", "u8", "uint")
-    float16 = DType(9, 2, "half", "f2", "float")
-    bfloat16 = DType(10, 2, "bfloat16", "u2", "float")
-    float32 = DType(11, 4, "float", "f4", "float")
-    float64 = DType(12, 8, "double", "f8", "float")
+    bool = _from_table("bool")
+    int8 = _from_table("int8")
+    uint8 = _from_table("uint8")
+    int16 = _from_table("int16")
+    uint16 = _from_table("uint16")
+    int32 = _from_table("int32")
+    uint32 = _from_table("uint32")
+    int64 = _from_table("int64")
+    uint64 = _from_table("uint64")
+    float16 = _from_table("float16")
+    bfloat16 = _from_table("bfloat16")
+    float32 = _from_table("float32")
+    float64 = _from_table("float64")
     # aliases
     half = float16
     float = float32
@@ -155,10 +163,8 @@ class dtypes:
         return {k: v for k, v in vars(dtypes).items() if isinstance(v, DType)}
 
 
-ALL_DTYPES: tuple[DType, ...] = (
-    dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
-    dtypes.int64, dtypes.uint64, dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64,
-)
+ALL_DTYPES: tuple[DType, ...] = tuple(getattr(dtypes, name) for name in dtype_table.NAMES)  # priority order
+_INT_RANGES = {getattr(dtypes, name): bounds for name, bounds in dtype_table.INT_RANGES.items()}
 
 dtypes.floats = (dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64)
 dtypes.uints = (dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64)
@@ -207,7 +213,7 @@ def dtype_min(dt: DType):
         return -float("inf")
     if dt is dtypes.bool:
         return False
-    return int(np.iinfo(dt.np).min)
+    return _INT_RANGES[dt][0]
 
 
 def dtype_max(dt: DType):
@@ -215,7 +221,7 @@ def dtype_max(dt: DType):
         return float("inf")
     if dt is dtypes.bool:
         return True
-    return int(np.iinfo(dt.np).max)
+    return _INT_RANGES[dt][1]
 
 
 # Promotion lattice (tinygrad's): each type lists the types it may promote to directly.

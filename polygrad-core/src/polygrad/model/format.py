@@ -20,9 +20,11 @@ import numpy as np
 
 from polygrad import bundle
 from polygrad.bundle import BundleError, check_int, get, get_int, need
+from polygrad.definitions import bundle as bundle_format
+from polygrad.definitions import optimizer as optimizer_table
 from polygrad.dtype import DType
 from polygrad.errors import PolygradError
-from polygrad.limits import MAX_CALLS, MAX_ELEMENTS, MAX_NAME, MAX_SLOTS
+from polygrad.limits import MAX_CALLS, MAX_DIMS, MAX_ELEMENTS, MAX_NAME, MAX_SLOTS, MAX_SPECS
 from polygrad.model.optim import optimizer_config
 from polygrad.model.program import ROLES, STORED, Call, Entry, Program, Slot, Spec, dtype_name, program_flow
 from polygrad.uop import serialize, sint
@@ -30,12 +32,7 @@ from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.validate import check_kernel, declared_count, kernel_work
 
 # the hyperparameters a bundle's optimizer may carry and their JSON kinds (docs/bundle-format.md 2.6)
-OPTIMIZER_HYPER: dict[str, dict[str, str]] = {
-    "sgd": {"momentum": "number", "weight_decay": "number", "nesterov": "bool"},
-    "adam": {"betas": "pair", "eps": "number", "weight_decay": "number"},
-    "adamw": {"betas": "pair", "eps": "number", "weight_decay": "number"},
-    "lamb": {"b1": "number", "b2": "number", "eps": "number", "weight_decay": "number"},
-}
+OPTIMIZER_HYPER: dict[str, dict[str, str]] = optimizer_table.HYPER_KINDS
 
 
 def _le(arr: np.ndarray) -> bytes:
@@ -113,7 +110,7 @@ def _dtype(v: Any, where: str) -> DType:
 
 
 def _shape(v: Any, where: str, variables: dict[str, tuple[int, int]], version: int) -> tuple[int | str, ...]:
-    need(isinstance(v, list) and len(v) <= 16, f"{where} must be a list of at most 16 dimensions")
+    need(isinstance(v, list) and len(v) <= MAX_DIMS, f"{where} must be a list of at most {MAX_DIMS} dimensions")
     out: list[int | str] = []
     for k, d in enumerate(v):
         if isinstance(d, str):
@@ -137,7 +134,7 @@ def _elements(shape: tuple[int | str, ...], variables: dict[str, tuple[int, int]
 
 def _specs(obj: Any, key: str, variables: dict, version: int) -> list:
     rows = get(obj, key, list, "signature")
-    need(len(rows) <= 4096, f"signature.{key} has too many entries")
+    need(len(rows) <= MAX_SPECS, f"signature.{key} has too many entries")
     out, seen = [], set()
     for i, r in enumerate(rows):
         where = f"signature.{key}[{i}]"
@@ -188,7 +185,8 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
         where = f"buffers[{s}]"
         role = get(r, "role", str, where)
         need(role in ROLES, f"{where}.role {role!r} is not one of {list(ROLES)}")
-        need(role != "cache" or version >= 2, f"{where}.role 'cache' needs bundle version 2")
+        since = bundle_format.ROLES_SINCE.get(role, 1)
+        need(version >= since, f"{where}.role {role!r} needs bundle version {since}")
         dt = _dtype(get(r, "dtype", str, where), f"{where}.dtype")
         shape = _shape(get(r, "shape", list, where), f"{where}.shape", variables, version)
         size = get_int(r, "size", where)
@@ -227,7 +225,8 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
     entries: dict[str, Entry] = {}
     work_of: dict[int, int] = {}
     eps = get(manifest, "entrypoints", dict, "manifest")
-    need("forward" in eps, "entrypoints lack 'forward'")
+    for required in bundle_format.REQUIRED_ENTRYPOINTS:
+        need(required in eps, f"entrypoints lack {required!r}")
     n_calls = 0
     for name, e in eps.items():
         where = f"entrypoints.{_name(name, 'entrypoint name')}"
@@ -278,7 +277,7 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
     need(set(fwd.outputs) == {s.name for s in outputs}, "entrypoints.forward.outputs do not match signature.outputs")
     for spec in inputs + targets:
         for name, e in entries.items():
-            if spec.name in e.inputs and name in ("forward", "loss", "train_step"):  # others: their buffers
+            if spec.name in e.inputs and name in bundle_format.SIGNATURE_ENTRYPOINTS:  # others: their buffers
                 slot = slots[e.inputs[spec.name]]
                 need(slot.dtype == spec.dtype and slot.shape == spec.shape,
                      f"entrypoints.{name}.inputs.{spec.name}: buffer does not match the signature")
@@ -307,12 +306,14 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
             opt = optimizer_config(opt["name"], float(lr), hyper)
         except PolygradError as e:
             raise BundleError(f"bundle manifest: training.optimizer: {e}") from None
-        need("train_step" in entries and "optimizer_step" in entries, "an optimizer without train_step/optimizer_step")
+        need(all(k in entries for k in bundle_format.OPTIMIZER_ENTRYPOINTS),
+             "an optimizer without train_step/optimizer_step")
         lr_slot = slot_no(tr.get("lr_buffer"), "training.lr_buffer", ("optimizer",))
         need(slots[lr_slot].size == 1, "training.lr_buffer must be a one-element buffer")
-        need(tr.get("optimizer_state") in ("kept", "initial"), "training.optimizer_state must be 'kept' or 'initial'")
+        need(tr.get("optimizer_state") in bundle_format.OPTIMIZER_STATES,
+             "training.optimizer_state must be 'kept' or 'initial'")
     else:
-        need("train_step" not in entries and "optimizer_step" not in entries, "train_step without an optimizer")
+        need(not any(k in entries for k in bundle_format.OPTIMIZER_ENTRYPOINTS), "train_step without an optimizer")
     rng = get(manifest, "rng", dict, "manifest")
     seed_counter = [get_int(rng, "seed", "rng", 0, 0xFFFFFFFF), get_int(rng, "counter", "rng", 0, 0xFFFFFFFF)]
 

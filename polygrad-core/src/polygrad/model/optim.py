@@ -10,7 +10,6 @@ Program with a "loss" entrypoint and the buffers of its slots (executor.py). Out
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any, Mapping
 
 import numpy as np
@@ -18,6 +17,7 @@ import numpy as np
 from polygrad import runtime_context
 from polygrad.config import Context
 from polygrad.device import Buffer
+from polygrad.definitions import optimizer as optimizer_table
 from polygrad.dtype import dtypes
 from polygrad.engine.capture import capture
 from polygrad.model.errors import ModelError
@@ -27,7 +27,7 @@ from polygrad.nn import optim
 from polygrad.nn.state import get_state_dict
 from polygrad.tensor import Tensor, _buffer_uop
 
-OPTIMIZERS = ("sgd", "adam", "adamw", "lamb")
+OPTIMIZERS = optimizer_table.NAMES
 CLASSES = {"sgd": optim.SGD, "adam": optim.Adam, "adamw": optim.AdamW, "lamb": optim.LAMB}
 
 
@@ -36,11 +36,7 @@ def optimizer_config(name: Any, lr: float | None, hyper: dict) -> dict:
     if not isinstance(name, str) or name.lower() not in OPTIMIZERS:
         raise ModelError(f"optimizer must be one of {list(OPTIMIZERS)}, got {name!r}")
     name = name.lower()
-    cls = CLASSES[name]
-    params = [p for p in inspect.signature(cls.__init__).parameters.values() if p.name not in ("self", "params")]
-    if name == "lamb":
-        params = [p for p in params if p.name not in ("adam", "l2_decay")]
-    allowed = {p.name: p.default for p in params}
+    allowed = optimizer_table.DEFAULTS[name]
     bad = sorted(set(hyper) - set(allowed))
     if bad:
         raise ModelError(f"optimizer {name!r} takes {sorted(allowed)}; unknown {bad}")

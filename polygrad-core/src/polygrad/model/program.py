@@ -20,13 +20,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from polygrad.definitions import bundle as bundle_format
 from polygrad.dtype import DType
 from polygrad.uop import dataflow, serialize
 from polygrad.uop.ops import UOp
 
-ROLES = ("parameter", "state", "constant", "rng", "optimizer", "gradient", "input", "output", "temporary", "cache")
-STORED = ("parameter", "state", "constant", "optimizer")  # roles whose contents a bundle keeps
-TRACKED = ("temporary", "output")  # roles that hold nothing until a call of the entrypoint writes them
+ROLES = tuple(bundle_format.ROLES)  # a buffer's role in the bundle (polygrad/definitions/bundle.py)
+STORED = bundle_format.STORED  # roles whose contents a bundle keeps
+TRACKED = bundle_format.TRACKED  # roles that hold nothing until a call of the entrypoint writes them
 
 
 def dtype_name(dt: DType) -> str:

@@ -12,13 +12,14 @@ import functools
 import types
 from typing import Any, Mapping
 
+from polygrad.definitions import bundle as bundle_format
 from polygrad.model.errors import ModelCaptureError, ModelError
 from polygrad.model.program import Spec
 from polygrad.nn.state import get_state_dict
 from polygrad.tensor import Tensor
 from polygrad.uop.ops import Ops, UOp
 
-BUILTIN_ENTRYPOINTS = ("forward", "loss", "optimizer_step", "train_step")
+BUILTIN_ENTRYPOINTS = tuple(bundle_format.ENTRYPOINTS)
 
 
 def declare(var: UOp, variables: dict[str, tuple[int, int]]) -> str:

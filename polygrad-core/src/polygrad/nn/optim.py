@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from polygrad.config import get as get_setting
+from polygrad.definitions import optimizer as optimizer_table
 from polygrad.errors import InvalidArgumentError, TrainingModeError
 from polygrad.tensor import Tensor
 
@@ -33,7 +34,7 @@ def _require_training() -> None:
         raise TrainingModeError(TRAINING_HINT)
 
 
-FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_MAX = optimizer_table.FLOAT32_MAX
 
 
 def _real(v: Any) -> bool:
@@ -46,22 +47,29 @@ def _real(v: Any) -> bool:
         return False
 
 
+def _within(rule: optimizer_table.Rule, v: Any) -> bool:
+    """v is a real number inside the rule's bounds."""
+    if not _real(v):
+        return False
+    if rule.low is not None and (v <= rule.low if rule.low_open else v < rule.low):
+        return False
+    return rule.high is None or (v < rule.high if rule.high_open else v <= rule.high)
+
+
 def _rule(name: str, v: Any) -> str | None:
-    """What is wrong with hyperparameter `name` = v (None when nothing): rates, decays and momentum are
-    numbers >= 0 that are finite as float32, eps is > 0, betas lie in [0, 1) (a pair of them for `betas`),
-    flags are bools."""
-    if name in ("lr", "momentum", "weight_decay", "l2_decay"):
-        return None if _real(v) and v >= 0 else "a number >= 0, finite as float32"
-    if name == "eps":  # 0 divides 0 by 0 wherever a gradient is 0 from the start (torch allows it, and NaNs)
-        return None if _real(v) and v > 0 else "a number > 0, finite as float32"
-    if name in ("b1", "b2"):
-        return None if _real(v) and 0 <= v < 1 else "a number in [0, 1)"
-    if name == "betas":
-        pair = isinstance(v, (tuple, list)) and len(v) == 2 and all(_real(b) and 0 <= b < 1 for b in v)
-        return None if pair else "a pair of numbers in [0, 1)"
-    if name in ("nesterov", "adam"):
-        return None if isinstance(v, (bool, np.bool_)) else "true or false"
-    return None
+    """What is wrong with hyperparameter `name` = v (None when nothing), by the rule table of
+    polygrad/definitions/optimizer.py: rates, decays and momentum are numbers >= 0 that are finite as
+    float32, eps is > 0, betas lie in [0, 1) (a pair of them for `betas`), flags are bools."""
+    rule = optimizer_table.RULES.get(name)
+    if rule is None:
+        return None
+    if rule.kind == optimizer_table.FLAG:
+        ok = isinstance(v, (bool, np.bool_))
+    elif rule.kind == optimizer_table.PAIR_OF_REALS:
+        ok = isinstance(v, (tuple, list)) and len(v) == 2 and all(_within(rule, b) for b in v)
+    else:
+        ok = _within(rule, v)
+    return None if ok else rule.want
 
 
 def check_hyperparameters(values: Mapping[str, Any], error: type[Exception] = InvalidArgumentError) -> None:
@@ -73,8 +81,14 @@ def check_hyperparameters(values: Mapping[str, Any], error: type[Exception] = In
         want = _rule(name, v)
         if want is not None:
             raise error(f"optimizer hyperparameter {name} must be {want}, got {v!r:.60}")
-    if values.get("nesterov") and not values.get("momentum", 0) > 0:
-        raise error("nesterov momentum needs momentum > 0")
+    for flag, number, message in optimizer_table.REQUIRES:
+        if values.get(flag) and not values.get(number, 0) > 0:
+            raise error(message)
+
+
+# the defaults of Model.fit's optimizers, which bundles and polygrad-js share (polygrad/definitions/optimizer.py)
+_SGD, _ADAM, _ADAMW, _LAMB = (optimizer_table.DEFAULTS[k] for k in ("sgd", "adam", "adamw", "lamb"))
+_LAMB_EXTRA = optimizer_table.LAMB_EXTRA
 
 
 def _scalar(value: float, device: str) -> Tensor:
@@ -211,12 +225,10 @@ class _FlatState:
         return flat.shrink(((begin, begin + self.sizes[k]),)).reshape(self.shapes[k])
 
 
-GROUP_SIZE = 16  # each element of a joined gradient tests this many pieces, so groups stay small
-# A parameter with more elements than this keeps a state buffer of its own: its state update is then a
-# plain elementwise kernel in vector lanes, where a joined one tests every piece's bounds per element in
-# scalar code (the 784-512-512-10 MLP's two joined Adam moment updates took 1.3 ms each on CPU, about a
-# third of its step). Small parameters (biases, norms) still share one buffer and one kernel per group.
-SOLO_NUMEL = 1 << 14
+# parameters per flat state buffer, and the size from which a parameter keeps a buffer of its own
+# (polygrad/definitions/optimizer.py says why; polygrad-js's optim.js lays out the same groups)
+GROUP_SIZE = optimizer_table.GROUP_SIZE
+SOLO_NUMEL = optimizer_table.SOLO_NUMEL
 
 
 def _flat_groups(params: list[Tensor]) -> list[_FlatState]:
@@ -252,8 +264,8 @@ def _grad(p: Tensor) -> Tensor:
 class SGD(Optimizer):
     """torch.optim.SGD: p -= lr * g, with optional L2 weight_decay, momentum and nesterov momentum."""
 
-    def __init__(self, params: Iterable[Tensor], lr: float = 0.001, momentum: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False):
+    def __init__(self, params: Iterable[Tensor], lr: float = _SGD["lr"], momentum: float = _SGD["momentum"],
+                 weight_decay: float = _SGD["weight_decay"], nesterov: bool = _SGD["nesterov"]):
         check_hyperparameters({"lr": lr, "momentum": momentum, "weight_decay": weight_decay, "nesterov": nesterov})
         super().__init__(params, lr)
         self.momentum, self.weight_decay, self.nesterov = momentum, weight_decay, nesterov
@@ -289,8 +301,9 @@ class LAMB(Optimizer):
     kernels; the moments live in flat buffers (see _FlatState).
     """
 
-    def __init__(self, params: Iterable[Tensor], lr: float = 0.001, b1: float = 0.9, b2: float = 0.999,
-                 eps: float = 1e-6, weight_decay: float = 0.0, adam: bool = False, l2_decay: float = 0.0):
+    def __init__(self, params: Iterable[Tensor], lr: float = _LAMB["lr"], b1: float = _LAMB["b1"],
+                 b2: float = _LAMB["b2"], eps: float = _LAMB["eps"], weight_decay: float = _LAMB["weight_decay"],
+                 adam: bool = _LAMB_EXTRA["adam"], l2_decay: float = _LAMB_EXTRA["l2_decay"]):
         check_hyperparameters({"lr": lr, "b1": b1, "b2": b2, "eps": eps, "weight_decay": weight_decay, "adam": adam,
                                "l2_decay": l2_decay})
         super().__init__(params, lr)
@@ -334,8 +347,8 @@ class LAMB(Optimizer):
 class Adam(LAMB):
     """torch.optim.Adam (betas, eps, L2 weight_decay added to the gradient)."""
 
-    def __init__(self, params: Iterable[Tensor], lr: float = 0.001, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0):
+    def __init__(self, params: Iterable[Tensor], lr: float = _ADAM["lr"], betas: tuple[float, float] = _ADAM["betas"],
+                 eps: float = _ADAM["eps"], weight_decay: float = _ADAM["weight_decay"]):
         check_hyperparameters({"betas": betas})
         super().__init__(params, lr, betas[0], betas[1], eps, adam=True, l2_decay=weight_decay)
 
@@ -343,7 +356,7 @@ class Adam(LAMB):
 class AdamW(LAMB):
     """torch.optim.AdamW (decoupled weight decay, default 0.01)."""
 
-    def __init__(self, params: Iterable[Tensor], lr: float = 0.001, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.01):
+    def __init__(self, params: Iterable[Tensor], lr: float = _ADAMW["lr"], betas: tuple[float, float] = _ADAMW["betas"],
+                 eps: float = _ADAMW["eps"], weight_decay: float = _ADAMW["weight_decay"]):
         check_hyperparameters({"betas": betas})
         super().__init__(params, lr, betas[0], betas[1], eps, weight_decay=weight_decay, adam=True)

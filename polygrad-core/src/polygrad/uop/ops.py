@@ -13,39 +13,24 @@ import types
 import threading
 import weakref
 from dataclasses import dataclass
-from enum import Enum, auto
+from enum import Enum
 from typing import Any
 
+from polygrad.definitions import ops as op_table
 from polygrad.dtype import DType, dtypes, to_dtype
 
 
-class Ops(Enum):
-    # tensor-graph ops
-    BUFFER = auto(); CONST = auto(); DEVICE = auto(); COPY = auto(); CONTIGUOUS = auto()  # noqa: E702
-    DETACH = auto(); ASSIGN = auto(); CUSTOM = auto(); AFTER = auto(); BIND = auto()  # noqa: E702
-    RESHAPE = auto(); PERMUTE = auto(); EXPAND = auto(); PAD = auto(); SHRINK = auto()  # noqa: E702
-    FLIP = auto(); REDUCE_AXIS = auto(); IOTA = auto()  # noqa: E702
-    # kernel-IR ops
-    SINK = auto(); DEFINE_GLOBAL = auto(); DEFINE_VAR = auto(); RANGE = auto(); INDEX = auto()  # noqa: E702
-    LOAD = auto(); STORE = auto(); END = auto(); REDUCE = auto()  # noqa: E702
-    # elementwise (shared by both levels)
-    CAST = auto(); BITCAST = auto()  # noqa: E702
-    EXP2 = auto(); LOG2 = auto(); SIN = auto(); SQRT = auto(); RECIPROCAL = auto()  # noqa: E702
-    NEG = auto(); TRUNC = auto()  # noqa: E702
-    ADD = auto(); MUL = auto(); MAX = auto(); MOD = auto(); IDIV = auto(); FDIV = auto()  # noqa: E702
-    CMPLT = auto(); CMPNE = auto(); CMPEQ = auto()  # noqa: E702
-    AND = auto(); OR = auto(); XOR = auto(); SHL = auto(); SHR = auto(); POW = auto()  # noqa: E702
-    WHERE = auto()
-    FMA = auto()  # a*b+c with one rounding (kernel IR; never introduced implicitly)
-    VECTORIZE = auto()  # kernel IR: several scalars as one vector value (custom kernels)
-    # tensor-graph indexed access (appended last so the other members keep their numbers)
-    GATHER = auto()   # src (x, index), arg axis: x read where index says along axis (0 out of range)
-    SCATTER = auto()  # src (base, index, value), arg (axis, ADD|MUL|MAX): base with value folded in at index
+class _OpBase(Enum):
+    """The members of `Ops` are the rows of the op table, polygrad/definitions/ops.py (numbered in its order)."""
 
     def __repr__(self) -> str:
         return f"Ops.{self.name}"
 
     __hash__ = object.__hash__  # members are singletons; identity hashing keeps UOp creation cheap
+
+
+# every op of the IR; their src counts, dtype classes and levels: polygrad/definitions/ops.py
+Ops = _OpBase("Ops", [(name, i) for i, name in enumerate(op_table.NAMES, 1)], module=__name__, qualname="Ops")
 
 
 def _without_member_getattr(enum_cls: type) -> None:
@@ -79,16 +64,8 @@ _without_member_getattr(Ops)
 _RANGE = Ops.RANGE  # UOp() tests it on every node: a module global is the cheapest read
 
 
-class AxisKind(str, Enum):
+class _AxisKindBase(str, Enum):
     """What a RANGE is (its arg is (axis id, AxisKind)). A str enum: compares equal to its value."""
-
-    GLOBAL = "global"    # one point per output element
-    REDUCE = "reduce"    # folded by a REDUCE
-    UPCAST = "upcast"    # small inner lanes from UPCAST/SPLIT_REDUCE: register tiles and vector lanes
-    UNROLL = "unroll"    # a reduce range split off to be unrolled (one accumulator)
-    THREAD = "thread"    # a global range shared among host threads (ProgramSpec.threads)
-    LOCAL = "local"      # GPU workgroup-local axis
-    GROUP = "group"      # GPU grouped reduction axis
 
     def __repr__(self) -> str:
         return f"AxisKind.{self.name}"
@@ -96,14 +73,21 @@ class AxisKind(str, Enum):
     __str__ = __repr__
 
 
-UNARY = {Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.NEG, Ops.TRUNC}
-BINARY = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MOD, Ops.IDIV, Ops.FDIV, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ,
-          Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.POW}
-ALU = UNARY | BINARY | {Ops.WHERE, Ops.FMA}
-ELEMENTWISE = ALU | {Ops.CAST, Ops.BITCAST}
-COMPARISONS = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
-MOVEMENT = {Ops.RESHAPE, Ops.PERMUTE, Ops.EXPAND, Ops.PAD, Ops.SHRINK, Ops.FLIP}
-COMMUTATIVE = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR, Ops.XOR}
+# GLOBAL, REDUCE, UPCAST, UNROLL, THREAD, LOCAL, GROUP: polygrad/definitions/ops.py AXIS_KINDS says what each is
+AxisKind = _AxisKindBase("AxisKind", list(op_table.AXIS_KINDS), module=__name__, qualname="AxisKind")
+
+
+def _ops(names: tuple) -> set:
+    return {Ops[n] for n in names}
+
+
+UNARY = _ops(op_table.UNARY)
+BINARY = _ops(op_table.BINARY)
+ALU = _ops(op_table.ALU)
+ELEMENTWISE = _ops(op_table.ELEMENTWISE_OPS)
+COMPARISONS = _ops(op_table.COMPARISONS)
+MOVEMENT = _ops(op_table.MOVEMENT_OPS)
+COMMUTATIVE = _ops(op_table.COMMUTATIVE)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@ import json
 import struct
 from typing import Any, Iterable
 
-from polygrad.dtype import ALL_DTYPES, DType, dtypes
+from polygrad.definitions import bundle as bundle_format
+from polygrad.definitions import dtypes as dtype_table
+from polygrad.dtype import DType, dtypes
 from polygrad.errors import PolygradError
 from polygrad.limits import MAX_ARG_DEPTH, MAX_NODES
 from polygrad.uop.ops import KernelInfo, Ops, UOp
@@ -33,18 +35,12 @@ try:  # RANGE kinds: (axis id, AxisKind) where ops.py has the enum, plain strs b
 except ImportError:  # pragma: no cover
     AxisKind = None
 
-FORMAT = "polygrad-kernel"
-VERSION = 2  # 2 adds ["uop", index] args (symbolic sizes in DEFINE_GLOBAL shapes); writers use 1 when they can
-SUPPORTED_VERSIONS = (1, 2)
+FORMAT = bundle_format.KERNEL_FORMAT
+VERSION = bundle_format.KERNEL_VERSION  # writers use 1 unless a ["uop", index] arg needs 2
+SUPPORTED_VERSIONS = bundle_format.KERNEL_SUPPORTED_VERSIONS
 
-# language-neutral dtype names (width explicit); DType.name is the C-ish "float", "char", ...
-DTYPE_NAMES: dict[DType, str] = {
-    dtypes.bool: "bool", dtypes.int8: "int8", dtypes.uint8: "uint8", dtypes.int16: "int16",
-    dtypes.uint16: "uint16", dtypes.int32: "int32", dtypes.uint32: "uint32", dtypes.int64: "int64",
-    dtypes.uint64: "uint64", dtypes.float16: "float16", dtypes.bfloat16: "bfloat16",
-    dtypes.float32: "float32", dtypes.float64: "float64",
-}
-assert set(DTYPE_NAMES) == set(ALL_DTYPES)
+# language-neutral dtype names (width explicit; polygrad/definitions/dtypes.py); DType.name is the C-ish "float"
+DTYPE_NAMES: dict[DType, str] = {getattr(dtypes, name): name for name in dtype_table.NAMES}
 DTYPES_BY_NAME: dict[str, DType] = {v: k for k, v in DTYPE_NAMES.items()}
 
 
@@ -262,7 +258,7 @@ def decode(obj: Any, max_nodes: int = MAX_NODES) -> list[UOp]:
             f"serialised kernel is format version {version}; this polygrad reads versions "
             f"{', '.join(map(str, SUPPORTED_VERSIONS))}. "
             + ("Upgrade polygrad to read it." if newer else "Regenerate it with this polygrad."))
-    extra = set(obj) - {"format", "version", "nodes", "roots"}
+    extra = set(obj) - set(bundle_format.KERNEL_FIELDS)
     if extra:
         raise KernelFormatError(f"serialised kernel has unknown fields {sorted(extra)} for version {version}")
     nodes, roots = obj.get("nodes"), obj.get("roots")

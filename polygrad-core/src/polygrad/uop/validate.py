@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
+from polygrad.definitions import ops as op_table
 from polygrad.dtype import DType, dtypes
 from polygrad.errors import VariableError
 from polygrad.limits import MAX_NARROW_DEPTH, MAX_NODES, MAX_RANGE, MAX_STEPS, MAX_UPCAST
@@ -58,16 +59,20 @@ EMPTY = _Mark("EMPTY")  # the node takes no value under these assumptions: that 
 UNTRACKED = _Mark("UNTRACKED")  # a float value (never part of an index; its ints come from CAST)
 Value = Union[Interval, _Mark]
 
-UNARY_FLOAT = {Ops.RECIPROCAL, Ops.SQRT, Ops.TRUNC, Ops.EXP2, Ops.LOG2, Ops.SIN}
-BINARY_SAME = {Ops.ADD, Ops.MUL, Ops.MAX, Ops.MOD, Ops.IDIV, Ops.FDIV, Ops.POW, Ops.AND, Ops.OR, Ops.XOR,
-               Ops.SHL, Ops.SHR}
-COMPARE = {Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ}
-FLOAT_ONLY = UNARY_FLOAT | {Ops.FDIV, Ops.POW}
-INT_ONLY = {Ops.IDIV, Ops.SHL, Ops.SHR}
-INT_OR_BOOL = {Ops.AND, Ops.OR, Ops.XOR}
-SIZE_OPS = {Ops.CONST, Ops.DEFINE_VAR, Ops.ADD, Ops.MUL, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.NEG, Ops.CAST}
-RANGE_KINDS = {AxisKind.GLOBAL, AxisKind.REDUCE, AxisKind.UPCAST}  # what a device-independent kernel has
-REDUCE_OPS = {Ops.ADD, Ops.MUL, Ops.MAX}
+def _ops(names: tuple) -> frozenset:
+    return frozenset(Ops[n] for n in names)
+
+
+# the op table's classes (polygrad/definitions/ops.py; polygrad-js's validate.js reads the same table)
+COMPARE = _ops(op_table.COMPARISONS)
+FLOAT_ONLY = _ops(op_table.FLOAT_ONLY)
+INT_ONLY = _ops(op_table.INT_ONLY)
+INT_OR_BOOL = _ops(op_table.INT_OR_BOOL_ONLY)
+ELEMENTWISE = _ops(op_table.KERNEL_ELEMENTWISE)  # the elementwise ops a stored kernel may hold
+ARITY = {Ops[op.name]: op.src for op in op_table.OPS if isinstance(op.src, int)}
+SIZE_OPS = _ops(op_table.SIZE_OPS)
+RANGE_KINDS = {AxisKind(k) for k in op_table.STORED_AXIS_KINDS}  # what a device-independent kernel has
+REDUCE_OPS = _ops(op_table.REDUCE_OPS)
 
 
 def _fail(where: str, msg: str) -> KernelFormatError:
@@ -133,7 +138,7 @@ def _same(where: str, n: UOp, dts: list[Optional[DType]]) -> None:
 
 def _check_alu(where: str, n: UOp) -> None:
     op, dt, src = n.op, n.dtype, n.src
-    want = 1 if op in UNARY_FLOAT or op in (Ops.NEG, Ops.CAST, Ops.BITCAST) else 3 if op in (Ops.WHERE, Ops.FMA) else 2
+    want = ARITY[op]
     if len(src) != want or dt is None or n.arg is not None:
         raise _fail(where, f"{op.name} takes {want} src, a dtype and no arg, got {_describe(n)}")
     if op is Ops.CAST:
@@ -212,8 +217,7 @@ def _check_node(where: str, n: UOp, seen_vars: dict[str, UOp]) -> None:
         return None
     if op is Ops.SINK:
         raise _fail(where, "a SINK inside a kernel; only the root is a SINK")
-    if op in UNARY_FLOAT or op in BINARY_SAME or op in COMPARE or op in (Ops.NEG, Ops.WHERE, Ops.FMA, Ops.CAST,
-                                                                           Ops.BITCAST):
+    if op in ELEMENTWISE:
         return _check_alu(where, n)
     hint = " (vector values are devectorized before a kernel is scheduled)" if op is Ops.VECTORIZE else \
         " (a tensor-graph op: store scheduled kernels, not tensor graphs)"
