@@ -264,12 +264,12 @@ def assignments(root: UOp, rng: random.Random) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------------
 
-def js_simplify(roots: list[UOp], tmp: Path) -> tuple[list[UOp], list[tuple[int, int]]]:
-    """polygrad-js's simplified roots and bounds of the original roots."""
+def js_simplify(roots: list[UOp], tmp: Path, decompose: bool = False) -> tuple[list[UOp], list[tuple[int, int]]]:
+    """polygrad-js's simplified roots (transcendentals decomposed first if asked) and the roots' bounds."""
     plan, out = tmp / "plan.json", tmp / "out.json"
     plan.write_text(json.dumps({"kernels": encode(roots)}))
-    proc = subprocess.run([NODE, str(ROOT / "polygrad-js" / "tools" / "simplify_cases.js"), str(plan), str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([NODE, str(ROOT / "polygrad-js" / "tools" / "simplify_cases.js"), str(plan), str(out)]
+                          + (["--decompose"] if decompose else []), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(out.read_text())
     return decode(got["kernels"]), [tuple(b) for b in got["bounds"]]

@@ -19,10 +19,12 @@ import numpy as np
 from polygrad import bundle
 from polygrad.bundle import BundleError, check_int, get, get_int, need
 from polygrad.dtype import DType
+from polygrad.engine.lower import simplify_indices
 from polygrad.errors import PolygradError
 from polygrad.limits import MAX_CALLS, MAX_ELEMENTS, MAX_NAME, MAX_SLOTS
 from polygrad.uop import dataflow, serialize
 from polygrad.uop.ops import Ops, UOp
+from polygrad.uop.transcendental import decompose_transcendentals
 
 # the hyperparameters a bundle's optimizer may carry and their JSON kinds (docs/bundle-format.md 2.6)
 OPTIMIZER_HYPER: dict[str, dict[str, str]] = {
@@ -39,6 +41,14 @@ def _dtype_name(dt: DType) -> str:
 
 def _le(arr: np.ndarray) -> bytes:
     return np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def stored_kernel(ast: UOp) -> UOp:
+    """A kernel in the form a bundle stores it (docs/bundle-format.md 2.4): the scheduler's output with
+    EXP2/LOG2/SIN decomposed into IR arithmetic, then index-simplified (a fixed point: every reader's
+    simplification leaves it as it is); no device optimisation. These passes are device-independent,
+    so they run once here and no reader needs a copy of the decomposition."""
+    return simplify_indices(decompose_transcendentals(ast))
 
 
 def to_manifest(model: Any, include_optimizer: bool, version: str) -> tuple[dict, list[bytes]]:
@@ -75,7 +85,7 @@ def to_manifest(model: Any, include_optimizer: bool, version: str) -> tuple[dict
                       "outputs": [spec(s) for s in p.outputs]},
         "variables": [{"name": k, "min": lo, "max": hi} for k, (lo, hi) in p.variables.items()],
         "buffers": buffers,
-        "kernels": serialize.encode(p.kernels),
+        "kernels": serialize.encode([stored_kernel(k) for k in p.kernels]),
         "entrypoints": {name: entry(e) for name, e in p.entries.items()},
         "training": {"gradients": [[a, b] for a, b in p.gradients.items()],
                      "optimizer": dict(p.optimizer) if recorded and p.optimizer else None,
