@@ -5,7 +5,8 @@ Variables, constants; ADD, MUL, IDIV, MOD, MAX, NEG, comparisons, AND, WHERE, CA
 indices split by // and % and joined again) go through `symbolic_rules` and through polygrad-js's
 `simplifyIndices` (one Node process, tools/simplify_cases.js). For random values of their ranges and
 Variables, both simplified expressions must evaluate to the original's value (a reference evaluator
-here, C's int32/int64 semantics), both languages must find the same bounds for the original, and the
+here, C's int32/int64 semantics), both languages must find the same bounds for the original and the
+same coefficient of each range in it (`range_coeff`, which lowering and fission use), and the
 JavaScript result may not cost more nodes than Python's: both interpret one rule table
 (polygrad/definitions/symbolic_rules.py) with the same engine, so it is the very same expression.
 CI runs 400 expressions; POLY_LONG_TESTS=1 runs 4,000. Skipped without `node`.
@@ -25,7 +26,7 @@ from polygrad.dtype import dtypes
 from polygrad.uop.ops import AxisKind, Ops, UOp
 from polygrad.uop.rewrite import graph_rewrite
 from polygrad.uop.serialize import decode, encode
-from polygrad.uop.symbolic import bounds, symbolic_rules
+from polygrad.uop.symbolic import bounds, range_coeff, symbolic_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE = shutil.which("node")
@@ -264,15 +265,17 @@ def assignments(root: UOp, rng: random.Random) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------------
 
-def js_simplify(roots: list[UOp], tmp: Path, decompose: bool = False) -> tuple[list[UOp], list[tuple[int, int]]]:
-    """polygrad-js's simplified roots (transcendentals decomposed first if asked) and the roots' bounds."""
+def js_simplify(roots: list[UOp], tmp: Path, decompose: bool = False) -> tuple[list[UOp], dict]:
+    """polygrad-js's simplified roots (transcendentals decomposed first if asked), and what it found of the
+    original roots: {"bounds": [(min, max)], "coeffs": [{axis id: range coefficient}]}."""
     plan, out = tmp / "plan.json", tmp / "out.json"
     plan.write_text(json.dumps({"kernels": encode(roots)}))
     proc = subprocess.run([NODE, str(ROOT / "polygrad-js" / "tools" / "simplify_cases.js"), str(plan), str(out)]
                           + (["--decompose"] if decompose else []), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(out.read_text())
-    return decode(got["kernels"]), [tuple(b) for b in got["bounds"]]
+    coeffs = [{int(axis): c for axis, c in found.items()} for found in got["coeffs"]]
+    return decode(got["kernels"]), {"bounds": [tuple(b) for b in got["bounds"]], "coeffs": coeffs}
 
 
 def corpus(seed: int, count: int) -> list[UOp]:
@@ -282,7 +285,7 @@ def corpus(seed: int, count: int) -> list[UOp]:
 
 def test_both_simplifiers_keep_values_and_js_costs_no_more(tmp_path):
     roots = corpus(29, COUNT)
-    js_roots, js_bounds = js_simplify(roots, tmp_path)
+    js_roots, found = js_simplify(roots, tmp_path)
     rng = random.Random(2929)
     failures = []
     checked = 0
@@ -291,8 +294,12 @@ def test_both_simplifiers_keep_values_and_js_costs_no_more(tmp_path):
         if cost(js) > cost(py) or js is not py:  # one table, one engine: the same expression
             failures.append(f"#{i}: polygrad-js leaves {cost(js)} nodes, Python {cost(py)}:\n"
                             f"  original {show(root)}\n  python   {show(py)}\n  js       {show(js)}")
-        if not same_bounds(bounds(root), js_bounds[i]):
-            failures.append(f"#{i}: bounds differ: Python {bounds(root)}, polygrad-js {js_bounds[i]}: {show(root)}")
+        if not same_bounds(bounds(root), found["bounds"][i]):
+            failures.append(f"#{i}: bounds differ: Python {bounds(root)}, polygrad-js {found['bounds'][i]}: "
+                            f"{show(root)}")
+        coeffs = {r.arg[0]: range_coeff(root, r) for r in root.toposort() if r.op is Ops.RANGE}
+        if coeffs != found["coeffs"][i]:
+            failures.append(f"#{i}: range coefficients differ: Python {coeffs}, polygrad-js {found['coeffs'][i]}")
         for env in assignments(root, rng):
             want, over = evaluate(root, env)
             if over:

@@ -342,20 +342,24 @@ function simplifyIndices (g, ast) {
   return graphRewrite(g, ast)
 }
 
-/** c such that expr = c*r + (terms without r), 0 if r does not appear, null if it appears otherwise. */
+/**
+ * c such that expr = c*r + (terms without r) (0 where r does not appear, or only times 0), null if r appears
+ * otherwise: Python's range_coeff, one walk over expr's nodes (sources first).
+ */
 function rangeCoeff (expr, r) {
   if (expr === r) return 1
-  if (!toposort(expr).includes(r)) return 0
-  if (expr.op === 'ADD') {
-    const a = rangeCoeff(expr.src[0], r)
-    const b = rangeCoeff(expr.src[1], r)
-    return a === null || b === null ? null : a + b
+  const coeff = new Map([[r, 1]])
+  for (const node of toposort(expr)) {
+    if (coeff.has(node)) continue
+    const cs = node.src.map((s) => (coeff.has(s) ? coeff.get(s) : 0))
+    let c = null
+    if (cs.every((x) => x === 0)) c = 0
+    else if (cs.some((x) => x === null)) c = null
+    else if (node.op === 'ADD') c = cs[0] + cs[1]
+    else if (node.op === 'MUL' && isConst(node.src[1]) && cs[1] === 0) c = cs[0] * Number(node.src[1].arg)
+    coeff.set(node, c)
   }
-  if (expr.op === 'MUL' && isConst(expr.src[1])) {
-    const a = rangeCoeff(expr.src[0], r)
-    return a === null ? null : a * Number(expr.src[1].arg)
-  }
-  return null
+  return coeff.get(expr)
 }
 
 module.exports = { bounds, simplifyIndices, graphRewrite, rangeCoeff, splitSum, tdiv, CONDITIONS, CODE }
