@@ -90,21 +90,38 @@ def _builder(e: Any) -> Build:
     return BUILDERS[e[0]](*e[1:])
 
 
+def _check(condition: Callable[..., bool], names: tuple[str, ...]) -> Callable[[Captures], bool]:
+    if len(names) == 1:
+        name = names[0]
+        return lambda cap: condition(cap[name])
+    return lambda cap: condition(*(cap[n] for n in names))
+
+
 def _data_rule(row: dict[str, Any], conditions: dict[str, Callable[..., bool]]) -> Callable[..., UOp | None]:
-    checks = [(conditions[w[0]], tuple(w[1:])) for w in row.get("when", ())]
+    checks = [_check(conditions[w[0]], tuple(w[1:])) for w in row.get("when", ())]
     build = _builder(row["build"])
 
     def rule(**cap: UOp) -> UOp | None:
-        for check, names in checks:
-            if not check(*(cap[n] for n in names)):
+        for check in checks:
+            if not check(cap):
                 return None
         return build(cap)
 
     return rule
 
 
+def _captures(p: dict[str, Any], out: set[str]) -> set[str]:
+    if "name" in p:
+        out.add(p["name"])
+    for s in p.get("src", ()):
+        _captures(s, out)
+    return out
+
+
 def _code_rule(row: dict[str, Any], code: dict[str, Callable[..., UOp | None]]) -> Callable[..., UOp | None]:
     fn, names = code[row["code"]], tuple(row["args"])
+    if set(names) == _captures(row["pattern"], set()):
+        return fn  # the function's parameters are the captures' names: called with them directly
     return lambda **cap: fn(*(cap[n] for n in names))
 
 
