@@ -2,14 +2,15 @@
 /**
  * One kernel from stored IR to a linearized program: the order of passes, in one place.
  *
+ *   (checkKernel (validate.js) ran on the stored kernel when the bundle was read)
+ *   0. decomposeTranscendentals   (transcendental.js) only for a bundle saved before polygrad-core stored
+ *                                                   kernels decomposed (docs/bundle-format.md 2.4): frozen
  *   1. simplifyIndices, fission   (simplify.js, fission.js)  simplify index arithmetic; split off prologues a
  *                                                   register tile would recompute (scratch buffers)
- *   (checkKernel (validate.js) ran on the stored kernel when the bundle was read)
  *   2. chooseOpts + applyOpts     (lower.js)        vector lanes, register tiles (width > 1 only)
  *      packLoads (pack, optional)  (pack.js)         weights read through a copy in loop order
  *   3. provenIndices (verify)     (validate.js)     accesses not proven in bounds get run-time checks
- *   4. decomposeTranscendentals   (transcendental.js)
- *   5. linearize                  (linearize.js)    the structured program an emitter walks
+ *   4. linearize                  (linearize.js)    the structured program an emitter walks
  */
 
 const { simplifyIndices } = require('./simplify')
@@ -23,7 +24,8 @@ const { packLoads } = require('./pack')
 
 /** The kernel after index simplification and fission: {ast, scratch: [{slot, dtype, size}]} (cache it). */
 function prepareKernel (g, ast) {
-  const simple = simplifyIndices(g, ast)
+  // an older bundle's EXP2/LOG2/SIN first: the kernel is then in the form a save stores today
+  const simple = simplifyIndices(g, decomposeTranscendentals(g, ast))
   const split = fission(g, simple)
   return split ? { ast: simplifyIndices(g, split.ast), scratch: split.scratch } : { ast: simple, scratch: [] }
 }
@@ -42,7 +44,7 @@ function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared =
   if (pack) ({ ast: k, packs } = packLoads(g, k, vector, pack))
   const proven = check === null && verify ? provenIndices(k) : null
   const needsCheck = check || (proven ? (index) => !proven.has(index) : () => false)
-  const prog = linearize(g, decomposeTranscendentals(g, k), { vector, width, check: needsCheck })
+  const prog = linearize(g, k, { vector, width, check: needsCheck })
   if (chosen.length && !prog.vectorized && !toposort(k).some((n) => n.op === 'REDUCE')) {
     // lanes did not fit (a 64-bit or integer-division op): plain loops beat an unrolled scalar copy
     return lowerKernel(g, ast, { width, check, opts: [], prepared, verify })

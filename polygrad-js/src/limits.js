@@ -12,7 +12,7 @@
  *   maxWork  = max(WORK_FLOOR, WORK_PER_FILE_BYTE * file length)     node evaluations of one call
  * (validate.kernelWork: each block of a kernel evaluates each of its nodes at most once per point of all its
  * loops). A GPT-2 small saved by polygrad.hf with max_seq_len 1024 (502 MB) needs 2.5 GB of buffers and
- * 8.3e12 node evaluations per forward. The caller raises either cap: Model.load(path, { maxBytes, maxWork }).
+ * 9.9e12 node evaluations per forward. The caller raises either cap: Model.load(path, { maxBytes, maxWork }).
  */
 
 // the caps themselves: polygrad-core's polygrad/definitions/limits.py, generated into generated/limits.js

@@ -1,7 +1,9 @@
 'use strict'
 /**
- * Index simplification: constant folding and integer identities, a port of polygrad's symbolic_rules
- * (uop/symbolic.py) and of graph_rewrite (bottom-up to a fixed point).
+ * Index simplification: constant folding and integer identities. The rule rows are polygrad-core's
+ * definitions/symbolic_rules.py, rendered into src/generated/symbolic_rules.js and interpreted here (through
+ * ruletable.js) as Python's uop/symbolic.py interprets them; this module implements the table's named
+ * conditions and code rows, and graphRewrite (bottom-up to a fixed point, as Python's graph_rewrite).
  *
  * Stage: lowering. Input: kernel IR. Output: the same values with cheaper index arithmetic. Floats are
  * never folded (the rounding rules belong to the renderer), so results do not change, only the work.
@@ -11,6 +13,8 @@
 
 const { DTYPES } = require('./dtypes')
 const { toposort } = require('./ir')
+const { compileRules, constValue, exact } = require('./ruletable')
+const TABLE = require('./generated/symbolic_rules')
 
 const BIG = 2 ** 62
 const isInt = (u) => u.dtype !== null && u.dtype.isInt
@@ -96,7 +100,7 @@ function computeBounds (u) {
   return big
 }
 
-// ---- folding (integers and bools only; BigInt arithmetic, wrapped by Graph.const)
+// ---- the code rows of the rule table (integers and bools only; BigInt arithmetic, wrapped by Graph.const)
 const big = (v) => (typeof v === 'boolean' ? (v ? 1n : 0n) : BigInt(v))
 const FOLD = {
   ADD: (a, b) => a + b,
@@ -112,7 +116,7 @@ const FOLD = {
 
 function foldBinary (g, x) {
   const [a, b] = x.src
-  if (!(a.dtype.isInt || a.dtype.isBool)) return null
+  if (x.dtype === null || !(a.dtype.isInt || a.dtype.isBool)) return null
   const A = big(a.arg)
   const B = big(b.arg)
   const fn = FOLD[x.op]
@@ -122,12 +126,14 @@ function foldBinary (g, x) {
   return null
 }
 
-function splitSum (x, out = []) {
-  if (x.op === 'ADD') {
-    splitSum(x.src[0], out)
-    splitSum(x.src[1], out)
-  } else {
-    out.push(x)
+/** The terms of a tree of ADDs, left to right (an explicit stack: a kernel's index may be a long sum). */
+function splitSum (x) {
+  const out = []
+  const stack = [x]
+  while (stack.length) {
+    const t = stack.pop()
+    if (t.op === 'ADD') stack.push(t.src[1], t.src[0])
+    else out.push(t)
   }
   return out
 }
@@ -158,6 +164,7 @@ function divideTerm (g, t, c) {
   return k === 1 ? t.src[0] : g.alu('MUL', t.src[0], g.const(t.dtype, k))
 }
 
+/** (sum of terms)//c: pull out the terms that are multiples of c when the rest stays in [0, c). */
 function divSimplify (g, x, c) {
   const cv = Number(c.arg)
   if (!isInt(x) || cv <= 0) return null
@@ -175,8 +182,9 @@ function divSimplify (g, x, c) {
     const factors = terms.map(constFactor)
     const gg = factors.reduce((a, b) => gcd(a, b), 0)
     if (gg > 1 && cv % gg === 0 && factors.every((f) => f !== 0)) {
+      // (a*g + b*g) // c = (a + b) // (c/g)
       const inner = sum(g, terms.map((t) => divideTerm(g, t, gg)))
-      return cv / gg !== 1 ? g.alu('IDIV', inner, g.const(x.dtype, cv / gg)) : inner
+      return cv / gg !== 1 ? g.alu('IDIV', inner, g.const(inner.dtype, cv / gg)) : inner
     }
     return null
   }
@@ -196,14 +204,15 @@ function modSimplify (g, x, c) {
   if (lo < 0) return null
   const terms = splitSum(x)
   const keep = terms.filter((t) => pymod(constFactor(t), cv) !== 0)
-  if (keep.length === terms.length) return modReduceFactors(g, terms, cv, x.dtype)
+  if (keep.length === terms.length) return modReduceFactors(g, terms, cv)
   if (!keep.length) return g.const(x.dtype, 0)
   const rest = sum(g, keep)
-  if (bounds(rest)[0] < 0) return null
-  return g.alu('MOD', rest, g.const(x.dtype, cv))
+  if (bounds(rest)[0] < 0) return null // C's % truncates: dropping a multiple of c is only exact if the sign is kept
+  return g.alu('MOD', rest, g.const(rest.dtype, cv))
 }
 
-function modReduceFactors (g, terms, c, dtype) {
+/** (a*k + b) % c -> (a*(k % c) + b) % c when every term stays non-negative (sliding-window indices). */
+function modReduceFactors (g, terms, c) {
   const out = []
   let changed = false
   for (let t of terms) {
@@ -218,97 +227,80 @@ function modReduceFactors (g, terms, c, dtype) {
     out.push(t)
   }
   if (!changed || out.some((t) => bounds(t)[0] < 0)) return null
-  return g.alu('MOD', sum(g, out), g.const(dtype, c))
+  const s = sum(g, out)
+  return g.alu('MOD', s, g.const(s.dtype, c))
 }
 
-const eqConst = (u, v) => isConst(u) && Number(u.arg) === v
-
-/** One rewrite of node x (the first rule that applies), or null. */
-function rewrite (g, x) {
-  const s = x.src
-  switch (x.op) {
-    case 'NEG':
-      if (isConst(s[0]) && x.dtype !== DTYPES.bool) {
-        const v = s[0].arg
-        return g.const(x.dtype, x.dtype.isFloat ? -v : -big(v))
-      }
-      return null
-    case 'CAST':
-      if (isConst(s[0]) && x.dtype.isInt && s[0].dtype.isInt) return g.const(x.dtype, s[0].arg)
-      return null
-    case 'WHERE':
-      if (isConst(s[0])) return s[0].arg ? s[1] : s[2]
-      if (s[1] === s[2]) return s[1]
-      // a load gated by s[0] gives +0 where s[0] is false: selecting it by s[0] against +0 changes nothing
-      if (s[1].op === 'LOAD' && isConst(s[2]) && Object.is(Number(s[2].arg), 0) && s[1].src[0].op === 'INDEX' &&
-          s[1].src[0].src.length > 2 && s[1].src[0].src[2] === s[0]) return s[1]
-      return null
-  }
-  if (s.length !== 2) return null
-  const [a, b] = s
-  if (isConst(a) && isConst(b) && x.op in FOLD_OPS) {
-    const r = foldBinary(g, x)
-    if (r) return r
-  }
-  switch (x.op) {
-    case 'ADD':
-      if (isConst(a) && !isConst(b)) return g.node('ADD', x.dtype, [b, a])
-      if (eqConst(b, 0) && isInt(a)) return a
-      if (a.op === 'ADD' && isConst(a.src[1]) && isConst(b) && isInt(a.src[0])) {
-        return g.alu('ADD', a.src[0], g.const(a.src[0].dtype, big(a.src[1].arg) + big(b.arg)))
-      }
-      if (a.op === 'ADD' && isConst(a.src[1]) && isInt(a.src[0]) && !isConst(b)) {
-        return g.alu('ADD', g.alu('ADD', a.src[0], b), a.src[1])
-      }
-      return null
-    case 'MUL':
-      if (isConst(a) && !isConst(b)) return g.node('MUL', x.dtype, [b, a])
-      if (eqConst(b, 1) && a.dtype) return a // exact in every dtype (floats keep -0, infinities, NaN)
-      if (eqConst(b, 0) && isInt(a)) return g.const(x.dtype, 0)
-      if (a.op === 'MUL' && isConst(a.src[1]) && isConst(b) && isInt(a.src[0])) {
-        return g.alu('MUL', a.src[0], g.const(a.src[0].dtype, big(a.src[1].arg) * big(b.arg)))
-      }
-      if (a.op === 'ADD' && isConst(b) && isInt(a.src[0])) {
-        return g.alu('ADD', g.alu('MUL', a.src[0], b), g.alu('MUL', a.src[1], b))
-      }
-      return null
-    case 'IDIV':
-      if (eqConst(b, 1) && isInt(a)) return a
-      if (isConst(b)) {
-        const r = divSimplify(g, a, b)
-        if (r) return r
-        if (a.op === 'IDIV' && isConst(a.src[1]) && isInt(a.src[0]) && bounds(a.src[0])[0] >= 0 && a.src[1].arg > 0 && b.arg > 0) {
-          return g.alu('IDIV', a.src[0], g.const(b.dtype, big(a.src[1].arg) * big(b.arg)))
-        }
-      }
-      return null
-    case 'MOD':
-      if (isConst(b)) {
-        const r = modSimplify(g, a, b)
-        if (r) return r
-        if (a.op === 'MOD' && isConst(a.src[1]) && isInt(a.src[0]) && bounds(a.src[0])[0] >= 0 && b.arg > 0 && big(a.src[1].arg) % big(b.arg) === 0n) {
-          return g.alu('MOD', a.src[0], b)
-        }
-      }
-      return null
-    case 'CMPLT':
-      if (isInt(a) && isInt(b)) {
-        const [alo, ahi] = bounds(a)
-        const [blo, bhi] = bounds(b)
-        if (ahi < blo) return g.const(DTYPES.bool, true)
-        if (alo >= bhi) return g.const(DTYPES.bool, false)
-      }
-      return null
-    case 'AND':
-      if (x.dtype === DTYPES.bool) {
-        if (isConst(b) && b.arg === true) return a
-        if (isConst(a) && a.arg === true) return b
-      }
-      return null
+/**
+ * (a//c)*c + a%c + rest -> a + rest: C's truncating division and remainder satisfy (a/c)*c + a%c == a for
+ * every a (a flat index split into two axes and joined again).
+ */
+function divmodFold (g, x) {
+  if (!isInt(x)) return null
+  const terms = splitSum(x)
+  const key = (a, c) => `${a.id}|${exact(c.arg)}`
+  const mods = new Map()
+  terms.forEach((t, i) => {
+    if (t.op === 'MOD' && isConst(t.src[1]) && Number(t.src[1].arg) !== 0) mods.set(key(t.src[0], t.src[1]), i)
+  })
+  if (!mods.size) return null
+  for (let i = 0; i < terms.length; i++) {
+    const t = terms[i]
+    if (t.op === 'MUL' && isConst(t.src[1]) && t.src[0].op === 'IDIV' && isConst(t.src[0].src[1]) &&
+        exact(t.src[0].src[1].arg) === exact(t.src[1].arg)) {
+      const j = mods.get(key(t.src[0].src[0], t.src[1]))
+      if (j !== undefined) return sum(g, [t.src[0].src[0], ...terms.filter((u, k) => k !== i && k !== j)])
+    }
   }
   return null
 }
-const FOLD_OPS = { ADD: 1, MUL: 1, MAX: 1, IDIV: 1, MOD: 1, CMPLT: 1, CMPNE: 1, CMPEQ: 1, AND: 1, OR: 1, XOR: 1 }
+
+function cmpFold (g, x, a, b) {
+  if (!(isInt(a) && isInt(b))) return null
+  const [alo, ahi] = bounds(a)
+  const [blo, bhi] = bounds(b)
+  if (x.op === 'CMPLT') {
+    if (ahi < blo) return g.const(DTYPES.bool, true)
+    if (alo >= bhi) return g.const(DTYPES.bool, false)
+  }
+  return null
+}
+
+/** WHERE(gate, LOAD gated by gate, +0): a gated load gives +0 where its gate is false, so the select changes nothing. */
+function gatedLoadSelect (g, gate, ld, c) {
+  if (!Object.is(Number(c.arg), 0)) return null
+  const ix = ld.src[0]
+  return ix.op === 'INDEX' && ix.src.length > 2 && ix.src[2] === gate ? ld : null
+}
+
+// the named conditions and code functions of polygrad-core's definitions/symbolic_rules.py (Python: uop/symbolic.py)
+const CONDITIONS = {
+  is_int: isInt,
+  is_bool: (u) => u.dtype === DTYPES.bool,
+  has_dtype: (u) => u.dtype !== null,
+  not_bool: (u) => u.dtype !== null && u.dtype !== DTYPES.bool,
+  not_const: (u) => !isConst(u),
+  nonneg: (u) => bounds(u)[0] >= 0,
+  positive: (c) => constValue(c) > 0,
+  nonzero: (c) => Number(c.arg) !== 0,
+  divides: (b, a) => {
+    const [A, B] = [constValue(a), constValue(b)]
+    return typeof A === 'bigint' && typeof B === 'bigint' ? A % B === 0n : Number(A) % Number(B) === 0
+  },
+  same: (a, b) => a === b,
+  equal: (...cs) => cs.every((c) => constValue(c) === constValue(cs[0]))
+}
+const CODE = {
+  fold_binary: foldBinary,
+  divmod_fold: divmodFold,
+  div_simplify: divSimplify,
+  mod_simplify: modSimplify,
+  cmp_fold: cmpFold,
+  gated_load_select: gatedLoadSelect
+}
+
+/** One rewrite of node x (the first row of the rule table that applies), or null. */
+const rewrite = compileRules(TABLE.RULES, CONDITIONS, CODE)
 
 /** root rewritten bottom-up with `rule(g, node)` until nothing changes (graph_rewrite). */
 function graphRewrite (g, root, rule = rewrite) {
@@ -334,7 +326,9 @@ function graphRewrite (g, root, rule = rewrite) {
       for (let i = 0; i < 1000; i++) {
         const nxt = rule(g, cur)
         if (nxt === null || nxt === cur) break
-        cur = done.has(nxt) ? done.get(nxt) : visit(nxt)
+        // as Python's graph_rewrite: a new node is rewritten bottom-up first; one already seen is taken as it
+        // is (not as it was rewritten), so both languages reach the same fixed point
+        cur = done.has(nxt) ? nxt : visit(nxt)
       }
       done.set(node, cur)
     }
@@ -348,20 +342,24 @@ function simplifyIndices (g, ast) {
   return graphRewrite(g, ast)
 }
 
-/** c such that expr = c*r + (terms without r), 0 if r does not appear, null if it appears otherwise. */
+/**
+ * c such that expr = c*r + (terms without r) (0 where r does not appear, or only times 0), null if r appears
+ * otherwise: Python's range_coeff, one walk over expr's nodes (sources first).
+ */
 function rangeCoeff (expr, r) {
   if (expr === r) return 1
-  if (!toposort(expr).includes(r)) return 0
-  if (expr.op === 'ADD') {
-    const a = rangeCoeff(expr.src[0], r)
-    const b = rangeCoeff(expr.src[1], r)
-    return a === null || b === null ? null : a + b
+  const coeff = new Map([[r, 1]])
+  for (const node of toposort(expr)) {
+    if (coeff.has(node)) continue
+    const cs = node.src.map((s) => (coeff.has(s) ? coeff.get(s) : 0))
+    let c = null
+    if (cs.every((x) => x === 0)) c = 0
+    else if (cs.some((x) => x === null)) c = null
+    else if (node.op === 'ADD') c = cs[0] + cs[1]
+    else if (node.op === 'MUL' && isConst(node.src[1]) && cs[1] === 0) c = cs[0] * Number(node.src[1].arg)
+    coeff.set(node, c)
   }
-  if (expr.op === 'MUL' && isConst(expr.src[1])) {
-    const a = rangeCoeff(expr.src[0], r)
-    return a === null ? null : a * Number(expr.src[1].arg)
-  }
-  return null
+  return coeff.get(expr)
 }
 
-module.exports = { bounds, simplifyIndices, graphRewrite, rangeCoeff, splitSum, tdiv }
+module.exports = { bounds, simplifyIndices, graphRewrite, rangeCoeff, splitSum, tdiv, CONDITIONS, CODE }

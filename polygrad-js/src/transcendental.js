@@ -4,8 +4,12 @@
  * node, with its float64 constants copied bit for bit (generated/constants.js), so JavaScript computes the same
  * bits as the C and NumPy backends (docs/kernel-ir.md, "Transcendentals").
  *
- * Stage: lowering (the last pass, as in Python). Input: kernel IR that may hold EXP2/LOG2/SIN. Output:
- * the same kernel with ADD/MUL/FDIV/TRUNC/WHERE/CAST/BITCAST/SHL/SHR/AND/OR in their place.
+ * Stage: import (compile.js prepareKernel), for older bundles only. Input: kernel IR that may hold
+ * EXP2/LOG2/SIN. Output: the same kernel with ADD/MUL/FDIV/TRUNC/WHERE/CAST/BITCAST/SHL/SHR/AND/OR in their
+ * place. polygrad-core stores kernels already decomposed (docs/bundle-format.md 2.4), so only bundles saved
+ * before that reach this module, and their kernels get the form a save stores today. Frozen: new lowering for
+ * new targets happens in Python at save time or in the target's own lowering, never here
+ * (docs/architecture.md, "Where lowering lives").
  */
 
 const { DTYPES } = require('./dtypes')

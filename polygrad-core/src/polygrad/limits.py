@@ -15,9 +15,10 @@ Two caps grow with the file, because a real model's memory and work grow with it
 
 Work is counted by `uop/validate.kernel_work`: each block of a kernel evaluates each of its nodes at most
 once per point of all its loops. A GPT-2 small saved by polygrad.hf with max_seq_len 1024 (502 MB) needs
-2.5 GB of buffers (5x its size: the attention temporaries) and 8.3e12 node evaluations per forward
-(16,454 per byte; 1.5e11 loop points). The caller raises either cap explicitly:
-`Model.load(path, max_bytes=..., max_work=...)` (JS: `{ maxBytes, maxWork }`).
+2.5 GB of buffers (5x its size: the attention temporaries) and 9.9e12 node evaluations per forward
+(19,624 per byte, its kernels stored with their transcendentals decomposed; 1.5e11 loop points). The
+caller raises either cap explicitly: `Model.load(path, max_bytes=..., max_work=...)` (JS: `{ maxBytes,
+maxWork }`).
 """
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ polygrad's Python modules and turned into polygrad-js's `src/generated/*.js` by
     bundle.py     the .pgb container and manifest: magic, versions, header layout, roles,
                   entrypoints, manifest keys, the kernel codec's format and versions
     optimizer.py  optimizer defaults, hyperparameter kinds and value rules, state-layout constants
+    symbolic_rules.py  the index-simplification rules, rows over a fixed vocabulary both languages implement
 
 The modules hold data only and import nothing from polygrad outside this folder, so the generators
 can read them without importing the library's machinery, and Python cannot drift from them. Change

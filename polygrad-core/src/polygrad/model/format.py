@@ -23,6 +23,7 @@ from polygrad.bundle import BundleError, check_int, get, get_int, need
 from polygrad.definitions import bundle as bundle_format
 from polygrad.definitions import optimizer as optimizer_table
 from polygrad.dtype import DType
+from polygrad.engine.lower import simplify_indices
 from polygrad.errors import PolygradError
 from polygrad.limits import MAX_CALLS, MAX_DIMS, MAX_ELEMENTS, MAX_NAME, MAX_SLOTS, MAX_SPECS
 from polygrad.model.optim import optimizer_config
@@ -30,6 +31,7 @@ from polygrad.model.program import ROLES, STORED, Call, Entry, Program, Slot, Sp
 from polygrad.uop import serialize, sint
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.validate import check_kernel, declared_count, kernel_work
+from polygrad.uop.transcendental import decompose_transcendentals
 
 # the hyperparameters a bundle's optimizer may carry and their JSON kinds (docs/bundle-format.md 2.6)
 OPTIMIZER_HYPER: dict[str, dict[str, str]] = optimizer_table.HYPER_KINDS
@@ -37,6 +39,14 @@ OPTIMIZER_HYPER: dict[str, dict[str, str]] = optimizer_table.HYPER_KINDS
 
 def _le(arr: np.ndarray) -> bytes:
     return np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+
+
+def stored_kernel(ast: UOp) -> UOp:
+    """A kernel in the form a bundle stores it (docs/bundle-format.md 2.4): the scheduler's output with
+    EXP2/LOG2/SIN decomposed into IR arithmetic, then index-simplified (a fixed point: every reader's
+    simplification leaves it as it is); no device optimisation. These passes are device-independent,
+    so they run once here and no reader needs a copy of the decomposition."""
+    return simplify_indices(decompose_transcendentals(ast))
 
 
 def to_manifest(p: Program, stored: Callable[[int], np.ndarray], include_optimizer: bool,
@@ -73,7 +83,7 @@ def to_manifest(p: Program, stored: Callable[[int], np.ndarray], include_optimiz
                       "outputs": [spec(s) for s in p.outputs]},
         "variables": [{"name": k, "min": lo, "max": hi} for k, (lo, hi) in p.variables.items()],
         "buffers": buffers,
-        "kernels": serialize.encode(p.kernels),
+        "kernels": serialize.encode([stored_kernel(k) for k in p.kernels]),
         "entrypoints": {name: entry(e) for name, e in p.entries.items()},
         "training": {"gradients": [[a, b] for a, b in p.gradients.items()],
                      "optimizer": dict(p.optimizer) if recorded and p.optimizer else None,

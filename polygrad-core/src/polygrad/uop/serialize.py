@@ -1,8 +1,9 @@
 """A serialised, versioned form of kernel IR: `dumps(ast) -> bytes`, `loads(data) -> UOp`.
 
-Stage: shared. Input: a kernel SINK, normally the scheduler's output after `simplify_indices` (the
-device-independent form, before device optimisation), though any UOp graph whose args are of the
-kinds below can be written. Output: UTF-8 JSON bytes, and back the very same hash-consed UOp
+Stage: shared. Input: a kernel SINK, normally in a bundle's stored form (`modelformat.stored_kernel`:
+the scheduler's output with transcendentals decomposed, index-simplified, before device
+optimisation), though any UOp graph whose args are of the kinds below can be written. Output: UTF-8
+JSON bytes, and back the very same hash-consed UOp
 (`loads(dumps(x)) is x`). The form is meant for golden files, caches and other implementations of the
 IR (see docs/kernel-ir.md, "Serialised form"):
 

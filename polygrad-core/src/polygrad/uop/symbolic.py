@@ -2,15 +2,22 @@
 
 Stage: lowering. Input: kernel-IR index expressions. Output: the same values, cheaper. Rules use
 value bounds (`bounds`) so that, e.g., (i*4+j)//4 becomes i when 0 <= j < 4.
+
+The rule rows are data, polygrad/definitions/symbolic_rules.py, which polygrad-js interprets too
+(src/simplify.js); this module implements the table's named conditions and its code rows (the
+rewrites that walk a sum's terms or split cases on bounds), and builds `symbolic_rules` from it.
 """
 from __future__ import annotations
 
 import math
 import operator
 
+from typing import Callable
+
+from polygrad.definitions.symbolic_rules import RULES
 from polygrad.dtype import dtypes
 from polygrad.uop.ops import Ops, UOp
-from polygrad.uop.rewrite import PatternMatcher, UPat
+from polygrad.uop.rule_table import compile_rules
 
 INT_RANGE_MAX = 2**62
 
@@ -280,65 +287,29 @@ def _cmp_fold(x: UOp, a: UOp, b: UOp) -> UOp | None:
     return None
 
 
-symbolic_rules = PatternMatcher([
-    # constant folding
-    (UPat((Ops.ADD, Ops.MUL, Ops.MAX, Ops.IDIV, Ops.MOD, Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ, Ops.AND, Ops.OR,
-           Ops.XOR), name="x", src=(UPat(Ops.CONST), UPat(Ops.CONST))), _fold_binary),
-    (UPat(Ops.NEG, name="x", src=(UPat(Ops.CONST, name="c"),)),
-     lambda x, c: UOp.const(x.dtype, -c.arg) if x.dtype is not dtypes.bool else None),  # exact for floats too
-    # constants go on the right of commutative ops
-    (UPat((Ops.ADD, Ops.MUL), name="x", src=(UPat(Ops.CONST, name="c"), UPat(name="y"))),
-     lambda x, c, y: x.replace(src=(y, c)) if y.op is not Ops.CONST else None),
-    # identities
-    (UPat(Ops.ADD, src=(UPat(name="y"), UPat(Ops.CONST, arg=0))), lambda y: y if _is_int(y) else None),
-    # y * 1 is y in every dtype (exact for floats too: -0.0, infinities and NaN keep their value)
-    (UPat(Ops.MUL, src=(UPat(name="y"), UPat(Ops.CONST, arg=1))), lambda y: y if y.dtype is not None else None),
-    (UPat(Ops.MUL, name="x", src=(UPat(name="y"), UPat(Ops.CONST, arg=0))),
-     lambda x, y: x.const_like(0) if _is_int(y) else None),
-    (UPat(Ops.IDIV, src=(UPat(name="y"), UPat(Ops.CONST, arg=1))), lambda y: y if _is_int(y) else None),
-    # reassociate constants: (y + c1) + c2, (y * c1) * c2, (y + c1) * c2
-    (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(UPat(name="y"), UPat(Ops.CONST, name="c1"))), UPat(Ops.CONST, name="c2"))),
-     lambda y, c1, c2: y + (c1.arg + c2.arg) if _is_int(y) else None),
-    (UPat(Ops.MUL, src=(UPat(Ops.MUL, src=(UPat(name="y"), UPat(Ops.CONST, name="c1"))), UPat(Ops.CONST, name="c2"))),
-     lambda y, c1, c2: y * (c1.arg * c2.arg) if _is_int(y) else None),
-    (UPat(Ops.MUL, src=(UPat(Ops.ADD, src=(UPat(name="y"), UPat(name="z"))), UPat(Ops.CONST, name="c"))),
-     lambda y, z, c: y * c + z * c if _is_int(y) else None),
-    # move constants outward in sums: (y + c) + z -> (y + z) + c
-    (UPat(Ops.ADD, src=(UPat(Ops.ADD, src=(UPat(name="y"), UPat(Ops.CONST, name="c"))), UPat(name="z"))),
-     lambda y, c, z: (y + z) + c if _is_int(y) and z.op is not Ops.CONST else None),
-    # (a//c)*c + a%c -> a
-    (UPat(Ops.ADD, name="x"), _divmod_fold),
-    # division and modulo by bounds
-    (UPat(Ops.IDIV, src=(UPat(name="x"), UPat(Ops.CONST, name="c"))), _div_simplify),
-    (UPat(Ops.MOD, src=(UPat(name="x"), UPat(Ops.CONST, name="c"))), _mod_simplify),
-    # (x // a) // b -> x // (a*b) for non-negative x
-    (UPat(Ops.IDIV, src=(UPat(Ops.IDIV, src=(UPat(name="x"), UPat(Ops.CONST, name="a"))), UPat(Ops.CONST, name="b"))),
-     lambda x, a, b: x // (a.arg * b.arg) if _is_int(x) and bounds(x)[0] >= 0 and a.arg > 0 and b.arg > 0 else None),
-    # (x % (a*b)) // a stays; (x % a) % b when a % b == 0 -> x % b
-    (UPat(Ops.MOD, src=(UPat(Ops.MOD, src=(UPat(name="x"), UPat(Ops.CONST, name="a"))), UPat(Ops.CONST, name="b"))),
-     lambda x, a, b: x % b.arg if _is_int(x) and bounds(x)[0] >= 0 and b.arg > 0 and a.arg % b.arg == 0 else None),
-    # (x // c) * c + x % c -> x: C's truncating division and remainder recombine for any sign
-    (UPat(Ops.ADD, src=(UPat(Ops.MUL, src=(UPat(Ops.IDIV, src=(UPat(name="x"), UPat(Ops.CONST, name="c1"))),
-                                           UPat(Ops.CONST, name="c2"))),
-                        UPat(Ops.MOD, src=(UPat(name="x"), UPat(Ops.CONST, name="c3"))))),
-     lambda x, c1, c2, c3: x if _is_int(x) and c1.arg == c2.arg == c3.arg != 0 else None),
-    (UPat(Ops.ADD, src=(UPat(Ops.MOD, src=(UPat(name="x"), UPat(Ops.CONST, name="c3"))),
-                        UPat(Ops.MUL, src=(UPat(Ops.IDIV, src=(UPat(name="x"), UPat(Ops.CONST, name="c1"))),
-                                           UPat(Ops.CONST, name="c2"))))),
-     lambda x, c1, c2, c3: x if _is_int(x) and c1.arg == c2.arg == c3.arg != 0 else None),
-    # comparisons decided by bounds
-    (UPat((Ops.CMPLT,), name="x", src=(UPat(name="a"), UPat(name="b"))), _cmp_fold),
-    # boolean algebra on constants
-    (UPat(Ops.AND, src=(UPat(name="y"), UPat(Ops.CONST, arg=True))), lambda y: y if y.dtype is dtypes.bool else None),
-    (UPat(Ops.AND, src=(UPat(Ops.CONST, arg=True), UPat(name="y"))), lambda y: y if y.dtype is dtypes.bool else None),
-    (UPat(Ops.WHERE, src=(UPat(Ops.CONST, name="c"), UPat(name="a"), UPat(name="b"))),
-     lambda c, a, b: a if c.arg else b),
-    (UPat(Ops.WHERE, src=(UPat(), UPat(name="a"), UPat(name="b"))), lambda a, b: a if a is b else None),
-    # a load gated by g gives 0 where g is false (kernel IR): selecting it by g against 0 changes nothing
-    (UPat(Ops.WHERE, src=(UPat(name="g"), UPat(Ops.LOAD, name="ld"), UPat(Ops.CONST, name="c"))), _gated_load_select),
-    (UPat(Ops.CAST, name="x", src=(UPat(Ops.CONST, name="c"),)),
-     lambda x, c: UOp.const(x.dtype, c.arg) if x.dtype.is_int and c.dtype.is_int else None),
-], name="symbolic_rules")
+# the named conditions and code functions of definitions/symbolic_rules.py (polygrad-js: simplify.js)
+CONDITIONS: dict[str, Callable[..., bool]] = {
+    "is_int": _is_int,
+    "is_bool": lambda u: u.dtype is dtypes.bool,
+    "has_dtype": lambda u: u.dtype is not None,
+    "not_bool": lambda u: u.dtype is not None and u.dtype is not dtypes.bool,
+    "not_const": lambda u: u.op is not Ops.CONST,
+    "nonneg": lambda u: bounds(u)[0] >= 0,
+    "positive": lambda c: c.arg > 0,
+    "nonzero": lambda c: c.arg != 0,
+    "divides": lambda b, a: a.arg % b.arg == 0,
+    "same": lambda a, b: a is b,
+    "equal": lambda *cs: all(c.arg == cs[0].arg for c in cs),
+}
+CODE: dict[str, Callable[..., "UOp | None"]] = {
+    "fold_binary": _fold_binary,
+    "divmod_fold": _divmod_fold,
+    "div_simplify": _div_simplify,
+    "mod_simplify": _mod_simplify,
+    "cmp_fold": _cmp_fold,
+    "gated_load_select": _gated_load_select,
+}
+symbolic_rules = compile_rules(RULES, CONDITIONS, CODE, name="symbolic_rules")
 
 
 def range_coeff(expr: UOp, r: UOp) -> int | None:
