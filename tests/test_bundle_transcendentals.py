@@ -1,12 +1,12 @@
 """Bundles store their kernels with EXP2/LOG2/SIN decomposed; bundles saved before still load.
 
-`Model.save` runs the device-independent passes once (modelformat.stored_kernel: index simplification,
+`Model.save` runs the device-independent passes once (model/format.stored_kernel: index simplification,
 then the transcendental decomposition), so a new bundle's kernels hold no EXP2/LOG2/SIN and no reader
 needs a copy of the decomposition (docs/bundle-format.md 2.4). Checked here: a model using exp, log,
 sin and sigmoid in float16, float32 and float64 saves no transcendental; Python and polygrad-js (both
 validating every kernel) load it and match NumPy, Python's loaded model gives the very bits the model
 gave before saving, and polygrad-js the same bits; the stored form is a fixed point of its passes; the
-bundles polygrad-js's tests keep from before (test/fixtures, which hold EXP2/LOG2) still load in
+bundles polygrad-js's tests keep from before (test/fixtures/saved_at_20af852, which hold EXP2/LOG2) still load in
 Python and give the results recorded when they were saved, and polygrad-js's frozen decomposition
 turns their kernels into exactly the kernels a save stores today.
 """
@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 
 from polygrad import Model, Tensor, bundle
-from polygrad.modelformat import stored_kernel
+from polygrad.model.format import stored_kernel
 from polygrad.uop.serialize import decode
 from polygrad.uop.transcendental import decompose_transcendentals
 from test_js import NODE, dec, enc, run_node
 from test_simplify_differential import js_simplify
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "polygrad-js" / "test" / "fixtures"
+# bundles saved before kernels were stored decomposed (at 20af852), kept for exactly this
+FIXTURES = ROOT / "polygrad-js" / "test" / "fixtures" / "saved_at_20af852"
 TRANSCENDENTAL = {"EXP2", "LOG2", "SIN"}
 
 
@@ -105,7 +106,7 @@ def test_stored_form_is_a_fixed_point(saved):
 
 
 def test_bundles_saved_before_still_load_in_python():
-    """The committed fixtures are from before kernels were stored decomposed: they hold EXP2/LOG2 (so the
+    """The bundles saved at 20af852 are from before kernels were stored decomposed: they hold EXP2/LOG2 (so the
     frozen decomposition of polygrad-js stays tested by npm test) and give the results recorded then."""
     ref = json.loads((FIXTURES / "reference.json").read_text())
     assert stored_ops((FIXTURES / "decoder.pgb").read_bytes()) & TRANSCENDENTAL

@@ -38,7 +38,7 @@ def test_generated_javascript_table_is_current():
     gen = _generator()
     assert gen.OUT == JS / "src" / "generated" / "symbolic_rules.js"
     assert gen.OUT.read_text() == gen.render(), (
-        f"{gen.OUT} is stale: run python polygrad-js/tools/gen/symbolic_rules.py")
+        f"{gen.OUT} is stale: run python polygrad-js/tools/gen_all.py")
 
 
 def test_python_implements_exactly_the_vocabulary():

@@ -1,6 +1,6 @@
 """A serialised, versioned form of kernel IR: `dumps(ast) -> bytes`, `loads(data) -> UOp`.
 
-Stage: shared. Input: a kernel SINK, normally in a bundle's stored form (`modelformat.stored_kernel`:
+Stage: shared. Input: a kernel SINK, normally in a bundle's stored form (`model/format.stored_kernel`:
 the scheduler's output with transcendentals decomposed, index-simplified, before device
 optimisation), though any UOp graph whose args are of the kinds below can be written. Output: UTF-8
 JSON bytes, and back the very same hash-consed UOp
