@@ -2,7 +2,9 @@
 names."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -145,7 +147,6 @@ class dtypes:
     @staticmethod
     def as_const(x, dt: DType):
         """x as a Python value of dtype dt (wrapped to the width of an integer type)."""
-        from polygrad.uop.ops import normalize_const
         return normalize_const(x, to_dtype(dt))
 
     @staticmethod
@@ -273,3 +274,17 @@ def _too_big(x: int) -> DType:
     from polygrad.errors import InvalidArgumentError
     raise InvalidArgumentError(f"the integer {x} does not fit in int64; pass a float or dtype=dtypes.uint64 with "
                                "values below 2**64")
+
+
+def normalize_const(value: Any, dtype: DType) -> Any:
+    """value as a Python constant of dtype: bool, an int wrapped to the dtype's width, or a float."""
+    if dtype is dtypes.bool:
+        return bool(value)
+    if dtype.is_int:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"cannot store {value} in an integer dtype {dtype}")
+        # wrap to the dtype's width (two's complement), as C and NumPy arithmetic do
+        bits = 8 * dtype.itemsize
+        v = int(value) & ((1 << bits) - 1)
+        return v - (1 << bits) if dtype.kind == "int" and v >= 1 << (bits - 1) else v
+    return float(value)

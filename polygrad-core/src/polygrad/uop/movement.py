@@ -1,7 +1,7 @@
 """Movement-op builders for tensor graphs; each folds trivial cases so graphs stay small."""
 from __future__ import annotations
 
-from polygrad.uop.ops import Ops, UOp
+from polygrad.uop.ops import Ops, UOp, provided
 from polygrad.uop.shape import ShapeError
 from polygrad.uop.sint import INT_TYPES, canon, is_sym, resolve, sym_str, vmax, vmin
 
@@ -87,3 +87,6 @@ def flip(u: UOp, axes: tuple[bool, ...]) -> UOp:
     if not any(axes):
         return u
     return UOp(Ops.FLIP, u.dtype, (u,), axes)
+
+
+provided.update(reshape=reshape)  # for UOp.flatten

@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Any
 
 from polygrad.definitions import ops as op_table
-from polygrad.dtype import DType, dtypes, to_dtype
+from polygrad.dtype import DType, dtypes, normalize_const, to_dtype
 
 
 class _OpBase(Enum):
@@ -165,17 +165,12 @@ def compact_uop_cache() -> None:
             table.update(live)
 
 
-def normalize_const(value: Any, dtype: DType) -> Any:
-    if dtype is dtypes.bool:
-        return bool(value)
-    if dtype.is_int:
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"cannot store {value} in an integer dtype {dtype}")
-        # wrap to the dtype's width (two's complement), as C and NumPy arithmetic do
-        bits = 8 * dtype.itemsize
-        v = int(value) & ((1 << bits) - 1)
-        return v - (1 << bits) if dtype.kind == "int" and v >= 1 << (bits - 1) else v
-    return float(value)
+# What the IR modules above ops.py give UOp's convenience methods: shape and device inference
+# (uop/shape.py), symbolic sizes (uop/sint.py: printing, truth of a comparison, bind/unbind) and
+# reshape (uop/movement.py). Each module fills its entries when it is imported, and polygrad.uop's
+# __init__ imports them all, so they are present whenever a UOp exists; ops.py imports none of them
+# (the IR core depends on nothing above it).
+provided: dict[str, Any] = {}
 
 
 class UOp:
@@ -223,8 +218,7 @@ class UOp:
     def __repr__(self) -> str:
         if self.op in (Ops.DEFINE_VAR, Ops.BIND) or (self.op in _SIZE_OPS and self.dtype is not None
                                                        and self.dtype.is_int and _is_size_expr(self)):
-            from polygrad.uop.sint import sym_str
-            return sym_str(self)  # a symbolic size in a shape: 'b=3', '(b*16)'
+            return provided["sym_str"](self)  # a symbolic size in a shape: 'b=3', '(b*16)'
         return pretty(self)
 
     # ---- graph walking
@@ -290,15 +284,13 @@ class UOp:
     @property
     def shape(self) -> tuple[int, ...]:
         if self._shape is None:
-            from polygrad.uop.shape import infer_shape
-            _fill_bottom_up(self, "_shape", infer_shape)
+            _fill_bottom_up(self, "_shape", provided["infer_shape"])
         return self._shape
 
     @property
     def device(self) -> str | None:
         if self._device is None:
-            from polygrad.uop.shape import infer_device
-            _fill_bottom_up(self, "_device", infer_device)
+            _fill_bottom_up(self, "_device", provided["infer_device"])
         return self._device if self._device != "" else None
 
     # ---- elementwise builders (both levels)
@@ -358,20 +350,17 @@ class UOp:
         # a comparison between symbolic sizes (`n < 4` with n a bound Variable) is decided from the
         # values; every other node is truthy, as objects are
         if self.op in COMPARISONS:
-            from polygrad.uop.sint import sym_truth
-            return sym_truth(self)
+            return provided["sym_truth"](self)
         return True
 
     # ---- symbolic sizes (polygrad.Variable)
     def bind(self, value: int) -> "UOp":
         """This Variable (a DEFINE_VAR) with this call's value: BIND(var, CONST value)."""
-        from polygrad.uop.sint import bind
-        return bind(self, value)
+        return provided["bind"](self, value)
 
     def unbind(self) -> tuple["UOp", int]:
         """(Variable, value) of a bound variable."""
-        from polygrad.uop.sint import unbind
-        return unbind(self)
+        return provided["unbind"](self)
 
     # ---- kernel-IR builders (custom kernels)
     @staticmethod
@@ -394,8 +383,7 @@ class UOp:
     def flatten(self) -> "UOp":
         if self.op is Ops.DEFINE_GLOBAL:
             return UOp(Ops.DEFINE_GLOBAL, self.dtype, (), (self.arg[0], (self.numel(),)))
-        from polygrad.uop import movement
-        return movement.reshape(self, (math.prod(self.shape),))
+        return provided["reshape"](self, (math.prod(self.shape),))
 
     def __getitem__(self, idx) -> "UOp":
         if self.op is not Ops.DEFINE_GLOBAL:

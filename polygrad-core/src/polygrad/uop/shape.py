@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from polygrad.errors import ShapeError
-from polygrad.uop.ops import ELEMENTWISE, Ops, UOp
+from polygrad.uop.ops import ELEMENTWISE, Ops, UOp, provided
 from polygrad.uop.sint import has_sym, sadd, sprod, ssub, sym_equal, vmax
 
 __all__ = ["ShapeError", "infer_shape", "infer_device"]  # ShapeError lives in polygrad.errors
@@ -101,3 +101,6 @@ def infer_device(u: UOp) -> str:
         if d:
             return d
     return ""
+
+
+provided.update(infer_shape=infer_shape, infer_device=infer_device)  # for UOp.shape / .device

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable
 from polygrad.dtype import dtypes
 from polygrad.errors import VariableError
 from polygrad.uop.names import NAME_RULE, is_plain_name
-from polygrad.uop.ops import Ops, UOp
+from polygrad.uop.ops import Ops, UOp, provided
 
 MAX_BOUND = 2**31 - 1  # variables are int32 kernel parameters
 
@@ -456,3 +456,6 @@ def rebind(u: UOp, var_vals: dict[UOp, int]) -> UOp:
         else:
             out[n] = n if src == n.src else n.replace(src=src)
     return out[u]
+
+
+provided.update(sym_str=sym_str, sym_truth=sym_truth, bind=bind, unbind=unbind)  # for UOp's methods
