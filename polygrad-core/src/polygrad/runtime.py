@@ -26,9 +26,14 @@ import itertools
 import types
 from typing import Any, Callable
 
-from polygrad import runtime_context
+from polygrad import linalg, runtime_context, tensor
 from polygrad.device import canonicalize, free_cached
+from polygrad.diskcache import forget_checks
+from polygrad.engine import lower, realize
+from polygrad.engine.schedule import clear_schedule_cache as _clear_schedules
 from polygrad.errors import RuntimeOwnershipError
+from polygrad.model import Model
+from polygrad.tensor import Tensor
 from polygrad.uop.ops import compact_uop_cache
 
 _ids = itertools.count(1)
@@ -68,11 +73,7 @@ class Runtime:
     def Model(self) -> Any:  # noqa: N802 (spec name)
         """`rt.Model.load(path)` is `polygrad.Model.load(path, runtime=rt)`."""
         self.check_alive()
-        import polygrad
-        model_cls = getattr(polygrad, "Model", None)
-        if model_cls is None:
-            raise AttributeError("polygrad.Model is not available in this build, so rt.Model is not either")
-        return _ModelProxy(self, model_cls)
+        return _ModelProxy(self, Model)
 
     # ---- memory pressure
     def clear_schedule_cache(self) -> None:
@@ -103,11 +104,9 @@ class _TensorFactory:
         self._runtime = runtime
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from polygrad.tensor import Tensor
         return self._runtime.owned(Tensor)(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
-        from polygrad.tensor import Tensor
         attr = getattr(Tensor, name)
         return self._runtime.owned(attr) if callable(attr) else attr
 
@@ -196,8 +195,7 @@ def create(device: str | None = None) -> Runtime:
 
 def clear_schedule_cache() -> None:
     """Drop every cached schedule; later realizes rebuild the ones they need."""
-    from polygrad.engine.schedule import clear_schedule_cache as clear
-    clear()
+    _clear_schedules()
 
 
 def collect() -> None:
@@ -208,10 +206,6 @@ def collect() -> None:
     captured JIT functions keep their own buffers and programs. On CPU a program nothing holds any
     more closes its shared object (dlclose), so its mappings go too.
     """
-    from polygrad import linalg, tensor
-    from polygrad.engine import realize
-    from polygrad.engine import lower
-    from polygrad.diskcache import forget_checks
     clear_schedule_cache()
     tensor._const_nodes.clear()  # kept scalar nodes (tensor._broadcast_const)
     forget_checks()
