@@ -17,6 +17,8 @@ from polygrad.dtype import ALL_DTYPES, DType, dtypes  # noqa: F401  (re-exported
 from polygrad.engine.program import ProgramSpec  # noqa: F401
 from polygrad.errors import CompileError, DeviceUnavailableError  # noqa: F401
 from polygrad.renderer.cstyle import KERNEL_SYMBOL, CStyleRenderer  # noqa: F401
+# the C family's op tables, one row per op: a dialect replaces rows ({**VECTOR_RULES, Ops.CAST: ...})
+from polygrad.renderer.cstyle_ops import MASK_RULES, SCALAR_RULES, VECTOR_RULES  # noqa: F401
 # the linearized program that machine-code emitters (X86) walk, as the C renderer does
 from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, run_steps, var_name  # noqa: F401
 # the passes over it that every emitter shares (unroll, fold, share, hoist, drop dead values, offsets)
