@@ -4,7 +4,7 @@ Stage: x86 code generation, first pass. Input: a `LinearProgram` (polygrad.rende
 Output: an `XProgram`, a flat list of `XInst` in execution order (LOOP/ENDLOOP, IF/ENDIF markers and
 values) that the register allocator and the emitter walk.
 
-The device-independent work is core's `simplify` (renderer/linear_passes.py) with everything on
+The device-independent work is core's `simplify_linear` (renderer/linear_passes.py) with everything on
 (`PASSES`): upcast loops (and small unroll loops) unrolled, so accumulator arrays become separate
 accumulators that live in registers; integer constants folded with the IR's wrapping rules and moved
 outward; equal values shared per loop nest (loads until the next store); pure arithmetic hoisted in
@@ -24,12 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from polygrad.backend_api import (CompileError, DType, Inst, L, LinearPasses, LinearProgram, Ops, dtypes,
+from polygrad.backend_api import (CompileError, DType, L, LinearPasses, LinearProgram, Ops, dtypes,
                                   simplify_linear)
 
 # what the X86 emitter asks of the shared passes: everything (no C compiler does it after us)
 PASSES = LinearPasses(unroll=True, unroll_limit=2048, reduce_unroll=((4, 64), (2, 160)), offsets=True)
 MEMORY_KINDS = {L.LOAD: (None, "contiguous", "gather"), L.STORE: (None, "contiguous", "scatter")}
+HEAD = (L.PARAM, L.VAR, L.SPECIAL)  # operands of the kernel's code, not instructions of its list
 EMITTED = frozenset({L.PARAM, L.VAR, L.SPECIAL, L.LOOP, L.ENDLOOP, L.IF, L.ENDIF, L.CONST, L.BCAST, L.ALU,
                      L.ACC, L.UPDATE, L.ACC_READ, L.LOAD, L.STORE})
 
@@ -76,20 +77,19 @@ def check_emittable(prog: LinearProgram) -> None:
 
 
 def to_x86(prog: LinearProgram) -> XProgram:
-    """The XInst program of a simplified linear program (offsets split, accumulators separate)."""
+    """The XInst program of a simplified linear program (offsets split, accumulators separate), with
+    every value's `uses` counted."""
     env: dict[int, Any] = {}
-    consts: dict[tuple, XInst] = {}
     params: list[XInst] = []
     vars_: list[XInst] = []
     tid: XInst | None = None
     insts: list[XInst] = []
-
-    def operand(s: Inst | None) -> Any:
-        return None if s is None else env[id(s)]
-
     for x in prog.insts:
         op = x.op
-        if op in (L.PARAM, L.VAR, L.SPECIAL):
+        if op is L.CONST and x.lanes == 1:  # an operand (an immediate or a constant-pool entry), no code
+            env[id(x)] = XInst(L.CONST, x.dtype, (), x.arg)
+            continue
+        if op in HEAD:
             head = env[id(x)] = XInst(op, x.dtype, (), x.arg)
             if op is L.PARAM:
                 params.append(head)
@@ -98,35 +98,22 @@ def to_x86(prog: LinearProgram) -> XProgram:
             else:
                 tid = head
             continue
-        if op is L.CONST and x.lanes == 1:  # an operand: an immediate or a constant-pool entry
-            key = (x.dtype, repr(x.arg))
-            env[id(x)] = consts.setdefault(key, XInst(L.CONST, x.dtype, (), x.arg))
-            continue
-        src = tuple(operand(s) for s in x.src)
+        src = tuple([None if s is None else env[id(s)] for s in x.src])
         arg = x.arg
         if op is L.LOOP:
             src = src[:2]
         elif op is L.ACC:
             arg = x.arg[0]  # one accumulator (the passes split arrays): the reduce op
-        out = XInst(op, x.dtype, src, arg, x.lanes)
-        if op is L.LOOP and len(x.src) > 2:
-            out.step = int(x.src[2].arg)  # a partially unrolled reduce loop runs `step` points a turn
-        if op is L.ACC_READ:
-            out.alias = src[0]
-        env[id(x)] = out
-        insts.append(out)
-    count_uses(insts)
-    return XProgram(prog.name, fuse_broadcast_loads(insts), params, vars_, tid, prog.threads)
-
-
-def count_uses(insts: list[XInst]) -> None:
-    """Set every value's `uses`: how many operands of insts refer to it."""
-    for x in insts:
-        x.uses = 0
-    for x in insts:
-        for s in x.src:
+        out = env[id(x)] = XInst(op, x.dtype, src, arg, x.lanes)
+        for s in src:
             if s is not None:
                 s.uses += 1
+        if op is L.LOOP and len(x.src) > 2:
+            out.step = int(x.src[2].arg)  # a partially unrolled reduce loop runs `step` points a turn
+        elif op is L.ACC_READ:
+            out.alias = src[0]
+        insts.append(out)
+    return XProgram(prog.name, fuse_broadcast_loads(insts), params, vars_, tid, prog.threads)
 
 
 def fuse_broadcast_loads(insts: list[XInst]) -> list[XInst]:
