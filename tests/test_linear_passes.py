@@ -212,6 +212,36 @@ def test_an_op_without_a_row_names_the_op():
         NoSqrt().render(lower(ast, NO_LANES_ONE_THREAD))
 
 
+def test_one_renderer_renders_in_several_threads_at_once():
+    """A device's render is one renderer shared by every thread: two renders that are both half done
+    (each waits inside the vector-type hook until the other got there) give the sources of two renders
+    one after the other, each with its own names, lines, vector types and helpers."""
+    import threading
+    (floats,) = kernels(Tensor.empty(64, 64) @ Tensor.empty(64, 64))
+    (ints,) = kernels(Tensor.empty(40, 64, dtype=dtypes.int32) * 3 + 1)
+    specs = [lower(floats, LANES8), lower(ints, LANES8)]
+    want = [CStyleRenderer().render(s) for s in specs]
+    both_inside = threading.Barrier(2, timeout=20)
+    waited = threading.local()
+
+    class Meeting(CStyleRenderer):
+        def vector_typedef(self, elem, n, name):
+            if not getattr(waited, "done", False):
+                waited.done = True
+                both_inside.wait()
+            return super().vector_typedef(elem, n, name)
+    shared, got = Meeting(), [None, None]
+
+    def render(k):
+        got[k] = shared.render(specs[k])
+    threads = [threading.Thread(target=render, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
+
+
 def test_cuda_extends_the_c_signature():
     """CUDA's signature is the C family's parameters (buffers, then Variables `v<k>`) after its own
     declaration; it does not copy the parameter list."""

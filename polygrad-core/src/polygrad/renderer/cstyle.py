@@ -36,6 +36,7 @@ a constant other than -1 tests the divisor first (`trapping_division`), one lane
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, Callable
 
@@ -431,7 +432,11 @@ class CStyleRenderer:
     def render_program(self, prog: LinearProgram, stream: frozenset[int] = frozenset()) -> str:
         """C source for a linearized kernel: one statement per instruction, in order (the dialect's
         `statements` row for its kind). Contiguous vector stores into the buffers in `stream` (slots) are
-        non-temporal (stream_helper), fenced at the end."""
+        non-temporal (stream_helper), fenced at the end. One renderer serves every thread (a device's
+        `render`), so the statements write this render's names, lines and helpers into a copy of it."""
+        return copy.copy(self)._render_program(prog, stream)
+
+    def _render_program(self, prog: LinearProgram, stream: frozenset[int]) -> str:
         self._stream = stream
         self._names: dict[int, str] = {id(v): var_name(k) for k, v in enumerate(prog.vars)}
         self._lines: list[str] = []
