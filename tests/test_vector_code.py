@@ -111,8 +111,9 @@ def inputs_for(spec_globals, rng, specials=True):
     return {g.slot: random_input(g.dtype, g.size, rng, specials) for g in spec_globals if not g.written}
 
 
-def run_c(spec, width, inputs, cc=None):
-    prog = CPU.load(spec, compiler(cc).compile(source(spec, width)))
+def run_c(spec, width, inputs, cc=None, src=None):
+    """Run spec as C (its source with `width` lanes, or `src`) on inputs: the written buffers by slot."""
+    prog = CPU.load(spec, compiler(cc).compile(source(spec, width) if src is None else src))
     bufs = {}
     for g in spec.globals:
         b = Buffer("CPU", g.size, g.dtype)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from polygrad.backend_api import KERNEL_SYMBOL, CStyleRenderer, ProgramSpec, dtypes, var_name
+from polygrad.backend_api import (SCALAR_RULES, VECTOR_RULES, CStyleRenderer, L, Ops, ProgramSpec,
+                                  dtypes)
 
 from polygrad_backend_cuda.launch import launch_of
 
@@ -94,10 +95,41 @@ def arch_number(arch: str) -> int:
     return int(digits) if digits else 0
 
 
+def block_threads(prog: Any) -> int:
+    """Threads per block of a linear program: the product of its lidx launch indices' sizes."""
+    threads = 1
+    for x in prog.insts:
+        if x.op is L.SPECIAL and x.arg[0] == "lidx":
+            threads *= x.arg[2]
+    return threads
+
+
+def _bitcast(r: Any, dt: Any, sdt: Any, a: list[str], n: int) -> str:
+    """A scalar reinterpretation: pg_bitcast, a union in a device function (C's statement expression is
+    not C++)."""
+    return r.from_storage(dt, f"pg_bitcast<{r.storage_ctype(dt)}>({r.to_storage(sdt, a[0])})")
+
+
+def _vector_cast(r: Any, dt: Any, sdt: Any, a: list[str], n: int) -> str:
+    """pg_cvt converts lane by lane (bool lanes are int32 masks: -mask is 0 / 1); to bool as in C."""
+    if dt is dtypes.bool:
+        return VECTOR_RULES[Ops.CAST](r, dt, sdt, a, n)
+    src = f"-{a[0]}" if sdt is dtypes.bool else a[0]
+    return f"pg_cvt<{r.types[dt]}>({src})"
+
+
 class CUDARenderer(CStyleRenderer):
     types = CUDA_TYPES
     restrict = "__restrict__"
     vectorize = True
+    # the C rows, except where C++ on pg_v<T, N> differs: no statement expressions, no vector extensions
+    scalar_rules = {**SCALAR_RULES, Ops.BITCAST: _bitcast}
+    vector_rules = {
+        **VECTOR_RULES,
+        Ops.WHERE: lambda r, dt, sdt, a, n: r.select(a[0], a[1], a[2], dt, n),  # pg_sel takes any mask width
+        Ops.CAST: _vector_cast,
+        Ops.BITCAST: lambda r, dt, sdt, a, n: f"pg_vbitcast<{r.types[dt]}>({a[0]})",
+    }
 
     def __init__(self, arch: str = "sm_90"):
         self.arch = arch
@@ -116,21 +148,13 @@ class CUDARenderer(CStyleRenderer):
         return src.replace(self.prelude, self.prelude + (VECTOR_PRELUDE if "pg_v<" in src else ""), 1)
 
     # ---- structure
-    def signature(self, prog: Any) -> str:
-        params = []
-        for p in prog.params:
-            const = "" if p.arg[1] else "const "
-            params.append(f"{const}{self.storage_ctype(p.dtype)}* {self.restrict} data{p.arg[0]}")
-        params += [f"const {self.ctype(v.dtype)} {var_name(k)}" for k, v in enumerate(prog.vars)]
-        threads = self._threads
-        return f'extern "C" __global__ void __launch_bounds__({threads}) {KERNEL_SYMBOL}({", ".join(params)})'
+    def declaration(self, prog: Any) -> str:
+        return self.kernel_declaration(block_threads(prog))
 
-    def render_program(self, prog: Any) -> str:
-        self._threads = 1
-        for x in prog.insts:
-            if x.op.name == "SPECIAL" and x.arg[0] == "lidx":
-                self._threads *= x.arg[2]
-        return super().render_program(prog)
+    @staticmethod
+    def kernel_declaration(threads: int) -> str:
+        """What precedes the kernel's name: an unmangled global function for blocks of `threads` threads."""
+        return f'extern "C" __global__ void __launch_bounds__({threads})'
 
     def special(self, x: Any, i: int, lines: list[str], pad: str) -> str:
         kind, dim, _size = x.arg
@@ -146,13 +170,6 @@ class CUDARenderer(CStyleRenderer):
     def barrier(self) -> str:
         return "__syncthreads();"
 
-    # ---- scalars
-    def alu(self, op: Any, dt: Any, sdt: Any, a: list[str]) -> str:
-        if op.name == "BITCAST":
-            src = self.to_storage(sdt, a[0])
-            return self.from_storage(dt, f"pg_bitcast<{self.storage_ctype(dt)}>({src})")
-        return super().alu(op, dt, sdt, a)
-
     # ---- vector lanes: pg_v<T, N> instead of GCC vector types
     def vector_typedef(self, elem: Any, n: int, name: str) -> str:
         return f"typedef pg_v<{self.types[elem]}, {n}> {name};"
@@ -165,17 +182,6 @@ class CUDARenderer(CStyleRenderer):
 
     def splat(self, dt: Any, n: int, expr: str) -> str:
         return f"{self.vtype(dt, n)}{{{', '.join([expr] * n)}}}"
-
-    def valu(self, op: Any, dt: Any, sdt: Any, a: list[str], n: int) -> str | None:
-        name = op.name
-        if name == "WHERE" and dt is not dtypes.bool:
-            return self.select(a[0], a[1], a[2], dt, n)
-        if name == "CAST" and dt is not dtypes.bool:
-            src = f"-{a[0]}" if sdt is dtypes.bool else a[0]
-            return f"pg_cvt<{self.types[dt]}>({src})"
-        if name == "BITCAST":
-            return f"pg_vbitcast<{self.types[dt]}>({a[0]})"
-        return super().valu(op, dt, sdt, a, n)
 
     def vload(self, x: Any, name: str, n: Any, pad: str) -> list[str]:
         dt, buf, idx = x.dtype, n(x.src[0]), n(x.src[1])

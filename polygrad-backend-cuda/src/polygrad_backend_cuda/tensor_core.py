@@ -162,14 +162,10 @@ def render_tensor_core(spec: Any, renderer: Any) -> str:
         f"      {out_buf}[{ic}] = {renderer.to_storage(out_dt, v)};",
         "    }",
     ]
-    params = []
-    for g in spec.globals:
-        const = "" if g.written else "const "
-        params.append(f"{const}{renderer.storage_ctype(g.dtype)}* __restrict__ data{g.slot}")
-    params += [f"const {renderer.ctype(x.dtype)} {var_name(n)}" for n, x in enumerate(spec.vars)]
+    params = [renderer.buffer_param(g.slot, g.dtype, g.written) for g in spec.globals]
+    params += [renderer.var_param(n, x.dtype) for n, x in enumerate(spec.vars)]
     threads = 32 * wx * wy
     uses_half = any(dt in (dtypes.float16, dtypes.bfloat16) for dt in [out_dt, *casts])
     prelude = renderer.prelude + (renderer.half_helpers if uses_half else "")
     body = "\n".join(lines)
-    return (f'{prelude}\nextern "C" __global__ void __launch_bounds__({threads}) {KERNEL_SYMBOL}({", ".join(params)}) '
-            f"{{\n{body}\n}}\n")
+    return f"{prelude}\n{renderer.kernel_declaration(threads)} {KERNEL_SYMBOL}({', '.join(params)}) {{\n{body}\n}}\n"

@@ -11,11 +11,13 @@ whose vector instructions the emitter cannot encode is emitted again from the sc
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 from typing import Any
 
-from polygrad.backend_api import CompileError, LinearProgram, cache_dir, linearize, read_entry, write_entry
+from polygrad.backend_api import (CompileError, LinearProgram, cache_dir, linearize, read_entry, simplify_linear,
+                                  write_entry)
 
 from polygrad_backend_x86.asm import disassemble
 from polygrad_backend_x86.cpu import Isa
@@ -26,15 +28,17 @@ from polygrad_backend_x86.regalloc import allocate
 
 
 def _emitter_version() -> str:
-    """A hash of the code generator's own source: a changed emitter never reads old cached code."""
+    """A hash of the code generator's own source and of core's linear passes it runs first: a changed
+    emitter never reads old cached code."""
     h = hashlib.sha256()
     here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("arith.py", "asm.py", "compiler.py", "emit.py", "expand.py", "halves.py", "regalloc.py", "vector.py"):
+    names = ("arith.py", "asm.py", "compiler.py", "emit.py", "expand.py", "halves.py", "regalloc.py", "vector.py")
+    for path in [os.path.join(here, name) for name in names] + [inspect.getfile(simplify_linear)]:
         try:
-            with open(os.path.join(here, name), "rb") as f:
+            with open(path, "rb") as f:
                 h.update(f.read())
         except OSError:
-            h.update(name.encode())
+            h.update(os.path.basename(path).encode())
     return h.hexdigest()[:16]
 
 

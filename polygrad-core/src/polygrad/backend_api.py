@@ -33,8 +33,12 @@ from polygrad.engine.program import ProgramSpec  # noqa: F401
 from polygrad.hostlaunch import launch_threads, run_split  # noqa: F401  (THREAD kernels on host threads)
 from polygrad.errors import CompileError, DeviceUnavailableError, SettingError  # noqa: F401
 from polygrad.renderer.cstyle import KERNEL_SYMBOL, CStyleRenderer  # noqa: F401
+# the C family's op tables, one row per op: a dialect replaces rows ({**VECTOR_RULES, Ops.CAST: ...})
+from polygrad.renderer.cstyle_ops import MASK_RULES, SCALAR_RULES, VECTOR_RULES  # noqa: F401
 # the linearized program that machine-code emitters (X86) walk, as the C renderer does
 from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, run_steps, var_name  # noqa: F401
+# the passes over it that every emitter shares (unroll, fold, share, hoist, drop dead values, offsets)
+from polygrad.renderer.linear_passes import LinearPasses, simplify_linear  # noqa: F401
 from polygrad.engine.gpu_opts import matmul_shape  # noqa: F401
 from polygrad.renderer.launch import LaunchDims, launch_dims  # noqa: F401
 from polygrad.uop.ops import Ops, UOp  # noqa: F401

@@ -1,7 +1,15 @@
 """The C-family renderer base: kernel IR -> C source. CUDA and other C dialects subclass it.
 
 Stage: rendering. Input: ProgramSpec. Output: source text with one function, KERNEL_SYMBOL.
-The structure comes from the linear program (renderer/linearize.py): one statement per instruction.
+The structure comes from the linear program (renderer/linearize.py, then the shared linear passes a
+dialect asks for, `passes`: none for C, whose compiler does them): one statement per instruction.
+
+A dialect is tables first: `statements` (instruction kind -> the method writing its statement) and
+the op tables `scalar_rules`, `vector_rules`, `mask_rules` (op -> C expression, renderer/cstyle_ops.py).
+A dialect replaces rows (`{**VECTOR_RULES, Ops.CAST: ...}`) rather than methods; what is left as
+methods are the pieces rows ask for (`ctype`, `select`, `mask_of`, `vtype`...) and the hooks of the
+signature (`declaration`, `buffer_param`, `var_param`) and of GPU launches (`special`, `define_local`,
+`barrier`, `launch`).
 
 Names: every identifier in the source is the renderer's own. No name from the kernel (its KernelInfo
 name, a Variable's name), which a bundle or a user chose, reaches the text, not even in a comment: a
@@ -28,13 +36,16 @@ a constant other than -1 tests the divisor first (`trapping_division`), one lane
 """
 from __future__ import annotations
 
+import copy
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from polygrad.dtype import DType, dtypes
 from polygrad.engine.program import ProgramSpec
+from polygrad.renderer.cstyle_ops import MASK_RULES, SCALAR_RULES, SIGNED_OF_SIZE, VECTOR_RULES, Rule, apply_rule
+from polygrad.renderer.linear_passes import LinearPasses, simplify_linear
 from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, var_name
 from polygrad.uop.ops import Ops, UOp
 
@@ -104,15 +115,18 @@ VEC_NAMES = {
     dtypes.int8: "i8", dtypes.uint8: "u8", dtypes.int16: "i16", dtypes.uint16: "u16", dtypes.int32: "i32",
     dtypes.uint32: "u32", dtypes.int64: "i64", dtypes.uint64: "u64", dtypes.float32: "f32", dtypes.float64: "f64",
 }
-SIGNED_OF_SIZE = {1: dtypes.int8, 2: dtypes.int16, 4: dtypes.int32, 8: dtypes.int64}
-# ops rendered one lane at a time (no vector operator in C)
-PER_LANE_OPS = (Ops.SQRT, Ops.TRUNC, Ops.POW, Ops.EXP2, Ops.LOG2, Ops.SIN)
 # the function every C-family renderer defines, whatever the kernel's name (see the module docstring)
 KERNEL_SYMBOL = "pg_kernel"
+# loop variables' names by range kind (gidx3, ridx5: readable dumps)
+LOOP_NAMES = {"global": "gidx", "reduce": "ridx", "upcast": "uidx", "thread": "gidx"}
 
 
 class CStyleRenderer:
-    """Subclasses change the prelude, the function signature and how global loops are opened."""
+    """The C family's renderer. A dialect (CPU, CUDA, a plugin's) subclasses it and changes data first:
+    the prelude, the types, the op tables (`scalar_rules`, `vector_rules`, `mask_rules`: one row per op,
+    renderer/cstyle_ops.py) and the statement table (`statements`: one row per instruction kind), then
+    hooks: `declaration` (qualifiers before the name), `special` / `define_local` / `barrier` (GPU
+    launch indices and shared memory), `launch`, the vector helpers' bodies."""
 
     prelude = "#include <math.h>\n#include <stdint.h>\n"
     types = C_TYPES
@@ -120,6 +134,9 @@ class CStyleRenderer:
     emulate_half = True  # False where the compiler has native half/bfloat16 arithmetic
     vectorize = True  # render vector lanes (GCC/clang vector extensions) up to the spec's vector_width
     half_helpers = HALF_HELPERS  # pg_h2f / pg_f2h / pg_b2f / pg_f2b / pg_rh / pg_rb for emulated halves
+    # the shared linear passes (renderer/linear_passes.py) run before rendering; None: the C compiler folds,
+    # shares and hoists itself, so the program is rendered as linearized
+    passes: LinearPasses | None = None
 
     def ctype(self, dt: DType) -> str:
         """The C type of a value of dtype dt (half/bfloat16 values live in float when emulated)."""
@@ -189,66 +206,9 @@ class CStyleRenderer:
         return name + ("f" if dt is not dtypes.float64 else "")
 
     def alu(self, op: Ops, dt: DType, sdt: DType, a: list[str]) -> str:
-        """C for op on operand expressions a; dt is the result dtype, sdt the first operand's."""
-        if op is Ops.ADD:
-            return f"({a[0]}+{a[1]})"
-        if op is Ops.MUL:
-            return f"({a[0]}*{a[1]})"
-        if op is Ops.NEG:
-            return f"(!{a[0]})" if dt is dtypes.bool else f"(-{a[0]})"
-        if op is Ops.FDIV:
-            return f"({a[0]}/{a[1]})"
-        if op is Ops.IDIV:
-            return f"({a[0]}/{a[1]})"
-        if op is Ops.MOD:
-            return f"{self.math_fn('fmod', dt)}({a[0]},{a[1]})" if dt.is_float else f"({a[0]}%{a[1]})"
-        if op is Ops.MAX:
-            if dt.is_float:
-                return f"(({a[0]}!={a[0]}||{a[0]}>{a[1]})?{a[0]}:{a[1]})"
-            return f"(({a[0]}>{a[1]})?{a[0]}:{a[1]})"
-        if op is Ops.CMPLT:
-            return f"({a[0]}<{a[1]})"
-        if op is Ops.CMPNE:
-            return f"({a[0]}!={a[1]})"
-        if op is Ops.CMPEQ:
-            return f"({a[0]}=={a[1]})"
-        if op is Ops.AND:
-            return f"({a[0]}&{a[1]})"
-        if op is Ops.OR:
-            return f"({a[0]}|{a[1]})"
-        if op is Ops.XOR:
-            return f"({a[0]}^{a[1]})"
-        if op is Ops.SHL:
-            return f"({a[0]}<<{a[1]})"
-        if op is Ops.SHR:
-            return f"({a[0]}>>{a[1]})"
-        if op is Ops.WHERE:
-            return f"({a[0]}?{a[1]}:{a[2]})"
-        if op is Ops.FMA:  # one rounding: libm's fma is correctly rounded (a single instruction with FMA hardware)
-            return f"{self.math_fn('fma', dt)}({a[0]},{a[1]},{a[2]})" if dt.is_float else f"({a[0]}*{a[1]}+{a[2]})"
-        if op is Ops.EXP2:
-            return f"{self.math_fn('exp2', dt)}({a[0]})"
-        if op is Ops.LOG2:
-            return f"{self.math_fn('log2', dt)}({a[0]})"
-        if op is Ops.SIN:
-            return f"{self.math_fn('sin', dt)}({a[0]})"
-        if op is Ops.SQRT:
-            return f"{self.math_fn('sqrt', dt)}({a[0]})"
-        if op is Ops.TRUNC:
-            return f"{self.math_fn('trunc', dt)}({a[0]})" if dt.is_float else a[0]
-        if op is Ops.POW:
-            return f"{self.math_fn('pow', dt)}({a[0]},{a[1]})"
-        if op is Ops.RECIPROCAL:
-            return f"(({self.ctype(dt)})1/{a[0]})"
-        if op is Ops.CAST:
-            if dt is dtypes.bool:
-                return f"({a[0]}!=0)"
-            return self.round_half(dt, f"(({self.ctype(dt)})({a[0]}))")
-        if op is Ops.BITCAST:
-            src = self.to_storage(sdt, a[0])
-            bits = f"({{union {{{self.storage_ctype(sdt)} i; {self.storage_ctype(dt)} o;}} u_; u_.i = {src}; u_.o;}})"
-            return self.from_storage(dt, bits)
-        raise NotImplementedError(f"C renderer has no rule for {op.name}")
+        """C for op on operand expressions a; dt is the result dtype, sdt the first operand's (the
+        dialect's `scalar_rules` row)."""
+        return apply_rule(self.scalar_rules, op, self, dt, sdt, a, 1, f"C renderer has no rule for {op.name}")
 
     # ---- structure
     def special(self, x: Inst, i: int, lines: list[str], pad: str) -> str:
@@ -263,21 +223,35 @@ class CStyleRenderer:
     def barrier(self) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no block barrier")
 
-    def signature(self, prog: LinearProgram) -> str:
-        params = []
-        for p in prog.params:
-            const = "" if p.arg[1] else "const "
-            params.append(f"{const}{self.storage_ctype(p.dtype)}* {self.restrict} data{p.arg[0]}")
-        params += [f"const {self.ctype(v.dtype)} {var_name(k)}" for k, v in enumerate(prog.vars)]
+    def buffer_param(self, slot: int, dt: DType, written: bool) -> str:
+        """The parameter of the buffer in `slot` (read-only buffers are const)."""
+        return f"{'' if written else 'const '}{self.storage_ctype(dt)}* {self.restrict} data{slot}"
+
+    def var_param(self, k: int, dt: DType) -> str:
+        """The parameter of the k-th Variable: `v<k>`, never its name (module docstring)."""
+        return f"const {self.ctype(dt)} {var_name(k)}"
+
+    def parameters(self, prog: LinearProgram) -> list[str]:
+        """The launch contract's parameters: buffers in slot order, Variables, the host thread index."""
+        params = [self.buffer_param(p.arg[0], p.dtype, p.arg[1]) for p in prog.params]
+        params += [self.var_param(k, v.dtype) for k, v in enumerate(prog.vars)]
         if prog.threads > 1:
             params.append("int tid")
-        return f"void {KERNEL_SYMBOL}({', '.join(params)})"
+        return params
+
+    def declaration(self, prog: LinearProgram) -> str:
+        """What precedes the function's name: its return type and the dialect's qualifiers."""
+        return "void"
+
+    def signature(self, prog: LinearProgram) -> str:
+        return f"{self.declaration(prog)} {KERNEL_SYMBOL}({', '.join(self.parameters(prog))})"
 
     def render(self, spec: ProgramSpec) -> str:
         width = getattr(spec, "vector_width", 1) if self.vectorize else 1
         prog = linearize(spec, vector_width=width, launch=self.launch(spec))
-        stream = self.stream_slots(spec)
-        return self.render_program(prog, stream) if stream else self.render_program(prog)
+        if self.passes is not None:
+            prog = simplify_linear(prog, self.passes)
+        return self.render_program(prog, self.stream_slots(spec))
 
     def stream_slots(self, spec: ProgramSpec) -> frozenset[int]:
         """Buffers (slots) whose contiguous vector stores are non-temporal; none in the base dialect."""
@@ -320,58 +294,12 @@ class CStyleRenderer:
         return f"({x}[pl]!=0)" if dt is dtypes.bool else f"{x}[pl]"
 
     def valu(self, op: Ops, dt: DType, sdt: DType, a: list[str], n: int) -> str | None:
-        """A lane-wise C expression for op on n-lane operands, or None where it goes one lane at a time."""
+        """A lane-wise C expression for op on n-lane operands, or None where it goes one lane at a time
+        (the dialect's `mask_rules` row for logic on bool masks, else its `vector_rules` row)."""
         if dt is dtypes.bool and sdt is dtypes.bool and op is not Ops.CAST:  # logic on masks (false 0, true -1)
-            if op in (Ops.ADD, Ops.OR, Ops.MAX):
-                return f"({a[0]}|{a[1]})"
-            if op in (Ops.MUL, Ops.AND):
-                return f"({a[0]}&{a[1]})"
-            if op in (Ops.XOR, Ops.CMPNE):
-                return f"({a[0]}^{a[1]})"
-            if op is Ops.CMPEQ:
-                return f"(~({a[0]}^{a[1]}))"
-            if op is Ops.CMPLT:  # false < true
-                return f"(~{a[0]}&{a[1]})"
-            if op is Ops.NEG:
-                return f"(~{a[0]})"
-            if op is Ops.WHERE:
-                return self.select(a[0], a[1], a[2], dt, n)
-            raise NotImplementedError(f"C renderer has no vector rule for {op.name} on bool")
-        if op in (Ops.ADD, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR):
-            sym = {Ops.ADD: "+", Ops.MUL: "*", Ops.FDIV: "/", Ops.IDIV: "/", Ops.AND: "&", Ops.OR: "|",
-                   Ops.XOR: "^", Ops.SHL: "<<", Ops.SHR: ">>"}[op]
-            return f"({a[0]}{sym}{a[1]})"
-        if op is Ops.NEG:
-            return f"(-{a[0]})"
-        if op is Ops.MOD:
-            return None if dt.is_float else f"({a[0]}%{a[1]})"
-        if op in (Ops.CMPLT, Ops.CMPNE, Ops.CMPEQ):
-            sym = {Ops.CMPLT: "<", Ops.CMPNE: "!=", Ops.CMPEQ: "=="}[op]
-            return self.mask_of(f"{a[0]}{sym}{a[1]}", sdt.itemsize, n)
-        if op is Ops.MAX:
-            mask = f"(({a[0]}!={a[0]})|({a[0]}>{a[1]}))" if dt.is_float else f"({a[0]}>{a[1]})"
-            return self.select(mask, a[0], a[1], dt, n)
-        if op is Ops.WHERE:
-            mask = a[0] if dt.itemsize == 4 else \
-                f"__builtin_convertvector({a[0]}, {self.vtype(SIGNED_OF_SIZE[dt.itemsize], n)})"
-            return self.select(mask, a[1], a[2], dt, n)
-        if op is Ops.FMA:
-            return None if dt.is_float else f"({a[0]}*{a[1]}+{a[2]})"
-        if op is Ops.TRUNC and not dt.is_float:
-            return a[0]
-        if op is Ops.RECIPROCAL:
-            return f"({self.splat(dt, n, '1')}/{a[0]})"
-        if op is Ops.CAST:
-            if dt is dtypes.bool:
-                return self.mask_of(f"{a[0]}!={self.splat(sdt, n, '0')}", sdt.itemsize, n)
-            if sdt is dtypes.bool:
-                return f"__builtin_convertvector(-{a[0]}, {self.vtype(dt, n)})"
-            return f"__builtin_convertvector({a[0]}, {self.vtype(dt, n)})"
-        if op is Ops.BITCAST:
-            return f"(({self.vtype(dt, n)})({a[0]}))"
-        if op in PER_LANE_OPS or op is Ops.FMA or op is Ops.MOD:
-            return None
-        raise NotImplementedError(f"C renderer has no vector rule for {op.name}")
+            return apply_rule(self.mask_rules, op, self, dt, sdt, a, n,
+                              f"C renderer has no vector rule for {op.name} on bool")
+        return apply_rule(self.vector_rules, op, self, dt, sdt, a, n, f"C renderer has no vector rule for {op.name}")
 
     def vfma(self, dt: DType, n: int, a: str, b: str, c: str) -> str:
         """A lane-wise fused multiply-add of n-lane float vectors: a helper that applies the scalar fma
@@ -502,138 +430,29 @@ class CStyleRenderer:
         return out
 
     def render_program(self, prog: LinearProgram, stream: frozenset[int] = frozenset()) -> str:
-        """C source for a linearized kernel: one statement per instruction, in order. Contiguous vector
-        stores into the buffers in `stream` (slots) are non-temporal (stream_helper), fenced at the end."""
+        """C source for a linearized kernel: one statement per instruction, in order (the dialect's
+        `statements` row for its kind). Contiguous vector stores into the buffers in `stream` (slots) are
+        non-temporal (stream_helper), fenced at the end. One renderer serves every thread (a device's
+        `render`), so the statements write this render's names, lines and helpers into a copy of it."""
+        return copy.copy(self)._render_program(prog, stream)
+
+    def _render_program(self, prog: LinearProgram, stream: frozenset[int]) -> str:
         self._stream = stream
-        names: dict[int, str] = {}
-        lines: list[str] = []
-        depth = 1
-        uses_half = False
+        self._names: dict[int, str] = {id(v): var_name(k) for k, v in enumerate(prog.vars)}
+        self._lines: list[str] = []
+        self._depth = 1
         self._vtypes: dict[str, str] = {}
         self._helpers: dict[str, str] = {}
-        loop_names = {"global": "gidx", "reduce": "ridx", "upcast": "uidx", "thread": "gidx"}
-
-        def n(x: Inst) -> str:
-            return names[id(x)]
-
-        for k, v in enumerate(prog.vars):
-            names[id(v)] = var_name(k)
-
-        no_vectorize = self.gated_loops(prog)
-
+        self._no_vectorize = self.gated_loops(prog)
+        uses_half = False
         for i, x in enumerate(prog.insts):
-            op, dt = x.op, x.dtype
-            if dt in HALF_TYPES:
+            if x.dtype in HALF_TYPES:
                 uses_half = True
-            pad = "  " * depth
-            if op is L.PARAM:
-                names[id(x)] = f"data{x.arg[0]}"
-            elif op is L.VAR:
-                pass  # named with the parameters above
-            elif op is L.SPECIAL:
-                names[id(x)] = self.special(x, i, lines, pad)
-            elif op is L.LOCAL:  # on the launch's stack: every thread has its own
-                name = names[id(x)] = f"local{i}"
-                lines.append(f"{pad}{self.storage_ctype(dt)} {name}[{x.arg}] __attribute__((aligned(64)));")
-            elif op is L.DEFINE_LOCAL:
-                names[id(x)] = x.arg[0]
-                lines.append(f"{pad}{self.define_local(x)}")
-            elif op is L.BARRIER:
-                lines.append(f"{pad}{self.barrier()}")
-            elif op is L.CONST and x.lanes > 1:
-                name = names[id(x)] = f"cvec{i}"
-                vals = ", ".join(self.literal(UOp.const(dt, v)) for v in x.arg)
-                lines.append(f"{pad}{self.vtype(dt, x.lanes)} {name} = {{{vals}}};")
-            elif op is L.CONST:
-                names[id(x)] = self.literal(UOp.const(dt, x.arg))
-            elif op is L.BCAST:
-                name = names[id(x)] = f"bc{i}"
-                e = f"-(int)({n(x.src[0])})" if dt is dtypes.bool else n(x.src[0])
-                lines.append(f"{pad}{self.vtype(dt, x.lanes)} {name} = {{{', '.join([e] * x.lanes)}}};")
-            elif op is L.LOOP:
-                name = names[id(x)] = f"{loop_names.get(x.arg[1], 'idx')}{x.arg[0]}"
-                start, end = x.src
-                if id(x) in no_vectorize:
-                    lines.append(f"{pad}{self.no_vectorize_pragma}")
-                lines.append(f"{pad}for ({self.ctype(dt)} {name} = {n(start)}; {name} < {n(end)}; {name}++) {{")
-                depth += 1
-            elif op in (L.ENDLOOP, L.ENDIF):
-                depth -= 1
-                lines.append("  " * depth + "}")
-            elif op is L.IF:
-                lines.append(f"{pad}if ({n(x.src[0])}) {{")
-                depth += 1
-            elif op is L.ACC:
-                name = names[id(x)] = f"acc{i}"
-                red_op, lanes = x.arg
-                ct, init = self.ctype(dt) if x.lanes == 1 else self.vtype(dt, x.lanes), n(x.src[0])
-                if lanes > 1:
-                    lines.append(f"{pad}{ct} {name}[{lanes}];")
-                    lines.append(f"{pad}for (int i = 0; i < {lanes}; i++) {name}[i] = {init};")
-                else:
-                    lines.append(f"{pad}{ct} {name} = {init};")
-            elif op is L.UPDATE and x.arg is Ops.FMA:  # acc = fma(a, b, acc), one rounding
-                acc, a, b = x.src[0], x.src[1], x.src[2]
-                ref = f"{n(acc)}[{n(x.src[3])}]" if len(x.src) > 3 else n(acc)
-                if acc.lanes > 1:
-                    lines.append(f"{pad}{ref} = {self.vfma(acc.dtype, acc.lanes, n(a), n(b), ref)};")
-                else:
-                    lines.append(f"{pad}{ref} = {self.alu(Ops.FMA, acc.dtype, acc.dtype, [n(a), n(b), ref])};")
-            elif op is L.UPDATE:
-                acc, value = x.src[0], x.src[1]
-                ref = f"{n(acc)}[{n(x.src[2])}]" if len(x.src) > 2 else n(acc)
-                if acc.lanes == 1 and value.lanes > 1:  # fold the lanes in order (horizontal reduce)
-                    step = self.alu(x.arg, acc.dtype, acc.dtype, [ref, self.lane(n(value), value.dtype)])
-                    lines.append(f"{pad}for (int pl = 0; pl < {value.lanes}; pl++) {ref} = {step};")
-                elif acc.lanes > 1:
-                    lines.append(f"{pad}{ref} = {self.valu(x.arg, acc.dtype, acc.dtype, [ref, n(value)], acc.lanes)};")
-                else:
-                    lines.append(f"{pad}{ref} = {self.alu(x.arg, acc.dtype, acc.dtype, [ref, n(value)])};")
-            elif op is L.ACC_READ:
-                acc = x.src[0]
-                names[id(x)] = f"{n(acc)}[{n(x.src[1])}]" if len(x.src) > 1 else n(acc)
-            elif op is L.LOAD and x.lanes > 1:
-                lines.extend(self.vload(x, names.setdefault(id(x), f"val{i}"), n, pad))
-            elif op is L.STORE and x.lanes > 1:
-                lines.extend(self.vstore(x, n, pad))
-            elif op is L.ALU and x.lanes > 1:
-                name = names[id(x)] = f"alu{i}"
-                sdt = x.src[0].dtype
-                vt = self.vtype(dt, x.lanes)
-                traps = trapping_division(x)
-                expr = None if traps else self.valu(x.arg, dt, sdt, [n(s) for s in x.src], x.lanes)
-                if x.arg is Ops.FMA and dt.is_float:
-                    expr = self.vfma(dt, x.lanes, *[n(s) for s in x.src])
-                if expr is not None:
-                    lines.append(f"{pad}{vt} {name} = {expr};")
-                else:  # one lane at a time, the scalar rule on each lane
-                    lane_args = [self.lane(n(s), s.dtype) for s in x.src]
-                    scalar = self.wrapping_division(x.arg, dt, lane_args) if traps else \
-                        self.alu(x.arg, dt, sdt, lane_args)
-                    lines.append(f"{pad}{vt} {name};")
-                    lines.append(f"{pad}for (int pl = 0; pl < {x.lanes}; pl++) {name}[pl] = {scalar};")
-            elif op is L.LOAD:
-                expr = self.from_storage(dt, f"{n(x.src[0])}[{n(x.src[1])}]")
-                if len(x.src) > 2:
-                    expr = f"({n(x.src[2])}?{expr}:0)"
-                name = names[id(x)] = f"val{i}"
-                lines.append(f"{pad}{self.ctype(dt)} {name} = {expr};")
-            elif op is L.STORE:
-                buf, idx, value = x.src
-                lines.append(f"{pad}{n(buf)}[{n(idx)}] = {self.to_storage(buf.dtype, n(value))};")
-            elif op is L.ALU:
-                sdt = x.src[0].dtype if x.src else dt
-                args = [n(s) for s in x.src]
-                if trapping_division(x):
-                    expr = self.wrapping_division(x.arg, dt, args)
-                else:
-                    expr = self.alu(x.arg, dt, sdt, args)
-                if x.arg not in (Ops.CAST, Ops.BITCAST):
-                    expr = self.round_half(dt, expr)
-                name = names[id(x)] = f"alu{i}"
-                lines.append(f"{pad}{self.ctype(dt)} {name} = {expr};")
-            else:
-                raise NotImplementedError(f"C renderer has no rule for {op.name}")
+            rule = self.statements.get(x.op)
+            if rule is None:
+                raise NotImplementedError(f"C renderer has no rule for {x.op.name}")
+            rule(self, x, i)
+        lines = self._lines
         prelude = self.prelude + (self.half_helpers if self.emulate_half and uses_half else "")
         if self._vtypes:
             prelude += "\n".join(self._vtypes[k] for k in sorted(self._vtypes)) + "\n"
@@ -643,6 +462,158 @@ class CStyleRenderer:
             lines.append("  pg_stream_fence();")
         body = "\n".join(lines)
         return f"{prelude}\n{self.signature(prog)} {{\n{body}\n}}\n"
+
+    # ---- one statement per instruction kind (the `statements` table below)
+    def name_of(self, x: Inst) -> str:
+        """The C expression naming x's value (a variable, a literal, an accumulator element)."""
+        return self._names[id(x)]
+
+    def emit(self, *stmts: str) -> None:
+        """Append statements at the current depth."""
+        self._lines.extend(f"{self.pad}{s}" for s in stmts)
+
+    @property
+    def pad(self) -> str:
+        return "  " * self._depth
+
+    def param_stmt(self, x: Inst, i: int) -> None:
+        self._names[id(x)] = f"data{x.arg[0]}"
+
+    def var_stmt(self, x: Inst, i: int) -> None:
+        pass  # named with the parameters (render_program)
+
+    def special_stmt(self, x: Inst, i: int) -> None:
+        self._names[id(x)] = self.special(x, i, self._lines, self.pad)
+
+    def local_stmt(self, x: Inst, i: int) -> None:  # on the launch's stack: every thread has its own
+        name = self._names[id(x)] = f"local{i}"
+        self.emit(f"{self.storage_ctype(x.dtype)} {name}[{x.arg}] __attribute__((aligned(64)));")
+
+    def define_local_stmt(self, x: Inst, i: int) -> None:
+        self._names[id(x)] = x.arg[0]
+        self.emit(self.define_local(x))
+
+    def barrier_stmt(self, x: Inst, i: int) -> None:
+        self.emit(self.barrier())
+
+    def const_stmt(self, x: Inst, i: int) -> None:
+        if x.lanes == 1:
+            self._names[id(x)] = self.literal(UOp.const(x.dtype, x.arg))
+            return
+        name = self._names[id(x)] = f"cvec{i}"
+        vals = ", ".join(self.literal(UOp.const(x.dtype, v)) for v in x.arg)
+        self.emit(f"{self.vtype(x.dtype, x.lanes)} {name} = {{{vals}}};")
+
+    def bcast_stmt(self, x: Inst, i: int) -> None:
+        name = self._names[id(x)] = f"bc{i}"
+        e = f"-(int)({self.name_of(x.src[0])})" if x.dtype is dtypes.bool else self.name_of(x.src[0])
+        self.emit(f"{self.vtype(x.dtype, x.lanes)} {name} = {{{', '.join([e] * x.lanes)}}};")
+
+    def loop_stmt(self, x: Inst, i: int) -> None:
+        name = self._names[id(x)] = f"{LOOP_NAMES.get(x.arg[1], 'idx')}{x.arg[0]}"
+        start, end = self.name_of(x.src[0]), self.name_of(x.src[1])
+        step = f"{name} += {self.name_of(x.src[2])}" if len(x.src) > 2 else f"{name}++"  # partially unrolled
+        if id(x) in self._no_vectorize:
+            self.emit(self.no_vectorize_pragma)
+        self.emit(f"for ({self.ctype(x.dtype)} {name} = {start}; {name} < {end}; {step}) {{")
+        self._depth += 1
+
+    def end_stmt(self, x: Inst, i: int) -> None:
+        self._depth -= 1
+        self.emit("}")
+
+    def if_stmt(self, x: Inst, i: int) -> None:
+        self.emit(f"if ({self.name_of(x.src[0])}) {{")
+        self._depth += 1
+
+    def acc_stmt(self, x: Inst, i: int) -> None:
+        name = self._names[id(x)] = f"acc{i}"
+        lanes = x.arg[1]
+        ct = self.ctype(x.dtype) if x.lanes == 1 else self.vtype(x.dtype, x.lanes)
+        init = self.name_of(x.src[0])
+        if lanes > 1:
+            self.emit(f"{ct} {name}[{lanes}];", f"for (int i = 0; i < {lanes}; i++) {name}[i] = {init};")
+        else:
+            self.emit(f"{ct} {name} = {init};")
+
+    def update_stmt(self, x: Inst, i: int) -> None:
+        n = self.name_of
+        acc = x.src[0]
+        if x.arg is Ops.FMA:  # acc = fma(a, b, acc), one rounding
+            a, b = n(x.src[1]), n(x.src[2])
+            ref = f"{n(acc)}[{n(x.src[3])}]" if len(x.src) > 3 else n(acc)
+            if acc.lanes > 1:
+                self.emit(f"{ref} = {self.vfma(acc.dtype, acc.lanes, a, b, ref)};")
+            else:
+                self.emit(f"{ref} = {self.alu(Ops.FMA, acc.dtype, acc.dtype, [a, b, ref])};")
+            return
+        value = x.src[1]
+        ref = f"{n(acc)}[{n(x.src[2])}]" if len(x.src) > 2 else n(acc)
+        if acc.lanes == 1 and value.lanes > 1:  # fold the lanes in order (horizontal reduce)
+            step = self.alu(x.arg, acc.dtype, acc.dtype, [ref, self.lane(n(value), value.dtype)])
+            self.emit(f"for (int pl = 0; pl < {value.lanes}; pl++) {ref} = {step};")
+        elif acc.lanes > 1:
+            self.emit(f"{ref} = {self.valu(x.arg, acc.dtype, acc.dtype, [ref, n(value)], acc.lanes)};")
+        else:
+            self.emit(f"{ref} = {self.alu(x.arg, acc.dtype, acc.dtype, [ref, n(value)])};")
+
+    def acc_read_stmt(self, x: Inst, i: int) -> None:
+        acc = self.name_of(x.src[0])
+        self._names[id(x)] = f"{acc}[{self.name_of(x.src[1])}]" if len(x.src) > 1 else acc
+
+    def load_stmt(self, x: Inst, i: int) -> None:
+        n = self.name_of
+        if x.lanes > 1:
+            self._lines.extend(self.vload(x, self._names.setdefault(id(x), f"val{i}"), n, self.pad))
+            return
+        expr = self.from_storage(x.dtype, f"{n(x.src[0])}[{n(x.src[1])}]")
+        if len(x.src) > 2:
+            expr = f"({n(x.src[2])}?{expr}:0)"
+        name = self._names[id(x)] = f"val{i}"
+        self.emit(f"{self.ctype(x.dtype)} {name} = {expr};")
+
+    def store_stmt(self, x: Inst, i: int) -> None:
+        if x.lanes > 1:
+            self._lines.extend(self.vstore(x, self.name_of, self.pad))
+            return
+        buf, idx, value = x.src
+        self.emit(f"{self.name_of(buf)}[{self.name_of(idx)}] = {self.to_storage(buf.dtype, self.name_of(value))};")
+
+    def alu_stmt(self, x: Inst, i: int) -> None:
+        dt = x.dtype
+        name = self._names[id(x)] = f"alu{i}"
+        args = [self.name_of(s) for s in x.src]
+        traps = trapping_division(x)
+        if x.lanes == 1:
+            sdt = x.src[0].dtype if x.src else dt
+            expr = self.wrapping_division(x.arg, dt, args) if traps else self.alu(x.arg, dt, sdt, args)
+            if x.arg not in (Ops.CAST, Ops.BITCAST):
+                expr = self.round_half(dt, expr)
+            self.emit(f"{self.ctype(dt)} {name} = {expr};")
+            return
+        sdt = x.src[0].dtype
+        vt = self.vtype(dt, x.lanes)
+        expr = None if traps else self.valu(x.arg, dt, sdt, args, x.lanes)
+        if x.arg is Ops.FMA and dt.is_float:
+            expr = self.vfma(dt, x.lanes, *args)
+        if expr is not None:
+            self.emit(f"{vt} {name} = {expr};")
+            return
+        # one lane at a time, the scalar rule on each lane
+        lane_args = [self.lane(self.name_of(s), s.dtype) for s in x.src]
+        scalar = self.wrapping_division(x.arg, dt, lane_args) if traps else self.alu(x.arg, dt, sdt, lane_args)
+        self.emit(f"{vt} {name};", f"for (int pl = 0; pl < {x.lanes}; pl++) {name}[pl] = {scalar};")
+
+    # the dialect's tables: a subclass replaces rows (`{**CStyleRenderer.vector_rules, Ops.X: ...}`)
+    statements: dict[L, Callable[[Any, Inst, int], None]] = {
+        L.PARAM: param_stmt, L.VAR: var_stmt, L.SPECIAL: special_stmt, L.LOCAL: local_stmt,
+        L.DEFINE_LOCAL: define_local_stmt, L.BARRIER: barrier_stmt, L.CONST: const_stmt, L.BCAST: bcast_stmt,
+        L.LOOP: loop_stmt, L.ENDLOOP: end_stmt, L.ENDIF: end_stmt, L.IF: if_stmt, L.ACC: acc_stmt,
+        L.UPDATE: update_stmt, L.ACC_READ: acc_read_stmt, L.LOAD: load_stmt, L.STORE: store_stmt, L.ALU: alu_stmt,
+    }
+    scalar_rules: dict[Ops, Rule] = SCALAR_RULES
+    vector_rules: dict[Ops, Rule] = VECTOR_RULES
+    mask_rules: dict[Ops, Rule] = MASK_RULES
 
 
 # Non-temporal stores (the CPU dialect, for outputs larger than the last-level cache): a vector written

@@ -4,7 +4,8 @@ Stage: linearizing, between lowering and rendering. Input: a ProgramSpec (kernel
 optimisation). Output: a `LinearProgram`, a flat list of `Inst`s in execution order:
 
     PARAM VAR SPECIAL CONST LOCAL    kernel parameters, the thread index, constants, local arrays (all first)
-    LOOP ... ENDLOOP                 explicit loop begin and end, properly nested
+    LOOP ... ENDLOOP                 explicit loop begin and end, properly nested (after the linear
+                                     passes' partial unrolling, LOOP's third source is its step)
     ACC  UPDATE ... ACC_READ         an accumulator: defined once, updated inside its loops, read after
     IF ... ENDIF                     a gated region (gated stores)
     LOAD STORE ALU                   memory and arithmetic
@@ -146,7 +147,8 @@ class L(Enum):
     VAR = auto()       # integer kernel parameter; arg: (name, min, max)
     SPECIAL = auto()   # launch index; arg: ("thread", count)
     CONST = auto()     # arg: the value (already wrapped to dtype); with lanes > 1 a tuple of lane values
-    LOOP = auto()      # src: (start, end); arg: (axis id, kind); its value is the loop variable
+    LOOP = auto()      # src: (start, end[, step]); arg: (axis id, kind); its value is the loop variable
+                       # (a step, a CONST, only from linear_passes' partial unrolling: the variable grows by it)
     ENDLOOP = auto()   # src: (loop,)
     ACC = auto()       # accumulator; src: (init,); arg: (reduce op, lanes); lanes > 1 is an array
     UPDATE = auto()    # src: (acc, value[, lane]); arg: reduce op: acc[lane] = op(acc[lane], value)
@@ -204,7 +206,7 @@ class LinearProgram:
         for i, x in enumerate(self.insts):
             if x.op in (L.ENDLOOP, L.ENDIF):
                 depth -= 1
-            srcs = ", ".join(f"%{num[id(s)]}" for s in x.src)
+            srcs = ", ".join("-" if s is None else f"%{num[id(s)]}" for s in x.src)  # None: linear_passes' offsets
             dt = x.dtype.name if x.dtype is not None else "-"
             if x.lanes > 1:
                 dt += f"x{x.lanes}"
