@@ -92,8 +92,9 @@ def test_mixins_never_import_tensor(path: pathlib.Path) -> None:
 
 
 CONCERNS = {
-    "tensor_create": ["empty", "full", "zeros", "ones", "arange", "linspace", "eye", "rand", "randn", "full_like",
-                      "zeros_like", "rand_like", "manual_seed", "multinomial"],
+    "tensor_create": ["empty", "full", "zeros", "ones", "arange", "linspace", "eye", "full_like", "zeros_like",
+                      "rand_like", "normal", "multinomial"],
+    "tensor_random": ["rand", "randn", "randint", "manual_seed"],
     "tensor_dtype": ["cast", "bitcast", "float", "half", "int", "long", "bool", "double"],
     "tensor_elementwise": ["add", "sub", "mul", "div", "where", "maximum", "__lt__", "eq", "__iadd__", "__lshift__"],
     "tensor_math": ["exp", "log", "abs", "clamp", "pow", "erf", "isinf"],

@@ -171,7 +171,7 @@ def test_runs_with_no_compiler_on_path(tmp_path):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc (Linux)")
 def test_code_is_mapped_read_execute_never_writable():
-    from polygrad_backend_x86.runtime import CodeMapping
+    from polygrad_backend_x86.mapping import CodeMapping
     m = CodeMapping(b"\xc3" * 100)
     # the range holding the code (the kernel merges adjacent anonymous mappings of the same protection,
     # such as other kernels' or the thread pool's, into one line)
@@ -489,7 +489,7 @@ def test_thread_pool_runs_the_indices_itself_when_no_worker_starts(monkeypatch):
     from polygrad.device import open_device
     from polygrad.engine.lower import lower
     from polygrad_backend_x86 import pool
-    from polygrad_backend_x86.runtime import FFI
+    from polygrad_backend_x86.mapping import FFI
     from test_padded_lanes import padded_kernel, inputs, GUARD, SENTINEL
     dev = open_device("X86")
     spec = lower(padded_kernel(203530), dev.capabilities)

@@ -117,7 +117,7 @@ def _ref_max_nan(x: np.ndarray) -> np.ndarray:
 
 
 def _threefry_unit(n: int, seed: int, counter: int) -> np.ndarray:
-    from polygrad.random import threefry2x32
+    from polygrad.tensor_random import threefry2x32
     c0 = np.arange(n, dtype=np.uint32)
     with np.errstate(over="ignore"):
         x0, _ = threefry2x32(c0, np.zeros(n, np.uint32), np.uint32(seed), np.uint32(counter))

@@ -17,8 +17,8 @@ import pluggy
 
 from polygrad import config
 from polygrad.uop.ops import SELF_KEYED_ARGS
-from polygrad.backend_api import (ENTRY_POINT_GROUP, PLUGIN_API, PROJECT, BackendHooks, BackendSpec, DeviceImpl,
-                                  HostAllocator, HostMemory, ProbeResult)
+from polygrad.contract import ENTRY_POINT_GROUP, PLUGIN_API, PROJECT, BackendHooks, BackendSpec, DeviceImpl, ProbeResult
+from polygrad.hostmemory import HostAllocator, HostMemory
 from polygrad.dtype import DType
 from polygrad.errors import DeviceError, DeviceUnavailableError, PluginError, PolygradError, UnknownDeviceError
 

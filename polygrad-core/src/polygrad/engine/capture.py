@@ -54,7 +54,9 @@ from polygrad import config
 from polygrad.config import current as settings
 from polygrad.device import Buffer, debug_alloc, note_overwrite
 from polygrad.engine import realize
+from polygrad.engine.live import live_tensors
 from polygrad.errors import PolygradError
+from polygrad.random import next_key_values
 from polygrad.uop.ops import Ops, UOp
 
 
@@ -155,7 +157,7 @@ def paused() -> Iterator[None]:
 
 
 def note_rng_key(t: Any) -> None:
-    """Called by polygrad.random for each key tensor it makes: graphs refill these before each replay."""
+    """Called by tensor_random.py for each key tensor it makes: graphs refill these before each replay."""
     for cap in recording.captures:
         cap.rng_keys.append(t)
 
@@ -165,7 +167,7 @@ class Capture:
 
     def __init__(self) -> None:
         self.launches: list[Launch] = []
-        self.rng_keys: list[Any] = []  # Tensors made by polygrad.random while active
+        self.rng_keys: list[Any] = []  # key Tensors tensor_random.py made while active
         self._created: set[int] = set()  # ids of recorded buffers the captured work made
         self._state = "new"
         self._thread = 0  # threading.get_ident() of the thread recording
@@ -177,7 +179,6 @@ class Capture:
         if self._state != "new":
             raise CaptureError(f"this capture is {self._state}; a Capture records once, make a new "
                                "capture() for another recording")
-        from polygrad.tensor import live_tensors
         self.older = {id(t): weakref.ref(t) for t in live_tensors()}
         captures, hooks = recording.captures, realize.capture_hooks()
         if not captures:
@@ -381,7 +382,6 @@ class CapturedGraph:
         # (the same handles are the same buffers: the graph holds the buffers it was last given, so
         # their allocations cannot have passed to others)
         if self.rng_slots:
-            from polygrad.random import next_key_values
             for s in self.rng_slots:
                 table[s].copyin(next_key_values())
         if var_vals or self._missing_vars:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from polygrad.engine.opts import Opt, OptKind, apply_opts, simplify_indices
 from polygrad.uop.ops import AxisKind, Ops, UOp
 from polygrad.uop.symbolic import range_coeff
 
@@ -58,7 +59,6 @@ def _store_of(block: UOp) -> UOp:
 
 def gpu_opts(ast: UOp, caps: Any) -> list:
     """The heuristic opts for a GPU-style device (module docstring)."""
-    from polygrad.engine.lower import Opt, OptKind, apply_opts, simplify_indices
     end = _single_store(ast)
     if end is None:
         return []
@@ -83,7 +83,6 @@ def gpu_opts(ast: UOp, caps: Any) -> list:
 
 
 def _upcast_opts(end: UOp, reduces: list[UOp], glob: list[UOp], caps: Any) -> list:
-    from polygrad.engine.lower import Opt, OptKind
     store_index = _store_of(end).src[0].src[1]
     last = glob[-1]
     if reduces:
@@ -101,7 +100,6 @@ def _upcast_opts(end: UOp, reduces: list[UOp], glob: list[UOp], caps: Any) -> li
 
 def _local_opts(ast: UOp) -> list:
     """LOCAL splits of the innermost global ranges until a block has about LOCAL_THREADS threads."""
-    from polygrad.engine.lower import Opt, OptKind
     end = _single_store(ast)
     if end is None:
         return []
@@ -125,7 +123,6 @@ def _local_opts(ast: UOp) -> list:
 def tensor_core_opts(ast: UOp, caps: Any) -> list:
     """[Opt(TC, reduce axis, 16)] for a float16 matmul whose sizes fit the mma tile, on a device
     that declares tensor cores; else []."""
-    from polygrad.engine.lower import Opt, OptKind
     if "mma_f16" not in getattr(caps, "tensor_cores", ()):
         return []
     shape = matmul_shape(ast)

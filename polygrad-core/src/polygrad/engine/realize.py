@@ -20,7 +20,7 @@ from polygrad.config import current as settings
 from polygrad.device import Buffer, GlobalCounters, counts, debug_alloc, open_device  # noqa: F401 (re-exported)
 from polygrad.engine import computed, rendercache
 from polygrad.engine.lower import lower
-from polygrad.engine.program import ProgramSpec
+from polygrad.contract import ProgramSpec
 from polygrad.engine.search import choose_opts
 from polygrad.engine.schedule import (SlotRef, Template, capacity_buffers, denormalize, normalize, record_effects,
                                       template_for)
