@@ -39,6 +39,6 @@ from polygrad.errors import CompileError, DeviceUnavailableError, SettingError  
 from polygrad.renderer.cstyle import KERNEL_SYMBOL, CStyleRenderer  # noqa: F401
 # the linearized program that machine-code emitters (X86) walk, as the C renderer does
 from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, run_steps, var_name  # noqa: F401
-from polygrad.engine.gpu_opts import matmul_shape  # noqa: F401
+from polygrad.codegen.gpu_opts import matmul_shape  # noqa: F401
 from polygrad.renderer.launch import LaunchDims, launch_dims  # noqa: F401
 from polygrad.uop.ops import Ops, UOp  # noqa: F401

@@ -246,7 +246,7 @@ counts = CounterValues()
 # Called when buffers that may already hold a value are written: host copies into a buffer (with the
 # Buffer), effects that ran (assign, custom kernels) and replays of captured graphs (with None: any
 # buffer). Values computed from buffers and kept for later realizes are then no longer known to be
-# current (engine/computed.py listens here).
+# current (schedule/computed.py listens here).
 overwrite_listeners: list[Callable[[Any], Any]] = []
 
 

@@ -26,19 +26,19 @@ from polygrad import config, runtime_context
 from polygrad.device import Buffer, canonicalize
 from polygrad.dtype import (DType, dtype_max, dtype_min, dtype_of_python, dtypes, from_numpy, least_upper_dtype,
                             to_dtype)
-from polygrad.errors import DeviceError, DTypeError, InvalidArgumentError
+from polygrad.engine import realize as engine_realize
 from polygrad.engine.capture import active as capture_active
 from polygrad.engine.capture import made_before
 from polygrad.engine.capture import paused as capture_paused
-from polygrad.engine.overwrites import is_view, mixed_frontier, readers_of, written_buffers
-from polygrad.engine import realize as engine_realize
 from polygrad.engine.live import all_tensors as _all_tensors
+from polygrad.errors import DeviceError, DTypeError, InvalidArgumentError
 from polygrad.gradient import compute_gradient, with_vjp
+from polygrad.schedule.overwrites import is_view, mixed_frontier, readers_of, written_buffers
+from polygrad.tensor_activation import ActivationMixin
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
 from polygrad.uop.ops import COMPARISONS, Ops, UOp
 from polygrad.uop.shape import ShapeError
-from polygrad.tensor_activation import ActivationMixin
 from polygrad.tensor_common import (_buffer_uop, _check_operand, _check_runtimes, _default_device, _prod,
                                     _resolve_axis, _shape_arg, _sum_dtype, broadcast_shape, capture_guards, is_tensor,
                                     size_tensor)
@@ -712,7 +712,7 @@ def _realize_tensors(todo: list["Tensor"]) -> None:
             return
     olds = [t.uop for t in todo]
     written = written_buffers(olds)
-    if written:  # values built before the writes keep their inputs' old values (engine/overwrites.py)
+    if written:  # values built before the writes keep their inputs' old values (schedule/overwrites.py)
         _compute_before_writes(written, todo)
         olds = [t.uop for t in todo]
         stale = realize_outside_captures(readers_of(written, lambda: lazy_values(todo), olds))
@@ -765,7 +765,7 @@ def realize_outside_captures(tensors: list["Tensor"]) -> list["Tensor"]:
 def lazy_values(exclude: Iterable["Tensor"] = ()) -> Iterator[tuple["Tensor", UOp]]:
     """(tensor, graph) for every live unrealized tensor that computes a value (not a view), except
     `exclude` and the gradients of tensors that did not ask for one (requires_grad None: backward fills
-    them, tinygrad style, but a step does not compute them); engine/overwrites.py picks its readers."""
+    them, tinygrad style, but a step does not compute them); schedule/overwrites.py picks its readers."""
     live = list(_all_tensors)
     skip = {id(t) for t in exclude}
     skip |= {id(t.grad) for t in live if t.grad is not None and t.requires_grad is not True}

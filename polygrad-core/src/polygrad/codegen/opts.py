@@ -1,20 +1,45 @@
 """The optimisation space of a kernel: `Opt` kinds, and `apply_opts(ast, opts)` which splits its ranges.
 
 Stage: lowering (device optimisation). Input: a simplified kernel AST and a list of Opts (chosen by the
-heuristics or by BEAM). Output: the AST with its ranges split, retagged or padded as the Opts say
-(what each kind does: engine/lower.py's docstring), and `split_kernel`, the same simplified and cached.
-Heuristics for every device class and the pass list build on this module; it imports none of them.
+heuristics, host_opts.py or gpu_opts.py, or by BEAM, search.py). Output: the AST with its ranges split,
+retagged or padded as the Opts say. The heuristics and the pass list build on this module; it imports
+none of them. The optimisations (`OptKind`) and what they make of a range (`AxisKind`):
+  UPCAST        global range -> outer global + inner UPCAST lanes (register tiles, vectors)
+  SPLIT_REDUCE  reduce range -> outer reduce + inner UPCAST lanes, one partial accumulator per lane
+  UNROLL        reduce range -> outer reduce + inner UNROLL range (one accumulator, unrolled body)
+  THREAD        the outermost global range of a single-block kernel -> THREAD: its points are shared
+                among `amount` host threads (ProgramSpec.threads launches, each given its index)
+  OUTER         a global range of a single-block kernel becomes its outermost loop (loop order for
+                the cache: a matmul's column panels outside its row tiles); `amount` is unused (0)
+  STAGE         `axis` a global range, `amount` a buffer slot: each time that range's loop advances,
+                the kernel copies what its one load of the buffer reads inside the loop into a local
+                array in the order its inner loops read it (packing: a strided or transposed operand
+                becomes contiguous and stays in cache); the IR is unchanged, the linearizer does it
+  LOCAL, GROUP  for GPU-style targets: a global range -> outer global + inner LOCAL (threads of a
+                block), a reduce range -> outer reduce + inner GROUP (a reduction shared by a block's
+                threads); renderer/launch.py maps them to launch indices. The host heuristics never
+                choose them and the C renderer rejects them
+  PADTO         a global range of n points -> a range of n rounded up to a multiple of `amount` whose
+                points past n are gated off (every load whose address depends on it and every store
+                of its block gets the gate `r < n`): an UPCAST by `amount` then divides it. For a
+                device whose code generator masks vector lanes cheaply (`caps.masked_lanes`): an
+                elementwise kernel of a size the vector width does not divide still gets lanes
+  TC            a matmul on tensor cores (amount: the reduce tile); ranges are left as they are and
+                the GPU renderer emits the tile instructions (gpu_opts.py decides when)
+The capabilities decide which a device gets: no vector lanes (vector_width <= 1) means no
+UPCAST/SPLIT_REDUCE, one thread means no THREAD, PADTO only where `masked_lanes` says lanes can be gated
+cheaply, LOCAL/GROUP/TC only for devices with local memory. A range whose end is symbolic (a Variable's
+expression) is never split.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
 
+from polygrad.codegen.analysis import address_nodes, range_size, ranges_of, thread_axis
 from polygrad.dtype import dtypes
 from polygrad.uop.ops import AxisKind, Ops, UOp
-from polygrad.uop.rewrite import graph_rewrite
-from polygrad.uop.sint import vmax
-from polygrad.uop.symbolic import bounds, symbolic_rules
+from polygrad.uop.symbolic import bounds
 
 
 class OptKind(str, Enum):
@@ -47,77 +72,6 @@ class Opt:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", OptKind(self.kind))
-
-
-# Pure results by their inputs (simplified and split ASTs): the heuristics, BEAM and lower() ask for the
-# same ones (default_opts splits a kernel to size its THREAD opt, lower() splits it again). Kernel ASTs
-# hold no buffers, so keeping them is cheap; the table is emptied when it grows past _MEMO_MAX.
-_memo: dict[tuple, UOp] = {}
-
-
-_MEMO_MAX = 4096
-
-
-def _memoized(key: tuple, fn) -> UOp:
-    hit = _memo.get(key)
-    if hit is None:
-        if len(_memo) >= _MEMO_MAX:
-            _memo.clear()
-        hit = _memo[key] = fn()
-    return hit
-
-
-def clear_cache() -> None:
-    """Forget the cached simplified and split ASTs (polygrad.collect() calls this)."""
-    _memo.clear()
-
-
-def simplify_indices(ast: UOp) -> UOp:
-    """Fold constants and simplify index arithmetic."""
-    return _memoized(("simplify", ast), lambda: graph_rewrite(ast, symbolic_rules, name="simplify_indices"))
-
-
-def split_kernel(ast: UOp, opts: list[Opt] | tuple[Opt, ...]) -> UOp:
-    """simplify_indices(apply_opts(ast, opts)), cached. Trailing THREAD opts only retag a range, which no
-    simplification rule looks at, so they are applied to the cached split without them."""
-    opts = tuple(opts)
-    if not opts:
-        return ast
-    n = len(opts)
-    while n and opts[n - 1].kind is OptKind.THREAD:
-        n -= 1
-    if n < len(opts):
-        base = split_kernel(ast, opts[:n])
-        return _memoized(("split", ast, opts), lambda: apply_opts(base, list(opts[n:])))
-    return _memoized(("split", ast, opts), lambda: simplify_indices(apply_opts(ast, list(opts))))
-
-
-def ranges_of(ast: UOp) -> list[UOp]:
-    return sorted({n for n in ast.toposort() if n.op is Ops.RANGE}, key=lambda r: r.arg[0])
-
-
-def _size(r: UOp) -> int | None:
-    """A range's trip count; None when it is symbolic (such ranges are left unsplit)."""
-    return int(r.src[0].arg) if r.src[0].op is Ops.CONST else None
-
-
-def _max_size(r: UOp) -> int:
-    """A range's trip count, at its variables' largest values when symbolic."""
-    return int(r.src[0].arg) if r.src[0].op is Ops.CONST else vmax(r.src[0])
-
-
-def _divides(r: UOp, amount: int) -> bool:
-    size = _size(r)
-    return size is not None and size % amount == 0
-
-
-def thread_axis(ast: UOp) -> UOp | None:
-    """The range a THREAD opt may take: the outermost global range of a kernel with one END block
-    (blocks run in order, so a kernel of several blocks would need a barrier between them)."""
-    if len(ast.src) != 1 or ast.src[0].op is not Ops.END:
-        return None
-    first = ast.src[0].src[1]
-    return first if first.arg[1] == AxisKind.GLOBAL and first.src[0].op is Ops.CONST and _size(first) > 1 else None
 
 
 SPLIT_KINDS = {OptKind.UPCAST: AxisKind.UPCAST, OptKind.SPLIT_REDUCE: AxisKind.UPCAST, OptKind.UNROLL: AxisKind.UNROLL,
@@ -156,13 +110,13 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
         if opt.kind is OptKind.STAGE:  # a schedule for the linearizer: the IR stays as it is
             continue
         if opt.kind is OptKind.PADTO:
-            if opt.amount >= 2 and _size(r) % opt.amount != 0:
+            if opt.amount >= 2 and range_size(r) % opt.amount != 0:
                 ast = _pad_range(ast, r, opt.amount)
             continue
-        if _size(r) % opt.amount != 0 or _size(r) < opt.amount:
+        if range_size(r) % opt.amount != 0 or range_size(r) < opt.amount:
             continue
         next_id = max(ranges) + 1
-        outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, _size(r) // opt.amount),), (next_id, r.arg[1]))
+        outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, range_size(r) // opt.amount),), (next_id, r.arg[1]))
         inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, opt.amount),), (next_id + 1, SPLIT_KINDS[opt.kind]))
         ast = _substitute_range(ast, r, outer, inner, opt.kind)
     return ast
@@ -176,7 +130,7 @@ def _pad_range(ast: UOp, r: UOp, amount: int) -> UOp:
     computed at those points from the index itself never trap (division by zero divides by 1). A kernel
     whose address arithmetic might leave its index dtype at the added points (a range near 2**31, or
     arithmetic on a loaded index whose bounds are unknown) is returned unpadded."""
-    n = _size(r)
+    n = range_size(r)
     end = -(-n // amount) * amount
     if end > dtypes.max(r.dtype):
         return ast
@@ -198,7 +152,7 @@ def _pad_range(ast: UOp, r: UOp, amount: int) -> UOp:
             depends.add(new)
         memo[node] = new
     out = memo[ast]
-    for x in _address_nodes(out):
+    for x in address_nodes(out):
         if x in depends and x.dtype is not None and x.dtype.is_int:
             lo, hi = bounds(x)
             if lo < dtypes.min(x.dtype) or hi > dtypes.max(x.dtype):
@@ -258,14 +212,3 @@ def _substitute_range(ast: UOp, r: UOp, outer: UOp, inner: UOp, kind: OptKind) -
     return memo[ast]
 
 
-def _address_nodes(ast: UOp) -> set[UOp]:
-    """The nodes that compute addresses and validity gates (INDEX sources past the buffer), not loads."""
-    out: set[UOp] = set()
-    stack = [s for n in ast.toposort() if n.op is Ops.INDEX for s in n.src[1:]]
-    while stack:
-        x = stack.pop()
-        if x in out or x.op is Ops.LOAD:
-            continue
-        out.add(x)
-        stack.extend(x.src)
-    return out

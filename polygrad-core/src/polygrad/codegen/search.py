@@ -27,11 +27,13 @@ from typing import Any
 import numpy as np
 
 from polygrad import config
+from polygrad.codegen.analysis import ranges_of, thread_axis
+from polygrad.codegen.lower import default_opts, lower
+from polygrad.codegen.opts import Opt, OptKind, apply_opts
+from polygrad.codegen.passes import simplify_indices
+from polygrad.device import Buffer, open_device
 from polygrad.diskcache import cache_dir, read_entry, write_entry
 from polygrad.errors import CompileError
-from polygrad.device import Buffer, open_device
-from polygrad.engine.lower import default_opts, lower
-from polygrad.engine.opts import Opt, OptKind, apply_opts, ranges_of, simplify_indices, thread_axis
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 
 AMOUNTS = (2, 4, 8, 16)

@@ -53,7 +53,7 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 from polygrad import config
 from polygrad.config import current as settings
 from polygrad.device import Buffer, debug_alloc, note_overwrite
-from polygrad.engine import realize
+from polygrad.engine import programs, realize
 from polygrad.engine.live import live_tensors
 from polygrad.errors import PolygradError
 from polygrad.random import next_key_values
@@ -71,7 +71,7 @@ class Launch:
     kind: str  # "kernel" | "copy"
     device: str
     ast: UOp | None  # the device-independent kernel SINK (None for a copy)
-    program: Any  # realize.CompiledProgram (None for a copy)
+    program: Any  # programs.CompiledProgram (None for a copy)
     buffers: list[Buffer]  # slot order; [dst, src] for a copy
     var_vals: dict[str, int] = field(default_factory=dict)
 
@@ -141,7 +141,7 @@ def _was_alive(cap: "Capture", t: Any) -> bool:
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """Launches in the block are not recorded: work the captured function did not ask for (values
-    computed before a write they would otherwise miss, engine/overwrites.py) stays out of replays."""
+    computed before a write they would otherwise miss, schedule/overwrites.py) stays out of replays."""
     captures, hooks = recording.captures, realize.capture_hooks()
     saved = list(captures)
     captures.clear()
@@ -366,7 +366,7 @@ class CapturedGraph:
                scratch: Sequence[Buffer] | None = None, outputs: bool = True) -> list[Buffer]:
         """replay() without the input checks, for callers that checked already (TinyJit, linalg); with
         outputs=False it returns [] (TinyJit hands back its captured tensors instead)."""
-        note_overwrite()  # it writes into buffers that may hold values (engine/computed.py)
+        note_overwrite()  # it writes into buffers that may hold values (schedule/computed.py)
         if scratch is not None:
             self.bind_scratch(scratch)
         handles = [b._handle if b._handle is not None else b.handle for b in inputs]
@@ -392,14 +392,14 @@ class CapturedGraph:
                 t0 = time.perf_counter()
                 for fn, args, vv in plan:
                     fn(args, vv, False)
-                realize.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
+                programs.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
         elif recording.captures or settings.values.get("DEBUG", 0) >= 1 or debug_alloc.on:
             self._launch_recorded(self._plan)
         else:
             t0 = time.perf_counter()
             for run in self._launchers:
                 run()
-            realize.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
+            programs.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
         return [table[s] for s in self.output_slots] if outputs else []
 
     def _plan_with(self, var_vals: dict[str, int] | None) -> list[tuple[Any, list[Any], Any]]:
@@ -438,5 +438,5 @@ class CapturedGraph:
             if recording.captures:
                 _record(Launch(x.kind, x.device, x.ast, x.program, list(bufs), dict(zip(names, vv))),
                         [bufs[p] for p in mid])
-        realize.count_kernels(n, ops, mem, dt)
+        programs.count_kernels(n, ops, mem, dt)
 

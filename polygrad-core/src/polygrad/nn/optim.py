@@ -20,8 +20,8 @@ import numpy as np
 
 from polygrad.config import get as get_setting
 from polygrad.definitions import optimizer as optimizer_table
-from polygrad.engine.overwrites import buffer_ids, readers_of
 from polygrad.errors import InvalidArgumentError, TrainingModeError
+from polygrad.schedule.overwrites import buffer_ids, readers_of
 from polygrad.tensor import Tensor, lazy_values, realize_outside_captures
 
 __all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "OptimizerGroup", "check_hyperparameters"]
@@ -147,7 +147,7 @@ class Optimizer:
         `realize_with` (e.g. the loss) is realized together with the gradients, sharing their kernels,
         before any parameter changes. So is every other live lazy value computed from the parameters
         or the optimizer's state (an unread loss): it keeps the value it had when it was built, as in
-        PyTorch (engine/overwrites.py).
+        PyTorch (schedule/overwrites.py).
         """
         Tensor.realize_all(*self.schedule_step(*realize_with))
 
