@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from polygrad import Tensor
-from polygrad.engine.realize import program_cache
-from polygrad.engine.schedule import clear_schedule_cache
+from polygrad.engine.programs import program_cache
+from polygrad.schedule.template import clear_schedule_cache
 
 N = 16 * 1024 * 1024
 

@@ -11,17 +11,19 @@ import pytest
 
 from polygrad import Context, Tensor
 from polygrad import diskcache
+from polygrad.codegen import search
+from polygrad.codegen.opts import Opt
+from polygrad.codegen.passes import simplify_indices
 from polygrad.diskcache import read_entry
-from polygrad.engine import realize, search
-from polygrad.engine.lower import Opt, simplify_indices
-from polygrad.engine.schedule import schedule
+from polygrad.engine import programs
+from polygrad.schedule.template import schedule
 
 
 @pytest.fixture
 def fresh_caches(tmp_path, monkeypatch):
     """An empty on-disk cache and empty in-memory program/BEAM caches for one test."""
     monkeypatch.setenv("POLY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(realize, "program_cache", {})
+    monkeypatch.setattr(programs, "program_cache", {})
     monkeypatch.setattr(search, "beam_cache", {})
     return tmp_path
 
@@ -59,7 +61,7 @@ def test_every_first_level_candidate_is_correct(fresh_caches, monkeypatch):
     kinds = {o[-1].kind for o in cands}
     assert kinds == {"UPCAST", "SPLIT_REDUCE"}
     for opts in cands + [cands[0] + [Opt("UPCAST", 0, 2)]]:
-        monkeypatch.setattr(realize, "program_cache", {})
+        monkeypatch.setattr(programs, "program_cache", {})
         monkeypatch.setattr(search, "choose_opts", lambda ast, dev, o=opts: list(o))
         out = (Tensor(a, device="INTERP") @ Tensor(b, device="INTERP")).numpy()
         np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5, err_msg=str(opts))
@@ -69,7 +71,7 @@ def test_winner_is_loaded_from_disk_without_searching(fresh_caches, monkeypatch)
     a = np.arange(60, dtype=np.float32).reshape(6, 10)
     with Context(BEAM=2):
         first = Tensor(a, device="INTERP").max(1).numpy()
-    monkeypatch.setattr(realize, "program_cache", {})
+    monkeypatch.setattr(programs, "program_cache", {})
     monkeypatch.setattr(search, "beam_cache", {})
 
     def no_search(*args, **kwargs):
@@ -129,14 +131,14 @@ def test_beam_results_land_in_the_diskcache_folder(tmp_path, monkeypatch):
     not_a_folder = tmp_path / "cache"
     not_a_folder.write_text("a file")
     monkeypatch.setenv("POLY_CACHE_DIR", str(not_a_folder))
-    monkeypatch.setattr(realize, "program_cache", {})
+    monkeypatch.setattr(programs, "program_cache", {})
     monkeypatch.setattr(search, "beam_cache", {})
     a = np.arange(60, dtype=np.float32).reshape(6, 10)
     with pytest.warns(diskcache.CacheWarning, match="cannot be used"), Context(BEAM=2):
         np.testing.assert_array_equal(Tensor(a, device="INTERP").max(1).numpy(), a.max(1))
     entries = list(Path(diskcache.cache_dir("beam", "INTERP")).glob("*.opts"))
     assert entries and all(read_entry(str(e)) is not None for e in entries)
-    monkeypatch.setattr(realize, "program_cache", {})
+    monkeypatch.setattr(programs, "program_cache", {})
     monkeypatch.setattr(search, "beam_cache", {})
     _forbid_search(monkeypatch)
     with Context(BEAM=2):

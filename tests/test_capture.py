@@ -5,7 +5,7 @@ import pytest
 
 from polygrad import JitError, Tensor, jit
 from polygrad.engine import capture as cap_mod
-from polygrad.engine import realize
+from polygrad.engine import programs, realize
 from polygrad.engine.capture import CaptureError, CapturedGraph, capture
 from polygrad.errors import PolygradError
 from polygrad.uop.ops import AxisKind, Ops
@@ -38,7 +38,7 @@ def test_records_device_independent_kernels_in_order(device):
         assert launch.ast.op is Ops.SINK
         kinds = {n.arg[1] for n in launch.ast.toposort() if n.op is Ops.RANGE}
         assert kinds and kinds <= {AxisKind.GLOBAL, AxisKind.REDUCE}  # not lowered: no upcast/thread ranges
-        assert realize.program_cache[(launch.ast, device)] is launch.program  # the program it ran
+        assert programs.program_cache[(launch.ast, device)] is launch.program  # the program it ran
         assert launch.program.spec.ast is not launch.ast  # the lowered form lives in the program only
     assert {n.arg[1] for n in cap.launches[1].ast.toposort() if n.op is Ops.RANGE} == {AxisKind.GLOBAL, AxisKind.REDUCE}
 

@@ -1,4 +1,4 @@
-"""Values a realize computed are read by later realizes instead of recomputed (engine/computed.py).
+"""Values a realize computed are read by later realizes instead of recomputed (schedule/computed.py).
 
 Issue 28 item 14: the gradients of a deep MLP realized one parameter at a time grew about 4x per
 doubling of depth, since each realize recomputed the shared backward chain down to its parameter.
@@ -13,8 +13,9 @@ import pytest
 
 from polygrad import GlobalCounters, Tensor, jit
 from polygrad.device import buffers_live
-from polygrad.engine import computed, schedule
 from polygrad.nn import Linear
+from polygrad.schedule import computed
+from polygrad.schedule import normalize as normalize_module
 
 torch = pytest.importorskip("torch")
 
@@ -61,16 +62,16 @@ def _grads_one_at_a_time(depth: int, monkeypatch):
     h.sum().backward()
     params = [p for layer in layers for p in (layer.weight, layer.bias)]
     walked = [0]
-    walk = schedule._normalize_walk
+    walk = normalize_module._normalize_walk
 
     def counting_walk(order, *args):
         walked[0] += len(order)
         return walk(order, *args)
-    monkeypatch.setattr(schedule, "_normalize_walk", counting_walk)
+    monkeypatch.setattr(normalize_module, "_normalize_walk", counting_walk)
     GlobalCounters.reset()
     grads = [p.grad.numpy() for p in params]  # one realize per parameter, input layer first
     kernels = GlobalCounters.kernel_count
-    monkeypatch.setattr(schedule, "_normalize_walk", walk)
+    monkeypatch.setattr(normalize_module, "_normalize_walk", walk)
     _assert_close(grads, _torch_grads(ws, bs, x))
     return kernels, walked[0]
 
@@ -144,7 +145,7 @@ def test_an_assign_drops_kept_values():
     x = Tensor(a).realize()
     prod = _kept_product(x)
     x.assign(x + 1).realize()
-    # prod was built before the write: its value is fixed (engine/overwrites.py); a new x @ x is
+    # prod was built before the write: its value is fixed (schedule/overwrites.py); a new x @ x is
     # the same node, but must read the new x
     np.testing.assert_allclose(prod.numpy(), a @ a, rtol=1e-5)
     np.testing.assert_allclose((x @ x).sum().numpy(), ((a + 1) @ (a + 1)).sum(), rtol=1e-5)

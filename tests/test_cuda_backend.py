@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from polygrad import Device, Tensor, dtypes
-from polygrad.engine import realize
-from polygrad.engine.lower import OptKind, lower
+from polygrad.codegen.lower import lower
+from polygrad.codegen.opts import OptKind
+from polygrad.engine import programs
 from polygrad.errors import DeviceError, DeviceUnavailableError
 from polygrad.renderer.linearize import L, linearize
 
@@ -32,12 +33,12 @@ GPU = Device.cuda_available()
 def kernels_of(fn) -> list:
     """The kernel ASTs `fn` schedules (run on INTERP: no compiler)."""
     asts = []
-    orig = realize.get_program
-    realize.get_program = lambda ast, device: asts.append(ast) or orig(ast, device)
+    orig = programs.get_program
+    programs.get_program = lambda ast, device: asts.append(ast) or orig(ast, device)
     try:
         fn()
     finally:
-        realize.get_program = orig
+        programs.get_program = orig
     return asts
 
 

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from polygrad import Context, Tensor, dtypes, nn
-from polygrad.engine import realize
-from polygrad.engine.lower import OptKind, lower
+from polygrad.codegen.lower import lower
+from polygrad.codegen.opts import OptKind
+from polygrad.engine import programs
 
 cuda = pytest.importorskip("polygrad_backend_cuda")
 from polygrad_backend_cuda import capabilities, libs  # noqa: E402
@@ -78,13 +79,13 @@ def kernels():
     """Every kernel AST the op and nn cases schedule (collected on INTERP)."""
     import tests.test_serialize as ops
     seen: dict = {}
-    orig = realize.get_program
+    orig = programs.get_program
 
     def record(ast, device):
         seen.setdefault(ast, None)
         return orig(ast, device)
 
-    realize.get_program = record
+    programs.get_program = record
     saved = os.environ.get("DEV")
     os.environ["DEV"] = DEV  # layers create their parameters on the default device
     try:
@@ -94,7 +95,7 @@ def kernels():
                 if isinstance(t, Tensor):
                     t.realize()
     finally:
-        realize.get_program = orig
+        programs.get_program = orig
         if saved is None:
             os.environ.pop("DEV", None)
         else:
@@ -125,8 +126,8 @@ def test_tensor_core_and_half_kernels_compile():
     caps, renderer = capabilities("sm_90"), CUDARenderer("sm_90")
     rng = np.random.default_rng(0)
     asts = []
-    orig = realize.get_program
-    realize.get_program = lambda ast, device: asts.append(ast) or orig(ast, device)
+    orig = programs.get_program
+    programs.get_program = lambda ast, device: asts.append(ast) or orig(ast, device)
     try:
         a = Tensor(rng.standard_normal((64, 96)).astype(np.float32), device=DEV).cast(dtypes.float16)
         b = Tensor(rng.standard_normal((96, 32)).astype(np.float32), device=DEV).cast(dtypes.float16)
@@ -136,7 +137,7 @@ def test_tensor_core_and_half_kernels_compile():
         (a.reshape(2, 32, 96) @ b).realize()  # a batch range
         (a.cast(dtypes.bfloat16) * 3).realize()
     finally:
-        realize.get_program = orig
+        programs.get_program = orig
     specs = [lower(ast, caps) for ast in asts]
     assert sum(any(o.kind is OptKind.TC for o in s.opts) for s in specs) == 3
     compile_all([renderer.render(s) for s in specs], "sm_90", compile_fn)

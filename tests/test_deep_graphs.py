@@ -1,7 +1,7 @@
 """Deep graphs: every walk on the realize path is iterative (issue 9 item 7).
 
 Chains far deeper than Python's recursion limit build, realize and differentiate; very deep fused
-elementwise chains are cut into several kernels (schedule.MAX_FUSED_DEPTH) so the C renderer copes.
+elementwise chains are cut into several kernels (schedule/fusion.py MAX_FUSED_DEPTH) so the C renderer copes.
 """
 import sys
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from polygrad import Tensor
-from polygrad.engine import schedule as S
 from polygrad.nn import Linear
+from polygrad.schedule import fusion
 
 
 def _chain(n: int) -> Tensor:
@@ -28,7 +28,7 @@ def test_300_lazy_ops():
     np.testing.assert_array_equal(_chain(300).numpy(), np.full(4, 301.0, np.float32))
 
 
-@pytest.mark.parametrize("n", [S.MAX_FUSED_DEPTH - 1, S.MAX_FUSED_DEPTH, S.MAX_FUSED_DEPTH + 1, 3000])
+@pytest.mark.parametrize("n", [fusion.MAX_FUSED_DEPTH - 1, fusion.MAX_FUSED_DEPTH, fusion.MAX_FUSED_DEPTH + 1, 3000])
 def test_chain_around_split_bound(n):
     np.testing.assert_array_equal(_chain(n).numpy(), np.full(4, n + 1.0, np.float32))
 

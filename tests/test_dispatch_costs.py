@@ -21,8 +21,9 @@ import pytest
 from conftest import DEVICES
 from polygrad import GlobalCounters, Tensor, Variable, dtypes, jit
 from polygrad import tensor as tensor_module
-from polygrad.engine import realize, schedule
+from polygrad.engine import programs
 from polygrad.engine.jit import JitError
+from polygrad.schedule import template
 from polygrad.uop.ops import Ops
 
 needs_cc = pytest.mark.skipif("CPU" not in DEVICES, reason="needs the CPU backend")
@@ -57,9 +58,9 @@ def _forbid(monkeypatch, what: str) -> None:
     def boom(*a, **k):
         raise AssertionError(f"a realize of a seen graph structure reached {what}")
     if what == "build_template":
-        monkeypatch.setattr(schedule, "build_template", boom)
+        monkeypatch.setattr(template, "build_template", boom)
     else:
-        monkeypatch.setattr(realize, what, boom)
+        monkeypatch.setattr(programs, what, boom)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -75,7 +76,7 @@ def test_seen_structure_skips_scheduling_and_lowering(device, monkeypatch):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_changed_structure_never_hits_a_stale_entry(device, monkeypatch):
-    monkeypatch.setattr(schedule, "schedule_cache", {})  # structures other tests realized do not count
+    monkeypatch.setattr(template, "schedule_cache", {})  # structures other tests realized do not count
     a_np = np.arange(6, dtype=np.float32)
 
     def inputs(arr):
@@ -83,8 +84,8 @@ def test_changed_structure_never_hits_a_stale_entry(device, monkeypatch):
     x, y = inputs(a_np)
     (x + y).realize()
     built = []
-    real = schedule.build_template
-    monkeypatch.setattr(schedule, "build_template", lambda *a: built.append(a) or real(*a))
+    real = template.build_template
+    monkeypatch.setattr(template, "build_template", lambda *a: built.append(a) or real(*a))
     i32 = a_np.astype(np.int32)
     cases = [(lambda x, y: x * y, a_np, a_np * a_np),  # another op
              (lambda x, y: x + y, a_np[:4], a_np[:4] * 2),  # another shape

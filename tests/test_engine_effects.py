@@ -34,7 +34,7 @@ def test_recompute_after_copy_from(device):
 
 
 def test_same_structure_hits_schedule_cache():
-    from polygrad.engine.realize import runtime_stats
+    from polygrad.engine.programs import runtime_stats
     a = Tensor(np.ones(5, dtype=np.float32), device="CPU").realize()
     (a + a).realize()
     compiled = runtime_stats["programs_compiled"]

@@ -22,11 +22,12 @@ import pytest
 
 from conftest import run_python
 from polygrad import Context, Tensor, Variable
+from polygrad.codegen.lower import lower
+from polygrad.codegen.opts import Opt, OptKind
 from polygrad.device import open_device
 from polygrad.diskcache import CacheWarning
-from polygrad.engine import realize, rendercache
-from polygrad.engine.lower import Opt, OptKind, lower
-from polygrad.engine.schedule import schedule
+from polygrad.engine import programs, rendercache
+from polygrad.schedule.template import schedule
 
 needs_cc = pytest.mark.skipif("CPU" not in __import__("conftest").DEVICES, reason="needs the CPU backend")
 
@@ -56,10 +57,10 @@ _run = subprocess.run
 def _no_compiler(cmd, *a, **k):
     raise AssertionError(f"ran {cmd}")
 subprocess.run = _no_compiler
-import polygrad.engine.realize as _realize
+import polygrad.engine.programs as _programs
 def _no_lower(*a, **k):
     raise AssertionError("lowered a kernel")
-_realize.lower = _no_lower
+_programs.lower = _no_lower
 from polygrad_backend_cpu.renderer import CPURenderer
 def _no_render(*a, **k):
     raise AssertionError("rendered a kernel")
@@ -147,12 +148,12 @@ def test_entry_round_trip_and_corrupt_entry(tmp_path: Path, monkeypatch) -> None
 @needs_cc
 def test_corrupt_entry_is_lowered_again(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("POLY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(realize, "program_cache", {})
+    monkeypatch.setattr(programs, "program_cache", {})
     a = np.arange(12, dtype=np.float32).reshape(3, 4)
     np.testing.assert_allclose((Tensor(a, device="CPU") * 3 + 0.375).numpy(), a * 3 + 0.375)
     for p in (tmp_path / "rendered" / "CPU").glob("*.json"):
         p.write_bytes(b"garbage")
-    realize.program_cache.clear()
+    programs.program_cache.clear()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         np.testing.assert_allclose((Tensor(a, device="CPU") * 3 + 0.375).numpy(), a * 3 + 0.375)

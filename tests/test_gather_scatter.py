@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from polygrad import Tensor, nn
+from polygrad.device import GlobalCounters
 from polygrad.dtype import dtypes
-from polygrad.engine.realize import GlobalCounters
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 from test_tensor_nn_util import compare, rand
 
@@ -284,8 +284,8 @@ def test_accumulating_store_folds_every_duplicate(op: Ops, device: str) -> None:
 
 
 def test_accumulating_store_kernels_get_no_opts_and_stay_scalar() -> None:
+    from polygrad.codegen.lower import lower
     from polygrad.device import Device
-    from polygrad.engine.lower import lower
     from polygrad.renderer.linearize import L, linearize
     from polygrad.uop.ops import AxisKind
     out = UOp.placeholder((64,), dtypes.float32, 0)

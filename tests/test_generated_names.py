@@ -26,10 +26,10 @@ import pytest
 from conftest import DEVICES, run_python
 from polygrad import BundleError, Model, Tensor, Variable, bundle
 from polygrad.backend_api import KERNEL_SYMBOL, CStyleRenderer
+from polygrad.codegen.lower import lower
 from polygrad.device import Device
-from polygrad.engine.lower import lower
-from polygrad.engine.schedule import schedule
 from polygrad.errors import VariableError
+from polygrad.schedule.template import schedule
 from polygrad.uop.names import MAX_NAME, is_plain_name
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 from polygrad.uop.serialize import KernelFormatError
@@ -264,14 +264,14 @@ def test_custom_kernel_names_are_made_plain():
     x = np.arange(4, dtype=np.float32)
     for name, made in (("my kernel!", "my_kernel_"), ("3d", "k_3d"), ("", "kernel"), ("x" * 300, "x" * MAX_NAME)):
         seen = []
-        from polygrad.engine import realize
-        orig = realize.get_program
-        realize.get_program = lambda ast, device: seen.append(ast.arg.name) or orig(ast, device)
+        from polygrad.engine import programs
+        orig = programs.get_program
+        programs.get_program = lambda ast, device: seen.append(ast.arg.name) or orig(ast, device)
         try:
             out = Tensor.empty(4, device="INTERP").custom_kernel(Tensor(x, device="INTERP"),
                                                                  fxn=_named_kernel(name))[0].numpy()
         finally:
-            realize.get_program = orig
+            programs.get_program = orig
         np.testing.assert_array_equal(out, x * 2 + 1)
         assert made in seen, (name, seen)
 

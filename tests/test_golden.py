@@ -3,7 +3,7 @@
 Each file holds one kernel in the serialised device-independent form (polygrad.uop.serialize), the
 contents of its input buffers and the expected output from NumPy/PyTorch (polygrad's own bits only for
 the RNG kernel, whose algorithm is the spec). Every file runs on every usable backend through the
-normal path, `realize.get_program(ast, device)` (lowering with the device's options, rendering,
+normal path, `programs.get_program(ast, device)` (lowering with the device's options, rendering,
 compiling) and a launch over Buffers, and must match: exactly for "exact" files (any NaN matching any
 NaN), within the stored rtol/atol for "close" ones. Kernels without a reduction must also give the very
 same bits on CPU and INTERP. Regenerate the files with `python3 tests/golden/make_golden.py`.
@@ -21,7 +21,7 @@ import pytest
 from conftest import DEVICES
 from polygrad.device import Buffer
 from polygrad.dtype import dtypes
-from polygrad.engine import realize
+from polygrad.engine import programs
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.serialize import DTYPES_BY_NAME, decode, encode
 
@@ -63,7 +63,7 @@ def run_golden(obj: dict, device: str) -> dict[int, np.ndarray]:
         else:  # garbage first: the kernel must write every element
             buf.copyin(np.full(buf.nbytes, 0xA5, np.uint8).view(g.dtype.np))
         bufs.append(buf)
-    prog = realize.get_program(ast, device)
+    prog = programs.get_program(ast, device)
     prog(bufs)
     return {item["slot"]: bufs[item["slot"]].numpy() for item in obj["buffers"] if item["role"] == "output"}
 
@@ -161,7 +161,7 @@ def test_cpu_and_interp_agree_bit_exactly(goldens, name):
 
 def test_rng_golden_is_threefry():
     """The RNG file's expected bits are polygrad's Threefry-2x32-20 of its stored key."""
-    from polygrad.random import threefry2x32
+    from polygrad.tensor_random import threefry2x32
     obj = _load(GOLDEN_DIR / "rng_rand.json")
     (key_item,) = [b for b in obj["buffers"] if b["role"] == "input"]
     seed, counter = _array(key_item).tolist()

@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 import hf_checkpoints as hc  # noqa: E402
 
 from polygrad import Model  # noqa: E402
-from polygrad.engine import realize  # noqa: E402
+from polygrad.engine import programs  # noqa: E402
 from polygrad.hf import generate, load_hf  # noqa: E402
 
 RTOL = 1e-4
@@ -75,16 +75,16 @@ def test_decoding_compiles_nothing_and_reuses_the_prefix(saved):
     model = load_hf(path, max_batch=2, max_seq_len=32)
     ids = _prompt(2, 3)
     generate(model, ids, max_new_tokens=3, top_k=1)  # every program built
-    before = realize.runtime_stats["programs_compiled"]
+    before = programs.runtime_stats["programs_compiled"]
     kernels = {}
     for b, t in ((2, 6), (1, 9)):  # other batch sizes and prompt lengths: the same programs
         generate(model, _prompt(b, t), max_new_tokens=5, top_k=1)
-    assert realize.runtime_stats["programs_compiled"] == before
+    assert programs.runtime_stats["programs_compiled"] == before
     # one decode step runs the decode entrypoint's kernels once each, whatever the position
     for pos in (3, 20):
-        start = realize.runtime_stats["kernels_run"]
+        start = programs.runtime_stats["kernels_run"]
         model.call("decode", {"input_ids": np.zeros((1, 1), np.int32), "pos": pos})
-        kernels[pos] = realize.runtime_stats["kernels_run"] - start
+        kernels[pos] = programs.runtime_stats["kernels_run"] - start
     assert kernels[3] == kernels[20] == len([c for c in model._p.entries["decode"].calls if c.kernel >= 0])
     model.dispose()
 

@@ -131,7 +131,7 @@ def test_long_full_sum_takes_two_kernels():
     """A float sum of 2**22 elements is blocked (at most 128 terms per accumulator): 128-element sums,
     their 128-block sums, ... Each kernel holds its own reduction and one nested in it, also when the
     result is reshaped to a scalar: partial sums of 16384 elements, then their total (was three kernels)."""
-    from polygrad.engine.schedule import schedule
+    from polygrad.schedule.template import schedule
     tpl, _ = schedule([Tensor.empty(1 << 22).sum().uop])
     assert sum(s.kind == "kernel" for s in tpl.steps) == 2
     n, got = count_kernels(lambda: Tensor(np.ones(1 << 20, np.float32)).sum())
@@ -142,7 +142,7 @@ def test_contraction_inside_a_sum_keeps_its_own_kernel():
     """`(a @ b).relu().sum()`: the matmul nested in the full sum would lose its output axes and run as one
     serial loop nest (256x256x256 in one thread); it gets its own kernel (output axes kept, threaded),
     and the sum of its results a second. A plain nested sum (a blocked sum) still fuses (test above)."""
-    from polygrad.engine.schedule import schedule
+    from polygrad.schedule.template import schedule
     a_np = RNG.standard_normal((64, 32)).astype(np.float32)
     b_np = RNG.standard_normal((32, 48)).astype(np.float32)
     a, b = Tensor(a_np).realize(), Tensor(b_np).realize()

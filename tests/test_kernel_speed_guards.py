@@ -12,12 +12,13 @@ import pytest
 
 from polygrad import Tensor
 from polygrad.backend_api import KERNEL_SYMBOL, Capabilities
+from polygrad.codegen.lower import lower
+from polygrad.codegen.opts import OptKind
 from polygrad.device import Buffer, open_device
-from polygrad.engine import realize
-from polygrad.engine.lower import OptKind, lower
-from polygrad.engine.schedule import schedule
+from polygrad.engine import programs
 from polygrad.renderer.cstyle import CStyleRenderer
 from polygrad.renderer.linearize import L, linearize
+from polygrad.schedule.template import schedule
 from polygrad.uop.ops import Ops
 from polygrad_backend_cpu.renderer import CPURenderer
 from polygrad_backend_interp.evaluator import InterpProgram
@@ -140,9 +141,9 @@ def test_thread_kernels_launch_on_the_c_pool():
         pytest.skip("one core")
     x = Tensor(np.ones((512, 512), np.float32), device="CPU")
     assert runtime.c_pool(wait=True) is not None
-    realize.program_cache.clear()
+    programs.program_cache.clear()
     out = (x @ x).numpy()
-    progs = [p for (_, d), p in realize.program_cache.items() if d == "CPU" and p.spec.threads > 1]
+    progs = [p for (_, d), p in programs.program_cache.items() if d == "CPU" and p.spec.threads > 1]
     assert progs and runtime.c_pool() is not None and all(p.program.task is not None for p in progs)
     assert "_task(void** a, int tid)" in progs[0].source
     np.testing.assert_array_equal(out, np.full((512, 512), 512, np.float32))
@@ -249,14 +250,14 @@ def test_big_outputs_are_streamed_past_the_cache():
     impl = open_device("CPU")
     saved, impl.render.__self__.stream_bytes = impl.render.__self__.stream_bytes, 4096
     try:
-        realize.program_cache.clear()
+        programs.program_cache.clear()
         data = np.linspace(-3, 3, 40000, dtype=np.float32)
         out = (Tensor(data) * 2 + 1).relu() * 0.5
         np.testing.assert_array_equal(out.numpy(), np.maximum(data * 2 + 1, 0) * 0.5)
-        assert any("pg_stream" in p.source for p in realize.program_cache.values())
+        assert any("pg_stream" in p.source for p in programs.program_cache.values())
     finally:
         impl.render.__self__.stream_bytes = saved
-        realize.program_cache.clear()
+        programs.program_cache.clear()
 
 
 def test_four_vector_rows_narrow_where_their_panel_does_not_fit():

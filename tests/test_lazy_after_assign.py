@@ -2,7 +2,7 @@
 
 `loss = (w*w).sum(); loss.backward(); opt.step(); loss.item()` used to return the loss after the update
 (in an MLP, polygrad's loss at step i equalled torch's at step i+1). Live lazy values that read an
-overwritten buffer are now computed in the same schedule as the write, before it (engine/overwrites.py),
+overwritten buffer are now computed in the same schedule as the write, before it (schedule/overwrites.py),
 and the optimizer computes them with the gradients, sharing their kernels: no extra kernels.
 """
 from __future__ import annotations

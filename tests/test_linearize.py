@@ -5,12 +5,14 @@ import pytest
 
 from polygrad import Tensor, dtypes
 from polygrad.backend_api import Capabilities
+from polygrad.codegen.lower import lower
+from polygrad.codegen.opts import Opt, OptKind
+from polygrad.codegen.passes import simplify_indices
 from polygrad.device import Buffer, open_device
-from polygrad.engine import realize
-from polygrad.engine.lower import Opt, OptKind, lower, simplify_indices
-from polygrad.engine.schedule import schedule
+from polygrad.engine import programs
 from polygrad.renderer.cstyle import CStyleRenderer
 from polygrad.renderer.linearize import L, linearize
+from polygrad.schedule.template import schedule
 from polygrad.uop.ops import AxisKind, KernelInfo, Ops, UOp
 
 HOST = Capabilities(threads=4, vector_width=8, registers=16)
@@ -127,7 +129,7 @@ def test_padded_load_is_gated_and_a_gated_store_is_an_if_block():
     ops = ops_of(prog)
     assert ops.index(L.IF) < ops.index(L.STORE) < ops.index(L.ENDIF)
     for device in ("CPU", "INTERP"):
-        p = realize.get_program(ast, device)
+        p = programs.get_program(ast, device)
         bo, ba = Buffer(device, 16, dtypes.float32), Buffer(device, 16, dtypes.float32)
         bo.copyin(np.full(16, -1, np.float32))
         ba.copyin(np.arange(16, dtype=np.float32))
@@ -167,9 +169,9 @@ def test_a_device_without_threads_or_vectors_gets_neither():
     assert open_device("INTERP").capabilities.threads == 1
     assert open_device("INTERP").capabilities.vector_width == 1
     x = Tensor(np.ones((512, 512), np.float32), device="INTERP")
-    realize.program_cache.clear()
+    programs.program_cache.clear()
     (x @ x).realize()
-    specs = [p.spec for (a, d), p in realize.program_cache.items() if d == "INTERP"]
+    specs = [p.spec for (a, d), p in programs.program_cache.items() if d == "INTERP"]
     assert specs and all(s.opts == () and s.threads == 1 for s in specs)
 
 

@@ -4,9 +4,9 @@ import re
 import numpy as np
 
 from polygrad import Tensor
-from polygrad.engine.realize import get_program
-from polygrad.engine.schedule import schedule
 from polygrad.dtype import dtypes
+from polygrad.engine.programs import get_program
+from polygrad.schedule.template import schedule
 from polygrad.uop.ops import Ops, UOp
 
 
@@ -39,8 +39,8 @@ def test_split_reduce_keeps_lane_loop_inside_the_reduce_loop():
 
 def _tile(rows, cols):
     """The register tile the CPU's own capabilities give a rows x cols output (lanes and registers)."""
+    from polygrad.codegen.host_opts import register_tile
     from polygrad.device import open_device
-    from polygrad.engine.lower import register_tile
     caps = open_device("CPU").capabilities
     mk = lambda n: UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, n),), (0, "global"))  # noqa: E731
     r, v = register_tile(mk(rows), mk(cols), caps)
@@ -80,8 +80,8 @@ def test_split_and_joined_index_folds_to_itself():
     from polygrad.dtype import dtypes
     from polygrad.uop.ops import Ops, UOp
     from polygrad.uop.rewrite import graph_rewrite
-    from polygrad.uop.symbolic import symbolic_rules
     from polygrad.uop.sint import sym_eval
+    from polygrad.uop.symbolic import symbolic_rules
     v = UOp(Ops.DEFINE_VAR, dtypes.int32, (), ("v", -1500, 1500))
     a = v * 3 + UOp.const(dtypes.int32, 1)
     expr = (a // 784) * 784 + a % 784 + UOp.const(dtypes.int32, 7)

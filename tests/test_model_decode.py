@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from polygrad import BundleError, Model, ModelError, Tensor, Variable, bundle
-from polygrad.engine import realize
+from polygrad.engine import programs
 from polygrad.model import ModelInputError
 
 D, S, B = 8, 12, 2
@@ -78,10 +78,10 @@ def test_decode_over_the_cache_matches_full_recompute_without_compiling():
     x = np.random.default_rng(1).standard_normal((B, 9, D)).astype(np.float32)
     model.forward(x=x[:, :3])  # every program is built by now
     model.call("decode", {"x": x[:, 3:4], "pos": 3})
-    compiled = realize.runtime_stats["programs_compiled"]
+    compiled = programs.runtime_stats["programs_compiled"]
     _decode_run(model, x, 4)
     _decode_run(model, x[:1], 2)  # a smaller batch and another prompt length: same programs
-    assert realize.runtime_stats["programs_compiled"] == compiled
+    assert programs.runtime_stats["programs_compiled"] == compiled
     assert model.entrypoints == ["forward", "decode"]
     assert [s["name"] for s in model.summary().parameters] == ["wq", "wk", "wv"]
     assert [s["name"] for s in model.summary().state] == ["mask"]

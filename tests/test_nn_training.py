@@ -127,7 +127,7 @@ def test_layers_and_optimizer_under_an_explicit_runtime():
 def test_linear_forward_kernel_is_register_tiled():
     """Regression: x @ W.T (Linear's layout: no operand contiguous along the output column) used to get
     only a split reduction, which made the forward pass of training several times slower."""
-    from polygrad.engine.realize import program_cache
+    from polygrad.engine.programs import program_cache
     rng = np.random.default_rng(0)
     x_np, w_np = rng.standard_normal((8, 72)).astype(np.float32), rng.standard_normal((48, 72)).astype(np.float32)
     y = (Tensor(x_np) @ Tensor(w_np).T).realize()

@@ -16,11 +16,13 @@ import numpy as np
 import pytest
 
 from polygrad import Tensor, Variable, bundle, dtypes, nn
+from polygrad.codegen.lower import lower
+from polygrad.codegen.passes import simplify_indices
+from polygrad.codegen.search import choose_opts
 from polygrad.definitions import ops as table
 from polygrad.device import Device, open_device
-from polygrad.engine.lower import lower, simplify_indices
-from polygrad.engine.schedule import build_template, normalize
-from polygrad.engine.search import choose_opts
+from polygrad.schedule.normalize import normalize
+from polygrad.schedule.template import build_template
 from polygrad.uop import serialize
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 

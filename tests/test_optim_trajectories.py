@@ -177,7 +177,7 @@ def test_optimizer_group_matches_torch_param_groups():
 
 
 def test_lr_change_between_steps_matches_torch_without_recompiling():
-    from polygrad.engine.realize import runtime_stats
+    from polygrad.engine.programs import runtime_stats
     compiled = []
 
     def make(m):

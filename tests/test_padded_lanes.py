@@ -1,6 +1,6 @@
 """PADTO: an elementwise kernel whose size the vector width does not divide still gets vector lanes on a
 device that masks lanes cheaply (`Capabilities.masked_lanes`, the X86 backend): its range is padded to a
-multiple of the width and the points past the end are gated off (engine/lower.py). The padded kernel is
+multiple of the width and the points past the end are gated off (codegen/lower.py). The padded kernel is
 ordinary kernel IR (gated loads and stores), so every device that runs the lowering must give the
 unpadded results: CPU's C, X86's machine code (AVX-512 write masks, AVX2 vmaskmovps) and INTERP, with
 THREAD shares; the gated lanes never write past the end (a guard region after the output)."""
@@ -9,8 +9,9 @@ import pytest
 
 from polygrad import Device, dtypes
 from polygrad.backend_api import Capabilities
+from polygrad.codegen.lower import lower
+from polygrad.codegen.opts import Opt, OptKind
 from polygrad.device import Buffer, open_device
-from polygrad.engine.lower import Opt, OptKind, lower
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 
 SIZES = [1, 15, 16, 17, 31, 203530]
@@ -146,8 +147,8 @@ def test_padto_that_divides_or_is_too_small_is_skipped():
 
 
 def test_beam_search_tries_padded_lanes_where_the_device_masks_them():
-    from polygrad.engine.lower import simplify_indices
-    from polygrad.engine.search import candidate_opts
+    from polygrad.codegen.passes import simplify_indices
+    from polygrad.codegen.search import candidate_opts
     ast = simplify_indices(padded_kernel(1001))
     masked = Capabilities(threads=1, vector_width=8, registers=16, masked_lanes=True)
     pad = [Opt(OptKind.PADTO, 0, 8), Opt(OptKind.UPCAST, 0, 8)]

@@ -1,7 +1,7 @@
 """The serialised kernel form (polygrad.uop.serialize): every kernel the op suite schedules round-trips.
 
 A module fixture runs a broad set of tensor ops on INTERP (no compiler, so it stays quick) and records
-the AST of every kernel the runtime asks a program for (`realize.get_program(ast, device)`: the
+the AST of every kernel the runtime asks a program for (`programs.get_program(ast, device)`: the
 scheduler's output, before lowering). Each AST, raw and after `simplify_indices` (the device-independent
 form), must come back from `loads(dumps(ast))` as the very same hash-consed UOp, with deterministic
 bytes. Error tests check that bad data raises `KernelFormatError` and never evaluates anything.
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from polygrad import Context, Tensor, dtypes, nn
-from polygrad.engine import realize
-from polygrad.engine.lower import simplify_indices
+from polygrad.codegen.passes import simplify_indices
+from polygrad.engine import programs, realize
 from polygrad.errors import PolygradError
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 from polygrad.uop.serialize import (FORMAT, VERSION, KernelFormatError, decode_arg, dumps, dumps_many,
@@ -234,7 +234,7 @@ def kernels():
     """case name -> list of distinct kernel ASTs it scheduled (in first-run order)."""
     found: dict[str, dict[UOp, None]] = {}
     current: list[str] = [""]
-    original = realize.get_program
+    original = programs.get_program
 
     def recording(ast, device):
         found.setdefault(current[0], {}).setdefault(ast, None)
@@ -436,7 +436,7 @@ def test_error_bad_structure():
 
 
 def test_dumps_refuses_what_it_cannot_write():
-    from polygrad.engine.schedule import SlotRef
+    from polygrad.schedule.normalize import SlotRef
     with pytest.raises(KernelFormatError, match="SlotRef"):
         dumps(UOp(Ops.BUFFER, dtypes.float32, (), SlotRef(0, 4, "CPU")))
     with pytest.raises(KernelFormatError, match="dumps_many"):

@@ -182,7 +182,7 @@ def test_context_threads_decide_the_threads_a_launch_uses(device):
         import os
         import numpy as np
         from polygrad import Context, Tensor, TinyJit
-        from polygrad.engine import realize
+        from polygrad.engine import programs, realize
         DEV = "{device}"
 
         def threads():  # the ids of the process's OS threads
@@ -202,7 +202,7 @@ def test_context_threads_decide_the_threads_a_launch_uses(device):
                 assert np.array_equal(step(x).numpy(), want)
             alone = len(threads() - before)
         assert np.array_equal(step(x).numpy(), want)  # the same bound launchers, outside the Context
-        split = max(p.spec.threads for (ast, dev), p in realize.program_cache.items() if dev == DEV)
+        split = max(p.spec.threads for (ast, dev), p in programs.program_cache.items() if dev == DEV)
         print(split, alone, len(threads() - before))
     ''', env={"POLY_THREADS": "4", "DEV": device}, timeout=300)
     assert p.returncode == 0, p.stderr
@@ -213,8 +213,8 @@ def test_context_threads_decide_the_threads_a_launch_uses(device):
 def test_a_bound_launcher_reads_the_thread_count_at_each_launch(device):
     """What a JIT replay keeps (`bind`) runs on the launch's POLY_THREADS, at most the kernel's split."""
     from polygrad.backend_api import Capabilities, HostMemory
+    from polygrad.codegen.lower import lower
     from polygrad.device import open_device
-    from polygrad.engine.lower import lower
     from test_padded_lanes import GUARD, SENTINEL, inputs, padded_kernel
     dev = open_device(device)
     n = 203530

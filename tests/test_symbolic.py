@@ -10,16 +10,16 @@ import pytest
 import torch
 
 from polygrad import JitError, Tensor, TinyJit, Variable
-from polygrad.engine import realize
-from polygrad.engine.lower import lower
-from polygrad.engine.schedule import schedule
+from polygrad.codegen.lower import lower
+from polygrad.engine import programs
 from polygrad.errors import PolygradError, VariableError
+from polygrad.schedule.template import schedule
 from polygrad.uop.ops import Ops
 from polygrad.uop.shape import ShapeError
 
 
 def _compiled() -> int:
-    return realize.runtime_stats["programs_compiled"]
+    return programs.runtime_stats["programs_compiled"]
 
 
 def _t(arr, device):
@@ -142,7 +142,7 @@ def test_one_program_serves_every_value_and_has_the_variable_parameter(device):
     spec = lower(ast)
     assert spec.vars == (v,)
     if device == "CPU":
-        src = realize.get_program(ast, device).source
+        src = programs.get_program(ast, device).source
         assert "const int v0" in src and "batch" not in src  # the renderer's name, never the user's
 
 

@@ -1,5 +1,9 @@
-"""The core's layout, read from the source (function-level imports included).
+"""The core's layout, read from the source (function-level imports included, `if TYPE_CHECKING:` blocks not).
 
+The whole package (issue 29 section 3): no import cycle in polygrad-core, in each backend package or in
+polygrad-hf, counting the imports inside functions (they run too) and the package `__init__` an import
+from outside a package runs first; every import of polygrad-core goes downward (or within its layer)
+in the declared order of LAYERS, and no core module imports polygrad.backend_api (backends do).
 The Tensor's house (issue 10 item 8): one concern per module, mixins written against type(self), no import
 of polygrad.tensor from any mixin (so no import cycle between tensor.py and its mixins).
 The model package (issue 29 section 2): one module per concern, each stating its stage, and no import cycle
@@ -16,15 +20,25 @@ from polygrad import Tensor
 
 SRC = pathlib.Path(polygrad.__file__).parent
 MIXINS = sorted(p for p in SRC.glob("tensor_*.py"))
+# the other distributions' packages (each its own import graph)
+PACKAGES = ["polygrad_backend_cpu", "polygrad_backend_interp", "polygrad_backend_x86", "polygrad_backend_cuda",
+            "polygrad_hf"]
 
 
-def _import_nodes(path: pathlib.Path) -> list[ast.Import | ast.ImportFrom]:
-    """A file's import statements that run (anywhere, functions included), skipping `if TYPE_CHECKING:` blocks."""
+def _is_type_checking(test: ast.expr) -> bool:
+    return getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING"
+
+
+def _import_nodes(path: pathlib.Path, only_nested: bool = False) -> list[ast.Import | ast.ImportFrom]:
+    """A file's import statements that run (anywhere, functions included), skipping `if TYPE_CHECKING:` blocks;
+    with only_nested, those not at module level."""
     tree = ast.parse(path.read_text())
     skip: set[int] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
             skip.update(id(n) for n in ast.walk(node))
+    if only_nested:
+        skip.update(id(n) for n in tree.body)
     return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skip]
 
 
@@ -39,38 +53,154 @@ def _runtime_imports(path: pathlib.Path) -> list[str]:
     return found
 
 
-def _module_files() -> dict[str, pathlib.Path]:
-    """{dotted name: file} of every module of polygrad-core (a package by its __init__.py)."""
+def _module_files(src: pathlib.Path = SRC) -> dict[str, pathlib.Path]:
+    """{dotted name: file} of every module of the package in `src` (a package by its __init__.py)."""
     out = {}
-    for path in SRC.rglob("*.py"):
-        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    for path in src.rglob("*.py"):
+        parts = list(path.relative_to(src.parent).with_suffix("").parts)
         out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    """{module: the polygrad-core modules it imports}, function-level imports included. `from pkg import x`
-    is an edge to pkg.x when x is a submodule, else to pkg; relative imports are resolved."""
-    files = _module_files()
+def _imported(name: str, package: str, node: ast.Import | ast.ImportFrom, files: dict) -> set[str]:
+    """The package's modules one import statement of module `name` (in `package`) loads. `from pkg import x`
+    is pkg.x when x is a submodule, else pkg; relative imports are resolved; `import a.b.c` is its longest
+    module prefix."""
+    out = set()
+    if isinstance(node, ast.Import):
+        for a in node.names:
+            mod = a.name
+            while mod and mod not in files:
+                mod = mod.rpartition(".")[0]
+            if mod:
+                out.add(mod)
+        return out
+    base = node.module or ""
+    if node.level:
+        up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+        base = ".".join(up + ([node.module] if node.module else []))
+    for a in node.names:
+        mod = f"{base}.{a.name}" if f"{base}.{a.name}" in files else base
+        while mod and mod not in files:
+            mod = mod.rpartition(".")[0]
+        if mod:
+            out.add(mod)
+    return out
+
+
+def import_graph(src: pathlib.Path = SRC) -> dict[str, set[str]]:
+    """{module: the modules of its package it imports}, function-level imports included, `if TYPE_CHECKING:`
+    blocks not. An import of pkg.sub.mod from outside pkg.sub also runs pkg.sub's __init__: an edge to it too
+    when that __init__ imports modules of the package (the top package's own __init__ is left out: every
+    import runs it first, and it sits above everything)."""
+    files = _module_files(src)
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        edges = set()
-        for node in _import_nodes(path):
-            if isinstance(node, ast.Import):
-                edges |= {a.name for a in node.names if a.name in files}
-                continue
-            base = node.module or ""
-            if node.level:
-                up = package.split(".")[:len(package.split(".")) - (node.level - 1)]
-                base = ".".join(up + ([node.module] if node.module else []))
-            for a in node.names:
-                if f"{base}.{a.name}" in files:
-                    edges.add(f"{base}.{a.name}")
-                elif base in files:
-                    edges.add(base)
-        graph[name] = edges - {name}
+        graph[name] = {mod for node in _import_nodes(path) for mod in _imported(name, package, node, files)} - {name}
+    for name, edges in graph.items():
+        for mod in list(edges):
+            parent = mod.rpartition(".")[0]
+            while parent and parent != src.name:
+                if graph[parent] and name != parent and not name.startswith(parent + "."):
+                    edges.add(parent)  # an __init__ that imports nothing of the package adds nothing
+                parent = parent.rpartition(".")[0]
     return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    comp.append(m)
+                    if m == node:
+                        break
+                if len(comp) > 1:
+                    cycles.append(sorted(comp))
+    return cycles
+
+
+# polygrad-core bottom-up (docs/architecture.md "Layout by stage"): a module imports modules of its own layer
+# or of layers listed before it. A pattern names a module and the modules under it; the longest match wins.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("definitions and errors", ["polygrad.definitions", "polygrad.errors", "polygrad.version",
+                                "polygrad.runtime_context"]),
+    ("dtypes, settings, limits, the random state", ["polygrad.dtype", "polygrad.config", "polygrad.limits",
+                                                    "polygrad.random"]),
+    ("IR", ["polygrad.uop"]),
+    ("host services", ["polygrad.diskcache", "polygrad.atomicfile", "polygrad.hostlaunch", "polygrad.hostmemory"]),
+    ("contract", ["polygrad.contract"]),
+    ("devices and memory", ["polygrad.device"]),
+    ("schedule", ["polygrad.schedule"]),
+    ("codegen", ["polygrad.codegen"]),
+    ("renderer", ["polygrad.renderer"]),
+    ("plugin API", ["polygrad.backend_api"]),
+    ("engine", ["polygrad.engine"]),
+    ("tensor", ["polygrad.tensor", "polygrad.tensor_*", "polygrad.gradient"]),
+    ("above tensor", ["polygrad.engine.jit", "polygrad.engine.custom", "polygrad.nn", "polygrad.linalg",
+                      "polygrad.linalg_svd"]),
+    ("model", ["polygrad.model", "polygrad.bundle"]),
+    ("front", ["polygrad.models", "polygrad.runtime", "polygrad.inspect", "polygrad.hf"]),
+    ("package", ["polygrad", "polygrad.__main__"]),
+]
+
+
+def layer_of(module: str) -> int | None:
+    """The index in LAYERS of the longest pattern matching `module` (None: no layer names it)."""
+    best, found = -1, None
+    for k, (_, patterns) in enumerate(LAYERS):
+        for pattern in patterns:
+            if pattern.endswith("*"):
+                hit = module.startswith(pattern[:-1]) and "." not in module[len(pattern) - 1:]
+            else:
+                hit = module == pattern or module.startswith(pattern + ".")
+            if hit and len(pattern) > best:
+                best, found = len(pattern), k
+    return found
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that goes to a later layer than its importer's, as a readable line."""
+    out = []
+    for module in sorted(graph):
+        here = layer_of(module)
+        for target in sorted(graph[module]):
+            there = layer_of(target)
+            if here is not None and there is not None and there > here:
+                out.append(f"{module} ({LAYERS[here][0]}) imports {target} ({LAYERS[there][0]})")
+    return out
 
 
 def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
@@ -84,6 +214,76 @@ def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
+def _package_src(package: str) -> pathlib.Path:
+    return pathlib.Path(pytest.importorskip(package).__file__).parent
+
+
+@pytest.mark.parametrize("package", ["polygrad", *PACKAGES])
+def test_no_import_cycle(package: str) -> None:
+    """Counting imports inside functions, no module of the package reaches itself."""
+    cycles = import_cycles(import_graph(SRC if package == "polygrad" else _package_src(package)))
+    assert not cycles, f"import cycles in {package}: {cycles}"
+
+
+def test_every_core_module_has_a_layer() -> None:
+    missing = sorted(m for m in import_graph() if layer_of(m) is None)
+    assert not missing, f"name the layer of {missing} in LAYERS (and in docs/architecture.md)"
+
+
+def test_core_imports_go_downward() -> None:
+    """Every import of polygrad-core, function-level ones included, goes to its own layer or one below."""
+    bad = upward_imports(import_graph())
+    assert not bad, "imports that go up the layers:\n" + "\n".join(bad)
+
+
+def test_core_never_imports_backend_api() -> None:
+    """backend_api gathers what backends use; core modules import the modules that define it."""
+    users = sorted(m for m, deps in import_graph().items() if "polygrad.backend_api" in deps)
+    assert not users, f"{users} import polygrad.backend_api; import polygrad.contract (or the defining module)"
+
+
+def test_core_imports_nothing_of_its_own_inside_functions() -> None:
+    """Imports inside functions that only dodged a cycle are gone: what is left inside functions in core is an
+    optional dependency of another distribution (tqdm, polygrad_hf)."""
+    found = []
+    for name, path in sorted(_module_files().items()):
+        for node in _import_nodes(path, only_nested=True):
+            mods = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            if node.level or any(m == "polygrad" or m.startswith("polygrad.") for m in mods):
+                found.append(f"{name}:{node.lineno}")
+    assert not found, f"function-level imports of core modules: {found}; import them at module level"
+
+
+def _write(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root / "pkg"
+
+
+def test_the_graph_counts_function_level_imports_and_skips_type_checking(tmp_path: pathlib.Path) -> None:
+    """The checks read what runs: a planted upward import inside a function is a cycle and goes up the layers,
+    the same import under `if TYPE_CHECKING:` is neither; relative imports and package __init__ count too."""
+    base = {"pkg/__init__.py": "", "pkg/low.py": "import os\n", "pkg/sub/__init__.py": "from pkg.sub import c\n",
+            "pkg/sub/c.py": "", "pkg/high.py": "from pkg import low\nfrom .sub import c\n"}
+    clean = import_graph(_write(tmp_path / "a", base))
+    assert clean["pkg.high"] == {"pkg.low", "pkg.sub.c", "pkg.sub"} and not import_cycles(clean)
+    planted = {**base, "pkg/low.py": "def f():\n    from pkg.high import g\n    return g\n"}
+    graph = import_graph(_write(tmp_path / "b", planted))
+    assert import_cycles(graph) == [["pkg.high", "pkg.low"]]
+    hidden = {**base, "pkg/low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import high\n"}
+    assert not import_cycles(import_graph(_write(tmp_path / "c", hidden)))
+
+
+def test_a_planted_upward_import_is_caught() -> None:
+    """upward_imports names an import from a lower layer (codegen) to a higher one (tensor), function-level or not."""
+    graph = import_graph()
+    assert not upward_imports(graph)
+    graph["polygrad.codegen.lower"] = graph["polygrad.codegen.lower"] | {"polygrad.tensor"}
+    assert upward_imports(graph) == ["polygrad.codegen.lower (codegen) imports polygrad.tensor (tensor)"]
+
+
 @pytest.mark.parametrize("path", MIXINS, ids=lambda p: p.name)
 def test_mixins_never_import_tensor(path: pathlib.Path) -> None:
     assert "polygrad.tensor" not in _runtime_imports(path), f"{path.name} imports polygrad.tensor"
@@ -92,8 +292,9 @@ def test_mixins_never_import_tensor(path: pathlib.Path) -> None:
 
 
 CONCERNS = {
-    "tensor_create": ["empty", "full", "zeros", "ones", "arange", "linspace", "eye", "rand", "randn", "full_like",
-                      "zeros_like", "rand_like", "manual_seed", "multinomial"],
+    "tensor_create": ["empty", "full", "zeros", "ones", "arange", "linspace", "eye", "full_like", "zeros_like",
+                      "rand_like", "normal", "multinomial"],
+    "tensor_random": ["rand", "randn", "randint", "manual_seed"],
     "tensor_dtype": ["cast", "bitcast", "float", "half", "int", "long", "bool", "double"],
     "tensor_elementwise": ["add", "sub", "mul", "div", "where", "maximum", "__lt__", "eq", "__iadd__", "__lshift__"],
     "tensor_math": ["exp", "log", "abs", "clamp", "pow", "erf", "isinf"],

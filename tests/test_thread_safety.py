@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from polygrad import Context, Model, Tensor, config, device, linalg
-from polygrad import tensor as tensor_mod
 from polygrad.device import Buffer
+from polygrad.engine.live import live_tensors
 from polygrad.dtype import dtypes
 from polygrad.uop.ops import Ops, UOp
 
@@ -69,7 +69,7 @@ def test_live_tensor_list_keeps_tensors_made_during_a_sweep(fast_switching):
     def make(k: int) -> None:
         if k == 1:
             while not done.is_set():
-                tensor_mod.live_tensors()
+                live_tensors()
             return
         x = Tensor(np.ones(4, np.float32))
         for i in range(8000):
@@ -78,7 +78,7 @@ def test_live_tensor_list_keeps_tensors_made_during_a_sweep(fast_switching):
                 kept.append(t)
         done.set()
     _in_threads(2, make)
-    live = {id(t) for t in tensor_mod.live_tensors()}
+    live = {id(t) for t in live_tensors()}
     assert sum(id(t) not in live for t in kept) == 0
 
 

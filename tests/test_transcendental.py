@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from polygrad import Tensor
-from polygrad.engine.realize import get_program
-from polygrad.engine.schedule import schedule
+from polygrad.engine.programs import get_program
+from polygrad.schedule.template import schedule
 from polygrad.uop.ops import Ops
 from tests.conftest import DEVICES
 

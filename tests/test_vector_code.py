@@ -16,12 +16,13 @@ import pytest
 
 from polygrad import Device, Tensor, dtypes
 from polygrad.backend_api import Capabilities
+from polygrad.codegen.lower import lower
+from polygrad.codegen.opts import Opt, OptKind
 from polygrad.device import Buffer, open_device
-from polygrad.engine import realize
-from polygrad.engine.lower import Opt, OptKind, lower
-from polygrad.engine.schedule import schedule
+from polygrad.engine import programs
 from polygrad.renderer.cstyle import CStyleRenderer
 from polygrad.renderer.linearize import L, linearize
+from polygrad.schedule.template import schedule
 from polygrad.uop.ops import AxisKind, KernelInfo, Ops, UOp
 from polygrad_backend_cpu.compiler import ClangCompiler
 from polygrad_backend_cpu.renderer import CPURenderer
@@ -124,7 +125,7 @@ def run_c(spec, width, inputs, cc=None, src=None):
 
 
 def run_interp(ast, spec_globals, inputs):
-    prog = realize.get_program(ast, "INTERP")
+    prog = programs.get_program(ast, "INTERP")
     bufs = {}
     for g in spec_globals:
         b = Buffer("INTERP", g.size, g.dtype)
@@ -282,9 +283,9 @@ def test_a_device_without_lanes_gets_no_vectors():
     # and INTERP, which declares 1 lane, never sees any
     assert open_device("INTERP").capabilities.vector_width == 1
     x = Tensor(np.ones((64, 64), np.float32), device="INTERP")
-    realize.program_cache.clear()
+    programs.program_cache.clear()
     (x @ x + 1).realize()
-    specs = [p.spec for (a, d), p in realize.program_cache.items() if d == "INTERP"]
+    specs = [p.spec for (a, d), p in programs.program_cache.items() if d == "INTERP"]
     assert specs and all(s.vector_width == 1 and s.opts == () for s in specs)
 
 

@@ -171,7 +171,7 @@ def test_runs_with_no_compiler_on_path(tmp_path):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc (Linux)")
 def test_code_is_mapped_read_execute_never_writable():
-    from polygrad_backend_x86.runtime import CodeMapping
+    from polygrad_backend_x86.mapping import CodeMapping
     m = CodeMapping(b"\xc3" * 100)
     # the range holding the code (the kernel merges adjacent anonymous mappings of the same protection,
     # such as other kernels' or the thread pool's, into one line)
@@ -216,11 +216,11 @@ def test_dump_kernels_prints_the_disassembly():
 
 
 def test_elementwise_float_kernels_are_vector_code():
-    from polygrad.engine import realize
+    from polygrad.engine import programs
     from polygrad_backend_x86.cpu import choose_isa
     x = Tensor(np.arange(4096, dtype=np.float32), device="X86")
     (x * 5 + 2).sqrt().realize()
-    srcs = [p.source for (ast, dev), p in realize.program_cache.items() if dev == "X86"]
+    srcs = [p.source for (ast, dev), p in programs.program_cache.items() if dev == "X86"]
     assert srcs
     if choose_isa().tier != "sse2":
         assert not srcs[-1].scalar and any(w in str(srcs[-1]) for w in ("ymm", "zmm"))
@@ -336,11 +336,11 @@ def test_thread_axis_runs_across_launches():
     p = run_python('''
         import numpy as np
         from polygrad import Tensor
-        from polygrad.engine import realize
+        from polygrad.engine import programs, realize
         x = Tensor(np.arange(1 << 20, dtype=np.float32), device="X86")
         y = (x * 2 + 1).numpy()
         assert np.array_equal(y, np.arange(1 << 20, dtype=np.float32) * 2 + 1)
-        print(max(p.spec.threads for (ast, dev), p in realize.program_cache.items() if dev == "X86"))
+        print(max(p.spec.threads for (ast, dev), p in programs.program_cache.items() if dev == "X86"))
     ''', env={"POLY_THREADS": "4"})
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["4"]
@@ -354,9 +354,9 @@ def test_contracted_matmul_gives_the_same_bits(monkeypatch, shape, lanes):
     rounded once. Scalar code gives INTERP's bits; vector code gives the CPU backend's bits for the same
     lowered kernel (INTERP folds a split reduction's lanes in another order: equal to rounding)."""
     from polygrad.backend_api import Capabilities
+    from polygrad.codegen.lower import lower
     from polygrad.device import Buffer, open_device
-    from polygrad.engine.lower import lower
-    from polygrad.engine.schedule import schedule
+    from polygrad.schedule.template import schedule
     from polygrad.uop.ops import Ops
     from polygrad_backend_interp.evaluator import InterpProgram
     from polygrad_backend_x86.compiler import X86Source, compile_source
@@ -406,9 +406,10 @@ def test_avx512_tiles_use_the_upper_sixteen_registers():
     512-bit accumulators live in zmm16..31 (EVEX-only), and still equals NumPy."""
     import re
 
+    from polygrad.codegen.lower import lower
+    from polygrad.codegen.opts import OptKind
     from polygrad.device import open_device
-    from polygrad.engine.lower import OptKind, lower
-    from polygrad.engine.schedule import schedule
+    from polygrad.schedule.template import schedule
     from polygrad_backend_x86.cpu import choose_isa
     if choose_isa().tier != "avx512":
         pytest.skip("needs AVX-512")
@@ -430,9 +431,9 @@ def test_avx512_padded_rows_load_with_one_masked_move():
     """A contiguous vector load gated per lane (a padded row's edge) is one AVX-512 masked move, not a
     lane-at-a-time copy through the stack; the masked-off lanes (past the row, past the buffer) read
     nothing and give 0."""
+    from polygrad.codegen.lower import lower
     from polygrad.device import open_device
-    from polygrad.engine.lower import lower
-    from polygrad.engine.schedule import schedule
+    from polygrad.schedule.template import schedule
     from polygrad_backend_x86.cpu import choose_isa
     if choose_isa().tier != "avx512":
         pytest.skip("needs AVX-512")
@@ -486,10 +487,10 @@ def test_thread_pool_is_our_machine_code_and_survives_fork_and_exit():
 def test_thread_pool_runs_the_indices_itself_when_no_worker_starts(monkeypatch):
     """Where no thread can be started, the launcher runs every index itself, in order."""
     import threading
+    from polygrad.codegen.lower import lower
     from polygrad.device import open_device
-    from polygrad.engine.lower import lower
     from polygrad_backend_x86 import pool
-    from polygrad_backend_x86.runtime import FFI
+    from polygrad_backend_x86.mapping import FFI
     from test_padded_lanes import padded_kernel, inputs, GUARD, SENTINEL
     dev = open_device("X86")
     spec = lower(padded_kernel(203530), dev.capabilities)

@@ -3,7 +3,7 @@
  * Device optimisation for the WebAssembly target: `chooseOpts(ast, width)` and `applyOpts(g, ast, opts)`.
  *
  * Stage: lowering, after index simplification, before linearizing. Input: a simplified kernel (global and
- * reduce ranges). Output: the same kernel with ranges split, as polygrad's engine/lower.py does:
+ * reduce ranges). Output: the same kernel with ranges split, as polygrad's codegen/lower.py does:
  *   UPCAST r by n        r -> ro*n + ri, ri an `upcast` range (register tiles; unrolled by the linearizer)
  *   VECTOR r by w        the same split, ri the block's vector range (w lanes of 128-bit SIMD)
  *   SPLIT_REDUCE r by w  REDUCE over r -> REDUCE(REDUCE(body, ro), ri): one partial accumulator per lane

@@ -3,7 +3,7 @@
 Each golden file is one scheduled kernel, in the device-independent serialised form (the scheduler's
 AST after `simplify_indices`, written by `polygrad.uop.serialize`), with the contents of its input
 buffers and the expected contents of its output buffer. tests/test_golden.py runs every file on every
-available backend through `realize.get_program` and compares.
+available backend through `programs.get_program` and compares.
 
 Expected outputs come from references outside polygrad: NumPy, or PyTorch for the float ops whose
 rounding matters (float16, transcendentals), computed in float64 where that is the better reference
@@ -117,7 +117,7 @@ def _ref_max_nan(x: np.ndarray) -> np.ndarray:
 
 
 def _threefry_unit(n: int, seed: int, counter: int) -> np.ndarray:
-    from polygrad.random import threefry2x32
+    from polygrad.tensor_random import threefry2x32
     c0 = np.arange(n, dtype=np.uint32)
     with np.errstate(over="ignore"):
         x0, _ = threefry2x32(c0, np.zeros(n, np.uint32), np.uint32(seed), np.uint32(counter))
@@ -190,7 +190,7 @@ def _cases() -> list[Case]:
 
 
 def _schedule_one(out) -> tuple:
-    from polygrad.engine.schedule import schedule
+    from polygrad.schedule.template import schedule
     tpl, inputs = schedule([out.uop])
     steps = [s for s in tpl.steps if s.kind == "kernel"]
     if len(tpl.steps) != 1 or len(steps) != 1:
@@ -200,7 +200,7 @@ def _schedule_one(out) -> tuple:
 
 def make(case: Case) -> dict:
     from polygrad import Tensor, random
-    from polygrad.engine.lower import simplify_indices
+    from polygrad.codegen.passes import simplify_indices
     from polygrad.uop.ops import Ops
     from polygrad.uop.serialize import DTYPE_NAMES, encode, loads, dumps
     if case.name == "rng_rand":

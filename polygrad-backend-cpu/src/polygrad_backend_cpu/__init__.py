@@ -14,6 +14,7 @@ register_setting(Setting("POLY_CC", str, "", "the C compiler to use instead of c
 
 
 def probe() -> ProbeResult:
+    # imported when probed or opened, not when the entry point registers the backend (registration stays cheap)
     from polygrad_backend_cpu.compiler import find_compiler
     cc = find_compiler()
     if cc is None:
@@ -23,6 +24,7 @@ def probe() -> ProbeResult:
 
 
 def open_cpu(ordinal: int) -> DeviceImpl:
+    # imported when probed or opened, not when the entry point registers the backend (registration stays cheap)
     from polygrad_backend_cpu.compiler import ClangCompiler
     from polygrad_backend_cpu.renderer import CPURenderer
     from polygrad_backend_cpu.runtime import load_program

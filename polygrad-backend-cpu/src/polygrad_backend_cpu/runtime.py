@@ -34,7 +34,7 @@ import _cffi_backend
 import cffi
 
 from polygrad.backend_api import CompileError, ProgramSpec, launch_threads, run_split, thread_settings
-from polygrad_backend_cpu.compiler import symbol_names
+from polygrad_backend_cpu.compiler import ClangCompiler, symbol_names
 
 FFI = cffi.FFI()
 FFI.cdef("int pg_pool_run(void* task, void** args, int threads, int want);")
@@ -142,7 +142,6 @@ POOL_EXIT_WAIT_S = 60.0  # a process exiting mid-build finishes it, so the next 
 def _build_pool() -> None:
     global _c_pool
     try:
-        from polygrad_backend_cpu.compiler import ClangCompiler
         _c_pool = FFI.dlopen(ClangCompiler().compile(POOL_SOURCE, extra=POOL_FLAGS))
     except Exception:  # noqa: BLE001 - any failure: the Python pool still runs every launch
         _c_pool = False
@@ -151,7 +150,6 @@ def _build_pool() -> None:
 def _cached_pool() -> Any:
     """The pool library when it is compiled already (a cache lookup and a dlopen), else None."""
     try:
-        from polygrad_backend_cpu.compiler import ClangCompiler
         compiler = ClangCompiler()
         path = compiler.cached(compiler.key(POOL_SOURCE, POOL_FLAGS))
         return FFI.dlopen(path) if path is not None else None

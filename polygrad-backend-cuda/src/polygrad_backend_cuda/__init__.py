@@ -20,6 +20,7 @@ MAX_ORDINAL = 15  # static: registration never asks the driver; open() checks th
 
 def probe() -> ProbeResult:
     """Can CUDA kernels run here? ok, or the reason they cannot (never raises)."""
+    # imported when probed or opened, not when the entry point registers the backend (registration stays cheap)
     from polygrad_backend_cuda import libs
     try:
         lib = libs.cuda()
@@ -48,6 +49,7 @@ def probe() -> ProbeResult:
 def capabilities(arch: str, shared_memory: int = 48 * 1024) -> Capabilities:
     """What a device of compute capability `arch` ("sm_90") runs: grid/block launches with shared
     memory, 4-lane vector accesses, mma.sync tensor cores from sm_80."""
+    # imported when probed or opened, not when the entry point registers the backend (registration stays cheap)
     from polygrad_backend_cuda.renderer import arch_number
     cores = ("mma_f16",) if arch_number(arch) >= 80 else ()
     return Capabilities(threads=1, vector_width=4, has_local_memory=True, shared_memory_bytes=shared_memory,
@@ -55,6 +57,7 @@ def capabilities(arch: str, shared_memory: int = 48 * 1024) -> Capabilities:
 
 
 def open_cuda(ordinal: int) -> DeviceImpl:
+    # imported when probed or opened, not when the entry point registers the backend (registration stays cheap)
     from polygrad_backend_cuda.compiler import NVRTCCompiler
     from polygrad_backend_cuda.launch import launch_of
     from polygrad_backend_cuda.libs import CUDAError

@@ -10,9 +10,10 @@ from typing import Any
 
 from polygrad.backend_api import LaunchDims, launch_dims
 
+from polygrad_backend_cuda.tensor_core import tensor_core_launch, uses_tensor_cores
+
 
 def launch_of(spec: Any) -> LaunchDims:
-    from polygrad_backend_cuda.tensor_core import tensor_core_launch, uses_tensor_cores
     if uses_tensor_cores(spec):
         return tensor_core_launch(spec)
     return launch_dims(spec)

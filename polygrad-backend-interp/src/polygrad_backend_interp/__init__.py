@@ -10,6 +10,7 @@ __version__ = "0.1.0"
 
 
 def open_interp(ordinal: int) -> DeviceImpl:
+    # imported when opened, not when the entry point registers the backend (registration stays cheap)
     from polygrad_backend_interp.evaluator import InterpProgram, describe
     return DeviceImpl(name="INTERP", allocator=HostAllocator(), render=describe, compile=lambda src: src,
                       load=lambda spec, binary: InterpProgram(spec), capabilities=Capabilities(threads=1))

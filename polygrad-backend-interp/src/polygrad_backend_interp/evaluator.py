@@ -27,6 +27,7 @@ kernel IR (docs/kernel-ir.md) fixes the results independently of any schedule.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -294,8 +295,6 @@ def _fma(a: Any, b: Any, c: Any, dt: DType) -> np.ndarray:
 
 
 def _fma64(x: float, y: float, z: float) -> float:
-    import math
-    from fractions import Fraction
     if not (math.isfinite(x) and math.isfinite(y) and math.isfinite(z)):
         return x * y + z
     exact = Fraction(x) * Fraction(y) + Fraction(z)

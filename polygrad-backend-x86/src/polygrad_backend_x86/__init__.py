@@ -9,7 +9,7 @@ from __future__ import annotations
 from polygrad.backend_api import (BackendSpec, Capabilities, DeviceImpl, HostAllocator, ProbeResult, Setting, hookimpl,
                                   process_setting, register_setting)
 
-from polygrad_backend_x86.cpu import TIERS
+from polygrad_backend_x86.cpu import TIERS, choose_isa, features, host_is_x86_64
 
 __version__ = "0.1.0"
 # declared when the package is imported, before any of its code reads it; read with backend_api.setting("POLY_X86_ISA")
@@ -18,17 +18,15 @@ register_setting(Setting("POLY_X86_ISA", str, "", "the highest instruction set t
 
 
 def probe() -> ProbeResult:
-    from polygrad_backend_x86.cpu import host_is_x86_64
     why = host_is_x86_64()
     if why is not None:
         return ProbeResult(False, f"{why}; use DEV=CPU (with a C compiler) or DEV=INTERP")
-    try:
+    try:  # optional until probed: a missing one is reported, not raised at registration
         import cffi  # noqa: F401
         import iced_x86  # noqa: F401
     except ImportError as e:
         return ProbeResult(False, f"missing dependency ({e}); pip install polygrad-backend-x86")
     try:
-        from polygrad_backend_x86.cpu import choose_isa, features
         feats = features()
         isa = choose_isa()
     except (OSError, ValueError) as e:
@@ -39,8 +37,8 @@ def probe() -> ProbeResult:
 
 
 def open_x86(ordinal: int) -> DeviceImpl:
+    # imported when opened, not when the entry point registers the backend (registration stays cheap)
     from polygrad_backend_x86.compiler import X86Source, compile_source
-    from polygrad_backend_x86.cpu import choose_isa
     from polygrad_backend_x86.runtime import X86Program
     isa = choose_isa()
     threads = process_setting("POLY_THREADS")  # kernels are split this many ways; a Context may use fewer

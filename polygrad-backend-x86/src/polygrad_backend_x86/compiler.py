@@ -24,6 +24,7 @@ from polygrad_backend_x86.cpu import Isa
 from polygrad_backend_x86.emit import Kernel, VectorUnsupported
 from polygrad_backend_x86.expand import expand
 from polygrad_backend_x86.regalloc import allocate
+from polygrad_backend_x86.vector import VectorEmitter
 
 
 
@@ -61,7 +62,6 @@ def vector_lanes(spec: Any, isa: Isa) -> int:
 
 def emit_program(prog: LinearProgram, isa: Isa) -> Kernel:
     """expand -> allocate -> emit for one linear program."""
-    from polygrad_backend_x86.vector import VectorEmitter
     xprog = expand(prog)
     vec_bytes = isa.vec_bits // 8 if isa.lanes > 1 else 16
     frame = allocate(xprog, isa.vec_regs, vec_bytes, isa.high_vec_regs)

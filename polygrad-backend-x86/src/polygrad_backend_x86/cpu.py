@@ -62,6 +62,7 @@ def host_is_x86_64() -> str | None:
 
 def _cpuid_stub() -> bytes:
     """void f(int64_t *a): a[2..5] = cpuid(a[0], a[1]); a[6] = xgetbv(0) when OSXSAVE is set."""
+    # the assembler (iced-x86) is imported when the stub is built, not at registration (which imports this module)
     from polygrad_backend_x86.asm import RAX, RBX, RCX, RDI, RDX, Assembler, Imm, Mem, gp
     a = Assembler()
     a.op("PUSH_R64", gp(RBX))
@@ -89,7 +90,8 @@ def _cpuid_stub() -> bytes:
 @lru_cache(maxsize=None)
 def features() -> tuple[str, ...]:
     """cpuid feature names this process can use (OS-enabled state checked for AVX and AVX-512)."""
-    from polygrad_backend_x86.runtime import FFI, CodeMapping
+    # imported when first asked (not by registration, which imports this module): mapping.py opens libc
+    from polygrad_backend_x86.mapping import FFI, CodeMapping
     stub = CodeMapping(_cpuid_stub())
 
     def cpuid(leaf: int, sub: int = 0) -> tuple[int, int, int, int, int]:

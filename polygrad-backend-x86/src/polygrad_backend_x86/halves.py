@@ -11,6 +11,8 @@ import math
 import struct
 from typing import Any
 
+import numpy as np
+
 from polygrad.backend_api import DType, dtypes
 
 from polygrad_backend_x86.asm import RAX, RCX, RDX, Imm, gp
@@ -23,7 +25,6 @@ def round_half_value(v: float, dt: DType) -> float:
     if math.isnan(v) or math.isinf(v):
         return v
     if dt is dtypes.float16:
-        import numpy as np
         return float(np.float16(v))
     bits = struct.unpack("<I", struct.pack("<f", v))[0]
     bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16

@@ -33,6 +33,7 @@ from typing import Any, Callable
 from polygrad.backend_api import launch_threads
 
 from polygrad_backend_x86.asm import RAX, RBX, RCX, RDI, RDX, RSI, Assembler, Imm, Mem, gp
+from polygrad_backend_x86.mapping import FFI, CodeMapping
 
 # state: int64 words; the counter (a 32-bit futex word) and the done count on cache lines of their own
 GEN, SLEEPERS, WORKERS = 0, 1, 2
@@ -152,7 +153,6 @@ class Pool:
     """The process's pool: `launch(fn_addr, arrays)` runs fn(arrays[t]) for every t, index 0 here."""
 
     def __init__(self) -> None:
-        from polygrad_backend_x86.runtime import FFI, CodeMapping
         worker, run = pool_code()
         self.mappings = (CodeMapping(worker, permanent=True), CodeMapping(run, permanent=True))
         self.worker_fn = FFI.cast("void(*)(int64_t *, int64_t, int64_t)", self.mappings[0].addr)

@@ -1,8 +1,8 @@
 """Map machine code W^X and call it through cffi (ABI mode: no compiler), one call per THREAD index.
 
 Stage: running. Input: position-independent code bytes (emit.py) and the kernel's launch contract.
-Output: a callable program. Pages are mapped read+write, the code is copied in, then the mapping is
-made read+execute (`mprotect`): it is never writable and executable at once. Every kernel has the C
+Output: a callable program. The code is mapped by mapping.py (read+write while copied in, then
+read+execute: never writable and executable at once). Every kernel has the C
 signature `void kernel(const int64_t *args)`; `args` holds the buffer addresses, the symbolic-size
 variables, the thread index and the addresses of the libm functions the kernel calls (pow, fmod, fma:
 resolved here, per process, so cached code holds no absolute address). A THREAD kernel's indices run
@@ -15,52 +15,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import os
 import time
-import weakref
 from typing import Any, Callable
-
-import cffi
 
 from polygrad.backend_api import run_split
 
+from polygrad_backend_x86.mapping import FFI, CodeMapping
 from polygrad_backend_x86.pool import shared_pool
-
-FFI = cffi.FFI()
-FFI.cdef("""
-void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
-int mprotect(void *addr, size_t len, int prot);
-int munmap(void *addr, size_t length);
-""")
-_LIBC = FFI.dlopen(None)
-PROT_READ, PROT_WRITE, PROT_EXEC = 1, 2, 4
-MAP_PRIVATE, MAP_ANONYMOUS = 0x02, (0x1000 if os.uname().sysname == "Darwin" else 0x20)
-KERNEL_TYPE = FFI.typeof("void(*)(const int64_t *)")
-
-
-class ExecError(OSError):
-    """Executable memory could not be mapped (a hardened kernel, SELinux execmem, ...)."""
-
-
-class CodeMapping:
-    """Code bytes in their own read+execute pages; unmapped when the object is garbage (never where
-    `permanent`: the thread pool's routines, which its workers run until the process ends)."""
-
-    def __init__(self, code: bytes, permanent: bool = False):
-        self.size = max(len(code), 1)
-        addr = _LIBC.mmap(FFI.NULL, self.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-        if int(FFI.cast("intptr_t", addr)) in (-1, 0):
-            raise ExecError(f"mmap of {self.size} bytes failed (errno {FFI.errno})")
-        FFI.memmove(addr, code, len(code))
-        if _LIBC.mprotect(addr, self.size, PROT_READ | PROT_EXEC) != 0:
-            _LIBC.munmap(addr, self.size)
-            raise ExecError(f"mprotect(PROT_READ|PROT_EXEC) failed (errno {FFI.errno}): this system does not "
-                            "allow executable memory; use DEV=CPU or DEV=INTERP")
-        self.addr = int(FFI.cast("uintptr_t", addr))
-        self.fn = FFI.cast(KERNEL_TYPE, addr)
-        if not permanent:
-            weakref.finalize(self, _LIBC.munmap, addr, self.size)
-
 
 _LIBM_CACHE: dict[str, int] = {}
 

@@ -13,6 +13,9 @@ from polygrad.runtime import Runtime, create
 from polygrad.tensor import Tensor
 from polygrad.uop.sint import Variable
 from polygrad import nn  # noqa: E402  (after Tensor: nn builds on it)
+# modules above Tensor that add methods to it (x.solve, x.svd, x.custom_kernel) when imported
+from polygrad import linalg, linalg_svd  # noqa: E402,F401
+from polygrad.engine import custom  # noqa: E402,F401
 from polygrad.bundle import BundleError  # noqa: E402
 from polygrad.model import Model, ModelError  # noqa: E402
 from polygrad.version import __version__  # noqa: E402

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
+
+import polygrad
+from polygrad import config
+from polygrad.device import registry
+from polygrad.tensor import Tensor
+
 
 def doctor() -> int:
-    import numpy as np
 
-    import polygrad
-    from polygrad import config
-    from polygrad.device import registry
-    from polygrad.tensor import Tensor
 
     print(f"polygrad {polygrad.__version__}")
     specs = registry.specs()

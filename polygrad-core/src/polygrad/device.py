@@ -17,8 +17,8 @@ import pluggy
 
 from polygrad import config
 from polygrad.uop.ops import SELF_KEYED_ARGS
-from polygrad.backend_api import (ENTRY_POINT_GROUP, PLUGIN_API, PROJECT, BackendHooks, BackendSpec, DeviceImpl,
-                                  HostAllocator, HostMemory, ProbeResult)
+from polygrad.contract import ENTRY_POINT_GROUP, PLUGIN_API, PROJECT, BackendHooks, BackendSpec, DeviceImpl, ProbeResult
+from polygrad.hostmemory import HostAllocator, HostMemory
 from polygrad.dtype import DType
 from polygrad.errors import DeviceError, DeviceUnavailableError, PluginError, PolygradError, UnknownDeviceError
 
@@ -246,7 +246,7 @@ counts = CounterValues()
 # Called when buffers that may already hold a value are written: host copies into a buffer (with the
 # Buffer), effects that ran (assign, custom kernels) and replays of captured graphs (with None: any
 # buffer). Values computed from buffers and kept for later realizes are then no longer known to be
-# current (engine/computed.py listens here).
+# current (schedule/computed.py listens here).
 overwrite_listeners: list[Callable[[Any], Any]] = []
 
 

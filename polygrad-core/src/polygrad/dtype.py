@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from polygrad.definitions import dtypes as dtype_table
-from polygrad.errors import DTypeError
+from polygrad.errors import DTypeError, InvalidArgumentError
 
 
 @dataclass(frozen=True, eq=False)
@@ -271,7 +271,6 @@ def dtype_of_python(x) -> DType:
 
 
 def _too_big(x: int) -> DType:
-    from polygrad.errors import InvalidArgumentError
     raise InvalidArgumentError(f"the integer {x} does not fit in int64; pass a float or dtype=dtypes.uint64 with "
                                "values below 2**64")
 

@@ -6,7 +6,9 @@ from typing import Any, Sequence
 
 from polygrad.device import GlobalCounters, alloc_cache_bytes, buffers_live, open_device, registry
 from polygrad.dtype import to_dtype
+from polygrad.engine.programs import program_cache, runtime_stats
 from polygrad.errors import CapabilityError, DeviceError
+from polygrad.schedule.template import schedule_cache
 
 ELEMENTWISE_OPS = {
     "add", "sub", "mul", "div", "neg", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "relu", "sigmoid", "tanh",
@@ -21,8 +23,6 @@ COMPOUND_OPS = {"matmul", "dot", "gather", "conv2d"}
 
 def stats() -> dict[str, Any]:
     """Runtime counters: programs compiled, cache hits, kernels run, live buffers and bytes."""
-    from polygrad.engine.realize import program_cache, runtime_stats
-    from polygrad.engine.schedule import schedule_cache
     out = dict(runtime_stats)
     out.update({
         "programs_cached": len(program_cache), "schedules_cached": len(schedule_cache),

@@ -26,8 +26,9 @@ import threading
 from typing import Any
 
 from polygrad.dtype import DType, dtypes
+from polygrad.engine.capture import capture
 from polygrad.errors import LinAlgError
-from polygrad.tensor import Tensor, broadcast_shape
+from polygrad.tensor import Tensor, _buffer_uop, broadcast_shape
 from polygrad.uop.ops import Ops, UOp
 
 # ---------------------------------------------------------------------------------------------------
@@ -149,8 +150,6 @@ class _Replay:
         self.calls = 0
 
     def _capture(self, feeds: tuple) -> list[Any]:
-        from polygrad.engine.capture import capture
-        from polygrad.tensor import _buffer_uop
         holders = [Tensor(_buffer_uop(b, shape)) for b, shape in zip(feeds, self.shapes)]
         with capture() as cap:
             outs = self.build(*holders)
@@ -700,3 +699,9 @@ def lstsq(a: Tensor, b: Any) -> Tensor:
     residual0 = (bm - a @ x0).detach()
     x = x0 + pinv @ (bm - a @ x0) + gram_inv @ (_mT(a - a.detach()) @ residual0)
     return x.squeeze(-1) if vector else x
+
+
+# Tensor methods (x.solve(b) is solve(x, b)): this module builds on Tensor, so it adds them to the class
+# when imported (polygrad/__init__.py imports it), and tensor.py never reaches up to it
+for _method in (solve, lstsq, cholesky, cholesky_solve, qr, solve_triangular, triangular_solve, inv, det, slogdet):
+    setattr(Tensor, _method.__name__, _method)

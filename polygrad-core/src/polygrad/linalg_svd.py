@@ -197,3 +197,6 @@ def svd(a: Tensor, full_matrices: bool = True) -> tuple[Tensor, Tensor, Tensor]:
     if rest0 is not None:  # any basis of the complement will do: no gradient flows into it (torch's rule)
         u = u.cat(rest0, dim=-1)
     return u.reshape(*batch, m, u.shape[-1]), s.reshape(*batch, n), _mT(v).reshape(*batch, n, n)
+
+
+Tensor.svd = svd  # type: ignore[attr-defined]  # a Tensor method, added here as linalg.py adds its own

@@ -38,7 +38,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
+from polygrad import nn, random
 from polygrad.model import Model, ModelError
+from polygrad.tensor import Tensor
+from polygrad.uop.serialize import DTYPES_BY_NAME
+from polygrad.uop.sint import Variable
 
 __all__ = ["Graph", "LAYERS", "ModelConfigError", "Sequential"]
 
@@ -115,7 +119,6 @@ def _need_rank(shape: tuple, lo: int, where: str, what: str) -> None:
 
 
 def _linear(spec: Mapping, shape: tuple, where: str) -> Any:
-    from polygrad import nn
     _known(spec, where, {"type", "out_features", "bias", "activation", "name", "inputs"})
     _need_rank(shape, 2, where, "linear")
     return nn.Linear(shape[-1], _pos_int(spec, "out_features", where), bias=_field(spec, "bias", bool, where, True))
@@ -123,7 +126,6 @@ def _linear(spec: Mapping, shape: tuple, where: str) -> Any:
 
 def _conv(dims: int) -> Callable:
     def build(spec: Mapping, shape: tuple, where: str) -> Any:
-        from polygrad import nn
         _known(spec, where, {"type", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups",
                              "bias", "activation", "name", "inputs"})
         _need_rank(shape, dims + 2, where, f"conv{dims}d")
@@ -152,7 +154,6 @@ def _pool(kind: str) -> Callable:
 
 
 def _batchnorm(spec: Mapping, shape: tuple, where: str) -> Any:
-    from polygrad import nn
     _known(spec, where, {"type", "eps", "momentum", "affine", "activation", "name", "inputs"})
     _need_rank(shape, 2, where, "batchnorm")
     return nn.BatchNorm(shape[1], eps=float(_field(spec, "eps", (int, float), where, 1e-5)),
@@ -161,7 +162,6 @@ def _batchnorm(spec: Mapping, shape: tuple, where: str) -> Any:
 
 
 def _layernorm(spec: Mapping, shape: tuple, where: str) -> Any:
-    from polygrad import nn
     _known(spec, where, {"type", "eps", "elementwise_affine", "activation", "name", "inputs"})
     _need_rank(shape, 2, where, "layernorm")
     return nn.LayerNorm(shape[-1], eps=float(_field(spec, "eps", (int, float), where, 1e-5)),
@@ -169,7 +169,6 @@ def _layernorm(spec: Mapping, shape: tuple, where: str) -> Any:
 
 
 def _rmsnorm(spec: Mapping, shape: tuple, where: str) -> Any:
-    from polygrad import nn
     _known(spec, where, {"type", "eps", "activation", "name", "inputs"})
     _need_rank(shape, 2, where, "rmsnorm")
     eps = _field(spec, "eps", (int, float), where, None)
@@ -177,7 +176,6 @@ def _rmsnorm(spec: Mapping, shape: tuple, where: str) -> Any:
 
 
 def _groupnorm(spec: Mapping, shape: tuple, where: str) -> Any:
-    from polygrad import nn
     _known(spec, where, {"type", "num_groups", "eps", "affine", "activation", "name", "inputs"})
     _need_rank(shape, 2, where, "groupnorm")
     groups = _pos_int(spec, "num_groups", where)
@@ -188,13 +186,11 @@ def _groupnorm(spec: Mapping, shape: tuple, where: str) -> Any:
 
 
 def _embedding(spec: Mapping, shape: tuple, where: str) -> Any:
-    from polygrad import nn
     _known(spec, where, {"type", "num_embeddings", "embedding_dim", "activation", "name", "inputs"})
     return nn.Embedding(_pos_int(spec, "num_embeddings", where), _pos_int(spec, "embedding_dim", where))
 
 
 def _dropout(spec: Mapping, shape: tuple, where: str) -> Any:
-    from polygrad import nn
     _known(spec, where, {"type", "p", "activation", "name", "inputs"})
     p = float(_field(spec, "p", (int, float), where, 0.5))
     if not 0 <= p < 1:
@@ -271,7 +267,6 @@ def _activate(x: Any, act: str | None) -> Any:
 
 
 def _batch_dim(cfg: Mapping) -> Any:
-    from polygrad.uop.sint import Variable
     b = cfg.get("batch", {"name": "batch", "min": 1, "max": 64})
     if isinstance(b, int) and not isinstance(b, bool):
         if b < 1:
@@ -289,7 +284,6 @@ def _batch_dim(cfg: Mapping) -> Any:
 
 
 def _tensor_spec(spec: Any, where: str, default_dtype: str = "float32") -> tuple[str, tuple[int, ...], str]:
-    from polygrad.uop.serialize import DTYPES_BY_NAME
     if not isinstance(spec, Mapping):
         raise ModelConfigError(f"{where} must be an object with 'name' and 'shape'")
     _known(spec, where, {"name", "shape", "dtype"})
@@ -307,7 +301,6 @@ def _tensor_spec(spec: Any, where: str, default_dtype: str = "float32") -> tuple
 
 
 def _empty(batch: Any, shape: tuple, dtype: str) -> Any:
-    from polygrad.tensor import Tensor
     return Tensor.empty(batch, *shape, dtype=dtype)
 
 
@@ -375,7 +368,6 @@ def _seeded(cfg: Mapping, build: Callable[[], Model]) -> Model:
         return build()
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ModelConfigError(f"config.seed must be a non-negative int, got {seed!r:.40}")
-    from polygrad import random
     with random.scoped(seed):  # this thread's own generator: other threads' draws do not shift the weights
         return build()
 
@@ -412,7 +404,6 @@ def Sequential(config: Mapping[str, Any]) -> Model:  # noqa: N802 (a Model const
     batch = _batch_dim(config)
 
     def build() -> Model:
-        from polygrad.tensor import Tensor
         probe = Tensor.empty(1, *shape, dtype=dtype)  # shapes only: nothing is realized
         layers, acts = [], []
         for i, spec in enumerate(specs):
@@ -514,7 +505,6 @@ def Graph(config: Mapping[str, Any]) -> Model:  # noqa: N802 (a Model constructo
     batch = _batch_dim(config)
 
     def build() -> Model:
-        from polygrad.tensor import Tensor
         probes = {n: Tensor.empty(1, *shape, dtype=dt) for n, shape, dt in in_specs}
         plan, layers = [], {}
         for name in order:

@@ -27,12 +27,13 @@ import types
 from typing import Any, Callable
 
 from polygrad import linalg, runtime_context, tensor
+from polygrad.codegen import passes
 from polygrad.device import canonicalize, free_cached
 from polygrad.diskcache import forget_checks
-from polygrad.engine import lower, realize
-from polygrad.engine.schedule import clear_schedule_cache as _clear_schedules
+from polygrad.engine import live, programs
 from polygrad.errors import RuntimeOwnershipError
 from polygrad.model import Model
+from polygrad.schedule.template import clear_schedule_cache as _clear_schedules
 from polygrad.tensor import Tensor
 from polygrad.uop.ops import compact_uop_cache
 
@@ -209,14 +210,14 @@ def collect() -> None:
     clear_schedule_cache()
     tensor._const_nodes.clear()  # kept scalar nodes (tensor._broadcast_const)
     forget_checks()
-    realize.program_cache.clear()
-    lower.clear_cache()  # simplified and split kernel ASTs
+    programs.program_cache.clear()
+    passes.clear_cache()  # simplified and split kernel ASTs
     linalg.clear_cache()  # its replayed steps hold programs and scratch buffers
     for _ in range(8):  # freeing one graph's cycles releases the hash-cons keys holding the next layer
         if gc.collect() == 0:
             break
     compact_uop_cache()
-    tensor.live_tensors()  # drops the dead entries of the live-tensor list
+    live.live_tensors()  # drops the dead entries of the live-tensor list
     free_cached()
     _trim_heap()
 

@@ -5,36 +5,40 @@ This module holds the core: construction from data, properties, realize and data
 autograd, Python protocols, and the primitive builders every mixin uses (`_new(uop)`, the constructor
 hook; `_alu`, `_broadcasted`, `_broadcast_to`). The methods live in mixins, one concern per module, each
 written against `type(self)` / `cls` and never importing this module: tensor_create (constructors),
-tensor_dtype (casts), tensor_elementwise (operators), tensor_math and tensor_activation (functions),
-tensor_reduce (reductions, scans, sorting), tensor_contract (matmul, einsum), tensor_movement (views,
-joins), tensor_indexing (indexing, gather/scatter), tensor_nn and tensor_losses; shared helpers are in
-tensor_common. Everything is composed from the primitive ops, so gradients come from `polygrad.gradient`.
+tensor_random (random draws), tensor_dtype (casts), tensor_elementwise (operators), tensor_math and
+tensor_activation (functions), tensor_reduce (reductions, scans, sorting), tensor_contract (matmul,
+einsum), tensor_movement (views, joins), tensor_indexing (indexing, gather/scatter), tensor_nn and
+tensor_losses; shared helpers are in tensor_common. Everything is composed from the primitive ops, so
+gradients come from `polygrad.gradient`. Modules above Tensor add their methods to it when imported
+(linalg: solve, qr, ...; linalg_svd: svd; engine/custom: custom_kernel).
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import itertools
-import threading
 import weakref
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from polygrad import config
+from polygrad import config, runtime_context
 from polygrad.device import Buffer, canonicalize
-from polygrad.dtype import DType, dtype_max, dtype_min, dtype_of_python, dtypes, least_upper_dtype, to_dtype
-from polygrad.errors import DeviceError, DTypeError, InvalidArgumentError
+from polygrad.dtype import (DType, dtype_max, dtype_min, dtype_of_python, dtypes, from_numpy, least_upper_dtype,
+                            to_dtype)
+from polygrad.engine import realize as engine_realize
 from polygrad.engine.capture import active as capture_active
 from polygrad.engine.capture import made_before
 from polygrad.engine.capture import paused as capture_paused
-from polygrad.engine.overwrites import is_view, mixed_frontier, readers_of, written_buffers
-from polygrad.engine import realize as engine_realize
-from polygrad.gradient import compute_gradient
+from polygrad.engine.live import all_tensors as _all_tensors
+from polygrad.errors import DeviceError, DTypeError, InvalidArgumentError
+from polygrad.gradient import compute_gradient, with_vjp
+from polygrad.schedule.overwrites import is_view, mixed_frontier, readers_of, written_buffers
+from polygrad.tensor_activation import ActivationMixin
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
 from polygrad.uop.ops import COMPARISONS, Ops, UOp
 from polygrad.uop.shape import ShapeError
-from polygrad.tensor_activation import ActivationMixin
 from polygrad.tensor_common import (_buffer_uop, _check_operand, _check_runtimes, _default_device, _prod,
                                     _resolve_axis, _shape_arg, _sum_dtype, broadcast_shape, capture_guards, is_tensor,
                                     size_tensor)
@@ -45,54 +49,14 @@ from polygrad.tensor_elementwise import ElementwiseMixin
 from polygrad.tensor_math import MathMixin
 from polygrad.tensor_movement import MovementMixin
 from polygrad.tensor_nn import NNMixin
+from polygrad.tensor_random import RandomMixin
 from polygrad.tensor_reduce import ReduceMixin
 
 # re-exported for the modules that import them from here
 __all__ = ["Tensor", "broadcast_shape", "capture_guards", "is_tensor", "size_tensor", "_buffer_uop", "_check_runtimes",
            "_resolve_axis", "_shape_arg", "_sum_dtype"]
 
-class _LiveTensors:
-    """Every live Tensor (backward() looks for the ones that want gradients), held by weak references
-    without callbacks, since every op makes a tensor: adding one is a C call, and dead references are
-    dropped whenever the list has doubled since the last sweep (amortised constant time).
 
-    Threads add without a lock (one append to the one list, which is never replaced); a sweep rewrites
-    the part of the list it read, under `lock`, so what other threads append meanwhile is kept."""
-
-    __slots__ = ("refs", "limit", "lock")
-
-    def __init__(self) -> None:
-        self.refs: list[weakref.ref] = []
-        self.limit = 1024
-        self.lock = threading.Lock()
-
-    def add(self, t: "Tensor") -> None:
-        self.refs.append(weakref.ref(t))
-        if len(self.refs) >= self.limit:
-            self.sweep()
-
-    def sweep(self) -> None:
-        """Drop the references to dead tensors; the next sweep waits until the list has doubled."""
-        if self.lock.acquire(blocking=False):  # else a sweep is under way
-            try:
-                self._compact()
-            finally:
-                self.lock.release()
-            self.limit = max(1024, 2 * len(self.refs))
-
-    def _compact(self) -> list["Tensor"]:
-        refs = self.refs
-        n = len(refs)
-        pairs = [(r, t) for r in refs[:n] if (t := r()) is not None]
-        refs[:n] = [r for r, _ in pairs]  # one C call: an append from another thread lands after it
-        return [t for _, t in pairs]
-
-    def __iter__(self):
-        with self.lock:
-            return iter(self._compact())
-
-
-_all_tensors = _LiveTensors()
 _effect_ids = itertools.count(1)  # makes every assign a distinct UOp
 
 
@@ -195,8 +159,8 @@ class _TensorType(type):
         config.set_value("TRAINING", int(bool(value)))
 
 
-class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMixin, CreationMixin, ContractionMixin,
-             MovementMixin, NNMixin, metaclass=_TensorType):
+class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMixin, CreationMixin, RandomMixin,
+             ContractionMixin, MovementMixin, NNMixin, metaclass=_TensorType):
     """A lazily evaluated n-dimensional array with automatic differentiation.
 
     >>> Tensor([1.0, 2.0, 3.0]).mul(2).numpy().tolist()
@@ -228,7 +192,6 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         self._leaf = True
         self._graph: UOp | None = None  # the lazy graph before realize(), kept so backward() still works
         if _runtime is None:
-            from polygrad import runtime_context
             _runtime = runtime_context.current()
         self._runtime = _runtime
         if isinstance(data, UOp):
@@ -333,7 +296,6 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         return _rebuild_tensor, (data, self.dtype.name, self.device, self.requires_grad)
 
     def __deepcopy__(self, memo: dict) -> "Tensor":
-        import copy
         out = _rebuild_tensor(self.numpy().copy(), self.dtype.name, self.device, self.requires_grad)
         if self.grad is not None:
             out.grad = copy.deepcopy(self.grad, memo)
@@ -456,7 +418,6 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     def contiguous_backward(self) -> "Tensor":
         """The same values (no kernel, no copy); the gradient flowing back through it is made contiguous,
         i.e. realized in its own kernel before it reaches this tensor's inputs (tinygrad's)."""
-        from polygrad.gradient import with_vjp
         node = UOp(Ops.CAST, self.dtype, (self.uop,))  # a same-dtype cast: free in every kernel
         with_vjp(node, (self.uop,), lambda g, wanted: {self.uop: UOp(Ops.CONTIGUOUS, g.dtype, (g,))})
         return self._new(node)
@@ -620,29 +581,6 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     def __int__(self) -> int:
         return int(self.item())
 
-    # ---------------------------------------------------------------------------------------------
-    # ---------------------------------------------------------------------------------------------
-    # ---------------------------------------------------------------------------------------------
-
-# -------------------------------------------------------------------------------------------------
-# Methods whose implementations live in their own modules (one concern per module).
-
-def _delegate(module: str, name: str, doc: str):
-    def method(self, *args: Any, **kwargs: Any):
-        import importlib
-        return getattr(importlib.import_module(f"polygrad.{module}"), name)(self, *args, **kwargs)
-    method.__name__ = name
-    method.__doc__ = doc
-    return method
-
-
-for _name in ("solve", "lstsq", "cholesky", "cholesky_solve", "qr", "solve_triangular", "triangular_solve", "inv",
-              "det", "slogdet"):
-    setattr(Tensor, _name, _delegate("linalg", _name, f"See polygrad.linalg.{_name}."))
-Tensor.svd = _delegate("linalg_svd", "svd", "See polygrad.linalg_svd.svd.")  # type: ignore[attr-defined]
-Tensor.custom_kernel = _delegate("engine.custom", "custom_kernel", "Run a kernel written in kernel IR; see "
-                                 "polygrad.engine.custom.custom_kernel.")  # type: ignore[attr-defined]
-
 
 def _substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
     """root with every node found in `mapping` replaced (once, without looking inside the replacement)."""
@@ -684,7 +622,6 @@ def _rebuild_tensor(data: np.ndarray, dtype_name: str, device: str, requires_gra
 
 
 def _dtype_from_numpy(arr: np.ndarray) -> DType:
-    from polygrad.dtype import from_numpy
     return from_numpy(arr.dtype)
 
 
@@ -775,7 +712,7 @@ def _realize_tensors(todo: list["Tensor"]) -> None:
             return
     olds = [t.uop for t in todo]
     written = written_buffers(olds)
-    if written:  # values built before the writes keep their inputs' old values (engine/overwrites.py)
+    if written:  # values built before the writes keep their inputs' old values (schedule/overwrites.py)
         _compute_before_writes(written, todo)
         olds = [t.uop for t in todo]
         stale = realize_outside_captures(readers_of(written, lambda: lazy_values(todo), olds))
@@ -815,11 +752,6 @@ def _compute_before_writes(written: set[int], targets: list["Tensor"]) -> None:
             t.uop = _substitute(t.uop, mapping)
 
 
-def live_tensors() -> list["Tensor"]:
-    """Every Tensor object alive now."""
-    return list(_all_tensors)
-
-
 def realize_outside_captures(tensors: list["Tensor"]) -> list["Tensor"]:
     """Realize now, unrecorded, those of `tensors` that existed before the active captures began (values
     a capture must not replay: its function did not compute them); returns the others."""
@@ -833,13 +765,11 @@ def realize_outside_captures(tensors: list["Tensor"]) -> list["Tensor"]:
 def lazy_values(exclude: Iterable["Tensor"] = ()) -> Iterator[tuple["Tensor", UOp]]:
     """(tensor, graph) for every live unrealized tensor that computes a value (not a view), except
     `exclude` and the gradients of tensors that did not ask for one (requires_grad None: backward fills
-    them, tinygrad style, but a step does not compute them); engine/overwrites.py picks its readers."""
+    them, tinygrad style, but a step does not compute them); schedule/overwrites.py picks its readers."""
     live = list(_all_tensors)
     skip = {id(t) for t in exclude}
     skip |= {id(t.grad) for t in live if t.grad is not None and t.requires_grad is not True}
     return ((t, t.uop) for t in live if id(t) not in skip and not is_view(t.uop))
-
-
 
 
 _ = config

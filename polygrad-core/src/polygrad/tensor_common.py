@@ -18,6 +18,7 @@ from polygrad.errors import DimensionError, DTypeError, RuntimeOwnershipError, S
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
 from polygrad.uop.ops import Ops, UOp
+from polygrad import runtime_context
 
 if TYPE_CHECKING:
     from polygrad.tensor import Tensor
@@ -101,7 +102,6 @@ def broadcast_shape(*shapes: tuple[int, ...]) -> tuple[int, ...]:
 def _default_device(runtime: Any) -> str | None:
     if runtime is not None:
         return runtime.device
-    from polygrad import runtime_context
     current = runtime_context.current()
     return current.device if current is not None else None
 

@@ -1,7 +1,8 @@
 """Tensor constructors (a mixin): empty buffers, constants, ranges, grids, random tensors and initialisers.
 
 Stage: graph construction. Input: shapes and parameters. Output: lazy tensors computed in-kernel
-(IOTA for ranges, Threefry for random bits), so nothing of the output's size is built on the host.
+(IOTA for ranges; random ones from the draws of tensor_random.py), so nothing of the output's size is
+built on the host.
 """
 from __future__ import annotations
 
@@ -92,21 +93,6 @@ class CreationMixin:
         idx = _iota(cls, n, dt, kw)
         return (idx * step + start).cast(dt) if (step != 1 or start != 0) else idx
 
-    @staticmethod
-    def manual_seed(seed: int = 0) -> None:
-        from polygrad import random
-        random.manual_seed(seed)
-
-    @staticmethod
-    def rand(*shape: Any, dtype: Any = None, device: str | None = None, **kw: Any) -> "Tensor":
-        from polygrad import random
-        return random.rand(_shape_arg(shape), dtype=dtype, device=device, **kw)
-
-    @staticmethod
-    def randn(*shape: Any, dtype: Any = None, device: str | None = None, **kw: Any) -> "Tensor":
-        from polygrad import random
-        return random.randn(_shape_arg(shape), dtype=dtype, device=device, **kw)
-
     def full_like(self, fill_value: Any, **kw: Any) -> "Tensor":
         return type(self).full(self.shape, fill_value, dtype=kw.pop("dtype", self.dtype),
                                device=kw.pop("device", self.device), _runtime=self._runtime, **kw)
@@ -171,13 +157,7 @@ class CreationMixin:
             out.append(t.reshape(view).expand(shape))
         return tuple(out)
 
-    # ---- random
-    @staticmethod
-    def randint(*shape: Any, low: int = 0, high: int = 10, **kw: Any):
-        """Uniform integers in [low, high)."""
-        from polygrad import random
-        return random.randint(_shape(shape), low, high, **kw)
-
+    # ---- random (the draws themselves: tensor_random.py)
     @classmethod
     def normal(cls, *shape: Any, mean: float = 0.0, std: float = 1.0, **kw: Any):
         """Normal samples with the given mean and standard deviation (std >= 0)."""

@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from polygrad import runtime_context
-from polygrad.dtype import dtypes
-from polygrad.errors import DimensionError, DTypeError, InvalidArgumentError
+from polygrad.dtype import dtype_min, dtypes
+from polygrad.errors import DeviceError, DimensionError, DTypeError, InvalidArgumentError
 from polygrad.tensor_common import _check_runtimes, broadcast_shape, capture_guards, is_tensor
 from polygrad.uop import sint
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.shape import ShapeError
+from polygrad.uop.movement import strip_reshapes
 
 if TYPE_CHECKING:
     from polygrad.tensor import Tensor
@@ -50,7 +51,6 @@ def host_values(t: "Tensor") -> np.ndarray | None:
     """The values of a realized tensor whose buffer is host memory, read without running a kernel (None
     for a lazy tensor, device memory, or while a Model is being captured: example values say nothing
     about later calls)."""
-    from polygrad.uop.movement import strip_reshapes
     u = strip_reshapes(t.uop)
     if capture_guards.stack or u.op is not Ops.BUFFER or not u.arg.is_allocated or t.dtype is dtypes.bfloat16:
         return None
@@ -198,7 +198,6 @@ def _wrap_negative(t: "Tensor", size: int) -> "Tensor":
 
 def _prim(x: "Tensor", op: Ops, srcs: tuple["Tensor", ...], arg: Any) -> "Tensor":
     """A GATHER/SCATTER node over x and srcs (same device and runtime, integer index)."""
-    from polygrad.errors import DeviceError
     _check_runtimes([x, *srcs])
     devs = {t.device for t in (x, *srcs)}
     if len(devs) > 1:
@@ -474,7 +473,6 @@ class IndexingMixin:
             flip = reduce == "amin"
             base, vals = (_order_flip(self), _order_flip(src)) if flip else (self, src)
             if not include_self:
-                from polygrad.dtype import dtype_min
                 base = hit.where(dtype_min(base.dtype), base)
             out = scatter_prim(base, d, index, vals, Ops.MAX)
             return _order_flip(out) if flip else out

@@ -14,6 +14,8 @@ import numpy as np
 from polygrad.errors import InvalidArgumentError
 from polygrad.dtype import dtypes
 from polygrad.tensor_common import capture_guards
+from polygrad.tensor_indexing import host_values
+from polygrad.tensor_movement import move_axis
 from polygrad.uop.shape import ShapeError
 
 if TYPE_CHECKING:
@@ -32,7 +34,6 @@ def _reduce(loss: "Tensor", reduction: str) -> "Tensor":
 
 def _class_onehot(target: "Tensor", n_classes: int, cdim: int) -> "Tensor":
     """Integer targets (N, d1, ...) -> bool one-hot (N, C, d1, ...) with the classes at cdim."""
-    from polygrad.tensor_movement import move_axis
     onehot = target.unsqueeze(-1).eq(type(target).arange(n_classes, device=target.device, dtype=target.dtype))
     return move_axis(onehot, onehot.ndim - 1, cdim)
 
@@ -77,7 +78,6 @@ def _check_labels(target: "Tensor", n_classes: int, cdim: int, ignore_index: int
     """IndexError for a label outside [0, C) (other than ignore_index) when the labels are on the host.
     Under Model capture the labels are placeholders: the capture is told which input holds class labels
     of how many classes, and the Model checks the host data fed to it at each call (model/data.py)."""
-    from polygrad.tensor_indexing import host_values
     host = host_values(target)
     if host is None:
         note = getattr(capture_guards.stack[-1], "class_labels", None) if capture_guards.stack else None
@@ -132,7 +132,6 @@ class LossMixin:
     def sparse_categorical_crossentropy(self: "Tensor", Y: "Tensor", ignore_index: int = -1,
                                         label_smoothing: float = 0.0, reduction: str = "mean") -> "Tensor":
         """tinygrad's loss: logits (..., C) with the classes last, integer targets Y (...)."""
-        from polygrad.tensor_movement import move_axis
         if self.ndim == 1:
             return self.reshape(1, -1).sparse_categorical_crossentropy(Y.reshape(1), ignore_index,
                                                                        label_smoothing, reduction)

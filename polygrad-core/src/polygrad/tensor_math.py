@@ -17,6 +17,7 @@ from typing import Any, Callable
 from polygrad.errors import InvalidArgumentError
 from polygrad.tensor_common import _check_operand
 from polygrad.dtype import dtypes, least_upper_float
+from polygrad.uop.ops import Ops, UOp
 
 HALF_TYPES = (dtypes.float16, dtypes.bfloat16)
 
@@ -96,7 +97,6 @@ class MathMixin:
 
     def fmod(self, x: Any):
         """C fmod: the result has the sign of the dividend."""
-        from polygrad.uop.ops import Ops
         a, b = self._broadcasted(x)
         if a.dtype is dtypes.bool:
             a, b = a.cast(dtypes.default_int), b.cast(dtypes.default_int)
@@ -113,7 +113,6 @@ class MathMixin:
 
     def pow(self, x: Any, reverse: bool = False):
         """self ** x with torch's promotion; integer powers of integers are exact; reverse=True is x ** self."""
-        from polygrad.uop.ops import Ops
         if reverse:
             a, b = self._broadcasted(x, reverse=True)
             return a.pow(b)
@@ -398,7 +397,6 @@ class MathMixin:
 
     # ---- rounding
     def trunc(self):
-        from polygrad.uop.ops import Ops
         return self._alu(Ops.TRUNC) if self.dtype.is_float else self
 
     def floor(self):
@@ -470,7 +468,6 @@ class MathMixin:
         return mask.where(fill, self)
 
     def _const_tensor(self, value: Any):
-        from polygrad.uop.ops import UOp
         _check_operand(value)
         return type(self)(UOp.const(self.dtype, value, self.device), _runtime=self._runtime)
 

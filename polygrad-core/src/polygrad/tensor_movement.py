@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
-from polygrad.dtype import dtypes
+from polygrad.dtype import dtypes, least_upper_dtype
 from polygrad.errors import DimensionError, InvalidArgumentError
 from polygrad.tensor_common import _prod, _resolve_axis, _shape_arg, is_tensor
 from polygrad.tensor_indexing import IndexingMixin
@@ -395,7 +395,6 @@ class MovementMixin(IndexingMixin):
         >>> type(self).cat(type(self)([1]), type(self)([2, 3])).tolist()
         [1, 2, 3]
         """
-        from polygrad.dtype import least_upper_dtype
         tensors = _tensor_list(self, args)
         if any(t.ndim == 0 for t in tensors):
             raise ShapeError("cat: zero-dimensional tensors cannot be concatenated; unsqueeze them or use stack")
@@ -572,7 +571,6 @@ def _tuple(v: Any, n: int, what: str) -> tuple[int, ...]:
 
 
 def _arange(n: int, like: "Tensor") -> "Tensor":
-    from polygrad.dtype import dtypes
     return type(like).arange(n, device=like.device, dtype=dtypes.int32)
 
 

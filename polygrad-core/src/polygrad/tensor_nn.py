@@ -12,8 +12,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, Sequence
 
-from polygrad.dtype import dtypes
+import numpy as np
+
+from polygrad import config
+from polygrad.dtype import dtype_min, dtypes, least_upper_float
 from polygrad.errors import DTypeError, InvalidArgumentError
+from polygrad.gradient import with_vjp
+from polygrad.tensor_indexing import host_values
 from polygrad.tensor_losses import LossMixin
 from polygrad.tensor_math import HALF_TYPES, float_math
 from polygrad.tensor_movement import _tuple
@@ -60,7 +65,6 @@ def _conv_vjp(out: "Tensor", x: "Tensor", weight: "Tensor", windows: "Tensor", g
     arithmetic (col2im). The weight gradient is the chain rule's own: the output gradient times the
     window view `windows` (bs, groups, cout/groups, *out, *kernel, cin), summed over the batch and the
     output positions."""
-    from polygrad.gradient import with_vjp
     cls, rt = type(out), out._runtime
     x_uop, w_uop, view, w_shape = x.uop, weight.uop, windows.uop, weight.shape
     bs, nd = x.shape[0], len(w_shape) - 2
@@ -147,7 +151,6 @@ class NNMixin(LossMixin):
     def max_pool2d(self: "Tensor", kernel_size: Any = (2, 2), stride: Any = None, dilation: Any = 1,
                    padding: Any = 0, ceil_mode: bool = False, return_indices: bool = False) -> Any:
         """Max over windows of the last len(kernel_size) axes; indices are flat per spatial plane."""
-        from polygrad.dtype import dtype_min, dtypes
         k_ = _tuple(kernel_size, 2, "kernel_size") if isinstance(kernel_size, int) else tuple(kernel_size)
         s_ = _tuple(stride if stride is not None else k_, len(k_), "stride")
         d_ = _tuple(dilation, len(k_), "dilation")
@@ -216,7 +219,6 @@ class NNMixin(LossMixin):
     def interpolate(self: "Tensor", size: Any = None, mode: str = "linear", align_corners: bool = False,
                     scale_factor: Any = None) -> "Tensor":
         """Resize the last len(size) axes; mode 'nearest', 'nearest-exact' or 'linear' (bi/trilinear)."""
-        from polygrad.dtype import dtypes
         mode = {"bilinear": "linear", "trilinear": "linear"}.get(mode, mode)
         if mode not in ("linear", "nearest", "nearest-exact"):
             raise InvalidArgumentError(f"interpolate: mode must be 'nearest', 'nearest-exact' or 'linear', got "
@@ -292,7 +294,6 @@ class NNMixin(LossMixin):
     def normalize(self: "Tensor", p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> "Tensor":
         """x / max(||x||_p along dim, eps) (torch.nn.functional.normalize; tinygrad's type(self).normalize).
         The norm of float16/bfloat16 input is computed in float32 and rounded once, as torch's."""
-        from polygrad.dtype import least_upper_float
         if p == 0:
             norm = self.ne(0).sum(dim, keepdim=True).cast(least_upper_float(self.dtype))
         elif p == float("inf"):
@@ -322,7 +323,6 @@ class NNMixin(LossMixin):
 
     def dropout(self: "Tensor", p: float = 0.5) -> "Tensor":
         """Zero elements with probability p and scale the rest by 1/(1-p), only in training mode."""
-        from polygrad import config
         if not 0.0 <= p <= 1.0:
             raise InvalidArgumentError(f"dropout probability must be in [0, 1], got {p}")
         if not (type(self).training or config.get("TRAINING")) or p == 0:
@@ -339,7 +339,6 @@ class NNMixin(LossMixin):
         enable_gqa, key/value heads (dim -3) are repeated to the query's head count (grouped-query attention).
         attn_mask together with is_causal is an error, as in torch and tinygrad: fold the causal part into
         the mask (mask & type(self).ones(L, S, dtype=dtypes.bool).tril())."""
-        from polygrad.dtype import dtypes
         if is_causal and attn_mask is not None:
             raise InvalidArgumentError("scaled_dot_product_attention: pass attn_mask or is_causal, not both (fold "
                                        "the causal mask into attn_mask)")
@@ -366,7 +365,6 @@ class NNMixin(LossMixin):
 
         A class outside [0, num_classes) raises InvalidArgumentError (torch's RuntimeError) when the values
         are on the host (docs/tensor-semantics.md); a lazy one gives an all-zero row."""
-        from polygrad.tensor_indexing import host_values
         if self.dtype.is_float:
             raise DTypeError(f"one_hot needs integer classes, got {self.dtype}; cast with .int() first")
         if num_classes < -1:
@@ -421,9 +419,7 @@ def _uint8_taps(n_in: int, n_out: int, align_corners: bool) -> tuple[list[int], 
 
 def _uint8_linear_pass(x: "Tensor", axis: int, n_out: int, align_corners: bool) -> "Tensor":
     """Resize one axis of a uint8 tensor: sum of taps * int weights, rounded half up, clamped to [0, 255]."""
-    import numpy as np
 
-    from polygrad.dtype import dtypes
     starts, weights, bits = _uint8_taps(x.shape[axis], n_out, align_corners)
     shape = [1] * x.ndim
     shape[axis] = n_out

@@ -12,7 +12,7 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from polygrad.dtype import dtypes, least_upper_float
+from polygrad.dtype import dtypes, least_upper_float, to_dtype
 from polygrad.errors import InvalidArgumentError
 from polygrad.tensor_common import _resolve_axis, _sum_dtype, size_tensor
 from polygrad.tensor_math import HALF_TYPES, float_math
@@ -148,7 +148,6 @@ class ReduceMixin:
     # torch does: mean(ones(70000, float16)) is 1, not inf (the sum alone exceeds float16's range)
     def mean(self, axis: Any = None, keepdim: bool = False, dtype: Any = None):
         """The arithmetic mean (integers are averaged in the default float type, or in `dtype`); empty gives NaN."""
-        from polygrad.dtype import to_dtype
         out_dtype = to_dtype(dtype) if dtype is not None else least_upper_float(self.dtype)
         x = self.cast(out_dtype)
         n = sint.sprod(self.shape[a] for a in _axes_of(self, axis)) if self.ndim else 1

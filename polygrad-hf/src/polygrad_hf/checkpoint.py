@@ -6,14 +6,13 @@ until converted), where every look-up checks the tensor's presence and shape and
 
 F32, F16 and BF16 safetensors are read; a sharded checkpoint is found through
 `model.safetensors.index.json` (its weight_map names each tensor's shard). GGUF files go through
-gguf_file.py, which returns the same names and layouts.
+gguf_file.py, which returns the same names and layouts (both return weights.Checkpoint).
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -21,56 +20,14 @@ from polygrad.dtype import DType, dtypes
 from polygrad.errors import SafetensorsError
 from polygrad.nn.safetensors import safe_load_numpy
 
-from polygrad_hf.config import DecoderConfig, from_hf_config
+from polygrad_hf.config import from_hf_config
 from polygrad_hf.errors import CheckpointError, UnsupportedModelError
+from polygrad_hf.gguf_file import open_gguf
+from polygrad_hf.weights import Checkpoint, Lazy
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 FLOAT_TYPES = (dtypes.float32, dtypes.float16, dtypes.bfloat16)
-
-
-@dataclass(frozen=True)
-class Lazy:
-    """A tensor read (converted, dequantized) on demand; its shape is known without reading it."""
-
-    shape: tuple[int, ...]
-    load: Callable[[], np.ndarray]
-
-
-@dataclass
-class Checkpoint:
-    """A model's config and its named weights; `take(name, shape)` returns one as float32."""
-
-    config: DecoderConfig
-    source: str  # the folder or file, for messages
-    arrays: dict[str, tuple[Any, str]]  # name -> (array or Lazy, file it lives in)
-    extras: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. GGUF rope_freqs
-    tokenizer_file: str | None = None
-    notes: list[str] = field(default_factory=list)  # what loading did (dequantized types, ...)
-
-    def has(self, name: str) -> bool:
-        return name in self.arrays
-
-    def expect(self, name: str, shape: tuple[int, ...]) -> None:
-        """CheckpointError naming the file unless tensor `name` is present with `shape` (nothing is read)."""
-        if name not in self.arrays:
-            files = sorted({f for _, f in self.arrays.values()}) or [self.source]
-            where = files[0] if len(files) == 1 else f"{self.source} ({len(files)} files)"
-            raise CheckpointError(f"{where}: tensor {name!r} is missing ({len(self.arrays)} tensors present); is this "
-                                  f"a complete {self.config.family} checkpoint?")
-        raw, file = self.arrays[name]
-        if tuple(raw.shape) != tuple(shape):
-            raise CheckpointError(f"{file}: tensor {name!r} has shape {list(raw.shape)}, the config implies "
-                                  f"{list(shape)}")
-
-    def take(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
-        """The tensor `name` as a float32 array of `shape`; CheckpointError naming the file otherwise."""
-        self.expect(name, shape)
-        raw, file = self.arrays[name]
-        arr = raw.load() if isinstance(raw, Lazy) else raw
-        if tuple(arr.shape) != tuple(shape):  # a reader's Lazy promised another shape: a bug, named as one
-            raise CheckpointError(f"{file}: tensor {name!r} was read with shape {list(arr.shape)}, not {list(shape)}")
-        return arr
 
 
 def to_float32(arr: np.ndarray, dt: DType, file: str, name: str) -> np.ndarray:
@@ -143,7 +100,6 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
         raise CheckpointError(f"{path}: no such file or folder; download it first with download_hf(repo_id)")
     if os.path.isfile(path):
         if path.endswith(".gguf"):
-            from polygrad_hf.gguf_file import open_gguf
             return open_gguf(path)
         raise CheckpointError(f"{path}: load_hf takes a model folder (config.json + *.safetensors) or a .gguf file")
     files = os.listdir(path)
@@ -151,7 +107,6 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
     if INDEX not in files and SINGLE not in files:
         ggufs = sorted(f for f in files if f.endswith(".gguf"))
         if len(ggufs) == 1:
-            from polygrad_hf.gguf_file import open_gguf
             ck = open_gguf(os.path.join(path, ggufs[0]))
             ck.tokenizer_file = ck.tokenizer_file or tokenizer
             return ck

@@ -26,7 +26,7 @@ import numpy as np
 from polygrad import Tensor, dtypes
 
 from polygrad_hf.config import DecoderConfig
-from polygrad_hf.errors import CheckpointError
+from polygrad_hf.errors import CheckpointError, HFError
 
 # a Llama/Qwen2 layer's Hugging Face tensor names by role
 LLAMA_LAYER = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
@@ -258,6 +258,5 @@ def storage_dtype(name: Any) -> Any:
     key = getattr(name, "name", name)
     key = {"float": "float32", "half": "float16"}.get(key, key)
     if key not in table:
-        from polygrad_hf.errors import HFError
         raise HFError(f"dtype={name!r}: weights can be kept as float32, float16 or bfloat16")
     return table[key]

@@ -4,6 +4,8 @@ Stage: shared by every module of the package. Input: none. Output: exception typ
 """
 from __future__ import annotations
 
+import importlib
+
 from polygrad.errors import PolygradError
 
 
@@ -25,7 +27,6 @@ class MissingDependencyError(PolygradError, ImportError):
 
 def need_package(module: str, pip_name: str, what: str) -> object:
     """import `module`, or raise MissingDependencyError naming the pip line."""
-    import importlib
     try:
         return importlib.import_module(module)
     except ImportError:

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from polygrad_hf.errors import HFError
+from polygrad_hf.tokenizer import load_tokenizer
 
 
 def _check_model(model: Any) -> tuple[int, int]:
@@ -64,7 +65,6 @@ def generate(model: Any, tokens: Any, max_new_tokens: int = 20, temperature: flo
     text_in = isinstance(tokens, str)
     tok = None
     if text_in:
-        from polygrad_hf.tokenizer import load_tokenizer
         tok = tokenizer if tokenizer is not None else load_tokenizer(model)
         tokens = tok.encode(tokens)
     ids, flat = _as_ids(tokens)

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from polygrad_hf.checkpoint import Checkpoint, Lazy
 from polygrad_hf.config import MAX_SIZE, DecoderConfig, check_decoder, number_field, size_field, token_ids
 from polygrad_hf.errors import CheckpointError, UnsupportedModelError, need_package
+from polygrad_hf.weights import Checkpoint, Lazy
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 ARCHS = ("llama", "qwen2", "gpt2")

@@ -20,9 +20,10 @@ import numpy as np
 from polygrad import Model, Tensor, Variable, dtypes, runtime_context
 from polygrad.device import canonicalize
 
-from polygrad_hf.checkpoint import Checkpoint, open_checkpoint
+from polygrad_hf.checkpoint import open_checkpoint
 from polygrad_hf.decoder import Decoder, read_weights, storage_dtype
 from polygrad_hf.errors import HFError
+from polygrad_hf.weights import Checkpoint
 
 DEFAULT_MAX_SEQ_LEN = 1024
 

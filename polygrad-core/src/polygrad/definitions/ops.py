@@ -14,7 +14,7 @@ from typing import NamedTuple, Optional, Tuple, Union
 TENSOR = "tensor"    # tensor graphs: what Tensor methods and autograd build, the scheduler's input
 KERNEL = "kernel"    # stored kernel IR: a scheduled kernel as bundles and golden files hold it (docs/kernel-ir.md);
 #                      uop/validate.py and validate.js accept only these ops in a file's kernels
-LOWERED = "lowered"  # a kernel lowered for a device (engine/lower.py, polygrad-js compile.js): what renderers read
+LOWERED = "lowered"  # a kernel lowered for a device (codegen/lower.py, polygrad-js compile.js): what renderers read
 CUSTOM = "custom"    # kernel IR written by hand for a custom kernel, before it is devectorized and scheduled
 LEVELS = (TENSOR, KERNEL, LOWERED, CUSTOM)
 _IR = (KERNEL, LOWERED, CUSTOM)  # every level of kernel IR

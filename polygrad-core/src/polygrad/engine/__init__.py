@@ -1,1 +1,2 @@
-"""The execution pipeline: schedule -> lower -> render -> compile -> run."""
+"""Execution: run schedules (realize.py), compile and cache programs (programs.py, rendercache.py), record
+and replay launches (capture.py, live.py); above Tensor, the JIT (jit.py) and custom kernels (custom.py)."""

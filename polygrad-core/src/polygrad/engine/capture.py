@@ -53,8 +53,10 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 from polygrad import config
 from polygrad.config import current as settings
 from polygrad.device import Buffer, debug_alloc, note_overwrite
-from polygrad.engine import realize
+from polygrad.engine import programs, realize
+from polygrad.engine.live import live_tensors
 from polygrad.errors import PolygradError
+from polygrad.random import next_key_values
 from polygrad.uop.ops import Ops, UOp
 
 
@@ -69,7 +71,7 @@ class Launch:
     kind: str  # "kernel" | "copy"
     device: str
     ast: UOp | None  # the device-independent kernel SINK (None for a copy)
-    program: Any  # realize.CompiledProgram (None for a copy)
+    program: Any  # programs.CompiledProgram (None for a copy)
     buffers: list[Buffer]  # slot order; [dst, src] for a copy
     var_vals: dict[str, int] = field(default_factory=dict)
 
@@ -139,7 +141,7 @@ def _was_alive(cap: "Capture", t: Any) -> bool:
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """Launches in the block are not recorded: work the captured function did not ask for (values
-    computed before a write they would otherwise miss, engine/overwrites.py) stays out of replays."""
+    computed before a write they would otherwise miss, schedule/overwrites.py) stays out of replays."""
     captures, hooks = recording.captures, realize.capture_hooks()
     saved = list(captures)
     captures.clear()
@@ -155,7 +157,7 @@ def paused() -> Iterator[None]:
 
 
 def note_rng_key(t: Any) -> None:
-    """Called by polygrad.random for each key tensor it makes: graphs refill these before each replay."""
+    """Called by tensor_random.py for each key tensor it makes: graphs refill these before each replay."""
     for cap in recording.captures:
         cap.rng_keys.append(t)
 
@@ -165,7 +167,7 @@ class Capture:
 
     def __init__(self) -> None:
         self.launches: list[Launch] = []
-        self.rng_keys: list[Any] = []  # Tensors made by polygrad.random while active
+        self.rng_keys: list[Any] = []  # key Tensors tensor_random.py made while active
         self._created: set[int] = set()  # ids of recorded buffers the captured work made
         self._state = "new"
         self._thread = 0  # threading.get_ident() of the thread recording
@@ -177,7 +179,6 @@ class Capture:
         if self._state != "new":
             raise CaptureError(f"this capture is {self._state}; a Capture records once, make a new "
                                "capture() for another recording")
-        from polygrad.tensor import live_tensors
         self.older = {id(t): weakref.ref(t) for t in live_tensors()}
         captures, hooks = recording.captures, realize.capture_hooks()
         if not captures:
@@ -365,7 +366,7 @@ class CapturedGraph:
                scratch: Sequence[Buffer] | None = None, outputs: bool = True) -> list[Buffer]:
         """replay() without the input checks, for callers that checked already (TinyJit, linalg); with
         outputs=False it returns [] (TinyJit hands back its captured tensors instead)."""
-        note_overwrite()  # it writes into buffers that may hold values (engine/computed.py)
+        note_overwrite()  # it writes into buffers that may hold values (schedule/computed.py)
         if scratch is not None:
             self.bind_scratch(scratch)
         handles = [b._handle if b._handle is not None else b.handle for b in inputs]
@@ -381,7 +382,6 @@ class CapturedGraph:
         # (the same handles are the same buffers: the graph holds the buffers it was last given, so
         # their allocations cannot have passed to others)
         if self.rng_slots:
-            from polygrad.random import next_key_values
             for s in self.rng_slots:
                 table[s].copyin(next_key_values())
         if var_vals or self._missing_vars:
@@ -392,14 +392,14 @@ class CapturedGraph:
                 t0 = time.perf_counter()
                 for fn, args, vv in plan:
                     fn(args, vv, False)
-                realize.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
+                programs.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
         elif recording.captures or settings.values.get("DEBUG", 0) >= 1 or debug_alloc.on:
             self._launch_recorded(self._plan)
         else:
             t0 = time.perf_counter()
             for run in self._launchers:
                 run()
-            realize.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
+            programs.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
         return [table[s] for s in self.output_slots] if outputs else []
 
     def _plan_with(self, var_vals: dict[str, int] | None) -> list[tuple[Any, list[Any], Any]]:
@@ -438,5 +438,5 @@ class CapturedGraph:
             if recording.captures:
                 _record(Launch(x.kind, x.device, x.ast, x.program, list(bufs), dict(zip(names, vv))),
                         [bufs[p] for p in mid])
-        realize.count_kernels(n, ops, mem, dt)
+        programs.count_kernels(n, ops, mem, dt)
 

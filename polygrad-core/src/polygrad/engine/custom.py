@@ -1,8 +1,9 @@
 """Custom kernels: user-written kernel IR that runs through the normal scheduler and caches.
 
-Stage: graph construction. Input: tensors and `fxn(*placeholders) -> SINK` written with the public
-kernel-IR builders (`UOp.range`, indexing, `store`, `end`, `sink`, `KernelInfo`). Output: one
-AFTER tensor per input, ordered after a CUSTOM tensor-graph node whose arg is the returned SINK.
+Stage: graph construction (above Tensor: it adds `Tensor.custom_kernel`). Input: tensors and
+`fxn(*placeholders) -> SINK` written with the public kernel-IR builders (`UOp.range`, indexing,
+`store`, `end`, `sink`, `KernelInfo`). Output: one AFTER tensor per input, ordered after a CUSTOM
+tensor-graph node whose arg is the returned SINK.
 
 The scheduler turns the CUSTOM node into a kernel step over the inputs' buffers (slot i is the i-th
 tensor, the one `custom_kernel` is called on first). A SINK without `KernelInfo` is not a kernel
@@ -22,7 +23,7 @@ import dataclasses
 from typing import Any, Callable
 
 from polygrad.errors import DeviceError
-from polygrad.tensor import _effect_ids
+from polygrad.tensor import Tensor, _check_runtimes, _effect_ids
 from polygrad.uop.names import plain_name
 from polygrad.uop.ops import ELEMENTWISE, AxisKind, KernelInfo, Ops, UOp, vector_width
 
@@ -32,7 +33,6 @@ def custom_kernel(self: Any, *srcs: Any, fxn: Callable[..., UOp]) -> list[Any]:
 
     `fxn` receives one placeholder per tensor (shape and dtype of that tensor) and returns a SINK.
     """
-    from polygrad.tensor import Tensor, _check_runtimes
     if fxn is None or not callable(fxn):
         raise TypeError("custom_kernel needs fxn=, a function taking placeholders and returning a SINK")
     tensors = [self, *srcs]
@@ -106,3 +106,7 @@ def _lane(u: UOp, k: int, memo: dict[UOp, UOp]) -> UOp:
     memo[u] = out
     return out
 
+
+# x.custom_kernel(*srcs, fxn=...): this module builds on Tensor, so it adds the method to the class when
+# imported (polygrad/__init__.py imports it), and tensor.py never reaches up to it
+Tensor.custom_kernel = custom_kernel  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
 """The JIT: capture the kernels a function runs once, then replay them with new input buffers.
 
-Stage: execution. Input: a Python function over Tensors. Output: the same results, computed on later
-calls by launching the captured programs directly, with no scheduling, lowering or compiling.
+Stage: execution (above Tensor: it builds on the Tensor class and the capture layer). Input: a Python
+function over Tensors. Output: the same results, computed on later calls by launching the captured
+programs directly, with no scheduling, lowering or compiling.
 
 The behaviour follows tinygrad's `TinyJit`:
   call 1   runs the function normally (kernels compile, lazy parameters get realized);
@@ -43,8 +44,9 @@ from typing import Any, Callable
 from polygrad import config
 from polygrad.device import Buffer
 from polygrad.engine.capture import CapturedGraph, capture, recording
-from polygrad.engine.capture import note_rng_key as note_rng_key  # polygrad.random imports it from here
 from polygrad.errors import PolygradError
+from polygrad.tensor import Tensor, _is_realized
+from polygrad.tensor_common import guarded
 from polygrad.uop import sint
 from polygrad.uop.ops import Ops, UOp
 
@@ -71,14 +73,12 @@ class _Same:
         return f"<{type(self.obj).__name__} object at {id(self.obj):#x}>"
 
 
-_tensor_type: list[Any] = [None]  # polygrad.tensor.Tensor, once a TinyJit imported it (tensor imports this module)
 _VALUE_TYPES = (int, float, complex, str, bytes, bool, type(None))
 
 
 def _walk_args(value: Any, path: str, tensors: list[tuple[str, Any]], binds: list[tuple[str, UOp]]) -> Any:
     """The capture-key form of an argument; Tensors found inside lists, tuples and dicts are appended
     to `tensors` with their path (`0`, `1[2]`, `opts['x']`), bound Variables to `binds`."""
-    from polygrad.tensor import Tensor
     if isinstance(value, Tensor):
         tensors.append((path, value))
         return ("tensor",)
@@ -121,7 +121,6 @@ def _prepare_inputs(args: tuple, kwargs: dict) -> tuple[list[Buffer], list[tuple
     """Realize the input tensors; return their buffers, the (path, shape, dtype, device) they had (shapes
     with their variables unbound), this call's variable values (from those shapes and from the bound
     variables, v.bind(n), among the arguments) and the key of the other arguments."""
-    from polygrad.tensor import Tensor, _is_realized
     named, binds, key = _input_tensors(args, kwargs)
     pending = [t for _, t in named if not _is_realized(t.uop)]
     if pending:
@@ -159,7 +158,6 @@ class _NoReadback:
 
 def _result_tensors(ret: Any) -> list[Any]:
     """The Tensors inside a function's return value (a Tensor, or lists/tuples/dicts of them)."""
-    from polygrad.tensor import Tensor
     if isinstance(ret, Tensor):
         return [ret]
     if isinstance(ret, (list, tuple)):
@@ -234,7 +232,7 @@ class TinyJit:
         last = self._last_inputs
         if last is not None and not kwargs and len(args) == len(last[0]):
             for a, n in zip(args, last[0]):
-                if type(a) is not _tensor_type[0] or a.uop is not n:
+                if type(a) is not Tensor or a.uop is not n:
                     break
             else:
                 for b in last[1][0]:
@@ -242,15 +240,12 @@ class TinyJit:
                         break
                 else:
                     return last[1]  # type: ignore[return-value]
-        from polygrad.tensor import Tensor
-        _tensor_type[0] = Tensor
         prepared = _prepare_inputs(args, kwargs)
         plain = self.graph is not None and not kwargs and all(type(a) is Tensor for a in args)
         self._last_inputs = (tuple(a.uop for a in args), prepared) if plain else None
         return prepared
 
     def _run_plain(self, args: tuple, kwargs: dict) -> Any:
-        from polygrad.tensor import Tensor
         ret = self.fn(*args, **kwargs)
         outs = _result_tensors(ret)
         if outs:
@@ -258,7 +253,6 @@ class TinyJit:
         return ret
 
     def _capture(self, args: tuple, kwargs: dict, buffers: list[Buffer], info: list[tuple], key: tuple) -> Any:
-        from polygrad.tensor_common import guarded
         with guarded(_NoReadback()), capture() as cap:
             ret = self._run_plain(args, kwargs)
         if not cap.launches:
@@ -350,7 +344,6 @@ class CompiledCallable:
 
 
 def _as_list(inputs: Any) -> list[Any]:
-    from polygrad.tensor import Tensor
     if isinstance(inputs, Tensor):
         return [inputs]
     if not isinstance(inputs, (list, tuple)):

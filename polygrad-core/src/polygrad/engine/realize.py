@@ -1,4 +1,4 @@
-"""Run schedules: compile (cached) and launch kernels, copy between devices, keep the counters.
+"""Run schedules: launch each step's kernel (compiled through engine/programs.py), copy between devices.
 
 Stage: execution. Input: a Template and its input buffers from the scheduler. Output: filled
 buffers and the tensors' new buffer views. `engine/capture.py` listens here (`capture_hooks()`, the
@@ -11,69 +11,15 @@ from __future__ import annotations
 
 import sys
 import threading
-from dataclasses import dataclass
-from time import perf_counter
 from typing import Any, Callable
 
-from polygrad import config
-from polygrad.config import current as settings
-from polygrad.device import Buffer, GlobalCounters, counts, debug_alloc, open_device  # noqa: F401 (re-exported)
-from polygrad.engine import computed, rendercache
-from polygrad.engine.lower import lower
-from polygrad.engine.program import ProgramSpec
-from polygrad.engine.search import choose_opts
-from polygrad.engine.schedule import (SlotRef, Template, capacity_buffers, denormalize, normalize, record_effects,
-                                      template_for)
-from polygrad.errors import VariableError
+from polygrad.device import Buffer, debug_alloc
+from polygrad.engine.programs import get_program, prepare, runtime_stats
+from polygrad.schedule import computed
+from polygrad.schedule.normalize import SlotRef, capacity_buffers, denormalize, normalize, record_effects
+from polygrad.schedule.template import Template, template_for
 from polygrad.uop import dataflow, sint
 from polygrad.uop.ops import Ops, UOp
-
-
-@dataclass
-class CompiledProgram:
-    spec: ProgramSpec
-    device: str
-    program: Any
-    source: str
-
-    def var_args(self, var_vals: dict[UOp, int] | None) -> tuple[int, ...]:
-        """The values of this kernel's variables, in the order of its parameters (spec.vars)."""
-        if not self.spec.vars:
-            return ()
-        try:
-            return tuple(var_vals[v] for v in self.spec.vars)  # type: ignore[index]
-        except (KeyError, TypeError):
-            missing = [v.arg[0] for v in self.spec.vars if not var_vals or v not in var_vals]
-            raise VariableError(f"kernel {self.spec.name} needs a value for Variable {missing[0]!r}; bind it "
-                                "(v.bind(n)) in the tensors being realized") from None
-
-    def __call__(self, buffers: list[Buffer], var_vals: dict[UOp, int] | None = None) -> None:
-        self.launch([b._handle if b._handle is not None else b.handle for b in buffers], var_vals, buffers)
-
-    def launch(self, handles: list[Any], var_vals: dict[UOp, int] | None = None,
-               buffers: list[Buffer] | None = None) -> None:
-        """Run with the buffers' handles already taken (run_template); `buffers` is for POLY_DEBUG_ALLOC's check."""
-        spec = self.spec
-        args = self.var_args(var_vals) if spec.vars else ()
-        debug = settings.values.get("DEBUG", 0)
-        t0 = perf_counter()
-        self.program(handles, args, debug >= 2)
-        dt = perf_counter() - t0
-        if debug_alloc.on and buffers is not None:
-            debug_alloc.check(buffers, f"kernel {spec.name}")
-        counts.kernel_count += 1
-        counts.global_ops += spec.ops
-        counts.global_mem += spec.mem_bytes
-        counts.time_sum_s += dt
-        runtime_stats["kernels_run"] += 1
-        if debug >= 1:
-            extra = f" {dt * 1e6:9.1f} us" if debug >= 2 else ""
-            print(f"*** {self.device:6s} {spec.name:30s} ops={spec.ops}{extra}")
-
-
-program_cache: dict[tuple[UOp, str], CompiledProgram] = {}
-runtime_stats: dict[str, int] = {"programs_compiled": 0, "program_cache_hits": 0, "kernels_run": 0,
-                                 "schedules_built": 0, "copies": 0}
 
 
 class _ThreadHooks(threading.local):
@@ -91,81 +37,6 @@ def capture_hooks() -> list[Callable[[Any, Any, list[Buffer], int, dict], None]]
     """The running thread's hook list. Installed only by engine/capture.py (use `with capture():`
     instead of appending here)."""
     return _thread_hooks.hooks
-
-
-def count_kernels(n: int, ops: int, mem_bytes: int, seconds: float) -> None:
-    """Add launched kernels to GlobalCounters and runtime_stats (for replays that launch many at once)."""
-    counts.kernel_count += n
-    counts.global_ops += ops
-    counts.global_mem += mem_bytes
-    counts.time_sum_s += seconds
-    runtime_stats["kernels_run"] += n
-
-
-def get_program(ast: UOp, device: str) -> CompiledProgram:
-    key = (ast, device)
-    hit = program_cache.get(key)
-    if hit is not None:
-        runtime_stats["program_cache_hits"] += 1
-        return hit
-    return get_programs([ast], device)[0]
-
-
-def get_programs(asts: list[UOp], device: str) -> list[CompiledProgram]:
-    """Programs for several kernels of one device. The missing ones are lowered and rendered, then
-    compiled in one go when the device offers `compile_many` (one compiler process for a schedule)."""
-    # the programs are taken from this call's own table, not the cache, which collect() may empty meanwhile
-    # from another thread (two threads missing at once compile twice, and either result serves)
-    got = {a: hit for a in asts if (hit := program_cache.get((a, device))) is not None}
-    todo = list(dict.fromkeys(a for a in asts if a not in got))
-    if todo:
-        impl = open_device(device)
-        specs, sources = [], []
-        for ast in todo:
-            spec, source = lower_and_render(ast, device, impl)
-            specs.append(spec)
-            sources.append(source)
-        for spec, source in zip(specs, sources):
-            if config.get("DEBUG") >= 3:  # each level adds to the one below: 4 shows the IR and the source
-                print(spec.ast)
-            if config.get("POLY_DUMP_KERNELS") or config.get("DEBUG") >= 4:
-                print(f"// ---- {device} kernel {spec.name} (opts {list(spec.opts)})\n{source}")
-        if impl.compile_many is not None and len(sources) > 1:
-            binaries = impl.compile_many(sources)
-        else:
-            binaries = [impl.compile(source) for source in sources]
-        for ast, spec, source, binary in zip(todo, specs, sources, binaries):
-            got[ast] = program_cache[(ast, device)] = CompiledProgram(spec, device, impl.load(spec, binary), source)
-            runtime_stats["programs_compiled"] += 1
-    return [got[a] for a in asts]
-
-
-def lower_and_render(ast: UOp, device: str, impl: Any) -> tuple[ProgramSpec, Any]:
-    """The lowered spec and the device's source for a kernel: from the on-disk render cache when the
-    device allows it and an earlier process made them (engine/rendercache.py), else made now (and stored)."""
-    opts = choose_opts(ast, device)
-    if not impl.render_cacheable:
-        spec = lower(ast, impl.capabilities, opts)
-        return spec, impl.render(spec)
-    name = rendercache.key(ast, device, impl, opts)
-    hit = rendercache.load(device, name)
-    if hit is not None:
-        return hit
-    spec = lower(ast, impl.capabilities, opts)
-    source = impl.render(spec)
-    rendercache.store(device, name, spec, source)
-    return spec, source
-
-
-def prepare(tpl: Template) -> None:
-    """Compile a template's missing programs before its first run, each device's together."""
-    by_device: dict[str, list[UOp]] = {}
-    for step in tpl.steps:
-        if step.kind == "kernel" and (step.ast, step.device) not in program_cache:
-            by_device.setdefault(step.device, []).append(step.ast)
-    for device, asts in by_device.items():
-        get_programs(asts, device)
-    tpl.prepared = True
 
 
 def copy_buffer(dst: Buffer, src: Buffer) -> None:
@@ -240,7 +111,7 @@ def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | N
     back: the caller must first order its reads and writes (Tensor's _realize_tensors)."""
     effects: list[UOp] = []
     var_vals: dict[UOp, int] = {}
-    # values computed before are read, and this realize's are kept (engine/computed.py), unless a
+    # values computed before are read, and this realize's are kept (schedule/computed.py), unless a
     # capture records: it must see every kernel its work needs
     capturing = bool(_thread_hooks.hooks)  # this thread's capture_hooks(), inline
     walked: dict[UOp, UOp] | None = None if capturing else {}

@@ -31,11 +31,11 @@ import sys
 from typing import Any
 
 from polygrad import config
+from polygrad.codegen.opts import Opt, OptKind
+from polygrad.codegen.search import kernel_key
+from polygrad.contract import GlobalArg, ProgramSpec
 from polygrad.diskcache import cache_dir, read_entry, write_entry
 from polygrad.dtype import DType
-from polygrad.engine.lower import Opt, OptKind
-from polygrad.engine.program import GlobalArg, ProgramSpec
-from polygrad.engine.search import kernel_key
 from polygrad.uop import serialize
 from polygrad.uop.ops import UOp
 

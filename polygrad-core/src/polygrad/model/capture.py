@@ -26,11 +26,11 @@ from polygrad.config import Context
 from polygrad.device import Buffer
 from polygrad.dtype import dtypes
 from polygrad.engine.capture import capture
-from polygrad.engine.schedule import capacity_buffers
 from polygrad.model.errors import ModelCaptureError, ModelError
 from polygrad.model.program import Entry, Program, Spec
 from polygrad.model.signature import caches_of, extra_entrypoints, out_shape, params_of, spec_of, split_inputs
 from polygrad.model.table import SlotTable, entry_of
+from polygrad.schedule.normalize import capacity_buffers
 from polygrad.tensor import Tensor, _buffer_uop
 from polygrad.tensor_common import guarded
 from polygrad.uop import sint

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from polygrad.device import Buffer, note_overwrite
-from polygrad.engine import realize
+from polygrad.engine import programs, realize
 from polygrad.model.program import Program, program_flow
 from polygrad.tensor import Tensor, _buffer_uop
 
@@ -56,7 +56,7 @@ class Executor:
     def program(self, k: int) -> Any:
         prog = self.programs.get(k)
         if prog is None:
-            prog = self.programs[k] = realize.get_program(self.prog.kernels[k], self.device)
+            prog = self.programs[k] = programs.get_program(self.prog.kernels[k], self.device)
         return prog
 
     def plan(self, name: str) -> list:
@@ -98,7 +98,7 @@ class Executor:
             self.bufs[s].copyin(np.array(self.prog.rng, dtype=np.uint32))
             self.prog.rng[1] = (self.prog.rng[1] + 1) & 0xFFFFFFFF
         n = ops = mem = 0
-        note_overwrite()  # its programs write into buffers that may hold values (engine/computed.py)
+        note_overwrite()  # its programs write into buffers that may hold values (schedule/computed.py)
         t0 = time.perf_counter()
         try:
             for prog, hs, names in plan:
@@ -111,7 +111,7 @@ class Executor:
         finally:
             for s in patched:
                 self.rebind(s, self.bufs[s])
-        realize.count_kernels(n, ops, mem, time.perf_counter() - t0)
+        programs.count_kernels(n, ops, mem, time.perf_counter() - t0)
 
     def unwritten_outputs(self) -> set[int]:
         """Output slots that some entrypoint reads, or returns, without a proven full write before

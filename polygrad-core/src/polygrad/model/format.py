@@ -20,18 +20,18 @@ import numpy as np
 
 from polygrad import bundle
 from polygrad.bundle import BundleError, check_int, get, get_int, need
+from polygrad.codegen.passes import simplify_indices
 from polygrad.definitions import bundle as bundle_format
 from polygrad.definitions import optimizer as optimizer_table
 from polygrad.dtype import DType
-from polygrad.engine.lower import simplify_indices
 from polygrad.errors import PolygradError
 from polygrad.limits import MAX_CALLS, MAX_DIMS, MAX_ELEMENTS, MAX_NAME, MAX_SLOTS, MAX_SPECS
 from polygrad.model.optim import optimizer_config
 from polygrad.model.program import ROLES, STORED, Call, Entry, Program, Slot, Spec, dtype_name, program_flow
 from polygrad.uop import serialize, sint
 from polygrad.uop.ops import Ops, UOp
-from polygrad.uop.validate import check_kernel, declared_count, kernel_work
 from polygrad.uop.transcendental import decompose_transcendentals
+from polygrad.uop.validate import check_kernel, declared_count, kernel_work
 
 # the hyperparameters a bundle's optimizer may carry and their JSON kinds (docs/bundle-format.md 2.6)
 OPTIMIZER_HYPER: dict[str, dict[str, str]] = optimizer_table.HYPER_KINDS

@@ -16,6 +16,7 @@ from polygrad.nn import init
 from polygrad.dtype import dtypes
 from polygrad.tensor import Tensor
 from polygrad.tensor_movement import _tuple
+from polygrad.tensor_indexing import check_host_index, take
 
 
 def is_training() -> bool:
@@ -63,7 +64,6 @@ class Embedding:
     def __call__(self, idx: Tensor) -> Tensor:
         if idx.dtype.is_float:
             raise TypeError(f"Embedding indices must be integers, got {idx.dtype}; cast with .int()")
-        from polygrad.tensor_indexing import check_host_index, take
         check_host_index(idx, self.num_embeddings, 0)
         weight = self.weight
         if self.padding_idx is not None:  # evaluated only at the rows looked up

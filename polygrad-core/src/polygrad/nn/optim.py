@@ -21,7 +21,8 @@ import numpy as np
 from polygrad.config import get as get_setting
 from polygrad.definitions import optimizer as optimizer_table
 from polygrad.errors import InvalidArgumentError, TrainingModeError
-from polygrad.tensor import Tensor
+from polygrad.schedule.overwrites import buffer_ids, readers_of
+from polygrad.tensor import Tensor, lazy_values, realize_outside_captures
 
 __all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "OptimizerGroup", "check_hyperparameters"]
 
@@ -146,7 +147,7 @@ class Optimizer:
         `realize_with` (e.g. the loss) is realized together with the gradients, sharing their kernels,
         before any parameter changes. So is every other live lazy value computed from the parameters
         or the optimizer's state (an unread loss): it keeps the value it had when it was built, as in
-        PyTorch (engine/overwrites.py).
+        PyTorch (schedule/overwrites.py).
         """
         Tensor.realize_all(*self.schedule_step(*realize_with))
 
@@ -250,8 +251,6 @@ def _flat_groups(params: list[Tensor]) -> list[_FlatState]:
 def _stale_readers(state: list[Tensor], inputs: list[Tensor]) -> list[Tensor]:
     """Live lazy values computed from the tensors a step overwrites (the loss, say): realized with the
     gradients, sharing their kernels, so they keep the values they had when built."""
-    from polygrad.engine.overwrites import buffer_ids, readers_of
-    from polygrad.tensor import lazy_values, realize_outside_captures
     # those made before an active capture (TinyJit, Model) began are not the step's work: not recorded
     return realize_outside_captures(readers_of(buffer_ids(t.uop for t in state), lambda: lazy_values(inputs)))
 

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import numpy as np
 
 from polygrad.dtype import DType, dtypes
-from polygrad.engine.program import ProgramSpec
+from polygrad.contract import ProgramSpec
 from polygrad.renderer.cstyle_ops import MASK_RULES, SCALAR_RULES, SIGNED_OF_SIZE, VECTOR_RULES, Rule, apply_rule
 from polygrad.renderer.linear_passes import LinearPasses, simplify_linear
 from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, var_name

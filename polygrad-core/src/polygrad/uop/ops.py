@@ -90,6 +90,17 @@ MOVEMENT = _ops(op_table.MOVEMENT_OPS)
 COMMUTATIVE = _ops(op_table.COMMUTATIVE)
 
 
+def reduce_identity(op: Ops, dt: DType) -> Any:
+    """The value a reduction by `op` (ADD, MUL, MAX) starts from: what it gives over no elements."""
+    if op is Ops.ADD:
+        return 0
+    if op is Ops.MUL:
+        return 1
+    if op is Ops.MAX:
+        return -math.inf if dt.is_float else (dtypes.min(dt) if dt is not dtypes.bool else False)
+    raise NotImplementedError(f"no identity for reduce {op}")
+
+
 @dataclass(frozen=True)
 class KernelInfo:
     """Marks the root SINK of an executable kernel; `name` shows up in dumps and stats."""

@@ -29,12 +29,7 @@ from polygrad.definitions import dtypes as dtype_table
 from polygrad.dtype import DType, dtypes
 from polygrad.errors import PolygradError
 from polygrad.limits import MAX_ARG_DEPTH, MAX_NODES
-from polygrad.uop.ops import KernelInfo, Ops, UOp
-
-try:  # RANGE kinds: (axis id, AxisKind) where ops.py has the enum, plain strs before it
-    from polygrad.uop.ops import AxisKind
-except ImportError:  # pragma: no cover
-    AxisKind = None
+from polygrad.uop.ops import AxisKind, KernelInfo, Ops, UOp
 
 FORMAT = bundle_format.KERNEL_FORMAT
 VERSION = bundle_format.KERNEL_VERSION  # writers use 1 unless a ["uop", index] arg needs 2
@@ -100,7 +95,7 @@ def encode_arg(arg: Any, depth: int = 0, refs: dict[UOp, int] | None = None) -> 
         return ["op", arg.name]
     if t is DType:
         return ["dtype", DTYPE_NAMES[arg]]
-    if AxisKind is not None and t is AxisKind:
+    if t is AxisKind:
         return ["axis_kind", arg.value]
     if t is KernelInfo:
         if type(arg.name) is not str or type(arg.opts) is not tuple:
@@ -158,11 +153,9 @@ def decode_arg(obj: Any, where: str = "arg", depth: int = 0, built: list[UOp] | 
     if tag == "dtype":
         return _dtype_named(val, where)
     if tag == "axis_kind":
-        if type(val) is str and AxisKind is None:
-            return val  # an IR whose RANGE kinds are plain strs
         kind = AxisKind._value2member_map_.get(val) if type(val) is str else None
         if kind is None:
-            known = ", ".join(k.value for k in AxisKind) if AxisKind is not None else "any str"
+            known = ", ".join(k.value for k in AxisKind)
             raise KernelFormatError(f"{where}: unknown axis kind {val!r:.40}; use one of {known}")
         return kind
     if tag == "kernel_info":

@@ -15,10 +15,14 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from polygrad.dtype import dtypes
 from polygrad.errors import VariableError
 from polygrad.uop.names import NAME_RULE, is_plain_name
 from polygrad.uop.ops import Ops, UOp, provided
+from polygrad.uop.rewrite import graph_rewrite
+from polygrad.uop.symbolic import bounds, symbolic_rules
 
 MAX_BOUND = 2**31 - 1  # variables are int32 kernel parameters
 
@@ -48,7 +52,6 @@ def Variable(name: str, min_val: int, max_val: int) -> UOp:  # noqa: N802 (tinyg
 
 
 def _is_int(v: Any) -> bool:
-    import numpy as np
     return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
@@ -95,8 +98,6 @@ def canon(x: Any) -> Any:
         return hit
     if x.dtype is None or not (x.dtype.is_int):
         raise TypeError(f"a size must be an int or an integer symbolic expression, got {x.op.name} {x.dtype}")
-    from polygrad.uop.rewrite import graph_rewrite
-    from polygrad.uop.symbolic import symbolic_rules
     out = graph_rewrite(x, symbolic_rules)
     res: Any = int(out.arg) if out.op is Ops.CONST else out
     if len(_simplified) > 100000:
@@ -270,7 +271,6 @@ def value(x: Any) -> int:
 def vmin(x: Any) -> int:
     if not isinstance(x, UOp):
         return int(x)
-    from polygrad.uop.symbolic import bounds
     return bounds(x)[0]
 
 
@@ -278,7 +278,6 @@ def vmax(x: Any) -> int:
     """The largest value a size can take over its variables' bounds (what buffers are allocated for)."""
     if not isinstance(x, UOp):
         return int(x)
-    from polygrad.uop.symbolic import bounds
     return bounds(x)[1]
 
 

@@ -1,6 +1,6 @@
 """Transcendentals as plain IR arithmetic: EXP2, LOG2 and SIN rewritten into polynomials.
 
-Stage: lowering (pass `decompose_transcendentals`, run by `engine/lower.lower`). Input: kernel IR
+Stage: lowering (pass `decompose_transcendentals`, run by `codegen/lower.lower`). Input: kernel IR
 that may hold EXP2/LOG2/SIN. Output: the same kernel with those ops replaced by ADD/MUL/FDIV/TRUNC/
 WHERE/CAST/BITCAST/SHL/SHR/AND/OR on IEEE values, so every backend (C, NumPy, machine code,
 JavaScript) computes the same bits from the IR alone instead of from its own libm.

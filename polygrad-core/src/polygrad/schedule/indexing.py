@@ -11,8 +11,7 @@ from __future__ import annotations
 import threading
 
 from polygrad.dtype import dtypes
-from polygrad.renderer.linearize import reduce_identity
-from polygrad.uop.ops import COMPARISONS, ELEMENTWISE, AxisKind, KernelInfo, Ops, UOp
+from polygrad.uop.ops import COMPARISONS, ELEMENTWISE, AxisKind, KernelInfo, Ops, UOp, reduce_identity
 from polygrad.uop.sint import is_sym, sadd, smul, sprod, ssub, sym_equal, vmax
 
 TRUE = UOp.const(dtypes.bool, True)

@@ -27,10 +27,13 @@ from typing import Any
 import numpy as np
 
 from polygrad import config
+from polygrad.codegen.analysis import ranges_of, thread_axis
+from polygrad.codegen.lower import default_opts, lower
+from polygrad.codegen.opts import Opt, OptKind, apply_opts
+from polygrad.codegen.passes import simplify_indices
+from polygrad.device import Buffer, open_device
 from polygrad.diskcache import cache_dir, read_entry, write_entry
 from polygrad.errors import CompileError
-from polygrad.engine.lower import (Opt, OptKind, apply_opts, default_opts, lower, ranges_of, simplify_indices,
-                                   thread_axis)
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 
 AMOUNTS = (2, 4, 8, 16)
@@ -50,7 +53,6 @@ def choose_opts(ast: UOp, device: str) -> list[Opt] | None:
     width = config.get("BEAM")
     if width <= 0 or config.get("NOOPT") or not _searchable(ast):
         return None
-    from polygrad.device import open_device
     impl = open_device(device)
     if not getattr(impl.capabilities, "supports_beam", True):
         return None
@@ -155,7 +157,6 @@ class _Timer:
     """Compiles and times candidates of one kernel on scratch buffers."""
 
     def __init__(self, ast: UOp, impl: Any):
-        from polygrad.device import Buffer
         self.ast, self.impl = ast, impl
         spec = lower(ast, None, [])
         self.buffers = []

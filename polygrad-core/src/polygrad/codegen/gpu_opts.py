@@ -1,7 +1,7 @@
 """Heuristic optimisations for GPU-style devices (Capabilities.has_local_memory): LOCAL, GROUP, UPCAST, TC.
 
 Stage: lowering (device optimisation). Input: a simplified kernel AST and the device's Capabilities.
-Output: the Opts `engine/lower.apply_opts` applies; `renderer/launch.py` then maps GLOBAL ranges to
+Output: the Opts `codegen/opts.apply_opts` applies; `renderer/launch.py` then maps GLOBAL ranges to
 grid indices and LOCAL/GROUP ranges to block indices. Host devices never reach this module
 (`lower.default_opts` calls it only when `caps.has_local_memory`), so CPU kernels are unchanged.
 
@@ -18,6 +18,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from polygrad.codegen.analysis import range_size
+from polygrad.codegen.opts import Opt, OptKind, apply_opts
+from polygrad.codegen.passes import simplify_indices
 from polygrad.uop.ops import AxisKind, Ops, UOp
 from polygrad.uop.symbolic import range_coeff
 
@@ -28,10 +31,6 @@ GROUP_MIN_REDUCE = 2048   # a shorter reduction runs fast enough in one thread
 GROUP_MAX_OUTPUTS = 2048  # with more outputs the grid alone fills the device
 TILE = 4                  # register tile side (rows and columns per thread) of matmul-like kernels
 TC_TILE = (16, 8, 16)     # mma.sync m16n8k16: rows, columns, reduce of one warp's tile
-
-
-def _size(r: UOp) -> int | None:
-    return int(r.src[0].arg) if r.src[0].op is Ops.CONST else None
 
 
 def _ranges(ast: UOp) -> dict[int, UOp]:
@@ -58,7 +57,6 @@ def _store_of(block: UOp) -> UOp:
 
 def gpu_opts(ast: UOp, caps: Any) -> list:
     """The heuristic opts for a GPU-style device (module docstring)."""
-    from polygrad.engine.lower import Opt, OptKind, apply_opts, simplify_indices
     end = _single_store(ast)
     if end is None:
         return []
@@ -66,12 +64,12 @@ def gpu_opts(ast: UOp, caps: Any) -> list:
     if tc:
         return tc
     reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE]
-    glob = [r for r in _block_ranges(end) if r.arg[1] == AxisKind.GLOBAL and _size(r) is not None]
-    outputs = math.prod(_size(r) for r in glob)
+    glob = [r for r in _block_ranges(end) if r.arg[1] == AxisKind.GLOBAL and range_size(r) is not None]
+    outputs = math.prod(range_size(r) for r in glob)
     opts: list = []
     if len(reduces) == 1 and outputs <= GROUP_MAX_OUTPUTS:
         inner = reduces[0].src[-1]
-        size = _size(inner)
+        size = range_size(inner)
         if inner.arg[1] == AxisKind.REDUCE and size is not None and size >= GROUP_MIN_REDUCE:
             amount = next((a for a in GROUP_AMOUNTS if size % a == 0), 0)
             if amount:
@@ -83,36 +81,34 @@ def gpu_opts(ast: UOp, caps: Any) -> list:
 
 
 def _upcast_opts(end: UOp, reduces: list[UOp], glob: list[UOp], caps: Any) -> list:
-    from polygrad.engine.lower import Opt, OptKind
     store_index = _store_of(end).src[0].src[1]
     last = glob[-1]
     if reduces:
         loads = [n.src[0].src[1] for n in end.toposort() if n.op is Ops.LOAD]
         reused = any(range_coeff(ix, last) == 0 for ix in loads) and len(glob) >= 2
         rows = glob[-2] if len(glob) >= 2 else None
-        if reused and rows is not None and _size(last) % (TILE * 16) == 0 and _size(rows) % (TILE * 16) == 0:
+        if reused and rows is not None and range_size(last) % (TILE * 16) == 0 and range_size(rows) % (TILE * 16) == 0:
             return [Opt(OptKind.UPCAST, rows.arg[0], TILE), Opt(OptKind.UPCAST, last.arg[0], TILE)]
         return []
     width = int(getattr(caps, "vector_width", 1) or 1)
-    if width > 1 and _size(last) % (width * 32) == 0 and range_coeff(store_index, last) == 1:
+    if width > 1 and range_size(last) % (width * 32) == 0 and range_coeff(store_index, last) == 1:
         return [Opt(OptKind.UPCAST, last.arg[0], width)]
     return []
 
 
 def _local_opts(ast: UOp) -> list:
     """LOCAL splits of the innermost global ranges until a block has about LOCAL_THREADS threads."""
-    from polygrad.engine.lower import Opt, OptKind
     end = _single_store(ast)
     if end is None:
         return []
     # a grouped reduction's threads count against the block
     groups = [r for r in ast.toposort() if r.op is Ops.RANGE and r.arg[1] == AxisKind.GROUP]
-    threads = math.prod(_size(r) or 1 for r in groups)
+    threads = math.prod(range_size(r) or 1 for r in groups)
     opts = []
-    glob = [r for r in _block_ranges(end) if r.arg[1] == AxisKind.GLOBAL and _size(r) is not None]
+    glob = [r for r in _block_ranges(end) if r.arg[1] == AxisKind.GLOBAL and range_size(r) is not None]
     for r in reversed(glob[-2:]):
         budget = LOCAL_THREADS // threads
-        amount = next((a for a in LOCAL_AMOUNTS if a <= budget and _size(r) % a == 0), 0)
+        amount = next((a for a in LOCAL_AMOUNTS if a <= budget and range_size(r) % a == 0), 0)
         if amount < 2:
             break
         opts.append(Opt(OptKind.LOCAL, r.arg[0], amount))
@@ -125,7 +121,6 @@ def _local_opts(ast: UOp) -> list:
 def tensor_core_opts(ast: UOp, caps: Any) -> list:
     """[Opt(TC, reduce axis, 16)] for a float16 matmul whose sizes fit the mma tile, on a device
     that declares tensor cores; else []."""
-    from polygrad.engine.lower import Opt, OptKind
     if "mma_f16" not in getattr(caps, "tensor_cores", ()):
         return []
     shape = matmul_shape(ast)
@@ -161,7 +156,7 @@ def matmul_shape(ast: UOp) -> tuple[UOp, UOp, UOp] | None:
             return None
         operands.append(x.src[0].src[1])
     glob = [r for r in end.src[1:] if r.arg[1] == AxisKind.GLOBAL]
-    if len(glob) < 2 or any(_size(r) is None for r in glob) or _size(k) is None:
+    if len(glob) < 2 or any(range_size(r) is None for r in glob) or range_size(k) is None:
         return None
     i, j = glob[-2], glob[-1]
     ia, ib = operands
@@ -170,6 +165,6 @@ def matmul_shape(ast: UOp) -> tuple[UOp, UOp, UOp] | None:
     if range_coeff(ia, j) != 0 or range_coeff(ib, i) != 0 or range_coeff(ia, k) is None or range_coeff(ib, k) is None:
         return None
     m, n, kk = TC_TILE
-    if _size(i) % m or _size(j) % n or _size(k) % kk:
+    if range_size(i) % m or range_size(j) % n or range_size(k) % kk:
         return None
     return i, j, k

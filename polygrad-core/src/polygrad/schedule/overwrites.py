@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, TypeVar
 
-from polygrad.engine.schedule import EFFECT_OPS, becomes
+from polygrad.schedule.normalize import EFFECT_OPS, becomes
 from polygrad.uop.ops import MOVEMENT, Ops, UOp
 
 T = TypeVar("T")

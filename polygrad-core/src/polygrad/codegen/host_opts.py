@@ -1,0 +1,281 @@
+"""Heuristic optimisations for host devices (CPU, X86: no local memory): `host_opts(ast, caps) -> [Opt]`.
+
+Stage: lowering (device optimisation). Input: a simplified kernel AST and the device's Capabilities
+(vector width, registers, threads, staging scratch). Output: the Opts (opts.py) lower() applies:
+register tiles for matmul-like kernels (an outer-product tile, big ones also staging their column
+panels; or a tile of dot products), partial accumulators (lanes) for long reductions, vector lanes for
+contiguous elementwise kernels, then THREAD when the work pays for a thread handoff. GPU-style devices
+get gpu_opts.py instead.
+"""
+from __future__ import annotations
+
+import math
+
+from polygrad.codegen.analysis import divides, estimate, range_size, ranges_of, stores_of, thread_axis
+from polygrad.codegen.opts import Opt, OptKind
+from polygrad.codegen.passes import split_kernel
+from polygrad.contract import Capabilities
+from polygrad.uop.ops import AxisKind, Ops, UOp
+from polygrad.uop.symbolic import range_coeff
+
+
+def host_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
+    """Register tiles or lane accumulators (or vector lanes for an elementwise kernel), then THREAD."""
+    opts = heuristic_opts(ast, caps) or elementwise_vector_opts(ast, caps)
+    return opts + thread_opt(split_kernel(ast, opts), caps)
+
+
+# below this much work (operations + stores) a thread handoff costs more than it saves (measured on
+# the CPU backend: about 20 us per launch to wake a worker)
+THREAD_MIN_WORK = 1 << 17
+# a matmul-like kernel stages its column panels (OUTER + STAGE) from this much work on (multiply-adds),
+# when B is bigger than this (smaller ones stay in cache anyway, and staging costs compile time)
+STAGE_MIN_WORK = 1 << 25
+STAGE_MIN_B_BYTES = 256 * 1024
+
+
+def tile_vector_counts(caps: Capabilities | None) -> tuple[int, ...]:
+    """Vectors per register-tile row to try, most first: the device's `tile_vectors` (4 where its code
+    generator keeps a 4-vector row in registers: the CPU backend with clang), then 2 and 1."""
+    most = int(getattr(caps, "tile_vectors", 2) or 2)
+    return tuple(v for v in (4, 2, 1) if v <= most)
+
+
+def register_tile(rows: UOp | None, cols: UOp, caps: Capabilities | None, most: int = 4) -> tuple[int, int]:
+    """(rows, vectors) of an outer-product register tile from the device's lanes and registers:
+    rows x vectors accumulators, plus one register per vector of the other operand and one broadcast,
+    must fit the vector registers; as many vectors per row (up to `most` and the device's tile_vectors)
+    as the columns allow."""
+    width = max(1, int(getattr(caps, "vector_width", 1) or 1))
+    regs = int(getattr(caps, "registers", 0) or 0) or 16
+    vecs = next((v for v in tile_vector_counts(caps) if v <= most and divides(cols, v * width)
+                 and v + v + 1 <= regs), 0)
+    if not vecs:
+        return 0, 0
+    fits = [r for r in (8, 6, 4, 2) if r * vecs + vecs + 1 <= regs]
+    tile_rows = next((r for r in fits if rows is not None and divides(rows, r)), 1)
+    return tile_rows, vecs
+
+
+def column_lanes(cols: UOp, caps: Capabilities | None, most: int = 4) -> int:
+    """Columns of a register tile: four (where the device's tile_vectors says so), two or one of the
+    device's vectors, or, for a size the width does not divide (a 56-pixel row), one narrower vector
+    (half the width, 4 lanes or more) that divides it."""
+    width = max(1, int(getattr(caps, "vector_width", 1) or 1))
+    _, vecs = register_tile(None, cols, caps, most)
+    if vecs:
+        return vecs * width
+    half = width // 2
+    return half if half >= 4 and divides(cols, half) else 0
+
+
+def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
+    """Register-tile matmul-like kernels: an outer-product tile (outer_tile_opts; big ones also stage
+    their column panels) or a tile of dot products (dot_tile_opts); else give a long reduction several
+    accumulators (vector lanes)."""
+    if caps is not None and caps.vector_width <= 1:
+        return []
+    ends = [n for n in ast.src if n.op is Ops.END]
+    if len(ends) != 1 or not isinstance(ends[0].src[0], UOp) or ends[0].src[0].op is not Ops.STORE:
+        return []
+    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE]
+    if not reduces:
+        return []
+    glob = [r for r in ends[0].src[1:] if r.arg[1] == AxisKind.GLOBAL]
+    loads = [n.src[0] for n in ast.toposort() if n.op is Ops.LOAD]
+    store_index = ends[0].src[0].src[0]
+    opts: list[Opt] = []
+    if glob and caps is not None:
+        tile = outer_tile_opts(ast, glob, reduces[0], loads, store_index, caps)
+        if tile:
+            return tile
+    dot = dot_tile_opts(glob, reduces[0], loads, caps) if caps is not None else []
+    if dot:
+        return dot
+    red = reduces[0]
+    inner = red.src[-1]
+    cols = column_reduce_opts(glob, inner, loads, store_index, caps) if caps is not None else []
+    if cols:
+        return cols
+    if inner.arg[1] == AxisKind.REDUCE and divides(inner, 8) and range_size(inner) >= 64:
+        opts.append(Opt(OptKind.SPLIT_REDUCE, inner.arg[0], 8))
+    return opts
+
+
+def column_reduce_opts(glob: list[UOp], inner: UOp, loads: list[UOp], store_index: UOp,
+                       caps: Capabilities) -> list[Opt]:
+    """A reduction along a strided axis whose outputs are contiguous along a global range (a column sum:
+    a bias gradient over the batch): lanes across that range, each accumulating its own output, with
+    contiguous vector loads. Partial sums of the strided reduction instead walk the columns one at a time
+    (a power-of-two row stride maps every load of the walk to the same few cache sets)."""
+    if inner.arg[1] != AxisKind.REDUCE or any(range_coeff(ix.src[1], inner) == 1 for ix in loads):
+        return []
+    for last in reversed(glob):
+        if range_size(last) is None or range_coeff(store_index.src[1], last) != 1:
+            continue
+        coeffs = [range_coeff(ix.src[1], last) for ix in loads]
+        if any(c not in (0, 1) for c in coeffs) or 1 not in coeffs:
+            continue
+        lanes = column_lanes(last, caps)
+        return [Opt(OptKind.UPCAST, last.arg[0], lanes)] if lanes else []
+    return []
+
+
+def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store_index: UOp,
+                    caps: Capabilities) -> list[Opt]:
+    """An outer-product register tile: the columns are the innermost global range along which some
+    operand (or the output) is contiguous and some operand is reused (does not depend on it), in
+    vectors; the rows a range the vector operand does not depend on (a matmul's rows, a conv's output
+    channels), unrolled, as many as the registers allow. Big two-range kernels also get their column
+    panels staged (stage_opts); when the vector operand would be gathered and is not staged (a batched
+    q @ k.T), a tile of dot products (dot_tile_opts) is used instead where it applies."""
+    for last in reversed(glob):
+        if range_size(last) is None:
+            continue
+        # a contiguous output counts too: x @ W.T (both operands strided along the output column)
+        contiguous = any(range_coeff(ix.src[1], last) == 1 for ix in [*loads, store_index])
+        # a tile only pays when some operand is reused across it; a plain row reduction gets
+        # partial accumulators instead
+        reused = any(range_coeff(ix.src[1], last) == 0 for ix in loads)
+        if not (contiguous and reused) or not column_lanes(last, caps):
+            continue
+        # the widest row the device likes (tile_vectors), narrower while a big kernel's column panel of
+        # that width would not fit the staging scratch; two vectors (or what fits) when none does
+        cols = next((c for c in (column_lanes(last, caps, most) for most in tile_vector_counts(caps))
+                     if not _stage_blocked(ast, red, glob, loads, last, c, caps)), column_lanes(last, caps, 2))
+        rows, tile_rows = _tile_rows(glob, loads, last, cols, caps)
+        along = [ix for ix in loads if last in ix.src[1].toposort()]
+        opts: list[Opt] = []
+        top = max(r.arg[0] for r in ranges_of(ast))
+        if rows is not None:  # the row tile is split first so its upcast loop sits outside the columns
+            opts.append(Opt(OptKind.UPCAST, rows.arg[0], tile_rows))
+            top += 2
+        opts.append(Opt(OptKind.UPCAST, last.arg[0], cols))
+        staged = stage_opts(ast, red, glob, rows, last, loads, tile_rows, cols, top + 1, caps)
+        if staged or all(range_coeff(ix.src[1], last) == 1 for ix in along):
+            return opts + staged
+        return dot_tile_opts(glob, red, loads, caps) or opts
+    return []
+
+
+def _tile_rows(glob: list[UOp], loads: list[UOp], last: UOp, cols: int, caps: Capabilities) -> tuple[UOp | None, int]:
+    """The row range of an outer-product tile with `cols` columns along `last`, and how many rows fit the
+    registers with them: a range the vector operand does not depend on (else one some operand ignores)."""
+    vecs = max(1, cols // caps.vector_width)
+    regs = int(caps.registers or 16)
+    fits = [r for r in (8, 6, 4, 2) if r * vecs + vecs + 1 <= regs]
+    along = [ix for ix in loads if last in ix.src[1].toposort()]
+    others = [r for r in reversed(glob) if r is not last and range_size(r) is not None]
+    shared = [r for r in others if along and all(range_coeff(ix.src[1], r) == 0 for ix in along)]
+    some = [r for r in others if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
+    return next(((r, n) for r in shared + some for n in fits if divides(r, n)), (None, 1))
+
+
+def _stage_blocked(ast: UOp, red: UOp, glob: list[UOp], loads: list[UOp], last: UOp, cols: int,
+                   caps: Capabilities) -> bool:
+    """A kernel big enough to stage its column panels whose panel of `cols` columns cannot be (too wide
+    for the scratch, or too few panels to share among the threads)."""
+    rows, tile_rows = _tile_rows(glob, loads, last, cols, caps)
+    plan = _stage_plan(red, glob, rows, last, loads, tile_rows, cols, caps)
+    return plan is not None and not plan[1]
+
+
+def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilities) -> list[Opt]:
+    """A tile of dot products, for kernels whose operands are contiguous along the reduction, not
+    along an output column (a conv's weight gradient, batched q @ k.T): the innermost reduce range is
+    split into vector lanes (SPLIT_REDUCE) and up to two output ranges, each of which some operand does
+    not depend on, are unrolled (UPCAST), so each loaded vector serves a row or column of the tile;
+    a x b vector accumulators plus a + b operand vectors fit the registers."""
+    inner = red.src[-1]
+    width = max(1, int(caps.vector_width or 1))
+    regs = int(caps.registers or 16)
+    if inner.arg[1] != AxisKind.REDUCE or range_size(inner) is None:
+        return []
+    contiguous = [ix for ix in loads if range_coeff(ix.src[1], inner) == 1]
+    if not contiguous or any(range_coeff(ix.src[1], inner) not in (0, 1) for ix in loads):
+        return []
+    lanes = next((n for n in (width, width // 2) if n >= 4 and divides(inner, n) and range_size(inner) > n), 0)
+    reuse = [r for r in reversed(glob)
+             if range_size(r) is not None and any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
+    if not lanes or not reuse:
+        return []
+    picked: list[tuple[UOp, int]] = []
+    for r in reuse:
+        amount = next((a for a in (4, 2) if divides(r, a)), 0)
+        if amount and len(picked) < 2:
+            picked.append((r, amount))
+    while picked and math.prod(a for _, a in picked) + sum(a for _, a in picked) > regs:
+        picked.pop()
+    if not picked:
+        return []
+    return [Opt(OptKind.UPCAST, r.arg[0], a) for r, a in picked] + [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)]
+
+
+def _stage_plan(red: UOp, glob: list[UOp], rows: UOp | None, last: UOp, loads: list[UOp], tile_rows: int,
+                cols: int, caps: Capabilities) -> tuple[int, bool] | None:
+    """(slot of B, whether its panel of `cols` columns fits) for a kernel big enough to stage on a device
+    with staging scratch; None when staging does not apply."""
+    if len(glob) != 2 or rows is None or tile_rows < 2 or any(range_size(r) is None for r in [*glob, *red.src[1:]]):
+        return None
+    k = math.prod(range_size(r) for r in red.src[1:])
+    work = range_size(rows) * range_size(last) * k
+    others = [ix for ix in loads if range_coeff(ix.src[1], rows) == 0 and last in ix.src[1].toposort()]
+    if len(others) != 1 or not getattr(caps, "stage_bytes", 0):
+        return None
+    b_bytes = range_size(last) * k * others[0].dtype.itemsize
+    if work < STAGE_MIN_WORK or b_bytes <= STAGE_MIN_B_BYTES or range_size(rows) // tile_rows < 4:
+        return None
+    panels = range_size(last) // cols
+    fits = panels >= 2 * max(1, caps.threads) and k * cols * others[0].dtype.itemsize <= caps.stage_bytes
+    return others[0].src[0].arg[0], fits
+
+
+def stage_opts(ast: UOp, red: UOp, glob: list[UOp], rows: UOp | None, last: UOp, loads: list[UOp], tile_rows: int,
+               cols: int, panel: int, caps: Capabilities) -> list[Opt]:
+    """Cache blocking for a big matmul-like kernel (rows x columns, one reduction): the column panels
+    (range id `panel` after the tile splits) become the outermost loop and the operand that does not
+    depend on the rows (B) is staged per panel into a contiguous local array, so it stays in cache for
+    every row tile, whatever its layout (B, or W.T of `x @ W.T`). Only on devices with stage_bytes
+    of launch-private scratch (the CPU: its stack) for the panel."""
+    plan = _stage_plan(red, glob, rows, last, loads, tile_rows, cols, caps)
+    if plan is None or not plan[1]:
+        return []
+    return [Opt(OptKind.OUTER, panel, 0), Opt(OptKind.STAGE, panel, plan[0])]
+
+
+def thread_opt(ast: UOp, caps: Capabilities | None) -> list[Opt]:
+    """THREAD on the outermost global range when the device has threads and the work pays for them."""
+    if caps is None or caps.threads <= 1:
+        return []
+    r = thread_axis(ast)
+    if r is None:
+        return []
+    ops, _ = estimate(ast)
+    if ops + stores_of(ast) < THREAD_MIN_WORK:
+        return []
+    return [Opt(OptKind.THREAD, r.arg[0], min(caps.threads, range_size(r)))]
+
+
+def elementwise_vector_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
+    """An elementwise kernel (one END, no reduce) whose store is contiguous in its last range gets
+    that range split into vector lanes (UPCAST by the device's vector width); on a device with
+    `masked_lanes`, a range the width does not divide is padded first (PADTO: the last vector's lanes
+    past the end are gated off)."""
+    width = int(getattr(caps, "vector_width", 1) or 1)
+    if width <= 1 or len(ast.src) != 1 or ast.src[0].op is not Ops.END or ast.src[0].src[0].op is not Ops.STORE:
+        return []
+    end = ast.src[0]
+    if any(n.op is Ops.REDUCE for n in end.toposort()):
+        return []
+    last = end.src[-1]
+    if last.arg[1] != AxisKind.GLOBAL or last.src[0].op is not Ops.CONST:
+        return []
+    if range_coeff(end.src[0].src[0].src[1], last) != 1:
+        return []
+    if range_size(last) % width == 0:
+        return [Opt(OptKind.UPCAST, last.arg[0], width)]
+    if not getattr(caps, "masked_lanes", False):
+        return []
+    # a size the width does not divide: padded to a multiple, the points past the end gated off (masked
+    # lanes in the last vector); the padded range keeps its axis id
+    return [Opt(OptKind.PADTO, last.arg[0], width), Opt(OptKind.UPCAST, last.arg[0], width)]
