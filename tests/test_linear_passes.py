@@ -17,7 +17,7 @@ import torch
 from polygrad import Tensor, Variable, dtypes
 from polygrad.backend_api import (SCALAR_RULES, VECTOR_RULES, Capabilities, CStyleRenderer, LinearPasses,
                                   simplify_linear)
-from polygrad.engine.lower import lower
+from polygrad.codegen.lower import lower
 from polygrad.renderer.linear_passes import fold_int, is_const
 from polygrad.renderer.linearize import L, linearize
 from polygrad.uop.ops import AxisKind, Ops
