@@ -242,6 +242,19 @@ def test_core_never_imports_backend_api() -> None:
     assert not users, f"{users} import polygrad.backend_api; import polygrad.contract (or the defining module)"
 
 
+BACKENDS = [p for p in PACKAGES if p.startswith("polygrad_backend_")]
+
+
+@pytest.mark.parametrize("package", BACKENDS)
+def test_backends_reach_core_only_through_backend_api(package: str) -> None:
+    """A backend plugin imports polygrad.backend_api and nothing else of polygrad-core (the plugin contract:
+    core may move its modules without breaking a backend)."""
+    src = _package_src(package)
+    bad = sorted({f"{path.relative_to(src)}: {mod}" for path in src.rglob("*.py") for mod in _runtime_imports(path)
+                  if (mod == "polygrad" or mod.startswith("polygrad.")) and mod != "polygrad.backend_api"})
+    assert not bad, f"{package} imports core modules other than polygrad.backend_api: {bad}"
+
+
 def test_core_imports_nothing_of_its_own_inside_functions() -> None:
     """Imports inside functions that only dodged a cycle are gone: what is left inside functions in core is an
     optional dependency of another distribution (tqdm, polygrad_hf)."""

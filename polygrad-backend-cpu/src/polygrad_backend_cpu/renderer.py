@@ -1,9 +1,7 @@
 """The CPU dialect of the C-family renderer (plain C99 with GNU statement expressions)."""
 from __future__ import annotations
 
-from polygrad.backend_api import KERNEL_SYMBOL, CStyleRenderer
-from polygrad.dtype import DType, dtypes
-from polygrad.uop.ops import Ops
+from polygrad.backend_api import KERNEL_SYMBOL, CStyleRenderer, DType, Ops, dtypes
 
 # outputs of at least this many bytes get non-temporal stores when the cache size is unknown
 DEFAULT_STREAM_BYTES = 16 << 20
