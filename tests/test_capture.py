@@ -117,7 +117,7 @@ def test_replay_counts_kernels_and_skips_scheduler(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("replay reached the scheduler or compiler")
 
-    monkeypatch.setattr(realize, "get_program", boom)
+    monkeypatch.setattr(programs, "get_program", boom)
     monkeypatch.setattr(realize, "run_template", boom)
     GlobalCounters.reset()
     g.replay([_t(np.ones((2, 3)))._buffer()])

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from polygrad import GlobalCounters, JitError, Tensor, TinyJit, compile, jit
-from polygrad.engine import realize
+from polygrad.engine import programs, realize
 
 from conftest import DEVICES  # every usable backend: CPU, INTERP, X86, ...
 
@@ -42,7 +42,7 @@ def test_replay_runs_no_scheduler_or_compiler(device, monkeypatch):
         raise AssertionError("replay reached the scheduler or compiler")
 
     monkeypatch.setattr(realize, "realize_uops", boom)
-    monkeypatch.setattr(realize, "get_program", boom)
+    monkeypatch.setattr(programs, "get_program", boom)
     monkeypatch.setattr(realize, "normalize", boom)
     monkeypatch.setattr(realize, "template_for", boom)
     out = f(x)

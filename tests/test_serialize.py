@@ -17,7 +17,7 @@ import pytest
 
 from polygrad import Context, Tensor, dtypes, nn
 from polygrad.codegen.passes import simplify_indices
-from polygrad.engine import programs, realize
+from polygrad.engine import programs
 from polygrad.errors import PolygradError
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 from polygrad.uop.serialize import (FORMAT, VERSION, KernelFormatError, decode_arg, dumps, dumps_many,
@@ -241,7 +241,7 @@ def kernels():
         return original(ast, device)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(realize, "get_program", recording)
+        mp.setattr(programs, "get_program", recording)
         mp.setenv("POLY_DEV", DEV)
         for name, fn in CASES.items():
             current[0] = name

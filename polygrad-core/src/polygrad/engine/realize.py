@@ -122,14 +122,15 @@ def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | N
         return None
     tpl = template_for(key, len(inputs))
     table = run_template(tpl, inputs, var_vals)
-    if effects:
-        record_effects(effects)
-    elif walked is not None and not var_vals and tpl.kept:
-        computed.remember(walked, tpl.kept, table, since)
     out = []
     for u in tpl.outputs:
         if u.op is Ops.BUFFER and type(u.arg) is SlotRef:  # a whole new buffer: denormalize, inline
             out.append(UOp(Ops.BUFFER, u.dtype, (), table[u.arg.index]))
         else:
             out.append(denormalize(u, table, var_vals))
+    if effects:
+        record_effects(effects)
+    elif walked is not None and not var_vals and tpl.kept:
+        # after the outputs: a target's kept view is the output's node (a hash-cons hit, not a new node)
+        computed.remember(walked, tpl.kept, table, since)
     return out

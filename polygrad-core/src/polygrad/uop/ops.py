@@ -126,9 +126,10 @@ def _arg_key(arg: Any) -> Any:
 # _ref_keys: a plain weakref with a shared callback costs a third of a KeyedRef to make)
 _uop_cache: dict[tuple, "weakref.ref"] = {}
 _ref_keys: dict["weakref.ref", tuple] = {}
-# Held while the table changes: without it two threads making the same node at once both miss and get
-# two nodes, and a graph (a kernel's RANGE, say) then holds two copies of what must be one. Lookups that
-# hit take no lock. Reentrant, since freeing a dead entry's key can free more nodes (_forget) in the
+# Two threads making the same node at once must get one node, or a graph (a kernel's RANGE, say) holds two
+# copies of what must be one: a new node goes in with dict.setdefault (one step under the GIL), and the
+# lock is held where an entry is tested and then removed or replaced (a dead node's). Lookups that hit and
+# inserts take no lock. Reentrant, since freeing a dead entry's key can free more nodes (_forget) in the
 # same thread. A collection never waits for the lock: when another thread holds it, the dead reference
 # stays in _dead until the next drop (so no lock order with device.Buffer's finalizer can deadlock; a
 # dead entry left a while is harmless, a lookup finds its node gone and replaces it).
@@ -207,16 +208,22 @@ class UOp:
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
         self._shape = self._device = self._toposort = None
         ref = weakref.ref(self, _forget)
-        with _uop_lock:
-            held = _uop_cache.setdefault(key, ref)  # another thread may have made the node since the lookup
-            if held is not ref:
-                hit = held()
+        # insert if absent, in one step (dict.setdefault under the GIL): another thread may have made the node
+        # since the lookup, and then that node is the one
+        held = _uop_cache.setdefault(key, ref)
+        if held is not ref:
+            hit = held()
+            if hit is not None:
+                return hit
+            with _uop_lock:  # a dead node's entry, not dropped yet: replaced as _forget tests and deletes, locked
+                held = _uop_cache.get(key)
+                hit = held() if held is not None else None
                 if hit is not None:
                     return hit
-                _uop_cache[key] = ref  # a dead node's entry, not dropped yet
-            _ref_keys[ref] = key
-            if _dead:
-                _drop_dead()
+                _uop_cache[key] = ref
+                if _dead:
+                    _drop_dead()
+        _ref_keys[ref] = key
         return self
 
     def __reduce__(self):
