@@ -22,7 +22,8 @@ export type Input = TypedArray | number[] | boolean[] | bigint[] | unknown[][] |
 export type Output = TypedArray & { readonly shape: number[] }
 
 export interface LoadOptions {
-  /** 'wasm' (WebAssembly SIMD, the default where supported) or 'js' (plain JavaScript, the fallback). */
+  /** 'auto' (default: 'wasm' where WebAssembly SIMD exists, else 'js'), 'wasm' or 'js'. Any other name, or an option
+   * not listed here, is a ModelError. */
   backend?: 'auto' | 'wasm' | 'js'
   /** Refuse bundles whose buffers need more bytes than this (default: max(256 MiB, 16 x the file's size)). */
   maxBytes?: number

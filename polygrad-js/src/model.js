@@ -13,8 +13,32 @@ const { readProgram, writeManifest, STORED } = require('./manifest')
 const { Executor } = require('./runtime')
 const { readInput, writeValues, readOutput } = require('./data')
 const { buildOptimizer, checkHyperparameters, optimizerConfigOf, sameConfig } = require('./optim')
+const { simdSupported } = require('./wasm/module')
 
 const VERSION = '0.1.0'
+
+// Model.load / fetch / fromBytes options (index.d.ts LoadOptions) and the backends they may name
+const LOAD_OPTIONS = ['backend', 'maxBytes', 'maxWork', 'validate', 'verify']
+const BACKENDS = ['auto', 'wasm', 'js']
+
+/** The load options, checked before anything is read: an unknown option or backend is a ModelError, never
+ * silently another path; 'wasm' where WebAssembly SIMD is missing is one too. Returns them with `backend` set. */
+function loadOptions (opts) {
+  if (opts === null || typeof opts !== 'object' || Array.isArray(opts)) throw new ModelError('load options must be an object, e.g. { backend: \'auto\' }')
+  for (const k of Object.keys(opts)) {
+    if (!LOAD_OPTIONS.includes(k)) throw new ModelError(`unknown load option ${JSON.stringify(k)}; the options are ${LOAD_OPTIONS.join(', ')}`)
+  }
+  const backend = opts.backend === undefined ? 'auto' : opts.backend
+  if (!BACKENDS.includes(backend)) {
+    throw new ModelError(`unknown backend ${JSON.stringify(backend)}; polygrad-js runs 'wasm' (WebAssembly SIMD), 'js' (plain JavaScript) or 'auto' (wasm where the runtime has SIMD, else js)`)
+  }
+  if (backend === 'wasm' && !simdSupported()) throw new ModelError("backend 'wasm' needs WebAssembly SIMD, which this runtime lacks; load with { backend: 'auto' } or { backend: 'js' }")
+  if (opts.validate !== undefined && opts.validate !== 'all' && opts.validate !== 'forward') {
+    throw new ModelError(`validate must be 'all' or 'forward', not ${JSON.stringify(opts.validate)}`)
+  }
+  if (opts.verify !== undefined && typeof opts.verify !== 'boolean') throw new ModelError(`verify must be true or false, not ${JSON.stringify(opts.verify)}`)
+  return Object.assign({}, opts, { backend })
+}
 
 function loadProgram (bytes, opts) {
   let data
@@ -61,6 +85,7 @@ class Model {
 
   /** A Model from bundle bytes (Uint8Array or ArrayBuffer), compiled synchronously. */
   static fromBytesSync (bytes, opts = {}) {
+    opts = loadOptions(opts)
     try {
       const prog = loadProgram(bytes, opts)
       const exec = new Executor(prog, opts)
@@ -74,6 +99,7 @@ class Model {
 
   /** A Model from bundle bytes, every entrypoint compiled asynchronously (the browser path). */
   static async fromBytes (bytes, opts = {}) {
+    opts = loadOptions(opts)
     try {
       const prog = loadProgram(bytes, opts)
       const exec = new Executor(prog, opts)

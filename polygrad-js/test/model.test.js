@@ -2,7 +2,7 @@
 const test = require('node:test')
 const assert = require('node:assert')
 const path = require('path')
-const { Model, ModelError, ModelInputError, EntrypointError, BundleError } = require('..')
+const { Model, ModelError, ModelInputError, EntrypointError, BundleError, simdSupported } = require('..')
 const { FIXTURES, fixture, reference, maxRel } = require('./helpers')
 
 const ref = reference()
@@ -275,6 +275,24 @@ test('fit and trainStep refuse the optimizer configurations Python refuses, befo
     for (const lr of ['fast', -1, NaN]) refused(() => m.fit(data, { lr }), 'hyperparameter lr must be')
     assert.strictEqual(m.summary().optimizer.lr, 0.01)
   } finally {
+    m.dispose()
+  }
+})
+
+test('an unknown backend or load option is a ModelError naming the choices, never another path', async () => {
+  const bytes = fixture('mlp_untrained.pgb')
+  for (const backend of ['webgpu', 'WASM', '', null, 1]) {
+    assert.throws(() => Model.fromBytesSync(bytes, { backend }), (e) => e instanceof ModelError && /unknown backend/.test(e.message) && /'wasm'/.test(e.message) && /'js'/.test(e.message))
+    await assert.rejects(Model.fromBytes(bytes, { backend }), (e) => e instanceof ModelError && /unknown backend/.test(e.message))
+  }
+  assert.throws(() => Model.load(path.join(FIXTURES, 'linear.pgb'), { backend: 'webgpu' }), ModelError)
+  assert.throws(() => Model.fromBytesSync(bytes, { threads: 2, maxbytes: 1 }), (e) => e instanceof ModelError && /unknown load option "threads"/.test(e.message) && /maxBytes/.test(e.message))
+  assert.throws(() => Model.fromBytesSync(bytes, { validate: 'some' }), (e) => e instanceof ModelError && /validate must be/.test(e.message))
+  assert.throws(() => Model.fromBytesSync(bytes, { verify: 'yes' }), (e) => e instanceof ModelError && /verify must be/.test(e.message))
+  assert.throws(() => Model.fromBytesSync(bytes, 'wasm'), (e) => e instanceof ModelError && /must be an object/.test(e.message))
+  for (const backend of ['auto', 'js', ...(simdSupported() ? ['wasm'] : [])]) {
+    const m = Model.fromBytesSync(bytes, { backend })
+    assert.strictEqual(m.backend, backend === 'auto' ? (simdSupported() ? 'wasm' : 'js') : backend)
     m.dispose()
   }
 })
