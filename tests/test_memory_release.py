@@ -106,3 +106,67 @@ def test_rss_returns_after_2000_distinct_graphs(device: str) -> None:
     assert r["schedules"] >= 2000  # the graphs were distinct: each one cached its own schedule
     assert r["peak"] > r["start"]
     assert r["end"] <= 1.2 * r["start"], {k: round(v / 2**20, 1) for k, v in r.items()}
+
+
+FREED_HEAP_PROGRAM = """
+import gc, json, os
+from polygrad import Tensor
+from polygrad.device import free_cached
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+DEV = {device!r}
+(Tensor.ones(64, device=DEV) * 2).realize()  # imports, the first programs
+for size in (1, 2, 3, 4, 5):  # the programs of every size below, so compiling adds nothing later
+    (Tensor.ones(size << 18, device=DEV) * 3).realize()
+# a 16 MiB block freed first: glibc then serves every block under 16 MiB from its heap
+big = (Tensor.ones(4 << 20, device=DEV) * 2).realize()
+del big
+gc.collect()
+free_cached()
+start = rss()
+keep = []
+for rnd in range(20):
+    tmp = [(Tensor.ones((1 + i % 5) << 18, device=DEV) * 3).realize() for i in range(10)]  # 1 to 5 MiB each
+    keep.append((Tensor.ones(1024, device=DEV) + rnd).realize())  # a small survivor after them on the heap
+    del tmp
+    gc.collect()
+free_cached()
+gc.collect()
+print(json.dumps({{"start": start, "end": rss()}}))
+"""
+
+
+@pytest.mark.parametrize("device", ["CPU", "INTERP"])
+def test_freed_megabyte_buffers_go_back_to_the_system(device: str) -> None:
+    """Host buffers of 1 MiB and more are memory maps of their own (hostmemory.py): once freed (and the reuse
+    cache emptied) they leave the process. From the C heap, 20 rounds of 1-5 MiB temporaries with a small
+    survivor after each kept ~33 MiB resident (glibc's raised mmap threshold, only malloc_trim returned it)."""
+    if device == "CPU" and shutil.which("clang") is None and shutil.which("gcc") is None:
+        pytest.skip("needs a C compiler")
+    proc = run_python(FREED_HEAP_PROGRAM.format(device=device), {"DEV": device}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["end"] - r["start"] < 12 << 20, {k: round(v / 2**20, 1) for k, v in r.items()}
+
+
+def test_a_reused_mapped_buffer_is_zeroed_again() -> None:
+    """A fresh map skips its zero-fill (its pages are the system's zeros); the same memory handed out again from
+    the reuse cache must be cleared: a buffer no kernel writes reads zeros, not the earlier computation's 7s."""
+    from polygrad.device import Buffer
+    from polygrad.dtype import dtypes
+    n = 1 << 19  # 2 MiB of float32: a memory map
+    first = Buffer("INTERP", n, dtypes.float32).ensure_allocated(written=True)
+    assert first._handle.zeroed
+    first.copyin(np.full(n, 7, np.float32))
+    handle = first._handle
+    del first  # into the reuse cache
+    again = Buffer("INTERP", n, dtypes.float32).ensure_allocated()
+    assert again._handle is handle  # the same memory came back
+    out = np.empty(n, np.float32)
+    again.impl().allocator.copyout(memoryview(out).cast("B"), again._handle)
+    assert not out.any()

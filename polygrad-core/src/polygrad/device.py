@@ -353,6 +353,8 @@ class Buffer:
         if handle is None:
             handle = impl.allocator.alloc(nbytes)
             _account(self.device, nbytes, 1)
+            if getattr(handle, "zeroed", False):  # zero pages from the system (hostmemory.py): nothing to clear
+                written = True
         if not written and nbytes:
             zero_fill(impl.allocator, handle, nbytes)
         self._handle = handle

@@ -2,24 +2,41 @@
 
 Stage: running (memory). Input: byte counts. Output: `HostMemory` handles (the array, its address, a
 slot for a backend's cached foreign pointer). Backends reach it through `polygrad.backend_api`.
+
+An allocation of MAP_BYTES or more is its own anonymous memory map (page-aligned, zero pages from the
+kernel, huge pages asked for from HUGE_BYTES): it goes back to the system when its last view dies. From
+the C heap (NumPy's malloc), freed buffers of a few MiB stayed in the process (glibc raises its mmap
+threshold to the size of each mapped block freed, up to 32 MiB, and serves the next ones from the heap,
+which only malloc_trim gives back): a decoder's steady state kept ~1.3 GB of freed heap. A fresh map
+needs no zero-fill: its pages are the kernel's zeros (`HostMemory.zeroed`; device.Buffer skips the fill
+of such a handle when it comes straight from `alloc`, never when it comes back from the reuse cache).
 """
 from __future__ import annotations
 
+import mmap
 from typing import Any
 
 import numpy as np
+
+# allocations from this size on are memory maps of their own (below it: the C heap, whose small blocks
+# are cheap and reused)
+MAP_BYTES = 1 << 20
+# and from this size on ask for transparent huge pages (fewer TLB misses on a large operand), as NumPy
+# does for its own large arrays
+HUGE_BYTES = 4 << 20
 
 
 class HostMemory:
     """A host allocation: the NumPy byte array, its address, and a slot backends may cache a
     foreign-function pointer in (so launching a kernel costs no per-call address lookups)."""
 
-    __slots__ = ("arr", "addr", "ptr")
+    __slots__ = ("arr", "addr", "ptr", "zeroed")
 
-    def __init__(self, arr: Any):
+    def __init__(self, arr: Any, zeroed: bool = False):
         self.arr = arr
         self.addr = int(arr.ctypes.data)
         self.ptr: Any = None
+        self.zeroed = zeroed  # came from the system as zero pages (a memory map): zero when first handed out
 
 
 # host buffers start on a cache line: NumPy puts a large array 16 bytes past a page, so every 64-byte vector
@@ -32,6 +49,15 @@ class HostAllocator:
 
     def alloc(self, nbytes: int) -> HostMemory:
         n = max(nbytes, 1)
+        if n >= MAP_BYTES:
+            region = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            if n >= HUGE_BYTES and hasattr(mmap, "MADV_HUGEPAGE"):
+                try:
+                    region.madvise(mmap.MADV_HUGEPAGE)
+                except OSError:  # a kernel without transparent huge pages: plain pages serve
+                    pass
+            # the array's base is the map: munmap when the last view of it dies
+            return HostMemory(np.frombuffer(region, dtype=np.uint8), zeroed=True)
         raw = np.empty(n + HOST_ALIGN, dtype=np.uint8)
         skip = -int(raw.ctypes.data) % HOST_ALIGN
         return HostMemory(raw[skip:skip + n])  # the view keeps the allocation alive
