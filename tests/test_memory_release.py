@@ -49,11 +49,13 @@ def test_collect_unloads_programs_no_one_uses() -> None:
     assert (x * 0.5).tolist()[2] == 1.0  # and a dropped one reloads from the disk cache
 
 
-RSS_PROGRAM = """
+# the child programs' common start: imports, rss(), the device (format field `device`)
+RSS_PRELUDE = """
 import gc, itertools, json, os
 import numpy as np
 import polygrad
 from polygrad import Tensor
+from polygrad.device import free_cached
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -62,6 +64,9 @@ def rss():
         return int(f.read().split()[1]) * PAGE
 
 DEV = {device!r}
+"""
+
+RSS_PROGRAM = RSS_PRELUDE + """
 x = Tensor(np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8), device=DEV).realize()
 # distinct graphs: on INTERP each one its own kernels; on CPU distinct combinations of a pool of
 # expressions (distinct schedules sharing compiled programs, so CI does not pay 2,000 compiles)
@@ -108,18 +113,7 @@ def test_rss_returns_after_2000_distinct_graphs(device: str) -> None:
     assert r["end"] <= 1.2 * r["start"], {k: round(v / 2**20, 1) for k, v in r.items()}
 
 
-FREED_HEAP_PROGRAM = """
-import gc, json, os
-from polygrad import Tensor
-from polygrad.device import free_cached
-
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
-
-DEV = {device!r}
+FREED_HEAP_PROGRAM = RSS_PRELUDE + """
 (Tensor.ones(64, device=DEV) * 2).realize()  # imports, the first programs
 for size in (1, 2, 3, 4, 5):  # the programs of every size below, so compiling adds nothing later
     (Tensor.ones(size << 18, device=DEV) * 3).realize()

@@ -103,7 +103,7 @@ from types import GeneratorType
 from typing import Any, Callable, Generator
 
 from polygrad.dtype import DType, dtypes
-from polygrad.uop.ops import AxisKind, Ops, UOp
+from polygrad.uop.ops import AxisKind, Ops, UOp, reduce_identity
 from polygrad.uop.rewrite import graph_rewrite
 from polygrad.uop.symbolic import range_coeff, symbolic_rules
 
@@ -260,16 +260,6 @@ def top_level_reduces(u: UOp) -> list[UOp]:
         stack.extend(x.src)
     order = {n: i for i, n in enumerate(u.toposort())}
     return sorted(out, key=lambda n: order[n])
-
-
-def reduce_identity(op: Ops, dt: DType) -> Any:
-    if op is Ops.ADD:
-        return 0
-    if op is Ops.MUL:
-        return 1
-    if op is Ops.MAX:
-        return -math.inf if dt.is_float else (dtypes.min(dt) if dt is not dtypes.bool else False)
-    raise NotImplementedError(f"no identity for reduce {op}")
 
 
 def _kind(r: UOp) -> str:
