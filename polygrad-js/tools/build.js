@@ -15,11 +15,14 @@ const ROOT = path.join(__dirname, '..')
 const SRC = path.join(ROOT, 'src')
 const DIST = path.join(ROOT, 'dist')
 
+// Node's thread platform: index.js loads it from src/ (its workers run src/threads/worker_node.js)
+const NODE_ONLY = new Set(['threads/node.js', 'threads/worker_node.js'])
+
 function files (dir, out = []) {
   for (const f of fs.readdirSync(dir).sort()) {
     const p = path.join(dir, f)
     if (fs.statSync(p).isDirectory()) files(p, out)
-    else if (f.endsWith('.js')) out.push(p)
+    else if (f.endsWith('.js') && !NODE_ONLY.has(path.relative(SRC, p).replace(/\\/g, '/'))) out.push(p)
   }
   return out
 }
