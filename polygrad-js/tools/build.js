@@ -27,13 +27,15 @@ function files (dir, out = []) {
   return out
 }
 
-/** Every src/ module in one script: a module table and a small require (`load`), ending with `api`. */
+/** Every src/ module in one script: a module table and a small require (`load`) inside one function,
+ * polygradModules (the browser's worker threads start from its source text), ending with `api`. */
 function moduleTable () {
   const mods = files(SRC).map((p) => {
     const id = './' + path.relative(SRC, p).replace(/\\/g, '/').replace(/\.js$/, '')
     return `${JSON.stringify(id)}: function (module, exports, require) {\n${fs.readFileSync(p, 'utf8')}\n}`
   })
-  return `const modules = {
+  return `function polygradModules () {
+const modules = {
 ${mods.join(',\n')}
 }
 const cache = {}
@@ -52,6 +54,9 @@ function load (id) {
   modules[id](module, module.exports, (name) => load(resolve(id, name)))
   return module.exports
 }
+return load
+}
+const load = polygradModules()
 const api = load('./index')
 `
 }
@@ -67,6 +72,8 @@ api.Model.fetch = async function (url, opts = {}) {
   if (!res.ok) throw new api.BundleError('cannot fetch bundle ' + url + ': HTTP ' + res.status)
   return api.Model.fromBytes(new Uint8Array(await res.arrayBuffer()), opts)
 }
+// worker threads: Web Workers running this module table (from a Blob URL of its source)
+api._internals.threads.setPlatform(load('./threads/browser').browserPlatform(polygradModules.toString()))
 api.Model.load = function () {
   throw new api.ModelError('Model.load(path) reads files in Node; in a browser use await Model.fetch(url) or Model.fromBytes(bytes)')
 }

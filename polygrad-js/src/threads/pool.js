@@ -39,8 +39,9 @@ function defaultThreads () {
 /** Why threads cannot run here (a sentence), or null. */
 function unavailable () {
   if (!platform) return 'no worker platform (threads run in Node.js and in browsers)'
+  if (platform.sharedMemory) return platform.sharedMemory
   if (typeof SharedArrayBuffer !== 'function' || typeof Atomics !== 'object') return 'SharedArrayBuffer is not available'
-  return platform.sharedMemory
+  return null
 }
 
 const START_TIMEOUT_MS = 10000
