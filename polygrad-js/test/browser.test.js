@@ -19,11 +19,11 @@ try {
 const skip = !chromium ? 'playwright-core is not installed' : !fs.existsSync(CHROMIUM) ? `no Chromium at ${CHROMIUM}` : false
 
 /** Serve the page, the browser build and a bundle on 127.0.0.1; `isolated` adds COOP/COEP. */
-function serve (isolated) {
+function serve (isolated, build) {
   const ref = reference().mlp
   const files = {
     '/test/page.html': ['text/html', fs.readFileSync(path.join(ROOT, 'test', 'browser', 'page.html'))],
-    '/dist/polygrad.browser.mjs': ['text/javascript', fs.readFileSync(path.join(ROOT, 'dist', 'polygrad.browser.mjs'))],
+    '/dist/polygrad.browser.mjs': ['text/javascript', fs.readFileSync(path.join(ROOT, 'dist', build))],
     '/test/bundle.pgb': ['application/octet-stream', fixture('mlp_adam.pgb')],
     '/test/case.json': ['application/json', JSON.stringify({ x: ref.x.slice(0, 4).flat(), y: ref.y.slice(0, 4), lr: 0.01 })]
   }
@@ -41,9 +41,9 @@ function serve (isolated) {
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)))
 }
 
-async function runPage (isolated) {
+async function runPage (isolated, build = 'polygrad.browser.mjs') {
   require('../tools/build').build()
-  const server = await serve(isolated)
+  const server = await serve(isolated, build)
   const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'polygrad-chromium-'))
   const context = await chromium.launchPersistentContext(profile, { executablePath: CHROMIUM, headless: true, args: ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run'] })
   try {
@@ -62,15 +62,18 @@ async function runPage (isolated) {
   }
 }
 
-test('browser, cross-origin isolated: the model runs on worker threads, bit for bit one thread', { skip, timeout: 120000 }, async () => {
-  const r = await runPage(true)
-  assert.strictEqual(r.isolated, true)
-  assert.strictEqual(r.backend, 'wasm')
-  assert.ok(r.info.threads > 1, JSON.stringify(r.info))
-  assert.strictEqual(r.info.reason, null)
-  assert.ok(r.threadCalls > 0, 'the workers ran slices')
-  assert.strictEqual(r.threadedSame, true)
-})
+for (const build of ['polygrad.browser.mjs', 'polygrad.browser.min.mjs']) {
+  const missing = (!fs.existsSync(path.join(ROOT, 'node_modules', 'esbuild')) && build.includes('.min.') && 'esbuild is not installed (no minified build)') || (os.cpus().length < 2 && 'one core: the default is one thread')
+  test(`browser (${build}), cross-origin isolated: the model runs on worker threads, bit for bit one thread`, { skip: skip || missing, timeout: 120000 }, async () => {
+    const r = await runPage(true, build)
+    assert.strictEqual(r.isolated, true)
+    assert.strictEqual(r.backend, 'wasm')
+    assert.ok(r.info.threads > 1, JSON.stringify(r.info))
+    assert.strictEqual(r.info.reason, null)
+    assert.ok(r.threadCalls > 0, 'the workers ran slices')
+    assert.strictEqual(r.threadedSame, true)
+  })
+}
 
 test('browser, not isolated: one thread, and the reason says which headers to send', { skip, timeout: 120000 }, async () => {
   const r = await runPage(false)
