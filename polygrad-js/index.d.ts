@@ -34,6 +34,17 @@ export interface LoadOptions {
   validate?: 'forward' | 'all'
   /** Prove the lowered kernels' indices again; accesses it cannot prove get run-time checks (default false). */
   verify?: boolean
+  /** Threads the kernels run on, an integer 1..16 (else a ModelError). Default: the cores, at most 8, where
+   * SharedArrayBuffer is usable (Node; a cross-origin isolated page), else 1; the 'js' backend always runs on 1.
+   * Results are bit for bit those of one thread. See Model.backendInfo. */
+  threads?: number
+}
+
+/** The backend a model runs on: its name, its threads, and why they are 1 (or null). */
+export interface BackendInfo {
+  name: 'wasm' | 'js'
+  threads: number
+  reason: string | null
 }
 
 export interface OptimizerOptions {
@@ -88,6 +99,9 @@ export class Model {
   readonly entrypoints: string[]
   readonly variables: Record<string, { min: number; max: number }>
   readonly backend: 'wasm' | 'js'
+  /** The backend, its threads, and why they are 1: a page that is not cross-origin isolated, threads: 1, the js
+   * backend. In a browser, synchronous calls run on one thread; the async twins use them all. */
+  readonly backendInfo: BackendInfo
 
   forward (inputs: Record<string, Input>): Record<string, Output>
   /** Any entrypoint; an entrypoint's Variable arguments (a decode step's `pos`) are passed as integers by name. */
@@ -96,10 +110,17 @@ export class Model {
   trainStep (data: Record<string, Input>, opts?: OptimizerOptions): number
   /** Python's Model.fit: samples in order, minibatches of batchSize; one loss per step. */
   fit (data: Record<string, Input>, opts?: FitOptions): number[]
+  /** The async twins: the same results without blocking (kernels compiled asynchronously, worker threads awaited).
+   * A browser's main thread uses threads only through these; one call at a time per model (a ModelError else). */
+  forwardAsync (inputs: Record<string, Input>): Promise<Record<string, Output>>
+  callAsync (entrypoint: string, inputs?: Record<string, Input | number>): Promise<Record<string, Output>>
+  trainStepAsync (data: Record<string, Input>, opts?: OptimizerOptions): Promise<number>
+  fitAsync (data: Record<string, Input>, opts?: FitOptions): Promise<number[]>
   summary (): Summary
   parameters (): Record<string, { data: Output; shape: Dim[]; dtype: DType }>
   /** The bundle bytes of the model as it is now (Python's Model.load reads them). */
   save (): Uint8Array
+  /** Frees the model and ends its worker threads; later calls throw ModelError. */
   dispose (): void
 }
 

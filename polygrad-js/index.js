@@ -28,10 +28,12 @@ function loadApi () {
 
 const api = loadApi()
 if (typeof zlib.crc32 === 'function') api._internals.crc32.useNative(zlib.crc32)
+// worker threads for the kernels (src/threads/node.js, always from src/: its workers run src/threads/worker_node.js)
+api._internals.threads.setPlatform(require('./src/threads/node'))
 const { Model, BundleError } = api
 
 /** A Model from a .pgb file, loaded and compiled synchronously. opts: {backend: 'wasm' | 'js', maxBytes, maxWork,
- * validate} (src/limits.js has the caps' defaults). */
+ * validate, verify, threads} (src/limits.js has the caps' defaults). */
 Model.load = function load (path, opts = {}) {
   let bytes
   try {

@@ -11,10 +11,12 @@
  *      packLoads (pack, optional)  (pack.js)         weights read through a copy in loop order
  *   3. provenIndices (verify)     (validate.js)     accesses not proven in bounds get run-time checks
  *   4. linearize                  (linearize.js)    the structured program an emitter walks
+ *      (threads) phases: with `threaded`, when lower.threadable, each block linearized again with its
+ *      first loop split into slices (linearize's `split`), one program per block, run block after block
  */
 
 const { simplifyIndices } = require('./simplify')
-const { chooseOpts, applyOpts } = require('./lower')
+const { chooseOpts, applyOpts, threadable } = require('./lower')
 const { decomposeTranscendentals } = require('./transcendental')
 const { linearize } = require('./linearize')
 const { toposort } = require('./ir')
@@ -35,7 +37,7 @@ function prepareKernel (g, ast) {
  * pass here keeps its indices in bounds by construction; `verify` proves the lowered kernel again and
  * guards what it cannot prove with run-time checks (the tests run with it).
  */
-function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null, verify = false, pack = null } = {}) {
+function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null, verify = false, pack = null, threaded = false } = {}) {
   let k = (prepared || prepareKernel(g, ast)).ast
   let vector = new Set()
   const chosen = opts !== null ? opts : chooseOpts(k, width)
@@ -47,10 +49,23 @@ function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared =
   const prog = linearize(g, k, { vector, width, check: needsCheck })
   if (chosen.length && !prog.vectorized && !toposort(k).some((n) => n.op === 'REDUCE')) {
     // lanes did not fit (a 64-bit or integer-division op): plain loops beat an unrolled scalar copy
-    return lowerKernel(g, ast, { width, check, opts: [], prepared, verify })
+    return lowerKernel(g, ast, { width, check, opts: [], prepared, verify, threaded })
   }
   prog.packs = packs
+  prog.phases = threaded ? phasesOf(g, k, prog, { vector, width, check: needsCheck }) : null
   return prog
+}
+
+/**
+ * The threaded form of a lowered kernel: per block, a program over a slice of its first loop (parameters
+ * PART and PARTS first), with the lanes the whole kernel got, so every element is computed by the same
+ * instructions as in `prog` (bit for bit). Null when the kernel cannot be split (lower.threadable).
+ */
+function phasesOf (g, k, prog, { vector, width, check }) {
+  if (!threadable(k)) return null
+  const lanes = prog.vectorized ? vector : new Set()
+  const phases = k.src.map((_, block) => linearize(g, k, { vector: lanes, width, check, split: true, block }))
+  return phases.every((p) => !!p.vectorized === !!prog.vectorized) ? phases : null
 }
 
 module.exports = { lowerKernel, prepareKernel }

@@ -10,4 +10,5 @@ const { simdSupported } = require('./wasm/module')
 
 module.exports = Object.assign({ Model, VERSION, simdSupported }, errors)
 // for the Node entry (index.js): a native CRC-32 (zlib.crc32) where the runtime has one
-Object.defineProperty(module.exports, '_internals', { value: { crc32: require('./crc32') }, enumerable: false })
+// and the thread platform: Node's worker_threads (index.js) or Web Workers (the browser build)
+Object.defineProperty(module.exports, '_internals', { value: { crc32: require('./crc32'), threads: require('./threads/pool') }, enumerable: false })

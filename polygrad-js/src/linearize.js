@@ -44,6 +44,11 @@ function constValue (x) {
 
 class NoVector extends Error {}
 
+// the parameters of a threaded kernel phase (linearize with split): which slice of its first loop it runs.
+// '#' is no Variable's first character (names are identifiers), so these never meet a Variable's name.
+const PART = '#part'
+const PARTS = '#parts'
+
 const F32_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'FDIV', 'MAX', 'CMPLT', 'CMPLE', 'CMPNE', 'CMPEQ', 'WHERE', 'SQRT', 'TRUNC',
   'RECIPROCAL', 'CAST', 'BITCAST'])
 const I32_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'AND', 'OR', 'XOR', 'SHL', 'SHR', 'CMPLT', 'CMPLE', 'CMPNE', 'CMPEQ', 'WHERE',
@@ -62,8 +67,10 @@ function identity (op, d) {
 }
 
 class Linearizer {
-  constructor (g, ast, { vector, width, check }) {
+  constructor (g, ast, { vector, width, check, split = false, block = null }) {
     this.g = g
+    this.split = split // the first top-level loop runs the slice [start, end) of part PART of PARTS
+    this.onlyBlock = block // emit only this block of the kernel (a phase of a threaded kernel)
     this.ast = ast
     this.vectorRanges = vector
     this.width = width
@@ -209,15 +216,7 @@ class Linearizer {
       if (!loop) throw new KernelError(`range ${u.arg[0]} is used outside its loop`)
       return loop
     }
-    if (op === 'DEFINE_VAR') {
-      let x = this.vars.get(u.arg[0])
-      if (!x) {
-        x = this.inst('var', u.dtype, 1, { name: u.arg[0] })
-        this.vars.set(u.arg[0], x)
-        this.head.push(x)
-      }
-      return x
-    }
+    if (op === 'DEFINE_VAR') return this.variable(u.arg[0], u.dtype)
     const k = this.key(u)
     const hit = this.lookup(k)
     if (hit) return hit
@@ -234,6 +233,17 @@ class Linearizer {
       x = this.alu(u.op, u.dtype, u.src.map((s) => this.value(s)))
     }
     return this.remember(k, x)
+  }
+
+  /** The function parameter holding Variable `name` (or PART / PARTS of a threaded kernel). */
+  variable (name, dtype) {
+    let x = this.vars.get(name)
+    if (!x) {
+      x = this.inst('var', dtype, 1, { name })
+      this.vars.set(name, x)
+      this.head.push(x)
+    }
+    return x
   }
 
   alu (op, dtype, src) {
@@ -388,13 +398,33 @@ class Linearizer {
 
   // ---- loops
   openLoop (r) {
-    const start = this.const(r.dtype, 0)
-    const end = this.value(r.src[0])
+    let start = this.const(r.dtype, 0)
+    let end = this.value(r.src[0])
+    if (this.split && this.depth === 0) {
+      if (r.arg[1] !== 'global' || r.dtype.name !== 'int32') throw new KernelError(`internal: a threaded kernel's first loop must be a global int32 range, not ${r.arg[1]} ${r.dtype.name}`);
+      ({ start, end } = this.slice(end, r.dtype))
+      this.split = false
+    }
     const loop = this.inst('loop', r.dtype, 1, { start, end, pre: [], body: [], axis: r.arg[0], kind: r.arg[1] })
     this.place(loop, this.depth)
     this.levels.push({ block: loop.body, cse: new Map(), loop })
     loop.level = this.depth
     this.open.set(r, loop)
+  }
+
+  /**
+   * The slice of [0, n) that part PART of PARTS runs: q = n / PARTS points each, the first n % PARTS parts
+   * one more; start = PART*q + min(PART, n % PARTS). No product exceeds n, so nothing overflows.
+   */
+  slice (n, int) {
+    const part = this.variable(PART, int)
+    const parts = this.variable(PARTS, int)
+    const q = this.alu('IDIV', int, [n, parts])
+    const rem = this.alu('MOD', int, [n, parts])
+    const before = this.alu('CMPLT', DTYPES.bool, [part, rem])
+    const start = this.alu('ADD', int, [this.alu('MUL', int, [part, q]), this.alu('WHERE', int, [before, part, rem])])
+    const end = this.alu('ADD', int, [this.alu('ADD', int, [start, q]), this.alu('WHERE', int, [before, this.const(int, 1), this.const(int, 0)])])
+    return { start, end }
   }
 
   closeLoop (r) {
@@ -545,11 +575,13 @@ class Linearizer {
       if (n.op === 'DEFINE_GLOBAL') params.set(n.arg[0], n.dtype)
       if (n.op === 'DEFINE_VAR') vars.set(n.arg[0], n)
     }
-    for (const node of this.ast.src) this.block(node)
+    const threaded = this.split
+    this.ast.src.forEach((node, i) => { if (this.onlyBlock === null || i === this.onlyBlock) this.block(node) })
+    if (this.split) throw new KernelError('internal: a threaded kernel phase has no loop to split')
     return {
       name: this.ast.arg ? this.ast.arg.name : 'kernel',
       params: [...params].sort((a, b) => a[0] - b[0]).map(([slot, dtype]) => ({ slot, dtype })),
-      vars: [...vars.keys()].sort(),
+      vars: [...(threaded ? [PART, PARTS] : []), ...[...vars.keys()].sort()],
       head: this.head,
       body: this.levels[0].block,
       count: this.nextId
@@ -558,17 +590,17 @@ class Linearizer {
 }
 
 /** The structured program of a lowered kernel (see the module docstring). */
-function linearize (g, ast, { vector = new Set(), width = 1, check } = {}) {
+function linearize (g, ast, { vector = new Set(), width = 1, check, split = false, block = null } = {}) {
   if (vector.size && width > 1) {
     try {
-      const prog = new Linearizer(g, ast, { vector, width, check }).run()
+      const prog = new Linearizer(g, ast, { vector, width, check, split, block }).run()
       prog.vectorized = true
       return prog
     } catch (e) {
       if (!(e instanceof NoVector)) throw e
     }
   }
-  return new Linearizer(g, ast, { vector: new Set(), width: 1, check }).run()
+  return new Linearizer(g, ast, { vector: new Set(), width: 1, check, split, block }).run()
 }
 
-module.exports = { linearize, NoVector, identity }
+module.exports = { linearize, NoVector, identity, PART, PARTS }

@@ -21,6 +21,7 @@
 const { DTYPES } = require('./dtypes')
 const { toposort } = require('./ir')
 const { rangeCoeff, simplifyIndices } = require('./simplify')
+const { aluFn } = require('./scalar')
 
 const constSize = (r) => (r.src[0].op === 'CONST' ? Number(r.src[0].arg) : null)
 
@@ -262,4 +263,72 @@ function substituteRange (g, ast, r, outer, inner, expr, kind) {
   return memo.get(ast)
 }
 
-module.exports = { chooseOpts, fewRowsOpts, applyOpts, topLevelReduces, hasAccumulatingStore, rangesOf, constSize, VECTOR_DTYPES, DTYPES }
+// ---- threads
+// Below this much work (points: see kernelWork) a kernel runs on the calling thread alone. A hand-off wakes
+// the workers through a futex and waits for the last one: about 20-40 us in Node on a 2-core machine
+// (measured on the benchmark MLP's last layer, 656k points: 46 us on one thread, 89 us on two). A point is
+// at least one multiply-add, and x @ W.T runs about 14 G of them per second on one core in 4 lanes, so
+// 2^20 points take about 70 us alone: from there, halving the work pays for the hand-off. (Python's CPU
+// backend uses 2^17 operations, THREAD_MIN_WORK in codegen/host_opts.py: its workers wait spinning.)
+const THREAD_MIN_WORK = 1 << 20
+
+/**
+ * Whether a lowered kernel's blocks may each be split along their outermost loop across threads (linearize
+ * with `split`): every block an END whose first loop is a global int32 range (global points are
+ * independent: each writes its own elements from values no other point writes), and no accumulating STORE
+ * (two points may add into one element). Blocks run one after another (a block may read what the one before
+ * wrote), so each is a phase of its own with a join between phases.
+ */
+function threadable (ast) {
+  if (hasAccumulatingStore(ast)) return false
+  return ast.src.every((block) => {
+    if (block.op !== 'END') return false
+    const first = block.src.slice(1).find((r) => r.arg[1] !== 'upcast')
+    return first !== undefined && first.arg[1] === 'global' && first.dtype.name === 'int32'
+  })
+}
+
+/**
+ * kernelWork(ast) -> (env) => work: the points a call runs with Variable values `env` (Map name -> int):
+ * per block, the points of its ranges times (1 + the points of each reduce it evaluates per point, nested
+ * reduces multiplied in). Every point costs at least one operation, so this is a lower bound on the
+ * operations that is cheap to evaluate at every call (a few size expressions).
+ */
+function kernelWork (ast) {
+  const terms = [] // [[size UOps multiplied], ...] summed
+  const walk = (node, outer) => {
+    for (const red of topLevelReduces(node)) {
+      const sizes = [...outer, ...red.src.slice(1).map((r) => r.src[0])]
+      terms.push(sizes)
+      walk(red.src[0], sizes)
+    }
+  }
+  for (const block of ast.src) {
+    const store = block.op === 'END' ? block.src[0] : block
+    const sizes = block.op === 'END' ? block.src.slice(1).map((r) => r.src[0]) : []
+    terms.push(sizes)
+    walk(store, sizes)
+  }
+  return (env) => {
+    let total = 0
+    for (const sizes of terms) {
+      let n = 1
+      for (const s of sizes) n *= sizeValue(s, env)
+      total += n
+    }
+    return total
+  }
+}
+
+/** The value of a range's size with Variables from env (their maximum when absent); an op this does not
+ * evaluate counts as its upper bound. */
+function sizeValue (u, env) {
+  if (u.op === 'CONST') return Number(u.arg)
+  if (u.op === 'DEFINE_VAR') return env.has(u.arg[0]) ? env.get(u.arg[0]) : Number(u.arg[2])
+  const fn = u.dtype && u.dtype.isInt && u.src.length && ['ADD', 'MUL', 'IDIV', 'MOD', 'MAX'].includes(u.op) ? aluFn(u.op, u.dtype, u.src[0].dtype) : null
+  if (fn) return Number(fn(...u.src.map((x) => (u.dtype.bits === 64 ? BigInt(sizeValue(x, env)) : sizeValue(x, env)))))
+  const { bounds } = require('./simplify')
+  return bounds(u)[1]
+}
+
+module.exports = { chooseOpts, fewRowsOpts, applyOpts, topLevelReduces, hasAccumulatingStore, rangesOf, constSize, VECTOR_DTYPES, DTYPES, threadable, kernelWork, THREAD_MIN_WORK }

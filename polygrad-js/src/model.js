@@ -14,11 +14,14 @@ const { Executor } = require('./runtime')
 const { readInput, writeValues, readOutput } = require('./data')
 const { buildOptimizer, checkHyperparameters, optimizerConfigOf, sameConfig } = require('./optim')
 const { simdSupported } = require('./wasm/module')
+const threads = require('./threads/pool')
+const { MAX_WORKERS } = require('./threads/control')
 
 const VERSION = '0.1.0'
 
 // Model.load / fetch / fromBytes options (index.d.ts LoadOptions) and the backends they may name
-const LOAD_OPTIONS = ['backend', 'maxBytes', 'maxWork', 'validate', 'verify']
+const LOAD_OPTIONS = ['backend', 'maxBytes', 'maxWork', 'validate', 'verify', 'threads']
+const MAX_THREADS = MAX_WORKERS // the control block's worker slots (threads/control.js), this thread's included
 const BACKENDS = ['auto', 'wasm', 'js']
 
 /** The load options, checked before anything is read: an unknown option or backend is a ModelError, never
@@ -37,7 +40,26 @@ function loadOptions (opts) {
     throw new ModelError(`validate must be 'all' or 'forward', not ${JSON.stringify(opts.validate)}`)
   }
   if (opts.verify !== undefined && typeof opts.verify !== 'boolean') throw new ModelError(`verify must be true or false, not ${JSON.stringify(opts.verify)}`)
-  return Object.assign({}, opts, { backend })
+  if (opts.threads !== undefined && !(Number.isInteger(opts.threads) && opts.threads >= 1 && opts.threads <= MAX_THREADS)) {
+    throw new ModelError(`threads must be an integer from 1 to ${MAX_THREADS}, not ${typeof opts.threads === 'string' ? JSON.stringify(opts.threads) : String(opts.threads)}; leave it out for the default (the cores, at most 8, where SharedArrayBuffer is available)`)
+  }
+  return Object.assign({}, opts, { backend }, threadPlan(backend, opts.threads))
+}
+
+/**
+ * {threads, threadReason}: how many threads the kernels run on and, when that is 1 or fewer than asked, why
+ * (backendInfo reports both). Threads need the wasm backend, SharedArrayBuffer (Node; in a browser a
+ * cross-origin isolated page) and a worker platform.
+ */
+function threadPlan (backend, asked) {
+  const wasm = backend === 'wasm' || (backend === 'auto' && simdSupported())
+  if (asked === 1) return { threads: 1, threadReason: 'threads: 1 was asked' }
+  if (!wasm) return { threads: 1, threadReason: "the 'js' backend runs on one thread" }
+  const why = threads.unavailable()
+  if (why) return { threads: 1, threadReason: why }
+  if (asked !== undefined) return { threads: asked, threadReason: null }
+  const d = threads.defaultThreads()
+  return { threads: d.threads, threadReason: d.reason }
 }
 
 function loadProgram (bytes, opts) {
@@ -75,12 +97,23 @@ function fillStored (prog, exec) {
   }
 }
 
+/** The Executor for a load's options; its worker threads end with the Model, or when a Model that was
+ * never disposed is garbage collected. */
+function executor (prog, opts) {
+  const p = threads.platform()
+  return new Executor(prog, Object.assign({}, opts, { canBlock: !p || p.canBlock }))
+}
+
+const unreached = typeof FinalizationRegistry === 'function' ? new FinalizationRegistry((exec) => exec.dispose()) : null
+
 class Model {
   constructor (prog, exec, opts) {
     this._p = prog
     this._x = exec
     this._opts = opts
     this._disposed = false
+    this._busy = false
+    if (unreached && exec.pool) unreached.register(this, exec, this)
   }
 
   /** A Model from bundle bytes (Uint8Array or ArrayBuffer), compiled synchronously. */
@@ -88,7 +121,7 @@ class Model {
     opts = loadOptions(opts)
     try {
       const prog = loadProgram(bytes, opts)
-      const exec = new Executor(prog, opts)
+      const exec = executor(prog, opts)
       fillStored(prog, exec)
       exec.compileSync(['forward'])
       return new Model(prog, exec, opts)
@@ -102,7 +135,7 @@ class Model {
     opts = loadOptions(opts)
     try {
       const prog = loadProgram(bytes, opts)
-      const exec = new Executor(prog, opts)
+      const exec = executor(prog, opts)
       fillStored(prog, exec)
       await exec.compileAsync(Object.keys(prog.entries))
       return new Model(prog, exec, opts)
@@ -131,6 +164,18 @@ class Model {
 
   get backend () {
     return this._x.backend
+  }
+
+  /**
+   * {name, threads, reason}: the backend ('wasm' or 'js'), the threads its kernels run on, and why that is 1
+   * (or null): e.g. a browser page that is not cross-origin isolated has no SharedArrayBuffer. In a browser,
+   * synchronous calls run on one thread whatever this says; the async twins (forwardAsync, ...) use them all.
+   */
+  get backendInfo () {
+    this._alive()
+    const x = this._x
+    const reason = x.pool && x.pool.broken ? x.pool.broken : this._opts.threadReason
+    return { name: x.backend, threads: x.pool && !x.pool.broken ? x.threads : 1, reason }
   }
 
   /** Inputs, outputs, entrypoints, parameters and bytes; runs nothing, reads no weights. */
@@ -164,9 +209,33 @@ class Model {
   }
 
   // ---- execution
+  /** Throws unless the model can take a call now: not disposed, no asynchronous call in flight. */
+  _idle () {
+    this._alive()
+    if (this._busy) throw new ModelError('an asynchronous call (forwardAsync, callAsync, trainStepAsync, fitAsync) is still running on this model; await it before the next call')
+  }
+
+  /** Run `work` (an async function) as this model's only call until it settles. */
+  async _exclusive (work) {
+    this._idle()
+    this._busy = true
+    try {
+      const out = await work()
+      this._alive() // disposed while it ran: its results are gone
+      return out
+    } finally {
+      this._busy = false
+    }
+  }
+
   _ensure (names) {
     const missing = names.filter((n) => !this._x.entries[n])
     if (missing.length) this._x.compileSync(missing)
+  }
+
+  async _ensureAsync (names) {
+    const missing = names.filter((n) => !this._x.entries[n])
+    if (missing.length) await this._x.compileAsync(missing)
   }
 
   /** {name: spec} of an entrypoint's tensor inputs: their buffers' dtype and shape (for forward, loss and
@@ -227,6 +296,17 @@ class Model {
   }
 
   _run (entry, feeds, env) {
+    this._write(entry, feeds)
+    this._x.run(entry, env)
+  }
+
+  async _runAsync (entry, feeds, env) {
+    this._write(entry, feeds)
+    await this._x.runAsync(entry, env)
+  }
+
+  /** Copy the inputs in and refill the entrypoint's random keys. */
+  _write (entry, feeds) {
     const x = this._x
     for (const [slot, values] of feeds) writeValues(x.view(slot.dtype), slot.base / slot.dtype.size, slot.dtype, values)
     const rngSlots = this._p.entries[entry].rng
@@ -238,7 +318,6 @@ class Model {
         this._p.rng[1] = (this._p.rng[1] + 1) >>> 0
       }
     }
-    x.run(entry, env)
   }
 
   _results (entry, env) {
@@ -254,21 +333,43 @@ class Model {
     return out
   }
 
-  /** Run one entrypoint; returns its outputs as typed arrays (each with a `.shape`). */
-  call (entrypoint, inputs = {}) {
-    this._alive()
+  _entrypoint (entrypoint) {
     if (!Object.prototype.hasOwnProperty.call(this._p.entries, entrypoint)) {
       throw new EntrypointError(`no entrypoint ${JSON.stringify(entrypoint)}; this model has ${JSON.stringify(this.entrypoints)}`)
     }
+  }
+
+  /** Run one entrypoint; returns its outputs as typed arrays (each with a `.shape`). */
+  call (entrypoint, inputs = {}) {
+    this._idle()
+    this._entrypoint(entrypoint)
     const { feeds, env } = this._feeds(entrypoint, inputs)
     this._ensure([entrypoint])
     this._run(entrypoint, feeds, env)
     return this._results(entrypoint, env)
   }
 
+  /** call() without blocking: kernels compile asynchronously and worker threads are awaited, so a browser's
+   * main thread uses every thread (its synchronous calls run on one). Resolves to the same outputs. */
+  async callAsync (entrypoint, inputs = {}) {
+    this._idle()
+    this._entrypoint(entrypoint)
+    const { feeds, env } = this._feeds(entrypoint, inputs)
+    return this._exclusive(async () => {
+      await this._ensureAsync([entrypoint])
+      await this._runAsync(entrypoint, feeds, env)
+      return this._results(entrypoint, env)
+    })
+  }
+
   /** The evaluation forward: model.forward({x: ...}) -> {output name: typed array}. */
   forward (inputs) {
     return this.call('forward', inputs)
+  }
+
+  /** forward() without blocking (callAsync). */
+  forwardAsync (inputs) {
+    return this.callAsync('forward', inputs)
   }
 
   // ---- training
@@ -281,20 +382,44 @@ class Model {
    * computed before the update. opts: {optimizer, lr, ...hyperparameters}, as fit().
    */
   trainStep (data, opts = {}) {
-    this._alive()
+    this._idle()
     this._needTraining()
-    this._configure(opts)
+    const compile = this._configure(opts)
+    if (compile) this._x.compileSync(compile)
     const { feeds, env } = this._feeds('loss', data)
     return this._step(feeds, env)
+  }
+
+  /** trainStep() without blocking (callAsync); resolves to the loss. */
+  async trainStepAsync (data, opts = {}) {
+    this._idle()
+    this._needTraining()
+    return this._exclusive(async () => {
+      const compile = this._configure(opts)
+      if (compile) await this._x.compileAsync(compile)
+      const { feeds, env } = this._feeds('loss', data)
+      return this._stepAsync(feeds, env)
+    })
   }
 
   _step (feeds, env) {
     this._ensure(['train_step'])
     this._run('train_step', feeds, env)
+    return this._loss()
+  }
+
+  async _stepAsync (feeds, env) {
+    await this._ensureAsync(['train_step'])
+    await this._runAsync('train_step', feeds, env)
+    return this._loss()
+  }
+
+  _loss () {
     const slot = this._p.entries.train_step.outputs.loss
     return this._x.view(slot.dtype)[slot.base / slot.dtype.size]
   }
 
+  /** Set up the optimizer `opts` asks for; returns the entrypoints to compile again (null: none). */
   _configure (opts) {
     const { optimizer, lr, hyper } = splitOptions(opts)
     const current = this._p.optimizer
@@ -302,17 +427,17 @@ class Model {
       if (current) {
         if (lr !== undefined) checkHyperparameters({ lr })
         if (lr !== undefined && lr !== current.lr) this._setLr(lr)
-        return
+        return null
       }
     }
     const cfg = optimizerConfigOf(optimizer === undefined ? 'sgd' : optimizer, lr, hyper)
     if (current && sameConfig(cfg, current)) {
       if (cfg.lr !== current.lr) this._setLr(cfg.lr)
-      return
+      return null
     }
     buildOptimizer(this._p, cfg)
     this._x.extend()
-    this._x.compileSync(['optimizer_step', 'train_step'])
+    return ['optimizer_step', 'train_step']
   }
 
   _setLr (lr) {
@@ -328,7 +453,38 @@ class Model {
    * per step. opts: {epochs = 1, batchSize, remainder, optimizer ('sgd' | 'adam' | 'adamw'), lr, ...}.
    */
   fit (data, opts = {}) {
-    this._alive()
+    this._idle()
+    const plan = this._fitPlan(data, opts)
+    const compile = this._configure(plan.rest)
+    if (compile) this._x.compileSync(compile)
+    const losses = []
+    for (const { feeds, env } of this._batches(plan)) {
+      const loss = this._step(feeds, env)
+      losses.push(loss)
+      if (plan.onStep) plan.onStep(loss, losses.length - 1)
+    }
+    return losses
+  }
+
+  /** fit() without blocking (callAsync): resolves to the losses; onStep is called after each step. */
+  async fitAsync (data, opts = {}) {
+    this._idle()
+    const plan = this._fitPlan(data, opts)
+    return this._exclusive(async () => {
+      const compile = this._configure(plan.rest)
+      if (compile) await this._x.compileAsync(compile)
+      const losses = []
+      for (const { feeds, env } of this._batches(plan)) {
+        const loss = await this._stepAsync(feeds, env)
+        losses.push(loss)
+        if (plan.onStep) plan.onStep(loss, losses.length - 1)
+      }
+      return losses
+    })
+  }
+
+  /** fit's data and options checked and cut into batches: {columns, batches, epochs, onStep, rest, leadingVars}. */
+  _fitPlan (data, opts) {
     this._needTraining()
     const { epochs = 1, batchSize, remainder = null, onStep, ...rest } = opts
     if (!Number.isInteger(epochs) || epochs < 0) throw new ModelError(`epochs must be a non-negative integer, got ${epochs}`)
@@ -366,10 +522,13 @@ class Model {
         batches.push([full * bs, rest0])
       }
     }
-    this._configure(rest)
     const leadingVars = new Set(specs.filter((s) => typeof s.shape[0] === 'string').map((s) => s.shape[0]))
+    return { columns, batches, epochs, onStep, rest, leadingVars }
+  }
+
+  /** Every step's {feeds, env} of a fit plan, epoch after epoch. */
+  * _batches ({ columns, batches, epochs, leadingVars }) {
     const e = this._p.entries.loss
-    const losses = []
     for (let ep = 0; ep < epochs; ep++) {
       for (const [start, size] of batches) {
         const feeds = new Map()
@@ -379,12 +538,9 @@ class Model {
           feeds.set(e.inputs[spec.name], ArrayBuffer.isView(col.values) ? col.values.subarray(from, from + n) : col.values.slice(from, from + n))
         }
         const env = new Map([...this._p.variables].map(([v, [, hi]]) => [v, leadingVars.has(v) ? size : hi]))
-        const loss = this._step(feeds, env)
-        losses.push(loss)
-        if (onStep) onStep(loss, losses.length - 1)
+        yield { feeds, env }
       }
     }
-    return losses
   }
 
   _admits (specs, n, what) {
@@ -402,7 +558,7 @@ class Model {
   // ---- saving
   /** The bundle bytes (Uint8Array) of the model as it is now: Python's Model.load reads them. */
   save () {
-    this._alive()
+    this._idle()
     const x = this._x
     const u8 = x.bytes()
     const { manifest, blobs } = writeManifest(this._p, (s) => u8.slice(s.base, s.base + s.size * s.dtype.size), `polygrad-js ${VERSION}`)
@@ -413,6 +569,8 @@ class Model {
   dispose () {
     if (this._disposed) return
     this._disposed = true
+    this._x.dispose()
+    if (unreached) unreached.unregister(this)
     this._x = null
     this._p = null
   }

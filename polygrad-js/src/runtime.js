@@ -17,11 +17,19 @@
  *   training steps keep the unpacked one. Every step counts the parameter slots it writes (its kernel's
  *   stores, a copy's destination); before a step reads a copy, the copy is refilled if its slot was
  *   written since it was made (after training, the next batch-1 forward repacks once).
+ * - Threads (`threads` > 1, wasm only): the memory is a shared WebAssembly.Memory; a kernel that
+ *   lower.threadable admits is compiled as phases (compile.js), one per block, each over a slice of its first
+ *   loop, and a call whose work (lower.kernelWork) reaches THREAD_MIN_WORK runs every phase on the pool's
+ *   threads (threads/pool.js), this thread included; smaller calls, and synchronous calls where this thread
+ *   cannot block (a browser's main thread), run the phases whole here (slice 0 of 1). The same instructions
+ *   compute every element either way, so results are bit for bit those of one thread.
  */
 
 const { BundleError, KernelError, ModelError } = require('./errors')
 const { lowerKernel, prepareKernel } = require('./compile')
-const { chooseOpts, fewRowsOpts } = require('./lower')
+const { chooseOpts, fewRowsOpts, kernelWork, THREAD_MIN_WORK } = require('./lower')
+const { Pool } = require('./threads/pool')
+const { MAX_ARGS } = require('./threads/control')
 const { validateKernel } = require('./manifest')
 const { buildModule, importObject, simdSupported } = require('./wasm/module')
 const { JSKernel } = require('./jsexec')
@@ -78,10 +86,12 @@ function planMemory (prog, start = ALIGN) {
 const MAX_PAGES = 65536 // a WebAssembly (32-bit) memory holds at most 4 GiB
 
 /** A WebAssembly.Memory of at least `bytes` bytes (grown if it exists); Error (BundleError at load) if it
- * cannot be that large. */
-function ensureMemory (memory, bytes, Error = ModelError) {
+ * cannot be that large. A new `shared` memory (threads) has the 4 GiB maximum a shared memory must declare:
+ * address space reserved, not memory used. */
+function ensureMemory (memory, bytes, Error = ModelError, shared = false) {
   const pages = Math.ceil(bytes / PAGE) + 1
   if (pages > MAX_PAGES) throw new Error(`this model needs ${bytes} bytes of memory; a WebAssembly memory holds at most 4 GiB, so polygrad-js cannot run it (Python's polygrad can)`)
+  if (!memory && shared) return new WebAssembly.Memory({ initial: pages, maximum: MAX_PAGES, shared: true })
   if (!memory) return new WebAssembly.Memory({ initial: pages })
   const have = memory.buffer.byteLength / PAGE
   if (have < pages) memory.grow(pages - have)
@@ -89,17 +99,21 @@ function ensureMemory (memory, bytes, Error = ModelError) {
 }
 
 class Executor {
-  constructor (prog, { backend = 'auto', memory = null, verify = false } = {}) {
+  constructor (prog, { backend = 'auto', memory = null, verify = false, threads = 1, canBlock = true } = {}) {
     this.verify = verify
     this.prog = prog
     this.backend = backend === 'auto' ? (simdSupported() ? 'wasm' : 'js') : backend
     this.width = this.backend === 'wasm' ? 4 : 1
+    this.threads = this.backend === 'wasm' ? threads : 1
+    this.canBlock = canBlock // whether this thread may wait on the workers (not a browser's main thread)
     this.lowered = new Map() // kernel UOp -> program
     this.prepared = new Map() // kernel UOp -> prepareKernel's result
     this.bytesUsed = planMemory(prog)
     this.scratchBase = this.bytesUsed
     this.scratchSize = 0
-    this.memory = ensureMemory(memory, this.bytesUsed, BundleError)
+    this.memory = ensureMemory(memory, this.bytesUsed, BundleError, this.threads > 1)
+    this.pool = this.threads > 1 ? new Pool(this.threads, this.memory) : null
+    this.minWork = THREAD_MIN_WORK // a call with less work runs on this thread alone (tests lower it)
     this.entries = {}
     this.stats = { kernels: 0, checks: 0, sites: 0, repacks: 0 }
     // packed copies of parameters (pack.js), by source slot and layout, and how many times each slot was
@@ -137,14 +151,16 @@ class Executor {
       validateKernel(this.prog, k)
       const prepared = this.prepare1(ast)
       const opts = chooseOpts(prepared.ast, this.width)
-      p = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts, verify: this.verify })
+      const threaded = this.pool !== null
+      p = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts, verify: this.verify, threaded })
       p.scratch = prepared.scratch
       p.kernelIndex = k
+      p.work = threaded ? kernelWork(prepared.ast) : null
       // a row tile over a Variable's size recomputes the clamped last rows: below the tile's height a
       // variant without that tile runs instead (batch 1 does one row of work, not four)
       const sym = opts.filter((o) => o.kind === 'UPCAST' && o.range.src[0].op === 'DEFINE_VAR')
       if (sym.length === 1) {
-        p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: fewRowsOpts(opts, sym[0]), verify: this.verify })
+        p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: fewRowsOpts(opts, sym[0]), verify: this.verify, threaded })
         p.small.scratch = prepared.scratch
         // its epilogue's ReLUs keep wasm's select (a branch in V8): at batch 1 the bit select of the tiled
         // kernels (wasm/emit.js selectF32) measured about 10 us slower per call on the bench MLP
@@ -171,7 +187,7 @@ class Executor {
     let q = p.packedSmall.get(key)
     if (!q) {
       const eligible = (i) => (params[i] ? c.args[i].size : 0)
-      q = lowerKernel(this.prog.graph, this.prog.kernels[p.kernelIndex], { width: this.width, prepared: p.prepared, opts: p.smallOpts, verify: this.verify, pack: eligible })
+      q = lowerKernel(this.prog.graph, this.prog.kernels[p.kernelIndex], { width: this.width, prepared: p.prepared, opts: p.smallOpts, verify: this.verify, pack: eligible, threaded: this.pool !== null })
       if (!q.packs.length) q = p.small
       else Object.assign(q, { scratch: p.small.scratch, selectBranches: true })
       p.packedSmall.set(key, q)
@@ -285,17 +301,41 @@ class Executor {
         }
       }
     }
-    if (this.backend !== 'wasm') return { bytes: null, sites, keys }
-    return { bytes: buildModule(sites, this.memory.buffer.byteLength / PAGE), sites, keys }
+    // a threaded program is emitted as its phases (key@i), not whole
+    const emitted = []
+    const emittedKeys = []
+    sites.forEach((site, i) => {
+      if (!site.prog.phases) {
+        emitted.push(site)
+        emittedKeys.push(keys[i])
+        return
+      }
+      site.prog.phases.forEach((phase, j) => {
+        emitted.push(Object.assign({}, site, { prog: phase }))
+        emittedKeys.push(`${keys[i]}@${j}`)
+      })
+    })
+    const out = { bytes: null, sites, keys, emitted, emittedKeys }
+    if (this.backend === 'wasm') out.bytes = buildModule(emitted, this.memory.buffer.byteLength / PAGE, this.pool ? MAX_PAGES : undefined)
+    return out
   }
 
-  /** Bind the functions of a prepared module (instance: a WebAssembly.Instance, or null for js). */
-  bind (prepared, instance) {
+  /** Bind the functions of a prepared module (instance: a WebAssembly.Instance, or null for js; module: the
+   * WebAssembly.Module, which the workers instantiate too when there are threads). */
+  bind (prepared, instance, module = null) {
     if (!this.siteFns) this.siteFns = new Map()
+    const moduleId = this.pool && module ? this.pool.addModule(module) : -1
+    const exportOf = new Map(prepared.emittedKeys.map((k, i) => [k, i]))
     prepared.sites.forEach((site, i) => {
-      let fn
-      if (instance) {
-        fn = instance.exports[`k${i}`]
+      let fn = null
+      let phases = null
+      if (site.prog.phases) {
+        phases = site.prog.phases.map((phase, j) => {
+          const e = exportOf.get(`${prepared.keys[i]}@${j}`)
+          return { fn: instance.exports[`k${e}`], site: { module: moduleId, export: e } }
+        })
+      } else if (instance) {
+        fn = instance.exports[`k${exportOf.get(prepared.keys[i])}`]
       } else {
         const kern = new JSKernel(site.prog)
         const params = site.prog.params
@@ -310,7 +350,7 @@ class Executor {
           kern.run(bufs, vars)
         }
       }
-      this.siteFns.set(prepared.keys[i], { fn, prog: site.prog, packs: site.packs })
+      this.siteFns.set(prepared.keys[i], { fn, phases, prog: site.prog, packs: site.packs })
       this.stats.sites++
       this.stats.checks += countChecks(site.prog)
     })
@@ -320,8 +360,9 @@ class Executor {
   compileSync (names) {
     const prepared = this.prepare(names)
     if (prepared) {
-      const instance = prepared.bytes ? new WebAssembly.Instance(new WebAssembly.Module(prepared.bytes), importObject(this.memory)) : null
-      this.bind(prepared, instance)
+      const module = prepared.bytes ? new WebAssembly.Module(prepared.bytes) : null
+      const instance = module ? new WebAssembly.Instance(module, importObject(this.memory)) : null
+      this.bind(prepared, instance, module)
     }
     this.link(names)
   }
@@ -331,11 +372,12 @@ class Executor {
     const prepared = this.prepare(names)
     if (prepared) {
       let instance = null
+      let mod = null
       if (prepared.bytes) {
-        const mod = await WebAssembly.compile(prepared.bytes)
+        mod = await WebAssembly.compile(prepared.bytes)
         instance = await WebAssembly.instantiate(mod, importObject(this.memory))
       }
-      this.bind(prepared, instance)
+      this.bind(prepared, instance, mod)
     }
     this.link(names)
   }
@@ -352,11 +394,11 @@ class Executor {
           return { copy: true, dst: dst.base, src: src.base, n: Math.min(dst.size, src.size) * src.dtype.size, writes }
         }
         const site = this.siteFns.get(this.siteKey(c))
-        const step = { copy: false, fn: site.fn, vars: site.prog.vars, name: site.prog.name, small: null, writes }
+        const step = { copy: false, main: runner(site), name: site.prog.name, small: null, packed: null, writes, work: site.prog.work }
         const small = this.siteFns.get(this.siteKey(c) + '|small')
         const packed = !training && this.siteFns.get(this.siteKey(c) + '|packed')
-        if (small) Object.assign(step, { small: small.fn, smallVars: small.prog.vars, smallVar: site.prog.smallVar, smallBelow: site.prog.smallBelow, packed: null })
-        if (packed) Object.assign(step, { packed: packed.fn, packs: packed.packs })
+        if (small) Object.assign(step, { small: runner(small), smallVar: site.prog.smallVar, smallBelow: site.prog.smallBelow })
+        if (packed) Object.assign(step, { packed: runner(packed), packs: packed.packs })
         return step
       })
     }
@@ -378,10 +420,57 @@ class Executor {
     return new Uint8Array(this.memory.buffer)
   }
 
-  /** Run entrypoint `name` with Variable values `env` (a Map name -> int). */
+  /** Run entrypoint `name` with Variable values `env` (a Map name -> int); with threads, this thread
+   * waits on the workers (Atomics.wait). */
   run (name, env) {
+    const steps = this.steps(name, env, false)
+    let r = steps.next()
+    try {
+      while (!r.done) {
+        const [site, own, args] = r.value
+        try {
+          if (this.pool.readySync()) this.pool.call(site, own, args)
+          else own(0, 1, ...args)
+        } catch (e) {
+          r = steps.throw(e)
+          continue
+        }
+        r = steps.next()
+      }
+    } finally {
+      if (this.pool) this.pool.end()
+    }
+  }
+
+  /** run() for a thread that cannot block (a browser's main thread): the workers' slices are awaited. */
+  async runAsync (name, env) {
+    const steps = this.steps(name, env, true)
+    let r = steps.next()
+    try {
+      while (!r.done) {
+        const [site, own, args] = r.value
+        try {
+          if (await this.pool.readyAsync()) await this.pool.callAsync(site, own, args)
+          else own(0, 1, ...args)
+        } catch (e) {
+          r = steps.throw(e)
+          continue
+        }
+        r = steps.next()
+      }
+    } finally {
+      if (this.pool) this.pool.end()
+    }
+  }
+
+  /**
+   * The steps of entrypoint `name`, run here, except a phase worth threads, which is yielded as [site, own
+   * function, Variable values] for run/runAsync to share with the pool (an error from it is thrown back in).
+   */
+  * steps (name, env, async) {
     const steps = this.entries[name]
     if (!steps) throw new KernelError(`internal: entrypoint ${name} is not compiled`)
+    const pool = this.pool && !this.pool.broken && (async || this.canBlock) ? this.pool : null
     let u8 = null
     for (const st of steps) {
       if (st.copy) {
@@ -391,13 +480,23 @@ class Executor {
         continue
       }
       try {
+        let run = st.main
         if (st.small !== null && env.get(st.smallVar) < st.smallBelow) {
           let packed = st.packed !== null
           if (packed) for (const r of st.packs) packed = this.ready(r) && packed // every copy asked (no short cut)
-          const fn = packed ? st.packed : st.small
-          fn(...st.smallVars.map((v) => env.get(v)))
-        } else if (st.vars.length === 0) st.fn()
-        else st.fn(...st.vars.map((v) => env.get(v)))
+          run = packed ? st.packed : st.small
+        }
+        if (run.phases === null) {
+          if (run.vars.length === 0) run.fn()
+          else run.fn(...run.vars.map((v) => env.get(v)))
+        } else {
+          const args = run.vars.map((v) => env.get(v))
+          const shared = pool !== null && args.length <= MAX_ARGS && st.work(env) >= this.minWork
+          for (const ph of run.phases) {
+            if (shared) yield [ph.site, ph.fn, args]
+            else ph.fn(0, 1, ...args)
+          }
+        }
         this.wrote(st.writes)
       } catch (e) {
         if (e instanceof WebAssembly.RuntimeError) {
@@ -408,6 +507,16 @@ class Executor {
       this.stats.kernels++
     }
   }
+
+  /** End the worker threads (idempotent). */
+  dispose () {
+    if (this.pool) this.pool.dispose()
+  }
+}
+
+/** How a step calls a compiled variant: one function, or phases (threads). */
+function runner (site) {
+  return { fn: site.fn, phases: site.phases, vars: site.prog.vars }
 }
 
 function countChecks (prog) {

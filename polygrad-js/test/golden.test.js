@@ -43,11 +43,13 @@ function compare (got, e, where) {
   assert.strictEqual(bad, 0, `${where}: ${bad} elements differ, first at ${first}: ${g[first]} vs ${r[first]}`)
 }
 
-function run (obj, backend) {
+/** Run a golden kernel; with `parts`, its threaded form (phases, compile.js), each phase's slices run one at a
+ * time from the last to the first (slices are independent, so any order gives the same bits). */
+function run (obj, backend, parts = 0) {
   const g = new ir.Graph()
   const [k] = ir.decode(obj.kernel, g)
   checkKernel(k, obj.name)
-  const prog = lowerKernel(g, k, { width: backend === 'wasm' ? 4 : 1 })
+  const prog = lowerKernel(g, k, { width: backend === 'wasm' ? 4 : 1, threaded: parts > 0 })
   const layout = new Map()
   let pos = 64
   for (const item of obj.buffers) {
@@ -62,7 +64,11 @@ function run (obj, backend) {
     if (item.role === 'input') new L.d.store(memory.buffer, L.base, L.size).set(array(item))
     else new Uint8Array(memory.buffer, L.base, L.size * L.d.size).fill(0xa5) // the kernel must write every element
   }
-  if (backend === 'wasm') {
+  if (parts) {
+    const bytes = buildModule(prog.phases.map((phase) => ({ prog: phase, layout })), memory.buffer.byteLength / 65536)
+    const fns = new WebAssembly.Instance(new WebAssembly.Module(bytes), importObject(memory)).exports
+    prog.phases.forEach((_, i) => { for (let p = parts - 1; p >= 0; p--) fns[`k${i}`](p, parts) })
+  } else if (backend === 'wasm') {
     const bytes = buildModule([{ prog, layout }], memory.buffer.byteLength / 65536)
     new WebAssembly.Instance(new WebAssembly.Module(bytes), importObject(memory)).exports.k0()
   } else {
@@ -87,6 +93,18 @@ for (const f of files) {
       for (const e of obj.expected) compare(out[e.slot], e, `${obj.name} slot ${e.slot}`)
     })
   }
+  test(`golden ${obj.name}: split into slices of its outer loop (threads), bit for bit one call`, (t) => {
+    const g = new ir.Graph()
+    const [k] = ir.decode(obj.kernel, g)
+    if (lowerKernel(g, k, { width: 4, threaded: true }).phases === null) return t.skip('not threadable (an accumulating store)')
+    const whole = run(obj, 'wasm')
+    for (const parts of [1, 2, 3, 7]) {
+      const split = run(obj, 'wasm', parts)
+      // bit for bit, a NaN matching any NaN (WebAssembly leaves a NaN's sign and payload to the engine: V8
+      // folding a constant and the CPU computing it give different ones)
+      for (const e of obj.expected) compare(split[e.slot], Object.assign({}, e, { data: Buffer.from(whole[e.slot].buffer, whole[e.slot].byteOffset, whole[e.slot].byteLength).toString('base64'), compare: 'exact' }), `${obj.name} in ${parts} parts, slot ${e.slot}`)
+    }
+  })
   if (!obj.kernel.nodes.some((n) => n[0] === 'REDUCE')) {
     test(`golden ${obj.name}: wasm and js agree bit for bit`, () => {
       const a = run(obj, 'wasm')

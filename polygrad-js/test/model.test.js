@@ -286,7 +286,7 @@ test('an unknown backend or load option is a ModelError naming the choices, neve
     await assert.rejects(Model.fromBytes(bytes, { backend }), (e) => e instanceof ModelError && /unknown backend/.test(e.message))
   }
   assert.throws(() => Model.load(path.join(FIXTURES, 'linear.pgb'), { backend: 'webgpu' }), ModelError)
-  assert.throws(() => Model.fromBytesSync(bytes, { threads: 2, maxbytes: 1 }), (e) => e instanceof ModelError && /unknown load option "threads"/.test(e.message) && /maxBytes/.test(e.message))
+  assert.throws(() => Model.fromBytesSync(bytes, { workers: 2, maxbytes: 1 }), (e) => e instanceof ModelError && /unknown load option "workers"/.test(e.message) && /maxBytes/.test(e.message))
   assert.throws(() => Model.fromBytesSync(bytes, { validate: 'some' }), (e) => e instanceof ModelError && /validate must be/.test(e.message))
   assert.throws(() => Model.fromBytesSync(bytes, { verify: 'yes' }), (e) => e instanceof ModelError && /verify must be/.test(e.message))
   assert.throws(() => Model.fromBytesSync(bytes, 'wasm'), (e) => e instanceof ModelError && /must be an object/.test(e.message))

@@ -15,22 +15,27 @@ const ROOT = path.join(__dirname, '..')
 const SRC = path.join(ROOT, 'src')
 const DIST = path.join(ROOT, 'dist')
 
+// Node's thread platform: index.js loads it from src/ (its workers run src/threads/worker_node.js)
+const NODE_ONLY = new Set(['threads/node.js', 'threads/worker_node.js'])
+
 function files (dir, out = []) {
   for (const f of fs.readdirSync(dir).sort()) {
     const p = path.join(dir, f)
     if (fs.statSync(p).isDirectory()) files(p, out)
-    else if (f.endsWith('.js')) out.push(p)
+    else if (f.endsWith('.js') && !NODE_ONLY.has(path.relative(SRC, p).replace(/\\/g, '/'))) out.push(p)
   }
   return out
 }
 
-/** Every src/ module in one script: a module table and a small require (`load`), ending with `api`. */
+/** Every src/ module in one script: a module table and a small require (`load`) inside one function,
+ * polygradModules (the browser's worker threads start from its source text), ending with `api`. */
 function moduleTable () {
   const mods = files(SRC).map((p) => {
     const id = './' + path.relative(SRC, p).replace(/\\/g, '/').replace(/\.js$/, '')
     return `${JSON.stringify(id)}: function (module, exports, require) {\n${fs.readFileSync(p, 'utf8')}\n}`
   })
-  return `const modules = {
+  return `function polygradModules () {
+const modules = {
 ${mods.join(',\n')}
 }
 const cache = {}
@@ -49,6 +54,9 @@ function load (id) {
   modules[id](module, module.exports, (name) => load(resolve(id, name)))
   return module.exports
 }
+return load
+}
+const load = polygradModules()
 const api = load('./index')
 `
 }
@@ -64,6 +72,8 @@ api.Model.fetch = async function (url, opts = {}) {
   if (!res.ok) throw new api.BundleError('cannot fetch bundle ' + url + ': HTTP ' + res.status)
   return api.Model.fromBytes(new Uint8Array(await res.arrayBuffer()), opts)
 }
+// worker threads: Web Workers running this module table (from a Blob URL of its source)
+api._internals.threads.setPlatform(load('./threads/browser').browserPlatform(polygradModules.toString()))
 api.Model.load = function () {
   throw new api.ModelError('Model.load(path) reads files in Node; in a browser use await Model.fetch(url) or Model.fromBytes(bytes)')
 }

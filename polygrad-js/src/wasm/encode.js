@@ -125,14 +125,15 @@ function section (out, id, body) {
 
 /**
  * Module bytes. `types`: [{params: [T], results: [T]}]; `imports`: [{module, name, kind: 'memory'|'func',
- * type (func) | min pages (memory)}]; `funcs`: [{type, locals: [T], body: Code}]; `exports`: [{name, func}].
+ * type (func) | min pages (memory), max pages (a shared memory)}]; `funcs`: [{type, locals: [T], body: Code}]; `exports`: [{name, func}].
  */
 function moduleBytes ({ types, imports, funcs, exports }) {
   const out = new Code().byte(0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00)
   section(out, 1, new Code().vec(types, (c, t) => c.byte(0x60).vec(t.params, (cc, p) => cc.byte(p)).vec(t.results, (cc, r) => cc.byte(r))))
   section(out, 2, new Code().vec(imports, (c, im) => {
     c.name(im.module).name(im.name)
-    if (im.kind === 'memory') c.byte(0x02).byte(0x00).u32(im.min)
+    if (im.kind === 'memory' && im.max !== undefined) c.byte(0x02).byte(0x03).u32(im.min).u32(im.max) // shared, with a maximum
+    else if (im.kind === 'memory') c.byte(0x02).byte(0x00).u32(im.min)
     else c.byte(0x00).u32(im.type)
   }))
   section(out, 3, new Code().vec(funcs, (c, f) => c.u32(f.type)))

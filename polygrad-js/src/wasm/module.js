@@ -9,8 +9,9 @@ const { moduleBytes, T } = require('./encode')
 const { helperFuncs, IMPORTS } = require('./helpers')
 const { KernelEmitter } = require('./emit')
 
-/** sites: [{prog, layout: Map slot -> {base, size}}]. Exports k0, k1, ... in the same order. */
-function buildModule (sites, memoryPages) {
+/** sites: [{prog, layout: Map slot -> {base, size}}]. Exports k0, k1, ... in the same order. A module over a
+ * shared memory (threads) imports it as shared with `maxPages`. */
+function buildModule (sites, memoryPages, maxPages) {
   const types = []
   const typeIndex = (params, results) => {
     const key = params.join(',') + '>' + results.join(',')
@@ -21,7 +22,7 @@ function buildModule (sites, memoryPages) {
     }
     return i
   }
-  const imports = [{ module: 'pg', name: 'memory', kind: 'memory', min: memoryPages }]
+  const imports = [{ module: 'pg', name: 'memory', kind: 'memory', min: memoryPages, max: maxPages }]
   const impIdx = {}
   IMPORTS.forEach((im, i) => {
     imports.push({ module: 'pg', name: im.name, kind: 'func', type: typeIndex(im.params, im.results) })
