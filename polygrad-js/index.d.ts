@@ -22,9 +22,9 @@ export type Input = TypedArray | number[] | boolean[] | bigint[] | unknown[][] |
 export type Output = TypedArray & { readonly shape: number[] }
 
 export interface LoadOptions {
-  /** 'auto' (default: in asynchronous loads 'webgpu' on a hardware adapter, then 'wasm' where WebAssembly SIMD
-   * exists, else 'js'; synchronous loads never take webgpu), 'webgpu' (asynchronous loads only; a fallback
-   * adapter too), 'wasm' or 'js'. Any other name, or an option not listed here, is a ModelError. */
+  /** Default: 'wasm' where WebAssembly SIMD exists, else 'js'. 'auto': the same, but an asynchronous load takes
+   * 'webgpu' first on a hardware adapter (synchronous loads never do). 'webgpu' (asynchronous loads only; a
+   * fallback adapter too), 'wasm' or 'js'. Any other name, or an option not listed here, is a ModelError. */
   backend?: 'auto' | 'webgpu' | 'wasm' | 'js'
   /** Refuse bundles whose buffers need more bytes than this (default: max(256 MiB, 16 x the file's size)). */
   maxBytes?: number

@@ -35,7 +35,7 @@ function loadOptions (opts) {
   }
   const backend = opts.backend === undefined ? 'auto' : opts.backend
   if (!BACKENDS.includes(backend)) {
-    throw new ModelError(`unknown backend ${JSON.stringify(backend)}; polygrad-js runs 'webgpu' (asynchronous loads only), 'wasm' (WebAssembly SIMD), 'js' (plain JavaScript) or 'auto' (asynchronous loads: webgpu on a hardware adapter, else wasm where the runtime has SIMD, else js)`)
+    throw new ModelError(`unknown backend ${JSON.stringify(backend)}; polygrad-js runs 'webgpu' (asynchronous loads only), 'wasm' (WebAssembly SIMD), 'js' (plain JavaScript) or 'auto' (wasm where the runtime has SIMD, else js; an asynchronous load given { backend: 'auto' } explicitly takes webgpu first on a hardware adapter)`)
   }
   if (backend === 'wasm' && !simdSupported()) throw new ModelError("backend 'wasm' needs WebAssembly SIMD, which this runtime lacks; load with { backend: 'auto' } or { backend: 'js' }")
   if (opts.validate !== undefined && opts.validate !== 'all' && opts.validate !== 'forward') {
@@ -45,7 +45,9 @@ function loadOptions (opts) {
   if (opts.threads !== undefined && !(Number.isInteger(opts.threads) && opts.threads >= 1 && opts.threads <= MAX_THREADS)) {
     throw new ModelError(`threads must be an integer from 1 to ${MAX_THREADS}, not ${typeof opts.threads === 'string' ? JSON.stringify(opts.threads) : String(opts.threads)}; leave it out for the default (the cores, at most 8, where SharedArrayBuffer is available)`)
   }
-  return Object.assign({}, opts, { backend }, threadPlan(backend, opts.threads))
+  // only an explicit 'auto' may pick webgpu (asynchronous loads): without a backend, a model keeps the
+  // synchronous calls (forward, trainStep, save) that existing code makes after `await Model.fetch(url)`
+  return Object.assign({}, opts, { backend, gpuAuto: opts.backend === 'auto' }, threadPlan(backend, opts.threads))
 }
 
 /**
@@ -135,16 +137,17 @@ class Model {
   }
 
   /**
-   * A Model from bundle bytes, every entrypoint compiled asynchronously (the browser path). Backend 'auto'
-   * here is webgpu on a hardware adapter (not a fallback, software one: the CPU backends beat it), else as
-   * fromBytesSync; backendInfo.reason says why webgpu was not taken.
+   * A Model from bundle bytes, every entrypoint compiled asynchronously (the browser path). An explicit
+   * backend 'auto' here is webgpu on a hardware adapter (not a fallback, software one: the CPU backends beat
+   * it), else as fromBytesSync, and backendInfo.reason says why webgpu was not taken; without a backend
+   * option it is as fromBytesSync (a webgpu model has only the async calls).
    */
   static async fromBytes (bytes, opts = {}) {
     opts = loadOptions(opts)
     let device = null
     if (opts.backend === 'webgpu') {
       device = await webgpu.device()
-    } else if (opts.backend === 'auto') {
+    } else if (opts.gpuAuto) {
       const found = await webgpu.adapterInfo()
       if (found.adapter && !found.fallback) {
         device = await webgpu.device()

@@ -267,9 +267,12 @@ test('a webgpu model refuses synchronous calls, naming the async twin; synchrono
   assert.throws(() => Model.fromBytesSync(fixture('linear.pgb'), { backend: 'webgpu' }), (e) => e instanceof ModelError && /asynchronous.*Model\.fromBytes/.test(e.message))
 })
 
-test('async auto: a fallback (software) adapter is not taken, and backendInfo says so; sync loads keep wasm', async (t) => {
+test('async auto: a fallback (software) adapter is not taken, and backendInfo says so; sync loads and loads without a backend keep wasm', async (t) => {
   const f = await adapter()
-  const m = await Model.fromBytes(fixture('linear.pgb'), { threads: 1 })
+  const d = await Model.fromBytes(fixture('linear.pgb'), { threads: 1 }) // no backend: never webgpu, no probe
+  assert.deepStrictEqual(d.backendInfo, { name: 'wasm', threads: 1, reason: 'threads: 1 was asked' })
+  d.dispose()
+  const m = await Model.fromBytes(fixture('linear.pgb'), { backend: 'auto', threads: 1 })
   if (f.adapter && !f.fallback) {
     assert.strictEqual(m.backendInfo.name, 'webgpu')
   } else {
