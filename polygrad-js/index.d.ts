@@ -22,9 +22,10 @@ export type Input = TypedArray | number[] | boolean[] | bigint[] | unknown[][] |
 export type Output = TypedArray & { readonly shape: number[] }
 
 export interface LoadOptions {
-  /** 'auto' (default: 'wasm' where WebAssembly SIMD exists, else 'js'), 'wasm' or 'js'. Any other name, or an option
-   * not listed here, is a ModelError. */
-  backend?: 'auto' | 'wasm' | 'js'
+  /** Default: 'wasm' where WebAssembly SIMD exists, else 'js'. 'auto': the same, but an asynchronous load takes
+   * 'webgpu' first on a hardware adapter (synchronous loads never do). 'webgpu' (asynchronous loads only; a
+   * fallback adapter too), 'wasm' or 'js'. Any other name, or an option not listed here, is a ModelError. */
+  backend?: 'auto' | 'webgpu' | 'wasm' | 'js'
   /** Refuse bundles whose buffers need more bytes than this (default: max(256 MiB, 16 x the file's size)). */
   maxBytes?: number
   /** Refuse bundles one of whose entrypoints evaluates more kernel nodes per call than this (default: max(2**36,
@@ -40,9 +41,10 @@ export interface LoadOptions {
   threads?: number
 }
 
-/** The backend a model runs on: its name, its threads, and why they are 1 (or null). */
+/** The backend a model runs on: its name, its threads, and why (or null) an async 'auto' load did not take
+ * webgpu and why threads are 1. */
 export interface BackendInfo {
-  name: 'wasm' | 'js'
+  name: 'webgpu' | 'wasm' | 'js'
   threads: number
   reason: string | null
 }
@@ -80,7 +82,7 @@ export interface Summary {
   parameterCount: number
   bytes: Record<string, number>
   memoryBytes: number
-  backend: 'wasm' | 'js'
+  backend: 'webgpu' | 'wasm' | 'js'
   optimizer: Record<string, unknown> | null
   toString(): string
 }
@@ -88,6 +90,8 @@ export interface Summary {
 export class Model {
   /** Node: read and compile a .pgb file synchronously. */
   static load (path: string, opts?: LoadOptions): Model
+  /** Node: Model.load's asynchronous twin (every backend, webgpu included). */
+  static loadAsync (path: string, opts?: LoadOptions): Promise<Model>
   /** Browser: fetch a bundle and compile it asynchronously. */
   static fetch (url: string, opts?: LoadOptions): Promise<Model>
   /** Everywhere: compile bundle bytes asynchronously (every entrypoint). */
@@ -98,7 +102,7 @@ export class Model {
   readonly signature: Signature
   readonly entrypoints: string[]
   readonly variables: Record<string, { min: number; max: number }>
-  readonly backend: 'wasm' | 'js'
+  readonly backend: 'webgpu' | 'wasm' | 'js'
   /** The backend, its threads, and why they are 1: a page that is not cross-origin isolated, threads: 1, the js
    * backend. In a browser, synchronous calls run on one thread; the async twins use them all. */
   readonly backendInfo: BackendInfo
@@ -111,15 +115,19 @@ export class Model {
   /** Python's Model.fit: samples in order, minibatches of batchSize; one loss per step. */
   fit (data: Record<string, Input>, opts?: FitOptions): number[]
   /** The async twins: the same results without blocking (kernels compiled asynchronously, worker threads awaited).
-   * A browser's main thread uses threads only through these; one call at a time per model (a ModelError else). */
+   * A browser's main thread uses threads only through these; one call at a time per model (a ModelError else).
+   * A webgpu model takes only these (its synchronous calls, save and parameters are ModelErrors naming them). */
   forwardAsync (inputs: Record<string, Input>): Promise<Record<string, Output>>
   callAsync (entrypoint: string, inputs?: Record<string, Input | number>): Promise<Record<string, Output>>
   trainStepAsync (data: Record<string, Input>, opts?: OptimizerOptions): Promise<number>
   fitAsync (data: Record<string, Input>, opts?: FitOptions): Promise<number[]>
   summary (): Summary
   parameters (): Record<string, { data: Output; shape: Dim[]; dtype: DType }>
+  parametersAsync (): Promise<Record<string, { data: Output; shape: Dim[]; dtype: DType }>>
   /** The bundle bytes of the model as it is now (Python's Model.load reads them). */
   save (): Uint8Array
+  /** save() of any backend; on webgpu the weights are read back from the GPU first. */
+  saveAsync (): Promise<Uint8Array>
   /** Frees the model and ends its worker threads; later calls throw ModelError. */
   dispose (): void
 }

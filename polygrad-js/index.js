@@ -30,6 +30,16 @@ const api = loadApi()
 if (typeof zlib.crc32 === 'function') api._internals.crc32.useNative(zlib.crc32)
 // worker threads for the kernels (src/threads/node.js, always from src/: its workers run src/threads/worker_node.js)
 api._internals.threads.setPlatform(require('./src/threads/node'))
+// WebGPU through the optional `webgpu` package (Dawn), imported only when a load asks for the GPU
+api._internals.webgpu.setProvider(async () => {
+  let mod
+  try {
+    mod = await import('webgpu')
+  } catch (e) {
+    throw new Error('the optional package webgpu is not installed (npm install webgpu)')
+  }
+  return mod.create([])
+})
 const { Model, BundleError } = api
 
 /** A Model from a .pgb file, loaded and compiled synchronously. opts: {backend: 'wasm' | 'js', maxBytes, maxWork,
@@ -42,6 +52,18 @@ Model.load = function load (path, opts = {}) {
     throw new BundleError(`cannot read bundle ${JSON.stringify(String(path))}: ${e.code === 'ENOENT' ? 'no such file' : e.message}`)
   }
   return Model.fromBytesSync(bytes, opts)
+}
+
+/** Model.load's asynchronous twin: the file read, then Model.fromBytes (every backend, 'webgpu' included;
+ * 'auto' takes webgpu on a hardware adapter). */
+Model.loadAsync = async function loadAsync (path, opts = {}) {
+  let bytes
+  try {
+    bytes = await fs.promises.readFile(path)
+  } catch (e) {
+    throw new BundleError(`cannot read bundle ${JSON.stringify(String(path))}: ${e.code === 'ENOENT' ? 'no such file' : e.message}`)
+  }
+  return Model.fromBytes(bytes, opts)
 }
 
 module.exports = api

@@ -331,4 +331,4 @@ function sizeValue (u, env) {
   return bounds(u)[1]
 }
 
-module.exports = { chooseOpts, fewRowsOpts, applyOpts, topLevelReduces, hasAccumulatingStore, rangesOf, constSize, VECTOR_DTYPES, DTYPES, threadable, kernelWork, THREAD_MIN_WORK }
+module.exports = { chooseOpts, fewRowsOpts, applyOpts, topLevelReduces, hasAccumulatingStore, rangesOf, constSize, VECTOR_DTYPES, DTYPES, threadable, kernelWork, sizeValue, THREAD_MIN_WORK }

@@ -16,13 +16,15 @@ const { buildOptimizer, checkHyperparameters, optimizerConfigOf, sameConfig } = 
 const { simdSupported } = require('./wasm/module')
 const threads = require('./threads/pool')
 const { MAX_WORKERS } = require('./threads/control')
+const webgpu = require('./webgpu/device')
+const { GPUExecutor } = require('./webgpu/runtime')
 
 const VERSION = '0.1.0'
 
 // Model.load / fetch / fromBytes options (index.d.ts LoadOptions) and the backends they may name
 const LOAD_OPTIONS = ['backend', 'maxBytes', 'maxWork', 'validate', 'verify', 'threads']
 const MAX_THREADS = MAX_WORKERS // the control block's worker slots (threads/control.js), this thread's included
-const BACKENDS = ['auto', 'wasm', 'js']
+const BACKENDS = ['auto', 'webgpu', 'wasm', 'js']
 
 /** The load options, checked before anything is read: an unknown option or backend is a ModelError, never
  * silently another path; 'wasm' where WebAssembly SIMD is missing is one too. Returns them with `backend` set. */
@@ -33,7 +35,7 @@ function loadOptions (opts) {
   }
   const backend = opts.backend === undefined ? 'auto' : opts.backend
   if (!BACKENDS.includes(backend)) {
-    throw new ModelError(`unknown backend ${JSON.stringify(backend)}; polygrad-js runs 'wasm' (WebAssembly SIMD), 'js' (plain JavaScript) or 'auto' (wasm where the runtime has SIMD, else js)`)
+    throw new ModelError(`unknown backend ${JSON.stringify(backend)}; polygrad-js runs 'webgpu' (asynchronous loads only), 'wasm' (WebAssembly SIMD), 'js' (plain JavaScript) or 'auto' (wasm where the runtime has SIMD, else js; an asynchronous load given { backend: 'auto' } explicitly takes webgpu first on a hardware adapter)`)
   }
   if (backend === 'wasm' && !simdSupported()) throw new ModelError("backend 'wasm' needs WebAssembly SIMD, which this runtime lacks; load with { backend: 'auto' } or { backend: 'js' }")
   if (opts.validate !== undefined && opts.validate !== 'all' && opts.validate !== 'forward') {
@@ -43,7 +45,9 @@ function loadOptions (opts) {
   if (opts.threads !== undefined && !(Number.isInteger(opts.threads) && opts.threads >= 1 && opts.threads <= MAX_THREADS)) {
     throw new ModelError(`threads must be an integer from 1 to ${MAX_THREADS}, not ${typeof opts.threads === 'string' ? JSON.stringify(opts.threads) : String(opts.threads)}; leave it out for the default (the cores, at most 8, where SharedArrayBuffer is available)`)
   }
-  return Object.assign({}, opts, { backend }, threadPlan(backend, opts.threads))
+  // only an explicit 'auto' may pick webgpu (asynchronous loads): without a backend, a model keeps the
+  // synchronous calls (forward, trainStep, save) that existing code makes after `await Model.fetch(url)`
+  return Object.assign({}, opts, { backend, gpuAuto: opts.backend === 'auto' }, threadPlan(backend, opts.threads))
 }
 
 /**
@@ -52,6 +56,7 @@ function loadOptions (opts) {
  * cross-origin isolated page) and a worker platform.
  */
 function threadPlan (backend, asked) {
+  if (backend === 'webgpu') return { threads: 1, threadReason: null }
   const wasm = backend === 'wasm' || (backend === 'auto' && simdSupported())
   if (asked === 1) return { threads: 1, threadReason: 'threads: 1 was asked' }
   if (!wasm) return { threads: 1, threadReason: "the 'js' backend runs on one thread" }
@@ -116,9 +121,10 @@ class Model {
     if (unreached && exec.pool) unreached.register(this, exec, this)
   }
 
-  /** A Model from bundle bytes (Uint8Array or ArrayBuffer), compiled synchronously. */
+  /** A Model from bundle bytes (Uint8Array or ArrayBuffer), compiled synchronously ('auto': wasm, else js). */
   static fromBytesSync (bytes, opts = {}) {
     opts = loadOptions(opts)
+    if (opts.backend === 'webgpu') throw new ModelError("WebGPU is asynchronous: load with await Model.fromBytes(bytes, { backend: 'webgpu' }) (in Node, await Model.loadAsync(path, ...); in a browser, await Model.fetch(url, ...))")
     try {
       const prog = loadProgram(bytes, opts)
       const exec = executor(prog, opts)
@@ -130,12 +136,30 @@ class Model {
     }
   }
 
-  /** A Model from bundle bytes, every entrypoint compiled asynchronously (the browser path). */
+  /**
+   * A Model from bundle bytes, every entrypoint compiled asynchronously (the browser path). An explicit
+   * backend 'auto' here is webgpu on a hardware adapter (not a fallback, software one: the CPU backends beat
+   * it), else as fromBytesSync, and backendInfo.reason says why webgpu was not taken; without a backend
+   * option it is as fromBytesSync (a webgpu model has only the async calls).
+   */
   static async fromBytes (bytes, opts = {}) {
     opts = loadOptions(opts)
+    let device = null
+    if (opts.backend === 'webgpu') {
+      device = await webgpu.device()
+    } else if (opts.gpuAuto) {
+      const found = await webgpu.adapterInfo()
+      if (found.adapter && !found.fallback) {
+        device = await webgpu.device()
+        opts = Object.assign({}, opts, { backend: 'webgpu', threads: 1, threadReason: null })
+      } else {
+        const why = found.adapter ? "WebGPU has only a fallback (software) adapter; load with { backend: 'webgpu' } to use it anyway" : found.reason
+        opts = Object.assign({}, opts, { gpuReason: why })
+      }
+    }
     try {
       const prog = loadProgram(bytes, opts)
-      const exec = executor(prog, opts)
+      const exec = device ? new GPUExecutor(prog, device, opts) : executor(prog, opts)
       fillStored(prog, exec)
       await exec.compileAsync(Object.keys(prog.entries))
       return new Model(prog, exec, opts)
@@ -167,14 +191,16 @@ class Model {
   }
 
   /**
-   * {name, threads, reason}: the backend ('wasm' or 'js'), the threads its kernels run on, and why that is 1
-   * (or null): e.g. a browser page that is not cross-origin isolated has no SharedArrayBuffer. In a browser,
+   * {name, threads, reason}: the backend ('webgpu', 'wasm' or 'js'), the threads its kernels run on, and why
+   * (or null) an asynchronous 'auto' load did not take webgpu and why threads is 1: e.g. a browser page that
+   * is not cross-origin isolated has no SharedArrayBuffer. In a browser,
    * synchronous calls run on one thread whatever this says; the async twins (forwardAsync, ...) use them all.
    */
   get backendInfo () {
     this._alive()
     const x = this._x
-    const reason = x.pool && x.pool.broken ? x.pool.broken : this._opts.threadReason
+    const threadReason = x.pool && x.pool.broken ? x.pool.broken : this._opts.threadReason
+    const reason = [this._opts.gpuReason, threadReason].filter(Boolean).join('; ') || null
     return { name: x.backend, threads: x.pool && !x.pool.broken ? x.threads : 1, reason }
   }
 
@@ -199,6 +225,29 @@ class Model {
   /** {name: {data, shape, dtype}} copies of the parameters and state. */
   parameters () {
     this._alive()
+    this._sync('parameters', 'parametersAsync')
+    return this._parameters()
+  }
+
+  /** parameters() of any backend (webgpu: read back from the GPU first). */
+  async parametersAsync () {
+    return this._exclusive(async () => {
+      await this._readBack()
+      return this._parameters()
+    })
+  }
+
+  /** Bring the parameters and state (what save and parameters read) back from the GPU (webgpu only). */
+  async _readBack () {
+    if (this._x.readBack) await this._x.readBack(this._p.slots.filter((s) => s.role === 'parameter' || s.role === 'state'))
+  }
+
+  /** A synchronous call on a webgpu model is a ModelError naming its async twin. */
+  _sync (what, twin) {
+    if (this._x.backend === 'webgpu') throw new ModelError(`the webgpu backend is asynchronous: use await model.${twin}(...) instead of model.${what}(...)`)
+  }
+
+  _parameters () {
     const out = {}
     for (const s of this._p.slots) {
       if (s.role !== 'parameter' && s.role !== 'state') continue
@@ -342,6 +391,7 @@ class Model {
   /** Run one entrypoint; returns its outputs as typed arrays (each with a `.shape`). */
   call (entrypoint, inputs = {}) {
     this._idle()
+    this._sync(entrypoint === 'forward' ? 'forward' : 'call', entrypoint === 'forward' ? 'forwardAsync' : 'callAsync')
     this._entrypoint(entrypoint)
     const { feeds, env } = this._feeds(entrypoint, inputs)
     this._ensure([entrypoint])
@@ -383,6 +433,7 @@ class Model {
    */
   trainStep (data, opts = {}) {
     this._idle()
+    this._sync('trainStep', 'trainStepAsync')
     this._needTraining()
     const compile = this._configure(opts)
     if (compile) this._x.compileSync(compile)
@@ -444,6 +495,7 @@ class Model {
     this._p.optimizer.lr = lr
     const s = this._p.lrSlot
     this._x.view(s.dtype)[s.base / 4] = lr
+    this._x.touched([s])
   }
 
   /**
@@ -454,6 +506,7 @@ class Model {
    */
   fit (data, opts = {}) {
     this._idle()
+    this._sync('fit', 'fitAsync')
     const plan = this._fitPlan(data, opts)
     const compile = this._configure(plan.rest)
     if (compile) this._x.compileSync(compile)
@@ -559,6 +612,19 @@ class Model {
   /** The bundle bytes (Uint8Array) of the model as it is now: Python's Model.load reads them. */
   save () {
     this._idle()
+    this._sync('save', 'saveAsync')
+    return this._save()
+  }
+
+  /** save() of any backend (webgpu: the weights are read back from the GPU first). */
+  async saveAsync () {
+    return this._exclusive(async () => {
+      await this._readBack()
+      return this._save()
+    })
+  }
+
+  _save () {
     const x = this._x
     const u8 = x.bytes()
     const { manifest, blobs } = writeManifest(this._p, (s) => u8.slice(s.base, s.base + s.size * s.dtype.size), `polygrad-js ${VERSION}`)

@@ -420,6 +420,9 @@ class Executor {
     return new Uint8Array(this.memory.buffer)
   }
 
+  /** Slots written on the host: nothing to do, the memory is this one (the webgpu backend uploads them). */
+  touched () {}
+
   /** Run entrypoint `name` with Variable values `env` (a Map name -> int); with threads, this thread
    * waits on the workers (Atomics.wait). */
   run (name, env) {
