@@ -18,8 +18,8 @@ from __future__ import annotations
 from polygrad.distributed.buckets import Averager, broadcast_buffers
 from polygrad.distributed.collectives import all_gather, all_reduce, barrier, broadcast
 from polygrad.distributed.optimizer import DistributedOptimizer
-from polygrad.distributed.world import World, world
-from polygrad.distributed.world import init as _init
+from polygrad.distributed.comm import World, world
+from polygrad.distributed.comm import init as _init
 from polygrad.errors import DistributedError
 
 __all__ = ["Averager", "DistributedError", "DistributedOptimizer", "World", "all_gather", "all_reduce", "barrier",

@@ -25,7 +25,7 @@ import numpy as np
 from polygrad.config import get as get_setting
 from polygrad.device import Buffer
 from polygrad.distributed.hostview import readable, writable, write_back
-from polygrad.distributed.world import World
+from polygrad.distributed.comm import World
 from polygrad.dtype import DType, dtypes
 
 WIDENED = (dtypes.float16, dtypes.bfloat16)  # carried as float32

@@ -19,12 +19,13 @@ import numpy as np
 
 from polygrad.device import Buffer
 from polygrad.distributed.hostview import readable, writable, write_back
-from polygrad.distributed.world import World, world
+from polygrad.distributed.comm import World, world
 from polygrad.dtype import dtypes, least_upper_float
 from polygrad.errors import DistributedError
 from polygrad.tensor import Tensor, _buffer_uop
 from polygrad.tensor_common import _sum_dtype
 from polygrad.uop import sint
+from polygrad.uop.serialize import DTYPE_NAMES
 
 OPS = ("sum", "mean", "max", "min")
 WIDENED = (dtypes.float16, dtypes.bfloat16)  # no MPI arithmetic on them: reduced as float32
@@ -43,7 +44,7 @@ def _source(t: Tensor) -> Buffer:
 
 
 def _describe(t: Tensor, shape: tuple[int, ...], extra: str = "") -> str:
-    return f"{t.dtype.name}{list(shape)}{extra}"
+    return f"{DTYPE_NAMES[t.dtype]}{list(shape)}{extra}"
 
 
 def _result(t: Tensor, buf: Buffer, shape: tuple[int, ...]) -> Tensor:
@@ -91,10 +92,9 @@ def all_reduce(t: Tensor, op: str = "sum") -> Tensor:
         total = _reduce(t.cast(acc), shape, "sum")
         return (total * (1.0 / w.size)).cast(out_dtype).realize()
     if op == "sum":
-        acc = _sum_dtype(t.dtype)
-        if acc in WIDENED:
-            acc = dtypes.float32
-        return _reduce(t.cast(acc), shape, "sum").cast(_sum_dtype(t.dtype)).realize()
+        out_dtype = t.dtype if t.dtype in WIDENED else _sum_dtype(t.dtype)  # as Tensor.sum
+        acc = dtypes.float32 if t.dtype in WIDENED else out_dtype
+        return _reduce(t.cast(acc), shape, "sum").cast(out_dtype).realize()
     if t.dtype in WIDENED:  # max and min are exact in float32
         return _reduce(t.cast(dtypes.float32), shape, op).cast(t.dtype).realize()
     return _reduce(t, shape, op)

@@ -16,7 +16,7 @@ from typing import Any
 
 from polygrad.device import Buffer
 from polygrad.distributed.buckets import Averager, broadcast_buffers
-from polygrad.distributed.world import world
+from polygrad.distributed.comm import world
 from polygrad.errors import DistributedError
 from polygrad.nn.optim import Optimizer
 from polygrad.nn.state import get_state_dict

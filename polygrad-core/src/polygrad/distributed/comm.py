@@ -19,6 +19,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from polygrad.config import get as get_setting
 from polygrad.errors import DistributedError
 
@@ -29,6 +31,7 @@ SIZE_VARIABLES = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")
 # after this long waiting, poll every POLL_SLEEP seconds instead of spinning (a straggler, not a transfer)
 SPIN_SECONDS = 0.5
 POLL_SLEEP = 0.001
+ABORT_GRACE = 0.25  # seconds between printing a rank's traceback and MPI_Abort
 SIGNATURE_BYTES = 240  # a rank's description of a collective's operand, padded to a fixed size
 
 
@@ -82,7 +85,6 @@ class World:
         """Raise DistributedError, on every rank, unless every rank passed the same description."""
         if self.comm is None:
             return
-        import numpy as np
         mine = np.zeros(SIGNATURE_BYTES, dtype=np.uint8)
         raw = description.encode()[:SIGNATURE_BYTES]
         mine[:len(raw)] = np.frombuffer(raw, dtype=np.uint8)
@@ -109,6 +111,8 @@ class World:
                 traceback.print_exception(kind, value, tb)
                 print(f"polygrad.distributed: rank {rank} raised {kind.__name__}; aborting all ranks",
                       file=sys.stderr, flush=True)
+                sys.stdout.flush()
+                time.sleep(ABORT_GRACE)  # the launcher forwards output asynchronously: let it pass first
             finally:
                 comm.Abort(1)
             previous(kind, value, tb)  # not reached: Abort ends the process
