@@ -56,11 +56,16 @@ def relative(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> list[dict]:
+def trained_in(tmp_path_factory) -> pathlib.Path:
     out = tmp_path_factory.mktemp("train")
     proc, _ = launch("train", out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return results(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(trained_in) -> list[dict]:
+    return results(trained_in)
 
 
 # ---------------------------------------------------------------- training on 2 ranks = one process, global batch
@@ -85,6 +90,13 @@ def test_each_rank_runs_one_thread_and_one_bucket_per_step(trained):
         assert int(r["world_size"]) == RANKS
         assert int(r["threads"]) == 1
         assert int(r["eager_sgd_calls_per_step"]) == 1  # the MLP's gradients fit one bucket
+
+
+@needs_mpi
+def test_save_after_distributed_fit_writes_on_rank_0_alone(trained_in):
+    for name in ("sgd", "adam"):  # every rank called save(path); rank 1 wrote nothing
+        assert (trained_in / f"{name}_saved_by_rank0.pgb").stat().st_size > 0
+        assert not (trained_in / f"{name}_saved_by_rank1.pgb").exists()
 
 
 # ---------------------------------------------------------------- collectives against NumPy
