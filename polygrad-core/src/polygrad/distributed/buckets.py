@@ -72,12 +72,13 @@ def _to_carried(arr: np.ndarray, dt: DType) -> np.ndarray:
     return arr
 
 
-def _from_carried(values: np.ndarray, dt: DType, out: np.ndarray) -> None:
+def _from_carried(values: np.ndarray, scale: float, dt: DType, out: np.ndarray) -> None:
+    """out = values * scale in dtype dt, in one pass over the memory."""
     if dt is dtypes.bfloat16:  # round to nearest even, as the kernels' casts do
-        bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+        bits = (values * np.float32(scale)).view(np.uint32)
         out[:] = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
     else:
-        out[:] = values
+        np.multiply(values, values.dtype.type(scale), out=out, casting="unsafe")
 
 
 class Averager:
@@ -121,9 +122,8 @@ class Averager:
                 i = b.members[0]
                 np.multiply(outs[i], scale, out=outs[i], casting="unsafe")
                 continue
-            b.packed *= scale
             for i, off in zip(b.members, b.offsets):
-                _from_carried(b.packed[off:off + outs[i].size], layout[i][0], outs[i])
+                _from_carried(b.packed[off:off + outs[i].size], scale, layout[i][0], outs[i])
         for t, arr in zip(targets, outs):
             write_back(t, arr)
         w.stats.steps += 1
