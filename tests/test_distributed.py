@@ -188,3 +188,17 @@ def test_fit_distributed_in_a_world_of_one_is_plain_fit():
     assert la == lb
     for k, v in a.parameters().items():
         np.testing.assert_array_equal(v.numpy(), b.parameters()[k].numpy())
+
+
+def test_a_device_without_host_memory_goes_through_host_copies(monkeypatch):
+    """CUDA's path (DeviceImpl.host_memory False): collectives and averaging read host copies and write back."""
+    from polygrad.distributed import buckets, collectives, hostview
+    from polygrad.dtype import dtypes as dt
+    monkeypatch.setattr(hostview, "host_view", lambda buf: None)
+    x = Tensor([[1.0, 2.0], [3.0, 4.0]])
+    assert dist.all_reduce(x, "max").tolist() == x.tolist()
+    assert collectives.all_gather(x).shape == (2, 2)
+    src = Tensor([1.0, 2.0, 3.0], dtype=dt.bfloat16).contiguous()._buffer()
+    dst = Tensor.zeros(3, dtype=dt.bfloat16).contiguous()._buffer()
+    buckets.Averager(comm.world()).average([src], [dst])
+    assert dst.numpy().tolist() == src.numpy().tolist()
