@@ -105,6 +105,7 @@ ALLOWED_ENV_READS = {
     ("polygrad/config.py", 'raw = os.environ.get(self.name)'),
     ("polygrad/config.py", 'os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "polygrad")'),
     ("polygrad_backend_cuda/libs.py", "home = os.environ.get(env)"),  # CUDA_HOME, CUDA_PATH: the toolkit's
+    ("polygrad/distributed/comm.py", 'value = os.environ.get(name, "")'),  # PMI_SIZE...: the MPI launcher's
 }
 
 

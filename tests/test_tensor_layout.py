@@ -171,6 +171,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("tensor", ["polygrad.tensor", "polygrad.tensor_*", "polygrad.gradient"]),
     ("above tensor", ["polygrad.engine.jit", "polygrad.engine.custom", "polygrad.nn", "polygrad.linalg",
                       "polygrad.linalg_svd"]),
+    ("distributed", ["polygrad.distributed"]),
     ("model", ["polygrad.model", "polygrad.bundle"]),
     ("front", ["polygrad.models", "polygrad.runtime", "polygrad.inspect", "polygrad.hf"]),
     ("package", ["polygrad", "polygrad.__main__"]),

@@ -85,3 +85,9 @@ class InvalidArgumentError(PolygradError, ValueError, RuntimeError):
 class DimensionError(PolygradError, IndexError, RuntimeError):
     """A dimension out of range for the tensor, or named twice where each may appear once. An IndexError, as
     torch raises for out-of-range dims, and a RuntimeError, as torch raises for repeated ones."""
+
+
+class DistributedError(PolygradError, RuntimeError):
+    """A collective across processes that cannot complete: ranks that disagree on a tensor's shape or dtype
+    (the message names them), a rank that did not join within POLY_DIST_TIMEOUT seconds (it died, hangs or
+    took another path), a multi-process launch without mpi4py, or a bad op or root."""

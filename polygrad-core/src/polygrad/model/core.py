@@ -17,6 +17,7 @@ from polygrad import bundle, limits, runtime_context
 from polygrad.atomicfile import write_file
 from polygrad.bundle import BundleError
 from polygrad.device import canonicalize
+from polygrad.distributed import is_main
 from polygrad.model.capture import capture_program
 from polygrad.model.data import feeds
 from polygrad.model.errors import ModelError
@@ -89,6 +90,7 @@ class Model(TrainingMixin):
         self.device = canonicalize(device)
         self._x: Executor = Executor(prog, data, self.device, runtime)
         self._opt_pending: dict | None = None
+        self._distributed = False
         self._disposed = False
 
     @classmethod
@@ -161,8 +163,12 @@ class Model(TrainingMixin):
 
         include_optimizer=False stores the optimizer's initial state instead of its current one (the
         training entrypoints stay); reapply an optimizer configuration after loading to resume.
+        After fit(distributed=True) on several ranks, every rank holds the same weights and only rank 0
+        writes `path` (the others return at once; call polygrad.distributed.barrier() before reading it).
         """
         self._alive()
+        if path is not None and self._distributed and not is_main():
+            return None
         p, bufs = self._p, self._x.bufs
         recorded = "optimizer_step" in p.entries
         initial = initial_optimizer_values(p, bufs, self._runtime) if recorded and not include_optimizer else {}

@@ -2,14 +2,19 @@
 
 Stage: user API over the executor (polygrad-js: Model.trainStep/fit in model.js). Input: batches
 (train_step) or a dataset with samples on the leading axis (fit), an optimizer name, lr and
-hyperparameters. Output: one loss per step, each computed before that step's update; the Program's
-optimizer configuration, its state slots and the "optimizer_step"/"train_step" entrypoints (optim.py).
+hyperparameters; for fit(distributed=True) the ranks of an MPI job (polygrad.distributed). Output: one
+loss per step, each computed before that step's update; the Program's optimizer configuration, its
+state slots and the "optimizer_step"/"train_step" entrypoints (optim.py).
 `TrainingMixin` holds the methods; Model (core.py) inherits them and provides `_p` (the Program), `_x`
 (the Executor), `_runtime`, `device` and `_alive()`.
 
 The optimizer graph is recorded on the first training step (that step is a real update, run eagerly
 under capture), so construction never runs an optimizer. fit() visits samples in order, `batch_size`
 at a time, slicing host arrays on the host and Tensor datasets on the device.
+
+fit(distributed=True) runs each step as the two captured pieces the Program already has, "loss" (loss and
+gradients) and "optimizer_step", with one bucketed allreduce of the gradients and the loss between them:
+a captured entrypoint is a list of kernel launches, with no place for an MPI call inside it.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from polygrad.distributed import Averager, broadcast_buffers, world
 from polygrad.model.data import check_labels, feeds, host_column
 from polygrad.model.errors import ModelError, ModelInputError
 from polygrad.model.executor import Executor
@@ -35,6 +41,7 @@ class TrainingMixin:
     _x: Executor
     _runtime: Any
     _opt_pending: dict | None  # a configuration whose graph the next step records
+    _distributed: bool  # trained by fit(distributed=True) in a world of several ranks: rank 0 alone saves
     device: str
     _alive: Callable[[], None]  # ModelError once disposed
 
@@ -51,7 +58,9 @@ class TrainingMixin:
         if "loss" not in self._p.entries:
             raise ModelError("this model has no training entrypoint: construct it with targets= and loss=")
 
-    def _step(self, fed: dict[int, Any], env: dict[str, int]) -> float:
+    def _step(self, fed: dict[int, Any], env: dict[str, int], averager: Any = None) -> float:
+        if averager is not None:
+            return self._averaged_step(fed, env, averager)
         if self._opt_pending is not None:
             self._x.run("loss", fed, env)
             value = float(self._x.bufs[self._p.entries["loss"].outputs["loss"]].numpy()[0])
@@ -61,6 +70,33 @@ class TrainingMixin:
             return value
         self._x.run("train_step", fed, env)
         return float(self._x.bufs[self._p.entries["train_step"].outputs["loss"]].numpy()[0])
+
+    def _averaged_step(self, fed: dict[int, Any], env: dict[str, int], averager: Any) -> float:
+        """One data-parallel step: "loss" (this rank's loss and gradients), their means over the ranks
+        in one bucketed allreduce, then "optimizer_step" (recorded on the first step, as in _step)."""
+        self._x.run("loss", fed, env)
+        loss_slot = self._p.entries["loss"].outputs["loss"]
+        shared = [self._p.gradients[s] for s in sorted(self._p.gradients)] + [loss_slot]
+        averager.average([self._x.bufs[s] for s in shared], what="Model.fit (gradient averaging)")
+        value = float(self._x.bufs[loss_slot].numpy()[0])
+        if self._opt_pending is not None:
+            self._x.bufs = record_optimizer(self._p, self._x.bufs, self.device, self._runtime, self._opt_pending)
+            self._opt_pending = None
+            self._x.replan()
+        else:
+            self._x.run("optimizer_step", {}, env)
+        return value
+
+    def _start_distributed(self, count: int, batch: int, epochs: int) -> Any:
+        """Check that every rank fits the same data the same way, give every rank rank 0's parameters, state
+        and optimizer state; returns the gradient averager (distributed/buckets.py)."""
+        w = world()
+        w.check_same("Model.fit(distributed=True)", f"{count} samples, batch_size {batch}, {epochs} epochs, "
+                     f"{len(self._p.slots)} slots, optimizer {self._p.optimizer}")
+        kept = [b for b, slot in zip(self._x.bufs, self._p.slots) if slot.role in ("parameter", "state", "optimizer")]
+        broadcast_buffers(w, kept, 0, "Model.fit(distributed=True): broadcast of the parameters and state")
+        self._distributed = w.size > 1
+        return Averager(w)
 
     # ---- optimizer
     def _configure(self, name: str | None, lr: float | None, hyper: dict) -> None:
@@ -96,13 +132,19 @@ class TrainingMixin:
     # ---- fit
     def fit(self, data: Mapping[str, Any], epochs: int = 1, batch_size: int | None = None,
             remainder: str | None = None, optimizer: str | None = None, lr: float | None = None,
-            verbose: bool | None = None, **hyper: Any) -> list[float]:
+            verbose: bool | None = None, distributed: bool = False, **hyper: Any) -> list[float]:
         """Train on `data` ({input/target name: array or Tensor}, samples on the leading axis).
 
         Samples are visited in order, `batch_size` at a time (default: all of them as one batch); an
         incomplete final batch is an error unless remainder="drop" (skip it) or "keep" (run the smaller
         batch, which every input's bounds must admit). Returns one loss per step, each computed before
         that step's update.
+
+        distributed=True (every rank of an MPI job calls fit with the same data): parameters and
+        optimizer state start as rank 0's; `batch_size` is the global batch, each rank running the r-th
+        contiguous slice of batch_size / world_size samples of it; gradients and losses are averaged
+        across the ranks, so every rank takes the steps one process would with the same arguments and
+        returns the same global mean losses (docs/distributed.md).
         """
         self._alive()
         self._need_training()
@@ -146,7 +188,13 @@ class TrainingMixin:
         bs = count if batch_size is None else batch_size
         if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
             raise ModelError(f"batch_size must be a positive int, got {batch_size!r}")
-        self._admits(specs, bs, "batch_size")
+        ranks, me = 1, 0
+        if distributed:
+            ranks, me = world().size, world().rank
+            if bs % ranks:
+                raise ModelError(f"fit(distributed=True) splits each batch of {bs} samples evenly across {ranks} "
+                                 f"ranks; use a batch_size that is a multiple of {ranks}")
+        self._admits(specs, bs // ranks, "batch_size" if ranks == 1 else f"the per-rank batch ({bs} / {ranks})")
         full, rest = divmod(count, bs)
         batches = [(i * bs, bs) for i in range(full)]
         if rest:
@@ -154,10 +202,14 @@ class TrainingMixin:
                 raise ModelInputError(f"{count} samples do not split into batches of {bs}: the last batch would "
                                       f"have {rest}. Pass remainder='drop' to skip it or remainder='keep' "
                                       "to run it smaller")
+            if remainder == "keep" and rest % ranks:
+                raise ModelError(f"the final batch of {rest} samples does not split evenly across {ranks} ranks; "
+                                 "pass remainder='drop'")
             if remainder == "keep":
-                self._admits(specs, rest, "the final batch (remainder='keep')")
+                self._admits(specs, rest // ranks, "the final batch (remainder='keep')")
                 batches.append((full * bs, rest))
         self._configure(optimizer, lr, hyper)
+        averager = self._start_distributed(count, bs, epochs) if distributed else None
         leading = {s.shape[0] for s in specs.values() if s.shape and isinstance(s.shape[0], str)}
         bar = progress(epochs * len(batches), verbose)
         losses: list[float] = []
@@ -165,13 +217,14 @@ class TrainingMixin:
         try:
             for _ in range(epochs):
                 for start, size in batches:
+                    start, size = start + me * (size // ranks), size // ranks  # this rank's slice
                     fed: dict[int, Any] = {}
                     for k, col in columns.items():
                         part = col[start:start + size]
                         on_device = isinstance(col, Tensor)
                         fed[e.inputs[k]] = part.contiguous()._buffer() if on_device else part.reshape(-1)
                     env = {v: size if v in leading else hi for v, (_, hi) in self._p.variables.items()}
-                    losses.append(self._step(fed, env))
+                    losses.append(self._step(fed, env, averager))
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(loss=f"{losses[-1]:.4g}", refresh=False)
