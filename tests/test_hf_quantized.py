@@ -91,12 +91,14 @@ def test_lazy_dequantize_equals_gguf_bit_for_bit(device, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows", [1, 5])
 def test_fused_matmul_matches_numpy(device, fmt, rows):
+    """QuantWeight.matmul_t (the decoder's x @ W.T, summed block by block) and x @ dequantize().T."""
     blocks, w = _quantized(fmt, seed=rows)
     x = np.random.default_rng(9).standard_normal((rows, w.shape[1])).astype(np.float32)
     qw = QuantWeight(Tensor(blocks, device=device), fmt, w.shape)
-    got = (Tensor(x, device=device) @ qw.dequantize().T).numpy()
+    got = qw.matmul_t(Tensor(x, device=device)).numpy()
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     bound = 1e-6 * (np.abs(x) @ np.abs(w).T).max()  # float32 sums of 96 terms
+    assert np.abs((Tensor(x, device=device) @ qw.dequantize().T).numpy() - want).max() <= bound
     assert np.abs(got - want).max() <= bound
 
 
@@ -109,7 +111,7 @@ def test_matmul_kernel_reads_the_blocks_and_no_float_weight(fmt, rows):
     qw = QuantWeight(Tensor(blocks).realize(), fmt, w.shape)
     x = Tensor(np.ones((rows, 256), np.float32)).realize()
     with _Kernels() as k:
-        (x @ qw.dequantize().T).realize()
+        qw.matmul_t(x).realize()
     assert len(k.asts) == 1, [a.arg for a in k.asts]
     bufs = _globals(k.asts[0]).values()
     assert (dtypes.uint8, blocks.size) in bufs

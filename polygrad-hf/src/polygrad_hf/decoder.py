@@ -200,7 +200,8 @@ class Decoder:
         else:
             x = rms_norm(x, w["model.norm.weight"], cfg.norm_eps)
         head = wte if cfg.tie_embeddings else w["lm_head.weight"]
-        head = head.dequantize() if isinstance(head, QuantWeight) else head
+        if isinstance(head, QuantWeight):
+            return head.matmul_t(x.contiguous())
         return x.contiguous() @ head.T  # contiguous: see _linear
 
     def _block(self, i: int, x: Tensor, start: Any, length: Any) -> Tensor:
@@ -244,7 +245,7 @@ class Decoder:
         (a norm, gelu, silu * up) would be recomputed once per block of output columns."""
         weight = self.w[name + ".weight"]
         if isinstance(weight, QuantWeight):  # (out, in), dequantized inside the matmul's kernel
-            y = x.contiguous() @ weight.dequantize().T
+            y = weight.matmul_t(x.contiguous())
         else:
             y = x.contiguous() @ weight
         bias = self.w.get(name + ".bias")

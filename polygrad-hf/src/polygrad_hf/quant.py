@@ -51,22 +51,30 @@ def check_blocks(arr: np.ndarray, fmt: str, shape: tuple[int, int], where: str) 
 
 def dequantize_blocks(blocks: Tensor, fmt: str) -> Tensor:
     """float32 values (..., nblocks * 32) of uint8 blocks (..., nblocks, block_bytes), as a lazy expression."""
+    *lead, nb, _ = blocks.shape
+    return _grouped(blocks, fmt).reshape(*lead, nb * BLOCK)
+
+
+def _grouped(blocks: Tensor, fmt: str) -> Tensor:
+    """float32 values (..., nblocks, 2, 16) of uint8 blocks (..., nblocks, block_bytes): a block's two halves
+    on their own axis, so a reduction over a row runs as loops over blocks and halves, with no division
+    of the column index (and Q4_0's low and high nibbles need no per-value test of the half)."""
     *lead, nb, nbytes = blocks.shape
     if fmt not in BLOCK_BYTES or nbytes != BLOCK_BYTES[fmt]:
         raise CheckpointError(f"blocks of {nbytes} bytes are not {fmt} (formats: {BLOCK_BYTES})")
-    full = (*lead, nb, BLOCK)
+    full = (*lead, nb, 2, BLOCK // 2)
     # the scale's two bytes are broadcast over the block before any arithmetic: an expand of the buffer
     # itself is a plain load, where an expand of the computed scale would give it a buffer of its own
-    lo = blocks[..., 0:1].expand(*full).cast(dtypes.uint16)
-    hi = blocks[..., 1:2].expand(*full).cast(dtypes.uint16)
+    lo = blocks[..., 0:1].unsqueeze(-1).expand(*full).cast(dtypes.uint16)
+    hi = blocks[..., 1:2].unsqueeze(-1).expand(*full).cast(dtypes.uint16)
     scale = (lo | (hi << 8)).bitcast(dtypes.float16).cast(dtypes.float32)
     quants = blocks[..., 2:]
     if fmt == "Q8_0":
-        values = quants.bitcast(dtypes.int8).cast(dtypes.float32)
-    else:
-        nibbles = (quants & 15).cat(quants >> 4, dim=-1)  # low nibbles are weights 0..15, high 16..31
+        values = quants.bitcast(dtypes.int8).reshape(*full).cast(dtypes.float32)
+    else:  # low nibbles are weights 0..15, high nibbles 16..31
+        nibbles = (quants & 15).unsqueeze(-2).cat((quants >> 4).unsqueeze(-2), dim=-2)
         values = nibbles.cast(dtypes.float32) - 8.0
-    return (values * scale).reshape(*lead, nb * BLOCK)
+    return values * scale
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,17 @@ class QuantWeight:
     def dequantize(self) -> Tensor:
         """The float32 (rows, cols) values, lazily: fused into the kernel that reads them."""
         return dequantize_blocks(self.blocks, self.format)
+
+    def matmul_t(self, x: Tensor) -> Tensor:
+        """x @ W.T for x (..., cols): (..., rows), summed over blocks and halves so the kernel's loops follow
+        the blocks (see _grouped); the dequantization is part of the matmul's kernel."""
+        rows, cols = self.shape
+        nb = cols // BLOCK
+        if x.shape[-1] != cols:
+            raise CheckpointError(f"x @ W.T: x has {x.shape[-1]} columns, the {self.format} weight {cols}")
+        lead = x.shape[:-1]
+        values = _grouped(self.blocks, self.format)  # (rows, nb, 2, 16)
+        return (x.reshape(*lead, 1, nb, 2, BLOCK // 2) * values).sum((-3, -2, -1))
 
     def rows(self, ids: Tensor) -> Tensor:
         """Rows at integer `ids` (any shape) as float32 ids.shape + (cols,): the blocks of those rows are
