@@ -135,7 +135,7 @@ def main() -> None:
             files[fmt] = os.path.join(folder, f"gpt2-{fmt}.gguf")
             write_gpt2_gguf(files[fmt], fmt, layers)
         variants = (("Q4_0 dequantized to float32", files["Q4_0"], "float32"),
-                    ("Q8_0 kept", files["Q8_0"], None), ("Q4_0 kept", files["Q4_0"], None))
+                    ("Q8_0 kept", files["Q8_0"], "quantized"), ("Q4_0 kept", files["Q4_0"], "quantized"))
         results = {}
         for label, path, dtype in variants:
             r = bench(path, dtype, args.rounds, args.new)

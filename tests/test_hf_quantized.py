@@ -157,7 +157,7 @@ def _logits_and_steps(model, ids, steps=3):
 def test_kept_blocks_match_dequantize_at_load(files, kind, fmt):
     """Same logits (1e-5 of the largest: the same float weights, summed in another order) and the same
     greedy tokens as dtype="float32"; the notes say which way each model went."""
-    kept = load_hf(files[kind, fmt], max_seq_len=24)
+    kept = load_hf(files[kind, fmt], max_seq_len=24, dtype="quantized")
     floats = load_hf(files[kind, fmt], max_seq_len=24, dtype="float32")
     try:
         assert any(f"quantized ({fmt}" in n for n in kept.hf_notes), kept.hf_notes
@@ -174,11 +174,22 @@ def test_kept_blocks_match_dequantize_at_load(files, kind, fmt):
         floats.dispose()
 
 
+def test_default_load_dequantizes(files):
+    """Without a dtype, GGUF blocks are dequantized at load (float32 decodes faster on CPU today); keeping them
+    is asked for with dtype="quantized"."""
+    model = load_hf(files["gpt2", "Q4_0"], max_seq_len=8)
+    try:
+        assert any("dequantized Q4_0" in n for n in model.hf_notes), model.hf_notes
+        assert dtypes.uint8 not in {s.dtype for s in model._p.slots}
+    finally:
+        model.dispose()
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_no_kernel_writes_a_dequantized_weight(files, kind):
     """Every kernel that reads a weight's blocks writes fewer values than the weight holds (a kernel storing
     the dequantized weight would write as many), and forward and decode read every weight's blocks."""
-    model = load_hf(files[kind, "Q4_0"], max_seq_len=8)  # activations smaller than any weight
+    model = load_hf(files[kind, "Q4_0"], max_seq_len=8, dtype="quantized")  # activations smaller than any weight
     try:
         p = model._p
         quant = {i: s for i, s in enumerate(p.slots) if s.dtype is dtypes.uint8}
@@ -202,7 +213,7 @@ def test_no_kernel_writes_a_dequantized_weight(files, kind):
 def test_q4_weights_take_about_the_file_bytes(files):
     reader = gguf.GGUFReader(files["gpt2", "Q4_0"])
     file_bytes = sum(int(t.n_bytes) for t in reader.tensors)
-    model = load_hf(files["gpt2", "Q4_0"], max_seq_len=16)
+    model = load_hf(files["gpt2", "Q4_0"], max_seq_len=16, dtype="quantized")
     try:
         names = _weight_names(model)
         held = sum(s.size * s.dtype.itemsize for s in model._p.slots if s.name in names)
@@ -229,7 +240,7 @@ def test_rows_that_are_not_whole_blocks_name_the_tensor(tmp_path):
     raw[at + 4:at + 12] = (40).to_bytes(8, "little")
     path.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match="'blk.1.ffn_up.weight' is Q8_0 with rows of 40 values"):
-        load_hf(path)
+        load_hf(path, dtype="quantized")
 
 
 # ---------------------------------------------------------------- bundles
@@ -237,7 +248,7 @@ def test_rows_that_are_not_whole_blocks_name_the_tensor(tmp_path):
 def saved(files, tmp_path_factory):
     """The Q4_0 GPT-2 saved to a bundle, with Python's logits before saving."""
     tmp = tmp_path_factory.mktemp("quant_bundle")
-    model = load_hf(files["gpt2", "Q4_0"], max_seq_len=16)
+    model = load_hf(files["gpt2", "Q4_0"], max_seq_len=16, dtype="quantized")
     path = tmp / "gpt2-q4.pgb"
     model.save(str(path))
     want = _logits_and_steps(model, _prompt())

@@ -298,10 +298,12 @@ def gelu(x: Tensor, activation: str) -> Tensor:
 
 
 def storage_dtype(name: Any) -> Any:
-    """The polygrad dtype weights are kept in: float32 (default), float16 or bfloat16."""
-    table = {None: dtypes.float32, "float32": dtypes.float32, "float16": dtypes.float16, "bfloat16": dtypes.bfloat16}
+    """The polygrad dtype weights are kept in: float32 (default; also the unquantized weights of "quantized"),
+    float16 or bfloat16."""
+    table = {None: dtypes.float32, "float32": dtypes.float32, "quantized": dtypes.float32, "float16": dtypes.float16,
+             "bfloat16": dtypes.bfloat16}
     key = getattr(name, "name", name)
     key = {"float": "float32", "half": "float16"}.get(key, key)
     if key not in table:
-        raise HFError(f"dtype={name!r}: weights can be kept as float32, float16 or bfloat16")
+        raise HFError(f"dtype={name!r}: weights can be kept as float32, float16 or bfloat16, or 'quantized' (GGUF blocks as stored)")
     return table[key]

@@ -38,13 +38,13 @@ def load_hf(path: str | os.PathLike, max_batch: int = 1, max_seq_len: int | None
     or a .gguf file. Safetensors weights may be F32, F16 or BF16. GGUF weights may be F32, F16, BF16, Q8_0
     or Q4_0.
 
-    `dtype=None` (the default) keeps GGUF Q8_0 and Q4_0 matrices in their blocks on the device (a Q4_0
-    file of N parameters takes about 0.56N bytes, as in the file; Q8_0 1.06N): the kernels that read a
-    weight dequantize it as they load it, with the same values as the gguf package's dequantizer; every
-    other weight is float32. `dtype="float32"` dequantizes quantized weights when loading instead (4N
-    bytes); `"float16"` or `"bfloat16"` holds every weight in 16 bits (2N bytes; computation stays
-    float32, but the CPU backend does not vectorise kernels over 16-bit data, so float32 decodes faster
-    there). `model.hf_notes` says what was kept quantized or dequantized. Memory for the caches:
+    `dtype="quantized"` keeps GGUF Q8_0 and Q4_0 matrices in their blocks on the device (a Q4_0 file of N
+    parameters takes about 0.56N bytes, as in the file; Q8_0 1.06N): the kernels that read a weight
+    dequantize it as they load it, with the same values as the gguf package's dequantizer; every other
+    weight is float32. Decoding is slower that way on CPU today (benchmarks/bench_gguf.py), so the default
+    (`None`, as `"float32"`) still dequantizes quantized weights when loading (4N bytes); `"float16"` or
+    `"bfloat16"` holds every weight in 16 bits (2N bytes; computation stays float32, but the CPU backend
+    does not vectorise kernels over 16-bit data, so float32 decodes faster there). `model.hf_notes` says what was kept quantized or dequantized. Memory for the caches:
     2 x layers x max_batch x kv_heads x max_seq_len x head_dim x 4 bytes.
 
     >>> model = load_hf("path/to/gpt2", max_batch=1, max_seq_len=64)    # doctest: +SKIP
@@ -93,7 +93,7 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
         return Tensor(arr, device=dev, dtype=dtypes.uint8, _runtime=rt).realize()
 
     with runtime_context.using(rt):
-        weights = read_weights(ck, convert, keep_blocks if dtype is None else None)
+        weights = read_weights(ck, convert, keep_blocks if isinstance(dtype, str) and dtype == "quantized" else None)
         dec = Decoder(cfg, weights, max_batch, max_seq_len, dev, ck.extras.get("rope_freqs"))
         # one sequence: a fixed batch of 1, so the kernels' outer loops are concrete and can be split
         # across threads (a kernel whose outermost loop has a Variable length runs on one thread)
