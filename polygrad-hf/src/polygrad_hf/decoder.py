@@ -13,8 +13,11 @@ every prompt length and every position: decoding a token costs one pass over the
 attention over the cached prefix, never a recompute of the prefix and never a compile.
 
 Layouts (chosen once here): a projection is stored (in, out) and applied as `x @ w`; the token
-embedding (vocab, width) doubles as the tied output projection (`x @ wte.T`). The caches are
-(max_batch, kv_heads, max_seq_len, head_dim) per layer for keys and for values.
+embedding (vocab, width) doubles as the tied output projection (`x @ wte.T`). A weight kept quantized
+(quant.QuantWeight, from a GGUF file) stays in the file's layout, rows of blocks: a projection (out, in)
+applied as `x @ W.T`, a table (vocab or positions, width) looked up by rows; its dequantization is part
+of the kernel that reads it. The caches are (max_batch, kv_heads, max_seq_len, head_dim) per layer for
+keys and for values.
 """
 from __future__ import annotations
 
@@ -27,6 +30,11 @@ from polygrad import Tensor, dtypes
 
 from polygrad_hf.config import DecoderConfig
 from polygrad_hf.errors import CheckpointError, HFError
+from polygrad_hf.quant import QuantWeight
+from polygrad_hf.weights import Blocks
+
+Weight = Tensor | QuantWeight
+TABLES = ("wte.weight", "wpe.weight", "embed_tokens.weight", "lm_head.weight")  # read by rows, not (in, out)
 
 # a Llama/Qwen2 layer's Hugging Face tensor names by role
 LLAMA_LAYER = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attention_layernorm.weight",
@@ -106,28 +114,50 @@ def check_layer_count(ck: Any) -> None:
                               "and the weights do not match")
 
 
-def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor]) -> dict[str, Tensor]:
+def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
+                 keep_blocks: Callable[[np.ndarray], Tensor] | None = None) -> dict[str, Weight]:
     """Every weight the config needs, checked against its shape, laid out for the graph and converted to a
     device Tensor by `convert` (one at a time, so host memory holds one converted array at once). Every
-    name and shape is checked before the first tensor is read."""
+    name and shape is checked before the first tensor is read.
+
+    With `keep_blocks`, a matrix the checkpoint holds in a block format (GGUF Q8_0/Q4_0) becomes a
+    QuantWeight over `keep_blocks(its uint8 blocks)` instead, in the stored layout (see the module doc)."""
     check_layer_count(ck)
     prefixes = ("transformer.", "") if ck.config.family == "gpt2" else ("model.", "")
     plan = []
     for name, (shape, transpose) in expected_weights(ck.config).items():
         stored = name if name == "lm_head.weight" else _prefixed(ck, _canonical(name), prefixes)
         ck.expect(stored, shape)
-        plan.append((name, stored, shape, transpose))
-    out = {}
-    for name, stored, shape, transpose in plan:
+        blocks = ck.blocks(stored) if keep_blocks is not None and len(shape) == 2 else None
+        if blocks is not None:
+            _check_block_layout(ck, stored, name, shape, transpose, blocks)
+        plan.append((name, stored, shape, transpose, blocks))
+    out: dict[str, Weight] = {}
+    for name, stored, shape, transpose, blocks in plan:
+        if blocks is not None and keep_blocks is not None:
+            out[name] = QuantWeight(keep_blocks(blocks.load()), blocks.format, blocks.shape)
+            continue
         arr = ck.take(stored, shape)
         out[name] = convert(np.ascontiguousarray(arr.T) if transpose else arr)
     return out
 
 
+def _check_block_layout(ck: Any, stored: str, name: str, shape: tuple[int, ...], transpose: bool,
+                        blocks: Blocks) -> None:
+    """A quantized matrix must have its blocks along the input features (a projection as (out, in)) or
+    along the width (a table as (rows, width)), which is how llama.cpp writes them."""
+    layout = shape[::-1] if transpose else shape  # the float layout: (in, out) for a projection
+    want = tuple(layout) if name.endswith(TABLES) else tuple(layout[::-1])
+    if tuple(blocks.shape) != want:
+        raise CheckpointError(f"{ck.source}: tensor {stored!r} is stored {blocks.format} as {list(blocks.shape)}, "
+                              f"not {list(want)} (blocks along the input features); load it with "
+                              "dtype='float32' to dequantize it at load")
+
+
 class Decoder:
     """The model as an object Model can capture: weights and caches as attributes, forward and decode."""
 
-    def __init__(self, cfg: DecoderConfig, weights: dict[str, Tensor], max_batch: int, max_seq_len: int,
+    def __init__(self, cfg: DecoderConfig, weights: dict[str, Weight], max_batch: int, max_seq_len: int,
                  device: str | None, rope_freq_divisors: np.ndarray | None = None):
         self.cfg, self.w = cfg, weights
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
@@ -144,7 +174,9 @@ class Decoder:
             t.realize()
 
     def params(self) -> dict[str, Tensor]:
-        return {**self.w, **self.consts}
+        """The Model's parameters: weights (a quantized one as its uint8 blocks) and constants."""
+        weights = {k: w.blocks if isinstance(w, QuantWeight) else w for k, w in self.w.items()}
+        return {**weights, **self.consts}
 
     # ---- the two entrypoints
     def __call__(self, input_ids: Tensor) -> dict[str, Tensor]:
@@ -160,7 +192,7 @@ class Decoder:
         wte = w["transformer.wte.weight" if gpt2 else "model.embed_tokens.weight"]
         x = embed(wte, ids).cast(dtypes.float32)  # 16-bit weights: the residual stream stays float32
         if gpt2:
-            x = x + w["transformer.wpe.weight"][start:start + length]
+            x = x + row_range(w["transformer.wpe.weight"], start, start + length)
         for i in range(cfg.num_layers):
             x = self._block(i, x, start, length)
         if gpt2:
@@ -168,6 +200,8 @@ class Decoder:
         else:
             x = rms_norm(x, w["model.norm.weight"], cfg.norm_eps)
         head = wte if cfg.tie_embeddings else w["lm_head.weight"]
+        if isinstance(head, QuantWeight):
+            return head.matmul_t(x.contiguous())
         return x.contiguous() @ head.T  # contiguous: see _linear
 
     def _block(self, i: int, x: Tensor, start: Any, length: Any) -> Tensor:
@@ -209,7 +243,11 @@ class Decoder:
     def _linear(self, x: Tensor, name: str) -> Tensor:
         """x @ weight (+ bias). The input is realized first: fused into the matmul, an elementwise input
         (a norm, gelu, silu * up) would be recomputed once per block of output columns."""
-        y = x.contiguous() @ self.w[name + ".weight"]
+        weight = self.w[name + ".weight"]
+        if isinstance(weight, QuantWeight):  # (out, in), dequantized inside the matmul's kernel
+            y = weight.matmul_t(x.contiguous())
+        else:
+            y = x.contiguous() @ weight
         bias = self.w.get(name + ".bias")
         return y if bias is None else y + bias
 
@@ -230,11 +268,18 @@ class Decoder:
         return out.reshape(b, H, length, D).permute(0, 2, 1, 3).reshape(b, length, H * D)
 
 
-def embed(table: Tensor, ids: Tensor) -> Tensor:
+def embed(table: Weight, ids: Tensor) -> Tensor:
     """Rows of `table` (vocab, width) at integer `ids` (any shape): ids.shape + (width,)."""
+    if isinstance(table, QuantWeight):
+        return table.rows(ids)
     flat = ids.reshape(-1, 1)
     rows = table.gather(0, flat.expand(flat.shape[0], table.shape[1]))
     return rows.reshape(*ids.shape, table.shape[1])
+
+
+def row_range(table: Weight, start: Any, stop: Any) -> Tensor:
+    """Rows start..stop of `table` (ints or Variables)."""
+    return table.row_range(start, stop) if isinstance(table, QuantWeight) else table[start:stop]
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -253,10 +298,13 @@ def gelu(x: Tensor, activation: str) -> Tensor:
 
 
 def storage_dtype(name: Any) -> Any:
-    """The polygrad dtype weights are kept in: float32 (default), float16 or bfloat16."""
-    table = {None: dtypes.float32, "float32": dtypes.float32, "float16": dtypes.float16, "bfloat16": dtypes.bfloat16}
+    """The polygrad dtype weights are kept in: float32 (default; also the unquantized weights of "quantized"),
+    float16 or bfloat16."""
+    table = {None: dtypes.float32, "float32": dtypes.float32, "quantized": dtypes.float32, "float16": dtypes.float16,
+             "bfloat16": dtypes.bfloat16}
     key = getattr(name, "name", name)
     key = {"float": "float32", "half": "float16"}.get(key, key)
     if key not in table:
-        raise HFError(f"dtype={name!r}: weights can be kept as float32, float16 or bfloat16")
+        raise HFError(f"dtype={name!r}: weights can be kept as float32, float16 or bfloat16, or 'quantized' "
+                      "(GGUF blocks as stored)")
     return table[key]

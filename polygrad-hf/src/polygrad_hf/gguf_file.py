@@ -12,9 +12,10 @@ the file's alignment and overlapping no other tensor (`_check_layout`), every me
 a shape an integer in range and the sizes consistent (`config.size_field`, `config.check_decoder`); a
 problem is a CheckpointError naming the file and the tensor or key.
 
-Tensor types: F32, F16, BF16, Q8_0 and Q4_0 (through the `gguf` package's dequantizer, at load:
-quantized weights end up as float arrays, see load_hf for the memory this costs). Architectures:
-llama, qwen2, gpt2.
+Tensor types: F32, F16, BF16, Q8_0 and Q4_0. A Q8_0/Q4_0 matrix is offered both ways (weights.Lazy):
+as its uint8 blocks in the stored (rows, cols) layout (`Lazy.blocks`, kept quantized on the device by
+load_hf and dequantized by the kernels that read it, quant.py), and dequantized to float32 by the `gguf`
+package (`Lazy.load`, load_hf's dtype="float32" path). Architectures: llama, qwen2, gpt2.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ import numpy as np
 
 from polygrad_hf.config import MAX_SIZE, DecoderConfig, check_decoder, number_field, size_field, token_ids
 from polygrad_hf.errors import CheckpointError, UnsupportedModelError, need_package
-from polygrad_hf.weights import Checkpoint, Lazy
+from polygrad_hf.quant import BLOCK_BYTES, check_blocks
+from polygrad_hf.weights import Blocks, Checkpoint, Lazy
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 ARCHS = ("llama", "qwen2", "gpt2")
@@ -149,11 +151,38 @@ def _check_layout(gguf: Any, reader: Any, path: str) -> None:
             raise CheckpointError(f"{path}: tensors {first!r} and {second!r} overlap in the data; the file is corrupt")
 
 
+def _check_whole_blocks(gguf: Any, fields: list[Any], path: str) -> None:
+    """CheckpointError naming the tensor whose rows are not whole blocks of its type (the reader would
+    raise a ValueError that names no tensor). Fields as in _check_layout: parts[1] name, [3] dims, [4] type."""
+    for field in fields:
+        name = bytes(field.parts[1]).decode("utf-8", "replace")
+        dims, kind = [int(d) for d in field.parts[3]], int(field.parts[4][0])
+        try:
+            qtype = gguf.GGMLQuantizationType(kind)
+        except ValueError:
+            continue  # an unknown type: the reader's own error
+        block = gguf.GGML_QUANT_SIZES[qtype][0]
+        if dims and dims[0] % block:
+            raise CheckpointError(f"{path}: tensor {name!r} is {qtype.name} with rows of {dims[0]} values, not a "
+                                  f"multiple of its {block}-value block; llama.cpp writes whole blocks, so the "
+                                  "file is corrupt")
+
+
+def _reader(gguf: Any, path: str) -> Any:
+    class Reader(gguf.GGUFReader):  # type: ignore[name-defined,misc]
+        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
+            _check_whole_blocks(gguf, fields, path)
+            super()._build_tensors(start_offs, fields)
+    return Reader(path)
+
+
 def open_gguf(path: str) -> Checkpoint:
     gguf = need_package("gguf", "gguf", "loading GGUF files")
     try:
         with np.errstate(over="ignore"):  # the reader adds offsets in uint64: _check_layout reports a wrap
-            reader = gguf.GGUFReader(path)  # type: ignore[attr-defined]
+            reader = _reader(gguf, path)
+    except CheckpointError:
+        raise
     except Exception as e:  # noqa: BLE001 (the reader raises ValueError, struct.error, IndexError...)
         raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
     _check_layout(gguf, reader, path)
@@ -165,7 +194,6 @@ def open_gguf(path: str) -> Checkpoint:
     shapes = {name: tuple(int(d) for d in reversed(list(t.shape))) for name, t in tensors.items()}
     cfg = _config(reader, path, arch, shapes)
     arrays: dict[str, tuple[Any, str]] = {}
-    seen: set[str] = set()
     for name, t in tensors.items():
         kind = t.tensor_type.name
         hf = _hf_name(arch, name)
@@ -173,13 +201,11 @@ def open_gguf(path: str) -> Checkpoint:
             continue
         if kind not in TYPES:
             raise UnsupportedModelError(f"{path}: tensor {name!r} is {kind}; polygrad-hf reads {list(TYPES)}")
-        seen.add(kind)
         arrays[hf] = (_loader(gguf, t, path, name, hf, cfg), path)
     extras = {}
     if "rope_freqs.weight" in tensors:
         extras["rope_freqs"] = _dequantize(gguf, tensors["rope_freqs.weight"], path, "rope_freqs.weight").reshape(-1)
-    notes = [f"dequantized {k} at load" for k in sorted(seen & {"Q8_0", "Q4_0"})]
-    return Checkpoint(cfg, path, arrays, extras=extras, notes=notes)
+    return Checkpoint(cfg, path, arrays, extras=extras)
 
 
 def _dequantize(gguf: Any, t: Any, path: str, name: str) -> np.ndarray:
@@ -206,4 +232,19 @@ def _loader(gguf: Any, t: Any, path: str, name: str, hf: str, cfg: DecoderConfig
         elif transpose:
             arr = np.ascontiguousarray(arr.T)
         return arr
-    return Lazy(shape[::-1] if transpose else shape, load)
+    blocks = None
+    if t.tensor_type.name in BLOCK_BYTES and len(shape) == 2:
+        kind = t.tensor_type.name
+        rows, cols = shape
+
+        def load_blocks() -> np.ndarray:
+            # stored layout kept (GPT-2's Conv1D weights stay (out, in): the decoder computes x @ W.T);
+            # llama.cpp's q/k row order is undone on whole rows of blocks
+            arr = check_blocks(np.asarray(t.data), kind, (rows, cols), f"{path}: tensor {name!r}")
+            if cfg.family == "llama" and hf.endswith("q_proj.weight"):
+                arr = _unpermute(arr, cfg.num_heads)
+            elif cfg.family == "llama" and hf.endswith("k_proj.weight"):
+                arr = _unpermute(arr, cfg.num_kv_heads)
+            return np.ascontiguousarray(arr)
+        blocks = Blocks(kind, (rows, cols), load_blocks)
+    return Lazy(shape[::-1] if transpose else shape, load, blocks)

@@ -23,6 +23,7 @@ from polygrad.device import canonicalize
 from polygrad_hf.checkpoint import open_checkpoint
 from polygrad_hf.decoder import Decoder, read_weights, storage_dtype
 from polygrad_hf.errors import HFError
+from polygrad_hf.quant import QuantWeight
 from polygrad_hf.weights import Checkpoint
 
 DEFAULT_MAX_SEQ_LEN = 1024
@@ -35,12 +36,17 @@ def load_hf(path: str | os.PathLike, max_batch: int = 1, max_seq_len: int | None
 
     `path` is a folder with config.json and model.safetensors (or a sharded model.safetensors.index.json),
     or a .gguf file. Safetensors weights may be F32, F16 or BF16. GGUF weights may be F32, F16, BF16, Q8_0
-    or Q4_0; quantized weights are dequantized when loading, so the model holds them in `dtype` (float32 by
-    default): a Q4_0 file of N parameters takes 4N bytes of memory as float32 (2N as float16), not the
-    ~0.56N bytes of the file. `dtype="float16"` or `"bfloat16"` keeps the weights in 16 bits (computation
-    stays float32): half the memory, but the CPU backend does not vectorise kernels over 16-bit data, so
-    float32 decodes faster there. Memory for the caches: 2 x layers x max_batch x kv_heads x max_seq_len x head_dim x 4
-    bytes.
+    or Q4_0.
+
+    `dtype="quantized"` keeps GGUF Q8_0 and Q4_0 matrices in their blocks on the device (a Q4_0 file of N
+    parameters takes about 0.56N bytes, as in the file; Q8_0 1.06N): the kernels that read a weight
+    dequantize it as they load it, with the same values as the gguf package's dequantizer; every other
+    weight is float32. Decoding is slower that way on CPU today (benchmarks/bench_gguf.py), so the default
+    (`None`, as `"float32"`) still dequantizes quantized weights when loading (4N bytes); `"float16"` or
+    `"bfloat16"` holds every weight in 16 bits (2N bytes; computation stays float32, but the CPU backend
+    does not vectorise kernels over 16-bit data, so float32 decodes faster there). `model.hf_notes` says
+    what was kept quantized or dequantized. Memory for the caches: 2 x layers x max_batch x kv_heads x
+    max_seq_len x head_dim x 4 bytes.
 
     >>> model = load_hf("path/to/gpt2", max_batch=1, max_seq_len=64)    # doctest: +SKIP
     >>> model.forward(input_ids=[[1, 2, 3]])["logits"].shape            # doctest: +SKIP
@@ -58,6 +64,17 @@ def _bound(name: str, value: Any, lo: int, hi: int | None) -> int:
     return int(value)
 
 
+def _quant_notes(ck: Checkpoint, weights: dict[str, Any], wdt: Any) -> list[str]:
+    """What loading did with the checkpoint's quantized weights: kept as blocks, or dequantized."""
+    kept = [w for w in weights.values() if isinstance(w, QuantWeight)]
+    held = sorted({raw.blocks.format for raw, _ in ck.arrays.values() if getattr(raw, "blocks", None) is not None})
+    if kept:
+        formats = ", ".join(sorted({w.format for w in kept}))
+        return [f"kept {len(kept)} weights quantized ({formats}, {sum(w.nbytes for w in kept)} bytes): the "
+                "kernels that read them dequantize them"]
+    return [f"dequantized {', '.join(held)} weights to {wdt.name} at load"] if held else []
+
+
 def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int | None = None, dtype: Any = None,
                           device: str | None = None, runtime: Any = None) -> Model:
     """The Model of an opened Checkpoint (load_hf without the reading)."""
@@ -73,8 +90,11 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
     def convert(arr: np.ndarray) -> Tensor:
         return Tensor(arr, device=dev, dtype=wdt, _runtime=rt).realize()
 
+    def keep_blocks(arr: np.ndarray) -> Tensor:
+        return Tensor(arr, device=dev, dtype=dtypes.uint8, _runtime=rt).realize()
+
     with runtime_context.using(rt):
-        weights = read_weights(ck, convert)
+        weights = read_weights(ck, convert, keep_blocks if isinstance(dtype, str) and dtype == "quantized" else None)
         dec = Decoder(cfg, weights, max_batch, max_seq_len, dev, ck.extras.get("rope_freqs"))
         # one sequence: a fixed batch of 1, so the kernels' outer loops are concrete and can be split
         # across threads (a kernel whose outermost loop has a Variable length runs on one thread)
@@ -86,5 +106,7 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
         model = Model(dec, inputs={"input_ids": ids}, params=dec.params(), caches=dec.caches,
                       entrypoints={"decode": (dec.decode, {"input_ids": step, "pos": pos})}, runtime=rt)
     model.hf_config = cfg  # type: ignore[attr-defined]
+    ck.notes.extend(_quant_notes(ck, weights, wdt))
+    model.hf_notes = list(ck.notes)  # type: ignore[attr-defined]
     model.tokenizer_file = ck.tokenizer_file  # type: ignore[attr-defined]
     return model

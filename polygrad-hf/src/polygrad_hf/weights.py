@@ -2,8 +2,8 @@
 
 Stage: checkpoint reading (the type every reader returns). Input: what a reader found (checkpoint.py
 for safetensors folders, gguf_file.py for GGUF). Output: a `Checkpoint` whose `take(name, shape)`
-checks the tensor's presence and shape, names the file, and returns it as float32. Readers import this
-module; it imports none of them.
+checks the tensor's presence and shape, names the file, and returns it as float32 (or `blocks(name)`:
+a quantized tensor's blocks as stored). Readers import this module; it imports none of them.
 """
 from __future__ import annotations
 
@@ -17,11 +17,23 @@ from polygrad_hf.errors import CheckpointError
 
 
 @dataclass(frozen=True)
+class Blocks:
+    """A tensor a reader can hand over in a block format (GGUF Q8_0, Q4_0): `load()` gives its uint8
+    blocks (rows, cols // 32, block bytes), in the row order the model expects (quant.py)."""
+
+    format: str
+    shape: tuple[int, int]  # (rows, cols) as stored: blocks run along cols
+    load: Callable[[], np.ndarray]
+
+
+@dataclass(frozen=True)
 class Lazy:
-    """A tensor read (converted, dequantized) on demand; its shape is known without reading it."""
+    """A tensor read (converted, dequantized) on demand; its shape is known without reading it. `blocks`:
+    the same tensor in its block format, for a reader whose file holds it quantized."""
 
     shape: tuple[int, ...]
     load: Callable[[], np.ndarray]
+    blocks: Blocks | None = None
 
 
 @dataclass
@@ -33,7 +45,7 @@ class Checkpoint:
     arrays: dict[str, tuple[Any, str]]  # name -> (array or Lazy, file it lives in)
     extras: dict[str, np.ndarray] = field(default_factory=dict)  # e.g. GGUF rope_freqs
     tokenizer_file: str | None = None
-    notes: list[str] = field(default_factory=list)  # what loading did (dequantized types, ...)
+    notes: list[str] = field(default_factory=list)  # what loading did (weights kept quantized, ...)
 
     def has(self, name: str) -> bool:
         return name in self.arrays
@@ -49,6 +61,11 @@ class Checkpoint:
         if tuple(raw.shape) != tuple(shape):
             raise CheckpointError(f"{file}: tensor {name!r} has shape {list(raw.shape)}, the config implies "
                                   f"{list(shape)}")
+
+    def blocks(self, name: str) -> Blocks | None:
+        """Tensor `name` in its block format when the file holds it quantized, else None (check expect first)."""
+        raw, _ = self.arrays[name]
+        return raw.blocks if isinstance(raw, Lazy) else None
 
     def take(self, name: str, shape: tuple[int, ...]) -> np.ndarray:
         """The tensor `name` as a float32 array of `shape`; CheckpointError naming the file otherwise."""

@@ -4,7 +4,8 @@ Stage: scheduling (the fusion policy). Input: a normalised tensor graph. Output:
 the order their kernels run. Elementwise chains fuse into each other and into the inputs and outputs of
 reductions; a reduction gets its own buffer when it is read inside another reduction or by several
 kernels, and an expression read through an expand (each value read many times) or a pad gets one when
-fusing it would recompute a reduction or real work per read (see RECOMPUTE_MIN_COST). A step that reads
+fusing it would recompute a reduction or real work per read (see RECOMPUTE_MIN_COST), unless it only
+decompresses (dequantizes) the data it reads (see DECOMPRESS_RATIO). A step that reads
 a buffer's old value runs before the assign or custom kernel that overwrites it (`order_points`).
 """
 from __future__ import annotations
@@ -245,6 +246,14 @@ def _drop_cheap_epilogues(points: set[UOp], firm: set[UOp], views: dict[UOp, set
 # loop-invariant: compilers and the interpreter evaluate it once, so it always fuses.
 RECOMPUTE_MIN_COST = 2
 RECOMPUTE_MIN_OPS = 1 << 14
+# Except a decompression: an expression whose value takes more than DECOMPRESS_RATIO times the bytes of the
+# buffers it reads, at DECOMPRESS_MAX_COST operations per value or less, always fuses. Dequantizing a 4- or
+# 8-bit weight (0.56 or 1.06 bytes read per float32 value, about 15 operations) read through a matmul's
+# expand is one: its buffer would multiply the memory the weight takes and the bytes every reader loads,
+# which is what storing it compressed is for. A costlier expression (random bits from a small key) still
+# gets its buffer.
+DECOMPRESS_RATIO = 2
+DECOMPRESS_MAX_COST = 32
 # how far the cost walk looks below an expand before it calls the expression expensive
 _COST_WALK_LIMIT = 256
 _VIEW_OPS = MOVEMENT | {Ops.DETACH}
@@ -266,20 +275,30 @@ def _op_cost(node: UOp) -> int:
     return 0
 
 
-def _expression_cost(below: UOp, points: set[UOp]) -> int | None:
-    """Operations one evaluation of `below` costs down to the kernel's boundaries; None when it holds a
-    reduction (or is too large to look through)."""
-    cost, stack, seen = 0, [below], {below}
+def _expression_cost(below: UOp, points: set[UOp]) -> tuple[int, int] | None:
+    """(operations one evaluation of `below` costs down to the kernel's boundaries, bytes of the boundary
+    buffers it reads, each counted whole); None when it holds a reduction (or is too large to look through)."""
+    cost, read, stack, seen = 0, 0, [below], {below}
     while stack:
         node = stack.pop()
         if node.op is Ops.REDUCE_AXIS or len(seen) > _COST_WALK_LIMIT:
             return None
         cost += _op_cost(node)
         for s in node.src:
-            if s not in seen and s not in points and s.op not in BOUNDARY_OPS:
-                seen.add(s)
+            if s in seen:
+                continue
+            seen.add(s)
+            if s in points or s.op in BOUNDARY_OPS:
+                read += _numel(s) * s.dtype.itemsize if s.dtype is not None and s.shape is not None else 0
+            else:
                 stack.append(s)
-    return cost
+    return cost, read
+
+
+def _decompresses(below: UOp, cost: int, read: int) -> bool:
+    """Whether `below` only widens the data it reads (see DECOMPRESS_RATIO)."""
+    written = _numel(below) * below.dtype.itemsize
+    return 0 < read and DECOMPRESS_RATIO * read < written and cost <= DECOMPRESS_MAX_COST
 
 
 def _needs_buffer(view: UOp, points: set[UOp]) -> UOp | None:
@@ -291,13 +310,14 @@ def _needs_buffer(view: UOp, points: set[UOp]) -> UOp | None:
         return None
     if below.op not in ELEMENTWISE and below.op is not Ops.REDUCE_AXIS:
         return None
-    cost = _expression_cost(below, points)
-    if cost is None:
+    walked = _expression_cost(below, points)
+    if walked is None:
         return below
     if view.op is Ops.PAD:
         return None
+    cost, read = walked
     n = _numel(below)
-    if n <= 1 or cost < RECOMPUTE_MIN_COST:
+    if n <= 1 or cost < RECOMPUTE_MIN_COST or _decompresses(below, cost, read):
         return None
     return below if cost * (_numel(view) - n) >= RECOMPUTE_MIN_OPS else None
 

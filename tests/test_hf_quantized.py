@@ -1,0 +1,290 @@
+"""GGUF Q8_0 / Q4_0 weights kept in their blocks on the device and dequantized by the kernels that read them.
+
+- polygrad_hf.quant's lazy dequantization equals the gguf package's dequantizer bit for bit, on every
+  backend; a matmul x @ W.T through it equals NumPy's on the dequantized W within float32 rounding.
+- The dequantization fuses into the matmul (one kernel reading the uint8 blocks, for one row of x and for
+  several: schedule/fusion.py's DECOMPRESS_RATIO), and no kernel of a loaded model writes a weight's worth
+  of float32 values.
+- A tiny Llama and GPT-2 loaded from Q8_0 / Q4_0 files give the logits of the dequantize-at-load path
+  (dtype="float32") within 1e-5 of the largest logit (the weights are the same floats: only the summation
+  order may differ) and the same greedy tokens; the weights take at most 1.1x the file's tensor bytes.
+- The saved bundle loads in Python and runs in Node (polygrad-js) with the same logits.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+import hf_checkpoints as hc  # noqa: E402
+
+from polygrad import Model, Tensor, bundle, dtypes  # noqa: E402
+from polygrad.engine import programs  # noqa: E402
+from polygrad.hf import CheckpointError, generate, load_hf  # noqa: E402
+from polygrad.uop.ops import Ops  # noqa: E402
+from polygrad_hf.quant import QuantWeight  # noqa: E402
+
+FORMATS = ("Q8_0", "Q4_0")
+RTOL = 1e-5
+
+
+def _quantized(fmt: str, rows: int = 24, cols: int = 96, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(blocks (rows, cols/32, block bytes), gguf's dequantized float32 (rows, cols)) of a random matrix
+    with a spread of magnitudes, an all-zero block and a block of one repeated value."""
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((rows, cols)) * np.exp(rng.uniform(-6, 4, (rows, 1)))).astype(np.float32)
+    w[0, :32] = 0.0
+    w[1, 32:64] = -3.5
+    qt = getattr(gguf.GGMLQuantizationType, fmt)
+    q = gguf.quants.quantize(w, qt)
+    return q.reshape(rows, cols // 32, -1), gguf.quants.dequantize(q, qt).reshape(rows, cols)
+
+
+def _close(got, want, rtol=RTOL):
+    scale = float(np.abs(want).max())
+    err = float(np.abs(np.asarray(got) - want).max())
+    assert err <= rtol * scale, f"max error {err:.3g} > {rtol} x {scale:.3g}"
+
+
+class _Kernels:
+    """The kernels get_program is asked for while active (every kernel realized, cached or not)."""
+
+    def __enter__(self):
+        self.asts, self._orig = [], programs.get_program
+
+        def record(ast, device):
+            self.asts.append(ast)
+            return self._orig(ast, device)
+        programs.get_program = record
+        return self
+
+    def __exit__(self, *exc):
+        programs.get_program = self._orig
+
+
+def _globals(ast):
+    """{index: (dtype, element count)} of a kernel's buffers."""
+    return {u.arg[0]: (u.dtype, int(np.prod(u.arg[1]))) for u in ast.toposort() if u.op is Ops.DEFINE_GLOBAL}
+
+
+def _written(ast) -> set[int]:
+    return {u.src[0].src[0].arg[0] for u in ast.toposort() if u.op is Ops.STORE and u.src[0].op is Ops.INDEX}
+
+
+# ---------------------------------------------------------------- the dequantization itself
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_lazy_dequantize_equals_gguf_bit_for_bit(device, fmt):
+    blocks, want = _quantized(fmt)
+    qw = QuantWeight(Tensor(blocks, device=device), fmt, want.shape)
+    got = qw.dequantize().numpy()
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    ids = np.array([[3, 0], [23, 1]], np.int32)  # an embedding lookup gathers blocks, then dequantizes
+    np.testing.assert_array_equal(qw.rows(Tensor(ids, device=device)).numpy().view(np.uint32),
+                                  want[ids].view(np.uint32))
+    np.testing.assert_array_equal(qw.row_range(2, 5).numpy().view(np.uint32), want[2:5].view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [1, 5])
+def test_fused_matmul_matches_numpy(device, fmt, rows):
+    """QuantWeight.matmul_t (the decoder's x @ W.T, summed block by block) and x @ dequantize().T."""
+    blocks, w = _quantized(fmt, seed=rows)
+    x = np.random.default_rng(9).standard_normal((rows, w.shape[1])).astype(np.float32)
+    qw = QuantWeight(Tensor(blocks, device=device), fmt, w.shape)
+    got = qw.matmul_t(Tensor(x, device=device)).numpy()
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    bound = 1e-6 * (np.abs(x) @ np.abs(w).T).max()  # float32 sums of 96 terms
+    assert np.abs((Tensor(x, device=device) @ qw.dequantize().T).numpy() - want).max() <= bound
+    assert np.abs(got - want).max() <= bound
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rows", [1, 5])
+def test_matmul_kernel_reads_the_blocks_and_no_float_weight(fmt, rows):
+    """One kernel: it reads the uint8 blocks, and no buffer of it holds a weight's worth of floats (x @ W.T
+    expands W over x's rows; before DECOMPRESS_RATIO, 5 rows made the scheduler store W as float32)."""
+    blocks, w = _quantized(fmt, rows=64, cols=256)
+    qw = QuantWeight(Tensor(blocks).realize(), fmt, w.shape)
+    x = Tensor(np.ones((rows, 256), np.float32)).realize()
+    with _Kernels() as k:
+        qw.matmul_t(x).realize()
+    assert len(k.asts) == 1, [a.arg for a in k.asts]
+    bufs = _globals(k.asts[0]).values()
+    assert (dtypes.uint8, blocks.size) in bufs
+    assert all(not dt.is_float or n < w.size for dt, n in bufs), bufs
+
+
+def test_quant_weight_checks_its_blocks():
+    blocks, w = _quantized("Q4_0")
+    with pytest.raises(CheckpointError, match="uint8 blocks of shape"):
+        QuantWeight(Tensor(blocks[:, :2]), "Q4_0", w.shape)
+    with pytest.raises(CheckpointError, match="uint8 blocks of shape"):
+        QuantWeight(Tensor(blocks), "Q4_0", (24, 100))
+
+
+# ---------------------------------------------------------------- loaded models
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("quant")
+    out = {}
+    for kind in ("gpt2", "llama"):
+        ref = hc.hf_model(kind)
+        for fmt in FORMATS:
+            path = root / f"{kind}-{fmt}.gguf"
+            hc.write_gguf(ref, path, fmt)
+            out[kind, fmt] = str(path)
+    return out
+
+
+def _prompt(t=5, seed=1):
+    return np.random.default_rng(seed).integers(0, hc.VOCAB, (1, t)).astype(np.int32)
+
+
+def _logits_and_steps(model, ids, steps=3):
+    out = [model.forward(input_ids=ids)["logits"].numpy()]
+    for k in range(steps):
+        nxt = np.array([[(7 * k + 3) % hc.VOCAB]], np.int32)
+        out.append(model.call("decode", {"input_ids": nxt, "pos": ids.shape[1] + k})["logits"].numpy())
+    return out
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_kept_blocks_match_dequantize_at_load(files, kind, fmt):
+    """Same logits (1e-5 of the largest: the same float weights, summed in another order) and the same
+    greedy tokens as dtype="float32"; the notes say which way each model went."""
+    kept = load_hf(files[kind, fmt], max_seq_len=24, dtype="quantized")
+    floats = load_hf(files[kind, fmt], max_seq_len=24, dtype="float32")
+    try:
+        assert any(f"quantized ({fmt}" in n for n in kept.hf_notes), kept.hf_notes
+        assert any(f"dequantized {fmt}" in n for n in floats.hf_notes), floats.hf_notes
+        assert {s.dtype for s in kept._p.slots if s.name.endswith("attn.c_attn.weight") or
+                s.name.endswith("q_proj.weight")} == {dtypes.uint8}
+        ids = _prompt()
+        for got, want in zip(_logits_and_steps(kept, ids), _logits_and_steps(floats, ids)):
+            _close(got, want)
+        want = generate(floats, ids, max_new_tokens=8, top_k=1)
+        assert generate(kept, ids, max_new_tokens=8, top_k=1).tolist() == want.tolist()
+    finally:
+        kept.dispose()
+        floats.dispose()
+
+
+def test_default_load_dequantizes(files):
+    """Without a dtype, GGUF blocks are dequantized at load (float32 decodes faster on CPU today); keeping them
+    is asked for with dtype="quantized"."""
+    model = load_hf(files["gpt2", "Q4_0"], max_seq_len=8)
+    try:
+        assert any("dequantized Q4_0" in n for n in model.hf_notes), model.hf_notes
+        assert dtypes.uint8 not in {s.dtype for s in model._p.slots}
+    finally:
+        model.dispose()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_no_kernel_writes_a_dequantized_weight(files, kind):
+    """Every kernel that reads a weight's blocks writes fewer values than the weight holds (a kernel storing
+    the dequantized weight would write as many), and forward and decode read every weight's blocks."""
+    model = load_hf(files[kind, "Q4_0"], max_seq_len=8, dtype="quantized")  # activations smaller than any weight
+    try:
+        p = model._p
+        quant = {i: s for i, s in enumerate(p.slots) if s.dtype is dtypes.uint8}
+        assert len(quant) >= 10
+        for entry in ("forward", "decode"):
+            read = set()
+            for call in p.entries[entry].calls:
+                if call.kernel < 0:
+                    continue
+                written = [p.slots[call.args[i]].size for i in _written(p.kernels[call.kernel])]
+                for slot in call.args:
+                    if slot in quant:
+                        read.add(slot)
+                        weight_values = quant[slot].size // 18 * 32
+                        assert max(written) < weight_values, (entry, quant[slot].name, written)
+            assert read == set(quant), sorted(quant[s].name for s in set(quant) - read)
+    finally:
+        model.dispose()
+
+
+def test_q4_weights_take_about_the_file_bytes(files):
+    reader = gguf.GGUFReader(files["gpt2", "Q4_0"])
+    file_bytes = sum(int(t.n_bytes) for t in reader.tensors)
+    model = load_hf(files["gpt2", "Q4_0"], max_seq_len=16, dtype="quantized")
+    try:
+        names = _weight_names(model)
+        held = sum(s.size * s.dtype.itemsize for s in model._p.slots if s.name in names)
+        assert len(names) == len(reader.tensors)
+        assert held <= 1.1 * file_bytes, (held, file_bytes)
+    finally:
+        model.dispose()
+
+
+def _weight_names(model):
+    from polygrad_hf.decoder import expected_weights
+    return set(expected_weights(model.hf_config))
+
+
+def test_rows_that_are_not_whole_blocks_name_the_tensor(tmp_path):
+    """A Q8_0 tensor whose header says 40 columns (not whole 32-value blocks): a CheckpointError naming it."""
+    ref = hc.hf_model("llama")
+    path = tmp_path / "bad.gguf"
+    hc.write_gguf(ref, path, "Q8_0")
+    raw = bytearray(path.read_bytes())
+    name = b"blk.1.ffn_up.weight"
+    at = raw.index(name) + len(name)  # then: n_dims (u32), ne[0] (u64) = 32 (the hidden width)
+    assert int.from_bytes(raw[at + 4:at + 12], "little") == 32
+    raw[at + 4:at + 12] = (40).to_bytes(8, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="'blk.1.ffn_up.weight' is Q8_0 with rows of 40 values"):
+        load_hf(path, dtype="quantized")
+
+
+# ---------------------------------------------------------------- bundles
+@pytest.fixture(scope="module")
+def saved(files, tmp_path_factory):
+    """The Q4_0 GPT-2 saved to a bundle, with Python's logits before saving."""
+    tmp = tmp_path_factory.mktemp("quant_bundle")
+    model = load_hf(files["gpt2", "Q4_0"], max_seq_len=16, dtype="quantized")
+    path = tmp / "gpt2-q4.pgb"
+    model.save(str(path))
+    want = _logits_and_steps(model, _prompt())
+    greedy = generate(model, _prompt()[0], max_new_tokens=6, top_k=1).tolist()
+    model.dispose()
+    return path, want, greedy, tmp
+
+
+def test_bundle_keeps_blocks_and_loads_in_python(saved):
+    path, want, greedy, _ = saved
+    manifest, _ = bundle.read(path.read_bytes())
+    kinds = {b["dtype"] for b in manifest["buffers"] if b["name"].endswith("c_fc.weight")}
+    assert kinds == {"uint8"}, kinds
+    loaded = Model.load(path)
+    try:
+        for got, ref in zip(_logits_and_steps(loaded, _prompt()), want):
+            _close(got, ref, 1e-6)
+        assert generate(loaded, _prompt()[0], max_new_tokens=6, top_k=1).tolist() == greedy
+    finally:
+        loaded.dispose()
+
+
+def test_bundle_runs_in_node_with_python_logits(saved):
+    from test_js import NODE, close, dec, enc, run_node
+    if NODE is None:
+        pytest.skip("node is not installed")
+    path, want, greedy, tmp = saved
+    ids = _prompt()
+    calls = [{"entry": "forward", "inputs": {"input_ids": enc(ids)}}]
+    calls += [{"entry": "decode", "inputs": {"input_ids": enc(np.array([[(7 * k + 3) % hc.VOCAB]], np.int32))},
+               "args": {"pos": ids.shape[1] + k}} for k in range(3)]
+    cases = [{"name": b, "bundle": str(path), "backend": b, "calls": calls} for b in ("wasm", "js")]
+    cases.append({"name": "greedy", "bundle": str(path), "greedy": {"prompt": enc(ids), "steps": 6}})
+    res = run_node(cases, tmp)
+    for b in ("wasm", "js"):
+        assert "error" not in res[b], res[b].get("error")
+        for got, ref in zip(res[b]["calls"], want):
+            close(dec(got["logits"]), ref)
+    assert res["greedy"]["tokens"] == greedy
