@@ -19,7 +19,7 @@ import numpy as np
 from polygrad import Tensor
 from polygrad.engine.capture import active as capturing
 
-from polygrad_onnx import ops_math, ops_nn, ops_shape  # noqa: F401  (they fill OPS)
+from polygrad_onnx import ops_extra, ops_math, ops_nn, ops_shape  # noqa: F401  (they fill OPS)
 from polygrad_onnx.errors import OnnxError, UnsupportedOpError
 from polygrad_onnx.node import OPS, Node, as_tensor
 
@@ -72,13 +72,22 @@ def run_node(proto: Any, opset: int, env: dict[str, Any], initial: dict[str, np.
         out = opdef.fn(node, *args)
     node.check_all_read()
     outs = out if isinstance(out, (tuple, list)) else (out,)
-    outs = [o if o is None or isinstance(o, Tensor) else np.asarray(o) for o in outs]
+    outs = [o if o is None or isinstance(o, (Tensor, np.ndarray)) else host_array(o) for o in outs]
     for k, name in enumerate(proto.output):
         if not name:
             continue
         if k >= len(outs) or outs[k] is None:
             raise node.fail(f"output {k} ({name!r}) is not produced by polygrad.onnx's implementation")
         env[name] = outs[k]
+
+
+def host_array(value: Any) -> np.ndarray:
+    """A host result as an array: a NumPy scalar as a 0-d array, a symbolic size as a 0-d object array."""
+    if isinstance(value, (bool, int, float, np.generic)):
+        return np.asarray(value)
+    out = np.empty((), dtype=object)
+    out[()] = value
+    return out
 
 
 def static_value(node: Node, name: str, v: Any, initial: dict[str, np.ndarray]) -> np.ndarray:

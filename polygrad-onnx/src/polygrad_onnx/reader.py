@@ -162,4 +162,5 @@ def tensor_array(t: Any, folder: str | None = None, label: str = "<bytes>") -> n
         raise OnnxError(f"tensor {t.name!r}: its data does not match its shape {list(t.dims)} ({e})") from None
     if arr.size != count:
         raise OnnxError(f"tensor {t.name!r}: {arr.size} values for shape {list(t.dims)}")
-    return np.ascontiguousarray(arr.astype(NUMPY_TYPES[t.data_type], copy=False))
+    arr = arr.astype(NUMPY_TYPES[t.data_type], copy=False)
+    return arr if arr.flags.c_contiguous else arr.copy()  # (np.ascontiguousarray makes a scalar 1-d)
