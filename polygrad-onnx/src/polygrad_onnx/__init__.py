@@ -11,8 +11,9 @@ ops_shape / ops_nn (operators over Tensors, NumPy versions for load-time folding
 loader (load: the Model), export (Model -> ONNX).
 """
 from polygrad_onnx.errors import OnnxError, UnsupportedOpError
+from polygrad_onnx.export import export
 from polygrad_onnx.loader import load
 
 __version__ = "0.1.0"
 
-__all__ = ["OnnxError", "UnsupportedOpError", "load", "__version__"]
+__all__ = ["OnnxError", "UnsupportedOpError", "export", "load", "__version__"]

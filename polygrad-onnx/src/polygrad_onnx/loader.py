@@ -113,6 +113,7 @@ def load(source: str | os.PathLike | bytes, max_batch: int | None = None, *, los
         net = OnnxGraph(graph, f.opset, params, initial, in_names, out_names)
         loss_fn, target_specs = training_spec(loss, targets, graph, out_names, inputs, max_batch, variables)
         model = Model(net, inputs=inputs, targets=target_specs, loss=loss_fn, params=params, runtime=rt)
+    model.onnx_model = f.model  # type: ignore[attr-defined]  (export() writes it back with trained values)
     model.onnx_inputs = in_names  # type: ignore[attr-defined]
     model.onnx_outputs = out_names  # type: ignore[attr-defined]
     return model

@@ -73,8 +73,8 @@ def read_model(source: Any) -> OnnxFile:
     for t in model.graph.initializer:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             external_path(t, folder, label)  # refuse a bad path before anything is read
-    try:
-        onnx.checker.check_model(model)
+    try:  # from the path, the checker finds external data next to the model (paths checked above)
+        onnx.checker.check_model(label if folder is not None else model)
     except Exception as e:
         raise OnnxError(f"{label} is not a valid ONNX model: {str(e).splitlines()[0][:300]}") from None
     return OnnxFile(model, opset, folder, label)
