@@ -86,6 +86,12 @@ def static_inputs(model: Any) -> set[str]:
     return names
 
 
+def _array(value: Any) -> np.ndarray:
+    """A case's input or expected output as an array (some cases give TensorProtos)."""
+    from onnx import TensorProto, numpy_helper
+    return numpy_helper.to_array(value) if isinstance(value, TensorProto) else np.asarray(value)
+
+
 def run_case(case: Case, device: str) -> None:
     """Run every data set of `case` on `device`; AssertionError (or the import's error) when one differs."""
     from polygrad import Context, Tensor
@@ -105,13 +111,13 @@ def run_case(case: Case, device: str) -> None:
         for feeds_in, expected in case.data_sets:
             feeds: dict[str, Any] = {}
             for name, arr in zip(inputs, feeds_in):
-                arr = np.asarray(arr)
+                arr = _array(arr)
                 feeds[name] = arr if name in static else Tensor(arr)
             result = net.run(feeds)
             for o, want in zip(graph.output, expected):
                 got = result[o.name]
                 got = got.numpy() if isinstance(got, Tensor) else np.asarray(got)
-                want = np.asarray(want)
+                want = _array(want)
                 assert got.shape == want.shape, f"{o.name}: shape {got.shape}, expected {want.shape}"
                 assert got.dtype == want.dtype, f"{o.name}: dtype {got.dtype}, expected {want.dtype}"
                 if want.dtype.kind in "biu":

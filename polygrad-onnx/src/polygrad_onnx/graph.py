@@ -19,7 +19,7 @@ import numpy as np
 from polygrad import Tensor
 from polygrad.engine.capture import active as capturing
 
-from polygrad_onnx import ops_extra, ops_math, ops_nn, ops_shape  # noqa: F401  (they fill OPS)
+from polygrad_onnx import ops_extra, ops_math, ops_nn, ops_quant, ops_shape  # noqa: F401  (they fill OPS)
 from polygrad_onnx.errors import OnnxError, UnsupportedOpError
 from polygrad_onnx.node import OPS, Node, as_tensor
 
