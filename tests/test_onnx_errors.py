@@ -154,3 +154,22 @@ def test_external_data_from_bytes_needs_the_path(tmp_path):
     path = _external_model(tmp_path, "weights.bin")
     with pytest.raises(pgo.OnnxError, match="load the model from its path"):
         pgo.load(open(path, "rb").read())
+
+
+def test_shape_subgraph_is_folded_at_load():
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape over a symbolic batch runs on the host during capture:
+    the Model's forward has the one kernel of the Relu and none for the shape arithmetic."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2, 3])
+    consts = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+              numpy_helper.from_array(np.array([0], np.int64), "axes"),
+              numpy_helper.from_array(np.array([2, 3], np.int64), "rest")]
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["b"]),
+             helper.make_node("Unsqueeze", ["b", "axes"], ["b1"]),
+             helper.make_node("Concat", ["b1", "rest"], ["shape"], axis=0),
+             helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "shape"], ["y"])]
+    model = pgo.load(_model(nodes, [x], [y], consts).SerializeToString(), max_batch=4)
+    assert len(model._p.entries["forward"].calls) == 1
+    data = np.arange(-9, 9, dtype=np.float32).reshape(3, 6)
+    assert np.array_equal(model.forward(x=data)["y"].numpy(), np.maximum(data, 0).reshape(3, 2, 3))
+    model.dispose()

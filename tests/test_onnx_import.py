@@ -168,3 +168,25 @@ def test_loss_makes_an_imported_model_trainable(exported):
     losses = model.fit({"x": x, "y": y}, epochs=30, optimizer="adam", lr=0.01, batch_size=3)
     assert losses[-1] < 0.5 * losses[0]
     model.dispose()
+
+
+@pytest.mark.skipif(NODE is None, reason="node is not installed")
+def test_imported_model_fine_tunes_in_node_as_in_python(exported, tmp_path):
+    data, x, _ = exported["cnn"]
+    model = pgo.load(data, max_batch=4, loss="cross_entropy")
+    path = tmp_path / "cnn_train.pgb"
+    model.save(str(path))
+    model.dispose()
+    rng = np.random.default_rng(5)
+    xs = rng.standard_normal((8, 3, 16, 16)).astype(np.float32)
+    ys = rng.integers(0, 4, 8).astype(np.int32)
+    fresh = Model.load(str(path))
+    py = fresh.fit({"x": xs, "y": ys}, epochs=3, batch_size=4, optimizer="sgd", lr=0.05, verbose=False)
+    fresh.dispose()
+    options = {"epochs": 3, "batchSize": 4, "optimizer": "sgd", "lr": 0.05}
+    res = run_node([{"name": "fit", "bundle": str(path), "fit": {"data": {"x": enc(xs), "y": enc(ys)},
+                                                                  "options": options}}], tmp_path)["fit"]
+    assert "error" not in res, res.get("error")
+    assert len(res["losses"]) == len(py)
+    close(np.array(res["losses"]), np.array(py), rtol=1e-4)
+    assert py[-1] < py[0]

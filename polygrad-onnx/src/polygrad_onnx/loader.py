@@ -45,7 +45,7 @@ def graph_inputs(graph: Any, initial: Mapping[str, Any]) -> list[Any]:
 
 
 def input_spec(value: Any, max_batch: int | None, bounds: dict[str, int], variables: dict[str, Any],
-               label: str) -> Tensor:
+               label: str, device: str) -> Tensor:
     """Tensor.empty(...) declaring one graph input, its symbolic dimensions as bounded Variables."""
     t = value.type
     if not t.HasField("tensor_type"):
@@ -65,7 +65,7 @@ def input_spec(value: Any, max_batch: int | None, bounds: dict[str, int], variab
         if sym not in variables:
             variables[sym] = Variable(identifier(sym, set()), 1, int(hi))
         dims.append(variables[sym])
-    return Tensor.empty(*dims, dtype=pg_dtype(t.tensor_type.elem_type))
+    return Tensor.empty(*dims, dtype=pg_dtype(t.tensor_type.elem_type), device=device)
 
 
 def load(source: str | os.PathLike | bytes, max_batch: int | None = None, *, loss: str | Callable | None = None,
@@ -107,7 +107,7 @@ def load(source: str | os.PathLike | bytes, max_batch: int | None = None, *, los
         inputs, in_names = {}, {}
         for value in graph_inputs(graph, initial):
             py = identifier(value.name, taken)
-            inputs[py] = input_spec(value, max_batch, limits, variables, f.source).to(dev)
+            inputs[py] = input_spec(value, max_batch, limits, variables, f.source, dev)
             in_names[py] = value.name
         out_names = {identifier(o.name, taken): o.name for o in graph.output}
         net = OnnxGraph(graph, f.opset, params, initial, in_names, out_names)
