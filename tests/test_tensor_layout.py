@@ -22,7 +22,7 @@ SRC = pathlib.Path(polygrad.__file__).parent
 MIXINS = sorted(p for p in SRC.glob("tensor_*.py"))
 # the other distributions' packages (each its own import graph)
 PACKAGES = ["polygrad_backend_cpu", "polygrad_backend_interp", "polygrad_backend_x86", "polygrad_backend_cuda",
-            "polygrad_hf"]
+            "polygrad_hf", "polygrad_onnx"]
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -173,7 +173,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                       "polygrad.linalg_svd"]),
     ("distributed", ["polygrad.distributed"]),
     ("model", ["polygrad.model", "polygrad.bundle"]),
-    ("front", ["polygrad.models", "polygrad.runtime", "polygrad.inspect", "polygrad.hf"]),
+    ("front", ["polygrad.models", "polygrad.runtime", "polygrad.inspect", "polygrad.hf", "polygrad.onnx"]),
     ("package", ["polygrad", "polygrad.__main__"]),
 ]
 
@@ -258,7 +258,7 @@ def test_backends_reach_core_only_through_backend_api(package: str) -> None:
 
 def test_core_imports_nothing_of_its_own_inside_functions() -> None:
     """Imports inside functions that only dodged a cycle are gone: what is left inside functions in core is an
-    optional dependency of another distribution (tqdm, polygrad_hf)."""
+    optional dependency of another distribution (tqdm, polygrad_hf, polygrad_onnx)."""
     found = []
     for name, path in sorted(_module_files().items()):
         for node in _import_nodes(path, only_nested=True):

@@ -36,6 +36,7 @@ Config keys (Sequential / Graph):
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Mapping
 
 from polygrad import nn, random
@@ -361,6 +362,13 @@ def _build_model(net: Any, inputs: dict, outputs: dict[str, tuple], cfg: Mapping
     return Model(net, inputs=inputs, targets=targets, loss=lambda outs, **ys: fn(outs[out], ys[tgt]))
 
 
+def _described(model: Model, kind: str, config: Mapping) -> Model:
+    """The model with its description kept (`models_config`: (kind, a copy of the config)), from which
+    polygrad.onnx.export writes its layers; a saved bundle does not carry it."""
+    model.models_config = (kind, copy.deepcopy(dict(config)))  # type: ignore[attr-defined]
+    return model
+
+
 def _seeded(cfg: Mapping, build: Callable[[], Model]) -> Model:
     """build() with the config's seed, if any, leaving the global RNG state as it was."""
     seed = cfg.get("seed")
@@ -418,7 +426,7 @@ def Sequential(config: Mapping[str, Any]) -> Model:  # noqa: N802 (a Model const
         net = _SequentialNet(name, out_name, layers, acts)
         return _build_model(net, {name: _empty(batch, shape, dtype)}, {out_name: tuple(probe.shape)}, config, batch)
 
-    return _seeded(config, build)
+    return _described(_seeded(config, build), "Sequential", config)
 
 
 def _probe(layer: Any, x: Any, where: str) -> Any:
@@ -526,7 +534,7 @@ def Graph(config: Mapping[str, Any]) -> Model:  # noqa: N802 (a Model constructo
         inputs = {n: _empty(batch, shape, dt) for n, shape, dt in in_specs}
         return _build_model(net, inputs, {o: tuple(probes[o].shape) for o in outputs}, config, batch)
 
-    return _seeded(config, build)
+    return _described(_seeded(config, build), "Graph", config)
 
 
 def _topological(srcs: dict[str, list[str]], inputs: set[str]) -> list[str]:

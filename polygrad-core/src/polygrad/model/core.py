@@ -212,6 +212,19 @@ class Model(TrainingMixin):
         prog, stored = from_manifest(manifest, body, max_bytes, max_work)
         return cls._from_program(prog, stored, runtime, dev)
 
+    def export_onnx(self, path: str | os.PathLike | None = None, opset: int = 17) -> bytes | None:
+        """Write the forward entrypoint as an ONNX graph (polygrad-onnx's export: a Model built by
+        polygrad.models or loaded by polygrad.onnx.load); returns the bytes when no path is given."""
+        self._alive()
+        try:
+            from polygrad_onnx import export  # another distribution, optional: imported when asked for
+        except ModuleNotFoundError as e:
+            if e.name != "polygrad_onnx":
+                raise
+            raise ModelError("Model.export_onnx needs the polygrad-onnx distribution: pip install polygrad-onnx "
+                             "(or pip install 'polygrad[onnx]')") from None
+        return export(self, path, opset=opset)
+
     # ---- lifetime
     def dispose(self) -> None:
         """Free the model's buffers and programs; later calls raise. Idempotent; returned Tensors stay valid."""

@@ -1,0 +1,118 @@
+"""What an operator implementation sees: a node's attributes (every one must be read) and the op table.
+
+Stage: shared by the operator modules and graph.py. Input: a NodeProto. Output: `Node` (attribute access
+that records what was read, so an attribute an implementation does not know is an error instead of being
+ignored) and `OPS`, the operator table the ops_* modules fill through `op(...)`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from polygrad import Tensor, dtypes
+
+from polygrad_onnx.errors import OnnxError, UnsupportedOpError
+from polygrad_onnx.reader import NUMPY_TYPES, onnx_module
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One operator: its Tensor implementation, the inputs it needs at load time as NumPy arrays (shapes,
+    axes, pads), and an optional NumPy implementation used when every input is known at load (folding)."""
+
+    fn: Callable
+    static: tuple[int, ...] = ()
+    host: Callable | None = None
+    any_input: bool = False  # reads only its inputs' shapes (Shape, Size): runs on the host whatever they are
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def op(*names: str, static: tuple[int, ...] = (), host: Callable | None = None, any_input: bool = False) -> Callable:
+    """Register the decorated function as the implementation of the ONNX operators `names`."""
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            OPS[name] = OpDef(fn, static, host, any_input)
+        return fn
+    return register
+
+
+class Node:
+    """A node being run: its attributes (read through attr/ints/floats, each read recorded) and errors that
+    name it."""
+
+    def __init__(self, proto: Any, opset: int):
+        onnx = onnx_module()
+        self.proto = proto
+        self.op = proto.op_type
+        self.opset = opset
+        self.attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.attribute}
+        self.used: set[str] = set()
+
+    @property
+    def label(self) -> str:
+        return f"{self.op} node {self.proto.name!r}" if self.proto.name else \
+            f"{self.op} node (output {self.proto.output[0]!r})"
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        self.used.add(name)
+        v = self.attrs.get(name, default)
+        return v.decode() if isinstance(v, bytes) else v
+
+    def ints(self, name: str, default: Any = None) -> list[int] | None:
+        v = self.attr(name, default)
+        return None if v is None else [int(x) for x in v]
+
+    def fail(self, why: str) -> OnnxError:
+        return OnnxError(f"{self.label}: {why}")
+
+    def unsupported(self, name: str, value: Any) -> UnsupportedOpError:
+        return UnsupportedOpError(f"{self.label}: attribute {name}={value!r} is not supported by polygrad.onnx")
+
+    def only(self, name: str, allowed: tuple, default: Any) -> Any:
+        """The attribute's value, or UnsupportedOpError when it is not one of `allowed`."""
+        v = self.attr(name, default)
+        if v not in allowed:
+            raise self.unsupported(name, v)
+        return v
+
+    def check_all_read(self) -> None:
+        unread = sorted(set(self.attrs) - self.used)
+        if unread:
+            raise UnsupportedOpError(f"{self.label}: attribute(s) {unread} are not supported by polygrad.onnx")
+
+
+def np_dtype(onnx_type: int, node: Node | None = None) -> Any:
+    """The NumPy dtype of an ONNX element type, or an UnsupportedOpError."""
+    if onnx_type not in NUMPY_TYPES:
+        name = onnx_module().TensorProto.DataType.Name(onnx_type) if onnx_type else "UNDEFINED"
+        where = f"{node.label}: " if node is not None else ""
+        raise UnsupportedOpError(f"{where}element type {name} is not supported by polygrad.onnx (it holds "
+                                 "float16/32/64, int8..int64, uint8..uint64 and bool)")
+    return np.dtype(NUMPY_TYPES[onnx_type])
+
+
+def pg_dtype(onnx_type: int, node: Node | None = None) -> Any:
+    return dtypes.from_np(np_dtype(onnx_type, node))
+
+
+def ints_of(value: Any) -> list:
+    """A 1-D static value (shape, axes, pads) as a list of ints (or symbolic sizes)."""
+    return [v if not isinstance(v, (np.integer, int)) else int(v) for v in np.asarray(value).reshape(-1).tolist()]
+
+
+def as_tensor(value: Any, node: Node | None = None) -> Tensor:
+    """A value of the graph as a Tensor: host arrays become constants (symbolic ones cannot)."""
+    if isinstance(value, Tensor):
+        return value
+    arr = np.asarray(value)
+    if arr.dtype == object:
+        if not all(isinstance(v, (int, np.integer)) for v in arr.reshape(-1)):
+            where = f"{node.label}: " if node is not None else ""
+            raise OnnxError(f"{where}a value computed from a symbolic dimension is used as tensor data; give that "
+                            "dimension a fixed size (load(..., dim_bounds) cannot make data symbolic)")
+        arr = arr.astype(np.int64)
+    return Tensor(arr)

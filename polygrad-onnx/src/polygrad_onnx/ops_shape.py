@@ -1,0 +1,410 @@
+"""Shape and data-movement operators: Shape, Reshape, Transpose, Concat, Slice, Gather, Pad, Expand, ...
+
+Stage: operator implementations (graph.py runs them). Input: a Node, its data inputs as Tensors (or NumPy
+arrays, host versions) and its load-time inputs (shapes, axes, pads, starts) as NumPy arrays. Output:
+Tensors or arrays. Shapes may hold symbolic sizes (a Variable's dimension): they pass through Shape,
+Gather, Concat, arithmetic and Reshape unchanged.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from polygrad import Tensor, dtypes
+
+from polygrad_onnx.node import Node, ints_of, op, pg_dtype
+from polygrad_onnx.reader import tensor_array
+
+
+def _axis(axis: int, rank: int, node: Node) -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise node.fail(f"axis {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def _shape_array(dims: tuple) -> np.ndarray:
+    if all(isinstance(d, int) for d in dims):
+        return np.array(dims, dtype=np.int64)
+    return np.array(list(dims), dtype=object)
+
+
+# ---- shapes and constants
+@op("Shape", any_input=True)
+def shape(node: Node, x) -> np.ndarray:
+    dims = tuple(x.shape)
+    start, end = node.attr("start", 0), node.attr("end", None)
+    return _shape_array(dims[slice(start, end)])
+
+
+@op("Size", any_input=True)
+def size(node: Node, x) -> np.ndarray:
+    n = 1
+    for d in x.shape:
+        n = n * d
+    return np.array(n, dtype=np.int64) if isinstance(n, int) else np.array(n, dtype=object)
+
+
+def _constant(node: Node) -> np.ndarray:
+    for name in ("value", "value_float", "value_floats", "value_int", "value_ints"):
+        if name in node.attrs:
+            v = node.attr(name)
+            if name == "value":
+                return tensor_array(v)
+            return np.array(v, dtype=np.float32 if "float" in name else np.int64)
+    raise node.fail(f"only value/value_float(s)/value_int(s) constants are supported, got {sorted(node.attrs)}")
+
+
+op("Constant", host=_constant)(_constant)
+
+
+def _constant_of_shape(node: Node, dims: np.ndarray) -> np.ndarray:
+    v = node.attr("value")
+    fill = tensor_array(v).reshape(-1) if v is not None else np.zeros(1, np.float32)
+    return np.full(tuple(ints_of(dims)), fill[0], dtype=fill.dtype)
+
+
+@op("ConstantOfShape", static=(0,), host=_constant_of_shape)
+def constant_of_shape(node: Node, dims: np.ndarray):
+    out = tuple(ints_of(dims))
+    if all(isinstance(d, int) for d in out):
+        return _constant_of_shape(node, dims)
+    v = node.attr("value")
+    fill = tensor_array(v).reshape(-1) if v is not None else np.zeros(1, np.float32)
+    return Tensor.full(out, fill[0].item(), dtype=dtypes.from_np(fill.dtype))
+
+
+def _range_host(node: Node, start, limit, delta) -> np.ndarray:
+    s, lim, d = (np.asarray(v).reshape(()).item() for v in (start, limit, delta))
+    n = max(int(np.ceil((lim - s) / d)), 0)
+    return (np.asarray(start).reshape(()) + np.arange(n, dtype=np.asarray(start).dtype) * np.asarray(delta)).astype(
+        np.asarray(start).dtype)
+
+
+@op("Range", static=(0, 1, 2), host=_range_host)
+def range_(node: Node, start, limit, delta):
+    return _range_host(node, start, limit, delta)
+
+
+@op("EyeLike")
+def eye_like(node: Node, x: Tensor) -> Tensor:
+    k = node.attr("k", 0)
+    dt = pg_dtype(node.attr("dtype"), node) if node.attr("dtype") is not None else x.dtype
+    n, m = x.shape
+    rows, cols = Tensor.arange(n).reshape(n, 1), Tensor.arange(m).reshape(1, m)
+    return (cols - rows == k).cast(dt)
+
+
+# ---- reshaping
+def _reshape_dims(node: Node, in_shape: tuple, target: list) -> list:
+    allowzero = node.attr("allowzero", 0)
+    dims = [in_shape[i] if isinstance(d, int) and d == 0 and not allowzero else d for i, d in enumerate(target)]
+    if sum(1 for d in dims if isinstance(d, int) and d == -1) > 1:
+        raise node.fail(f"shape {target} has more than one -1")
+    if any(isinstance(d, int) and d == -1 for d in dims):
+        known = 1
+        for d in dims:
+            if not (isinstance(d, int) and d == -1):
+                known = known * d
+        total = 1
+        for d in in_shape:
+            total = total * d
+        fill = total // known if not (isinstance(known, int) and known == 0) else 0
+        dims = [fill if isinstance(d, int) and d == -1 else d for d in dims]
+    return dims
+
+
+@op("Reshape", static=(1,), host=lambda node, x, s: x.reshape(tuple(_reshape_dims(node, x.shape, ints_of(s)))))
+def reshape(node: Node, x: Tensor, target: np.ndarray) -> Tensor:
+    return x.reshape(tuple(_reshape_dims(node, x.shape, ints_of(target))))
+
+
+def _flatten_dims(node: Node, dims: tuple) -> tuple:
+    axis = node.attr("axis", 1)
+    axis = axis + len(dims) if axis < 0 else axis
+    a, b = 1, 1
+    for d in dims[:axis]:
+        a = a * d
+    for d in dims[axis:]:
+        b = b * d
+    return (a, b)
+
+
+op("Flatten", host=lambda node, x: x.reshape(_flatten_dims(node, x.shape)))(
+    lambda node, x: x.reshape(_flatten_dims(node, x.shape)))
+
+
+def _perm(node: Node, rank: int) -> list[int]:
+    perm = node.ints("perm")
+    return list(range(rank))[::-1] if perm is None else [p % rank for p in perm]
+
+
+op("Transpose", host=lambda node, x: np.transpose(x, _perm(node, x.ndim)))(
+    lambda node, x: x.permute(*_perm(node, x.ndim)))
+
+
+def _axes_arg(node: Node, given, attr_name: str = "axes") -> list[int] | None:
+    if given is not None:
+        return ints_of(given)
+    return node.ints(attr_name)
+
+
+def _squeeze_axes(node: Node, x, axes) -> tuple:
+    axes = _axes_arg(node, axes)
+    shape_ = tuple(x.shape)
+    if axes is None:
+        return tuple(d for d in shape_ if not (isinstance(d, int) and d == 1))
+    axes = {_axis(a, len(shape_), node) for a in axes}
+    return tuple(d for i, d in enumerate(shape_) if i not in axes)
+
+
+op("Squeeze", static=(1,), host=lambda node, x, axes=None: x.reshape(_squeeze_axes(node, x, axes)))(
+    lambda node, x, axes=None: x.reshape(_squeeze_axes(node, x, axes)))
+
+
+def _unsqueeze_shape(node: Node, x, axes) -> tuple:
+    axes = _axes_arg(node, axes)
+    rank = x.ndim + len(axes)
+    axes = sorted(_axis(a, rank, node) for a in axes)
+    dims = list(x.shape)
+    for a in axes:
+        dims.insert(a, 1)
+    return tuple(dims)
+
+
+op("Unsqueeze", static=(1,), host=lambda node, x, axes=None: x.reshape(_unsqueeze_shape(node, x, axes)))(
+    lambda node, x, axes=None: x.reshape(_unsqueeze_shape(node, x, axes)))
+
+
+def _concat_host(node: Node, *xs: np.ndarray) -> np.ndarray:
+    axis = node.attr("axis")
+    xs = [x for x in xs if x is not None]
+    return np.concatenate(xs, axis=_axis(axis, xs[0].ndim, node))
+
+
+@op("Concat", host=_concat_host)
+def concat(node: Node, *xs: Tensor) -> Tensor:
+    xs = [x for x in xs if x is not None]
+    axis = _axis(node.attr("axis"), xs[0].ndim, node)
+    nonempty = [x for x in xs if not (isinstance(x.shape[axis], int) and x.shape[axis] == 0)]
+    if not nonempty:
+        return xs[0]
+    return nonempty[0].cat(*nonempty[1:], dim=axis) if len(nonempty) > 1 else nonempty[0]
+
+
+@op("Split", static=(1,))
+def split(node: Node, x: Tensor, sizes: np.ndarray | None = None) -> tuple:
+    axis = _axis(node.attr("axis", 0), x.ndim, node)
+    dim = x.shape[axis]
+    parts = ints_of(sizes) if sizes is not None else node.ints("split")
+    count = node.attr("num_outputs", None)
+    if parts is None:
+        n = count if count is not None else len(node.proto.output)
+        step = -(-dim // n)
+        parts = [min(step, dim - i * step) for i in range(n)]
+    out, start = [], 0
+    for p in parts:
+        out.append(x.shrink(tuple((start, start + p) if i == axis else None for i in range(x.ndim))))
+        start += p
+    return tuple(out)
+
+
+def _slices(node: Node, shape_: tuple, starts, ends, axes, steps) -> tuple:
+    starts, ends = ints_of(starts), ints_of(ends)
+    axes = ints_of(axes) if axes is not None else list(range(len(starts)))
+    steps = ints_of(steps) if steps is not None else [1] * len(starts)
+    out = [slice(None)] * len(shape_)
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = _axis(a, len(shape_), node)
+        if st == 0:
+            raise node.fail("a Slice step is 0")
+        dim = shape_[a]
+        if not isinstance(dim, int):
+            if st == 1 and s >= 0 and e >= 2 ** 31 - 1:
+                out[a] = slice(s, None)
+                continue
+            raise node.fail(f"slicing symbolic dimension {dim} needs step 1 and an open end")
+        lo, hi, stp = slice(s, e, st).indices(dim)
+        out[a] = slice(lo, None if hi < 0 else hi, stp)
+    return tuple(out)
+
+
+@op("Slice", static=(1, 2, 3, 4), host=lambda node, x, s, e, a=None, st=None: x[_slices(node, x.shape, s, e, a, st)])
+def slice_(node: Node, x: Tensor, starts, ends, axes=None, steps=None) -> Tensor:
+    idx = _slices(node, x.shape, starts, ends, axes, steps)
+    for a, sl in enumerate(idx):
+        dim = x.shape[a]
+        if isinstance(dim, int) and len(range(*sl.indices(dim))) == 0:
+            return x.shrink(tuple((0, 0) if i == a else None for i in range(x.ndim)))
+    return x[idx]
+
+
+def _gather_host(node: Node, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    axis = _axis(node.attr("axis", 0), x.ndim, node)
+    return np.take(x, idx.astype(np.int64), axis=axis)
+
+
+@op("Gather", host=_gather_host)
+def gather(node: Node, x: Tensor, idx: Tensor) -> Tensor:
+    axis = _axis(node.attr("axis", 0), x.ndim, node)
+    n = x.shape[axis]
+    idx = (idx < 0).where(idx + n, idx) if not dtypes.is_unsigned(idx.dtype) else idx
+    flat = x.index_select(axis, idx.reshape(-1).cast(dtypes.int32))
+    return flat.reshape(tuple(x.shape[:axis]) + tuple(idx.shape) + tuple(x.shape[axis + 1:]))
+
+
+@op("GatherElements")
+def gather_elements(node: Node, x: Tensor, idx: Tensor) -> Tensor:
+    axis = _axis(node.attr("axis", 0), x.ndim, node)
+    n = x.shape[axis]
+    idx = (idx < 0).where(idx + n, idx)
+    return x.gather(axis, idx.cast(dtypes.int32))
+
+
+@op("GatherND")
+def gather_nd(node: Node, x: Tensor, idx: Tensor) -> Tensor:
+    b = node.attr("batch_dims", 0)
+    k = idx.shape[-1]
+    batch = tuple(x.shape[:b])
+    nb = int(np.prod(batch)) if batch else 1
+    rest = tuple(x.shape[b + k:])
+    flat_x = x.reshape(nb * int(np.prod(x.shape[b:b + k])), *rest) if rest else x.reshape(-1)
+    strides = [int(np.prod(x.shape[b + i + 1:b + k])) for i in range(k)]
+    dims = Tensor(np.array(x.shape[b:b + k], dtype=np.int64))
+    idx = idx.cast(dtypes.int64)
+    idx = (idx < 0).where(idx + dims, idx)
+    lin = (idx * Tensor(np.array(strides, dtype=np.int64))).sum(-1)
+    batch_idx = idx.shape[b:-1]
+    offset = Tensor.arange(nb, dtype=dtypes.int64).reshape(nb, *([1] * len(batch_idx))) * int(
+        np.prod(x.shape[b:b + k]))
+    lin = lin.reshape(nb, *batch_idx) + offset
+    out = flat_x.index_select(0, lin.reshape(-1).cast(dtypes.int32))
+    return out.reshape(*idx.shape[:-1], *rest)
+
+
+def _expand_shape(node: Node, shape_: tuple, target: list) -> tuple:
+    rank = max(len(shape_), len(target))
+    a = [1] * (rank - len(shape_)) + list(shape_)
+    b = [1] * (rank - len(target)) + list(target)
+    out = []
+    for da, db in zip(a, b):
+        if isinstance(db, int) and db == 1:
+            out.append(da)
+        elif isinstance(da, int) and da == 1:
+            out.append(db)
+        elif da is db or (isinstance(da, int) and isinstance(db, int) and da == db):
+            out.append(da)
+        else:
+            raise node.fail(f"cannot expand shape {tuple(shape_)} to {tuple(target)}")
+    return tuple(out)
+
+
+@op("Expand", static=(1,), host=lambda node, x, s: np.broadcast_to(x, _expand_shape(node, x.shape, ints_of(s))))
+def expand(node: Node, x: Tensor, target: np.ndarray) -> Tensor:
+    out = _expand_shape(node, x.shape, ints_of(target))
+    return x.reshape((1,) * (len(out) - x.ndim) + tuple(x.shape)).expand(*out)
+
+
+@op("Tile", static=(1,), host=lambda node, x, r: np.tile(x, ints_of(r)))
+def tile(node: Node, x: Tensor, repeats: np.ndarray) -> Tensor:
+    return x.repeat(*ints_of(repeats))
+
+
+PAD_MODES = {"constant": "constant", "reflect": "reflect", "edge": "replicate", "wrap": "circular"}
+
+
+@op("Pad", static=(1, 2, 3))
+def pad(node: Node, x: Tensor, pads: np.ndarray, value: np.ndarray | None = None, axes: np.ndarray | None = None):
+    mode = PAD_MODES[node.only("mode", tuple(PAD_MODES), "constant")]
+    pads = ints_of(pads)
+    axes = [_axis(a, x.ndim, node) for a in ints_of(axes)] if axes is not None else list(range(x.ndim))
+    if len(pads) != 2 * len(axes):
+        raise node.fail(f"pads has {len(pads)} entries for {len(axes)} axes")
+    pairs = [(0, 0)] * x.ndim
+    for i, a in enumerate(axes):
+        pairs[a] = (pads[i], pads[i + len(axes)])
+    fill = np.asarray(value).reshape(-1)[0].item() if value is not None and np.asarray(value).size else 0
+    if mode == "constant":
+        return x.pad(tuple(pairs), value=fill)
+    return x.pad(tuple(pairs), mode=mode)
+
+
+@op("Trilu", static=(1,))
+def trilu(node: Node, x: Tensor, k: np.ndarray | None = None) -> Tensor:
+    diag = int(np.asarray(k).reshape(-1)[0]) if k is not None else 0
+    return x.triu(diag) if node.attr("upper", 1) else x.tril(diag)
+
+
+@op("DepthToSpace")
+def depth_to_space(node: Node, x: Tensor) -> Tensor:
+    b = node.attr("blocksize")
+    mode = node.only("mode", ("DCR", "CRD"), "DCR")
+    n, c, h, w = x.shape
+    if mode == "DCR":
+        y = x.reshape(n, b, b, c // (b * b), h, w).permute(0, 3, 4, 1, 5, 2)
+    else:
+        y = x.reshape(n, c // (b * b), b, b, h, w).permute(0, 1, 4, 2, 5, 3)
+    return y.reshape(n, c // (b * b), h * b, w * b)
+
+
+@op("SpaceToDepth")
+def space_to_depth(node: Node, x: Tensor) -> Tensor:
+    b = node.attr("blocksize")
+    mode = node.only("mode", ("DCR", "CRD"), "DCR")
+    n, c, h, w = x.shape
+    y = x.reshape(n, c, h // b, b, w // b, b)
+    y = y.permute(0, 3, 5, 1, 2, 4) if mode == "DCR" else y.permute(0, 1, 3, 5, 2, 4)
+    return y.reshape(n, c * b * b, h // b, w // b)
+
+
+@op("OneHot", static=(1,))
+def one_hot(node: Node, idx: Tensor, depth: np.ndarray, values: Tensor) -> Tensor:
+    d = int(np.asarray(depth).reshape(-1)[0])
+    axis = node.attr("axis", -1)
+    rank = idx.ndim + 1
+    axis = _axis(axis, rank, node)
+    idx = idx.cast(dtypes.int64)
+    idx = (idx < 0).where(idx + d, idx)
+    shape_ = [1] * rank
+    shape_[axis] = d
+    classes = Tensor.arange(d, dtype=dtypes.int64).reshape(*shape_)
+    hot = idx.unsqueeze(axis) == classes
+    return hot.where(values[1], values[0])
+
+
+@op("ScatterElements", "Scatter")
+def scatter_elements(node: Node, x: Tensor, idx: Tensor, upd: Tensor) -> Tensor:
+    axis = _axis(node.attr("axis", 0), x.ndim, node)
+    reduction = node.only("reduction", ("none", "add", "mul", "max", "min"), "none")
+    n = x.shape[axis]
+    idx = (idx < 0).where(idx + n, idx).cast(dtypes.int32)
+    if reduction == "none":
+        return x.scatter(axis, idx, upd)
+    return x.scatter_reduce(axis, idx, upd, {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}[reduction])
+
+
+@op("ScatterND")
+def scatter_nd(node: Node, x: Tensor, idx: Tensor, upd: Tensor) -> Tensor:
+    reduction = node.only("reduction", ("none", "add", "mul", "max", "min"), "none")
+    k = idx.shape[-1]
+    rest = tuple(x.shape[k:])
+    inner = int(np.prod(rest)) if rest else 1
+    strides = [int(np.prod(x.shape[i + 1:k])) for i in range(k)]
+    lin = (idx.cast(dtypes.int64) * Tensor(np.array(strides, dtype=np.int64))).sum(-1).reshape(-1)
+    flat = x.reshape(-1, inner)
+    u = upd.reshape(-1, inner)
+    index = lin.reshape(-1, 1).expand(lin.shape[0], inner).cast(dtypes.int32)
+    if reduction == "none":
+        out = flat.scatter(0, index, u)
+    else:
+        out = flat.scatter_reduce(0, index, u, {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}[reduction])
+    return out.reshape(x.shape)
+
+
+@op("Compress", static=(1,))
+def compress(node: Node, x: Tensor, cond: np.ndarray) -> Tensor:
+    axis = node.attr("axis", None)
+    keep = np.nonzero(np.asarray(cond).reshape(-1))[0]
+    if axis is None:
+        x, axis = x.reshape(-1), 0
+    axis = _axis(axis, x.ndim, node)
+    return x.index_select(axis, Tensor(keep.astype(np.int32)))
+
