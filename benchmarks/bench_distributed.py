@@ -122,7 +122,7 @@ def main() -> None:
               f"{res['mpi_calls_per_step']} MPI call(s)/step, {1e3 * res['mpi_seconds_per_step']:.2f} ms/step in MPI")
     print(f"  scaling efficiency on 2 ranks: {two['samples_per_s'] / (2 * one['samples_per_s']):.0%}")
     print(f"gradient averaging, {two['bytes_reduced'] / 2**20:.2f} MiB on 2 ranks (GB/s reduced):")
-    print(f"  polygrad Averager (bucketed, 1 call): {two['polygrad_average_GBps']:.2f}")
+    print(f"  polygrad Averager (POLY_DIST_BUCKET_MB buckets): {two['polygrad_average_GBps']:.2f}")
     print(f"  raw mpi4py Allreduce, one call per buffer: {two['mpi4py_per_buffer_GBps']:.2f}")
     print(f"  raw mpi4py Allreduce, one flat buffer: {two['mpi4py_flat_GBps']:.2f}")
 

@@ -17,7 +17,7 @@ values for core (`get`) and for backends (`backend_api.setting`).
 | POLY_DEBUG_ALLOC    | poison new/freed memory, guard zones checked after launches    | 0       |
 | POLY_ALLOC_CACHE_MB | freed memory kept for reuse, per process                       | 1024    |
 | POLY_DIST_TIMEOUT   | seconds a distributed collective waits for the other ranks (0: forever) | 300 |
-| POLY_DIST_BUCKET_MB | gradient bucket size of distributed training, MiB              | 4       |
+| POLY_DIST_BUCKET_MB | gradient bucket size of distributed training, MiB              | 1       |
 
 Backends declare their own settings (the CPU backend's POLY_CC, the X86 backend's POLY_X86_ISA, ...)
 with `backend_api.register_setting` when their package is imported: core knows nothing of them, yet
@@ -120,7 +120,7 @@ _CORE = (
     Setting("POLY_ALLOC_CACHE_MB", int, 1024, "megabytes of freed memory kept for reuse", minimum=0),
     Setting("POLY_DIST_TIMEOUT", int, 300, "seconds a distributed collective waits for the other ranks, 0: forever",
             minimum=0),
-    Setting("POLY_DIST_BUCKET_MB", int, 4, "MiB per gradient bucket of distributed training", minimum=1),
+    Setting("POLY_DIST_BUCKET_MB", int, 1, "MiB per gradient bucket of distributed training", minimum=1),
 )
 _registry: dict[str, Setting] = {s.name: s for s in _CORE}
 _values: dict[str, Any] = {}  # process-wide values of the settings read once (and of set_value's)
