@@ -388,3 +388,29 @@ def test_half_reductions_accumulate_in_float32_in_node(tmp_path):
         for k, ref in want.items():
             close(dec(res[backend]["outputs"][k]), ref, rtol=2e-3)
             close(py[k], ref, rtol=2e-3)
+
+
+class TanhMLP:
+    def __init__(self):
+        self.l1, self.l2 = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def __call__(self, x):
+        return {"y": self.l2(self.l1(x).tanh())}
+
+
+def test_few_rows_float_max_compiles_in_node(tmp_path):
+    """A batch of few rows runs wasm's branch-free variant of a kernel, whose float32 MAX (in tanh's
+    decomposition) was emitted with f64 comparisons: the module failed to compile on one thread (threads took
+    another path). Now one and two threads give Python's values."""
+    b = Variable("batch", 1, 4)
+    m = Model(TanhMLP(), inputs={"x": Tensor.empty(b.bind(3), 8)})
+    m.save(str(tmp_path / "tanh.pgb"))
+    X = np.random.default_rng(3).standard_normal((3, 8)).astype(np.float32)
+    want = m.forward(x=X)["y"].numpy()
+    m.dispose()
+    cases = [{"name": f"t{t}", "bundle": str(tmp_path / "tanh.pgb"), "backend": "wasm", "threads": t,
+              "forward": {"x": enc(X)}} for t in (1, 2)]
+    res = run_node(cases, tmp_path)
+    for t in (1, 2):
+        assert "error" not in res[f"t{t}"], res[f"t{t}"].get("error")
+        close(dec(res[f"t{t}"]["outputs"]["y"]), want)

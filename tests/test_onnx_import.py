@@ -139,22 +139,14 @@ def node_results(exported, tmp_path_factory):
         model.save(str(path))
         model.dispose()
         for backend in ("wasm", "js"):
-            cases.append({"name": f"{name}-{backend}", "bundle": str(path), "backend": backend,
+            cases.append({"name": f"{name}-{backend}", "bundle": str(path), "backend": backend, "threads": 1,
                           "forward": {"x": enc(x)}})
     return run_node(cases, tmp)
 
 
-# polygrad-js's WebAssembly emitter rejects a kernel of Linear -> tanh -> Linear over a Variable batch
-# (f64.ne given an f32 local); a polygrad Model of the same layers fails the same way, so it is not the
-# import's: tracked here until polygrad-js is fixed
-WASM_BUG = pytest.mark.xfail(strict=True, reason="polygrad-js wasm: tanh kernel over a Variable batch fails to compile")
-
-
 @pytest.mark.parametrize("backend", ["wasm", "js"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_bundles_run_in_node_with_onnxruntime_outputs(exported, node_results, name, backend, request):
-    if (name, backend) == ("mlp", "wasm"):
-        request.applymarker(WASM_BUG)
+def test_bundles_run_in_node_with_onnxruntime_outputs(exported, node_results, name, backend):
     res = node_results[f"{name}-{backend}"]
     assert "error" not in res, res.get("error")
     close(dec(res["outputs"]["y"]), exported[name][2], rtol=1e-4)

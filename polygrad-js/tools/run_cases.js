@@ -4,7 +4,7 @@
  * Run a plan of cases against the package and write the results: the Node half of the cross-language
  * tests (tests/test_js.py). Usage: node tools/run_cases.js plan.json results.json
  *
- * plan.json: {"cases": [{"name", "bundle" (path), "backend"?, "repeat"?: n, "before"?: {input: Array}, "forward"?:
+ * plan.json: {"cases": [{"name", "bundle" (path), "backend"?, "threads"?, "repeat"?: n, "before"?: {input: Array}, "forward"?:
  *   {input: Array}, "fit"?: {
  *   "data": {name: Array}, "options": {...}}, "calls"?: [{"entry", "inputs": {name: Array}, "args"?: {Variable:
  *   int}}], "greedy"?: {"prompt": Array, "steps": n}, "save"?: path}]}; arrays are {dtype, shape, data
@@ -63,7 +63,7 @@ function main () {
     let m
     try {
       const t0 = performance.now()
-      m = Model.load(c.bundle, Object.assign({ verify: true }, c.backend ? { backend: c.backend } : {}))
+      m = Model.load(c.bundle, Object.assign({ verify: true }, c.backend ? { backend: c.backend } : {}, c.threads ? { threads: c.threads } : {}))
       r.load_ms = performance.now() - t0
       const inputs = (src) => Object.fromEntries(Object.entries(src).map(([k, v]) => [k, decode(v)]))
       const encodeAll = (o) => Object.fromEntries(Object.entries(o).map(([k, v]) => [k, encode(v)]))

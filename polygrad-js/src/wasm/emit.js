@@ -395,7 +395,7 @@ class KernelEmitter {
             this.selectF32(() => P(0), () => P(1), () => { P(0); P(0); c.op(0x5c); P(0); P(1); c.op(0x5e); c.op(0x72) })
             return
           }
-          P(0); P(1); P(0); P(0); c.op(0x62); P(0); P(1); c.op(0x64); c.op(0x72).op(0x1b)
+          P(0); P(1); P(0); P(0); c.op(w ? 0x62 : 0x5c); P(0); P(1); c.op(w ? 0x64 : 0x5e); c.op(0x72).op(0x1b) // ne, gt
           return
         case 'MOD': case 'POW': {
           const f = op === 'MOD' ? this.imp.fmod : this.imp.pow
