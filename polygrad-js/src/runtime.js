@@ -522,6 +522,7 @@ function runner (site) {
   return { fn: site.fn, phases: site.phases, vars: site.prog.vars }
 }
 
+/** The run-time bounds checks a linearized program holds (verify: accesses it could not prove). */
 function countChecks (prog) {
   let n = 0
   const walk = (insts) => {
@@ -536,4 +537,4 @@ function countChecks (prog) {
   return n
 }
 
-module.exports = { Executor, planMemory, ensureMemory }
+module.exports = { Executor, planMemory, ensureMemory, countChecks }

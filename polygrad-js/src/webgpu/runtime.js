@@ -24,7 +24,7 @@ const { BundleError, KernelError, ModelError } = require('../errors')
 const { lowerKernel, prepareKernel } = require('../compile')
 const { sizeValue } = require('../lower')
 const { validateKernel } = require('../manifest')
-const { planMemory } = require('../runtime')
+const { planMemory, countChecks } = require('../runtime')
 const { PART, PARTS } = require('../linearize')
 const { emitWGSL, WORKGROUP } = require('./emit')
 
@@ -367,20 +367,6 @@ class GPUExecutor {
     if (this.gpu) this.gpu.destroy()
     this.gpu = null
   }
-}
-
-function countChecks (prog) {
-  let n = 0
-  const walk = (insts) => {
-    for (const x of insts) {
-      if ((x.k === 'load' || x.k === 'store') && x.check) n++
-      if (x.k === 'loop') { walk(x.pre); walk(x.body) }
-      if (x.k === 'if') walk(x.body)
-    }
-  }
-  walk(prog.head)
-  walk(prog.body)
-  return n
 }
 
 module.exports = { GPUExecutor }
