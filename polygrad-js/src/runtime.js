@@ -98,28 +98,23 @@ function ensureMemory (memory, bytes, Error = ModelError, shared = false) {
   return memory
 }
 
-class Executor {
-  constructor (prog, { backend = 'auto', memory = null, verify = false, threads = 1, canBlock = true } = {}) {
+/**
+ * What both executors share (this module's wasm/js one and webgpu/runtime.js's): the Program laid out in one
+ * byte space (planMemory), the per-kernel caches, typed views of the memory, call-site keys, and placing slots
+ * added after load. A subclass sets `memory` ({buffer}) and gives `grow()` (room for bytesUsed) and
+ * `hostWrote(slots)` (the host put values in these slots).
+ */
+class BaseExecutor {
+  constructor (prog, verify) {
     this.verify = verify
     this.prog = prog
-    this.backend = backend === 'auto' ? (simdSupported() ? 'wasm' : 'js') : backend
-    this.width = this.backend === 'wasm' ? 4 : 1
-    this.threads = this.backend === 'wasm' ? threads : 1
-    this.canBlock = canBlock // whether this thread may wait on the workers (not a browser's main thread)
     this.lowered = new Map() // kernel UOp -> program
     this.prepared = new Map() // kernel UOp -> prepareKernel's result
     this.bytesUsed = planMemory(prog)
     this.scratchBase = this.bytesUsed
     this.scratchSize = 0
-    this.memory = ensureMemory(memory, this.bytesUsed, BundleError, this.threads > 1)
-    this.pool = this.threads > 1 ? new Pool(this.threads, this.memory) : null
-    this.minWork = THREAD_MIN_WORK // a call with less work runs on this thread alone (tests lower it)
     this.entries = {}
     this.stats = { kernels: 0, checks: 0, sites: 0, repacks: 0 }
-    // packed copies of parameters (pack.js), by source slot and layout, and how many times each slot was
-    // written by a call (a copy made at another count is stale)
-    this.packed = new Map()
-    this.writes = new Map()
   }
 
   prepare1 (ast) {
@@ -129,6 +124,51 @@ class Executor {
       this.prepared.set(ast, p)
     }
     return p
+  }
+
+  siteKey (c) {
+    return this.prog.kernels[c.kernel].id + ':' + c.args.map((s) => s.base).join(',')
+  }
+
+  view (dtype) {
+    if (!this.views || this.views.buffer !== this.memory.buffer) this.views = { buffer: this.memory.buffer }
+    let v = this.views[dtype.name]
+    if (!v) v = this.views[dtype.name] = new dtype.store(this.memory.buffer)
+    return v
+  }
+
+  bytes () {
+    return new Uint8Array(this.memory.buffer)
+  }
+
+  /** Place slots added since load (a new optimizer's state), grow the memory once, write their values. */
+  extend () {
+    this.bytesUsed = planMemory(this.prog, this.bytesUsed)
+    this.grow()
+    for (const s of this.prog.slots) {
+      if (s.init) {
+        this.view(s.dtype).set(s.init, s.base / s.dtype.size)
+        s.init = null
+        this.hostWrote([s])
+      }
+    }
+  }
+}
+
+class Executor extends BaseExecutor {
+  constructor (prog, { backend = 'auto', memory = null, verify = false, threads = 1, canBlock = true } = {}) {
+    super(prog, verify)
+    this.backend = backend === 'auto' ? (simdSupported() ? 'wasm' : 'js') : backend
+    this.width = this.backend === 'wasm' ? 4 : 1
+    this.threads = this.backend === 'wasm' ? threads : 1
+    this.canBlock = canBlock // whether this thread may wait on the workers (not a browser's main thread)
+    this.memory = ensureMemory(memory, this.bytesUsed, BundleError, this.threads > 1)
+    this.pool = this.threads > 1 ? new Pool(this.threads, this.memory) : null
+    this.minWork = THREAD_MIN_WORK // a call with less work runs on this thread alone (tests lower it)
+    // packed copies of parameters (pack.js), by source slot and layout, and how many times each slot was
+    // written by a call (a copy made at another count is stale)
+    this.packed = new Map()
+    this.writes = new Map()
   }
 
   /** Bytes of scratch the kernels of `names` need at once (fission prologues; shared by all kernels). */
@@ -233,21 +273,14 @@ class Executor {
     return [...stored].map((i) => c.args[i]).filter((s) => s && s.role === 'parameter')
   }
 
-  siteKey (c) {
-    return this.prog.kernels[c.kernel].id + ':' + c.args.map((s) => s.base).join(',')
+  /** Room for bytesUsed in the memory (grown in place: the threads' shared memory stays the same object). */
+  grow () {
+    this.memory = ensureMemory(this.memory, this.bytesUsed)
   }
 
-  /** Place slots added since load (a new optimizer's state), grow the memory once, write their values. */
-  extend () {
-    this.bytesUsed = planMemory(this.prog, this.bytesUsed)
-    this.memory = ensureMemory(this.memory, this.bytesUsed)
-    for (const s of this.prog.slots) {
-      if (s.init) {
-        this.view(s.dtype).set(s.init, s.base / s.dtype.size)
-        s.init = null
-        this.wrote([s])
-      }
-    }
+  /** Values the host put in slots: their packed copies are stale. */
+  hostWrote (slots) {
+    this.wrote(slots)
   }
 
   /** The call sites of `names` not compiled yet, as {key, call} (one per distinct kernel and buffers). */
@@ -409,17 +442,6 @@ class Executor {
     for (const s of slots) this.writes.set(s, (this.writes.get(s) || 0) + 1)
   }
 
-  view (dtype) {
-    if (!this.views || this.views.buffer !== this.memory.buffer) this.views = { buffer: this.memory.buffer }
-    let v = this.views[dtype.name]
-    if (!v) v = this.views[dtype.name] = new dtype.store(this.memory.buffer)
-    return v
-  }
-
-  bytes () {
-    return new Uint8Array(this.memory.buffer)
-  }
-
   /** Slots written on the host: nothing to do, the memory is this one (the webgpu backend uploads them). */
   touched () {}
 
@@ -537,4 +559,4 @@ function countChecks (prog) {
   return n
 }
 
-module.exports = { Executor, planMemory, ensureMemory, countChecks }
+module.exports = { BaseExecutor, Executor, planMemory, ensureMemory, countChecks }

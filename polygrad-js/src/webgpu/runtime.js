@@ -21,10 +21,10 @@
  */
 
 const { BundleError, KernelError, ModelError } = require('../errors')
-const { lowerKernel, prepareKernel } = require('../compile')
+const { lowerKernel } = require('../compile')
 const { sizeValue } = require('../lower')
 const { validateKernel } = require('../manifest')
-const { planMemory, countChecks } = require('../runtime')
+const { BaseExecutor, countChecks } = require('../runtime')
 const { PART, PARTS } = require('../linearize')
 const { emitWGSL, WORKGROUP } = require('./emit')
 
@@ -52,29 +52,21 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
 }
 `
 
-class GPUExecutor {
+class GPUExecutor extends BaseExecutor {
   constructor (prog, device, { verify = false } = {}) {
+    super(prog, verify)
     this.backend = 'webgpu'
     this.threads = 1
     this.pool = null
-    this.prog = prog
     this.device = device
-    this.verify = verify
-    this.lowered = new Map()
-    this.prepared = new Map()
-    this.bytesUsed = planMemory(prog)
-    this.scratchBase = this.bytesUsed
-    this.scratchSize = 0
     this.memory = { buffer: new ArrayBuffer(up(this.bytesUsed)) }
     this.checkSize(BundleError)
     this.gpu = null // the GPU buffer of the memory (made, and remade larger, by flush)
     this.generation = 0 // bumped when `gpu` is replaced: bind groups are remade
     this.dirty = [[0, this.bytesUsed]]
-    this.entries = {}
     this.sites = new Map()
     this.plans = new Map() // entry -> {generation, steps with bind groups, params buffer}
     this.copyPipeline = null
-    this.stats = { kernels: 0, checks: 0, sites: 0, repacks: 0 }
   }
 
   checkSize (Err = ModelError) {
@@ -82,17 +74,6 @@ class GPUExecutor {
     if (up(this.bytesUsed) > most) {
       throw new Err(`this model needs ${this.bytesUsed} bytes of GPU memory in one storage buffer; this WebGPU adapter binds at most ${most}. Load it with { backend: 'wasm' }`)
     }
-  }
-
-  view (dtype) {
-    if (!this.views || this.views.buffer !== this.memory.buffer) this.views = { buffer: this.memory.buffer }
-    let v = this.views[dtype.name]
-    if (!v) v = this.views[dtype.name] = new dtype.store(this.memory.buffer)
-    return v
-  }
-
-  bytes () {
-    return new Uint8Array(this.memory.buffer)
   }
 
   /** Mark slots written on the host (uploaded before the next call). */
@@ -110,26 +91,9 @@ class GPUExecutor {
     this.memory = { buffer: next }
   }
 
-  /** Place slots added since load (a new optimizer's state) and write their values. */
-  extend () {
-    this.bytesUsed = planMemory(this.prog, this.bytesUsed)
-    this.grow()
-    for (const s of this.prog.slots) {
-      if (s.init) {
-        this.view(s.dtype).set(s.init, s.base / s.dtype.size)
-        s.init = null
-        this.touched([s])
-      }
-    }
-  }
-
-  prepare1 (ast) {
-    let p = this.prepared.get(ast)
-    if (!p) {
-      p = prepareKernel(this.prog.graph, ast)
-      this.prepared.set(ast, p)
-    }
-    return p
+  /** Values the host put in slots: uploaded before the next call. */
+  hostWrote (slots) {
+    this.touched(slots)
   }
 
   lower (k) {
@@ -145,10 +109,6 @@ class GPUExecutor {
       this.lowered.set(ast, p)
     }
     return p
-  }
-
-  siteKey (c) {
-    return this.prog.kernels[c.kernel].id + ':' + c.args.map((s) => s.base).join(',')
   }
 
   /** Compile the call sites of `names` not compiled yet: WGSL, then a compute pipeline per phase. */
