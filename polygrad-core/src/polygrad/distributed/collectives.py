@@ -57,19 +57,29 @@ def _mpi_op(w: World, op: str, is_bool: bool) -> Any:
     return {"sum": w.mpi.SUM, "max": w.mpi.MAX, "min": w.mpi.MIN}[op]
 
 
-def _reduce(t: Tensor, shape: tuple[int, ...], op: str) -> Tensor:
-    """The elementwise `op` ("sum", "max", "min") of every rank's t, in t's dtype (not a half type)."""
+def _exchange(t: Tensor, ranks: int, start: Any, what: str) -> Buffer:
+    """A new Buffer of `ranks` times t's elements that `start(comm, send, recv)` (a nonblocking MPI call from
+    this rank's t into it) fills; in a world of one, a copy of t."""
     w = world()
     src = _source(t)
-    out = Buffer(t.device, src.size, src.dtype)
+    out = Buffer(t.device, src.size * ranks, src.dtype)
     send, recv = readable(src), writable(out)
     if w.comm is None:
         recv[:] = send
     else:
         w.stats.calls += 1
         w.stats.bytes += send.nbytes
-        w.wait(w.comm.Iallreduce(send, recv, op=_mpi_op(w, op, t.dtype is dtypes.bool)), f"all_reduce({op})")
+        w.wait(start(w.comm, send, recv), what)
     write_back(out, recv)
+    return out
+
+
+def _reduce(t: Tensor, shape: tuple[int, ...], op: str) -> Tensor:
+    """The elementwise `op` ("sum", "max", "min") of every rank's t, in t's dtype (not a half type)."""
+    w = world()
+    mpi_op = _mpi_op(w, op, t.dtype is dtypes.bool) if w.comm is not None else None
+    out = _exchange(t, 1, lambda comm, send, recv: comm.Iallreduce(send, recv, op=mpi_op),
+                    f"all_reduce({op})")
     return _result(t, out, shape)
 
 
@@ -124,17 +134,9 @@ def all_gather(t: Tensor) -> Tensor:
     w = world()
     shape = _shape(t, "all_gather")
     w.check_same("all_gather", _describe(t, shape))
-    src = _source(t)
     out_shape = (w.size * shape[0], *shape[1:]) if shape else (w.size,)
-    out = Buffer(t.device, src.size * w.size, src.dtype)
-    send, recv = readable(src), writable(out)
-    if w.comm is None:
-        recv[:] = send
-    else:
-        w.stats.calls += 1
-        w.stats.bytes += send.nbytes
-        w.wait(w.comm.Iallgather(send.view(np.uint8), recv.view(np.uint8)), "all_gather")
-    write_back(out, recv)
+    out = _exchange(t, w.size,
+                    lambda comm, send, recv: comm.Iallgather(send.view(np.uint8), recv.view(np.uint8)), "all_gather")
     return _result(t, out, out_shape)
 
 
