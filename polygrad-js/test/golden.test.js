@@ -11,7 +11,7 @@ const { JSKernel } = require('../src/jsexec')
 const { buildModule, importObject } = require('../src/wasm/module')
 const { DTYPES, f16BitsToF32, bf16BitsToF32 } = require('../src/dtypes')
 const { checkKernel } = require('../src/validate')
-const { REPO } = require('./helpers')
+const { REPO, goldenLayout } = require('./helpers')
 
 const DIR = path.join(REPO, 'tests', 'golden')
 const files = fs.existsSync(DIR) ? fs.readdirSync(DIR).filter((f) => f.endsWith('.json')).sort() : []
@@ -50,20 +50,9 @@ function run (obj, backend, parts = 0) {
   const [k] = ir.decode(obj.kernel, g)
   checkKernel(k, obj.name)
   const prog = lowerKernel(g, k, { width: backend === 'wasm' ? 4 : 1, threaded: parts > 0 })
-  const layout = new Map()
-  let pos = 64
-  for (const item of obj.buffers) {
-    const d = DTYPES[item.dtype]
-    const n = item.shape.reduce((a, b) => a * b, 1)
-    layout.set(item.slot, { base: pos, size: n, d })
-    pos += Math.ceil((n * d.size) / 64) * 64 + 64
-  }
-  const memory = new WebAssembly.Memory({ initial: Math.ceil(pos / 65536) + 1 })
-  for (const item of obj.buffers) {
-    const L = layout.get(item.slot)
-    if (item.role === 'input') new L.d.store(memory.buffer, L.base, L.size).set(array(item))
-    else new Uint8Array(memory.buffer, L.base, L.size * L.d.size).fill(0xa5) // the kernel must write every element
-  }
+  const { layout, bytes } = goldenLayout(obj)
+  const memory = new WebAssembly.Memory({ initial: Math.ceil(bytes.length / 65536) + 1 })
+  new Uint8Array(memory.buffer).set(bytes)
   if (parts) {
     const bytes = buildModule(prog.phases.map((phase) => ({ prog: phase, layout })), memory.buffer.byteLength / 65536)
     const fns = new WebAssembly.Instance(new WebAssembly.Module(bytes), importObject(memory)).exports

@@ -4,6 +4,7 @@ const fs = require('fs')
 const path = require('path')
 const bundle = require('../src/bundle')
 const { crc32 } = require('../src/crc32')
+const { DTYPES } = require('../src/dtypes')
 
 const FIXTURES = path.join(__dirname, 'fixtures')
 const REPO = path.join(__dirname, '..', '..')
@@ -47,4 +48,24 @@ function pack (text, data, version = 1) {
   return out
 }
 
-module.exports = { FIXTURES, REPO, fixture, reference, maxRel, split, pack }
+/** A golden kernel's buffers (tests/golden/*.json) laid out in one byte space: {layout: slot -> {base, size, d},
+ * bytes} with the inputs' values and 0xa5 in every output byte (the kernel must write every element). */
+function goldenLayout (obj) {
+  const layout = new Map()
+  let pos = 64
+  for (const item of obj.buffers) {
+    const d = DTYPES[item.dtype]
+    const n = item.shape.reduce((a, b) => a * b, 1)
+    layout.set(item.slot, { base: pos, size: n, d })
+    pos += Math.ceil((n * d.size) / 64) * 64 + 64
+  }
+  const bytes = new Uint8Array(pos)
+  for (const item of obj.buffers) {
+    const L = layout.get(item.slot)
+    if (item.role === 'input') bytes.set(Buffer.from(item.data, 'base64'), L.base)
+    else bytes.fill(0xa5, L.base, L.base + L.size * L.d.size) // the kernel must write every element
+  }
+  return { layout, bytes }
+}
+
+module.exports = { FIXTURES, REPO, fixture, reference, maxRel, split, pack, goldenLayout }

@@ -13,8 +13,8 @@ const { buildModule, importObject } = require('../src/wasm/module')
 const { emitWGSL, WORKGROUP } = require('../src/webgpu/emit')
 const { sizeValue } = require('../src/lower')
 const { PART, PARTS } = require('../src/linearize')
-const { DTYPES, f16BitsToF32, bf16BitsToF32 } = require('../src/dtypes')
-const { fixture, reference, maxRel, REPO } = require('./helpers')
+const { f16BitsToF32, bf16BitsToF32 } = require('../src/dtypes')
+const { fixture, reference, maxRel, REPO, goldenLayout } = require('./helpers')
 
 const { Model, ModelError } = api
 const gpu = api._internals.webgpu
@@ -53,23 +53,6 @@ function rel (a, b) {
 const GOLDEN = path.join(REPO, 'tests', 'golden')
 const goldens = fs.existsSync(GOLDEN) ? fs.readdirSync(GOLDEN).filter((f) => f.endsWith('.json')).sort() : []
 
-function goldenLayout (obj) {
-  const layout = new Map()
-  let pos = 64
-  for (const item of obj.buffers) {
-    const d = DTYPES[item.dtype]
-    const n = item.shape.reduce((a, b) => a * b, 1)
-    layout.set(item.slot, { base: pos, size: n, d })
-    pos += Math.ceil((n * d.size) / 64) * 64 + 64
-  }
-  const bytes = new Uint8Array(pos)
-  for (const item of obj.buffers) {
-    const L = layout.get(item.slot)
-    if (item.role === 'input') bytes.set(Buffer.from(item.data, 'base64'), L.base)
-    else bytes.fill(0xa5, L.base, L.base + L.size * L.d.size) // the kernel must write every element
-  }
-  return { layout, bytes }
-}
 
 const floats = (a, name) => (name === 'float16' ? Float64Array.from(a, f16BitsToF32) : name === 'bfloat16' ? Float64Array.from(a, bf16BitsToF32) : a)
 
