@@ -70,7 +70,7 @@ def trained(trained_in) -> list[dict]:
 
 # ---------------------------------------------------------------- training on 2 ranks = one process, global batch
 @needs_mpi
-@pytest.mark.parametrize("path", ["eager_sgd", "eager_adam", "fit_sgd", "fit_adam"])
+@pytest.mark.parametrize("path", ["eager_sgd", "eager_adam", "eager_wide", "fit_sgd", "fit_adam"])
 def test_two_ranks_train_like_one_process_on_the_global_batch(trained, path):
     r0, r1 = trained
     names = [k[len("ref_" + path) + 1:] for k in r0 if k.startswith(f"ref_{path}_") and not k.endswith("losses")]
@@ -90,6 +90,21 @@ def test_each_rank_runs_one_thread_and_one_bucket_per_step(trained):
         assert int(r["world_size"]) == RANKS
         assert int(r["threads"]) == 1
         assert int(r["eager_sgd_calls_per_step"]) == 1  # the MLP's gradients fit one bucket
+
+
+@needs_mpi
+def test_a_big_gradient_is_left_as_the_sum_and_its_mean_folded_into_the_step(trained):
+    """Averager.average(defer=True): a buffer reduced in its own memory keeps the sum (no pass over it) and
+    reports 1/N for the optimizer's kernel; packed buffers hold the mean. eager_wide above checks the fold."""
+    r0, r1 = trained
+    assert r0["defer_factors"].tolist() == [1.0 / RANKS, 1.0, 1.0]
+    for i in range(3):
+        operands = [np.random.default_rng(50 * r + i).standard_normal(r0[f"defer_{i}"].size).astype(np.float32)
+                    for r in range(RANKS)]
+        total = np.sum(operands, axis=0, dtype=np.float64)
+        want = total if i == 0 else total / RANKS
+        for r in (r0, r1):
+            np.testing.assert_allclose(r[f"defer_{i}"], want, rtol=1e-6, atol=1e-6)
 
 
 @needs_mpi
@@ -159,6 +174,20 @@ def test_a_plain_process_is_a_world_of_one():
     with pytest.raises(DistributedError, match="root must be a rank"):
         dist.broadcast(x, root=1)
 
+
+def test_a_realized_operand_goes_to_mpi_in_its_own_memory():
+    """all_reduce reads a realized contiguous operand's buffer directly: no copy kernel (one per call before);
+    a view (transpose, slice) is still made contiguous first, and the operand keeps its value."""
+    from polygrad import GlobalCounters
+    x = Tensor(np.arange(6, dtype=np.float32).reshape(2, 3)).realize()
+    dist.all_reduce(x)
+    before = GlobalCounters.kernel_count
+    y = dist.all_reduce(x)
+    assert GlobalCounters.kernel_count == before
+    assert y.tolist() == x.tolist() and y._buffer() is not x._buffer()
+    assert dist.all_reduce(x.T).tolist() == x.numpy().T.tolist()
+    assert dist.all_reduce(x[:, 1]).tolist() == [1.0, 4.0]
+    assert x.tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
 
 def test_a_launched_rank_without_mpi4py_says_how_to_install(monkeypatch):
     monkeypatch.setattr(comm, "_world", None)

@@ -89,22 +89,27 @@ class Averager:
         self.bucket_bytes = bucket_bytes or get_setting("POLY_DIST_BUCKET_MB") << 20
         self.plans: dict[tuple, list[Bucket]] = {}
 
-    def average(self, sources: list[Buffer], targets: list[Buffer] | None = None, what: str = "gradient averaging") \
-            -> None:
-        """Write the mean over the ranks of each source into its target (default: into the source itself)."""
+    def average(self, sources: list[Buffer], targets: list[Buffer] | None = None, what: str = "gradient averaging",
+                defer: bool = False) -> list[float]:
+        """Write the mean over the ranks of each source into its target (default: into the source itself).
+
+        Returns each target's pending factor: 1.0 (it holds the mean), or with `defer` 1/N for a buffer reduced
+        in its own memory, which then holds the sum: the caller folds the factor into the kernel that reads
+        it (DistributedOptimizer: the optimizer step), saving a pass over the biggest buffers. Packed and
+        widened buffers are scaled while they are unpacked, where it costs nothing."""
         w = self.world
         targets = sources if targets is None else targets
-        layout = [(b.dtype, b.size) for b in sources]
-        key = tuple((dt.name, n) for dt, n in layout)
+        key = tuple((b.dtype, b.size) for b in sources)
         plan = self.plans.get(key)
         if plan is None:
-            text = ",".join(f"{name}[{n}]" for name, n in key)
+            text = ",".join(f"{dt.name}[{n}]" for dt, n in key)
             w.check_same(what, f"{len(key)} buffers of {sum(n for _, n in key)} elements, layout crc "
                                f"{zlib.crc32(text.encode()):08x}")
-            plan = self.plans[key] = plan_buckets(layout, self.bucket_bytes)
+            plan = self.plans[key] = plan_buckets(list(key), self.bucket_bytes)
         ins = [readable(b) for b in sources]
         outs = [writable(t) if t is not s else ins[i] for i, (s, t) in enumerate(zip(sources, targets))]
         scale = 1.0 / w.size
+        factors = [1.0] * len(sources)
         requests = []
         for b in plan:
             if b.packed is None:
@@ -112,7 +117,7 @@ class Averager:
                 requests.append(self._start(ins[i], outs[i]))
                 continue
             for i, off in zip(b.members, b.offsets):
-                b.packed[off:off + ins[i].size] = _to_carried(ins[i], layout[i][0])
+                b.packed[off:off + ins[i].size] = _to_carried(ins[i], key[i][0])
             requests.append(self._start(b.packed, b.packed))
         for r in requests:
             if r is not None:
@@ -120,14 +125,20 @@ class Averager:
         for b in plan:
             if b.packed is None:
                 i = b.members[0]
-                np.multiply(outs[i], scale, out=outs[i], casting="unsafe")
+                if w.size == 1:
+                    continue
+                if defer:
+                    factors[i] = scale
+                else:
+                    np.multiply(outs[i], scale, out=outs[i], casting="unsafe")
                 continue
             for i, off in zip(b.members, b.offsets):
-                _from_carried(b.packed[off:off + outs[i].size], scale, layout[i][0], outs[i])
+                _from_carried(b.packed[off:off + outs[i].size], scale, key[i][0], outs[i])
         for t, arr in zip(targets, outs):
             write_back(t, arr)
         w.stats.steps += 1
         w.stats.step_calls = [len(plan)] if w.comm is not None else [0]
+        return factors
 
     def _start(self, send: np.ndarray, recv: np.ndarray):
         """Start the sum of `send` over the ranks into `recv` (None in a world of one: a copy)."""

@@ -13,6 +13,7 @@ shape (world_size,)).
 """
 from __future__ import annotations
 
+from math import prod
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,9 @@ from polygrad.dtype import dtypes, least_upper_float
 from polygrad.errors import DistributedError
 from polygrad.tensor import Tensor, _buffer_uop
 from polygrad.tensor_common import _sum_dtype
+from polygrad.uop import movement as mv
 from polygrad.uop import sint
+from polygrad.uop.ops import Ops
 from polygrad.uop.serialize import DTYPE_NAMES
 
 OPS = ("sum", "mean", "max", "min")
@@ -39,7 +42,12 @@ def _shape(t: Any, what: str) -> tuple[int, ...]:
 
 
 def _source(t: Tensor) -> Buffer:
-    """The operand's values in a realized contiguous buffer (its own when it has one)."""
+    """The operand's values in a realized contiguous buffer: its own when it has one (no copy), else a
+    contiguous copy (the operand itself is left as it is)."""
+    t.realize()
+    u = mv.strip_reshapes(t.uop)
+    if u.op is Ops.BUFFER and u.arg.size == prod(sint.concrete_shape(t.shape)):
+        return u.arg
     return t.contiguous()._buffer()
 
 

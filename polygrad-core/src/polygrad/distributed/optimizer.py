@@ -4,7 +4,8 @@ Stage: distributed training. Input: an nn.optim optimizer (SGD, Adam, AdamW, LAM
 parameters got their gradients from this rank's share of the batch. Output: the same optimizer stepping
 every rank identically: its parameters, buffers and state are broadcast from rank 0 when it is wrapped,
 and each `step()` first replaces every gradient by its mean over the ranks (buckets.py: one MPI call per
-bucket), then runs the wrapped step.
+bucket; the 1/N of a big gradient is a lazy multiply that fuses into the step's kernel), then runs the
+wrapped step.
 
 With each rank's loss the mean over its equal share of the global batch, the averaged gradient is the
 gradient of the global batch's mean loss, so N ranks with batch B/N take the steps of one process with
@@ -83,9 +84,13 @@ class DistributedOptimizer:
         # fresh targets: a realized gradient may share its buffer with another tensor (the gradient of
         # a*b with respect to a is b itself), which must keep its value
         targets = [Buffer(b.device, b.size, b.dtype) for b in sources]
-        self.averager.average(sources, targets, "DistributedOptimizer.step (gradient averaging)")
-        for p, g, b in zip(live, grads, targets):
-            p.grad = Tensor(_buffer_uop(b, g.shape), _runtime=g._runtime)
+        # a gradient reduced in its own memory comes back as the sum: its 1/N is folded into the optimizer
+        # step's kernel, which reads it anyway, instead of a pass of its own over the memory
+        factors = self.averager.average(sources, targets, "DistributedOptimizer.step (gradient averaging)",
+                                        defer=True)
+        for p, g, b, f in zip(live, grads, targets, factors):
+            mean = Tensor(_buffer_uop(b, g.shape), _runtime=g._runtime)
+            p.grad = mean if f == 1.0 else mean * f
 
     def step(self, *realize_with: Tensor) -> None:
         """Average the gradients across the ranks, then take the wrapped optimizer's step."""
