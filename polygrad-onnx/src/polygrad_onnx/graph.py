@@ -26,7 +26,7 @@ from polygrad import Tensor
 from polygrad.engine.capture import active as capturing
 
 from polygrad_onnx import (  # noqa: F401  (they fill OPS)
-    control, ops_extra, ops_math, ops_nn, ops_quant, ops_shape)
+    control, ops_extra, ops_math, ops_nn, ops_quant, ops_rnn, ops_shape)
 from polygrad_onnx.errors import OnnxError, UnsupportedOpError
 from polygrad_onnx.node import OPS, Node, as_tensor
 from polygrad_onnx.reader import onnx_module, tensor_array
