@@ -7,8 +7,8 @@ Imported as `polygrad.onnx` or `polygrad_onnx`:
     polygrad.onnx.export(model, "copy.onnx")                # a Model built by polygrad.models
 
 Modules, in pipeline order: reader (parse and refuse), node (attributes, the op table), ops_math /
-ops_shape / ops_nn (operators over Tensors, NumPy versions for load-time folding), graph (running a graph),
-loader (load: the Model), export (Model -> ONNX).
+ops_shape / ops_nn / ops_rnn (operators over Tensors, NumPy versions for load-time folding), control (If,
+Loop, Scan, unrolled), graph (running a graph), loader (load: the Model), export (Model -> ONNX).
 """
 from polygrad_onnx.errors import OnnxError, UnsupportedOpError
 from polygrad_onnx.export import export

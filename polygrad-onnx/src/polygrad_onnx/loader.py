@@ -19,7 +19,7 @@ from polygrad import Model, Tensor, Variable, models, runtime_context
 from polygrad.device import canonicalize
 
 from polygrad_onnx.errors import OnnxError
-from polygrad_onnx.graph import OnnxGraph, check_operators
+from polygrad_onnx.graph import MAX_UNROLLED_NODES, OnnxGraph, check_operators
 from polygrad_onnx.node import pg_dtype
 from polygrad_onnx.reader import read_model, tensor_array
 
@@ -70,21 +70,23 @@ def input_spec(value: Any, max_batch: int | None, bounds: dict[str, int], variab
 
 def load(source: str | os.PathLike | bytes, max_batch: int | None = None, *, loss: str | Callable | None = None,
          targets: Mapping[str, Any] | None = None, device: str | None = None, runtime: Any = None,
-         dim_bounds: Mapping[str, int] | None = None, **bounds: int) -> Model:
+         dim_bounds: Mapping[str, int] | None = None, max_unrolled_nodes: int = MAX_UNROLLED_NODES,
+         **bounds: int) -> Model:
     """Load an ONNX model as a polygrad Model.
 
     Symbolic dimensions become Variables: the first dimension of an input is bounded by `max_batch`, any
     named one by `name=N` (or `dim_bounds={"name": N}` for names that are not identifiers). With `loss`
     ("mse", "l1", "cross_entropy", "binary_cross_entropy", or a callable loss(outputs, **targets)) the
     Model also gets the training entrypoints; `targets` declares their tensors (default: one target "y"
-    shaped like the single output, class indices for cross_entropy).
+    shaped like the single output, class indices for cross_entropy). Control flow (If, Loop, Scan) is
+    unrolled at load; `max_unrolled_nodes` caps the nodes its copies may add.
 
     >>> model = polygrad.onnx.load("mlp.onnx", max_batch=32)          # doctest: +SKIP
     >>> model.forward(input=np.zeros((4, 784), np.float32))["output"]  # doctest: +SKIP
     """
     limits = dict(dim_bounds or {})
     limits.update(bounds)
-    for k, v in list(limits.items()) + [("max_batch", max_batch)]:
+    for k, v in list(limits.items()) + [("max_batch", max_batch), ("max_unrolled_nodes", max_unrolled_nodes)]:
         if v is not None and (not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1):
             raise OnnxError(f"{k} must be a positive int, got {v!r}")
     f = read_model(source)
@@ -110,7 +112,8 @@ def load(source: str | os.PathLike | bytes, max_batch: int | None = None, *, los
             inputs[py] = input_spec(value, max_batch, limits, variables, f.source, dev)
             in_names[py] = value.name
         out_names = {identifier(o.name, taken): o.name for o in graph.output}
-        net = OnnxGraph(graph, f.opset, params, initial, in_names, out_names)
+        net = OnnxGraph(graph, f.opset, params, initial, in_names, out_names,
+                        max_unrolled_nodes=int(max_unrolled_nodes))
         loss_fn, target_specs = training_spec(loss, targets, graph, out_names, inputs, max_batch, variables)
         model = Model(net, inputs=inputs, targets=target_specs, loss=loss_fn, params=params, runtime=rt)
     model.onnx_model = f.model  # type: ignore[attr-defined]  (export() writes it back with trained values)

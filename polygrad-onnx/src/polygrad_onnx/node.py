@@ -26,16 +26,18 @@ class OpDef:
     static: tuple[int, ...] = ()
     host: Callable | None = None
     any_input: bool = False  # reads only its inputs' shapes (Shape, Size): runs on the host whatever they are
+    scoped: bool = False  # control flow (If, Loop, Scan): gets the graph.Scope and its inputs as they are
 
 
 OPS: dict[str, OpDef] = {}
 
 
-def op(*names: str, static: tuple[int, ...] = (), host: Callable | None = None, any_input: bool = False) -> Callable:
+def op(*names: str, static: tuple[int, ...] = (), host: Callable | None = None, any_input: bool = False,
+       scoped: bool = False) -> Callable:
     """Register the decorated function as the implementation of the ONNX operators `names`."""
     def register(fn: Callable) -> Callable:
         for name in names:
-            OPS[name] = OpDef(fn, static, host, any_input)
+            OPS[name] = OpDef(fn, static, host, any_input, scoped)
         return fn
     return register
 

@@ -62,14 +62,18 @@ def _constant_of_shape(node: Node, dims: np.ndarray) -> np.ndarray:
     return np.full(tuple(ints_of(dims)), fill[0], dtype=fill.dtype)
 
 
-@op("ConstantOfShape", static=(0,), host=_constant_of_shape)
 def constant_of_shape(node: Node, dims: np.ndarray):
+    """A host array for a fixed shape; a Tensor when the shape holds a symbolic size (torch's zero initial
+    state of an LSTM, shaped by the batch), which NumPy cannot hold."""
     out = tuple(ints_of(dims))
     if all(isinstance(d, int) for d in out):
         return _constant_of_shape(node, dims)
     v = node.attr("value")
     fill = tensor_array(v).reshape(-1) if v is not None else np.zeros(1, np.float32)
     return Tensor.full(out, fill[0].item(), dtype=dtypes.from_np(fill.dtype))
+
+
+op("ConstantOfShape", static=(0,), host=constant_of_shape)(constant_of_shape)
 
 
 def _range_host(node: Node, start, limit, delta) -> np.ndarray:
@@ -100,16 +104,27 @@ def _reshape_dims(node: Node, in_shape: tuple, target: list) -> list:
     if sum(1 for d in dims if isinstance(d, int) and d == -1) > 1:
         raise node.fail(f"shape {target} has more than one -1")
     if any(isinstance(d, int) and d == -1 for d in dims):
-        known = 1
-        for d in dims:
-            if not (isinstance(d, int) and d == -1):
-                known = known * d
-        total = 1
-        for d in in_shape:
-            total = total * d
-        fill = total // known if not (isinstance(known, int) and known == 0) else 0
+        fill = _quotient(list(in_shape), [d for d in dims if not (isinstance(d, int) and d == -1)])
         dims = [fill if isinstance(d, int) and d == -1 else d for d in dims]
     return dims
+
+
+def _quotient(numerator: list, denominator: list):
+    """prod(numerator) // prod(denominator), a symbolic size found in both cancelled first: so the -1 of
+    reshape((batch, 4, 12) -> (batch, -1)) is 48, not the symbolic (batch*48)//batch (a torch LSTM's output)."""
+    rest, left = list(numerator), []
+    for d in denominator:
+        same = next((k for k, n in enumerate(rest) if not isinstance(n, int) and n is d), None)
+        if same is None:
+            left.append(d)
+        else:
+            rest.pop(same)
+    num, den = 1, 1
+    for d in rest:
+        num = num * d
+    for d in left:
+        den = den * d
+    return 0 if isinstance(den, int) and den == 0 else num // den
 
 
 @op("Reshape", static=(1,), host=lambda node, x, s: x.reshape(tuple(_reshape_dims(node, x.shape, ints_of(s)))))
