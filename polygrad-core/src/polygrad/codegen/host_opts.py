@@ -32,6 +32,10 @@ THREAD_MIN_WORK = 1 << 17
 # when B is bigger than this (smaller ones stay in cache anyway, and staging costs compile time)
 STAGE_MIN_WORK = 1 << 25
 STAGE_MIN_B_BYTES = 256 * 1024
+# rows of a register tile over a symbolic range (a Variable batch): each tile computes this many rows,
+# so at the Variable's value 1 the FMAs are 4x a plain row's while the column vectors are loaded once,
+# as they are for one row (the loads bound such a kernel anyway)
+SYMBOLIC_TILE_ROWS = 4
 
 
 def tile_vector_counts(caps: Capabilities | None) -> tuple[int, ...]:
@@ -165,10 +169,18 @@ def _tile_rows(glob: list[UOp], loads: list[UOp], last: UOp, cols: int, caps: Ca
     regs = int(caps.registers or 16)
     fits = [r for r in (8, 6, 4, 2) if r * vecs + vecs + 1 <= regs]
     along = [ix for ix in loads if last in ix.src[1].toposort()]
-    others = [r for r in reversed(glob) if r is not last and range_size(r) is not None]
+    others = [r for r in reversed(glob) if r is not last]
     shared = [r for r in others if along and all(range_coeff(ix.src[1], r) == 0 for ix in along)]
     some = [r for r in others if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
-    return next(((r, n) for r in shared + some for n in fits if divides(r, n)), (None, 1))
+    found = next(((r, n) for r in shared + some for n in fits if divides(r, n)), None)
+    if found is not None:
+        return found
+    # no constant range fits: rows over a Variable (a batch, a prompt's tokens), padded in the last tile
+    # (opts._split_symbolic). SYMBOLIC_TILE_ROWS keeps a Variable of 1 (decode, batch 1) from paying much
+    # for the copies it computes in the padded rows
+    sym = next((r for r in shared + some if range_size(r) is None), None)
+    rows = next((n for n in fits if n <= SYMBOLIC_TILE_ROWS), 0)
+    return (sym, rows) if sym is not None and rows else (None, 1)
 
 
 def _stage_blocked(ast: UOp, red: UOp, glob: list[UOp], loads: list[UOp], last: UOp, cols: int,
