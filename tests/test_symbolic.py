@@ -352,3 +352,31 @@ def test_jit_kv_cache_write_then_read(device):
         np.testing.assert_allclose(out.numpy(), e / e.sum(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(cache.numpy(), ref)
     assert step.stats()["captures"] == 1 and step.replays == 5
+
+
+def test_a_term_and_its_negation_cancel_in_a_sum():
+    """n + (64 - n) is 64 for a Variable and for each binding (the shape PAD gives a slice's gradient)."""
+    from polygrad.uop import sint
+    v = Variable("n", 1, 64)
+    for x in (v, v.bind(1), v.bind(5)):
+        assert sint.sadd(x, sint.ssub(64, x)) == 64
+        assert sint.sadd(sint.ssub(64, x), x) == 64
+    assert sint.sadd(v, sint.ssub(64, v.bind(3))) != 64  # another node: not cancelled
+
+
+def test_gradient_through_a_variable_slice_accumulates_across_bindings():
+    """The gradient reaching a realized tensor through x[:n.bind(k)] has the tensor's own shape for every k,
+    so it accumulates across steps of different batch sizes (ShapeError before)."""
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((64, 8)).astype(np.float32)
+    x = Tensor(xs, requires_grad=True)
+    batch = Variable("batch", 1, 64)
+    for n in (1, 5):
+        w = Tensor(np.ones((8, 3), np.float32), requires_grad=True)
+        (x[:batch.bind(n)] @ w).sum().backward()
+        x.grad.realize()  # one binding per computation: each step's gradient is realized, as an optimizer does
+        np.testing.assert_allclose(w.grad.numpy(), np.repeat(xs[:n].sum(0)[:, None], 3, 1), rtol=1e-5)
+    want = np.zeros_like(xs)
+    want[:1] += 3
+    want[:5] += 3
+    np.testing.assert_allclose(x.grad.numpy(), want)

@@ -120,7 +120,22 @@ def _sym_binary(op: Ops, a: Any, b: Any, fn: Callable[[int, int], int]) -> Any:
 
 
 def sadd(a: Any, b: Any) -> Any:
-    return _sym_binary(Ops.ADD, a, b, lambda x, y: x + y)
+    """a + b; a term and its negation cancel, so n + (64 - n) is 64 (the padded shape of a Variable slice's
+    gradient), whatever the binding of n."""
+    if not isinstance(a, UOp) and not isinstance(b, UOp):
+        return int(a) + int(b)
+    terms, const = _terms(canon(a))
+    more, bconst = _terms(canon(b))
+    if not any((t.src[0] if t.op is Ops.NEG else UOp(Ops.NEG, t.dtype, (t,))) in terms for t in more):
+        return _sym_binary(Ops.ADD, a, b, lambda x, y: x + y)
+    const += bconst
+    for t in more:
+        negated = t.src[0] if t.op is Ops.NEG else UOp(Ops.NEG, t.dtype, (t,))
+        if negated in terms:
+            terms.remove(negated)
+        else:
+            terms.append(t)
+    return _from_terms(terms, const)
 
 
 def ssub(a: Any, b: Any) -> Any:
@@ -139,6 +154,11 @@ def ssub(a: Any, b: Any) -> Any:
             terms.remove(t)
         else:
             terms.append(UOp(Ops.NEG, t.dtype, (t,)))
+    return _from_terms(terms, const)
+
+
+def _from_terms(terms: list[UOp], const: int) -> Any:
+    """The canonical sum of `terms` and `const`."""
     out: Any = const
     for t in terms:
         out = t if out == 0 and not isinstance(out, UOp) else UOp(Ops.ADD, t.dtype, (_lift(out), t))
