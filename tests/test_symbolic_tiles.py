@@ -14,6 +14,8 @@ from conftest import DEVICES
 
 from polygrad import Tensor, Variable
 from polygrad.codegen.analysis import thread_axis
+from polygrad.codegen.host_opts import SYMBOLIC_TILE_ROWS
+from polygrad.codegen.opts import Opt, OptKind
 from polygrad.dtype import dtypes
 from polygrad.engine.programs import get_program
 from polygrad.schedule.template import schedule
@@ -61,14 +63,18 @@ def _opts(t: Tensor, device: str = "CPU"):
     return [get_program(step.ast, device).spec.opts for step in tpl.steps if step.kind == "kernel"]
 
 
-def test_a_variable_batch_matmul_gets_tile_rows_and_threads():
+@pytest.mark.parametrize("layout", ["x @ W.T", "x @ W"])
+def test_a_variable_batch_matmul_gets_the_tile_of_a_constant_batch_and_threads(layout):
+    """The same register tile as a batch of 8, with 4 rows (SYMBOLIC_TILE_ROWS), and a THREAD opt (the
+    outermost range is the Variable's, so THREAD takes the first constant one inside it)."""
     from polygrad.device import open_device
     _, _, _, (X, W, _) = _data("CPU")
-    (opts,) = _opts(X[:Variable("batch", 1, 64).bind(5)] @ W.T)
-    (fixed,) = _opts(X[:8] @ W.T)
-    upcasts = [o for o in opts if o.kind == "UPCAST"]
-    assert len(upcasts) == 2 and upcasts[0].amount == 4, opts  # the symbolic rows, then the columns
-    assert upcasts[1] == [o for o in fixed if o.kind == "UPCAST"][-1]  # the same columns as a constant batch
+    B = W.T if layout == "x @ W.T" else W.T.contiguous().realize()
+    (opts,) = _opts(X[:Variable("batch", 1, 64).bind(5)] @ B)
+    (fixed,) = _opts(X[:8] @ B)
+    tile = sorted((o.axis, o.amount) for o in opts if o.kind in ("UPCAST", "SPLIT_REDUCE") and o.axis != 0)
+    assert tile == sorted((o.axis, o.amount) for o in fixed if o.kind in ("UPCAST", "SPLIT_REDUCE") and o.axis != 0)
+    assert Opt(OptKind.UPCAST, 0, SYMBOLIC_TILE_ROWS) in opts  # the batch rows, at most 4 of them
     if open_device("CPU").capabilities.threads > 1:
         assert any(o.kind == "THREAD" for o in opts), opts
 
@@ -79,10 +85,10 @@ def test_thread_axis_skips_symbolic_outer_ranges():
     sym = UOp(Ops.RANGE, i32, (v,), (0, AxisKind.GLOBAL))
     const = UOp(Ops.RANGE, i32, (UOp.const(i32, 32),), (1, AxisKind.GLOBAL))
     one = UOp(Ops.RANGE, i32, (UOp.const(i32, 1),), (2, AxisKind.GLOBAL))
-    buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32.ptr(), (), (0, (64 * 32,)))
+    buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), (0, (64 * 32,)))
 
     def kernel(*ranges):
-        idx = UOp(Ops.INDEX, dtypes.float32.ptr(), (buf, ranges[0] * 32 + ranges[-1]))
+        idx = UOp(Ops.INDEX, dtypes.float32, (buf, ranges[0] * 32 + ranges[-1]))
         return UOp(Ops.SINK, None, (UOp(Ops.END, None, (UOp(Ops.STORE, None, (idx, UOp.const(dtypes.float32, 1.0))),
                                                         *ranges)),))
     assert thread_axis(kernel(sym, const)) is const

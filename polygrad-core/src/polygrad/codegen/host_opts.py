@@ -207,13 +207,13 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     if not contiguous or any(range_coeff(ix.src[1], inner) not in (0, 1) for ix in loads):
         return []
     lanes = next((n for n in (width, width // 2) if n >= 4 and divides(inner, n) and range_size(inner) > n), 0)
-    reuse = [r for r in reversed(glob)
-             if range_size(r) is not None and any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
+    # a symbolic range (a Variable batch) qualifies too: its last tile is padded (opts._split_symbolic)
+    reuse = [r for r in reversed(glob) if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
     if not lanes or not reuse:
         return []
     picked: list[tuple[UOp, int]] = []
     for r in reuse:
-        amount = next((a for a in (4, 2) if divides(r, a)), 0)
+        amount = next((a for a in (4, 2) if divides(r, a) or (range_size(r) is None and a <= SYMBOLIC_TILE_ROWS)), 0)
         if amount and len(picked) < 2:
             picked.append((r, amount))
     while picked and math.prod(a for _, a in picked) + sum(a for _, a in picked) > regs:
