@@ -34,12 +34,19 @@ def divides(r: UOp, amount: int) -> bool:
 
 
 def thread_axis(ast: UOp) -> UOp | None:
-    """The range a THREAD opt may take: the outermost global range of a kernel with one END block
-    (blocks run in order, so a kernel of several blocks would need a barrier between them)."""
+    """The range a THREAD opt may take, in a kernel with one END block (blocks run in order, so a kernel
+    of several blocks would need a barrier between them): its outermost global range when that has a
+    constant size above 1. When the outermost global ranges are symbolic (a Variable batch or sequence
+    length), the first constant one inside them: every thread runs the symbolic loops whole and its share
+    of that range, so the threads split the work whatever the Variables' values (a batch of 1 too)."""
     if len(ast.src) != 1 or ast.src[0].op is not Ops.END:
         return None
-    first = ast.src[0].src[1]
-    return first if first.arg[1] == AxisKind.GLOBAL and first.src[0].op is Ops.CONST and range_size(first) > 1 else None
+    for r in ast.src[0].src[1:]:
+        if r.arg[1] != AxisKind.GLOBAL:
+            return None
+        if r.src[0].op is Ops.CONST:
+            return r if range_size(r) > 1 else None
+    return None
 
 
 def address_nodes(ast: UOp) -> set[UOp]:

@@ -32,6 +32,10 @@ THREAD_MIN_WORK = 1 << 17
 # when B is bigger than this (smaller ones stay in cache anyway, and staging costs compile time)
 STAGE_MIN_WORK = 1 << 25
 STAGE_MIN_B_BYTES = 256 * 1024
+# rows of a register tile over a symbolic range (a Variable batch): each tile computes this many rows,
+# so at the Variable's value 1 the FMAs are 4x a plain row's while the column vectors are loaded once,
+# as they are for one row (the loads bound such a kernel anyway)
+SYMBOLIC_TILE_ROWS = 4
 
 
 def tile_vector_counts(caps: Capabilities | None) -> tuple[int, ...]:
@@ -165,10 +169,18 @@ def _tile_rows(glob: list[UOp], loads: list[UOp], last: UOp, cols: int, caps: Ca
     regs = int(caps.registers or 16)
     fits = [r for r in (8, 6, 4, 2) if r * vecs + vecs + 1 <= regs]
     along = [ix for ix in loads if last in ix.src[1].toposort()]
-    others = [r for r in reversed(glob) if r is not last and range_size(r) is not None]
+    others = [r for r in reversed(glob) if r is not last]
     shared = [r for r in others if along and all(range_coeff(ix.src[1], r) == 0 for ix in along)]
     some = [r for r in others if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
-    return next(((r, n) for r in shared + some for n in fits if divides(r, n)), (None, 1))
+    found = next(((r, n) for r in shared + some for n in fits if divides(r, n)), None)
+    if found is not None:
+        return found
+    # no constant range fits: rows over a Variable (a batch, a prompt's tokens), padded in the last tile
+    # (opts._split_symbolic). SYMBOLIC_TILE_ROWS keeps a Variable of 1 (decode, batch 1) from paying much
+    # for the copies it computes in the padded rows
+    sym = next((r for r in shared + some if range_size(r) is None), None)
+    rows = next((n for n in fits if n <= SYMBOLIC_TILE_ROWS), 0)
+    return (sym, rows) if sym is not None and rows else (None, 1)
 
 
 def _stage_blocked(ast: UOp, red: UOp, glob: list[UOp], loads: list[UOp], last: UOp, cols: int,
@@ -195,13 +207,13 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     if not contiguous or any(range_coeff(ix.src[1], inner) not in (0, 1) for ix in loads):
         return []
     lanes = next((n for n in (width, width // 2) if n >= 4 and divides(inner, n) and range_size(inner) > n), 0)
-    reuse = [r for r in reversed(glob)
-             if range_size(r) is not None and any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
+    # a symbolic range (a Variable batch) qualifies too: its last tile is padded (opts._split_symbolic)
+    reuse = [r for r in reversed(glob) if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
     if not lanes or not reuse:
         return []
     picked: list[tuple[UOp, int]] = []
     for r in reuse:
-        amount = next((a for a in (4, 2) if divides(r, a)), 0)
+        amount = next((a for a in (4, 2) if divides(r, a) or (range_size(r) is None and a <= SYMBOLIC_TILE_ROWS)), 0)
         if amount and len(picked) < 2:
             picked.append((r, amount))
     while picked and math.prod(a for _, a in picked) + sum(a for _, a in picked) > regs:

@@ -29,7 +29,8 @@ none of them. The optimisations (`OptKind`) and what they make of a range (`Axis
 The capabilities decide which a device gets: no vector lanes (vector_width <= 1) means no
 UPCAST/SPLIT_REDUCE, one thread means no THREAD, PADTO only where `masked_lanes` says lanes can be gated
 cheaply, LOCAL/GROUP/TC only for devices with local memory. A range whose end is symbolic (a Variable's
-expression) is never split.
+expression) is split by UPCAST alone (a register tile's rows over a Variable batch): its last tile is
+padded, with loads clamped to the last real point and stores gated (`_split_symbolic`).
 """
 from __future__ import annotations
 
@@ -93,7 +94,11 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
     for opt in opts:
         ranges = {r.arg[0]: r for r in ranges_of(ast)}
         r = ranges.get(opt.axis)
-        if r is None or r.src[0].op is not Ops.CONST or r.arg[1] != OPT_TARGET[opt.kind]:
+        if r is None or r.arg[1] != OPT_TARGET[opt.kind]:
+            continue
+        if r.src[0].op is not Ops.CONST:
+            if opt.kind is OptKind.UPCAST and opt.amount >= 2:
+                ast = _split_symbolic(ast, r, opt.amount, max(ranges) + 1)
             continue
         if opt.kind is OptKind.TC:  # a marker for the renderer: the ranges stay
             continue
@@ -158,6 +163,41 @@ def _pad_range(ast: UOp, r: UOp, amount: int) -> UOp:
             if lo < dtypes.min(x.dtype) or hi > dtypes.max(x.dtype):
                 return ast
     return out
+
+
+def _split_symbolic(ast: UOp, r: UOp, amount: int, next_id: int) -> UOp:
+    """UPCAST of a global range whose end n is symbolic (a Variable batch or sequence length): an outer
+    global range of ceil(n / amount) points and `amount` inner lanes. The point p = outer * amount + lane
+    may pass n in the last tile: its loads read at min(p, n - 1), a real point, so they need no gate
+    and never leave the buffers, and its block's stores get the gate `p < n` (combined with their own by
+    AND). The padded lanes compute a copy of the last real point and write nothing. A kernel whose ranges
+    can reach 2**31 at the Variables' maxima is returned unsplit."""
+    n = r.src[0]
+    if bounds(n)[1] + amount > dtypes.max(r.dtype):
+        return ast
+    outer = UOp(Ops.RANGE, r.dtype, ((n + (amount - 1)) // amount,), (next_id, r.arg[1]))
+    inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, amount),), (next_id + 1, AxisKind.UPCAST))
+    point = outer * amount + inner
+    valid = UOp(Ops.CMPLT, dtypes.bool, (point, n))
+    clamped = UOp(Ops.WHERE, r.dtype, (valid, point, n - 1))
+    stores = {_store_of(b).src[0] for b in ast.toposort() if b.op is Ops.END and r in b.src[1:]}
+    memo: dict[UOp, UOp] = {r: clamped}
+    for node in ast.toposort():
+        if node in memo:
+            continue
+        if node.op is Ops.END:
+            rs = [outer if x is r else memo.get(x, x) for x in node.src[1:]]
+            if r in node.src[1:]:
+                rs.append(inner)
+            memo[node] = UOp(Ops.END, None, (memo[node.src[0]], *rs))
+            continue
+        src = tuple(memo.get(x, x) for x in node.src)
+        if node in stores:
+            gate = valid if len(src) < 3 else UOp(Ops.AND, dtypes.bool, (src[2], valid))
+            memo[node] = UOp(Ops.INDEX, node.dtype, (src[0], src[1], gate), node.arg)
+            continue
+        memo[node] = node if src == node.src else node.replace(src=src)
+    return memo[ast]
 
 
 def _store_of(block: UOp) -> UOp:

@@ -1,0 +1,97 @@
+"""Kernels over a Variable (a batch, a prompt's tokens) get the host opts of constant ones.
+
+A matmul whose rows are a Variable used to get no register-tile rows and no THREAD: heuristics skipped
+symbolic ranges and THREAD took only the outermost range. Now the rows are tiled with the last tile
+padded (loads clamped to the last real row, stores gated: codegen/opts._split_symbolic) and THREAD
+takes the first constant range inside the symbolic ones. Results are checked against NumPy at every
+row count around the tile size, on each host backend.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import DEVICES
+
+from polygrad import Tensor, Variable
+from polygrad.codegen.analysis import thread_axis
+from polygrad.codegen.host_opts import SYMBOLIC_TILE_ROWS
+from polygrad.codegen.opts import Opt, OptKind
+from polygrad.dtype import dtypes
+from polygrad.engine.programs import get_program
+from polygrad.schedule.template import schedule
+from polygrad.uop.ops import AxisKind, Ops, UOp
+
+HOST = [d for d in ("CPU", "X86") if d in DEVICES]
+SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 31, 64)
+
+
+def _data(device: str, k: int = 96, n: int = 80, rows: int = 64):
+    rng = np.random.default_rng(3)
+    xs = rng.standard_normal((rows, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    return xs, w, b, (Tensor(xs, device=device).realize(), Tensor(w, device=device).realize(),
+                      Tensor(b, device=device).realize())
+
+
+@pytest.mark.parametrize("device", HOST)
+def test_linear_over_a_variable_batch_matches_numpy_at_every_size(device):
+    xs, w, b, (X, W, B) = _data(device)
+    batch = Variable("batch", 1, 64)
+    for n in SIZES:
+        got = (X[:batch.bind(n)] @ W.T + B).relu().numpy()
+        want = np.maximum(xs[:n] @ w.T + b, 0)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=f"{device} batch {n}")
+
+
+@pytest.mark.parametrize("device", HOST)
+def test_matmul_and_its_gradient_over_a_variable_batch(device):
+    xs, w, _, (X, W, _) = _data(device, k=64, n=48)
+    batch = Variable("batch", 1, 64)
+    for n in (1, 5, 64):
+        x = X[:batch.bind(n)]
+        w_t = Tensor(w.T.copy(), device=device, requires_grad=True)
+        y = x @ w_t
+        np.testing.assert_allclose(y.numpy(), xs[:n] @ w.T, rtol=1e-4, atol=1e-4)
+        y.sum().backward()
+        np.testing.assert_allclose(w_t.grad.numpy(), np.repeat(xs[:n].sum(0)[:, None], 48, 1), rtol=1e-4,
+                                   atol=1e-4)
+
+
+def _opts(t: Tensor, device: str = "CPU"):
+    tpl, _ = schedule([t.uop])
+    return [get_program(step.ast, device).spec.opts for step in tpl.steps if step.kind == "kernel"]
+
+
+@pytest.mark.parametrize("layout", ["x @ W.T", "x @ W"])
+def test_a_variable_batch_matmul_gets_the_tile_of_a_constant_batch_and_threads(layout):
+    """The same register tile as a batch of 8, with 4 rows (SYMBOLIC_TILE_ROWS), and a THREAD opt (the
+    outermost range is the Variable's, so THREAD takes the first constant one inside it)."""
+    from polygrad.device import open_device
+    _, _, _, (X, W, _) = _data("CPU")
+    B = W.T if layout == "x @ W.T" else W.T.contiguous().realize()
+    (opts,) = _opts(X[:Variable("batch", 1, 64).bind(5)] @ B)
+    (fixed,) = _opts(X[:8] @ B)
+    tile = sorted((o.axis, o.amount) for o in opts if o.kind in ("UPCAST", "SPLIT_REDUCE") and o.axis != 0)
+    assert tile == sorted((o.axis, o.amount) for o in fixed if o.kind in ("UPCAST", "SPLIT_REDUCE") and o.axis != 0)
+    assert Opt(OptKind.UPCAST, 0, SYMBOLIC_TILE_ROWS) in opts  # the batch rows, at most 4 of them
+    if open_device("CPU").capabilities.threads > 1:
+        assert any(o.kind == "THREAD" for o in opts), opts
+
+
+def test_thread_axis_skips_symbolic_outer_ranges():
+    i32 = dtypes.int32
+    v = UOp(Ops.DEFINE_VAR, i32, (), ("n", 1, 64))
+    sym = UOp(Ops.RANGE, i32, (v,), (0, AxisKind.GLOBAL))
+    const = UOp(Ops.RANGE, i32, (UOp.const(i32, 32),), (1, AxisKind.GLOBAL))
+    one = UOp(Ops.RANGE, i32, (UOp.const(i32, 1),), (2, AxisKind.GLOBAL))
+    buf = UOp(Ops.DEFINE_GLOBAL, dtypes.float32, (), (0, (64 * 32,)))
+
+    def kernel(*ranges):
+        idx = UOp(Ops.INDEX, dtypes.float32, (buf, ranges[0] * 32 + ranges[-1]))
+        return UOp(Ops.SINK, None, (UOp(Ops.END, None, (UOp(Ops.STORE, None, (idx, UOp.const(dtypes.float32, 1.0))),
+                                                        *ranges)),))
+    assert thread_axis(kernel(sym, const)) is const
+    assert thread_axis(kernel(const, sym)) is const
+    assert thread_axis(kernel(sym, one)) is None
+    assert thread_axis(kernel(sym)) is None
