@@ -98,3 +98,18 @@ def test_flip_repeat_cat_chain_on_interp():
         t = Tensor(a, device=device).flip(0).repeat((2, 1))
         t = t.cat(t.shrink(((0, 1), None)), dim=0).flip(0)
         assert t.numpy().ravel().tolist() == [1.0, 0.0, 1.0, 0.0, 1.0]
+
+
+def test_a_reduction_as_long_as_the_vector_gets_full_width_lanes():
+    """x @ W.T over 16 values (a Q8_0 block half, a head of 16) on a 16-lane device: a tile of dot products
+    whose reduction is one 16-lane vector, not two 8-lane halves."""
+    from polygrad.backend_api import Capabilities
+    from polygrad.codegen.host_opts import host_opts
+    x = Tensor(np.random.rand(8, 16).astype(np.float32), device="CPU").realize()
+    w = Tensor(np.random.rand(12, 16).astype(np.float32), device="CPU").realize()
+    tpl, _ = schedule([(x @ w.T).uop])
+    (ast,) = [step.ast for step in tpl.steps if step.kind == "kernel"]
+    for width in (16, 8):
+        opts = host_opts(ast, Capabilities(threads=1, vector_width=width, registers=32))
+        assert [o.amount for o in opts if o.kind == "SPLIT_REDUCE"] == [width], opts
+    assert np.allclose((x @ w.T).numpy(), x.numpy() @ w.numpy().T, rtol=1e-5)

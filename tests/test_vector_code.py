@@ -515,3 +515,33 @@ def test_unvectorisable_kernels_fall_back_to_lane_loops():
     spec = lower(ast, LANES8)
     assert not has_vectors(source(spec, 8))
     check_kernel(ast)
+
+
+def test_half_to_float_is_exact_for_every_bit_pattern():
+    """pg_h2f (hardware conversion under clang with F16C or on AArch64, else bit arithmetic) gives NumPy's
+    float32 for all 65,536 float16 patterns (NaN for NaN: a signalling NaN may come back quiet)."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    got = Tensor(bits, device="CPU").bitcast(dtypes.float16).cast(dtypes.float32).numpy()
+    want = bits.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+@pytest.mark.skipif(shutil.which("clang") is None, reason="needs clang")
+def test_half_to_float_is_one_instruction_where_clang_has_f16c():
+    """The dequantization of a block format reads a float16 scale per block: with clang on a CPU with F16C
+    the conversion is vcvtph2ps, not the 10-operation bit arithmetic (kept for gcc and other CPUs)."""
+    import subprocess
+    import tempfile
+    from polygrad.renderer.cstyle import HALF_HELPERS
+    with open("/proc/cpuinfo") as f:
+        if " f16c" not in f.read():
+            pytest.skip("this CPU has no F16C")
+    src = HALF_HELPERS + "\nfloat pg_probe(const unsigned short* p) { return pg_h2f(p[0]); }\n"
+    with tempfile.NamedTemporaryFile("w", suffix=".c") as f:
+        f.write(src)
+        f.flush()
+        asm = subprocess.run(["clang", "-O3", "-march=native", "-S", "-o", "-", f.name], capture_output=True,
+                             text=True, check=True).stdout
+    assert "vcvtph2ps" in asm, asm

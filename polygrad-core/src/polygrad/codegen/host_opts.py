@@ -206,7 +206,7 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     contiguous = [ix for ix in loads if range_coeff(ix.src[1], inner) == 1]
     if not contiguous or any(range_coeff(ix.src[1], inner) not in (0, 1) for ix in loads):
         return []
-    lanes = next((n for n in (width, width // 2) if n >= 4 and divides(inner, n) and range_size(inner) > n), 0)
+    lanes = next((n for n in (width, width // 2) if n >= 4 and divides(inner, n) and range_size(inner) >= n), 0)
     # a symbolic range (a Variable batch) qualifies too: its last tile is padded (opts._split_symbolic)
     reuse = [r for r in reversed(glob) if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
     if not lanes or not reuse:
