@@ -296,3 +296,27 @@ def test_load_hf_names_the_formats(checkpoints):
     from polygrad.hf import HFError, load_hf
     with pytest.raises(HFError, match="quantized at load to one of \\['q8_0', 'q4_0'\\]"):
         load_hf(checkpoints["gpt2"][1], max_seq_len=8, dtype="q4_k")
+
+
+def test_load_hf_q8_0_of_gguf_keeps_or_requantizes(checkpoints, tmp_path):
+    """A GGUF file's Q8_0 blocks are kept as stored; an F32 GGUF file is quantized as the safetensors folder is
+    (llama.cpp's q/k row order undone first): the same bytes in every block buffer (the rope tables differ
+    by an ulp: the GGUF's llama3 factors are stored, not recomputed)."""
+    import hf_checkpoints as hc
+    from polygrad.hf import load_hf
+    ref, folder = checkpoints["llama"]
+    for qtype in ("Q8_0", "F32"):
+        path = tmp_path / f"llama-{qtype}.gguf"
+        hc.write_gguf(ref, path, qtype)
+        pairs = [load_hf(path, max_seq_len=8, dtype="q8_0"),
+                 load_hf(path if qtype == "Q8_0" else folder, max_seq_len=8,
+                         dtype="quantized" if qtype == "Q8_0" else "q8_0")]
+        try:
+            got, want = (m.parameters() for m in pairs)
+            assert set(got) == set(want)
+            assert sum(t.dtype is dtypes.uint8 for t in got.values()) >= 7 * 2 + 2  # 7 per layer, embeddings, head
+            for name in (n for n, t in got.items() if t.dtype is dtypes.uint8):
+                assert np.array_equal(got[name].numpy(), want[name].numpy()), (qtype, name)
+        finally:
+            for m in pairs:
+                m.dispose()
