@@ -23,6 +23,7 @@ import hf_checkpoints as hc  # noqa: E402
 
 from polygrad import Model, Tensor, bundle, dtypes  # noqa: E402
 from polygrad.engine import programs  # noqa: E402
+from polygrad.errors import QuantizationError  # noqa: E402
 from polygrad.hf import CheckpointError, generate, load_hf  # noqa: E402
 from polygrad.uop.ops import Ops  # noqa: E402
 from polygrad_hf.quant import QuantWeight  # noqa: E402
@@ -120,9 +121,9 @@ def test_matmul_kernel_reads_the_blocks_and_no_float_weight(fmt, rows):
 
 def test_quant_weight_checks_its_blocks():
     blocks, w = _quantized("Q4_0")
-    with pytest.raises(CheckpointError, match="uint8 blocks of shape"):
+    with pytest.raises(QuantizationError, match="uint8 blocks of shape"):
         QuantWeight(Tensor(blocks[:, :2]), "Q4_0", w.shape)
-    with pytest.raises(CheckpointError, match="uint8 blocks of shape"):
+    with pytest.raises(QuantizationError, match="uint8 blocks of shape"):
         QuantWeight(Tensor(blocks), "Q4_0", (24, 100))
 
 

@@ -173,7 +173,8 @@ LAYERS: list[tuple[str, list[str]]] = [
                       "polygrad.linalg_svd"]),
     ("distributed", ["polygrad.distributed"]),
     ("model", ["polygrad.model", "polygrad.bundle"]),
-    ("front", ["polygrad.models", "polygrad.runtime", "polygrad.inspect", "polygrad.hf", "polygrad.onnx"]),
+    ("front", ["polygrad.models", "polygrad.quantization", "polygrad.runtime", "polygrad.inspect", "polygrad.hf",
+               "polygrad.onnx"]),
     ("package", ["polygrad", "polygrad.__main__"]),
 ]
 

@@ -18,8 +18,9 @@ from polygrad import linalg, linalg_svd  # noqa: E402,F401
 from polygrad.engine import custom  # noqa: E402,F401
 from polygrad.bundle import BundleError  # noqa: E402
 from polygrad.model import Model, ModelError  # noqa: E402
+from polygrad.quantization import quantize  # noqa: E402
 from polygrad.version import __version__  # noqa: E402
 
 __all__ = ["BundleError", "CompiledCallable", "Context", "Device", "GlobalCounters", "JitError", "Model", "ModelError",
-           "Runtime", "Tensor", "TinyJit", "Variable", "can_run", "compile", "create", "dtypes", "jit", "nn", "stats",
-           "__version__"]
+           "Runtime", "Tensor", "TinyJit", "Variable", "can_run", "compile", "create", "dtypes", "jit", "nn",
+           "quantize", "stats", "__version__"]

@@ -91,3 +91,8 @@ class DistributedError(PolygradError, RuntimeError):
     """A collective across processes that cannot complete: ranks that disagree on a tensor's shape or dtype
     (the message names them), a rank that did not join within POLY_DIST_TIMEOUT seconds (it died, hangs or
     took another path), a multi-process launch without mpi4py, or a bad op or root."""
+
+
+class QuantizationError(PolygradError, ValueError):
+    """A weight that cannot be kept in a block format: an unknown format, a non-float tensor, rows that are
+    not whole blocks, blocks of the wrong shape, or a captured Model (quantize its module before building it)."""

@@ -27,6 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from polygrad import Tensor, dtypes
+from polygrad.nn.quant import block_format, quantize_rows
 
 from polygrad_hf.config import DecoderConfig
 from polygrad_hf.errors import CheckpointError, HFError
@@ -34,6 +35,7 @@ from polygrad_hf.quant import QuantWeight
 from polygrad_hf.weights import Blocks
 
 Weight = Tensor | QuantWeight
+QUANTIZE_AT_LOAD = ("q8_0", "q4_0")  # load_hf(dtype=...): matrices quantized as they are read
 TABLES = ("wte.weight", "wpe.weight", "embed_tokens.weight", "lm_head.weight")  # read by rows, not (in, out)
 
 # a Llama/Qwen2 layer's Hugging Face tensor names by role
@@ -115,13 +117,16 @@ def check_layer_count(ck: Any) -> None:
 
 
 def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
-                 keep_blocks: Callable[[np.ndarray], Tensor] | None = None) -> dict[str, Weight]:
+                 keep_blocks: Callable[[np.ndarray], Tensor] | None = None,
+                 quantize_to: str | None = None) -> dict[str, Weight]:
     """Every weight the config needs, checked against its shape, laid out for the graph and converted to a
     device Tensor by `convert` (one at a time, so host memory holds one converted array at once). Every
     name and shape is checked before the first tensor is read.
 
-    With `keep_blocks`, a matrix the checkpoint holds in a block format (GGUF Q8_0/Q4_0) becomes a
-    QuantWeight over `keep_blocks(its uint8 blocks)` instead, in the stored layout (see the module doc)."""
+    With `keep_blocks`, a matrix the checkpoint holds in a block format (GGUF Q8_0/Q4_0; with `quantize_to`,
+    that format only) becomes a QuantWeight over `keep_blocks(its uint8 blocks)` instead, in the stored
+    layout (see the module doc). With `quantize_to` ("Q8_0", "Q4_0") every other matrix whose rows, in
+    that layout, hold whole 32-value blocks is quantized to it as it is read; the rest stay float."""
     check_layer_count(ck)
     prefixes = ("transformer.", "") if ck.config.family == "gpt2" else ("model.", "")
     plan = []
@@ -129,6 +134,8 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
         stored = name if name == "lm_head.weight" else _prefixed(ck, _canonical(name), prefixes)
         ck.expect(stored, shape)
         blocks = ck.blocks(stored) if keep_blocks is not None and len(shape) == 2 else None
+        if blocks is not None and quantize_to is not None and blocks.format != quantize_to:
+            blocks = None  # another format: dequantized, then quantized to the one asked for
         if blocks is not None:
             _check_block_layout(ck, stored, name, shape, transpose, blocks)
         plan.append((name, stored, shape, transpose, blocks))
@@ -138,6 +145,12 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
             out[name] = QuantWeight(keep_blocks(blocks.load()), blocks.format, blocks.shape)
             continue
         arr = ck.take(stored, shape)
+        if quantize_to is not None and keep_blocks is not None and len(shape) == 2:
+            by_rows = arr if transpose or name.endswith(TABLES) else arr.T  # (out, in) or (rows, width)
+            if by_rows.shape[1] % block_format(quantize_to).block == 0:
+                blocks_of = quantize_rows(by_rows, quantize_to)
+                out[name] = QuantWeight(keep_blocks(blocks_of), quantize_to, tuple(by_rows.shape))
+                continue
         out[name] = convert(np.ascontiguousarray(arr.T) if transpose else arr)
     return out
 
@@ -301,10 +314,10 @@ def storage_dtype(name: Any) -> Any:
     """The polygrad dtype weights are kept in: float32 (default; also the unquantized weights of "quantized"),
     float16 or bfloat16."""
     table = {None: dtypes.float32, "float32": dtypes.float32, "quantized": dtypes.float32, "float16": dtypes.float16,
-             "bfloat16": dtypes.bfloat16}
+             "bfloat16": dtypes.bfloat16, **{fmt: dtypes.float32 for fmt in QUANTIZE_AT_LOAD}}
     key = getattr(name, "name", name)
     key = {"float": "float32", "half": "float16"}.get(key, key)
     if key not in table:
-        raise HFError(f"dtype={name!r}: weights can be kept as float32, float16 or bfloat16, or 'quantized' "
-                      "(GGUF blocks as stored)")
+        raise HFError(f"dtype={name!r}: weights can be kept as float32, float16 or bfloat16, 'quantized' "
+                      f"(GGUF blocks as stored), or quantized at load to one of {list(QUANTIZE_AT_LOAD)}")
     return table[key]

@@ -21,7 +21,7 @@ from polygrad import Model, Tensor, Variable, dtypes, runtime_context
 from polygrad.device import canonicalize
 
 from polygrad_hf.checkpoint import open_checkpoint
-from polygrad_hf.decoder import Decoder, read_weights, storage_dtype
+from polygrad_hf.decoder import QUANTIZE_AT_LOAD, Decoder, read_weights, storage_dtype
 from polygrad_hf.errors import HFError
 from polygrad_hf.quant import QuantWeight
 from polygrad_hf.weights import Checkpoint
@@ -37,6 +37,12 @@ def load_hf(path: str | os.PathLike, max_batch: int = 1, max_seq_len: int | None
     `path` is a folder with config.json and model.safetensors (or a sharded model.safetensors.index.json),
     or a .gguf file. Safetensors weights may be F32, F16 or BF16. GGUF weights may be F32, F16, BF16, Q8_0
     or Q4_0.
+
+    `dtype="q8_0"` or `"q4_0"` quantizes every matrix (projections, embeddings, the output projection) to
+    llama.cpp's block format as it is read (polygrad.quantize's rounding; a GGUF tensor already in that
+    format is kept as stored); norms and biases stay float32, and so does a matrix whose input width is
+    not a multiple of 32 (`model.hf_notes` lists them). Q8_0 keeps greedy tokens of small models; Q4_0
+    changes logits by a few percent of their range.
 
     `dtype="quantized"` keeps GGUF Q8_0 and Q4_0 matrices in their blocks on the device (a Q4_0 file of N
     parameters takes about 0.56N bytes, as in the file; Q8_0 1.06N): the kernels that read a weight
@@ -70,8 +76,10 @@ def _quant_notes(ck: Checkpoint, weights: dict[str, Any], wdt: Any) -> list[str]
     held = sorted({raw.blocks.format for raw, _ in ck.arrays.values() if getattr(raw, "blocks", None) is not None})
     if kept:
         formats = ", ".join(sorted({w.format for w in kept}))
+        floats = sorted(k for k, w in weights.items() if not isinstance(w, QuantWeight) and len(w.shape) == 2)
+        left = f"; left {floats} float (rows not whole 32-value blocks)" if floats else ""
         return [f"kept {len(kept)} weights quantized ({formats}, {sum(w.nbytes for w in kept)} bytes): the "
-                "kernels that read them dequantize them"]
+                f"kernels that read them dequantize them{left}"]
     return [f"dequantized {', '.join(held)} weights to {wdt.name} at load"] if held else []
 
 
@@ -94,7 +102,9 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
         return Tensor(arr, device=dev, dtype=dtypes.uint8, _runtime=rt).realize()
 
     with runtime_context.using(rt):
-        weights = read_weights(ck, convert, keep_blocks if isinstance(dtype, str) and dtype == "quantized" else None)
+        quantize_to = dtype.upper() if isinstance(dtype, str) and dtype in QUANTIZE_AT_LOAD else None
+        keeps = isinstance(dtype, str) and (dtype == "quantized" or quantize_to is not None)
+        weights = read_weights(ck, convert, keep_blocks if keeps else None, quantize_to)
         dec = Decoder(cfg, weights, max_batch, max_seq_len, dev, ck.extras.get("rope_freqs"))
         # one sequence: a fixed batch of 1, so the kernels' outer loops are concrete and can be split
         # across threads (a kernel whose outermost loop has a Variable length runs on one thread)

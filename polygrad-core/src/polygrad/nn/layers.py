@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from polygrad.config import get as get_setting
 from polygrad.nn import init
+from polygrad.nn.quant import QuantWeight
 from polygrad.dtype import dtypes
 from polygrad.tensor import Tensor
 from polygrad.tensor_movement import _tuple
@@ -40,7 +41,10 @@ class Linear:
         self.bias = init.uniform((out_features,), bound, device, dtype) if bias else None
 
     def __call__(self, x: Tensor) -> Tensor:
-        y = x.matmul(self.weight.T)
+        if isinstance(self.weight, QuantWeight):  # polygrad.quantize: dequantized inside the matmul's kernel
+            y = self.weight.matmul_t(x)
+        else:
+            y = x.matmul(self.weight.T)
         return y + self.bias if self.bias is not None else y
 
 
@@ -65,6 +69,8 @@ class Embedding:
         if idx.dtype.is_float:
             raise TypeError(f"Embedding indices must be integers, got {idx.dtype}; cast with .int()")
         check_host_index(idx, self.num_embeddings, 0)
+        if isinstance(self.weight, QuantWeight):  # polygrad.quantize: only the rows looked up are dequantized
+            return self.weight.rows(idx)
         weight = self.weight
         if self.padding_idx is not None:  # evaluated only at the rows looked up
             rows = Tensor.arange(self.num_embeddings, device=self.weight.device, dtype=dtypes.int32)

@@ -17,7 +17,8 @@ from polygrad.errors import StateDictError
 from polygrad.nn.safetensors import safe_load, safe_load_metadata, safe_save
 from polygrad.tensor import Tensor
 
-__all__ = ["get_parameters", "get_state_dict", "load_state_dict", "safe_load", "safe_load_metadata", "safe_save"]
+__all__ = ["get_layers", "get_parameters", "get_state_dict", "load_state_dict", "safe_load", "safe_load_metadata",
+           "safe_save"]
 
 _SKIPPED_TYPES = (types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType, type)
 
@@ -30,12 +31,25 @@ def get_state_dict(obj: Any, prefix: str = "") -> dict[str, Tensor]:
     ['fc.weight', 'fc.bias']
     """
     out: dict[str, Tensor] = {}
-    _walk(obj, prefix, out, set())
+    _walk(obj, prefix, out, set(), Tensor)
     return out
 
 
-def _walk(obj: Any, prefix: str, out: dict[str, Tensor], active: set[int]) -> None:
-    if isinstance(obj, Tensor):
+def get_layers(obj: Any, kinds: type | tuple[type, ...], prefix: str = "") -> dict[str, Any]:
+    """Every object of type `kinds` reachable from obj as get_state_dict walks it, by dotted name (the walk
+    does not look inside one it found; a layer held twice is listed under both names).
+
+    >>> from polygrad.nn import Linear
+    >>> list(get_layers({"fc": [Linear(2, 3), Linear(3, 1)]}, Linear))
+    ['fc.0', 'fc.1']
+    """
+    out: dict[str, Any] = {}
+    _walk(obj, prefix, out, set(), kinds)
+    return out
+
+
+def _walk(obj: Any, prefix: str, out: dict[str, Any], active: set[int], kinds: type | tuple[type, ...]) -> None:
+    if isinstance(obj, kinds):
         out[prefix.rstrip(".")] = obj
         return
     if obj is None or isinstance(obj, (str, bytes, int, float, bool, np.ndarray, *_SKIPPED_TYPES)):
@@ -45,15 +59,15 @@ def _walk(obj: Any, prefix: str, out: dict[str, Tensor], active: set[int]) -> No
     active.add(id(obj))
     try:
         if hasattr(obj, "_asdict"):  # namedtuple
-            _walk(obj._asdict(), prefix, out, active)
+            _walk(obj._asdict(), prefix, out, active, kinds)
         elif isinstance(obj, (dict, OrderedDict)):
             for k, v in obj.items():
-                _walk(v, f"{prefix}{k}.", out, active)
+                _walk(v, f"{prefix}{k}.", out, active, kinds)
         elif isinstance(obj, (list, tuple)):
             for i, v in enumerate(obj):
-                _walk(v, f"{prefix}{i}.", out, active)
+                _walk(v, f"{prefix}{i}.", out, active, kinds)
         elif hasattr(obj, "__dict__"):
-            _walk(vars(obj), prefix, out, active)
+            _walk(vars(obj), prefix, out, active, kinds)
     finally:
         active.discard(id(obj))
 
