@@ -113,3 +113,18 @@ def test_a_reduction_as_long_as_the_vector_gets_full_width_lanes():
         opts = host_opts(ast, Capabilities(threads=1, vector_width=width, registers=32))
         assert [o.amount for o in opts if o.kind == "SPLIT_REDUCE"] == [width], opts
     assert np.allclose((x @ w.T).numpy(), x.numpy() @ w.numpy().T, rtol=1e-5)
+
+
+def test_a_quantized_matmul_over_an_odd_row_count_gets_lanes():
+    """x @ W.T with W kept as Q8_0 blocks and a row count nothing divides (a vocabulary of 50257): no output
+    range to tile, so the reduction gets vector lanes (a scalar FMA chain per row before, 9x slower)."""
+    from polygrad.device import open_device
+    from polygrad.nn.quant import QuantWeight
+    w = np.random.default_rng(0).standard_normal((51, 64)).astype(np.float32)
+    qw = QuantWeight.from_float(w, "q8_0")
+    x = Tensor(np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32), device="CPU").realize()
+    (prog,) = _programs(qw.matmul_t(x))
+    width = open_device("CPU").capabilities.vector_width
+    if width >= 4:
+        assert [(o.kind, o.amount) for o in prog.spec.opts if o.kind != "THREAD"] == [("SPLIT_REDUCE", min(width, 16))]
+    np.testing.assert_allclose(qw.matmul_t(x).numpy(), x.numpy() @ qw.dequantize().numpy().T, rtol=1e-5, atol=1e-5)

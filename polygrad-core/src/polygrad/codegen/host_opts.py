@@ -197,7 +197,8 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     along an output column (a conv's weight gradient, batched q @ k.T): the innermost reduce range is
     split into vector lanes (SPLIT_REDUCE) and up to two output ranges, each of which some operand does
     not depend on, are unrolled (UPCAST), so each loaded vector serves a row or column of the tile;
-    a x b vector accumulators plus a + b operand vectors fit the registers."""
+    a x b vector accumulators plus a + b operand vectors fit the registers. With no output range that
+    divides, the lanes alone (a quantized LM head over 50257 rows: one scalar FMA chain per row before)."""
     inner = red.src[-1]
     width = max(1, int(caps.vector_width or 1))
     regs = int(caps.registers or 16)
@@ -218,8 +219,9 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
             picked.append((r, amount))
     while picked and math.prod(a for _, a in picked) + sum(a for _, a in picked) > regs:
         picked.pop()
-    if not picked:
-        return []
+    if not picked:  # no output range to tile (odd sizes: a vocabulary of 50257): lanes along the reduction
+        total = math.prod(range_size(r) or 0 for r in red.src[1:])
+        return [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)] if total >= 4 * lanes else []
     return [Opt(OptKind.UPCAST, r.arg[0], a) for r, a in picked] + [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)]
 
 
