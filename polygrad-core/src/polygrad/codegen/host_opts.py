@@ -143,7 +143,7 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
         # that width would not fit the staging scratch; two vectors (or what fits) when none does
         cols = next((c for c in (column_lanes(last, caps, most) for most in tile_vector_counts(caps))
                      if not _stage_blocked(ast, red, glob, loads, last, c, caps)), column_lanes(last, caps, 2))
-        rows, tile_rows = _tile_rows(glob, loads, last, cols, caps)
+        rows, tile_rows = _tile_rows(glob, reduce_operands(red, loads), last, cols, caps)
         along = [ix for ix in loads if last in ix.src[1].toposort()]
         opts: list[Opt] = []
         top = max(r.arg[0] for r in ranges_of(ast))
@@ -156,6 +156,13 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
             return opts + staged
         return dot_tile_opts(glob, red, loads, caps) or opts
     return []
+
+
+def reduce_operands(red: UOp, loads: list[UOp]) -> list[UOp]:
+    """The loads the reduction reads at every step (all of them when it reads none): an epilogue's loads (a
+    residual added after a convolution), read once per output, do not choose the tile's rows."""
+    inside = {n.src[0] for n in red.toposort() if n.op is Ops.LOAD}
+    return [ix for ix in loads if ix in inside] or loads
 
 
 def _tile_rows(glob: list[UOp], loads: list[UOp], last: UOp, cols: int, caps: Capabilities) -> tuple[UOp | None, int]:
@@ -175,7 +182,7 @@ def _stage_blocked(ast: UOp, red: UOp, glob: list[UOp], loads: list[UOp], last: 
                    caps: Capabilities) -> bool:
     """A kernel big enough to stage its column panels whose panel of `cols` columns cannot be (too wide
     for the scratch, or too few panels to share among the threads)."""
-    rows, tile_rows = _tile_rows(glob, loads, last, cols, caps)
+    rows, tile_rows = _tile_rows(glob, reduce_operands(red, loads), last, cols, caps)
     plan = _stage_plan(red, glob, rows, last, loads, tile_rows, cols, caps)
     return plan is not None and not plan[1]
 
