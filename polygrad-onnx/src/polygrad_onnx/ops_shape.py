@@ -242,11 +242,21 @@ def _gather_host(node: Node, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return np.take(x, idx.astype(np.int64), axis=axis)
 
 
+def _wrap_indices(idx: Tensor, n: int) -> Tensor:
+    """Negative indices counted from the end. Clipped to ONNX's valid range [-n, n-1] first, so adding n
+    cannot overflow: a saved bundle's kernels are proven free of overflow at load, and an int64 index near
+    the maximum plus n is not."""
+    if dtypes.is_unsigned(idx.dtype):
+        return idx
+    if isinstance(n, int):  # a symbolic size stays as before
+        idx = idx.clip(-n, n - 1)
+    return (idx < 0).where(idx + n, idx)
+
+
 @op("Gather", host=_gather_host)
 def gather(node: Node, x: Tensor, idx: Tensor) -> Tensor:
     axis = _axis(node.attr("axis", 0), x.ndim, node)
-    n = x.shape[axis]
-    idx = (idx < 0).where(idx + n, idx) if not dtypes.is_unsigned(idx.dtype) else idx
+    idx = _wrap_indices(idx, x.shape[axis])
     flat = x.index_select(axis, idx.reshape(-1).cast(dtypes.int32))
     return flat.reshape(tuple(x.shape[:axis]) + tuple(idx.shape) + tuple(x.shape[axis + 1:]))
 
@@ -254,9 +264,7 @@ def gather(node: Node, x: Tensor, idx: Tensor) -> Tensor:
 @op("GatherElements")
 def gather_elements(node: Node, x: Tensor, idx: Tensor) -> Tensor:
     axis = _axis(node.attr("axis", 0), x.ndim, node)
-    n = x.shape[axis]
-    idx = (idx < 0).where(idx + n, idx)
-    return x.gather(axis, idx.cast(dtypes.int32))
+    return x.gather(axis, _wrap_indices(idx, x.shape[axis]).cast(dtypes.int32))
 
 
 @op("GatherND")
