@@ -49,3 +49,32 @@ def test_conv_weights_stored_output_channels_last():
             np.testing.assert_array_equal(numpy_helper.to_array(t), weights[t.name])
     finally:
         model.dispose()
+
+
+def test_matmul_result_transposed_off_its_last_axis_is_realized_first():
+    """BERT's key: MatMul + Add -> Reshape -> Transpose(0, 2, 3, 1). The product is made contiguous in its own
+    order before the permute (fused, it was stored along the sequence with its operand strided: 6 GFLOP/s);
+    a Transpose keeping the last axis (the query's (0, 2, 1, 3)) stays a view."""
+    from polygrad import Tensor
+    from polygrad.uop.ops import Ops
+    from polygrad_onnx.graph import OnnxGraph
+    rng = np.random.default_rng(0)
+    w, b = rng.standard_normal((16, 16)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    shape = np.array([1, 8, 2, 8], np.int64)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["p"]), helper.make_node("Add", ["p", "b"], ["pb"]),
+             helper.make_node("Reshape", ["pb", "shape"], ["r"]),
+             helper.make_node("Transpose", ["r"], ["k"], perm=[0, 2, 3, 1]),
+             helper.make_node("Transpose", ["r"], ["q"], perm=[0, 2, 1, 3])]
+    graph = helper.make_graph(nodes, "key", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in "kq"],
+                              [numpy_helper.from_array(v, n) for n, v in (("w", w), ("b", b), ("shape", shape))])
+    initial = {"w": w, "b": b, "shape": shape}
+    params = {"w": Tensor(w), "b": Tensor(b)}
+    x = rng.standard_normal((1, 8, 16)).astype(np.float32)
+    out = OnnxGraph(graph, 17, params, initial, {"x": "x"}, {"k": "k", "q": "q"}).run({"x": Tensor(x)})
+    below = lambda t: t.uop.src[0].op  # noqa: E731  (what the permute reads)
+    assert out["k"].uop.op is Ops.PERMUTE and below(out["k"]) is Ops.CONTIGUOUS
+    assert below(out["q"]) is not Ops.CONTIGUOUS
+    ref = (x @ w + b).reshape(1, 8, 2, 8)
+    np.testing.assert_allclose(out["k"].numpy(), ref.transpose(0, 2, 3, 1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out["q"].numpy(), ref.transpose(0, 2, 1, 3), rtol=1e-5, atol=1e-5)
