@@ -129,7 +129,12 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
     channels), unrolled, as many as the registers allow. Big two-range kernels also get their column
     panels staged (stage_opts); when the vector operand would be gathered and is not staged (a batched
     q @ k.T), a tile of dot products (dot_tile_opts) is used instead where it applies."""
-    for last in reversed(glob):
+    operands = reduce_operands(red, loads)
+    # columns along which no operand of the reduction is gathered first (a strided convolution's output
+    # channels, its weight stored with them contiguous, rather than its image row, read every other pixel)
+    plain = [r for r in glob if all(range_coeff(ix.src[1], r) in (0, 1) for ix in operands)
+             and any(range_coeff(ix.src[1], r) == 1 for ix in operands)]
+    for last in [r for r in reversed(glob) if r in plain] + [r for r in reversed(glob) if r not in plain]:
         if range_size(last) is None:
             continue
         # a contiguous output counts too: x @ W.T (both operands strided along the output column)
