@@ -148,7 +148,7 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
         # that width would not fit the staging scratch; two vectors (or what fits) when none does
         cols = next((c for c in (column_lanes(last, caps, most) for most in tile_vector_counts(caps))
                      if not _stage_blocked(ast, red, glob, loads, last, c, caps)), column_lanes(last, caps, 2))
-        rows, tile_rows = _tile_rows(glob, reduce_operands(red, loads), last, cols, caps)
+        rows, tile_rows = _tile_rows(glob, operands, last, cols, caps)
         along = [ix for ix in loads if last in ix.src[1].toposort()]
         opts: list[Opt] = []
         top = max(r.arg[0] for r in ranges_of(ast))
