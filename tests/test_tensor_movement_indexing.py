@@ -241,3 +241,14 @@ def test_indexing_property_against_numpy(case) -> None:
     shape, index = case
     data = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
     np.testing.assert_array_equal(Tensor(data, device="INTERP")[index].numpy(), data[index])
+
+
+def test_index_select_keeps_a_tensor_index_in_the_graph():
+    """The rank check of a Tensor index reads its shape, not its data: a captured Model (whose inputs cannot be
+    read back) selects rows by an input index, as an imported embedding lookup (ONNX Gather) does."""
+    from polygrad import Model
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    m = Model(lambda idx: {"y": Tensor(table).index_select(0, idx)}, inputs={"idx": Tensor.empty(3, dtype="int32")})
+    idx = np.array([3, 0, 3], np.int32)
+    np.testing.assert_array_equal(m.forward(idx=idx)["y"].numpy(), table[idx])
+    m.dispose()

@@ -15,7 +15,9 @@
  * Where this differs from Python's heuristics (which target C compilers): a matmul whose operands are both
  * contiguous along the reduction (x @ W.T, PyTorch's Linear layout) vectorises the reduction itself
  * (SPLIT_REDUCE into lanes, the lanes summed at the end) instead of gathering columns; the other matmul
- * layouts vectorise the output's contiguous axis. Tiles are sized for 16 SIMD registers.
+ * layouts vectorise the output's contiguous axis; a kernel with neither (a convolution on a 7x7 image) vectorises
+ * a range along which the reduction's operands are contiguous (its output channels). Tiles are sized for 16
+ * SIMD registers.
  */
 
 const { DTYPES } = require('./dtypes')
@@ -114,13 +116,42 @@ function blockOpts (end, width) {
     if ((n / width) % 2 === 0) opts.push({ kind: 'UPCAST', range: last, amount: 2 })
     return opts
   }
-  if (topLevelReduces(store).length !== 1) return []
-  const red = reduces.find((r) => topLevelReduces(store)[0] === r)
+  const tops = topLevelReduces(store)
+  // C: vectorise a global range along which the reduction's operands are contiguous (and not gated) or constant: a
+  // convolution's output channels (its weight stored (*kernel, in, out), as polygrad.onnx keeps it), where the
+  // image row is too narrow for A (7 or 14 pixels), or A's vector operand is read through a padding gate
+  // (lane by lane), and the channels are strided for B. The store (once per output) and an epilogue's loads
+  // (a bias, a residual) go lane by lane. Also for two reductions in one kernel (a block's convolution and
+  // its 1x1 shortcut), which A and B do not take.
+  const channelVector = () => {
+    const operands = new Set(tops.flatMap((red) => toposort(red)).filter((n) => n.op === 'LOAD').map((n) => n.src[0]))
+    const inner = loads.filter((ix) => operands.has(ix))
+    for (const r of [...glob].reverse()) {
+      const n = constSize(r)
+      if (n === null || n % width !== 0 || !inner.some((ix) => coeff(ix, r) === 1)) continue
+      if (!inner.every((ix) => { const c = coeff(ix, r); return c === 0 || c === 1 }) || gatedAlong(r)) continue
+      const cols = [2, 1].find((c) => (n / width) % c === 0)
+      const tile = [{ kind: 'VECTOR', range: r, amount: width }]
+      if (cols > 1) tile.push({ kind: 'UPCAST', range: r, amount: cols })
+      return { range: r, opts: tile }
+    }
+    return null
+  }
+  const gatedAlong = (r) => loads.some((ix) => ix.src.length > 2 && coeff(ix, r) === 1)
+  const channels = channelVector()
+  if (tops.length !== 1) {
+    if (channels === null) return []
+    opts.push(...channels.opts)
+    rowTile(channels.range, 4, (ix) => coeff(ix, channels.range) !== 0)
+    return opts
+  }
+  const red = reduces.find((r) => tops[0] === r)
   const k = red.src[red.src.length - 1]
   // A: vectorise the output's contiguous axis (every load that moves along it moves contiguously)
   const last = glob[glob.length - 1]
   const nLast = last ? constSize(last) : null
-  if (last && nLast !== null && nLast % width === 0 && coeff(storeIndex, last) === 1 &&
+  const preferChannels = channels !== null && channels.range !== last && gatedAlong(last)
+  if (last && nLast !== null && nLast % width === 0 && coeff(storeIndex, last) === 1 && !preferChannels &&
       loads.every((ix) => { const c = coeff(ix, last); return c === 0 || c === 1 })) {
     opts.push({ kind: 'VECTOR', range: last, amount: width })
     const cols = [2, 1].find((c) => (nLast / width) % c === 0)
@@ -147,6 +178,11 @@ function blockOpts (end, width) {
       // the column tiles' loop outermost: each block of weight rows is read once, the rows it meets stay cached
       if (glob.length === 2) opts.push({ kind: 'OUTER', range: last, amount: 1 })
     }
+    return opts
+  }
+  if (channels !== null) {
+    opts.push(...channels.opts)
+    rowTile(channels.range, 4, (ix) => coeff(ix, channels.range) !== 0)
     return opts
   }
   return []

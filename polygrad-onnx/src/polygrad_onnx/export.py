@@ -228,6 +228,8 @@ def _from_onnx(model: Any) -> Any:
     proto = onnx.ModelProto()
     proto.CopyFrom(model.onnx_model)
     values = {k: v.numpy() for k, v in model.parameters().items()}
+    for name, order in getattr(model, "onnx_layouts", {}).items():  # stored as loader.weight_layouts chose
+        values[name] = values[name].transpose(np.argsort(order))
     for t in proto.graph.initializer:
         if t.name in values:
             t.CopyFrom(onnx.numpy_helper.from_array(values[t.name].astype(onnx.helper.tensor_dtype_to_np_dtype(

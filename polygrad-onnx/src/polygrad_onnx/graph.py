@@ -197,22 +197,27 @@ class OnnxGraph:
     """An ONNX graph as a callable over polygrad Tensors: graph(**{python name: Tensor}) -> {python name: Tensor}.
 
     `params` are the Tensors of the float initializers (the Model's parameters and state); `initial` holds
-    every initializer as a NumPy array for load-time use; `inputs`/`outputs` map python names to ONNX names.
+    every initializer as a NumPy array for load-time use; `inputs`/`outputs` map python names to ONNX names;
+    `layouts` names the params stored with their axes in another order (loader.weight_layouts): the graph
+    reads them through the inverse permutation.
     """
 
     def __init__(self, graph: Any, opset: int, params: dict[str, Tensor], initial: dict[str, np.ndarray],
                  inputs: dict[str, str], outputs: dict[str, str], constants: dict[str, np.ndarray] | None = None,
-                 max_unrolled_nodes: int = MAX_UNROLLED_NODES):
+                 layouts: dict[str, tuple[int, ...]] | None = None, max_unrolled_nodes: int = MAX_UNROLLED_NODES):
         self.graph, self.opset = graph, opset
         self.params, self.initial = params, initial
         self.inputs, self.outputs = inputs, outputs
         self.constants = dict(constants or {})
+        self.layouts = dict(layouts or {})
         self.max_unrolled_nodes = max_unrolled_nodes
 
     def run(self, feeds: dict[str, Any]) -> dict[str, Any]:
         """{ONNX name: value} of the graph outputs for {ONNX name: Tensor or array} inputs."""
         env: dict[str, Any] = {k: v for k, v in self.initial.items() if k not in self.params}
         env.update(self.params)
+        for name, order in self.layouts.items():
+            env[name] = env[name].permute(*np.argsort(order).tolist())
         env.update(self.constants)
         env.update(feeds)
         budget = UnrollBudget(self.max_unrolled_nodes)

@@ -5,6 +5,10 @@ targets. Output: a `polygrad.Model` captured from graph.OnnxGraph: `forward(**in
 inputs and outputs (names made identifiers: `input.1` -> `input_1`), the float initializers as its
 parameters (BatchNormalization statistics as state), and with a loss the training entrypoints, so it
 fits in Python and fine-tunes in polygrad-js like any other Model.
+
+A convolution weight is stored in the layout its kernel reads fastest (`weight_layouts`): the parameter
+of a group-1 Conv's weight is (*kernel, in, out), output channels contiguous, and the graph reads it
+through a permuted view in ONNX's (out, in, *kernel) order; export() writes it back in ONNX's order.
 """
 from __future__ import annotations
 
@@ -38,6 +42,31 @@ def identifier(name: str, taken: set[str]) -> str:
         out = f"{base}_{k}"
     taken.add(out)
     return out
+
+
+def weight_layouts(graph: Any, initial: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+    """{initializer: the axis order it is stored in} for float weights read only as a group-1 Conv's weight.
+
+    They are kept as (*kernel, in, out): the convolution's register tile takes its vector lanes from
+    the output channels, and in ONNX's (out, in, *kernel) those are strided by in*kernel, so a layer
+    whose image is narrower than a vector (ResNet's 14x14 and 7x7 stages, MobileNet's 1x1 projections)
+    had no vector operand at all: 5-25x slower per layer. Depthwise (grouped) weights keep ONNX's order.
+    """
+    uses: dict[str, list[tuple[Any, int]]] = {}
+    for proto in graph.node:
+        for k, name in enumerate(proto.input):
+            uses.setdefault(name, []).append((proto, k))
+    out = {}
+    for name, arr in initial.items():
+        if arr.dtype.kind != "f" or arr.ndim < 3 or name not in uses:
+            continue
+        if all(p.op_type == "Conv" and k == 1 and conv_groups(p) == 1 for p, k in uses[name]):
+            out[name] = (*range(2, arr.ndim), 1, 0)
+    return out
+
+
+def conv_groups(proto: Any) -> int:
+    return next((int(a.i) for a in proto.attribute if a.name == "group"), 1)
 
 
 def graph_inputs(graph: Any, initial: Mapping[str, Any]) -> list[Any]:
@@ -98,10 +127,12 @@ def load(source: str | os.PathLike | bytes, max_batch: int | None = None, *, los
         initial = {t.name: tensor_array(t, f.folder, f.source) for t in graph.initializer}
         stats = {proto.input[i] for proto in graph.node for (opname, i) in STATE_INPUTS
                  if proto.op_type == opname and len(proto.input) > i}
+        layouts = weight_layouts(graph, initial)
         params = {}
         for name, arr in initial.items():
             if arr.dtype.kind == "f":
-                t = Tensor(arr, device=dev).realize()
+                stored = np.ascontiguousarray(arr.transpose(layouts[name])) if name in layouts else arr
+                t = Tensor(stored, device=dev).realize()
                 t.requires_grad = False if name in stats else None
                 params[name] = t
         taken: set[str] = set()
@@ -112,13 +143,14 @@ def load(source: str | os.PathLike | bytes, max_batch: int | None = None, *, los
             inputs[py] = input_spec(value, max_batch, limits, variables, f.source, dev)
             in_names[py] = value.name
         out_names = {identifier(o.name, taken): o.name for o in graph.output}
-        net = OnnxGraph(graph, f.opset, params, initial, in_names, out_names,
+        net = OnnxGraph(graph, f.opset, params, initial, in_names, out_names, layouts=layouts,
                         max_unrolled_nodes=int(max_unrolled_nodes))
         loss_fn, target_specs = training_spec(loss, targets, graph, out_names, inputs, max_batch, variables)
         model = Model(net, inputs=inputs, targets=target_specs, loss=loss_fn, params=params, runtime=rt)
     model.onnx_model = f.model  # type: ignore[attr-defined]  (export() writes it back with trained values)
     model.onnx_inputs = in_names  # type: ignore[attr-defined]
     model.onnx_outputs = out_names  # type: ignore[attr-defined]
+    model.onnx_layouts = layouts  # type: ignore[attr-defined]  (export() restores ONNX's axis order)
     return model
 
 

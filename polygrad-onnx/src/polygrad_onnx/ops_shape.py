@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from polygrad import Tensor, dtypes
+from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, Ops
 
 from polygrad_onnx.node import Node, ints_of, op, pg_dtype
 from polygrad_onnx.reader import tensor_array
@@ -152,8 +153,26 @@ def _perm(node: Node, rank: int) -> list[int]:
     return list(range(rank))[::-1] if perm is None else [p % rank for p in perm]
 
 
-op("Transpose", host=lambda node, x: np.transpose(x, _perm(node, x.ndim)))(
-    lambda node, x: x.permute(*_perm(node, x.ndim)))
+def _reduced(t: Tensor, depth: int = 6) -> bool:
+    """Whether `t` is computed by a reduction not yet realized (a MatMul's result, through its bias Add and
+    a Reshape), looking a few elementwise and movement steps down."""
+    frontier = [t.uop]
+    for _ in range(depth):
+        if any(u.op is Ops.REDUCE_AXIS for u in frontier):
+            return True
+        frontier = [s for u in frontier if u.op in ELEMENTWISE or u.op in MOVEMENT for s in u.src]
+    return False
+
+
+@op("Transpose", host=lambda node, x: np.transpose(x, _perm(node, x.ndim)))
+def transpose(node: Node, x: Tensor) -> Tensor:
+    perm = _perm(node, x.ndim)
+    # a MatMul's result transposed away from its last axis (BERT's key, (0, 2, 3, 1)) is realized in its
+    # own order first: fused, the product would be stored along the sequence, its operand strided by the
+    # width (no vector operand: 6 GFLOP/s); the consumer (q @ k.T) reads the view instead
+    if x.ndim > 1 and perm[-1] != x.ndim - 1 and _reduced(x):
+        x = x.contiguous()
+    return x.permute(*perm)
 
 
 def _axes_arg(node: Node, given, attr_name: str = "axes") -> list[int] | None:
@@ -257,11 +276,21 @@ def _gather_host(node: Node, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return np.take(x, idx.astype(np.int64), axis=axis)
 
 
+def _wrap_indices(idx: Tensor, n: int) -> Tensor:
+    """Negative indices counted from the end. Clipped to ONNX's valid range [-n, n-1] first, so adding n
+    cannot overflow: a saved bundle's kernels are proven free of overflow at load, and an int64 index near
+    the maximum plus n is not."""
+    if dtypes.is_unsigned(idx.dtype):
+        return idx
+    if isinstance(n, int):  # a symbolic size stays as before
+        idx = idx.clip(-n, n - 1)
+    return (idx < 0).where(idx + n, idx)
+
+
 @op("Gather", host=_gather_host)
 def gather(node: Node, x: Tensor, idx: Tensor) -> Tensor:
     axis = _axis(node.attr("axis", 0), x.ndim, node)
-    n = x.shape[axis]
-    idx = (idx < 0).where(idx + n, idx) if not dtypes.is_unsigned(idx.dtype) else idx
+    idx = _wrap_indices(idx, x.shape[axis])
     flat = x.index_select(axis, idx.reshape(-1).cast(dtypes.int32))
     return flat.reshape(tuple(x.shape[:axis]) + tuple(idx.shape) + tuple(x.shape[axis + 1:]))
 
@@ -269,9 +298,7 @@ def gather(node: Node, x: Tensor, idx: Tensor) -> Tensor:
 @op("GatherElements")
 def gather_elements(node: Node, x: Tensor, idx: Tensor) -> Tensor:
     axis = _axis(node.attr("axis", 0), x.ndim, node)
-    n = x.shape[axis]
-    idx = (idx < 0).where(idx + n, idx)
-    return x.gather(axis, idx.cast(dtypes.int32))
+    return x.gather(axis, _wrap_indices(idx, x.shape[axis]).cast(dtypes.int32))
 
 
 @op("GatherND")

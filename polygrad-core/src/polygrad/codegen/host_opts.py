@@ -133,7 +133,12 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
     channels), unrolled, as many as the registers allow. Big two-range kernels also get their column
     panels staged (stage_opts); when the vector operand would be gathered and is not staged (a batched
     q @ k.T), a tile of dot products (dot_tile_opts) is used instead where it applies."""
-    for last in reversed(glob):
+    operands = reduce_operands(red, loads)
+    # columns along which no operand of the reduction is gathered first (a strided convolution's output
+    # channels, its weight stored with them contiguous, rather than its image row, read every other pixel)
+    plain = [r for r in glob if all(range_coeff(ix.src[1], r) in (0, 1) for ix in operands)
+             and any(range_coeff(ix.src[1], r) == 1 for ix in operands)]
+    for last in [r for r in reversed(glob) if r in plain] + [r for r in reversed(glob) if r not in plain]:
         if range_size(last) is None:
             continue
         # a contiguous output counts too: x @ W.T (both operands strided along the output column)
@@ -147,7 +152,7 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
         # that width would not fit the staging scratch; two vectors (or what fits) when none does
         cols = next((c for c in (column_lanes(last, caps, most) for most in tile_vector_counts(caps))
                      if not _stage_blocked(ast, red, glob, loads, last, c, caps)), column_lanes(last, caps, 2))
-        rows, tile_rows = _tile_rows(glob, loads, last, cols, caps)
+        rows, tile_rows = _tile_rows(glob, operands, last, cols, caps)
         along = [ix for ix in loads if last in ix.src[1].toposort()]
         opts: list[Opt] = []
         top = max(r.arg[0] for r in ranges_of(ast))
@@ -160,6 +165,13 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
             return opts + staged
         return dot_tile_opts(glob, red, loads, caps) or opts
     return []
+
+
+def reduce_operands(red: UOp, loads: list[UOp]) -> list[UOp]:
+    """The loads the reduction reads at every step (all of them when it reads none): an epilogue's loads (a
+    residual added after a convolution), read once per output, do not choose the tile's rows."""
+    inside = {n.src[0] for n in red.toposort() if n.op is Ops.LOAD}
+    return [ix for ix in loads if ix in inside] or loads
 
 
 def _tile_rows(glob: list[UOp], loads: list[UOp], last: UOp, cols: int, caps: Capabilities) -> tuple[UOp | None, int]:
@@ -187,7 +199,7 @@ def _stage_blocked(ast: UOp, red: UOp, glob: list[UOp], loads: list[UOp], last: 
                    caps: Capabilities) -> bool:
     """A kernel big enough to stage its column panels whose panel of `cols` columns cannot be (too wide
     for the scratch, or too few panels to share among the threads)."""
-    rows, tile_rows = _tile_rows(glob, loads, last, cols, caps)
+    rows, tile_rows = _tile_rows(glob, reduce_operands(red, loads), last, cols, caps)
     plan = _stage_plan(red, glob, rows, last, loads, tile_rows, cols, caps)
     return plan is not None and not plan[1]
 
