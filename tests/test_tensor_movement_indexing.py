@@ -241,3 +241,19 @@ def test_indexing_property_against_numpy(case) -> None:
     shape, index = case
     data = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
     np.testing.assert_array_equal(Tensor(data, device="INTERP")[index].numpy(), data[index])
+
+
+def test_index_select_with_a_tensor_index_is_captured_in_a_model():
+    """index_select(dim, tensor) reads the index's rank from its shape; it used to ask np.ndim(tensor), which
+    reads the values back to Python and so failed inside Model capture (and realized the index eagerly)."""
+    from polygrad import Model
+
+    def pick(x, idx):
+        return {"y": x.index_select(1, idx)}
+
+    model = Model(pick, inputs={"x": Tensor.empty(3, 5), "idx": Tensor.empty(4, dtype="int32")})
+    xn = np.arange(15, dtype=np.float32).reshape(3, 5)
+    idx = np.array([4, 0, 2, 2], np.int32)
+    np.testing.assert_array_equal(model.forward(x=xn, idx=idx)["y"].numpy(),
+                                  torch.index_select(torch.tensor(xn), 1, torch.tensor(idx)).numpy())
+    model.dispose()

@@ -393,7 +393,9 @@ class IndexingMixin:
     def index_select(self: "Tensor", dim: int, index: Any) -> "Tensor":
         """Entries of `index` (1-d integers) along `dim` (torch.index_select)."""
         d = _axis(dim, self.ndim)
-        if isinstance(index, type(self)) and index.ndim > 1 or np.ndim(index) > 1:
+        # a Tensor's rank from its shape: np.ndim(tensor) would read its values back to the host
+        rank = index.ndim if isinstance(index, type(self)) else np.ndim(index)
+        if rank > 1:
             raise ShapeError("index_select: index must be 0-d or 1-d")
         if self.ndim == 0:
             return self.reshape(1)[index].reshape(())
