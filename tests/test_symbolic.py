@@ -380,3 +380,16 @@ def test_gradient_through_a_variable_slice_accumulates_across_bindings():
     want[:1] += 3
     want[:5] += 3
     np.testing.assert_allclose(x.grad.numpy(), want)
+
+
+def test_reshape_minus_one_over_a_symbolic_batch_infers_the_plain_size():
+    """x.reshape(batch, -1) of (batch, 6, 16) infers 96, not (batch*96)//batch: the size must compare
+    equal to 96 so a Linear(96, k) accepts it (factors common to both sides of a division cancel)."""
+    v = Variable("batch", 1, 8)
+    b = v.bind(3)
+    x = Tensor.empty(b, 6, 16)
+    assert x.reshape(b, -1).shape == (b, 96)
+    s = Variable("seq", 1, 16).bind(5)
+    y = Tensor.empty(b, s, 64).reshape(b, s, -1, 16)  # heads inferred over two symbolic sizes
+    assert y.shape == (b, s, 4, 16)
+    assert Tensor.empty(b, s, 64).reshape(-1, 64).shape[0] is Tensor.empty(b, s).reshape(-1).shape[0]

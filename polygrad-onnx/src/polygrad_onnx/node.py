@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from polygrad import Tensor, dtypes
+from polygrad.uop import sint
 
 from polygrad_onnx.errors import OnnxError, UnsupportedOpError
 from polygrad_onnx.reader import NUMPY_TYPES, onnx_module
@@ -106,15 +107,28 @@ def ints_of(value: Any) -> list:
     return [v if not isinstance(v, (np.integer, int)) else int(v) for v in np.asarray(value).reshape(-1).tolist()]
 
 
+def size_tensor(size: Any) -> Tensor:
+    """A size as int64 tensor data, shape (1,): a symbolic one is the entry at that index of a range over its
+    largest value (a shrink by the size, so one program serves every value of its variables)."""
+    if not sint.is_sym(size):
+        return Tensor(np.array([int(size)], dtype=np.int64))
+    table = Tensor.arange(sint.vmax(size) + 1, dtype=dtypes.int64)
+    return table.shrink(((size, sint.sadd(size, 1)),))
+
+
 def as_tensor(value: Any, node: Node | None = None) -> Tensor:
-    """A value of the graph as a Tensor: host arrays become constants (symbolic ones cannot)."""
+    """A value of the graph as a Tensor: host arrays become constants, symbolic sizes size_tensor()s."""
     if isinstance(value, Tensor):
         return value
     arr = np.asarray(value)
-    if arr.dtype == object:
-        if not all(isinstance(v, (int, np.integer)) for v in arr.reshape(-1)):
-            where = f"{node.label}: " if node is not None else ""
-            raise OnnxError(f"{where}a value computed from a symbolic dimension is used as tensor data; give that "
-                            "dimension a fixed size (load(..., dim_bounds) cannot make data symbolic)")
-        arr = arr.astype(np.int64)
-    return Tensor(arr)
+    if arr.dtype != object:
+        return Tensor(arr)
+    if not all(isinstance(v, (int, np.integer)) or sint.is_sym(v) for v in arr.reshape(-1)):
+        where = f"{node.label}: " if node is not None else ""
+        raise OnnxError(f"{where}a value of the graph holds {sorted({type(v).__name__ for v in arr.reshape(-1)})}, "
+                        "not numbers or sizes; re-export the model with these values computed in tensors")
+    if all(not sint.is_sym(v) for v in arr.reshape(-1)):
+        return Tensor(arr.astype(np.int64))
+    parts = [size_tensor(v) for v in arr.reshape(-1)]
+    flat = parts[0].cat(*parts[1:]) if len(parts) > 1 else parts[0]
+    return flat.reshape(arr.shape)

@@ -12,8 +12,9 @@ import math
 import numpy as np
 
 from polygrad import Tensor, dtypes
+from polygrad.uop import sint
 
-from polygrad_onnx.node import Node, np_dtype, op, pg_dtype
+from polygrad_onnx.node import Node, as_tensor, np_dtype, op, pg_dtype
 
 UNARY = {
     "Abs": lambda x: x.abs(), "Neg": lambda x: -x, "Sqrt": lambda x: x.sqrt(), "Exp": lambda x: x.exp(),
@@ -61,8 +62,48 @@ BINARY = {"Add": (lambda a, b: a + b, np.add), "Sub": (lambda a, b: a - b, np.su
           "BitwiseOr": (lambda a, b: a.bitwise_or(b), np.bitwise_or),
           "BitwiseXor": (lambda a, b: a.bitwise_xor(b), np.bitwise_xor)}
 
+# shape arithmetic over symbolic sizes (object arrays): sint keeps results canonical, so equal sizes are one
+# UOp; a comparison is decided from the bounds of the difference, never from the values bound at capture
+SIZE_ARITHMETIC = {"Add": sint.sadd, "Sub": sint.ssub, "Mul": sint.smul, "Div": sint.sdiv}
+# (decided true when the difference's bounds (lo, hi) satisfy the first test, false for the second)
+SIZE_COMPARISONS = {
+    "Equal": (lambda lo, hi: lo == hi == 0, lambda lo, hi: lo > 0 or hi < 0),
+    "Less": (lambda lo, hi: hi < 0, lambda lo, hi: lo >= 0),
+    "Greater": (lambda lo, hi: lo > 0, lambda lo, hi: hi <= 0),
+    "LessOrEqual": (lambda lo, hi: hi <= 0, lambda lo, hi: lo > 0),
+    "GreaterOrEqual": (lambda lo, hi: lo >= 0, lambda lo, hi: hi < 0),
+}
+
+
+def _size_compare(node: Node, kind: str, a, b) -> bool:
+    """`a kind b` (kind a key of SIZE_COMPARISONS) for two sizes, one of them symbolic or not."""
+    if not sint.is_sym(a) and not sint.is_sym(b):
+        return bool(BINARY[kind][1](int(a), int(b)))
+    diff = sint.ssub(a, b)
+    lo, hi = sint.vmin(diff), sint.vmax(diff)
+    true, false = SIZE_COMPARISONS[kind]
+    if true(lo, hi):
+        return True
+    if false(lo, hi):
+        return False
+    raise node.fail(f"compares the sizes {sint.sym_str(a)} and {sint.sym_str(b)}, and the answer depends on their "
+                    "values; give the dimension a fixed size (a captured model serves every value alike)")
+
+
+def _host_binary(node: Node, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != object and b.dtype != object:
+        return np.asarray(BINARY[node.op][1](a, b))
+    if node.op in SIZE_ARITHMETIC:
+        return np.asarray(np.frompyfunc(SIZE_ARITHMETIC[node.op], 2, 1)(a, b), dtype=object)
+    if node.op in SIZE_COMPARISONS:
+        return np.frompyfunc(lambda x, y: _size_compare(node, node.op, x, y), 2, 1)(a, b).astype(bool)
+    raise node.fail("applies to symbolic sizes an operation polygrad.onnx cannot fold at load; give the dimension "
+                    "a fixed size")
+
+
 for _name, (_fn, _host) in BINARY.items():
-    op(_name, host=lambda node, a, b, _h=_host: np.asarray(_h(a, b)))(lambda node, a, b, _fn=_fn: _fn(a, b))
+    op(_name, host=_host_binary)(lambda node, a, b, _fn=_fn: _fn(a, b))
 
 
 @op("Pow")
@@ -94,10 +135,22 @@ def _variadic(fn):
     return run
 
 
-op("Max", host=lambda node, *xs: np.asarray(_variadic(np.maximum)(node, *xs)))(
-    _variadic(lambda a, b: a.maximum(b)))
-op("Min", host=lambda node, *xs: np.asarray(_variadic(np.minimum)(node, *xs)))(
-    _variadic(lambda a, b: a.minimum(b)))
+def _host_extreme(pick_first: str):
+    """Max/Min of values known at load; of sizes, decided from their bounds (GreaterOrEqual/LessOrEqual)."""
+    def run(node: Node, *xs: np.ndarray) -> np.ndarray:
+        xs = [np.asarray(x) for x in xs]
+        if all(x.dtype != object for x in xs):
+            return np.asarray(_variadic(np.maximum if pick_first == "GreaterOrEqual" else np.minimum)(node, *xs))
+        pick = np.frompyfunc(lambda a, b: a if _size_compare(node, pick_first, a, b) else b, 2, 1)
+        out = xs[0]
+        for x in xs[1:]:
+            out = pick(out, x)
+        return np.asarray(out, dtype=object)
+    return run
+
+
+op("Max", host=_host_extreme("GreaterOrEqual"))(_variadic(lambda a, b: a.maximum(b)))
+op("Min", host=_host_extreme("LessOrEqual"))(_variadic(lambda a, b: a.minimum(b)))
 op("Sum")(_variadic(lambda a, b: a + b))
 
 
@@ -186,6 +239,8 @@ def _cast_host(node: Node, x: np.ndarray) -> np.ndarray:
     to = np_dtype(node.attr("to"), node)
     if x.dtype == object and np.issubdtype(to, np.integer):
         return x
+    if x.dtype == object and any(sint.is_sym(v) for v in x.reshape(-1)):
+        return as_tensor(x, node).cast(dtypes.from_np(to))  # a size as float data: a tensor (size_tensor)
     return x.astype(to)
 
 

@@ -11,8 +11,9 @@ import numpy as np
 
 from polygrad import Tensor, dtypes
 from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, Ops
+from polygrad.uop import sint
 
-from polygrad_onnx.node import Node, ints_of, op, pg_dtype
+from polygrad_onnx.node import Node, as_tensor, ints_of, op, pg_dtype, size_tensor
 from polygrad_onnx.reader import tensor_array
 
 
@@ -38,9 +39,7 @@ def shape(node: Node, x) -> np.ndarray:
 
 @op("Size", any_input=True)
 def size(node: Node, x) -> np.ndarray:
-    n = 1
-    for d in x.shape:
-        n = n * d
+    n = sint.sprod(x.shape)
     return np.array(n, dtype=np.int64) if isinstance(n, int) else np.array(n, dtype=object)
 
 
@@ -84,9 +83,28 @@ def _range_host(node: Node, start, limit, delta) -> np.ndarray:
         np.asarray(start).dtype)
 
 
-@op("Range", static=(0, 1, 2), host=_range_host)
-def range_(node: Node, start, limit, delta):
+def _range_host_or_symbolic(node: Node, start, limit, delta):
+    if any(sint.is_sym(v) for v in ints_of(start) + ints_of(limit) + ints_of(delta)):
+        return range_(node, start, limit, delta)
     return _range_host(node, start, limit, delta)
+
+
+@op("Range", static=(0, 1, 2), host=_range_host_or_symbolic)
+def range_(node: Node, start, limit, delta):
+    """Range; a symbolic limit (arange(seq)) is the range up to its largest value, cut to its length."""
+    (s,), (lim,), (d,) = ints_of(start), ints_of(limit), ints_of(delta)
+    if not any(sint.is_sym(v) for v in (s, lim, d)):
+        return _range_host(node, start, limit, delta)
+    if sint.is_sym(s) or sint.is_sym(d) or d <= 0:
+        raise node.fail(f"a Range with a symbolic bound needs a constant start and a positive constant delta, got "
+                        f"start {sint.sym_str(s)}, delta {sint.sym_str(d)}")
+    count = sint.sdiv(sint.sadd(lim, d - 1 - s), d)
+    if sint.vmin(count) < 0:
+        raise node.fail(f"a Range from {s} to {sint.sym_str(lim)} can be empty or negative for some sizes; "
+                        "raise the lower bound of its dimension")
+    dtype = np.asarray(start).dtype
+    full = Tensor.arange(sint.vmax(count), dtype=dtypes.from_np(dtype)) * d + s
+    return full.shrink(((0, count),))
 
 
 @op("EyeLike")
@@ -100,32 +118,13 @@ def eye_like(node: Node, x: Tensor) -> Tensor:
 
 # ---- reshaping
 def _reshape_dims(node: Node, in_shape: tuple, target: list) -> list:
+    """The Reshape target with its 0 entries copied from the input (unless allowzero); a -1 stays for the
+    reshape to infer (Tensor.reshape and NumPy both do, symbolic sizes too)."""
     allowzero = node.attr("allowzero", 0)
     dims = [in_shape[i] if isinstance(d, int) and d == 0 and not allowzero else d for i, d in enumerate(target)]
     if sum(1 for d in dims if isinstance(d, int) and d == -1) > 1:
         raise node.fail(f"shape {target} has more than one -1")
-    if any(isinstance(d, int) and d == -1 for d in dims):
-        fill = _quotient(list(in_shape), [d for d in dims if not (isinstance(d, int) and d == -1)])
-        dims = [fill if isinstance(d, int) and d == -1 else d for d in dims]
     return dims
-
-
-def _quotient(numerator: list, denominator: list):
-    """prod(numerator) // prod(denominator), a symbolic size found in both cancelled first: so the -1 of
-    reshape((batch, 4, 12) -> (batch, -1)) is 48, not the symbolic (batch*48)//batch (a torch LSTM's output)."""
-    rest, left = list(numerator), []
-    for d in denominator:
-        same = next((k for k, n in enumerate(rest) if not isinstance(n, int) and n is d), None)
-        if same is None:
-            left.append(d)
-        else:
-            rest.pop(same)
-    num, den = 1, 1
-    for d in rest:
-        num = num * d
-    for d in left:
-        den = den * d
-    return 0 if isinstance(den, int) and den == 0 else num // den
 
 
 @op("Reshape", static=(1,), host=lambda node, x, s: x.reshape(tuple(_reshape_dims(node, x.shape, ints_of(s)))))
@@ -136,12 +135,7 @@ def reshape(node: Node, x: Tensor, target: np.ndarray) -> Tensor:
 def _flatten_dims(node: Node, dims: tuple) -> tuple:
     axis = node.attr("axis", 1)
     axis = axis + len(dims) if axis < 0 else axis
-    a, b = 1, 1
-    for d in dims[:axis]:
-        a = a * d
-    for d in dims[axis:]:
-        b = b * d
-    return (a, b)
+    return (sint.sprod(dims[:axis]), sint.sprod(dims[axis:]))
 
 
 op("Flatten", host=lambda node, x: x.reshape(_flatten_dims(node, x.shape)))(
@@ -241,6 +235,23 @@ def split(node: Node, x: Tensor, sizes: np.ndarray | None = None) -> tuple:
     return tuple(out)
 
 
+def _symbolic_slice(node: Node, dim, s, e, st) -> slice:
+    """A step-1 slice whose size or bounds are symbolic; ends that reach or pass the axis's end are open.
+
+    A symbolic bound must stay inside the axis for every value of its variables (ONNX clamps, a symbolic
+    size cannot be clamped), e.g. positions[:, :seq] of a table of max_position_embeddings rows."""
+    if isinstance(e, int) and e >= 2 ** 31 - 1 or sint.is_sym(e) and sint.sym_equal(e, dim):
+        e = None
+    if st != 1 or any(isinstance(v, int) and v < 0 for v in (s, e)):
+        raise node.fail(f"slicing {dim} from {s} to {e} needs step 1 and non-negative bounds (a symbolic size "
+                        f"cannot be counted from the end), got step {st}")
+    for v in (s, e):
+        if sint.is_sym(v) and not sint.is_sym(dim) and sint.vmax(v) > dim:
+            raise node.fail(f"the slice bound {sint.sym_str(v)} can reach {sint.vmax(v)}, past this axis's size "
+                            f"{dim}; load the model with a smaller bound for its dimension (<= {dim})")
+    return slice(s if s != 0 else None, e)
+
+
 def _slices(node: Node, shape_: tuple, starts, ends, axes, steps) -> tuple:
     starts, ends = ints_of(starts), ints_of(ends)
     axes = ints_of(axes) if axes is not None else list(range(len(starts)))
@@ -251,22 +262,28 @@ def _slices(node: Node, shape_: tuple, starts, ends, axes, steps) -> tuple:
         if st == 0:
             raise node.fail("a Slice step is 0")
         dim = shape_[a]
-        if not isinstance(dim, int):
-            if st == 1 and s >= 0 and e >= 2 ** 31 - 1:
-                out[a] = slice(s, None)
-                continue
-            raise node.fail(f"slicing symbolic dimension {dim} needs step 1 and an open end")
+        if any(sint.is_sym(v) for v in (dim, s, e)):
+            out[a] = _symbolic_slice(node, dim, s, e, st)
+            continue
         lo, hi, stp = slice(s, e, st).indices(dim)
         out[a] = slice(lo, None if hi < 0 else hi, stp)
     return tuple(out)
 
 
-@op("Slice", static=(1, 2, 3, 4), host=lambda node, x, s, e, a=None, st=None: x[_slices(node, x.shape, s, e, a, st)])
+def _slice_host(node: Node, x: np.ndarray, starts, ends, axes=None, steps=None):
+    """Slice of a value known at load; symbolic bounds make it a Tensor (its length is a symbolic size)."""
+    if any(sint.is_sym(v) for v in ints_of(starts) + ints_of(ends)):
+        return slice_(node, as_tensor(x, node), starts, ends, axes, steps)
+    return x[_slices(node, x.shape, starts, ends, axes, steps)]
+
+
+@op("Slice", static=(1, 2, 3, 4), host=_slice_host)
 def slice_(node: Node, x: Tensor, starts, ends, axes=None, steps=None) -> Tensor:
     idx = _slices(node, x.shape, starts, ends, axes, steps)
     for a, sl in enumerate(idx):
         dim = x.shape[a]
-        if isinstance(dim, int) and len(range(*sl.indices(dim))) == 0:
+        if isinstance(dim, int) and all(not sint.is_sym(v) for v in (sl.start, sl.stop)) and \
+                len(range(*sl.indices(dim))) == 0:
             return x.shrink(tuple((0, 0) if i == a else None for i in range(x.ndim)))
     return x[idx]
 
@@ -276,29 +293,36 @@ def _gather_host(node: Node, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
     return np.take(x, idx.astype(np.int64), axis=axis)
 
 
-def _wrap_indices(idx: Tensor, n: int) -> Tensor:
-    """Negative indices counted from the end. Clipped to ONNX's valid range [-n, n-1] first, so adding n
-    cannot overflow: a saved bundle's kernels are proven free of overflow at load, and an int64 index near
-    the maximum plus n is not."""
+def _wrap_negative(idx: Tensor, n) -> Tensor:
+    """int32 indices into an axis of size n (symbolic too), negative ones counted from its end.
+
+    They are clamped to [-n-1, n] first (for a symbolic n, its largest value), which keeps an index out of
+    range out of range and the index arithmetic free of overflow, as polygrad-js's validator must prove."""
+    top = sint.vmax(n)
     if dtypes.is_unsigned(idx.dtype):
-        return idx
-    if isinstance(n, int):  # a symbolic size stays as before
-        idx = idx.clip(-n, n - 1)
-    return (idx < 0).where(idx + n, idx)
+        return idx.minimum(top).cast(dtypes.int32)
+    idx = idx.clip(-top - 1, top).cast(dtypes.int32)
+    size = size_tensor(n).reshape(()).cast(dtypes.int32) if sint.is_sym(n) else n
+    return (idx < 0).where(idx + size, idx)
 
 
 @op("Gather", host=_gather_host)
 def gather(node: Node, x: Tensor, idx: Tensor) -> Tensor:
     axis = _axis(node.attr("axis", 0), x.ndim, node)
-    idx = _wrap_indices(idx, x.shape[axis])
-    flat = x.index_select(axis, idx.reshape(-1).cast(dtypes.int32))
-    return flat.reshape(tuple(x.shape[:axis]) + tuple(idx.shape) + tuple(x.shape[axis + 1:]))
+    idx = _wrap_negative(idx, x.shape[axis])
+    # one torch-style gather with the index broadcast over the other axes (as index_select, but the axis
+    # may be symbolic: negative indices are wrapped above)
+    pre, post = tuple(x.shape[:axis]), tuple(x.shape[axis + 1:])
+    n = sint.sprod(idx.shape)
+    flat = idx.reshape(n).reshape((1,) * len(pre) + (n,) + (1,) * len(post))
+    out = x.gather(axis, flat.expand(*pre, n, *post))
+    return out.reshape(pre + tuple(idx.shape) + post)
 
 
 @op("GatherElements")
 def gather_elements(node: Node, x: Tensor, idx: Tensor) -> Tensor:
     axis = _axis(node.attr("axis", 0), x.ndim, node)
-    return x.gather(axis, _wrap_indices(idx, x.shape[axis]).cast(dtypes.int32))
+    return x.gather(axis, _wrap_negative(idx, x.shape[axis]))
 
 
 @op("GatherND")
@@ -416,8 +440,7 @@ def one_hot(node: Node, idx: Tensor, depth: np.ndarray, values: Tensor) -> Tenso
 def scatter_elements(node: Node, x: Tensor, idx: Tensor, upd: Tensor) -> Tensor:
     axis = _axis(node.attr("axis", 0), x.ndim, node)
     reduction = node.only("reduction", ("none", "add", "mul", "max", "min"), "none")
-    n = x.shape[axis]
-    idx = (idx < 0).where(idx + n, idx).cast(dtypes.int32)
+    idx = _wrap_negative(idx, x.shape[axis])
     if reduction == "none":
         return x.scatter(axis, idx, upd)
     return x.scatter_reduce(axis, idx, upd, {"add": "sum", "mul": "prod", "max": "amax", "min": "amin"}[reduction])

@@ -181,8 +181,36 @@ def smul(a: Any, b: Any) -> Any:
     return _sym_binary(Ops.MUL, a, b, lambda x, y: x * y)
 
 
+def _factors(x: Any) -> tuple[list[UOp], int]:
+    """The non-constant factors of a product and its constant part."""
+    if not isinstance(x, UOp):
+        return [], int(x)
+    if x.op is Ops.CONST:
+        return [], int(x.arg)
+    if x.op is Ops.MUL:
+        (fa, ca), (fb, cb) = _factors(x.src[0]), _factors(x.src[1])
+        return fa + fb, ca * cb
+    return [x], 1
+
+
 def sdiv(a: Any, b: Any) -> Any:
-    """a // b (callers check divisibility first)."""
+    """a // b (callers check divisibility first). Factors of b found in a cancel, so the -1 of
+    reshape(batch, -1) over (batch, 96) is 96, not (batch*96)//batch (sizes are positive)."""
+    if isinstance(a, UOp) or isinstance(b, UOp):
+        num, cnum = _factors(canon(a))
+        den, cden = _factors(canon(b))
+        rest = list(num)
+        cancels = cden != 0 and cnum % cden == 0
+        for f in den:
+            if f not in rest:
+                cancels = False
+                break
+            rest.remove(f)
+        if cancels:
+            out: Any = cnum // cden
+            for f in rest:
+                out = smul(out, f)
+            return out
     return _sym_binary(Ops.IDIV, a, b, lambda x, y: x // y)
 
 
