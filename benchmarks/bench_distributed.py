@@ -94,11 +94,13 @@ def worker(steps: int) -> None:
             comm.Barrier()
             return nbytes * reps / (time.perf_counter() - t) / 1e9
         flat_t = Tensor(flat).realize()
+        result = np.empty_like(flat)  # all_reduce leaves its operand as it is: compare it with this
         runs = {"polygrad_average_GBps": lambda: averager.average(bufs),
                 "polygrad_deferred_GBps": lambda: averager.average(bufs, defer=True),
                 "polygrad_all_reduce_GBps": lambda: dist.all_reduce(flat_t),
                 "mpi4py_per_buffer_GBps": lambda: [comm.Allreduce(MPI.IN_PLACE, v) for v in views],
-                "mpi4py_flat_GBps": lambda: comm.Allreduce(MPI.IN_PLACE, flat)}
+                "mpi4py_flat_GBps": lambda: comm.Allreduce(MPI.IN_PLACE, flat),
+                "mpi4py_flat_out_of_place_GBps": lambda: comm.Allreduce(flat, result)}
         samples: dict[str, list[float]] = {k: [] for k in runs}
         for _ in range(rounds):  # alternated, so a busy moment hits every variant alike
             for k, fn in runs.items():
@@ -140,7 +142,8 @@ def main() -> None:
             ("polygrad Averager, 1/N deferred to the step (DistributedOptimizer)", "polygrad_deferred_GBps"),
             ("polygrad dist.all_reduce(sum) of one flat Tensor", "polygrad_all_reduce_GBps"),
             ("raw mpi4py Allreduce, one call per buffer", "mpi4py_per_buffer_GBps"),
-            ("raw mpi4py Allreduce, one flat buffer", "mpi4py_flat_GBps")]
+            ("raw mpi4py Allreduce, one flat buffer", "mpi4py_flat_GBps"),
+            ("raw mpi4py Allreduce, one flat buffer into another (as all_reduce)", "mpi4py_flat_out_of_place_GBps")]
     for label, key in rows:
         print(f"  {label}: {two[key]:.2f} ({raw / two[key] - 1:+.0%} time against raw per buffer)")
 

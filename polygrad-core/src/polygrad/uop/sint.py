@@ -165,16 +165,21 @@ def _from_terms(terms: list[UOp], const: int) -> Any:
     return canon(out)
 
 
-def _terms(x: Any) -> tuple[list[UOp], int]:
-    """The non-constant terms of a sum and its constant part."""
+def _operands(x: Any, op: Ops, unit: int, fold: Callable[[int, int], int]) -> tuple[list[UOp], int]:
+    """The non-constant operands of a chain of `op` (a sum, a product) and its constants folded."""
     if not isinstance(x, UOp):
         return [], int(x)
     if x.op is Ops.CONST:
         return [], int(x.arg)
-    if x.op is Ops.ADD:
-        (ta, ca), (tb, cb) = _terms(x.src[0]), _terms(x.src[1])
-        return ta + tb, ca + cb
-    return [x], 0
+    if x.op is op:
+        (la, ca), (lb, cb) = (_operands(s, op, unit, fold) for s in x.src)
+        return la + lb, fold(ca, cb)
+    return [x], unit
+
+
+def _terms(x: Any) -> tuple[list[UOp], int]:
+    """The non-constant terms of a sum and its constant part."""
+    return _operands(x, Ops.ADD, 0, lambda a, b: a + b)
 
 
 def smul(a: Any, b: Any) -> Any:
@@ -183,14 +188,7 @@ def smul(a: Any, b: Any) -> Any:
 
 def _factors(x: Any) -> tuple[list[UOp], int]:
     """The non-constant factors of a product and its constant part."""
-    if not isinstance(x, UOp):
-        return [], int(x)
-    if x.op is Ops.CONST:
-        return [], int(x.arg)
-    if x.op is Ops.MUL:
-        (fa, ca), (fb, cb) = _factors(x.src[0]), _factors(x.src[1])
-        return fa + fb, ca * cb
-    return [x], 1
+    return _operands(x, Ops.MUL, 1, lambda a, b: a * b)
 
 
 def sdiv(a: Any, b: Any) -> Any:
