@@ -175,10 +175,16 @@ def test_kept_blocks_match_dequantize_at_load(files, kind, fmt):
         floats.dispose()
 
 
-def test_default_load_dequantizes(files):
-    """Without a dtype, GGUF blocks are dequantized at load (float32 decodes faster on CPU today); keeping them
-    is asked for with dtype="quantized"."""
+def test_default_load_keeps_the_blocks_and_float32_dequantizes(files):
+    """Without a dtype, GGUF Q4_0 matrices stay uint8 blocks (the kept kernels decode faster than float32 now);
+    dtype="float32" dequantizes them at load."""
     model = load_hf(files["gpt2", "Q4_0"], max_seq_len=8)
+    try:
+        assert dtypes.uint8 in {s.dtype for s in model._p.slots}
+        assert not any("dequantized Q4_0" in n for n in model.hf_notes), model.hf_notes
+    finally:
+        model.dispose()
+    model = load_hf(files["gpt2", "Q4_0"], max_seq_len=8, dtype="float32")
     try:
         assert any("dequantized Q4_0" in n for n in model.hf_notes), model.hf_notes
         assert dtypes.uint8 not in {s.dtype for s in model._p.slots}

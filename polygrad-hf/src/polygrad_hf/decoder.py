@@ -311,8 +311,8 @@ def gelu(x: Tensor, activation: str) -> Tensor:
 
 
 def storage_dtype(name: Any) -> Any:
-    """The polygrad dtype weights are kept in: float32 (default; also the unquantized weights of "quantized"),
-    float16 or bfloat16."""
+    """The polygrad dtype unquantized weights are kept in: float32 (default, and with "quantized" or a block
+    format), float16 or bfloat16."""
     table = {None: dtypes.float32, "float32": dtypes.float32, "quantized": dtypes.float32, "float16": dtypes.float16,
              "bfloat16": dtypes.bfloat16, **{fmt: dtypes.float32 for fmt in QUANTIZE_AT_LOAD}}
     key = getattr(name, "name", name)

@@ -23,6 +23,6 @@ MAX_DIMS = 16  # dimensions of one buffer or signature shape
 MAX_SPECS = 4096  # entries of one signature list (inputs, targets, outputs)
 
 BYTES_FLOOR = 256 << 20  # what any bundle may allocate, however small the file
-BYTES_PER_FILE_BYTE = 16
+BYTES_PER_FILE_BYTE = 32
 WORK_FLOOR = 1 << 36  # node evaluations one entrypoint call may run, however small the file
-WORK_PER_FILE_BYTE = 1 << 16
+WORK_PER_FILE_BYTE = 1 << 18
