@@ -219,11 +219,12 @@ def collect() -> None:
     compact_uop_cache()
     live.live_tensors()  # drops the dead entries of the live-tensor list
     free_cached()
-    _trim_heap()
+    trim_heap()
 
 
-def _trim_heap() -> None:
-    """Ask glibc to give freed heap pages back to the OS (a no-op elsewhere)."""
+def trim_heap() -> None:
+    """Ask glibc to give freed heap pages back to the OS (a no-op elsewhere): after a load that read and
+    converted big arrays on the host, so they do not stay in the process's resident memory."""
     name = ctypes.util.find_library("c")
     if not name:
         return

@@ -19,6 +19,7 @@ import numpy as np
 
 from polygrad import Model, Tensor, Variable, dtypes, runtime_context
 from polygrad.device import canonicalize
+from polygrad.runtime import trim_heap
 
 from polygrad_hf.checkpoint import open_checkpoint
 from polygrad_hf.decoder import QUANTIZE_AT_LOAD, Decoder, read_weights, storage_dtype
@@ -119,4 +120,5 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
     ck.notes.extend(_quant_notes(ck, weights, wdt))
     model.hf_notes = list(ck.notes)  # type: ignore[attr-defined]
     model.tokenizer_file = ck.tokenizer_file  # type: ignore[attr-defined]
+    trim_heap()  # the file's bytes and their conversions were host arrays: give that heap back
     return model
