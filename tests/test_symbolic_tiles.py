@@ -95,3 +95,27 @@ def test_thread_axis_skips_symbolic_outer_ranges():
     assert thread_axis(kernel(const, sym)) is const
     assert thread_axis(kernel(sym, one)) is None
     assert thread_axis(kernel(sym)) is None
+
+
+@pytest.mark.parametrize("device", HOST)
+def test_sums_and_maxima_over_a_variable_match_numpy_at_every_length(device):
+    """A reduction over a Variable gets vector lanes, the last vector padded with the identity (0 for a sum,
+    -inf for a max): negative values, so a padded 0 would win a max; softmax as in attention."""
+    rng = np.random.default_rng(5)
+    xs = -np.abs(rng.standard_normal((6, 80)).astype(np.float32)) - 1
+    X = Tensor(xs, device=device).realize()
+    length = Variable("length", 1, 80)
+    for n in (1, 2, 7, 8, 9, 15, 17, 63, 64, 80):
+        x = X[:, :length.bind(n)]
+        np.testing.assert_allclose(x.max(-1).numpy(), xs[:, :n].max(-1), rtol=1e-6, err_msg=f"max {n}")
+        np.testing.assert_allclose(x.sum(-1).numpy(), xs[:, :n].sum(-1), rtol=1e-5, err_msg=f"sum {n}")
+        e = np.exp(xs[:, :n] - xs[:, :n].max(-1, keepdims=True))
+        np.testing.assert_allclose(x.softmax(-1).numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_a_sum_over_a_variable_gets_lanes():
+    from polygrad.device import open_device
+    _, _, _, (X, _, _) = _data("CPU", k=96)
+    (opts,) = _opts(X[:, :Variable("length", 1, 96).bind(70)].sum(-1))
+    if open_device("CPU").capabilities.vector_width > 1:
+        assert any(o.kind == "SPLIT_REDUCE" for o in opts), opts

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from polygrad.codegen.analysis import divides, estimate, range_size, ranges_of, stores_of, thread_axis
+from polygrad.codegen.analysis import divides, estimate, range_max, range_size, ranges_of, stores_of, thread_axis
 from polygrad.codegen.opts import Opt, OptKind
 from polygrad.codegen.passes import split_kernel
 from polygrad.contract import Capabilities
@@ -102,6 +102,10 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
     if cols:
         return cols
     if inner.arg[1] == AxisKind.REDUCE and divides(inner, 8) and range_size(inner) >= 64:
+        opts.append(Opt(OptKind.SPLIT_REDUCE, inner.arg[0], 8))
+    elif inner.arg[1] == AxisKind.REDUCE and range_size(inner) is None and range_max(inner) >= 64:
+        # a sum or maximum over a Variable (a softmax over a prompt's tokens): lanes, the last vector padded
+        # with the identity (opts._split_symbolic_reduce; other reductions are left as they are)
         opts.append(Opt(OptKind.SPLIT_REDUCE, inner.arg[0], 8))
     return opts
 

@@ -39,7 +39,7 @@ from enum import Enum
 
 from polygrad.codegen.analysis import address_nodes, range_size, ranges_of, thread_axis
 from polygrad.dtype import dtypes
-from polygrad.uop.ops import AxisKind, Ops, UOp
+from polygrad.uop.ops import AxisKind, Ops, UOp, reduce_identity
 from polygrad.uop.symbolic import bounds
 
 
@@ -99,6 +99,8 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
         if r.src[0].op is not Ops.CONST:
             if opt.kind is OptKind.UPCAST and opt.amount >= 2:
                 ast = _split_symbolic(ast, r, opt.amount, max(ranges) + 1)
+            elif opt.kind is OptKind.SPLIT_REDUCE and opt.amount >= 2:
+                ast = _split_symbolic_reduce(ast, r, opt.amount, max(ranges) + 1)
             continue
         if opt.kind is OptKind.TC:  # a marker for the renderer: the ranges stay
             continue
@@ -196,6 +198,40 @@ def _split_symbolic(ast: UOp, r: UOp, amount: int, next_id: int) -> UOp:
             gate = valid if len(src) < 3 else UOp(Ops.AND, dtypes.bool, (src[2], valid))
             memo[node] = UOp(Ops.INDEX, node.dtype, (src[0], src[1], gate), node.arg)
             continue
+        memo[node] = node if src == node.src else node.replace(src=src)
+    return memo[ast]
+
+
+SYMBOLIC_LANE_REDUCES = (Ops.ADD, Ops.MAX)  # what a padded lane can leave out by giving the identity
+
+
+def _split_symbolic_reduce(ast: UOp, r: UOp, amount: int, next_id: int) -> UOp:
+    """SPLIT_REDUCE of a reduce range whose end n is symbolic (a softmax over a prompt's tokens): an outer
+    reduce range of ceil(n / amount) points and `amount` lanes, each lane its own partial result. A point
+    p = outer * amount + lane past n reads at min(p, n - 1), a real point, and adds the reduction's
+    identity (0 for a sum, -inf for a max) instead of its value. Left unsplit: reductions other than sums
+    and maxima (a multiply-add's operand pair), and ranges that can reach 2**31."""
+    n = r.src[0]
+    reduces = [x for x in ast.toposort() if x.op is Ops.REDUCE and r in x.src[1:]]
+    if not reduces or any(x.arg not in SYMBOLIC_LANE_REDUCES for x in reduces) \
+            or bounds(n)[1] + amount > dtypes.max(r.dtype):
+        return ast
+    outer = UOp(Ops.RANGE, r.dtype, ((n + (amount - 1)) // amount,), (next_id, r.arg[1]))
+    inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, amount),), (next_id + 1, AxisKind.UPCAST))
+    point = outer * amount + inner
+    valid = UOp(Ops.CMPLT, dtypes.bool, (point, n))
+    memo: dict[UOp, UOp] = {r: UOp(Ops.WHERE, r.dtype, (valid, point, n - 1))}
+    for node in ast.toposort():
+        if node in memo:
+            continue
+        if node.op is Ops.REDUCE and r in node.src[1:]:
+            identity = UOp.const(node.dtype, reduce_identity(node.arg, node.dtype))
+            body = UOp(Ops.WHERE, node.dtype, (valid, memo[node.src[0]], identity))
+            others = tuple(memo.get(x, x) for x in node.src[1:] if x is not r)
+            partial = UOp(Ops.REDUCE, node.dtype, (body, *others, outer), node.arg)
+            memo[node] = UOp(Ops.REDUCE, node.dtype, (partial, inner), node.arg)
+            continue
+        src = tuple(memo.get(x, x) for x in node.src)
         memo[node] = node if src == node.src else node.replace(src=src)
     return memo[ast]
 
