@@ -167,6 +167,17 @@ def _pad_range(ast: UOp, r: UOp, amount: int) -> UOp:
     return out
 
 
+def _padded_split(r: UOp, amount: int, next_id: int) -> tuple[UOp, UOp, UOp, UOp]:
+    """(outer range of ceil(n / amount) points, of r's kind; `amount` UPCAST lanes; the gate p < n of the
+    point p = outer * amount + lane; min(p, n - 1), the real point a padded lane reads) for r's end n."""
+    n = r.src[0]
+    outer = UOp(Ops.RANGE, r.dtype, ((n + (amount - 1)) // amount,), (next_id, r.arg[1]))
+    inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, amount),), (next_id + 1, AxisKind.UPCAST))
+    point = outer * amount + inner
+    valid = UOp(Ops.CMPLT, dtypes.bool, (point, n))
+    return outer, inner, valid, UOp(Ops.WHERE, r.dtype, (valid, point, n - 1))
+
+
 def _split_symbolic(ast: UOp, r: UOp, amount: int, next_id: int) -> UOp:
     """UPCAST of a global range whose end n is symbolic (a Variable batch or sequence length): an outer
     global range of ceil(n / amount) points and `amount` inner lanes. The point p = outer * amount + lane
@@ -174,14 +185,9 @@ def _split_symbolic(ast: UOp, r: UOp, amount: int, next_id: int) -> UOp:
     and never leave the buffers, and its block's stores get the gate `p < n` (combined with their own by
     AND). The padded lanes compute a copy of the last real point and write nothing. A kernel whose ranges
     can reach 2**31 at the Variables' maxima is returned unsplit."""
-    n = r.src[0]
-    if bounds(n)[1] + amount > dtypes.max(r.dtype):
+    if bounds(r.src[0])[1] + amount > dtypes.max(r.dtype):
         return ast
-    outer = UOp(Ops.RANGE, r.dtype, ((n + (amount - 1)) // amount,), (next_id, r.arg[1]))
-    inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, amount),), (next_id + 1, AxisKind.UPCAST))
-    point = outer * amount + inner
-    valid = UOp(Ops.CMPLT, dtypes.bool, (point, n))
-    clamped = UOp(Ops.WHERE, r.dtype, (valid, point, n - 1))
+    outer, inner, valid, clamped = _padded_split(r, amount, next_id)
     stores = {_store_of(b).src[0] for b in ast.toposort() if b.op is Ops.END and r in b.src[1:]}
     memo: dict[UOp, UOp] = {r: clamped}
     for node in ast.toposort():
@@ -211,29 +217,31 @@ def _split_symbolic_reduce(ast: UOp, r: UOp, amount: int, next_id: int) -> UOp:
     p = outer * amount + lane past n reads at min(p, n - 1), a real point, and adds the reduction's
     identity (0 for a sum, -inf for a max) instead of its value. Left unsplit: reductions other than sums
     and maxima (a multiply-add's operand pair), and ranges that can reach 2**31."""
-    n = r.src[0]
     reduces = [x for x in ast.toposort() if x.op is Ops.REDUCE and r in x.src[1:]]
     if not reduces or any(x.arg not in SYMBOLIC_LANE_REDUCES for x in reduces) \
-            or bounds(n)[1] + amount > dtypes.max(r.dtype):
+            or bounds(r.src[0])[1] + amount > dtypes.max(r.dtype):
         return ast
-    outer = UOp(Ops.RANGE, r.dtype, ((n + (amount - 1)) // amount,), (next_id, r.arg[1]))
-    inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, amount),), (next_id + 1, AxisKind.UPCAST))
-    point = outer * amount + inner
-    valid = UOp(Ops.CMPLT, dtypes.bool, (point, n))
-    memo: dict[UOp, UOp] = {r: UOp(Ops.WHERE, r.dtype, (valid, point, n - 1))}
+    outer, inner, valid, clamped = _padded_split(r, amount, next_id)
+    memo: dict[UOp, UOp] = {r: clamped}
     for node in ast.toposort():
         if node in memo:
             continue
         if node.op is Ops.REDUCE and r in node.src[1:]:
             identity = UOp.const(node.dtype, reduce_identity(node.arg, node.dtype))
             body = UOp(Ops.WHERE, node.dtype, (valid, memo[node.src[0]], identity))
-            others = tuple(memo.get(x, x) for x in node.src[1:] if x is not r)
-            partial = UOp(Ops.REDUCE, node.dtype, (body, *others, outer), node.arg)
-            memo[node] = UOp(Ops.REDUCE, node.dtype, (partial, inner), node.arg)
+            memo[node] = _lane_reduce(node, body, tuple(memo.get(x, x) for x in node.src[1:] if x is not r), outer,
+                                      inner)
             continue
         src = tuple(memo.get(x, x) for x in node.src)
         memo[node] = node if src == node.src else node.replace(src=src)
     return memo[ast]
+
+
+def _lane_reduce(node: UOp, body: UOp, others: tuple[UOp, ...], outer: UOp, inner: UOp) -> UOp:
+    """REDUCE node split by SPLIT_REDUCE: a partial result per lane of `inner` over the other ranges and
+    `outer`, then those lanes reduced."""
+    partial = UOp(Ops.REDUCE, node.dtype, (body, *others, outer), node.arg)
+    return UOp(Ops.REDUCE, node.dtype, (partial, inner), node.arg)
 
 
 def _store_of(block: UOp) -> UOp:
@@ -280,8 +288,7 @@ def _substitute_range(ast: UOp, r: UOp, outer: UOp, inner: UOp, kind: OptKind) -
             if kind is OptKind.UNROLL:  # one accumulator over both halves
                 memo[node] = UOp(Ops.REDUCE, node.dtype, (body, *others, outer, inner), node.arg)
                 continue
-            partial = UOp(Ops.REDUCE, node.dtype, (body, *others, outer), node.arg)
-            memo[node] = UOp(Ops.REDUCE, node.dtype, (partial, inner), node.arg)
+            memo[node] = _lane_reduce(node, body, others, outer, inner)
             continue
         new_src = tuple(memo.get(s, s) for s in node.src)
         memo[node] = node if new_src == node.src else node.replace(src=new_src)
