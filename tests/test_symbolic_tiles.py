@@ -119,3 +119,31 @@ def test_a_sum_over_a_variable_gets_lanes():
     (opts,) = _opts(X[:, :Variable("length", 1, 96).bind(70)].sum(-1))
     if open_device("CPU").capabilities.vector_width > 1:
         assert any(o.kind == "SPLIT_REDUCE" for o in opts), opts
+
+
+def test_every_reduction_of_a_prompt_gets_lanes_or_a_tile(tmp_path):
+    """A GPT-2 prompt (12 heads of 64, the prompt's tokens a Variable): each kernel with a reduction gets vector
+    lanes or a register tile, and one with 16 or more outputs along a constant range a tile on them. Before:
+    the attention product, fused with the heads' interleave, had none (div/mod output indices), nor did
+    the softmax's sums and maxima over the tokens."""
+    pytest.importorskip("transformers")
+    import hf_checkpoints as hc
+    from polygrad.device import open_device
+    from polygrad.hf import load_hf
+    if open_device("CPU").capabilities.vector_width <= 1:
+        pytest.skip("the CPU has no vector lanes")
+    hc.make("gpt2", tmp_path, overrides=dict(n_embd=768, n_head=12, n_layer=1))
+    model = load_hf(tmp_path, max_seq_len=64)
+    try:
+        bare = []
+        for prog, _, _ in model._x.plan("forward"):
+            if prog is None or not any(n.op is Ops.REDUCE for n in prog.spec.ast.toposort()):
+                continue
+            kinds = {o.kind for o in prog.spec.opts}
+            wide = any(r.op is Ops.RANGE and r.arg[1] in (AxisKind.GLOBAL, AxisKind.THREAD) and r.src[0].op is Ops.CONST
+                       and int(r.src[0].arg) >= 16 for r in prog.spec.ast.toposort())
+            if not kinds & {"UPCAST", "SPLIT_REDUCE"} or (wide and "UPCAST" not in kinds):
+                bare.append((prog.spec.name, prog.spec.opts))
+        assert not bare, bare
+    finally:
+        model.dispose()
