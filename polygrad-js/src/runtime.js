@@ -130,6 +130,32 @@ class BaseExecutor {
     return this.prog.kernels[c.kernel].id + ':' + c.args.map((s) => s.base).join(',')
   }
 
+  /** Bytes of scratch call `c`'s kernel needs (its split-off prologues' buffers, placed one after another). */
+  callScratch (c) {
+    return this.prepare1(this.prog.kernels[c.kernel]).scratch.reduce((a, s) => a + up(s.size * s.dtype.size), 0)
+  }
+
+  /** Scratch of at least `need` bytes, after every buffer: reserved (memory grown) when the current is smaller.
+   * Sites compiled before keep the region they were given; it is never reused for anything else. */
+  reserveScratch (need) {
+    if (need <= this.scratchSize) return
+    this.scratchBase = this.bytesUsed
+    this.scratchSize = need
+    this.bytesUsed += need
+    this.grow()
+  }
+
+  /** Where a call site's kernel finds its buffers: its arguments' slots, then its scratch slots in the scratch. */
+  siteLayout (c, prog) {
+    const layout = new Map(c.args.map((s, i) => [i, { base: s.base, size: s.size }]))
+    let at = this.scratchBase
+    for (const s of prog.scratch) {
+      layout.set(s.slot, { base: at, size: s.size })
+      at += up(s.size * s.dtype.size)
+    }
+    return layout
+  }
+
   view (dtype) {
     if (!this.views || this.views.buffer !== this.memory.buffer) this.views = { buffer: this.memory.buffer }
     let v = this.views[dtype.name]
@@ -176,9 +202,7 @@ class Executor extends BaseExecutor {
     let most = 0
     for (const n of names) {
       for (const c of this.prog.entries[n].calls) {
-        if (c.copy) continue
-        const need = this.prepare1(this.prog.kernels[c.kernel]).scratch.reduce((a, s) => a + up(s.size * s.dtype.size), 0)
-        most = Math.max(most, need)
+        if (!c.copy) most = Math.max(most, this.callScratch(c))
       }
     }
     return most
@@ -300,25 +324,13 @@ class Executor extends BaseExecutor {
   prepare (names) {
     const pending = this.pendingSites(names)
     if (!pending.size) return null
-    // scratch for split-off prologues: reserved when the kernels that need it are first compiled (sites
-    // already compiled keep the region they were given; it is never reused for anything else)
-    const need = this.scratchBytes(names)
-    if (need > this.scratchSize) {
-      this.scratchBase = this.bytesUsed
-      this.scratchSize = need
-      this.bytesUsed += need
-      this.memory = ensureMemory(this.memory, this.bytesUsed)
-    }
+    // scratch for split-off prologues: reserved when the kernels that need it are first compiled
+    this.reserveScratch(this.scratchBytes(names))
     const sites = []
     const keys = []
     for (const [key, c] of pending) {
       const prog = this.lower(c.kernel)
-      const layout = new Map(c.args.map((s, i) => [i, { base: s.base, size: s.size }]))
-      let at = this.scratchBase
-      for (const s of prog.scratch) {
-        layout.set(s.slot, { base: at, size: s.size })
-        at += up(s.size * s.dtype.size)
-      }
+      const layout = this.siteLayout(c, prog)
       sites.push({ prog, layout, call: c, packs: [] })
       keys.push(key)
       if (prog.small) {

@@ -121,23 +121,13 @@ class GPUExecutor extends BaseExecutor {
     }
     let need = 0
     for (const c of pending.values()) {
-      need = Math.max(need, this.prepare1(this.prog.kernels[c.kernel]).scratch.reduce((a, s) => a + up(s.size * s.dtype.size), 0))
+      need = Math.max(need, this.callScratch(c))
     }
-    if (need > this.scratchSize) {
-      this.scratchBase = this.bytesUsed
-      this.scratchSize = need
-      this.bytesUsed += need
-      this.grow()
-    }
+    this.reserveScratch(need)
     const jobs = []
     for (const [key, c] of pending) {
       const prog = this.lower(c.kernel)
-      const layout = new Map(c.args.map((s, i) => [i, { base: s.base, size: s.size }]))
-      let at = this.scratchBase
-      for (const s of prog.scratch) {
-        layout.set(s.slot, { base: at, size: s.size })
-        at += up(s.size * s.dtype.size)
-      }
+      const layout = this.siteLayout(c, prog)
       const programs = prog.phases ? prog.phases.map((ph, i) => [ph, prog.trips[i]]) : [[prog, null]]
       const dispatches = programs.map(([ph, trip]) => {
         if (ph.vars.length > MAX_PARAMS) throw new KernelError(`kernel ${prog.name} takes ${ph.vars.length} Variables; the webgpu backend passes at most ${MAX_PARAMS}`)
