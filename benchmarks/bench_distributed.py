@@ -32,22 +32,14 @@ SIZES, GLOBAL_BATCH = (784, 512, 512, 10), 1024
 
 def worker(steps: int) -> None:
     import polygrad.distributed as dist
-    from polygrad import Model, Tensor, nn
+    from bench_model_fit import MLP  # the same 784-512-512-10 network (its SIZES are ours)
+    from polygrad import Model, Tensor
     from polygrad.device import Buffer
     from polygrad.dtype import dtypes
 
     dist.init()
     n, r = dist.world_size(), dist.rank()
     local = GLOBAL_BATCH // n
-
-    class MLP:
-        def __init__(self):
-            self.layers = [nn.Linear(a, b) for a, b in zip(SIZES, SIZES[1:])]
-
-        def __call__(self, x):
-            for layer in self.layers[:-1]:
-                x = layer(x).relu()
-            return {"logits": self.layers[-1](x)}
 
     Tensor.manual_seed(0)
     model = Model(MLP(), inputs={"x": Tensor.empty(local, SIZES[0])}, targets={"y": Tensor.empty(local, dtype="int32")},
