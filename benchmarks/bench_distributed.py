@@ -5,10 +5,12 @@ per rank (POLY_THREADS=1). Reports samples/s of each world size and the scaling 
 (samples/s of N ranks / (N x samples/s of 1 rank)); then, on 2 ranks, the bandwidth of averaging the
 MLP's gradient buffers against raw mpi4py `Allreduce` on the same buffers (one call per buffer, and one
 on a flat buffer of the same total), medians of alternated rounds. polygrad's rows: the Averager
-(distributed/buckets.py: pack, one allreduce per bucket, unpack) writing means, as Model.fit uses it; the
-same with the 1/N of the buffers reduced in their own memory deferred to the optimizer's kernel, as
-DistributedOptimizer uses it; and dist.all_reduce of one flat Tensor (a new result buffer and the
-operand check each call). Bandwidth is the algorithm bandwidth: bytes reduced per second.
+(distributed/buckets.py: pack, one allreduce per bucket, unpack) leaving sums, as Model.fit uses it (its
+update multiplies the gradients by a grad-scale slot holding 1/N); the same with the 1/N of the buffers
+reduced in their own memory deferred to the optimizer's kernel, as DistributedOptimizer uses it; the same
+writing means (a pass over the big buffers: fit's path when a train_step recorded the update first); and
+dist.all_reduce of one flat Tensor (a new result buffer and the operand check each call). Bandwidth is
+the algorithm bandwidth: bytes reduced per second.
 
     python benchmarks/bench_distributed.py [--steps 20]
 
@@ -87,8 +89,9 @@ def worker(steps: int) -> None:
             return nbytes * reps / (time.perf_counter() - t) / 1e9
         flat_t = Tensor(flat).realize()
         result = np.empty_like(flat)  # all_reduce leaves its operand as it is: compare it with this
-        runs = {"polygrad_average_GBps": lambda: averager.average(bufs),
+        runs = {"polygrad_sums_GBps": lambda: averager.average(bufs, sums=True),
                 "polygrad_deferred_GBps": lambda: averager.average(bufs, defer=True),
+                "polygrad_average_GBps": lambda: averager.average(bufs),
                 "polygrad_all_reduce_GBps": lambda: dist.all_reduce(flat_t),
                 "mpi4py_per_buffer_GBps": lambda: [comm.Allreduce(MPI.IN_PLACE, v) for v in views],
                 "mpi4py_flat_GBps": lambda: comm.Allreduce(MPI.IN_PLACE, flat),
@@ -130,8 +133,9 @@ def main() -> None:
     print(f"  scaling efficiency on 2 ranks: {two['samples_per_s'] / (2 * one['samples_per_s']):.0%}")
     print(f"gradient averaging, {two['bytes_reduced'] / 2**20:.2f} MiB on 2 ranks (GB/s reduced):")
     raw = two["mpi4py_per_buffer_GBps"]
-    rows = [("polygrad Averager, means (Model.fit)", "polygrad_average_GBps"),
+    rows = [("polygrad Averager, sums, 1/N in the update's grad-scale slot (Model.fit)", "polygrad_sums_GBps"),
             ("polygrad Averager, 1/N deferred to the step (DistributedOptimizer)", "polygrad_deferred_GBps"),
+            ("polygrad Averager, means (fit after a train_step recorded the update)", "polygrad_average_GBps"),
             ("polygrad dist.all_reduce(sum) of one flat Tensor", "polygrad_all_reduce_GBps"),
             ("raw mpi4py Allreduce, one call per buffer", "mpi4py_per_buffer_GBps"),
             ("raw mpi4py Allreduce, one flat buffer", "mpi4py_flat_GBps"),

@@ -188,6 +188,10 @@ def _optimizer(**changes: Any) -> bytes:
     return _with_manifest("mlp_adam.pgb", edit)
 
 
+def _grad_scale(name: str, slot: Any) -> bytes:
+    return _with_manifest(name, lambda m: m["training"].update(grad_scale_buffer=slot))
+
+
 def _rename_kernel(name: str) -> bytes:
     def edit(m: dict) -> None:
         for node in m["kernels"]["nodes"]:
@@ -351,6 +355,15 @@ CRAFTED: dict[str, tuple[str, Callable[[], bytes]]] = {
     "optimizer_eps_zero": ("reject", lambda: _optimizer(eps=0)),
     "optimizer_lr_negative": ("reject", lambda: _optimizer(lr=-1)),
     "optimizer_beta_one": ("reject", lambda: _optimizer(betas=[0.9, 1.0])),
+    # the update's gradient multiplier (training.grad_scale_buffer): a one-element float32 optimizer buffer
+    # other than lr_buffer, and only with an optimizer; absent or null for an update without one
+    "grad_scale_null": ("accept", lambda: _grad_scale("mlp_adam.pgb", None)),
+    "grad_scale_on_lr_buffer": ("reject", lambda: _grad_scale("mlp_adam.pgb", 21)),
+    "grad_scale_two_elements": ("reject", lambda: _grad_scale("mlp_adam.pgb", 22)),
+    "grad_scale_on_an_input": ("reject", lambda: _grad_scale("mlp_adam.pgb", 0)),
+    "grad_scale_out_of_range": ("reject", lambda: _grad_scale("mlp_adam.pgb", 10**6)),
+    "grad_scale_string": ("reject", lambda: _grad_scale("mlp_adam.pgb", "optimizer.0")),
+    "grad_scale_without_optimizer": ("reject", lambda: _grad_scale("embedding_sgd.pgb", 0)),
     # names are metadata that reach no generated source (uop/names.py): any plain name is one, others are not
     "kernel_name_asm": ("accept", lambda: _rename_kernel("__asm__")),
     "kernel_name_injection": ("reject", lambda: _rename_kernel("E_1(){}; int main")),

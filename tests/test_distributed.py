@@ -114,6 +114,51 @@ def test_save_after_distributed_fit_writes_on_rank_0_alone(trained_in):
         assert not (trained_in / f"{name}_saved_by_rank1.pgb").exists()
 
 
+@needs_mpi
+def test_fit_folds_the_mean_into_the_update_and_saves_a_plain_update(trained_in):
+    """fit(distributed=True) leaves the gradients as sums and records an update that multiplies them by a
+    grad-scale slot holding 1/N meanwhile (test_two_ranks_... checks the steps). The saved bundle names the
+    slot, holds 1.0 in it, and every update kernel that reads a gradient reads it too; its next train_step
+    in one process is torch's step from the same weights."""
+    torch = pytest.importorskip("torch")
+    from polygrad import Model, bundle
+    blob = (trained_in / "sgd_saved_by_rank0.pgb").read_bytes()
+    manifest, _ = bundle.read(blob)
+    scale = manifest["training"]["grad_scale_buffer"]
+    grads = {g for _, g in manifest["training"]["gradients"]}
+    calls = manifest["entrypoints"]["optimizer_step"]["calls"]
+    reading = [c["args"] for c in calls if "kernel" in c and grads & set(c["args"])]
+    assert reading and all(scale in args for args in reading)
+    model = Model.load(blob)
+    assert model._x.bufs[scale].numpy().tolist() == [1.0]
+    before = {k: v.numpy() for k, v in model.parameters().items()}
+    rng = np.random.default_rng(3)
+    batch = model._p.inputs[0].shape[0]
+    x = rng.standard_normal((batch, 8)).astype(np.float32)
+    y = rng.integers(0, 4, batch).astype(np.int32)
+    model.train_step({"x": x}, {"y": y})
+    t = {k: torch.tensor(v, requires_grad=True) for k, v in before.items()}
+    hidden = torch.tanh(torch.from_numpy(x) @ t["l1.weight"].T + t["l1.bias"])
+    loss = torch.nn.functional.cross_entropy(hidden @ t["l2.weight"].T + t["l2.bias"], torch.from_numpy(y).long())
+    loss.backward()
+    want = {k: (v - 0.01 * v.grad).detach().numpy() for k, v in t.items()}  # the worker's fit: SGD, lr 0.01
+    after = {k: v.numpy() for k, v in model.parameters().items()}
+    for k in want:
+        assert relative(after[k] - before[k], want[k] - before[k]) < 1e-4, k
+    if shutil.which("node") is None:
+        return
+    # polygrad-js reads the field, takes the same step, and keeps the field when it saves
+    import test_js
+    out = pathlib.Path(trained_in) / "from_js.pgb"
+    got = test_js.run_node([{"name": "fit", "bundle": str(trained_in / "sgd_saved_by_rank0.pgb"),
+                             "fit": {"data": {"x": test_js.enc(x), "y": test_js.enc(y)}, "options": {}},
+                             "forward": {"x": test_js.enc(x)}, "save": str(out)}], pathlib.Path(trained_in))["fit"]
+    assert "error" not in got, got.get("error")
+    test_js.close(test_js.dec(got["outputs"]["logits"]), model.forward(x=x)["logits"].numpy())
+    again, _ = bundle.read(out.read_bytes())
+    assert again["training"]["grad_scale_buffer"] == scale
+
+
 # ---------------------------------------------------------------- collectives against NumPy
 @needs_mpi
 def test_collectives_match_numpy_for_every_dtype_and_op(tmp_path):

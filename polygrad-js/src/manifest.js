@@ -282,22 +282,30 @@ function readProgram (manifest, body, opts = {}) {
   })
   let optimizer = tr.optimizer === undefined ? null : tr.optimizer
   let lrSlot = null
+  let gradScaleSlot = null // the update's gradient multiplier (Python's distributed fit); 1.0 in a bundle
   let optimizerState = null
   if (optimizer !== null) {
     optimizer = optimizerConfig(optimizer)
     need(BUNDLE.OPTIMIZER_ENTRYPOINTS.every((k) => entries[k]), 'an optimizer without train_step/optimizer_step')
     lrSlot = slotNo(tr.lr_buffer, 'training.lr_buffer', ['optimizer'])
     need(lrSlot.size === 1 && lrSlot.dtype === DTYPES.float32, 'training.lr_buffer must be a one-element float32 buffer')
+    if (tr.grad_scale_buffer !== undefined && tr.grad_scale_buffer !== null) {
+      gradScaleSlot = slotNo(tr.grad_scale_buffer, 'training.grad_scale_buffer', ['optimizer'])
+      need(gradScaleSlot.size === 1 && gradScaleSlot.dtype === DTYPES.float32 && gradScaleSlot !== lrSlot,
+        'training.grad_scale_buffer must be a one-element float32 optimizer buffer other than lr_buffer')
+    }
     optimizerState = tr.optimizer_state
     need(BUNDLE.OPTIMIZER_STATES.includes(optimizerState), "training.optimizer_state must be 'kept' or 'initial'")
   } else {
     need(!BUNDLE.OPTIMIZER_ENTRYPOINTS.some((k) => entries[k]), 'train_step without an optimizer')
+    need(tr.grad_scale_buffer === undefined || tr.grad_scale_buffer === null,
+      'training.grad_scale_buffer without an optimizer')
   }
   const rngObj = get(manifest, 'rng', 'object', 'manifest')
   const rng = [getInt(rngObj, 'seed', 'rng', 0, 0xffffffff), getInt(rngObj, 'counter', 'rng', 0, 0xffffffff)]
   const prog = {
     slots, graph, kernels, kernelTable, entries, inputs, targets, outputs, variables, rng, gradients, optimizer,
-    lrSlot, optimizerState, producer: typeof manifest.producer === 'string' ? manifest.producer : '',
+    lrSlot, gradScaleSlot, optimizerState, producer: typeof manifest.producer === 'string' ? manifest.producer : '',
     validated: new Set()
   }
   // the index analysis of every kernel before anything runs, as Python does, so both accept and reject the
@@ -515,7 +523,8 @@ function writeManifest (prog, read, producer) {
       gradients: [...prog.gradients].map(([a, b]) => [index.get(a), index.get(b)]),
       optimizer: prog.optimizer,
       optimizer_state: prog.optimizer ? prog.optimizerState || 'kept' : null,
-      lr_buffer: prog.lrSlot ? index.get(prog.lrSlot) : null
+      lr_buffer: prog.lrSlot ? index.get(prog.lrSlot) : null,
+      ...(prog.optimizer && prog.gradScaleSlot ? { grad_scale_buffer: index.get(prog.gradScaleSlot) } : {})
     },
     rng: { seed: prog.rng[0], counter: prog.rng[1] }
   }

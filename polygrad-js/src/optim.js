@@ -111,6 +111,7 @@ function dropOptimizer (prog) {
   prog.kernelTable = null
   prog.optimizer = null
   prog.lrSlot = null
+  prog.gradScaleSlot = null
   prog.optimizerState = null
 }
 
@@ -270,6 +271,7 @@ function buildOptimizer (prog, cfg) {
   prog.entries.train_step = { inputs: Object.assign({}, loss.inputs), outputs: Object.assign({}, loss.outputs), calls: [...loss.calls, ...calls], rng: loss.rng.slice() }
   prog.optimizer = cfg
   prog.lrSlot = lr
+  prog.gradScaleSlot = null // the update reads plain gradients (Python's distributed fit adds a multiplier)
   prog.optimizerState = 'kept'
   prog.kernelTable = null
   return newSlots

@@ -90,13 +90,14 @@ class Averager:
         self.plans: dict[tuple, list[Bucket]] = {}
 
     def average(self, sources: list[Buffer], targets: list[Buffer] | None = None, what: str = "gradient averaging",
-                defer: bool = False) -> list[float]:
+                defer: bool = False, sums: bool = False) -> list[float]:
         """Write the mean over the ranks of each source into its target (default: into the source itself).
 
         Returns each target's pending factor: 1.0 (it holds the mean), or with `defer` 1/N for a buffer reduced
         in its own memory, which then holds the sum: the caller folds the factor into the kernel that reads
         it (DistributedOptimizer: the optimizer step), saving a pass over the biggest buffers. Packed and
-        widened buffers are scaled while they are unpacked, where it costs nothing."""
+        widened buffers are scaled while they are unpacked, where it costs nothing. With `sums` every target
+        holds the sum (factor 1/N for all): Model.fit's optimizer step scales every gradient by one slot."""
         w = self.world
         targets = sources if targets is None else targets
         key = tuple((b.dtype, b.size) for b in sources)
@@ -127,13 +128,15 @@ class Averager:
                 i = b.members[0]
                 if w.size == 1:
                     continue
-                if defer:
+                if defer or sums:
                     factors[i] = scale
                 else:
                     np.multiply(outs[i], scale, out=outs[i], casting="unsafe")
                 continue
             for i, off in zip(b.members, b.offsets):
-                _from_carried(b.packed[off:off + outs[i].size], scale, key[i][0], outs[i])
+                _from_carried(b.packed[off:off + outs[i].size], 1.0 if sums else scale, key[i][0], outs[i])
+                if sums and w.size > 1:
+                    factors[i] = scale
         for t, arr in zip(targets, outs):
             write_back(t, arr)
         w.stats.steps += 1

@@ -23,7 +23,7 @@ from polygrad.bundle import BundleError, check_int, get, get_int, need
 from polygrad.codegen.passes import simplify_indices
 from polygrad.definitions import bundle as bundle_format
 from polygrad.definitions import optimizer as optimizer_table
-from polygrad.dtype import DType
+from polygrad.dtype import DType, dtypes
 from polygrad.errors import PolygradError
 from polygrad.limits import MAX_CALLS, MAX_DIMS, MAX_ELEMENTS, MAX_NAME, MAX_SLOTS, MAX_SPECS
 from polygrad.model.optim import optimizer_config
@@ -88,7 +88,9 @@ def to_manifest(p: Program, stored: Callable[[int], np.ndarray], include_optimiz
         "training": {"gradients": [[a, b] for a, b in p.gradients.items()],
                      "optimizer": dict(p.optimizer) if recorded and p.optimizer else None,
                      "optimizer_state": ("kept" if include_optimizer else "initial") if recorded else None,
-                     "lr_buffer": p.lr_slot if recorded else None},
+                     "lr_buffer": p.lr_slot if recorded else None,
+                     **({"grad_scale_buffer": p.grad_scale_slot}
+                        if recorded and p.grad_scale_slot is not None else {})},
         "rng": {"seed": int(p.rng[0]), "counter": int(p.rng[1])},
     }
     return manifest, blobs
@@ -304,7 +306,7 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
         need(slots[a].shape == slots[b].shape, f"training.gradients[{i}]: shapes differ")
         grads[a] = b
     opt = tr.get("optimizer")
-    lr_slot = None
+    lr_slot = scale_slot = None
     if opt is not None:
         named = isinstance(opt, dict) and isinstance(opt.get("name"), str)
         need(named, "training.optimizer must be an object with a name")
@@ -320,10 +322,16 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
              "an optimizer without train_step/optimizer_step")
         lr_slot = slot_no(tr.get("lr_buffer"), "training.lr_buffer", ("optimizer",))
         need(slots[lr_slot].size == 1, "training.lr_buffer must be a one-element buffer")
+        if tr.get("grad_scale_buffer") is not None:
+            scale_slot = slot_no(tr["grad_scale_buffer"], "training.grad_scale_buffer", ("optimizer",))
+            need(slots[scale_slot].size == 1 and slots[scale_slot].dtype == dtypes.float32
+                 and scale_slot != lr_slot, "training.grad_scale_buffer must be a one-element float32 optimizer "
+                 "buffer other than lr_buffer")
         need(tr.get("optimizer_state") in bundle_format.OPTIMIZER_STATES,
              "training.optimizer_state must be 'kept' or 'initial'")
     else:
         need(not any(k in entries for k in bundle_format.OPTIMIZER_ENTRYPOINTS), "train_step without an optimizer")
+        need(tr.get("grad_scale_buffer") is None, "training.grad_scale_buffer without an optimizer")
     rng = get(manifest, "rng", dict, "manifest")
     seed_counter = [get_int(rng, "seed", "rng", 0, 0xFFFFFFFF), get_int(rng, "counter", "rng", 0, 0xFFFFFFFF)]
 
@@ -333,7 +341,8 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
     for s, (off, nbytes) in where_data.items():
         dt = np.dtype(slots[s].dtype.np).newbyteorder("<")
         stored[s] = np.frombuffer(body[off:off + nbytes], dtype=dt).astype(slots[s].dtype.np)
-    prog = Program(slots, kernels, entries, inputs, targets, outputs, variables, seed_counter, grads, opt, lr_slot)
+    prog = Program(slots, kernels, entries, inputs, targets, outputs, variables, seed_counter, grads, opt, lr_slot,
+                   scale_slot)
     return prog, stored
 
 

@@ -84,12 +84,25 @@ def param_tensors(p: Program, bufs: list[Buffer], runtime: Any, with_grads: bool
     return out
 
 
-def record_optimizer(p: Program, bufs: list[Buffer], device: str, runtime: Any, cfg: dict) -> list[Buffer]:
+def record_optimizer(p: Program, bufs: list[Buffer], device: str, runtime: Any, cfg: dict,
+                     grad_scale: float | None = None) -> list[Buffer]:
     """The first step's update, run eagerly under capture: its launches become "optimizer_step". Returns
-    the buffers of the extended slot table (the optimizer's own state buffers join `bufs`)."""
+    the buffers of the extended slot table (the optimizer's own state buffers join `bufs`).
+
+    With `grad_scale` (Model.fit(distributed=True): the gradient slots hold sums over N ranks, this is 1/N)
+    the update reads every gradient times a one-element optimizer slot holding it (`p.grad_scale_slot`,
+    bundle field training.grad_scale_buffer): the 1/N rides in the update's kernels, which read the
+    gradients anyway, instead of a pass of its own. The slot holds 1.0 outside distributed fits."""
     slot_of = {id(b): s for s, b in enumerate(bufs)}
     with runtime_context.using(runtime):
         params = param_tensors(p, bufs, runtime, with_grads=True)
+        scale_buf = None
+        if grad_scale is not None:
+            scale_buf = Buffer(device, 1, dtypes.float32).copyin(np.array([grad_scale], dtype=np.float32))
+            scale = Tensor(_buffer_uop(scale_buf, (1,)), _runtime=runtime).reshape(())
+            for t in params:
+                if t.grad is not None:
+                    t.grad = t.grad * scale
         opt = make_optimizer(cfg, params)
         opt_bufs = optimizer_buffers(opt, slot_of)
         start_serial = Buffer(device, 0, dtypes.float32).serial
@@ -98,6 +111,8 @@ def record_optimizer(p: Program, bufs: list[Buffer], device: str, runtime: Any, 
         tb.slot_of = dict(slot_of)
         for i, b in enumerate(opt_bufs):
             tb.add(f"optimizer.{i}", "optimizer", b.dtype, (b.size,), b.size, b)
+        if scale_buf is not None:
+            tb.add("optimizer.grad_scale", "optimizer", dtypes.float32, (1,), 1, scale_buf)
         lr_slot = tb.slot_of[id(opt.lr._buffer())]
         with Context(TRAINING=1), capture() as cap:
             opt.step()
@@ -107,6 +122,7 @@ def record_optimizer(p: Program, bufs: list[Buffer], device: str, runtime: Any, 
     assert len(new_bufs) == len(p.slots)
     p.kernels = list(kernels)
     p.lr_slot = lr_slot
+    p.grad_scale_slot = tb.slot_of[id(scale_buf)] if scale_buf is not None else None
     loss = p.entries["loss"]
     p.entries["optimizer_step"] = entry
     p.entries["train_step"] = Entry(dict(loss.inputs), dict(loss.outputs), loss.calls + entry.calls, list(loss.rng))
@@ -122,7 +138,7 @@ def drop_optimizer(p: Program) -> list[int] | None:
     used = {a for e in p.entries.values() for c in e.calls for a in c.args}
     used |= {s for e in p.entries.values() for s in (*e.inputs.values(), *e.outputs.values())}
     keep = [s for s in keep if s in used or p.slots[s].role in STORED]
-    p.optimizer, p.lr_slot = None, None
+    p.optimizer, p.lr_slot, p.grad_scale_slot = None, None, None
     if len(keep) == len(p.slots):
         return None
     compact(p, keep)
@@ -135,7 +151,10 @@ def initial_optimizer_values(p: Program, bufs: list[Buffer], runtime: Any) -> di
     with runtime_context.using(runtime):
         opt = make_optimizer(p.optimizer, param_tensors(p, bufs, runtime, with_grads=False))
         fresh = optimizer_buffers(opt, {id(b): s for s, b in enumerate(bufs)})
-    slots = [s for s, slot in enumerate(p.slots) if slot.role == "optimizer"]
+    slots = [s for s, slot in enumerate(p.slots) if slot.role == "optimizer" and s != p.grad_scale_slot]
     if len(slots) != len(fresh):
         raise ModelError(f"internal: {len(fresh)} fresh optimizer buffers for {len(slots)} optimizer slots")
-    return {s: b.numpy() for s, b in zip(slots, fresh)}
+    initial = {s: b.numpy() for s, b in zip(slots, fresh)}
+    if p.grad_scale_slot is not None:
+        initial[p.grad_scale_slot] = np.ones(1, np.float32)
+    return initial

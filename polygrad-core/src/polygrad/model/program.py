@@ -86,6 +86,7 @@ class Program:
     gradients: dict[int, int] = field(default_factory=dict)  # parameter slot -> gradient slot
     optimizer: dict | None = None  # {"name": ..., hyperparameters}
     lr_slot: int | None = None
+    grad_scale_slot: int | None = None  # one-element optimizer slot the update multiplies the gradients by
     # input/target name -> [(classes, ignore_index)]: the loss reads it as class labels (noted at capture,
     # checked on the host data of every call; not stored in bundles)
     labels: dict[str, list[tuple[int, int]]] = field(default_factory=dict)

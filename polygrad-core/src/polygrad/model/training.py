@@ -72,20 +72,31 @@ class TrainingMixin:
         return float(self._x.bufs[self._p.entries["train_step"].outputs["loss"]].numpy()[0])
 
     def _averaged_step(self, fed: dict[int, Any], env: dict[str, int], averager: Any) -> float:
-        """One data-parallel step: "loss" (this rank's loss and gradients), their means over the ranks
-        in one bucketed allreduce, then "optimizer_step" (recorded on the first step, as in _step)."""
+        """One data-parallel step: "loss" (this rank's loss and gradients), their sums or means over the ranks
+        in one bucketed allreduce, then "optimizer_step" (recorded on the first step, as in _step).
+
+        An update recorded here reads the gradients times its grad-scale slot (model/optim.record_optimizer),
+        which holds 1/N while a distributed fit runs: the gradients stay sums, with no pass over them to
+        divide. One recorded without that slot (a train_step came first) gets the means."""
+        ranks = averager.world.size
         self._x.run("loss", fed, env)
         loss_slot = self._p.entries["loss"].outputs["loss"]
         shared = [self._p.gradients[s] for s in sorted(self._p.gradients)] + [loss_slot]
-        averager.average([self._x.bufs[s] for s in shared], what="Model.fit (gradient averaging)")
-        value = float(self._x.bufs[loss_slot].numpy()[0])
+        sums = ranks > 1 and (self._opt_pending is not None or self._p.grad_scale_slot is not None)
+        averager.average([self._x.bufs[s] for s in shared], what="Model.fit (gradient averaging)", sums=sums)
+        value = float(self._x.bufs[loss_slot].numpy()[0]) / (ranks if sums else 1)
         if self._opt_pending is not None:
-            self._x.bufs = record_optimizer(self._p, self._x.bufs, self.device, self._runtime, self._opt_pending)
+            self._x.bufs = record_optimizer(self._p, self._x.bufs, self.device, self._runtime, self._opt_pending,
+                                            grad_scale=1.0 / ranks if sums else None)
             self._opt_pending = None
             self._x.replan()
         else:
             self._x.run("optimizer_step", {}, env)
         return value
+
+    def _set_grad_scale(self, value: float) -> None:
+        if self._p.grad_scale_slot is not None:
+            self._x.bufs[self._p.grad_scale_slot].copyin(np.array([value], dtype=np.float32))
 
     def _start_distributed(self, count: int, batch: int, epochs: int) -> Any:
         """Check that every rank fits the same data the same way, give every rank rank 0's parameters, state
@@ -210,6 +221,8 @@ class TrainingMixin:
                 batches.append((full * bs, rest))
         self._configure(optimizer, lr, hyper)
         averager = self._start_distributed(count, bs, epochs) if distributed else None
+        if averager is not None and averager.world.size > 1:
+            self._set_grad_scale(1.0 / averager.world.size)  # the gradients arrive as sums (_averaged_step)
         leading = {s.shape[0] for s in specs.values() if s.shape and isinstance(s.shape[0], str)}
         bar = progress(epochs * len(batches), verbose)
         losses: list[float] = []
@@ -229,6 +242,8 @@ class TrainingMixin:
                         bar.update(1)
                         bar.set_postfix(loss=f"{losses[-1]:.4g}", refresh=False)
         finally:
+            if averager is not None:
+                self._set_grad_scale(1.0)  # train_step and other processes read plain gradients
             if bar is not None:
                 bar.close()
         return losses
