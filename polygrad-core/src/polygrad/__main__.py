@@ -10,7 +10,12 @@ import numpy as np
 
 import polygrad
 from polygrad import config
+from polygrad.calibrate import calibrate
+from polygrad.codegen.host_opts import host_opts
+from polygrad.codegen.passes import simplify_indices
 from polygrad.device import registry
+from polygrad.hostcpu import describe_cpu
+from polygrad.schedule.template import schedule
 from polygrad.tensor import Tensor
 
 
@@ -49,10 +54,6 @@ def doctor() -> int:
 
 def host_report(specs: dict) -> None:
     """The detected (or declared) CPU and, per host device, the tile parameters chosen from it."""
-    from polygrad.codegen.host_opts import host_opts
-    from polygrad.codegen.passes import simplify_indices
-    from polygrad.hostcpu import describe_cpu
-    from polygrad.schedule.template import schedule
     cpu = describe_cpu()
     wide = [f for f in cpu.flags if f.startswith(("avx", "fma", "amx", "sse4", "f16c", "asimd", "sve"))]
     print("host CPU (each field's source in brackets; POLY_CPU declares fields):")
@@ -85,7 +86,6 @@ def main(argv: list[str]) -> int:
     if len(argv) >= 1 and argv[0] == "doctor":
         return doctor()
     if len(argv) >= 1 and argv[0] == "calibrate" and len(argv) <= 2:
-        from polygrad.calibrate import calibrate
         device = argv[1].upper() if len(argv) == 2 else "CPU"
         print(f"calibrating {device} tiles for this processor (a minute or less)...")
         calibrate(device)
