@@ -1,7 +1,8 @@
 """Heuristic optimisations for host devices (CPU, X86: no local memory): `host_opts(ast, caps) -> [Opt]`.
 
 Stage: lowering (device optimisation). Input: a simplified kernel AST and the device's Capabilities
-(vector width, registers, threads, staging scratch). Output: the Opts (opts.py) lower() applies:
+(vector width, registers, threads, staging scratch, L2 size, FMA units and latency: host backends fill
+them from polygrad/hostcpu.py's description of the machine). Output: the Opts (opts.py) lower() applies:
 register tiles for matmul-like kernels (an outer-product tile, big ones also staging their column
 panels; or a tile of dot products), partial accumulators (lanes) for long reductions, vector lanes for
 contiguous elementwise kernels, then THREAD when the work pays for a thread handoff. GPU-style devices
