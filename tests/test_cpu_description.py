@@ -206,3 +206,9 @@ def test_doctor_shows_the_description_and_its_sources(run_python):
     assert "host CPU" in out.stdout, out.stderr
     assert "L2 2048 KiB per core [declared (POLY_CPU)]" in out.stdout
     assert "[declared (POLY_CPU)]" in out.stdout.split("FMA:")[1].splitlines()[0]
+    bad = run_python("""
+        import sys
+        from polygrad.__main__ import main
+        sys.exit(main(["doctor"]))
+    """, env={"POLY_CPU": '{"fma_units": -1}'})
+    assert bad.returncode == 1 and "POLY_CPU field 'fma_units'" in bad.stdout

@@ -14,6 +14,7 @@ from polygrad.calibrate import calibrate
 from polygrad.codegen.host_opts import host_opts
 from polygrad.codegen.passes import simplify_indices
 from polygrad.device import registry
+from polygrad.errors import SettingError
 from polygrad.hostcpu import describe_cpu
 from polygrad.schedule.template import schedule
 from polygrad.tensor import Tensor
@@ -43,7 +44,7 @@ def doctor() -> int:
     print("settings (name = value, default, declared by):")
     for setting in config.settings():
         print(f"  {setting.name} = {config.get(setting.name)!r}, default {setting.default!r}, {setting.owner}")
-    host_report(specs)
+    failed += host_report(specs)
     try:
         print(f"default device: {polygrad.Device.DEFAULT}")
     except Exception as e:
@@ -52,9 +53,14 @@ def doctor() -> int:
     return 1 if failed else 0
 
 
-def host_report(specs: dict) -> None:
-    """The detected (or declared) CPU and, per host device, the tile parameters chosen from it."""
-    cpu = describe_cpu()
+def host_report(specs: dict) -> int:
+    """The detected (or declared) CPU and, per host device, the tile parameters chosen from it; the
+    number of problems found (a POLY_CPU that cannot be used)."""
+    try:
+        cpu = describe_cpu()
+    except SettingError as e:
+        print(f"host CPU: {e}")
+        return 1
     wide = [f for f in cpu.flags if f.startswith(("avx", "fma", "amx", "sse4", "f16c", "asimd", "sve"))]
     print("host CPU (each field's source in brackets; POLY_CPU declares fields):")
     print(f"  {cpu.model_name or '?'} ({cpu.vendor or '?'} family {cpu.family:#x} model {cpu.model:#x}, "
@@ -80,6 +86,7 @@ def host_report(specs: dict) -> None:
         print(f"  {name}: {caps.tuning} tiles: {caps.tile_vectors} vectors per row of {caps.vector_width} lanes, "
               f"{caps.registers} registers, {caps.fma_units * caps.fma_latency} accumulators hide the FMA "
               f"latency, staging {caps.stage_bytes >> 10} KiB, {caps.threads} threads; matmul 1024: {opts}")
+    return 0
 
 
 def main(argv: list[str]) -> int:
