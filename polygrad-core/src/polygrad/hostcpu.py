@@ -30,6 +30,7 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Any
 
+from polygrad.config import cache_dir as config_cache_dir
 from polygrad.config import process_value
 from polygrad.diskcache import cache_dir, read_entry, write_entry
 from polygrad.errors import SettingError
@@ -316,8 +317,10 @@ def calibration_key(desc: CpuDescription, device: str, code_generator: str) -> s
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _calibration_path(desc: CpuDescription, device: str, code_generator: str) -> str:
-    return os.path.join(cache_dir("calibration"), f"{calibration_key(desc, device, code_generator)}.json")
+def _calibration_path(desc: CpuDescription, device: str, code_generator: str, create: bool = False) -> str:
+    """Where the entry lives; a device opening only looks (`create` False: no folder made, nothing probed)."""
+    folder = cache_dir("calibration") if create else os.path.join(config_cache_dir(), "calibration")
+    return os.path.join(folder, f"{calibration_key(desc, device, code_generator)}.json")
 
 
 def load_calibration(desc: CpuDescription, device: str, code_generator: str) -> dict[str, Any] | None:
@@ -338,7 +341,7 @@ def load_calibration(desc: CpuDescription, device: str, code_generator: str) -> 
 
 def store_calibration(desc: CpuDescription, device: str, code_generator: str, winners: dict[str, Any]) -> str:
     """Write `winners` (tile_vectors, stage_bytes, timings) as this processor's calibration; its path."""
-    path = _calibration_path(desc, device, code_generator)
+    path = _calibration_path(desc, device, code_generator, create=True)
     entry = {"cpu": desc.key(), "device": device, "code_generator": code_generator, **winners}
     write_entry(path, json.dumps(entry, sort_keys=True).encode())
     return path
