@@ -160,7 +160,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("dtypes, settings, limits, the random state", ["polygrad.dtype", "polygrad.config", "polygrad.limits",
                                                     "polygrad.random"]),
     ("IR", ["polygrad.uop"]),
-    ("host services", ["polygrad.diskcache", "polygrad.atomicfile", "polygrad.hostlaunch", "polygrad.hostmemory"]),
+    ("host services", ["polygrad.diskcache", "polygrad.atomicfile", "polygrad.hostlaunch", "polygrad.hostmemory",
+                        "polygrad.hostcpu"]),
     ("contract", ["polygrad.contract"]),
     ("devices and memory", ["polygrad.device"]),
     ("schedule", ["polygrad.schedule"]),
@@ -174,7 +175,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("distributed", ["polygrad.distributed"]),
     ("model", ["polygrad.model", "polygrad.bundle"]),
     ("front", ["polygrad.models", "polygrad.quantization", "polygrad.runtime", "polygrad.inspect", "polygrad.hf",
-               "polygrad.onnx"]),
+               "polygrad.onnx", "polygrad.calibrate"]),
     ("package", ["polygrad", "polygrad.__main__"]),
 ]
 

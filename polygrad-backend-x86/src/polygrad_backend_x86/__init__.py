@@ -6,8 +6,8 @@ regalloc.py, emit.py/vector.py, cached on disk) -> `load` (runtime.X86Program, o
 """
 from __future__ import annotations
 
-from polygrad.backend_api import (BackendSpec, Capabilities, DeviceImpl, HostAllocator, ProbeResult, Setting, hookimpl,
-                                  process_setting, register_setting)
+from polygrad.backend_api import (BackendSpec, Capabilities, DeviceImpl, HostAllocator, ProbeResult, Setting,
+                                  describe_cpu, hookimpl, host_fields, process_setting, register_setting)
 
 from polygrad_backend_x86.cpu import TIERS, choose_isa, features, host_is_x86_64
 
@@ -41,6 +41,11 @@ def open_x86(ordinal: int) -> DeviceImpl:
     from polygrad_backend_x86.compiler import X86Source, compile_source
     from polygrad_backend_x86.runtime import X86Program
     isa = choose_isa()
+    # caches, FMA units and a stored calibration from the shared description; the vector tier from cpuid
+    # (choose_isa: what this process may run, capped by POLY_X86_ISA). No staging: LOCAL is not emitted
+    cpu = describe_cpu()
+    tuned = host_fields(cpu, "X86", f"polygrad-backend-x86 {__version__} {isa.tier}", isa.vec_bits,
+                        tile_vectors=2, stage=False)
     threads = process_setting("POLY_THREADS")  # kernels are split this many ways; a Context may use fewer
 
     def render(spec):
@@ -51,8 +56,9 @@ def open_x86(ordinal: int) -> DeviceImpl:
 
     return DeviceImpl(name="X86", allocator=HostAllocator(), render=render, compile=compile_source, load=load,
                       capabilities=Capabilities(threads=threads, vector_width=isa.lanes,
-                                                registers=16 + isa.high_vec_regs, fma=isa.fma,
-                                                masked_lanes=isa.vex))
+                                                registers=min(16 + isa.high_vec_regs, cpu.vector_registers),
+                                                fma=isa.fma,
+                                                masked_lanes=isa.vex, **tuned))
 
 
 @hookimpl

@@ -33,6 +33,8 @@ from polygrad.dtype import ALL_DTYPES, DType, dtypes  # noqa: F401  (re-exported
 from polygrad.contract import (ENTRY_POINT_GROUP, PLUGIN_API, PROJECT, Allocator, BackendHooks,  # noqa: F401
                                BackendSpec, Capabilities, DeviceImpl, GlobalArg, ProbeResult, Program,
                                ProgramSpec, hookimpl, hookspec)
+# the host's processor (vector width, caches, FMA units) and the Capabilities fields host backends take from it
+from polygrad.hostcpu import CpuDescription, describe_cpu, host_fields  # noqa: F401
 from polygrad.hostlaunch import launch_threads, run_split  # noqa: F401  (THREAD kernels on host threads)
 from polygrad.hostmemory import HOST_ALIGN, HostAllocator, HostMemory  # noqa: F401  (host backends' memory)
 from polygrad.errors import CompileError, DeviceUnavailableError, SettingError  # noqa: F401

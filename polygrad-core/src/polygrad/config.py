@@ -18,6 +18,7 @@ values for core (`get`) and for backends (`backend_api.setting`).
 | POLY_ALLOC_CACHE_MB | freed memory kept for reuse, per process                       | 1024    |
 | POLY_DIST_TIMEOUT   | seconds a distributed collective waits for the other ranks (0: forever) | 300 |
 | POLY_DIST_BUCKET_MB | gradient bucket size of distributed training, MiB              | 1       |
+| POLY_CPU            | declared CPU description fields (JSON or a JSON file) over the detected ones | detected |
 
 Backends declare their own settings (the CPU backend's POLY_CC, the X86 backend's POLY_X86_ISA, ...)
 with `backend_api.register_setting` when their package is imported: core knows nothing of them, yet
@@ -120,6 +121,7 @@ _CORE = (
     Setting("POLY_ALLOC_CACHE_MB", int, 1024, "megabytes of freed memory kept for reuse", minimum=0),
     Setting("POLY_DIST_TIMEOUT", int, 300, "seconds a distributed collective waits for the other ranks, 0: forever",
             minimum=0),
+    Setting("POLY_CPU", str, "", "the host CPU's description, field by field (JSON, or a JSON file's path)"),
     Setting("POLY_DIST_BUCKET_MB", int, 1, "MiB per gradient bucket of distributed training", minimum=1),
 )
 _registry: dict[str, Setting] = {s.name: s for s in _CORE}

@@ -53,6 +53,11 @@ class Capabilities:
     fma: bool = False           # fused multiply-add in hardware: reductions' multiply-adds are contracted
     stage_bytes: int = 0        # launch-private scratch (L.LOCAL) a kernel may stage an operand in; 0: none
     tile_vectors: int = 2       # vectors per row of a register tile the code generator handles best (1, 2 or 4)
+    l1_bytes: int = 0           # host devices: L1 data cache per core; 0: unknown
+    l2_bytes: int = 0           # host devices: L2 cache per core (stages panels, sizes cache blocking); 0: unknown
+    fma_units: int = 0          # vector FMAs a core issues per cycle at vector_width; 0: unknown
+    fma_latency: int = 0        # cycles of one FMA: a register tile wants fma_units x fma_latency accumulators
+    tuning: str = ""            # where tile_vectors and stage_bytes came from: "heuristic" or "calibrated"
     masked_lanes: bool = False  # lane-gated contiguous loads/stores are single masked moves: an elementwise
                                 # range the vector width does not divide is padded (PADTO) and gets lanes
     has_local_memory: bool = False

@@ -1,7 +1,8 @@
 """Heuristic optimisations for host devices (CPU, X86: no local memory): `host_opts(ast, caps) -> [Opt]`.
 
 Stage: lowering (device optimisation). Input: a simplified kernel AST and the device's Capabilities
-(vector width, registers, threads, staging scratch). Output: the Opts (opts.py) lower() applies:
+(vector width, registers, threads, staging scratch, L2 size, FMA units and latency: host backends fill
+them from polygrad/hostcpu.py's description of the machine). Output: the Opts (opts.py) lower() applies:
 register tiles for matmul-like kernels (an outer-product tile, big ones also staging their column
 panels; or a tile of dot products), partial accumulators (lanes) for long reductions, vector lanes for
 contiguous elementwise kernels, then THREAD when the work pays for a thread handoff. GPU-style devices
@@ -25,11 +26,13 @@ def host_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
     return opts + thread_opt(split_kernel(ast, opts), caps)
 
 
-# below this much work (operations + stores) a thread handoff costs more than it saves (measured on
-# the CPU backend: about 20 us per launch to wake a worker)
-THREAD_MIN_WORK = 1 << 17
+# below this much work (operations + stores) per thread a thread handoff costs more than it saves
+# (measured on the CPU backend with 2 threads: about 20 us per launch to wake a worker); a kernel is split
+# among as many of the device's threads (its cores) as get this much each
+THREAD_PART_WORK = 1 << 16
 # a matmul-like kernel stages its column panels (OUTER + STAGE) from this much work on (multiply-adds),
-# when B is bigger than this (smaller ones stay in cache anyway, and staging costs compile time)
+# when B is bigger than a quarter of the L2 (smaller ones stay in cache anyway, and staging costs
+# compile time); STAGE_MIN_B_BYTES where the device does not say its L2
 STAGE_MIN_WORK = 1 << 25
 STAGE_MIN_B_BYTES = 256 * 1024
 # rows of a register tile over a symbolic range (a Variable batch): each tile computes this many rows,
@@ -188,7 +191,11 @@ def _tile_rows(glob: list[UOp], loads: list[UOp], last: UOp, cols: int, caps: Ca
     others = [r for r in reversed(glob) if r is not last]
     shared = [r for r in others if along and all(range_coeff(ix.src[1], r) == 0 for ix in along)]
     some = [r for r in others if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
-    found = next(((r, n) for r in shared + some for n in fits if divides(r, n)), None)
+    # enough independent accumulators to hide the FMA latency at the device's FMA rate (units x latency)
+    # where some range allows it, else the largest tile that divides
+    need = int(getattr(caps, "fma_units", 0) or 0) * int(getattr(caps, "fma_latency", 0) or 0)
+    tiles = [(r, n) for r in shared + some for n in fits if divides(r, n)]
+    found = next((t for t in tiles if t[1] * vecs >= need), tiles[0] if tiles else None)
     if found is not None:
         return found
     # no constant range fits: rows over a Variable (a batch, a prompt's tokens), padded in the last tile
@@ -253,7 +260,8 @@ def _stage_plan(red: UOp, glob: list[UOp], rows: UOp | None, last: UOp, loads: l
     if len(others) != 1 or not getattr(caps, "stage_bytes", 0):
         return None
     b_bytes = range_size(last) * k * others[0].dtype.itemsize
-    if work < STAGE_MIN_WORK or b_bytes <= STAGE_MIN_B_BYTES or range_size(rows) // tile_rows < 4:
+    min_b_bytes = caps.l2_bytes // 4 if caps.l2_bytes else STAGE_MIN_B_BYTES
+    if work < STAGE_MIN_WORK or b_bytes <= min_b_bytes or range_size(rows) // tile_rows < 4:
         return None
     panels = range_size(last) // cols
     fits = panels >= 2 * max(1, caps.threads) and k * cols * others[0].dtype.itemsize <= caps.stage_bytes
@@ -274,16 +282,18 @@ def stage_opts(ast: UOp, red: UOp, glob: list[UOp], rows: UOp | None, last: UOp,
 
 
 def thread_opt(ast: UOp, caps: Capabilities | None) -> list[Opt]:
-    """THREAD on the outermost global range when the device has threads and the work pays for them."""
+    """THREAD on the outermost global range, split among as many of the device's threads as get
+    THREAD_PART_WORK each (none when fewer than two do)."""
     if caps is None or caps.threads <= 1:
         return []
     r = thread_axis(ast)
     if r is None:
         return []
     ops, _ = estimate(ast)
-    if ops + stores_of(ast) < THREAD_MIN_WORK:
+    parts = min(caps.threads, range_size(r), (ops + stores_of(ast)) // THREAD_PART_WORK)
+    if parts < 2:
         return []
-    return [Opt(OptKind.THREAD, r.arg[0], min(caps.threads, range_size(r)))]
+    return [Opt(OptKind.THREAD, r.arg[0], parts)]
 
 
 def elementwise_vector_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:

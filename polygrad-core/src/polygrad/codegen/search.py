@@ -126,7 +126,7 @@ def candidate_opts(ast: UOp, opts: list[Opt], caps: Any = None) -> list[list[Opt
 def beam_search(ast: UOp, impl: Any, width: int) -> tuple[list[Opt], float, int]:
     """(best opts, best time in seconds, candidates timed) for `ast` on the opened device `impl`."""
     base = simplify_indices(ast)
-    timer = _Timer(ast, impl)
+    timer = CandidateTimer(ast, impl)
     seen: dict[tuple[Opt, ...], float] = {}
 
     def time_all(cands: list[list[Opt]]) -> list[tuple[float, list[Opt]]]:
@@ -153,7 +153,7 @@ def beam_search(ast: UOp, impl: Any, width: int) -> tuple[list[Opt], float, int]
     return best, best_time, len(seen)
 
 
-class _Timer:
+class CandidateTimer:
     """Compiles and times candidates of one kernel on scratch buffers."""
 
     def __init__(self, ast: UOp, impl: Any):
