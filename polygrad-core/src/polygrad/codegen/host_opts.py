@@ -35,6 +35,9 @@ THREAD_PART_WORK = 1 << 16
 # compile time); STAGE_MIN_B_BYTES where the device does not say its L2
 STAGE_MIN_WORK = 1 << 25
 STAGE_MIN_B_BYTES = 256 * 1024
+# a tile's strided row operand is staged per row tile (row_stage_opts) when each copy serves this many
+# column tiles: the copy then costs at most 1/64 of the loads it saves from new cache lines
+ROW_STAGE_MIN_REUSE = 64
 # rows of a register tile over a symbolic range (a Variable batch): each tile computes this many rows,
 # so at the Variable's value 1 the FMAs are 4x a plain row's while the column vectors are loaded once,
 # as they are for one row (the loads bound such a kernel anyway)
@@ -169,7 +172,7 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
         opts.append(Opt(OptKind.UPCAST, last.arg[0], cols))
         staged = stage_opts(ast, red, glob, rows, last, loads, tile_rows, cols, top + 1, caps)
         if not staged and rows is not None:
-            staged = row_stage_opts(glob, red, rows, last, loads, tile_rows, top - 1, caps)
+            staged = row_stage_opts(glob, red, rows, last, loads, tile_rows, cols, top - 1, caps)
         if staged or all(range_coeff(ix.src[1], last) == 1 for ix in along):
             return opts + staged
         return dot_tile_opts(glob, red, loads, caps) or opts
@@ -283,16 +286,17 @@ def stage_opts(ast: UOp, red: UOp, glob: list[UOp], rows: UOp | None, last: UOp,
     return [Opt(OptKind.OUTER, panel, 0), Opt(OptKind.STAGE, panel, plan[0])]
 
 
-def row_stage_opts(glob: list[UOp], red: UOp, rows: UOp, last: UOp, loads: list[UOp], tile_rows: int, row_tiles: int,
-                   caps: Capabilities) -> list[Opt]:
+def row_stage_opts(glob: list[UOp], red: UOp, rows: UOp, last: UOp, loads: list[UOp], tile_rows: int, cols: int,
+                   row_tiles: int, caps: Capabilities) -> list[Opt]:
     """Stage the operand a register tile broadcasts along its rows (a conv's weight: one value per output
     channel) when it is strided along the innermost reduction: each time the row tiles' loop (range id
     `row_tiles` after the split) advances, its tile_rows x reduction values are copied into a local
     array in the order the tile reads them (STAGE), so every step of the reduction reads one contiguous
     group instead of `tile_rows` values a row apart (a transposed conv's weight, 2304 bytes apart per input
     channel, put every step on new cache lines: the conv's input gradient ran 1.3x slower than its forward).
-    Only for big kernels, on a device with staging scratch, when the panel fits it; the linearizer skips a
-    gated or twice-loaded operand."""
+    Only for big kernels, on a device with staging scratch, when the panel fits it and serves at least
+    ROW_STAGE_MIN_REUSE column tiles each time it is copied (an MLP's 512 x 512 weight gradient, 8 tiles
+    per copy, ran 4% slower staged); the linearizer skips a gated or twice-loaded operand."""
     inner = red.src[-1]
     reduce_sizes = [range_size(r) for r in red.src[1:]]
     if not getattr(caps, "stage_bytes", 0) or tile_rows < 2 or None in reduce_sizes or range_size(rows) is None:
@@ -308,7 +312,9 @@ def row_stage_opts(glob: list[UOp], red: UOp, rows: UOp, last: UOp, loads: list[
     work = k * math.prod(range_max(r) for r in glob)
     if work < STAGE_MIN_WORK or tile_rows * k * broadcast[0].dtype.itemsize > caps.stage_bytes:
         return []
-    return [Opt(OptKind.STAGE, row_tiles, slot)]
+    inside = glob[glob.index(rows) + 1:]  # the loops the row tiles' loop holds
+    reuse = math.prod(range_max(r) for r in inside) // (cols if last in inside else 1)
+    return [Opt(OptKind.STAGE, row_tiles, slot)] if reuse >= ROW_STAGE_MIN_REUSE else []
 
 
 def thread_opt(ast: UOp, caps: Capabilities | None) -> list[Opt]:
