@@ -74,6 +74,19 @@ def test_big_padded_conv_weight_gradient_reads_a_padded_copy():
     assert len(_step_kernels((2, 8, 16, 16), (8, 8, 3, 3), 1)) == 3
 
 
+def test_weight_gradient_tile_unrolls_the_kernel_columns():
+    """The weight gradient's dot tile holds the 3 kernel columns whole (the input read at w + kw: the three
+    vectors share cache lines, the output gradient's vector serves all three) beside 4 x 2 channels: 24
+    accumulators. A 7-wide kernel's columns are too many to unroll: its tile stays 4 x 4 channels."""
+    def dw_opts(k, pad):
+        asts = _step_kernels((8, 64, 56, 56), (64, 64, k, k), pad)
+        spec = next(s for s in map(lambda a: lower(a, AVX512), asts) if s.name.startswith(f"r_64_64_{k}_{k}"))
+        return [(o.kind, o.amount) for o in spec.opts if o.kind is not OptKind.THREAD]
+    up, split = OptKind.UPCAST, OptKind.SPLIT_REDUCE
+    assert dw_opts(3, 1) == [(up, 4), (up, 2), (up, 3), (split, 8)]
+    assert dw_opts(7, 3) == [(up, 4), (up, 4), (split, 8)]
+
+
 CASES = [  # (x shape, w shape, conv2d keywords)
     ((2, 6, 13, 11), (8, 6, 3, 3), dict(padding=1)),
     ((2, 6, 13, 11), (8, 6, 3, 3), dict(padding=0)),
