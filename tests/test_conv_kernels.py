@@ -96,15 +96,18 @@ CASES = [  # (x shape, w shape, conv2d keywords)
     ((2, 6, 13, 11), (8, 3, 3, 3), dict(padding=1, groups=2)),
     ((2, 6, 13, 11), (8, 6, 1, 1), dict(padding=1)),
     ((1, 4, 17, 15), (5, 4, 7, 7), dict(padding=3)),
+    ((2, 6, 16, 16), (8, 6, 3, 3), dict(padding=1)),  # weight gradients tiled with the kernel columns
+    ((2, 8, 24, 24), (8, 8, 3, 3), dict(padding=1)),
 ]
 
 
 @pytest.mark.parametrize("device", HOSTS)
-@pytest.mark.parametrize("case", range(len(CASES)))
-def test_conv_forward_and_gradients_equal_torch(device, case, monkeypatch):
-    """Every conv goes through the padded copy here (its size threshold set to 0): forward, input and
-    weight gradients equal torch's at odd sizes, strides, paddings (asymmetric too), dilation and groups."""
-    monkeypatch.setattr(tensor_nn, "WEIGHT_GRAD_PAD_COPY_MIN_WORK", 0)
+@pytest.mark.parametrize("case,copy", [(i, True) for i in range(len(CASES))] + [(len(CASES) - 1, False)])
+def test_conv_forward_and_gradients_equal_torch(device, case, copy, monkeypatch):
+    """Forward, input and weight gradients equal torch's at odd sizes, strides, paddings (asymmetric too),
+    dilation and groups, with the weight gradient reading a padded copy (its size threshold set to 0),
+    and for the last case also reading the padded view (gated loads in the kernel-column tile)."""
+    monkeypatch.setattr(tensor_nn, "WEIGHT_GRAD_PAD_COPY_MIN_WORK", 0 if copy else 1 << 60)
     x_shape, w_shape, kw = CASES[case]
     rng = np.random.default_rng(case)
     xn = rng.standard_normal(x_shape).astype(np.float32)
