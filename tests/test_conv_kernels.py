@@ -23,11 +23,11 @@ AVX512 = Capabilities(threads=2, vector_width=16, registers=32, fma=True, stage_
 HOSTS = ["CPU"] + (["X86"] if Device.available("X86") else [])
 
 
-def _step_kernels(x_shape, w_shape, padding):
-    """The kernels of a conv's forward, input gradient and weight gradient, by name (in schedule order)."""
+def _step_kernels(x_shape, w_shape, padding, groups=1):
+    """The kernels of a conv's forward, input gradient and weight gradient (in schedule order)."""
     x = Tensor.empty(*x_shape, requires_grad=True)
     w = Tensor.empty(*w_shape, requires_grad=True)
-    out = x.conv2d(w, padding=padding)
+    out = x.conv2d(w, padding=padding, groups=groups)
     (out * Tensor.empty(*out.shape)).sum().backward()
     tpl, _ = schedule([out.uop, x.grad.uop, w.grad.uop])
     return [s.ast for s in tpl.steps if s.kind == "kernel"]
@@ -62,7 +62,8 @@ def test_small_reuse_rows_are_not_staged():
 def test_big_padded_conv_weight_gradient_reads_a_padded_copy():
     """Forward, input gradient, a copy of the padded input, and a weight gradient that reads the copy:
     no gated load in the weight gradient, so no border test in its innermost loop (before, its masked
-    loads computed a lane mask per 8 pixels). A small conv keeps its three kernels."""
+    loads computed a lane mask per 8 pixels). A small conv keeps its three kernels, and so does a big
+    depthwise one (9 multiply-adds per copied value)."""
     asts = _step_kernels((8, 64, 56, 56), (64, 64, 3, 3), 1)
     specs = [lower(a, AVX512) for a in asts]
     assert len(specs) == 4
@@ -72,6 +73,7 @@ def test_big_padded_conv_weight_gradient_reads_a_padded_copy():
     assert not _gated(dw)
     assert "pg_gload" not in open_device("CPU").render(lower(asts[specs.index(dw)], open_device("CPU").capabilities))
     assert len(_step_kernels((2, 8, 16, 16), (8, 8, 3, 3), 1)) == 3
+    assert len(_step_kernels((8, 256, 56, 56), (256, 1, 3, 3), 1, groups=256)) == 3
 
 
 def test_weight_gradient_tile_unrolls_the_kernel_columns():

@@ -58,9 +58,12 @@ def _ceil_pads(shape: tuple[int, ...], pads: list[int], k_: tuple[int, ...], s_:
 
 
 # a padded stride-1 conv's weight gradient reads its input from a padded copy (one more kernel, a copy of
-# the input) from this many multiply-adds on: below it the launch and the copy cost more than the
-# validity gates they take out of its innermost loop
+# the input) from this many multiply-adds on, and where each copied value serves at least
+# WEIGHT_GRAD_PAD_COPY_MIN_USES of them (output channels per group x kernel points: not a depthwise 3x3's
+# 9, never measured): below that the launch and the copy cost more than the validity gates they take
+# out of its innermost loop
 WEIGHT_GRAD_PAD_COPY_MIN_WORK = 1 << 24
+WEIGHT_GRAD_PAD_COPY_MIN_USES = 16
 
 
 def _conv_windows(padded: "Tensor", kernel: tuple, stride: Any, dilation: Any, groups: int, rcout: int) -> "Tensor":
@@ -100,7 +103,9 @@ def _conv_vjp(out: "Tensor", x: "Tensor", weight: "Tensor", windows: "Tensor", g
             rcout = w_shape[0] // groups
             gv = gt.reshape(bs, groups, rcout, *oyx, *[1] * (nd + 1))
             windows = cls(view, _runtime=rt)
-            if any(pads) and math.prod(view.shape) >= WEIGHT_GRAD_PAD_COPY_MIN_WORK:
+            uses = rcout * math.prod(w_shape[2:])
+            if any(pads) and math.prod(view.shape) >= WEIGHT_GRAD_PAD_COPY_MIN_WORK \
+                    and uses >= WEIGHT_GRAD_PAD_COPY_MIN_USES:
                 padded = cls(x_uop, _runtime=rt).pad(pads).contiguous()
                 windows = _conv_windows(padded, tuple(w_shape[2:]), 1, dilation, groups, rcout)
             dw = (gv * windows).sum((0, *range(3, 3 + nd)))  # (groups, rcout, *kernel, cin)
