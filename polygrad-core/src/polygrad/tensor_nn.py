@@ -57,6 +57,27 @@ def _ceil_pads(shape: tuple[int, ...], pads: list[int], k_: tuple[int, ...], s_:
     return pads
 
 
+# a padded stride-1 conv's weight gradient reads its input from a padded copy (one more kernel, a copy of
+# the input) from this many multiply-adds on, and where each copied value serves at least
+# WEIGHT_GRAD_PAD_COPY_MIN_USES of them (output channels per group x kernel points: not a depthwise 3x3's
+# 9, never measured): below that the launch and the copy cost more than the validity gates they take
+# out of its innermost loop
+WEIGHT_GRAD_PAD_COPY_MIN_WORK = 1 << 24
+WEIGHT_GRAD_PAD_COPY_MIN_USES = 16
+
+
+def _conv_windows(padded: "Tensor", kernel: tuple, stride: Any, dilation: Any, groups: int, rcout: int) -> "Tensor":
+    """The view a convolution sums over: (bs, groups, rcout, *out, *kernel, cin) windows of its (padded)
+    input, summed over (*kernel, cin), the channels innermost: a padded input's validity gates depend on
+    the kernel offsets, not the channel, so they stay outside the innermost loop."""
+    bs, cin = padded.shape[0], padded.shape[1] // groups
+    x = padded._pool(kernel, stride, dilation)  # (bs, cin_all, *out, *kernel)
+    nd = len(kernel)
+    oyx = x.shape[2:2 + nd]
+    x = x.reshape(bs, groups, cin, 1, *oyx, *kernel).expand(bs, groups, cin, rcout, *oyx, *kernel)
+    return x.permute(0, 1, 3, *[4 + i for i in range(nd)], *[4 + nd + i for i in range(nd)], 2)
+
+
 def _conv_vjp(out: "Tensor", x: "Tensor", weight: "Tensor", windows: "Tensor", groups: int, dilation: tuple,
               pads: list[int]) -> None:
     """Give a stride-1 convolution's output its own gradient rule (gradient.with_vjp): the input gradient
@@ -64,7 +85,9 @@ def _conv_vjp(out: "Tensor", x: "Tensor", weight: "Tensor", windows: "Tensor", g
     the window view's chain rule, which sums the 9x larger per-window products back with div/mod index
     arithmetic (col2im). The weight gradient is the chain rule's own: the output gradient times the
     window view `windows` (bs, groups, cout/groups, *out, *kernel, cin), summed over the batch and the
-    output positions."""
+    output positions; for a big padded conv, windows of a padded copy of the input instead (realized
+    once), so its kernel reads every window without a validity gate: its innermost loop walks the pixels
+    of a row, and the gate of each vector of them cost 1.4x the kernel's time."""
     cls, rt = type(out), out._runtime
     x_uop, w_uop, view, w_shape = x.uop, weight.uop, windows.uop, weight.shape
     bs, nd = x.shape[0], len(w_shape) - 2
@@ -79,7 +102,13 @@ def _conv_vjp(out: "Tensor", x: "Tensor", weight: "Tensor", windows: "Tensor", g
         if w_uop in wanted:
             rcout = w_shape[0] // groups
             gv = gt.reshape(bs, groups, rcout, *oyx, *[1] * (nd + 1))
-            dw = (gv * cls(view, _runtime=rt)).sum((0, *range(3, 3 + nd)))  # (groups, rcout, *kernel, cin)
+            windows = cls(view, _runtime=rt)
+            uses = rcout * math.prod(w_shape[2:])
+            if any(pads) and math.prod(view.shape) >= WEIGHT_GRAD_PAD_COPY_MIN_WORK \
+                    and uses >= WEIGHT_GRAD_PAD_COPY_MIN_USES:
+                padded = cls(x_uop, _runtime=rt).pad(pads).contiguous()
+                windows = _conv_windows(padded, tuple(w_shape[2:]), 1, dilation, groups, rcout)
+            dw = (gv * windows).sum((0, *range(3, 3 + nd)))  # (groups, rcout, *kernel, cin)
             grads[w_uop] = dw.permute(0, 1, 2 + nd, *range(2, 2 + nd)).reshape(w_shape).uop
         return grads
     with_vjp(out.uop, (x_uop, w_uop), vjp)
@@ -107,13 +136,10 @@ class NNMixin(LossMixin):
         if isinstance(padding, str):
             padding = _string_padding(padding, hw, d_, _tuple(stride, len(hw), "stride"))
         pads = _flat_pads(padding, len(hw))
-        x = self.pad(pads)._pool(hw, stride, dilation)  # (bs, cin_all, *out, *hw)
-        rcout, oyx = cout // groups, x.shape[2:2 + len(hw)]
+        rcout = cout // groups
+        x = _conv_windows(self.pad(pads), tuple(hw), stride, dilation, groups, rcout)
+        oyx = x.shape[3:3 + len(hw)]
         nd = len(oyx)
-        x = x.reshape(bs, groups, cin, 1, *oyx, *hw).expand(bs, groups, cin, rcout, *oyx, *hw)
-        # summed over (*kernel, cin), the channels innermost: a padded input's validity gates depend on the
-        # kernel offsets, not the channel, so they stay outside the innermost loop
-        x = x.permute(0, 1, 3, *[4 + i for i in range(nd)], *[4 + nd + i for i in range(len(hw))], 2)
         w = weight.permute(0, *range(2, 2 + len(hw)), 1).reshape(1, groups, rcout, *[1] * nd, *hw, cin)
         out = (x * w).sum([-1 - i for i in range(1 + len(hw))], dtype=dtype).reshape(bs, cout, *oyx)
         if dtype is None and all(s == 1 for s in _tuple(stride, nd, "stride")) and \

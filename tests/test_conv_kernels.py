@@ -1,0 +1,151 @@
+"""conv2d's kernels (issue 32): deterministic guards for their speed, and their values against torch.
+
+A register tile that broadcasts a strided row operand (a conv's weight, one value per output channel)
+stages it per row tile (STAGE: a contiguous local array), and a big padded stride-1 conv's weight
+gradient reads a padded copy of its input, so its innermost loop has no validity gate. No timings:
+only the structure, and the values of forward and both gradients at odd sizes, on CPU and X86.
+"""
+import numpy as np
+import pytest
+
+from polygrad import Device, Tensor, tensor_nn
+from polygrad.backend_api import Capabilities
+from polygrad.codegen.lower import lower
+from polygrad.codegen.opts import OptKind
+from polygrad.device import open_device
+from polygrad.renderer.linearize import L, linearize
+from polygrad.schedule.template import schedule
+from polygrad.uop.ops import Ops
+
+torch = pytest.importorskip("torch")
+
+AVX512 = Capabilities(threads=2, vector_width=16, registers=32, fma=True, stage_bytes=512 * 1024)
+HOSTS = ["CPU"] + (["X86"] if Device.available("X86") else [])
+
+
+def _step_kernels(x_shape, w_shape, padding, groups=1):
+    """The kernels of a conv's forward, input gradient and weight gradient (in schedule order)."""
+    x = Tensor.empty(*x_shape, requires_grad=True)
+    w = Tensor.empty(*w_shape, requires_grad=True)
+    out = x.conv2d(w, padding=padding, groups=groups)
+    (out * Tensor.empty(*out.shape)).sum().backward()
+    tpl, _ = schedule([out.uop, x.grad.uop, w.grad.uop])
+    return [s.ast for s in tpl.steps if s.kind == "kernel"]
+
+
+def _gated(spec) -> bool:
+    return any(n.op is Ops.INDEX and len(n.src) > 2 for n in spec.ast.toposort())
+
+
+def test_conv_tiles_stage_their_weight_per_row_tile():
+    """The forward and the input gradient (a conv of the output gradient with the transposed weight,
+    576 floats apart per input channel) copy each row tile's weights into one contiguous local array:
+    8 output channels x 576 reduction steps, read as one group per step."""
+    kernels = [lower(a, AVX512) for a in _step_kernels((8, 64, 56, 56), (64, 64, 3, 3), 1)]
+    tiles = [s for s in kernels if s.ops > 1e9 and s.name.startswith("r_8_64_56_56")]
+    assert len(tiles) == 2
+    for spec in tiles:
+        weight = next(g.slot for g in spec.globals if g.size == 64 * 64 * 9)
+        assert any(o.kind is OptKind.STAGE and o.amount == weight for o in spec.opts), spec.opts
+        prog = linearize(spec, vector_width=16)
+        assert [x.arg for x in prog.insts if x.op is L.LOCAL] == [8 * 576]
+
+
+def test_small_reuse_rows_are_not_staged():
+    """An MLP's 512 x 512 weight gradient (x.T @ g over a batch of 128) serves 8 column tiles per row
+    tile: copying its strided rows costs more than it saves, so the tile stays as it was."""
+    x, g = Tensor.empty(128, 512), Tensor.empty(128, 512)
+    (ast,) = [s.ast for s in schedule([(x.T @ g).uop])[0].steps if s.kind == "kernel"]
+    assert OptKind.STAGE not in [o.kind for o in lower(ast, AVX512).opts]
+
+
+def test_big_padded_conv_weight_gradient_reads_a_padded_copy():
+    """Forward, input gradient, a copy of the padded input, and a weight gradient that reads the copy:
+    no gated load in the weight gradient, so no border test in its innermost loop (before, its masked
+    loads computed a lane mask per 8 pixels). A small conv keeps its three kernels, and so does a big
+    depthwise one (9 multiply-adds per copied value)."""
+    asts = _step_kernels((8, 64, 56, 56), (64, 64, 3, 3), 1)
+    specs = [lower(a, AVX512) for a in asts]
+    assert len(specs) == 4
+    (copy,) = [s for s in specs if not any(n.op is Ops.REDUCE for n in s.ast.toposort())]
+    assert max(g.size for g in copy.globals if g.written) == 8 * 64 * 58 * 58
+    (dw,) = [s for s in specs if s.name.startswith("r_64_64_3_3")]
+    assert not _gated(dw)
+    assert "pg_gload" not in open_device("CPU").render(lower(asts[specs.index(dw)], open_device("CPU").capabilities))
+    assert len(_step_kernels((2, 8, 16, 16), (8, 8, 3, 3), 1)) == 3
+    assert len(_step_kernels((8, 256, 56, 56), (256, 1, 3, 3), 1, groups=256)) == 3
+
+
+def test_weight_gradient_tile_unrolls_the_kernel_columns():
+    """The weight gradient's dot tile holds the 3 kernel columns whole (the input read at w + kw: the three
+    vectors share cache lines, the output gradient's vector serves all three) beside 4 x 2 channels: 24
+    accumulators. A 7-wide kernel's columns are too many to unroll: its tile stays 4 x 4 channels."""
+    def dw_opts(k, pad):
+        asts = _step_kernels((8, 64, 56, 56), (64, 64, k, k), pad)
+        spec = next(s for s in map(lambda a: lower(a, AVX512), asts) if s.name.startswith(f"r_64_64_{k}_{k}"))
+        return [(o.kind, o.amount) for o in spec.opts if o.kind is not OptKind.THREAD]
+    up, split = OptKind.UPCAST, OptKind.SPLIT_REDUCE
+    assert dw_opts(3, 1) == [(up, 4), (up, 2), (up, 3), (split, 8)]
+    assert dw_opts(7, 3) == [(up, 4), (up, 4), (split, 8)]
+
+
+CASES = [  # (x shape, w shape, conv2d keywords)
+    ((2, 6, 13, 11), (8, 6, 3, 3), dict(padding=1)),
+    ((2, 6, 13, 11), (8, 6, 3, 3), dict(padding=0)),
+    ((2, 6, 13, 11), (8, 6, 3, 3), dict(padding=2, dilation=2)),
+    ((2, 6, 13, 11), (8, 6, 3, 3), dict(padding=(1, 2, 0, 1))),
+    ((2, 6, 13, 11), (8, 6, 3, 3), dict(stride=2, padding=1)),
+    ((2, 6, 13, 11), (8, 3, 3, 3), dict(padding=1, groups=2)),
+    ((2, 6, 13, 11), (8, 6, 1, 1), dict(padding=1)),
+    ((1, 4, 17, 15), (5, 4, 7, 7), dict(padding=3)),
+    ((2, 6, 16, 16), (8, 6, 3, 3), dict(padding=1)),  # weight gradients tiled with the kernel columns
+    ((2, 8, 24, 24), (8, 8, 3, 3), dict(padding=1)),
+]
+
+
+@pytest.mark.parametrize("device", HOSTS)
+@pytest.mark.parametrize("case,copy", [(i, True) for i in range(len(CASES))] + [(len(CASES) - 1, False)])
+def test_conv_forward_and_gradients_equal_torch(device, case, copy, monkeypatch):
+    """Forward, input and weight gradients equal torch's at odd sizes, strides, paddings (asymmetric too),
+    dilation and groups, with the weight gradient reading a padded copy (its size threshold set to 0),
+    and for the last case also reading the padded view (gated loads in the kernel-column tile)."""
+    monkeypatch.setattr(tensor_nn, "WEIGHT_GRAD_PAD_COPY_MIN_WORK", 0 if copy else 1 << 60)
+    x_shape, w_shape, kw = CASES[case]
+    rng = np.random.default_rng(case)
+    xn = rng.standard_normal(x_shape).astype(np.float32)
+    wn = (rng.standard_normal(w_shape) * 0.3).astype(np.float32)
+    pad = kw.get("padding", 0)
+    tkw = dict(kw, padding=pad if isinstance(pad, int) else 0)
+    xt = torch.tensor(xn, requires_grad=True)
+    xpt = xt if isinstance(pad, int) else torch.nn.functional.pad(xt, pad)
+    wt = torch.tensor(wn, requires_grad=True)
+    ref = torch.nn.functional.conv2d(xpt, wt, **tkw)
+    gn = rng.standard_normal(ref.shape).astype(np.float32)
+    ref.backward(torch.tensor(gn))
+    x = Tensor(xn, device=device, requires_grad=True)
+    w = Tensor(wn, device=device, requires_grad=True)
+    out = x.conv2d(w, **kw)
+    (out * Tensor(gn, device=device)).sum().backward()
+    for got, want in ((out, ref), (x.grad, xt.grad), (w.grad, wt.grad)):
+        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_staged_conv_equals_torch_on_this_cpu():
+    """A conv big enough for the heuristics to stage its weight and copy its padded input (48 x 48
+    pixels, 32 -> 64 channels): the three results equal torch's on the machine at hand."""
+    rng = np.random.default_rng(7)
+    xn = rng.standard_normal((2, 32, 48, 48)).astype(np.float32)
+    wn = (rng.standard_normal((64, 32, 3, 3)) * 0.1).astype(np.float32)
+    x, w = Tensor(xn, device="CPU", requires_grad=True), Tensor(wn, device="CPU", requires_grad=True)
+    out = x.conv2d(w, padding=1)
+    caps = open_device("CPU").capabilities
+    if caps.vector_width >= 8:
+        fwd = lower(schedule([out.uop])[0].steps[0].ast, caps)
+        assert OptKind.STAGE in [o.kind for o in fwd.opts], fwd.opts
+    gn = rng.standard_normal(out.shape).astype(np.float32)
+    (out * Tensor(gn, device="CPU")).sum().backward()
+    xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    ref = torch.nn.functional.conv2d(xt, wt, padding=1)
+    ref.backward(torch.tensor(gn))
+    for got, want in ((out, ref), (x.grad, xt.grad), (w.grad, wt.grad)):
+        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-3)
