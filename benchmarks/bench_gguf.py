@@ -31,9 +31,11 @@ import numpy as np
 PROMPT = 8
 
 
-def write_gpt2_gguf(path: str, fmt: str, layers: int) -> None:
+def write_gpt2_gguf(path: str, fmt: str, layers: int, tokenizer: bool = False) -> None:
     """A random GPT-2 (GPT2Config's sizes) as a GGUF file whose matrices are `fmt`, in llama.cpp's layout
-    (projections (out, in): the transpose of GPT-2's Conv1D weights)."""
+    (projections (out, in): the transpose of GPT-2's Conv1D weights). With `tokenizer`, also a byte-level
+    BPE vocabulary of the model's size (the 256 byte symbols, then one merge of two of them per token),
+    which llama.cpp needs to load a file (benchmarks/bench_llamacpp.py feeds it token ids)."""
     import gguf
     from transformers import GPT2Config
     cfg = GPT2Config(n_layer=layers)
@@ -47,6 +49,18 @@ def write_gpt2_gguf(path: str, fmt: str, layers: int) -> None:
     w.add_block_count(layers)
     w.add_head_count(cfg.n_head)
     w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    if tokenizer:
+        # byte-level BPE's symbols: a printable byte stands for itself, the others for code points from 256 on
+        printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+        rest = iter(range(0x100, 0x200))
+        symbols = [chr(b) if b in printable else chr(next(rest)) for b in range(256)]
+        merged = [(a, b) for a in symbols for b in symbols][:V - 256]
+        w.add_tokenizer_model("gpt2")
+        w.add_token_list(symbols + [a + b for a, b in merged])
+        w.add_token_merges([f"{a} {b}" for a, b in merged])
+        w.add_token_types([1] * V)
+        w.add_bos_token_id(V - 1)
+        w.add_eos_token_id(V - 1)
     qtype = getattr(gguf.GGMLQuantizationType, fmt)
 
     def matrix(name: str, rows: int, cols: int) -> None:

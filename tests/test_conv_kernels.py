@@ -149,3 +149,40 @@ def test_staged_conv_equals_torch_on_this_cpu():
     ref.backward(torch.tensor(gn))
     for got, want in ((out, ref), (x.grad, xt.grad), (w.grad, wt.grad)):
         np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_a_variable_batch_conv_trains_through_the_padded_copy():
+    """A Model over a Variable batch whose conv is big enough (at the batch's bound) for the weight
+    gradient's padded copy: the size test counts the bound (a symbolic size failed to compare), and a
+    fit step at a smaller batch equals torch's SGD step."""
+    from polygrad import Model, Variable, nn
+
+    class Net:
+        def __init__(self):
+            self.c = nn.Conv2d(16, 16, 3, padding=1)
+
+        def __call__(self, x):
+            return {"y": self.c(x).relu().mean((2, 3))}
+
+    Tensor.manual_seed(0)
+    net = Net()
+    w0, b0 = net.c.weight.numpy(), net.c.bias.numpy()
+    batch = Variable("batch", 1, 8)
+    assert 8 * 16 * 32 * 32 * 9 * 16 >= tensor_nn.WEIGHT_GRAD_PAD_COPY_MIN_WORK
+    model = Model(net, inputs={"x": Tensor.empty(batch, 16, 32, 32)}, targets={"t": Tensor.empty(batch, 16)},
+                  loss=lambda o, t: ((o["y"] - t) ** 2).mean())
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 16, 32, 32)).astype(np.float32)
+    t = np.ones((3, 16), np.float32)
+    try:
+        loss = model.fit({"x": x, "t": t}, batch_size=3, optimizer="sgd", lr=0.1, verbose=False)[0]
+        got = model.parameters()["c.weight"].numpy()
+    finally:
+        model.dispose()
+    w = torch.tensor(w0, requires_grad=True)
+    y = torch.nn.functional.conv2d(torch.tensor(x), w, torch.tensor(b0), padding=1).relu().mean((2, 3))
+    ref = ((y - torch.tensor(t)) ** 2).mean()
+    ref.backward()
+    assert abs(loss - ref.item()) <= 1e-5 * abs(ref.item())
+    step = (w - 0.1 * w.grad).detach().numpy() - w0
+    np.testing.assert_allclose(got - w0, step, rtol=1e-3, atol=1e-4 * np.abs(step).max())

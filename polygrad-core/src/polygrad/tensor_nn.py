@@ -20,6 +20,7 @@ from polygrad.errors import DTypeError, InvalidArgumentError
 from polygrad.gradient import with_vjp
 from polygrad.tensor_indexing import host_values
 from polygrad.tensor_losses import LossMixin
+from polygrad.uop import sint
 from polygrad.tensor_math import HALF_TYPES, float_math
 from polygrad.tensor_movement import _tuple
 from polygrad.uop.shape import ShapeError
@@ -104,7 +105,8 @@ def _conv_vjp(out: "Tensor", x: "Tensor", weight: "Tensor", windows: "Tensor", g
             gv = gt.reshape(bs, groups, rcout, *oyx, *[1] * (nd + 1))
             windows = cls(view, _runtime=rt)
             uses = rcout * math.prod(w_shape[2:])
-            if any(pads) and math.prod(view.shape) >= WEIGHT_GRAD_PAD_COPY_MIN_WORK \
+            # a Variable batch counts at its bound: the kernel is compiled once for every value up to it
+            if any(pads) and math.prod(sint.vmax(d) for d in view.shape) >= WEIGHT_GRAD_PAD_COPY_MIN_WORK \
                     and uses >= WEIGHT_GRAD_PAD_COPY_MIN_USES:
                 padded = cls(x_uop, _runtime=rt).pad(pads).contiguous()
                 windows = _conv_windows(padded, tuple(w_shape[2:]), 1, dilation, groups, rcout)
