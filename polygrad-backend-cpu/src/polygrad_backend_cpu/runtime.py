@@ -46,6 +46,7 @@ loaded = {"open": 0}  # shared objects currently open (tests read it)
 _c_pool: Any = None  # the C pool library (False: could not be built)
 _pool_builder: threading.Thread | None = None
 _pool_lock = threading.Lock()
+_pinned: list[Any] = []  # the pool library's ctypes handles (never closed)
 
 # How long a pool thread spins (pause, re-check) for the next launch, or the launcher for the parts in
 # flight, before it blocks and gives its core away: a training step's launches come microseconds apart
@@ -180,10 +181,18 @@ POOL_FLAGS = ("-pthread",)
 POOL_EXIT_WAIT_S = 60.0  # a process exiting mid-build finishes it, so the next process finds the pool cached
 
 
+def _open_pool(path: str) -> Any:
+    """The pool library at `path`, opened once more through ctypes, which never closes a library: cffi's
+    object closes its handle when collected (at the latest when the interpreter exits), and workers still
+    spinning in the pool's code, or woken in it, must not find it unmapped."""
+    _pinned.append(ctypes.CDLL(path))
+    return FFI.dlopen(path)
+
+
 def _build_pool() -> None:
     global _c_pool
     try:
-        _c_pool = FFI.dlopen(ClangCompiler().compile(POOL_SOURCE, extra=POOL_FLAGS))
+        _c_pool = _open_pool(ClangCompiler().compile(POOL_SOURCE, extra=POOL_FLAGS))
     except Exception:  # noqa: BLE001 - any failure: the Python pool still runs every launch
         _c_pool = False
 
@@ -193,7 +202,7 @@ def _cached_pool() -> Any:
     try:
         compiler = ClangCompiler()
         path = compiler.cached(compiler.key(POOL_SOURCE, POOL_FLAGS))
-        return FFI.dlopen(path) if path is not None else None
+        return _open_pool(path) if path is not None else None
     except Exception:  # noqa: BLE001 - the background build reports failures
         return None
 
