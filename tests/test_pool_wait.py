@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 
 from polygrad import Device
@@ -84,9 +83,9 @@ def test_the_c_pool_launcher_takes_the_parts_a_busy_worker_has_not_started():
 
 
 def test_the_c_pool_library_stays_mapped_when_its_object_is_collected():
-    """Workers run in the pool's code until the process ends (spinning after a launch, or woken): the
-    library must stay mapped when cffi's library object is collected, as at interpreter exit (when a
-    worker still spinning crashed the process)."""
+    """Workers run in the pool's code until the process ends (spinning after a launch, or running a
+    part): the library must stay mapped when the module's objects go, as they do when the interpreter
+    exits (cffi closes a library it collects: a worker still in the pool's code crashed the process)."""
     p = run_python('''
         import gc
         import os
@@ -103,7 +102,7 @@ def test_the_c_pool_library_stays_mapped_when_its_object_is_collected():
             with open("/proc/self/maps") as f:
                 return any(line.rstrip().endswith(path) for line in f)
         assert mapped()
-        runtime._c_pool = None  # what the interpreter's exit does to the module's reference
+        runtime.__dict__.clear()  # what the interpreter's exit does to the module (its FFI, its library)
         gc.collect()
         print(mapped())
     ''', env={"POLY_THREADS": "2"}, timeout=120)
