@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from polygrad import Device
+from polygrad import Context, Device
 
 from conftest import run_python
 
@@ -54,32 +54,48 @@ def test_an_idle_pool_uses_no_cpu(device):
     assert idle_cpu_s < 0.1 * IDLE_S, f"{idle_cpu_s:.3f} s of CPU while idle for {IDLE_S} s: a worker spins"
 
 
-def test_the_c_pool_launcher_takes_the_parts_a_busy_worker_has_not_started():
-    """A worker that is held up in its first part (as if its core were busy elsewhere) holds back that
-    part only: the launching thread runs the other 7 of 8, each part runs once. With parts dealt out
-    in advance (worker w taking w, w + 2...), the worker would own 4 and the launch would wait."""
-    from polygrad_backend_cpu import runtime
-    pool = runtime.c_pool(wait=True)
-    if pool is None:
-        pytest.skip("no C compiler for the pool")
-    split, launcher = 8, threading.get_ident()
+def _launch_with_a_held_up_worker(device: str, split: int) -> list[tuple[int, int]]:
+    """Launch `split` parts on 2 threads of `device`'s pool, a worker's first part held up until the
+    launcher has run split - 1 parts (or 5 s): [(part, thread id)] in the order they ended."""
+    launcher = threading.get_ident()
     ran: list[tuple[int, int]] = []
     others_done = threading.Event()
     lock = threading.Lock()
 
-    def part(args, index):
+    def part(index: int) -> None:
         me = threading.get_ident()
         if me != launcher and not any(t == me for _, t in ran):
-            others_done.wait(5.0)  # held up until the launcher has run every other part (or 5 s)
+            others_done.wait(5.0)
         with lock:
             ran.append((index, me))
             if sum(t == launcher for _, t in ran) == split - 1:
                 others_done.set()
-    task = runtime.FFI.callback("void(void**, int)", part)
-    used = pool.pg_pool_run(runtime.FFI.cast("void*", task), runtime.FFI.NULL, split, 2)
-    assert used == 2
+    with Context(POLY_THREADS=2):
+        if device == "CPU":
+            from polygrad_backend_cpu import runtime
+            pool = runtime.c_pool(wait=True)
+            if pool is None:
+                pytest.skip("no C compiler for the pool")
+            task = runtime.FFI.callback("void(void**, int)", lambda args, index: part(index))
+            assert pool.pg_pool_run(runtime.FFI.cast("void*", task), runtime.FFI.NULL, split, 2) == 2
+        else:
+            from polygrad_backend_x86 import pool as x86_pool
+            from polygrad_backend_x86.mapping import FFI
+            task = FFI.callback("void(int64_t *)", lambda args: part(int(args[0])))
+            arrays = [FFI.new("int64_t[]", [i]) for i in range(split)]
+            assert x86_pool.Pool().launch(task, int(FFI.cast("intptr_t", task)), arrays) == 2
+    return ran
+
+
+@pytest.mark.parametrize("device", HOST_DEVICES)
+def test_the_launcher_takes_the_parts_a_busy_worker_has_not_started(device):
+    """A worker that is held up in its first part (as if its core were busy elsewhere) holds back that
+    part only: the launching thread runs the other 7 of 8, each part runs once. With parts dealt out
+    in advance (worker w taking w, w + 2...), the worker would own 4 and the launch would wait."""
+    split = 8
+    ran = _launch_with_a_held_up_worker(device, split)
     assert sorted(i for i, _ in ran) == list(range(split))
-    assert sum(t == launcher for _, t in ran) >= split - 1, ran
+    assert sum(t == threading.get_ident() for _, t in ran) >= split - 1, ran
 
 
 def test_the_c_pool_library_stays_mapped_when_its_object_is_collected():
