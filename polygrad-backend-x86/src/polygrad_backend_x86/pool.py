@@ -1,27 +1,33 @@
 """A thread pool for THREAD kernels in our own machine code: one foreign call per launch.
 
 Stage: running (used by runtime.X86Program). Input: a kernel's code address and one argument array per
-thread index. Output: the launch, run by the calling thread (index 0) and persistent workers (1..W),
-W + 1 being the running thread's POLY_THREADS at that launch (at most the kernel's split; with fewer
-threads than indices, the indices run in rounds).
+thread index. Output: the launch, run by the calling thread and persistent workers (1..W), W + 1 being
+the running thread's POLY_THREADS at that launch (at most the kernel's split), each thread taking the
+next index left until none is.
 
 Why: a Python thread pool costs a future per worker and a wake-up through the GIL for every launch,
 tens of microseconds, which a training step of small threaded kernels pays over and over (the CPU
 backend compiles a C pool for the same reason; this backend has no compiler). So the pool is two
-routines emitted here with the backend's assembler and mapped like kernels:
+routines emitted here with the backend's assembler and mapped like kernels (and a third that reads
+the time-stamp counter):
 
   worker(state, tid, seen)        run by a Python daemon thread (cffi releases the GIL, the call never
                                   returns): wait until the launch counter differs from `seen` (spin with
-                                  `pause`, then sleep on a futex), run fn(args[tid]) when tid < threads,
-                                  count itself done, wait again
-  run(state, fn, args, threads)   store the launch, bump the counter (waking sleepers by futex only when
-                                  some sleep), run fn(args[0]), then wait until every worker is done
+                                  `pause` for SPIN_NS, then sleep on a futex); when tid < want, take
+                                  indices and run fn(args[index]) until none is left; wait again
+  run(state, fn, args, threads,   store the launch and its parts-left word, bump the counter (waking
+      want)                       sleepers by futex only when some sleep), take indices as the workers
+                                  do, then wait until every index has ended (spin for SPIN_NS, then
+                                  sleep on a futex that the worker ending a part wakes)
 
-Every worker acknowledges every launch before `run` returns, so the argument arrays (owned by the
-caller) stay alive while any worker may read them and no worker can see two launches as one. Launches
-are serialised by a lock; a forked child starts a pool of its own. The pool's code is never unmapped
-(workers run in it until the process ends). Linux only (futex and sched_yield system calls); elsewhere,
-or if the pool cannot start, runtime.py falls back to a Python thread pool.
+An index is taken by a compare-and-swap on the parts-left word, which also holds the launch counter:
+a worker that comes late (its core was busy with another library's threads or another process) finds
+the indices taken, by the caller if need be, and holds back only an index it took; it reads the
+launch's function and arrays only after taking an index, while the launch cannot end, so the argument
+arrays (owned by the caller) stay alive while any worker may read them. Launches are serialised by a
+lock; a forked child starts a pool of its own. The pool's code is never unmapped (workers run in it
+until the process ends). Linux only (futex system calls); elsewhere, or if the pool cannot start,
+runtime.py falls back to a Python thread pool.
 """
 from __future__ import annotations
 
