@@ -1,7 +1,7 @@
 """polygrad beside NumPy and PyTorch (and, optionally, other interpreters), measured in one invocation.
 
 Run:  python benchmarks/compare.py [--only matmul1024 ...] [--cc clang gcc] [--python /other/venv/bin/python]
-                                   [--jsonl results.jsonl] [--reps 5] [--tiny]
+                                   [--jsonl results.jsonl] [--reps 5] [--tiny] [--shared-process]
 
 Every (library, workload) runs in a fresh subprocess of this file (`--worker`), so first-call timings
 are honest and one library's thread pools never slow another. polygrad runs once per C compiler in
@@ -18,6 +18,14 @@ column to NumPy and to PyTorch, oriented so that > 1 means polygrad is better. E
 written as one JSON line ({"workload", "library", "value", "unit", "better", ...}) to `--jsonl`.
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are removed from the workers' environment (they slow a current
 NumPy); the BLAS NumPy ran with is reported when threadpoolctl is installed.
+
+`--shared-process` adds a column "LIB shared" per library column (polygrad, NumPy, PyTorch; not the
+ceiling): the library is timed in a process where the other libraries of the row run their own version
+of the workload too, once (untimed) before its warm-up and before every timed round, as in a user's
+script that mixes them. Their thread pools then wait in their own ways (NumPy's OpenBLAS and PyTorch's
+OpenMP threads spin for a while after each call) on the cores the timed library wants: the columns show
+what a library loses beside the others, and polygrad's idle workers must cost NumPy and PyTorch nothing.
+The ratios of the shared polygrad column against the shared NumPy and PyTorch columns are printed too.
 
 The polygrad packages' bytecode is written first (benchmarks/prepare_bytecode.py), as pip install leaves
 it. Before its timed workers, each polygrad column runs one untimed process in its cache folder, so one-time
@@ -54,17 +62,27 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 # OpenBLAS threads spin for tens of ms after the import, on the core the other thread of a 2-core machine
 # needs; measured: a tiny op read 13 us instead of 9 in a third of fresh processes). Every column gets it.
 WARMUP_S = 0.25
+# Calls made (untimed) before the warm-up and before every timed round of `best`: --shared-process puts
+# the other libraries' version of the workload here
+BETWEEN_ROUNDS: list[Callable[[], Any]] = []
+
+
+def _between_rounds() -> None:
+    for call in BETWEEN_ROUNDS:
+        call()
 
 
 def best(fn: Callable[[], Any], reps: int, inner: int = 1) -> float:
     """Best seconds per call of fn over `reps` rounds of `inner` calls, after warm-up calls (at least one,
-    and for at least WARMUP_S)."""
+    and for at least WARMUP_S); BETWEEN_ROUNDS runs before the warm-up and before each round, untimed."""
+    _between_rounds()
     end = time.perf_counter() + WARMUP_S
     fn()
     while time.perf_counter() < end:
         fn()
     t = float("inf")
     for _ in range(max(1, reps)):
+        _between_rounds()
         t0 = time.perf_counter()
         for _ in range(inner):
             fn()
@@ -395,12 +413,48 @@ WORKLOADS: dict[str, tuple[str, str, Callable[[str, bool, int], float], tuple[st
 DEFAULT_SKIP = ("matmul1024_beam2",)  # minutes of search on a cold cache: ask for it with --only
 
 
+SHARED = "-shared"  # a worker library "LIB-shared": LIB timed beside the row's other libraries
+
+
+def peer_call(name: str, lib: str, tiny: bool) -> Callable[[], Any]:
+    """The call that workload `name` times for `lib`, set up as it is for timing (its inputs, its jit
+    warmed), without timing it: the workload runs with a `best` that keeps the call and returns 1."""
+    global best
+    kept: list[Callable[[], Any]] = []
+    timed = best
+
+    def keep(fn: Callable[[], Any], reps: int, inner: int = 1) -> float:
+        fn()
+        kept.append(fn)
+        return 1.0
+    best = keep
+    try:
+        WORKLOADS[name][2](lib, tiny, 1)
+    finally:
+        best = timed
+    return kept[-1]
+
+
+def run_workload(name: str, lib: str, tiny: bool, reps: int) -> float:
+    """The figure of workload `name` for `lib`; for "LIB-shared", LIB's figure with the row's other
+    libraries' calls in BETWEEN_ROUNDS (each set up once in this process)."""
+    if not lib.endswith(SHARED):
+        return WORKLOADS[name][2](lib, tiny, reps)
+    lib = lib[:-len(SHARED)]
+    peers = [peer_call(name, other, tiny) for other in ALL if other != lib and other in WORKLOADS[name][3]]
+    BETWEEN_ROUNDS[:] = peers
+    try:
+        return WORKLOADS[name][2](lib, tiny, reps)
+    finally:
+        BETWEEN_ROUNDS.clear()
+
+
 def worker(lib: str, names: str, tiny: bool, reps: int) -> None:
     """Run workloads (comma-separated) for one library; print one JSON line each."""
     for name in names.split(","):
-        value = WORKLOADS[name][2](lib, tiny, reps)
+        value = run_workload(name, lib, tiny, reps)
         extra: dict[str, Any] = {}
-        if lib == "numpy":
+        if lib.startswith("numpy"):
             try:
                 from threadpoolctl import threadpool_info
                 extra["blas"] = [f"{i.get('internal_api')}:{i.get('architecture')}:{i.get('num_threads')}"
@@ -423,7 +477,19 @@ def column_runs(args: argparse.Namespace) -> list[tuple[str, str, str, dict[str,
         cols.append(("ceiling", "ceiling", sys.executable, {}))
     for py in args.python:
         cols.append((f"py:{py}", "polygrad", py, {}))
+    if args.shared_process:
+        cols += [(f"{label} shared", lib + SHARED, py, env) for label, lib, py, env in list(cols)
+                 if lib in ALL and py == sys.executable]
     return cols
+
+
+def has_workload(lib: str, name: str) -> bool:
+    """Whether workload `name` runs for column library `lib` (a shared one: when another library has it)."""
+    libs = WORKLOADS[name][3]
+    if lib.endswith(SHARED):  # a first call is one per process: the first library's alone
+        own = lib[:-len(SHARED)]
+        return own in libs and any(o in libs for o in ALL if o != own) and not name.startswith("first_call")
+    return lib in libs
 
 
 def run_one(py: str, lib: str, names: list[str], env_extra: dict[str, str], args: argparse.Namespace,
@@ -478,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--tiny", action="store_true", help="toy sizes, one repetition (keeps the script working)")
     ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--shared-process", action="store_true",
+                    help="add a column per library timed beside the other libraries' calls in one process")
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                     help="leave out the hand-written C ceiling column (shown on x86-64 with clang or gcc)")
     args = ap.parse_args(argv)
@@ -501,12 +569,12 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, float | None]] = {name: {} for name in names}
     with open(args.jsonl, "a") as out:
         for label, lib, py, env in cols:
-            mine = [n for n in names if lib in WORKLOADS[n][3]]
+            mine = [n for n in names if has_workload(lib, n)]
             # one process per workload (no shared thread pools or caches); --tiny batches the plain ones
             plain = [n for n in mine if not n.startswith("first_call")]
             batches = [plain] if args.tiny and plain else [[n] for n in plain]
             results: dict[str, dict[str, Any]] = {}
-            if lib == "polygrad" and plain and not args.tiny:
+            if lib.startswith("polygrad") and plain and not args.tiny:
                 # one untimed process first: a library's one-time set-up that lands in the cache folder (the
                 # CPU backend compiles its C thread pool in the background, on a core a timed kernel wants)
                 # is done before any timed worker runs, as on a user's machine after its first run
@@ -526,21 +594,26 @@ def main(argv: list[str] | None = None) -> int:
                                           **env}) + "\n")
     labels = [c[0] for c in cols]
     first = next((c for c in labels if c.startswith("polygrad")), None)
-    head = f"{'workload':18s} {'unit':8s} " + " ".join(f"{c[:16]:>16s}" for c in labels) + "   vs numpy  vs torch"
-    print(head)
+    pairs = [(first, "numpy", "vs numpy"), (first, "torch", "vs torch")]
+    if args.shared_process:
+        pairs += [(f"{first} shared", f"{ref} shared", f"sh. vs {ref}") for ref in ("numpy", "torch")]
+    widths = [max(16, len(c)) for c in labels]
+    head = f"{'workload':18s} {'unit':8s} " + " ".join(f"{c:>{w}s}" for c, w in zip(labels, widths))
+    print(head + "  " + " ".join(f"{p[2]:>14s}" for p in pairs))
     for name in names:
         unit, better = WORKLOADS[name][:2]
         vals = rows[name]
         ratios = []
-        for ref in ("numpy", "torch"):
-            ours, theirs = vals.get(first), vals.get(ref)
+        for ours_col, ref_col, _ in pairs:
+            ours, theirs = vals.get(ours_col), vals.get(ref_col)
             if ours and theirs:
-                ratios.append(f"{(ours / theirs if better == 'higher' else theirs / ours):8.2f}x")
+                ratios.append(f"{(ours / theirs if better == 'higher' else theirs / ours):13.2f}x")
             else:
-                ratios.append(f"{'-':>9s}")
-        print(f"{name:18s} {unit:8s} " + " ".join(f"{fmt(vals.get(c)):>16s}" for c in labels) + "  " +
-              " ".join(ratios))
-    print(f"(ratios: {first} against each, > 1 means polygrad is better; JSON lines in {args.jsonl})")
+                ratios.append(f"{'-':>14s}")
+        print(f"{name:18s} {unit:8s} " + " ".join(f"{fmt(vals.get(c)):>{w}s}" for c, w in zip(labels, widths)) +
+              "  " + " ".join(ratios))
+    print(f"(ratios: {first} against each, > 1 means polygrad is better; 'sh.': the shared-process columns; "
+          f"JSON lines in {args.jsonl})")
     return 0
 
 

@@ -450,7 +450,7 @@ def test_avx512_padded_rows_load_with_one_masked_move():
 
 def test_thread_pool_is_our_machine_code_and_survives_fork_and_exit():
     """THREAD launches go through pool.py's machine-code workers (one foreign call per launch): more
-    workers than cores (they sleep on a futex and the launcher yields), hundreds of launches of an
+    workers than cores (they and the launcher sleep on futexes), hundreds of launches of an
     in-place update that a share run twice or skipped would show, a forked child with a pool of its
     own, and a process that exits promptly with its workers still parked."""
     p = run_python('''

@@ -7,8 +7,11 @@ pointers are cached on the host allocations, so a launch does no address lookups
 
 Threads: a kernel with `spec.threads > 1` also has a trampoline `<name>_task(void** args, int tid)`
 (the CPU renderer adds it), and one cffi call to `pg_pool_run(task, args, threads, want)` launches it:
-the calling thread and up to want - 1 persistent pthreads (created when first wanted, spinning briefly
-between launches, then sleeping on a condition variable) share the indices, thread w taking w, w + n...
+the calling thread and up to want - 1 persistent pthreads (created when first wanted) share the
+indices, each taking the next index left (an atomic counter), so a thread whose core is busy elsewhere
+(another library's spinning threads, another process) holds back only an index it has taken: the
+caller runs the rest. Between launches a worker spins (pause) for POOL_SPIN_NS, then sleeps on a
+condition variable; the caller waits for indices in flight the same way. So idle workers cost no CPU.
 `want` is the running thread's POLY_THREADS, read at every launch (backend_api.launch_threads), so
 `Context(POLY_THREADS=1)` runs every index on the calling thread. cffi releases the GIL for the whole
 call, so a launch costs one foreign call, not one Python future per thread. The pool is a small C library
@@ -43,49 +46,86 @@ loaded = {"open": 0}  # shared objects currently open (tests read it)
 _c_pool: Any = None  # the C pool library (False: could not be built)
 _pool_builder: threading.Thread | None = None
 _pool_lock = threading.Lock()
+_pinned: list[Any] = []  # the pool library's ctypes handles (never closed)
 
+# How long a pool thread spins (pause, re-check) for the next launch, or the launcher for the parts in
+# flight, before it blocks and gives its core away: a training step's launches come microseconds apart
+# (a futex wake-up costs tens), while another library's threads in the process (NumPy's OpenBLAS,
+# PyTorch's OpenMP) may want the core. A time, not a count of pause instructions (their cost differs
+# tenfold between CPU models). tests/test_pool_wait.py reads it.
+POOL_SPIN_NS = 100_000
 POOL_SOURCE = r"""
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 typedef void (*pg_task)(void**, int);
 #define PG_MAX_THREADS 256
-#define PG_SPIN 4000
+#define PG_SPIN_NS @SPIN_NS@ul
 static pthread_mutex_t run_mu = PTHREAD_MUTEX_INITIALIZER, mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
-static atomic_ulong generation;
-static atomic_int remaining;
+static atomic_ulong generation;  /* launches so far */
+/* The launch's parts not yet taken: (generation << 32) | parts left. A thread takes part `left - 1` by
+   decrementing it, so any thread may run any part, and one that comes late (its core was busy) finds
+   nothing left instead of holding the launch back; the generation keeps a late thread off a later launch. */
+static atomic_ullong unclaimed;
+static atomic_int unfinished;  /* parts taken or not yet taken that have not ended */
+static atomic_int cur_want;  /* threads wanted: workers 1..cur_want-1 join in */
 static pg_task cur_task;
 static void** cur_args;
-static int cur_threads, cur_stride, workers;  /* parts of the launch, threads running them */
+static int workers;
 static unsigned long start_generation[PG_MAX_THREADS];  /* what a new worker has already seen */
 static inline void pg_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
 #endif
 }
+static unsigned long pg_now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (unsigned long)t.tv_sec * 1000000000ul + (unsigned long)t.tv_nsec;
+}
+/* Whether a thread that began waiting at `*since` (0: not yet) has spun for PG_SPIN_NS; reads the clock
+   every 32 rounds. */
+static int pg_spun_out(unsigned spin, unsigned long* since) {
+  if (spin % 32 != 31) return 0;
+  unsigned long now = pg_now_ns();
+  if (*since == 0) *since = now;
+  return now - *since >= PG_SPIN_NS;
+}
+static void pg_finish_part(void) {
+  if (atomic_fetch_sub(&unfinished, 1) == 1) {
+    pthread_mutex_lock(&mu);
+    pthread_cond_broadcast(&done);
+    pthread_mutex_unlock(&mu);
+  }
+}
+/* Take and run parts of launch `gen` until none is left. */
+static void pg_take_parts(unsigned long gen) {
+  unsigned long long c = atomic_load(&unclaimed);
+  while ((c >> 32) == (gen & 0xffffffffull) && (c & 0xffffffffull) != 0) {
+    if (!atomic_compare_exchange_weak(&unclaimed, &c, c - 1)) continue;
+    cur_task(cur_args, (int)((c & 0xffffffffull) - 1));  /* the launch cannot end before this part */
+    pg_finish_part();
+    c = atomic_load(&unclaimed);
+  }
+}
 static void* pg_worker(void* arg) {
   int tid = (int)(long)arg;
   unsigned long seen = start_generation[tid];
   for (;;) {
-    for (int spin = 0; atomic_load_explicit(&generation, memory_order_acquire) == seen; spin++) {
-      if (spin < PG_SPIN) { pg_relax(); continue; }
+    unsigned long since = 0;
+    for (unsigned spin = 0; atomic_load_explicit(&generation, memory_order_acquire) == seen; spin++) {
+      if (!pg_spun_out(spin, &since)) { pg_relax(); continue; }
       pthread_mutex_lock(&mu);
       while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &mu);
       pthread_mutex_unlock(&mu);
     }
     seen = atomic_load(&generation);
-    if (tid < cur_stride) {
-      for (int part = tid; part < cur_threads; part += cur_stride) cur_task(cur_args, part);
-      if (atomic_fetch_sub(&remaining, 1) == 1) {
-        pthread_mutex_lock(&mu);
-        pthread_cond_broadcast(&done);
-        pthread_mutex_unlock(&mu);
-      }
-    }
+    if (tid < atomic_load_explicit(&cur_want, memory_order_relaxed)) pg_take_parts(seen);
   }
   return 0;
 }
-/* Run task(args, 0..threads-1) on at most `want` threads: thread w takes parts w, w+n, w+2n... */
+/* Run task(args, 0..threads-1) on at most `want` threads, each taking the next part left. */
 int pg_pool_run(void* task, void** args, int threads, int want) {
   if (want > threads) want = threads;
   if (want > PG_MAX_THREADS) want = PG_MAX_THREADS;
@@ -106,26 +146,28 @@ int pg_pool_run(void* task, void** args, int threads, int want) {
     workers++;
   }
   int n = want < workers + 1 ? want : workers + 1;  /* fewer when a worker could not start */
+  unsigned long gen = atomic_load(&generation) + 1;
   cur_task = (pg_task)task;
   cur_args = args;
-  cur_threads = threads;
-  cur_stride = n;
-  atomic_store(&remaining, n - 1);
+  atomic_store(&cur_want, n);
+  atomic_store(&unfinished, threads);
+  atomic_store(&unclaimed, ((unsigned long long)gen << 32) | (unsigned long long)threads);
   pthread_mutex_lock(&mu);
-  atomic_fetch_add_explicit(&generation, 1, memory_order_release);
+  atomic_store_explicit(&generation, gen, memory_order_release);
   pthread_cond_broadcast(&wake);
   pthread_mutex_unlock(&mu);
-  for (int part = 0; part < threads; part += n) cur_task(args, part);
-  for (int spin = 0; atomic_load_explicit(&remaining, memory_order_acquire) > 0; spin++) {
-    if (spin < PG_SPIN) { pg_relax(); continue; }
+  pg_take_parts(gen);
+  unsigned long since = 0;
+  for (unsigned spin = 0; atomic_load_explicit(&unfinished, memory_order_acquire) > 0; spin++) {
+    if (!pg_spun_out(spin, &since)) { pg_relax(); continue; }
     pthread_mutex_lock(&mu);
-    while (atomic_load(&remaining) > 0) pthread_cond_wait(&done, &mu);
+    while (atomic_load(&unfinished) > 0) pthread_cond_wait(&done, &mu);
     pthread_mutex_unlock(&mu);
   }
   pthread_mutex_unlock(&run_mu);
   return n;
 }
-"""
+""".replace("@SPIN_NS@", str(POOL_SPIN_NS))
 
 
 try:  # types built without parsing C text (the first parse of any C text costs milliseconds: 5 for "void*[]")
@@ -139,10 +181,18 @@ POOL_FLAGS = ("-pthread",)
 POOL_EXIT_WAIT_S = 60.0  # a process exiting mid-build finishes it, so the next process finds the pool cached
 
 
+def _open_pool(path: str) -> Any:
+    """The pool library at `path`, opened once more through ctypes, which never closes a library: cffi's
+    object closes its handle when collected (at the latest when the interpreter exits), and workers still
+    spinning in the pool's code, or woken in it, must not find it unmapped."""
+    _pinned.append(ctypes.CDLL(path))
+    return FFI.dlopen(path)
+
+
 def _build_pool() -> None:
     global _c_pool
     try:
-        _c_pool = FFI.dlopen(ClangCompiler().compile(POOL_SOURCE, extra=POOL_FLAGS))
+        _c_pool = _open_pool(ClangCompiler().compile(POOL_SOURCE, extra=POOL_FLAGS))
     except Exception:  # noqa: BLE001 - any failure: the Python pool still runs every launch
         _c_pool = False
 
@@ -152,7 +202,7 @@ def _cached_pool() -> Any:
     try:
         compiler = ClangCompiler()
         path = compiler.cached(compiler.key(POOL_SOURCE, POOL_FLAGS))
-        return FFI.dlopen(path) if path is not None else None
+        return _open_pool(path) if path is not None else None
     except Exception:  # noqa: BLE001 - the background build reports failures
         return None
 
