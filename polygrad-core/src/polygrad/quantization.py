@@ -16,7 +16,7 @@ from polygrad.errors import QuantizationError
 from polygrad.model import Model
 from polygrad.model.program import dtype_name
 from polygrad.nn.layers import Embedding, Linear
-from polygrad.nn.quant import QuantWeight, block_format
+from polygrad.nn.quant import QuantWeight, quantizable_format
 from polygrad.nn.state import get_layers
 from polygrad.tensor import Tensor
 
@@ -47,7 +47,7 @@ def quantize(obj: Any, fmt: str, names: Iterable[str] | None = None) -> Any:
         raise QuantizationError("a captured Model cannot be quantized: its kernels read float weights. Quantize the "
                                 "module first, then build the Model: polygrad.quantize(module, fmt); "
                                 "Model(module, inputs=...)")
-    f = block_format(fmt)
+    f = quantizable_format(fmt)
     wanted = None if names is None else _names(names)
     if isinstance(obj, Mapping) and obj and all(isinstance(v, (Tensor, np.ndarray)) for v in obj.values()):
         return _quantize_state(dict(obj), f.name, wanted)
@@ -69,7 +69,7 @@ def _unfit(value: Any, fmt: str) -> str | None:
         return f"it holds {dtype} values, not floats (only float weights are quantized)"
     if len(shape) != 2:
         return f"it has shape {list(shape)}; only matrices are quantized, in blocks along their rows"
-    block = block_format(fmt).block
+    block = quantizable_format(fmt).block
     if shape[1] % block:
         return (f"its rows hold {shape[1]} values, not whole {block}-value blocks; pad the layer's input width "
                 f"to a multiple of {block} or leave it out of names=")
