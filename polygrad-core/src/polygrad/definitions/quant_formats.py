@@ -40,10 +40,12 @@ Round to nearest (`polygrad.nn.quant.quantize_rows`; the 32-weight formats byte 
 package's quantizer): Q8_0 takes d = max|w| / 127 and q = round(w / d); Q4_0 and Q5_0 take the weight of
 largest magnitude M (the first one on a tie) and d = M / -8 (-16), then q = min(15 (31),
 trunc(w / d + 8.5 (16.5))); Q4_1 and Q5_1 take m = min w and d = (max w - m) / 15 (31), then
-q = min(15 (31), trunc((w - m) / d + 0.5)). Q4_K (gguf cannot quantize it; llama.cpp searches for its
-scales): each sub-block's step (max w - min(0, min w)) / 15 and offset -min(0, min w) are rounded to 6 bits
-of the super-block's d = (largest step) / 63 and dmin = (largest offset) / 63, then each weight to the
-nearest of the 16 levels those give. Q5_K, Q6_K and Q8_K are read from GGUF files only.
+q = min(15 (31), trunc((w - m) / d + 0.5)). The K-quants (gguf cannot quantize them; llama.cpp searches
+for their scales): Q4_K (Q5_K) rounds each sub-block's step (max w - min(0, min w)) / 15 (31) and offset
+-min(0, min w) to 6 bits of the super-block's d = (largest step) / 63 and dmin = (largest offset) / 63,
+then each weight to the nearest of the 16 (32) levels those give; Q6_K rounds each 16-weight sub-block's
+max|w| / 31 to an int8 multiple of d = (largest of them) / 127, then w / (d * sc) to -32..31; Q8_K takes
+d = max|w| / 127 and q = round(w / d).
 """
 from __future__ import annotations
 
@@ -56,19 +58,18 @@ class BlockFormatDef(NamedTuple):
     block: int                # weights per block
     block_bytes: int          # bytes per block: scales and quants
     groups: Tuple[int, ...]   # the block's weights as nested axes (see above); their product is `block`
-    quantizable: bool         # polygrad.quantize can round float weights to it
 
 
 FORMATS: Tuple[BlockFormatDef, ...] = (
-    BlockFormatDef("Q8_0", 8, 32, 34, (2, 16), True),
-    BlockFormatDef("Q4_0", 2, 32, 18, (2, 16), True),
-    BlockFormatDef("Q4_1", 3, 32, 20, (2, 16), True),
-    BlockFormatDef("Q5_0", 6, 32, 22, (2, 2, 8), True),
-    BlockFormatDef("Q5_1", 7, 32, 24, (2, 2, 8), True),
-    BlockFormatDef("Q4_K", 12, 256, 144, (2, 2, 2, 32), True),
-    BlockFormatDef("Q5_K", 13, 256, 176, (2, 2, 2, 32), False),
-    BlockFormatDef("Q6_K", 14, 256, 210, (2, 2, 2, 2, 16), False),
-    BlockFormatDef("Q8_K", 15, 256, 292, (8, 32), False),
+    BlockFormatDef("Q8_0", 8, 32, 34, (2, 16)),
+    BlockFormatDef("Q4_0", 2, 32, 18, (2, 16)),
+    BlockFormatDef("Q4_1", 3, 32, 20, (2, 16)),
+    BlockFormatDef("Q5_0", 6, 32, 22, (2, 2, 8)),
+    BlockFormatDef("Q5_1", 7, 32, 24, (2, 2, 8)),
+    BlockFormatDef("Q4_K", 12, 256, 144, (2, 2, 2, 32)),
+    BlockFormatDef("Q5_K", 13, 256, 176, (2, 2, 2, 32)),
+    BlockFormatDef("Q6_K", 14, 256, 210, (2, 2, 2, 2, 16)),
+    BlockFormatDef("Q8_K", 15, 256, 292, (8, 32)),
 )
 BY_NAME = {f.name: f for f in FORMATS}
 NAMES: Tuple[str, ...] = tuple(BY_NAME)

@@ -3,8 +3,9 @@
 Stage: graph construction (before any device work). Input: float32 blocks (nblocks, block) of one
 format of polygrad/definitions/quant_formats.py. Output: their uint8 blocks (nblocks, block_bytes) in
 llama.cpp's layout, through `QUANTIZERS[name]`. The 32-weight formats give the bytes the `gguf` package's
-quantizer writes (the same float32 arithmetic); Q4_K, which the gguf package cannot write, rounds each
-sub-block's scale and min to the nearest 6-bit step instead of llama.cpp's search (the rules are in the
+quantizer writes (the same float32 arithmetic). The K-quants, which the gguf package cannot write, round
+each sub-block's scale (and min) to the nearest step of the super-block's, then each weight to the nearest
+level, where llama.cpp searches for the scales that minimise a weighted error (the rules are in the
 definitions' docstring). polygrad/nn/quant.py's `quantize_rows` is the entry point.
 """
 from __future__ import annotations
@@ -103,26 +104,76 @@ def _pack_k_scales(sc: np.ndarray, m: np.ndarray) -> np.ndarray:
     return np.concatenate([first, second, third], axis=1).astype(np.uint8)
 
 
-def q4_k(blocks: np.ndarray) -> np.ndarray:
-    """Q4_K by rounding to nearest: sub-block t of 32 weights wants step (max - min(0, min)) / 15 and offset
+def _k_levels(sub: np.ndarray, levels: int) -> tuple[np.ndarray, ...]:
+    """Q4_K / Q5_K by rounding to nearest: sub-block t wants step (max - min(0, min)) / (levels - 1) and offset
     -min(0, min); d and dmin (float16) are the largest step and offset / 63, the 6-bit sc and m the nearest
-    multiples of them, and each weight the nearest level (d * sc) * q - dmin * m, q in 0..15."""
-    n = blocks.shape[0]
-    sub = blocks.reshape(n, 8, 32)
+    multiples of them, and each weight the nearest level (d * sc) * q - dmin * m, q in 0..levels - 1.
+    Returns d, dmin (n, 1), sc, m (n, 8) and the quants (n, 8, 32)."""
     low = np.minimum(sub.min(axis=2), 0)
-    step = ((sub.max(axis=2) - low) / np.float32(15)).astype(np.float32)
+    step = ((sub.max(axis=2) - low) / np.float32(levels - 1)).astype(np.float32)
     offset = -low
     d = (step.max(axis=1, keepdims=True) / np.float32(63)).astype(np.float16).astype(np.float32)
     dmin = (offset.max(axis=1, keepdims=True) / np.float32(63)).astype(np.float16).astype(np.float32)
     sc, m = _six_bits(step, d), _six_bits(offset, dmin)
     scale = (d * sc.astype(np.float32))[:, :, None]  # the dequantizer's float32 products
     shift = (dmin * m.astype(np.float32))[:, :, None]
-    quants = np.clip(np.rint((sub + shift) * _reciprocal(scale)), 0, 15).astype(np.uint8)
-    # 4 chunks of 64 weights: byte 32c + i holds weight 64c + i (low nibble) and 64c + 32 + i (high)
-    chunks = quants.reshape(n * 4, 64)
-    return np.concatenate([_half_bytes(d), _half_bytes(dmin), _pack_k_scales(sc, m),
-                           _pack_halves(chunks).reshape(n, 128)], axis=1)
+    quants = np.clip(np.rint((sub + shift) * _reciprocal(scale)), 0, levels - 1).astype(np.uint8)
+    return d, dmin, sc, m, quants
+
+
+def _k_nibbles(quants: np.ndarray) -> np.ndarray:
+    """(n, 8, 32) quants' low nibbles as 128 bytes: byte 32c + i holds weight 64c + i (low nibble) and
+    64c + 32 + i (high)."""
+    n = quants.shape[0]
+    return _pack_halves(quants.reshape(n * 4, 64)).reshape(n, 128)
+
+
+def q4_k(blocks: np.ndarray) -> np.ndarray:
+    """Q4_K: 16 levels per 32-weight sub-block (_k_levels)."""
+    n = blocks.shape[0]
+    d, dmin, sc, m, quants = _k_levels(blocks.reshape(n, 8, 32), 16)
+    return np.concatenate([_half_bytes(d), _half_bytes(dmin), _pack_k_scales(sc, m), _k_nibbles(quants)], axis=1)
+
+
+def q5_k(blocks: np.ndarray) -> np.ndarray:
+    """Q5_K: 32 levels per 32-weight sub-block (_k_levels); bit t of qh[i] is weight 32t + i's 5th bit."""
+    n = blocks.shape[0]
+    d, dmin, sc, m, quants = _k_levels(blocks.reshape(n, 8, 32), 32)
+    fifth = (quants >> np.uint8(4)) << np.arange(8, dtype=np.uint8)[None, :, None]
+    qh = np.bitwise_or.reduce(fifth, axis=1)
+    return np.concatenate([_half_bytes(d), _half_bytes(dmin), _pack_k_scales(sc, m), qh, _k_nibbles(quants)],
+                          axis=1)
+
+
+def q6_k(blocks: np.ndarray) -> np.ndarray:
+    """Q6_K by rounding to nearest: sub-block t of 16 weights wants scale max|w| / 31; d (float16) is the
+    largest scale / 127, the int8 sc the nearest multiple of it, and each weight q - 32 = w / (d * sc)
+    rounded to nearest in -32..31."""
+    n = blocks.shape[0]
+    sub = blocks.reshape(n, 16, 16)
+    want = (np.abs(sub).max(axis=2) / np.float32(31)).astype(np.float32)
+    d = (want.max(axis=1, keepdims=True) / np.float32(127)).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.rint(want * _reciprocal(d)), -128, 127).astype(np.int8)
+    scale = (d * sc.astype(np.float32))[:, :, None]
+    quants = (np.clip(np.rint(sub * _reciprocal(scale)), -32, 31) + 32).astype(np.uint8).reshape(n, 2, 4, 32)
+    # weight 128c + 32t + i: low nibble in ql[64c + 32(t % 2) + i] >> 4(t // 2), high 2 bits qh[32c + i] >> 2t
+    low = quants & np.uint8(15)
+    ql = (low[:, :, :2] | (low[:, :, 2:] << np.uint8(4))).reshape(n, 128)
+    high = (quants >> np.uint8(4)) << (2 * np.arange(4, dtype=np.uint8))[None, None, :, None]
+    qh = np.bitwise_or.reduce(high, axis=2).reshape(n, 64)
+    return np.concatenate([ql, qh, sc.view(np.uint8), _half_bytes(d)], axis=1)
+
+
+def q8_k(blocks: np.ndarray) -> np.ndarray:
+    """Q8_K by rounding to nearest: d = max|w| / 127 (float32), q = w / d rounded to nearest; then the sums
+    of each 16 quants (int16) that llama.cpp's dot products read."""
+    n = blocks.shape[0]
+    d = (np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
+    quants = np.clip(np.rint(blocks * _reciprocal(d)), -127, 127).astype(np.int8)
+    sums = quants.reshape(n, 16, 16).astype(np.int16).sum(axis=2, dtype=np.int16).astype("<i2")
+    return np.concatenate([d.astype("<f4").view(np.uint8), quants.view(np.uint8), sums.view(np.uint8)], axis=1)
 
 
 QUANTIZERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q5_1": q5_1, "Q4_K": q4_k}
+    "Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1, "Q5_0": q5_0, "Q5_1": q5_1, "Q4_K": q4_k, "Q5_K": q5_k,
+    "Q6_K": q6_k, "Q8_K": q8_k}
