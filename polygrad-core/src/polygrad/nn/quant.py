@@ -108,11 +108,11 @@ class _Fields:
         """The float16 at bytes start..start + 1, as float32."""
         return self.scalar(start, 2).bitcast(dtypes.float16).cast(dtypes.float32)
 
-    def table(self, values: Any) -> Tensor:
+    def table(self, values: Any, dtype: Any = np.uint32) -> Tensor:
         """Constants (shifts) shaped to broadcast over the groups, from host data: an expand of a buffer is a
         plain load in the matmul's kernel (an expand of a computed arange would be a kernel and a buffer of
         its own). Made per call, so a Model capture records it as a constant of its own."""
-        arr = np.asarray(values, dtype=np.uint32)
+        arr = np.asarray(values, dtype=dtype)
         arr = arr.reshape((1,) * (len(self.f.groups) - arr.ndim) + arr.shape)
         return Tensor(arr, device=self.blocks.device).expand(*self.full)
 
@@ -157,28 +157,30 @@ def _q5_1_values(r: _Fields) -> Tensor:
 
 def _k_scales(r: _Fields) -> tuple[Tensor, Tensor]:
     """Q4_K/Q5_K's 6-bit sub-block scale and min, as float32 d * sc and dmin * m. Groups (g, c2, h, i):
-    sub-block t = 4g + 2c2 + h. For g = 0 the 6 bits are s[t] & 63 (scale) and s[t + 4] & 63 (min); for
-    g = 1 they are a nibble of s[t + 4] below the top two bits of s[t - 4] (scale) or s[t] (min), so each
-    is ((high >> shift[g]) & mask[g]) << lift[g] | (low >> nib[g]) & keep[g] over the same byte loads."""
+    sub-block t = 4g + 2c2 + h, and bytes a = s[2c2 + h], b = s[4 + 2c2 + h], c = s[8 + 2c2 + h]. For g = 0
+    sc = a & 63 and m = b & 63; for g = 1 sc = (a >> 6) << 4 | c & 15 and m = (b >> 6) << 4 | c >> 4. Both
+    are ((x >> shift[g]) & top[g]) | ((c >> nib[g]) & low[g]) over the same byte loads, with uint8 tables
+    (no widening: each operation here is evaluated for every weight the kernel reads, and a bundle's work
+    cap counts them)."""
     def per_g(first: int, second: int) -> Tensor:
-        return r.table(np.array([first, second]).reshape(2, 1, 1, 1))
-    shift, mask, lift, keep = per_g(0, 6), per_g(63, 3), per_g(0, 4), per_g(0, 15)
-    first, second, third = r.u8(4, (1, 2, 2, 1)), r.u8(8, (1, 2, 2, 1)), r.u8(12, (1, 2, 2, 1))
-    sc = (((first >> shift) & mask) << lift) | (third & keep)
-    m = (((second >> shift) & mask) << lift) | ((third >> lift) & keep)
+        return r.table(np.array([first, second]).reshape(2, 1, 1, 1), np.uint8)
+    shift, top, low = per_g(0, 2), per_g(63, 48), per_g(0, 15)
+    a, b, c = r.u8(4, (1, 2, 2, 1)), r.u8(8, (1, 2, 2, 1)), r.u8(12, (1, 2, 2, 1))
+    sc = ((a >> shift) & top) | (c & low)
+    m = ((b >> shift) & top) | ((c >> per_g(0, 4)) & low)
     return r.half(0) * sc.cast(dtypes.float32), r.half(2) * m.cast(dtypes.float32)
 
 
 def _q4_k_values(r: _Fields) -> Tensor:
     scale, low = _k_scales(r)
-    n = _nibbles(r, 16, (2, 2, 1, 32), r.table([[0], [4]]))
+    n = _nibbles(r, 16, (2, 2, 1, 32), r.table([[0], [4]], np.uint8))
     return scale * n.cast(dtypes.float32) - low
 
 
 def _q5_k_values(r: _Fields) -> Tensor:
     scale, low = _k_scales(r)
-    n = _nibbles(r, 48, (2, 2, 1, 32), r.table([[0], [4]]))
-    high = (r.u8(16, (1, 1, 1, 32)) >> r.table(np.arange(8).reshape(2, 2, 2, 1))) & 1
+    n = _nibbles(r, 48, (2, 2, 1, 32), r.table([[0], [4]], np.uint8))
+    high = (r.u8(16, (1, 1, 1, 32)) >> r.table(np.arange(8).reshape(2, 2, 2, 1), np.uint8)) & 1
     return scale * (n | (high << 4)).cast(dtypes.float32) - low
 
 
