@@ -1,7 +1,8 @@
 """polygrad.quantize: weight-only quantization of a state dict or a module to llama.cpp's block formats.
 
 Stage: user API (before capture). Input: a state dict ({name: Tensor or float array}) or an object
-holding polygrad.nn Linear / Embedding layers, and a format ("q8_0", "q4_0"; definitions/quant_formats.py).
+holding polygrad.nn Linear / Embedding layers, and a format ("q8_0", "q4_0", "q4_k", ...;
+definitions/quant_formats.py).
 Output: the state dict with its matrices as `QuantWeight`s, or the same object with those layers'
 weights replaced in place, so their forward reads uint8 blocks and dequantizes them inside the kernel
 (polygrad/nn/quant.py). A captured Model is not rewritten: its kernels already read float buffers.
@@ -22,11 +23,13 @@ from polygrad.tensor import Tensor
 
 
 def quantize(obj: Any, fmt: str, names: Iterable[str] | None = None) -> Any:
-    """Weights of `obj` rounded to nearest per block in `fmt` ("q8_0" or "q4_0", llama.cpp's layouts: the
-    blocks are byte for byte what llama.cpp's and the `gguf` package's quantizers write).
+    """Weights of `obj` rounded to nearest per block in `fmt`, one of llama.cpp's layouts: "q8_0", "q4_0",
+    "q4_1", "q5_0", "q5_1" (32-value blocks, byte for byte what llama.cpp's and the `gguf` package's
+    quantizers write), "q4_k", "q5_k", "q6_k", "q8_k" (256-value super-blocks, llama.cpp's layout rounded
+    to nearest rather than llama.cpp's scale search; polygrad/nn/quantizers.py).
 
     A state dict (a mapping whose values are all Tensors or arrays): returns a new dict in which every 2-d
-    float weight whose rows hold whole 32-value blocks (columns divisible by 32) is a `QuantWeight`; every
+    float weight whose rows hold whole blocks (columns divisible by 32, or 256) is a `QuantWeight`; every
     other entry (vectors such as biases and norms, integer tensors, matrices of other widths) is the same
     object as before. Any other object: every `polygrad.nn.Linear` (weight (out, in), blocks along `in`)
     and `polygrad.nn.Embedding` (blocks along the embedding) found in it as `polygrad.nn.state` walks it
