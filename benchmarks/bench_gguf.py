@@ -4,8 +4,8 @@ Workload (issue 30): a GPT-2-small-shaped model (transformers' GPT2Config defaul
 12 heads, vocabulary 50257) with random weights, written with the gguf package as one file per block
 format (--formats; matrices quantized, norms and biases F32, as llama.cpp's converter does; the K-quants,
 which the gguf package cannot write, as raw blocks from polygrad's round-to-nearest quantizer). Each
-variant is loaded with polygrad.hf.load_hf in this one process, batch 1, an 8-token prompt, then greedy decoding; reported per
-variant, best of --rounds:
+variant is loaded with polygrad.hf.load_hf in this one process, batch 1, an 8-token prompt, then greedy
+decoding; reported per variant, best of --rounds:
 
   weights  bytes of the model's weight buffers (Model.summary's slots, caches and constants excluded)
   prompt   milliseconds for the prompt (the forward entrypoint)

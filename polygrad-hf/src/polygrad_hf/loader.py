@@ -49,7 +49,8 @@ def load_hf(path: str | os.PathLike, max_batch: int = 1, max_seq_len: int | None
     GGUF matrices in a block format stay in their blocks on the device by default (`None`, or
     `"quantized"`): a Q4_0 file of N parameters takes about 0.56N bytes, as in the file, Q8_0 1.06N. The
     kernels that read a weight dequantize it as they load it, with the gguf package's values, and decode
-    faster than float32 on CPU (benchmarks/bench_gguf.py: GPT-2 small decodes 2.2x (Q8_0) and 2.8x (Q4_0) float32's tok/s).
+    faster than float32 on CPU (benchmarks/bench_gguf.py: GPT-2 small decodes 2.2x (Q8_0) and 2.8x (Q4_0)
+    float32's tok/s).
     Every other weight is float32. `"float32"` dequantizes them at load instead (4N bytes); `"float16"` or
     `"bfloat16"` holds every weight in 16 bits (2N bytes; computation stays float32, but the CPU backend
     does not vectorise kernels over 16-bit data, so float32 decodes faster there). `model.hf_notes` says
