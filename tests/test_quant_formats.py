@@ -119,6 +119,15 @@ def test_matmul_is_one_kernel_reading_the_blocks(fmt, rows):
     assert all(not dt.is_float or n < 16 * qw.shape[1] for dt, n in bufs), bufs
 
 
+def test_q8_k_floats_for_the_dequantize_at_load_path():
+    """load_hf(dtype="float32") decodes Q8_K (which the gguf package cannot) with polygrad_hf.quant.q8_k_floats."""
+    from polygrad_hf.quant import q8_k_floats
+    blocks = _random_blocks("Q8_K", 3, 2).reshape(3, -1)
+    got, want = q8_k_floats(blocks), hc.reference_dequantize(blocks, "Q8_K")
+    assert got.shape == (3, 512)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 # ---------------------------------------------------------------- quantizers
 @pytest.mark.parametrize("fmt", SMALL)
 def test_small_blocks_are_byte_identical_to_gguf(fmt):
