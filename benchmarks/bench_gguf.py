@@ -1,21 +1,23 @@
 """Quantized GGUF weights kept in their blocks against dequantized at load: decode speed and weight memory.
 
 Workload (issue 30): a GPT-2-small-shaped model (transformers' GPT2Config defaults: 12 layers, width 768,
-12 heads, vocabulary 50257) with random weights, written with the gguf package as Q8_0 and Q4_0 files
-(matrices quantized, norms and biases F32, as llama.cpp's converter does). Each variant is loaded with
-polygrad.hf.load_hf in this one process, batch 1, an 8-token prompt, then greedy decoding; reported per
-variant, best of --rounds:
+12 heads, vocabulary 50257) with random weights, written with the gguf package as one file per block
+format (--formats; matrices quantized, norms and biases F32, as llama.cpp's converter does; the K-quants,
+which the gguf package cannot write, as raw blocks from polygrad's round-to-nearest quantizer). Each
+variant is loaded with polygrad.hf.load_hf in this one process, batch 1, an 8-token prompt, then greedy
+decoding; reported per variant, best of --rounds:
 
   weights  bytes of the model's weight buffers (Model.summary's slots, caches and constants excluded)
   prompt   milliseconds for the prompt (the forward entrypoint)
   decode   new tokens per second (the decode entrypoint over the KV cache)
 
-Variants: the Q4_0 file with dtype="float32" (dequantized at load: the float32 baseline), the Q8_0 file
-and the Q4_0 file kept quantized (the default). The Q4_0 model is also saved to a .pgb and loaded back
+Variants: the Q4_0 file with dtype="float32" (dequantized at load: the float32 baseline), then each
+format's file kept quantized (the default). The Q4_0 model is also saved to a .pgb and loaded back
 with Model.load's default caps (docs/bundle-format.md), and the greedy tokens of the kept and
 dequantized Q4_0 models are compared.
 
     python benchmarks/bench_gguf.py [--rounds 2] [--new 16] [--layers 12] [--quick]
+                                    [--formats Q8_0,Q4_0,Q4_K,Q5_K,Q6_K]
 
 `--quick` is a 2-layer run. Figures on a shared machine are noisy: repeat them.
 """
@@ -64,8 +66,13 @@ def write_gpt2_gguf(path: str, fmt: str, layers: int, tokenizer: bool = False) -
     qtype = getattr(gguf.GGMLQuantizationType, fmt)
 
     def matrix(name: str, rows: int, cols: int) -> None:
+        from polygrad.nn.quant import quantize_rows
         data = (rng.standard_normal((rows, cols), np.float32) * cfg.initializer_range).astype(np.float32)
-        w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+        try:
+            blocks = gguf.quants.quantize(data, qtype)
+        except NotImplementedError:  # the K-quants: gguf cannot write them
+            blocks = quantize_rows(data, fmt).reshape(rows, -1)
+        w.add_tensor(name, blocks, raw_dtype=qtype)
 
     def vector(name: str, n: int, value: float) -> None:
         w.add_tensor(name, np.full(n, value, np.float32))
@@ -140,16 +147,20 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=16)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--formats", default="Q8_0,Q4_0,Q4_K,Q5_K,Q6_K")
     args = ap.parse_args()
+    formats = [f.strip().upper() for f in args.formats.split(",")]
+    if "Q4_0" not in formats:
+        formats.insert(0, "Q4_0")  # the float32 baseline and the bundle check read it
     layers = 2 if args.quick else args.layers
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         files = {}
-        for fmt in ("Q8_0", "Q4_0"):
+        for fmt in formats:
             files[fmt] = os.path.join(folder, f"gpt2-{fmt}.gguf")
             write_gpt2_gguf(files[fmt], fmt, layers)
         variants = (("Q4_0 dequantized to float32", files["Q4_0"], "float32"),
-                    ("Q8_0 kept", files["Q8_0"], "quantized"), ("Q4_0 kept", files["Q4_0"], "quantized"))
+                    *((f"{fmt} kept", files[fmt], "quantized") for fmt in formats))
         results = {}
         for label, path, dtype in variants:
             r = bench(path, dtype, args.rounds, args.new)
@@ -166,10 +177,11 @@ def main() -> None:
     print(f"GPT-2 shape (GPT2Config defaults, {layers} layers), random weights; batch 1, prompt {PROMPT}, "
           f"{args.new} new tokens; POLY_THREADS={os.environ.get('POLY_THREADS', 'default')}; "
           f"best of {args.rounds}")
-    print(f"{'variant':30s}{'file MB':>9s}{'weights MB':>12s}{'prompt ms':>11s}{'decode tok/s':>14s}{'load s':>8s}")
+    print(f"{'variant':30s}{'file MB':>9s}{'weights MB':>12s}{'/file':>7s}{'prompt ms':>11s}{'decode tok/s':>14s}"
+          f"{'load s':>8s}")
     for label, size, r in rows:
-        print(f"{label:30s}{size / 1e6:9.1f}{r['weights'] / 1e6:12.1f}{r['prompt_s'] * 1e3:11.1f}"
-              f"{(args.new - 1) / r['decode_s']:14.2f}{r['load_s']:8.1f}")
+        print(f"{label:30s}{size / 1e6:9.1f}{r['weights'] / 1e6:12.1f}{r['weights'] / size:7.2f}"
+              f"{r['prompt_s'] * 1e3:11.1f}{(args.new - 1) / r['decode_s']:14.2f}{r['load_s']:8.1f}")
     print(f"greedy tokens of Q4_0 kept and dequantized agree: {agree}; {note}")
 
 

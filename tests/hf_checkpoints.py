@@ -68,10 +68,14 @@ def _llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(model, path, qtype: str = "F32") -> dict[str, np.ndarray]:
-    """Write `model` as a GGUF file of `qtype` (F32, F16, Q8_0, Q4_0 for 2-D weights; norms and biases
-    stay F32 as llama.cpp keeps them); returns the state dict as the file holds it, dequantized, in
-    Hugging Face names and layouts (what a correct reader must reproduce)."""
+def write_gguf(model, path, qtype: str | dict[str, str] = "F32") -> dict[str, np.ndarray]:
+    """Write `model` as a GGUF file of `qtype` (F32, F16 or a block format such as Q8_0 or Q4_K for 2-D
+    weights; norms and biases stay F32 as llama.cpp keeps them); returns the state dict as the file holds
+    it, dequantized (by the gguf package, or reference_dequantize), in Hugging Face names and layouts
+    (what a correct reader must reproduce). `qtype` may be a {Hugging Face name: type} dict instead (types
+    mixed in one file, as llama.cpp's Q4_K_M files are; a name not in it is F32). The gguf package cannot
+    write the K-quants: their raw blocks
+    come from polygrad's quantizer, and the values returned are still the gguf package's reading of them."""
     import gguf
     cfg = model.config
     family = cfg.model_type
@@ -109,7 +113,10 @@ def write_gguf(model, path, qtype: str = "F32") -> dict[str, np.ndarray]:
             data = _llama_cpp_permute(arr, cfg.num_key_value_heads)
         elif family == "gpt2" and hf_name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
             data = np.ascontiguousarray(arr.T)
-        kind = qtype if data.ndim == 2 else "F32"
+        if isinstance(qtype, dict):
+            kind = qtype.get(hf_name, "F32")
+        else:
+            kind = qtype if data.ndim == 2 else "F32"
         if kind == "F32":
             w.add_tensor(name, data.astype(np.float32))
             stored = data.astype(np.float32)
@@ -118,9 +125,9 @@ def write_gguf(model, path, qtype: str = "F32") -> dict[str, np.ndarray]:
             stored = data.astype(np.float16).astype(np.float32)
         else:
             qt = getattr(gguf.GGMLQuantizationType, kind)
-            q = gguf.quants.quantize(data.astype(np.float32), qt)
+            q = quantize_blocks(data.astype(np.float32), kind)
             w.add_tensor(name, q, raw_dtype=qt)
-            stored = gguf.quants.dequantize(q, qt).reshape(data.shape)
+            stored = reference_dequantize(q, kind).reshape(data.shape)
         held[hf_name] = _undo_layout(family, hf_name, stored, cfg)
     if family == "llama" and getattr(cfg, "rope_parameters", {}).get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", _llama3_factors(cfg))
@@ -129,6 +136,33 @@ def write_gguf(model, path, qtype: str = "F32") -> dict[str, np.ndarray]:
     w.write_tensors_to_file()
     w.close()
     return held
+
+
+def quantize_blocks(w: np.ndarray, kind: str) -> np.ndarray:
+    """(rows, row bytes) uint8 blocks of a float32 (rows, cols) array: the gguf package's quantizer, or
+    polygrad's for the types gguf cannot write (the K-quants)."""
+    import gguf
+    qt = getattr(gguf.GGMLQuantizationType, kind)
+    try:
+        return gguf.quants.quantize(w, qt)
+    except NotImplementedError:
+        from polygrad.nn.quant import quantize_rows
+        return quantize_rows(w, kind).reshape(w.shape[0], -1)
+
+
+# ggml's block_q8_K: float d; int8 qs[256]; int16 bsums[16] (the gguf package has no Q8_K dequantizer)
+Q8_K_BLOCK = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])
+
+
+def reference_dequantize(blocks: np.ndarray, kind: str) -> np.ndarray:
+    """float32 (rows, cols) values of (rows, row bytes) uint8 blocks: the gguf package's dequantizer, and
+    for Q8_K d * qs read through ggml's struct layout."""
+    import gguf
+    blocks = np.ascontiguousarray(blocks, dtype=np.uint8)
+    if kind == "Q8_K":
+        rec = blocks.reshape(-1, Q8_K_BLOCK.itemsize).view(Q8_K_BLOCK).reshape(-1)
+        return (rec["d"][:, None] * rec["qs"].astype(np.float32)).reshape(blocks.shape[0], -1)
+    return gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, kind))
 
 
 def _undo_layout(family, hf_name, stored, cfg):

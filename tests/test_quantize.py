@@ -90,7 +90,7 @@ def test_state_dict_keeps_only_quantizable_matrices():
 
 @pytest.mark.parametrize("request_, match", [
     (dict(fmt="q3_z"), "unknown quantization format 'q3_z'.*'q8_0', 'q4_0'"),
-    (dict(fmt="q4_k"), "'q4_k' is not implemented yet"),
+    (dict(fmt="q4_k", names=["w"]), "'w' cannot be quantized to q4_k: its rows hold 64 values.*multiple of 256"),
     (dict(names=["odd"]), "'odd' cannot be quantized to q8_0: its rows hold 40 values.*multiple of 32"),
     (dict(names=["ids"]), "'ids' .*int32 values, not floats"),
     (dict(names=["b"]), "'b' .*shape \\[16\\]; only matrices"),
@@ -294,8 +294,8 @@ def test_load_hf_quantizes_safetensors_at_load(checkpoints, kind):
 
 def test_load_hf_names_the_formats(checkpoints):
     from polygrad.hf import HFError, load_hf
-    with pytest.raises(HFError, match="quantized at load to one of \\['q8_0', 'q4_0'\\]"):
-        load_hf(checkpoints["gpt2"][1], max_seq_len=8, dtype="q4_k")
+    with pytest.raises(HFError, match="quantized at load to one of \\['q8_0', 'q4_0', 'q4_1', .*'q4_k'"):
+        load_hf(checkpoints["gpt2"][1], max_seq_len=8, dtype="q3_k")
 
 
 def test_load_hf_q8_0_of_gguf_keeps_or_requantizes(checkpoints, tmp_path):

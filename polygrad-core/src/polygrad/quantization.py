@@ -1,7 +1,8 @@
 """polygrad.quantize: weight-only quantization of a state dict or a module to llama.cpp's block formats.
 
 Stage: user API (before capture). Input: a state dict ({name: Tensor or float array}) or an object
-holding polygrad.nn Linear / Embedding layers, and a format ("q8_0", "q4_0"; definitions/quant_formats.py).
+holding polygrad.nn Linear / Embedding layers, and a format ("q8_0", "q4_0", "q4_k", ...;
+definitions/quant_formats.py).
 Output: the state dict with its matrices as `QuantWeight`s, or the same object with those layers'
 weights replaced in place, so their forward reads uint8 blocks and dequantizes them inside the kernel
 (polygrad/nn/quant.py). A captured Model is not rewritten: its kernels already read float buffers.
@@ -16,17 +17,19 @@ from polygrad.errors import QuantizationError
 from polygrad.model import Model
 from polygrad.model.program import dtype_name
 from polygrad.nn.layers import Embedding, Linear
-from polygrad.nn.quant import QuantWeight, block_format
+from polygrad.nn.quant import QuantWeight, quantizable_format
 from polygrad.nn.state import get_layers
 from polygrad.tensor import Tensor
 
 
 def quantize(obj: Any, fmt: str, names: Iterable[str] | None = None) -> Any:
-    """Weights of `obj` rounded to nearest per block in `fmt` ("q8_0" or "q4_0", llama.cpp's layouts: the
-    blocks are byte for byte what llama.cpp's and the `gguf` package's quantizers write).
+    """Weights of `obj` rounded to nearest per block in `fmt`, one of llama.cpp's layouts: "q8_0", "q4_0",
+    "q4_1", "q5_0", "q5_1" (32-value blocks, byte for byte what llama.cpp's and the `gguf` package's
+    quantizers write), "q4_k", "q5_k", "q6_k", "q8_k" (256-value super-blocks, llama.cpp's layout rounded
+    to nearest rather than llama.cpp's scale search; polygrad/nn/quantizers.py).
 
     A state dict (a mapping whose values are all Tensors or arrays): returns a new dict in which every 2-d
-    float weight whose rows hold whole 32-value blocks (columns divisible by 32) is a `QuantWeight`; every
+    float weight whose rows hold whole blocks (columns divisible by 32, or 256) is a `QuantWeight`; every
     other entry (vectors such as biases and norms, integer tensors, matrices of other widths) is the same
     object as before. Any other object: every `polygrad.nn.Linear` (weight (out, in), blocks along `in`)
     and `polygrad.nn.Embedding` (blocks along the embedding) found in it as `polygrad.nn.state` walks it
@@ -47,7 +50,7 @@ def quantize(obj: Any, fmt: str, names: Iterable[str] | None = None) -> Any:
         raise QuantizationError("a captured Model cannot be quantized: its kernels read float weights. Quantize the "
                                 "module first, then build the Model: polygrad.quantize(module, fmt); "
                                 "Model(module, inputs=...)")
-    f = block_format(fmt)
+    f = quantizable_format(fmt)
     wanted = None if names is None else _names(names)
     if isinstance(obj, Mapping) and obj and all(isinstance(v, (Tensor, np.ndarray)) for v in obj.values()):
         return _quantize_state(dict(obj), f.name, wanted)
@@ -69,7 +72,7 @@ def _unfit(value: Any, fmt: str) -> str | None:
         return f"it holds {dtype} values, not floats (only float weights are quantized)"
     if len(shape) != 2:
         return f"it has shape {list(shape)}; only matrices are quantized, in blocks along their rows"
-    block = block_format(fmt).block
+    block = quantizable_format(fmt).block
     if shape[1] % block:
         return (f"its rows hold {shape[1]} values, not whole {block}-value blocks; pad the layer's input width "
                 f"to a multiple of {block} or leave it out of names=")

@@ -28,6 +28,7 @@ import numpy as np
 
 from polygrad import Tensor, dtypes
 from polygrad.nn.quant import block_format, quantize_rows
+from polygrad.nn.quantizers import QUANTIZERS
 
 from polygrad_hf.config import DecoderConfig
 from polygrad_hf.errors import CheckpointError, HFError
@@ -35,7 +36,7 @@ from polygrad_hf.quant import QuantWeight
 from polygrad_hf.weights import Blocks
 
 Weight = Tensor | QuantWeight
-QUANTIZE_AT_LOAD = ("q8_0", "q4_0")  # load_hf(dtype=...): matrices quantized as they are read
+QUANTIZE_AT_LOAD = tuple(name.lower() for name in QUANTIZERS)  # load_hf(dtype=...): quantized as they are read
 TABLES = ("wte.weight", "wpe.weight", "embed_tokens.weight", "lm_head.weight")  # read by rows, not (in, out)
 
 # a Llama/Qwen2 layer's Hugging Face tensor names by role
@@ -123,10 +124,10 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
     device Tensor by `convert` (one at a time, so host memory holds one converted array at once). Every
     name and shape is checked before the first tensor is read.
 
-    With `keep_blocks`, a matrix the checkpoint holds in a block format (GGUF Q8_0/Q4_0; with `quantize_to`,
-    that format only) becomes a QuantWeight over `keep_blocks(its uint8 blocks)` instead, in the stored
-    layout (see the module doc). With `quantize_to` ("Q8_0", "Q4_0") every other matrix whose rows, in
-    that layout, hold whole 32-value blocks is quantized to it as it is read; the rest stay float."""
+    With `keep_blocks`, a matrix the checkpoint holds in a block format (GGUF Q8_0, Q4_K, ...; with
+    `quantize_to`, that format only) becomes a QuantWeight over `keep_blocks(its uint8 blocks)` instead, in
+    the stored layout (see the module doc). With `quantize_to` ("Q8_0", "Q4_K", ...) every other matrix
+    whose rows, in that layout, hold whole blocks is quantized to it as it is read; the rest stay float."""
     check_layer_count(ck)
     prefixes = ("transformer.", "") if ck.config.family == "gpt2" else ("model.", "")
     plan = []

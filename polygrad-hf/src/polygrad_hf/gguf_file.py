@@ -12,10 +12,12 @@ the file's alignment and overlapping no other tensor (`_check_layout`), every me
 a shape an integer in range and the sizes consistent (`config.size_field`, `config.check_decoder`); a
 problem is a CheckpointError naming the file and the tensor or key.
 
-Tensor types: F32, F16, BF16, Q8_0 and Q4_0. A Q8_0/Q4_0 matrix is offered both ways (weights.Lazy):
-as its uint8 blocks in the stored (rows, cols) layout (`Lazy.blocks`, kept quantized on the device by
-load_hf and dequantized by the kernels that read it, quant.py), and dequantized to float32 by the `gguf`
-package (`Lazy.load`, load_hf's dtype="float32" path). Architectures: llama, qwen2, gpt2.
+Tensor types: F32, F16, BF16 and llama.cpp's block formats of polygrad/definitions/quant_formats.py
+(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8_K). A block-format matrix is offered both ways
+(weights.Lazy): as its uint8 blocks in the stored (rows, cols) layout (`Lazy.blocks`, kept quantized on
+the device by load_hf and dequantized by the kernels that read it, quant.py), and dequantized to float32
+by the `gguf` package (`Lazy.load`, load_hf's dtype="float32" path; Q8_K, which the gguf package does not
+decode, by quant.q8_k_floats). Architectures: llama, qwen2, gpt2.
 """
 from __future__ import annotations
 
@@ -26,10 +28,10 @@ import numpy as np
 
 from polygrad_hf.config import MAX_SIZE, DecoderConfig, check_decoder, number_field, size_field, token_ids
 from polygrad_hf.errors import CheckpointError, UnsupportedModelError, need_package
-from polygrad_hf.quant import BLOCK_BYTES, check_blocks
+from polygrad_hf.quant import KEPT, check_blocks, q8_k_floats
 from polygrad_hf.weights import Blocks, Checkpoint, Lazy
 
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
+TYPES = ("F32", "F16", "BF16", *KEPT)
 ARCHS = ("llama", "qwen2", "gpt2")
 
 LLAMA_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -210,7 +212,10 @@ def open_gguf(path: str) -> Checkpoint:
 
 def _dequantize(gguf: Any, t: Any, path: str, name: str) -> np.ndarray:
     try:
-        arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        if t.tensor_type.name == "Q8_K":
+            arr = q8_k_floats(np.asarray(t.data))
+        else:
+            arr = gguf.quants.dequantize(t.data, t.tensor_type)
     except Exception as e:  # noqa: BLE001
         raise CheckpointError(f"{path}: tensor {name!r} ({t.tensor_type.name}) cannot be decoded: {e}") from None
     shape = tuple(int(d) for d in reversed(list(t.shape)))
@@ -233,7 +238,7 @@ def _loader(gguf: Any, t: Any, path: str, name: str, hf: str, cfg: DecoderConfig
             arr = np.ascontiguousarray(arr.T)
         return arr
     blocks = None
-    if t.tensor_type.name in BLOCK_BYTES and len(shape) == 2:
+    if t.tensor_type.name in KEPT and len(shape) == 2:
         kind = t.tensor_type.name
         rows, cols = shape
 

@@ -36,19 +36,21 @@ def load_hf(path: str | os.PathLike, max_batch: int = 1, max_seq_len: int | None
     `max_seq_len` tokens (default: the model's context length, at most 1024).
 
     `path` is a folder with config.json and model.safetensors (or a sharded model.safetensors.index.json),
-    or a .gguf file. Safetensors weights may be F32, F16 or BF16. GGUF weights may be F32, F16, BF16, Q8_0
-    or Q4_0.
+    or a .gguf file. Safetensors weights may be F32, F16 or BF16. GGUF weights may be F32, F16, BF16, or
+    one of llama.cpp's block formats Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8_K.
 
-    `dtype="q8_0"` or `"q4_0"` quantizes every matrix (projections, embeddings, the output projection) to
-    llama.cpp's block format as it is read (polygrad.quantize's rounding; a GGUF tensor already in that
-    format is kept as stored); norms and biases stay float32, and so does a matrix whose input width is
-    not a multiple of 32 (`model.hf_notes` lists them). Q8_0 keeps greedy tokens of small models; Q4_0
-    changes logits by a few percent of their range.
+    `dtype="q8_0"`, `"q4_0"`, `"q4_1"`, `"q5_0"`, `"q5_1"` or `"q4_k"` quantizes every matrix (projections,
+    embeddings, the output projection) to llama.cpp's block format as it is read (polygrad.quantize's
+    rounding; a GGUF tensor already in that format is kept as stored); norms and biases stay float32, and
+    so does a matrix whose input width is not a multiple of the block (32; 256 for Q4_K) (`model.hf_notes`
+    lists them). Q8_0 keeps greedy tokens of small models; Q4_0 changes logits by a few percent of their
+    range.
 
-    GGUF Q8_0 and Q4_0 matrices stay in their blocks on the device by default (`None`, or `"quantized"`): a
-    Q4_0 file of N parameters takes about 0.56N bytes, as in the file, Q8_0 1.06N. The kernels that read a
-    weight dequantize it as they load it, with the gguf package's values, and decode faster than float32
-    on CPU (benchmarks/bench_gguf.py: GPT-2 small decodes 2.2x (Q8_0) and 2.8x (Q4_0) float32's tok/s).
+    GGUF matrices in a block format stay in their blocks on the device by default (`None`, or
+    `"quantized"`): a Q4_0 file of N parameters takes about 0.56N bytes, as in the file, Q8_0 1.06N. The
+    kernels that read a weight dequantize it as they load it, with the gguf package's values, and decode
+    faster than float32 on CPU (benchmarks/bench_gguf.py: GPT-2 small decodes 2.2x (Q8_0) and 2.8x (Q4_0)
+    float32's tok/s).
     Every other weight is float32. `"float32"` dequantizes them at load instead (4N bytes); `"float16"` or
     `"bfloat16"` holds every weight in 16 bits (2N bytes; computation stays float32, but the CPU backend
     does not vectorise kernels over 16-bit data, so float32 decodes faster there). `model.hf_notes` says
@@ -78,7 +80,7 @@ def _quant_notes(ck: Checkpoint, weights: dict[str, Any], wdt: Any) -> list[str]
     if kept:
         formats = ", ".join(sorted({w.format for w in kept}))
         floats = sorted(k for k, w in weights.items() if not isinstance(w, QuantWeight) and len(w.shape) == 2)
-        left = f"; left {floats} float (rows not whole 32-value blocks)" if floats else ""
+        left = f"; left {floats} float (rows not whole blocks)" if floats else ""
         return [f"kept {len(kept)} weights quantized ({formats}, {sum(w.nbytes for w in kept)} bytes): the "
                 f"kernels that read them dequantize them{left}"]
     return [f"dequantized {', '.join(held)} weights to {wdt.name} at load"] if held else []
@@ -104,7 +106,7 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
 
     with runtime_context.using(rt):
         quantize_to = dtype.upper() if isinstance(dtype, str) and dtype in QUANTIZE_AT_LOAD else None
-        # GGUF Q8_0/Q4_0 blocks stay as stored unless float32 (or a 16-bit dtype) is asked for
+        # GGUF blocks stay as stored unless float32 (or a 16-bit dtype) is asked for
         keeps = dtype is None or (isinstance(dtype, str) and (dtype == "quantized" or quantize_to is not None))
         weights = read_weights(ck, convert, keep_blocks if keeps else None, quantize_to)
         dec = Decoder(cfg, weights, max_batch, max_seq_len, dev, ck.extras.get("rope_freqs"))

@@ -11,7 +11,7 @@ polygrad's Python modules and turned into polygrad-js's `src/generated/*.js` by
                   entrypoints, manifest keys, the kernel codec's format and versions
     optimizer.py  optimizer defaults, hyperparameter kinds and value rules, state-layout constants
     symbolic_rules.py  the index-simplification rules, rows over a fixed vocabulary both languages implement
-    quant_formats.py   llama.cpp's block formats weights are kept in (Q8_0, Q4_0); no generated JS table:
+    quant_formats.py   llama.cpp's block formats weights are kept in (Q8_0 ... Q6_K); no generated JS table:
                   polygrad-js runs their dequantization as the plain IR a saved kernel holds
 
 The modules hold data only and import nothing from polygrad outside this folder, so the generators

@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from polygrad.definitions.quant_formats import BY_NAME, SCALE_BYTES, BlockFormatDef
+from polygrad.definitions.quant_formats import BY_NAME, BlockFormatDef
 from polygrad.dtype import dtypes
 from polygrad.errors import QuantizationError
+from polygrad.nn.quantizers import QUANTIZERS
 from polygrad.tensor import Tensor
 
-PLANNED = ("Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K")  # llama.cpp formats not kept yet (issue 30)
 
 
 def block_format(name: Any) -> BlockFormatDef:
@@ -38,20 +38,29 @@ def block_format(name: Any) -> BlockFormatDef:
     if key in BY_NAME:
         return BY_NAME[key]
     known = ", ".join(repr(n.lower()) for n in BY_NAME)
-    if key in PLANNED:
-        raise QuantizationError(f"format {name!r} is not implemented yet; weights can be quantized to {known}")
     raise QuantizationError(f"unknown quantization format {name!r}; use one of {known}")
 
 
+def quantizable_format(name: Any) -> BlockFormatDef:
+    """block_format(name) when float weights can be rounded to it (QUANTIZERS), else a QuantizationError
+    listing those formats."""
+    f = block_format(name)
+    if f.name not in QUANTIZERS:
+        known = ", ".join(repr(n.lower()) for n in QUANTIZERS)
+        raise QuantizationError(f"format {name!r} is read from GGUF files but polygrad does not quantize to it; "
+                                f"quantize to one of {known}")
+    return f
+
+
 def quantize_rows(values: np.ndarray, fmt: Any) -> np.ndarray:
-    """The uint8 blocks (rows, cols // 32, block_bytes) of a float (rows, cols) array, rounded to nearest
-    per block as llama.cpp does (the rules are in definitions/quant_formats.py); the same bytes as
-    `gguf.quants.quantize`.
+    """The uint8 blocks (rows, cols // block, block_bytes) of a float (rows, cols) array, rounded to nearest
+    per block (polygrad/nn/quantizers.py; the rules are in definitions/quant_formats.py); for the 32-weight
+    formats the same bytes as `gguf.quants.quantize`.
 
     >>> quantize_rows(np.full((1, 32), 0.5, np.float32), "q8_0")[0, 0, :4].tolist()  # d = 0.5/127, q = 127
     [8, 28, 127, 127]
     """
-    f = block_format(fmt)
+    f = quantizable_format(fmt)
     arr = np.asarray(values)
     if arr.ndim != 2 or arr.dtype.kind != "f":
         raise QuantizationError(f"quantize_rows takes a 2-d float array, got {arr.dtype} of shape {list(arr.shape)}")
@@ -59,75 +68,149 @@ def quantize_rows(values: np.ndarray, fmt: Any) -> np.ndarray:
     if cols % f.block:
         raise QuantizationError(f"{f.name} needs rows of whole {f.block}-value blocks; a row here has {cols} values")
     blocks = arr.astype(np.float32).reshape(rows * cols // f.block, f.block)
-    if f.name == "Q8_0":
-        scale, quants = _q8_0(blocks)
-    else:
-        scale, quants = _q4_0(blocks)
-    out = np.concatenate([scale.astype(np.float16).view(np.uint8), quants], axis=1)
-    return out.reshape(rows, cols // f.block, f.block_bytes)
-
-
-def _reciprocal(d: np.ndarray) -> np.ndarray:
-    """1 / d, and 0 where d is 0 (an all-zero block: every quant becomes the zero point)."""
-    with np.errstate(divide="ignore"):
-        return np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-
-
-def _q8_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q8_0: d = max|w| / 127; q = w / d rounded half away from zero (in float32, as ggml does)."""
-    d = (np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
-    scaled = blocks * _reciprocal(d)
-    magnitude = np.abs(scaled)
-    whole = np.floor(magnitude)
-    rounded = whole + (magnitude - whole >= np.float32(0.5))  # the fraction is exact: no double rounding
-    return d, (np.sign(scaled) * rounded).astype(np.int8).view(np.uint8)
-
-
-def _q4_0(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_0: d = (the weight of largest magnitude) / -8; nibble = min(15, trunc(w / d + 8.5)), packed in halves."""
-    largest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=1)[:, None], axis=1)
-    d = (largest / np.float32(-8)).astype(np.float32)
-    nibbles = np.minimum(np.trunc(blocks * _reciprocal(d) + np.float32(8.5)), 15).astype(np.uint8)
-    half = blocks.shape[1] // 2
-    return d, nibbles[:, :half] | (nibbles[:, half:] << np.uint8(4))
+    return QUANTIZERS[f.name](blocks).reshape(rows, cols // f.block, f.block_bytes)
 
 
 def dequantize_blocks(blocks: Tensor, fmt: Any) -> Tensor:
-    """float32 values (..., nblocks * 32) of uint8 blocks (..., nblocks, block_bytes), as a lazy expression."""
+    """float32 values (..., nblocks * block) of uint8 blocks (..., nblocks, block_bytes), as a lazy expression."""
     *lead, nb, _ = blocks.shape
-    return _grouped(blocks, block_format(fmt)).reshape(*lead, nb * block_format(fmt).block)
+    f = block_format(fmt)
+    return _grouped(blocks, f).reshape(*lead, nb * f.block)
 
 
-def _half_shifts(bits: int, device: str) -> Tensor:
-    """(2, 1) uint32 [0, bits] from host data: an expand of a buffer is a plain load in the matmul's kernel (an
-    expand of a computed arange would be a kernel and a buffer of its own). Made per call, so a Model capture
-    records it as a constant of its own."""
-    return Tensor(np.array([[0], [bits]], dtype=np.uint32), device=device)
+class _Fields:
+    """Reads a format's fields out of uint8 blocks (..., nblocks, block_bytes), each broadcast over the
+    block's grouped shape (..., nblocks, *groups) before any arithmetic: an expand of the buffer itself is
+    a plain load in the kernel that reads it, where an expand of a computed value (a scale) would give
+    that value a buffer of its own."""
+
+    def __init__(self, blocks: Tensor, f: BlockFormatDef):
+        *self.lead, self.nb, _ = blocks.shape
+        self.blocks, self.f = blocks, f
+        self.full = (*self.lead, self.nb, *f.groups)
+
+    def u8(self, start: int, view: tuple[int, ...]) -> Tensor:
+        """Bytes start.. of each block laid out as `view` (one entry per group axis, 1 where it broadcasts)."""
+        count = int(np.prod(view))
+        raw = self.blocks[..., start:start + count].reshape(*self.lead, self.nb, *view)
+        return raw.expand(*self.full)
+
+    def scalar(self, start: int, nbytes: int) -> Tensor:
+        """The little-endian unsigned integer of bytes start..start + nbytes of each block (a block's scale)."""
+        wide = dtypes.uint16 if nbytes == 2 else dtypes.uint32
+        ones = (1,) * len(self.f.groups)
+        value = self.u8(start, ones).cast(wide)
+        for k in range(1, nbytes):
+            value = value | (self.u8(start + k, ones).cast(wide) << 8 * k)
+        return value
+
+    def half(self, start: int) -> Tensor:
+        """The float16 at bytes start..start + 1, as float32."""
+        return self.scalar(start, 2).bitcast(dtypes.float16).cast(dtypes.float32)
+
+    def table(self, values: Any, dtype: Any = np.uint32) -> Tensor:
+        """Constants (shifts) shaped to broadcast over the groups, from host data: an expand of a buffer is a
+        plain load in the matmul's kernel (an expand of a computed arange would be a kernel and a buffer of
+        its own). Made per call, so a Model capture records it as a constant of its own."""
+        arr = np.asarray(values, dtype=dtype)
+        arr = arr.reshape((1,) * (len(self.f.groups) - arr.ndim) + arr.shape)
+        return Tensor(arr, device=self.blocks.device).expand(*self.full)
+
+
+def _nibbles(r: _Fields, start: int, view: tuple[int, ...], shift: Tensor) -> Tensor:
+    """(byte >> shift) & 15 of the bytes from `start` in `view`: low and high nibbles read the same bytes
+    with no select between two loads (a cat gates them, and gated byte loads got no vector lanes: a Q4_0
+    prompt ran 4.5x slower)."""
+    return (r.u8(start, view) >> shift) & 15
+
+
+def _q8_0_values(r: _Fields) -> Tensor:
+    quants = r.blocks[..., 2:].bitcast(dtypes.int8).reshape(*r.full)
+    return quants.cast(dtypes.float32) * r.half(0)
+
+
+def _q4_0_values(r: _Fields) -> Tensor:
+    n = _nibbles(r, 2, (1, 16), r.table([[0], [4]]))
+    return (n.cast(dtypes.float32) - 8.0) * r.half(0)
+
+
+def _q4_1_values(r: _Fields) -> Tensor:
+    n = _nibbles(r, 4, (1, 16), r.table([[0], [4]]))
+    return r.half(0) * n.cast(dtypes.float32) + r.half(2)
+
+
+def _five_bits(r: _Fields, qh: int, qs: int) -> Tensor:
+    """Q5_0/Q5_1's 5-bit quants: groups (h, a, b) are weight 16h + 8a + b; its low nibble is half h of byte
+    qs + 8a + b, its 5th bit bit b of byte qh + 2h + a (bit 16h + 8a + b of the little-endian uint32)."""
+    low = _nibbles(r, qs, (1, 2, 8), r.table([[[0]], [[4]]]))
+    high = (r.u8(qh, (2, 2, 1)) >> r.table(np.arange(8))) & 1
+    return (low | (high << 4)).cast(dtypes.float32)
+
+
+def _q5_0_values(r: _Fields) -> Tensor:
+    return r.half(0) * (_five_bits(r, 2, 6) - 16.0)
+
+
+def _q5_1_values(r: _Fields) -> Tensor:
+    return r.half(0) * _five_bits(r, 4, 8) + r.half(2)
+
+
+def _k_scales(r: _Fields) -> tuple[Tensor, Tensor]:
+    """Q4_K/Q5_K's 6-bit sub-block scale and min, as float32 d * sc and dmin * m. Groups (g, c2, h, i):
+    sub-block t = 4g + 2c2 + h, and bytes a = s[2c2 + h], b = s[4 + 2c2 + h], c = s[8 + 2c2 + h]. For g = 0
+    sc = a & 63 and m = b & 63; for g = 1 sc = (a >> 6) << 4 | c & 15 and m = (b >> 6) << 4 | c >> 4. Both
+    are ((x >> shift[g]) & top[g]) | ((c >> nib[g]) & low[g]) over the same byte loads, with uint8 tables
+    (no widening: each operation here is evaluated for every weight the kernel reads, and a bundle's work
+    cap counts them)."""
+    def per_g(first: int, second: int) -> Tensor:
+        return r.table(np.array([first, second]).reshape(2, 1, 1, 1), np.uint8)
+    shift, top, low = per_g(0, 2), per_g(63, 48), per_g(0, 15)
+    a, b, c = r.u8(4, (1, 2, 2, 1)), r.u8(8, (1, 2, 2, 1)), r.u8(12, (1, 2, 2, 1))
+    sc = ((a >> shift) & top) | (c & low)
+    m = ((b >> shift) & top) | ((c >> per_g(0, 4)) & low)
+    return r.half(0) * sc.cast(dtypes.float32), r.half(2) * m.cast(dtypes.float32)
+
+
+def _q4_k_values(r: _Fields) -> Tensor:
+    scale, low = _k_scales(r)
+    n = _nibbles(r, 16, (2, 2, 1, 32), r.table([[0], [4]], np.uint8))
+    return scale * n.cast(dtypes.float32) - low
+
+
+def _q5_k_values(r: _Fields) -> Tensor:
+    scale, low = _k_scales(r)
+    n = _nibbles(r, 48, (2, 2, 1, 32), r.table([[0], [4]], np.uint8))
+    high = (r.u8(16, (1, 1, 1, 32)) >> r.table(np.arange(8).reshape(2, 2, 2, 1), np.uint8)) & 1
+    return scale * (n | (high << 4)).cast(dtypes.float32) - low
+
+
+def _q6_k_values(r: _Fields) -> Tensor:
+    """Groups (c, hh, t2, i2, i16): weight 128c + 32(2hh + t2) + 16i2 + i16."""
+    low = (r.u8(0, (2, 1, 2, 2, 16)) >> r.table(np.array([0, 4]).reshape(2, 1, 1, 1))) & 15
+    high = (r.u8(128, (2, 1, 1, 2, 16)) >> r.table(np.array([[0, 2], [4, 6]]).reshape(2, 2, 1, 1))) & 3
+    q = (low | (high << 4)).cast(dtypes.float32) - 32.0
+    sc = r.u8(192, (2, 2, 2, 2, 1)).bitcast(dtypes.int8).cast(dtypes.float32)
+    return (r.half(208) * sc) * q
+
+
+def _q8_k_values(r: _Fields) -> Tensor:
+    quants = r.blocks[..., 4:4 + r.f.block].bitcast(dtypes.int8).reshape(*r.full)
+    return r.scalar(0, 4).bitcast(dtypes.float32) * quants.cast(dtypes.float32)
+
+
+_VALUES = {"Q8_0": _q8_0_values, "Q4_0": _q4_0_values, "Q4_1": _q4_1_values, "Q5_0": _q5_0_values,
+           "Q5_1": _q5_1_values, "Q4_K": _q4_k_values, "Q5_K": _q5_k_values, "Q6_K": _q6_k_values,
+           "Q8_K": _q8_k_values}
 
 
 def _grouped(blocks: Tensor, f: BlockFormatDef) -> Tensor:
-    """float32 values (..., nblocks, 2, block / 2) of uint8 blocks (..., nblocks, block_bytes): a block's two
-    halves on their own axis, so a reduction over a row runs as loops over blocks and halves, with no
-    division of the column index (and Q4_0's low and high nibbles need no per-value test of the half)."""
-    *lead, nb, nbytes = blocks.shape
+    """float32 values (..., nblocks, *f.groups) of uint8 blocks (..., nblocks, block_bytes): the block's
+    structure on axes of its own, so a reduction over a row runs as loops over blocks and groups, with no
+    division of the column index (and no per-value test of which nibble or sub-block a weight is in)."""
+    nbytes = blocks.shape[-1]
     if nbytes != f.block_bytes:
         raise QuantizationError(f"blocks of {nbytes} bytes are not {f.name} ({f.block_bytes} bytes a block)")
-    full = (*lead, nb, 2, f.block // 2)
-    # the scale's two bytes are broadcast over the block before any arithmetic: an expand of the buffer
-    # itself is a plain load, where an expand of the computed scale would give it a buffer of its own
-    lo = blocks[..., 0:1].unsqueeze(-1).expand(*full).cast(dtypes.uint16)
-    hi = blocks[..., 1:2].unsqueeze(-1).expand(*full).cast(dtypes.uint16)
-    scale = (lo | (hi << 8)).bitcast(dtypes.float16).cast(dtypes.float32)
-    quants = blocks[..., SCALE_BYTES:]
-    if f.halves:  # 4-bit: low nibbles are weights 0..15, high nibbles 16..31
-        mask = (1 << f.bits) - 1
-        # half h is (byte >> bits * h) & mask: both halves read the same bytes with no select between two
-        # loads (a cat gates them, and gated byte loads got no vector lanes: a Q4_0 prompt ran 4.5x slower)
-        nibbles = (quants.unsqueeze(-2) >> _half_shifts(f.bits, blocks.device)) & mask
-        values = nibbles.cast(dtypes.float32) - float(f.offset)
-    else:  # 8-bit signed quants in block order
-        values = quants.bitcast(dtypes.int8).reshape(*full).cast(dtypes.float32)
-    return values * scale
+    return _VALUES[f.name](_Fields(blocks, f))
 
 
 @dataclass(frozen=True)
@@ -142,7 +225,7 @@ class QuantWeight:
     """
 
     blocks: Tensor  # uint8 (rows, cols // 32, block_bytes)
-    format: str     # "Q8_0" or "Q4_0" (definitions/quant_formats.py)
+    format: str     # "Q8_0", "Q4_K", ... (definitions/quant_formats.py)
     shape: tuple[int, int]
 
     def __post_init__(self) -> None:
@@ -179,15 +262,16 @@ class QuantWeight:
         return dequantize_blocks(self.blocks, self.format)
 
     def matmul_t(self, x: Tensor) -> Tensor:
-        """x @ W.T for x (..., cols): (..., rows), summed over blocks and halves so the kernel's loops follow
-        the blocks (see _grouped); the dequantization is part of the matmul's kernel."""
+        """x @ W.T for x (..., cols): (..., rows), summed over blocks and their groups so the kernel's loops
+        follow the blocks (see _grouped); the dequantization is part of the matmul's kernel."""
         f = block_format(self.format)
         rows, cols = self.shape
         if x.shape[-1] != cols:
             raise QuantizationError(f"x @ W.T: x has {x.shape[-1]} columns, the {f.name} weight {cols}")
         lead = x.shape[:-1]
-        values = _grouped(self.blocks, f)  # (rows, nb, 2, block / 2)
-        return (x.reshape(*lead, 1, cols // f.block, 2, f.block // 2) * values).sum((-3, -2, -1))
+        values = _grouped(self.blocks, f)  # (rows, nb, *groups)
+        axes = tuple(range(-len(f.groups) - 1, 0))
+        return (x.reshape(*lead, 1, cols // f.block, *f.groups) * values).sum(axes)
 
     def rows(self, ids: Tensor) -> Tensor:
         """Rows at integer `ids` (any shape) as float32 ids.shape + (cols,): the blocks of those rows are
