@@ -1,6 +1,7 @@
 'use strict'
 /**
- * Packed weights for the few-rows variant of x @ W.T: a load that reads every element of a buffer once per
+ * Packed weights for the few-rows variant of x @ W.T, and for a kernel of constant sizes (decode's x @ W, one
+ * row) whose loads read a weight once per call: a load that reads every element of a buffer once per
  * kernel, at an index affine in constant-size ranges, reads instead a packed copy laid out in the order the
  * kernel's loops visit it (loops outermost first, then the register tile's unrolled points, then the vector
  * lanes), so each reduction step reads one contiguous block instead of one short piece of each of the
@@ -42,10 +43,12 @@ const constSize = (r) => (r.src[0].op === 'CONST' ? Number(r.src[0].arg) : null)
  * {ast, packs: [{slot, from, dtype, size, sizes, src}]} of a lowered kernel: `from` is the packed
  * parameter, `slot` the packed copy's parameter, `sizes` the ranges' sizes in the packed order (outermost
  * first) and `src` their coefficients in the original buffer. `eligible(param)` says which parameters may be
- * packed; a parameter the kernel stores to never is. `vector` is the set of lane ranges (applyOpts).
+ * packed; a parameter the kernel stores to never is. `vector` is the set of lane ranges (applyOpts). With
+ * `whole`, only loads that read each element once per call are packed.
  */
-function packLoads (g, ast, vector, eligible) {
+function packLoads (g, ast, vector, eligible, { whole = false } = {}) {
   const nodes = toposort(ast)
+  const ranges = nodes.filter((n) => n.op === 'RANGE')
   const stored = new Set(nodes.filter((n) => n.op === 'STORE').map((n) => n.src[0].src[0].arg[0]))
   // loop order: the blocks' ranges as their END lists them (outermost first), then the reduces' own ranges,
   // outer reduces first
@@ -69,6 +72,9 @@ function packLoads (g, ast, vector, eligible) {
     const bySrc = [...a.terms].sort((p, q) => p[1] - q[1])
     let span = 1
     if (!bySrc.every(([r, k]) => { const ok = k === span; span *= constSize(r); return ok }) || span !== size) continue
+    // whole: the load moves along every range of the kernel, so a call reads each element once (a matrix-vector
+    // product's weight), never a weight that other loops read again (a convolution's, once per pixel)
+    if (whole && ranges.some((r) => !a.terms.has(r))) continue
     const rank = (r) => (vector.has(r) ? 3 : r.arg[1] === 'upcast' ? 2 : loops.includes(r) ? 1 : 0)
     const order = [...a.terms.keys()].sort((p, q) => rank(p) - rank(q) || (rank(p) === 1 ? loops.indexOf(p) - loops.indexOf(q) : a.terms.get(q) - a.terms.get(p)))
     if (order.some((r) => rank(r) === 0)) continue
