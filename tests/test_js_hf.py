@@ -56,7 +56,7 @@ def gpt2(tmp_path_factory):
     for backend in ("wasm", "js"):
         cases.append({"name": backend, "bundle": str(path), "backend": backend,
                       "calls": [prompt, *steps(NEXT, PROMPT.shape[1])],
-                      **({"save": str(tmp / "from_js.pgb")} if backend == "wasm" else {})})
+                      **({"save": str(tmp / "from_js.pgb"), "plan": True} if backend == "wasm" else {})})
     cases.append({"name": "fresh", "bundle": str(path), "calls": steps([4], 3)})
     cases.append({"name": "greedy", "bundle": str(path), "greedy": {"prompt": enc(PROMPT), "steps": GREEDY}})
     return py, run_node(cases, tmp), tmp
@@ -77,6 +77,25 @@ def test_gpt2_bundle_runs_in_node_with_the_same_logits(gpt2, backend):
         close(dec(got["logits"]), want)
     if backend == "wasm":
         assert res["stats"]["checks"] == 0, "every access of these kernels should be proven in bounds"
+
+
+def test_decode_vectorises_its_matrix_products_and_streams_their_weights_packed(gpt2):
+    """Decode (one row, constant sizes) reads each weight matrix once per token: every kernel that multiplies by
+    one gets lanes, and those reading it across its rows (x @ W, GPT-2's Conv1D layout) read a copy packed in
+    their loop order (polygrad-js runtime.js packedMain), made once, on the second decode step."""
+    _, js, _ = gpt2
+    res = js["wasm"]
+    assert "error" not in res, res.get("error")
+    steps = res["plan"]["decode"]
+    matrices = [s for s in steps if any(len(p["shape"]) == 2 and "wte" not in p["name"] and "wpe" not in p["name"]
+                                        for p in s["params"])]
+    assert len(matrices) == 4 * 2, [s["name"] for s in steps]  # c_attn, attn c_proj, c_fc, mlp c_proj per layer
+    for s in matrices:
+        assert any(o.startswith("VECTOR:4") for o in s["opts"]) and any(o.startswith("UPCAST") for o in s["opts"]), s
+        assert s["packs"] == 1, s
+    head = [s for s in steps if any("wte" in p["name"] for p in s["params"]) and s["name"].startswith("r_")]
+    assert len(head) == 1 and "SPLIT_REDUCE:4" in head[0]["opts"], head  # x @ wte.T: rows already contiguous
+    assert res["stats"]["repacks"] == len(matrices)  # the 3 decode steps refill each copy once
 
 
 def test_a_loaded_bundle_starts_with_zeroed_caches(gpt2):
