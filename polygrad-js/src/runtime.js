@@ -12,9 +12,9 @@
  *   into one WebAssembly module (wasm/module.js) whose functions have their buffers' addresses baked in;
  *   or, with backend 'js' or without wasm SIMD, compiled to closures (jsexec.js).
  * - Packed weights (pack.js): the few-rows variant of a call whose arguments include model parameters
- *   has a second form reading them through copies in its loop order, and so has a kernel of constant sizes
- *   for the parameters it reads once per call (decode's matrix-vector products), placed after the other
- *   buffers when the call is first compiled; entrypoints that write no parameter (forward, loss, decode) run it,
+ *   has a second form reading them through copies in its loop order, and so has every variant for the
+ *   parameters it reads across their rows (x @ W: GPT-2's weights in decode and prompt), placed after the
+ *   other buffers when the call is first compiled (a copy of one layout is shared); entrypoints that write no parameter (forward, loss, decode) run it,
  *   training steps keep the unpacked one. Every step counts the parameter slots it writes (its kernel's
  *   stores, a copy's destination); before a step reads a copy, the copy is refilled if its slot was
  *   written since it was made (after training, the next batch-1 forward repacks once).
@@ -235,10 +235,12 @@ class Executor extends BaseExecutor {
         p.smallOpts = fewRowsOpts(opts, sym[0])
         p.prepared = prepared
         p.packedSmall = new Map()
-      } else if (sym.length === 0 && opts.length) {
-        // constant sizes (decode's one row): a variant reading weights it reads once per call through packed
-        // copies, as the few-rows variant does (x @ W streams 8 columns of each row: one access per 9 KB
-        // row of a 768 x 2304 weight, where the copy is read as one stream)
+      }
+      if (opts.length) {
+        // a variant reading weights across their rows (x @ W) through packed copies, as the few-rows variant
+        // does: a tile of 8 columns otherwise reads 32 bytes of each 9 KB row of a 768 x 2304 weight per
+        // step, where the copy is one stream (GPT-2 small's decode: 9-12 GB/s per kernel become 23-29;
+        // its prompt's x @ W kernels about 2x faster)
         p.prepared = prepared
         p.packOpts = opts
         p.packedMain = new Map()
@@ -258,10 +260,10 @@ class Executor extends BaseExecutor {
 
   /**
    * The variant of `base` (lowered with `opts`) for call `c` that reads c's parameter buffers through packed
-   * copies (pack.js; one per set of such buffers, cached in `cache`), or `base` where none packs; `whole`:
-   * only buffers read once per call.
+   * copies (pack.js; one per set of such buffers, cached in `cache`), or `base` where none packs; `main`:
+   * the kernel's full-size variant (pack.js packLoads's rule for it).
    */
-  packedFor (c, base, opts, cache, whole) {
+  packedFor (c, base, opts, cache, main) {
     const params = c.args.map((s) => s.role === 'parameter')
     const key = params.map(Number).join('')
     if (!params.some(Boolean)) return base
@@ -269,7 +271,7 @@ class Executor extends BaseExecutor {
     if (!q) {
       const eligible = (i) => (params[i] ? c.args[i].size : 0)
       const p = this.lowered.get(this.prog.kernels[c.kernel])
-      q = lowerKernel(this.prog.graph, this.prog.kernels[c.kernel], { width: this.width, prepared: p.prepared, opts, verify: this.verify, pack: eligible, packWhole: whole, threaded: this.pool !== null })
+      q = lowerKernel(this.prog.graph, this.prog.kernels[c.kernel], { width: this.width, prepared: p.prepared, opts, verify: this.verify, pack: eligible, packMain: main, threaded: this.pool !== null })
       if (!q.packs.length) q = base
       else Object.assign(q, { scratch: base.scratch, selectBranches: base.selectBranches })
       cache.set(key, q)
@@ -368,7 +370,8 @@ class Executor extends BaseExecutor {
           sites.push(this.packedSite(c, layout, packed))
           keys.push(key + '|packed')
         }
-      } else if (prog.packedMain) {
+      }
+      if (prog.packedMain) {
         const packed = this.packedFor(c, prog, prog.packOpts, prog.packedMain, true)
         if (packed !== prog) {
           sites.push(this.packedSite(c, layout, packed))
