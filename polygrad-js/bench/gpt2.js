@@ -8,32 +8,42 @@
  *
  *   python polygrad-js/bench/make_gpt2.py     # writes bench/gpt2s.pgb, gpt2s.onnx, gpt2_ref.json (once)
  *   (cd polygrad-js/bench && npm install --ignore-scripts)   # onnxruntime-node (bench/package.json; optional)
- *   node polygrad-js/bench/gpt2.js [--rounds N] [--tokens N] [--threads 1,2] [--python PY] [--profile decode|forward]
+ *   node polygrad-js/bench/gpt2.js [--rounds N] [--tokens N] [--threads 1,2] [--python PY] [--no-ort] [--lib DIR]
+ *                                  [--profile decode|forward]
  *
- * (--ignore-scripts: onnxruntime-node's install script fetches its CUDA provider from api.nuget.org; its CPU
- * binary is in the npm package itself.) --python PY runs bench/gpt2_py.py with interpreter PY for the Python column. --profile times every kernel
- * call of one decode step (or of the prompt) on one thread and prints
- * them with the bytes each reads from parameters and that rate in GB/s. Timings on a shared machine are
- * noisy: each figure is the median of the rounds; read them beside the load average printed first.
+ * --ignore-scripts: onnxruntime-node's install script fetches its CUDA provider from api.nuget.org; its CPU
+ * binary is in the npm package itself. --python PY runs bench/gpt2_py.py with interpreter PY for the Python
+ * column. --lib DIR times another polygrad-js checkout (an A/B against a baseline). --profile times every
+ * kernel call of one decode step (or of the prompt) on one thread and prints them with the bytes each reads
+ * from parameters and that rate in GB/s.
+ *
+ * Timings on a shared machine are noisy: each figure is the median of the rounds; read them beside the load
+ * average printed first. The CPU columns are this process's CPU time per prompt and per token (all its
+ * threads): on a loaded machine they leave out the time spent waiting for a core, so at one thread they are
+ * the steadier figure.
  */
 
 const fs = require('fs')
 const os = require('os')
 const path = require('path')
 const { execFileSync } = require('child_process')
-const { Model } = require('..')
-const { toposort } = require('../src/ir')
-
 const arg = (name, dflt) => (process.argv.includes(name) ? process.argv[process.argv.indexOf(name) + 1] : dflt)
+const LIB = path.resolve(arg('--lib', path.join(__dirname, '..'))) // the polygrad-js checkout to time
+const { Model } = require(LIB)
+const { toposort } = require(path.join(LIB, 'src', 'ir'))
 const ROUNDS = Number(arg('--rounds', 5))
 const TOKENS = Number(arg('--tokens', 16))
 const THREADS = arg('--threads', '1,2').split(',').map(Number)
 const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'gpt2_ref.json'), 'utf8'))
 const PROMPT = Int32Array.from(REF.prompt)
 const VOCAB = 50257
+// untimed rounds first: the first runs every kernel once (polygrad-js reads its weights unpacked
+// there); the second makes the packed copies (runtime.js ready), a one-time cost left out
+const WARM = 2
 
 const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1]
 const ms = (t0) => Number(process.hrtime.bigint() - t0) / 1e6
+const cpuMs = (c0) => { const c = process.cpuUsage(c0); return (c.user + c.system) / 1000 }
 
 function argmax (a, off = 0, n = a.length - off) {
   let best = off
@@ -51,13 +61,18 @@ function relError (logits, want) {
 function timed (prompt, step) {
   const promptMs = []
   const tokS = []
+  const promptCpu = []
+  const tokCpu = []
   let check = null
-  for (let r = 0; r < ROUNDS + 1; r++) {
+  for (let r = 0; r < ROUNDS + WARM; r++) {
+    let c0 = process.cpuUsage()
     let t0 = process.hrtime.bigint()
     let logits = prompt()
     const p = ms(t0)
+    const pc = cpuMs(c0)
     const tokens = []
     const errs = [relError(logits, REF.logits[0])]
+    c0 = process.cpuUsage()
     t0 = process.hrtime.bigint()
     for (let i = 0; i < TOKENS; i++) {
       tokens.push(argmax(logits))
@@ -65,14 +80,16 @@ function timed (prompt, step) {
       if (i < 3) errs.push(relError(logits, REF.logits[i + 1]))
     }
     const d = ms(t0)
-    if (r === 0) {
-      check = { tokens: tokens.slice(0, 3).join(' ') === REF.tokens.join(' '), err: Math.max(...errs), first: tokens.slice(0, 6) }
-      continue // warm-up
+    if (r < WARM) {
+      if (r === 0) check = { tokens: tokens.slice(0, 3).join(' ') === REF.tokens.join(' '), err: Math.max(...errs), all: tokens }
+      continue
     }
     promptMs.push(p)
     tokS.push(TOKENS / d * 1000)
+    promptCpu.push(pc)
+    tokCpu.push(cpuMs(c0) / TOKENS)
   }
-  return { prompt: median(promptMs), tokS: median(tokS), check }
+  return { prompt: median(promptMs), tokS: median(tokS), promptCpu: median(promptCpu), tokCpu: median(tokCpu), check }
 }
 
 function polygrad (bytes, threads) {
@@ -113,14 +130,19 @@ function ort (threads) {
     }
     const promptMs = []
     const tokS = []
+    const promptCpu = []
+    const tokCpu = []
     let check = null
-    for (let r = 0; r < ROUNDS + 1; r++) {
+    for (let r = 0; r < ROUNDS + WARM; r++) {
       past = null
+      let c0 = process.cpuUsage()
       let t0 = process.hrtime.bigint()
       let logits = await run([...PROMPT], 0)
       const p = ms(t0)
+      const pc = cpuMs(c0)
       const tokens = []
       const errs = [relError(logits, REF.logits[0])]
+      c0 = process.cpuUsage()
       t0 = process.hrtime.bigint()
       for (let i = 0; i < TOKENS; i++) {
         tokens.push(argmax(logits))
@@ -128,20 +150,23 @@ function ort (threads) {
         if (i < 3) errs.push(relError(logits, REF.logits[i + 1]))
       }
       const d = ms(t0)
-      if (r === 0) {
-        check = { tokens: tokens.slice(0, 3).join(' ') === REF.tokens.join(' '), err: Math.max(...errs), first: tokens.slice(0, 6) }
+      if (r < WARM) {
+        if (r === 0) check = { tokens: tokens.slice(0, 3).join(' ') === REF.tokens.join(' '), err: Math.max(...errs), all: tokens }
         continue
       }
       promptMs.push(p)
       tokS.push(TOKENS / d * 1000)
+      promptCpu.push(pc)
+      tokCpu.push(cpuMs(c0) / TOKENS)
     }
     await s.release()
-    return { prompt: median(promptMs), tokS: median(tokS), check, threads }
+    return { prompt: median(promptMs), tokS: median(tokS), promptCpu: median(promptCpu), tokCpu: median(tokCpu), check, threads }
   })
 }
 
-function python (py) {
-  const out = execFileSync(py, [path.join(__dirname, 'gpt2_py.py'), '--rounds', String(ROUNDS), '--tokens', String(TOKENS)], { encoding: 'utf8' })
+function python (py, threads) {
+  const env = Object.assign({}, process.env, { POLY_THREADS: String(threads) })
+  const out = execFileSync(py, [path.join(__dirname, 'gpt2_py.py'), '--rounds', String(ROUNDS), '--tokens', String(TOKENS)], { encoding: 'utf8', env })
   return JSON.parse(out.trim().split('\n').pop())
 }
 
@@ -218,17 +243,21 @@ async function main () {
   }
   const rows = []
   for (const t of THREADS) rows.push(['polygrad-js', t, polygrad(bytes, t)])
-  for (const t of THREADS) rows.push(['onnxruntime-node', t, await ort(t)])
+  if (!process.argv.includes('--no-ort')) for (const t of THREADS) rows.push(['onnxruntime-node', t, await ort(t)])
   const py = arg('--python', null)
-  if (py) for (const t of [1, 2].filter((n) => THREADS.includes(n))) rows.push([`python polygrad (CPU backend)`, t, python(py)])
-  console.log(`GPT-2 small (random weights), ${PROMPT.length}-token prompt then ${TOKENS} greedy tokens; medians of ${ROUNDS} after one warm-up`)
-  console.log('runtime                        | threads | prompt ms | decode tok/s | greedy = transformers | max rel err')
+  if (py) for (const t of [1, 2].filter((n) => THREADS.includes(n))) rows.push(['python polygrad (CPU backend)', t, python(py, t)])
+  console.log(`GPT-2 small (random weights), ${PROMPT.length}-token prompt then ${TOKENS} greedy tokens; medians of ${ROUNDS} after ${WARM} untimed rounds`)
+  const pyRow = rows.find(([name, , r]) => name.startsWith('python') && !r.error)
+  const sameAsPy = (r) => (pyRow && r.check ? ` (${r.check.all.join(' ') === pyRow[2].check.all.join(' ') ? 'all' : 'NOT all'} ${TOKENS} = Python's)` : '')
+  console.log(`polygrad-js from ${LIB}`)
+  console.log('runtime                        | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | greedy = transformers | max rel err')
   for (const [name, t, r] of rows) {
     if (r.error) {
       console.log(`${name.padEnd(30)} | ${String(t).padStart(7)} | ${r.error}`)
       continue
     }
-    console.log(`${name.padEnd(30)} | ${String(r.threads || t).padStart(7)} | ${r.prompt.toFixed(1).padStart(9)} | ${r.tokS.toFixed(2).padStart(12)} | ${String(r.check.tokens).padStart(21)} | ${r.check.err.toExponential(1)}`)
+    const cpu = (v) => (v === undefined ? '-' : v.toFixed(1))
+    console.log(`${name.padEnd(30)} | ${String(r.threads || t).padStart(7)} | ${r.prompt.toFixed(1).padStart(9)} | ${r.tokS.toFixed(2).padStart(12)} | ${cpu(r.promptCpu).padStart(13)} | ${cpu(r.tokCpu).padStart(12)} | ${String(r.check.tokens).padStart(21)} | ${r.check.err.toExponential(1)}${sameAsPy(r)}`)
   }
 }
 

@@ -1,6 +1,7 @@
 """Python polygrad's column of bench/gpt2.js: bench/gpt2s.pgb loaded with polygrad.Model.load on the default
 device, the same 32-token prompt (ms, warm) and greedy decode (tokens/s), medians of --rounds after a warm-up.
-Prints one JSON line: {prompt, tokS, check: {tokens, err}}. Threads: the CPU backend's own (POLY_THREADS)."""
+Prints one JSON line: {prompt, tokS, check: {tokens, err, all}} (all: the greedy tokens). Threads: the CPU
+backend's own (POLY_THREADS)."""
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,7 @@ def main() -> None:
                 errs.append(rel(logits, ref["logits"][i + 1]))
         d = time.perf_counter() - t0
         if r == 0:
-            check = {"tokens": tokens[:3] == ref["tokens"], "err": max(errs)}
+            check = {"tokens": tokens[:3] == ref["tokens"], "err": max(errs), "all": tokens}
             continue
         prompts.append(p * 1000)
         rates.append(a.tokens / d)
