@@ -56,7 +56,7 @@ def gpt2(tmp_path_factory):
     for backend in ("wasm", "js"):
         cases.append({"name": backend, "bundle": str(path), "backend": backend,
                       "calls": [prompt, *steps(NEXT, PROMPT.shape[1])],
-                      **({"save": str(tmp / "from_js.pgb")} if backend == "wasm" else {})})
+                      **({"save": str(tmp / "from_js.pgb"), "plan": True} if backend == "wasm" else {})})
     cases.append({"name": "fresh", "bundle": str(path), "calls": steps([4], 3)})
     cases.append({"name": "greedy", "bundle": str(path), "greedy": {"prompt": enc(PROMPT), "steps": GREEDY}})
     return py, run_node(cases, tmp), tmp
@@ -77,6 +77,27 @@ def test_gpt2_bundle_runs_in_node_with_the_same_logits(gpt2, backend):
         close(dec(got["logits"]), want)
     if backend == "wasm":
         assert res["stats"]["checks"] == 0, "every access of these kernels should be proven in bounds"
+
+
+@pytest.mark.parametrize("entry", ["decode", "forward"])
+def test_matrix_products_get_lanes_and_read_x_at_w_weights_packed(gpt2, entry):
+    """Decode (one row) and the prompt read each weight matrix across its rows (x @ W, GPT-2's Conv1D layout):
+    every kernel that multiplies by one gets lanes and a tile, and reads a copy packed in its loop order
+    (polygrad-js runtime.js packedMain; one copy per weight, shared by both entrypoints, made once on the second
+    call); the head, x @ wte.T, reads its rows contiguously already and packs nothing."""
+    _, js, _ = gpt2
+    res = js["wasm"]
+    assert "error" not in res, res.get("error")
+    steps = res["plan"][entry]
+    matrices = [s for s in steps if any(len(p["shape"]) == 2 and "wte" not in p["name"] and "wpe" not in p["name"]
+                                        for p in s["params"])]
+    assert len(matrices) == 4 * 2, [s["name"] for s in steps]  # c_attn, attn c_proj, c_fc, mlp c_proj per layer
+    for s in matrices:
+        assert any(o.startswith("VECTOR:4") for o in s["opts"]) and any(o.startswith("UPCAST") for o in s["opts"]), s
+        assert s["packs"] == 1, s
+    head = [s for s in steps if any("wte" in p["name"] for p in s["params"]) and s["name"].startswith("r_")]
+    assert len(head) == 1 and "SPLIT_REDUCE:4" in head[0]["opts"] and head[0]["packs"] == 0, head
+    assert res["stats"]["repacks"] == len(matrices)  # one forward, 3 decode steps: each copy filled once
 
 
 def test_a_loaded_bundle_starts_with_zeroed_caches(gpt2):

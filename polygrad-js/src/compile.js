@@ -37,13 +37,13 @@ function prepareKernel (g, ast) {
  * pass here keeps its indices in bounds by construction; `verify` proves the lowered kernel again and
  * guards what it cannot prove with run-time checks (the tests run with it).
  */
-function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null, verify = false, pack = null, threaded = false } = {}) {
+function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null, verify = false, pack = null, packMain = false, threaded = false } = {}) {
   let k = (prepared || prepareKernel(g, ast)).ast
   let vector = new Set()
   const chosen = opts !== null ? opts : chooseOpts(k, width)
   if (chosen.length) ({ ast: k, vector } = applyOpts(g, k, chosen))
   let packs = []
-  if (pack) ({ ast: k, packs } = packLoads(g, k, vector, pack))
+  if (pack) ({ ast: k, packs } = packLoads(g, k, vector, pack, { main: packMain }))
   const proven = check === null && verify ? provenIndices(k) : null
   const needsCheck = check || (proven ? (index) => !proven.has(index) : () => false)
   const prog = linearize(g, k, { vector, width, check: needsCheck })

@@ -12,8 +12,9 @@
  *   into one WebAssembly module (wasm/module.js) whose functions have their buffers' addresses baked in;
  *   or, with backend 'js' or without wasm SIMD, compiled to closures (jsexec.js).
  * - Packed weights (pack.js): the few-rows variant of a call whose arguments include model parameters
- *   has a second form reading them through copies in its loop order, placed after the other buffers when
- *   the call is first compiled; entrypoints that write no parameter (forward, loss, decode) run it,
+ *   has a second form reading them through copies in its loop order, and so has every variant for the
+ *   parameters it reads across their rows (x @ W: GPT-2's weights in decode and prompt), placed after the
+ *   other buffers when the call is first compiled (a copy of one layout is shared); entrypoints that write no parameter (forward, loss, decode) run it,
  *   training steps keep the unpacked one. Every step counts the parameter slots it writes (its kernel's
  *   stores, a copy's destination); before a step reads a copy, the copy is refilled if its slot was
  *   written since it was made (after training, the next batch-1 forward repacks once).
@@ -235,6 +236,15 @@ class Executor extends BaseExecutor {
         p.prepared = prepared
         p.packedSmall = new Map()
       }
+      if (opts.length) {
+        // a variant reading weights across their rows (x @ W) through packed copies, as the few-rows variant
+        // does: a tile of 8 columns otherwise reads 32 bytes of each 9 KB row of a 768 x 2304 weight per
+        // step, where the copy is one stream (GPT-2 small's decode: 9-12 GB/s per kernel become 23-29;
+        // its prompt's x @ W kernels about 2x faster)
+        p.prepared = prepared
+        p.packOpts = opts
+        p.packedMain = new Map()
+      }
       this.lowered.set(ast, p)
     }
     return p
@@ -245,18 +255,37 @@ class Executor extends BaseExecutor {
    * reading them through packed copies in its loop order (pack.js; one per set of such buffers), else p.small.
    */
   smallFor (p, c) {
+    return this.packedFor(c, p.small, p.smallOpts, p.packedSmall, false)
+  }
+
+  /**
+   * The variant of `base` (lowered with `opts`) for call `c` that reads c's parameter buffers through packed
+   * copies (pack.js; one per set of such buffers, cached in `cache`), or `base` where none packs; `main`:
+   * the kernel's full-size variant (pack.js packLoads's rule for it).
+   */
+  packedFor (c, base, opts, cache, main) {
     const params = c.args.map((s) => s.role === 'parameter')
     const key = params.map(Number).join('')
-    if (!params.some(Boolean)) return p.small
-    let q = p.packedSmall.get(key)
+    if (!params.some(Boolean)) return base
+    let q = cache.get(key)
     if (!q) {
       const eligible = (i) => (params[i] ? c.args[i].size : 0)
-      q = lowerKernel(this.prog.graph, this.prog.kernels[p.kernelIndex], { width: this.width, prepared: p.prepared, opts: p.smallOpts, verify: this.verify, pack: eligible, threaded: this.pool !== null })
-      if (!q.packs.length) q = p.small
-      else Object.assign(q, { scratch: p.small.scratch, selectBranches: true })
-      p.packedSmall.set(key, q)
+      const p = this.lowered.get(this.prog.kernels[c.kernel])
+      q = lowerKernel(this.prog.graph, this.prog.kernels[c.kernel], { width: this.width, prepared: p.prepared, opts, verify: this.verify, pack: eligible, packMain: main, threaded: this.pool !== null })
+      if (!q.packs.length) q = base
+      else Object.assign(q, { scratch: base.scratch, selectBranches: base.selectBranches })
+      cache.set(key, q)
     }
     return q
+  }
+
+  /** The site of `packed` (a variant reading packed copies) for call `c` whose own buffers lie at `layout`:
+   * each copy's region placed (packRegion), the copies' parameters pointing at them. */
+  packedSite (c, layout, packed) {
+    const packs = packed.packs.map((pk) => this.packRegion(c.args[pk.from], pk))
+    const packedLayout = new Map(layout)
+    packed.packs.forEach((pk, i) => packedLayout.set(pk.slot, { base: packs[i].base, size: pk.size }))
+    return { prog: packed, layout: packedLayout, call: c, packs }
   }
 
   /** The region of the packed copy of call argument `src` with layout `pk` (one per slot and layout). */
@@ -338,11 +367,15 @@ class Executor extends BaseExecutor {
         keys.push(key + '|small')
         const packed = this.smallFor(prog, c)
         if (packed !== prog.small) {
-          const packs = packed.packs.map((pk) => this.packRegion(c.args[pk.from], pk))
-          const packedLayout = new Map(layout)
-          packed.packs.forEach((pk, i) => packedLayout.set(pk.slot, { base: packs[i].base, size: pk.size }))
-          sites.push({ prog: packed, layout: packedLayout, call: c, packs })
+          sites.push(this.packedSite(c, layout, packed))
           keys.push(key + '|packed')
+        }
+      }
+      if (prog.packedMain) {
+        const packed = this.packedFor(c, prog, prog.packOpts, prog.packedMain, true)
+        if (packed !== prog) {
+          sites.push(this.packedSite(c, layout, packed))
+          keys.push(key + '|packed-main')
         }
       }
     }
@@ -439,11 +472,13 @@ class Executor extends BaseExecutor {
           return { copy: true, dst: dst.base, src: src.base, n: Math.min(dst.size, src.size) * src.dtype.size, writes }
         }
         const site = this.siteFns.get(this.siteKey(c))
-        const step = { copy: false, main: runner(site), name: site.prog.name, small: null, packed: null, writes, work: site.prog.work }
+        const step = { copy: false, main: runner(site), name: site.prog.name, small: null, packed: null, packedMain: null, writes, work: site.prog.work }
         const small = this.siteFns.get(this.siteKey(c) + '|small')
         const packed = !training && this.siteFns.get(this.siteKey(c) + '|packed')
+        const packedMain = !training && this.siteFns.get(this.siteKey(c) + '|packed-main')
         if (small) Object.assign(step, { small: runner(small), smallVar: site.prog.smallVar, smallBelow: site.prog.smallBelow })
         if (packed) Object.assign(step, { packed: runner(packed), packs: packed.packs })
+        if (packedMain) Object.assign(step, { packedMain: runner(packedMain), mainPacks: packedMain.packs })
         return step
       })
     }
@@ -522,6 +557,10 @@ class Executor extends BaseExecutor {
           let packed = st.packed !== null
           if (packed) for (const r of st.packs) packed = this.ready(r) && packed // every copy asked (no short cut)
           run = packed ? st.packed : st.small
+        } else if (st.packedMain !== null) {
+          let packed = true
+          for (const r of st.mainPacks) packed = this.ready(r) && packed
+          if (packed) run = st.packedMain
         }
         if (run.phases === null) {
           if (run.vars.length === 0) run.fn()

@@ -251,6 +251,34 @@ test('repack fills a packed copy in the loop order of its layout', () => {
   assert.deepStrictEqual(Array.from(view.subarray(20, 32)), want)
 })
 
+test('repack gives every layout the order an element-by-element walk gives (runs merged, rows in blocks)', () => {
+  const { repack } = require('../src/pack')
+  let seed = 7
+  const rand = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n }
+  // x @ W's layout (column tile, 130 rows: more than one block of 64, 2 columns, 4 lanes), then random ones
+  const layouts = [{ sizes: [3, 130, 2, 4], order: [3, 2, 0, 1] }]
+  for (let t = 0; t < 60; t++) {
+    const n = 1 + rand(4)
+    const sizes = Array.from({ length: n }, () => 1 + rand(5))
+    const order = [...Array(n).keys()].sort((a, b) => rand(3) - 1 || a - b)
+    layouts.push({ sizes, order })
+  }
+  for (const { sizes, order } of layouts) {
+    const coeffs = new Array(sizes.length)
+    let size = 1
+    for (const d of order) { coeffs[d] = size; size *= sizes[d] }
+    const view = new Float32Array(2 * size + 8)
+    for (let i = 0; i < size; i++) view[3 + i] = i + 1
+    repack(view, 3, size + 5, { sizes, src: coeffs, size })
+    for (let i = 0; i < size; i++) {
+      let s = 0
+      let r = i
+      for (let k = sizes.length - 1; k >= 0; k--) { s += (r % sizes[k]) * coeffs[k]; r = Math.floor(r / sizes[k]) }
+      assert.strictEqual(view[size + 5 + i], view[3 + s], `sizes ${sizes} order ${order} element ${i}`)
+    }
+  }
+})
+
 test('fit and trainStep refuse the optimizer configurations Python refuses, before any step (issue 28)', () => {
   const corpus = JSON.parse(require('fs').readFileSync(path.join(FIXTURES, 'optimizer_hyperparameters.json'), 'utf8'))
   const data = { x: ref.mlp.x.slice(0, 4), y: ref.mlp.y.slice(0, 4) }

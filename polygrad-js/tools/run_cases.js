@@ -7,11 +7,11 @@
  * plan.json: {"cases": [{"name", "bundle" (path), "backend"?, "threads"?, "repeat"?: n, "before"?: {input: Array}, "forward"?:
  *   {input: Array}, "fit"?: {
  *   "data": {name: Array}, "options": {...}}, "calls"?: [{"entry", "inputs": {name: Array}, "args"?: {Variable:
- *   int}}], "greedy"?: {"prompt": Array, "steps": n}, "save"?: path}]}; arrays are {dtype, shape, data
+ *   int}}], "greedy"?: {"prompt": Array, "steps": n}, "save"?: path, "plan"?: true}]}; arrays are {dtype, shape, data
  * (base64, little-endian)}. Steps run in that order on one model (before: a forward before the fit, fit,
  * forward, calls, greedy, save); the forward steps run `repeat` times each.
  * results.json: {name: {"before": {name: array}, "outputs": {name: array}, "losses": [...], "calls": [{name: array}], "tokens": [...],
- * "error"?}}. `greedy` continues a [1, length] prompt of input_ids as polygrad_hf.generate does with top_k=1:
+ * "plan"?: (kernelPlan below), "stats": the executor's counters, "error"?}}. `greedy` continues a [1, length] prompt of input_ids as polygrad_hf.generate does with top_k=1:
  * forward over the prompt, then decode(input_ids, pos) one token at a time, each the argmax of the last logits.
  */
 
@@ -55,6 +55,31 @@ function greedy (m, prompt, steps) {
   return out
 }
 
+/**
+ * Per entrypoint, per kernel call (copies left out): {name, opts: ["KIND:amount", ...] (lower.chooseOpts),
+ * params: [{name, shape}] of the parameters the kernel loads, packs: the packed copies the call reads when it
+ * runs its constant-size variant (runtime.js packedMain), 0 without one}. Only the entrypoints compiled so far.
+ */
+function kernelPlan (m) {
+  const { chooseOpts } = require('../src/lower')
+  const { toposort } = require('../src/ir')
+  const x = m._x
+  const out = {}
+  for (const [name, steps] of Object.entries(x.entries)) {
+    const calls = m._p.entries[name].calls
+    out[name] = steps.map((st, i) => {
+      if (st.copy) return null
+      const c = calls[i]
+      const ast = m._p.kernels[c.kernel]
+      const loaded = new Set(toposort(ast).filter((n) => n.op === 'LOAD').map((n) => n.src[0].src[0].arg[0]))
+      const params = [...loaded].map((j) => c.args[j]).filter((s) => s && s.role === 'parameter').map((s) => ({ name: s.name, shape: s.shape }))
+      const opts = chooseOpts(x.prepare1(ast).ast, x.width).map((o) => `${o.kind}:${o.amount}`)
+      return { name: st.name, opts, params, packs: st.packedMain ? st.mainPacks.length : 0 }
+    }).filter(Boolean)
+  }
+  return out
+}
+
 function main () {
   const plan = JSON.parse(fs.readFileSync(process.argv[2], 'utf8'))
   const out = {}
@@ -75,6 +100,7 @@ function main () {
       if (c.calls) r.calls = c.calls.map((k) => encodeAll(m.call(k.entry, Object.assign(inputs(k.inputs), k.args || {}))))
       if (c.greedy) r.tokens = greedy(m, decode(c.greedy.prompt), c.greedy.steps)
       if (c.save) fs.writeFileSync(c.save, m.save())
+      if (c.plan) r.plan = kernelPlan(m)
       r.summary = m.summary()
       r.stats = m._x.stats
     } catch (e) {

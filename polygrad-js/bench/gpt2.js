@@ -1,0 +1,267 @@
+#!/usr/bin/env node
+'use strict'
+/**
+ * GPT-2 small in Node (issue 31 section 3): a 32-token prompt (ms, warm) and greedy decode (tokens/s) after it,
+ * polygrad-js on 1 and 2 threads, beside onnxruntime-node (same weights, torch-exported ONNX with a KV cache,
+ * intraOpNumThreads 1 and 2) and Python polygrad on the same bundle. Checks that the greedy tokens and the
+ * logits' first 64 values agree with transformers' (bench/gpt2_ref.json, 1e-4 relative to the largest).
+ *
+ *   python polygrad-js/bench/make_gpt2.py     # writes bench/gpt2s.pgb, gpt2s.onnx, gpt2_ref.json (once)
+ *   (cd polygrad-js/bench && npm install --ignore-scripts)   # onnxruntime-node (bench/package.json; optional)
+ *   node polygrad-js/bench/gpt2.js [--rounds N] [--tokens N] [--threads 1,2] [--python PY] [--no-ort] [--lib DIR]
+ *                                  [--profile decode|forward]
+ *
+ * --ignore-scripts: onnxruntime-node's install script fetches its CUDA provider from api.nuget.org; its CPU
+ * binary is in the npm package itself. --python PY runs bench/gpt2_py.py with interpreter PY for the Python
+ * column. --lib DIR times another polygrad-js checkout (an A/B against a baseline). --profile times every
+ * kernel call of one decode step (or of the prompt) on one thread and prints them with the bytes each reads
+ * from parameters and that rate in GB/s.
+ *
+ * Timings on a shared machine are noisy: each figure is the median of the rounds; read them beside the load
+ * average printed first. The CPU columns are this process's CPU time per prompt and per token (all its
+ * threads): on a loaded machine they leave out the time spent waiting for a core, so at one thread they are
+ * the steadier figure.
+ */
+
+const fs = require('fs')
+const os = require('os')
+const path = require('path')
+const { execFileSync } = require('child_process')
+const arg = (name, dflt) => (process.argv.includes(name) ? process.argv[process.argv.indexOf(name) + 1] : dflt)
+const LIB = path.resolve(arg('--lib', path.join(__dirname, '..'))) // the polygrad-js checkout to time
+const { Model } = require(LIB)
+const { toposort } = require(path.join(LIB, 'src', 'ir'))
+const ROUNDS = Number(arg('--rounds', 5))
+const TOKENS = Number(arg('--tokens', 16))
+const THREADS = arg('--threads', '1,2').split(',').map(Number)
+const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'gpt2_ref.json'), 'utf8'))
+const PROMPT = Int32Array.from(REF.prompt)
+const VOCAB = 50257
+// untimed rounds first: the first runs every kernel once (polygrad-js reads its weights unpacked
+// there); the second makes the packed copies (runtime.js ready), a one-time cost left out
+const WARM = 2
+
+const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1]
+const ms = (t0) => Number(process.hrtime.bigint() - t0) / 1e6
+const cpuMs = (c0) => { const c = process.cpuUsage(c0); return (c.user + c.system) / 1000 }
+
+function argmax (a, off = 0, n = a.length - off) {
+  let best = off
+  for (let i = off; i < off + n; i++) if (a[i] > a[best]) best = i
+  return best - off
+}
+
+/** The largest difference of the first 64 logits from transformers', relative to the largest magnitude. */
+function relError (logits, want) {
+  const scale = Math.max(...want.map(Math.abs))
+  return Math.max(...want.map((w, i) => Math.abs(logits[i] - w))) / scale
+}
+
+/** A run's figures: prompt ms, decode tok/s (medians), and the check against transformers. */
+function timed (prompt, step) {
+  const promptMs = []
+  const tokS = []
+  const promptCpu = []
+  const tokCpu = []
+  let check = null
+  for (let r = 0; r < ROUNDS + WARM; r++) {
+    let c0 = process.cpuUsage()
+    let t0 = process.hrtime.bigint()
+    let logits = prompt()
+    const p = ms(t0)
+    const pc = cpuMs(c0)
+    const tokens = []
+    const errs = [relError(logits, REF.logits[0])]
+    c0 = process.cpuUsage()
+    t0 = process.hrtime.bigint()
+    for (let i = 0; i < TOKENS; i++) {
+      tokens.push(argmax(logits))
+      logits = step(tokens[i], PROMPT.length + i)
+      if (i < 3) errs.push(relError(logits, REF.logits[i + 1]))
+    }
+    const d = ms(t0)
+    if (r < WARM) {
+      if (r === 0) check = { tokens: tokens.slice(0, 3).join(' ') === REF.tokens.join(' '), err: Math.max(...errs), all: tokens }
+      continue
+    }
+    promptMs.push(p)
+    tokS.push(TOKENS / d * 1000)
+    promptCpu.push(pc)
+    tokCpu.push(cpuMs(c0) / TOKENS)
+  }
+  return { prompt: median(promptMs), tokS: median(tokS), promptCpu: median(promptCpu), tokCpu: median(tokCpu), check }
+}
+
+function polygrad (bytes, threads) {
+  const m = Model.fromBytesSync(bytes, { threads })
+  const last = (out) => out.logits.subarray(out.logits.length - VOCAB)
+  const res = timed(() => last(m.call('forward', { input_ids: PROMPT })),
+    (tok, pos) => last(m.call('decode', { input_ids: Int32Array.of(tok), pos })))
+  res.threads = m.backendInfo.threads
+  m.dispose()
+  return res
+}
+
+function ort (threads) {
+  let ortn
+  try {
+    ortn = require(path.join(__dirname, 'node_modules', 'onnxruntime-node'))
+  } catch (e) {
+    return { error: `onnxruntime-node is not installed (cd polygrad-js/bench && npm install): ${e.message.split('\n')[0]}` }
+  }
+  const file = path.join(__dirname, 'gpt2s.onnx')
+  if (!fs.existsSync(file)) return { error: 'bench/gpt2s.onnx is missing: run make_gpt2.py without --no-onnx' }
+  const { InferenceSession, Tensor } = ortn
+  // onnxruntime-node's API is asynchronous; the session runs synchronously inside, so awaiting in a loop
+  // times its work plus one promise turn per call
+  return InferenceSession.create(file, { intraOpNumThreads: threads, interOpNumThreads: 1, graphOptimizationLevel: 'all' }).then(async (s) => {
+    const layers = 12
+    const empty = () => new Tensor('float32', new Float32Array(0), [1, 12, 0, 64])
+    let past = null
+    const run = async (ids, start) => {
+      const feeds = { input_ids: new Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]), position_ids: new Tensor('int64', BigInt64Array.from(ids, (_, i) => BigInt(start + i)), [1, ids.length]) }
+      for (let i = 0; i < layers; i++) {
+        feeds[`past_key_${i}`] = past ? past[`present_key_${i}`] : empty()
+        feeds[`past_value_${i}`] = past ? past[`present_value_${i}`] : empty()
+      }
+      const out = await s.run(feeds)
+      past = out
+      return out.logits.data.subarray(out.logits.data.length - VOCAB)
+    }
+    const promptMs = []
+    const tokS = []
+    const promptCpu = []
+    const tokCpu = []
+    let check = null
+    for (let r = 0; r < ROUNDS + WARM; r++) {
+      past = null
+      let c0 = process.cpuUsage()
+      let t0 = process.hrtime.bigint()
+      let logits = await run([...PROMPT], 0)
+      const p = ms(t0)
+      const pc = cpuMs(c0)
+      const tokens = []
+      const errs = [relError(logits, REF.logits[0])]
+      c0 = process.cpuUsage()
+      t0 = process.hrtime.bigint()
+      for (let i = 0; i < TOKENS; i++) {
+        tokens.push(argmax(logits))
+        logits = await run([tokens[i]], PROMPT.length + i)
+        if (i < 3) errs.push(relError(logits, REF.logits[i + 1]))
+      }
+      const d = ms(t0)
+      if (r < WARM) {
+        if (r === 0) check = { tokens: tokens.slice(0, 3).join(' ') === REF.tokens.join(' '), err: Math.max(...errs), all: tokens }
+        continue
+      }
+      promptMs.push(p)
+      tokS.push(TOKENS / d * 1000)
+      promptCpu.push(pc)
+      tokCpu.push(cpuMs(c0) / TOKENS)
+    }
+    await s.release()
+    return { prompt: median(promptMs), tokS: median(tokS), promptCpu: median(promptCpu), tokCpu: median(tokCpu), check, threads }
+  })
+}
+
+function python (py, threads) {
+  const env = Object.assign({}, process.env, { POLY_THREADS: String(threads) })
+  const out = execFileSync(py, [path.join(__dirname, 'gpt2_py.py'), '--rounds', String(ROUNDS), '--tokens', String(TOKENS)], { encoding: 'utf8', env })
+  return JSON.parse(out.trim().split('\n').pop())
+}
+
+/**
+ * Per kernel of one call of `entry` ('decode': one token at position 32..; 'forward': the 32-token prompt) on
+ * one thread: every variant's function wrapped with a timer, the call run `reps` times, the fastest time of
+ * each kernel call kept (the steadiest figure on a loaded machine). MB: the parameter slots the call's kernel
+ * reads, whole (a gather, the token embedding, reads one row of its table: its rate means nothing).
+ */
+function profile (bytes, entry, reps = 7) {
+  const m = Model.fromBytesSync(bytes, { threads: 1 })
+  let logits = m.call('forward', { input_ids: PROMPT }).logits
+  let pos = PROMPT.length
+  const next = () => m.call('decode', { input_ids: Int32Array.of(argmax(logits, logits.length - VOCAB, VOCAB)), pos: pos++ }).logits
+  const once = () => {
+    logits = entry === 'decode' ? next() : m.call('forward', { input_ids: PROMPT }).logits
+  }
+  once()
+  once() // the second call fills the packed copies (runtime.js ready)
+  const x = m._x
+  const steps = x.entries[entry]
+  const calls = m._p.entries[entry].calls
+  const times = steps.map(() => [])
+  steps.forEach((st, i) => {
+    for (const key of ['main', 'small', 'packed', 'packedMain']) {
+      const run = st[key]
+      if (!run || run.phases !== null) continue
+      const fn = run.fn
+      run.fn = (...a) => {
+        const t0 = process.hrtime.bigint()
+        fn(...a)
+        times[i].push(ms(t0))
+      }
+    }
+  })
+  const whole = []
+  const repacks = x.stats.repacks
+  for (let r = 0; r < reps; r++) {
+    const t0 = process.hrtime.bigint()
+    once()
+    whole.push(ms(t0))
+  }
+  const rows = steps.map((st, i) => {
+    if (st.copy) return null
+    const c = calls[i]
+    const ast = m._p.kernels[c.kernel]
+    const read = new Set(toposort(ast).filter((n) => n.op === 'LOAD').map((n) => n.src[0].src[0].arg[0]))
+    const paramBytes = [...read].map((j) => c.args[j]).filter((s) => s && s.role === 'parameter').reduce((a, s) => a + s.size * s.dtype.size, 0)
+    return { i, name: `${st.name}#${c.kernel}`, ms: Math.min(...times[i].slice(1)), mb: paramBytes / 1e6 }
+  }).filter(Boolean)
+  m.dispose()
+  const total = rows.reduce((a, r) => a + r.ms, 0)
+  const groups = new Map()
+  for (const r of rows) {
+    const g = groups.get(r.name) || { name: r.name, n: 0, ms: 0, mb: 0 }
+    g.n++
+    g.ms += r.ms
+    g.mb += r.mb
+    groups.set(r.name, g)
+  }
+  console.log(`\n${entry} on one thread: ${rows.length} kernel calls, ${total.toFixed(2)} ms in kernels (fastest of ${reps - 1} each); the whole call ${Math.min(...whole.slice(1)).toFixed(2)} ms (fastest); ${x.stats.repacks - repacks} repacks`)
+  console.log('kernel                                   | calls | ms total | ms/call | MB params | GB/s')
+  for (const g of [...groups.values()].sort((a, b) => b.ms - a.ms)) {
+    console.log(`${g.name.slice(0, 40).padEnd(40)} | ${String(g.n).padStart(5)} | ${g.ms.toFixed(3).padStart(8)} | ${(g.ms / g.n).toFixed(3).padStart(7)} | ${g.mb.toFixed(2).padStart(9)} | ${g.mb ? (g.mb / g.ms).toFixed(1).padStart(5) : '    -'}`)
+  }
+}
+
+async function main () {
+  const bytes = fs.readFileSync(path.join(__dirname, 'gpt2s.pgb'))
+  console.log(`CPU: ${os.cpus()[0].model}, ${os.cpus().length} cores; load average ${os.loadavg().map((v) => v.toFixed(2)).join(' ')}; Node ${process.version}`)
+  if (process.argv.includes('--profile')) {
+    profile(bytes, arg('--profile', 'decode') === 'forward' ? 'forward' : 'decode')
+    return
+  }
+  const rows = []
+  for (const t of THREADS) rows.push(['polygrad-js', t, polygrad(bytes, t)])
+  if (!process.argv.includes('--no-ort')) for (const t of THREADS) rows.push(['onnxruntime-node', t, await ort(t)])
+  const py = arg('--python', null)
+  if (py) for (const t of [1, 2].filter((n) => THREADS.includes(n))) rows.push(['python polygrad (CPU backend)', t, python(py, t)])
+  console.log(`GPT-2 small (random weights), ${PROMPT.length}-token prompt then ${TOKENS} greedy tokens; medians of ${ROUNDS} after ${WARM} untimed rounds`)
+  const pyRow = rows.find(([name, , r]) => name.startsWith('python') && !r.error)
+  const sameAsPy = (r) => (pyRow && r.check && !rows.some(([name, , x]) => x === r && name.startsWith('python')) ? ` (${r.check.all.join(' ') === pyRow[2].check.all.join(' ') ? 'all' : 'NOT all'} ${TOKENS} = Python's)` : '')
+  console.log(`polygrad-js from ${LIB}`)
+  console.log('runtime                        | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | greedy = transformers | max rel err')
+  for (const [name, t, r] of rows) {
+    if (r.error) {
+      console.log(`${name.padEnd(30)} | ${String(t).padStart(7)} | ${r.error}`)
+      continue
+    }
+    const cpu = (v) => (v === undefined ? '-' : v.toFixed(1))
+    console.log(`${name.padEnd(30)} | ${String(r.threads || t).padStart(7)} | ${r.prompt.toFixed(1).padStart(9)} | ${r.tokS.toFixed(2).padStart(12)} | ${cpu(r.promptCpu).padStart(13)} | ${cpu(r.tokCpu).padStart(12)} | ${String(r.check.tokens).padStart(21)} | ${r.check.err.toExponential(1)}${sameAsPy(r)}`)
+  }
+}
+
+main().catch((e) => {
+  console.error(e)
+  process.exit(1)
+})

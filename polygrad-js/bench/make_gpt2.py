@@ -1,0 +1,111 @@
+"""Write bench/gpt2s.pgb (and bench/gpt2s.onnx): a GPT-2 small shaped checkpoint with random weights (12 layers,
+width 768, 12 heads, vocab 50257; no model hub here), loaded with polygrad.hf.load_hf(max_batch=1,
+max_seq_len=128) and saved as a bundle with its `forward` (prompt) and `decode` (one token) entrypoints. The
+ONNX file is the same transformers model exported by torch with a KV cache (inputs input_ids, position_ids,
+past_key_<i>/past_value_<i>; outputs logits, present_key_<i>/present_value_<i>) for the onnxruntime-node column
+of bench/gpt2.js. bench/gpt2_ref.json holds the prompt's and three greedy steps' logits from transformers.
+
+Run from the repository root: `python polygrad-js/bench/make_gpt2.py [--no-onnx]` (about a minute).
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+MAX_SEQ = 128
+PROMPT = [(i * 7919 + 13) % 50257 for i in range(32)]  # 32 fixed token ids
+CONFIG = dict(vocab_size=50257, n_embd=768, n_layer=12, n_head=12, n_positions=1024, bos_token_id=50256,
+              eos_token_id=50256)
+
+
+def hf_model():
+    import torch
+    import transformers as tf
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(**CONFIG)).eval()
+    with torch.no_grad():  # widen the random init so the logits spread and greedy choices are clear
+        for p in model.parameters():
+            if p.ndim >= 1:
+                p.add_(torch.randn_like(p) * 0.05)
+    return model
+
+
+class _WithCache:
+    """forward(input_ids, position_ids, *past) -> (logits, *present) over transformers' DynamicCache."""
+
+    @staticmethod
+    def module(model):
+        import torch
+        from transformers import DynamicCache
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, input_ids, position_ids, *past):
+                cache = DynamicCache()
+                for i in range(len(past) // 2):
+                    cache.update(past[2 * i], past[2 * i + 1], i)
+                out = self.model(input_ids=input_ids, position_ids=position_ids, past_key_values=cache,
+                                 use_cache=True)
+                present = []
+                for layer in out.past_key_values.layers:
+                    present += [layer.keys, layer.values]
+                return (out.logits, *present)
+        return Wrapped().eval()
+
+
+def export_onnx(model, path: Path) -> None:
+    import torch
+    n = CONFIG["n_layer"]
+    heads, dim = CONFIG["n_head"], CONFIG["n_embd"] // CONFIG["n_head"]
+    past = [torch.zeros(1, heads, 3, dim) for _ in range(2 * n)]
+    names = [f"past_{kind}_{i}" for i in range(n) for kind in ("key", "value")]
+    outs = ["logits"] + [f"present_{kind}_{i}" for i in range(n) for kind in ("key", "value")]
+    axes = {"input_ids": {1: "tokens"}, "position_ids": {1: "tokens"}, "logits": {1: "tokens"}}
+    axes.update({k: {2: "past"} for k in names})
+    axes.update({k: {2: "total"} for k in outs[1:]})
+    ids = torch.tensor([[1, 2]])
+    pos = torch.tensor([[3, 4]])
+    torch.onnx.export(_WithCache.module(model), (ids, pos, *past), str(path), input_names=["input_ids",
+                      "position_ids", *names], output_names=outs, dynamic_axes=axes, opset_version=17,
+                      dynamo=False)
+
+
+def reference(model) -> dict:
+    import torch
+    with torch.no_grad():
+        out = model(torch.tensor([PROMPT]), use_cache=True)
+        logits = [out.logits[0, -1].numpy()]
+        cache, tokens = out.past_key_values, []
+        for _ in range(3):
+            tokens.append(int(np.argmax(logits[-1])))
+            out = model(torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            logits.append(out.logits[0, -1].numpy())
+    return {"prompt": PROMPT, "tokens": tokens, "logits": [x[:64].tolist() for x in logits],
+            "argmax": [int(np.argmax(x)) for x in logits]}
+
+
+def main() -> None:
+    from polygrad.hf import load_hf
+    model = hf_model()
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        bundle = load_hf(tmp, max_batch=1, max_seq_len=MAX_SEQ)
+        bundle.save(str(HERE / "gpt2s.pgb"))
+        bundle.dispose()
+    (HERE / "gpt2_ref.json").write_text(json.dumps(reference(model)))
+    if "--no-onnx" not in sys.argv:
+        export_onnx(model, HERE / "gpt2s.onnx")
+    print(f"wrote {HERE / 'gpt2s.pgb'}" + ("" if "--no-onnx" in sys.argv else f" and {HERE / 'gpt2s.onnx'}"))
+
+
+if __name__ == "__main__":
+    main()
