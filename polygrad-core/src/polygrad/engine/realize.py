@@ -17,8 +17,9 @@ from polygrad.device import Buffer, debug_alloc
 from polygrad.engine import programs  # programs.get_program looked up per call: tests and tools wrap it
 from polygrad.engine.programs import prepare, runtime_stats
 from polygrad.schedule import computed
-from polygrad.schedule.normalize import SlotRef, capacity_buffers, denormalize, normalize, record_effects
-from polygrad.schedule.template import Template, template_for
+from polygrad.schedule.normalize import (SlotRef, capacity_buffers, denormalize, leaf_signature, normalize,
+                                         record_effects)
+from polygrad.schedule.template import LEAF_CACHE_MAX, LeafTemplate, Template, leaf_cache, leaf_template, template_for
 from polygrad.uop import dataflow, sint
 from polygrad.uop.ops import Ops, UOp
 
@@ -106,22 +107,71 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
     return table
 
 
+def run_leaf(leaf: LeafTemplate, target: UOp, inputs: list[Any]) -> list[UOp]:
+    """Realize an eager op whose structure was seen (template.leaf_cache): run_template's kernel steps,
+    the output view and the target's kept value, with what they need computed once (LeafTemplate)."""
+    since = computed._generation[0]
+    tpl = leaf.template
+    table = run_template(tpl, inputs) if not tpl.prepared else _run_kernels(tpl, inputs)
+    out = UOp(Ops.BUFFER, target.dtype, (), table[leaf.out_entry])
+    if leaf.out_shape is not None:
+        out = UOp(Ops.RESHAPE, target.dtype, (out,), leaf.out_shape)
+    kept = leaf.kept
+    if kept is not None:
+        view = out
+        if kept != (leaf.out_entry, leaf.out_shape):
+            view = UOp(Ops.BUFFER, target.dtype, (), table[kept[0]])
+            if kept[1] is not None:
+                view = UOp(Ops.RESHAPE, target.dtype, (view,), kept[1])
+        computed.remember_target(target, view, table, since)
+    return [out]
+
+
+def _run_kernels(tpl: Template, inputs: list[Any]) -> list[Any]:
+    """run_template for a prepared template of kernel steps over fixed sizes, without a capture or
+    POLY_DEBUG_ALLOC (run_leaf's callers check): allocate, then launch each kernel over the handles."""
+    table: list[Any] = list(inputs)
+    for (size, dtype, device), unwritten in zip(tpl.new_buffers, tpl.unwritten):  # type: ignore[arg-type]
+        table.append(Buffer(device, size, dtype).ensure_allocated(written=not unwritten))
+    for step in tpl.steps:
+        handles = [table[i]._handle for i in step.args]
+        if None in handles:  # an input never allocated (an empty tensor's)
+            handles = [table[i].handle for i in step.args]
+        programs.get_program(step.ast, step.device).launch(handles, None)
+    return table
+
+
 def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | None:
     """Realize tensor-graph nodes; returns their buffer views (BUFFER or RESHAPE(BUFFER)). With
     `effect_free`, a graph holding a pending effect (ASSIGN/AFTER not yet run) is left alone and None comes
     back: the caller must first order its reads and writes (Tensor's _realize_tensors)."""
-    effects: list[UOp] = []
-    var_vals: dict[UOp, int] = {}
     # values computed before are read, and this realize's are kept (schedule/computed.py), unless a
     # capture records: it must see every kernel its work needs
     capturing = bool(_thread_hooks.hooks)  # this thread's capture_hooks(), inline
+    reuse = None if capturing else computed.views()
+    leaf = None
+    if len(targets) == 1 and not capturing and not debug_alloc.on:  # an eager op seen before: no walk
+        leaf = leaf_signature(targets[0], reuse)
+        if leaf is not None:
+            hit = leaf_cache.get(leaf[0])
+            if hit is not None:
+                return run_leaf(hit, targets[0], leaf[1])
+    effects: list[UOp] = []
+    var_vals: dict[UOp, int] = {}
     walked: dict[UOp, UOp] | None = None if capturing else {}
     since = computed._generation[0]  # computed.generation(), inline
-    key, inputs = normalize(targets, effects, var_vals, None if capturing else computed.views(), walked)
+    key, inputs = normalize(targets, effects, var_vals, reuse, walked)
     if effects and effect_free:
         return None
     tpl = template_for(key, len(inputs))
     table = run_template(tpl, inputs, var_vals)
+    if leaf is not None and walked is not None and not effects and not var_vals and len(leaf[1]) == len(inputs) \
+            and all(a is b for a, b in zip(leaf[1], inputs)):
+        entry = leaf_template(tpl, key, list(walked.values()))
+        if entry is not None:
+            if len(leaf_cache) >= LEAF_CACHE_MAX:
+                leaf_cache.clear()
+            leaf_cache[leaf[0]] = entry
     out = []
     for u in tpl.outputs:
         if u.op is Ops.BUFFER and type(u.arg) is SlotRef:  # a whole new buffer: denormalize, inline
