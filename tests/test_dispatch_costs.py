@@ -77,6 +77,7 @@ def test_seen_structure_skips_scheduling_and_lowering(device, monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 def test_changed_structure_never_hits_a_stale_entry(device, monkeypatch):
     monkeypatch.setattr(template, "schedule_cache", {})  # structures other tests realized do not count
+    monkeypatch.setattr(template, "leaf_cache", {})  # nor eager ops they realized (template.leaf_cache)
     a_np = np.arange(6, dtype=np.float32)
 
     def inputs(arr):

@@ -72,6 +72,16 @@ leaf_cache: dict[tuple, LeafTemplate] = {}
 LEAF_CACHE_MAX = 1 << 12
 
 
+def remember_leaf(signature: tuple, tpl: Template, key: tuple[UOp, ...], normalized: list[UOp]) -> None:
+    """Cache `tpl` (the template of `key`, whose graph's nodes normalised to `normalized`) under an eager
+    op's leaf_signature, when the short path serves it (leaf_template)."""
+    entry = leaf_template(tpl, key, normalized)
+    if entry is not None:
+        if len(leaf_cache) >= LEAF_CACHE_MAX:
+            leaf_cache.clear()
+        leaf_cache[signature] = entry
+
+
 def leaf_template(tpl: Template, key: tuple[UOp, ...], normalized: list[UOp]) -> LeafTemplate | None:
     """The LeafTemplate of `tpl` (cached under `key`, the graph's `normalized` nodes), or None where the
     short path would differ from run_template and computed.remember: a copy step, a symbolic size, an
