@@ -244,8 +244,8 @@ def leaf_signature(target: UOp, reuse: dict[weakref.ref, UOp] | None) -> tuple[t
     determines normalize()'s key (op, dtype, and per source its dtypes, buffer size and device, shape and
     slot), and the input buffers in normalize()'s slot order; None for any other graph. Holds no Buffer,
     so a cache keyed by it pins no memory (schedule/template.py `leaf_cache`)."""
-    if target.arg is not None or target.op not in _PLAIN_NORMALIZE:
-        return None
+    if target.arg is not None or target.op not in _PLAIN_NORMALIZE or not target.src:
+        return None  # (a node without sources has no buffer below: computed.remember keeps nothing of it)
     sig: list[Any] = [target.op, target.dtype]
     inputs: list[Any] = []
     for src in target.src:
