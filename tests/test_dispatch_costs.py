@@ -28,10 +28,11 @@ from polygrad.uop.ops import Ops
 
 needs_cc = pytest.mark.skipif("CPU" not in DEVICES, reason="needs the CPU backend")
 
-# A cached realize of (a + b) enters 23 Python functions (the tensor op, one walk of the graph, one
-# launch, the result's buffer and UOp, their release); it took 53 before issue 17's dispatch work, and
-# a scheduler or lowering run takes hundreds. A little headroom for unrelated additions.
-TINY_OP_CALL_BUDGET = 30
+# A cached realize of (a + b) enters 18 Python functions (the tensor op, the eager-op cache's signature,
+# one launch, the result's buffer and UOp, their release); it took 53 before issue 17's dispatch work, 29
+# with a walk of the graph (before issue 32's leaf cache), and a scheduler or lowering run takes
+# hundreds. A little headroom for unrelated additions.
+TINY_OP_CALL_BUDGET = 21
 
 
 def _python_calls(fn) -> int:
@@ -77,6 +78,7 @@ def test_seen_structure_skips_scheduling_and_lowering(device, monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 def test_changed_structure_never_hits_a_stale_entry(device, monkeypatch):
     monkeypatch.setattr(template, "schedule_cache", {})  # structures other tests realized do not count
+    monkeypatch.setattr(template, "leaf_cache", {})  # nor eager ops they realized (template.leaf_cache)
     a_np = np.arange(6, dtype=np.float32)
 
     def inputs(arr):

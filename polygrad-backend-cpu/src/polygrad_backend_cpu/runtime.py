@@ -28,6 +28,7 @@ import _ctypes
 import atexit
 import ctypes
 import functools
+import operator
 import threading
 import time
 import weakref
@@ -246,6 +247,9 @@ def _fn_type(n_buffers: int, var_types: tuple[str, ...], threaded: bool) -> Any:
     return t
 
 
+_ptr_of = operator.attrgetter("ptr")
+
+
 def pointer(handle: Any) -> Any:
     p = handle.ptr
     if p is None:
@@ -283,7 +287,9 @@ class CPUProgram:
             c_pool()  # start building the pool
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> float | None:
-        args = [b.ptr if b.ptr is not None else pointer(b) for b in buffers]
+        args = list(map(_ptr_of, buffers))  # no Python frame per launch (a list comprehension makes one)
+        if None in args:  # a handle not cast yet
+            args = [pointer(b) for b in buffers]
         t0 = time.perf_counter() if timing else 0.0
         if self.threads == 1:
             self.fn(*args, *var_vals)

@@ -322,7 +322,18 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     def realize(self, *others: "Tensor") -> "Tensor":
         if others:
             Tensor.realize_all(self, *others)
-        elif not _is_realized(self.uop):
+            return self
+        old = self.uop
+        if old.op is Ops.BUFFER or old.op is Ops.RESHAPE:
+            if not _is_realized(old):
+                _realize_tensors([self])
+        elif self._runtime is None:  # _realize_tensors([self])'s common case, inline: every eager op takes it
+            news = engine_realize.realize_uops([old], effect_free=True)
+            if news is None:  # a pending effect: order the reads and writes
+                _realize_tensors([self], tried_alone=True)
+            else:
+                self._graph, self.uop = old if old.op is not Ops.ASSIGN else None, news[0]
+        else:
             _realize_tensors([self])
         return self
 
@@ -543,7 +554,11 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
                 if ud is None or vd is None:
                     ud, vd = u.device, v.device
                 if y._runtime is rt and rt is None and vd == ud:  # _alu's checks, passed: build here
-                    return self._new(_elementwise_node(op, u, v, reverse, us, ud))
+                    # _elementwise_node, inline: every eager op takes this path
+                    n = UOp(op, dtypes.bool if op in COMPARISONS else u.dtype, (v, u) if reverse else (u, v))
+                    if n._shape is None:
+                        n._shape, n._device = us, ud
+                    return self._new(n)
                 return y._alu(op, self) if reverse else self._alu(op, y)
         elif (kind is float or kind is int or kind is bool) and self._runtime is None:
             u = self.uop
@@ -699,11 +714,12 @@ def _broadcast_const(dtype: DType, value: Any, shape: tuple, device: Any) -> UOp
     return hit
 
 
-def _realize_tensors(todo: list["Tensor"]) -> None:
-    """Realize these unrealized tensors in one schedule (Tensor.realize and realize_all)."""
+def _realize_tensors(todo: list["Tensor"], tried_alone: bool = False) -> None:
+    """Realize these unrealized tensors in one schedule (Tensor.realize and realize_all). `tried_alone`: the
+    caller found that the one tensor's graph holds a pending effect (realize_uops gave None)."""
     if len(todo) > 1 or (todo[0]._runtime is not None and getattr(todo[0]._runtime, "disposed", False)):
         _check_runtimes(todo)
-    if len(todo) == 1:  # the common case: a graph without pending effects writes nothing, realized at once
+    if len(todo) == 1 and not tried_alone:  # common: a graph without pending effects writes nothing, realized at once
         t = todo[0]
         old = t.uop
         news = engine_realize.realize_uops([old], effect_free=True)

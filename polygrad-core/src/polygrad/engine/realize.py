@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import sys
 import threading
+from operator import attrgetter
 from typing import Any, Callable
 
 from polygrad.device import Buffer, debug_alloc
 from polygrad.engine import programs  # programs.get_program looked up per call: tests and tools wrap it
 from polygrad.engine.programs import prepare, runtime_stats
 from polygrad.schedule import computed
-from polygrad.schedule.normalize import SlotRef, capacity_buffers, denormalize, normalize, record_effects
-from polygrad.schedule.template import Template, template_for
+from polygrad.schedule.normalize import (SlotRef, capacity_buffers, denormalize, leaf_signature, normalize,
+                                         record_effects)
+from polygrad.schedule import template as schedule_template  # leaf_cache looked up per call: tests swap it
+from polygrad.schedule.template import LeafTemplate, Template, remember_leaf, template_for
 from polygrad.uop import dataflow, sint
 from polygrad.uop.ops import Ops, UOp
 
@@ -106,22 +109,68 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
     return table
 
 
+def run_leaf(leaf: LeafTemplate, target: UOp, inputs: list[Any]) -> list[UOp]:
+    """Realize an eager op whose structure was seen (template.leaf_cache), as run_template and the end of
+    realize_uops would, with what they need computed once (LeafTemplate): allocate, launch each kernel
+    over the buffers' handles, make the output view, keep the target's value. Its callers check that
+    no capture records and POLY_DEBUG_ALLOC is off."""
+    since = computed._generation[0]
+    tpl = leaf.template
+    if not tpl.prepared:
+        table = run_template(tpl, inputs)
+    else:
+        table = list(inputs)
+        for (size, dtype, device), unwritten in zip(tpl.new_buffers, tpl.unwritten):  # type: ignore[arg-type]
+            table.append(Buffer(device, size, dtype).ensure_allocated(written=not unwritten))
+        for step in tpl.steps:
+            handles = list(map(_handle_of, map(table.__getitem__, step.args)))  # no Python frame per call
+            if None in handles:  # an input never allocated (an empty tensor's)
+                handles = [table[i].handle for i in step.args]
+            programs.get_program(step.ast, step.device).launch(handles, None)
+    out = UOp(Ops.BUFFER, target.dtype, (), table[leaf.out_entry])
+    if leaf.out_shape is not None:
+        out = UOp(Ops.RESHAPE, target.dtype, (out,), leaf.out_shape)
+    kept = leaf.kept
+    if kept is not None:
+        view = out
+        if kept != (leaf.out_entry, leaf.out_shape):
+            view = UOp(Ops.BUFFER, target.dtype, (), table[kept[0]])
+            if kept[1] is not None:
+                view = UOp(Ops.RESHAPE, target.dtype, (view,), kept[1])
+        computed.remember_target(target, view, table, since)
+    return [out]
+
+
+_handle_of = attrgetter("_handle")
+
+
 def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | None:
     """Realize tensor-graph nodes; returns their buffer views (BUFFER or RESHAPE(BUFFER)). With
     `effect_free`, a graph holding a pending effect (ASSIGN/AFTER not yet run) is left alone and None comes
     back: the caller must first order its reads and writes (Tensor's _realize_tensors)."""
-    effects: list[UOp] = []
-    var_vals: dict[UOp, int] = {}
     # values computed before are read, and this realize's are kept (schedule/computed.py), unless a
     # capture records: it must see every kernel its work needs
     capturing = bool(_thread_hooks.hooks)  # this thread's capture_hooks(), inline
+    reuse = None if capturing else (computed._views or None)  # computed.views(), inline
+    leaf = None
+    if len(targets) == 1 and not capturing and not debug_alloc.on:  # an eager op seen before: no walk
+        leaf = leaf_signature(targets[0], reuse)
+        if leaf is not None:
+            hit = schedule_template.leaf_cache.get(leaf[0])
+            if hit is not None:
+                return run_leaf(hit, targets[0], leaf[1])
+    effects: list[UOp] = []
+    var_vals: dict[UOp, int] = {}
     walked: dict[UOp, UOp] | None = None if capturing else {}
     since = computed._generation[0]  # computed.generation(), inline
-    key, inputs = normalize(targets, effects, var_vals, None if capturing else computed.views(), walked)
+    key, inputs = normalize(targets, effects, var_vals, reuse, walked)
     if effects and effect_free:
         return None
     tpl = template_for(key, len(inputs))
     table = run_template(tpl, inputs, var_vals)
+    if leaf is not None and walked is not None and not effects and not var_vals and len(leaf[1]) == len(inputs) \
+            and all(a is b for a, b in zip(leaf[1], inputs)):
+        remember_leaf(leaf[0], tpl, key, list(walked.values()))
     out = []
     for u in tpl.outputs:
         if u.op is Ops.BUFFER and type(u.arg) is SlotRef:  # a whole new buffer: denormalize, inline

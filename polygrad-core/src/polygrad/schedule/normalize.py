@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 from typing import Any, NamedTuple
 
-from polygrad.device import note_overwrite
+from polygrad.device import Buffer, note_overwrite
 from polygrad.errors import VariableError
 from polygrad.uop import sint
 from polygrad.uop.movement import strip_reshapes
@@ -236,6 +236,42 @@ def _live_order(targets: list[UOp], reuse: dict[weakref.ref, UOp] | None,
             if s not in seen:
                 stack.append((s, False))
     return order
+
+
+def leaf_signature(target: UOp, reuse: dict[weakref.ref, UOp] | None) -> tuple[tuple, list[Any]] | None:
+    """The schedule key of an eager op, computed without normalize's walk: for a target that is one pure
+    node (arg None) whose sources are realized buffers or int-shaped reshapes of them, a tuple that
+    determines normalize()'s key (op, dtype, and per source its dtypes, buffer size and device, shape and
+    slot), and the input buffers in normalize()'s slot order; None for any other graph. Holds no Buffer,
+    so a cache keyed by it pins no memory (schedule/template.py `leaf_cache`)."""
+    if target.arg is not None or target.op not in _PLAIN_NORMALIZE or not target.src:
+        return None  # (a node without sources has no buffer below: computed.remember keeps nothing of it)
+    sig: list[Any] = [target.op, target.dtype]
+    inputs: list[Any] = []
+    for src in target.src:
+        if src.op is Ops.BUFFER:
+            node, shape = src, None
+        elif src.op is Ops.RESHAPE:
+            node, shape = src.src[0], src.arg
+            if node.op is not Ops.BUFFER:
+                return None
+            for dim in shape:
+                if type(dim) is not int:  # symbolic: normalize's second walk
+                    return None
+            if reuse is not None and weakref.ref(src) in reuse:  # normalize would read its kept value
+                return None
+        else:
+            return None
+        buf = node.arg
+        if type(buf) is not Buffer:
+            return None
+        slot = 0
+        while slot < len(inputs) and inputs[slot] is not buf:  # first appearance, as normalize numbers them
+            slot += 1
+        if slot == len(inputs):
+            inputs.append(buf)
+        sig += (src.dtype, node.dtype, buf.size, buf.device, shape, slot)
+    return tuple(sig), inputs
 
 
 def _symbolic_buffer_sizes(order: list[UOp]) -> dict[int, Any]:

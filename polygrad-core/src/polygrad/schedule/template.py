@@ -55,6 +55,51 @@ class Template:
 schedule_cache: dict[tuple[UOp, ...], Template] = {}
 
 
+@dataclass(frozen=True)
+class LeafTemplate:
+    """A cached template of an eager op (normalize.leaf_signature), with what realize needs ready:
+    its output as a table entry and shape, and the kept value of its target (computed.remember)."""
+
+    template: Template
+    out_entry: int
+    out_shape: tuple[int, ...] | None  # None: the flat buffer itself
+    kept: tuple[int, tuple | None] | None  # the target's (entry, view shape) in Template.kept
+
+
+# leaf_signature -> LeafTemplate: an eager op whose structure was seen skips normalize's walk. Its keys
+# hold no Buffer; cleared with the schedule cache, and when it reaches LEAF_CACHE_MAX entries.
+leaf_cache: dict[tuple, LeafTemplate] = {}
+LEAF_CACHE_MAX = 1 << 12
+
+
+def remember_leaf(signature: tuple, tpl: Template, key: tuple[UOp, ...], normalized: list[UOp]) -> None:
+    """Cache `tpl` (the template of `key`, whose graph's nodes normalised to `normalized`) under an eager
+    op's leaf_signature, when the short path serves it (leaf_template)."""
+    entry = leaf_template(tpl, key, normalized)
+    if entry is not None:
+        if len(leaf_cache) >= LEAF_CACHE_MAX:
+            leaf_cache.clear()
+        leaf_cache[signature] = entry
+
+
+def leaf_template(tpl: Template, key: tuple[UOp, ...], normalized: list[UOp]) -> LeafTemplate | None:
+    """The LeafTemplate of `tpl` (cached under `key`, the graph's `normalized` nodes), or None where the
+    short path would differ from run_template and computed.remember: a copy step, a symbolic size, an
+    output that is not a plain view of one table entry, a kept value other than the target's."""
+    if any(step.kind != "kernel" for step in tpl.steps) or len(tpl.outputs) != 1:
+        return None
+    if any(type(size) is not int for size, _, _ in tpl.new_buffers):
+        return None
+    out, shape = tpl.outputs[0], None
+    if out.op is Ops.RESHAPE and all(type(d) is int for d in out.arg):
+        out, shape = out.src[0], out.arg
+    if out.op is not Ops.BUFFER or type(out.arg) is not SlotRef:
+        return None
+    if any(n in tpl.kept for n in normalized if n is not key[0]):
+        return None
+    return LeafTemplate(tpl, out.arg.index, shape, tpl.kept.get(key[0]))
+
+
 def _kernel_name(root: UOp, ast: UOp) -> str:
     """'r_<shape>' (a reduction) or 'E_<shape>': a plain name (uop/names.py), cut to its length limit."""
     has_reduce = any(n.op is Ops.REDUCE for n in ast.toposort())
@@ -286,5 +331,6 @@ def template_for(key: tuple[UOp, ...], n_inputs: int) -> Template:
 
 def clear_schedule_cache() -> None:
     schedule_cache.clear()
+    leaf_cache.clear()
     clear_slot_nodes()
     computed.forget()

@@ -143,7 +143,7 @@ SELF_KEYED_ARGS: set[type] = {type(None), int, str}
 
 
 def _forget(ref: "weakref.ref") -> None:
-    if not _uop_lock.acquire(blocking=False):
+    if not _uop_lock.acquire(False):  # positional: a keyword argument costs a parse per call
         _dead.append(ref)  # a later drop removes the entry
         return
     try:  # _drop_dead for this one reference, inline: every realize frees a node
