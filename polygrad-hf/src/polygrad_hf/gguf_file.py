@@ -7,8 +7,10 @@ Hugging Face checkpoint would hold them: llama.cpp's reordering of Llama's q/k r
 transposed Conv1D weights are transposed back, and a `rope_freqs` tensor (Llama 3 rope scaling) becomes
 frequency divisors.
 
-The file is checked before anything is read from it: every tensor's data inside the data section, on
-the file's alignment and overlapping no other tensor (`_check_layout`), every metadata value that drives
+The file is parsed and checked by gguf_format.GGUFFile (polygrad-hf's own reader: no gguf package; the
+vocabulary and other metadata arrays stay undecoded, tensor data stays in the file's memory map): every
+count and size in range, every tensor's data inside the data section, on the file's alignment and
+overlapping no other tensor. Here every metadata value that drives
 a shape an integer in range and the sizes consistent (`config.size_field`, `config.check_decoder`); a
 problem is a CheckpointError naming the file and the tensor or key.
 
@@ -16,8 +18,9 @@ Tensor types: F32, F16, BF16 and llama.cpp's block formats of polygrad/definitio
 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8_K). A block-format matrix is offered both ways
 (weights.Lazy): as its uint8 blocks in the stored (rows, cols) layout (`Lazy.blocks`, kept quantized on
 the device by load_hf and dequantized by the kernels that read it, quant.py), and dequantized to float32
-by the `gguf` package (`Lazy.load`, load_hf's dtype="float32" path; Q8_K, which the gguf package does not
-decode, by quant.q8_k_floats). Architectures: llama, qwen2, gpt2.
+(`Lazy.load`, load_hf's dtype="float32" path: the 32-value formats and Q4_K..Q6_K by the `gguf` package,
+needed only for that; Q8_K, which it does not decode, by quant.q8_k_floats). F32 tensors are views of
+the file, F16 and BF16 are widened here. Architectures: llama, qwen2, gpt2.
 """
 from __future__ import annotations
 

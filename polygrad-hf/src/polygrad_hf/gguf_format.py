@@ -50,11 +50,12 @@ class TensorType(NamedTuple):
     dtype: str | None  # the numpy dtype of a plain type's values; None for a block format (read as uint8)
 
 
-# ggml tensor types by id (ggml.h's enum ggml_type); ids 4, 5 and 31..33 are retired
+# ggml tensor types by id (ggml.h's enum ggml_type); ids 4, 5 and 31..33 are retired, and 9 (Q8_1) is
+# ggml's operand format for dot products, never a stored tensor (the gguf package gives it 40 bytes, ggml 36)
 TENSOR_TYPES = {
     0: TensorType("F32", 1, 4, "<f4"), 1: TensorType("F16", 1, 2, "<f2"), 2: TensorType("Q4_0", 32, 18, None),
     3: TensorType("Q4_1", 32, 20, None), 6: TensorType("Q5_0", 32, 22, None), 7: TensorType("Q5_1", 32, 24, None),
-    8: TensorType("Q8_0", 32, 34, None), 9: TensorType("Q8_1", 32, 36, None), 10: TensorType("Q2_K", 256, 84, None),
+    8: TensorType("Q8_0", 32, 34, None), 10: TensorType("Q2_K", 256, 84, None),
     11: TensorType("Q3_K", 256, 110, None), 12: TensorType("Q4_K", 256, 144, None),
     13: TensorType("Q5_K", 256, 176, None), 14: TensorType("Q6_K", 256, 210, None),
     15: TensorType("Q8_K", 256, 292, None), 16: TensorType("IQ2_XXS", 256, 66, None),
