@@ -159,6 +159,7 @@ CRAFTED = [
      r"'t\.a' of dimensions \[4294967296, 2147483648\] would take 36893488147419103232 bytes"),
     ("type", _file(GOOD_KVS, [_info("t.a", (4,), 4)], bytes(32)), r"'t\.a' has ggml type 4, which is not a known"),
     ("blocks", _file(GOOD_KVS, [_info("t.q", (40, 2), 8)], bytes(96)), r"'t\.q' is Q8_0 with rows of 40 values"),
+    ("block_scalar", _file(GOOD_KVS, [_info("t.q", (), 8)], bytes(32)), r"'t\.q' is Q8_0 with rows of 1 values"),
     ("past_data", _file(GOOD_KVS, GOOD_INFOS, bytes(40)), r"'t\.b' needs bytes 32\.\.64 of the data section, which "
                                                           r"holds 40"),
     ("offset_wrap", _file(GOOD_KVS, [_info("t.a", (4,), 0, 2**64 - 16)], bytes(32)), r"needs bytes "

@@ -275,8 +275,9 @@ class GGUFFile:
         if kind is None:
             raise cur.fail(f"{where} has ggml type {type_id}, which is not a known type (ids "
                            f"{sorted(TENSOR_TYPES)})")
-        if dims and dims[0] % kind.block:
-            raise CheckpointError(f"{self.path}: tensor {name!r} is {kind.name} with rows of {dims[0]} values, not a "
+        if kind.block > 1 and (not dims or dims[0] % kind.block):  # a block format needs rows of whole blocks
+            row = dims[0] if dims else 1
+            raise CheckpointError(f"{self.path}: tensor {name!r} is {kind.name} with rows of {row} values, not a "
                                   f"multiple of its {kind.block}-value block; llama.cpp writes whole blocks, so the "
                                   "file is corrupt")
         nbytes = math.prod(dims) // kind.block * kind.block_bytes
