@@ -273,3 +273,15 @@ def test_a_q8_0_file_loads_and_runs_without_the_gguf_package(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = hc.logits(twin, np.array([ids]))
     np.testing.assert_allclose(np.load(out), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_float32_of_a_block_format_without_gguf_names_the_package(tmp_path, monkeypatch):
+    # the dequantize-at-load path still takes the gguf package's decoders: its absence is said as such
+    from polygrad.hf import MissingDependencyError
+    from polygrad_hf.gguf_file import _dequantize
+    path = tmp_path / "q8.gguf"
+    _write(path, {"q": (gguf.quants.quantize(np.ones((2, 32), np.float32), Q.Q8_0), Q.Q8_0)})
+    f = GGUFFile(str(path))
+    monkeypatch.setitem(sys.modules, "gguf", None)  # import gguf raises ImportError
+    with pytest.raises(MissingDependencyError, match="dequantizing Q8_0 GGUF tensors to float32 needs the 'gguf'"):
+        _dequantize(f, f.tensors["q"], str(path), "q")

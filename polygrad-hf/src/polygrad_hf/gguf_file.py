@@ -170,14 +170,12 @@ def _dequantize(f: GGUFFile, t: TensorInfo, path: str, name: str) -> np.ndarray:
         return data.astype(np.float32)
     if kind == "BF16":
         return (data.astype(np.uint32) << 16).view(np.float32)
+    gguf = None if kind == "Q8_K" else need_package("gguf", "gguf", f"dequantizing {kind} GGUF tensors to float32")
     try:
-        if kind == "Q8_K":
+        if gguf is None:
             arr = q8_k_floats(data)
         else:
-            gguf = need_package("gguf", "gguf", f"dequantizing {kind} GGUF tensors to float32")
             arr = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(t.type_id))
-    except CheckpointError:
-        raise
     except Exception as e:  # noqa: BLE001
         raise CheckpointError(f"{path}: tensor {name!r} ({kind}) cannot be decoded: {e}") from None
     if arr.size != math.prod(t.shape):
