@@ -75,7 +75,8 @@ class GGUFArray:
     """A metadata array left undecoded: its elements' value type, count and byte span in the file.
     `decode()` reads it: a numpy array (a view of the file) for numbers, a list of str for strings,
     a list of decoded arrays for nested ones."""
-    file: GGUFFile
+    buf: Any  # the file's memory map (not the GGUFFile: a reference cycle would keep the map alive)
+    path: str
     key: str
     value_type: int
     count: int
@@ -83,7 +84,14 @@ class GGUFArray:
     end: int     # one past the last element's last byte
 
     def decode(self) -> Any:
-        return self.file._decode_array(self)
+        if self.value_type == STRING:
+            return _read_strings(self.buf, self.offset, self.count, self.path, self.key)
+        if self.value_type == ARRAY:
+            cur = _Cursor(self.buf, len(self.buf), self.path)
+            cur.pos = self.offset
+            return [_skip_array(cur, self.key).decode() for _ in range(self.count)]
+        dtype = np.dtype(VALUE_TYPES[self.value_type][1].replace("?", "b1"))
+        return np.frombuffer(self.buf, dtype, self.count, self.offset)
 
     def __repr__(self) -> str:
         return f"<GGUF array of {self.count} {VALUE_TYPES[self.value_type][0]}>"
@@ -206,50 +214,8 @@ class GGUFFile:
         if kind == STRING:
             return cur.string(f"the value of metadata key {key!r}")
         if kind == ARRAY:
-            return self._array(cur, key)
+            return _skip_array(cur, key)
         return cur.scalar(VALUE_TYPES[kind][1], f"the value of metadata key {key!r}")
-
-    def _array(self, cur: _Cursor, key: str, depth: int = 0) -> GGUFArray:
-        """Skip an array's elements (walking string lengths and nested headers) and record where they are."""
-        if depth >= MAX_NESTING:
-            raise cur.fail(f"metadata array {key!r} nests arrays more than {MAX_NESTING} deep")
-        kind = cur.scalar("<I", f"the element type of metadata array {key!r}")
-        count = cur.scalar("<Q", f"the length of metadata array {key!r}")
-        if kind not in VALUE_TYPES:
-            raise cur.fail(f"metadata array {key!r} has element type {kind}, not a GGUF type (0..12)")
-        start = cur.pos
-        # every element takes at least one byte, a string 8, a nested array 12
-        least = {STRING: 8, ARRAY: 12}.get(kind) or struct.calcsize(VALUE_TYPES[kind][1])
-        cur.need(count * least, f"metadata array {key!r} of {count} {VALUE_TYPES[kind][0]}")
-        if kind == STRING:
-            buf, size, pos = self._map, cur.size, cur.pos
-            unpack = struct.Struct("<Q").unpack_from
-            for _ in range(count):
-                if pos + 8 > size:
-                    break
-                pos += 8 + unpack(buf, pos)[0]
-            else:
-                if pos <= size:
-                    cur.pos = pos
-                    return GGUFArray(self, key, kind, count, start, pos)
-            raise cur.fail(f"metadata array {key!r}: its {count} strings run past the end of the file "
-                           f"({size} bytes); the file is truncated or corrupt")
-        elif kind == ARRAY:
-            for _ in range(count):
-                self._array(cur, key, depth + 1)
-        else:
-            cur.pos += count * least
-        return GGUFArray(self, key, kind, count, start, cur.pos)
-
-    def _decode_array(self, a: GGUFArray) -> Any:
-        if a.value_type == STRING:
-            return _read_strings(self._map, a.offset, a.count, self.path, a.key)
-        if a.value_type == ARRAY:
-            cur = _Cursor(self._map, self.file_size, self.path)
-            cur.pos = a.offset
-            return [self._array(cur, a.key).decode() for _ in range(a.count)]
-        dtype = np.dtype(VALUE_TYPES[a.value_type][1].replace("?", "b1"))
-        return np.frombuffer(self._map, dtype, a.count, a.offset)
 
     def _alignment(self, cur: _Cursor) -> int:
         v = self.metadata.get("general.alignment", DEFAULT_ALIGNMENT)
@@ -321,6 +287,39 @@ class GGUFFile:
         rows = t.shape[:-1]
         row_bytes = t.dims[0] // kind.block * kind.block_bytes if t.dims else kind.block_bytes
         return np.frombuffer(self._map, np.uint8, t.nbytes, start).reshape(*rows, row_bytes)
+
+
+def _skip_array(cur: _Cursor, key: str, depth: int = 0) -> GGUFArray:
+    """Skip an array's elements (walking string lengths and nested headers) and record where they are."""
+    if depth >= MAX_NESTING:
+        raise cur.fail(f"metadata array {key!r} nests arrays more than {MAX_NESTING} deep")
+    kind = cur.scalar("<I", f"the element type of metadata array {key!r}")
+    count = cur.scalar("<Q", f"the length of metadata array {key!r}")
+    if kind not in VALUE_TYPES:
+        raise cur.fail(f"metadata array {key!r} has element type {kind}, not a GGUF type (0..12)")
+    start = cur.pos
+    # every element takes at least one byte, a string 8, a nested array 12
+    least = {STRING: 8, ARRAY: 12}.get(kind) or struct.calcsize(VALUE_TYPES[kind][1])
+    cur.need(count * least, f"metadata array {key!r} of {count} {VALUE_TYPES[kind][0]}")
+    if kind == STRING:
+        buf, size, pos = cur.buf, cur.size, cur.pos
+        unpack = struct.Struct("<Q").unpack_from
+        for _ in range(count):
+            if pos + 8 > size:
+                break
+            pos += 8 + unpack(buf, pos)[0]
+        else:
+            if pos <= size:
+                cur.pos = pos
+                return GGUFArray(buf, cur.path, key, kind, count, start, pos)
+        raise cur.fail(f"metadata array {key!r}: its {count} strings run past the end of the file "
+                       f"({size} bytes); the file is truncated or corrupt")
+    elif kind == ARRAY:
+        for _ in range(count):
+            _skip_array(cur, key, depth + 1)
+    else:
+        cur.pos += count * least
+    return GGUFArray(cur.buf, cur.path, key, kind, count, start, cur.pos)
 
 
 def _read_strings(buf: Any, pos: int, count: int, path: str, key: str) -> list[str]:
