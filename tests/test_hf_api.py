@@ -219,18 +219,18 @@ def test_sharded_index_naming_a_missing_shard(tmp_path):
 
 def test_gguf_tensor_types_outside_the_supported_set(tmp_path):
     gguf = pytest.importorskip("gguf")
-    path = tmp_path / "q41.gguf"
+    path = tmp_path / "q2k.gguf"
     w = gguf.GGUFWriter(str(path), "qwen2")
     for key, v in (("embedding_length", 32), ("block_count", 1), ("feed_forward_length", 64), ("context_length", 64),
                    ("attention.head_count", 4), ("attention.layer_norm_rms_epsilon", 1e-6)):
         (w.add_float32 if isinstance(v, float) else w.add_uint32)(f"qwen2.{key}", v)
-    q = gguf.quants.quantize(np.ones((8, 32), np.float32), gguf.GGMLQuantizationType.Q4_1)
-    w.add_tensor("token_embd.weight", q, raw_dtype=gguf.GGMLQuantizationType.Q4_1)
+    # Q2_K: a block format polygrad does not keep (Q4_1, used here before, is kept since the K-quants)
+    w.add_tensor("token_embd.weight", np.zeros((8, 84), np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q2_K)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(UnsupportedModelError, match=r"q41\.gguf: tensor 'token_embd\.weight' is Q4_1"):
+    with pytest.raises(UnsupportedModelError, match=r"q2k\.gguf: tensor 'token_embd\.weight' is Q2_K"):
         load_hf(path)
 
 

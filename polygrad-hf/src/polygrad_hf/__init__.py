@@ -6,9 +6,9 @@ Imported as `polygrad.hf` or `polygrad_hf`:
     model = load_hf(download_hf("gpt2"), max_batch=1, max_seq_len=128)
     tokens = generate(model, [[464, 2068]], max_new_tokens=20, temperature=0.8, top_k=40, seed=0)
 
-Modules, in pipeline order: download (huggingface_hub), checkpoint + gguf_file (reading), config
-(the DecoderConfig), decoder (the graph), loader (load_hf: the Model), generate (sampling loop),
-tokenizer (the optional tokenizers helper).
+Modules, in pipeline order: download (huggingface_hub), checkpoint + gguf_file + gguf_format (reading;
+GGUF without the gguf package), config (the DecoderConfig), decoder (the graph), loader (load_hf: the
+Model), generate (sampling loop), tokenizer (the optional tokenizers helper).
 """
 from polygrad_hf.download import download_hf
 from polygrad_hf.errors import CheckpointError, HFError, MissingDependencyError, UnsupportedModelError

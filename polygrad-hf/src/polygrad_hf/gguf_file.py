@@ -7,8 +7,10 @@ Hugging Face checkpoint would hold them: llama.cpp's reordering of Llama's q/k r
 transposed Conv1D weights are transposed back, and a `rope_freqs` tensor (Llama 3 rope scaling) becomes
 frequency divisors.
 
-The file is checked before anything is read from it: every tensor's data inside the data section, on
-the file's alignment and overlapping no other tensor (`_check_layout`), every metadata value that drives
+The file is parsed and checked by gguf_format.GGUFFile (polygrad-hf's own reader: no gguf package; the
+vocabulary and other metadata arrays stay undecoded, tensor data stays in the file's memory map): every
+count and size in range, every tensor's data inside the data section, on the file's alignment and
+overlapping no other tensor. Here every metadata value that drives
 a shape an integer in range and the sizes consistent (`config.size_field`, `config.check_decoder`); a
 problem is a CheckpointError naming the file and the tensor or key.
 
@@ -16,8 +18,9 @@ Tensor types: F32, F16, BF16 and llama.cpp's block formats of polygrad/definitio
 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q8_K). A block-format matrix is offered both ways
 (weights.Lazy): as its uint8 blocks in the stored (rows, cols) layout (`Lazy.blocks`, kept quantized on
 the device by load_hf and dequantized by the kernels that read it, quant.py), and dequantized to float32
-by the `gguf` package (`Lazy.load`, load_hf's dtype="float32" path; Q8_K, which the gguf package does not
-decode, by quant.q8_k_floats). Architectures: llama, qwen2, gpt2.
+(`Lazy.load`, load_hf's dtype="float32" path: the 32-value formats and Q4_K..Q6_K by the `gguf` package,
+needed only for that; Q8_K, which it does not decode, by quant.q8_k_floats). F32 tensors are views of
+the file, F16 and BF16 are widened here. Architectures: llama, qwen2, gpt2.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import numpy as np
 
 from polygrad_hf.config import MAX_SIZE, DecoderConfig, check_decoder, number_field, size_field, token_ids
 from polygrad_hf.errors import CheckpointError, UnsupportedModelError, need_package
+from polygrad_hf.gguf_format import GGUFArray, GGUFFile, TensorInfo
 from polygrad_hf.quant import KEPT, check_blocks, q8_k_floats
 from polygrad_hf.weights import Blocks, Checkpoint, Lazy
 
@@ -74,17 +78,20 @@ def _unpermute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _field(reader: Any, key: str, path: str, default: Any = KeyError) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
+def _field(f: GGUFFile, key: str, path: str, default: Any = KeyError) -> Any:
+    """A metadata value; an array is decoded here (only the keys the config asks for are)."""
+    if key not in f.metadata:
         if default is KeyError:
             raise CheckpointError(f"{path}: GGUF metadata lacks {key!r}")
         return default
-    v = f.contents()
+    v = f.metadata[key]
+    if isinstance(v, GGUFArray):
+        v = v.decode()
+        return v.tolist() if isinstance(v, np.ndarray) else v
     return v
 
 
-def _config(reader: Any, path: str, arch: str, shapes: dict[str, tuple[int, ...]]) -> DecoderConfig:
+def _config(reader: GGUFFile, path: str, arch: str, shapes: dict[str, tuple[int, ...]]) -> DecoderConfig:
     keys = ("embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
             "block_count", "feed_forward_length", "context_length", "attention.layer_norm_epsilon",
             "attention.layer_norm_rms_epsilon", "rope.freq_base")
@@ -127,109 +134,61 @@ def _config(reader: Any, path: str, arch: str, shapes: dict[str, tuple[int, ...]
         activation="silu", attention_bias="blk.0.attn_q.bias" in shapes, **common), path)
 
 
-def _check_layout(gguf: Any, reader: Any, path: str) -> None:
-    """Every tensor's data lies inside the data section, starts on the file's alignment and overlaps no
-    other tensor's. The gguf package reads whatever the offsets say (it checks only that the bytes exist
-    in the file; an offset near 2**64 wraps around to bytes before the data section)."""
-    size = len(reader.data) - reader.data_offset
-    spans = []
-    for t in reader.tensors:
-        # the tensor-info record: name length, name, dimension count, dimensions, type, offset
-        dims, offset = [int(d) for d in t.field.parts[3]], int(t.field.parts[5][0])
-        block, block_bytes = gguf.GGML_QUANT_SIZES[t.tensor_type]
-        nbytes = math.prod(dims) // block * block_bytes  # the reader has checked the rows are whole blocks
-        where = f"{path}: tensor {t.name!r}"
-        if offset + nbytes > size:
-            raise CheckpointError(f"{where} needs bytes {offset}..{offset + nbytes} of the data section, which holds "
-                                  f"{size}; the file is truncated or corrupt")
-        if offset % reader.alignment:
-            raise CheckpointError(f"{where} starts at data offset {offset}, not a multiple of the file's alignment "
-                                  f"{reader.alignment}; the file is corrupt")
-        if nbytes:
-            spans.append((offset, offset + nbytes, t.name))
-    spans.sort()
-    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
-        if begin < end:
-            raise CheckpointError(f"{path}: tensors {first!r} and {second!r} overlap in the data; the file is corrupt")
-
-
-def _check_whole_blocks(gguf: Any, fields: list[Any], path: str) -> None:
-    """CheckpointError naming the tensor whose rows are not whole blocks of its type (the reader would
-    raise a ValueError that names no tensor). Fields as in _check_layout: parts[1] name, [3] dims, [4] type."""
-    for field in fields:
-        name = bytes(field.parts[1]).decode("utf-8", "replace")
-        dims, kind = [int(d) for d in field.parts[3]], int(field.parts[4][0])
-        try:
-            qtype = gguf.GGMLQuantizationType(kind)
-        except ValueError:
-            continue  # an unknown type: the reader's own error
-        block = gguf.GGML_QUANT_SIZES[qtype][0]
-        if dims and dims[0] % block:
-            raise CheckpointError(f"{path}: tensor {name!r} is {qtype.name} with rows of {dims[0]} values, not a "
-                                  f"multiple of its {block}-value block; llama.cpp writes whole blocks, so the "
-                                  "file is corrupt")
-
-
-def _reader(gguf: Any, path: str) -> Any:
-    class Reader(gguf.GGUFReader):  # type: ignore[name-defined,misc]
-        def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
-            _check_whole_blocks(gguf, fields, path)
-            super()._build_tensors(start_offs, fields)
-    return Reader(path)
-
-
 def open_gguf(path: str) -> Checkpoint:
-    gguf = need_package("gguf", "gguf", "loading GGUF files")
-    try:
-        with np.errstate(over="ignore"):  # the reader adds offsets in uint64: _check_layout reports a wrap
-            reader = _reader(gguf, path)
-    except CheckpointError:
-        raise
-    except Exception as e:  # noqa: BLE001 (the reader raises ValueError, struct.error, IndexError...)
-        raise CheckpointError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
-    _check_layout(gguf, reader, path)
-    arch = _field(reader, "general.architecture", path)
+    """The Checkpoint of a GGUF file: header, metadata and tensor infos parsed and checked
+    (gguf_format.GGUFFile), tensor data left in the file's memory map until a weight is loaded."""
+    f = GGUFFile(path)
+    arch = _field(f, "general.architecture", path)
     if arch not in ARCHS:
         raise UnsupportedModelError(f"{path}: GGUF architecture {arch!r} is not supported; polygrad-hf loads "
                                     f"{list(ARCHS)}")
-    tensors = {t.name: t for t in reader.tensors}
-    shapes = {name: tuple(int(d) for d in reversed(list(t.shape))) for name, t in tensors.items()}
-    cfg = _config(reader, path, arch, shapes)
+    tensors = f.tensors
+    shapes = {name: t.shape for name, t in tensors.items()}
+    cfg = _config(f, path, arch, shapes)
     arrays: dict[str, tuple[Any, str]] = {}
     for name, t in tensors.items():
-        kind = t.tensor_type.name
+        kind = t.type.name
         hf = _hf_name(arch, name)
         if hf is None:
             continue
         if kind not in TYPES:
             raise UnsupportedModelError(f"{path}: tensor {name!r} is {kind}; polygrad-hf reads {list(TYPES)}")
-        arrays[hf] = (_loader(gguf, t, path, name, hf, cfg), path)
+        arrays[hf] = (_loader(f, t, path, name, hf, cfg), path)
     extras = {}
     if "rope_freqs.weight" in tensors:
-        extras["rope_freqs"] = _dequantize(gguf, tensors["rope_freqs.weight"], path, "rope_freqs.weight").reshape(-1)
+        extras["rope_freqs"] = _dequantize(f, tensors["rope_freqs.weight"], path, "rope_freqs.weight").reshape(-1)
     return Checkpoint(cfg, path, arrays, extras=extras)
 
 
-def _dequantize(gguf: Any, t: Any, path: str, name: str) -> np.ndarray:
+def _dequantize(f: GGUFFile, t: TensorInfo, path: str, name: str) -> np.ndarray:
+    """float32 values of a tensor in its (rows, cols) shape: F32 as a view of the file, F16 and BF16
+    widened here, Q8_K by quant.q8_k_floats, the other block formats by the gguf package's decoders."""
+    data, kind = f.data(t), t.type.name
+    if kind == "F32":
+        return data
+    if kind == "F16":
+        return data.astype(np.float32)
+    if kind == "BF16":
+        return (data.astype(np.uint32) << 16).view(np.float32)
+    gguf = None if kind == "Q8_K" else need_package("gguf", "gguf", f"dequantizing {kind} GGUF tensors to float32")
     try:
-        if t.tensor_type.name == "Q8_K":
-            arr = q8_k_floats(np.asarray(t.data))
+        if gguf is None:
+            arr = q8_k_floats(data)
         else:
-            arr = gguf.quants.dequantize(t.data, t.tensor_type)
+            arr = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(t.type_id))
     except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{path}: tensor {name!r} ({t.tensor_type.name}) cannot be decoded: {e}") from None
-    shape = tuple(int(d) for d in reversed(list(t.shape)))
-    if arr.size != int(np.prod(shape)):
-        raise CheckpointError(f"{path}: tensor {name!r} holds {arr.size} values for shape {list(shape)}")
-    return np.asarray(arr, dtype=np.float32).reshape(shape)
+        raise CheckpointError(f"{path}: tensor {name!r} ({kind}) cannot be decoded: {e}") from None
+    if arr.size != math.prod(t.shape):
+        raise CheckpointError(f"{path}: tensor {name!r} holds {arr.size} values for shape {list(t.shape)}")
+    return np.asarray(arr, dtype=np.float32).reshape(t.shape)
 
 
-def _loader(gguf: Any, t: Any, path: str, name: str, hf: str, cfg: DecoderConfig) -> Lazy:
-    shape = tuple(int(d) for d in reversed(list(t.shape)))
+def _loader(f: GGUFFile, t: TensorInfo, path: str, name: str, hf: str, cfg: DecoderConfig) -> Lazy:
+    shape = t.shape
     transpose = cfg.family == "gpt2" and hf.split(".", 3)[-1] in GPT2_TRANSPOSED
 
     def load() -> np.ndarray:
-        arr = _dequantize(gguf, t, path, name)
+        arr = _dequantize(f, t, path, name)
         if cfg.family == "llama" and hf.endswith(("q_proj.weight", "q_proj.bias")):
             arr = _unpermute(arr, cfg.num_heads)
         elif cfg.family == "llama" and hf.endswith(("k_proj.weight", "k_proj.bias")):
@@ -238,14 +197,14 @@ def _loader(gguf: Any, t: Any, path: str, name: str, hf: str, cfg: DecoderConfig
             arr = np.ascontiguousarray(arr.T)
         return arr
     blocks = None
-    if t.tensor_type.name in KEPT and len(shape) == 2:
-        kind = t.tensor_type.name
+    if t.type.name in KEPT and len(shape) == 2:
+        kind = t.type.name
         rows, cols = shape
 
         def load_blocks() -> np.ndarray:
             # stored layout kept (GPT-2's Conv1D weights stay (out, in): the decoder computes x @ W.T);
             # llama.cpp's q/k row order is undone on whole rows of blocks
-            arr = check_blocks(np.asarray(t.data), kind, (rows, cols), f"{path}: tensor {name!r}")
+            arr = check_blocks(f.data(t), kind, (rows, cols), f"{path}: tensor {name!r}")
             if cfg.family == "llama" and hf.endswith("q_proj.weight"):
                 arr = _unpermute(arr, cfg.num_heads)
             elif cfg.family == "llama" and hf.endswith("k_proj.weight"):
