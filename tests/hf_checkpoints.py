@@ -206,3 +206,21 @@ def set_state(model, state: dict[str, np.ndarray]) -> None:
         if getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" in sd:
             emb = "transformer.wte.weight" if model.config.model_type == "gpt2" else "model.embed_tokens.weight"
             sd["lm_head.weight"].copy_(sd[emb])
+
+
+class RecordedKernels:
+    """The kernels get_program is asked for while active (every kernel realized, cached or not): `asts`."""
+
+    def __enter__(self):
+        from polygrad.engine import programs
+        self.asts, self._orig = [], programs.get_program
+
+        def record(ast, device):
+            self.asts.append(ast)
+            return self._orig(ast, device)
+        programs.get_program = record
+        return self
+
+    def __exit__(self, *exc):
+        from polygrad.engine import programs
+        programs.get_program = self._orig

@@ -24,7 +24,6 @@ pytest.importorskip("torch")
 import hf_checkpoints as hc  # noqa: E402
 
 from polygrad import Model, Tensor, bundle, dtypes  # noqa: E402
-from polygrad.engine import programs  # noqa: E402
 from polygrad.errors import QuantizationError  # noqa: E402
 from polygrad.hf import CheckpointError, generate, load_hf  # noqa: E402
 from polygrad.uop.ops import Ops  # noqa: E402
@@ -50,22 +49,6 @@ def _close(got, want, rtol=RTOL):
     scale = float(np.abs(want).max())
     err = float(np.abs(np.asarray(got) - want).max())
     assert err <= rtol * scale, f"max error {err:.3g} > {rtol} x {scale:.3g}"
-
-
-class _Kernels:
-    """The kernels get_program is asked for while active (every kernel realized, cached or not)."""
-
-    def __enter__(self):
-        self.asts, self._orig = [], programs.get_program
-
-        def record(ast, device):
-            self.asts.append(ast)
-            return self._orig(ast, device)
-        programs.get_program = record
-        return self
-
-    def __exit__(self, *exc):
-        programs.get_program = self._orig
 
 
 def _globals(ast):
@@ -113,7 +96,7 @@ def test_matmul_kernel_reads_the_blocks_and_no_float_weight(fmt, rows):
     blocks, w = _quantized(fmt, rows=64, cols=256)
     qw = QuantWeight(Tensor(blocks).realize(), fmt, w.shape)
     x = Tensor(np.ones((rows, 256), np.float32)).realize()
-    with _Kernels() as k:
+    with hc.RecordedKernels() as k:
         qw.matmul_t(x).realize()
     assert len(k.asts) == 1, [a.arg for a in k.asts]
     bufs = _globals(k.asts[0]).values()

@@ -56,6 +56,21 @@ def run_node(cases: list[dict], tmp: Path) -> dict:
     return json.loads(out.read_text())
 
 
+def forward_in_node(data: bytes, inputs: dict[str, np.ndarray], tmp: Path,
+                    backends: tuple[str, ...] = ("wasm", "js")) -> dict[str, dict[str, np.ndarray]]:
+    """{backend: {output: array}} of one forward call of the bundle `data` in Node on each backend (skips
+    the test without node; fails on any load or call error)."""
+    if NODE is None:
+        pytest.skip("node is not installed")
+    path = tmp / "forward_in_node.pgb"
+    path.write_bytes(data)
+    calls = [{"entry": "forward", "inputs": {k: enc(v) for k, v in inputs.items()}}]
+    res = run_node([{"name": b, "bundle": str(path), "backend": b, "calls": calls} for b in backends], tmp)
+    for b in backends:
+        assert "error" not in res[b], res[b].get("error")
+    return {b: {k: dec(v) for k, v in res[b]["calls"][0].items()} for b in backends}
+
+
 # ---------------------------------------------------------------- the zoo
 class MLP:
     def __init__(self, i: int = 6, h: int = 16, o: int = 3):

@@ -29,7 +29,6 @@ from test_quantize import _hard_rows  # noqa: E402
 import polygrad  # noqa: E402
 from polygrad import Model, Tensor, dtypes, nn  # noqa: E402
 from polygrad.definitions.quant_formats import BY_NAME  # noqa: E402
-from polygrad.engine import programs  # noqa: E402
 from polygrad.nn.quant import QuantWeight, quantize_rows  # noqa: E402
 from polygrad.uop.ops import Ops  # noqa: E402
 
@@ -88,22 +87,6 @@ def test_fused_matmul_matches_numpy(device, fmt, rows):
     assert np.all(np.abs(got - want) <= bound), float(np.max(np.abs(got - want) - bound))
 
 
-class _Kernels:
-    """The kernels get_program is asked for while active."""
-
-    def __enter__(self):
-        self.asts, self._orig = [], programs.get_program
-
-        def record(ast, device):
-            self.asts.append(ast)
-            return self._orig(ast, device)
-        programs.get_program = record
-        return self
-
-    def __exit__(self, *exc):
-        programs.get_program = self._orig
-
-
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows", [1, 5])
 def test_matmul_is_one_kernel_reading_the_blocks(fmt, rows):
@@ -111,7 +94,7 @@ def test_matmul_is_one_kernel_reading_the_blocks(fmt, rows):
     blocks = _random_blocks(fmt, 16, 2)
     qw = QuantWeight(Tensor(blocks).realize(), fmt, (16, 2 * BY_NAME[fmt].block))
     x = Tensor(np.ones((rows, qw.shape[1]), np.float32)).realize()
-    with _Kernels() as k:
+    with hc.RecordedKernels() as k:
         qw.matmul_t(x).realize()
     assert len(k.asts) == 1, [a.arg for a in k.asts]
     bufs = {(u.dtype, int(np.prod(u.arg[1]))) for u in k.asts[0].toposort() if u.op is Ops.DEFINE_GLOBAL}
@@ -226,17 +209,9 @@ def test_gguf_file_of_every_format_keeps_the_blocks(mixed, tmp_path):
         data = model.save()
     finally:
         model.dispose()
-    from test_js import NODE, dec, enc, run_node
-    if NODE is None:
-        pytest.skip("node is not installed")
-    bundle_path = tmp_path / "mixed.pgb"
-    bundle_path.write_bytes(data)
-    calls = [{"entry": "forward", "inputs": {"input_ids": enc(ids)}}]
-    res = run_node([{"name": b, "bundle": str(bundle_path), "backend": b, "calls": calls} for b in ("wasm", "js")],
-                   tmp_path)
-    for b in ("wasm", "js"):
-        assert "error" not in res[b], res[b].get("error")
-        assert np.abs(dec(res[b]["calls"][0]["logits"]) - want).max() <= 1e-5 * np.abs(want).max()
+    from test_js import forward_in_node
+    for out in forward_in_node(data, {"input_ids": ids}, tmp_path).values():
+        assert np.abs(out["logits"] - want).max() <= 1e-5 * np.abs(want).max()
 
 
 def _patched(path, out, name: str, part: int, value: int, extra: int = 0):
@@ -284,7 +259,7 @@ class _Net:
 
 @pytest.mark.parametrize("fmt", ["Q5_1", "Q4_K"])
 def test_quantized_module_bundle_runs_in_node(fmt, tmp_path):
-    from test_js import NODE, dec, enc, run_node
+    from test_js import forward_in_node
     Tensor.manual_seed(5)
     net = _Net(BY_NAME[fmt].block * (1 if fmt in K_QUANTS else 2))
     table, weight, bias = net.embed.weight.numpy(), net.fc.weight.numpy(), net.fc.bias.numpy()
@@ -301,12 +276,5 @@ def test_quantized_module_bundle_runs_in_node(fmt, tmp_path):
         data = model.save()
     finally:
         model.dispose()
-    if NODE is None:
-        pytest.skip("node is not installed")
-    path = tmp_path / "net.pgb"
-    path.write_bytes(data)
-    calls = [{"entry": "forward", "inputs": {"ids": enc(ids)}}]
-    res = run_node([{"name": b, "bundle": str(path), "backend": b, "calls": calls} for b in ("wasm", "js")], tmp_path)
-    for b in ("wasm", "js"):
-        assert "error" not in res[b], res[b].get("error")
-        assert np.abs(dec(res[b]["calls"][0]["out"]) - want).max() <= 1e-5 * np.abs(want).max()
+    for out in forward_in_node(data, {"ids": ids}, tmp_path).values():
+        assert np.abs(out["out"] - want).max() <= 1e-5 * np.abs(want).max()

@@ -190,17 +190,10 @@ def test_model_of_a_quantized_module_saves_blocks_and_runs_in_node(quantized_net
             _close(v.numpy(), want[k])
     finally:
         loaded.dispose()
-    from test_js import NODE, dec, enc, run_node
-    if NODE is None:
-        pytest.skip("node is not installed")
-    path = tmp_path / "net.pgb"
-    path.write_bytes(data)
-    calls = [{"entry": "forward", "inputs": {"ids": enc(ids)}}]
-    res = run_node([{"name": b, "bundle": str(path), "backend": b, "calls": calls} for b in ("wasm", "js")], tmp_path)
-    for b in ("wasm", "js"):
-        assert "error" not in res[b], res[b].get("error")
+    from test_js import forward_in_node
+    for out in forward_in_node(data, {"ids": ids}, tmp_path).values():
         for k in want:
-            _close(dec(res[b]["calls"][0][k]), want[k])
+            _close(out[k], want[k])
 
 
 def test_quantized_parameters_take_the_block_bytes():
