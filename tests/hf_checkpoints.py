@@ -224,3 +224,18 @@ class RecordedKernels:
     def __exit__(self, *exc):
         from polygrad.engine import programs
         programs.get_program = self._orig
+
+
+def assert_reads_bit_exact(blocks: np.ndarray, fmt: str, want: np.ndarray, device: str, ids: np.ndarray) -> None:
+    """A QuantWeight over `blocks` gives `want` (the reference float32 values) bit for bit read every way a
+    model reads it: whole (dequantize), as an embedding lookup of `ids` (gathers blocks, then dequantizes)
+    and as a row range."""
+    from polygrad import Tensor
+    from polygrad.nn.quant import QuantWeight
+    qw = QuantWeight(Tensor(blocks, device=device), fmt, want.shape)
+    got = qw.dequantize().numpy()
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(qw.rows(Tensor(ids, device=device)).numpy().view(np.uint32),
+                                  want[ids].view(np.uint32))
+    np.testing.assert_array_equal(qw.row_range(2, 5).numpy().view(np.uint32), want[2:5].view(np.uint32))

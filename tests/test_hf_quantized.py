@@ -64,14 +64,7 @@ def _written(ast) -> set[int]:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_lazy_dequantize_equals_gguf_bit_for_bit(device, fmt):
     blocks, want = _quantized(fmt)
-    qw = QuantWeight(Tensor(blocks, device=device), fmt, want.shape)
-    got = qw.dequantize().numpy()
-    assert got.dtype == np.float32 and got.shape == want.shape
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
-    ids = np.array([[3, 0], [23, 1]], np.int32)  # an embedding lookup gathers blocks, then dequantizes
-    np.testing.assert_array_equal(qw.rows(Tensor(ids, device=device)).numpy().view(np.uint32),
-                                  want[ids].view(np.uint32))
-    np.testing.assert_array_equal(qw.row_range(2, 5).numpy().view(np.uint32), want[2:5].view(np.uint32))
+    hc.assert_reads_bit_exact(blocks, fmt, want, device, np.array([[3, 0], [23, 1]], np.int32))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
