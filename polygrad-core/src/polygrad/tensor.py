@@ -322,18 +322,7 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     def realize(self, *others: "Tensor") -> "Tensor":
         if others:
             Tensor.realize_all(self, *others)
-            return self
-        old = self.uop
-        if old.op is Ops.BUFFER or old.op is Ops.RESHAPE:
-            if not _is_realized(old):
-                _realize_tensors([self])
-        elif self._runtime is None:  # _realize_tensors([self])'s common case, inline: every eager op takes it
-            news = engine_realize.realize_uops([old], effect_free=True)
-            if news is None:  # a pending effect: order the reads and writes
-                _realize_tensors([self], tried_alone=True)
-            else:
-                self._graph, self.uop = old if old.op is not Ops.ASSIGN else None, news[0]
-        else:
+        elif not _is_realized(self.uop):
             _realize_tensors([self])
         return self
 
@@ -714,12 +703,11 @@ def _broadcast_const(dtype: DType, value: Any, shape: tuple, device: Any) -> UOp
     return hit
 
 
-def _realize_tensors(todo: list["Tensor"], tried_alone: bool = False) -> None:
-    """Realize these unrealized tensors in one schedule (Tensor.realize and realize_all). `tried_alone`: the
-    caller found that the one tensor's graph holds a pending effect (realize_uops gave None)."""
+def _realize_tensors(todo: list["Tensor"]) -> None:
+    """Realize these unrealized tensors in one schedule (Tensor.realize and realize_all)."""
     if len(todo) > 1 or (todo[0]._runtime is not None and getattr(todo[0]._runtime, "disposed", False)):
         _check_runtimes(todo)
-    if len(todo) == 1 and not tried_alone:  # common: a graph without pending effects writes nothing, realized at once
+    if len(todo) == 1:  # the common case: a graph without pending effects writes nothing, realized at once
         t = todo[0]
         old = t.uop
         news = engine_realize.realize_uops([old], effect_free=True)

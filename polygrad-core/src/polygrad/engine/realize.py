@@ -91,7 +91,7 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
     for step in tpl.steps:
         if step.kind == "kernel" and not hooks and not debug_alloc.on:  # nothing wants the Buffers: handles only
             prog = programs.get_program(step.ast, step.device)
-            handles = [table[i]._handle for i in step.args]
+            handles = list(map(_handle_of, map(table.__getitem__, step.args)))  # no Python frame per call
             if None in handles:  # an input never allocated (an empty tensor's)
                 handles = [table[i].handle for i in step.args]
             prog.launch(handles, vals)
@@ -110,23 +110,11 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
 
 
 def run_leaf(leaf: LeafTemplate, target: UOp, inputs: list[Any]) -> list[UOp]:
-    """Realize an eager op whose structure was seen (template.leaf_cache), as run_template and the end of
-    realize_uops would, with what they need computed once (LeafTemplate): allocate, launch each kernel
-    over the buffers' handles, make the output view, keep the target's value. Its callers check that
-    no capture records and POLY_DEBUG_ALLOC is off."""
+    """Realize an eager op whose structure was seen (template.leaf_cache), as the rest of realize_uops
+    would, with what it needs computed once (LeafTemplate): run the template, make the output view, keep
+    the target's value. Its callers check that no capture records and POLY_DEBUG_ALLOC is off."""
     since = computed._generation[0]
-    tpl = leaf.template
-    if not tpl.prepared:
-        table = run_template(tpl, inputs)
-    else:
-        table = list(inputs)
-        for (size, dtype, device), unwritten in zip(tpl.new_buffers, tpl.unwritten):  # type: ignore[arg-type]
-            table.append(Buffer(device, size, dtype).ensure_allocated(written=not unwritten))
-        for step in tpl.steps:
-            handles = list(map(_handle_of, map(table.__getitem__, step.args)))  # no Python frame per call
-            if None in handles:  # an input never allocated (an empty tensor's)
-                handles = [table[i].handle for i in step.args]
-            programs.get_program(step.ast, step.device).launch(handles, None)
+    table = run_template(leaf.template, inputs)
     out = UOp(Ops.BUFFER, target.dtype, (), table[leaf.out_entry])
     if leaf.out_shape is not None:
         out = UOp(Ops.RESHAPE, target.dtype, (out,), leaf.out_shape)
