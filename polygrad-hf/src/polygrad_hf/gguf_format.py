@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from polygrad.definitions.quant_formats import FORMATS
 from polygrad_hf.errors import CheckpointError
 
 MAGIC = b"GGUF"
@@ -51,22 +52,21 @@ class TensorType(NamedTuple):
 
 
 # ggml tensor types by id (ggml.h's enum ggml_type); ids 4, 5 and 31..33 are retired, and 9 (Q8_1) is
-# ggml's operand format for dot products, never a stored tensor (the gguf package gives it 40 bytes, ggml 36)
+# ggml's operand format for dot products, never a stored tensor (the gguf package gives it 40 bytes, ggml 36).
+# The block formats polygrad keeps come from their shared definition; the others are read only to be named
+# in errors and checked for layout.
 TENSOR_TYPES = {
-    0: TensorType("F32", 1, 4, "<f4"), 1: TensorType("F16", 1, 2, "<f2"), 2: TensorType("Q4_0", 32, 18, None),
-    3: TensorType("Q4_1", 32, 20, None), 6: TensorType("Q5_0", 32, 22, None), 7: TensorType("Q5_1", 32, 24, None),
-    8: TensorType("Q8_0", 32, 34, None), 10: TensorType("Q2_K", 256, 84, None),
-    11: TensorType("Q3_K", 256, 110, None), 12: TensorType("Q4_K", 256, 144, None),
-    13: TensorType("Q5_K", 256, 176, None), 14: TensorType("Q6_K", 256, 210, None),
-    15: TensorType("Q8_K", 256, 292, None), 16: TensorType("IQ2_XXS", 256, 66, None),
-    17: TensorType("IQ2_XS", 256, 74, None), 18: TensorType("IQ3_XXS", 256, 98, None),
-    19: TensorType("IQ1_S", 256, 50, None), 20: TensorType("IQ4_NL", 32, 18, None),
-    21: TensorType("IQ3_S", 256, 110, None), 22: TensorType("IQ2_S", 256, 82, None),
-    23: TensorType("IQ4_XS", 256, 136, None), 24: TensorType("I8", 1, 1, "<i1"), 25: TensorType("I16", 1, 2, "<i2"),
-    26: TensorType("I32", 1, 4, "<i4"), 27: TensorType("I64", 1, 8, "<i8"), 28: TensorType("F64", 1, 8, "<f8"),
-    29: TensorType("IQ1_M", 256, 56, None), 30: TensorType("BF16", 1, 2, "<u2"),
-    34: TensorType("TQ1_0", 256, 54, None), 35: TensorType("TQ2_0", 256, 66, None),
-    39: TensorType("MXFP4", 32, 17, None),
+    0: TensorType("F32", 1, 4, "<f4"), 1: TensorType("F16", 1, 2, "<f2"),
+    **{f.ggml_type: TensorType(f.name, f.block, f.block_bytes, None) for f in FORMATS},
+    10: TensorType("Q2_K", 256, 84, None), 11: TensorType("Q3_K", 256, 110, None),
+    16: TensorType("IQ2_XXS", 256, 66, None), 17: TensorType("IQ2_XS", 256, 74, None),
+    18: TensorType("IQ3_XXS", 256, 98, None), 19: TensorType("IQ1_S", 256, 50, None),
+    20: TensorType("IQ4_NL", 32, 18, None), 21: TensorType("IQ3_S", 256, 110, None),
+    22: TensorType("IQ2_S", 256, 82, None), 23: TensorType("IQ4_XS", 256, 136, None),
+    24: TensorType("I8", 1, 1, "<i1"), 25: TensorType("I16", 1, 2, "<i2"), 26: TensorType("I32", 1, 4, "<i4"),
+    27: TensorType("I64", 1, 8, "<i8"), 28: TensorType("F64", 1, 8, "<f8"), 29: TensorType("IQ1_M", 256, 56, None),
+    30: TensorType("BF16", 1, 2, "<u2"), 34: TensorType("TQ1_0", 256, 54, None),
+    35: TensorType("TQ2_0", 256, 66, None), 39: TensorType("MXFP4", 32, 17, None),
 }
 
 
