@@ -157,6 +157,7 @@ function blockOpts (end, width) {
     const cols = [2, 1].find((c) => (nLast / width) % c === 0)
     if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
     rowTile(last, 4, (ix) => coeff(ix, last) !== 0)
+    if (glob.length === 2) opts.push({ kind: 'OUTER', range: last, amount: 1 })
     return opts
   }
   // B: vectorise the reduction (partial sums per lane) when its loads are contiguous along it
@@ -173,6 +174,12 @@ function blockOpts (end, width) {
       if (nLast !== null && loads.some((ix) => coeff(ix, last) === 0)) {
         cols = [4, 2, 1].find((c) => nLast % c === 0)
         if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
+        else if (nLast >= 16 && !inPlace) {
+          // an odd column count (GPT-2's 50257-token head): 4 columns a tile anyway, the last tile clamped to
+          // the last column (it stores that column's value again); 1 column a tile ran at half the rate
+          cols = 4
+          opts.push({ kind: 'UPCAST', range: last, amount: cols, clamp: true })
+        }
       }
       rowTile(last, cols === 4 ? 2 : 4, (ix) => coeff(ix, last) !== 0)
       // the column tiles' loop outermost: each block of weight rows is read once, the rows it meets stay cached
@@ -201,7 +208,7 @@ function fewRowsOpts (opts, rowTile) {
     if (o === rowTile) continue
     if (split && o.kind === 'UPCAST' && o.range.src[0].op === 'CONST') {
       const n = Number(o.range.src[0].arg)
-      out.push(Object.assign({}, o, { amount: [8, 4, 2].find((a) => n % a === 0) || o.amount }))
+      out.push(Object.assign({}, o, { amount: o.clamp ? 8 : [8, 4, 2].find((a) => n % a === 0) || o.amount }))
       continue
     }
     out.push(o)
@@ -232,8 +239,13 @@ function applyOpts (g, ast, opts) {
     const int = r.dtype
     let outer, expr
     const inner = g.node('RANGE', int, [g.const(int, opt.amount)], [nextId + 1, 'upcast'])
-    if (n !== null) {
-      if (n % opt.amount !== 0) continue
+    if (n !== null && n % opt.amount !== 0) {
+      if (!opt.clamp || opt.kind !== 'UPCAST' || r.arg[1] !== 'global') continue
+      // a constant size the tile does not divide: the last tile's points past the end take the last index
+      outer = g.node('RANGE', int, [g.const(int, Math.ceil(n / opt.amount))], [nextId, r.arg[1]])
+      const raw = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
+      expr = g.node('WHERE', int, [g.alu('CMPLT', raw, g.const(int, n)), raw, g.const(int, n - 1)])
+    } else if (n !== null) {
       outer = g.node('RANGE', int, [g.const(int, n / opt.amount)], [nextId, r.arg[1]])
       expr = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
     } else {
