@@ -11,7 +11,8 @@
  *                        unrolled into the same accumulators; after SPLIT_REDUCE it splits the outer part)
  *   a symbolic range (a Variable's size) is tiled with a clamp: r -> min(ro*n + ri, size-1), ro < ceil(size/n);
  *   the last tile recomputes the last row and stores the same values again (never used for a kernel that
- *   reads a buffer it writes)
+ *   reads a buffer it writes); an UPCAST marked `clamp` tiles a constant size it does not divide the same way
+ *   OUTER r              r's loop becomes its block's outermost (a weight panel read once per call)
  * Where this differs from Python's heuristics (which target C compilers): a matmul whose operands are both
  * contiguous along the reduction (x @ W.T, PyTorch's Linear layout) vectorises the reduction itself
  * (SPLIT_REDUCE into lanes, the lanes summed at the end) instead of gathering columns; the other matmul
