@@ -11,7 +11,8 @@
  *                        unrolled into the same accumulators; after SPLIT_REDUCE it splits the outer part)
  *   a symbolic range (a Variable's size) is tiled with a clamp: r -> min(ro*n + ri, size-1), ro < ceil(size/n);
  *   the last tile recomputes the last row and stores the same values again (never used for a kernel that
- *   reads a buffer it writes); an UPCAST marked `clamp` tiles a constant size it does not divide the same way
+ *   reads a buffer it writes); an UPCAST marked `clamp` tiles a constant size n it does not divide with its
+ *   last tile moved back to start at n - amount (overlapping the one before: its points store again)
  *   OUTER r              r's loop becomes its block's outermost (a weight panel read once per call)
  * Where this differs from Python's heuristics (which target C compilers): a matmul whose operands are both
  * contiguous along the reduction (x @ W.T, PyTorch's Linear layout) vectorises the reduction itself
@@ -245,11 +246,13 @@ function applyOpts (g, ast, opts) {
     let outer, expr
     const inner = g.node('RANGE', int, [g.const(int, opt.amount)], [nextId + 1, 'upcast'])
     if (n !== null && n % opt.amount !== 0) {
-      if (!opt.clamp || opt.kind !== 'UPCAST' || r.arg[1] !== 'global') continue
-      // a constant size the tile does not divide: the last tile's points past the end take the last index
+      if (!opt.clamp || opt.kind !== 'UPCAST' || r.arg[1] !== 'global' || n < opt.amount) continue
+      // a constant size the tile does not divide: the last tile starts at n - amount, overlapping the one
+      // before (its points store their values again); a tile's points stay start + inner, one pointer apart
       outer = g.node('RANGE', int, [g.const(int, Math.ceil(n / opt.amount))], [nextId, r.arg[1]])
-      const raw = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
-      expr = g.node('WHERE', int, [g.alu('CMPLT', raw, g.const(int, n)), raw, g.const(int, n - 1)])
+      const start = g.alu('MUL', outer, g.const(int, opt.amount))
+      const last = g.const(int, n - opt.amount)
+      expr = g.alu('ADD', g.node('WHERE', int, [g.alu('CMPLT', start, last), start, last]), inner)
     } else if (n !== null) {
       outer = g.node('RANGE', int, [g.const(int, n / opt.amount)], [nextId, r.arg[1]])
       expr = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
