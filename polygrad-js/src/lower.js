@@ -176,9 +176,10 @@ function blockOpts (end, width) {
       if (nLast !== null && loads.some((ix) => coeff(ix, last) === 0)) {
         cols = [4, 2, 1].find((c) => nLast % c === 0)
         if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
-        else if (nLast >= 16 && !inPlace) {
-          // an odd column count (GPT-2's 50257-token head): 4 columns a tile anyway, the last tile clamped to
-          // the last column (it stores that column's value again); 1 column a tile ran at half the rate
+        else if (nLast >= 16 && !inPlace && glob.length > 1) {
+          // an odd column count (GPT-2's 50257-token head) over several rows: 4 columns a tile anyway, the last
+          // tile moved back to end at the last column (applyOpts); 1 column a tile ran at about half the rate.
+          // Not for one row (a decode step's head): there one column streams the weight fastest (fewRowsOpts)
           cols = 4
           opts.push({ kind: 'UPCAST', range: last, amount: cols, clamp: true })
         }

@@ -20,13 +20,14 @@ const { repack } = require('../src/pack')
 const f32 = DTYPES.float32
 const i32 = DTYPES.int32
 
-/** out[m, n] = sum_k X[m, k] * W[k, n] (or W[n, k] with `trans`), m < tokens (a Variable up to `rows`). */
+/** out[m, n] = sum_k X[m, k] * W[k, n] (or W[n, k] with `trans`), m < tokens (a Variable up to `rows`); rows 0:
+ * one row, no m range (a decode step's kernel, its row range folded away). */
 function matmul (rows, K, N, trans) {
   const g = new Graph()
   const c = (v) => g.const(i32, v)
   const buf = (slot, n) => g.node('DEFINE_GLOBAL', f32, [], [slot, [n]])
   const tokens = g.node('DEFINE_VAR', i32, [], ['tokens', 1, rows])
-  const m = g.node('RANGE', i32, [tokens], [0, 'global'])
+  const m = rows ? g.node('RANGE', i32, [tokens], [0, 'global']) : c(0)
   const n = g.node('RANGE', i32, [c(N)], [1, 'global'])
   const k = g.node('RANGE', i32, [c(K)], [2, 'reduce'])
   const x = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, rows * K), g.alu('ADD', g.alu('MUL', m, c(K)), k)])])
@@ -34,7 +35,7 @@ function matmul (rows, K, N, trans) {
   const w = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(2, K * N), wi])])
   const sum = g.node('REDUCE', f32, [g.alu('MUL', x, w), k], 'ADD')
   const st = g.node('STORE', null, [g.node('INDEX', f32, [buf(0, rows * N), g.alu('ADD', g.alu('MUL', m, c(N)), n)]), sum])
-  return { g, ast: g.node('SINK', null, [g.node('END', null, [st, m, n])]) }
+  return { g, ast: g.node('SINK', null, [g.node('END', null, rows ? [st, m, n] : [st, n])]) }
 }
 
 /** The variants the runtime builds for one kernel (runtime.js lower, packedFor): [name, program]. */
@@ -180,7 +181,9 @@ test("GPT-2's 50257-token head (x @ W.T): 4-column tiles with the last one clamp
   const step = innerLoop(vs[0][1].body).body
   assert.strictEqual(step.filter((x) => x.k === 'update' && x.lanes === 4).length, 2 * 4)
   assert.strictEqual(step.filter((x) => x.k === 'load' && x.lanes === 4).length, 2 + 4)
-  // few rows (decode): one column sweeping the weight as one stream, 2 steps unrolled
+  // few rows: one column sweeping the weight as one stream, 2 steps unrolled; a decode step's head (one row,
+  // no row range) keeps its one column too
   const few = innerLoop(vs.find(([name]) => name === 'few rows')[1].body).body
   assert.strictEqual(few.filter((x) => x.k === 'update' && x.lanes === 4).length, 2)
+  assert.deepStrictEqual(summary(variants(0, 768, 50257, true).opts), ['SPLIT_REDUCE:2:4'])
 })
