@@ -135,10 +135,11 @@ test('matmul with relaxed-SIMD multiply-adds matches float64 within float32 roun
   // Node 20 has relaxed SIMD only behind a flag: this file again in a child with it
   const env = Object.assign({}, process.env)
   delete env.NODE_TEST_CONTEXT // the child reports in plain text, not to this runner
-  const r = spawnSync(process.execPath, ['--experimental-wasm-relaxed-simd', '--test', '--test-name-pattern', 'relaxed-SIMD', __filename], { encoding: 'utf8', env })
+  const r = spawnSync(process.execPath, ['--experimental-wasm-relaxed-simd', '--test', '--test-name-pattern', 'relaxed-SIMD|fma load option', __filename], { encoding: 'utf8', env })
   if (r.status !== 0 && /bad option|not allowed/.test(r.stderr)) return t.skip('this Node has no relaxed-SIMD flag')
   assert.strictEqual(r.status, 0, r.stdout + r.stderr)
   assert.match(r.stdout, /^ok \d+ - matmul with relaxed-SIMD[^#\n]*$/m, 'it ran in the child, not skipped')
+  assert.match(r.stdout, /^ok \d+ - the fma load option[^#\n]*$/m, 'fma: false turns relaxed SIMD off')
 })
 
 /** The innermost loop of a program body. */
@@ -186,4 +187,17 @@ test("GPT-2's 50257-token head (x @ W.T): 4-column tiles with the last one clamp
   const few = innerLoop(vs.find(([name]) => name === 'few rows')[1].body).body
   assert.strictEqual(few.filter((x) => x.k === 'update' && x.lanes === 4).length, 2)
   assert.deepStrictEqual(summary(variants(0, 768, 50257, true).opts), ['SPLIT_REDUCE:2:4'])
+})
+
+test('the fma load option: a boolean (else a ModelError that says so); false keeps mul + add', () => {
+  const { Model, ModelError } = require('..')
+  const { fixture } = require('./helpers')
+  assert.throws(() => Model.fromBytesSync(fixture('linear.pgb'), { fma: 'yes' }), (e) => e instanceof ModelError && /fma must be true or false/.test(e.message))
+  const off = Model.fromBytesSync(fixture('linear.pgb'), { fma: false, threads: 1 })
+  assert.strictEqual(off.backendInfo.fma, false)
+  assert.strictEqual(off._x.fma, false)
+  off.dispose()
+  const dflt = Model.fromBytesSync(fixture('linear.pgb'), { threads: 1 })
+  assert.strictEqual(dflt.backendInfo.fma, relaxedSimdSupported())
+  dflt.dispose()
 })
