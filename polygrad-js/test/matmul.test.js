@@ -22,11 +22,11 @@ const i32 = DTYPES.int32
 
 /** out[m, n] = sum_k X[m, k] * W[k, n] (or W[n, k] with `trans`), m < tokens (a Variable up to `rows`); rows 0:
  * one row, no m range (a decode step's kernel, its row range folded away). */
-function matmul (rows, K, N, trans) {
+function matmul (rows, K, N, trans, constant = false) {
   const g = new Graph()
   const c = (v) => g.const(i32, v)
   const buf = (slot, n) => g.node('DEFINE_GLOBAL', f32, [], [slot, [n]])
-  const tokens = g.node('DEFINE_VAR', i32, [], ['tokens', 1, rows])
+  const tokens = constant ? c(rows) : g.node('DEFINE_VAR', i32, [], ['tokens', 1, rows])
   const m = rows ? g.node('RANGE', i32, [tokens], [0, 'global']) : c(0)
   const n = g.node('RANGE', i32, [c(N)], [1, 'global'])
   const k = g.node('RANGE', i32, [c(K)], [2, 'reduce'])
@@ -39,8 +39,8 @@ function matmul (rows, K, N, trans) {
 }
 
 /** The variants the runtime builds for one kernel (runtime.js lower, packedFor): [name, program]. */
-function variants (rows, K, N, trans) {
-  const { g, ast } = matmul(rows, K, N, trans)
+function variants (rows, K, N, trans, constant = false) {
+  const { g, ast } = matmul(rows, K, N, trans, constant)
   const prepared = prepareKernel(g, ast)
   const opts = chooseOpts(prepared.ast, 4)
   const lower = (o, pack, main) => lowerKernel(g, ast, { width: 4, prepared, opts: o, verify: true, pack: pack ? (i) => (i === 2 ? K * N : 0) : null, packMain: main })
@@ -119,6 +119,18 @@ function checkAll (fma) {
           const worst = check(prog, ROWS, K, N, trans, tokens, fma)
           assert.ok(worst <= 1, `x @ W${trans ? '.T' : ''} K=${K} N=${N} rows=${tokens} (${name}${fma ? ', fma' : ''}): error ${worst.toFixed(2)} x its float32 bound`)
         }
+      }
+    }
+  }
+  // constant row counts the row tile does not divide (its last tile moved back to overlap: lower.rowTile)
+  const tiled = { false: [[7, 36, 8], [33, 17, 24], [5, 8, 16]], true: [[7, 36, 8], [7, 36, 33], [5, 8, 16], [33, 36, 24]] }
+  for (const trans of [false, true]) {
+    for (const [rows, K, N] of tiled[trans]) {
+      const { opts, variants: vs } = variants(rows, K, N, trans, true)
+      assert.ok(opts.some((o) => o.clamp && o.range.arg[0] === 0), `rows ${rows}: a clamped row tile`)
+      for (const [name, prog] of vs) {
+        const worst = check(prog, rows, K, N, trans, rows, fma)
+        assert.ok(worst <= 1, `x @ W${trans ? '.T' : ''} rows=${rows} K=${K} N=${N} (${name}${fma ? ', fma' : ''}): error ${worst.toFixed(2)} x its float32 bound`)
       }
     }
   }
