@@ -39,6 +39,10 @@ export interface LoadOptions {
    * SharedArrayBuffer is usable (Node; a cross-origin isolated page), else 1; the 'js' backend always runs on 1.
    * Results are bit for bit those of one thread. See Model.backendInfo. */
   threads?: number
+  /** wasm: a float32 reduction step (matmul, convolution) acc + a * b as one relaxed-SIMD multiply-add where the
+   * engine has it (Chrome 114+, Node 22+): faster, rounded once or twice as the hardware does it. false keeps the
+   * separate multiply and add everywhere (default true; see BackendInfo.fma). */
+  fma?: boolean
 }
 
 /** The backend a model runs on: its name, its threads, and why (or null) an async 'auto' load did not take
@@ -47,6 +51,8 @@ export interface BackendInfo {
   name: 'webgpu' | 'wasm' | 'js'
   threads: number
   reason: string | null
+  /** Whether the wasm kernels' reduction steps use relaxed SIMD's multiply-add (the fma load option). */
+  fma: boolean
 }
 
 export interface OptimizerOptions {

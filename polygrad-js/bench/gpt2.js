@@ -9,11 +9,12 @@
  *   python polygrad-js/bench/make_gpt2.py     # writes bench/gpt2s.pgb, gpt2s.onnx, gpt2_ref.json (once)
  *   (cd polygrad-js/bench && npm install --ignore-scripts)   # onnxruntime-node (bench/package.json; optional)
  *   node polygrad-js/bench/gpt2.js [--rounds N] [--tokens N] [--threads 1,2] [--python PY] [--no-ort] [--lib DIR]
- *                                  [--profile decode|forward]
+ *                                  [--profile decode|forward] [--base DIR]
  *
  * --ignore-scripts: onnxruntime-node's install script fetches its CUDA provider from api.nuget.org; its CPU
  * binary is in the npm package itself. --python PY runs bench/gpt2_py.py with interpreter PY for the Python
- * column. --lib DIR times another polygrad-js checkout (an A/B against a baseline). --profile times every
+ * column. --lib DIR times another polygrad-js checkout; --base DIR times a second one in the same process,
+ * its rounds alternating with --lib's (an A/B against a baseline, under the same load). --profile times every
  * kernel call of one decode step (or of the prompt) on one thread and prints them with the bytes each reads
  * from parameters and that rate in GB/s.
  *
@@ -31,6 +32,8 @@ const arg = (name, dflt) => (process.argv.includes(name) ? process.argv[process.
 const LIB = path.resolve(arg('--lib', path.join(__dirname, '..'))) // the polygrad-js checkout to time
 const { Model } = require(LIB)
 const { toposort } = require(path.join(LIB, 'src', 'ir'))
+// --base DIR: a second checkout timed in the same process, its rounds alternating with LIB's (an A/B)
+const BASE = process.argv.includes('--base') ? path.resolve(arg('--base')) : null
 const ROUNDS = Number(arg('--rounds', 5))
 const TOKENS = Number(arg('--tokens', 16))
 const THREADS = arg('--threads', '1,2').split(',').map(Number)
@@ -57,49 +60,52 @@ function relError (logits, want) {
   return Math.max(...want.map((w, i) => Math.abs(logits[i] - w))) / scale
 }
 
-/** A run's figures: prompt ms, decode tok/s (medians), and the check against transformers. */
-function timed (prompt, step) {
-  const promptMs = []
-  const tokS = []
-  const promptCpu = []
-  const tokCpu = []
-  let check = null
-  for (let r = 0; r < ROUNDS + WARM; r++) {
-    let c0 = process.cpuUsage()
-    let t0 = process.hrtime.bigint()
-    let logits = prompt()
-    const p = ms(t0)
-    const pc = cpuMs(c0)
-    const tokens = []
-    const errs = [relError(logits, REF.logits[0])]
-    c0 = process.cpuUsage()
-    t0 = process.hrtime.bigint()
-    for (let i = 0; i < TOKENS; i++) {
-      tokens.push(argmax(logits))
-      logits = step(tokens[i], PROMPT.length + i)
-      if (i < 3) errs.push(relError(logits, REF.logits[i + 1]))
-    }
-    const d = ms(t0)
-    if (r < WARM) {
-      if (r === 0) check = { tokens: tokens.slice(0, 3).join(' ') === REF.tokens.join(' '), err: Math.max(...errs), all: tokens }
-      continue
-    }
-    promptMs.push(p)
-    tokS.push(TOKENS / d * 1000)
-    promptCpu.push(pc)
-    tokCpu.push(cpuMs(c0) / TOKENS)
-  }
-  return { prompt: median(promptMs), tokS: median(tokS), promptCpu: median(promptCpu), tokCpu: median(tokCpu), check }
+/** Each [prompt, step] pair's figures: prompt ms, decode tok/s (medians), and the check against transformers;
+ * the pairs' rounds alternate (round r of each, then round r + 1), so a load change hits them alike. */
+function timedAll (runs) {
+  const figures = runs.map(([prompt, step]) => ({ prompt, step, promptMs: [], tokS: [], promptCpu: [], tokCpu: [], check: null }))
+  for (let r = 0; r < ROUNDS + WARM; r++) for (const f of figures) oneRound(f, r)
+  return figures.map((f) => ({ prompt: median(f.promptMs), tokS: median(f.tokS), promptCpu: median(f.promptCpu), tokCpu: median(f.tokCpu), check: f.check }))
 }
 
+/** Round r of a run: its prompt, then TOKENS greedy steps (the first WARM rounds only check the tokens). */
+function oneRound (f, r) {
+  const { prompt, step, promptMs, tokS, promptCpu, tokCpu } = f
+  let c0 = process.cpuUsage()
+  let t0 = process.hrtime.bigint()
+  let logits = prompt()
+  const p = ms(t0)
+  const pc = cpuMs(c0)
+  const tokens = []
+  const errs = [relError(logits, REF.logits[0])]
+  c0 = process.cpuUsage()
+  t0 = process.hrtime.bigint()
+  for (let i = 0; i < TOKENS; i++) {
+    tokens.push(argmax(logits))
+    logits = step(tokens[i], PROMPT.length + i)
+    if (i < 3) errs.push(relError(logits, REF.logits[i + 1]))
+  }
+  const d = ms(t0)
+  if (r < WARM) {
+    if (r === 0) f.check = { tokens: tokens.slice(0, 3).join(' ') === REF.tokens.join(' '), err: Math.max(...errs), all: tokens }
+    return
+  }
+  promptMs.push(p)
+  tokS.push(TOKENS / d * 1000)
+  promptCpu.push(pc)
+  tokCpu.push(cpuMs(c0) / TOKENS)
+}
+
+/** polygrad-js's figures at `threads`, for LIB (and BASE, alternating, when given): [[label, figures]]. */
 function polygrad (bytes, threads) {
-  const m = Model.fromBytesSync(bytes, { threads })
+  const libs = BASE ? [LIB, BASE] : [LIB]
+  const models = libs.map((lib) => require(lib).Model.fromBytesSync(bytes, { threads }))
   const last = (out) => out.logits.subarray(out.logits.length - VOCAB)
-  const res = timed(() => last(m.call('forward', { input_ids: PROMPT })),
-    (tok, pos) => last(m.call('decode', { input_ids: Int32Array.of(tok), pos })))
-  res.threads = m.backendInfo.threads
-  m.dispose()
-  return res
+  const res = timedAll(models.map((m) => [() => last(m.call('forward', { input_ids: PROMPT })),
+    (tok, pos) => last(m.call('decode', { input_ids: Int32Array.of(tok), pos }))]))
+  res.forEach((r, i) => { r.threads = models[i].backendInfo.threads })
+  for (const m of models) m.dispose()
+  return res.map((r, i) => [libs.length > 1 ? `polygrad-js ${i ? 'base' : 'lib'}` : 'polygrad-js', r])
 }
 
 function ort (threads) {
@@ -242,14 +248,14 @@ async function main () {
     return
   }
   const rows = []
-  for (const t of THREADS) rows.push(['polygrad-js', t, polygrad(bytes, t)])
+  for (const t of THREADS) for (const [name, r] of polygrad(bytes, t)) rows.push([name, t, r])
   if (!process.argv.includes('--no-ort')) for (const t of THREADS) rows.push(['onnxruntime-node', t, await ort(t)])
   const py = arg('--python', null)
   if (py) for (const t of [1, 2].filter((n) => THREADS.includes(n))) rows.push(['python polygrad (CPU backend)', t, python(py, t)])
   console.log(`GPT-2 small (random weights), ${PROMPT.length}-token prompt then ${TOKENS} greedy tokens; medians of ${ROUNDS} after ${WARM} untimed rounds`)
   const pyRow = rows.find(([name, , r]) => name.startsWith('python') && !r.error)
   const sameAsPy = (r) => (pyRow && r.check && !rows.some(([name, , x]) => x === r && name.startsWith('python')) ? ` (${r.check.all.join(' ') === pyRow[2].check.all.join(' ') ? 'all' : 'NOT all'} ${TOKENS} = Python's)` : '')
-  console.log(`polygrad-js from ${LIB}`)
+  console.log(`polygrad-js from ${LIB}${BASE ? ` (lib), rounds alternating with ${BASE} (base)` : ''}`)
   console.log('runtime                        | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | greedy = transformers | max rel err')
   for (const [name, t, r] of rows) {
     if (r.error) {

@@ -11,7 +11,9 @@
  *                        unrolled into the same accumulators; after SPLIT_REDUCE it splits the outer part)
  *   a symbolic range (a Variable's size) is tiled with a clamp: r -> min(ro*n + ri, size-1), ro < ceil(size/n);
  *   the last tile recomputes the last row and stores the same values again (never used for a kernel that
- *   reads a buffer it writes)
+ *   reads a buffer it writes); an UPCAST marked `clamp` tiles a constant size n it does not divide with its
+ *   last tile moved back to start at n - amount (overlapping the one before: its points store again)
+ *   OUTER r              r's loop becomes its block's outermost (a weight panel read once per call)
  * Where this differs from Python's heuristics (which target C compilers): a matmul whose operands are both
  * contiguous along the reduction (x @ W.T, PyTorch's Linear layout) vectorises the reduction itself
  * (SPLIT_REDUCE into lanes, the lanes summed at the end) instead of gathering columns; the other matmul
@@ -106,6 +108,9 @@ function blockOpts (end, width) {
     }
     const amt = [rows, 4, 2].find((a) => a <= rows && n % a === 0 && n >= a)
     if (amt && amt > 1) opts.push({ kind: 'UPCAST', range: r, amount: amt })
+    // no divisor (ResNet's 7-pixel rows): the tile anyway, its last one moved back to overlap (applyOpts);
+    // one pixel a tile keeps 2 accumulators, too few to hide an add's latency (ResNet-18 b1 took 1.4x the time)
+    else if (!amt && n > rows && !inPlace) opts.push({ kind: 'UPCAST', range: r, amount: rows, clamp: true })
   }
 
   if (!reduces.length) {
@@ -157,6 +162,7 @@ function blockOpts (end, width) {
     const cols = [2, 1].find((c) => (nLast / width) % c === 0)
     if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
     rowTile(last, 4, (ix) => coeff(ix, last) !== 0)
+    if (glob.length === 2) opts.push({ kind: 'OUTER', range: last, amount: 1 })
     return opts
   }
   // B: vectorise the reduction (partial sums per lane) when its loads are contiguous along it
@@ -173,6 +179,13 @@ function blockOpts (end, width) {
       if (nLast !== null && loads.some((ix) => coeff(ix, last) === 0)) {
         cols = [4, 2, 1].find((c) => nLast % c === 0)
         if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
+        else if (nLast >= 16 && !inPlace && glob.length > 1) {
+          // an odd column count (GPT-2's 50257-token head) over several rows: 4 columns a tile anyway, the last
+          // tile moved back to end at the last column (applyOpts); 1 column a tile ran at about half the rate.
+          // Not for one row (a decode step's head): there one column streams the weight fastest (fewRowsOpts)
+          cols = 4
+          opts.push({ kind: 'UPCAST', range: last, amount: cols, clamp: true })
+        }
       }
       rowTile(last, cols === 4 ? 2 : 4, (ix) => coeff(ix, last) !== 0)
       // the column tiles' loop outermost: each block of weight rows is read once, the rows it meets stay cached
@@ -199,6 +212,10 @@ function fewRowsOpts (opts, rowTile) {
   const out = []
   for (const o of opts) {
     if (o === rowTile) continue
+    // a clamped column tile (an odd column count) is left out: one column sweeps x @ W.T's weight as one
+    // contiguous stream, where 8 clamped columns (not packable: the clamp is no affine index) read 8 streams
+    // (GPT-2's head at batch 1: 8 clamped columns took about 1.6x the time of one)
+    if (o.clamp) continue
     if (split && o.kind === 'UPCAST' && o.range.src[0].op === 'CONST') {
       const n = Number(o.range.src[0].arg)
       out.push(Object.assign({}, o, { amount: [8, 4, 2].find((a) => n % a === 0) || o.amount }))
@@ -232,8 +249,15 @@ function applyOpts (g, ast, opts) {
     const int = r.dtype
     let outer, expr
     const inner = g.node('RANGE', int, [g.const(int, opt.amount)], [nextId + 1, 'upcast'])
-    if (n !== null) {
-      if (n % opt.amount !== 0) continue
+    if (n !== null && n % opt.amount !== 0) {
+      if (!opt.clamp || opt.kind !== 'UPCAST' || r.arg[1] !== 'global' || n < opt.amount) continue
+      // a constant size the tile does not divide: the last tile starts at n - amount, overlapping the one
+      // before (its points store their values again); a tile's points stay start + inner, one pointer apart
+      outer = g.node('RANGE', int, [g.const(int, Math.ceil(n / opt.amount))], [nextId, r.arg[1]])
+      const start = g.alu('MUL', outer, g.const(int, opt.amount))
+      const last = g.const(int, n - opt.amount)
+      expr = g.alu('ADD', g.node('WHERE', int, [g.alu('CMPLT', start, last), start, last]), inner)
+    } else if (n !== null) {
       outer = g.node('RANGE', int, [g.const(int, n / opt.amount)], [nextId, r.arg[1]])
       expr = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
     } else {

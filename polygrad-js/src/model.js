@@ -22,7 +22,7 @@ const { GPUExecutor } = require('./webgpu/runtime')
 const VERSION = '0.1.0'
 
 // Model.load / fetch / fromBytes options (index.d.ts LoadOptions) and the backends they may name
-const LOAD_OPTIONS = ['backend', 'maxBytes', 'maxWork', 'validate', 'verify', 'threads']
+const LOAD_OPTIONS = ['backend', 'maxBytes', 'maxWork', 'validate', 'verify', 'threads', 'fma']
 const MAX_THREADS = MAX_WORKERS // the control block's worker slots (threads/control.js), this thread's included
 const BACKENDS = ['auto', 'webgpu', 'wasm', 'js']
 
@@ -42,6 +42,7 @@ function loadOptions (opts) {
     throw new ModelError(`validate must be 'all' or 'forward', not ${JSON.stringify(opts.validate)}`)
   }
   if (opts.verify !== undefined && typeof opts.verify !== 'boolean') throw new ModelError(`verify must be true or false, not ${JSON.stringify(opts.verify)}`)
+  if (opts.fma !== undefined && typeof opts.fma !== 'boolean') throw new ModelError(`fma must be true or false, not ${JSON.stringify(opts.fma)}`)
   if (opts.threads !== undefined && !(Number.isInteger(opts.threads) && opts.threads >= 1 && opts.threads <= MAX_THREADS)) {
     throw new ModelError(`threads must be an integer from 1 to ${MAX_THREADS}, not ${typeof opts.threads === 'string' ? JSON.stringify(opts.threads) : String(opts.threads)}; leave it out for the default (the cores, at most 8, where SharedArrayBuffer is available)`)
   }
@@ -201,7 +202,7 @@ class Model {
     const x = this._x
     const threadReason = x.pool && x.pool.broken ? x.pool.broken : this._opts.threadReason
     const reason = [this._opts.gpuReason, threadReason].filter(Boolean).join('; ') || null
-    return { name: x.backend, threads: x.pool && !x.pool.broken ? x.threads : 1, reason }
+    return { name: x.backend, threads: x.pool && !x.pool.broken ? x.threads : 1, reason, fma: !!x.fma }
   }
 
   /** Inputs, outputs, entrypoints, parameters and bytes; runs nothing, reads no weights. */

@@ -32,7 +32,7 @@ const { chooseOpts, fewRowsOpts, kernelWork, THREAD_MIN_WORK } = require('./lowe
 const { Pool } = require('./threads/pool')
 const { MAX_ARGS } = require('./threads/control')
 const { validateKernel } = require('./manifest')
-const { buildModule, importObject, simdSupported } = require('./wasm/module')
+const { buildModule, importObject, simdSupported, relaxedSimdSupported } = require('./wasm/module')
 const { JSKernel } = require('./jsexec')
 const { repack } = require('./pack')
 const { toposort } = require('./ir')
@@ -183,10 +183,12 @@ class BaseExecutor {
 }
 
 class Executor extends BaseExecutor {
-  constructor (prog, { backend = 'auto', memory = null, verify = false, threads = 1, canBlock = true } = {}) {
+  constructor (prog, { backend = 'auto', memory = null, verify = false, threads = 1, canBlock = true, fma = true } = {}) {
     super(prog, verify)
     this.backend = backend === 'auto' ? (simdSupported() ? 'wasm' : 'js') : backend
     this.width = this.backend === 'wasm' ? 4 : 1
+    // reduction steps as one relaxed multiply-add where the engine has relaxed SIMD (wasm/emit.js fusedProducts)
+    this.fma = this.backend === 'wasm' && fma !== false && relaxedSimdSupported()
     this.threads = this.backend === 'wasm' ? threads : 1
     this.canBlock = canBlock // whether this thread may wait on the workers (not a browser's main thread)
     this.memory = ensureMemory(memory, this.bytesUsed, BundleError, this.threads > 1)
@@ -394,7 +396,7 @@ class Executor extends BaseExecutor {
       })
     })
     const out = { bytes: null, sites, keys, emitted, emittedKeys }
-    if (this.backend === 'wasm') out.bytes = buildModule(emitted, this.memory.buffer.byteLength / PAGE, this.pool ? MAX_PAGES : undefined)
+    if (this.backend === 'wasm') out.bytes = buildModule(emitted, this.memory.buffer.byteLength / PAGE, this.pool ? MAX_PAGES : undefined, { fma: this.fma })
     return out
   }
 

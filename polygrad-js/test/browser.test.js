@@ -87,6 +87,7 @@ for (const build of ['polygrad.browser.mjs', 'polygrad.browser.min.mjs']) {
     assert.strictEqual(r.backend, 'wasm')
     assert.ok(r.info.threads > 1, JSON.stringify(r.info))
     assert.strictEqual(r.info.reason, null) // no backend option: no WebGPU probe, and threads as asked
+    assert.strictEqual(r.info.fma, true, 'Chromium has relaxed SIMD: the reduction steps are multiply-adds')
     assert.ok(r.threadCalls > 0, 'the workers ran slices')
     assert.strictEqual(r.threadedSame, true)
   })
@@ -105,7 +106,7 @@ for (const build of ['polygrad.browser.mjs', 'polygrad.browser.min.mjs']) {
   const missing = !fs.existsSync(path.join(ROOT, 'node_modules', 'esbuild')) && build.includes('.min.') && 'esbuild is not installed (no minified build)'
   test(`browser (${build}) with WebGPU (--enable-unsafe-webgpu): the fixtures' forwards and a fine-tune match wasm within 1e-5`, { skip: skip || missing, timeout: 180000 }, async (t) => {
     const r = await runPage(false, build, 'webgpu.html', ['--enable-unsafe-webgpu'])
-    assert.deepStrictEqual(r.info, { name: 'webgpu', threads: 1, reason: null })
+    assert.deepStrictEqual(r.info, { name: 'webgpu', threads: 1, reason: null, fma: false })
     // Chromium's SwiftShader adapter is a fallback one: 'auto' leaves it for wasm and says why
     assert.strictEqual(r.autoInfo.name, 'wasm')
     assert.match(r.autoInfo.reason, /only a fallback \(software\) adapter/)

@@ -52,3 +52,10 @@ test('two reductions in one kernel (a conv and its shortcut) get channel lanes t
   const { ast, co } = conv(16, 7, { two: true })
   assert.deepStrictEqual(summary(chooseOpts(ast, 4))[0], ['VECTOR', co.arg[0], 4])
 })
+
+test('a 7-pixel row the row tile does not divide still gets a 4-pixel tile, its last one moved back (clamp)', () => {
+  // one pixel a tile left 2 vector accumulators per reduction step: ResNet-18's last stage ran at a fraction of the rate
+  const { ast, x } = conv(16, 7)
+  const tile = chooseOpts(ast, 4).find((o) => o.kind === 'UPCAST' && o.range === x)
+  assert.ok(tile && tile.amount === 4 && tile.clamp === true, JSON.stringify(summary(chooseOpts(ast, 4))))
+})

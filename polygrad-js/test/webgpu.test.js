@@ -9,7 +9,7 @@ const path = require('path')
 const api = require('..')
 const ir = require('../src/ir')
 const { lowerKernel } = require('../src/compile')
-const { buildModule, importObject } = require('../src/wasm/module')
+const { buildModule, importObject, relaxedSimdSupported } = require('../src/wasm/module')
 const { emitWGSL, WORKGROUP } = require('../src/webgpu/emit')
 const { sizeValue } = require('../src/lower')
 const { PART, PARTS } = require('../src/linearize')
@@ -168,7 +168,7 @@ for (const [name, run] of forwards) {
     const m = await loadGPU(name)
     const w = loadWasm(name)
     try {
-      assert.deepStrictEqual(m.backendInfo, { name: 'webgpu', threads: 1, reason: null })
+      assert.deepStrictEqual(m.backendInfo, { name: 'webgpu', threads: 1, reason: null, fma: false })
       const got = await run(m, 'callAsync')
       const want = await run(w, 'call')
       got.forEach((o, i) => {
@@ -253,7 +253,7 @@ test('a webgpu model refuses synchronous calls, naming the async twin; synchrono
 test('async auto: a fallback (software) adapter is not taken, and backendInfo says so; sync loads and loads without a backend keep wasm', async (t) => {
   const f = await adapter()
   const d = await Model.fromBytes(fixture('linear.pgb'), { threads: 1 }) // no backend: never webgpu, no probe
-  assert.deepStrictEqual(d.backendInfo, { name: 'wasm', threads: 1, reason: 'threads: 1 was asked' })
+  assert.deepStrictEqual(d.backendInfo, { name: 'wasm', threads: 1, reason: 'threads: 1 was asked', fma: relaxedSimdSupported() })
   d.dispose()
   const m = await Model.fromBytes(fixture('linear.pgb'), { backend: 'auto', threads: 1 })
   if (f.adapter && !f.fallback) {

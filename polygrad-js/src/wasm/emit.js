@@ -12,7 +12,9 @@
  * instruction (engines cap a function's locals; the engine's register allocator takes it from there):
  * floats of 16 bits as float32 rounded to their format, 8/16-bit integers as canonical i32 (sign- or
  * zero-extended), bool as i32 0/1, a value with lanes as v128 (bool lanes as i32x4 masks 0/-1).
- * Semantics follow docs/kernel-ir.md exactly: no contraction (mul and add stay separate), NaN-propagating
+ * Semantics follow docs/kernel-ir.md exactly: no contraction (mul and add stay separate; the one exception,
+ * asked for with `fma` where the engine has relaxed SIMD: a float32 x4 reduction step acc + a * b becomes one
+ * relaxed_madd, see fusedProducts), NaN-propagating
  * MAX as a select, integer division by zero dividing by 1 (and INT_MIN / -1 wrapping instead of trapping),
  * float-to-int conversions saturating instead of trapping. A load or store the validator could not prove
  * in bounds gets an explicit check that traps (`unreachable`), which the runtime reports as KernelError.
@@ -34,8 +36,9 @@ class KernelEmitter {
    * layout: Map slot -> {base (bytes), size (elements)}; helpers: {h2f, f2h, ...} function indices;
    * imports: {fmod, pow, fma32, fma64} function indices.
    */
-  constructor (prog, layout, helpers, imports) {
+  constructor (prog, layout, helpers, imports, { fma = false } = {}) {
     this.prog = prog
+    this.fma = fma
     this.layout = layout
     this.h = helpers
     this.imp = imports
@@ -43,7 +46,7 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
-    this.stats = { pointerExits: 0, bitSelects: 0 } // what the speed guards (tests) look for
+    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0 } // what the speed guards (tests) look for
     this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
     this.free = new Map() // wasm type -> locals no live value holds
     this.pooled = new Map() // value id -> its reusable local
@@ -634,9 +637,43 @@ class KernelEmitter {
       }
       return
     }
-    if (x.lanes > 1) this.vectorAlu(x.op, d, d, [accRef, v])
-    else this.scalarAlu(x.op, d, d, [accRef, v])
+    if (this.fused.has(v.id)) {
+      // acc + a * b in one relaxed multiply-add (fused or not, as the engine's hardware does it)
+      this.push(v.src[0])
+      this.push(v.src[1])
+      this.c.get(acc).simd(0x105) // f32x4.relaxed_madd
+      this.stats.fusedMadds++
+    } else if (x.lanes > 1) {
+      this.vectorAlu(x.op, d, d, [accRef, v])
+    } else {
+      this.scalarAlu(x.op, d, d, [accRef, v])
+    }
     this.c.set(acc)
+  }
+
+  /**
+   * The float32 x4 products that an accumulator's ADD update alone reads (a matrix product's or a
+   * convolution's step), each emitted inside its update as one relaxed_madd: only with `fma`, and only where
+   * the update follows its product in the same block (both run equally often).
+   */
+  fusedProducts () {
+    const fused = new Set()
+    if (!this.fma) return fused
+    const walk = (insts) => {
+      const here = new Set()
+      for (const x of insts) {
+        here.add(x.id)
+        if (x.k === 'loop') { walk(x.pre); walk(x.body) }
+        if (x.k === 'if') walk(x.body)
+        if (x.k !== 'update' || x.fold || x.op !== 'ADD' || x.lanes !== 4 || x.acc.dtype.name !== 'float32') continue
+        const v = x.src[0]
+        if (v.k === 'alu' && v.op === 'MUL' && v.lanes === 4 && v.dtype.name === 'float32' && here.has(v.id) &&
+            this.uses.get(v.id) === 1) fused.add(v.id)
+      }
+    }
+    walk(this.prog.head)
+    walk(this.prog.body)
+    return fused
   }
 
   /** hsum: lane j = init + ((a_j[0] + a_j[1]) + (a_j[2] + a_j[3])) of the four vectors a_0..a_3 (a 4 x 4
@@ -697,7 +734,7 @@ class KernelEmitter {
         return
       }
       case 'bcast': return this.emitBcast(x)
-      case 'alu': return this.emitAlu(x)
+      case 'alu': return this.fused.has(x.id) ? undefined : this.emitAlu(x) // emitted by its update
       case 'load': return this.emitLoad(x)
       case 'store': return this.emitStore(x)
       case 'acc': // updated inside loops and read after them: its own local, never reused
@@ -840,6 +877,8 @@ class KernelEmitter {
         place.set(x.id, [n++, loops])
         last.set(x.id, [n - 1, x.id])
         for (const v of operands(x)) uses.push([v, x])
+        // a fused product's operands are read by its update (fusedProducts)
+        if (x.k === 'update' && this.fused.has(x.src[0].id)) for (const v of x.src[0].src) uses.push([v, x])
         if (x.k === 'loop') {
           walk(x.body, [...loops, x])
           place.get(x.id)[0] = n++ // a loop's operands (its end, read by the latch) die after its body
@@ -896,6 +935,7 @@ class KernelEmitter {
 
   emit () {
     this.uses = this.countUses()
+    this.fused = this.fusedProducts()
     this.dead = this.deadAfter()
     this.block(this.prog.head)
     this.block(this.prog.body)

@@ -1,0 +1,215 @@
+'use strict'
+// Matrix products through the wasm lowering (issues 31 and 34): x @ W (GPT-2's Conv1D layout) and x @ W.T
+// (Linear's, GPT-2's tied head), their rows a Variable as in a prompt. Every variant the runtime may run (the
+// full tile, the few-rows tile, each reading the weight directly or through its packed copy) at sizes the
+// tiles do not divide, against a float64 reference within float32 rounding; and the tile shapes of GPT-2's
+// prompt matmuls (loop order, accumulators, loads per step), so a change that loses them fails here. With
+// relaxed SIMD (Node 22+; Node 20 behind a flag, run in a child process) the same checks hold with every
+// reduction step a relaxed multiply-add.
+const test = require('node:test')
+const assert = require('node:assert')
+const { spawnSync } = require('child_process')
+const { Graph } = require('../src/ir')
+const { DTYPES } = require('../src/dtypes')
+const { chooseOpts, fewRowsOpts } = require('../src/lower')
+const { lowerKernel, prepareKernel } = require('../src/compile')
+const { buildModule, importObject, relaxedSimdSupported } = require('../src/wasm/module')
+const { KernelEmitter } = require('../src/wasm/emit')
+const { repack } = require('../src/pack')
+
+const f32 = DTYPES.float32
+const i32 = DTYPES.int32
+
+/** out[m, n] = sum_k X[m, k] * W[k, n] (or W[n, k] with `trans`), m < tokens (a Variable up to `rows`); rows 0:
+ * one row, no m range (a decode step's kernel, its row range folded away). */
+function matmul (rows, K, N, trans, constant = false) {
+  const g = new Graph()
+  const c = (v) => g.const(i32, v)
+  const buf = (slot, n) => g.node('DEFINE_GLOBAL', f32, [], [slot, [n]])
+  const tokens = constant ? c(rows) : g.node('DEFINE_VAR', i32, [], ['tokens', 1, rows])
+  const m = rows ? g.node('RANGE', i32, [tokens], [0, 'global']) : c(0)
+  const n = g.node('RANGE', i32, [c(N)], [1, 'global'])
+  const k = g.node('RANGE', i32, [c(K)], [2, 'reduce'])
+  const x = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, rows * K), g.alu('ADD', g.alu('MUL', m, c(K)), k)])])
+  const wi = trans ? g.alu('ADD', g.alu('MUL', n, c(K)), k) : g.alu('ADD', g.alu('MUL', k, c(N)), n)
+  const w = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(2, K * N), wi])])
+  const sum = g.node('REDUCE', f32, [g.alu('MUL', x, w), k], 'ADD')
+  const st = g.node('STORE', null, [g.node('INDEX', f32, [buf(0, rows * N), g.alu('ADD', g.alu('MUL', m, c(N)), n)]), sum])
+  return { g, ast: g.node('SINK', null, [g.node('END', null, rows ? [st, m, n] : [st, n])]) }
+}
+
+/** The variants the runtime builds for one kernel (runtime.js lower, packedFor): [name, program]. */
+function variants (rows, K, N, trans, constant = false) {
+  const { g, ast } = matmul(rows, K, N, trans, constant)
+  const prepared = prepareKernel(g, ast)
+  const opts = chooseOpts(prepared.ast, 4)
+  const lower = (o, pack, main) => lowerKernel(g, ast, { width: 4, prepared, opts: o, verify: true, pack: pack ? (i) => (i === 2 ? K * N : 0) : null, packMain: main })
+  const out = [['tile', lower(opts, false, false)], ['tile, packed', lower(opts, true, true)]]
+  const rowTile = opts.filter((o) => o.kind === 'UPCAST' && o.range.src[0].op === 'DEFINE_VAR')
+  if (rowTile.length === 1) {
+    const few = fewRowsOpts(opts, rowTile[0])
+    out.push(['few rows', lower(few, false, false)], ['few rows, packed', lower(few, true, false)])
+  }
+  return { opts, variants: out }
+}
+
+let seed = 12345
+const rand = () => {
+  seed = (seed * 1103515245 + 12345) % 2147483648
+  return seed / 1073741824 - 1
+}
+
+/** Run `prog` on random X and W with `tokens` rows; returns the largest error relative to its bound. */
+function check (prog, rows, K, N, trans, tokens, fma) {
+  const sizes = [rows * N, rows * K, K * N]
+  const layout = new Map()
+  let pos = 64
+  const place = (slot, n) => {
+    layout.set(slot, { base: pos, size: n })
+    pos += Math.ceil(n * 4 / 64) * 64 + 64
+  }
+  sizes.forEach((n, i) => place(i, n))
+  for (const pk of prog.packs) place(pk.slot, pk.size)
+  const pages = Math.ceil(pos / 65536) + 1
+  const memory = new WebAssembly.Memory({ initial: pages })
+  const inst = new WebAssembly.Instance(new WebAssembly.Module(buildModule([{ prog, layout }], pages, undefined, { fma })), importObject(memory))
+  const view = new Float32Array(memory.buffer)
+  const X = Float32Array.from({ length: rows * K }, rand)
+  const W = Float32Array.from({ length: K * N }, rand)
+  view.set(X, layout.get(1).base / 4)
+  view.set(W, layout.get(2).base / 4)
+  view.fill(NaN, layout.get(0).base / 4, layout.get(0).base / 4 + rows * N)
+  for (const pk of prog.packs) repack(view, layout.get(2).base / 4, layout.get(pk.slot).base / 4, pk)
+  inst.exports.k0(...prog.vars.map(() => tokens))
+  const out = view.subarray(layout.get(0).base / 4)
+  // |float32 sum - exact| <= (K + 1) u sum |x w| (u = 2^-24: each product and each addition rounded once; a
+  // fused step rounds less), so a wrong or missing term shows as an error far above 1
+  let worst = 0
+  for (let i = 0; i < rows * N; i++) {
+    const [m, n] = [Math.floor(i / N), i % N]
+    if (m >= tokens) {
+      assert.ok(Number.isNaN(out[i]), `row ${m} >= tokens ${tokens} was written`)
+      continue
+    }
+    let exact = 0
+    let mag = 0
+    for (let k = 0; k < K; k++) {
+      const p = X[m * K + k] * (trans ? W[n * K + k] : W[k * N + n])
+      exact += p
+      mag += Math.abs(p)
+    }
+    worst = Math.max(worst, Math.abs(out[i] - exact) / ((K + 1) * 2 ** -24 * mag + 1e-30))
+  }
+  return worst
+}
+
+// [K, N]: odd sizes (no lanes), reductions the lanes divide with odd columns (x @ W.T's clamped column tile),
+// and columns the lanes divide with odd reductions (x @ W's tile)
+const SHAPES = [[1, 1], [3, 17], [17, 33], [33, 3], [36, 17], [36, 33], [4, 1], [17, 24], [33, 8], [3, 16]]
+const ROWS = 36 // the Variable's bound: 1, 3, 17 and 33 rows leave a partial row tile
+
+function checkAll (fma) {
+  let fused = 0
+  for (const trans of [false, true]) {
+    for (const [K, N] of SHAPES) {
+      for (const [name, prog] of variants(ROWS, K, N, trans).variants) {
+        const layout = new Map([0, 1, 2, ...prog.packs.map((pk) => pk.slot)].map((s) => [s, { base: 0, size: ROWS * 64 }]))
+        fused += new KernelEmitter(prog, layout, {}, {}, { fma }).emit().stats.fusedMadds
+        for (const tokens of [1, 3, 17, 33]) {
+          const worst = check(prog, ROWS, K, N, trans, tokens, fma)
+          assert.ok(worst <= 1, `x @ W${trans ? '.T' : ''} K=${K} N=${N} rows=${tokens} (${name}${fma ? ', fma' : ''}): error ${worst.toFixed(2)} x its float32 bound`)
+        }
+      }
+    }
+  }
+  // constant row counts the row tile does not divide (its last tile moved back to overlap: lower.rowTile)
+  const tiled = { false: [[7, 36, 8], [33, 17, 24], [5, 8, 16]], true: [[7, 36, 8], [7, 36, 33], [5, 8, 16], [33, 36, 24]] }
+  for (const trans of [false, true]) {
+    for (const [rows, K, N] of tiled[trans]) {
+      const { opts, variants: vs } = variants(rows, K, N, trans, true)
+      assert.ok(opts.some((o) => o.clamp && o.range.arg[0] === 0), `rows ${rows}: a clamped row tile`)
+      for (const [name, prog] of vs) {
+        const worst = check(prog, rows, K, N, trans, rows, fma)
+        assert.ok(worst <= 1, `x @ W${trans ? '.T' : ''} rows=${rows} K=${K} N=${N} (${name}${fma ? ', fma' : ''}): error ${worst.toFixed(2)} x its float32 bound`)
+      }
+    }
+  }
+  assert.ok(fma ? fused > 0 : fused === 0, `${fused} multiply-adds fused`)
+}
+
+test('matmul: every variant at sizes the tiles do not divide matches float64 within float32 rounding', () => {
+  checkAll(false)
+})
+
+test('matmul with relaxed-SIMD multiply-adds matches float64 within float32 rounding', (t) => {
+  if (relaxedSimdSupported()) return checkAll(true)
+  if (process.execArgv.includes('--experimental-wasm-relaxed-simd')) return t.skip('no relaxed SIMD even with the flag')
+  // Node 20 has relaxed SIMD only behind a flag: this file again in a child with it
+  const env = Object.assign({}, process.env)
+  delete env.NODE_TEST_CONTEXT // the child reports in plain text, not to this runner
+  const r = spawnSync(process.execPath, ['--experimental-wasm-relaxed-simd', '--test', '--test-name-pattern', 'relaxed-SIMD|fma load option', __filename], { encoding: 'utf8', env })
+  if (r.status !== 0 && /bad option|not allowed/.test(r.stderr)) return t.skip('this Node has no relaxed-SIMD flag')
+  assert.strictEqual(r.status, 0, r.stdout + r.stderr)
+  assert.match(r.stdout, /^ok \d+ - matmul with relaxed-SIMD[^#\n]*$/m, 'it ran in the child, not skipped')
+  assert.match(r.stdout, /^ok \d+ - the fma load option[^#\n]*$/m, 'fma: false turns relaxed SIMD off')
+})
+
+/** The innermost loop of a program body. */
+function innerLoop (body) {
+  let loop = null
+  const walk = (insts) => {
+    for (const x of insts) {
+      if (x.k === 'loop') {
+        loop = x
+        walk(x.body)
+      }
+    }
+  }
+  walk(body)
+  return loop
+}
+
+const summary = (opts) => opts.map((o) => `${o.kind}:${o.range.arg[0]}:${o.amount}`)
+
+test('GPT-2 prompt x @ W: 4 rows x 8 columns of accumulators, column panels outermost, 6 loads per step', () => {
+  // fc1 (768 -> 3072); its rows are the Variable tokens (range 0), its columns range 1
+  const { opts, variants: [[, tile]] } = variants(128, 768, 3072, false)
+  assert.deepStrictEqual(summary(opts), ['VECTOR:1:4', 'UPCAST:1:2', 'UPCAST:0:4', 'OUTER:1:1'])
+  // the outermost loop runs over the 384 column panels, so the weight is read once per call, not once per row tile
+  const outer = tile.body.find((x) => x.k === 'loop')
+  assert.strictEqual(outer.end.k, 'const')
+  assert.strictEqual(Number(outer.end.value), 3072 / 8)
+  const step = innerLoop(tile.body).body
+  const lanes4 = (k) => step.filter((x) => x.k === k && x.lanes === 4).length
+  assert.strictEqual(lanes4('update'), 8, 'accumulators updated per step')
+  assert.strictEqual(lanes4('load') + lanes4('bcast'), 2 + 4, 'two weight vectors and four broadcast row values per step')
+  const layout = new Map([[0, { base: 0, size: 128 * 3072 }], [1, { base: 0, size: 128 * 768 }], [2, { base: 0, size: 768 * 3072 }]])
+  assert.strictEqual(new KernelEmitter(tile, layout, {}, {}).emit().stats.fusedMadds, 0)
+  assert.strictEqual(new KernelEmitter(tile, layout, {}, {}, { fma: true }).emit().stats.fusedMadds, 8, 'one multiply-add per accumulator per step')
+})
+
+test("GPT-2's 50257-token head (x @ W.T): 4-column tiles with the last one clamped, one column for few rows", () => {
+  const { opts, variants: vs } = variants(128, 768, 50257, true)
+  assert.deepStrictEqual(summary(opts), ['SPLIT_REDUCE:2:4', 'UPCAST:1:4', 'UPCAST:0:2', 'OUTER:1:1'])
+  const step = innerLoop(vs[0][1].body).body
+  assert.strictEqual(step.filter((x) => x.k === 'update' && x.lanes === 4).length, 2 * 4)
+  assert.strictEqual(step.filter((x) => x.k === 'load' && x.lanes === 4).length, 2 + 4)
+  // few rows: one column sweeping the weight as one stream, 2 steps unrolled; a decode step's head (one row,
+  // no row range) keeps its one column too
+  const few = innerLoop(vs.find(([name]) => name === 'few rows')[1].body).body
+  assert.strictEqual(few.filter((x) => x.k === 'update' && x.lanes === 4).length, 2)
+  assert.deepStrictEqual(summary(variants(0, 768, 50257, true).opts), ['SPLIT_REDUCE:2:4'])
+})
+
+test('the fma load option: a boolean (else a ModelError that says so); false keeps mul + add', () => {
+  const { Model, ModelError } = require('..')
+  const { fixture } = require('./helpers')
+  assert.throws(() => Model.fromBytesSync(fixture('linear.pgb'), { fma: 'yes' }), (e) => e instanceof ModelError && /fma must be true or false/.test(e.message))
+  const off = Model.fromBytesSync(fixture('linear.pgb'), { fma: false, threads: 1 })
+  assert.strictEqual(off.backendInfo.fma, false)
+  assert.strictEqual(off._x.fma, false)
+  off.dispose()
+  const dflt = Model.fromBytesSync(fixture('linear.pgb'), { threads: 1 })
+  assert.strictEqual(dflt.backendInfo.fma, relaxedSimdSupported())
+  dflt.dispose()
+})
