@@ -30,7 +30,7 @@ from polygrad import config
 from polygrad.codegen.analysis import ranges_of, thread_axis
 from polygrad.codegen.lower import default_opts, lower
 from polygrad.codegen.opts import Opt, OptKind, apply_opts
-from polygrad.codegen.passes import simplify_indices
+from polygrad.codegen.passes import kernel_for_opts
 from polygrad.device import Buffer, open_device
 from polygrad.diskcache import cache_dir, read_entry, write_entry
 from polygrad.errors import CompileError
@@ -125,7 +125,7 @@ def candidate_opts(ast: UOp, opts: list[Opt], caps: Any = None) -> list[list[Opt
 
 def beam_search(ast: UOp, impl: Any, width: int) -> tuple[list[Opt], float, int]:
     """(best opts, best time in seconds, candidates timed) for `ast` on the opened device `impl`."""
-    base = simplify_indices(ast)
+    base = kernel_for_opts(ast)
     timer = CandidateTimer(ast, impl)
     seen: dict[tuple[Opt, ...], float] = {}
 
