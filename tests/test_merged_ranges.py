@@ -21,13 +21,17 @@ from polygrad.schedule.template import schedule
 from polygrad.uop.ops import KernelInfo, Ops, UOp
 
 
-def _kernel(n: "int | UOp", size_a: int, index_of) -> UOp:
-    """out[r] = a[index_of(r)] for 0 <= r < n."""
+def _kernel(n: "int | UOp", size_a: int, index_of, reduce: bool = True) -> UOp:
+    """out[r] = sum(a[index_of(r)] * b[k] for k < 2) for 0 <= r < n (a[index_of(r)] with reduce=False)."""
     out = UOp.placeholder((n if isinstance(n, int) else 64,), dtypes.float32, 0)
     a = UOp.placeholder((size_a,), dtypes.float32, 1)
+    b = UOp.placeholder((2,), dtypes.float32, 2)
     r = UOp.range(None, n, 0)
-    load = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, dtypes.float32, (a, index_of(r))),))
-    return UOp(Ops.STORE, None, (out[r], load)).end(r).sink(arg=KernelInfo(name="k", opts=("generated",)))
+    value = UOp(Ops.LOAD, dtypes.float32, (UOp(Ops.INDEX, dtypes.float32, (a, index_of(r))),))
+    if reduce:
+        k = UOp.range(None, 2, 1, "reduce")
+        value = UOp(Ops.REDUCE, dtypes.float32, (value * b[k].load(), k), Ops.ADD)
+    return UOp(Ops.STORE, None, (out[r], value)).end(r).sink(arg=KernelInfo(name="k", opts=("generated",)))
 
 
 def _divisions(ast: UOp) -> list[UOp]:
@@ -39,21 +43,23 @@ def _loop_sizes(ast: UOp) -> list:
 
 
 def _run(ast: UOp, device: str, a: np.ndarray, n: int) -> np.ndarray:
-    out, buf = Buffer(device, n, dtypes.float32), Buffer(device, a.size, dtypes.float32)
-    out.copyin(np.full(n, np.nan, np.float32))
-    buf.copyin(a)
-    programs.get_program(ast, device)([out, buf])
+    """out of _kernel(n, ...) with b = (1, 2): 3 * a[index_of(r)]."""
+    bufs = [Buffer(device, size, dtypes.float32) for size in (n, a.size, 2)]
+    for buf, values in zip(bufs, (np.full(n, np.nan, np.float32), a, np.array([1, 2], np.float32))):
+        buf.copyin(values)
+    programs.get_program(ast, device)(bufs)
+    out = bufs[0]
     return out.numpy()
 
 
 def test_a_transposed_read_splits_into_two_affine_ranges(device):
-    """out[r] = a[(r % 8) * 4 + r // 8]: a 4 x 8 transpose read through one range of 32 points."""
+    """out[r] = sum_k a[(r % 8) * 4 + r // 8] * b[k]: a 4 x 8 transpose read through one range of 32."""
     ast = simplify_indices(_kernel(32, 32, lambda r: (r % 8) * 4 + r // 8))
     split = split_merged_ranges(ast)
     assert _divisions(ast) and not _divisions(split)
     assert _loop_sizes(split) == [4, 8]  # the outer range first, the inner one just inside it
     a = np.arange(32, dtype=np.float32)
-    np.testing.assert_array_equal(_run(ast, device, a, 32), a.reshape(8, 4).T.reshape(-1))
+    np.testing.assert_array_equal(_run(ast, device, a, 32), 3 * a.reshape(8, 4).T.reshape(-1))
 
 
 def test_parts_divided_again_are_split_again():
@@ -74,6 +80,12 @@ def test_ranges_with_other_uses_are_left_alone(n, index_of):
     ast = simplify_indices(_kernel(n, 64, index_of))
     assert _divisions(ast)
     assert split_merged_ranges(ast) is ast
+
+
+def test_elementwise_kernels_are_left_alone():
+    """Their lanes run along the last range: 32 points, not the 8 a split would leave."""
+    ast = simplify_indices(_kernel(32, 32, lambda r: (r % 8) * 4 + r // 8, reduce=False))
+    assert _divisions(ast) and split_merged_ranges(ast) is ast
 
 
 def test_a_symbolic_size_splits_when_the_divisor_divides_it():

@@ -10,10 +10,12 @@ one row of H * D values) gets one output range of H * D points read as (r // D, 
 GPU heuristics look for a range along which an operand is contiguous; they find none in such indices,
 so the kernel ran with no tile (a GPT-2 prompt spent 40% of its time there). Written over (o, i), the
 same kernel is a batched matmul whose loads and store are affine, and the heuristics tile it.
-The divisors tried are the constants a division or remainder of r's expressions divides by, that
-divide n (a symbolic n, a Variable's multiple, counts when n % c simplifies to 0). A split is kept
-only when no division or remainder of o or i is left, so a range with other uses (a window's r // 3
-next to (r + 1) // 4) or a size c does not divide stays as it is.
+The divisors tried are the constants a division or remainder of r's own expressions divides by, that
+divide n (a symbolic n, a Variable's multiple, counts when n % c simplifies to 0). A split is kept only
+when no division or remainder of o or i is left, or of the ranges they are split into in turn (the
+heads of heads x D, grouped by key head: (r // D) // g and (r // D) % g), so a range with other uses (a
+window's r // 3 next to (r + 1) // 4) or a size c does not divide stays as it is. Elementwise kernels
+are left as they are (see split_merged_ranges).
 """
 from __future__ import annotations
 
@@ -30,7 +32,11 @@ MAX_DEPTH = 3  # a range split into at most 2**MAX_DEPTH parts (heads x D: 3, he
 def split_merged_ranges(ast: UOp) -> UOp:
     """Split every range used only through (r // c, r % c) pairs and affine forms of r into an outer
     range of n // c points and an inner one of c (both of r's kind, the inner one just inside it),
-    the parts split again where they are divided in turn (heads x D, the heads grouped by key head)."""
+    the parts split again where they are divided in turn (heads x D, the heads grouped by key head).
+    Kernels with a reduction only: their register tiles need affine addresses; an elementwise kernel's
+    lanes run along its last range, which a split would shorten (r // 8 of 64 points: 8 lanes, not 16)."""
+    if not any(n.op is Ops.REDUCE for n in ast.toposort()):
+        return ast
     for _ in range(MAX_SPLITS):
         divided, _ = _divisions(ast)
         candidates = [r for r in ranges_of(ast) if r.arg[1] in SPLIT_KINDS and r in divided]
