@@ -146,3 +146,15 @@ def test_bundles_store_the_split_kernel():
     tpl, _ = schedule([out.uop])
     (ast,) = [s.ast for s in tpl.steps if s.kind == "kernel"]
     assert _divisions(simplify_indices(ast)) and not _divisions(stored_kernel(ast))
+
+
+def test_a_reshape_beside_a_variable_divides_by_constants_only():
+    """GQA's product (b, kv, g, t, D) read as (b, kv * g, t, D) with t a Variable: the heads are regrouped
+    alone (h // g, h % g), not through the flat index (divisions by multiples of t, which no split can
+    remove: the kernel then had no tile)."""
+    tokens = Variable("tokens", 1, 16)
+    out, want = _attention_product(1, 2, 2, 5, tokens.bind(5), 8, "CPU")
+    tpl, _ = schedule([out.uop])
+    (ast,) = [s.ast for s in tpl.steps if s.kind == "kernel"]
+    assert all(n.src[1].op is Ops.CONST for n in _divisions(simplify_indices(ast)))
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
