@@ -42,7 +42,8 @@ MAX_UNROLL = 512  # product of all split amounts: bigger bodies compile slowly a
 TIMING_RUNS = 3
 COMPILE_WORKERS = max(1, min(8, os.cpu_count() or 1))
 MIN_GAIN = 0.97  # a deeper level must beat the best so far by 3% to continue
-SEARCH_VERSION = 3  # 2: THREAD is part of the searched space; 3: OUTER + STAGE too
+SEARCH_VERSION = 4  # 2: THREAD is part of the searched space; 3: OUTER + STAGE too; 4: opts name the
+# ranges of kernel_for_opts (merged ranges split), not those of the simplified kernel
 SPLITS = (OptKind.UPCAST, OptKind.SPLIT_REDUCE, OptKind.UNROLL)
 
 beam_cache: dict[tuple[str, str], list[Opt]] = {}
