@@ -89,6 +89,27 @@ def test_decoding_compiles_nothing_and_reuses_the_prefix(saved):
     model.dispose()
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_the_prompts_attention_product_is_one_tiled_kernel(saved, kind):
+    """softmax(scores) @ values, stored with its heads interleaved (the heads grouped by key head in GQA):
+    one kernel per layer whose merged heads x D range is split before the opts, so it gets a register
+    tile (two UPCASTs) instead of none."""
+    from polygrad.uop.ops import Ops
+    _, path = saved[kind]
+    model = load_hf(path, max_batch=2, max_seq_len=32)
+    try:
+        with hc.RecordedKernels() as rec:
+            model.forward(input_ids=_prompt())
+        over_tokens = [a for a in dict.fromkeys(rec.asts) if any(
+            n.op is Ops.REDUCE and n.src[0].op is Ops.MUL and any(r.src[0].op is not Ops.CONST for r in n.src[1:])
+            for n in a.toposort())]
+        assert len(over_tokens) == 1, [a.arg.name for a in over_tokens]
+        opts = programs.get_program(over_tokens[0], "CPU").spec.opts
+        assert sum(o.kind == "UPCAST" for o in opts) == 2, opts
+    finally:
+        model.dispose()
+
+
 @pytest.mark.parametrize("dtype,loose", [("float16", 2e-2), ("bfloat16", 1e-1)])
 def test_half_precision_safetensors(tmp_path, saved, dtype, loose):
     ref32, _ = saved["qwen2"]

@@ -12,7 +12,7 @@ import polygrad
 from polygrad import config
 from polygrad.calibrate import calibrate
 from polygrad.codegen.host_opts import host_opts
-from polygrad.codegen.passes import simplify_indices
+from polygrad.codegen.passes import kernel_for_opts
 from polygrad.device import registry
 from polygrad.errors import SettingError
 from polygrad.hostcpu import describe_cpu
@@ -79,7 +79,7 @@ def host_report(specs: dict) -> int:
             caps = polygrad.Device[name].capabilities
             tpl, _ = schedule([(Tensor.empty(1024, 1024, device=name) @ Tensor.empty(1024, 1024, device=name)).uop])
             ast = [s.ast for s in tpl.steps if s.kind == "kernel"][-1]
-            opts = ", ".join(f"{o.kind.value}({o.axis},{o.amount})" for o in host_opts(simplify_indices(ast), caps))
+            opts = ", ".join(f"{o.kind.value}({o.axis},{o.amount})" for o in host_opts(kernel_for_opts(ast), caps))
         except Exception as e:  # report, keep going
             print(f"  {name}: tile choice unavailable ({type(e).__name__}: {e})")
             continue

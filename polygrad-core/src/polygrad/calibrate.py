@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable
 
 from polygrad.codegen.lower import default_opts
-from polygrad.codegen.passes import simplify_indices
+from polygrad.codegen.passes import kernel_for_opts
 from polygrad.codegen.search import CandidateTimer
 from polygrad.device import open_device
 from polygrad.hostcpu import STAGE_MAX_BYTES, code_generator_of, describe_cpu, store_calibration
@@ -104,7 +104,7 @@ def _label(v: dict[str, int]) -> str:
 def _time_kernel(ast: UOp, impl: Any, tried: list[dict[str, int]]) -> list[list[float]]:
     """Per variant, the seconds of `ast` lowered with that variant's heuristic opts in each of ROUNDS
     rounds that alternate between the distinct opt lists (each compiled once)."""
-    base = simplify_indices(ast)
+    base = kernel_for_opts(ast)
     opts_of = [default_opts(base, dataclasses.replace(impl.capabilities, **v)) for v in tried]
     distinct = list({tuple(o): o for o in opts_of}.values())
     programs = []

@@ -279,11 +279,6 @@ class Decoder:
         if isinstance(start, int) and start == 0:  # forward: causal over the prompt (decode sees all of it)
             scores = scores + self.consts["causal_mask"][:length, :length]
         out = scores.softmax(-1) @ values  # (b, KV, g, t, D)
-        if not (isinstance(length, int) and length == 1):
-            # a prompt's product is realized per head before the heads are interleaved: fused with the
-            # transpose, its output range is heads x D merged (div/mod indices) and got no tile (a 512-token
-            # prompt spent 40% of its time there); one decoded token's is small either way
-            out = out.contiguous()
         return out.reshape(b, H, length, D).permute(0, 2, 1, 3).reshape(b, length, H * D)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 
 from polygrad import Tensor, dtypes
-from polygrad.uop.ops import ELEMENTWISE, MOVEMENT, Ops
 from polygrad.uop import sint
 
 from polygrad_onnx.node import Node, as_tensor, ints_of, op, pg_dtype, size_tensor
@@ -147,26 +146,9 @@ def _perm(node: Node, rank: int) -> list[int]:
     return list(range(rank))[::-1] if perm is None else [p % rank for p in perm]
 
 
-def _reduced(t: Tensor, depth: int = 6) -> bool:
-    """Whether `t` is computed by a reduction not yet realized (a MatMul's result, through its bias Add and
-    a Reshape), looking a few elementwise and movement steps down."""
-    frontier = [t.uop]
-    for _ in range(depth):
-        if any(u.op is Ops.REDUCE_AXIS for u in frontier):
-            return True
-        frontier = [s for u in frontier if u.op in ELEMENTWISE or u.op in MOVEMENT for s in u.src]
-    return False
-
-
 @op("Transpose", host=lambda node, x: np.transpose(x, _perm(node, x.ndim)))
 def transpose(node: Node, x: Tensor) -> Tensor:
-    perm = _perm(node, x.ndim)
-    # a MatMul's result transposed away from its last axis (BERT's key, (0, 2, 3, 1)) is realized in its
-    # own order first: fused, the product would be stored along the sequence, its operand strided by the
-    # width (no vector operand: 6 GFLOP/s); the consumer (q @ k.T) reads the view instead
-    if x.ndim > 1 and perm[-1] != x.ndim - 1 and _reduced(x):
-        x = x.contiguous()
-    return x.permute(*perm)
+    return x.permute(*_perm(node, x.ndim))
 
 
 def _axes_arg(node: Node, given, attr_name: str = "axes") -> list[int] | None:

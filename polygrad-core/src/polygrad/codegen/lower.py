@@ -7,15 +7,18 @@ for that device. The passes, in order (`lower` below runs them):
   1. parameters_of              (analysis.py)  the pointer and integer parameters, before a pass may drop
                                                a load
   2. simplify_indices           (passes.py)    fold constants, simplify index arithmetic (symbolic_rules)
-  3. default_opts               (here)         the Opts (opts.py) to apply, unless given (BEAM: search.py)
+  3. split_merged_ranges        (merged_ranges.py)  a range read only as (r // c, r % c) and affine forms
+                                               (heads x D merged by a transpose) becomes two ranges, so
+                                               its addresses are affine and the opts can tile it
+  4. default_opts               (here)         the Opts (opts.py) to apply, unless given (BEAM: search.py)
                                                or NOOPT=1: host_opts.py or gpu_opts.py by device class;
                                                none for a kernel with an accumulating STORE (SCATTER's:
                                                its points run one at a time, no threads, no lanes)
-  4. split_kernel               (passes.py)    apply_opts (opts.py), then simplify_indices again
-  5. estimate                   (analysis.py)  operations and bytes, for GlobalCounters
-  6. contract_fma               (passes.py)    devices with `caps.fma`: a float REDUCE(ADD) of a MUL becomes
+  5. split_kernel               (passes.py)    apply_opts (opts.py), then simplify_indices again
+  6. estimate                   (analysis.py)  operations and bytes, for GlobalCounters
+  7. contract_fma               (passes.py)    devices with `caps.fma`: a float REDUCE(ADD) of a MUL becomes
                                                REDUCE(FMA), each step acc = fma(a, b, acc) rounded once
-  7. decompose_transcendentals  (uop/transcendental.py)  EXP2/LOG2/SIN as IR arithmetic: the same bits
+  8. decompose_transcendentals  (uop/transcendental.py)  EXP2/LOG2/SIN as IR arithmetic: the same bits
                                                on every backend
 The ProgramSpec then goes to the linearizer (renderer/linearize.py) and the device's renderer.
 """
@@ -26,7 +29,7 @@ from polygrad.codegen.analysis import estimate, has_accumulating_store, paramete
 from polygrad.codegen.gpu_opts import gpu_opts
 from polygrad.codegen.host_opts import host_opts
 from polygrad.codegen.opts import Opt, OptKind, threads_of
-from polygrad.codegen.passes import contract_fma, simplify_indices, split_kernel
+from polygrad.codegen.passes import contract_fma, kernel_for_opts, split_kernel
 from polygrad.contract import Capabilities, ProgramSpec
 from polygrad.uop.ops import UOp
 from polygrad.uop.transcendental import decompose_transcendentals
@@ -37,7 +40,7 @@ def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = N
     beyond what `opts` asks). opts None means the heuristics choose (none with NOOPT=1)."""
     # the scheduler passes one buffer per DEFINE_GLOBAL; keep them all even if simplification drops a load
     params, variables = parameters_of(ast)  # before simplification, so the parameter list never shrinks
-    ast = simplify_indices(ast)
+    ast = kernel_for_opts(ast)
     if opts is None:
         opts = [] if config.get("NOOPT") else default_opts(ast, caps)
     if opts and has_accumulating_store(ast):

@@ -1,12 +1,14 @@
 """The rewrite passes of lowering: index simplification, applying opts, FMA contraction.
 
 Stage: lowering. Input: a kernel AST (and the Opts to apply). Output: the rewritten AST:
-`simplify_indices` (constants folded, index arithmetic simplified by symbolic_rules), `split_kernel`
+`simplify_indices` (constants folded, index arithmetic simplified by symbolic_rules), `kernel_for_opts`
+(simplified, then merged ranges split: merged_ranges.py; the kernel whose ranges the opts name), `split_kernel`
 (apply_opts then simplify_indices, memoized: the heuristics, BEAM and lower() ask for the same splits),
 `contract_fma` (a float sum of products as fused multiply-adds). lower.py lists their order.
 """
 from __future__ import annotations
 
+from polygrad.codegen.merged_ranges import split_merged_ranges
 from polygrad.codegen.opts import Opt, OptKind, apply_opts
 from polygrad.dtype import dtypes
 from polygrad.uop.ops import Ops, UOp
@@ -38,6 +40,12 @@ def clear_cache() -> None:
 def simplify_indices(ast: UOp) -> UOp:
     """Fold constants and simplify index arithmetic."""
     return _memoized(("simplify", ast), lambda: graph_rewrite(ast, symbolic_rules, name="simplify_indices"))
+
+
+def kernel_for_opts(ast: UOp) -> UOp:
+    """simplify_indices, then split_merged_ranges: the kernel the opts are chosen for and applied to
+    (the heuristics, BEAM and lower() must name the same ranges), cached."""
+    return _memoized(("for_opts", ast), lambda: split_merged_ranges(simplify_indices(ast)))
 
 
 def split_kernel(ast: UOp, opts: list[Opt] | tuple[Opt, ...]) -> UOp:

@@ -30,7 +30,7 @@ from polygrad import config
 from polygrad.codegen.analysis import ranges_of, thread_axis
 from polygrad.codegen.lower import default_opts, lower
 from polygrad.codegen.opts import Opt, OptKind, apply_opts
-from polygrad.codegen.passes import simplify_indices
+from polygrad.codegen.passes import kernel_for_opts
 from polygrad.device import Buffer, open_device
 from polygrad.diskcache import cache_dir, read_entry, write_entry
 from polygrad.errors import CompileError
@@ -42,7 +42,8 @@ MAX_UNROLL = 512  # product of all split amounts: bigger bodies compile slowly a
 TIMING_RUNS = 3
 COMPILE_WORKERS = max(1, min(8, os.cpu_count() or 1))
 MIN_GAIN = 0.97  # a deeper level must beat the best so far by 3% to continue
-SEARCH_VERSION = 3  # 2: THREAD is part of the searched space; 3: OUTER + STAGE too
+SEARCH_VERSION = 4  # 2: THREAD is part of the searched space; 3: OUTER + STAGE too; 4: opts name the
+# ranges of kernel_for_opts (merged ranges split), not those of the simplified kernel
 SPLITS = (OptKind.UPCAST, OptKind.SPLIT_REDUCE, OptKind.UNROLL)
 
 beam_cache: dict[tuple[str, str], list[Opt]] = {}
@@ -125,7 +126,7 @@ def candidate_opts(ast: UOp, opts: list[Opt], caps: Any = None) -> list[list[Opt
 
 def beam_search(ast: UOp, impl: Any, width: int) -> tuple[list[Opt], float, int]:
     """(best opts, best time in seconds, candidates timed) for `ast` on the opened device `impl`."""
-    base = simplify_indices(ast)
+    base = kernel_for_opts(ast)
     timer = CandidateTimer(ast, impl)
     seen: dict[tuple[Opt, ...], float] = {}
 

@@ -12,7 +12,7 @@ import threading
 
 from polygrad.dtype import dtypes
 from polygrad.uop.ops import COMPARISONS, ELEMENTWISE, AxisKind, KernelInfo, Ops, UOp, reduce_identity
-from polygrad.uop.sint import is_sym, sadd, smul, sprod, ssub, sym_equal, vmax
+from polygrad.uop.sint import canon, is_sym, sadd, smul, sprod, ssub, sym_equal, vmax
 
 TRUE = UOp.const(dtypes.bool, True)
 
@@ -278,6 +278,39 @@ def reshape_index(idx: tuple[UOp, ...], new_shape: tuple[int, ...], old_shape: t
     if [s for s in new_shape if s != 1] == [s for s in old_shape if s != 1]:
         it = iter(i for i, s in zip(idx, new_shape) if s != 1)
         return tuple(next(it) if s != 1 else _c(0) for s in old_shape)
+    out: list[UOp] = []
+    cuts = _reshape_cuts(new_shape, old_shape)
+    for (i0, j0), (i1, j1) in zip(cuts, cuts[1:]):
+        out += _regroup(idx[i0:i1], new_shape[i0:i1], old_shape[j0:j1])
+    return tuple(out)
+
+
+def _reshape_cuts(new_shape: tuple, old_shape: tuple) -> list[tuple[int, int]]:
+    """The points (i, j) where new_shape[:i] and old_shape[:j] hold the same number of elements, the
+    ends included: each group of dims between two cuts is reshaped alone, so an index is divided only
+    by its own group's sizes (constants where those are, when a symbolic axis lies elsewhere: heads
+    regrouped beside a Variable sequence length, h // g instead of divisions by multiples of it)."""
+    def prefixes(shape: tuple) -> list:
+        out = [1]
+        for s in shape:
+            out.append(canon(smul(out[-1], s)))
+        return out
+    pn, po = prefixes(new_shape), prefixes(old_shape)
+    cuts = [(0, 0)]
+    for i in range(1, len(new_shape)):
+        j = next((j for j in range(cuts[-1][1] + 1, len(old_shape)) if _same_size(pn[i], po[j])), None)
+        if j is not None:
+            cuts.append((i, j))
+    return cuts + [(len(new_shape), len(old_shape))]
+
+
+def _same_size(a: "int | UOp", b: "int | UOp") -> bool:
+    """Equal for every value of the Variables (not merely under their present bindings)."""
+    return a == b if not is_sym(a) and not is_sym(b) else a is b
+
+
+def _regroup(idx: tuple[UOp, ...], new_shape: tuple, old_shape: tuple) -> list[UOp]:
+    """Index into old_shape for an index into new_shape, through the flat index of the group."""
     flat = flat_index(idx, new_shape)
     out = []
     total = sprod(old_shape)
@@ -287,7 +320,7 @@ def reshape_index(idx: tuple[UOp, ...], new_shape: tuple[int, ...], old_shape: t
             continue
         e = flat // _c(st) if st != 1 else flat
         out.append(e if sym_equal(smul(st, s), total) else e % _c(s))
-    return tuple(out)
+    return out
 
 
 def address(u: UOp, idx: tuple[UOp, ...]) -> tuple[UOp, UOp]:
