@@ -42,7 +42,8 @@ STAGE_MIN_B_BYTES = 256 * 1024
 ROW_STAGE_MIN_REUSE = 64
 # a reduction whose weight operand is decompressed in the kernel (dequantized from integer loads) computes
 # it once per panel into staging scratch (decompress_stage_opts) when the rows it ignores number this many
-# or more (or are symbolic: a prompt's tokens): below that the copy costs more than the rows save
+# or more (or are symbolic: a prompt's tokens). Not measured: the copy is one pass over the panel, where a
+# tile of dot products dequantizes it once per 4 rows, so a few tiles already pay for it
 DECOMPRESS_STAGE_MIN_ROWS = 16
 # rows of a register tile over a symbolic range (a Variable batch): each tile computes this many rows,
 # so at the Variable's value 1 the FMAs are 4x a plain row's while the column vectors are loaded once,
