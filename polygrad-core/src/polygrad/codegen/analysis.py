@@ -49,6 +49,16 @@ def thread_axis(ast: UOp) -> UOp | None:
     return None
 
 
+def product_operand(node: UOp, slot: int) -> UOp | None:
+    """The operand of a reduction's product that reads buffer `slot` (a load of it, or a value computed from
+    its loads: a dequantized weight), None when no product reads it."""
+    for red in (x for x in node.toposort() if x.op is Ops.REDUCE and x.src[0].op is Ops.MUL):
+        for s in red.src[0].src:
+            if any(x.op is Ops.LOAD and x.src[0].src[0].arg[0] == slot for x in s.toposort()):
+                return s
+    return None
+
+
 def address_nodes(ast: UOp) -> set[UOp]:
     """The nodes that compute addresses and validity gates (INDEX sources past the buffer), not loads."""
     out: set[UOp] = set()

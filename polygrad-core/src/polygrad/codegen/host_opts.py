@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 
-from polygrad.codegen.analysis import divides, estimate, range_max, range_size, ranges_of, stores_of, thread_axis
+from polygrad.codegen.analysis import (divides, estimate, product_operand, range_max, range_size, ranges_of, stores_of,
+                                      thread_axis)
 from polygrad.codegen.opts import Opt, OptKind
 from polygrad.codegen.passes import split_kernel
 from polygrad.contract import Capabilities
@@ -23,6 +24,7 @@ from polygrad.uop.symbolic import range_coeff
 def host_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
     """Register tiles or lane accumulators (or vector lanes for an elementwise kernel), then THREAD."""
     opts = heuristic_opts(ast, caps) or elementwise_vector_opts(ast, caps)
+    opts = opts + decompress_stage_opts(ast, opts, caps)
     return opts + thread_opt(split_kernel(ast, opts), caps)
 
 
@@ -38,6 +40,11 @@ STAGE_MIN_B_BYTES = 256 * 1024
 # a tile's strided row operand is staged per row tile (row_stage_opts) when each copy serves this many
 # column tiles: the copy then costs at most 1/64 of the loads it saves from new cache lines
 ROW_STAGE_MIN_REUSE = 64
+# a reduction whose weight operand is decompressed in the kernel (dequantized from integer loads) computes
+# it once per panel into staging scratch (decompress_stage_opts) when the rows it ignores number this many
+# or more (or are symbolic: a prompt's tokens). Not measured: the copy is one pass over the panel, where a
+# tile of dot products dequantizes it once per 4 rows, so a few tiles already pay for it
+DECOMPRESS_STAGE_MIN_ROWS = 16
 # rows of a register tile over a symbolic range (a Variable batch): each tile computes this many rows,
 # so at the Variable's value 1 the FMAs are 4x a plain row's while the column vectors are loaded once,
 # as they are for one row (the loads bound such a kernel anyway)
@@ -160,8 +167,11 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
             continue
         # the widest row the device likes (tile_vectors), narrower while a big kernel's column panel of
         # that width would not fit the staging scratch; two vectors (or what fits) when none does
+        # (a dequantized weight's panel of `cols` columns must fit the staging scratch as float32 values)
+        decompress = decompressed_rows(ast, red) and bool(getattr(caps, "stage_bytes", 0))
         cols = next((c for c in (column_lanes(last, caps, most) for most in tile_vector_counts(caps))
-                     if not _stage_blocked(ast, red, glob, loads, last, c, caps)), column_lanes(last, caps, 2))
+                     if not _stage_blocked(ast, red, glob, loads, last, c, caps)
+                     and not (decompress and not _panel_fits(red, c, caps))), column_lanes(last, caps, 2))
         rows, tile_rows = _tile_rows(glob, operands, last, cols, caps)
         along = [ix for ix in loads if last in ix.src[1].toposort()]
         opts: list[Opt] = []
@@ -175,6 +185,10 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
             staged = row_stage_opts(glob, red, rows, last, loads, tile_rows, cols, top - 1, caps)
         if staged or all(range_coeff(ix.src[1], last) == 1 for ix in along):
             return opts + staged
+        if rows is not None and decompress and _panel_fits(red, cols, caps) and _costly_epilogue(ast, red):
+            # its weight panel is dequantized into staging scratch (decompress_stage_opts), and its columns
+            # are vector lanes, so the epilogue runs in vectors (a tile of dot products computes it per output)
+            return opts
         return dot_tile_opts(glob, red, loads, caps) or opts
     return []
 
@@ -340,6 +354,106 @@ def row_stage_opts(glob: list[UOp], red: UOp, rows: UOp, last: UOp, loads: list[
     inside = glob[glob.index(rows) + 1:]  # the loops the row tiles' loop holds
     reuse = math.prod(range_max(r) for r in inside) // (cols if last in inside else 1)
     return [Opt(OptKind.STAGE, row_tiles, slot)] if reuse >= ROW_STAGE_MIN_REUSE else []
+
+
+def decompressed_operand(red: UOp) -> tuple[UOp, int] | None:
+    """(operand, slot) when a reduction's product MUL(a, b) has an operand computed from the values of integer
+    loads (a weight dequantized in the kernel: casts, shifts and masks of its blocks' bytes, times a
+    scale), not a load itself; slot is the integer buffer it reads most often (the blocks). Integer loads
+    that only form an address (a gather's indices) do not count."""
+    if red.src[0].op is not Ops.MUL:
+        return None
+    for operand in red.src[0].src:
+        if operand.op is Ops.LOAD:
+            continue
+        counts: dict[int, int] = {}
+        stack, seen = [operand], set()
+        while stack:
+            x = stack.pop()
+            if x in seen or x.op is Ops.INDEX:
+                continue
+            seen.add(x)
+            if x.op is Ops.LOAD and x.dtype.is_int:
+                slot = x.src[0].src[0].arg[0]
+                counts[slot] = counts.get(slot, 0) + 1
+                continue
+            stack.extend(x.src)
+        if counts:
+            return operand, max(counts, key=lambda k: counts[k])
+    return None
+
+
+# an epilogue (the store's value above the reduction) with one of these runs as many scalar instructions per
+# output as a 768-long dot product's vector FMAs, or more, in a tile of dot products (GELU: ~150 after
+# decompose_transcendentals); an outer-product tile runs it in vectors
+COSTLY_EPILOGUE_OPS = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.FDIV, Ops.POW})
+
+
+def _costly_epilogue(ast: UOp, red: UOp) -> bool:
+    """Whether the store's value computes a transcendental or a division on the reduction's result."""
+    stack, seen = [ast.src[0].src[0].src[1]], set()
+    while stack:
+        x = stack.pop()
+        if x in seen or x is red or x.op in (Ops.LOAD, Ops.INDEX, Ops.REDUCE):
+            continue
+        seen.add(x)
+        if x.op in COSTLY_EPILOGUE_OPS:
+            return True
+        stack.extend(x.src)
+    return False
+
+
+def _panel_fits(red: UOp, cols: int, caps: Capabilities) -> bool:
+    """Whether `cols` columns of float32 values over the whole reduction fit the device's staging scratch."""
+    sizes = [range_size(r) for r in red.src[1:]]
+    return None not in sizes and math.prod(sizes) * cols * 4 <= caps.stage_bytes
+
+
+def decompressed_rows(ast: UOp, red: UOp) -> bool:
+    """Whether reduction `red` of a one-block kernel has a dequantized operand (decompressed_operand) and
+    global ranges it does not depend on (rows) numbering at least DECOMPRESS_STAGE_MIN_ROWS at their
+    largest (a symbolic range: its bound, a prompt's max_seq_len)."""
+    found = decompressed_operand(red)
+    if found is None or len(ast.src) != 1 or ast.src[0].op is not Ops.END:
+        return False
+    used = set(found[0].toposort())
+    rows = [r for r in ast.src[0].src[1:] if r.arg[1] == AxisKind.GLOBAL and r not in used]
+    return bool(rows) and math.prod(range_max(r) for r in rows) >= DECOMPRESS_STAGE_MIN_ROWS
+
+
+def decompress_stage_opts(ast: UOp, opts: list[Opt], caps: Capabilities | None) -> list[Opt]:
+    """A reduction whose weight operand is dequantized in the kernel (decompressed_operand) and whose rows
+    ignore it (a quantized matmul's prompt tokens): the global range its tile's weight values depend on
+    (its panel: a register tile's columns' outer range) becomes the outermost loop (OUTER) and, each time
+    it advances, the dequantized values are computed once into staging scratch (STAGE of the blocks'
+    slot: the linearizer stages the product's operand, not the raw loads), which every row tile then reads.
+    Without it each row tile dequantized the whole weight again (a 512-token prompt: 128 times).
+    Only on devices with stage_bytes, where the rows number at least DECOMPRESS_STAGE_MIN_ROWS."""
+    if not opts or any(o.kind is OptKind.STAGE for o in opts) or not getattr(caps, "stage_bytes", 0):
+        return []
+    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE]
+    found = decompressed_operand(reduces[0]) if len(reduces) == 1 else None
+    if found is None or not decompressed_rows(ast, reduces[0]):
+        return []
+    operand, slot = found
+    # the panel must be a column tile (UPCAST of a range the weight depends on): a panel of one column (an
+    # LM head of 50257 rows, untiled) would read every row of the activations again per weight row
+    used = set(operand.toposort())
+    if not any(o.kind is OptKind.UPCAST and any(r.arg[0] == o.axis for r in used if r.op is Ops.RANGE)
+               for o in opts):
+        return []
+    split = split_kernel(ast, opts)
+    value = product_operand(split.src[0], slot)
+    if value is None:
+        return []
+    ranges = [r for r in value.toposort() if r.op is Ops.RANGE]
+    panel = [r for r in ranges if r.arg[1] == AxisKind.GLOBAL]
+    inner = [r for r in ranges if r.arg[1] != AxisKind.GLOBAL]
+    if len(panel) != 1 or any(range_size(r) is None for r in inner):
+        return []
+    if math.prod(range_size(r) for r in inner) * value.dtype.itemsize > caps.stage_bytes:
+        return []
+    return [Opt(OptKind.OUTER, panel[0].arg[0], 0), Opt(OptKind.STAGE, panel[0].arg[0], slot)]
 
 
 def thread_opt(ast: UOp, caps: Capabilities | None) -> list[Opt]:

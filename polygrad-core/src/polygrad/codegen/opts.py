@@ -14,7 +14,9 @@ none of them. The optimisations (`OptKind`) and what they make of a range (`Axis
   STAGE         `axis` a global range, `amount` a buffer slot: each time that range's loop advances,
                 the kernel copies what its one load of the buffer reads inside the loop into a local
                 array in the order its inner loops read it (packing: a strided or transposed operand
-                becomes contiguous and stays in cache); the IR is unchanged, the linearizer does it
+                becomes contiguous and stays in cache), or, when a reduction reads the buffer through a
+                computed product operand (a dequantized weight), that operand's values; the IR is
+                unchanged, the linearizer does it
   LOCAL, GROUP  for GPU-style targets: a global range -> outer global + inner LOCAL (threads of a
                 block), a reduce range -> outer reduce + inner GROUP (a reduction shared by a block's
                 threads); renderer/launch.py maps them to launch indices. The host heuristics never

@@ -53,7 +53,10 @@ load of the named buffer is copied, for every point of the loops still to open t
 into a LOCAL array (reduce ranges first, upcast ranges next, the vector lanes last): plain LOOPs with
 a LOAD from the PARAM and a STORE into the LOCAL. The load then reads the LOCAL at the matching
 position (contiguous along the lanes). LOAD and STORE take a LOCAL wherever they take a PARAM; a
-LOCAL is private to each launch (the C renderer puts it on the stack).
+LOCAL is private to each launch (the C renderer puts it on the stack). When the buffer is read through a
+computed operand of a reduction's product (a weight dequantized from its blocks' bytes: several loads, or
+one integer load), that operand's values are staged instead (`stage_value`), so a prompt's row tiles read
+float values computed once per panel.
 
 Vector lanes (`linearize(spec, vector_width=w)`, w > 1; emitters that handle vectors pass the
 device's width, `spec.vector_width`; the default 1 keeps every upcast range a scalar loop). In each
@@ -102,6 +105,7 @@ from enum import Enum, auto
 from types import GeneratorType
 from typing import Any, Callable, Generator
 
+from polygrad.codegen.analysis import product_operand
 from polygrad.dtype import DType, dtypes
 from polygrad.uop.ops import AxisKind, Ops, UOp, reduce_identity
 from polygrad.uop.rewrite import graph_rewrite
@@ -509,6 +513,10 @@ class _Linearizer:
             return self.lookup(u)
         if op is Ops.LOAD:
             x = yield from self.load(u)
+        elif u in self.staged:  # a staged value (a dequantized weight): read from its local array
+            local, flat = self.staged[u]
+            idx, _, kind, n = yield from self.access(None, flat)
+            x = self.add(L.LOAD, u.dtype, (local, idx), kind, n)
         else:
             src = []
             for s in u.src:
@@ -553,11 +561,11 @@ class _Linearizer:
             src = tuple(self.bcast(s, n) for s in src)
         return self.add(L.ALU, dtype, src, op, n)
 
-    def access(self, index: UOp, at: UOp | None = None) -> Steps:
+    def access(self, index: UOp | None, at: UOp | None = None) -> Steps:
         """(index, gate, kind, lanes) of a memory access: kind None (scalar), "contiguous" (the index
         is lane 0's) or "gather" (one index per lane). `at` replaces the index expression (a staged load
-        reads its local array there)."""
-        gate = (yield self.bound_expr(index.src[2])) if len(index.src) > 2 else None
+        or value reads its local array there; a staged value has no INDEX: `index` None)."""
+        gate = (yield self.bound_expr(index.src[2])) if index is not None and len(index.src) > 2 else None
         expr, offset = self.bound_split(index.src[1] if at is None else at)
 
         def at_offset(x: Inst) -> Inst:  # the unrolled point's constant part, one add
@@ -849,10 +857,15 @@ class _Linearizer:
     def stage(self, node: UOp, slot: int) -> Steps:
         """STAGE: copy what the block's one load of buffer `slot` reads inside the loops still to open
         into a LOCAL array, in their order (reduce ranges, then upcast ranges, the vector lanes last,
-        so the lanes read it contiguously), and make that load read the array. Skipped (the load stays
-        as it is) when the buffer has several loads, a gated one, symbolic inner sizes, 16-bit floats,
-        or more than STAGE_MAX_BYTES to copy."""
+        so the lanes read it contiguously), and make that load read the array; a product operand
+        computed from the buffer's loads (a dequantized weight) is staged by stage_value instead. Skipped
+        (the load stays as it is) when the buffer has several loads, a gated one, symbolic inner sizes,
+        16-bit floats, or more than STAGE_MAX_BYTES to copy."""
         loads = {x for x in node.toposort() if x.op is Ops.LOAD and x.src[0].src[0].arg[0] == slot}
+        value = product_operand(node, slot)
+        if value is not None and value.op is not Ops.LOAD and (len(loads) != 1 or not next(iter(loads)).dtype.is_float):
+            yield self.stage_value(value)
+            return
         if len(loads) != 1:
             return
         ld = next(iter(loads))
@@ -884,6 +897,67 @@ class _Linearizer:
             self.close_loop(r)
         self.vec, self.unrolled = saved
         self.staged[ld] = (local, flat)
+
+    def stage_value(self, u: UOp) -> Steps:
+        """STAGE of a computed operand (a weight dequantized from integer loads): its values at every point
+        of the loops still to open that it depends on are computed once into a LOCAL array, ordered as
+        stage() orders a load's (the vector lanes last), and the reduction reads them from there at each
+        of its points (rows of a prompt) instead of computing them again. The copy keeps the block's
+        vector lanes where the value has them; where its arithmetic has no lanes (uint8 shifts: Q4_K's
+        scales) it alone runs as scalar loops, and the reduction reading the array keeps its lanes.
+        Skipped like stage()."""
+        inner = [r for r in self.deps(u) if r not in self.open and r not in self.bind]
+        if not inner or u.dtype in HALF_DTYPES or any(r.src[0].op is not Ops.CONST for r in inner) \
+                or any(_kind(r) not in (AxisKind.REDUCE, AxisKind.UPCAST, AxisKind.UNROLL) for r in inner):
+            return
+        inner.sort(key=lambda r: (r is self.vec, _kind(r) == AxisKind.UPCAST, r.arg[0]))
+        size = math.prod(int(r.src[0].arg) for r in inner)
+        if size * u.dtype.itemsize > STAGE_MAX_BYTES:
+            return
+        flat, stride = UOp.const(inner[0].dtype, 0), 1
+        for r in reversed(inner):
+            flat = r * stride + flat if stride > 1 else r + flat
+            stride *= int(r.src[0].arg)
+        flat = graph_rewrite(flat, symbolic_rules, name="stage_index")
+        local = Inst(L.LOCAL, u.dtype, (), size)
+        self.head.append(local)
+        saved = self.vec, self.unrolled
+        lanes = self.vec if self.vec in inner else None
+        mark = self.mark()
+        try:  # a nested run, so a NoVector ends the copy alone (the value is a few dozen nodes deep)
+            run_steps(self.stage_copy(u, inner, local, flat, lanes), self.request)
+        except NoVector:
+            if lanes is None:
+                raise
+            self.rewind(mark)
+            run_steps(self.stage_copy(u, inner, local, flat, None), self.request)
+        self.vec, self.unrolled = saved
+        self.staged[u] = (local, flat)
+        yield from ()
+
+    def stage_copy(self, u: UOp, inner: list[UOp], local: Inst, flat: UOp, lanes: UOp | None) -> Steps:
+        """The loops that compute u at every point of `inner` into `local` at `flat`: plain loops, with
+        `lanes` (the block's vector range, or None) as vector lanes."""
+        self.vec, self.unrolled = lanes, set()
+        for r in inner:
+            yield from self.open_loop(r)
+        v = yield u
+        idx, _, kind, n = yield from self.access(None, flat)
+        self.add(L.STORE, None, (local, idx, self.bcast(v, n) if n > 1 else v), kind, n)
+        for r in reversed(inner):
+            self.close_loop(r)
+
+    def mark(self) -> tuple:
+        """What rewind() restores: the emitted instructions and every cache an emission may add to."""
+        return (len(self.body), len(self.head), dict(self.consts), [dict(s) for s in self.scopes], dict(self.open),
+                dict(self.vars), self.tid)
+
+    def rewind(self, mark: tuple) -> None:
+        """Drop what was emitted since mark() (a copy abandoned for NoVector)."""
+        body, head, consts, scopes, opened, variables, tid = mark
+        del self.body[body:]
+        del self.head[head:]
+        self.consts, self.scopes, self.open, self.vars, self.tid = consts, scopes, opened, variables, tid
 
     def unroll_set(self, node: UOp) -> set[UOp]:
         """The block's upcast and unroll ranges (all but the vector lanes) when they have at most
