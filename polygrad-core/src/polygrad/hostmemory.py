@@ -10,6 +10,12 @@ threshold to the size of each mapped block freed, up to 32 MiB, and serves the n
 which only malloc_trim gives back): a decoder's steady state kept ~1.3 GB of freed heap. A fresh map
 needs no zero-fill: its pages are the kernel's zeros (`HostMemory.zeroed`; device.Buffer skips the fill
 of such a handle when it comes straight from `alloc`, never when it comes back from the reuse cache).
+
+`HostAllocator.adopt` makes a handle of a caller's read-only array instead (a memory-mapped file's
+pages: GGUF weights are used where the file maps them, as llama.cpp does, instead of being copied).
+Such a handle is `readonly`: device.Buffer refuses writes into it and never puts it in the reuse cache.
+Kernels load through unaligned copies (renderer/cstyle.py), so an adopted array needs only its
+elements' natural alignment; HOST_ALIGN matters for stores, which it never receives.
 """
 from __future__ import annotations
 
@@ -30,13 +36,14 @@ class HostMemory:
     """A host allocation: the NumPy byte array, its address, and a slot backends may cache a
     foreign-function pointer in (so launching a kernel costs no per-call address lookups)."""
 
-    __slots__ = ("arr", "addr", "ptr", "zeroed")
+    __slots__ = ("arr", "addr", "ptr", "zeroed", "readonly")
 
-    def __init__(self, arr: Any, zeroed: bool = False):
+    def __init__(self, arr: Any, zeroed: bool = False, readonly: bool = False):
         self.arr = arr
         self.addr = int(arr.ctypes.data)
         self.ptr: Any = None
         self.zeroed = zeroed  # came from the system as zero pages (a memory map): zero when first handed out
+        self.readonly = readonly  # the caller's read-only memory (HostAllocator.adopt): never written
 
 
 # host buffers start on a cache line: NumPy puts a large array 16 bytes past a page, so every 64-byte vector
@@ -61,6 +68,12 @@ class HostAllocator:
         raw = np.empty(n + HOST_ALIGN, dtype=np.uint8)
         skip = -int(raw.ctypes.data) % HOST_ALIGN
         return HostMemory(raw[skip:skip + n])  # the view keeps the allocation alive
+
+    def adopt(self, arr: np.ndarray) -> HostMemory:
+        """A read-only handle over `arr`'s own memory, no copy (the caller checked it is contiguous,
+        read-only and aligned: device.adopt_host_array). The handle keeps `arr`, and so its map, alive."""
+        flat = arr.reshape(-1).view(np.uint8)
+        return HostMemory(flat, readonly=True)
 
     def free(self, handle: Any, nbytes: int) -> None:
         pass

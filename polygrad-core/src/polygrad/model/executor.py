@@ -74,7 +74,11 @@ class Executor:
         for s, host in hosts.items():
             self.bufs[s] = self.bufs[host]
         for s, arr in data.items():
-            if isinstance(arr, Buffer):
+            if isinstance(arr, Buffer) and arr.readonly and prog.slots[s].role != "parameter":
+                # adopted read-only memory (a mapped weight file): nothing writes it, so the Model uses it
+                # where it is instead of holding a second copy (a parameter is trained: it gets its own)
+                self.bufs[s] = arr
+            elif isinstance(arr, Buffer):
                 realize.copy_buffer(self.bufs[s], arr)
             else:
                 self.bufs[s].copyin(arr)
