@@ -30,16 +30,23 @@ MAP_BYTES = 1 << 20
 # and from this size on ask for transparent huge pages (fewer TLB misses on a large operand), as NumPy
 # does for its own large arrays
 HUGE_BYTES = 4 << 20
+# and from this size on are zeroed by giving their pages back (madvise MADV_DONTNEED: the next touch
+# of a page maps one of the kernel's zero pages) instead of a memset: a buffer sized for a Variable's
+# maximum (a decoder's logits for max_seq_len tokens, 100 MB for GPT-2 at 520) is zeroed each time the
+# reuse cache hands it out again, and a memset made every page resident while a prompt writes a few rows.
+# Below it, a memset is cheaper than the page faults that follow a release.
+RELEASE_ZERO_BYTES = 8 << 20
 
 
 class HostMemory:
     """A host allocation: the NumPy byte array, its address, and a slot backends may cache a
     foreign-function pointer in (so launching a kernel costs no per-call address lookups)."""
 
-    __slots__ = ("arr", "addr", "ptr", "zeroed", "readonly")
+    __slots__ = ("arr", "addr", "ptr", "zeroed", "readonly", "region")
 
-    def __init__(self, arr: Any, zeroed: bool = False, readonly: bool = False):
+    def __init__(self, arr: Any, zeroed: bool = False, readonly: bool = False, region: Any = None):
         self.arr = arr
+        self.region = region  # the anonymous memory map of a large allocation (zero() releases its pages)
         self.addr = int(arr.ctypes.data)
         self.ptr: Any = None
         self.zeroed = zeroed  # came from the system as zero pages (a memory map): zero when first handed out
@@ -64,7 +71,7 @@ class HostAllocator:
                 except OSError:  # a kernel without transparent huge pages: plain pages serve
                     pass
             # the array's base is the map: munmap when the last view of it dies
-            return HostMemory(np.frombuffer(region, dtype=np.uint8), zeroed=True)
+            return HostMemory(np.frombuffer(region, dtype=np.uint8), zeroed=True, region=region)
         raw = np.empty(n + HOST_ALIGN, dtype=np.uint8)
         skip = -int(raw.ctypes.data) % HOST_ALIGN
         return HostMemory(raw[skip:skip + n])  # the view keeps the allocation alive
@@ -79,6 +86,12 @@ class HostAllocator:
         pass
 
     def zero(self, handle: HostMemory, nbytes: int) -> None:
+        region = getattr(handle, "region", None)
+        if region is not None and nbytes >= RELEASE_ZERO_BYTES and hasattr(mmap, "MADV_DONTNEED"):
+            whole = nbytes - nbytes % mmap.PAGESIZE  # the map starts on a page; its last page may be partial
+            region.madvise(mmap.MADV_DONTNEED, 0, whole)
+            handle.arr[whole:nbytes] = 0
+            return
         handle.arr[:nbytes] = 0
 
     def copyin(self, handle: HostMemory, src: memoryview) -> None:
