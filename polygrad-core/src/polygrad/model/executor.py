@@ -83,8 +83,11 @@ class Executor:
             else:
                 self.bufs[s].copyin(arr)
         for s, slot in enumerate(prog.slots):
-            if slot.role == "cache":
-                self.bufs[s].copyin(np.zeros(slot.size, dtype=slot.dtype.np))
+            if slot.role == "cache":  # zeroed as it is allocated (a fresh map: the system's zero pages, which
+                # become resident only as far as the positions used; no host array of zeros copied in)
+                if self.bufs[s].is_allocated:
+                    self.bufs[s].copyin(np.zeros(slot.size, dtype=slot.dtype.np))
+                self.bufs[s].ensure_allocated()
         self.programs: dict[int, Any] = {}
         self.plans: dict[str, list] = {}
         self.refs: dict[int, list[tuple[list, int]]] = {}
