@@ -18,7 +18,7 @@ import pluggy
 from polygrad import config
 from polygrad.uop.ops import SELF_KEYED_ARGS
 from polygrad.contract import ENTRY_POINT_GROUP, PLUGIN_API, PROJECT, BackendHooks, BackendSpec, DeviceImpl, ProbeResult
-from polygrad.hostmemory import HostAllocator, HostMemory
+from polygrad.hostmemory import RELEASE_ON_FREE_BYTES, HostAllocator, HostMemory
 from polygrad.dtype import DType
 from polygrad.errors import (DeviceError, DeviceUnavailableError, InvalidArgumentError, PluginError, PolygradError,
                              ReadOnlyBufferError, UnknownDeviceError)
@@ -390,6 +390,8 @@ class Buffer:
                     buffers_live[device] -= 1
                     _alloc_cache.setdefault((device, nbytes), []).append((self._impl.allocator, handle))
                     alloc_cache_bytes["total"] += nbytes
+                    if nbytes >= RELEASE_ON_FREE_BYTES:
+                        _release_pages(self._impl.allocator, handle, nbytes)
                     return
         _release(self._impl.allocator, handle, nbytes, device)
 
@@ -487,9 +489,18 @@ def _release(allocator: Any, handle: Any, nbytes: int, device: str) -> None:
                                                                                                  False):
             _alloc_cache.setdefault((device, nbytes), []).append((allocator, handle))
             alloc_cache_bytes["total"] += nbytes
+            if nbytes >= RELEASE_ON_FREE_BYTES:
+                _release_pages(allocator, handle, nbytes)
             return
         _account(device, -nbytes, 0)
     allocator.free(handle, nbytes)
+
+
+def _release_pages(allocator: Any, handle: Any, nbytes: int) -> None:
+    """A large allocation entering the reuse cache keeps its address, not its pages (hostmemory.py)."""
+    release = getattr(allocator, "release_pages", None)
+    if release is not None:
+        release(handle, nbytes)
 
 
 def zero_fill(allocator: Any, handle: Any, nbytes: int) -> None:
