@@ -90,6 +90,7 @@ def _quant_notes(ck: Checkpoint, weights: dict[str, Any], wdt: Any) -> list[str]
 def _blocks_tensor(arr: np.ndarray, device: str, runtime: Any) -> Tensor:
     """A weight's uint8 blocks on `device`: on a host device, the array itself (read-only, no copy: a view
     of the GGUF file's map stays the file's pages, and a reordered copy becomes the buffer), else copied."""
+    arr = np.ascontiguousarray(arr, dtype=np.uint8)  # as read_weights hands it over: no copy
     arr.flags.writeable = False  # a view of the read-only map already is; a reordered copy is ours alone
     try:
         return Tensor.from_host_view(arr, device=device, _runtime=runtime)
