@@ -11,7 +11,10 @@ libraries alternated round by round:
                with the POLY_CACHE_DIR an earlier process filled; "cold" with an empty one
   prompt       tokens per second of a 32- and a 512-token prompt, the second run in the process
   decode       new tokens per second after the 32-token prompt (63 steps)
-  peak RSS     the worker's maximum resident set (VmHWM), in MB
+  peak RSS     the worker's maximum resident set (VmHWM), in MB, over the whole run ("peak RSS") and up to
+               the 512-token prompts ("RSS to 32"): polygrad's forward returns the logits of every position
+               (a 512-token prompt's are 103 MB, held by the Model, the caller's Tensor and its NumPy copy),
+               where llama.cpp computes the last position's only
   agree        greedy tokens equal to llama.cpp's, of 64 (random weights, so rounding differences
                between two dequantization orders can change a token and everything after it)
 
@@ -62,6 +65,7 @@ def worker_polygrad(path: str, threads: int, start: float) -> dict:
         nxt = int(step["logits"].numpy()[0, -1].argmax())
         tokens.append(nxt)
     out["decode_tok_s"] = (NEW - 1) / (time.perf_counter() - t0)
+    out["peak_rss_short_mb"] = peak_rss_mb()
     for n in (SHORT, LONG):
         ids = prompt_ids(n, vocab)
         prompt(ids)  # the first run of a length compiles what it needs
@@ -91,6 +95,7 @@ def worker_llama(path: str, threads: int, start: float) -> dict:
         nxt = run([nxt])
         tokens.append(nxt)
     out["decode_tok_s"] = (NEW - 1) / (time.perf_counter() - t0)
+    out["peak_rss_short_mb"] = peak_rss_mb()
     for n in (SHORT, LONG):
         ids = prompt_ids(n, vocab)
         for timed in (False, True):
@@ -174,7 +179,7 @@ def main() -> None:
     print(f"GPT-2-small shape ({args.layers} layers), random weights, batch 1, greedy, {args.threads} threads; "
           f"{cpu_model()}; medians of {args.rounds} alternated rounds, each a fresh process")
     head = (f"{'format':6s} {'runtime':22s}{'decode tok/s':>13s}{'prompt32 tok/s':>15s}{'prompt512 tok/s':>16s}"
-            f"{'first token s':>14s}{'peak RSS MB':>12s}{'agree':>7s}")
+            f"{'first token s':>14s}{'peak RSS MB':>12s}{'RSS to 32':>10s}{'agree':>7s}")
     print(head)
     for fmt in files:
         ref = results.get((fmt, "llama.cpp"))
@@ -190,13 +195,16 @@ def main() -> None:
                 agree = str(next((i for i, (a, b) in enumerate(zip(runs[0]["tokens"], ref[0]["tokens"])) if a != b),
                                  NEW))
             print(f"{fmt:6s} {label:22s}{med('decode_tok_s'):13.1f}{med('prompt32_tok_s'):15.1f}"
-                  f"{med('prompt512_tok_s'):16.1f}{med('first_token_s'):14.2f}{med('peak_rss_mb'):12.0f}{agree:>7s}")
+                  f"{med('prompt512_tok_s'):16.1f}{med('first_token_s'):14.2f}{med('peak_rss_mb'):12.0f}"
+                  f"{med('peak_rss_short_mb'):10.0f}{agree:>7s}")
         if ref:
             ours, theirs = results[(fmt, "polygrad")], ref
             ratio = {k: float(np.median([x[k] for x in ours]) / np.median([x[k] for x in theirs]))
-                     for k in ("decode_tok_s", "prompt32_tok_s", "prompt512_tok_s", "first_token_s", "peak_rss_mb")}
+                     for k in ("decode_tok_s", "prompt32_tok_s", "prompt512_tok_s", "first_token_s", "peak_rss_mb",
+                               "peak_rss_short_mb")}
             print(f"{fmt:6s} {'polygrad / llama.cpp':22s}{ratio['decode_tok_s']:12.2f}x{ratio['prompt32_tok_s']:14.2f}x"
-                  f"{ratio['prompt512_tok_s']:15.2f}x{ratio['first_token_s']:13.2f}x{ratio['peak_rss_mb']:11.2f}x")
+                  f"{ratio['prompt512_tok_s']:15.2f}x{ratio['first_token_s']:13.2f}x{ratio['peak_rss_mb']:11.2f}x"
+                  f"{ratio['peak_rss_short_mb']:9.2f}x")
         print(f"{fmt:6s} file {sizes[fmt]:.0f} MB")
 
 

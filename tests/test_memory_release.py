@@ -164,3 +164,51 @@ def test_a_reused_mapped_buffer_is_zeroed_again() -> None:
     out = np.empty(n, np.float32)
     again.impl().allocator.copyout(memoryview(out).cast("B"), again._handle)
     assert not out.any()
+
+
+def _resident() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+
+
+def test_a_large_reused_buffer_is_zeroed_by_giving_its_pages_back() -> None:
+    """From hostmemory.RELEASE_ZERO_BYTES, a buffer the reuse cache hands out again is zeroed by releasing its
+    pages (MADV_DONTNEED), not by a memset that made them all resident: a decoder's logits sized for its longest
+    prompt (100 MB for GPT-2 at 520 tokens) stayed resident after every prompt. It reads zeros all the same."""
+    from polygrad.device import Buffer, free_cached
+    from polygrad.dtype import dtypes
+    from polygrad.hostmemory import RELEASE_ZERO_BYTES
+    n = 4 * RELEASE_ZERO_BYTES // 4 + 3  # float32s: a partial last page is cleared by hand
+    free_cached()  # room in the cache, whatever earlier tests left there
+    first = Buffer("INTERP", n, dtypes.float32).ensure_allocated(written=True)
+    first.copyin(np.full(n, 7, np.float32))
+    handle = first._handle
+    del first  # into the reuse cache, every page resident
+    before = _resident()
+    again = Buffer("INTERP", n, dtypes.float32).ensure_allocated()
+    assert again._handle is handle
+    assert before - _resident() > 3 * RELEASE_ZERO_BYTES  # the pages went back: 4 x 8 MiB were resident
+    assert not again.numpy().any()
+
+
+def test_a_huge_freed_buffer_waits_in_the_reuse_cache_without_its_pages() -> None:
+    """From hostmemory.RELEASE_ON_FREE_BYTES, a freed buffer keeps its address in the reuse cache but gives its
+    pages back: a 512-token prompt's logits (103 MB for GPT-2) freed by the caller stayed resident beside the
+    next prompt's, 100 MB of the decoder's peak. Handed out again, it reads zeros."""
+    from polygrad import device
+    from polygrad.device import Buffer
+    from polygrad.dtype import dtypes
+    from polygrad.hostmemory import RELEASE_ON_FREE_BYTES
+    n = RELEASE_ON_FREE_BYTES // 4
+    device.free_cached()  # room in the cache, whatever earlier tests left there
+    buf = Buffer("INTERP", n, dtypes.float32).ensure_allocated(written=True)
+    buf.copyin(np.full(n, 7, np.float32))
+    handle = buf._handle
+    cached = device.alloc_cache_bytes["total"]
+    before = _resident()
+    del buf
+    assert device.alloc_cache_bytes["total"] == cached + RELEASE_ON_FREE_BYTES  # kept for reuse
+    assert before - _resident() > RELEASE_ON_FREE_BYTES * 9 // 10  # without its pages
+    again = Buffer("INTERP", n, dtypes.float32).ensure_allocated()
+    assert again._handle is handle
+    assert not again.numpy().any()

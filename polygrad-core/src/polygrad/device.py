@@ -18,9 +18,10 @@ import pluggy
 from polygrad import config
 from polygrad.uop.ops import SELF_KEYED_ARGS
 from polygrad.contract import ENTRY_POINT_GROUP, PLUGIN_API, PROJECT, BackendHooks, BackendSpec, DeviceImpl, ProbeResult
-from polygrad.hostmemory import HostAllocator, HostMemory
+from polygrad.hostmemory import RELEASE_ON_FREE_BYTES, HostAllocator, HostMemory
 from polygrad.dtype import DType
-from polygrad.errors import DeviceError, DeviceUnavailableError, PluginError, PolygradError, UnknownDeviceError
+from polygrad.errors import (DeviceError, DeviceUnavailableError, InvalidArgumentError, PluginError, PolygradError,
+                             ReadOnlyBufferError, UnknownDeviceError)
 
 KNOWN_PACKAGES = {
     "CPU": "polygrad-backend-cpu", "INTERP": "polygrad-backend-interp", "X86": "polygrad-backend-x86",
@@ -326,6 +327,18 @@ class Buffer:
     def is_allocated(self) -> bool:
         return self._handle is not None
 
+    @property
+    def readonly(self) -> bool:
+        """Whether this buffer is a caller's read-only host memory (adopt_host_array): nothing writes it."""
+        return getattr(self._handle, "readonly", False)
+
+    def check_writable(self, what: str) -> None:
+        """ReadOnlyBufferError naming `what` when this buffer adopted read-only memory."""
+        if getattr(self._handle, "readonly", False):
+            raise ReadOnlyBufferError(f"{what} would write into a read-only buffer ({self.size} {self.dtype.name} "
+                                      "values adopted from host memory, e.g. a memory-mapped weight file); write "
+                                      "into a copy instead (t.contiguous().realize(), or Tensor(t.numpy()))")
+
     def impl(self) -> DeviceImpl:
         if self._impl is None:
             self._impl = open_device(self.device)
@@ -370,13 +383,15 @@ class Buffer:
             return
         self._handle = None
         device, nbytes = self.device, self.size * self.dtype.itemsize
-        if type(handle) is not GuardedMemory and nbytes:
+        if type(handle) is not GuardedMemory and nbytes and not getattr(handle, "readonly", False):
             with _alloc_lock:
                 if alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT:
                     # kept for the next buffer of this size (_release, inline: every realize frees a buffer)
                     buffers_live[device] -= 1
                     _alloc_cache.setdefault((device, nbytes), []).append((self._impl.allocator, handle))
                     alloc_cache_bytes["total"] += nbytes
+                    if nbytes >= RELEASE_ON_FREE_BYTES:
+                        _release_pages(self._impl.allocator, handle, nbytes)
                     return
         _release(self._impl.allocator, handle, nbytes, device)
 
@@ -388,6 +403,7 @@ class Buffer:
         arr = np.ascontiguousarray(data)
         if arr.nbytes != self.nbytes:
             raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes; shapes must match")
+        self.check_writable("a copy in")
         note_overwrite(self)
         handle = self.ensure_allocated(written=True)._handle  # every byte: nothing to zero first
         self.impl().allocator.copyin(handle, memoryview(arr.reshape(-1).view(np.uint8)))
@@ -399,14 +415,17 @@ class Buffer:
         if arr.nbytes > self.nbytes:
             raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes")
         if arr.nbytes:
+            self.check_writable("a copy in")
             note_overwrite(self)
             self.impl().allocator.copyin(self.handle, memoryview(arr.reshape(-1).view(np.uint8)))
         return self
 
-    def numpy(self) -> np.ndarray:
-        """A host copy of the contents, as a flat array of the storage dtype."""
-        out = np.empty(self.size, dtype=self.dtype.np)
-        if self.size:
+    def numpy(self, count: int | None = None) -> np.ndarray:
+        """A host copy of the contents (the first `count` elements: a variable-size result in a buffer sized
+        for its maximum), as a flat array of the storage dtype."""
+        n = self.size if count is None else min(max(int(count), 0), self.size)
+        out = np.empty(n, dtype=self.dtype.np)
+        if n:
             self.impl().synchronize()
             self.impl().allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
         return out
@@ -416,6 +435,34 @@ class Buffer:
 
 
 SELF_KEYED_ARGS.add(Buffer)  # a BUFFER node's arg hashes and compares by identity
+
+
+def adopt_host_array(device: str, arr: np.ndarray, dtype: DType) -> Buffer:
+    """A Buffer on `device` whose memory is `arr`'s own (no copy): a read-only, C-contiguous host array of
+    `dtype`'s values on their natural alignment, e.g. a view of a memory-mapped file. Only devices whose
+    memory is host memory (CPU, X86, INTERP) can adopt it; every write into the buffer is refused
+    (ReadOnlyBufferError), and it keeps `arr` alive. Tensor.from_host_view is the user-facing form."""
+    if not isinstance(arr, np.ndarray) or arr.dtype != dtype.np:
+        raise InvalidArgumentError(f"adopting host memory needs a numpy array of {dtype.np}, got "
+                                   f"{getattr(arr, 'dtype', type(arr).__name__)}")
+    if arr.flags.writeable:
+        raise InvalidArgumentError("adopting host memory needs a read-only array (a view of a read-only memory map, "
+                                   "or one with arr.flags.writeable = False), so nothing changes it under the "
+                                   "tensor; use Tensor(arr) to copy a writable one")
+    if not arr.flags.c_contiguous or arr.ctypes.data % arr.dtype.itemsize:
+        raise InvalidArgumentError(f"adopting host memory needs a C-contiguous array on a multiple of "
+                                   f"{arr.dtype.itemsize} bytes; use Tensor(arr) to copy this one")
+    impl = open_device(canonicalize(device))
+    adopt = getattr(impl.allocator, "adopt", None)
+    if adopt is None or debug_alloc.on:
+        why = "POLY_DEBUG_ALLOC guards every allocation" if adopt is not None else "its memory is not host memory"
+        raise DeviceError(f"device {device} cannot adopt host memory ({why}); use Tensor(arr, device=...) to copy "
+                          "the array instead")
+    buf = Buffer(canonicalize(device), arr.size, dtype)
+    buf._impl = impl
+    buf._handle = adopt(arr)
+    _account(buf.device, buf.nbytes, 1)
+    return buf
 
 
 # Freed allocations are kept per (device, size) and handed to the next buffer of the same size, so a
@@ -437,12 +484,23 @@ def _release(allocator: Any, handle: Any, nbytes: int, device: str) -> None:
             _account(device, -nbytes, 0)
             debug_alloc.release(allocator, handle, nbytes)
             return
-        if nbytes and alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT:
+        # an adopted handle is the caller's memory: never handed to another buffer
+        if nbytes and alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT and not getattr(handle, "readonly",
+                                                                                                 False):
             _alloc_cache.setdefault((device, nbytes), []).append((allocator, handle))
             alloc_cache_bytes["total"] += nbytes
+            if nbytes >= RELEASE_ON_FREE_BYTES:
+                _release_pages(allocator, handle, nbytes)
             return
         _account(device, -nbytes, 0)
     allocator.free(handle, nbytes)
+
+
+def _release_pages(allocator: Any, handle: Any, nbytes: int) -> None:
+    """A large allocation entering the reuse cache keeps its address, not its pages (hostmemory.py)."""
+    release = getattr(allocator, "release_pages", None)
+    if release is not None:
+        release(handle, nbytes)
 
 
 def zero_fill(allocator: Any, handle: Any, nbytes: int) -> None:

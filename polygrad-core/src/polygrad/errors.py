@@ -96,3 +96,9 @@ class DistributedError(PolygradError, RuntimeError):
 class QuantizationError(PolygradError, ValueError):
     """A weight that cannot be kept in a block format: an unknown format, a non-float tensor, rows that are
     not whole blocks, blocks of the wrong shape, or a captured Model (quantize its module before building it)."""
+
+
+class ReadOnlyBufferError(PolygradError, ValueError):
+    """A write (an assign, a setitem, a copy in, a custom kernel) into a buffer that adopted read-only host
+    memory (Tensor.from_host_view: a memory-mapped file's pages); write into a copy (`t.contiguous()` or
+    `Tensor(t.numpy())`) instead."""

@@ -40,8 +40,8 @@ from polygrad.uop import sint
 from polygrad.uop.ops import COMPARISONS, Ops, UOp
 from polygrad.uop.shape import ShapeError
 from polygrad.tensor_common import (_buffer_uop, _check_operand, _check_runtimes, _default_device, _prod,
-                                    _resolve_axis, _shape_arg, _sum_dtype, broadcast_shape, capture_guards, is_tensor,
-                                    size_tensor)
+                                    _resolve_axis, _shape_arg, _sum_dtype, broadcast_shape, capture_guards,
+                                    check_writable, is_tensor, size_tensor)
 from polygrad.tensor_contract import ContractionMixin
 from polygrad.tensor_create import CreationMixin
 from polygrad.tensor_dtype import DTypeMixin
@@ -348,7 +348,8 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         if _prod(shape) == 0:
             return np.zeros(shape, dtype=self.dtype.np if self.dtype is not dtypes.bfloat16 else np.float32)
         prefix = _prefix_buffer(self.uop)
-        flat = prefix.numpy() if prefix is not None else self._buffer().numpy()
+        # of a prefix only its elements: the logits of a 32-token prompt, not the 100 MB sized for 520 tokens
+        flat = prefix.numpy(_prod(shape)) if prefix is not None else self._buffer().numpy()
         # a realized symbolic result fills a prefix of a buffer sized for the variables' maxima
         return _storage_to_numpy(flat[:_prod(shape)], self.dtype).reshape(shape)
 
@@ -401,6 +402,7 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         if not _is_realized(self.uop) and not _is_view_of_realized(self.uop):
             self.realize()
         _check_runtimes([self, x])
+        check_writable(self.uop, "assign")
         self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, x.cast(self.dtype).uop), next(_effect_ids))
         return self
 

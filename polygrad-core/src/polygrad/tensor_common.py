@@ -17,7 +17,7 @@ from polygrad.dtype import DType, dtype_max, dtype_min, dtypes
 from polygrad.errors import DimensionError, DTypeError, RuntimeOwnershipError, ShapeError
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
-from polygrad.uop.ops import Ops, UOp
+from polygrad.uop.ops import MOVEMENT, Ops, UOp
 from polygrad import runtime_context
 
 if TYPE_CHECKING:
@@ -45,6 +45,15 @@ def guarded(guard: Any) -> Iterator[None]:
         yield
     finally:
         capture_guards.stack.remove(guard)
+
+
+def check_writable(u: UOp, what: str) -> None:
+    """ReadOnlyBufferError when `u` is a view of a buffer that adopted read-only host memory (a
+    memory-mapped weight: Tensor.from_host_view), which `what` (an assign, a custom kernel) would write."""
+    while u.op in MOVEMENT:
+        u = u.src[0]
+    if u.op is Ops.BUFFER and getattr(u.arg, "readonly", False):
+        u.arg.check_writable(what)
 
 
 def _buffer_uop(buf: Any, shape: tuple[int, ...]) -> UOp:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from polygrad.device import Buffer, canonicalize
-from polygrad.dtype import DType, dtype_of_python, dtypes, to_dtype
+import numpy as np
+
+from polygrad.device import Buffer, adopt_host_array, canonicalize
+from polygrad.dtype import DType, dtype_of_python, dtypes, from_numpy, to_dtype
 from polygrad.errors import InvalidArgumentError
 from polygrad.tensor_common import _buffer_uop, _default_device, _fits, _prod, _shape_arg
 from polygrad.uop import movement as mv
@@ -48,6 +50,26 @@ class CreationMixin:
         bound = sint.resolve(total)
         buf = Buffer(dev, sint.vmax(total) if bound is None else bound, dt)
         return cls(_buffer_uop(buf, shape), requires_grad=kw.get("requires_grad"),
+                   _runtime=kw.get("_runtime"))._as_leaf()
+
+    @classmethod
+    def from_host_view(cls, arr: Any, device: str | None = None, **kw: Any) -> "Tensor":
+        """A tensor over `arr`'s own memory, with no copy: `arr` is a read-only, C-contiguous NumPy array
+        (a view of a read-only memory map, or one with `arr.flags.writeable = False`) and `device` a host
+        device (CPU, X86, INTERP; another device raises DeviceError: copy with Tensor(arr) there). The
+        pages stay the file's: a mapped weight costs no second copy, and is read from disk when a kernel
+        first touches it. The tensor is read-only: an assign, setitem or custom kernel writing into it
+        raises ReadOnlyBufferError; computing from it is free. It keeps `arr` (and its map) alive.
+
+        >>> a = np.arange(4, dtype=np.float32); a.flags.writeable = False
+        >>> (Tensor.from_host_view(a, device="CPU") * 2).tolist()  # doctest: +SKIP
+        [0.0, 2.0, 4.0, 6.0]
+        """
+        if not isinstance(arr, np.ndarray):
+            raise InvalidArgumentError(f"from_host_view needs a numpy array, got {type(arr).__name__}")
+        dev = canonicalize(device if device is not None else _default_device(kw.get("_runtime")))
+        buf = adopt_host_array(dev, arr, from_numpy(arr.dtype))
+        return cls(_buffer_uop(buf, tuple(arr.shape)), requires_grad=kw.get("requires_grad"),
                    _runtime=kw.get("_runtime"))._as_leaf()
 
     def _as_leaf(self) -> "Tensor":

@@ -21,7 +21,7 @@ import numpy as np
 from polygrad import runtime_context
 from polygrad.dtype import dtype_min, dtypes
 from polygrad.errors import DeviceError, DimensionError, DTypeError, InvalidArgumentError
-from polygrad.tensor_common import _check_runtimes, broadcast_shape, capture_guards, is_tensor
+from polygrad.tensor_common import _check_runtimes, broadcast_shape, capture_guards, check_writable, is_tensor
 from polygrad.uop import sint
 from polygrad.uop.ops import Ops, UOp
 from polygrad.uop.shape import ShapeError
@@ -412,6 +412,7 @@ class IndexingMixin:
         base = _buffer_of(self.uop)
         if base is None:
             raise RuntimeError("setitem needs a tensor backed by its own buffer; call .contiguous().realize()")
+        check_writable(base, "setitem")
         items = list(index) if isinstance(index, tuple) else [index]
         value = value.cast(self.dtype)
         if base in value.uop.toposort():  # the value reads this buffer: snapshot it first

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from polygrad import Model, Tensor, Variable, dtypes, runtime_context
-from polygrad.device import canonicalize
+from polygrad.device import canonicalize, free_cached
+from polygrad.errors import DeviceError
 from polygrad.runtime import trim_heap
 
 from polygrad_hf.checkpoint import open_checkpoint
@@ -86,6 +87,17 @@ def _quant_notes(ck: Checkpoint, weights: dict[str, Any], wdt: Any) -> list[str]
     return [f"dequantized {', '.join(held)} weights to {wdt.name} at load"] if held else []
 
 
+def _blocks_tensor(arr: np.ndarray, device: str, runtime: Any) -> Tensor:
+    """A weight's uint8 blocks on `device`: on a host device, the array itself (read-only, no copy: a view
+    of the GGUF file's map stays the file's pages, and a reordered copy becomes the buffer), else copied."""
+    arr = np.ascontiguousarray(arr, dtype=np.uint8)  # as read_weights hands it over: no copy
+    arr.flags.writeable = False  # a view of the read-only map already is; a reordered copy is ours alone
+    try:
+        return Tensor.from_host_view(arr, device=device, _runtime=runtime)
+    except DeviceError:  # not host memory (CUDA), or POLY_DEBUG_ALLOC's guarded allocations
+        return Tensor(arr, device=device, dtype=dtypes.uint8, _runtime=runtime).realize()
+
+
 def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int | None = None, dtype: Any = None,
                           device: str | None = None, runtime: Any = None) -> Model:
     """The Model of an opened Checkpoint (load_hf without the reading)."""
@@ -102,7 +114,7 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
         return Tensor(arr, device=dev, dtype=wdt, _runtime=rt).realize()
 
     def keep_blocks(arr: np.ndarray) -> Tensor:
-        return Tensor(arr, device=dev, dtype=dtypes.uint8, _runtime=rt).realize()
+        return _blocks_tensor(arr, dev, rt)
 
     with runtime_context.using(rt):
         quantize_to = dtype.upper() if isinstance(dtype, str) and dtype in QUANTIZE_AT_LOAD else None
@@ -123,5 +135,9 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
     ck.notes.extend(_quant_notes(ck, weights, wdt))
     model.hf_notes = list(ck.notes)  # type: ignore[attr-defined]
     model.tokenizer_file = ck.tokenizer_file  # type: ignore[attr-defined]
+    # the capture run's buffers (sized for max_seq_len, mostly untouched) went to the reuse cache: reused by
+    # the Model, each would be zero-filled whole, so every page of every capacity became resident; fresh
+    # maps of the kernel's zero pages cost only the pages a prompt uses
+    free_cached()
     trim_heap()  # the file's bytes and their conversions were host arrays: give that heap back
     return model

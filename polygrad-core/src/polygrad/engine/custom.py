@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from polygrad.errors import DeviceError
 from polygrad.tensor import Tensor, _check_runtimes, _effect_ids
+from polygrad.tensor_common import check_writable
 from polygrad.uop.names import plain_name
 from polygrad.uop.ops import ELEMENTWISE, AxisKind, KernelInfo, Ops, UOp, vector_width
 
@@ -43,6 +44,8 @@ def custom_kernel(self: Any, *srcs: Any, fxn: Callable[..., UOp]) -> list[Any]:
     devices = {t.device for t in tensors}
     if len(devices) > 1:
         raise DeviceError(f"custom_kernel inputs are on different devices {sorted(devices)}; move them with .to()")
+    for t in tensors:  # the kernel may store into any of its buffers
+        check_writable(t.uop, "a custom kernel")
     placeholders = [UOp.placeholder(t.shape, t.dtype, slot) for slot, t in enumerate(tensors)]
     body = fxn(*placeholders)
     if not isinstance(body, UOp) or body.op is not Ops.SINK:

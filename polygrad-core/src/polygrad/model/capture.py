@@ -144,8 +144,9 @@ def capture_program(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable 
                  if t.requires_grad is not False and dtypes.is_float(t.dtype)}
     # what the capture run may change (state, caches) is saved to restore it; parameters are guarded
     # against assignment, so the Model copies them from their own buffers afterwards (no host copy of
-    # every weight at once)
-    values = {bid: b.numpy() for bid, (_, _, b) in owned.items() if bid not in trainable}
+    # every weight at once); a read-only buffer (adopted memory: a mapped weight file) cannot change, and
+    # the Model shares it instead of copying it (Executor)
+    values = {bid: b.numpy() for bid, (_, _, b) in owned.items() if bid not in trainable and not b.readonly}
     rng_before = random.get_state()
     training_before = config.get("TRAINING")
 
@@ -227,7 +228,7 @@ def capture_program(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable 
         for t, uop, grad, req in saved.values():
             t.uop, t.grad, t.requires_grad = uop, grad, req
         for bid, (_, t, b) in owned.items():
-            if bid not in trainable:
+            if bid in values:
                 b.copyin(values[bid])  # the placeholder run's state and cache writes are not the model's
 
     # ---- the slot table

@@ -74,13 +74,20 @@ class Executor:
         for s, host in hosts.items():
             self.bufs[s] = self.bufs[host]
         for s, arr in data.items():
-            if isinstance(arr, Buffer):
+            if isinstance(arr, Buffer) and arr.readonly and prog.slots[s].role != "parameter":
+                # adopted read-only memory (a mapped weight file): nothing writes it, so the Model uses it
+                # where it is instead of holding a second copy (a parameter is trained: it gets its own)
+                self.bufs[s] = arr
+            elif isinstance(arr, Buffer):
                 realize.copy_buffer(self.bufs[s], arr)
             else:
                 self.bufs[s].copyin(arr)
         for s, slot in enumerate(prog.slots):
-            if slot.role == "cache":
-                self.bufs[s].copyin(np.zeros(slot.size, dtype=slot.dtype.np))
+            if slot.role == "cache":  # zeroed as it is allocated (a fresh map: the system's zero pages, which
+                # become resident only as far as the positions used; no host array of zeros copied in)
+                if self.bufs[s].is_allocated:
+                    self.bufs[s].copyin(np.zeros(slot.size, dtype=slot.dtype.np))
+                self.bufs[s].ensure_allocated()
         self.programs: dict[int, Any] = {}
         self.plans: dict[str, list] = {}
         self.refs: dict[int, list[tuple[list, int]]] = {}
