@@ -51,7 +51,8 @@ def worker_polygrad(path: str, threads: int, start: float) -> dict:
     vocab = model.hf_config.vocab_size
 
     def prompt(ids: list[int]) -> int:
-        logits = model.forward(input_ids=np.array([ids], np.int32))["logits"].numpy()
+        # prefill: the last position's logits only, as generate asks and as llama.cpp computes by default
+        logits = model.call("prefill", {"input_ids": np.array([ids], np.int32)})["logits"].numpy()
         return int(logits[0, -1].argmax())
 
     short = prompt_ids(SHORT, vocab)

@@ -89,6 +89,38 @@ def test_decoding_compiles_nothing_and_reuses_the_prefix(saved):
     model.dispose()
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "qwen2"])
+def test_prefill_gives_the_last_positions_logits_and_fills_the_cache(saved, kind):
+    """prefill: the prompt's last position only (batch, 1, vocab), equal to transformers'; the cache it fills
+    serves decode as forward's does; and no kernel of it writes a logit per prompt position (its head is a
+    product over one row, not over every token: a quarter of a prompt's time)."""
+    ref, path = saved[kind]
+    model = load_hf(path, max_batch=2, max_seq_len=32)
+    try:
+        assert model.entrypoints == ["forward", "prefill", "decode"]
+        ids = _prompt()
+        got = model.call("prefill", {"input_ids": ids})["logits"].numpy()
+        assert got.shape == (2, 1, hc.VOCAB)
+        _close(got[:, 0], hc.logits(ref, ids)[:, -1])
+        nxt = _prompt(2, 1, seed=3)
+        step = model.call("decode", {"input_ids": nxt, "pos": ids.shape[1]})["logits"].numpy()
+        _close(step[:, 0], hc.logits(ref, np.concatenate([ids, nxt], 1))[:, -1])
+        p = model._p
+        for entry, per_token in (("forward", True), ("prefill", False)):
+            logits = p.entries[entry].outputs["logits"]
+            head = [p.kernels[c.kernel] for c in p.entries[entry].calls if c.kernel >= 0 and logits in c.args]
+            assert head and all(_loops_over_tokens(k) is per_token for k in head), entry
+    finally:
+        model.dispose()
+
+
+def _loops_over_tokens(ast) -> bool:
+    """Whether some loop of the kernel runs a number of times that depends on the prompt's length."""
+    from polygrad.uop.ops import Ops
+    return any(v.op is Ops.DEFINE_VAR and v.arg[0] == "tokens" for r in ast.toposort() if r.op is Ops.RANGE
+               for v in r.src[0].toposort())
+
+
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_the_prompts_attention_product_is_one_tiled_kernel(saved, kind):
     """softmax(scores) @ values, stored with its heads interleaved (the heads grouped by key head in GQA):

@@ -179,7 +179,7 @@ def test_no_kernel_writes_a_dequantized_weight(files, kind):
         p = model._p
         quant = {i: s for i, s in enumerate(p.slots) if s.dtype is dtypes.uint8}
         assert len(quant) >= 10
-        for entry in ("forward", "decode"):
+        for entry in ("forward", "prefill", "decode"):
             read = set()
             for call in p.entries[entry].calls:
                 if call.kernel < 0:

@@ -1,10 +1,11 @@
-"""generate: autoregressive sampling over a Model's forward (prompt) and decode (one token) entrypoints.
+"""generate: autoregressive sampling over a Model's prefill (prompt) and decode (one token) entrypoints.
 
 Stage: user API over a loaded Model. Input: a Model with `forward(input_ids) -> logits` and
-`decode(input_ids, pos) -> logits` (what load_hf builds, or a bundle it saved), prompt tokens (or a
-string, with a tokenizer), sampling settings. Output: the prompt followed by the new tokens.
+`decode(input_ids, pos) -> logits` (what load_hf builds, or a bundle it saved; `prefill(input_ids)`, the
+prompt with its last position's logits only, where it has one), prompt tokens (or a string, with a
+tokenizer), sampling settings. Output: the prompt followed by the new tokens.
 
-The prompt runs once through `forward`, which fills the KV cache; each new token then runs `decode`
+The prompt runs once through `prefill` (else `forward`), which fills the KV cache; each new token then runs `decode`
 at its position: the same compiled kernels every step, the prefix never recomputed. Sampling happens
 on the host from the last position's logits, with NumPy's Generator seeded by `seed` (reproducible).
 """
@@ -88,8 +89,10 @@ def generate(model: Any, tokens: Any, max_new_tokens: int = 20, temperature: flo
     greedy = top_k == 1 or temperature == 0
     out = [ids]
     done = np.zeros(b, dtype=bool)
-    if max_new_tokens:
-        logits = model.forward(input_ids=ids)["logits"].numpy()[:, -1, :]
+    if max_new_tokens:  # the prompt: prefill's logits are its last position's only (older bundles: forward's)
+        entry = "prefill" if "prefill" in model.entrypoints else "forward"
+        prompt = model.call(entry, {"input_ids": ids})
+        logits = prompt["logits"].numpy()[:, -1, :]
     for step in range(max_new_tokens):
         nxt = np.argmax(logits, axis=-1) if greedy else _sample(logits, temperature, top_k, top_p, rng)
         nxt = nxt.astype(np.int32)

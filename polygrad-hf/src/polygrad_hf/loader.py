@@ -129,7 +129,8 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
         ids = Tensor.empty(batch, tokens, dtype=dtypes.int32, device=dev)
         step = Tensor.empty(batch, 1, dtype=dtypes.int32, device=dev)
         model = Model(dec, inputs={"input_ids": ids}, params=dec.params(), caches=dec.caches,
-                      entrypoints={"decode": (dec.decode, {"input_ids": step, "pos": pos})}, runtime=rt)
+                      entrypoints={"prefill": (dec.prefill, {"input_ids": ids}),
+                                   "decode": (dec.decode, {"input_ids": step, "pos": pos})}, runtime=rt)
     model.hf_config = cfg  # type: ignore[attr-defined]
     ck.notes.extend(_quant_notes(ck, weights, wdt))
     model.hf_notes = list(ck.notes)  # type: ignore[attr-defined]
