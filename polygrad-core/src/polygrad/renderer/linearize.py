@@ -870,19 +870,10 @@ class _Linearizer:
             return
         ld = next(iter(loads))
         index = ld.src[0]
-        inner = [r for r in self.deps(index.src[1]) if r not in self.open and r not in self.bind]
-        if len(index.src) > 2 or ld.dtype in HALF_DTYPES or any(r.src[0].op is not Ops.CONST for r in inner) \
-                or any(_kind(r) not in (AxisKind.REDUCE, AxisKind.UPCAST, AxisKind.UNROLL) for r in inner):
+        layout = None if len(index.src) > 2 else self.stage_layout(index.src[1], ld.dtype)
+        if layout is None:
             return
-        inner.sort(key=lambda r: (r is self.vec, _kind(r) == AxisKind.UPCAST, r.arg[0]))
-        size = math.prod(int(r.src[0].arg) for r in inner)
-        if not inner or size * ld.dtype.itemsize > STAGE_MAX_BYTES:
-            return
-        flat, stride = UOp.const(inner[0].dtype, 0), 1
-        for r in reversed(inner):
-            flat = r * stride + flat if stride > 1 else r + flat
-            stride *= int(r.src[0].arg)
-        flat = graph_rewrite(flat, symbolic_rules, name="stage_index")
+        inner, size, flat = layout
         local = Inst(L.LOCAL, ld.dtype, (), size)
         self.head.append(local)
         saved = self.vec, self.unrolled
@@ -906,19 +897,10 @@ class _Linearizer:
         vector lanes where the value has them; where its arithmetic has no lanes (uint8 shifts: Q4_K's
         scales) it alone runs as scalar loops, and the reduction reading the array keeps its lanes.
         Skipped like stage()."""
-        inner = [r for r in self.deps(u) if r not in self.open and r not in self.bind]
-        if not inner or u.dtype in HALF_DTYPES or any(r.src[0].op is not Ops.CONST for r in inner) \
-                or any(_kind(r) not in (AxisKind.REDUCE, AxisKind.UPCAST, AxisKind.UNROLL) for r in inner):
+        layout = self.stage_layout(u, u.dtype)
+        if layout is None:
             return
-        inner.sort(key=lambda r: (r is self.vec, _kind(r) == AxisKind.UPCAST, r.arg[0]))
-        size = math.prod(int(r.src[0].arg) for r in inner)
-        if size * u.dtype.itemsize > STAGE_MAX_BYTES:
-            return
-        flat, stride = UOp.const(inner[0].dtype, 0), 1
-        for r in reversed(inner):
-            flat = r * stride + flat if stride > 1 else r + flat
-            stride *= int(r.src[0].arg)
-        flat = graph_rewrite(flat, symbolic_rules, name="stage_index")
+        inner, size, flat = layout
         local = Inst(L.LOCAL, u.dtype, (), size)
         self.head.append(local)
         saved = self.vec, self.unrolled
@@ -934,6 +916,25 @@ class _Linearizer:
         self.vec, self.unrolled = saved
         self.staged[u] = (local, flat)
         yield from ()
+
+    def stage_layout(self, expr: UOp, dtype: DType) -> tuple[list[UOp], int, UOp] | None:
+        """(the loops still to open that expr depends on, in the staged array's order: reduce ranges, then
+        upcast ranges, the vector lanes last; the array's size; the index into it) for stage() and
+        stage_value(), or None where staging is skipped: no such loop, a symbolic or other kind of one,
+        16-bit floats, or more than STAGE_MAX_BYTES."""
+        inner = [r for r in self.deps(expr) if r not in self.open and r not in self.bind]
+        if not inner or dtype in HALF_DTYPES or any(r.src[0].op is not Ops.CONST for r in inner) \
+                or any(_kind(r) not in (AxisKind.REDUCE, AxisKind.UPCAST, AxisKind.UNROLL) for r in inner):
+            return None
+        inner.sort(key=lambda r: (r is self.vec, _kind(r) == AxisKind.UPCAST, r.arg[0]))
+        size = math.prod(int(r.src[0].arg) for r in inner)
+        if size * dtype.itemsize > STAGE_MAX_BYTES:
+            return None
+        flat, stride = UOp.const(inner[0].dtype, 0), 1
+        for r in reversed(inner):
+            flat = r * stride + flat if stride > 1 else r + flat
+            stride *= int(r.src[0].arg)
+        return inner, size, graph_rewrite(flat, symbolic_rules, name="stage_index")
 
     def stage_copy(self, u: UOp, inner: list[UOp], local: Inst, flat: UOp, lanes: UOp | None) -> Steps:
         """The loops that compute u at every point of `inner` into `local` at `flat`: plain loops, with
