@@ -50,7 +50,7 @@ def window_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], store_index: U
     others = [r for r in glob if r is not last and range_size(r) > 1]
     if not moving or any(range_coeff(ix.src[1], r) in (0, None) for ix in moving for r in [last, *others]):
         return None
-    if any(range_coeff(ix.src[1], last) > WINDOW_MAX_STRIDE for ix in moving):
+    if any(not 1 <= range_coeff(ix.src[1], last) <= WINDOW_MAX_STRIDE for ix in moving):  # (or read backwards)
         return None
     if any(range_coeff(ix.src[1], last) > 1 for ix in moving):
         # a strided window (a stride-2 conv or pooling) keeps its loops: lanes a stride apart are gathers, and
