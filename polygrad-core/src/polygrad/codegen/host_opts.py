@@ -16,6 +16,7 @@ from polygrad.codegen.analysis import (divides, estimate, product_operand, range
                                       thread_axis)
 from polygrad.codegen.opts import Opt, OptKind
 from polygrad.codegen.passes import split_kernel
+from polygrad.codegen.window_opts import window_tile_opts
 from polygrad.contract import Capabilities
 from polygrad.uop.ops import AxisKind, Ops, UOp
 from polygrad.uop.symbolic import range_coeff
@@ -49,6 +50,14 @@ DECOMPRESS_STAGE_MIN_ROWS = 16
 # so at the Variable's value 1 the FMAs are 4x a plain row's while the column vectors are loaded once,
 # as they are for one row (the loads bound such a kernel anyway)
 SYMBOLIC_TILE_ROWS = 4
+# row counts of a register tile tried where no even count (8, 6, 4, 2) divides any row range
+ODD_TILE_ROWS = (7, 5, 3)
+# registers a tile of long rows (_long_rows) leaves besides its accumulators: the column vector, the
+# broadcast and two for the compiler
+LONG_ROWS_SPARE = 4
+# a tile of long rows replaces one of at least this many times fewer rows (7 pixels x 1 vector lost to a
+# batch of 16 images' 4 rows x 4 vectors with its input staged: 1.4x slower)
+LONG_ROWS_GAIN = 2
 
 
 def tile_vector_counts(caps: Capabilities | None) -> tuple[int, ...]:
@@ -103,6 +112,9 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
     store_index = ends[0].src[0].src[0]
     opts: list[Opt] = []
     if glob and caps is not None:
+        window = window_tile_opts(glob, reduces[0], loads, store_index, caps)
+        if window is not None:
+            return window
         tile = outer_tile_opts(ast, glob, reduces[0], loads, store_index, caps)
         if tile:
             return tile
@@ -173,6 +185,13 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
                      if not _stage_blocked(ast, red, glob, loads, last, c, caps)
                      and not (decompress and not _panel_fits(red, c, caps))), column_lanes(last, caps, 2))
         rows, tile_rows = _tile_rows(glob, operands, last, cols, caps)
+        if rows is None:  # no row count fits beside that many vectors: fewer vectors, more rows
+            narrower = [c for c in (column_lanes(last, caps, v) for v in tile_vector_counts(caps)) if 0 < c < cols]
+            tried = [(c, *_tile_rows(glob, operands, last, c, caps)) for c in narrower]
+            cols, rows, tile_rows = next((t for t in tried if t[1] is not None), (cols, rows, tile_rows))
+        long_rows = _long_rows(red, glob, operands, last, tile_rows, cols, caps)
+        if long_rows is not None:
+            rows, tile_rows, cols = long_rows
         along = [ix for ix in loads if last in ix.src[1].toposort()]
         opts: list[Opt] = []
         top = max(r.arg[0] for r in ranges_of(ast))
@@ -214,6 +233,9 @@ def _tile_rows(glob: list[UOp], loads: list[UOp], last: UOp, cols: int, caps: Ca
     # where some range allows it, else the largest tile that divides
     need = int(getattr(caps, "fma_units", 0) or 0) * int(getattr(caps, "fma_latency", 0) or 0)
     tiles = [(r, n) for r in shared + some for n in fits if divides(r, n)]
+    if not tiles:  # no even count divides: an odd one (a 7x7 map's row of 7 pixels, 2.6x faster than one row)
+        odd = [r for r in ODD_TILE_ROWS if r * vecs + vecs + 1 <= regs]
+        tiles = [(r, n) for r in shared + some for n in odd if divides(r, n)]
     found = next((t for t in tiles if t[1] * vecs >= need), tiles[0] if tiles else None)
     if found is not None:
         return found
@@ -223,6 +245,29 @@ def _tile_rows(glob: list[UOp], loads: list[UOp], last: UOp, cols: int, caps: Ca
     sym = next((r for r in shared + some if range_size(r) is None), None)
     rows = next((n for n in fits if n <= SYMBOLIC_TILE_ROWS), 0)
     return (sym, rows) if sym is not None and rows else (None, 1)
+
+
+def _long_rows(red: UOp, glob: list[UOp], operands: list[UOp], last: UOp, tile_rows: int, cols: int,
+               caps: Capabilities) -> tuple[UOp, int, int] | None:
+    """(range, rows, columns) of a tile of one vector and a whole short row range, for a reduction so deep
+    that the vector operand's column panel (reduction x columns) does not fit the L1: each of its vectors,
+    loaded from the L2, then serves every row instead of a few (a 3x3 conv over 256 channels at 14x14:
+    14 pixels x 16 output channels ran 1.8x faster than 2 pixels x 64). None where it does not apply or
+    does not give LONG_ROWS_GAIN times the rows."""
+    width = int(caps.vector_width or 1)
+    regs = int(caps.registers or 16)
+    along = [ix for ix in operands if last in ix.src[1].toposort()]
+    k = math.prod(range_size(r) or 0 for r in red.src[1:])
+    if not along or not divides(last, width) or k * cols * along[0].dtype.itemsize <= (caps.l1_bytes or 32 * 1024):
+        return None
+    # the innermost such range (a row of pixels: the broadcast operand's values side by side), not an outer
+    # one (a batch of 16 images as 16 rows ran 1.8x slower than 4 images x 4 vectors, its input staged)
+    inner = next((r for r in reversed(glob) if r is not last and all(range_coeff(ix.src[1], r) == 0 for ix in along)),
+                 None)
+    size = 0 if inner is None else range_size(inner) or 0
+    if not LONG_ROWS_GAIN * tile_rows <= size <= regs - LONG_ROWS_SPARE:
+        return None
+    return inner, size, width
 
 
 def _stage_blocked(ast: UOp, red: UOp, glob: list[UOp], loads: list[UOp], last: UOp, cols: int,

@@ -365,7 +365,16 @@ class CStyleRenderer:
                 return [f"{pad}{vt} {name} = {{0}};", f"{pad}if ({n(gate)}) {copy}"]
             # a lane gate (padding): see gated_vload
             return [f"{pad}{vt} {name} = {self.gated_vload(dt, x.lanes, f'{buf} + {idx}', n(gate))};"]
+        if gate is None or gate.lanes > 1:  # (a scalar gate keeps the lane loop: it skips every lane at once)
+            gathered = self.masked_gather(dt, x.lanes, buf, idx, None if gate is None else n(gate))
+            if gathered is not None:
+                return [f"{pad}{vt} {name} = {gathered};"]
         return [f"{pad}{vt} {name};", f"{pad}{self.lane_load_loop(x, name, n)}"]
+
+    def masked_gather(self, dt: DType, lanes: int, buf: str, idx: str, gate: str | None) -> str | None:
+        """A C expression gathering buf[idx[lane]] for each lane (0 where `gate`, int lanes, is off) with one
+        hardware gather, or None where the dialect has none (the lanes are then loaded one at a time)."""
+        return None
 
     def vector_copy(self, dt: DType, lanes: int, name: str, ptr: str) -> str:
         """A statement setting vector `name` from `lanes` contiguous elements at ptr (bools: bytes to a mask)."""
@@ -413,9 +422,18 @@ class CStyleRenderer:
             if gate is None:
                 return [f"{pad}{full}"]
         lane_loop = self.lane_store_loop(x, n)
+        masked = self.masked_vstore(dt, x.lanes, f"{n(buf)} + {n(idx)}", n(value), n(gate)) \
+            if x.arg == "contiguous" else None
+        if masked is not None:  # the dialect's one masked store (a padded row's last vector)
+            return [f"{pad}{masked}"]
         if x.arg == "contiguous":  # a lane gate: one vector store where every lane is on
             return [f"{pad}if ({self.count_lanes(n(gate), x.lanes)} == {x.lanes}) {full}", f"{pad}else {lane_loop}"]
         return [f"{pad}{lane_loop}"]
+
+    def masked_vstore(self, dt: DType, lanes: int, ptr: str, value: str, gate: str) -> str | None:
+        """A statement storing the lanes of `value` whose gate is on at ptr with one masked store, or None
+        where the dialect has none (the lanes are then stored one at a time)."""
+        return None
 
     # clang turns scalar gated loads into masked vector loads whose masked-off lanes may point outside
     # the buffer (a concatenation's other slices): measured 17x slower than scalar code on Zen 4 (an
