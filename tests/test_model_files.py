@@ -133,9 +133,9 @@ def test_save_flushes_the_bytes_before_the_rename_and_the_folder_after(tmp_path,
     def replace(src, dst):
         events.append("replace")
         real_replace(src, dst)
+    model = _model()  # built first: compiling it may write the kernel cache, whose writes are not the save's
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)
-    model = _model()
     try:
         model.save(tmp_path / "m.pgb")
     finally:
