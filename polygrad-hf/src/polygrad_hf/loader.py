@@ -178,16 +178,11 @@ def _memory_cap(cfg: Any, max_batch: int, max_seq_len: int, named: dict[str, Ten
 
 
 def _cached_model(key: str, named: dict[str, Tensor], max_bytes: int, runtime: Any, device: str) -> Model | None:
-    """The Model of the program cached under `key` with these weights, or None (not cached, or the entry
-    does not fit them: it is captured again and rewritten)."""
-    hit = programcache.load(key, max_bytes)
+    """The Model of the program cached under `key` with these weights, or None (not cached, or an entry
+    that does not read or fit them: it is captured again and rewritten)."""
+    hit = programcache.load(key, max_bytes, named, ("forward", "prefill", "decode"))
     if hit is None:
-        return None
-    prog, stored = hit
-    data = programcache.model_data(prog, stored, named)
-    if data is None or set(prog.entries) != {"forward", "prefill", "decode"}:
-        programcache.discard(programcache.entry_path(key), "its buffers do not match the checkpoint's weights")
         return None
     if runtime is not None:
         runtime.check_alive()
-    return Model._from_program(prog, data, runtime, device)
+    return Model._from_program(*hit, runtime, device)

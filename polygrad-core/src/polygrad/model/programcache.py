@@ -36,6 +36,7 @@ from polygrad.model.program import Program
 from polygrad.version import __version__
 
 FORMAT = "polygrad-program-1"
+FOLDER = "programs"  # under POLY_CACHE_DIR (tests point it elsewhere to start from an empty cache)
 EXTERNAL = ("parameter", "state")  # roles whose contents the caller supplies (its weights)
 _KEY_LEN = struct.Struct("<I")
 stats = {"hits": 0, "misses": 0, "stored": 0}  # tests read them
@@ -49,7 +50,7 @@ def key(module: str, *parts: str) -> str:
 
 def entry_path(key_text: str) -> str:
     """Where the entry of `key_text` lives (the folder is created)."""
-    return os.path.join(cache_dir("programs"), hashlib.sha256(key_text.encode()).hexdigest()[:40] + ".pgp")
+    return os.path.join(cache_dir(FOLDER), hashlib.sha256(key_text.encode()).hexdigest()[:40] + ".pgp")
 
 
 def store(key_text: str, prog: Program, data: Mapping[int, Any]) -> Program:
@@ -72,9 +73,14 @@ def store(key_text: str, prog: Program, data: Mapping[int, Any]) -> Program:
     return prog
 
 
-def load(key_text: str, max_bytes: int) -> tuple[Program, dict[int, np.ndarray]] | None:
-    """(Program, {constant slot: array}) stored under `key_text`, or None when there is no valid entry.
-    `max_bytes` caps the memory the entry's buffers may ask for (all of them, weights included)."""
+def load(key_text: str, max_bytes: int, named: Mapping[str, Any],
+         entrypoints: tuple[str, ...]) -> tuple[Program, dict[int, Any]] | None:
+    """(Program, initial data for a Model) stored under `key_text`, or None when there is no valid entry.
+
+    `max_bytes` caps the memory the entry's buffers may ask for (all of them, weights included). The
+    data holds the stored constants and, for each parameter or state slot, the Buffer of the realized
+    Tensor of its name in `named` (as `params=` named them at capture). An entry whose slots do not
+    match `named` (name, dtype, shape) or whose entrypoints are not `entrypoints` is discarded."""
     path = entry_path(key_text)
     payload = read_entry(path)
     if payload is None:
@@ -87,28 +93,28 @@ def load(key_text: str, max_bytes: int) -> tuple[Program, dict[int, np.ndarray]]
         (n,) = _KEY_LEN.unpack_from(view)
         if bytes(view[_KEY_LEN.size:_KEY_LEN.size + n]) != key_text.encode():
             raise BundleError("the entry was written for another key")
-        body = view[_KEY_LEN.size + n:]
-        manifest, data = bundle.read(body)
-        prog, stored = from_manifest(manifest, data, max_bytes, limits.default_max_work(max_bytes), EXTERNAL)
+        manifest, body = bundle.read(view[_KEY_LEN.size + n:])
+        prog, stored = from_manifest(manifest, body, max_bytes, limits.default_max_work(max_bytes), EXTERNAL)
+        if set(prog.entries) != set(entrypoints):
+            raise BundleError(f"its entrypoints are {sorted(prog.entries)}, not {sorted(entrypoints)}")
+        data = _model_data(prog, stored, named)
     except BundleError as e:
         discard(path, str(e))
         stats["misses"] += 1
         return None
     stats["hits"] += 1
-    return prog, stored
+    return prog, data
 
 
-def model_data(prog: Program, stored: Mapping[int, Any], named: Mapping[str, Any]) -> dict[int, Any] | None:
-    """The initial data of a Model of `prog`: the stored constants, and each parameter or state slot's
-    Buffer taken from `named` (name -> realized Tensor, as `params=` named them at capture); None when a
-    slot has no Tensor of its name, dtype and shape (the entry does not fit these weights)."""
+def _model_data(prog: Program, stored: Mapping[int, Any], named: Mapping[str, Any]) -> dict[int, Any]:
     data: dict[int, Any] = dict(stored)
     for s, slot in enumerate(prog.slots):
         if slot.role not in EXTERNAL:
             continue
         t = named.get(slot.name)
         if t is None or t.dtype != slot.dtype or tuple(t.shape) != slot.shape:
-            return None
+            raise BundleError(f"its {slot.role} {slot.name!r} ({slot.dtype.name}{list(slot.shape)}) is not one of "
+                              "the weights given")
         data[s] = t._buffer()
     return data
 
