@@ -9,6 +9,11 @@ runtime. Output: a `polygrad.Model` captured from decoder.Decoder with
 where batch <= max_batch, tokens <= max_seq_len and pos < max_seq_len are Variables (one compiled
 program per kernel, whatever their values); with max_batch=1 the batch is a fixed 1. `save()` writes
 a portable .pgb bundle (format version 2: the caches are `cache` buffers, not stored).
+
+The captured Program is cached on disk (polygrad/model/programcache.py, POLY_CACHE_DIR/programs), keyed
+by the config, the bounds, the device, each weight's name, dtype, shape and block format, and polygrad's
+code: a later load of a checkpoint of the same layout (any process) reads it with the weights from the
+file instead of capturing, and its kernels are found lowered, rendered and compiled on disk.
 """
 from __future__ import annotations
 
