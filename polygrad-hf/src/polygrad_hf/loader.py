@@ -148,7 +148,7 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
             prog, data, device = capture_program(dec, {"input_ids": ids}, {}, None, dec.params(), rt, dec.caches,
                                                  {"prefill": (dec.prefill, {"input_ids": ids}),
                                                   "decode": (dec.decode, {"input_ids": step, "pos": pos})})
-            prog = programcache.store(key, prog, data)  # the kernels as later processes read them
+            programcache.store(key, prog, data)
             model = Model._from_program(prog, data, rt, device)
     model.hf_config = cfg  # type: ignore[attr-defined]
     ck.notes.extend(_quant_notes(ck, weights, wdt))

@@ -51,13 +51,16 @@ def stored_kernel(ast: UOp) -> UOp:
 
 
 def to_manifest(p: Program, stored: Callable[[int], np.ndarray], include_optimizer: bool,
-                version: str, external: tuple[str, ...] = ()) -> tuple[dict, list[bytes]]:
+                version: str, external: tuple[str, ...] = (), as_captured: bool = False) -> tuple[dict, list[bytes]]:
     """(manifest, blobs) of a program; blob k holds the k-th buffer whose "data" is true, `stored(slot)`.
 
     include_optimizer=False marks the optimizer state "initial" (`stored` then gives the values before
-    any step); `version` is the producing polygrad's. Buffers of the `external` roles store no data (a
-    program cache entry: the weights come from their own file); only `from_manifest` with the same
-    `external` reads such a manifest, and a bundle file never holds one."""
+    any step); `version` is the producing polygrad's. Two options serve a program cache entry
+    (model/programcache.py), never a bundle file: buffers of the `external` roles store no data (the
+    weights come from their own file; only `from_manifest` with the same `external` reads it), and
+    `as_captured` keeps the kernels as the scheduler made them instead of their stored form, so the
+    reader lowers and compiles the very kernels the capturing process ran (the stored form can steer
+    the heuristics elsewhere: GPT-2's decode attention got a THREAD opt)."""
     recorded = "optimizer_step" in p.entries
     buffers, blobs = [], []
     for s, slot in enumerate(p.slots):
@@ -86,7 +89,7 @@ def to_manifest(p: Program, stored: Callable[[int], np.ndarray], include_optimiz
                       "outputs": [spec(s) for s in p.outputs]},
         "variables": [{"name": k, "min": lo, "max": hi} for k, (lo, hi) in p.variables.items()],
         "buffers": buffers,
-        "kernels": serialize.encode([stored_kernel(k) for k in p.kernels]),
+        "kernels": serialize.encode(p.kernels if as_captured else [stored_kernel(k) for k in p.kernels]),
         "entrypoints": {name: entry(e) for name, e in p.entries.items()},
         "training": {"gradients": [[a, b] for a, b in p.gradients.items()],
                      "optimizer": dict(p.optimizer) if recorded and p.optimizer else None,

@@ -9,15 +9,15 @@ An entry lives at POLY_CACHE_DIR/programs/<sha256 of the key>.pgp in the checked
 `polygrad.diskcache` (length and sha256 trailer). Its payload is the key text (compared on reading,
 so a hash collision or a renamed file is a miss) followed by bundle bytes (`polygrad.bundle`) whose
 manifest stores no data for the parameter and state buffers (`format.to_manifest(external=...)`):
-the entry holds the kernels, slots, entrypoints and the small constants the callable made, never
-the weights. Reading goes through `format.from_manifest`, which checks everything as for an
-untrusted bundle; an entry that fails is removed with a warning and the caller captures again (and
-rewrites it). The key should hash polygrad's version and `code_signature` (what `key` adds), so an
-edited polygrad never reads an old entry.
+the entry holds the kernels (as captured, not in a bundle's stored form), slots, entrypoints and the
+small constants the callable made, never the weights. Reading goes through `format.from_manifest`,
+which checks everything as for an untrusted bundle; an entry that fails, or whose buffers do not
+match the caller's weights, is removed with a warning and the caller captures again (and rewrites
+it). `key` adds polygrad's version and `code_signature` to the caller's parts, so an edited polygrad
+never reads an old entry.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import struct
@@ -31,7 +31,7 @@ from polygrad.bundle import BundleError
 from polygrad.device import Buffer
 from polygrad.diskcache import CacheWarning, cache_dir, read_entry, write_entry
 from polygrad.engine.rendercache import code_signature
-from polygrad.model.format import from_manifest, stored_kernel, to_manifest
+from polygrad.model.format import from_manifest, to_manifest
 from polygrad.model.program import Program
 from polygrad.version import __version__
 
@@ -53,24 +53,20 @@ def entry_path(key_text: str) -> str:
     return os.path.join(cache_dir(FOLDER), hashlib.sha256(key_text.encode()).hexdigest()[:40] + ".pgp")
 
 
-def store(key_text: str, prog: Program, data: Mapping[int, Any]) -> Program:
-    """Keep `prog` (a captured Program, and the constants of `data`) under `key_text`; a cache folder
-    that cannot be written is skipped (the next process captures again). Returns `prog` with its kernels
-    in the stored form a later process reads (`format.stored_kernel`): run that one, and this process
-    compiles the very kernels the later ones find compiled, with the same results."""
-    prog = dataclasses.replace(prog, kernels=[stored_kernel(k) for k in prog.kernels])
-
+def store(key_text: str, prog: Program, data: Mapping[int, Any]) -> None:
+    """Keep `prog` (a captured Program, and the constants of `data`) under `key_text`, its kernels as
+    captured (a later process compiles, or finds compiled, the very kernels this one runs); a cache
+    folder that cannot be written is skipped (the next process captures again)."""
     def stored(s: int) -> np.ndarray:
         value = data[s]
         return value.numpy() if isinstance(value, Buffer) else np.asarray(value)
-    manifest, blobs = to_manifest(prog, stored, True, __version__, EXTERNAL)
+    manifest, blobs = to_manifest(prog, stored, True, __version__, EXTERNAL, as_captured=True)
     head = key_text.encode()
     try:
         write_entry(entry_path(key_text), _KEY_LEN.pack(len(head)) + head + bundle.write(manifest, blobs))
     except OSError:
-        return prog
+        return
     stats["stored"] += 1
-    return prog
 
 
 def load(key_text: str, max_bytes: int, named: Mapping[str, Any],
