@@ -175,11 +175,16 @@ def _program_key(cfg: Any, max_batch: int, max_seq_len: int, device: str, named:
 
 
 def _memory_cap(cfg: Any, max_batch: int, max_seq_len: int, named: dict[str, Tensor]) -> int:
-    """The most memory a cached program of these weights may ask for: 16 x its weights and caches (the
-    activations of a full-length prompt fit in that many times a model's weights)."""
+    """The most memory a cached program of these weights may ask for (a bound against a tampered entry:
+    the capture itself ran with what the entry declares): 16 x the weights and caches, or the machine's
+    memory where that is more (a batch of long prompts' logits alone can exceed the first)."""
     weights = sum(math.prod(t.shape) * t.dtype.itemsize for t in named.values())
     caches = 2 * cfg.num_layers * max_batch * cfg.num_kv_heads * max_seq_len * cfg.head_dim * 4
-    return limits.default_max_bytes(weights + caches)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system
+        memory = 0
+    return max(limits.default_max_bytes(weights + caches), memory)
 
 
 def _cached_model(key: str, named: dict[str, Tensor], max_bytes: int, runtime: Any, device: str) -> Model | None:
