@@ -168,29 +168,41 @@ def _check_block_layout(ck: Any, stored: str, name: str, shape: tuple[int, ...],
                               "dtype='float32' to dequantize it at load")
 
 
+def constants(cfg: DecoderConfig, max_seq_len: int, device: str | None,
+              rope_freq_divisors: np.ndarray | None = None) -> dict[str, Tensor]:
+    """The graph's constant tables, realized on `device`: the causal mask, and the rotary cos/sin tables."""
+    mask = np.triu(np.full((max_seq_len, max_seq_len), -np.inf, np.float32), 1)
+    consts = {"causal_mask": Tensor(mask, device=device, requires_grad=False)}
+    if cfg.uses_rope:
+        angles = np.arange(max_seq_len, dtype=np.float64)[:, None] * cfg.inv_freq(rope_freq_divisors)[None, :]
+        consts["rope.cos"] = Tensor(np.cos(angles).astype(np.float32), device=device, requires_grad=False)
+        consts["rope.sin"] = Tensor(np.sin(angles).astype(np.float32), device=device, requires_grad=False)
+    for t in consts.values():
+        t.realize()
+    return consts
+
+
+def parameters(weights: dict[str, Weight], consts: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Decoder.params() of these weights and constants: a quantized weight as its uint8 blocks."""
+    return {**{k: w.blocks if isinstance(w, QuantWeight) else w for k, w in weights.items()}, **consts}
+
+
 class Decoder:
     """The model as an object Model can capture: weights and caches as attributes, forward and decode."""
 
     def __init__(self, cfg: DecoderConfig, weights: dict[str, Weight], max_batch: int, max_seq_len: int,
-                 device: str | None, rope_freq_divisors: np.ndarray | None = None):
+                 device: str | None, rope_freq_divisors: np.ndarray | None = None,
+                 consts: dict[str, Tensor] | None = None):
         self.cfg, self.w = cfg, weights
         self.max_batch, self.max_seq_len = max_batch, max_seq_len
         shape = (max_batch, cfg.num_kv_heads, max_seq_len, cfg.head_dim)
         self.caches = {f"cache.{kind}.{i}": Tensor.zeros(*shape, device=device).contiguous().realize()
                        for i in range(cfg.num_layers) for kind in ("k", "v")}
-        mask = np.triu(np.full((max_seq_len, max_seq_len), -np.inf, np.float32), 1)
-        self.consts = {"causal_mask": Tensor(mask, device=device, requires_grad=False)}
-        if cfg.uses_rope:
-            angles = np.arange(max_seq_len, dtype=np.float64)[:, None] * cfg.inv_freq(rope_freq_divisors)[None, :]
-            self.consts["rope.cos"] = Tensor(np.cos(angles).astype(np.float32), device=device, requires_grad=False)
-            self.consts["rope.sin"] = Tensor(np.sin(angles).astype(np.float32), device=device, requires_grad=False)
-        for t in self.consts.values():
-            t.realize()
+        self.consts = consts if consts is not None else constants(cfg, max_seq_len, device, rope_freq_divisors)
 
     def params(self) -> dict[str, Tensor]:
         """The Model's parameters: weights (a quantized one as its uint8 blocks) and constants."""
-        weights = {k: w.blocks if isinstance(w, QuantWeight) else w for k, w in self.w.items()}
-        return {**weights, **self.consts}
+        return parameters(self.w, self.consts)
 
     # ---- the three entrypoints
     def __call__(self, input_ids: Tensor) -> dict[str, Tensor]:

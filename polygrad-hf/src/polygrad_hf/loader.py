@@ -9,21 +9,31 @@ runtime. Output: a `polygrad.Model` captured from decoder.Decoder with
 where batch <= max_batch, tokens <= max_seq_len and pos < max_seq_len are Variables (one compiled
 program per kernel, whatever their values); with max_batch=1 the batch is a fixed 1. `save()` writes
 a portable .pgb bundle (format version 2: the caches are `cache` buffers, not stored).
+
+The captured Program is cached on disk (polygrad/model/programcache.py, POLY_CACHE_DIR/programs), keyed
+by the config, the bounds, the device, each weight's name, dtype, shape and block format, and polygrad's
+code: a later load of a checkpoint of the same layout (any process) reads it with the weights from the
+file instead of capturing, and its kernels are found lowered, rendered and compiled on disk.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import os
 from typing import Any
 
 import numpy as np
 
-from polygrad import Model, Tensor, Variable, dtypes, runtime_context
+from polygrad import Model, Tensor, Variable, dtypes, limits, runtime_context
 from polygrad.device import canonicalize, free_cached
 from polygrad.errors import DeviceError
+from polygrad.model import programcache
+from polygrad.model.capture import capture_program
 from polygrad.runtime import trim_heap
 
 from polygrad_hf.checkpoint import open_checkpoint
-from polygrad_hf.decoder import QUANTIZE_AT_LOAD, Decoder, read_weights, storage_dtype
+from polygrad_hf.decoder import QUANTIZE_AT_LOAD, Decoder, constants, parameters, read_weights, storage_dtype
 from polygrad_hf.errors import HFError
 from polygrad_hf.quant import QuantWeight
 from polygrad_hf.weights import Checkpoint
@@ -121,16 +131,25 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
         # GGUF blocks stay as stored unless float32 (or a 16-bit dtype) is asked for
         keeps = dtype is None or (isinstance(dtype, str) and (dtype == "quantized" or quantize_to is not None))
         weights = read_weights(ck, convert, keep_blocks if keeps else None, quantize_to)
-        dec = Decoder(cfg, weights, max_batch, max_seq_len, dev, ck.extras.get("rope_freqs"))
-        # one sequence: a fixed batch of 1, so the kernels' outer loops are concrete
-        batch = Variable("batch", 1, max_batch) if max_batch > 1 else 1
-        tokens = Variable("tokens", 1, max_seq_len)
-        pos = Variable("pos", 0, max_seq_len - 1)
-        ids = Tensor.empty(batch, tokens, dtype=dtypes.int32, device=dev)
-        step = Tensor.empty(batch, 1, dtype=dtypes.int32, device=dev)
-        model = Model(dec, inputs={"input_ids": ids}, params=dec.params(), caches=dec.caches,
-                      entrypoints={"prefill": (dec.prefill, {"input_ids": ids}),
-                                   "decode": (dec.decode, {"input_ids": step, "pos": pos})}, runtime=rt)
+        consts = constants(cfg, max_seq_len, dev, ck.extras.get("rope_freqs"))
+        named = parameters(weights, consts)
+        key = _program_key(cfg, max_batch, max_seq_len, dev, named, weights)
+        model = _cached_model(key, named, _memory_cap(cfg, max_batch, max_seq_len, named), rt, dev)
+        if model is None:
+            if rt is not None:
+                rt.check_alive()
+            dec = Decoder(cfg, weights, max_batch, max_seq_len, dev, consts=consts)
+            # one sequence: a fixed batch of 1, so the kernels' outer loops are concrete
+            batch = Variable("batch", 1, max_batch) if max_batch > 1 else 1
+            tokens = Variable("tokens", 1, max_seq_len)
+            pos = Variable("pos", 0, max_seq_len - 1)
+            ids = Tensor.empty(batch, tokens, dtype=dtypes.int32, device=dev)
+            step = Tensor.empty(batch, 1, dtype=dtypes.int32, device=dev)
+            prog, data, device = capture_program(dec, {"input_ids": ids}, {}, None, dec.params(), rt, dec.caches,
+                                                 {"prefill": (dec.prefill, {"input_ids": ids}),
+                                                  "decode": (dec.decode, {"input_ids": step, "pos": pos})})
+            programcache.store(key, prog, data)
+            model = Model._from_program(prog, data, rt, device)
     model.hf_config = cfg  # type: ignore[attr-defined]
     ck.notes.extend(_quant_notes(ck, weights, wdt))
     model.hf_notes = list(ck.notes)  # type: ignore[attr-defined]
@@ -141,3 +160,39 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
     free_cached()
     trim_heap()  # the file's bytes and their conversions were host arrays: give that heap back
     return model
+
+
+def _program_key(cfg: Any, max_batch: int, max_seq_len: int, device: str, named: dict[str, Tensor],
+                 weights: dict[str, Any]) -> str:
+    """The program cache's key text: everything the capture reads besides the weights' values (the
+    config, the bounds, the device, each parameter's name, dtype and shape, and the block format and
+    logical shape of a quantized one: Q4_0 and Q4_K rows have the same bytes)."""
+    fields = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=repr)
+    tensors = ";".join(f"{k}:{t.dtype.name}:{list(t.shape)}" for k, t in named.items())
+    formats = ";".join(f"{k}:{w.format}:{list(w.shape)}" for k, w in weights.items() if isinstance(w, QuantWeight))
+    return programcache.key("polygrad_hf", fields, f"max_batch={max_batch}", f"max_seq_len={max_seq_len}",
+                            f"device={device}", tensors, formats)
+
+
+def _memory_cap(cfg: Any, max_batch: int, max_seq_len: int, named: dict[str, Tensor]) -> int:
+    """The most memory a cached program of these weights may ask for (a bound against a tampered entry:
+    the capture itself ran with what the entry declares): 16 x the weights and caches, or the machine's
+    memory where that is more (a batch of long prompts' logits alone can exceed the first)."""
+    weights = sum(math.prod(t.shape) * t.dtype.itemsize for t in named.values())
+    caches = 2 * cfg.num_layers * max_batch * cfg.num_kv_heads * max_seq_len * cfg.head_dim * 4
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system
+        memory = 0
+    return max(limits.default_max_bytes(weights + caches), memory)
+
+
+def _cached_model(key: str, named: dict[str, Tensor], max_bytes: int, runtime: Any, device: str) -> Model | None:
+    """The Model of the program cached under `key` with these weights, or None (not cached, or an entry
+    that does not read or fit them: it is captured again and rewritten)."""
+    hit = programcache.load(key, max_bytes, named, ("forward", "prefill", "decode"))
+    if hit is None:
+        return None
+    if runtime is not None:
+        runtime.check_alive()
+    return Model._from_program(*hit, runtime, device)

@@ -51,17 +51,22 @@ def stored_kernel(ast: UOp) -> UOp:
 
 
 def to_manifest(p: Program, stored: Callable[[int], np.ndarray], include_optimizer: bool,
-                version: str) -> tuple[dict, list[bytes]]:
+                version: str, external: tuple[str, ...] = (), as_captured: bool = False) -> tuple[dict, list[bytes]]:
     """(manifest, blobs) of a program; blob k holds the k-th buffer whose "data" is true, `stored(slot)`.
 
     include_optimizer=False marks the optimizer state "initial" (`stored` then gives the values before
-    any step); `version` is the producing polygrad's."""
+    any step); `version` is the producing polygrad's. Two options serve a program cache entry
+    (model/programcache.py), never a bundle file: buffers of the `external` roles store no data (the
+    weights come from their own file; only `from_manifest` with the same `external` reads it), and
+    `as_captured` keeps the kernels as the scheduler made them instead of their stored form, so the
+    reader lowers and compiles the very kernels the capturing process ran (the stored form can steer
+    the heuristics elsewhere: GPT-2's decode attention got a THREAD opt)."""
     recorded = "optimizer_step" in p.entries
     buffers, blobs = [], []
     for s, slot in enumerate(p.slots):
         d: dict[str, Any] = {"name": slot.name, "role": slot.role, "dtype": dtype_name(slot.dtype),
                              "shape": list(slot.shape), "size": slot.size}
-        if slot.role in STORED:
+        if slot.role in STORED and slot.role not in external:
             blobs.append(_le(stored(s)))
             d["data"] = True
         buffers.append(d)
@@ -84,7 +89,7 @@ def to_manifest(p: Program, stored: Callable[[int], np.ndarray], include_optimiz
                       "outputs": [spec(s) for s in p.outputs]},
         "variables": [{"name": k, "min": lo, "max": hi} for k, (lo, hi) in p.variables.items()],
         "buffers": buffers,
-        "kernels": serialize.encode([stored_kernel(k) for k in p.kernels]),
+        "kernels": serialize.encode(p.kernels if as_captured else [stored_kernel(k) for k in p.kernels]),
         "entrypoints": {name: entry(e) for name, e in p.entries.items()},
         "training": {"gradients": [[a, b] for a, b in p.gradients.items()],
                      "optimizer": dict(p.optimizer) if recorded and p.optimizer else None,
@@ -159,23 +164,24 @@ def _specs(obj: Any, key: str, variables: dict, version: int) -> list:
     return out
 
 
-def from_manifest(manifest: dict, body: memoryview, max_bytes: int,
-                  max_work: int) -> tuple[Program, dict[int, np.ndarray]]:
+def from_manifest(manifest: dict, body: memoryview, max_bytes: int, max_work: int,
+                  external: tuple[str, ...] = ()) -> tuple[Program, dict[int, np.ndarray]]:
     """(Program, {slot: stored array}) of a manifest read by bundle.read(); BundleError if inconsistent.
 
     max_bytes caps the memory of all buffers together, max_work the node evaluations of one entrypoint call
     (`uop/validate.kernel_work` summed over its calls; a copy counts its elements). Model.load passes the
-    defaults for the file's length (polygrad/limits.py) unless its caller gave others."""
+    defaults for the file's length (polygrad/limits.py) unless its caller gave others. Buffers of the
+    `external` roles must store no data (to_manifest's `external`); the caller supplies their contents."""
     try:
-        return _from_manifest(manifest, body, max_bytes, max_work)
+        return _from_manifest(manifest, body, max_bytes, max_work, external)
     except BundleError:
         raise
     except PolygradError as e:  # a kernel or an optimizer configuration that does not read
         raise BundleError(f"bundle manifest: {e}") from None
 
 
-def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
-                   max_work: int) -> tuple[Program, dict[int, np.ndarray]]:
+def _from_manifest(manifest: dict, body: memoryview, max_bytes: int, max_work: int,
+                   external: tuple[str, ...]) -> tuple[Program, dict[int, np.ndarray]]:
 
     variables: dict[str, tuple[int, int]] = {}
     for i, v in enumerate(get(manifest, "variables", list, "manifest")):
@@ -209,7 +215,7 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
             raise BundleError(f"bundle manifest: the buffers need more than {max_bytes} bytes, the limit for this "
                               "file; if you trust it, load it with Model.load(..., max_bytes=N)")
         data = r.get("data")
-        if role in STORED:
+        if role in STORED and role not in external:
             need(isinstance(data, dict), f"{where} ({role}) must have stored data")
             off = get_int(data, "offset", f"{where}.data", 0, len(body))
             nbytes = get_int(data, "nbytes", f"{where}.data", 0, len(body))
@@ -241,6 +247,7 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
     for required in bundle_format.REQUIRED_ENTRYPOINTS:
         need(required in eps, f"entrypoints lack {required!r}")
     n_calls = 0
+    checked: set[tuple] = set()  # (kernel, its buffers' sizes and dtypes) whose calls passed _check_call
     for name, e in eps.items():
         where = f"entrypoints.{_name(name, 'entrypoint name')}"
         ins = {_name(k, f"{where}.inputs key"): slot_no(v, f"{where}.inputs.{k}", ("input",))
@@ -270,7 +277,10 @@ def _from_manifest(manifest: dict, body: memoryview, max_bytes: int,
             need(k < len(kernels), f"{cw}.kernel {k}: there are {len(kernels)} kernels")
             args = tuple(slot_no(v, f"{cw}.args[{j}]") for j, v in enumerate(get(c, "args", list, cw)))
             _check_distinct(cw, args)
-            _check_call(cw, k, kernels[k], globals_of[k], args, slots, variables)
+            seen = (k, tuple((slots[s].size, slots[s].dtype) for s in args))
+            if seen not in checked:  # check_kernel reads only the kernel and the buffers' sizes and dtypes
+                _check_call(cw, k, kernels[k], globals_of[k], args, slots, variables)
+                checked.add(seen)
             calls.append(Call(k, args))
         _check_work(where, calls, kernels, slots, work_of, max_work)
         args = []

@@ -1,0 +1,176 @@
+"""load_hf's captured Program cached on disk (polygrad/model/programcache.py): a second process skips capture.
+
+Each test starts from an empty program folder of its own (programcache.FOLDER) under the usual
+POLY_CACHE_DIR, so the compiled kernels stay warm across tests and runs. A hit must run without capture_program and
+without lowering or rendering a kernel, give the first process's logits bit for bit (and transformers'), keep
+GGUF blocks as the file's read-only pages, and generate; a change of the bounds, the weights' dtype or the
+config misses; a corrupt or mismatching entry is discarded and rewritten.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+pytest.importorskip("transformers")
+pytest.importorskip("torch")
+
+import hf_checkpoints as hc  # noqa: E402
+
+from polygrad import bundle, config  # noqa: E402
+from polygrad.diskcache import CacheWarning, read_entry, write_entry  # noqa: E402
+from polygrad.model import programcache  # noqa: E402
+from polygrad_hf import load_hf  # noqa: E402
+
+IDS = [[5, 17, 3, 42, 9]]
+
+# one process's load: how many captures, the caches' counters, logits, greedy tokens, and whether every
+# uint8 (block) buffer of the Model is the GGUF file's read-only map
+WORKER = r"""
+import json, mmap, os, sys
+import numpy as np
+import polygrad_hf.loader as loader
+from polygrad.engine import rendercache
+from polygrad import dtypes
+from polygrad.model import programcache
+from polygrad_hf import generate, load_hf
+captures = []
+real = loader.capture_program
+loader.capture_program = lambda *a, **k: captures.append(1) or real(*a, **k)
+path = sys.argv[1]
+programcache.FOLDER = sys.argv[3]
+model = load_hf(path, max_seq_len=16)
+logits = model.forward(input_ids=np.array(json.loads(sys.argv[2]), np.int32))["logits"].numpy()
+def file_map(buf):
+    base = buf.handle.arr
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    base = base.obj if isinstance(base, memoryview) else base
+    return isinstance(base, mmap.mmap) and len(base) == os.path.getsize(path) and buf.readonly
+blocks = [model._x.bufs[i] for i, s in enumerate(model._p.slots) if s.dtype == dtypes.uint8]
+tokens = generate(model, np.array(json.loads(sys.argv[2])[0]), max_new_tokens=4, top_k=1)
+print(json.dumps({"captures": len(captures), "cache": programcache.stats, "rendered": rendercache.stats,
+                  "logits": logits.tolist(), "blocks": len(blocks), "adopted": all(map(file_map, blocks)),
+                  "tokens": np.asarray(tokens).tolist()}))
+"""
+
+
+@pytest.fixture
+def folder(monkeypatch):
+    """An empty program folder of this test's own (removed after it)."""
+    name = f"programs-test-{uuid.uuid4().hex[:12]}"
+    monkeypatch.setattr(programcache, "FOLDER", name)
+    monkeypatch.setattr(programcache, "stats", {"hits": 0, "misses": 0, "stored": 0})
+    yield os.path.join(config.cache_dir(), name)
+    shutil.rmtree(os.path.join(config.cache_dir(), name), ignore_errors=True)
+
+
+def _run(path: str, folder: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", WORKER, path, json.dumps(IDS), os.path.basename(folder)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def q4(tmp_path_factory):
+    """(path, transformers model holding the file's dequantized weights) of a tiny GPT-2 in Q4_0."""
+    ref = hc.hf_model("gpt2")
+    path = str(tmp_path_factory.mktemp("progcache") / "gpt2-q4_0.gguf")
+    hc.set_state(ref, hc.write_gguf(ref, path, "Q4_0"))
+    return path, ref
+
+
+def test_a_second_process_skips_capture_and_rendering_with_the_same_logits(q4, folder):
+    path, ref = q4
+    first = _run(path, folder)
+    second = _run(path, folder)
+    assert first["captures"] == 1 and first["cache"] == {"hits": 0, "misses": 1, "stored": 1}
+    assert second["captures"] == 0 and second["cache"] == {"hits": 1, "misses": 0, "stored": 0}
+    assert second["rendered"]["misses"] == 0 and second["rendered"]["hits"] > 0  # nothing lowered or rendered
+    assert second["logits"] == first["logits"]  # the very kernels the first process ran
+    want = hc.logits(ref, np.array(IDS))
+    got = np.array(second["logits"])
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    assert second["blocks"] > 0 and second["adopted"] and first["adopted"]  # the file's pages, no copy
+    assert second["tokens"] == first["tokens"] == hc.greedy(ref, np.array(IDS), 4)[0].tolist()
+    assert len(glob.glob(os.path.join(folder, "*.pgp"))) == 1
+
+
+def test_bounds_dtype_and_config_are_part_of_the_key(folder, tmp_path):
+    _, base = hc.make("gpt2", tmp_path / "a")
+    _, other = hc.make("gpt2", tmp_path / "b", overrides={"layer_norm_epsilon": 1e-3})  # one config field
+    _, same = hc.make("gpt2", tmp_path / "c", seed=3)  # other weights, same layout: the program fits
+    counts = []
+    for path, kw in [(base, {}), (base, {}), (base, {"max_seq_len": 24}), (base, {"dtype": "float16"}),
+                     (other, {}), (same, {})]:
+        load_hf(path, **{"max_seq_len": 16, **kw}).dispose()
+        counts.append((programcache.stats["hits"], programcache.stats["misses"]))
+    assert counts == [(0, 1), (1, 1), (1, 2), (1, 3), (1, 4), (2, 4)]
+
+
+def test_a_hit_with_other_weights_gives_their_logits(folder, tmp_path):
+    """The entry holds no weights: a checkpoint of the same layout runs the cached program on its own."""
+    _, a = hc.make("llama", tmp_path / "a")
+    ref_b, b = hc.make("llama", tmp_path / "b", seed=5)
+    load_hf(a, max_seq_len=16).dispose()
+    with load_hf(b, max_seq_len=16) as model:
+        got = model.forward(input_ids=np.array(IDS, np.int32))["logits"].numpy()
+    assert programcache.stats == {"hits": 1, "misses": 1, "stored": 1}
+    want = hc.logits(ref_b, np.array(IDS))
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def _rewrite_manifest(path: str, change) -> None:
+    """Store the entry again with `change(manifest)` applied (a valid checksum over a bad program)."""
+    payload = read_entry(path)
+    n = int.from_bytes(payload[:4], "little")
+    manifest, data = bundle.read(payload[4 + n:])
+    blobs = []
+    for buf in manifest["buffers"]:
+        if isinstance(buf.get("data"), dict):
+            off, size = buf["data"]["offset"], buf["data"]["nbytes"]
+            blobs.append(bytes(data[off:off + size]))
+            buf["data"] = True
+    change(manifest)
+    write_entry(path, payload[:4 + n] + bundle.write(manifest, blobs))
+
+
+def _swap_first_call_args(manifest: dict) -> None:
+    call = next(c for c in manifest["entrypoints"]["forward"]["calls"] if "kernel" in c)
+    call["args"] = call["args"][::-1]
+
+
+def _rename_a_weight(manifest: dict) -> None:
+    buf = next(b for b in manifest["buffers"] if b["role"] in ("parameter", "state"))
+    buf["name"] = "not.a.weight"
+
+
+@pytest.mark.parametrize("damage", ["bytes", "program", "names"])
+def test_a_damaged_entry_is_discarded_and_rewritten(folder, tmp_path, damage):
+    ref, path = hc.make("gpt2", tmp_path / "m")
+    load_hf(path, max_seq_len=16).dispose()
+    (entry,) = glob.glob(os.path.join(folder, "*.pgp"))
+    if damage == "bytes":
+        with open(entry, "r+b") as f:
+            f.seek(100)
+            f.write(b"\xff" * 8)
+    else:
+        _rewrite_manifest(entry, _swap_first_call_args if damage == "program" else _rename_a_weight)
+    with pytest.warns(CacheWarning):
+        model = load_hf(path, max_seq_len=16)
+    with model:
+        got = model.forward(input_ids=np.array(IDS, np.int32))["logits"].numpy()
+    assert programcache.stats == {"hits": 0, "misses": 2, "stored": 2}  # captured again and rewritten
+    want = hc.logits(ref, np.array(IDS))
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    load_hf(path, max_seq_len=16).dispose()  # the rewritten entry serves the next load
+    assert programcache.stats["hits"] == 1
