@@ -9,12 +9,11 @@ libraries alternated round by round:
   first token  seconds from the worker's start (before it imports the library) to the first token of
                a 32-token prompt: loading, capture, compiling and the prompt. polygrad's "warm" runs
                with the POLY_CACHE_DIR an earlier process filled; "cold" with an empty one
-  prompt       tokens per second of a 32- and a 512-token prompt, the second run in the process
+  prompt       tokens per second of a 32- and a 512-token prompt, the second run in the process; polygrad
+               runs its prefill entrypoint (the last position's logits only, as llama.cpp computes)
   decode       new tokens per second after the 32-token prompt (63 steps)
   peak RSS     the worker's maximum resident set (VmHWM), in MB, over the whole run ("peak RSS") and up to
-               the 512-token prompts ("RSS to 32"): polygrad's forward returns the logits of every position
-               (a 512-token prompt's are 103 MB, held by the Model, the caller's Tensor and its NumPy copy),
-               where llama.cpp computes the last position's only
+               the 512-token prompts ("RSS to 32")
   agree        greedy tokens equal to llama.cpp's, of 64 (random weights, so rounding differences
                between two dequantization orders can change a token and everything after it)
 
