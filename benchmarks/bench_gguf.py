@@ -33,6 +33,91 @@ import numpy as np
 PROMPT = 8
 
 
+def add_byte_vocabulary(w, vocab: int) -> None:
+    """A byte-level BPE vocabulary of `vocab` tokens on GGUF writer `w`: the 256 byte symbols, then tokens
+    made by merging an earlier token with one byte symbol (two symbols first, then three, ...), one merge
+    per token, as llama.cpp needs to load a file. The last token is BOS and EOS."""
+    # byte-level BPE's symbols: a printable byte stands for itself, the others for code points from 256 on
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    rest = iter(range(0x100, 0x200))
+    symbols = [chr(b) if b in printable else chr(next(rest)) for b in range(256)]
+    tokens, merges, level = list(symbols), [], list(symbols)
+    while len(tokens) < vocab:
+        longer = []
+        for a in level:
+            for b in symbols:
+                if len(tokens) == vocab:
+                    break
+                tokens.append(a + b)
+                merges.append(f"{a} {b}")
+                longer.append(a + b)
+        level = longer
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_token_types([1] * vocab)
+    w.add_bos_token_id(vocab - 1)
+    w.add_eos_token_id(vocab - 1)
+
+
+def _tensor_writers(w, fmt: str, rng, scale: float):
+    """matrix(name, rows, cols): random normal * scale, quantized to `fmt` in llama.cpp's (out, in) layout;
+    vector(name, n, value): a constant F32 vector. Both add to GGUF writer `w`."""
+    import gguf
+    qtype = getattr(gguf.GGMLQuantizationType, fmt)
+
+    def matrix(name: str, rows: int, cols: int) -> None:
+        from polygrad.nn.quant import quantize_rows
+        data = (rng.standard_normal((rows, cols), np.float32) * scale).astype(np.float32)
+        try:
+            blocks = gguf.quants.quantize(data, qtype)
+        except NotImplementedError:  # the K-quants: gguf cannot write them
+            blocks = quantize_rows(data, fmt).reshape(rows, -1)
+        w.add_tensor(name, blocks, raw_dtype=qtype)
+
+    def vector(name: str, n: int, value: float) -> None:
+        w.add_tensor(name, np.full(n, value, np.float32))
+    return matrix, vector
+
+
+def write_qwen2_gguf(path: str, fmt: str, layers: int = 24, tokenizer: bool = False) -> None:
+    """A random model of Qwen2-0.5B's shape (hidden 896, 14 query and 2 key/value heads of 64, MLP 4864,
+    vocabulary 151936, tied embeddings, rope base 1e6; 24 layers unless `layers` says otherwise) as a GGUF
+    file whose matrices are `fmt`, under llama.cpp's qwen2 names. With `tokenizer`, a byte-level BPE
+    vocabulary of that size (add_byte_vocabulary)."""
+    import gguf
+    E, F, V, H, KV, D = 896, 4864, 151936, 14, 2, 64
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(path, "qwen2")
+    w.add_context_length(32768)
+    w.add_embedding_length(E)
+    w.add_feed_forward_length(F)
+    w.add_block_count(layers)
+    w.add_head_count(H)
+    w.add_head_count_kv(KV)
+    w.add_rope_freq_base(1e6)
+    w.add_layer_norm_rms_eps(1e-6)
+    if tokenizer:
+        add_byte_vocabulary(w, V)
+    matrix, vector = _tensor_writers(w, fmt, rng, 0.02)
+    matrix("token_embd.weight", V, E)  # no output.weight: the head reads the embedding (tied)
+    vector("output_norm.weight", E, 1.0)
+    for i in range(layers):
+        b = f"blk.{i}."
+        vector(b + "attn_norm.weight", E, 1.0)
+        vector(b + "ffn_norm.weight", E, 1.0)
+        for name, rows, cols in (("attn_q", H * D, E), ("attn_k", KV * D, E), ("attn_v", KV * D, E)):
+            matrix(b + name + ".weight", rows, cols)
+            vector(b + name + ".bias", rows, 0.0)
+        for name, rows, cols in (("attn_output", E, H * D), ("ffn_gate", F, E), ("ffn_up", F, E),
+                                 ("ffn_down", E, F)):
+            matrix(b + name + ".weight", rows, cols)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def write_gpt2_gguf(path: str, fmt: str, layers: int, tokenizer: bool = False) -> None:
     """A random GPT-2 (GPT2Config's sizes) as a GGUF file whose matrices are `fmt`, in llama.cpp's layout
     (projections (out, in): the transpose of GPT-2's Conv1D weights). With `tokenizer`, also a byte-level
@@ -52,30 +137,8 @@ def write_gpt2_gguf(path: str, fmt: str, layers: int, tokenizer: bool = False) -
     w.add_head_count(cfg.n_head)
     w.add_layer_norm_eps(cfg.layer_norm_epsilon)
     if tokenizer:
-        # byte-level BPE's symbols: a printable byte stands for itself, the others for code points from 256 on
-        printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
-        rest = iter(range(0x100, 0x200))
-        symbols = [chr(b) if b in printable else chr(next(rest)) for b in range(256)]
-        merged = [(a, b) for a in symbols for b in symbols][:V - 256]
-        w.add_tokenizer_model("gpt2")
-        w.add_token_list(symbols + [a + b for a, b in merged])
-        w.add_token_merges([f"{a} {b}" for a, b in merged])
-        w.add_token_types([1] * V)
-        w.add_bos_token_id(V - 1)
-        w.add_eos_token_id(V - 1)
-    qtype = getattr(gguf.GGMLQuantizationType, fmt)
-
-    def matrix(name: str, rows: int, cols: int) -> None:
-        from polygrad.nn.quant import quantize_rows
-        data = (rng.standard_normal((rows, cols), np.float32) * cfg.initializer_range).astype(np.float32)
-        try:
-            blocks = gguf.quants.quantize(data, qtype)
-        except NotImplementedError:  # the K-quants: gguf cannot write them
-            blocks = quantize_rows(data, fmt).reshape(rows, -1)
-        w.add_tensor(name, blocks, raw_dtype=qtype)
-
-    def vector(name: str, n: int, value: float) -> None:
-        w.add_tensor(name, np.full(n, value, np.float32))
+        add_byte_vocabulary(w, V)
+    matrix, vector = _tensor_writers(w, fmt, rng, cfg.initializer_range)
     matrix("token_embd.weight", V, E)
     matrix("position_embd.weight", P, E)
     vector("output_norm.weight", E, 1.0)

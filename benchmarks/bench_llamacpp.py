@@ -1,8 +1,10 @@
 """polygrad beside llama.cpp on the same GGUF files: decode, prompt, first token and peak memory.
 
-Workload (issue 30): a GPT-2-small-shaped model (12 layers, width 768, vocabulary 50257) with random
-weights, written with the gguf package as Q8_0 and Q4_0 files (bench_gguf.write_gpt2_gguf, with a
-byte-level vocabulary so llama.cpp loads them; both sides are fed token ids). Batch 1, greedy, the same
+Workload (issue 30): a GPT-2-small-shaped model (12 layers, width 768, vocabulary 50257), or with
+`--shape qwen2-0.5b` one of Qwen2-0.5B's shape (24 layers, hidden 896, 14/2 heads, vocabulary 151936,
+tied embeddings), with random weights, written with the gguf package as Q8_0 and Q4_0 files
+(bench_gguf.write_gpt2_gguf / write_qwen2_gguf, with a byte-level vocabulary so llama.cpp loads them;
+both sides are fed token ids). Batch 1, greedy, the same
 thread count on both sides. Every figure comes from a fresh process of this file (`--worker`), the
 libraries alternated round by round:
 
@@ -22,7 +24,8 @@ LLAMA_CPP_PYTHON environment variable), e.g. a venv made with `python -m venv /t
 /tmp/llv/bin/pip install llama-cpp-python` (it builds llama.cpp from source: about 15 minutes). It is
 never a dependency of polygrad. Without it only polygrad's columns are printed.
 
-    python benchmarks/bench_llamacpp.py [--llama-python PATH] [--rounds 3] [--threads 2] [--layers 12]
+    python benchmarks/bench_llamacpp.py [--llama-python PATH] [--rounds 3] [--threads 2]
+                                        [--shape gpt2|qwen2-0.5b] [--layers N]
 """
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ import time
 import numpy as np
 
 SHORT, LONG, NEW = 32, 512, 64
+SHAPES = {"gpt2": ("GPT-2-small", "write_gpt2_gguf", 12), "qwen2-0.5b": ("Qwen2-0.5B", "write_qwen2_gguf", 24)}
 
 
 def prompt_ids(n: int, vocab: int) -> list[int]:
@@ -143,7 +147,8 @@ def main() -> None:
     ap.add_argument("--llama-python", default=os.environ.get("LLAMA_CPP_PYTHON", ""))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="gpt2")
+    ap.add_argument("--layers", type=int, default=None, help="default: the shape's own (12 or 24)")
     ap.add_argument("--formats", nargs="*", default=["Q8_0", "Q4_0"])
     ap.add_argument("--worker", nargs=2, metavar=("LIB", "FILE"))
     args = ap.parse_args()
@@ -151,15 +156,17 @@ def main() -> None:
         worker(args.worker[0], args.worker[1], args.threads)
         return
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from bench_gguf import write_gpt2_gguf
+    import bench_gguf
+    title, writer, default_layers = SHAPES[args.shape]
+    layers = args.layers or default_layers
     llama = args.llama_python
     if not llama:
         print("no --llama-python (or LLAMA_CPP_PYTHON): llama.cpp's columns are left out")
     with tempfile.TemporaryDirectory() as folder:
         files = {}
         for fmt in args.formats:
-            files[fmt] = os.path.join(folder, f"gpt2-{fmt}.gguf")
-            write_gpt2_gguf(files[fmt], fmt, args.layers, tokenizer=True)
+            files[fmt] = os.path.join(folder, f"{args.shape}-{fmt}.gguf")
+            getattr(bench_gguf, writer)(files[fmt], fmt, layers, tokenizer=True)
         warm_cache = os.path.join(folder, "cache")
         results: dict[tuple[str, str], list[dict]] = {}
         for fmt, path in files.items():  # fills the warm cache; not reported
@@ -175,7 +182,7 @@ def main() -> None:
                     lib = "llama" if label == "llama.cpp" else "polygrad"
                     results.setdefault((fmt, label), []).append(launch(python, lib, path, args.threads, env))
         sizes = {fmt: os.path.getsize(p) / 1e6 for fmt, p in files.items()}
-    print(f"GPT-2-small shape ({args.layers} layers), random weights, batch 1, greedy, {args.threads} threads; "
+    print(f"{title} shape ({layers} layers), random weights, batch 1, greedy, {args.threads} threads; "
           f"{cpu_model()}; medians of {args.rounds} alternated rounds, each a fresh process")
     head = (f"{'format':6s} {'runtime':22s}{'decode tok/s':>13s}{'prompt32 tok/s':>15s}{'prompt512 tok/s':>16s}"
             f"{'first token s':>14s}{'peak RSS MB':>12s}{'RSS to 32':>10s}{'agree':>7s}")

@@ -152,3 +152,33 @@ def test_contraction_inside_a_sum_keeps_its_own_kernel():
     n, got = count_kernels(lambda: (a @ b).relu().sum())
     assert n == 2
     np.testing.assert_allclose(got, np.maximum(a_np @ b_np, 0).sum(), rtol=1e-4)
+
+
+@pytest.mark.parametrize("combine", ["swiglu", "rnn_cell"])
+def test_contractions_side_by_side_get_a_kernel_each(combine):
+    """`silu(x @ g) * (x @ u)` (SwiGLU) and `x @ wx + h @ wh` (an RNN cell): two matmuls under one
+    elementwise expression get one kernel each (fusion.SIBLING_CONTRACTIONS), the expression fused into the
+    second, so each is register-tiled as a matmul alone. Two plain sums side by side (not contractions)
+    still share one kernel."""
+    from polygrad.schedule.template import schedule
+    x_np, h_np = (RNG.standard_normal((24, 40)).astype(np.float32) for _ in range(2))
+    g_np, u_np = (RNG.standard_normal((40, 56)).astype(np.float32) for _ in range(2))
+    x, h, g, u = (Tensor(v).realize() for v in (x_np, h_np, g_np, u_np))
+    if combine == "swiglu":
+        def fn():
+            return (x @ g).silu() * (x @ u)
+        a = x_np @ g_np
+        want = a / (1 + np.exp(-a)) * (x_np @ u_np)
+    else:
+        def fn():
+            return x @ g + h @ u
+        want = x_np @ g_np + h_np @ u_np
+    tpl, _ = schedule([fn().uop])
+    assert [s.kind for s in tpl.steps] == ["kernel", "kernel"]
+    assert [n for n, _, _ in tpl.new_buffers] == [24 * 56, 24 * 56]
+    n, got = count_kernels(fn)
+    assert n == 2
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    n, got = count_kernels(lambda: x.sum(1) * h.max(1))
+    assert n == 1
+    np.testing.assert_allclose(got, x_np.sum(1) * h_np.max(1), rtol=1e-5)

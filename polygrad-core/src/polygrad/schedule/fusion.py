@@ -5,7 +5,8 @@ the order their kernels run. Elementwise chains fuse into each other and into th
 reductions; a reduction gets its own buffer when it is read inside another reduction or by several
 kernels, and an expression read through an expand (each value read many times) or a pad gets one when
 fusing it would recompute a reduction or real work per read (see RECOMPUTE_MIN_COST), unless it only
-decompresses (dequantizes) the data it reads (see DECOMPRESS_RATIO). A step that reads
+decompresses (dequantizes) the data it reads (see DECOMPRESS_RATIO). Contractions (matmuls, convolutions)
+side by side get a kernel each (SIBLING_CONTRACTIONS). A step that reads
 a buffer's old value runs before the assign or custom kernel that overwrites it (`order_points`).
 """
 from __future__ import annotations
@@ -260,6 +261,11 @@ _COST_WALK_LIMIT = 256
 _VIEW_OPS = MOVEMENT | {Ops.DETACH}
 # a reduction doing this many operations per element it reads is a contraction (see _is_contraction)
 CONTRACTION_REUSE = 4
+# SIBLING_CONTRACTIONS: an expression over two or more contractions that are not nested in each other
+# (SwiGLU's `silu(x @ gate) * (x @ up)`, an RNN cell's `x @ Wx + h @ Wh`) gets one kernel per contraction:
+# the first one found fuses with the expression, the others get buffers. One kernel computing both would
+# share its output ranges between two reductions, which the register tiles and staging (codegen/host_opts.py)
+# plan for one: on a Qwen2-shaped prompt such a kernel ran 15-20x slower than the two matmuls alone.
 
 
 def _under_views(u: UOp) -> UOp:
@@ -351,8 +357,8 @@ def _is_contraction(reduce: UOp, points: set[UOp]) -> bool:
 
 def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], dict[UOp, UOp | None], set[UOp]]:
     """One kernel's walk from its root down to the boundaries: (nodes visited, nodes that must get a buffer:
-    reductions inside another reduction, expressions an expand or pad should not fuse (_needs_buffer),
-    reductions reached)."""
+    reductions inside another reduction, contractions beside the first one found (SIBLING_CONTRACTIONS),
+    expressions an expand or pad should not fuse (_needs_buffer), reductions reached)."""
     visited: set[UOp] = set()
     must: dict[UOp, UOp | None] = {}  # node -> the expand/pad that asked for it (None: a nested reduction)
     reached: set[UOp] = set()
@@ -365,6 +371,7 @@ def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], dict[UOp, UOp | N
         start = start.src[0]
     stack = [(start, False, False)]
     seen: set[tuple[UOp, bool, bool]] = set()
+    siblings: list[UOp] = []  # contractions this kernel computes side by side, in the order found
     while stack:
         item = stack.pop()
         if item in seen:
@@ -380,6 +387,8 @@ def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], dict[UOp, UOp | N
                 must[node] = None
                 continue
             reached.add(node)
+            if node is not start and not in_reduce and _is_contraction(node, points):
+                siblings.append(node)
             in_reduce = in_reduce or node is not start
         if node.op in (Ops.EXPAND, Ops.PAD):
             below = _needs_buffer(node, points)
@@ -391,4 +400,6 @@ def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], dict[UOp, UOp | N
             expanded = True
         for s in node.src:
             stack.append((s, expanded, in_reduce))
+    for node in siblings[1:]:  # see SIBLING_CONTRACTIONS
+        must[node] = None
     return visited, must, reached
