@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import shutil
 import subprocess
-import sys
 import time
 
-import numpy as np
 import pytest
 
 from conftest import run_python
@@ -121,53 +118,3 @@ def test_a_bad_kernel_in_a_unit_is_named_alone(monkeypatch, tmp_path):
     assert "a[0] = 1.0f" not in str(err.value).split("--- source")[1]  # the source shown is the bad one's
     assert [p.suffix for p in (tmp_path / "cpu").iterdir()] == [".so"]  # the good one is kept, no leftovers
 
-
-LOAD_WORKER = r"""
-import json, subprocess, sys
-import numpy as np
-import polygrad_backend_cpu.compiler as cc_mod
-runs, units, batches = [], [], []
-real_run, real_build, real_many = subprocess.run, cc_mod.ClangCompiler._build, cc_mod.ClangCompiler.compile_many
-subprocess.run = lambda cmd, *a, **kw: (runs.append(1) if "-c" in cmd else None) or real_run(cmd, *a, **kw)
-def build(self, srcs, *a, **kw):
-    units.append(sorted(srcs))
-    return real_build(self, srcs, *a, **kw)
-def many(self, srcs, *a, **kw):
-    new = {self.key(s, *a) for s in srcs} - set(self.memory)
-    batches.append(len(new))
-    return real_many(self, srcs, *a, **kw)
-cc_mod.ClangCompiler._build, cc_mod.ClangCompiler.compile_many = build, many
-from polygrad.engine import programs
-from polygrad_hf import load_hf
-model = load_hf(sys.argv[1], max_seq_len=16)
-logits = model.forward(input_ids=np.array([[5, 17, 3, 42, 9]], np.int32))["logits"].numpy()
-print(json.dumps({"runs": len(runs), "units": units, "batches": batches, "logits": logits.tolist(),
-                  "compiled": programs.runtime_stats["programs_compiled"]}))
-"""
-
-
-def test_a_model_load_with_an_empty_cache_compiles_each_kernel_once_in_few_runs(tmp_path):
-    """A tiny GPT-2 (Q4_0 GGUF) from an empty cache: each distinct kernel source is compiled once, in one
-    unit per batch of new kernels (one job), against transformers' logits."""
-    pytest.importorskip("gguf")
-    pytest.importorskip("transformers")
-    pytest.importorskip("torch")
-    import hf_checkpoints as hc
-    ref = hc.hf_model("gpt2")
-    path = str(tmp_path / "gpt2-q4_0.gguf")
-    hc.set_state(ref, hc.write_gguf(ref, path, "Q4_0"))
-    env = {"POLY_CACHE_DIR": str(tmp_path / "cache"), "DEV": "CPU", "POLY_DEV": None, "POLY_COMPILE_JOBS": "1"}
-    proc = subprocess.run([sys.executable, "-c", LOAD_WORKER, path], capture_output=True, text=True, timeout=300,
-                          env={**{k: v for k, v in os.environ.items() if k not in env}, **{k: v for k, v in env.items()
-                                                                                          if v is not None}})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    keys = [k for unit in got["units"] for k in unit]
-    assert len(keys) == len(set(keys)), "a kernel was compiled twice"
-    with_new = [n for n in got["batches"] if n]
-    assert got["compiled"] >= 20 and len(with_new) <= 12, got["batches"]
-    assert got["runs"] == len(got["units"]) <= len(with_new) + 1, got  # + the pool library
-    so = list((tmp_path / "cache" / "cpu").glob("*.so"))
-    assert len(so) == len(keys)
-    want = hc.logits(ref, np.array([[5, 17, 3, 42, 9]]))
-    assert np.abs(np.array(got["logits"]) - want).max() <= 1e-4 * np.abs(want).max()
