@@ -120,11 +120,15 @@ def test_balanced_units_split_by_source_length(monkeypatch):
     assert balanced_units(srcs, 1) == [srcs] and balanced_units({}, 2) == []
 
 
-def test_a_bad_kernel_in_a_unit_is_named_alone(monkeypatch, tmp_path):
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_bad_kernel_in_a_unit_is_named_alone(monkeypatch, tmp_path, jobs):
+    """One unit: it fails, then each kernel is compiled alone; two units side by side: the error of the
+    bad one's thread is raised here."""
     from polygrad.errors import CompileError
     from polygrad_backend_cpu import compiler as cc_mod
     monkeypatch.setenv("POLY_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("POLY_COMPILE_JOBS", "1")
+    monkeypatch.setenv("POLY_COMPILE_JOBS", str(jobs))
+    monkeypatch.setattr(cc_mod, "UNIT_MIN_CHARS", 0)
     good = "void pg_kernel(float* a) { a[0] = 1.0f; }\n"
     bad = "void pg_kernel(float* a) { a[0] = undeclared_name; }\n"
     with pytest.raises(CompileError, match="undeclared_name") as err:

@@ -170,8 +170,9 @@ class ClangCompiler:
             names = {k: _local_names(src) for k, src in todo.items()}
             alone = [{k: src} for k, src in todo.items() if names[k] is None]  # the renaming cannot handle it
             together = {k: src for k, src in todo.items() if names[k] is not None}
-            units = alone + balanced_units(together, compile_jobs())
-            run_side_by_side([lambda unit=unit: self._build(unit, names, extra) for unit in units])
+            jobs = compile_jobs()
+            units = alone + balanced_units(together, jobs)
+            run_side_by_side([lambda unit=unit: self._build(unit, names, extra) for unit in units], jobs)
         for key, src in zip(keys, srcs):
             if key not in self.memory:  # our temporary file was removed under us (a cleaner elsewhere)
                 self._build({key: src}, {}, extra)
@@ -295,26 +296,19 @@ def balanced_units(srcs: dict[str, str], jobs: int) -> list[dict[str, str]]:
     return [{k: srcs[k] for k in sorted(group, key=order.__getitem__)} for group in groups]
 
 
-def run_side_by_side(calls: list[Callable[[], None]]) -> None:
-    """Run the calls on threads of their own (each waits on a compiler process), the first here; the
-    first exception raised is raised again once all have ended."""
-    if len(calls) <= 1:
+def run_side_by_side(calls: list[Callable[[], None]], jobs: int) -> None:
+    """Run the calls, at most `jobs` at a time on threads of their own (each waits on a compiler process;
+    the thread pool library is built the same way); the first exception raised is raised again once all
+    have ended."""
+    if jobs <= 1 or len(calls) <= 1:
         for call in calls:
             call()
         return
-    with ThreadPoolExecutor(max_workers=len(calls) - 1, thread_name_prefix="polygrad-cc") as pool:
-        futures = [pool.submit(call) for call in calls[1:]]
-        errors: list[BaseException] = []
-        try:
-            calls[0]()
-        except BaseException as e:  # noqa: BLE001  (raised below, after the others ended)
-            errors.append(e)
-        for future in futures:
-            error = future.exception()
-            if error is not None:
-                errors.append(error)
+    with ThreadPoolExecutor(max_workers=min(jobs, len(calls)), thread_name_prefix="polygrad-cc") as pool:
+        futures = [pool.submit(call) for call in calls]
+    errors = [f.exception() for f in futures if f.exception() is not None]
     if errors:
-        raise errors[0]
+        raise errors[0]  # type: ignore[misc]
 
 
 def symbol_names(path: str) -> tuple[str, str]:
