@@ -174,3 +174,49 @@ def test_a_damaged_entry_is_discarded_and_rewritten(folder, tmp_path, damage):
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     load_hf(path, max_seq_len=16).dispose()  # the rewritten entry serves the next load
     assert programcache.stats["hits"] == 1
+
+
+COLD_WORKER = r"""
+import json, subprocess, sys
+import numpy as np
+import polygrad_backend_cpu.compiler as cc_mod
+runs, units, batches = [], [], []
+real_run, real_build, real_many = subprocess.run, cc_mod.ClangCompiler._build, cc_mod.ClangCompiler.compile_many
+subprocess.run = lambda cmd, *a, **kw: (runs.append(1) if "-c" in cmd else None) or real_run(cmd, *a, **kw)
+def build(self, srcs, *a, **kw):
+    units.append(sorted(srcs))
+    return real_build(self, srcs, *a, **kw)
+def many(self, srcs, *a, **kw):
+    new = {self.key(s, *a) for s in srcs} - set(self.memory)
+    batches.append(len(new))
+    return real_many(self, srcs, *a, **kw)
+cc_mod.ClangCompiler._build, cc_mod.ClangCompiler.compile_many = build, many
+from polygrad.engine import programs
+from polygrad_hf import load_hf
+model = load_hf(sys.argv[1], max_seq_len=16)
+logits = model.forward(input_ids=np.array(json.loads(sys.argv[2]), np.int32))["logits"].numpy()
+print(json.dumps({"runs": len(runs), "units": units, "batches": batches, "logits": logits.tolist(),
+                  "compiled": programs.runtime_stats["programs_compiled"]}))
+"""
+
+
+def test_a_load_with_an_empty_cache_compiles_each_kernel_once_in_few_runs(q4, tmp_path):
+    """From an empty POLY_CACHE_DIR (issue 30's cold first token): each distinct kernel source is compiled
+    once, in one compiler run per batch of new kernels (one job; tests/test_compile_batch.py has more).
+    Before, kernels sharing a renderer helper failed as one unit and then compiled one run each."""
+    path, ref = q4
+    env = {k: v for k, v in os.environ.items() if k != "POLY_DEV"}
+    env.update(POLY_CACHE_DIR=str(tmp_path / "cache"), DEV="CPU", POLY_COMPILE_JOBS="1")
+    proc = subprocess.run([sys.executable, "-c", COLD_WORKER, path, json.dumps(IDS)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    keys = [k for unit in got["units"] for k in unit]
+    assert len(keys) == len(set(keys)), "a kernel was compiled twice"
+    with_new = [n for n in got["batches"] if n]
+    assert got["compiled"] >= 20 and len(with_new) <= 12, got["batches"]
+    assert got["runs"] == len(got["units"]) <= len(with_new) + 1, got  # + the pool library
+    so = list((tmp_path / "cache" / "cpu").glob("*.so"))
+    assert len(so) == len(keys)
+    want = hc.logits(ref, np.array(IDS))
+    assert np.abs(np.array(got["logits"]) - want).max() <= 1e-4 * np.abs(want).max()

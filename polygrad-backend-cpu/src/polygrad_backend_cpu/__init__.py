@@ -9,6 +9,8 @@ __version__ = "0.1.0"
 # declared when the package is imported, before any of its code reads it; read with backend_api.setting("POLY_CC")
 register_setting(Setting("POLY_CC", str, "", "the C compiler to use instead of clang, gcc or cc (a name on PATH "
                          "or a path)", live=True, owner="polygrad-backend-cpu"))
+register_setting(Setting("POLY_COMPILE_JOBS", int, 0, "compiler processes run side by side for a batch of new "
+                         "kernels (0: one per usable core)", minimum=0, live=True, owner="polygrad-backend-cpu"))
 
 
 def probe() -> ProbeResult:

@@ -10,11 +10,15 @@ compiler runs with a parent-death signal, so killing the Python process mid-comp
 the temporary file it leaves is removed by the next process that opens the folder.
 
 The compiler process dominates a first call, so it runs as few times as possible: the driver only
-compiles (`-c`; `ld -shared` links, without a second driver), and `compile_many` builds every new
-kernel of a schedule in one translation unit. Every rendered kernel defines the same function,
-`pg_kernel` (the renderer's own name: no kernel or Variable name reaches the source); there each is
-renamed `pg_kernel_<key16>` (`symbol_names` gives the names to look up), and the one shared object is
-linked under each kernel's key. Kernels whose sources are equal share one entry, whatever their names.
+compiles (`-c`; `ld -shared` links, without a second driver), and `compile_many` builds a schedule's new
+kernels in a few translation units, one per compile job (POLY_COMPILE_JOBS, default the usable cores),
+run side by side and balanced by source length (a unit gets at least UNIT_MIN_CHARS of source, so a
+small batch stays one process). Every rendered kernel defines the same function,
+`pg_kernel` (the renderer's own name: no kernel or Variable name reaches the source), and its own copies
+of the renderer's `static` helpers (`pg_fma_f32x16`, the half conversions...); in a unit each of these
+names is renamed `<name>_<key16>` (`symbol_names` gives the kernel's names to look up), so the kernels'
+definitions cannot clash, and the unit's shared object is linked under each kernel's key. Kernels whose
+sources are equal share one entry, whatever their names.
 """
 from __future__ import annotations
 
@@ -26,6 +30,8 @@ import re
 import shutil
 import signal
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 from polygrad.backend_api import (KERNEL_SYMBOL, CompileError, cache_dir, read_entry, setting, temp_path,
                                   valid_entry, write_entry)
@@ -35,6 +41,9 @@ PR_SET_PDEATHSIG = 1
 # in the key, so files of an older layout (no checksum trailer) are never looked up, rather than each
 # one being discarded with a warning after an upgrade
 ENTRY_FORMAT = "entry-v2"
+# the least source a translation unit of a split batch gets: about 0.1 s of clang -O3 on a Zen 4 core,
+# more than a compiler and linker process's start (~0.06 s of CPU), so small batches stay one unit
+UNIT_MIN_CHARS = 16_000
 
 
 def find_compiler() -> str | None:
@@ -150,37 +159,30 @@ class ClangCompiler:
         return self.compile_many([src], extra)[0]
 
     def compile_many(self, srcs: list[str], extra: tuple[str, ...] = ()) -> list[str]:
-        """Paths of shared objects built from `srcs` (cached); the new ones are compiled together."""
+        """Paths of shared objects built from `srcs` (cached); the new ones are compiled together, in one
+        translation unit per compile job, the units side by side."""
         keys = [self.key(src, extra) for src in srcs]
         todo: dict[str, str] = {}
         for key, src in zip(keys, srcs):
             if self.cached(key) is None:
                 todo.setdefault(key, src)
         if todo:
-            named = {k: _kernel_name(src) for k, src in todo.items()}
-            together = {k: src for k, src in todo.items() if named[k]}
-            for k in todo.keys() - together.keys():  # a source the renaming cannot handle goes alone
-                self._build({k: todo[k]}, {}, extra)
-            if together:
-                self._build(together, named, extra)
+            names = {k: _local_names(src) for k, src in todo.items()}
+            alone = [{k: src} for k, src in todo.items() if names[k] is None]  # the renaming cannot handle it
+            together = {k: src for k, src in todo.items() if names[k] is not None}
+            jobs = compile_jobs()
+            units = alone + balanced_units(together, jobs)
+            run_side_by_side([lambda unit=unit: self._build(unit, names, extra) for unit in units], jobs)
         for key, src in zip(keys, srcs):
             if key not in self.memory:  # our temporary file was removed under us (a cleaner elsewhere)
                 self._build({key: src}, {}, extra)
         return [self.memory[key] for key in keys]
 
-    def _build(self, srcs: dict[str, str], names: dict[str, str | None], extra: tuple[str, ...] = ()) -> None:
+    def _build(self, srcs: dict[str, str], names: dict[str, tuple[str, ...] | None],
+               extra: tuple[str, ...] = ()) -> None:
         """Compile srcs (key -> source) in one translation unit and link it under every key."""
         root = cache_root()
-        parts = []
-        for key, src in srcs.items():
-            name = names.get(key)
-            if not name:
-                parts.append(src)
-                continue
-            task = f"#define {name}_task {name}_{key[:16]}_task\n" if f"void {name}_task(" in src else ""
-            parts.append(f"#define {name} {name}_{key[:16]}\n{task}{src}\n#undef {name}\n"
-                         + (f"#undef {name}_task\n" if task else ""))
-        unit = "".join(parts)
+        unit = "".join(_renamed(src, key, names.get(key)) for key, src in srcs.items())
         first = next(iter(srcs))
         tmp = temp_path(root, f"{first}.so", ".so")
         obj = tmp[:-len(".so")] + ".o"
@@ -226,6 +228,9 @@ class ClangCompiler:
 
 
 _KERNEL_DEF = re.compile(r"^void ([A-Za-z_][A-Za-z0-9_]*)\(", re.M)
+# a file-scope `static` function of the prelude (the renderer's helpers): its name is the first
+# identifier followed by a parenthesis
+_STATIC_DEF = re.compile(r"^static\s[^;{=(]*?\b([A-Za-z_][A-Za-z0-9_]*)\s*\(", re.M)
 
 
 def _kernel_name(src: str) -> str | None:
@@ -235,6 +240,75 @@ def _kernel_name(src: str) -> str | None:
     if len(found) == 2 and found[1] == found[0] + "_task":
         return found[0]
     return found[0] if len(found) == 1 else None
+
+
+def _local_names(src: str) -> tuple[str, ...] | None:
+    """The names a rendered source defines at file scope: its kernel first, then its static helpers;
+    None when it has no single kernel (then it is compiled alone, unrenamed)."""
+    kernel = _kernel_name(src)
+    if kernel is None:
+        return None
+    return (kernel, *dict.fromkeys(_STATIC_DEF.findall(src)))
+
+
+def _renamed(src: str, key: str, names: tuple[str, ...] | None) -> str:
+    """`src` for a translation unit shared with other kernels: each name it defines is renamed
+    `<name>_<key16>` for its text (the trampoline `<kernel>_<key16>_task`), so two kernels' `pg_kernel`
+    or their copies of one helper are different functions."""
+    if not names:
+        return src
+    kernel, tag = names[0], key[:16]
+    renames = {name: f"{name}_{tag}" for name in names}
+    if f"void {kernel}_task(" in src:
+        renames[f"{kernel}_task"] = f"{kernel}_{tag}_task"
+    defines = "".join(f"#define {name} {new}\n" for name, new in renames.items())
+    undefines = "".join(f"#undef {name}\n" for name in renames)
+    return f"{defines}{src}\n{undefines}"
+
+
+def compile_jobs() -> int:
+    """How many translation units a batch of new kernels is split into (POLY_COMPILE_JOBS; 0: one per core
+    this process may run on)."""
+    jobs = setting("POLY_COMPILE_JOBS")
+    if jobs > 0:
+        return jobs
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def balanced_units(srcs: dict[str, str], jobs: int) -> list[dict[str, str]]:
+    """`srcs` (key -> source) in at most `jobs` groups of about equal source length, each of at least
+    UNIT_MIN_CHARS where there is more than one (longest first, each into the lightest group so far), in
+    their first order within a group."""
+    if not srcs:
+        return []
+    total = sum(len(src) for src in srcs.values())
+    count = max(1, min(jobs, len(srcs), total // UNIT_MIN_CHARS if UNIT_MIN_CHARS else len(srcs)))
+    groups: list[list[str]] = [[] for _ in range(count)]
+    sizes = [0] * len(groups)
+    for key in sorted(srcs, key=lambda k: -len(srcs[k])):
+        lightest = sizes.index(min(sizes))
+        groups[lightest].append(key)
+        sizes[lightest] += len(srcs[key])
+    order = {k: i for i, k in enumerate(srcs)}
+    return [{k: srcs[k] for k in sorted(group, key=order.__getitem__)} for group in groups]
+
+
+def run_side_by_side(calls: list[Callable[[], None]], jobs: int) -> None:
+    """Run the calls, at most `jobs` at a time on threads of their own (each waits on a compiler process;
+    the thread pool library is built the same way); the first exception raised is raised again once all
+    have ended."""
+    if jobs <= 1 or len(calls) <= 1:
+        for call in calls:
+            call()
+        return
+    with ThreadPoolExecutor(max_workers=min(jobs, len(calls)), thread_name_prefix="polygrad-cc") as pool:
+        futures = [pool.submit(call) for call in calls]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        raise errors[0]  # type: ignore[misc]
 
 
 def symbol_names(path: str) -> tuple[str, str]:
