@@ -131,8 +131,15 @@ def _q8_0_values(r: _Fields) -> Tensor:
 
 
 def _q4_0_values(r: _Fields) -> Tensor:
-    n = _nibbles(r, 2, (1, 16), r.axis_index(0, 4))
-    return (n.cast(dtypes.float32) - 8.0) * r.half(0)
+    n = _nibbles(r, 2, (1, 16), r.axis_index(0, 4, dtypes.uint8))
+    return _offset(n, 8) * r.half(0)
+
+
+def _offset(q: Tensor, offset: int) -> Tensor:
+    """q - offset as float32 for uint8 quants q below 2 * offset: subtracted in int8, where 16 weights take
+    one byte vector and the widening to float32 comes after (the same values as q.cast(float32) - offset,
+    which is exact)."""
+    return (q.bitcast(dtypes.int8) - offset).cast(dtypes.float32)
 
 
 def _q4_1_values(r: _Fields) -> Tensor:
