@@ -143,24 +143,24 @@ def _offset(q: Tensor, offset: int) -> Tensor:
 
 
 def _q4_1_values(r: _Fields) -> Tensor:
-    n = _nibbles(r, 4, (1, 16), r.axis_index(0, 4))
+    n = _nibbles(r, 4, (1, 16), r.axis_index(0, 4, dtypes.uint8))
     return r.half(0) * n.cast(dtypes.float32) + r.half(2)
 
 
 def _five_bits(r: _Fields, qh: int, qs: int) -> Tensor:
     """Q5_0/Q5_1's 5-bit quants: groups (h, a, b) are weight 16h + 8a + b; its low nibble is half h of byte
     qs + 8a + b, its 5th bit bit b of byte qh + 2h + a (bit 16h + 8a + b of the little-endian uint32)."""
-    low = _nibbles(r, qs, (1, 2, 8), r.axis_index(0, 4))
-    high = (r.u8(qh, (2, 2, 1)) >> r.axis_index(2, 1)) & 1
-    return (low | (high << 4)).cast(dtypes.float32)
+    low = _nibbles(r, qs, (1, 2, 8), r.axis_index(0, 4, dtypes.uint8))
+    high = (r.u8(qh, (2, 2, 1)) >> r.axis_index(2, 1, dtypes.uint8)) & 1
+    return low | (high << 4)
 
 
 def _q5_0_values(r: _Fields) -> Tensor:
-    return r.half(0) * (_five_bits(r, 2, 6) - 16.0)
+    return r.half(0) * _offset(_five_bits(r, 2, 6), 16)
 
 
 def _q5_1_values(r: _Fields) -> Tensor:
-    return r.half(0) * _five_bits(r, 4, 8) + r.half(2)
+    return r.half(0) * _five_bits(r, 4, 8).cast(dtypes.float32) + r.half(2)
 
 
 def _k_scales(r: _Fields) -> tuple[Tensor, Tensor]:
@@ -195,7 +195,7 @@ def _q6_k_values(r: _Fields) -> Tensor:
     """Groups (c, hh, t2, i2, i16): weight 128c + 32(2hh + t2) + 16i2 + i16."""
     low = (r.u8(0, (2, 1, 2, 2, 16)) >> r.axis_index(1, 4, dtypes.uint8)) & 15
     high = (r.u8(128, (2, 1, 1, 2, 16)) >> (r.axis_index(1, 4, dtypes.uint8) + r.axis_index(2, 2, dtypes.uint8))) & 3
-    q = (low | (high << 4)).cast(dtypes.float32) - 32.0
+    q = _offset(low | (high << 4), 32)
     sc = r.u8(192, (2, 2, 2, 2, 1)).bitcast(dtypes.int8).cast(dtypes.float32)
     return (r.half(208) * sc) * q
 
