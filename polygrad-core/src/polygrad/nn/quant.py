@@ -108,14 +108,16 @@ class _Fields:
         """The float16 at bytes start..start + 1, as float32."""
         return self.scalar(start, 2).bitcast(dtypes.float16).cast(dtypes.float32)
 
-    def axis_index(self, axis: int, step: int, dtype: Any = dtypes.uint32) -> Tensor:
-        """step * (the index along group axis `axis`), broadcast over the groups: computed in the kernel
-        from its loop index (IOTA), so an unrolled lane holds a constant and the value's known range
-        drops a shift's range guard, where a table is a load per use."""
+    def group_index(self, first: int, last: int, step: int) -> Tensor:
+        """step * (the flat index over group axes first..last), uint8, broadcast over the groups: computed in
+        the kernel from its loop indices (IOTA), so an unrolled point holds a constant and the value's known
+        range drops a shift's range guard (a table of shift amounts was a load, a guard and a select per
+        use)."""
         shape = [1] * len(self.f.groups)
-        shape[axis] = self.f.groups[axis]
-        idx = Tensor.arange(self.f.groups[axis], dtype=dtype, device=self.blocks.device).reshape(*shape)
-        return idx.expand(*self.full) * step
+        shape[first:last + 1] = self.f.groups[first:last + 1]
+        n = int(np.prod(shape))
+        idx = Tensor.arange(n, dtype=dtypes.uint8, device=self.blocks.device).reshape(*shape).expand(*self.full)
+        return idx if step == 1 else idx * step
 
 
 def _nibbles(r: _Fields, start: int, view: tuple[int, ...], shift: Tensor) -> Tensor:
@@ -131,7 +133,7 @@ def _q8_0_values(r: _Fields) -> Tensor:
 
 
 def _q4_0_values(r: _Fields) -> Tensor:
-    n = _nibbles(r, 2, (1, 16), r.axis_index(0, 4, dtypes.uint8))
+    n = _nibbles(r, 2, (1, 16), r.group_index(0, 0, 4))
     return _offset(n, 8) * r.half(0)
 
 
@@ -143,15 +145,15 @@ def _offset(q: Tensor, offset: int) -> Tensor:
 
 
 def _q4_1_values(r: _Fields) -> Tensor:
-    n = _nibbles(r, 4, (1, 16), r.axis_index(0, 4, dtypes.uint8))
+    n = _nibbles(r, 4, (1, 16), r.group_index(0, 0, 4))
     return r.half(0) * n.cast(dtypes.float32) + r.half(2)
 
 
 def _five_bits(r: _Fields, qh: int, qs: int) -> Tensor:
     """Q5_0/Q5_1's 5-bit quants: groups (h, a, b) are weight 16h + 8a + b; its low nibble is half h of byte
     qs + 8a + b, its 5th bit bit b of byte qh + 2h + a (bit 16h + 8a + b of the little-endian uint32)."""
-    low = _nibbles(r, qs, (1, 2, 8), r.axis_index(0, 4, dtypes.uint8))
-    high = (r.u8(qh, (2, 2, 1)) >> r.axis_index(2, 1, dtypes.uint8)) & 1
+    low = _nibbles(r, qs, (1, 2, 8), r.group_index(0, 0, 4))
+    high = (r.u8(qh, (2, 2, 1)) >> r.group_index(2, 2, 1)) & 1
     return low | (high << 4)
 
 
@@ -169,7 +171,7 @@ def _k_scales(r: _Fields) -> tuple[Tensor, Tensor]:
     sc = a & 63 and m = b & 63; for g = 1 sc = (a >> 6) << 4 | c & 15 and m = (b >> 6) << 4 | c >> 4. Both
     are ((x >> 2g) & (63 - 15g)) | ((c >> 4g) & 15g) over the same byte loads, in uint8 (no widening: each
     operation here is evaluated for every weight the kernel reads, and a bundle's work cap counts them)."""
-    g = r.axis_index(0, 1, dtypes.uint8)
+    g = r.group_index(0, 0, 1)
     shift, top, low = g * 2, 63 - g * 15, g * 15
     a, b, c = r.u8(4, (1, 2, 2, 1)), r.u8(8, (1, 2, 2, 1)), r.u8(12, (1, 2, 2, 1))
     sc = ((a >> shift) & top) | (c & low)
@@ -179,22 +181,21 @@ def _k_scales(r: _Fields) -> tuple[Tensor, Tensor]:
 
 def _q4_k_values(r: _Fields) -> Tensor:
     scale, low = _k_scales(r)
-    n = _nibbles(r, 16, (2, 2, 1, 32), r.axis_index(2, 4, dtypes.uint8))
+    n = _nibbles(r, 16, (2, 2, 1, 32), r.group_index(2, 2, 4))
     return scale * n.cast(dtypes.float32) - low
 
 
 def _q5_k_values(r: _Fields) -> Tensor:
     scale, low = _k_scales(r)
-    n = _nibbles(r, 48, (2, 2, 1, 32), r.axis_index(2, 4, dtypes.uint8))
-    sub = r.axis_index(0, 4, dtypes.uint8) + r.axis_index(1, 2, dtypes.uint8) + r.axis_index(2, 1, dtypes.uint8)
-    high = (r.u8(16, (1, 1, 1, 32)) >> sub) & 1
+    n = _nibbles(r, 48, (2, 2, 1, 32), r.group_index(2, 2, 4))
+    high = (r.u8(16, (1, 1, 1, 32)) >> r.group_index(0, 2, 1)) & 1
     return scale * (n | (high << 4)).cast(dtypes.float32) - low
 
 
 def _q6_k_values(r: _Fields) -> Tensor:
     """Groups (c, hh, t2, i2, i16): weight 128c + 32(2hh + t2) + 16i2 + i16."""
-    low = (r.u8(0, (2, 1, 2, 2, 16)) >> r.axis_index(1, 4, dtypes.uint8)) & 15
-    high = (r.u8(128, (2, 1, 1, 2, 16)) >> (r.axis_index(1, 4, dtypes.uint8) + r.axis_index(2, 2, dtypes.uint8))) & 3
+    low = (r.u8(0, (2, 1, 2, 2, 16)) >> r.group_index(1, 1, 4)) & 15
+    high = (r.u8(128, (2, 1, 1, 2, 16)) >> r.group_index(1, 2, 2)) & 3
     q = _offset(low | (high << 4), 32)
     sc = r.u8(192, (2, 2, 2, 2, 1)).bitcast(dtypes.int8).cast(dtypes.float32)
     return (r.half(208) * sc) * q

@@ -92,9 +92,10 @@ the rest stays scalar and is broadcast where it meets a vector:
 
 Loops opened inside the lanes (reduces inside the lane range, other upcast ranges after V) run the
 lanes in lockstep: each lane sees the same operations in the same order as the scalar loop, so the
-results are bit-identical. What cannot be vectorised (16-bit float types, shifts, division and
-remainder of integers narrower than 32 bits, ops outside VECTOR_OPS, a reduce over V that is not its
-last range) makes the whole kernel fall back to scalar lane loops.
+results are bit-identical. What cannot be vectorised (16-bit float types, division and remainder of
+integers narrower than 32 bits and their shifts by an amount not bounded below their width, ops outside
+VECTOR_OPS, a reduce over V that is not its last range) makes the whole kernel fall back to scalar lane
+loops.
 """
 from __future__ import annotations
 
