@@ -162,8 +162,26 @@ def test_a_quantized_matmul_over_an_odd_row_count_gets_lanes():
     (prog,) = _programs(qw.matmul_t(x))
     width = open_device("CPU").capabilities.vector_width
     if width >= 4:
-        assert [(o.kind, o.amount) for o in prog.spec.opts if o.kind != "THREAD"] == [("SPLIT_REDUCE", min(width, 16))]
+        opts = [(o.kind, o.amount) for o in prog.spec.opts if o.kind != "THREAD"]
+        assert opts == [("SPLIT_REDUCE", 2), ("SPLIT_REDUCE", min(width, 16))], opts
     np.testing.assert_allclose(qw.matmul_t(x).numpy(), x.numpy() @ qw.dequantize().numpy().T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
+def test_a_decode_matvec_reads_each_weight_row_as_one_stream(fmt):
+    """x @ W.T for one row of x over a dequantized weight whose row count 4 divides: no tile of rows (its
+    2 or 4 interleaved row reads held a cold Q8_0 matvec to half the memory bandwidth one stream per row
+    gets), the lanes along the block's values and a second accumulator set along the range above them."""
+    from polygrad.device import open_device
+    from polygrad.nn.quant import QuantWeight
+    cols = 512
+    qw = QuantWeight.from_float(np.random.default_rng(0).standard_normal((64, cols)).astype(np.float32), fmt)
+    x = Tensor(np.random.default_rng(1).standard_normal((1, cols)).astype(np.float32), device="CPU").realize()
+    (prog,) = _programs(qw.matmul_t(x))
+    if open_device("CPU").capabilities.vector_width >= 4:
+        kinds = [o.kind for o in prog.spec.opts if o.kind != "THREAD"]
+        assert kinds == ["SPLIT_REDUCE", "SPLIT_REDUCE"], prog.spec.opts
+    np.testing.assert_allclose(qw.matmul_t(x).numpy(), x.numpy() @ qw.dequantize().numpy().T, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])

@@ -299,6 +299,8 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     reuse = [r for r in reversed(glob) if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
     if not lanes or not reuse:
         return []
+    if len(reuse) == 1 and decompressed_operand(red) is not None:
+        return streamed_row_opts(red, lanes)
     picked: list[tuple[UOp, int]] = []
     for r in reuse:
         amount = next((a for a in (4, 2) if divides(r, a) or (range_size(r) is None and a <= SYMBOLIC_TILE_ROWS)), 0)
@@ -311,6 +313,20 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
         total = math.prod(range_size(r) or 0 for r in red.src[1:])
         return [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)] if total >= 4 * lanes else []
     return [Opt(OptKind.UPCAST, r.arg[0], a) for r, a in picked] + [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)]
+
+
+def streamed_row_opts(red: UOp, lanes: int) -> list[Opt]:
+    """One dot product per row of a dequantized weight against a single vector (a decode step's matvec, an
+    LM head): no tile of rows, whose interleaved reads of 2 or 4 rows held a Q8_0 matvec to half the
+    memory bandwidth a single stream per row reaches (GPT-2's 3072 x 768 Q8_0 projection read cold, one
+    thread: 448 us as 4 rows, 204 us as one). The innermost reduce range becomes the vector lanes and the
+    one above it, when even, a second set of accumulators (SPLIT_REDUCE by 2: Q4_0 and Q8_0's halves), so
+    two FMA chains overlap (164 us)."""
+    inner, outer = red.src[-1], red.src[-2] if len(red.src) > 2 else None
+    opts = [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)]
+    if outer is not None and outer.arg[1] == AxisKind.REDUCE and range_size(outer) is not None and divides(outer, 2):
+        opts.insert(0, Opt(OptKind.SPLIT_REDUCE, outer.arg[0], 2))
+    return opts
 
 
 def _with_shift_range(picked: list[tuple[UOp, int]], glob: list[UOp], inner: UOp, loads: list[UOp],
