@@ -162,8 +162,26 @@ def test_a_quantized_matmul_over_an_odd_row_count_gets_lanes():
     (prog,) = _programs(qw.matmul_t(x))
     width = open_device("CPU").capabilities.vector_width
     if width >= 4:
-        assert [(o.kind, o.amount) for o in prog.spec.opts if o.kind != "THREAD"] == [("SPLIT_REDUCE", min(width, 16))]
+        opts = [(o.kind, o.amount) for o in prog.spec.opts if o.kind != "THREAD"]
+        assert opts == [("SPLIT_REDUCE", 2), ("SPLIT_REDUCE", min(width, 16))], opts
     np.testing.assert_allclose(qw.matmul_t(x).numpy(), x.numpy() @ qw.dequantize().numpy().T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
+def test_a_decode_matvec_reads_each_weight_row_as_one_stream(fmt):
+    """x @ W.T for one row of x over a dequantized weight whose row count 4 divides: no tile of rows (its
+    2 or 4 interleaved row reads held a cold Q8_0 matvec to half the memory bandwidth one stream per row
+    gets), the lanes along the block's values and a second accumulator set along the range above them."""
+    from polygrad.device import open_device
+    from polygrad.nn.quant import QuantWeight
+    cols = 512
+    qw = QuantWeight.from_float(np.random.default_rng(0).standard_normal((64, cols)).astype(np.float32), fmt)
+    x = Tensor(np.random.default_rng(1).standard_normal((1, cols)).astype(np.float32), device="CPU").realize()
+    (prog,) = _programs(qw.matmul_t(x))
+    if open_device("CPU").capabilities.vector_width >= 4:
+        kinds = [o.kind for o in prog.spec.opts if o.kind != "THREAD"]
+        assert kinds == ["SPLIT_REDUCE", "SPLIT_REDUCE"], prog.spec.opts
+    np.testing.assert_allclose(qw.matmul_t(x).numpy(), x.numpy() @ qw.dequantize().numpy().T, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
@@ -179,3 +197,65 @@ def test_a_quantized_matmul_is_vector_code(fmt):
     if open_device("CPU").capabilities.vector_width > 1:
         assert "vectorize(disable)" not in prog.source and "pg_f32x" in prog.source, prog.source
     np.testing.assert_allclose(qw.matmul_t(x).numpy(), x.numpy() @ qw.dequantize().numpy().T, rtol=1e-5, atol=1e-4)
+
+
+def _decode_program(fmt: str, cols: int):
+    """The CPU program of x @ W.T for one row of x (a decode step's matvec) over 8 rows of `fmt` blocks."""
+    from polygrad.nn.quant import QuantWeight
+    w = np.random.default_rng(0).standard_normal((8, cols)).astype(np.float32)
+    qw = QuantWeight.from_float(w, fmt)
+    x = Tensor(np.random.default_rng(1).standard_normal((1, cols)).astype(np.float32), device="CPU").realize()
+    (prog,) = _programs(qw.matmul_t(x))
+    np.testing.assert_allclose(qw.matmul_t(x).numpy(), x.numpy() @ qw.dequantize().numpy().T, rtol=1e-5, atol=1e-4)
+    return prog
+
+
+def test_q4_0_nibble_shift_is_the_group_index_not_a_table():
+    """Q4_0's low and high nibbles shift by 4 * (the half's index), computed from the loop index: the kernel
+    reads x and the blocks alone, with no shift-amount table, and no range guard or blend on the shift
+    (a loaded amount needed both: `amount < 32 ? amount : 0` per vector, then a select of the result)."""
+    prog = _decode_program("q4_0", 128)
+    params = re.search(r"void pg_kernel\(([^)]*)\)", prog.source).group(1)
+    assert params.count("data") == 3, params  # the output, x, the blocks
+    assert "?" not in prog.source.split("void pg_kernel(")[1], prog.source
+
+
+def test_k_quant_decode_kernel_shifts_bytes_in_lanes():
+    """Q4_K/Q5_K unpack 6-bit scales and nibbles with uint8 shifts; their amounts come from group indices
+    (bounded below 8), so the bytes shift in vector lanes and the decode kernel is vector code (8-bit shift
+    lanes were refused, and the kernel ran scalar, 4x slower)."""
+    from polygrad.device import open_device
+    if open_device("CPU").capabilities.vector_width < 4:
+        pytest.skip("no vector lanes on this CPU")
+    for fmt in ("q4_k", "q5_k"):
+        src = _decode_program(fmt, 256).source
+        assert re.search(r"pg_u8x\d+ alu\d+ = \(val\d+>>bc\d+\);", src), src
+        assert "pg_f32x" in src, src
+
+
+def test_narrow_shift_lanes_follow_the_amounts_bounds():
+    """8- and 16-bit shifts by an amount bounded below the lane width (a group index, as the block formats'
+    nibble shifts) get lanes in a matvec's body and equal NumPy: signed right shifts keep the sign, left
+    shifts wrap in the narrow type. A loaded amount, which may reach the width, keeps the int-promoted
+    scalar result (0 for a uint8 left shift by 8 or more)."""
+    from polygrad.device import open_device
+    rng = np.random.default_rng(0)
+    lanes = open_device("CPU").capabilities.vector_width >= 4
+    for dt, npdt in ((dtypes.uint8, np.uint8), (dtypes.int8, np.int8), (dtypes.int16, np.int16)):
+        info, bits = np.iinfo(npdt), 8 * np.dtype(npdt).itemsize
+        shape = (16, 256 // bits, bits)
+        a = rng.integers(info.min, info.max, shape, dtype=npdt)
+        xs = rng.standard_normal((1, *shape[1:])).astype(np.float32)
+        amount = Tensor.arange(bits, dtype=dt, device="CPU").reshape(1, 1, bits).expand(*shape)
+        for op, ref in ((lambda t: t >> amount, a >> np.arange(bits, dtype=npdt)),
+                        (lambda t: t << amount, a << np.arange(bits, dtype=npdt))):
+            y = (op(Tensor(a, device="CPU")).cast(dtypes.float32) * Tensor(xs, device="CPU")).sum((1, 2))
+            (prog,) = _programs(y)
+            if lanes:
+                assert re.search(r"pg_[ui]\d+x\d+ alu\d+ = \(val\d+(>>|<<)", prog.source), prog.source
+            want = (ref.astype(np.float64) * xs).sum((1, 2))
+            np.testing.assert_allclose(y.numpy(), want, rtol=0, atol=1e-5 * np.abs(ref * xs).sum((1, 2)).max())
+    a = rng.integers(0, 256, 64, dtype=np.uint8)
+    far = np.arange(64, dtype=np.uint8) % 12  # 8..11 would be undefined in 8-bit lanes
+    got = (Tensor(a, device="CPU") << Tensor(far, device="CPU")).numpy()
+    np.testing.assert_array_equal(got, np.where(far < 8, a << np.minimum(far, 7), 0).astype(np.uint8))

@@ -94,6 +94,25 @@ def test_matmul_is_one_kernel_reading_the_blocks(fmt, rows):
     assert all(not dt.is_float or n < 16 * qw.shape[1] for dt, n in bufs), bufs
 
 
+@pytest.mark.parametrize("fmt", ("Q8_0", "Q4_0") + FORMATS)
+def test_decode_matvec_at_odd_sizes_matches_gguf(fmt):
+    """One row of x against 7 rows of 3 blocks (the decode kernel's shape, no size a power of two): the
+    fused kernel within the float32 summation bound of x @ W.T on the gguf package's dequantized values."""
+    blocks = _random_blocks(fmt, 7, 3, seed=3) if fmt in FORMATS else _gguf_blocks(fmt, 7, 3)
+    w = _reference(blocks, fmt)
+    x = np.random.default_rng(4).standard_normal((1, w.shape[1])).astype(np.float32)
+    got = QuantWeight(Tensor(blocks), fmt, w.shape).matmul_t(Tensor(x)).numpy()
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    bound = w.shape[1] * 2.0 ** -24 * (np.abs(x) @ np.abs(w).T)
+    assert np.all(np.abs(got - want) <= bound), float(np.max(np.abs(got - want) - bound))
+
+
+def _gguf_blocks(fmt: str, rows: int, nblocks: int) -> np.ndarray:
+    """(rows, nblocks, block_bytes) uint8 blocks the gguf package's quantizer writes for random weights."""
+    w = np.random.default_rng(5).standard_normal((rows, nblocks * 32)).astype(np.float32)
+    return gguf.quants.quantize(w, getattr(gguf.GGMLQuantizationType, fmt)).reshape(rows, nblocks, -1)
+
+
 def test_q8_k_floats_for_the_dequantize_at_load_path():
     """load_hf(dtype="float32") decodes Q8_K (which the gguf package cannot) with polygrad_hf.quant.q8_k_floats."""
     from polygrad_hf.quant import q8_k_floats

@@ -118,7 +118,8 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
         tile = outer_tile_opts(ast, glob, reduces[0], loads, store_index, caps)
         if tile:
             return tile
-    dot = dot_tile_opts(glob, reduces[0], loads, caps) if caps is not None else []
+    stream = not _costly_epilogue(ast, reduces[0])
+    dot = dot_tile_opts(glob, reduces[0], loads, caps, stream) if caps is not None else []
     if dot:
         return dot
     red = reduces[0]
@@ -208,7 +209,7 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
             # its weight panel is dequantized into staging scratch (decompress_stage_opts), and its columns
             # are vector lanes, so the epilogue runs in vectors (a tile of dot products computes it per output)
             return opts
-        return dot_tile_opts(glob, red, loads, caps) or opts
+        return dot_tile_opts(glob, red, loads, caps, not _costly_epilogue(ast, red)) or opts
     return []
 
 
@@ -279,13 +280,15 @@ def _stage_blocked(ast: UOp, red: UOp, glob: list[UOp], loads: list[UOp], last: 
     return plan is not None and not plan[1]
 
 
-def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilities) -> list[Opt]:
+def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilities, stream: bool = True) -> list[Opt]:
     """A tile of dot products, for kernels whose operands are contiguous along the reduction, not
     along an output column (a conv's weight gradient, batched q @ k.T): the innermost reduce range is
     split into vector lanes (SPLIT_REDUCE) and up to two output ranges, each of which some operand does
     not depend on, are unrolled (UPCAST), so each loaded vector serves a row or column of the tile;
     a x b vector accumulators plus a + b operand vectors fit the registers. With no output range that
-    divides, the lanes alone (a quantized LM head over 50257 rows: one scalar FMA chain per row before)."""
+    divides, the lanes alone (a quantized LM head over 50257 rows: one scalar FMA chain per row before).
+    With `stream`, a matvec over a dequantized weight reads its rows one at a time (streamed_row_opts); a
+    costly epilogue (GELU) keeps the row tile, whose unrolled rows overlap its scalar chains."""
     inner = red.src[-1]
     width = max(1, int(caps.vector_width or 1))
     regs = int(caps.registers or 16)
@@ -299,6 +302,8 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     reuse = [r for r in reversed(glob) if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
     if not lanes or not reuse:
         return []
+    if stream and len(reuse) == 1 and decompressed_operand(red) is not None:
+        return streamed_row_opts(red, lanes)
     picked: list[tuple[UOp, int]] = []
     for r in reuse:
         amount = next((a for a in (4, 2) if divides(r, a) or (range_size(r) is None and a <= SYMBOLIC_TILE_ROWS)), 0)
@@ -311,6 +316,21 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
         total = math.prod(range_size(r) or 0 for r in red.src[1:])
         return [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)] if total >= 4 * lanes else []
     return [Opt(OptKind.UPCAST, r.arg[0], a) for r, a in picked] + [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)]
+
+
+def streamed_row_opts(red: UOp, lanes: int) -> list[Opt]:
+    """One dot product per row of a dequantized weight against a single vector (a decode step's matvec, an
+    LM head): no tile of rows, whose interleaved reads of 2 or 4 rows held a Q8_0 matvec to half the
+    memory bandwidth a single stream per row reaches (GPT-2's 3072 x 768 Q8_0 projection read cold, one
+    thread: 448 us as 4 rows, 204 us as one). The innermost reduce range becomes the vector lanes and the
+    one above it, when even, a second set of accumulators (SPLIT_REDUCE by 2: Q4_0 and Q8_0's halves), so
+    two FMA chains overlap (164 us). Not with a GELU epilogue: one row's ~150 dependent scalar operations
+    per output then cost the Q4_0 projection more than the stream saved (233 -> 315 us in GPT-2's decode)."""
+    inner, outer = red.src[-1], red.src[-2] if len(red.src) > 2 else None
+    opts = [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)]
+    if outer is not None and outer.arg[1] == AxisKind.REDUCE and range_size(outer) is not None and divides(outer, 2):
+        opts.insert(0, Opt(OptKind.SPLIT_REDUCE, outer.arg[0], 2))
+    return opts
 
 
 def _with_shift_range(picked: list[tuple[UOp, int]], glob: list[UOp], inner: UOp, loads: list[UOp],

@@ -108,13 +108,16 @@ class _Fields:
         """The float16 at bytes start..start + 1, as float32."""
         return self.scalar(start, 2).bitcast(dtypes.float16).cast(dtypes.float32)
 
-    def table(self, values: Any, dtype: Any = np.uint32) -> Tensor:
-        """Constants (shifts) shaped to broadcast over the groups, from host data: an expand of a buffer is a
-        plain load in the matmul's kernel (an expand of a computed arange would be a kernel and a buffer of
-        its own). Made per call, so a Model capture records it as a constant of its own."""
-        arr = np.asarray(values, dtype=dtype)
-        arr = arr.reshape((1,) * (len(self.f.groups) - arr.ndim) + arr.shape)
-        return Tensor(arr, device=self.blocks.device).expand(*self.full)
+    def group_index(self, first: int, last: int, step: int) -> Tensor:
+        """step * (the flat index over group axes first..last), uint8, broadcast over the groups: computed in
+        the kernel from its loop indices (IOTA), so an unrolled point holds a constant and the value's known
+        range drops a shift's range guard (a table of shift amounts was a load, a guard and a select per
+        use)."""
+        shape = [1] * len(self.f.groups)
+        shape[first:last + 1] = self.f.groups[first:last + 1]
+        n = int(np.prod(shape))
+        idx = Tensor.arange(n, dtype=dtypes.uint8, device=self.blocks.device).reshape(*shape).expand(*self.full)
+        return idx if step == 1 else idx * step
 
 
 def _nibbles(r: _Fields, start: int, view: tuple[int, ...], shift: Tensor) -> Tensor:
@@ -130,65 +133,70 @@ def _q8_0_values(r: _Fields) -> Tensor:
 
 
 def _q4_0_values(r: _Fields) -> Tensor:
-    n = _nibbles(r, 2, (1, 16), r.table([[0], [4]]))
-    return (n.cast(dtypes.float32) - 8.0) * r.half(0)
+    n = _nibbles(r, 2, (1, 16), r.group_index(0, 0, 4))
+    return _offset(n, 8) * r.half(0)
+
+
+def _offset(q: Tensor, offset: int) -> Tensor:
+    """q - offset as float32 for uint8 quants q below 2 * offset: subtracted in int8, where 16 weights take
+    one byte vector and the widening to float32 comes after (the same values as q.cast(float32) - offset,
+    which is exact)."""
+    return (q.bitcast(dtypes.int8) - offset).cast(dtypes.float32)
 
 
 def _q4_1_values(r: _Fields) -> Tensor:
-    n = _nibbles(r, 4, (1, 16), r.table([[0], [4]]))
+    n = _nibbles(r, 4, (1, 16), r.group_index(0, 0, 4))
     return r.half(0) * n.cast(dtypes.float32) + r.half(2)
 
 
 def _five_bits(r: _Fields, qh: int, qs: int) -> Tensor:
     """Q5_0/Q5_1's 5-bit quants: groups (h, a, b) are weight 16h + 8a + b; its low nibble is half h of byte
     qs + 8a + b, its 5th bit bit b of byte qh + 2h + a (bit 16h + 8a + b of the little-endian uint32)."""
-    low = _nibbles(r, qs, (1, 2, 8), r.table([[[0]], [[4]]]))
-    high = (r.u8(qh, (2, 2, 1)) >> r.table(np.arange(8))) & 1
-    return (low | (high << 4)).cast(dtypes.float32)
+    low = _nibbles(r, qs, (1, 2, 8), r.group_index(0, 0, 4))
+    high = (r.u8(qh, (2, 2, 1)) >> r.group_index(2, 2, 1)) & 1
+    return low | (high << 4)
 
 
 def _q5_0_values(r: _Fields) -> Tensor:
-    return r.half(0) * (_five_bits(r, 2, 6) - 16.0)
+    return r.half(0) * _offset(_five_bits(r, 2, 6), 16)
 
 
 def _q5_1_values(r: _Fields) -> Tensor:
-    return r.half(0) * _five_bits(r, 4, 8) + r.half(2)
+    return r.half(0) * _five_bits(r, 4, 8).cast(dtypes.float32) + r.half(2)
 
 
 def _k_scales(r: _Fields) -> tuple[Tensor, Tensor]:
     """Q4_K/Q5_K's 6-bit sub-block scale and min, as float32 d * sc and dmin * m. Groups (g, c2, h, i):
     sub-block t = 4g + 2c2 + h, and bytes a = s[2c2 + h], b = s[4 + 2c2 + h], c = s[8 + 2c2 + h]. For g = 0
     sc = a & 63 and m = b & 63; for g = 1 sc = (a >> 6) << 4 | c & 15 and m = (b >> 6) << 4 | c >> 4. Both
-    are ((x >> shift[g]) & top[g]) | ((c >> nib[g]) & low[g]) over the same byte loads, with uint8 tables
-    (no widening: each operation here is evaluated for every weight the kernel reads, and a bundle's work
-    cap counts them)."""
-    def per_g(first: int, second: int) -> Tensor:
-        return r.table(np.array([first, second]).reshape(2, 1, 1, 1), np.uint8)
-    shift, top, low = per_g(0, 2), per_g(63, 48), per_g(0, 15)
+    are ((x >> 2g) & (63 - 15g)) | ((c >> 4g) & 15g) over the same byte loads, in uint8 (no widening: each
+    operation here is evaluated for every weight the kernel reads, and a bundle's work cap counts them)."""
+    g = r.group_index(0, 0, 1)
+    shift, top, low = g * 2, 63 - g * 15, g * 15
     a, b, c = r.u8(4, (1, 2, 2, 1)), r.u8(8, (1, 2, 2, 1)), r.u8(12, (1, 2, 2, 1))
     sc = ((a >> shift) & top) | (c & low)
-    m = ((b >> shift) & top) | ((c >> per_g(0, 4)) & low)
+    m = ((b >> shift) & top) | ((c >> g * 4) & low)
     return r.half(0) * sc.cast(dtypes.float32), r.half(2) * m.cast(dtypes.float32)
 
 
 def _q4_k_values(r: _Fields) -> Tensor:
     scale, low = _k_scales(r)
-    n = _nibbles(r, 16, (2, 2, 1, 32), r.table([[0], [4]], np.uint8))
+    n = _nibbles(r, 16, (2, 2, 1, 32), r.group_index(2, 2, 4))
     return scale * n.cast(dtypes.float32) - low
 
 
 def _q5_k_values(r: _Fields) -> Tensor:
     scale, low = _k_scales(r)
-    n = _nibbles(r, 48, (2, 2, 1, 32), r.table([[0], [4]], np.uint8))
-    high = (r.u8(16, (1, 1, 1, 32)) >> r.table(np.arange(8).reshape(2, 2, 2, 1), np.uint8)) & 1
+    n = _nibbles(r, 48, (2, 2, 1, 32), r.group_index(2, 2, 4))
+    high = (r.u8(16, (1, 1, 1, 32)) >> r.group_index(0, 2, 1)) & 1
     return scale * (n | (high << 4)).cast(dtypes.float32) - low
 
 
 def _q6_k_values(r: _Fields) -> Tensor:
     """Groups (c, hh, t2, i2, i16): weight 128c + 32(2hh + t2) + 16i2 + i16."""
-    low = (r.u8(0, (2, 1, 2, 2, 16)) >> r.table(np.array([0, 4]).reshape(2, 1, 1, 1))) & 15
-    high = (r.u8(128, (2, 1, 1, 2, 16)) >> r.table(np.array([[0, 2], [4, 6]]).reshape(2, 2, 1, 1))) & 3
-    q = (low | (high << 4)).cast(dtypes.float32) - 32.0
+    low = (r.u8(0, (2, 1, 2, 2, 16)) >> r.group_index(1, 1, 4)) & 15
+    high = (r.u8(128, (2, 1, 1, 2, 16)) >> r.group_index(1, 2, 2)) & 3
+    q = _offset(low | (high << 4), 32)
     sc = r.u8(192, (2, 2, 2, 2, 1)).bitcast(dtypes.int8).cast(dtypes.float32)
     return (r.half(208) * sc) * q
 

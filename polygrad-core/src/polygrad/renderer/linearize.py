@@ -92,9 +92,10 @@ the rest stays scalar and is broadcast where it meets a vector:
 
 Loops opened inside the lanes (reduces inside the lane range, other upcast ranges after V) run the
 lanes in lockstep: each lane sees the same operations in the same order as the scalar loop, so the
-results are bit-identical. What cannot be vectorised (16-bit float types, shifts, division and
-remainder of integers narrower than 32 bits, ops outside VECTOR_OPS, a reduce over V that is not its
-last range) makes the whole kernel fall back to scalar lane loops.
+results are bit-identical. What cannot be vectorised (16-bit float types, division and remainder of
+integers narrower than 32 bits and their shifts by an amount not bounded below their width, ops outside
+VECTOR_OPS, a reduce over V that is not its last range) makes the whole kernel fall back to scalar lane
+loops.
 """
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ from polygrad.codegen.analysis import product_operand
 from polygrad.dtype import DType, dtypes
 from polygrad.uop.ops import AxisKind, Ops, UOp, reduce_identity
 from polygrad.uop.rewrite import graph_rewrite
-from polygrad.uop.symbolic import range_coeff, symbolic_rules
+from polygrad.uop.symbolic import bounds, range_coeff, symbolic_rules
 
 Steps = Generator[Any, Any, Any]  # a step generator run by run_steps
 
@@ -293,6 +294,16 @@ HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
 MAX_UNROLL = 64
 # the largest local array a STAGE opt may fill (it lives on the launch's stack)
 STAGE_MAX_BYTES = 512 * 1024
+
+
+def _narrow_shift_fits(u: UOp | None) -> bool:
+    """Whether a shift of 8- or 16-bit lanes is the scalar path's value: its amount stays below the lane
+    width. A scalar C shift computes in int, then the result is cut to the narrow type; lanes shift in
+    their own width, which agrees for every amount below it and is undefined from it on."""
+    if u is None or u.src[1].dtype is None or not u.src[1].dtype.is_int:
+        return False
+    lo, hi = bounds(u.src[1])
+    return 0 <= lo and hi < 8 * u.dtype.itemsize
 
 
 class NoVector(Exception):
@@ -521,7 +532,7 @@ class _Linearizer:
             src = []
             for s in u.src:
                 src.append((yield s))
-            x = self.alu(u.dtype, tuple(src), op)
+            x = self.alu(u.dtype, tuple(src), op, u)
         self.scopes[-1][self.key(u)] = x
         return x
 
@@ -546,15 +557,19 @@ class _Linearizer:
             out = self.folded[k] = graph_rewrite(memo[e], symbolic_rules, name="unrolled_index")
         return out
 
-    def alu(self, dtype: DType, src: tuple[Inst, ...], op: Ops) -> Inst:
+    def alu(self, dtype: DType, src: tuple[Inst, ...], op: Ops, u: UOp | None = None) -> Inst:
+        """An ALU instruction; with lanes when a source has them (NoVector where lanes cannot hold it).
+        `u` is the kernel's node when there is one (a narrow shift's amount bounds its lanes)."""
         n = max((s.lanes for s in src), default=1)
         if n > 1:
             if op not in VECTOR_OPS or (dtype is dtypes.bool and op not in BOOL_VECTOR_OPS):
                 raise NoVector(f"no lanes for {op.name} on {dtype.name}")
             if dtype in HALF_DTYPES or any(s.dtype in HALF_DTYPES for s in src):
                 raise NoVector("16-bit float lanes")
-            if op in (Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD) and dtype.is_int and dtype.itemsize < 4:
+            if op in (Ops.IDIV, Ops.MOD) and dtype.is_int and dtype.itemsize < 4:
                 raise NoVector(f"{op.name} lanes on {dtype.name} (C computes it in int)")
+            if op in (Ops.SHL, Ops.SHR) and dtype.is_int and dtype.itemsize < 4 and not _narrow_shift_fits(u):
+                raise NoVector(f"{op.name} lanes on {dtype.name} by an amount that may reach its width")
             if op is Ops.BITCAST and (dtype is dtypes.bool or src[0].dtype is dtypes.bool
                                       or dtype.itemsize != src[0].dtype.itemsize):
                 raise NoVector("BITCAST lanes between widths")

@@ -251,7 +251,7 @@ RECOMPUTE_MIN_OPS = 1 << 14
 # buffers it reads, at DECOMPRESS_MAX_COST operations per value or less, always fuses. Dequantizing a 4- or
 # 8-bit weight (0.56 or 1.06 bytes read per float32 value) read through a matmul's expand is one: its
 # buffer would multiply the memory the weight takes and the bytes every reader loads, which is what storing
-# it compressed is for. The block formats cost 9 (Q8_0) to 48 (Q5_K, whose 6-bit sub-block scales and
+# it compressed is for. The block formats cost 9 (Q8_0) to 56 (Q5_K, whose 6-bit sub-block scales and
 # mins are unpacked per value) operations; a costlier expression (random bits from a small key, 117) still
 # gets its buffer.
 DECOMPRESS_RATIO = 2
