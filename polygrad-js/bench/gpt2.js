@@ -37,7 +37,12 @@ const BASE = process.argv.includes('--base') ? path.resolve(arg('--base')) : nul
 const ROUNDS = Number(arg('--rounds', 5))
 const TOKENS = Number(arg('--tokens', 16))
 const THREADS = arg('--threads', '1,2').split(',').map(Number)
+// --quant FMT: time bench/gpt2s_<fmt>.pgb (make_gpt2.py --quant FMT) and check it against Python polygrad's
+// logits and greedy tokens from that bundle (gpt2s_<fmt>_py.json); onnxruntime-node's row stays float32
+const QUANT = arg('--quant', null)
+const BUNDLE = path.join(__dirname, QUANT ? `gpt2s_${QUANT}.pgb` : 'gpt2s.pgb')
 const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'gpt2_ref.json'), 'utf8'))
+const QREF = QUANT ? JSON.parse(fs.readFileSync(path.join(__dirname, `gpt2s_${QUANT}_py.json`), 'utf8')) : null
 const PROMPT = Int32Array.from(REF.prompt)
 const VOCAB = 50257
 // untimed rounds first: the first runs every kernel once (polygrad-js reads its weights unpacked
@@ -77,17 +82,19 @@ function oneRound (f, r) {
   const p = ms(t0)
   const pc = cpuMs(c0)
   const tokens = []
-  const errs = [relError(logits, REF.logits[0])]
+  const ref = QREF || REF // a quantized bundle is checked against Python polygrad's run of it
+  const errs = [relError(logits, ref.logits[0])]
   c0 = process.cpuUsage()
   t0 = process.hrtime.bigint()
   for (let i = 0; i < TOKENS; i++) {
     tokens.push(argmax(logits))
     logits = step(tokens[i], PROMPT.length + i)
-    if (i < 3) errs.push(relError(logits, REF.logits[i + 1]))
+    if (i < 3) errs.push(relError(logits, ref.logits[i + 1]))
   }
   const d = ms(t0)
   if (r < WARM) {
-    if (r === 0) f.check = { tokens: tokens.slice(0, 3).join(' ') === REF.tokens.join(' '), err: Math.max(...errs), all: tokens }
+    const n = Math.min(tokens.length, ref.tokens.length)
+    if (r === 0) f.check = { tokens: tokens.slice(0, n).join(' ') === ref.tokens.slice(0, n).join(' '), err: Math.max(...errs), all: tokens }
     return
   }
   promptMs.push(p)
@@ -241,7 +248,7 @@ function profile (bytes, entry, reps = 7) {
 }
 
 async function main () {
-  const bytes = fs.readFileSync(path.join(__dirname, 'gpt2s.pgb'))
+  const bytes = fs.readFileSync(BUNDLE)
   console.log(`CPU: ${os.cpus()[0].model}, ${os.cpus().length} cores; load average ${os.loadavg().map((v) => v.toFixed(2)).join(' ')}; Node ${process.version}`)
   if (process.argv.includes('--profile')) {
     profile(bytes, arg('--profile', 'decode') === 'forward' ? 'forward' : 'decode')
@@ -255,8 +262,8 @@ async function main () {
   console.log(`GPT-2 small (random weights), ${PROMPT.length}-token prompt then ${TOKENS} greedy tokens; medians of ${ROUNDS} after ${WARM} untimed rounds`)
   const pyRow = rows.find(([name, , r]) => name.startsWith('python') && !r.error)
   const sameAsPy = (r) => (pyRow && r.check && !rows.some(([name, , x]) => x === r && name.startsWith('python')) ? ` (${r.check.all.join(' ') === pyRow[2].check.all.join(' ') ? 'all' : 'NOT all'} ${TOKENS} = Python's)` : '')
-  console.log(`polygrad-js from ${LIB}${BASE ? ` (lib), rounds alternating with ${BASE} (base)` : ''}`)
-  console.log('runtime                        | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | greedy = transformers | max rel err')
+  console.log(`polygrad-js from ${LIB} on ${path.basename(BUNDLE)}${QUANT ? ' (checked against Python polygrad on it; onnxruntime-node float32 against transformers)' : ''}${BASE ? ` (lib), rounds alternating with ${BASE} (base)` : ''}`)
+  console.log('runtime                        | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | greedy = reference     | max rel err')
   for (const [name, t, r] of rows) {
     if (r.error) {
       console.log(`${name.padEnd(30)} | ${String(t).padStart(7)} | ${r.error}`)

@@ -64,6 +64,9 @@ function findTopLevelReduces (u) {
 }
 
 const VECTOR_DTYPES = new Set(['float32', 'int32', 'uint32'])
+// loaded in lanes widened to 32 bits (linearize.js NARROW_LANE_DTYPES): a quantized weight's uint8 blocks,
+// read by the kernels that dequantize them (polygrad.quantize), vectorise as float32 weights do
+const NARROW_LOAD_DTYPES = new Set(['uint8', 'int8'])
 
 /** Whether a kernel has an accumulating STORE (arg ADD/MUL/MAX): such a kernel gets no opts at all, so its
  * points run one at a time in loop order, as in Python's lowering. */
@@ -86,8 +89,8 @@ function blockOpts (end, width) {
   const nodes = toposort(store)
   const loads = nodes.filter((n) => n.op === 'LOAD').map((n) => n.src[0])
   const storeIndex = store.src[0]
-  const accesses = [storeIndex, ...loads]
-  if (accesses.some((ix) => !VECTOR_DTYPES.has(ix.dtype.name))) return []
+  if (!VECTOR_DTYPES.has(storeIndex.dtype.name)) return []
+  if (loads.some((ix) => !VECTOR_DTYPES.has(ix.dtype.name) && !NARROW_LOAD_DTYPES.has(ix.dtype.name))) return []
   const glob = end.src.slice(1).filter((r) => r.arg[1] === 'global')
   const written = new Set([storeIndex.src[0].arg[0]])
   const inPlace = loads.some((ix) => written.has(ix.src[0].arg[0]))
@@ -171,6 +174,7 @@ function blockOpts (end, width) {
       loads.every((ix) => { const c = coeff(ix, k); return c === 0 || c === 1 }) &&
       loads.some((ix) => coeff(ix, k) === 1)) {
     opts.push({ kind: 'SPLIT_REDUCE', range: k, amount: width })
+    if (loads.some((ix) => NARROW_LOAD_DTYPES.has(ix.dtype.name))) opts.push(...blockUnroll(red, k, width))
     if (last) {
       // 2 rows x 4 columns (8 accumulators, 6 loads per step: 15 of the 16 SIMD registers with the product);
       // 4 x 2 where the columns do not divide by 4. Of the two shapes with the same load count, 2 x 4 streams
@@ -201,6 +205,31 @@ function blockOpts (end, width) {
   return []
 }
 
+// the most unrolled vector steps per iteration of a quantized block's loop (blockUnroll)
+const BLOCK_UNROLL = 16
+
+/**
+ * UNROLL opts for a reduction over quantized blocks (its weights loaded as uint8, split into lanes along k):
+ * the reduce's ranges inside its outermost one (the block's structure, quant_formats.py `groups`) unrolled,
+ * innermost first, up to BLOCK_UNROLL vector steps, so that one iteration of the block loop covers a block:
+ * its scale is decoded once per block (loop-invariant code motion places it there) and no loop of 2 or 4
+ * steps runs per 16 weights. Each unrolled step is its own product into the same accumulator, in order.
+ */
+function blockUnroll (red, k, width) {
+  const own = red.src.slice(1)
+  if (own.length < 2 || own.some((r) => constSize(r) === null || r.arg[1] !== 'reduce')) return []
+  const out = []
+  let steps = 1
+  for (const r of own.slice(1).reverse()) {
+    const n = r === k ? constSize(r) / width : constSize(r)
+    if (n <= 1) continue
+    if (steps * n > BLOCK_UNROLL) break
+    out.push({ kind: 'UNROLL', range: r, amount: n })
+    steps *= n
+  }
+  return out
+}
+
 /**
  * The opts of a kernel's variant for fewer rows than its row tile `rowTile` (an UPCAST of a Variable-sized
  * range: batch 1 runs it): no row tile; and where the reduction is split into lanes (x @ W.T, one row streaming
@@ -222,7 +251,8 @@ function fewRowsOpts (opts, rowTile) {
       continue
     }
     out.push(o)
-    if (o === split && (constSize(o.range) / o.amount) % 2 === 0) out.push({ kind: 'UNROLL', range: o.range, amount: 2 })
+    const unrolled = opts.some((u) => u.kind === 'UNROLL' && u.range === o.range) // blockUnroll's already
+    if (o === split && !unrolled && (constSize(o.range) / o.amount) % 2 === 0) out.push({ kind: 'UNROLL', range: o.range, amount: 2 })
   }
   return out
 }
@@ -257,6 +287,11 @@ function applyOpts (g, ast, opts) {
       const start = g.alu('MUL', outer, g.const(int, opt.amount))
       const last = g.const(int, n - opt.amount)
       expr = g.alu('ADD', g.node('WHERE', int, [g.alu('CMPLT', start, last), start, last]), inner)
+    } else if (n !== null && n === opt.amount && opt.kind === 'UNROLL') {
+      // unrolled whole: no outer loop of one step (a quantized block's ranges, blockUnroll)
+      ast = substituteRange(g, ast, r, null, inner, inner, opt.kind)
+      current.set(opt.range, inner)
+      continue
     } else if (n !== null) {
       outer = g.node('RANGE', int, [g.const(int, n / opt.amount)], [nextId, r.arg[1]])
       expr = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
@@ -312,7 +347,7 @@ function substituteRange (g, ast, r, outer, inner, expr, kind) {
         const partial = g.node('REDUCE', node.dtype, [body, ...others, outer], node.arg)
         out = g.node('REDUCE', node.dtype, [partial, inner], node.arg)
       } else {
-        out = g.node('REDUCE', node.dtype, [body, ...others, outer, inner], node.arg)
+        out = g.node('REDUCE', node.dtype, [body, ...others, ...(outer ? [outer] : []), inner], node.arg)
       }
     } else {
       const src = node.src.map((s) => memo.get(s))
