@@ -9,14 +9,17 @@
  *   python polygrad-js/bench/make_gpt2.py     # writes bench/gpt2s.pgb, gpt2s.onnx, gpt2_ref.json (once)
  *   (cd polygrad-js/bench && npm install --ignore-scripts)   # onnxruntime-node (bench/package.json; optional)
  *   node polygrad-js/bench/gpt2.js [--rounds N] [--tokens N] [--threads 1,2] [--python PY] [--no-ort] [--lib DIR]
- *                                  [--profile decode|forward] [--base DIR]
+ *                                  [--profile decode|forward] [--base DIR] [--quant FMT] [--memory]
  *
  * --ignore-scripts: onnxruntime-node's install script fetches its CUDA provider from api.nuget.org; its CPU
  * binary is in the npm package itself. --python PY runs bench/gpt2_py.py with interpreter PY for the Python
  * column. --lib DIR times another polygrad-js checkout; --base DIR times a second one in the same process,
  * its rounds alternating with --lib's (an A/B against a baseline, under the same load). --profile times every
  * kernel call of one decode step (or of the prompt) on one thread and prints them with the bytes each reads
- * from parameters and that rate in GB/s.
+ * from parameters and that rate in GB/s. --quant FMT times bench/gpt2s_<fmt>.pgb (make_gpt2.py --quant FMT)
+ * instead of the float32 bundle, checked against Python polygrad's logits and greedy tokens from that bundle
+ * (gpt2s_<fmt>_py.json; all --tokens of them). --memory prints each bundle's (and the ONNX session's) load
+ * time and resident memory instead, each in a fresh process.
  *
  * Timings on a shared machine are noisy: each figure is the median of the rounds; read them beside the load
  * average printed first. The CPU columns are this process's CPU time per prompt and per token (all its
@@ -186,8 +189,9 @@ function python (py, threads) {
 /**
  * Per kernel of one call of `entry` ('decode': one token at position 32..; 'forward': the 32-token prompt) on
  * one thread: every variant's function wrapped with a timer, the call run `reps` times, the fastest time of
- * each kernel call kept (the steadiest figure on a loaded machine). MB: the parameter slots the call's kernel
- * reads, whole (a gather, the token embedding, reads one row of its table: its rate means nothing).
+ * each kernel call kept (the steadiest figure on a loaded machine). MB: the parameter slots (and a quantized
+ * weight's uint8 blocks) the call's kernel reads, whole (a gather, the token embedding, reads one row of its
+ * table: its rate means nothing).
  */
 function profile (bytes, entry, reps = 7) {
   const m = Model.fromBytesSync(bytes, { threads: 1 })
@@ -227,7 +231,7 @@ function profile (bytes, entry, reps = 7) {
     const c = calls[i]
     const ast = m._p.kernels[c.kernel]
     const read = new Set(toposort(ast).filter((n) => n.op === 'LOAD').map((n) => n.src[0].src[0].arg[0]))
-    const paramBytes = [...read].map((j) => c.args[j]).filter((s) => s && s.role === 'parameter').reduce((a, s) => a + s.size * s.dtype.size, 0)
+    const paramBytes = [...read].map((j) => c.args[j]).filter((s) => s && (s.role === 'parameter' || (s.role === 'state' && s.dtype.name === 'uint8'))).reduce((a, s) => a + s.size * s.dtype.size, 0)
     return { i, name: `${st.name}#${c.kernel}`, ms: Math.min(...times[i].slice(1)), mb: paramBytes / 1e6 }
   }).filter(Boolean)
   m.dispose()
@@ -247,7 +251,57 @@ function profile (bytes, entry, reps = 7) {
   }
 }
 
+/**
+ * --memory: load time and resident memory of each bundle (float32 and every gpt2s_<fmt>.pgb present) and of
+ * onnxruntime-node's session, each in a fresh Node process (a child running this file with --load-child),
+ * the processes alternating over --rounds: load s (reading the file and Model.fromBytesSync, or creating
+ * the session), RSS after it, and RSS after a first prompt and decode step (kernels compiled). Medians.
+ */
+async function memory () {
+  const files = ['gpt2s.pgb', 'gpt2s_q8_0.pgb', 'gpt2s_q4_0.pgb'].filter((f) => fs.existsSync(path.join(__dirname, f)))
+  const runs = [...files, ...(process.argv.includes('--no-ort') ? [] : ['gpt2s.onnx'])]
+  const got = new Map(runs.map((f) => [f, []]))
+  for (let r = 0; r < ROUNDS; r++) {
+    for (const f of runs) {
+      const out = execFileSync(process.execPath, [__filename, '--load-child', f, '--lib', LIB], { encoding: 'utf8' })
+      got.get(f).push(JSON.parse(out.trim().split('\n').pop()))
+    }
+  }
+  console.log(`load and resident memory, each in a fresh process, medians of ${ROUNDS} (alternating)`)
+  console.log('file                | MB on disk | load s | RSS MB after load | RSS MB after a prompt + a step')
+  for (const f of runs) {
+    const m = (k) => median(got.get(f).map((x) => x[k]))
+    console.log(`${f.padEnd(19)} | ${(fs.statSync(path.join(__dirname, f)).size / 1e6).toFixed(1).padStart(10)} | ${m('load').toFixed(2).padStart(6)} | ${m('rssLoad').toFixed(0).padStart(17)} | ${m('rssRun').toFixed(0).padStart(30)}`)
+  }
+}
+
+/** One --memory measurement in this (fresh) process; prints {load, rssLoad, rssRun} as JSON. */
+async function loadChild (file) {
+  const rss = () => process.memoryUsage().rss / 1e6
+  const t0 = process.hrtime.bigint()
+  let run
+  if (file.endsWith('.onnx')) {
+    const ortn = require(path.join(__dirname, 'node_modules', 'onnxruntime-node'))
+    const s = await ortn.InferenceSession.create(path.join(__dirname, file), { intraOpNumThreads: 1, interOpNumThreads: 1, graphOptimizationLevel: 'all' })
+    const load = ms(t0) / 1000
+    const rssLoad = rss()
+    const feeds = { input_ids: new ortn.Tensor('int64', BigInt64Array.from(PROMPT, BigInt), [1, PROMPT.length]), position_ids: new ortn.Tensor('int64', BigInt64Array.from(PROMPT, (_, i) => BigInt(i)), [1, PROMPT.length]) }
+    for (let i = 0; i < 12; i++) for (const kind of ['key', 'value']) feeds[`past_${kind}_${i}`] = new ortn.Tensor('float32', new Float32Array(0), [1, 12, 0, 64])
+    run = await s.run(feeds)
+    console.log(JSON.stringify({ load, rssLoad, rssRun: rss() }))
+    return
+  }
+  const m = Model.fromBytesSync(fs.readFileSync(path.join(__dirname, file)), { threads: 1 })
+  const load = ms(t0) / 1000
+  const rssLoad = rss()
+  run = m.call('forward', { input_ids: PROMPT })
+  m.call('decode', { input_ids: Int32Array.of(argmax(run.logits, run.logits.length - VOCAB, VOCAB)), pos: PROMPT.length })
+  console.log(JSON.stringify({ load, rssLoad, rssRun: rss() }))
+}
+
 async function main () {
+  if (process.argv.includes('--load-child')) return loadChild(arg('--load-child'))
+  if (process.argv.includes('--memory')) return memory()
   const bytes = fs.readFileSync(BUNDLE)
   console.log(`CPU: ${os.cpus()[0].model}, ${os.cpus().length} cores; load average ${os.loadavg().map((v) => v.toFixed(2)).join(' ')}; Node ${process.version}`)
   if (process.argv.includes('--profile')) {

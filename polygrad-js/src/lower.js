@@ -174,7 +174,7 @@ function blockOpts (end, width) {
       loads.every((ix) => { const c = coeff(ix, k); return c === 0 || c === 1 }) &&
       loads.some((ix) => coeff(ix, k) === 1)) {
     opts.push({ kind: 'SPLIT_REDUCE', range: k, amount: width })
-    if (loads.some((ix) => NARROW_LOAD_DTYPES.has(ix.dtype.name))) opts.push(...blockUnroll(red, k, width))
+    if (loads.some((ix) => NARROW_LOAD_DTYPES.has(ix.dtype.name))) opts.push(...blockUnroll(red, k, loads))
     if (last) {
       // 2 rows x 4 columns (8 accumulators, 6 loads per step: 15 of the 16 SIMD registers with the product);
       // 4 x 2 where the columns do not divide by 4. Of the two shapes with the same load count, 2 x 4 streams
@@ -205,29 +205,24 @@ function blockOpts (end, width) {
   return []
 }
 
-// the most unrolled vector steps per iteration of a quantized block's loop (blockUnroll)
-const BLOCK_UNROLL = 16
+// the most points a quantized block's range is unrolled to (blockUnroll)
+const BLOCK_UNROLL = 4
 
 /**
  * UNROLL opts for a reduction over quantized blocks (its weights loaded as uint8, split into lanes along k):
- * the reduce's ranges inside its outermost one (the block's structure, quant_formats.py `groups`) unrolled,
- * innermost first, up to BLOCK_UNROLL vector steps, so that one iteration of the block loop covers a block:
- * its scale is decoded once per block (loop-invariant code motion places it there) and no loop of 2 or 4
- * steps runs per 16 weights. Each unrolled step is its own product into the same accumulator, in order.
+ * each reduce range inside the block loop (quant_formats.py `groups`; not k) along which a block byte load
+ * does not move is unrolled whole, so that load is made once for all its points: Q4_0's two nibbles of a
+ * byte are two points of one range (GPT-2 small's q4_0 decode, about 1.1x). Nothing else is unrolled:
+ * the block's scale is decoded once per block anyway (linearize.js places a value in the outermost loop
+ * its operands allow), and on Q8_0, whose bytes move along every range, unrolling them measured slower
+ * (longer live ranges of the shared x vectors in the register tile).
  */
-function blockUnroll (red, k, width) {
+function blockUnroll (red, k, loads) {
   const own = red.src.slice(1)
   if (own.length < 2 || own.some((r) => constSize(r) === null || r.arg[1] !== 'reduce')) return []
-  const out = []
-  let steps = 1
-  for (const r of own.slice(1).reverse()) {
-    const n = r === k ? constSize(r) / width : constSize(r)
-    if (n <= 1) continue
-    if (steps * n > BLOCK_UNROLL) break
-    out.push({ kind: 'UNROLL', range: r, amount: n })
-    steps *= n
-  }
-  return out
+  const bytes = loads.filter((ix) => NARROW_LOAD_DTYPES.has(ix.dtype.name) && rangeCoeff(ix.src[1], k) === 1)
+  return own.slice(1).filter((r) => r !== k && constSize(r) <= BLOCK_UNROLL &&
+    bytes.some((ix) => rangeCoeff(ix.src[1], r) === 0)).map((r) => ({ kind: 'UNROLL', range: r, amount: constSize(r) }))
 }
 
 /**
