@@ -9,17 +9,18 @@
  *   python polygrad-js/bench/make_gpt2.py     # writes bench/gpt2s.pgb, gpt2s.onnx, gpt2_ref.json (once)
  *   (cd polygrad-js/bench && npm install --ignore-scripts)   # onnxruntime-node (bench/package.json; optional)
  *   node polygrad-js/bench/gpt2.js [--rounds N] [--tokens N] [--threads 1,2] [--python PY] [--no-ort] [--lib DIR]
- *                                  [--profile decode|forward] [--base DIR] [--quant FMT] [--memory]
+ *                                  [--profile decode|forward] [--base DIR] [--quant f32,q8_0] [--memory]
  *
  * --ignore-scripts: onnxruntime-node's install script fetches its CUDA provider from api.nuget.org; its CPU
  * binary is in the npm package itself. --python PY runs bench/gpt2_py.py with interpreter PY for the Python
  * column. --lib DIR times another polygrad-js checkout; --base DIR times a second one in the same process,
  * its rounds alternating with --lib's (an A/B against a baseline, under the same load). --profile times every
  * kernel call of one decode step (or of the prompt) on one thread and prints them with the bytes each reads
- * from parameters and that rate in GB/s. --quant FMT times bench/gpt2s_<fmt>.pgb (make_gpt2.py --quant FMT)
- * instead of the float32 bundle, checked against Python polygrad's logits and greedy tokens from that bundle
- * (gpt2s_<fmt>_py.json; all --tokens of them). --memory prints each bundle's (and the ONNX session's) load
- * time and resident memory instead, each in a fresh process.
+ * from parameters and that rate in GB/s. --quant f32,q8_0,q4_0 times those bundles, their rounds alternating:
+ * f32 the float32 one, FMT bench/gpt2s_<fmt>.pgb (make_gpt2.py --quant FMT) checked against Python polygrad's
+ * logits and greedy tokens from that bundle (gpt2s_<fmt>_py.json; all --tokens of them); --profile takes the
+ * first. --memory prints each bundle's (and the ONNX session's) load time and resident memory instead, each in
+ * a fresh process.
  *
  * Timings on a shared machine are noisy: each figure is the median of the rounds; read them beside the load
  * average printed first. The CPU columns are this process's CPU time per prompt and per token (all its
@@ -40,12 +41,13 @@ const BASE = process.argv.includes('--base') ? path.resolve(arg('--base')) : nul
 const ROUNDS = Number(arg('--rounds', 5))
 const TOKENS = Number(arg('--tokens', 16))
 const THREADS = arg('--threads', '1,2').split(',').map(Number)
-// --quant FMT: time bench/gpt2s_<fmt>.pgb (make_gpt2.py --quant FMT) and check it against Python polygrad's
-// logits and greedy tokens from that bundle (gpt2s_<fmt>_py.json); onnxruntime-node's row stays float32
-const QUANT = arg('--quant', null)
-const BUNDLE = path.join(__dirname, QUANT ? `gpt2s_${QUANT}.pgb` : 'gpt2s.pgb')
+// --quant f32,q8_0,q4_0: the bundles timed, their rounds alternating: f32 is bench/gpt2s.pgb (checked against
+// transformers), FMT bench/gpt2s_<fmt>.pgb (make_gpt2.py --quant FMT; checked against Python polygrad's logits
+// and greedy tokens from that bundle, gpt2s_<fmt>_py.json); onnxruntime-node's row stays float32
+const QUANTS = arg('--quant', 'f32').split(',')
 const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'gpt2_ref.json'), 'utf8'))
-const QREF = QUANT ? JSON.parse(fs.readFileSync(path.join(__dirname, `gpt2s_${QUANT}_py.json`), 'utf8')) : null
+const bundleOf = (q) => path.join(__dirname, q === 'f32' ? 'gpt2s.pgb' : `gpt2s_${q}.pgb`)
+const refOf = (q) => (q === 'f32' ? REF : JSON.parse(fs.readFileSync(path.join(__dirname, `gpt2s_${q}_py.json`), 'utf8')))
 const PROMPT = Int32Array.from(REF.prompt)
 const VOCAB = 50257
 // untimed rounds first: the first runs every kernel once (polygrad-js reads its weights unpacked
@@ -68,24 +70,23 @@ function relError (logits, want) {
   return Math.max(...want.map((w, i) => Math.abs(logits[i] - w))) / scale
 }
 
-/** Each [prompt, step] pair's figures: prompt ms, decode tok/s (medians), and the check against transformers;
+/** Each [prompt, step, ref] run's figures: prompt ms, decode tok/s (medians), and the check against ref;
  * the pairs' rounds alternate (round r of each, then round r + 1), so a load change hits them alike. */
 function timedAll (runs) {
-  const figures = runs.map(([prompt, step]) => ({ prompt, step, promptMs: [], tokS: [], promptCpu: [], tokCpu: [], check: null }))
+  const figures = runs.map(([prompt, step, ref]) => ({ prompt, step, ref, promptMs: [], tokS: [], promptCpu: [], tokCpu: [], check: null }))
   for (let r = 0; r < ROUNDS + WARM; r++) for (const f of figures) oneRound(f, r)
   return figures.map((f) => ({ prompt: median(f.promptMs), tokS: median(f.tokS), promptCpu: median(f.promptCpu), tokCpu: median(f.tokCpu), check: f.check }))
 }
 
 /** Round r of a run: its prompt, then TOKENS greedy steps (the first WARM rounds only check the tokens). */
 function oneRound (f, r) {
-  const { prompt, step, promptMs, tokS, promptCpu, tokCpu } = f
+  const { prompt, step, ref, promptMs, tokS, promptCpu, tokCpu } = f
   let c0 = process.cpuUsage()
   let t0 = process.hrtime.bigint()
   let logits = prompt()
   const p = ms(t0)
   const pc = cpuMs(c0)
   const tokens = []
-  const ref = QREF || REF // a quantized bundle is checked against Python polygrad's run of it
   const errs = [relError(logits, ref.logits[0])]
   c0 = process.cpuUsage()
   t0 = process.hrtime.bigint()
@@ -106,16 +107,18 @@ function oneRound (f, r) {
   tokCpu.push(cpuMs(c0) / TOKENS)
 }
 
-/** polygrad-js's figures at `threads`, for LIB (and BASE, alternating, when given): [[label, figures]]. */
-function polygrad (bytes, threads) {
+/** polygrad-js's figures at `threads`, per --quant bundle, for LIB (and BASE, alternating, when given):
+ * [[label, figures]]. */
+function polygrad (threads) {
   const libs = BASE ? [LIB, BASE] : [LIB]
-  const models = libs.map((lib) => require(lib).Model.fromBytesSync(bytes, { threads }))
+  const runs = QUANTS.flatMap((q) => libs.map((lib, i) => ({ q, lib: i ? 'base' : 'lib', bytes: fs.readFileSync(bundleOf(q)) })))
+  const models = runs.map((r) => require(r.lib === 'base' ? BASE : LIB).Model.fromBytesSync(r.bytes, { threads }))
   const last = (out) => out.logits.subarray(out.logits.length - VOCAB)
-  const res = timedAll(models.map((m) => [() => last(m.call('forward', { input_ids: PROMPT })),
-    (tok, pos) => last(m.call('decode', { input_ids: Int32Array.of(tok), pos }))]))
+  const res = timedAll(models.map((m, i) => [() => last(m.call('forward', { input_ids: PROMPT })),
+    (tok, pos) => last(m.call('decode', { input_ids: Int32Array.of(tok), pos })), refOf(runs[i].q)]))
   res.forEach((r, i) => { r.threads = models[i].backendInfo.threads })
   for (const m of models) m.dispose()
-  return res.map((r, i) => [libs.length > 1 ? `polygrad-js ${i ? 'base' : 'lib'}` : 'polygrad-js', r])
+  return res.map((r, i) => [`polygrad-js ${runs[i].q}${libs.length > 1 ? ` ${runs[i].lib}` : ''}`, r])
 }
 
 function ort (threads) {
@@ -302,21 +305,20 @@ async function loadChild (file) {
 async function main () {
   if (process.argv.includes('--load-child')) return loadChild(arg('--load-child'))
   if (process.argv.includes('--memory')) return memory()
-  const bytes = fs.readFileSync(BUNDLE)
   console.log(`CPU: ${os.cpus()[0].model}, ${os.cpus().length} cores; load average ${os.loadavg().map((v) => v.toFixed(2)).join(' ')}; Node ${process.version}`)
   if (process.argv.includes('--profile')) {
-    profile(bytes, arg('--profile', 'decode') === 'forward' ? 'forward' : 'decode')
+    profile(fs.readFileSync(bundleOf(QUANTS[0])), arg('--profile', 'decode') === 'forward' ? 'forward' : 'decode')
     return
   }
   const rows = []
-  for (const t of THREADS) for (const [name, r] of polygrad(bytes, t)) rows.push([name, t, r])
+  for (const t of THREADS) for (const [name, r] of polygrad(t)) rows.push([name, t, r])
   if (!process.argv.includes('--no-ort')) for (const t of THREADS) rows.push(['onnxruntime-node', t, await ort(t)])
   const py = arg('--python', null)
   if (py) for (const t of [1, 2].filter((n) => THREADS.includes(n))) rows.push(['python polygrad (CPU backend)', t, python(py, t)])
   console.log(`GPT-2 small (random weights), ${PROMPT.length}-token prompt then ${TOKENS} greedy tokens; medians of ${ROUNDS} after ${WARM} untimed rounds`)
   const pyRow = rows.find(([name, , r]) => name.startsWith('python') && !r.error)
   const sameAsPy = (r) => (pyRow && r.check && !rows.some(([name, , x]) => x === r && name.startsWith('python')) ? ` (${r.check.all.join(' ') === pyRow[2].check.all.join(' ') ? 'all' : 'NOT all'} ${TOKENS} = Python's)` : '')
-  console.log(`polygrad-js from ${LIB} on ${path.basename(BUNDLE)}${QUANT ? ' (checked against Python polygrad on it; onnxruntime-node float32 against transformers)' : ''}${BASE ? ` (lib), rounds alternating with ${BASE} (base)` : ''}`)
+  console.log(`polygrad-js from ${LIB}${BASE ? ` (lib), rounds alternating with ${BASE} (base)` : ''}; a quantized bundle checked against Python polygrad on it, float32 and onnxruntime-node against transformers`)
   console.log('runtime                        | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | greedy = reference     | max rel err')
   for (const [name, t, r] of rows) {
     if (r.error) {
