@@ -174,20 +174,25 @@ function blockOpts (end, width) {
       loads.every((ix) => { const c = coeff(ix, k); return c === 0 || c === 1 }) &&
       loads.some((ix) => coeff(ix, k) === 1)) {
     opts.push({ kind: 'SPLIT_REDUCE', range: k, amount: width })
-    if (loads.some((ix) => NARROW_LOAD_DTYPES.has(ix.dtype.name))) opts.push(...blockUnroll(red, k, loads))
+    const blocks = loads.some((ix) => NARROW_LOAD_DTYPES.has(ix.dtype.name))
+    if (blocks) opts.push(...blockUnroll(red, k, loads))
+    // over several rows a quantized weight's tile is 4 rows x 2 columns, not 2 x 4: each dequantized vector
+    // (5 to 9 ops from its bytes) serves 4 rows (GPT-2 small's 32-token prompt: about 0.88x the time at Q8_0,
+    // 0.72x at Q4_0)
+    const wide = blocks && glob.length > 1 ? 2 : 4
     if (last) {
       // 2 rows x 4 columns (8 accumulators, 6 loads per step: 15 of the 16 SIMD registers with the product);
       // 4 x 2 where the columns do not divide by 4. Of the two shapes with the same load count, 2 x 4 streams
       // two rows of the swept operand instead of four (about 4% faster on the benchmark's MLP).
       let cols = 1
       if (nLast !== null && loads.some((ix) => coeff(ix, last) === 0)) {
-        cols = [4, 2, 1].find((c) => nLast % c === 0)
+        cols = [4, 2, 1].filter((c) => c <= wide).find((c) => nLast % c === 0)
         if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
         else if (nLast >= 16 && !inPlace && glob.length > 1) {
           // an odd column count (GPT-2's 50257-token head) over several rows: 4 columns a tile anyway, the last
           // tile moved back to end at the last column (applyOpts); 1 column a tile ran at about half the rate.
           // Not for one row (a decode step's head): there one column streams the weight fastest (fewRowsOpts)
-          cols = 4
+          cols = wide
           opts.push({ kind: 'UPCAST', range: last, amount: cols, clamp: true })
         }
       }
