@@ -217,7 +217,8 @@ const BLOCK_UNROLL = 4
  * UNROLL opts for a reduction over quantized blocks (its weights loaded as uint8, split into lanes along k):
  * each reduce range inside the block loop (quant_formats.py `groups`; not k) along which a block byte load
  * does not move is unrolled whole, so that load is made once for all its points: Q4_0's two nibbles of a
- * byte are two points of one range (GPT-2 small's q4_0 decode, about 1.1x). Nothing else is unrolled:
+ * byte are two points of one range (GPT-2 small at Q4_0: prompt and decode about 1.1x in CPU time, on a
+ * loaded machine). Nothing else is unrolled:
  * the block's scale is decoded once per block anyway (linearize.js places a value in the outermost loop
  * its operands allow), and on Q8_0, whose bytes move along every range, unrolling them measured slower
  * (longer live ranges of the shared x vectors in the register tile).
@@ -251,8 +252,7 @@ function fewRowsOpts (opts, rowTile) {
       continue
     }
     out.push(o)
-    const unrolled = opts.some((u) => u.kind === 'UNROLL' && u.range === o.range) // blockUnroll's already
-    if (o === split && !unrolled && (constSize(o.range) / o.amount) % 2 === 0) out.push({ kind: 'UNROLL', range: o.range, amount: 2 })
+    if (o === split && (constSize(o.range) / o.amount) % 2 === 0) out.push({ kind: 'UNROLL', range: o.range, amount: 2 })
   }
   return out
 }
