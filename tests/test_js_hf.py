@@ -146,3 +146,87 @@ def test_cache_attention_with_two_variable_dimensions(tmp_path):
     assert "error" not in res, res.get("error")
     for got, ref in zip(res["calls"], want + [one]):
         close(dec(got["y"]), ref)
+
+
+# ---------------------------------------------------------------- quantized weights (issue 31)
+Q_WIDTH = 64  # two 32-weight blocks per row of every matrix: the kernels loop over blocks
+
+
+@pytest.fixture(scope="module", params=["q8_0", "q4_0"])
+def quantized(request, tmp_path_factory):
+    """A tiny GPT-2 quantized at load (load_hf(dtype=fmt): every matrix, the tied wte/head and wpe included),
+    saved, with Python's logits (prompt, 3 decode steps) and greedy tokens, and Node's run of the bundle."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("polygrad_hf")
+    import hf_checkpoints
+    from polygrad.hf import generate, load_hf
+    fmt = request.param
+    tmp = tmp_path_factory.mktemp(f"gpt2_{fmt}")
+    _, folder = hf_checkpoints.make("gpt2", tmp / "ckpt", overrides={"n_embd": Q_WIDTH})
+    model = load_hf(folder, max_batch=1, max_seq_len=16, dtype=fmt)
+    path = tmp / f"gpt2_{fmt}.pgb"
+    model.save(str(path))
+    py = {"calls": [model.forward(input_ids=PROMPT)["logits"].numpy()]}
+    py["calls"] += [model.call("decode", d)["logits"].numpy() for d in _decode_inputs(NEXT, PROMPT.shape[1])]
+    py["greedy"] = generate(model, PROMPT[0], max_new_tokens=GREEDY, top_k=1).tolist()
+    model.dispose()
+    calls = [{"entry": "forward", "inputs": {"input_ids": enc(PROMPT)}}]
+    calls += [{"entry": "decode", "inputs": {"input_ids": enc(d["input_ids"])}, "args": {"pos": d["pos"]}}
+              for d in _decode_inputs(NEXT, PROMPT.shape[1])]
+    # wasm only: the plain-JS backend has no lanes (tests/test_hf_quantized.py runs a Q4_0 bundle on both)
+    cases = [{"name": "wasm", "bundle": str(path), "calls": calls, "plan": True},
+             {"name": "greedy", "bundle": str(path), "greedy": {"prompt": enc(PROMPT), "steps": GREEDY}}]
+    return fmt, path, py, run_node(cases, tmp)
+
+
+def test_quantized_gpt2_runs_in_node_with_python_logits(quantized):
+    _, _, py, js = quantized
+    res = js["wasm"]
+    assert "error" not in res, res.get("error")
+    for got, want in zip(res["calls"], py["calls"], strict=True):
+        close(dec(got["logits"]), want, rtol=1e-4)
+    assert js["greedy"]["tokens"] == py["greedy"]
+
+
+def test_quantized_bundle_holds_blocks_and_no_float_copy(quantized):
+    """The bundle stores each matrix once, as its uint8 blocks (34 or 18 bytes per 32 weights): the tied
+    embedding/head and wpe too, with no float32 copy beside them; its stored bytes are the blocks plus the
+    norms' and biases' float32 (and the causal mask)."""
+    fmt, path, _, _ = quantized
+    manifest, _ = bundle.read(path.read_bytes())
+    stored = [b for b in manifest["buffers"] if b["role"] in ("parameter", "state", "constant")]
+    blocks = {b["name"]: b for b in stored if b["dtype"] == "uint8"}
+    per_block = {"q8_0": 34, "q4_0": 18}[fmt]
+    assert {"transformer.wte.weight", "transformer.wpe.weight"} <= set(blocks)
+    assert sum(n.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")) for n in blocks) == 4 * 2
+    for b in blocks.values():
+        assert b["shape"][-1] == per_block and b["shape"][-2] * 32 in (Q_WIDTH, 4 * Q_WIDTH), b
+    floats = [b for b in stored if b["dtype"] == "float32"]
+    assert all(len(b["shape"]) == 1 or b["name"] == "causal_mask" for b in floats), [b["name"] for b in floats]
+    size = lambda b: b["size"] * (1 if b["dtype"] == "uint8" else 4)  # noqa: E731
+    block_bytes = sum(size(b) for b in blocks.values())
+    float_bytes = sum(size(b) for b in floats)
+    assert float_bytes < block_bytes / 2  # biases and norms only: no dequantized matrix
+    assert path.stat().st_size < 1.25 * sum(size(b) for b in stored) + 256 * 1024  # the manifest and kernels
+
+
+def test_quantized_kernels_read_uint8_blocks_in_lanes(quantized):
+    """polygrad-js keeps the blocks as uint8 in its memory (no float expansion at load) and every matrix
+    product reads them directly, vectorised: the reduction split into 4 lanes; at q4_0 the range of a byte's
+    two nibbles unrolled (each byte loaded once for both)."""
+    fmt, _, _, js = quantized
+    res = js["wasm"]
+    assert "error" not in res, res.get("error")
+    summary = res["summary"]
+    assert {s["dtype"] for s in summary["state"] if s["name"].endswith(".weight")} == {"uint8"}
+    block_bytes = sum(s["count"] for s in summary["state"] if s["dtype"] == "uint8")
+    dequantized = 4 * 32 * block_bytes // {"q8_0": 34, "q4_0": 18}[fmt]  # their float32 bytes
+    others = sum(v for k, v in summary["bytes"].items() if k != "state")
+    assert summary["memoryBytes"] < others + summary["bytes"]["state"] + dequantized // 2
+    for entry in ("forward", "decode"):
+        products = [s for s in res["plan"][entry] if s["blocks"] and s["name"].startswith("r_")]
+        names = {n for s in products for n in s["blocks"]}
+        assert sum(n.endswith(".weight") and ".h." in n for n in names) == 4 * 2 and "transformer.wte.weight" in names
+        for s in products:
+            assert "SPLIT_REDUCE:4" in s["opts"] and ("UNROLL:2" in s["opts"]) == (fmt == "q4_0"), s
+            assert s["packs"] == 0, s

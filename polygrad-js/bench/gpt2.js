@@ -9,14 +9,18 @@
  *   python polygrad-js/bench/make_gpt2.py     # writes bench/gpt2s.pgb, gpt2s.onnx, gpt2_ref.json (once)
  *   (cd polygrad-js/bench && npm install --ignore-scripts)   # onnxruntime-node (bench/package.json; optional)
  *   node polygrad-js/bench/gpt2.js [--rounds N] [--tokens N] [--threads 1,2] [--python PY] [--no-ort] [--lib DIR]
- *                                  [--profile decode|forward] [--base DIR]
+ *                                  [--profile decode|forward] [--base DIR] [--quant f32,q8_0] [--memory]
  *
  * --ignore-scripts: onnxruntime-node's install script fetches its CUDA provider from api.nuget.org; its CPU
  * binary is in the npm package itself. --python PY runs bench/gpt2_py.py with interpreter PY for the Python
  * column. --lib DIR times another polygrad-js checkout; --base DIR times a second one in the same process,
  * its rounds alternating with --lib's (an A/B against a baseline, under the same load). --profile times every
  * kernel call of one decode step (or of the prompt) on one thread and prints them with the bytes each reads
- * from parameters and that rate in GB/s.
+ * from parameters and that rate in GB/s. --quant f32,q8_0,q4_0 times those bundles, their rounds alternating:
+ * f32 the float32 one, FMT bench/gpt2s_<fmt>.pgb (make_gpt2.py --quant FMT) checked against Python polygrad's
+ * logits and greedy tokens from that bundle (gpt2s_<fmt>_py.json; all --tokens of them); --profile takes the
+ * first. --memory prints each bundle's (and the ONNX session's) load time and resident memory instead, each in
+ * a fresh process.
  *
  * Timings on a shared machine are noisy: each figure is the median of the rounds; read them beside the load
  * average printed first. The CPU columns are this process's CPU time per prompt and per token (all its
@@ -37,7 +41,13 @@ const BASE = process.argv.includes('--base') ? path.resolve(arg('--base')) : nul
 const ROUNDS = Number(arg('--rounds', 5))
 const TOKENS = Number(arg('--tokens', 16))
 const THREADS = arg('--threads', '1,2').split(',').map(Number)
+// --quant f32,q8_0,q4_0: the bundles timed, their rounds alternating: f32 is bench/gpt2s.pgb (checked against
+// transformers), FMT bench/gpt2s_<fmt>.pgb (make_gpt2.py --quant FMT; checked against Python polygrad's logits
+// and greedy tokens from that bundle, gpt2s_<fmt>_py.json); onnxruntime-node's row stays float32
+const QUANTS = arg('--quant', 'f32').split(',')
 const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'gpt2_ref.json'), 'utf8'))
+const bundleOf = (q) => path.join(__dirname, q === 'f32' ? 'gpt2s.pgb' : `gpt2s_${q}.pgb`)
+const refOf = (q) => (q === 'f32' ? REF : JSON.parse(fs.readFileSync(path.join(__dirname, `gpt2s_${q}_py.json`), 'utf8')))
 const PROMPT = Int32Array.from(REF.prompt)
 const VOCAB = 50257
 // untimed rounds first: the first runs every kernel once (polygrad-js reads its weights unpacked
@@ -60,34 +70,35 @@ function relError (logits, want) {
   return Math.max(...want.map((w, i) => Math.abs(logits[i] - w))) / scale
 }
 
-/** Each [prompt, step] pair's figures: prompt ms, decode tok/s (medians), and the check against transformers;
+/** Each [prompt, step, ref] run's figures: prompt ms, decode tok/s (medians), and the check against ref;
  * the pairs' rounds alternate (round r of each, then round r + 1), so a load change hits them alike. */
 function timedAll (runs) {
-  const figures = runs.map(([prompt, step]) => ({ prompt, step, promptMs: [], tokS: [], promptCpu: [], tokCpu: [], check: null }))
+  const figures = runs.map(([prompt, step, ref]) => ({ prompt, step, ref, promptMs: [], tokS: [], promptCpu: [], tokCpu: [], check: null }))
   for (let r = 0; r < ROUNDS + WARM; r++) for (const f of figures) oneRound(f, r)
   return figures.map((f) => ({ prompt: median(f.promptMs), tokS: median(f.tokS), promptCpu: median(f.promptCpu), tokCpu: median(f.tokCpu), check: f.check }))
 }
 
 /** Round r of a run: its prompt, then TOKENS greedy steps (the first WARM rounds only check the tokens). */
 function oneRound (f, r) {
-  const { prompt, step, promptMs, tokS, promptCpu, tokCpu } = f
+  const { prompt, step, ref, promptMs, tokS, promptCpu, tokCpu } = f
   let c0 = process.cpuUsage()
   let t0 = process.hrtime.bigint()
   let logits = prompt()
   const p = ms(t0)
   const pc = cpuMs(c0)
   const tokens = []
-  const errs = [relError(logits, REF.logits[0])]
+  const errs = [relError(logits, ref.logits[0])]
   c0 = process.cpuUsage()
   t0 = process.hrtime.bigint()
   for (let i = 0; i < TOKENS; i++) {
     tokens.push(argmax(logits))
     logits = step(tokens[i], PROMPT.length + i)
-    if (i < 3) errs.push(relError(logits, REF.logits[i + 1]))
+    if (i < 3) errs.push(relError(logits, ref.logits[i + 1]))
   }
   const d = ms(t0)
   if (r < WARM) {
-    if (r === 0) f.check = { tokens: tokens.slice(0, 3).join(' ') === REF.tokens.join(' '), err: Math.max(...errs), all: tokens }
+    const n = Math.min(tokens.length, ref.tokens.length)
+    if (r === 0) f.check = { tokens: tokens.slice(0, n).join(' ') === ref.tokens.slice(0, n).join(' '), err: Math.max(...errs), all: tokens }
     return
   }
   promptMs.push(p)
@@ -96,16 +107,18 @@ function oneRound (f, r) {
   tokCpu.push(cpuMs(c0) / TOKENS)
 }
 
-/** polygrad-js's figures at `threads`, for LIB (and BASE, alternating, when given): [[label, figures]]. */
-function polygrad (bytes, threads) {
+/** polygrad-js's figures at `threads`, per --quant bundle, for LIB (and BASE, alternating, when given):
+ * [[label, figures]]. */
+function polygrad (threads) {
   const libs = BASE ? [LIB, BASE] : [LIB]
-  const models = libs.map((lib) => require(lib).Model.fromBytesSync(bytes, { threads }))
+  const runs = QUANTS.flatMap((q) => libs.map((lib, i) => ({ q, lib: i ? 'base' : 'lib', bytes: fs.readFileSync(bundleOf(q)) })))
+  const models = runs.map((r) => require(r.lib === 'base' ? BASE : LIB).Model.fromBytesSync(r.bytes, { threads }))
   const last = (out) => out.logits.subarray(out.logits.length - VOCAB)
-  const res = timedAll(models.map((m) => [() => last(m.call('forward', { input_ids: PROMPT })),
-    (tok, pos) => last(m.call('decode', { input_ids: Int32Array.of(tok), pos }))]))
+  const res = timedAll(models.map((m, i) => [() => last(m.call('forward', { input_ids: PROMPT })),
+    (tok, pos) => last(m.call('decode', { input_ids: Int32Array.of(tok), pos })), refOf(runs[i].q)]))
   res.forEach((r, i) => { r.threads = models[i].backendInfo.threads })
   for (const m of models) m.dispose()
-  return res.map((r, i) => [libs.length > 1 ? `polygrad-js ${i ? 'base' : 'lib'}` : 'polygrad-js', r])
+  return res.map((r, i) => [`polygrad-js ${runs[i].q}${libs.length > 1 ? ` ${runs[i].lib}` : ''}`, r])
 }
 
 function ort (threads) {
@@ -179,8 +192,9 @@ function python (py, threads) {
 /**
  * Per kernel of one call of `entry` ('decode': one token at position 32..; 'forward': the 32-token prompt) on
  * one thread: every variant's function wrapped with a timer, the call run `reps` times, the fastest time of
- * each kernel call kept (the steadiest figure on a loaded machine). MB: the parameter slots the call's kernel
- * reads, whole (a gather, the token embedding, reads one row of its table: its rate means nothing).
+ * each kernel call kept (the steadiest figure on a loaded machine). MB: the parameter slots (and a quantized
+ * weight's uint8 blocks) the call's kernel reads, whole (a gather, the token embedding, reads one row of its
+ * table: its rate means nothing).
  */
 function profile (bytes, entry, reps = 7) {
   const m = Model.fromBytesSync(bytes, { threads: 1 })
@@ -220,7 +234,7 @@ function profile (bytes, entry, reps = 7) {
     const c = calls[i]
     const ast = m._p.kernels[c.kernel]
     const read = new Set(toposort(ast).filter((n) => n.op === 'LOAD').map((n) => n.src[0].src[0].arg[0]))
-    const paramBytes = [...read].map((j) => c.args[j]).filter((s) => s && s.role === 'parameter').reduce((a, s) => a + s.size * s.dtype.size, 0)
+    const paramBytes = [...read].map((j) => c.args[j]).filter((s) => s && (s.role === 'parameter' || (s.role === 'state' && s.dtype.name === 'uint8'))).reduce((a, s) => a + s.size * s.dtype.size, 0)
     return { i, name: `${st.name}#${c.kernel}`, ms: Math.min(...times[i].slice(1)), mb: paramBytes / 1e6 }
   }).filter(Boolean)
   m.dispose()
@@ -240,23 +254,72 @@ function profile (bytes, entry, reps = 7) {
   }
 }
 
+/**
+ * --memory: load time and resident memory of each bundle (float32 and every gpt2s_<fmt>.pgb present) and of
+ * onnxruntime-node's session, each in a fresh Node process (a child running this file with --load-child),
+ * the processes alternating over --rounds: load s (reading the file and Model.fromBytesSync, or creating
+ * the session), RSS after it, and RSS after a first prompt and decode step (kernels compiled). Medians.
+ */
+async function memory () {
+  const files = ['gpt2s.pgb', 'gpt2s_q8_0.pgb', 'gpt2s_q4_0.pgb'].filter((f) => fs.existsSync(path.join(__dirname, f)))
+  const runs = [...files, ...(process.argv.includes('--no-ort') ? [] : ['gpt2s.onnx'])]
+  const got = new Map(runs.map((f) => [f, []]))
+  for (let r = 0; r < ROUNDS; r++) {
+    for (const f of runs) {
+      const out = execFileSync(process.execPath, [__filename, '--load-child', f, '--lib', LIB], { encoding: 'utf8' })
+      got.get(f).push(JSON.parse(out.trim().split('\n').pop()))
+    }
+  }
+  console.log(`load and resident memory, each in a fresh process, medians of ${ROUNDS} (alternating)`)
+  console.log('file                | MB on disk | load s | RSS MB after load | RSS MB after a prompt + a step')
+  for (const f of runs) {
+    const m = (k) => median(got.get(f).map((x) => x[k]))
+    console.log(`${f.padEnd(19)} | ${(fs.statSync(path.join(__dirname, f)).size / 1e6).toFixed(1).padStart(10)} | ${m('load').toFixed(2).padStart(6)} | ${m('rssLoad').toFixed(0).padStart(17)} | ${m('rssRun').toFixed(0).padStart(30)}`)
+  }
+}
+
+/** One --memory measurement in this (fresh) process; prints {load, rssLoad, rssRun} as JSON. */
+async function loadChild (file) {
+  const rss = () => process.memoryUsage().rss / 1e6
+  const t0 = process.hrtime.bigint()
+  let run
+  if (file.endsWith('.onnx')) {
+    const ortn = require(path.join(__dirname, 'node_modules', 'onnxruntime-node'))
+    const s = await ortn.InferenceSession.create(path.join(__dirname, file), { intraOpNumThreads: 1, interOpNumThreads: 1, graphOptimizationLevel: 'all' })
+    const load = ms(t0) / 1000
+    const rssLoad = rss()
+    const feeds = { input_ids: new ortn.Tensor('int64', BigInt64Array.from(PROMPT, BigInt), [1, PROMPT.length]), position_ids: new ortn.Tensor('int64', BigInt64Array.from(PROMPT, (_, i) => BigInt(i)), [1, PROMPT.length]) }
+    for (let i = 0; i < 12; i++) for (const kind of ['key', 'value']) feeds[`past_${kind}_${i}`] = new ortn.Tensor('float32', new Float32Array(0), [1, 12, 0, 64])
+    run = await s.run(feeds)
+    console.log(JSON.stringify({ load, rssLoad, rssRun: rss() }))
+    return
+  }
+  const m = Model.fromBytesSync(fs.readFileSync(path.join(__dirname, file)), { threads: 1 })
+  const load = ms(t0) / 1000
+  const rssLoad = rss()
+  run = m.call('forward', { input_ids: PROMPT })
+  m.call('decode', { input_ids: Int32Array.of(argmax(run.logits, run.logits.length - VOCAB, VOCAB)), pos: PROMPT.length })
+  console.log(JSON.stringify({ load, rssLoad, rssRun: rss() }))
+}
+
 async function main () {
-  const bytes = fs.readFileSync(path.join(__dirname, 'gpt2s.pgb'))
+  if (process.argv.includes('--load-child')) return loadChild(arg('--load-child'))
+  if (process.argv.includes('--memory')) return memory()
   console.log(`CPU: ${os.cpus()[0].model}, ${os.cpus().length} cores; load average ${os.loadavg().map((v) => v.toFixed(2)).join(' ')}; Node ${process.version}`)
   if (process.argv.includes('--profile')) {
-    profile(bytes, arg('--profile', 'decode') === 'forward' ? 'forward' : 'decode')
+    profile(fs.readFileSync(bundleOf(QUANTS[0])), arg('--profile', 'decode') === 'forward' ? 'forward' : 'decode')
     return
   }
   const rows = []
-  for (const t of THREADS) for (const [name, r] of polygrad(bytes, t)) rows.push([name, t, r])
+  for (const t of THREADS) for (const [name, r] of polygrad(t)) rows.push([name, t, r])
   if (!process.argv.includes('--no-ort')) for (const t of THREADS) rows.push(['onnxruntime-node', t, await ort(t)])
   const py = arg('--python', null)
   if (py) for (const t of [1, 2].filter((n) => THREADS.includes(n))) rows.push(['python polygrad (CPU backend)', t, python(py, t)])
   console.log(`GPT-2 small (random weights), ${PROMPT.length}-token prompt then ${TOKENS} greedy tokens; medians of ${ROUNDS} after ${WARM} untimed rounds`)
   const pyRow = rows.find(([name, , r]) => name.startsWith('python') && !r.error)
   const sameAsPy = (r) => (pyRow && r.check && !rows.some(([name, , x]) => x === r && name.startsWith('python')) ? ` (${r.check.all.join(' ') === pyRow[2].check.all.join(' ') ? 'all' : 'NOT all'} ${TOKENS} = Python's)` : '')
-  console.log(`polygrad-js from ${LIB}${BASE ? ` (lib), rounds alternating with ${BASE} (base)` : ''}`)
-  console.log('runtime                        | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | greedy = transformers | max rel err')
+  console.log(`polygrad-js from ${LIB}${BASE ? ` (lib), rounds alternating with ${BASE} (base)` : ''}; a quantized bundle checked against Python polygrad on it, float32 and onnxruntime-node against transformers`)
+  console.log('runtime                        | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | greedy = reference     | max rel err')
   for (const [name, t, r] of rows) {
     if (r.error) {
       console.log(`${name.padEnd(30)} | ${String(t).padStart(7)} | ${r.error}`)

@@ -5,7 +5,10 @@ ONNX file is the same transformers model exported by torch with a KV cache (inpu
 past_key_<i>/past_value_<i>; outputs logits, present_key_<i>/present_value_<i>) for the onnxruntime-node column
 of bench/gpt2.js. bench/gpt2_ref.json holds the prompt's and three greedy steps' logits from transformers.
 
-Run from the repository root: `python polygrad-js/bench/make_gpt2.py [--no-onnx]` (about a minute).
+Run from the repository root: `python polygrad-js/bench/make_gpt2.py [--no-onnx] [--quant q8_0,q4_0]` (about
+a minute). `--quant FMT[,FMT]` also writes bench/gpt2s_<fmt>.pgb: the same weights with load_hf(dtype=fmt) (every
+matrix, the tied embedding/head and wpe included, in llama.cpp's blocks) and bench/gpt2s_<fmt>_py.json, Python
+polygrad's prompt logits and greedy tokens from that bundle (bench/gpt2.js --quant fmt checks against them).
 """
 from __future__ import annotations
 
@@ -93,14 +96,36 @@ def reference(model) -> dict:
             "argmax": [int(np.argmax(x)) for x in logits]}
 
 
+def python_reference(bundle, tokens: int = 16) -> dict:
+    """The bundle's own logits (first 64 of the prompt's last position and of three greedy steps) and
+    `tokens` greedy tokens, from Python polygrad: what polygrad-js must reproduce from the saved bundle."""
+    logits = [bundle.forward(input_ids=np.array([PROMPT], np.int32))["logits"].numpy()[0, -1]]
+    out = []
+    for i in range(tokens):
+        out.append(int(np.argmax(logits[-1])))
+        step = bundle.call("decode", {"input_ids": np.array([[out[-1]]], np.int32), "pos": len(PROMPT) + i})
+        logits.append(step["logits"].numpy()[0, -1])
+    return {"tokens": out, "logits": [x[:64].tolist() for x in logits[:4]]}
+
+
 def main() -> None:
     from polygrad.hf import load_hf
     model = hf_model()
+    quants = sys.argv[sys.argv.index("--quant") + 1].split(",") if "--quant" in sys.argv else []
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp)
-        bundle = load_hf(tmp, max_batch=1, max_seq_len=MAX_SEQ)
-        bundle.save(str(HERE / "gpt2s.pgb"))
-        bundle.dispose()
+        if "--only-quant" not in sys.argv:
+            bundle = load_hf(tmp, max_batch=1, max_seq_len=MAX_SEQ)
+            bundle.save(str(HERE / "gpt2s.pgb"))
+            bundle.dispose()
+        for fmt in quants:
+            bundle = load_hf(tmp, max_batch=1, max_seq_len=MAX_SEQ, dtype=fmt)
+            bundle.save(str(HERE / f"gpt2s_{fmt}.pgb"))
+            (HERE / f"gpt2s_{fmt}_py.json").write_text(json.dumps(python_reference(bundle)))
+            print(f"wrote {HERE / f'gpt2s_{fmt}.pgb'}: {bundle.hf_notes}")
+            bundle.dispose()
+        if "--only-quant" in sys.argv:
+            return
     (HERE / "gpt2_ref.json").write_text(json.dumps(reference(model)))
     if "--no-onnx" not in sys.argv:
         export_onnx(model, HERE / "gpt2s.onnx")

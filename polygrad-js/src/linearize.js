@@ -55,6 +55,10 @@ const I32_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'AND', 'OR', 'XOR', 'SHL', 'S
   'MAX', 'CAST', 'BITCAST', 'TRUNC'])
 const BOOL_LANE_OPS = new Set(['ADD', 'MUL', 'NEG', 'MAX', 'CMPLT', 'CMPLE', 'CMPNE', 'CMPEQ', 'AND', 'OR', 'XOR', 'WHERE', 'CAST'])
 const LANE_DTYPES = new Set(['float32', 'int32', 'uint32', 'bool'])
+// 8-bit integers in lanes: each lane an i32 holding the value extended (zero for uint8, sign for int8), so
+// a CAST to 32 bits is free and a CAST to float32 one convert. Only what a quantized weight's dequantization
+// does with its uint8 blocks has a lane form: a contiguous load, a BITCAST between the two, a CAST out.
+const NARROW_LANE_DTYPES = new Set(['uint8', 'int8'])
 const LEAVES = new Set(['CONST', 'RANGE', 'DEFINE_VAR', 'REDUCE']) // value() computes these without operands first
 
 function identity (op, d) {
@@ -257,6 +261,7 @@ class Linearizer {
     for (const s of src) n = Math.max(n, s.lanes)
     if (n > 1) {
       const from = src[0].dtype
+      if (NARROW_LANE_DTYPES.has(from.name) || NARROW_LANE_DTYPES.has(dtype.name)) return this.narrowAlu(op, dtype, src)
       for (const d of [dtype, ...src.map((s) => s.dtype)]) if (!LANE_DTYPES.has(d.name)) throw new NoVector(`${d.name} lanes`)
       const table = dtype.isBool && (op !== 'CAST' || from.isBool) ? BOOL_LANE_OPS : (dtype.isFloat || from.isFloat) ? F32_LANE_OPS : I32_LANE_OPS
       if (!table.has(op)) throw new NoVector(`no lanes for ${op} on ${dtype.name}`)
@@ -279,6 +284,25 @@ class Linearizer {
     let level = 0
     for (const s of src) level = Math.max(level, s.level)
     return this.place(this.inst('alu', dtype, n, { op, src }), level)
+  }
+
+  /** A lane op on 8-bit integer lanes (NARROW_LANE_DTYPES): a BITCAST between uint8 and int8, or a CAST of
+   * one to a 32-bit lane type; anything else has no lane form here. */
+  narrowAlu (op, dtype, [x]) {
+    const from = x.dtype
+    const bitcast = op === 'BITCAST' && NARROW_LANE_DTYPES.has(dtype.name) && NARROW_LANE_DTYPES.has(from.name)
+    const widen = op === 'CAST' && NARROW_LANE_DTYPES.has(from.name) && LANE_DTYPES.has(dtype.name) && !dtype.isBool
+    if (!bitcast && !widen) throw new NoVector(`no lanes for ${op} from ${from.name} to ${dtype.name}`)
+    if (x.lanes === 1) throw new NoVector(`${from.name} lanes`)
+    if (bitcast && x.k === 'load') {
+      // the same bytes loaded with the other extension (wasm/emit.js emitLoad): int8 weights (Q8_0) are
+      // sign-extended as they are widened, not widened and then shifted
+      const k = `narrow|${x.id}|${dtype.name}`
+      const hit = this.lookup(k)
+      if (hit) return hit
+      return this.remember(k, this.place(Object.assign(this.inst('load', dtype, x.lanes, {}), { buf: x.buf, idx: x.idx, gate: x.gate, mode: x.mode, check: x.check }), x.level))
+    }
+    return this.place(this.inst('alu', dtype, x.lanes, { op, src: [x] }), x.level)
   }
 
   laneIndex (expr) {
@@ -317,7 +341,9 @@ class Linearizer {
       a.idx = this.bcast(a.idx, a.lanes)
       a.mode = 'gather'
     }
-    if (a.lanes > 1 && (!LANE_DTYPES.has(u.dtype.name) || u.dtype.isBool)) throw new NoVector(`${u.dtype.name} loads in lanes`)
+    const narrow = NARROW_LANE_DTYPES.has(u.dtype.name)
+    if (a.lanes > 1 && narrow && (a.mode !== 'contiguous' || a.gate)) throw new NoVector(`${u.dtype.name} gathers in lanes`)
+    if (a.lanes > 1 && !narrow && (!LANE_DTYPES.has(u.dtype.name) || u.dtype.isBool)) throw new NoVector(`${u.dtype.name} loads in lanes`)
     let level = a.idx.level
     if (a.gate) level = Math.max(level, a.gate.level)
     return this.place(this.inst('load', u.dtype, a.lanes, {

@@ -64,6 +64,9 @@ function findTopLevelReduces (u) {
 }
 
 const VECTOR_DTYPES = new Set(['float32', 'int32', 'uint32'])
+// loaded in lanes widened to 32 bits (linearize.js NARROW_LANE_DTYPES): a quantized weight's uint8 blocks,
+// read by the kernels that dequantize them (polygrad.quantize), vectorise as float32 weights do
+const NARROW_LOAD_DTYPES = new Set(['uint8', 'int8'])
 
 /** Whether a kernel has an accumulating STORE (arg ADD/MUL/MAX): such a kernel gets no opts at all, so its
  * points run one at a time in loop order, as in Python's lowering. */
@@ -86,8 +89,8 @@ function blockOpts (end, width) {
   const nodes = toposort(store)
   const loads = nodes.filter((n) => n.op === 'LOAD').map((n) => n.src[0])
   const storeIndex = store.src[0]
-  const accesses = [storeIndex, ...loads]
-  if (accesses.some((ix) => !VECTOR_DTYPES.has(ix.dtype.name))) return []
+  if (!VECTOR_DTYPES.has(storeIndex.dtype.name)) return []
+  if (loads.some((ix) => !VECTOR_DTYPES.has(ix.dtype.name) && !NARROW_LOAD_DTYPES.has(ix.dtype.name))) return []
   const glob = end.src.slice(1).filter((r) => r.arg[1] === 'global')
   const written = new Set([storeIndex.src[0].arg[0]])
   const inPlace = loads.some((ix) => written.has(ix.src[0].arg[0]))
@@ -171,19 +174,25 @@ function blockOpts (end, width) {
       loads.every((ix) => { const c = coeff(ix, k); return c === 0 || c === 1 }) &&
       loads.some((ix) => coeff(ix, k) === 1)) {
     opts.push({ kind: 'SPLIT_REDUCE', range: k, amount: width })
+    const blocks = loads.some((ix) => NARROW_LOAD_DTYPES.has(ix.dtype.name))
+    if (blocks) opts.push(...blockUnroll(red, k, loads))
+    // over several rows a quantized weight's tile is 4 rows x 2 columns, not 2 x 4: each dequantized vector
+    // (5 to 9 ops from its bytes) serves 4 rows (GPT-2 small's 32-token prompt: about 0.88x the time at Q8_0,
+    // 0.72x at Q4_0)
+    const wide = blocks && glob.length > 1 ? 2 : 4
     if (last) {
       // 2 rows x 4 columns (8 accumulators, 6 loads per step: 15 of the 16 SIMD registers with the product);
       // 4 x 2 where the columns do not divide by 4. Of the two shapes with the same load count, 2 x 4 streams
       // two rows of the swept operand instead of four (about 4% faster on the benchmark's MLP).
       let cols = 1
       if (nLast !== null && loads.some((ix) => coeff(ix, last) === 0)) {
-        cols = [4, 2, 1].find((c) => nLast % c === 0)
+        cols = [4, 2, 1].filter((c) => c <= wide).find((c) => nLast % c === 0)
         if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
         else if (nLast >= 16 && !inPlace && glob.length > 1) {
           // an odd column count (GPT-2's 50257-token head) over several rows: 4 columns a tile anyway, the last
           // tile moved back to end at the last column (applyOpts); 1 column a tile ran at about half the rate.
           // Not for one row (a decode step's head): there one column streams the weight fastest (fewRowsOpts)
-          cols = 4
+          cols = wide
           opts.push({ kind: 'UPCAST', range: last, amount: cols, clamp: true })
         }
       }
@@ -199,6 +208,27 @@ function blockOpts (end, width) {
     return opts
   }
   return []
+}
+
+// the most points a quantized block's range is unrolled to (blockUnroll)
+const BLOCK_UNROLL = 4
+
+/**
+ * UNROLL opts for a reduction over quantized blocks (its weights loaded as uint8, split into lanes along k):
+ * each reduce range inside the block loop (quant_formats.py `groups`; not k) along which a block byte load
+ * does not move is unrolled whole, so that load is made once for all its points: Q4_0's two nibbles of a
+ * byte are two points of one range (GPT-2 small at Q4_0: prompt and decode about 1.1x in CPU time, on a
+ * loaded machine). Nothing else is unrolled:
+ * the block's scale is decoded once per block anyway (linearize.js places a value in the outermost loop
+ * its operands allow), and on Q8_0, whose bytes move along every range, unrolling them measured slower
+ * (longer live ranges of the shared x vectors in the register tile).
+ */
+function blockUnroll (red, k, loads) {
+  const own = red.src.slice(1)
+  if (own.length < 2 || own.some((r) => constSize(r) === null || r.arg[1] !== 'reduce')) return []
+  const bytes = loads.filter((ix) => NARROW_LOAD_DTYPES.has(ix.dtype.name) && rangeCoeff(ix.src[1], k) === 1)
+  return own.slice(1).filter((r) => r !== k && constSize(r) <= BLOCK_UNROLL &&
+    bytes.some((ix) => rangeCoeff(ix.src[1], r) === 0)).map((r) => ({ kind: 'UNROLL', range: r, amount: constSize(r) }))
 }
 
 /**
@@ -257,6 +287,11 @@ function applyOpts (g, ast, opts) {
       const start = g.alu('MUL', outer, g.const(int, opt.amount))
       const last = g.const(int, n - opt.amount)
       expr = g.alu('ADD', g.node('WHERE', int, [g.alu('CMPLT', start, last), start, last]), inner)
+    } else if (n !== null && n === opt.amount && opt.kind === 'UNROLL') {
+      // unrolled whole: no outer loop of one step (a quantized block's ranges, blockUnroll)
+      ast = substituteRange(g, ast, r, null, inner, inner, opt.kind)
+      current.set(opt.range, inner)
+      continue
     } else if (n !== null) {
       outer = g.node('RANGE', int, [g.const(int, n / opt.amount)], [nextId, r.arg[1]])
       expr = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
@@ -312,7 +347,7 @@ function substituteRange (g, ast, r, outer, inner, expr, kind) {
         const partial = g.node('REDUCE', node.dtype, [body, ...others, outer], node.arg)
         out = g.node('REDUCE', node.dtype, [partial, inner], node.arg)
       } else {
-        out = g.node('REDUCE', node.dtype, [body, ...others, outer, inner], node.arg)
+        out = g.node('REDUCE', node.dtype, [body, ...others, ...(outer ? [outer] : []), inner], node.arg)
       }
     } else {
       const src = node.src.map((s) => memo.get(s))

@@ -57,7 +57,8 @@ function greedy (m, prompt, steps) {
 
 /**
  * Per entrypoint, per kernel call (copies left out): {name, opts: ["KIND:amount", ...] (lower.chooseOpts),
- * params: [{name, shape}] of the parameters the kernel loads, packs: the packed copies the call reads when it
+ * params: [{name, shape}] of the parameters the kernel loads, blocks: the names of the uint8 state buffers
+ * it loads (quantized weights' blocks), packs: the packed copies the call reads when it
  * runs its constant-size variant (runtime.js packedMain), 0 without one}. Only the entrypoints compiled so far.
  */
 function kernelPlan (m) {
@@ -73,8 +74,9 @@ function kernelPlan (m) {
       const ast = m._p.kernels[c.kernel]
       const loaded = new Set(toposort(ast).filter((n) => n.op === 'LOAD').map((n) => n.src[0].src[0].arg[0]))
       const params = [...loaded].map((j) => c.args[j]).filter((s) => s && s.role === 'parameter').map((s) => ({ name: s.name, shape: s.shape }))
+      const blocks = [...loaded].map((j) => c.args[j]).filter((s) => s && s.role === 'state' && s.dtype.name === 'uint8').map((s) => s.name)
       const opts = chooseOpts(x.prepare1(ast).ast, x.width).map((o) => `${o.kind}:${o.amount}`)
-      return { name: st.name, opts, params, packs: st.packedMain ? st.mainPacks.length : 0 }
+      return { name: st.name, opts, params, blocks, packs: st.packedMain ? st.mainPacks.length : 0 }
     }).filter(Boolean)
   }
   return out

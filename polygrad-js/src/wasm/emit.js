@@ -200,6 +200,14 @@ class KernelEmitter {
       }
       return this.define(x)
     }
+    if (x.mode === 'contiguous' && d.size === 1) {
+      // 8-bit lanes (linearize.js NARROW_LANE_DTYPES; never gated): 4 bytes, widened to one i32 per lane
+      const signed = !d.isUnsigned
+      this.c.vmem(0x5c, 0, b.base + this.address(x.idx, d, x.buf)) // v128.load32_zero
+      this.c.simd(signed ? 0x87 : 0x89) // i16x8.extend_low_i8x16_s/u
+      this.c.simd(signed ? 0xa7 : 0xa9) // i32x4.extend_low_i16x8_s/u
+      return this.define(x)
+    }
     if (x.mode === 'contiguous' && (!x.gate || x.gate.lanes === 1)) {
       if (x.gate) {
         const extra = this.address(x.idx, d, x.buf)
@@ -562,6 +570,10 @@ class KernelEmitter {
     }
     if (op === 'BITCAST') {
       P(0)
+      // 8-bit lanes hold their value extended to 32 bits: uint8 -> int8 sign-extends the low byte, int8 -> uint8
+      // keeps it
+      if (d.size === 1 && d.isUnsigned) c.v128const(this.laneBytes({ isBool: false, isFloat: false }, [255, 255, 255, 255])).simd(0x4e)
+      else if (d.size === 1) c.i32(24).simd(0xab).i32(24).simd(0xac) // i32x4.shl, i32x4.shr_s
       return
     }
     if (op === 'CMPLT' || op === 'CMPLE' || op === 'CMPNE' || op === 'CMPEQ') {
