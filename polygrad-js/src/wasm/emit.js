@@ -217,6 +217,15 @@ class KernelEmitter {
     }
     // a gather (or a contiguous load with lane gates): lane by lane
     const out = this.hold(x, this.alloc(T.v128))
+    // a contiguous load whose lanes' gates all hold (a padded window's interior, along the output row) is one
+    // vector load; only the border's loads go lane by lane
+    const whole = x.mode === 'contiguous' && !x.check
+    if (whole) {
+      this.push(x.gate).simd(0xa3).byte(0x04, 0x40) // i32x4.all_true; if
+      const extra = this.address(x.idx, d, x.buf)
+      this.c.vmem(0x00, 0, b.base + extra).set(out)
+      this.c.byte(0x05) // else
+    }
     this.c.v128const(new Uint8Array(16)).set(out)
     for (let lane = 0; lane < x.lanes; lane++) {
       const gated = !!x.gate
@@ -234,6 +243,7 @@ class KernelEmitter {
       this.c.set(out)
       if (gated) this.c.byte(0x0b)
     }
+    if (whole) this.c.byte(0x0b)
     return out
   }
 
