@@ -163,6 +163,8 @@ function blockOpts (end, width) {
     if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
     rowTile(last, 4, (ix) => coeff(ix, last) !== 0)
     if (glob.length === 2) opts.push({ kind: 'OUTER', range: last, amount: 1 })
+    // a 2-D window (a depthwise convolution on a row the lanes divide): unrolled whole, as D does
+    if (red.src.length > 2) opts.push(...unrollWindow(red))
     return opts
   }
   // B: vectorise the reduction (partial sums per lane) when its loads are contiguous along it
@@ -198,7 +200,36 @@ function blockOpts (end, width) {
     rowTile(channels.range, 4, (ix) => coeff(ix, channels.range) !== 0)
     return opts
   }
-  return []
+  return windowOpts(red, last, { loads, storeIndex, inPlace, width })
+}
+
+// A window reduction (a depthwise convolution, a pooling) of at most this many points is unrolled whole
+const WINDOW_MAX = 32
+
+/**
+ * D: a small window (a depthwise 3x3 convolution, a pooling) on a row that the lanes do not divide or read at a
+ * stride (MobileNetV2's 14- and 7-pixel rows, its stride-2 layers, ResNet's max pool), which A and B do not take
+ * and which ran as a scalar loop of 3 steps per output point (about 0.3 G points/s). The window is unrolled
+ * whole into straight code, and the row is tiled: in 4 lanes where its loads run along it contiguously (the
+ * last tile moved back to end at the row's end, as a clamped UPCAST; a padded window's interior loads whole
+ * vectors, wasm/emit.js), else 4 pixels of scalar code.
+ */
+function windowOpts (red, last, { loads, storeIndex, inPlace, width }) {
+  const unroll = unrollWindow(red)
+  const n = last ? constSize(last) : null
+  if (!unroll.length || n === null || inPlace || rangeCoeff(storeIndex.src[1], last) !== 1) return []
+  const opts = []
+  const contiguous = loads.every((ix) => { const c = rangeCoeff(ix.src[1], last); return c === 0 || c === 1 })
+  if (contiguous && n >= width) opts.push({ kind: 'VECTOR', range: last, amount: width, clamp: n % width !== 0 })
+  else if (n >= 4) opts.push({ kind: 'UPCAST', range: last, amount: 4, clamp: n % 4 !== 0 })
+  return [...opts, ...unroll]
+}
+
+/** UNROLLs of each of a reduction's ranges whole, when all are constant and span at most WINDOW_MAX points. */
+function unrollWindow (red) {
+  const window = red.src.slice(1)
+  const points = window.reduce((a, r) => a * (constSize(r) || Infinity), 1)
+  return points <= WINDOW_MAX ? window.map((r) => ({ kind: 'UNROLL', range: r, amount: constSize(r) })) : []
 }
 
 /**
@@ -250,13 +281,17 @@ function applyOpts (g, ast, opts) {
     let outer, expr
     const inner = g.node('RANGE', int, [g.const(int, opt.amount)], [nextId + 1, 'upcast'])
     if (n !== null && n % opt.amount !== 0) {
-      if (!opt.clamp || opt.kind !== 'UPCAST' || r.arg[1] !== 'global' || n < opt.amount) continue
+      if (!opt.clamp || !['UPCAST', 'VECTOR'].includes(opt.kind) || r.arg[1] !== 'global' || n < opt.amount) continue
       // a constant size the tile does not divide: the last tile starts at n - amount, overlapping the one
       // before (its points store their values again); a tile's points stay start + inner, one pointer apart
       outer = g.node('RANGE', int, [g.const(int, Math.ceil(n / opt.amount))], [nextId, r.arg[1]])
       const start = g.alu('MUL', outer, g.const(int, opt.amount))
       const last = g.const(int, n - opt.amount)
       expr = g.alu('ADD', g.node('WHERE', int, [g.alu('CMPLT', start, last), start, last]), inner)
+    } else if (n !== null && n === opt.amount && opt.kind === 'UNROLL') {
+      // a reduce range unrolled whole: no outer loop of one step
+      outer = null
+      expr = inner
     } else if (n !== null) {
       outer = g.node('RANGE', int, [g.const(int, n / opt.amount)], [nextId, r.arg[1]])
       expr = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
@@ -279,7 +314,7 @@ function applyOpts (g, ast, opts) {
       expr = g.node('WHERE', int, [g.alu('CMPLT', raw, size), raw, lastRow])
     }
     ast = substituteRange(g, ast, r, outer, inner, expr, opt.kind)
-    current.set(opt.range, outer)
+    current.set(opt.range, outer || inner)
     if (opt.kind === 'VECTOR' || opt.kind === 'SPLIT_REDUCE') vector.add(inner)
   }
   return { ast: simplifyIndices(g, ast), vector }
@@ -312,7 +347,7 @@ function substituteRange (g, ast, r, outer, inner, expr, kind) {
         const partial = g.node('REDUCE', node.dtype, [body, ...others, outer], node.arg)
         out = g.node('REDUCE', node.dtype, [partial, inner], node.arg)
       } else {
-        out = g.node('REDUCE', node.dtype, [body, ...others, outer, inner], node.arg)
+        out = g.node('REDUCE', node.dtype, [body, ...others, ...(outer ? [outer] : []), inner], node.arg)
       }
     } else {
       const src = node.src.map((s) => memo.get(s))

@@ -5,11 +5,15 @@
 // the border the gated loop. Checked: the copy exists and reads nothing through a gate, and the kernel's
 // results at odd sizes (a 9-pixel row: 4-pixel tiles with a clamped last one; 3 and 7 input channels) match a
 // float64 reference within float32 rounding, on one thread and split in two phases as threads run it.
+// Window reductions (a depthwise 3x3 convolution, a 3x3 max pool; lower.windowOpts): the window unrolled whole
+// (no loop left for it) and the row tiled, in lanes where the stride is 1 (the last tile moved back on rows the
+// lanes do not divide), against float64 at odd rows and strides 1 and 2.
 const test = require('node:test')
 const assert = require('node:assert')
 const { Graph } = require('../src/ir')
 const { DTYPES } = require('../src/dtypes')
-const { lowerKernel } = require('../src/compile')
+const { lowerKernel, prepareKernel } = require('../src/compile')
+const { chooseOpts } = require('../src/lower')
 const { buildModule, importObject } = require('../src/wasm/module')
 
 const f32 = DTYPES.float32
@@ -127,6 +131,112 @@ test('a padded convolution matches a float64 reference at odd sizes, on one thre
     for (const parts of [1, 2]) {
       const worst = worstError(C, CO, S, parts)
       assert.ok(worst <= 1, `C=${C} CO=${CO} S=${S} parts=${parts}: error ${worst.toFixed(2)} x its float32 bound`)
+    }
+  }
+})
+
+/** out[c, y, x] = sum (or max) over ky, kx < 3 of X[c, s*y + ky - 1, s*x + kx - 1] (* W[c, ky, kx]), 0 (or -inf)
+ * outside the image: a depthwise 3x3 convolution with padding 1 (`pool`: a 3x3 max pool) at stride s, an S x S
+ * input. */
+function window (C, S, stride, pool) {
+  const g = new Graph()
+  const c = (v) => g.const(i32, v)
+  const buf = (slot, n) => g.node('DEFINE_GLOBAL', f32, [], [slot, [n]])
+  const O = Math.floor((S - 1) / stride) + 1
+  const [ch, y, x] = [C, O, O].map((n, i) => g.node('RANGE', i32, [c(n)], [i, 'global']))
+  const [ky, kx] = [3, 3].map((n, i) => g.node('RANGE', i32, [c(n)], [3 + i, 'reduce']))
+  const iy = g.alu('ADD', g.alu('MUL', y, c(stride)), ky)
+  const ix = g.alu('ADD', g.alu('MUL', x, c(stride)), kx)
+  const inside = (v) => g.alu('AND', g.alu('CMPLT', c(0), v), g.alu('CMPLT', v, c(S + 1)))
+  const xi = g.alu('ADD', g.alu('ADD', g.alu('MUL', ch, c(S * S)), g.alu('MUL', iy, c(S))), g.alu('ADD', ix, c(-S - 1)))
+  const gate = g.alu('AND', inside(iy), inside(ix))
+  const xl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, C * S * S), xi, gate])])
+  let term
+  if (pool) {
+    term = g.node('WHERE', f32, [gate, xl, g.const(f32, -Infinity)])
+  } else {
+    const wi = g.alu('ADD', g.alu('MUL', ch, c(9)), g.alu('ADD', g.alu('MUL', ky, c(3)), kx))
+    term = g.alu('MUL', xl, g.node('LOAD', f32, [g.node('INDEX', f32, [buf(2, 9 * C), wi])]))
+  }
+  const red = g.node('REDUCE', f32, [term, ky, kx], pool ? 'MAX' : 'ADD')
+  const out = g.alu('ADD', g.alu('ADD', g.alu('MUL', ch, c(O * O)), g.alu('MUL', y, c(O))), x)
+  const st = g.node('STORE', null, [g.node('INDEX', f32, [buf(0, C * O * O), out]), red])
+  return { g, ast: g.node('SINK', null, [g.node('END', null, [st, ch, y, x])]), O, x }
+}
+
+test('a depthwise window is unrolled whole and its row tiled: in lanes at stride 1, 4 pixels at stride 2', () => {
+  for (const [S, stride, kind] of [[14, 1, 'VECTOR'], [7, 1, 'VECTOR'], [16, 1, 'VECTOR'], [14, 2, 'UPCAST']]) {
+    const { g, ast, x } = window(8, S, stride, false)
+    const opts = chooseOpts(prepareKernel(g, ast).ast, 4)
+    const tile = opts.find((o) => o.range === x)
+    assert.ok(tile && tile.kind === kind && tile.amount === 4, `S=${S} stride ${stride}: ${JSON.stringify(opts.map((o) => o.kind))}`)
+    assert.strictEqual(opts.filter((o) => o.kind === 'UNROLL' && o.amount === 3).length, 2)
+    const prog = lowerKernel(g, ast, { width: 4, verify: true })
+    assert.strictEqual(walk(prog.body).filter(([i]) => i.k === 'loop' && i.kind === 'reduce').length, 0, 'no loop over the window')
+    assert.strictEqual(!!prog.vectorized, kind === 'VECTOR')
+  }
+})
+
+/** The worst error of a window kernel's wasm relative to its float32 bound against float64 (a max: exact). */
+function windowError (C, S, stride, pool, parts) {
+  const { g, ast, O } = window(C, S, stride, pool)
+  const prog = lowerKernel(g, ast, { width: 4, verify: true, threaded: parts > 1 })
+  const progs = parts > 1 ? prog.phases : [prog]
+  const sizes = [C * O * O, C * S * S, 9 * C]
+  const layout = new Map()
+  let pos = 64
+  sizes.forEach((n, slot) => {
+    layout.set(slot, { base: pos, size: n })
+    pos += Math.ceil(n * 4 / 64) * 64 + 64
+  })
+  const pages = Math.ceil(pos / 65536) + 1
+  const memory = new WebAssembly.Memory({ initial: pages })
+  const inst = new WebAssembly.Instance(new WebAssembly.Module(buildModule(progs.map((p) => ({ prog: p, layout })), pages)), importObject(memory))
+  const view = new Float32Array(memory.buffer)
+  const X = Float32Array.from({ length: sizes[1] }, rand)
+  const W = Float32Array.from({ length: sizes[2] }, rand)
+  view.set(X, layout.get(1).base / 4)
+  view.set(W, layout.get(2).base / 4)
+  view.fill(NaN, layout.get(0).base / 4, layout.get(0).base / 4 + sizes[0])
+  progs.forEach((_, i) => {
+    for (let part = 0; part < parts; part++) inst.exports[`k${i}`](...(parts > 1 ? [part, parts] : []))
+  })
+  const out = view.subarray(layout.get(0).base / 4)
+  let worst = 0
+  for (let ch = 0; ch < C; ch++) {
+    for (let y = 0; y < O; y++) {
+      for (let x = 0; x < O; x++) {
+        let exact = pool ? -Infinity : 0
+        let mag = 0
+        for (let ky = 0; ky < 3; ky++) {
+          for (let kx = 0; kx < 3; kx++) {
+            const [iy, ix] = [stride * y + ky - 1, stride * x + kx - 1]
+            if (iy < 0 || iy >= S || ix < 0 || ix >= S) continue
+            const v = X[ch * S * S + iy * S + ix]
+            if (pool) {
+              exact = Math.max(exact, v)
+              continue
+            }
+            exact += v * W[ch * 9 + ky * 3 + kx]
+            mag += Math.abs(v * W[ch * 9 + ky * 3 + kx])
+          }
+        }
+        const got = out[ch * O * O + y * O + x]
+        const err = pool ? (got === Math.fround(exact) ? 0 : Infinity) : Math.abs(got - exact) / (10 * 2 ** -24 * mag + 1e-30)
+        worst = Math.max(worst, Number.isNaN(got) ? Infinity : err)
+      }
+    }
+  }
+  return worst
+}
+
+test('depthwise convolutions and max pools match a float64 reference at odd rows, strides 1 and 2, in slices', () => {
+  for (const [C, S, stride] of [[5, 7, 1], [4, 9, 1], [3, 14, 1], [5, 9, 2], [4, 14, 2]]) {
+    for (const pool of [false, true]) {
+      for (const parts of [1, 2]) {
+        const worst = windowError(C, S, stride, pool, parts)
+        assert.ok(worst <= 1, `C=${C} S=${S} stride ${stride} ${pool ? 'max pool' : 'depthwise'} parts=${parts}: error ${worst.toFixed(2)} x its bound`)
+      }
     }
   }
 })
