@@ -8,18 +8,20 @@
  *   VECTOR r by w        the same split, ri the block's vector range (w lanes of 128-bit SIMD)
  *   SPLIT_REDUCE r by w  REDUCE over r -> REDUCE(REDUCE(body, ro), ri): one partial accumulator per lane
  *   UNROLL r by n        a reduce range r -> ro*n + ri, ri an `upcast` range of the same REDUCE (its steps
- *                        unrolled into the same accumulators; after SPLIT_REDUCE it splits the outer part)
+ *                        unrolled into the same accumulators; after SPLIT_REDUCE it splits the outer part;
+ *                        by r's whole size: r becomes ri, no loop left)
  *   a symbolic range (a Variable's size) is tiled with a clamp: r -> min(ro*n + ri, size-1), ro < ceil(size/n);
  *   the last tile recomputes the last row and stores the same values again (never used for a kernel that
- *   reads a buffer it writes); an UPCAST marked `clamp` tiles a constant size n it does not divide with its
- *   last tile moved back to start at n - amount (overlapping the one before: its points store again)
+ *   reads a buffer it writes); an UPCAST or VECTOR marked `clamp` tiles a constant size n it does not divide
+ *   with its last tile moved back to start at n - amount (overlapping the one before: its points store again)
  *   OUTER r              r's loop becomes its block's outermost (a weight panel read once per call)
  * Where this differs from Python's heuristics (which target C compilers): a matmul whose operands are both
  * contiguous along the reduction (x @ W.T, PyTorch's Linear layout) vectorises the reduction itself
  * (SPLIT_REDUCE into lanes, the lanes summed at the end) instead of gathering columns; the other matmul
  * layouts vectorise the output's contiguous axis; a kernel with neither (a convolution on a 7x7 image) vectorises
- * a range along which the reduction's operands are contiguous (its output channels). Tiles are sized for 16
- * SIMD registers.
+ * a range along which the reduction's operands are contiguous (its output channels); a small window (a
+ * depthwise convolution, a pooling) is unrolled whole with its output row tiled (windowOpts). Tiles are sized
+ * for 16 SIMD registers.
  */
 
 const { DTYPES } = require('./dtypes')
