@@ -318,7 +318,10 @@ class Linearizer {
       a.idx = this.bcast(a.idx, a.lanes)
       a.mode = 'gather'
     }
-    if (a.lanes > 1 && (!LANE_DTYPES.has(u.dtype.name) || u.dtype.isBool)) throw new NoVector(`${u.dtype.name} loads in lanes`)
+    // bool lanes are masks (0 or -1): a bool buffer's bytes load in lanes only contiguously and ungated (an
+    // attention mask along a score row), widened by the emitter
+    const boolLanes = u.dtype.isBool && (a.mode !== 'contiguous' || a.gate)
+    if (a.lanes > 1 && (!LANE_DTYPES.has(u.dtype.name) || boolLanes)) throw new NoVector(`${u.dtype.name} loads in lanes`)
     let level = a.idx.level
     if (a.gate) level = Math.max(level, a.gate.level)
     return this.place(this.inst('load', u.dtype, a.lanes, {

@@ -88,8 +88,8 @@ function blockOpts (end, width) {
   const nodes = toposort(store)
   const loads = nodes.filter((n) => n.op === 'LOAD').map((n) => n.src[0])
   const storeIndex = store.src[0]
-  const accesses = [storeIndex, ...loads]
-  if (accesses.some((ix) => !VECTOR_DTYPES.has(ix.dtype.name))) return []
+  // a bool buffer may be read (a mask: the linearizer loads it in lanes where it is contiguous), not written
+  if (!VECTOR_DTYPES.has(storeIndex.dtype.name) || loads.some((ix) => !VECTOR_DTYPES.has(ix.dtype.name) && !ix.dtype.isBool)) return []
   const glob = end.src.slice(1).filter((r) => r.arg[1] === 'global')
   const written = new Set([storeIndex.src[0].arg[0]])
   const inPlace = loads.some((ix) => written.has(ix.src[0].arg[0]))

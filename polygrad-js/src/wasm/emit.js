@@ -200,6 +200,12 @@ class KernelEmitter {
       }
       return this.define(x)
     }
+    if (x.mode === 'contiguous' && d.isBool && !x.gate) {
+      // 4 bool bytes -> 4 lanes of 0 or -1 (a lane mask): load32_zero, widen u8 -> u16 -> u32, negate
+      this.c.vmem(0x5c, 0, b.base + this.address(x.idx, d, x.buf))
+      this.c.simd(0x89).simd(0xa9).simd(0xa1)
+      return this.define(x)
+    }
     if (x.mode === 'contiguous' && (!x.gate || x.gate.lanes === 1)) {
       if (x.gate) {
         const extra = this.address(x.idx, d, x.buf)
