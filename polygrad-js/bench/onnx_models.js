@@ -16,7 +16,7 @@
  * call. --json prints one JSON line per model (bench_onnx.py reads them), else a table. --only NAME runs one model.
  * --base DIR times a second polygrad-js checkout (a baseline) in the same rounds, alternating with this one and
  * ort-web (an A/B under the same load). --profile times every kernel call of one forward on one thread
- * (polygrad-js, and --base's beside it), the fastest of --reps calls each, grouped by kernel, with its work
+ * (polygrad-js, and --base's in calls alternating with it), the fastest of --reps calls each, grouped by kernel, with its work
  * (lower.kernelWork: points, about the multiply-adds) per second and the opts lower.js chose.
  */
 
@@ -117,8 +117,11 @@ async function bench (entry, calls) {
   }
 }
 
-/** Per-kernel times of one forward on one thread: {name -> {n, ms, work, opts}} for the checkout `lib`. */
-function kernelTimes (entry, lib, reps) {
+/**
+ * One forward's kernels on one thread, timed: {once() (one timed forward), result() -> {groups: Map name ->
+ * {n, ms, work, opts}, whole}} for the checkout `lib`; each kernel call's time is the fastest of its calls.
+ */
+function kernelTimer (entry, lib) {
   const { Model } = require(lib)
   const { toposort } = require(path.join(lib, 'src', 'ir'))
   const { prepareKernel } = require(path.join(lib, 'src', 'compile'))
@@ -127,7 +130,7 @@ function kernelTimes (entry, lib, reps) {
   const feeds = Object.fromEntries(Object.entries(inputs).map(([k, v]) => [k, v.data]))
   const m = Model.load(entry.pgb, { threads: 1, maxWork: 2 ** 50 })
   m.forward(feeds)
-  m.forward(feeds)
+  m.forward(feeds) // the second call fills the packed copies
   const steps = m._x.entries.forward
   const calls = m._p.entries.forward.calls
   const times = steps.map(() => [])
@@ -144,37 +147,42 @@ function kernelTimes (entry, lib, reps) {
     }
   })
   const whole = []
-  for (let r = 0; r < reps; r++) {
+  const once = () => {
     const t0 = process.hrtime.bigint()
     m.forward(feeds)
     whole.push(Number(process.hrtime.bigint() - t0) / 1e6)
   }
-  const groups = new Map()
-  steps.forEach((st, i) => {
-    if (st.copy || !times[i].length) return
-    const ast = m._p.kernels[calls[i].kernel]
-    const key = `${st.name}#${calls[i].kernel}`
-    let g = groups.get(key)
-    if (!g) {
-      const { ast: k } = prepareKernel(m._p.graph, ast)
-      const opts = chooseOpts(k, 4).map((o) => `${o.kind[0]}${o.amount}${o.clamp ? 'c' : ''}`).join(' ')
-      const gated = toposort(k).some((n) => n.op === 'LOAD' && n.src[0].src.length > 2)
-      g = { name: key, n: 0, ms: 0, work: kernelWork(k)(new Map()), opts: opts + (gated ? ' gated' : '') }
-      groups.set(key, g)
-    }
-    g.n++
-    g.ms += Math.min(...times[i])
-  })
-  m.dispose()
-  return { groups, whole: Math.min(...whole) }
+  const result = () => {
+    const groups = new Map()
+    steps.forEach((st, i) => {
+      if (st.copy || !times[i].length) return
+      const ast = m._p.kernels[calls[i].kernel]
+      const key = `${st.name}#${calls[i].kernel}`
+      let g = groups.get(key)
+      if (!g) {
+        const { ast: k } = prepareKernel(m._p.graph, ast)
+        const opts = chooseOpts(k, 4).map((o) => `${o.kind[0]}${o.amount}${o.clamp ? 'c' : ''}`).join(' ')
+        const gated = toposort(k).some((n) => n.op === 'LOAD' && n.src[0].src.length > 2)
+        g = { name: key, n: 0, ms: 0, work: kernelWork(k)(new Map()), opts: opts + (gated ? ' gated' : '') }
+        groups.set(key, g)
+      }
+      g.n++
+      g.ms += Math.min(...times[i])
+    })
+    m.dispose()
+    return { groups, whole: Math.min(...whole) }
+  }
+  return { once, result }
 }
 
 function profile (entry) {
   const reps = arg('--reps', 5)
-  const mine = kernelTimes(entry, LIB, reps)
-  const base = BASE ? kernelTimes(entry, BASE, reps) : null
+  const timers = [kernelTimer(entry, LIB), ...(BASE ? [kernelTimer(entry, BASE)] : [])]
+  for (let r = 0; r < reps; r++) for (const t of r % 2 ? [...timers].reverse() : timers) t.once() // alternating
+  const [mine, base] = timers.map((t) => t.result())
   const total = [...mine.groups.values()].reduce((a, g) => a + g.ms, 0)
-  console.log(`\n${entry.name} on one thread: ${total.toFixed(2)} ms in kernels (fastest of ${reps} each), the whole call ${mine.whole.toFixed(2)} ms${base ? `; --base: whole ${base.whole.toFixed(2)} ms` : ''}`)
+  const baseTotal = base ? [...base.groups.values()].reduce((a, g) => a + g.ms, 0) : 0
+  console.log(`\n${entry.name} on one thread: ${total.toFixed(2)} ms in kernels (fastest of ${reps} alternating calls each${base ? `; --base ${baseTotal.toFixed(2)} ms` : ''}), the whole call ${mine.whole.toFixed(2)} ms${base ? ` (--base ${base.whole.toFixed(2)} ms)` : ''}`)
   console.log(`kernel                         | calls | ms total | Gpt/s | ${base ? 'base ms | ' : ''}opts`)
   for (const g of [...mine.groups.values()].sort((a, b) => b.ms - a.ms).slice(0, 30)) {
     const b = base && base.groups.get(g.name)
