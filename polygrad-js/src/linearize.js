@@ -295,7 +295,7 @@ class Linearizer {
     return hit
   }
 
-  access (index) {
+  access (index, { strided = false } = {}) {
     const gate = index.src.length > 2 ? this.value(index.src[2]) : null
     if (this.V === null || !this.deps(index).has(this.V)) return { idx: this.value(index.src[1]), gate, mode: 'scalar', lanes: gate ? gate.lanes : 1 }
     const ck = index.src[1].id + ':' + this.V.id
@@ -305,6 +305,11 @@ class Linearizer {
       this.coeffCache.set(ck, c)
     }
     if (c === 1) return { idx: this.value(this.laneIndex(index.src[1])), gate, mode: 'contiguous', lanes: this.width }
+    // a load every second element (a stride-2 window's row): two vector loads and a shuffle (wasm/emit.js);
+    // not under a scalar gate or a run-time check (those go lane by lane)
+    if (strided && c === 2 && this.width === 4 && index.dtype.size === 4 && (gate === null || gate.lanes > 1) && !this.check(index)) {
+      return { idx: this.value(this.laneIndex(index.src[1])), gate, mode: 'strided', lanes: this.width }
+    }
     const idx = this.value(index.src[1])
     if (idx.lanes === 1 && (gate === null || gate.lanes === 1)) return { idx, gate, mode: 'scalar', lanes: 1 }
     return { idx: this.bcast(idx, this.width), gate, mode: 'gather', lanes: this.width }
@@ -312,7 +317,7 @@ class Linearizer {
 
   load (u) {
     const index = u.src[0]
-    const a = this.access(index)
+    const a = this.access(index, { strided: true })
     if (a.mode === 'scalar' && a.lanes > 1) {
       // a scalar address under a lane gate: gather the same element
       a.idx = this.bcast(a.idx, a.lanes)

@@ -221,7 +221,8 @@ function windowOpts (red, last, { loads, storeIndex, inPlace, width }) {
   const n = last ? constSize(last) : null
   if (!unroll.length || n === null || inPlace || rangeCoeff(storeIndex.src[1], last) !== 1) return []
   const opts = []
-  const contiguous = loads.every((ix) => { const c = rangeCoeff(ix.src[1], last); return c === 0 || c === 1 })
+  // lanes where every load moves along the row by 0, 1 or 2 elements (stride 2: two vector loads and a shuffle)
+  const contiguous = loads.every((ix) => { const c = rangeCoeff(ix.src[1], last); return c === 0 || c === 1 || (c === 2 && ix.dtype.size === 4) })
   if (contiguous && n >= width) opts.push({ kind: 'VECTOR', range: last, amount: width, clamp: n % width !== 0 })
   else if (n >= 4) opts.push({ kind: 'UPCAST', range: last, amount: 4, clamp: n % 4 !== 0 })
   return [...opts, ...unroll]

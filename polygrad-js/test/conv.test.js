@@ -6,8 +6,9 @@
 // results at odd sizes (a 9-pixel row: 4-pixel tiles with a clamped last one; 3 and 7 input channels) match a
 // float64 reference within float32 rounding, on one thread and split in two phases as threads run it.
 // Window reductions (a depthwise 3x3 convolution, a 3x3 max pool; lower.windowOpts): the window unrolled whole
-// (no loop left for it) and the row tiled, in lanes where the stride is 1 (the last tile moved back on rows the
-// lanes do not divide), against float64 at odd rows and strides 1 and 2.
+// (no loop left for it) and the row tiled in lanes (the last tile moved back on rows the lanes do not divide; at
+// stride 2 every second element loaded by two vector loads and a shuffle), against float64 at odd rows, strides
+// 1 and 2, padded or not.
 const test = require('node:test')
 const assert = require('node:assert')
 const { Graph } = require('../src/ir')
@@ -135,24 +136,26 @@ test('a padded convolution matches a float64 reference at odd sizes, on one thre
   }
 })
 
-/** out[c, y, x] = sum (or max) over ky, kx < 3 of X[c, s*y + ky - 1, s*x + kx - 1] (* W[c, ky, kx]), 0 (or -inf)
- * outside the image: a depthwise 3x3 convolution with padding 1 (`pool`: a 3x3 max pool) at stride s, an S x S
- * input. */
-function window (C, S, stride, pool) {
+/** out[c, y, x] = sum (or max) over ky, kx < 3 of X[c, s*y + ky - P, s*x + kx - P] (* W[c, ky, kx]), 0 (or -inf)
+ * outside the image: a depthwise 3x3 convolution with padding P = `pad` (1 or 0; `pool`: a 3x3 max pool) at
+ * stride s, an S x S input. */
+function window (C, S, stride, pool, pad = 1) {
   const g = new Graph()
   const c = (v) => g.const(i32, v)
   const buf = (slot, n) => g.node('DEFINE_GLOBAL', f32, [], [slot, [n]])
-  const O = Math.floor((S - 1) / stride) + 1
+  const O = Math.floor((S + 2 * pad - 3) / stride) + 1
   const [ch, y, x] = [C, O, O].map((n, i) => g.node('RANGE', i32, [c(n)], [i, 'global']))
   const [ky, kx] = [3, 3].map((n, i) => g.node('RANGE', i32, [c(n)], [3 + i, 'reduce']))
   const iy = g.alu('ADD', g.alu('MUL', y, c(stride)), ky)
   const ix = g.alu('ADD', g.alu('MUL', x, c(stride)), kx)
   const inside = (v) => g.alu('AND', g.alu('CMPLT', c(0), v), g.alu('CMPLT', v, c(S + 1)))
-  const xi = g.alu('ADD', g.alu('ADD', g.alu('MUL', ch, c(S * S)), g.alu('MUL', iy, c(S))), g.alu('ADD', ix, c(-S - 1)))
-  const gate = g.alu('AND', inside(iy), inside(ix))
-  const xl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, C * S * S), xi, gate])])
+  const xi = g.alu('ADD', g.alu('ADD', g.alu('MUL', ch, c(S * S)), g.alu('MUL', iy, c(S))), g.alu('ADD', ix, c(-(S + 1) * pad)))
+  const gate = pad ? g.alu('AND', inside(iy), inside(ix)) : null
+  const xl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, C * S * S), xi, ...(gate ? [gate] : [])])])
   let term
-  if (pool) {
+  if (pool && !gate) {
+    term = xl
+  } else if (pool) {
     term = g.node('WHERE', f32, [gate, xl, g.const(f32, -Infinity)])
   } else {
     const wi = g.alu('ADD', g.alu('MUL', ch, c(9)), g.alu('ADD', g.alu('MUL', ky, c(3)), kx))
@@ -164,22 +167,25 @@ function window (C, S, stride, pool) {
   return { g, ast: g.node('SINK', null, [g.node('END', null, [st, ch, y, x])]), O, x }
 }
 
-test('a depthwise window is unrolled whole and its row tiled: in lanes at stride 1, 4 pixels at stride 2', () => {
-  for (const [S, stride, kind] of [[14, 1, 'VECTOR'], [7, 1, 'VECTOR'], [16, 1, 'VECTOR'], [14, 2, 'UPCAST']]) {
-    const { g, ast, x } = window(8, S, stride, false)
+test('a depthwise window is unrolled whole and its row tiled in lanes, at stride 2 read by strided vector loads', () => {
+  for (const [S, stride, pad] of [[14, 1, 1], [7, 1, 1], [16, 1, 1], [14, 2, 1], [15, 2, 0]]) {
+    const kind = 'VECTOR'
+    const { g, ast, x } = window(8, S, stride, false, pad)
     const opts = chooseOpts(prepareKernel(g, ast).ast, 4)
     const tile = opts.find((o) => o.range === x)
     assert.ok(tile && tile.kind === kind && tile.amount === 4, `S=${S} stride ${stride}: ${JSON.stringify(opts.map((o) => o.kind))}`)
     assert.strictEqual(opts.filter((o) => o.kind === 'UNROLL' && o.amount === 3).length, 2)
     const prog = lowerKernel(g, ast, { width: 4, verify: true })
     assert.strictEqual(walk(prog.body).filter(([i]) => i.k === 'loop' && i.kind === 'reduce').length, 0, 'no loop over the window')
-    assert.strictEqual(!!prog.vectorized, kind === 'VECTOR')
+    assert.ok(prog.vectorized)
+    const strided = walk(prog.body).filter(([i]) => i.k === 'load' && i.mode === 'strided').length
+    assert.strictEqual(strided, stride === 2 ? 9 : 0, 'the input loads of a stride-2 window are strided')
   }
 })
 
 /** The worst error of a window kernel's wasm relative to its float32 bound against float64 (a max: exact). */
-function windowError (C, S, stride, pool, parts) {
-  const { g, ast, O } = window(C, S, stride, pool)
+function windowError (C, S, stride, pool, parts, pad) {
+  const { g, ast, O } = window(C, S, stride, pool, pad)
   const prog = lowerKernel(g, ast, { width: 4, verify: true, threaded: parts > 1 })
   const progs = parts > 1 ? prog.phases : [prog]
   const sizes = [C * O * O, C * S * S, 9 * C]
@@ -210,7 +216,7 @@ function windowError (C, S, stride, pool, parts) {
         let mag = 0
         for (let ky = 0; ky < 3; ky++) {
           for (let kx = 0; kx < 3; kx++) {
-            const [iy, ix] = [stride * y + ky - 1, stride * x + kx - 1]
+            const [iy, ix] = [stride * y + ky - pad, stride * x + kx - pad]
             if (iy < 0 || iy >= S || ix < 0 || ix >= S) continue
             const v = X[ch * S * S + iy * S + ix]
             if (pool) {
@@ -231,11 +237,11 @@ function windowError (C, S, stride, pool, parts) {
 }
 
 test('depthwise convolutions and max pools match a float64 reference at odd rows, strides 1 and 2, in slices', () => {
-  for (const [C, S, stride] of [[5, 7, 1], [4, 9, 1], [3, 14, 1], [5, 9, 2], [4, 14, 2]]) {
+  for (const [C, S, stride, pad] of [[5, 7, 1, 1], [4, 9, 1, 1], [3, 14, 1, 1], [5, 9, 2, 1], [4, 14, 2, 1], [3, 15, 2, 0], [2, 20, 2, 0]]) {
     for (const pool of [false, true]) {
       for (const parts of [1, 2]) {
-        const worst = windowError(C, S, stride, pool, parts)
-        assert.ok(worst <= 1, `C=${C} S=${S} stride ${stride} ${pool ? 'max pool' : 'depthwise'} parts=${parts}: error ${worst.toFixed(2)} x its bound`)
+        const worst = windowError(C, S, stride, pool, parts, pad)
+        assert.ok(worst <= 1, `C=${C} S=${S} stride ${stride} pad ${pad} ${pool ? 'max pool' : 'depthwise'} parts=${parts}: error ${worst.toFixed(2)} x its bound`)
       }
     }
   }
