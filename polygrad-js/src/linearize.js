@@ -9,7 +9,7 @@
  *   const var                      constants and integer parameters (the head, first)
  *   loop {start, end, pre, body}   a loop over [start, end); `pre` runs once before it (hoisted values)
  *   acc update read                an accumulator: defined before its loops, updated inside, read after
- *   if {cond, body}                a gated store
+ *   if {cond, body}                a gated store, or one copy of a versioned loop (versionGatedLoops)
  *   load store alu bcast           memory, arithmetic, a scalar broadcast into lanes
  *   hsum {src: [init, a0..a3]}     lane j = init + the sum of a_j's lanes (a split reduction's lane epilogue)
  *
@@ -577,6 +577,45 @@ class Linearizer {
     if (chosen) this.V = null
   }
 
+  /**
+   * Loop versioning for padded windows, in a list of instructions (returned anew; loops and ifs inside are
+   * versioned in place). An innermost loop with loads gated by scalar conditions fixed for the whole loop (a
+   * padded convolution's input, valid or not per kernel offset and output pixel, read along the input channels)
+   * becomes `if (all gates) { the loop with those loads ungated } if (not all) { the loop }`: in the image's
+   * interior, most of the loop's runs, each such load is one plain load (a load32_splat in lanes) instead of two
+   * selects around it. Same values in the same order, so results are unchanged. The loop's hoisted values
+   * (`pre`) move before the two copies, which share them.
+   */
+  versionGatedLoops (insts) {
+    const out = []
+    for (const x of insts) {
+      if (x.k === 'loop') {
+        x.pre = this.versionGatedLoops(x.pre)
+        x.body = this.versionGatedLoops(x.body)
+      }
+      if (x.k === 'if') x.body = this.versionGatedLoops(x.body)
+      const gates = x.k === 'loop' ? loopInvariantGates(x) : []
+      if (!gates.length) {
+        out.push(x)
+        continue
+      }
+      out.push(...x.pre)
+      x.pre = []
+      const bool = gates[0].dtype
+      let all = gates[0]
+      for (const gate of gates.slice(1)) {
+        all = this.inst('alu', bool, 1, { op: 'AND', src: [all, gate], level: x.level - 1 })
+        out.push(all)
+      }
+      const fixed = new Set(gates)
+      const copy = cloneInsts([x], new Map(), () => this.nextId++, (y) => { if (y.k === 'load' && fixed.has(y.gate)) y.gate = null })[0]
+      const none = this.inst('alu', bool, 1, { op: 'XOR', src: [all, this.const(bool, true)], level: x.level - 1 })
+      out.push(this.inst('if', null, 1, { cond: all, body: [copy], level: x.level - 1 }), none,
+        this.inst('if', null, 1, { cond: none, body: [x], level: x.level - 1 }))
+    }
+    return out
+  }
+
   run () {
     const params = new Map()
     const vars = new Map()
@@ -597,45 +636,6 @@ class Linearizer {
       count: this.nextId
     }
   }
-}
-
-/**
- * Loop versioning for padded windows, in a list of instructions (returned anew; loops and ifs inside are
- * versioned in place). An innermost loop with loads gated by scalar conditions fixed for the whole loop (a
- * padded convolution's input, valid or not per kernel offset and output pixel, read along the input channels)
- * becomes `if (all gates) { the loop with those loads ungated } if (not all) { the loop }`: in the image's
- * interior, most of the loop's runs, each such load is one plain load (a load32_splat in lanes) instead of two
- * selects around it. Same values in the same order, so results are unchanged. The loop's hoisted values
- * (`pre`) move before the two copies, which share them.
- */
-Linearizer.prototype.versionGatedLoops = function (insts) {
-  const out = []
-  for (const x of insts) {
-    if (x.k === 'loop') {
-      x.pre = this.versionGatedLoops(x.pre)
-      x.body = this.versionGatedLoops(x.body)
-    }
-    if (x.k === 'if') x.body = this.versionGatedLoops(x.body)
-    const gates = x.k === 'loop' ? loopInvariantGates(x) : []
-    if (!gates.length) {
-      out.push(x)
-      continue
-    }
-    out.push(...x.pre)
-    x.pre = []
-    const bool = gates[0].dtype
-    let all = gates[0]
-    for (const gate of gates.slice(1)) {
-      all = this.inst('alu', bool, 1, { op: 'AND', src: [all, gate], level: x.level - 1 })
-      out.push(all)
-    }
-    const fixed = new Set(gates)
-    const copy = cloneInsts([x], new Map(), () => this.nextId++, (y) => { if (y.k === 'load' && fixed.has(y.gate)) y.gate = null })[0]
-    const none = this.inst('alu', bool, 1, { op: 'XOR', src: [all, this.const(bool, true)], level: x.level - 1 })
-    out.push(this.inst('if', null, 1, { cond: all, body: [copy], level: x.level - 1 }), none,
-      this.inst('if', null, 1, { cond: none, body: [x], level: x.level - 1 }))
-  }
-  return out
 }
 
 /** The distinct scalar gates, defined outside `loop`, of the loads directly in the body of an innermost
