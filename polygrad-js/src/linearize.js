@@ -9,7 +9,7 @@
  *   const var                      constants and integer parameters (the head, first)
  *   loop {start, end, pre, body}   a loop over [start, end); `pre` runs once before it (hoisted values)
  *   acc update read                an accumulator: defined before its loops, updated inside, read after
- *   if {cond, body}                a gated store
+ *   if {cond, body}                a gated store, or one copy of a versioned loop (versionGatedLoops)
  *   load store alu bcast           memory, arithmetic, a scalar broadcast into lanes
  *   hsum {src: [init, a0..a3]}     lane j = init + the sum of a_j's lanes (a split reduction's lane epilogue)
  *
@@ -71,8 +71,9 @@ function identity (op, d) {
 }
 
 class Linearizer {
-  constructor (g, ast, { vector, width, check, split = false, block = null }) {
+  constructor (g, ast, { vector, width, check, split = false, block = null, version = false }) {
     this.g = g
+    this.version = version // versionGatedLoops after linearizing (the SIMD target)
     this.split = split // the first top-level loop runs the slice [start, end) of part PART of PARTS
     this.onlyBlock = block // emit only this block of the kernel (a phase of a threaded kernel)
     this.ast = ast
@@ -318,7 +319,7 @@ class Linearizer {
     return hit
   }
 
-  access (index) {
+  access (index, { strided = false } = {}) {
     const gate = index.src.length > 2 ? this.value(index.src[2]) : null
     if (this.V === null || !this.deps(index).has(this.V)) return { idx: this.value(index.src[1]), gate, mode: 'scalar', lanes: gate ? gate.lanes : 1 }
     const ck = index.src[1].id + ':' + this.V.id
@@ -328,6 +329,11 @@ class Linearizer {
       this.coeffCache.set(ck, c)
     }
     if (c === 1) return { idx: this.value(this.laneIndex(index.src[1])), gate, mode: 'contiguous', lanes: this.width }
+    // a load every second element (a stride-2 window's row): two vector loads and a shuffle (wasm/emit.js);
+    // not under a scalar gate or a run-time check (those go lane by lane)
+    if (strided && c === 2 && this.width === 4 && index.dtype.size === 4 && (gate === null || gate.lanes > 1) && !this.check(index)) {
+      return { idx: this.value(this.laneIndex(index.src[1])), gate, mode: 'strided', lanes: this.width }
+    }
     const idx = this.value(index.src[1])
     if (idx.lanes === 1 && (gate === null || gate.lanes === 1)) return { idx, gate, mode: 'scalar', lanes: 1 }
     return { idx: this.bcast(idx, this.width), gate, mode: 'gather', lanes: this.width }
@@ -335,15 +341,18 @@ class Linearizer {
 
   load (u) {
     const index = u.src[0]
-    const a = this.access(index)
+    const a = this.access(index, { strided: true })
     if (a.mode === 'scalar' && a.lanes > 1) {
       // a scalar address under a lane gate: gather the same element
       a.idx = this.bcast(a.idx, a.lanes)
       a.mode = 'gather'
     }
+    // bool lanes are masks (0 or -1): a bool buffer's bytes load in lanes only contiguously and ungated (an
+    // attention mask along a score row), widened by the emitter; so do 8-bit integers (NARROW_LANE_DTYPES)
     const narrow = NARROW_LANE_DTYPES.has(u.dtype.name)
     if (a.lanes > 1 && narrow && (a.mode !== 'contiguous' || a.gate)) throw new NoVector(`${u.dtype.name} gathers in lanes`)
-    if (a.lanes > 1 && !narrow && (!LANE_DTYPES.has(u.dtype.name) || u.dtype.isBool)) throw new NoVector(`${u.dtype.name} loads in lanes`)
+    const boolLanes = u.dtype.isBool && (a.mode !== 'contiguous' || a.gate)
+    if (a.lanes > 1 && !narrow && (!LANE_DTYPES.has(u.dtype.name) || boolLanes)) throw new NoVector(`${u.dtype.name} loads in lanes`)
     let level = a.idx.level
     if (a.gate) level = Math.max(level, a.gate.level)
     return this.place(this.inst('load', u.dtype, a.lanes, {
@@ -594,6 +603,45 @@ class Linearizer {
     if (chosen) this.V = null
   }
 
+  /**
+   * Loop versioning for padded windows, in a list of instructions (returned anew; loops and ifs inside are
+   * versioned in place). An innermost loop with loads gated by scalar conditions fixed for the whole loop (a
+   * padded convolution's input, valid or not per kernel offset and output pixel, read along the input channels)
+   * becomes `if (all gates) { the loop with those loads ungated } if (not all) { the loop }`: in the image's
+   * interior, most of the loop's runs, each such load is one plain load (a load32_splat in lanes) instead of two
+   * selects around it. Same values in the same order, so results are unchanged. The loop's hoisted values
+   * (`pre`) move before the two copies, which share them.
+   */
+  versionGatedLoops (insts) {
+    const out = []
+    for (const x of insts) {
+      if (x.k === 'loop') {
+        x.pre = this.versionGatedLoops(x.pre)
+        x.body = this.versionGatedLoops(x.body)
+      }
+      if (x.k === 'if') x.body = this.versionGatedLoops(x.body)
+      const gates = x.k === 'loop' ? loopInvariantGates(x) : []
+      if (!gates.length) {
+        out.push(x)
+        continue
+      }
+      out.push(...x.pre)
+      x.pre = []
+      const bool = gates[0].dtype
+      let all = gates[0]
+      for (const gate of gates.slice(1)) {
+        all = this.inst('alu', bool, 1, { op: 'AND', src: [all, gate], level: x.level - 1 })
+        out.push(all)
+      }
+      const fixed = new Set(gates)
+      const copy = cloneInsts([x], new Map(), () => this.nextId++, (y) => { if (y.k === 'load' && fixed.has(y.gate)) y.gate = null })[0]
+      const none = this.inst('alu', bool, 1, { op: 'XOR', src: [all, this.const(bool, true)], level: x.level - 1 })
+      out.push(this.inst('if', null, 1, { cond: all, body: [copy], level: x.level - 1 }), none,
+        this.inst('if', null, 1, { cond: none, body: [x], level: x.level - 1 }))
+    }
+    return out
+  }
+
   run () {
     const params = new Map()
     const vars = new Map()
@@ -604,29 +652,60 @@ class Linearizer {
     const threaded = this.split
     this.ast.src.forEach((node, i) => { if (this.onlyBlock === null || i === this.onlyBlock) this.block(node) })
     if (this.split) throw new KernelError('internal: a threaded kernel phase has no loop to split')
+    const body = this.version ? this.versionGatedLoops(this.levels[0].block) : this.levels[0].block
     return {
       name: this.ast.arg ? this.ast.arg.name : 'kernel',
       params: [...params].sort((a, b) => a[0] - b[0]).map(([slot, dtype]) => ({ slot, dtype })),
       vars: [...(threaded ? [PART, PARTS] : []), ...[...vars.keys()].sort()],
       head: this.head,
-      body: this.levels[0].block,
+      body,
       count: this.nextId
     }
   }
+}
+
+/** The distinct scalar gates, defined outside `loop`, of the loads directly in the body of an innermost
+ * loop (none for a loop holding loops or ifs: each copy would double more code). */
+function loopInvariantGates (loop) {
+  if (loop.body.some((x) => x.k === 'loop' || x.k === 'if')) return []
+  const inside = new Set(loop.body)
+  const gates = []
+  for (const x of loop.body) {
+    if (x.k === 'load' && x.gate && x.gate.lanes === 1 && !inside.has(x.gate) && !gates.includes(x.gate)) gates.push(x.gate)
+  }
+  return gates
+}
+
+/** Copies of instructions with fresh ids (`newId`), references to copied instructions redirected to their
+ * copies (`map`: original -> copy, filled here); `edit(copy)` may change a copy before its body is copied. */
+function cloneInsts (insts, map, newId, edit) {
+  const ref = (v) => (v && typeof v === 'object' && !Array.isArray(v) && map.has(v) ? map.get(v) : v)
+  return insts.map((x) => {
+    const y = Object.assign({}, x, { id: newId() })
+    map.set(x, y)
+    for (const [key, v] of Object.entries(x)) {
+      if (key === 'id' || key === 'pre' || key === 'body') continue
+      y[key] = Array.isArray(v) ? v.map(ref) : ref(v)
+    }
+    edit(y)
+    if (x.pre) y.pre = cloneInsts(x.pre, map, newId, edit)
+    if (x.body) y.body = cloneInsts(x.body, map, newId, edit)
+    return y
+  })
 }
 
 /** The structured program of a lowered kernel (see the module docstring). */
 function linearize (g, ast, { vector = new Set(), width = 1, check, split = false, block = null } = {}) {
   if (vector.size && width > 1) {
     try {
-      const prog = new Linearizer(g, ast, { vector, width, check, split, block }).run()
+      const prog = new Linearizer(g, ast, { vector, width, check, split, block, version: true }).run()
       prog.vectorized = true
       return prog
     } catch (e) {
       if (!(e instanceof NoVector)) throw e
     }
   }
-  return new Linearizer(g, ast, { vector: new Set(), width: 1, check, split, block }).run()
+  return new Linearizer(g, ast, { vector: new Set(), width: 1, check, split, block, version: width > 1 }).run()
 }
 
 module.exports = { linearize, NoVector, identity, PART, PARTS }

@@ -8,18 +8,20 @@
  *   VECTOR r by w        the same split, ri the block's vector range (w lanes of 128-bit SIMD)
  *   SPLIT_REDUCE r by w  REDUCE over r -> REDUCE(REDUCE(body, ro), ri): one partial accumulator per lane
  *   UNROLL r by n        a reduce range r -> ro*n + ri, ri an `upcast` range of the same REDUCE (its steps
- *                        unrolled into the same accumulators; after SPLIT_REDUCE it splits the outer part)
+ *                        unrolled into the same accumulators; after SPLIT_REDUCE it splits the outer part;
+ *                        by r's whole size: r becomes ri, no loop left)
  *   a symbolic range (a Variable's size) is tiled with a clamp: r -> min(ro*n + ri, size-1), ro < ceil(size/n);
  *   the last tile recomputes the last row and stores the same values again (never used for a kernel that
- *   reads a buffer it writes); an UPCAST marked `clamp` tiles a constant size n it does not divide with its
- *   last tile moved back to start at n - amount (overlapping the one before: its points store again)
+ *   reads a buffer it writes); an UPCAST or VECTOR marked `clamp` tiles a constant size n it does not divide
+ *   with its last tile moved back to start at n - amount (overlapping the one before: its points store again)
  *   OUTER r              r's loop becomes its block's outermost (a weight panel read once per call)
  * Where this differs from Python's heuristics (which target C compilers): a matmul whose operands are both
  * contiguous along the reduction (x @ W.T, PyTorch's Linear layout) vectorises the reduction itself
  * (SPLIT_REDUCE into lanes, the lanes summed at the end) instead of gathering columns; the other matmul
  * layouts vectorise the output's contiguous axis; a kernel with neither (a convolution on a 7x7 image) vectorises
- * a range along which the reduction's operands are contiguous (its output channels). Tiles are sized for 16
- * SIMD registers.
+ * a range along which the reduction's operands are contiguous (its output channels); a small window (a
+ * depthwise convolution, a pooling) is unrolled whole with its output row tiled (windowOpts). Tiles are sized
+ * for 16 SIMD registers.
  */
 
 const { DTYPES } = require('./dtypes')
@@ -89,8 +91,10 @@ function blockOpts (end, width) {
   const nodes = toposort(store)
   const loads = nodes.filter((n) => n.op === 'LOAD').map((n) => n.src[0])
   const storeIndex = store.src[0]
+  // a bool buffer may be read (a mask: the linearizer loads it in lanes where it is contiguous), not written;
+  // so may 8-bit integers (a quantized weight's blocks, widened in lanes)
   if (!VECTOR_DTYPES.has(storeIndex.dtype.name)) return []
-  if (loads.some((ix) => !VECTOR_DTYPES.has(ix.dtype.name) && !NARROW_LOAD_DTYPES.has(ix.dtype.name))) return []
+  if (loads.some((ix) => !VECTOR_DTYPES.has(ix.dtype.name) && !NARROW_LOAD_DTYPES.has(ix.dtype.name) && !ix.dtype.isBool)) return []
   const glob = end.src.slice(1).filter((r) => r.arg[1] === 'global')
   const written = new Set([storeIndex.src[0].arg[0]])
   const inPlace = loads.some((ix) => written.has(ix.src[0].arg[0]))
@@ -166,6 +170,8 @@ function blockOpts (end, width) {
     if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
     rowTile(last, 4, (ix) => coeff(ix, last) !== 0)
     if (glob.length === 2) opts.push({ kind: 'OUTER', range: last, amount: 1 })
+    // a 2-D window (a depthwise convolution on a row the lanes divide): unrolled whole, as D does
+    if (red.src.length > 2) opts.push(...unrollWindow(red))
     return opts
   }
   // B: vectorise the reduction (partial sums per lane) when its loads are contiguous along it
@@ -207,7 +213,37 @@ function blockOpts (end, width) {
     rowTile(channels.range, 4, (ix) => coeff(ix, channels.range) !== 0)
     return opts
   }
-  return []
+  return windowOpts(red, last, { loads, storeIndex, inPlace, width })
+}
+
+// A window reduction (a depthwise convolution, a pooling) of at most this many points is unrolled whole
+const WINDOW_MAX = 32
+
+/**
+ * D: a small window (a depthwise 3x3 convolution, a pooling) on a row that the lanes do not divide or read at a
+ * stride (MobileNetV2's 14- and 7-pixel rows, its stride-2 layers, ResNet's max pool), which A and B do not take
+ * and which ran as a scalar loop of 3 steps per output point (about 0.3 G points/s). The window is unrolled
+ * whole into straight code, and the row is tiled: in 4 lanes where its loads run along it contiguously (the
+ * last tile moved back to end at the row's end, as a clamped UPCAST; a padded window's interior loads whole
+ * vectors, wasm/emit.js), else 4 pixels of scalar code.
+ */
+function windowOpts (red, last, { loads, storeIndex, inPlace, width }) {
+  const unroll = unrollWindow(red)
+  const n = last ? constSize(last) : null
+  if (!unroll.length || n === null || inPlace || rangeCoeff(storeIndex.src[1], last) !== 1) return []
+  const opts = []
+  // lanes where every load moves along the row by 0, 1 or 2 elements (stride 2: two vector loads and a shuffle)
+  const contiguous = loads.every((ix) => { const c = rangeCoeff(ix.src[1], last); return c === 0 || c === 1 || (c === 2 && ix.dtype.size === 4) })
+  if (contiguous && n >= width) opts.push({ kind: 'VECTOR', range: last, amount: width, clamp: n % width !== 0 })
+  else if (n >= 4) opts.push({ kind: 'UPCAST', range: last, amount: 4, clamp: n % 4 !== 0 })
+  return [...opts, ...unroll]
+}
+
+/** UNROLLs of each of a reduction's ranges whole, when all are constant and span at most WINDOW_MAX points. */
+function unrollWindow (red) {
+  const window = red.src.slice(1)
+  const points = window.reduce((a, r) => a * (constSize(r) || Infinity), 1)
+  return points <= WINDOW_MAX ? window.map((r) => ({ kind: 'UNROLL', range: r, amount: constSize(r) })) : []
 }
 
 // the most points a quantized block's range is unrolled to (blockUnroll)
@@ -280,7 +316,7 @@ function applyOpts (g, ast, opts) {
     let outer, expr
     const inner = g.node('RANGE', int, [g.const(int, opt.amount)], [nextId + 1, 'upcast'])
     if (n !== null && n % opt.amount !== 0) {
-      if (!opt.clamp || opt.kind !== 'UPCAST' || r.arg[1] !== 'global' || n < opt.amount) continue
+      if (!opt.clamp || !['UPCAST', 'VECTOR'].includes(opt.kind) || r.arg[1] !== 'global' || n < opt.amount) continue
       // a constant size the tile does not divide: the last tile starts at n - amount, overlapping the one
       // before (its points store their values again); a tile's points stay start + inner, one pointer apart
       outer = g.node('RANGE', int, [g.const(int, Math.ceil(n / opt.amount))], [nextId, r.arg[1]])
@@ -288,7 +324,7 @@ function applyOpts (g, ast, opts) {
       const last = g.const(int, n - opt.amount)
       expr = g.alu('ADD', g.node('WHERE', int, [g.alu('CMPLT', start, last), start, last]), inner)
     } else if (n !== null && n === opt.amount && opt.kind === 'UNROLL') {
-      // unrolled whole: no outer loop of one step (a quantized block's ranges, blockUnroll)
+      // unrolled whole: no outer loop of one step (a quantized block's ranges, blockUnroll; a window's points)
       ast = substituteRange(g, ast, r, null, inner, inner, opt.kind)
       current.set(opt.range, inner)
       continue
@@ -314,7 +350,7 @@ function applyOpts (g, ast, opts) {
       expr = g.node('WHERE', int, [g.alu('CMPLT', raw, size), raw, lastRow])
     }
     ast = substituteRange(g, ast, r, outer, inner, expr, opt.kind)
-    current.set(opt.range, outer)
+    current.set(opt.range, outer || inner)
     if (opt.kind === 'VECTOR' || opt.kind === 'SPLIT_REDUCE') vector.add(inner)
   }
   return { ast: simplifyIndices(g, ast), vector }

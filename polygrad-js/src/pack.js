@@ -73,9 +73,11 @@ function packLoads (g, ast, vector, eligible, { main = false } = {}) {
     const bySrc = [...a.terms].sort((p, q) => p[1] - q[1])
     let span = 1
     if (!bySrc.every(([r, k]) => { const ok = k === span; span *= constSize(r); return ok }) || span !== size) continue
-    // main: the load moves along every range of constant size but the register tiles, so only Variable-sized
-    // ranges (rows) read it again (a matrix product's weight), not other loops (a convolution's, per pixel)
-    if (main && ranges.some((r) => !a.terms.has(r) && r.arg[1] !== 'upcast' && constSize(r) !== null)) continue
+    // main: the load moves along every range but the register tiles and one range of rows (a Variable's or a
+    // constant size: a prompt's tokens, BERT's 128 positions), so only the rows read it again (a matrix
+    // product's weight), not several loops (a convolution's, per pixel row and column)
+    const again = ranges.filter((r) => !a.terms.has(r) && r.arg[1] !== 'upcast')
+    if (main && (again.length > 1 || again.some((r) => r.arg[1] !== 'global'))) continue
     const rank = (r) => (vector.has(r) ? 3 : r.arg[1] === 'upcast' ? 2 : loops.includes(r) ? 1 : 0)
     const order = [...a.terms.keys()].sort((p, q) => rank(p) - rank(q) || (rank(p) === 1 ? loops.indexOf(p) - loops.indexOf(q) : a.terms.get(q) - a.terms.get(p)))
     if (order.some((r) => rank(r) === 0)) continue

@@ -200,6 +200,12 @@ class KernelEmitter {
       }
       return this.define(x)
     }
+    if (x.mode === 'contiguous' && d.isBool && !x.gate) {
+      // 4 bool bytes -> 4 lanes of 0 or -1 (a lane mask): load32_zero, widen u8 -> u16 -> u32, negate
+      this.c.vmem(0x5c, 0, b.base + this.address(x.idx, d, x.buf))
+      this.c.simd(0x89).simd(0xa9).simd(0xa1)
+      return this.define(x)
+    }
     if (x.mode === 'contiguous' && d.size === 1) {
       // 8-bit lanes (linearize.js NARROW_LANE_DTYPES; never gated): 4 bytes, widened to one i32 per lane
       const signed = !d.isUnsigned
@@ -223,8 +229,26 @@ class KernelEmitter {
       }
       return this.define(x)
     }
-    // a gather (or a contiguous load with lane gates): lane by lane
+    if (x.mode === 'strided' && !x.gate) {
+      this.stridedLoad(x)
+      return this.define(x)
+    }
+    // a gather (or a contiguous or strided load with lane gates): lane by lane
     const out = this.hold(x, this.alloc(T.v128))
+    // a contiguous or strided load whose lanes' gates all hold (a padded window's interior, along the output
+    // row) is one vector load (or two and a shuffle); only the border's loads go lane by lane
+    const whole = (x.mode === 'contiguous' || x.mode === 'strided') && !x.check
+    if (whole) {
+      this.push(x.gate).simd(0xa3).byte(0x04, 0x40) // i32x4.all_true; if
+      if (x.mode === 'strided') {
+        this.stridedLoad(x)
+      } else {
+        const extra = this.address(x.idx, d, x.buf)
+        this.c.vmem(0x00, 0, b.base + extra)
+      }
+      this.c.set(out)
+      this.c.byte(0x05) // else
+    }
     this.c.v128const(new Uint8Array(16)).set(out)
     for (let lane = 0; lane < x.lanes; lane++) {
       const gated = !!x.gate
@@ -242,15 +266,29 @@ class KernelEmitter {
       this.c.set(out)
       if (gated) this.c.byte(0x0b)
     }
+    if (whole) this.c.byte(0x0b)
     return out
   }
 
+  /** Push the 4 lanes of a stride-2 load of 32-bit elements idx, idx+2, idx+4, idx+6: lanes 0 and 2 of the
+   * vector at idx, then lanes 1 and 3 of the one at idx+3 (so no element past idx+6 is read). */
+  stridedLoad (x) {
+    const b = this.buf(x.buf)
+    const extra = this.address(x.idx, x.dtype, x.buf)
+    const at = this.temp(T.i32)
+    this.c.tee(at).vmem(0x00, 0, b.base + extra)
+    this.c.get(at).vmem(0x00, 0, b.base + extra + 3 * 4)
+    this.c.simd(0x0d)
+    for (const lane of [0, 2, 5, 7]) for (let k = 0; k < 4; k++) this.c.byte(lane * 4 + k)
+  }
+
   laneIdx (x, lane) {
-    // the element index of a lane of an access: idx + lane (contiguous) or lane `lane` of idx (gather)
-    if (x.mode === 'contiguous') {
+    // the element index of a lane of an access: idx + lane (contiguous), idx + 2 lane (strided) or lane
+    // `lane` of idx (gather)
+    if (x.mode === 'contiguous' || x.mode === 'strided') {
       this.push(x.idx)
       if (x.idx.dtype.wasm === 'i64') this.c.op(0xa7)
-      if (lane) this.c.i32(lane).op(0x6a)
+      if (lane) this.c.i32(x.mode === 'strided' ? 2 * lane : lane).op(0x6a)
     } else {
       this.push(x.idx).simd(0x1b).byte(lane)
     }

@@ -1,0 +1,248 @@
+'use strict'
+// A padded convolution through the wasm lowering (issue 34, ResNet-18 in Node): its input is read through a
+// padding gate, fixed along the innermost loop (the input channels) for each kernel offset and output pixel.
+// linearize versions that loop (versionGatedLoops): the image's interior runs a copy whose loads are ungated,
+// the border the gated loop. Checked: the copy exists and reads nothing through a gate, and the kernel's
+// results at odd sizes (a 9-pixel row: 4-pixel tiles with a clamped last one; 3 and 7 input channels) match a
+// float64 reference within float32 rounding, on one thread and split in two phases as threads run it.
+// Window reductions (a depthwise 3x3 convolution, a 3x3 max pool; lower.windowOpts): the window unrolled whole
+// (no loop left for it) and the row tiled in lanes (the last tile moved back on rows the lanes do not divide; at
+// stride 2 every second element loaded by two vector loads and a shuffle), against float64 at odd rows, strides
+// 1 and 2, padded or not.
+const test = require('node:test')
+const assert = require('node:assert')
+const { Graph } = require('../src/ir')
+const { DTYPES } = require('../src/dtypes')
+const { lowerKernel, prepareKernel } = require('../src/compile')
+const { chooseOpts } = require('../src/lower')
+const { buildModule, importObject } = require('../src/wasm/module')
+
+const f32 = DTYPES.float32
+const i32 = DTYPES.int32
+
+/** out[co, y, x] = sum_{ky, kx, ci} X[ci, y + ky - 1, x + kx - 1] * W[ky, kx, ci, co] (0 outside the image): a
+ * 3x3 convolution with padding 1, its weight stored output-channels-last as polygrad.onnx keeps it. */
+function paddedConv (C, CO, S) {
+  const g = new Graph()
+  const c = (v) => g.const(i32, v)
+  const buf = (slot, n) => g.node('DEFINE_GLOBAL', f32, [], [slot, [n]])
+  const [co, y, x] = [CO, S, S].map((n, i) => g.node('RANGE', i32, [c(n)], [i, 'global']))
+  const [ky, kx, ci] = [3, 3, C].map((n, i) => g.node('RANGE', i32, [c(n)], [3 + i, 'reduce']))
+  const iy = g.alu('ADD', y, ky)
+  const ix = g.alu('ADD', x, kx)
+  const inside = (v) => g.alu('AND', g.alu('CMPLT', c(0), v), g.alu('CMPLT', v, c(S + 1)))
+  const xi = g.alu('ADD', g.alu('ADD', g.alu('MUL', ci, c(S * S)), g.alu('MUL', iy, c(S))), g.alu('ADD', ix, c(-S - 1)))
+  const xl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, C * S * S), xi, g.alu('AND', inside(iy), inside(ix))])])
+  const wi = g.alu('ADD', g.alu('MUL', g.alu('ADD', g.alu('MUL', g.alu('ADD', g.alu('MUL', ky, c(3)), kx), c(C)), ci), c(CO)), co)
+  const wl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(2, 9 * C * CO), wi])])
+  const sum = g.node('REDUCE', f32, [g.alu('MUL', xl, wl), ky, kx, ci], 'ADD')
+  const out = g.alu('ADD', g.alu('ADD', g.alu('MUL', co, c(S * S)), g.alu('MUL', y, c(S))), x)
+  const st = g.node('STORE', null, [g.node('INDEX', f32, [buf(0, CO * S * S), out]), sum])
+  return { g, ast: g.node('SINK', null, [g.node('END', null, [st, co, y, x])]) }
+}
+
+/** Every instruction of a program, with the `if`s around it: [inst, ifs]. */
+function walk (insts, ifs = [], out = []) {
+  for (const x of insts) {
+    out.push([x, ifs])
+    if (x.k === 'loop') {
+      walk(x.pre, ifs, out)
+      walk(x.body, ifs, out)
+    }
+    if (x.k === 'if') walk(x.body, [...ifs, x], out)
+  }
+  return out
+}
+
+test("a padded convolution's innermost loop has an ungated copy for the image's interior", () => {
+  const { g, ast } = paddedConv(7, 8, 9)
+  const prog = lowerKernel(g, ast, { width: 4, verify: true })
+  assert.ok(prog.vectorized, 'the output channels get lanes')
+  const channelLoops = walk(prog.body).filter(([x]) => x.k === 'loop' && x.kind === 'reduce' && !x.body.some((y) => y.k === 'loop' || y.k === 'if'))
+  assert.strictEqual(channelLoops.length, 2, 'two copies of the input-channel loop')
+  const gated = ([loop]) => loop.body.filter((x) => x.k === 'load' && x.gate).length
+  const [interior, border] = channelLoops
+  assert.strictEqual(gated(interior), 0, 'the interior copy reads through no gate')
+  assert.ok(interior[1].length === 1 && border[1].length === 1 && interior[1][0] !== border[1][0], 'each copy under its own if')
+  assert.ok(gated(border) > 0, 'the border copy keeps its gates')
+  assert.strictEqual(interior[0].body.filter((x) => x.k === 'load').length, border[0].body.filter((x) => x.k === 'load').length)
+})
+
+let seed = 4321
+const rand = () => {
+  seed = (seed * 1103515245 + 12345) % 2147483648
+  return seed / 1073741824 - 1
+}
+
+/** The worst error of the kernel's wasm (whole, or as its threaded phases in `parts` slices) relative to the
+ * float32 bound against a float64 reference. */
+function worstError (C, CO, S, parts) {
+  const { g, ast } = paddedConv(C, CO, S)
+  const prog = lowerKernel(g, ast, { width: 4, verify: true, threaded: parts > 1 })
+  const progs = parts > 1 ? prog.phases : [prog]
+  assert.ok(progs && progs.length, 'the kernel splits into phases')
+  const sizes = [CO * S * S, C * S * S, 9 * C * CO]
+  const layout = new Map()
+  let pos = 64
+  sizes.forEach((n, slot) => {
+    layout.set(slot, { base: pos, size: n })
+    pos += Math.ceil(n * 4 / 64) * 64 + 64
+  })
+  const pages = Math.ceil(pos / 65536) + 1
+  const memory = new WebAssembly.Memory({ initial: pages })
+  const mod = new WebAssembly.Module(buildModule(progs.map((p) => ({ prog: p, layout })), pages))
+  const inst = new WebAssembly.Instance(mod, importObject(memory))
+  const view = new Float32Array(memory.buffer)
+  const X = Float32Array.from({ length: sizes[1] }, rand)
+  const W = Float32Array.from({ length: sizes[2] }, rand)
+  view.set(X, layout.get(1).base / 4)
+  view.set(W, layout.get(2).base / 4)
+  view.fill(NaN, layout.get(0).base / 4, layout.get(0).base / 4 + sizes[0])
+  progs.forEach((_, i) => {
+    for (let part = 0; part < parts; part++) inst.exports[`k${i}`](...(parts > 1 ? [part, parts] : []))
+  })
+  const out = view.subarray(layout.get(0).base / 4)
+  let worst = 0
+  for (let co = 0; co < CO; co++) {
+    for (let y = 0; y < S; y++) {
+      for (let x = 0; x < S; x++) {
+        let exact = 0
+        let mag = 0
+        for (let ky = 0; ky < 3; ky++) {
+          for (let kx = 0; kx < 3; kx++) {
+            const [iy, ix] = [y + ky - 1, x + kx - 1]
+            if (iy < 0 || iy >= S || ix < 0 || ix >= S) continue
+            for (let ci = 0; ci < C; ci++) {
+              const p = X[ci * S * S + iy * S + ix] * W[((ky * 3 + kx) * C + ci) * CO + co]
+              exact += p
+              mag += Math.abs(p)
+            }
+          }
+        }
+        const got = out[co * S * S + y * S + x]
+        worst = Math.max(worst, Number.isNaN(got) ? Infinity : Math.abs(got - exact) / ((9 * C + 1) * 2 ** -24 * mag + 1e-30))
+      }
+    }
+  }
+  return worst
+}
+
+test('a padded convolution matches a float64 reference at odd sizes, on one thread and in two slices', () => {
+  for (const [C, CO, S] of [[3, 8, 9], [7, 8, 5], [7, 16, 9]]) {
+    for (const parts of [1, 2]) {
+      const worst = worstError(C, CO, S, parts)
+      assert.ok(worst <= 1, `C=${C} CO=${CO} S=${S} parts=${parts}: error ${worst.toFixed(2)} x its float32 bound`)
+    }
+  }
+})
+
+/** out[c, y, x] = sum (or max) over ky, kx < 3 of X[c, s*y + ky - P, s*x + kx - P] (* W[c, ky, kx]), 0 (or -inf)
+ * outside the image: a depthwise 3x3 convolution with padding P = `pad` (1 or 0; `pool`: a 3x3 max pool) at
+ * stride s, an S x S input. */
+function window (C, S, stride, pool, pad = 1) {
+  const g = new Graph()
+  const c = (v) => g.const(i32, v)
+  const buf = (slot, n) => g.node('DEFINE_GLOBAL', f32, [], [slot, [n]])
+  const O = Math.floor((S + 2 * pad - 3) / stride) + 1
+  const [ch, y, x] = [C, O, O].map((n, i) => g.node('RANGE', i32, [c(n)], [i, 'global']))
+  const [ky, kx] = [3, 3].map((n, i) => g.node('RANGE', i32, [c(n)], [3 + i, 'reduce']))
+  const iy = g.alu('ADD', g.alu('MUL', y, c(stride)), ky)
+  const ix = g.alu('ADD', g.alu('MUL', x, c(stride)), kx)
+  const inside = (v) => g.alu('AND', g.alu('CMPLT', c(0), v), g.alu('CMPLT', v, c(S + 1)))
+  const xi = g.alu('ADD', g.alu('ADD', g.alu('MUL', ch, c(S * S)), g.alu('MUL', iy, c(S))), g.alu('ADD', ix, c(-(S + 1) * pad)))
+  const gate = pad ? g.alu('AND', inside(iy), inside(ix)) : null
+  const xl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, C * S * S), xi, ...(gate ? [gate] : [])])])
+  let term
+  if (pool && !gate) {
+    term = xl
+  } else if (pool) {
+    term = g.node('WHERE', f32, [gate, xl, g.const(f32, -Infinity)])
+  } else {
+    const wi = g.alu('ADD', g.alu('MUL', ch, c(9)), g.alu('ADD', g.alu('MUL', ky, c(3)), kx))
+    term = g.alu('MUL', xl, g.node('LOAD', f32, [g.node('INDEX', f32, [buf(2, 9 * C), wi])]))
+  }
+  const red = g.node('REDUCE', f32, [term, ky, kx], pool ? 'MAX' : 'ADD')
+  const out = g.alu('ADD', g.alu('ADD', g.alu('MUL', ch, c(O * O)), g.alu('MUL', y, c(O))), x)
+  const st = g.node('STORE', null, [g.node('INDEX', f32, [buf(0, C * O * O), out]), red])
+  return { g, ast: g.node('SINK', null, [g.node('END', null, [st, ch, y, x])]), O, x }
+}
+
+test('a depthwise window is unrolled whole and its row tiled in lanes, at stride 2 read by strided vector loads', () => {
+  for (const [S, stride, pad] of [[14, 1, 1], [7, 1, 1], [16, 1, 1], [14, 2, 1], [15, 2, 0]]) {
+    const kind = 'VECTOR'
+    const { g, ast, x } = window(8, S, stride, false, pad)
+    const opts = chooseOpts(prepareKernel(g, ast).ast, 4)
+    const tile = opts.find((o) => o.range === x)
+    assert.ok(tile && tile.kind === kind && tile.amount === 4, `S=${S} stride ${stride}: ${JSON.stringify(opts.map((o) => o.kind))}`)
+    assert.strictEqual(opts.filter((o) => o.kind === 'UNROLL' && o.amount === 3).length, 2)
+    const prog = lowerKernel(g, ast, { width: 4, verify: true })
+    assert.strictEqual(walk(prog.body).filter(([i]) => i.k === 'loop' && i.kind === 'reduce').length, 0, 'no loop over the window')
+    assert.ok(prog.vectorized)
+    const strided = walk(prog.body).filter(([i]) => i.k === 'load' && i.mode === 'strided').length
+    assert.strictEqual(strided, stride === 2 ? 9 : 0, 'the input loads of a stride-2 window are strided')
+  }
+})
+
+/** The worst error of a window kernel's wasm relative to its float32 bound against float64 (a max: exact). */
+function windowError (C, S, stride, pool, parts, pad) {
+  const { g, ast, O } = window(C, S, stride, pool, pad)
+  const prog = lowerKernel(g, ast, { width: 4, verify: true, threaded: parts > 1 })
+  const progs = parts > 1 ? prog.phases : [prog]
+  const sizes = [C * O * O, C * S * S, 9 * C]
+  const layout = new Map()
+  let pos = 64
+  sizes.forEach((n, slot) => {
+    layout.set(slot, { base: pos, size: n })
+    pos += Math.ceil(n * 4 / 64) * 64 + 64
+  })
+  const pages = Math.ceil(pos / 65536) + 1
+  const memory = new WebAssembly.Memory({ initial: pages })
+  const inst = new WebAssembly.Instance(new WebAssembly.Module(buildModule(progs.map((p) => ({ prog: p, layout })), pages)), importObject(memory))
+  const view = new Float32Array(memory.buffer)
+  const X = Float32Array.from({ length: sizes[1] }, rand)
+  const W = Float32Array.from({ length: sizes[2] }, rand)
+  view.set(X, layout.get(1).base / 4)
+  view.set(W, layout.get(2).base / 4)
+  view.fill(NaN, layout.get(0).base / 4, layout.get(0).base / 4 + sizes[0])
+  progs.forEach((_, i) => {
+    for (let part = 0; part < parts; part++) inst.exports[`k${i}`](...(parts > 1 ? [part, parts] : []))
+  })
+  const out = view.subarray(layout.get(0).base / 4)
+  let worst = 0
+  for (let ch = 0; ch < C; ch++) {
+    for (let y = 0; y < O; y++) {
+      for (let x = 0; x < O; x++) {
+        let exact = pool ? -Infinity : 0
+        let mag = 0
+        for (let ky = 0; ky < 3; ky++) {
+          for (let kx = 0; kx < 3; kx++) {
+            const [iy, ix] = [stride * y + ky - pad, stride * x + kx - pad]
+            if (iy < 0 || iy >= S || ix < 0 || ix >= S) continue
+            const v = X[ch * S * S + iy * S + ix]
+            if (pool) {
+              exact = Math.max(exact, v)
+              continue
+            }
+            exact += v * W[ch * 9 + ky * 3 + kx]
+            mag += Math.abs(v * W[ch * 9 + ky * 3 + kx])
+          }
+        }
+        const got = out[ch * O * O + y * O + x]
+        const err = pool ? (got === Math.fround(exact) ? 0 : Infinity) : Math.abs(got - exact) / (10 * 2 ** -24 * mag + 1e-30)
+        worst = Math.max(worst, Number.isNaN(got) ? Infinity : err)
+      }
+    }
+  }
+  return worst
+}
+
+test('depthwise convolutions and max pools match a float64 reference at odd rows, strides 1 and 2, in slices', () => {
+  for (const [C, S, stride, pad] of [[5, 7, 1, 1], [4, 9, 1, 1], [3, 14, 1, 1], [5, 9, 2, 1], [4, 14, 2, 1], [3, 15, 2, 0], [2, 20, 2, 0]]) {
+    for (const pool of [false, true]) {
+      for (const parts of [1, 2]) {
+        const worst = windowError(C, S, stride, pool, parts, pad)
+        assert.ok(worst <= 1, `C=${C} S=${S} stride ${stride} pad ${pad} ${pool ? 'max pool' : 'depthwise'} parts=${parts}: error ${worst.toFixed(2)} x its bound`)
+      }
+    }
+  }
+})
