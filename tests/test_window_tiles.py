@@ -92,6 +92,16 @@ def test_a_deep_conv_at_fourteen_pixels_gets_a_whole_row_per_vector():
     assert _tile(_spec(shallow, AVX512)) == [(UP, 2), (UP, 64)]
 
 
+def test_a_tile_that_takes_every_channel_still_splits_over_threads():
+    """A 1x1 conv to 32 channels at 28 x 28 (MobileNetV2's) tiles all 32 channels, leaving a channel range
+    of one point outermost: the THREAD split goes to the pixel rows inside it. Before, such kernels (and
+    the stem's 3x3 conv to 32 channels) ran on one thread."""
+    out = Tensor.empty(1, 192, 28, 28).conv2d(Tensor.empty(192, 1, 1, 32).permute(3, 0, 1, 2))
+    spec = _spec(out, AVX512)
+    assert _tile(spec) == [(UP, 4), (UP, 32)]
+    assert [(o.kind, o.amount) for o in spec.opts if o.kind is OptKind.THREAD] == [(OptKind.THREAD, 2)]
+
+
 def test_cpu_source_uses_masked_moves_and_gathers():
     """The CPU renderer's 16-lane gated loads and stores are AVX-512 masked moves (with the lane-by-lane
     code kept for other targets), 16 lanes read 2 apart are two masked loads and a shuffle, and 16 lanes

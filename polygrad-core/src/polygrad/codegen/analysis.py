@@ -38,14 +38,16 @@ def thread_axis(ast: UOp) -> UOp | None:
     of several blocks would need a barrier between them): its outermost global range when that has a
     constant size above 1. When the outermost global ranges are symbolic (a Variable batch or sequence
     length), the first constant one inside them: every thread runs the symbolic loops whole and its share
-    of that range, so the threads split the work whatever the Variables' values (a batch of 1 too)."""
+    of that range, so the threads split the work whatever the Variables' values (a batch of 1 too). A
+    range of one point (the outer part of a range a tile took whole: a 1x1 conv's 32 output channels) is
+    no loop and is passed over."""
     if len(ast.src) != 1 or ast.src[0].op is not Ops.END:
         return None
     for r in ast.src[0].src[1:]:
         if r.arg[1] != AxisKind.GLOBAL:
             return None
-        if r.src[0].op is Ops.CONST:
-            return r if range_size(r) > 1 else None
+        if r.src[0].op is Ops.CONST and range_size(r) > 1:
+            return r
     return None
 
 
