@@ -102,6 +102,19 @@ def test_a_tile_that_takes_every_channel_still_splits_over_threads():
     assert [(o.kind, o.amount) for o in spec.opts if o.kind is OptKind.THREAD] == [(OptKind.THREAD, 2)]
 
 
+def test_a_few_channel_tiles_split_over_threads_by_rows():
+    """A 1x1 conv from 144 to 24 channels at 56 x 56 has 3 tiles of 8 channels outermost: 2 threads would
+    split them 2 to 1 (the busy one with 4/3 of an even share), so the split goes to the 56 pixel rows
+    inside (axis 1). 40 channels (5 tiles) at 7 x 7 has no even range inside and keeps the tiles' split."""
+    out = Tensor.empty(1, 144, 56, 56).conv2d(Tensor.empty(144, 1, 1, 24).permute(3, 0, 1, 2))
+    threads = [(o.kind, o.axis, o.amount) for o in _spec(out, AVX512).opts if o.kind is OptKind.THREAD]
+    assert threads == [(OptKind.THREAD, 1, 2)]
+    out = Tensor.empty(1, 576, 7, 7).conv2d(Tensor.empty(576, 1, 1, 160).permute(3, 0, 1, 2))
+    spec = _spec(out, AVX512)
+    assert _tile(spec) == [(UP, 7), (UP, 32)]
+    assert [o.axis for o in spec.opts if o.kind is OptKind.THREAD] == [6]  # the tiles' outer range
+
+
 def test_cpu_source_uses_masked_moves_and_gathers():
     """The CPU renderer's 16-lane gated loads and stores are AVX-512 masked moves (with the lane-by-lane
     code kept for other targets), 16 lanes read 2 apart are two masked loads and a shuffle, and 16 lanes
