@@ -33,8 +33,9 @@ def divides(r: UOp, amount: int) -> bool:
     return size is not None and size % amount == 0
 
 
-# the most work the busiest THREAD part may have, as a multiple of an even share, before a range
-# inside is split instead: 3 channel tiles in 2 parts (4/3) ran the kernel at 1.5x the even split's time
+# the most work the busiest THREAD part may have, as a multiple of an even share, before a range inside
+# is split instead: with 3 channel tiles in 2 parts one thread does 2 (4/3 of an even share) while the
+# other waits; 11 tiles (12/11) stay
 THREAD_IMBALANCE = 1.1
 
 
