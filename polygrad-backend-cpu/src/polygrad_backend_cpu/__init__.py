@@ -40,7 +40,14 @@ def open_cpu(ordinal: int) -> DeviceImpl:
     return DeviceImpl(name="CPU", allocator=HostAllocator(), render=renderer.render, compile=compiler.compile,
                       load=load_program, compile_many=compiler.compile_many, render_cacheable=True,
                       capabilities=Capabilities(threads=threads, vector_width=cpu.lanes, registers=registers, fma=fma,
-                                                **tuned))
+                                                strided_lanes=strided_lanes(cpu), **tuned))
+
+
+def strided_lanes(cpu) -> bool:  # type: ignore[no-untyped-def]
+    """Whether a stride-2 window gets vector lanes: where the renderer reads 16 float32 lanes 2 apart with
+    AVX-512's masked loads and a shuffle (renderer.strided_vload_body); elsewhere its lanes would be loaded
+    one at a time, slower than the window's plain loop."""
+    return cpu.lanes == 16 and "avx512f" in cpu.flags
 
 
 def tile_vectors(compiler_version: str, registers: int) -> int:

@@ -60,6 +60,8 @@ class Capabilities:
     tuning: str = ""            # where tile_vectors and stage_bytes came from: "heuristic" or "calibrated"
     masked_lanes: bool = False  # lane-gated contiguous loads/stores are single masked moves: an elementwise
                                 # range the vector width does not divide is padded (PADTO) and gets lanes
+    strided_lanes: bool = False  # lanes 2 elements apart are read with contiguous loads and a shuffle, not a
+                                 # gather: a stride-2 window (depthwise conv, pooling) gets lanes on its row
     has_local_memory: bool = False
     shared_memory_bytes: int = 0
     supports_beam: bool = True

@@ -33,20 +33,36 @@ def divides(r: UOp, amount: int) -> bool:
     return size is not None and size % amount == 0
 
 
-def thread_axis(ast: UOp) -> UOp | None:
+# the most work the busiest THREAD part may have, as a multiple of an even share, before a range inside
+# is split instead: with 3 channel tiles in 2 parts one thread does 2 (4/3 of an even share) while the
+# other waits; 11 tiles (12/11) stay
+THREAD_IMBALANCE = 1.1
+
+
+def thread_axis(ast: UOp, parts: int = 0) -> UOp | None:
     """The range a THREAD opt may take, in a kernel with one END block (blocks run in order, so a kernel
     of several blocks would need a barrier between them): its outermost global range when that has a
     constant size above 1. When the outermost global ranges are symbolic (a Variable batch or sequence
     length), the first constant one inside them: every thread runs the symbolic loops whole and its share
-    of that range, so the threads split the work whatever the Variables' values (a batch of 1 too)."""
+    of that range, so the threads split the work whatever the Variables' values (a batch of 1 too). A
+    range of one point (the outer part of a range a tile took whole: a 1x1 conv's 32 output channels) is
+    no loop and is passed over. With `parts`, where that range splits unevenly (the busiest part more
+    than THREAD_IMBALANCE of an even share: 3 channel tiles in 2 parts), the first global range inside
+    it that `parts` divides, when there is one (the pixel rows)."""
     if len(ast.src) != 1 or ast.src[0].op is not Ops.END:
         return None
+    found: list[UOp] = []
     for r in ast.src[0].src[1:]:
         if r.arg[1] != AxisKind.GLOBAL:
-            return None
-        if r.src[0].op is Ops.CONST:
-            return r if range_size(r) > 1 else None
-    return None
+            break
+        if r.src[0].op is Ops.CONST and range_size(r) > 1:
+            found.append(r)
+    if not found:
+        return None
+    n = range_size(found[0])
+    if parts > 1 and -(-n // parts) * parts > THREAD_IMBALANCE * n:
+        return next((r for r in found[1:] if range_size(r) % parts == 0), found[0])
+    return found[0]
 
 
 def product_operand(node: UOp, slot: int) -> UOp | None:

@@ -522,15 +522,15 @@ def decompress_stage_opts(ast: UOp, opts: list[Opt], caps: Capabilities | None) 
 
 
 def thread_opt(ast: UOp, caps: Capabilities | None) -> list[Opt]:
-    """THREAD on the outermost global range, split among as many of the device's threads as get
-    THREAD_PART_WORK each (none when fewer than two do)."""
-    if caps is None or caps.threads <= 1:
-        return []
-    r = thread_axis(ast)
-    if r is None:
+    """THREAD on the outermost global range (or one inside it that splits evenly, analysis.thread_axis),
+    split among as many of the device's threads as get THREAD_PART_WORK each (none when fewer than two
+    do)."""
+    if caps is None or caps.threads <= 1 or thread_axis(ast) is None:
         return []
     ops, _ = estimate(ast)
-    parts = min(caps.threads, range_size(r), (ops + stores_of(ast)) // THREAD_PART_WORK)
+    parts = min(caps.threads, (ops + stores_of(ast)) // THREAD_PART_WORK)
+    r = thread_axis(ast, parts)
+    parts = min(parts, range_size(r))
     if parts < 2:
         return []
     return [Opt(OptKind.THREAD, r.arg[0], parts)]

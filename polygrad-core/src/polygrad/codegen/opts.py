@@ -107,7 +107,7 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
         if opt.kind is OptKind.TC:  # a marker for the renderer: the ranges stay
             continue
         if opt.kind is OptKind.THREAD:
-            if r is not thread_axis(ast) or opt.amount < 2:
+            if r is not thread_axis(ast, opt.amount) or opt.amount < 2:
                 continue
             ast = _substitute(ast, {r: UOp(Ops.RANGE, r.dtype, r.src, (r.arg[0], AxisKind.THREAD))})
             continue

@@ -95,7 +95,7 @@ def candidate_opts(ast: UOp, opts: list[Opt], caps: Any = None) -> list[list[Opt
     out: list[list[Opt]] = []
     threads = getattr(caps, "threads", 1)
     if threads > 1 and not any(o.kind is OptKind.THREAD for o in opts):
-        r = thread_axis(current)
+        r = thread_axis(current, threads)
         if r is not None:
             out.append(opts + [Opt(OptKind.THREAD, r.arg[0], min(threads, int(r.src[0].arg)))])
     lanes = caps is None or caps.vector_width > 1

@@ -144,6 +144,7 @@ class CStyleRenderer:
     restrict = "restrict"
     emulate_half = True  # False where the compiler has native half/bfloat16 arithmetic
     vectorize = True  # render vector lanes (GCC/clang vector extensions) up to the spec's vector_width
+    strided_loads = False  # lanes 2 elements apart are "strided" loads (strided_vload), not gathers
     half_helpers = HALF_HELPERS  # pg_h2f / pg_f2h / pg_b2f / pg_f2b / pg_rh / pg_rb for emulated halves
     # the shared linear passes (renderer/linear_passes.py) run before rendering; None: the C compiler folds,
     # shares and hoists itself, so the program is rendered as linearized
@@ -259,7 +260,7 @@ class CStyleRenderer:
 
     def render(self, spec: ProgramSpec) -> str:
         width = getattr(spec, "vector_width", 1) if self.vectorize else 1
-        prog = linearize(spec, vector_width=width, launch=self.launch(spec))
+        prog = linearize(spec, vector_width=width, launch=self.launch(spec), strided=self.strided_loads)
         if self.passes is not None:
             prog = simplify_linear(prog, self.passes)
         return self.render_program(prog, self.stream_slots(spec))
@@ -333,7 +334,7 @@ class CStyleRenderer:
         """A loop loading LOAD x's lanes one at a time into vector `name` (gathers, gated lanes)."""
         buf, idx = n(x.src[0]), n(x.src[1])
         gate = x.src[2] if len(x.src) > 2 else None
-        at = f"{idx} + pl" if x.arg == "contiguous" else f"{idx}[pl]"
+        at = {"contiguous": f"{idx} + pl", "strided": f"{idx} + 2*pl"}.get(x.arg, f"{idx}[pl]")
         elem = f"{buf}[{at}]"
         if x.dtype is dtypes.bool:
             elem = f"({elem} ? -1 : 0)"
@@ -365,6 +366,9 @@ class CStyleRenderer:
                 return [f"{pad}{vt} {name} = {{0}};", f"{pad}if ({n(gate)}) {copy}"]
             # a lane gate (padding): see gated_vload
             return [f"{pad}{vt} {name} = {self.gated_vload(dt, x.lanes, f'{buf} + {idx}', n(gate))};"]
+        if x.arg == "strided" and (gate is None or gate.lanes > 1):
+            on = self.splat(dtypes.int32, x.lanes, "-1") if gate is None else n(gate)
+            return [f"{pad}{vt} {name} = {self.strided_vload(dt, x.lanes, f'{buf} + {idx}', on)};"]
         if gate is None or gate.lanes > 1:  # (a scalar gate keeps the lane loop: it skips every lane at once)
             gathered = self.masked_gather(dt, x.lanes, buf, idx, None if gate is None else n(gate))
             if gathered is not None:
@@ -375,6 +379,20 @@ class CStyleRenderer:
         """A C expression gathering buf[idx[lane]] for each lane (0 where `gate`, int lanes, is off) with one
         hardware gather, or None where the dialect has none (the lanes are then loaded one at a time)."""
         return None
+
+    def strided_vload(self, dt: DType, lanes: int, ptr: str, gate: str) -> str:
+        """A C expression: lane k is ptr[2k] where `gate` (int lanes) is on, else 0 (nothing read);
+        through a helper per vector type (`pg_sload_<type>(p, m)`, body: strided_vload_body)."""
+        vt = self.vtype(dt, lanes)
+        name = f"pg_sload_{vt[3:]}"
+        self._helpers[name] = (f"static inline {vt} {name}(const {self.storage_ctype(dt)}* p, "
+                               f"{self.vtype(dtypes.bool, lanes)} m) {{\n{self.strided_vload_body(dt, lanes)}\n}}")
+        return f"{name}({ptr}, {gate})"
+
+    def strided_vload_body(self, dt: DType, lanes: int) -> str:
+        """The strided load helper's body over pointer p and mask m: each lane that is on read alone."""
+        return (f"  {self.vtype(dt, lanes)} r = {{0}};\n"
+                f"  for (int pl = 0; pl < {lanes}; pl++) r[pl] = (m[pl]!=0) ? p[2*pl] : 0;\n  return r;")
 
     def vector_copy(self, dt: DType, lanes: int, name: str, ptr: str) -> str:
         """A statement setting vector `name` from `lanes` contiguous elements at ptr (bools: bytes to a mask)."""

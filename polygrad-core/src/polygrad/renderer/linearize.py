@@ -74,8 +74,12 @@ the rest stays scalar and is broadcast where it meets a vector:
     CONST with lanes n      arg is a tuple of the n lane values (V itself is the CONST (0, 1, .., n-1))
     BCAST                   src (scalar,): the scalar in every lane (constants' broadcasts sit in the head)
     LOAD, lanes n           arg "contiguous": index is lane 0's element, lane k reads index + k;
-                            arg "gather": index has n lanes. A gate (scalar or n lanes) reads nothing
-                            and gives 0 where false. A load whose index does not depend on V is scalar.
+                            arg "gather": index has n lanes; arg "strided" (only from
+                            `linearize(..., strided=True)`, never bools): index is lane 0's element,
+                            lane k reads index + 2k (a stride-2 window's input row: the emitter reads the
+                            2n elements and keeps the even ones, not n gathered lanes). A gate (scalar
+                            or n lanes) reads nothing and gives 0 where false. A load whose index does
+                            not depend on V is scalar.
     STORE of n lanes        arg "contiguous" or "scatter" as for LOAD (lanes written in order, so the
                             last lane wins where two write one element); a gate with lanes is a 4th
                             src (per-lane mask, no IF); a scalar gate still opens an IF block
@@ -159,7 +163,7 @@ class L(Enum):
     UPDATE = auto()    # src: (acc, value[, lane]); arg: reduce op: acc[lane] = op(acc[lane], value)
     ACC_READ = auto()  # src: (acc[, lane]): the accumulator's value
     LOAD = auto()      # src: (param or local, index[, gate]); with a gate, 0 where false (memory not read);
-                       # arg: None (scalar), "contiguous" or "gather" (lanes > 1)
+                       # arg: None (scalar), "contiguous", "strided" or "gather" (lanes > 1)
     STORE = auto()     # src: (param or local, index, value[, gate]); value already has the buffer's dtype;
                        # arg as LOAD's; a gate only on a lane store whose gate has lanes
     BCAST = auto()     # src: (scalar,): the scalar in each of `lanes` lanes
@@ -327,8 +331,9 @@ _LANES = Inst(L.CONST, None)  # marks the vector range as open (its lanes, not a
 
 
 class _Linearizer:
-    def __init__(self, spec: Any, vector_width: int = 1, launch: Any = None):
+    def __init__(self, spec: Any, vector_width: int = 1, launch: Any = None, strided: bool = False):
         self.spec = spec
+        self.strided = strided  # loads whose lanes are 2 elements apart may be "strided" (else gathers)
         self.launch = launch  # LaunchDims (renderer/launch.py): ranges that are launch indices, not loops
         self.group_ids: list[Inst] = []  # block indices of grouped reductions: only thread 0 of them stores
         self.width = vector_width
@@ -576,10 +581,11 @@ class _Linearizer:
             src = tuple(self.bcast(s, n) for s in src)
         return self.add(L.ALU, dtype, src, op, n)
 
-    def access(self, index: UOp | None, at: UOp | None = None) -> Steps:
+    def access(self, index: UOp | None, at: UOp | None = None, strided: bool = False) -> Steps:
         """(index, gate, kind, lanes) of a memory access: kind None (scalar), "contiguous" (the index
-        is lane 0's) or "gather" (one index per lane). `at` replaces the index expression (a staged load
-        or value reads its local array there; a staged value has no INDEX: `index` None)."""
+        is lane 0's), "strided" (where `strided` and the lanes are 2 elements apart: the index is lane
+        0's) or "gather" (one index per lane). `at` replaces the index expression (a staged load or
+        value reads its local array there; a staged value has no INDEX: `index` None)."""
         gate = (yield self.bound_expr(index.src[2])) if index is not None and len(index.src) > 2 else None
         expr, offset = self.bound_split(index.src[1] if at is None else at)
 
@@ -591,6 +597,8 @@ class _Linearizer:
         c = range_coeff(expr, self.vec)
         if c == 1:
             return at_offset((yield _at_lane0(expr, self.vec))), gate, "contiguous", n
+        if c == 2 and strided:
+            return at_offset((yield _at_lane0(expr, self.vec))), gate, "strided", n
         idx = at_offset((yield expr))
         if idx.lanes == 1 and (gate is None or gate.lanes == 1):
             return idx, gate, None, 1
@@ -625,7 +633,8 @@ class _Linearizer:
         index = u.src[0]
         staged = self.staged.get(u)
         buf = (yield index.src[0]) if staged is None else staged[0]
-        idx, gate, kind, n = yield from self.access(index, None if staged is None else staged[1])
+        strided = self.strided and staged is None and u.dtype is not dtypes.bool
+        idx, gate, kind, n = yield from self.access(index, None if staged is None else staged[1], strided)
         if n > 1 and u.dtype in HALF_DTYPES:
             raise NoVector("16-bit float lanes")
         return self.add(L.LOAD, u.dtype, (buf, idx) + ((gate,) if gate is not None else ()), kind, n)
@@ -1000,13 +1009,14 @@ class _Linearizer:
                              self.spec.threads if self.tid is not None else 1)
 
 
-def linearize(spec: Any, vector_width: int = 1, launch: Any = None) -> LinearProgram:
+def linearize(spec: Any, vector_width: int = 1, launch: Any = None, strided: bool = False) -> LinearProgram:
     """The ordered program of a lowered kernel (see the module docstring). vector_width > 1 turns one
     upcast range per END block into vector lanes of that many float32 lanes or a multiple (emitters
-    that render vectors pass `spec.vector_width`); a kernel that cannot be vectorised keeps its lane loops."""
+    that render vectors pass `spec.vector_width`); a kernel that cannot be vectorised keeps its lane loops.
+    `strided`: the emitter reads loads whose lanes are 2 elements apart as "strided" (else "gather")."""
     if vector_width > 1:
         try:
-            return _Linearizer(spec, vector_width, launch).run()
+            return _Linearizer(spec, vector_width, launch, strided).run()
         except NoVector:
             pass
     return _Linearizer(spec, launch=launch).run()
