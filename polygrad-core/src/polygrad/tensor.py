@@ -323,7 +323,13 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
         if others:
             Tensor.realize_all(self, *others)
         elif not _is_realized(self.uop):
-            _realize_tensors([self])
+            old = self.uop
+            # an eager op seen before (a pure node: never an effect, so nothing to order around it)
+            new = engine_realize.realize_eager(old) if self._runtime is None else None
+            if new is None:
+                _realize_tensors([self])
+            else:
+                self._graph, self.uop = old, new
         return self
 
     @staticmethod

@@ -109,11 +109,27 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
     return table
 
 
-def run_leaf(leaf: LeafTemplate, target: UOp, inputs: list[Any]) -> list[UOp]:
+def run_leaf(leaf: LeafTemplate, target: UOp, inputs: list[Any]) -> UOp:
     """Realize an eager op whose structure was seen (template.leaf_cache), as the rest of realize_uops
     would, with what it needs computed once (LeafTemplate): run the template, make the output view, keep
-    the target's value. Its callers check that no capture records and POLY_DEBUG_ALLOC is off."""
+    the target's value; returns the view. Its callers check that no capture records and POLY_DEBUG_ALLOC
+    is off. A template of one kernel writing its one new buffer (LeafTemplate.kernel, the eager op's
+    usual form) allocates, launches and keeps without run_template's general loop."""
     since = computed._generation[0]
+    step = leaf.kernel
+    if step is not None:
+        size, dtype, device = leaf.template.new_buffers[0]
+        inputs.append(Buffer(device, size, dtype).ensure_allocated(True))  # the kernel writes every element
+        handles = list(map(_handle_of, map(inputs.__getitem__, step.args)))  # no Python frame per handle
+        if None in handles:  # an input never allocated (an empty tensor's)
+            handles = [inputs[i].handle for i in step.args]
+        programs.get_program(step.ast, device).launch(handles)
+        out = UOp(Ops.BUFFER, target.dtype, (), inputs[-1])
+        if leaf.out_shape is not None:
+            out = UOp(Ops.RESHAPE, target.dtype, (out,), leaf.out_shape)
+        if leaf.kept is not None:
+            computed.remember_target(target, out, inputs, since)
+        return out
     table = run_template(leaf.template, inputs)
     out = UOp(Ops.BUFFER, target.dtype, (), table[leaf.out_entry])
     if leaf.out_shape is not None:
@@ -126,7 +142,22 @@ def run_leaf(leaf: LeafTemplate, target: UOp, inputs: list[Any]) -> list[UOp]:
             if kept[1] is not None:
                 view = UOp(Ops.RESHAPE, target.dtype, (view,), kept[1])
         computed.remember_target(target, view, table, since)
-    return [out]
+    return out
+
+
+def realize_eager(target: UOp) -> UOp | None:
+    """realize_uops([target]) for an eager op whose structure was seen (template.leaf_cache): its buffer
+    view, or None where it takes realize_uops (another graph, a structure not seen yet, a capture
+    recording, POLY_DEBUG_ALLOC). Tensor.realize tries it first."""
+    if _thread_hooks.hooks or debug_alloc.on:
+        return None
+    leaf = leaf_signature(target, computed._views or None)
+    if leaf is None:
+        return None
+    hit = schedule_template.leaf_cache.get(leaf[0])
+    if hit is None:
+        return None
+    return run_leaf(hit, target, leaf[1])
 
 
 _handle_of = attrgetter("_handle")
@@ -146,7 +177,7 @@ def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | N
         if leaf is not None:
             hit = schedule_template.leaf_cache.get(leaf[0])
             if hit is not None:
-                return run_leaf(hit, targets[0], leaf[1])
+                return [run_leaf(hit, targets[0], leaf[1])]
     effects: list[UOp] = []
     var_vals: dict[UOp, int] = {}
     walked: dict[UOp, UOp] | None = None if capturing else {}

@@ -64,6 +64,9 @@ class LeafTemplate:
     out_entry: int
     out_shape: tuple[int, ...] | None  # None: the flat buffer itself
     kept: tuple[int, tuple | None] | None  # the target's (entry, view shape) in Template.kept
+    # the template's one step where it is a kernel that writes every element of the one new buffer, the
+    # output, and the kept value is the output itself: engine/realize.run_leaf's shortest path
+    kernel: Step | None = None
 
 
 # leaf_signature -> LeafTemplate: an eager op whose structure was seen skips normalize's walk. Its keys
@@ -97,7 +100,12 @@ def leaf_template(tpl: Template, key: tuple[UOp, ...], normalized: list[UOp]) ->
         return None
     if any(n in tpl.kept for n in normalized if n is not key[0]):
         return None
-    return LeafTemplate(tpl, out.arg.index, shape, tpl.kept.get(key[0]))
+    kept = tpl.kept.get(key[0])
+    kernel = None
+    if len(tpl.steps) == 1 and len(tpl.new_buffers) == 1 and tpl.unwritten == (False,) \
+            and out.arg.index == tpl.n_inputs and kept in (None, (out.arg.index, shape)):
+        kernel = tpl.steps[0]
+    return LeafTemplate(tpl, out.arg.index, shape, kept, kernel)
 
 
 def _kernel_name(root: UOp, ast: UOp) -> str:
