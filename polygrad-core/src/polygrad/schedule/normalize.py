@@ -248,6 +248,15 @@ def leaf_signature(target: UOp, reuse: dict[weakref.ref, UOp] | None) -> tuple[t
     so a cache keyed by it pins no memory (schedule/template.py `leaf_cache`)."""
     if target.arg is not None or target.op not in _PLAIN_NORMALIZE or not target.src:
         return None  # (a node without sources has no buffer below: computed.remember keeps nothing of it)
+    srcs = target.src
+    if len(srcs) == 2:  # the common eager op, x + y over two whole buffers: a flat tuple, no loop
+        x, y = srcs
+        if x.op is _BUFFER and y.op is _BUFFER:
+            bx, by = x.arg, y.arg
+            if type(bx) is Buffer and type(by) is Buffer:
+                if bx is by:  # one slot; 7 entries, while the general form below holds tuples from [2] on
+                    return (target.op, target.dtype, x.dtype, bx.size, bx.device, y.dtype, 0), [bx]
+                return (target.op, target.dtype, x.dtype, bx.size, bx.device, y.dtype, by.size, by.device), [bx, by]
     sig: list[Any] = [target.op, target.dtype]
     inputs: list[Any] = []
     for src in target.src:
