@@ -127,8 +127,8 @@ def run_leaf(leaf: LeafTemplate, target: UOp, inputs: list[Any]) -> UOp:
         out = UOp(Ops.BUFFER, target.dtype, (), inputs[-1])
         if leaf.out_shape is not None:
             out = UOp(Ops.RESHAPE, target.dtype, (out,), leaf.out_shape)
-        if leaf.kept is not None:
-            computed.remember_target(target, out, inputs, since)
+        if leaf.kept is not None:  # the new buffer is the newest of the table
+            computed.remember_target(target, out, inputs[-1].serial, since)
         return out
     table = run_template(leaf.template, inputs)
     out = UOp(Ops.BUFFER, target.dtype, (), table[leaf.out_entry])
@@ -141,7 +141,7 @@ def run_leaf(leaf: LeafTemplate, target: UOp, inputs: list[Any]) -> UOp:
             view = UOp(Ops.BUFFER, target.dtype, (), table[kept[0]])
             if kept[1] is not None:
                 view = UOp(Ops.RESHAPE, target.dtype, (view,), kept[1])
-        computed.remember_target(target, view, table, since)
+        computed.remember_target(target, view, computed.newest_serial(table), since)
     return out
 
 
