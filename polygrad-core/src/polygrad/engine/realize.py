@@ -23,7 +23,7 @@ from polygrad.schedule.normalize import (SlotRef, capacity_buffers, denormalize,
 from polygrad.schedule import template as schedule_template  # leaf_cache looked up per call: tests swap it
 from polygrad.schedule.template import LeafTemplate, Template, remember_leaf, template_for
 from polygrad.uop import dataflow, sint
-from polygrad.uop.ops import Ops, UOp
+from polygrad.uop.ops import Ops, UOp, new_uop
 
 
 class _ThreadHooks(threading.local):
@@ -110,26 +110,10 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
 
 
 def run_leaf(leaf: LeafTemplate, target: UOp, inputs: list[Any]) -> UOp:
-    """Realize an eager op whose structure was seen (template.leaf_cache), as the rest of realize_uops
-    would, with what it needs computed once (LeafTemplate): run the template, make the output view, keep
-    the target's value; returns the view. Its callers check that no capture records and POLY_DEBUG_ALLOC
-    is off. A template of one kernel writing its one new buffer (LeafTemplate.kernel, the eager op's
-    usual form) allocates, launches and keeps without run_template's general loop."""
+    """Realize an eager op whose structure was seen (template.leaf_cache) and whose template is not one
+    kernel writing its one new buffer (realize_eager runs those), as the rest of realize_uops would: run
+    the template, make the output view, keep the target's value; returns the view."""
     since = computed._generation[0]
-    step = leaf.kernel
-    if step is not None:
-        size, dtype, device = leaf.template.new_buffers[0]
-        inputs.append(Buffer(device, size, dtype).ensure_allocated(True))  # the kernel writes every element
-        handles = list(map(_handle_of, map(inputs.__getitem__, step.args)))  # no Python frame per handle
-        if None in handles:  # an input never allocated (an empty tensor's)
-            handles = [inputs[i].handle for i in step.args]
-        programs.get_program(step.ast, device).launch(handles)
-        out = UOp(Ops.BUFFER, target.dtype, (), inputs[-1])
-        if leaf.out_shape is not None:
-            out = UOp(Ops.RESHAPE, target.dtype, (out,), leaf.out_shape)
-        if leaf.kept is not None:  # the new buffer is the newest of the table
-            computed.remember_target(target, out, inputs[-1].serial, since)
-        return out
     table = run_template(leaf.template, inputs)
     out = UOp(Ops.BUFFER, target.dtype, (), table[leaf.out_entry])
     if leaf.out_shape is not None:
@@ -147,17 +131,35 @@ def run_leaf(leaf: LeafTemplate, target: UOp, inputs: list[Any]) -> UOp:
 
 def realize_eager(target: UOp) -> UOp | None:
     """realize_uops([target]) for an eager op whose structure was seen (template.leaf_cache): its buffer
-    view, or None where it takes realize_uops (another graph, a structure not seen yet, a capture
-    recording, POLY_DEBUG_ALLOC). Tensor.realize tries it first."""
+    view, or None where it takes realize_uops' walk (another graph, a structure not seen yet, a capture
+    recording, POLY_DEBUG_ALLOC). Tensor.realize tries it first. A template of one kernel writing its one
+    new buffer (LeafTemplate.kernel, the eager op's usual form) is allocated, launched and kept here,
+    without run_template's general loop; others go through run_leaf."""
     if _thread_hooks.hooks or debug_alloc.on:
         return None
+    since = computed._generation[0]
     leaf = leaf_signature(target, computed._views or None)
     if leaf is None:
         return None
     hit = schedule_template.leaf_cache.get(leaf[0])
     if hit is None:
         return None
-    return run_leaf(hit, target, leaf[1])
+    step = hit.kernel
+    inputs = leaf[1]
+    if step is None:
+        return run_leaf(hit, target, inputs)
+    size, dtype, device = hit.template.new_buffers[0]
+    inputs.append(Buffer(device, size, dtype).ensure_allocated(True))  # the kernel writes every element
+    handles = list(map(_handle_of, map(inputs.__getitem__, step.args)))  # no Python frame per handle
+    if None in handles:  # an input never allocated (an empty tensor's)
+        handles = [inputs[i].handle for i in step.args]
+    programs.get_program(step.ast, device).launch(handles)
+    out = new_uop(UOp, Ops.BUFFER, target.dtype, (), inputs[-1])
+    if hit.out_shape is not None:
+        out = UOp(Ops.RESHAPE, target.dtype, (out,), hit.out_shape)
+    if hit.kept is not None:  # the new buffer is the newest of the table
+        computed.remember_target(target, out, inputs[-1].serial, since)
+    return out
 
 
 _handle_of = attrgetter("_handle")
@@ -173,11 +175,10 @@ def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | N
     reuse = None if capturing else (computed._views or None)  # computed.views(), inline
     leaf = None
     if len(targets) == 1 and not capturing and not debug_alloc.on:  # an eager op seen before: no walk
-        leaf = leaf_signature(targets[0], reuse)
-        if leaf is not None:
-            hit = schedule_template.leaf_cache.get(leaf[0])
-            if hit is not None:
-                return [run_leaf(hit, targets[0], leaf[1])]
+        out = realize_eager(targets[0])
+        if out is not None:
+            return [out]
+        leaf = leaf_signature(targets[0], reuse)  # remembered below, once the walk made its template
     effects: list[UOp] = []
     var_vals: dict[UOp, int] = {}
     walked: dict[UOp, UOp] | None = None if capturing else {}
