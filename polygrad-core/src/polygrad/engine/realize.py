@@ -21,7 +21,7 @@ from polygrad.schedule import computed
 from polygrad.schedule.normalize import (SlotRef, capacity_buffers, denormalize, leaf_signature, normalize,
                                          record_effects)
 from polygrad.schedule import template as schedule_template  # leaf_cache looked up per call: tests swap it
-from polygrad.schedule.template import LeafTemplate, Template, remember_leaf, template_for
+from polygrad.schedule.template import Template, remember_leaf, template_for
 from polygrad.uop import dataflow, sint
 from polygrad.uop.ops import Ops, UOp, new_uop
 
@@ -109,32 +109,12 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
     return table
 
 
-def run_leaf(leaf: LeafTemplate, target: UOp, inputs: list[Any]) -> UOp:
-    """Realize an eager op whose structure was seen (template.leaf_cache) and whose template is not one
-    kernel writing its one new buffer (realize_eager runs those), as the rest of realize_uops would: run
-    the template, make the output view, keep the target's value; returns the view."""
-    since = computed._generation[0]
-    table = run_template(leaf.template, inputs)
-    out = UOp(Ops.BUFFER, target.dtype, (), table[leaf.out_entry])
-    if leaf.out_shape is not None:
-        out = UOp(Ops.RESHAPE, target.dtype, (out,), leaf.out_shape)
-    kept = leaf.kept
-    if kept is not None:
-        view = out
-        if kept != (leaf.out_entry, leaf.out_shape):
-            view = UOp(Ops.BUFFER, target.dtype, (), table[kept[0]])
-            if kept[1] is not None:
-                view = UOp(Ops.RESHAPE, target.dtype, (view,), kept[1])
-        computed.remember_target(target, view, computed.newest_serial(table), since)
-    return out
-
-
 def realize_eager(target: UOp) -> UOp | None:
     """realize_uops([target]) for an eager op whose structure was seen (template.leaf_cache): its buffer
     view, or None where it takes realize_uops' walk (another graph, a structure not seen yet, a capture
-    recording, POLY_DEBUG_ALLOC). Tensor.realize tries it first. A template of one kernel writing its one
-    new buffer (LeafTemplate.kernel, the eager op's usual form) is allocated, launched and kept here,
-    without run_template's general loop; others go through run_leaf."""
+    recording, POLY_DEBUG_ALLOC). Tensor.realize tries it first. What run_template and computed.remember
+    would do for the entry's one kernel, without their general loops: one buffer from the reuse cache
+    (the kernel writes every element), the launch, the output's view, the target's kept value."""
     if _thread_hooks.hooks or debug_alloc.on:
         return None
     since = computed._generation[0]
@@ -146,10 +126,8 @@ def realize_eager(target: UOp) -> UOp | None:
         return None
     step = hit.kernel
     inputs = leaf[1]
-    if step is None:
-        return run_leaf(hit, target, inputs)
     size, dtype, device = hit.template.new_buffers[0]
-    inputs.append(Buffer(device, size, dtype).ensure_allocated(True))  # the kernel writes every element
+    inputs.append(Buffer(device, size, dtype).ensure_allocated(True))
     handles = list(map(_handle_of, map(inputs.__getitem__, step.args)))  # no Python frame per handle
     if None in handles:  # an input never allocated (an empty tensor's)
         handles = [inputs[i].handle for i in step.args]
@@ -157,7 +135,7 @@ def realize_eager(target: UOp) -> UOp | None:
     out = new_uop(UOp, Ops.BUFFER, target.dtype, (), inputs[-1])
     if hit.out_shape is not None:
         out = UOp(Ops.RESHAPE, target.dtype, (out,), hit.out_shape)
-    if hit.kept is not None:  # the new buffer is the newest of the table
+    if hit.keep:  # the new buffer is the newest of the table
         computed.remember_target(target, out, inputs[-1].serial, since)
     return out
 

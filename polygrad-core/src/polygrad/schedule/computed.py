@@ -93,17 +93,12 @@ def remember(walked: dict[UOp, UOp], kept: dict[UOp, tuple[int, tuple | None]], 
 def remember_target(node: UOp, view: UOp, newest: int, since: int) -> None:
     """remember() for a realize whose only kept value is its target's (an eager op through
     template.leaf_cache): `node` now reads as `view`, a view of one of the realize's buffers, the newest of
-    which has the creation serial `newest` (newest_serial(table))."""
+    which has the creation serial `newest`."""
     if since != _generation[0]:
         return
     if newest > _newest[0]:
         _newest[0] = newest
     _views[weakref.ref(node, _drop)] = view
-
-
-def newest_serial(table: list[Any]) -> int:
-    """The largest creation serial among a realize's buffers (remember_target's `newest`)."""
-    return max(map(_serial, table))
 
 
 def forget() -> None:
