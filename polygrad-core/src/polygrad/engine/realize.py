@@ -127,7 +127,7 @@ def realize_eager(target: UOp) -> UOp | None:
     step = hit.kernel
     inputs = leaf[1]
     size, dtype, device = hit.template.new_buffers[0]
-    inputs.append(Buffer(device, size, dtype).ensure_allocated(True))
+    inputs.append(Buffer(device, size, dtype).ensure_allocated(True))  # no zero fill: the kernel writes it all
     handles = list(map(_handle_of, map(inputs.__getitem__, step.args)))  # no Python frame per handle
     if None in handles:  # an input never allocated (an empty tensor's)
         handles = [inputs[i].handle for i in step.args]
