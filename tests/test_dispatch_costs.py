@@ -28,11 +28,11 @@ from polygrad.uop.ops import Ops
 
 needs_cc = pytest.mark.skipif("CPU" not in DEVICES, reason="needs the CPU backend")
 
-# A cached realize of (a + b) enters 18 Python functions (the tensor op, the eager-op cache's signature,
-# one launch, the result's buffer and UOp, their release); it took 53 before issue 17's dispatch work, 29
-# with a walk of the graph (before issue 32's leaf cache), and a scheduler or lowering run takes
-# hundreds. A little headroom for unrelated additions.
-TINY_OP_CALL_BUDGET = 21
+# A cached realize of (a + b) enters 14 Python functions (the tensor op and its node, the eager-op cache's
+# signature, one buffer, one launch, the result's UOp, the kept value); it took 53 before issue 17's
+# dispatch work, 29 with a walk of the graph (before issue 32's leaf cache), 18 through realize_uops and
+# run_template (before realize_eager), and a scheduler or lowering run takes hundreds.
+TINY_OP_CALL_BUDGET = 15
 
 
 def _python_calls(fn) -> int:

@@ -52,6 +52,29 @@ def test_seen_eager_op_skips_the_walk(monkeypatch, fresh_leaf_cache):
         np.testing.assert_array_equal((x * y).numpy(), np.arange(4, dtype=np.float32) * k * 2)
 
 
+@needs_cc
+def test_seen_eager_op_runs_its_kernel_without_the_general_realize(monkeypatch, fresh_leaf_cache):
+    """Tensor.realize serves a seen eager op through realize_eager alone: neither realize_uops nor
+    run_template (the general loop over a template's steps) runs, and the kernel still computes."""
+    xs = [_t(np.arange(6, dtype=np.float32) + k) for k in range(4)]  # realized before the patch below
+    b = _t(np.full(6, 3.0, np.float32))
+    (xs[0] * b).realize()
+    (xs[0].reshape(2, 3) * xs[0].reshape(2, 3)).realize()
+    assert len(fresh_leaf_cache.leaf_cache) == 2
+    assert all(e.kernel.kind == "kernel" and e.keep for e in fresh_leaf_cache.leaf_cache.values())
+
+    def boom(*args, **kw):
+        raise AssertionError("a seen eager op took the general realize")
+    monkeypatch.setattr(realize_module, "realize_uops", boom)
+    monkeypatch.setattr(realize_module, "run_template", boom)
+    for k in (1, 2, 3):
+        want = np.arange(6, dtype=np.float32) + k
+        got = (xs[k] * b).realize()
+        square = (xs[k].reshape(2, 3) * xs[k].reshape(2, 3)).realize()
+        np.testing.assert_array_equal(got.numpy(), want * 3)
+        np.testing.assert_array_equal(square.numpy(), want.reshape(2, 3) ** 2)
+
+
 def test_signature_is_exactly_the_normalized_key():
     """Over a family of eager ops, signatures are equal exactly when normalize's keys are."""
     f4, f22, i4 = np.arange(4, dtype=np.float32), np.arange(4, dtype=np.float32).reshape(2, 2), np.arange(4)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import sys
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -176,3 +177,18 @@ def test_random_draws_in_another_thread_survive_a_model_capture():
     assert not np.array_equal(first[0].numpy(), later), "a random key was handed out twice"
     np.testing.assert_allclose(m.forward(x=np.ones((2, 3), np.float32))["output"].numpy(), np.full((2, 2), 3.0))
     m.dispose()
+
+
+
+def test_a_node_made_again_before_the_dead_ones_entry_went_keeps_its_entry():
+    # The hash-cons table takes no lock (uop/ops.py): between a node's death and its _forget, another
+    # thread may make the node again, which replaces the dead entry. _forget must then leave that live
+    # entry alone, or the next lookup makes a second node. A weak-reference callback registered after the
+    # node's own runs before _forget, so it stands in for that thread here, deterministically.
+    key = 9_100_000
+    node = UOp(Ops.CONST, dtypes.int32, (), key)
+    made: list[UOp] = []
+    probe = weakref.ref(node, lambda _: made.append(UOp(Ops.CONST, dtypes.int32, (), key)))
+    del node
+    assert probe() is None and len(made) == 1
+    assert UOp(Ops.CONST, dtypes.int32, (), key) is made[0]

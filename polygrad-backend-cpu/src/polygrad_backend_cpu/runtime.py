@@ -288,12 +288,18 @@ class CPUProgram:
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> float | None:
         args = list(map(_ptr_of, buffers))  # no Python frame per launch (a list comprehension makes one)
-        if None in args:  # a handle not cast yet
-            args = [pointer(b) for b in buffers]
         t0 = time.perf_counter() if timing else 0.0
         if self.threads == 1:
-            self.fn(*args, *var_vals)
-        elif self.task is not None and _c_pool:
+            try:  # (`None in args` compares every cdata pointer with None: dearer than the call)
+                self.fn(*args, *var_vals)
+            except TypeError:  # cffi checks every argument before it calls: nothing ran
+                if None not in args:
+                    raise
+                self.fn(*map(pointer, buffers), *var_vals)  # a handle not cast yet
+            return time.perf_counter() - t0 if timing else None
+        if None in args:  # a handle not cast yet
+            args = [pointer(b) for b in buffers]
+        if self.task is not None and _c_pool:
             keep = [FFI.new(_VALUE_P[t], v) for t, v in zip(self.var_types, var_vals)]
             packed = FFI.new(_VOID_P_ARRAY, args + keep) if keep else FFI.new(_VOID_P_ARRAY, args)
             _c_pool.pg_pool_run(self.task, packed, self.threads, launch_threads(self.threads))

@@ -9,6 +9,7 @@ import importlib.metadata
 import itertools
 import threading
 import warnings
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -356,13 +357,18 @@ class Buffer:
             self._handle = debug_alloc.alloc(impl.allocator, nbytes)
             _account(self.device, nbytes, 1)
             return self
-        with _alloc_lock:  # test and take at once: another thread may take the last one, or free_cached() all
-            free = _alloc_cache.get((self.device, nbytes))  # a freed allocation of this size (_release)
-            handle = None
+        handle = None
+        # test and take at once: another thread may take the last one, or free_cached() all (acquire and
+        # release, not `with`: every realize allocates, and `with` makes two bound methods)
+        _alloc_lock.acquire()
+        try:
+            free = _alloc_cache.get((self.device, nbytes))  # freed allocations of this size (_release)
             if free:
                 handle = free.pop()[1]
                 alloc_cache_bytes["total"] -= nbytes
-                buffers_live[self.device] = buffers_live.get(self.device, 0) + 1
+                buffers_live[self.device] += 1  # (its device's count exists: the allocation was counted)
+        finally:
+            _alloc_lock.release()
         if handle is None:
             handle = impl.allocator.alloc(nbytes)
             _account(self.device, nbytes, 1)
@@ -384,15 +390,22 @@ class Buffer:
         self._handle = None
         device, nbytes = self.device, self.size * self.dtype.itemsize
         if type(handle) is not GuardedMemory and nbytes and not getattr(handle, "readonly", False):
-            with _alloc_lock:
+            # kept for the next buffer of this size (_release, inline: every realize frees a buffer)
+            allocator = self._impl.allocator
+            _alloc_lock.acquire()
+            try:
                 if alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT:
-                    # kept for the next buffer of this size (_release, inline: every realize frees a buffer)
                     buffers_live[device] -= 1
-                    _alloc_cache.setdefault((device, nbytes), []).append((self._impl.allocator, handle))
+                    free = _alloc_cache.get((device, nbytes))
+                    if free is None:  # _cached_of_size, inline
+                        free = _alloc_cache[(device, nbytes)] = deque()
+                    free.append((allocator, handle))
                     alloc_cache_bytes["total"] += nbytes
                     if nbytes >= RELEASE_ON_FREE_BYTES:
-                        _release_pages(self._impl.allocator, handle, nbytes)
+                        _release_pages(allocator, handle, nbytes)
                     return
+            finally:
+                _alloc_lock.release()
         _release(self._impl.allocator, handle, nbytes, device)
 
     @property
@@ -470,11 +483,20 @@ def adopt_host_array(device: str, arr: np.ndarray, dtype: DType) -> Buffer:
 # GlobalCounters.mem_used counts them: it is the memory the runtime holds on each device, live or
 # cached for reuse. free_cached() (and polygrad's collect()) gives the cached part back.
 ALLOC_CACHE_LIMIT = config.get("POLY_ALLOC_CACHE_MB") << 20  # read when polygrad is imported
-_alloc_cache: dict[tuple[str, int], list[tuple[Any, Any]]] = {}
+# (a deque per size: a list shrinking to empty and growing again reallocates at every realize)
+_alloc_cache: dict[tuple[str, int], deque[tuple[Any, Any]]] = {}
 alloc_cache_bytes = {"total": 0}
 # Held while the cache or the counters change, so threads allocating and freeing at once never take
 # one allocation twice nor lose a count. Reentrant: a collection inside it may free a Buffer.
 _alloc_lock = threading.RLock()
+
+
+def _cached_of_size(device: str, nbytes: int) -> deque[tuple[Any, Any]]:
+    """The cached allocations of `nbytes` on `device` (with _alloc_lock held)."""
+    free = _alloc_cache.get((device, nbytes))
+    if free is None:
+        free = _alloc_cache[(device, nbytes)] = deque()
+    return free
 
 
 def _release(allocator: Any, handle: Any, nbytes: int, device: str) -> None:
@@ -487,7 +509,7 @@ def _release(allocator: Any, handle: Any, nbytes: int, device: str) -> None:
         # an adopted handle is the caller's memory: never handed to another buffer
         if nbytes and alloc_cache_bytes["total"] + nbytes <= ALLOC_CACHE_LIMIT and not getattr(handle, "readonly",
                                                                                                  False):
-            _alloc_cache.setdefault((device, nbytes), []).append((allocator, handle))
+            _cached_of_size(device, nbytes).append((allocator, handle))
             alloc_cache_bytes["total"] += nbytes
             if nbytes >= RELEASE_ON_FREE_BYTES:
                 _release_pages(allocator, handle, nbytes)

@@ -37,7 +37,7 @@ from polygrad.schedule.overwrites import is_view, mixed_frontier, readers_of, wr
 from polygrad.tensor_activation import ActivationMixin
 from polygrad.uop import movement as mv
 from polygrad.uop import sint
-from polygrad.uop.ops import COMPARISONS, Ops, UOp
+from polygrad.uop.ops import COMPARISONS, Ops, UOp, new_uop
 from polygrad.uop.shape import ShapeError
 from polygrad.tensor_common import (_buffer_uop, _check_operand, _check_runtimes, _default_device, _prod,
                                     _resolve_axis, _shape_arg, _sum_dtype, broadcast_shape, capture_guards,
@@ -322,8 +322,13 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     def realize(self, *others: "Tensor") -> "Tensor":
         if others:
             Tensor.realize_all(self, *others)
-        elif not _is_realized(self.uop):
-            _realize_tensors([self])
+        elif ((old := self.uop).op is not Ops.BUFFER and old.op is not Ops.RESHAPE) or not _is_realized(old):
+            # an eager op seen before (a pure node: never an effect, so nothing to order around it)
+            new = engine_realize.realize_eager(old) if self._runtime is None else None
+            if new is None:
+                _realize_tensors([self])
+            else:
+                self._graph, self.uop = old, new
         return self
 
     @staticmethod
@@ -546,7 +551,7 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
                     ud, vd = u.device, v.device
                 if y._runtime is rt and rt is None and vd == ud:  # _alu's checks, passed: build here
                     # _elementwise_node, inline: every eager op takes this path
-                    n = UOp(op, dtypes.bool if op in COMPARISONS else u.dtype, (v, u) if reverse else (u, v))
+                    n = new_uop(UOp, op, dtypes.bool if op in COMPARISONS else u.dtype, (v, u) if reverse else (u, v))
                     if n._shape is None:
                         n._shape, n._device = us, ud
                     return self._new(n)

@@ -21,9 +21,9 @@ from polygrad.schedule import computed
 from polygrad.schedule.normalize import (SlotRef, capacity_buffers, denormalize, leaf_signature, normalize,
                                          record_effects)
 from polygrad.schedule import template as schedule_template  # leaf_cache looked up per call: tests swap it
-from polygrad.schedule.template import LeafTemplate, Template, remember_leaf, template_for
+from polygrad.schedule.template import Template, remember_leaf, template_for
 from polygrad.uop import dataflow, sint
-from polygrad.uop.ops import Ops, UOp
+from polygrad.uop.ops import Ops, UOp, new_uop
 
 
 class _ThreadHooks(threading.local):
@@ -109,24 +109,35 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
     return table
 
 
-def run_leaf(leaf: LeafTemplate, target: UOp, inputs: list[Any]) -> list[UOp]:
-    """Realize an eager op whose structure was seen (template.leaf_cache), as the rest of realize_uops
-    would, with what it needs computed once (LeafTemplate): run the template, make the output view, keep
-    the target's value. Its callers check that no capture records and POLY_DEBUG_ALLOC is off."""
+def realize_eager(target: UOp) -> UOp | None:
+    """realize_uops([target]) for an eager op whose structure was seen (template.leaf_cache): its buffer
+    view, or None where it takes realize_uops' walk (another graph, a structure not seen yet, a capture
+    recording, POLY_DEBUG_ALLOC). Tensor.realize tries it first. What run_template and computed.remember
+    would do for the entry's one kernel, without their general loops: one buffer from the reuse cache
+    (the kernel writes every element), the launch, the output's view, the target's kept value."""
+    if _thread_hooks.hooks or debug_alloc.on:
+        return None
     since = computed._generation[0]
-    table = run_template(leaf.template, inputs)
-    out = UOp(Ops.BUFFER, target.dtype, (), table[leaf.out_entry])
-    if leaf.out_shape is not None:
-        out = UOp(Ops.RESHAPE, target.dtype, (out,), leaf.out_shape)
-    kept = leaf.kept
-    if kept is not None:
-        view = out
-        if kept != (leaf.out_entry, leaf.out_shape):
-            view = UOp(Ops.BUFFER, target.dtype, (), table[kept[0]])
-            if kept[1] is not None:
-                view = UOp(Ops.RESHAPE, target.dtype, (view,), kept[1])
-        computed.remember_target(target, view, table, since)
-    return [out]
+    leaf = leaf_signature(target, computed._views or None)
+    if leaf is None:
+        return None
+    hit = schedule_template.leaf_cache.get(leaf[0])
+    if hit is None:
+        return None
+    step = hit.kernel
+    inputs = leaf[1]
+    size, dtype, device = hit.template.new_buffers[0]
+    inputs.append(Buffer(device, size, dtype).ensure_allocated(True))  # no zero fill: the kernel writes it all
+    handles = list(map(_handle_of, map(inputs.__getitem__, step.args)))  # no Python frame per handle
+    if None in handles:  # an input never allocated (an empty tensor's)
+        handles = [inputs[i].handle for i in step.args]
+    programs.get_program(step.ast, device).launch(handles)
+    out = new_uop(UOp, Ops.BUFFER, target.dtype, (), inputs[-1])
+    if hit.out_shape is not None:
+        out = UOp(Ops.RESHAPE, target.dtype, (out,), hit.out_shape)
+    if hit.keep:  # the new buffer is the newest of the table
+        computed.remember_target(target, out, inputs[-1].serial, since)
+    return out
 
 
 _handle_of = attrgetter("_handle")
@@ -142,11 +153,10 @@ def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | N
     reuse = None if capturing else (computed._views or None)  # computed.views(), inline
     leaf = None
     if len(targets) == 1 and not capturing and not debug_alloc.on:  # an eager op seen before: no walk
-        leaf = leaf_signature(targets[0], reuse)
-        if leaf is not None:
-            hit = schedule_template.leaf_cache.get(leaf[0])
-            if hit is not None:
-                return run_leaf(hit, targets[0], leaf[1])
+        out = realize_eager(targets[0])
+        if out is not None:
+            return [out]
+        leaf = leaf_signature(targets[0], reuse)  # remembered below, once the walk made its template
     effects: list[UOp] = []
     var_vals: dict[UOp, int] = {}
     walked: dict[UOp, UOp] | None = None if capturing else {}

@@ -90,12 +90,12 @@ def remember(walked: dict[UOp, UOp], kept: dict[UOp, tuple[int, tuple | None]], 
         _views[weakref.ref(node, _drop)] = view if shape is None else UOp(Ops.RESHAPE, norm.dtype, (view,), shape)
 
 
-def remember_target(node: UOp, view: UOp, table: list[Any], since: int) -> None:
+def remember_target(node: UOp, view: UOp, newest: int, since: int) -> None:
     """remember() for a realize whose only kept value is its target's (an eager op through
-    template.leaf_cache): `node` now reads as `view`, a view of one of `table`'s buffers."""
+    template.leaf_cache): `node` now reads as `view`, a view of one of the realize's buffers, the newest of
+    which has the creation serial `newest`."""
     if since != _generation[0]:
         return
-    newest = max(map(_serial, table))
     if newest > _newest[0]:
         _newest[0] = newest
     _views[weakref.ref(node, _drop)] = view

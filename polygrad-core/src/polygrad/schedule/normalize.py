@@ -194,6 +194,8 @@ def _normalize_walk(order: list[UOp], targets: list[UOp], effects: list[UOp] | N
 
 # nodes normalize only rebuilds over their normalised sources (everything but buffers, effects, variables)
 _PLAIN_NORMALIZE = frozenset(Ops) - {Ops.BUFFER, Ops.BIND, Ops.DEFINE_VAR, *EFFECT_OPS, *UNIQUE_OPS}
+_BUFFER, _RESHAPE = Ops.BUFFER, Ops.RESHAPE
+_INT_TYPES = frozenset((int,))
 
 
 def _live_order(targets: list[UOp], reuse: dict[weakref.ref, UOp] | None,
@@ -246,31 +248,37 @@ def leaf_signature(target: UOp, reuse: dict[weakref.ref, UOp] | None) -> tuple[t
     so a cache keyed by it pins no memory (schedule/template.py `leaf_cache`)."""
     if target.arg is not None or target.op not in _PLAIN_NORMALIZE or not target.src:
         return None  # (a node without sources has no buffer below: computed.remember keeps nothing of it)
+    srcs = target.src
+    if len(srcs) == 2:  # the common eager op, x + y over two whole buffers: a flat tuple, no loop
+        x, y = srcs
+        if x.op is _BUFFER and y.op is _BUFFER:
+            bx, by = x.arg, y.arg
+            if type(bx) is Buffer and type(by) is Buffer:
+                if bx is by:  # one slot; 7 entries, while the general form below holds tuples from [2] on
+                    return (target.op, target.dtype, x.dtype, bx.size, bx.device, y.dtype, 0), [bx]
+                return (target.op, target.dtype, x.dtype, bx.size, bx.device, y.dtype, by.size, by.device), [bx, by]
     sig: list[Any] = [target.op, target.dtype]
     inputs: list[Any] = []
     for src in target.src:
-        if src.op is Ops.BUFFER:
-            node, shape = src, None
-        elif src.op is Ops.RESHAPE:
-            node, shape = src.src[0], src.arg
-            if node.op is not Ops.BUFFER:
-                return None
-            for dim in shape:
-                if type(dim) is not int:  # symbolic: normalize's second walk
-                    return None
+        node = src
+        if src.op is not _BUFFER:
+            node = src.src[0] if src.op is _RESHAPE else src
+            if node.op is not _BUFFER or not _INT_TYPES.issuperset(map(type, src.arg)):
+                return None  # another op below, or a symbolic shape (normalize's second walk)
             if reuse is not None and weakref.ref(src) in reuse:  # normalize would read its kept value
                 return None
-        else:
-            return None
         buf = node.arg
         if type(buf) is not Buffer:
             return None
-        slot = 0
-        while slot < len(inputs) and inputs[slot] is not buf:  # first appearance, as normalize numbers them
-            slot += 1
-        if slot == len(inputs):
+        if buf in inputs:  # slots by first appearance, as normalize numbers them (Buffers compare by identity)
+            slot = inputs.index(buf)
+        else:
+            slot = len(inputs)
             inputs.append(buf)
-        sig += (src.dtype, node.dtype, buf.size, buf.device, shape, slot)
+        if node is src:
+            sig.append((node.dtype, buf.size, buf.device, slot))
+        else:
+            sig.append((node.dtype, buf.size, buf.device, slot, src.dtype, src.arg))
     return tuple(sig), inputs
 
 

@@ -57,13 +57,13 @@ schedule_cache: dict[tuple[UOp, ...], Template] = {}
 
 @dataclass(frozen=True)
 class LeafTemplate:
-    """A cached template of an eager op (normalize.leaf_signature), with what realize needs ready:
-    its output as a table entry and shape, and the kept value of its target (computed.remember)."""
+    """A cached template of an eager op (normalize.leaf_signature) that is one kernel writing every
+    element of its one new buffer, the output, with what realize needs ready (engine/realize.realize_eager)."""
 
     template: Template
-    out_entry: int
-    out_shape: tuple[int, ...] | None  # None: the flat buffer itself
-    kept: tuple[int, tuple | None] | None  # the target's (entry, view shape) in Template.kept
+    kernel: Step  # the template's one step
+    out_shape: tuple[int, ...] | None  # the output's view shape; None: the flat buffer itself
+    keep: bool  # the target's value is kept (computed.remember: Template.kept holds the output for it)
 
 
 # leaf_signature -> LeafTemplate: an eager op whose structure was seen skips normalize's walk. Its keys
@@ -84,20 +84,24 @@ def remember_leaf(signature: tuple, tpl: Template, key: tuple[UOp, ...], normali
 
 def leaf_template(tpl: Template, key: tuple[UOp, ...], normalized: list[UOp]) -> LeafTemplate | None:
     """The LeafTemplate of `tpl` (cached under `key`, the graph's `normalized` nodes), or None where the
-    short path would differ from run_template and computed.remember: a copy step, a symbolic size, an
-    output that is not a plain view of one table entry, a kept value other than the target's."""
-    if any(step.kind != "kernel" for step in tpl.steps) or len(tpl.outputs) != 1:
+    short path would differ from run_template and computed.remember: anything but one kernel that writes
+    every element of the one new buffer (run_template's unwritten check, already run), a symbolic size, an
+    output that is not a plain view of that buffer, a kept value other than the target's output."""
+    if len(tpl.steps) != 1 or tpl.steps[0].kind != "kernel" or len(tpl.outputs) != 1:
         return None
-    if any(type(size) is not int for size, _, _ in tpl.new_buffers):
+    if len(tpl.new_buffers) != 1 or type(tpl.new_buffers[0][0]) is not int or tpl.unwritten != (False,):
         return None
     out, shape = tpl.outputs[0], None
     if out.op is Ops.RESHAPE and all(type(d) is int for d in out.arg):
         out, shape = out.src[0], out.arg
-    if out.op is not Ops.BUFFER or type(out.arg) is not SlotRef:
+    if out.op is not Ops.BUFFER or type(out.arg) is not SlotRef or out.arg.index != tpl.n_inputs:
         return None
     if any(n in tpl.kept for n in normalized if n is not key[0]):
         return None
-    return LeafTemplate(tpl, out.arg.index, shape, tpl.kept.get(key[0]))
+    kept = tpl.kept.get(key[0])
+    if kept is not None and kept != (tpl.n_inputs, shape):
+        return None
+    return LeafTemplate(tpl, tpl.steps[0], shape, kept is not None)
 
 
 def _kernel_name(root: UOp, ast: UOp) -> str:

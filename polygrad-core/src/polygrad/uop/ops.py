@@ -12,6 +12,7 @@ import sys
 import types
 import threading
 import weakref
+from _weakref import _remove_dead_weakref
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -126,15 +127,14 @@ def _arg_key(arg: Any) -> Any:
 # _ref_keys: a plain weakref with a shared callback costs a third of a KeyedRef to make)
 _uop_cache: dict[tuple, "weakref.ref"] = {}
 _ref_keys: dict["weakref.ref", tuple] = {}
+_compact_lock = threading.Lock()  # one compact_uop_cache at a time
 # Two threads making the same node at once must get one node, or a graph (a kernel's RANGE, say) holds two
-# copies of what must be one: a new node goes in with dict.setdefault (one step under the GIL), and the
-# lock is held where an entry is tested and then removed or replaced (a dead node's). Lookups that hit and
-# inserts take no lock. Reentrant, since freeing a dead entry's key can free more nodes (_forget) in the
-# same thread. A collection never waits for the lock: when another thread holds it, the dead reference
-# stays in _dead until the next drop (so no lock order with device.Buffer's finalizer can deadlock; a
-# dead entry left a while is harmless, a lookup finds its node gone and replaces it).
-_uop_lock = threading.RLock()
-_dead: list["weakref.ref"] = []
+# copies of what must be one. Every change to the table is one atomic step under the GIL, so no lock is
+# taken: a new node goes in with dict.setdefault, and an entry goes out with _remove_dead_weakref, which
+# deletes it only if its node is dead at that moment (the C helper WeakValueDictionary uses). A live entry
+# put under the same key meanwhile by another thread is never removed, and a lookup that finds a dead
+# entry removes it the same way and tries again. A node's death costs one Python call and no lock, and a
+# collection in any thread never waits on one (device.Buffer's finalizer takes the allocator's lock).
 _PLAIN_ARGS = (type(None), int, str)
 _PLAIN_ARG_TYPES = frozenset(_PLAIN_ARGS)
 # arg types that are their own hash-cons key (compared by identity, or holding no floats or bools):
@@ -143,38 +143,24 @@ SELF_KEYED_ARGS: set[type] = {type(None), int, str}
 
 
 def _forget(ref: "weakref.ref") -> None:
-    if not _uop_lock.acquire(False):  # positional: a keyword argument costs a parse per call
-        _dead.append(ref)  # a later drop removes the entry
-        return
-    try:  # _drop_dead for this one reference, inline: every realize frees a node
-        key = _ref_keys.pop(ref, None)
-        if key is not None and _uop_cache.get(key) is ref:
-            del _uop_cache[key]
-        if _dead:
-            _drop_dead()
-    finally:
-        _uop_lock.release()
-
-
-def _drop_dead() -> None:
-    """Remove the entries of dead nodes from the table (with _uop_lock held: the test and the delete at
-    once, while another thread may be putting a live node under the same key)."""
-    while _dead:
-        ref = _dead.pop()
-        key = _ref_keys.pop(ref, None)
-        if key is not None and _uop_cache.get(key) is ref:
-            del _uop_cache[key]
+    key = _ref_keys.pop(ref, None)
+    if key is not None:
+        _remove_dead_weakref(_uop_cache, key)
 
 
 def compact_uop_cache() -> None:
     """Rebuild the hash-cons table at its live size: a dict never shrinks as entries go, so after a
     burst of graphs the table kept its peak size (megabytes) until the process ended."""
-    with _uop_lock:
-        _drop_dead()
+    with _compact_lock:
         for table in (_uop_cache, _ref_keys):
             live = list(table.items())
             table.clear()
             table.update(live)
+        # nodes that died meanwhile (a collection): their _forget found no entry, so it came back
+        for key in [key for key, ref in _uop_cache.items() if ref() is None]:
+            _remove_dead_weakref(_uop_cache, key)
+        for ref in [ref for ref in _ref_keys if ref() is None]:
+            _ref_keys.pop(ref, None)
 
 
 # What the IR modules above ops.py give UOp's convenience methods: shape and device inference
@@ -211,18 +197,12 @@ class UOp:
         # insert if absent, in one step (dict.setdefault under the GIL): another thread may have made the node
         # since the lookup, and then that node is the one
         held = _uop_cache.setdefault(key, ref)
-        if held is not ref:
+        while held is not ref:
             hit = held()
             if hit is not None:
                 return hit
-            with _uop_lock:  # a dead node's entry, not dropped yet: replaced as _forget tests and deletes, locked
-                held = _uop_cache.get(key)
-                hit = held() if held is not None else None
-                if hit is not None:
-                    return hit
-                _uop_cache[key] = ref
-                if _dead:
-                    _drop_dead()
+            _remove_dead_weakref(_uop_cache, key)  # a dead node's entry, its _forget not run yet
+            held = _uop_cache.setdefault(key, ref)
         _ref_keys[ref] = key
         return self
 
@@ -496,3 +476,8 @@ def pretty(u: UOp, limit: int = 40) -> str:
         srcs = ", ".join(names[id(s)] for s in n.src)
         lines.append(f"{names[id(n)]} = {n.op.name}({srcs}) {n.dtype} arg={n.arg!r}")
     return "\n".join(lines)
+
+
+# UOp(...) goes through the type's call (slot dispatch, an argument tuple): calling __new__ itself makes the
+# same node for a quarter less. The eager path, which makes two nodes a realize, calls new_uop(UOp, ...).
+new_uop = UOp.__new__
