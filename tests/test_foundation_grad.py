@@ -170,3 +170,18 @@ def test_backward_reaches_lazily_created_leaf(device):
     values = w.numpy()  # realizes w after loss was built
     loss.backward()
     np.testing.assert_allclose(w.grad.numpy(), 2 * values, rtol=1e-6)
+
+
+
+def test_relu_gradient_at_special_values_matches_torch(device):
+    """relu's gradient selects on its output (gradient._where_grad: x <= k exactly where the clamp's output
+    is k): 0 at -1, -0 and +0, 1 above 0 and at +inf, and g at NaN, as torch; the same for a clamp at 0.5."""
+    vals = np.array([-1.0, -0.0, 0.0, 1e-30, 2.0, 0.5, np.nan, np.inf, -np.inf], np.float32)
+    cases = [(lambda t: t.relu(), 0.0), (lambda t: (t <= 0).where(0.0, t), 0.0),
+             (lambda t: (t <= 0.5).where(0.5, t), 0.5)]
+    for fn, k in cases:
+        ours = Tensor(vals, device=device, requires_grad=True)
+        fn(ours).sum().backward()
+        theirs = torch.tensor(vals, requires_grad=True)
+        torch.where(theirs <= k, torch.tensor(k), theirs).sum().backward()
+        np.testing.assert_array_equal(ours.grad.numpy(), theirs.grad.numpy())

@@ -101,6 +101,36 @@ def _max_grad(node: UOp, g: UOp) -> tuple:
     return alu(Ops.WHERE, alu(Ops.CMPLT, a, b), zero, share), alu(Ops.WHERE, alu(Ops.CMPLT, b, a), zero, share)
 
 
+def _where_grad(node: UOp, g: UOp) -> tuple:
+    """g to the selected operand. A clamp from below, `WHERE(x <= k, k, x)` (relu, with k a constant),
+    selects by its output instead: `x <= k` holds exactly where the output equals k (above k the output is
+    x > k, a NaN is neither), and the output is what the forward kept (schedule/computed.py), while `x` (the
+    pre-activation, fused into the output's kernel) would be computed again."""
+    cond, a, b = node.src
+    zero = full_like(g, 0.0)
+    if _clamps_below(cond, a, b):
+        return None, None, alu(Ops.WHERE, alu(Ops.CMPEQ, node, a), zero, g)
+    return None, alu(Ops.WHERE, cond, g, zero), alu(Ops.WHERE, cond, zero, g)
+
+
+def _const_value(u: UOp) -> object:
+    """The value of a constant under reshapes and expands, else None."""
+    while u.op in (Ops.RESHAPE, Ops.EXPAND):
+        u = u.src[0]
+    return u.arg if u.op is Ops.CONST else None
+
+
+def _clamps_below(cond: UOp, k: UOp, x: UOp) -> bool:
+    """cond is `x < k | x == k` (Tensor.__le__ on floats) with k the constant the WHERE selects."""
+    value = _const_value(k)
+    if value is None or not x.dtype.is_float or cond.op is not Ops.OR:
+        return False
+    ops = {c.op: c for c in cond.src}
+    lt, eq = ops.get(Ops.CMPLT), ops.get(Ops.CMPEQ)
+    return (lt is not None and eq is not None and lt.src[0] is x and eq.src[0] is x
+            and _const_value(lt.src[1]) == value and _const_value(eq.src[1]) == value)
+
+
 def _pad_grad(node: UOp, g: UOp) -> tuple:
     return (mv.shrink(g, tuple((b, sadd(b, s)) for (b, _), s in zip(node.arg, node.src[0].shape))),)
 
@@ -184,8 +214,7 @@ GRADIENT_RULES = {
     Ops.RECIPROCAL: lambda n, g: (alu(Ops.NEG, alu(Ops.MUL, g, alu(Ops.MUL, n, n))),),
     Ops.POW: _pow_grad,
     Ops.MOD: _mod_grad,
-    Ops.WHERE: lambda n, g: (None, alu(Ops.WHERE, n.src[0], g, full_like(g, 0.0)),
-                             alu(Ops.WHERE, n.src[0], full_like(g, 0.0), g)),
+    Ops.WHERE: _where_grad,
     Ops.TRUNC: lambda n, g: (full_like(g, 0.0),),
     Ops.CAST: lambda n, g: (g.cast(n.src[0].dtype) if n.src[0].dtype.is_float else None,),
     Ops.REDUCE_AXIS: _reduce_grad,
