@@ -383,11 +383,7 @@ class CStyleRenderer:
     def strided_vload(self, dt: DType, lanes: int, ptr: str, gate: str) -> str:
         """A C expression: lane k is ptr[2k] where `gate` (int lanes) is on, else 0 (nothing read);
         through a helper per vector type (`pg_sload_<type>(p, m)`, body: strided_vload_body)."""
-        vt = self.vtype(dt, lanes)
-        name = f"pg_sload_{vt[3:]}"
-        self._helpers[name] = (f"static inline {vt} {name}(const {self.storage_ctype(dt)}* p, "
-                               f"{self.vtype(dtypes.bool, lanes)} m) {{\n{self.strided_vload_body(dt, lanes)}\n}}")
-        return f"{name}({ptr}, {gate})"
+        return self._masked_load_call("pg_sload", dt, lanes, ptr, gate, self.strided_vload_body)
 
     def strided_vload_body(self, dt: DType, lanes: int) -> str:
         """The strided load helper's body over pointer p and mask m: each lane that is on read alone."""
@@ -405,10 +401,15 @@ class CStyleRenderer:
     def gated_vload(self, dt: DType, lanes: int, ptr: str, gate: str) -> str:
         """A C expression: `lanes` contiguous elements at ptr, lanes whose gate is off reading nothing and
         giving 0; through a helper per vector type (`pg_gload_<type>(p, m)`, body: gated_vload_body)."""
+        return self._masked_load_call("pg_gload", dt, lanes, ptr, gate, self.gated_vload_body)
+
+    def _masked_load_call(self, prefix: str, dt: DType, lanes: int, ptr: str, gate: str, body) -> str:
+        """`<prefix>_<type>(ptr, gate)`, defining the helper once per vector type: it takes the element
+        pointer p and the int-lane mask m, and `body(dt, lanes)` is its body."""
         vt = self.vtype(dt, lanes)
-        name = f"pg_gload_{vt[3:]}"
+        name = f"{prefix}_{vt[3:]}"
         self._helpers[name] = (f"static inline {vt} {name}(const {self.storage_ctype(dt)}* p, "
-                               f"{self.vtype(dtypes.bool, lanes)} m) {{\n{self.gated_vload_body(dt, lanes)}\n}}")
+                               f"{self.vtype(dtypes.bool, lanes)} m) {{\n{body(dt, lanes)}\n}}")
         return f"{name}({ptr}, {gate})"
 
     def gated_vload_body(self, dt: DType, lanes: int) -> str:
