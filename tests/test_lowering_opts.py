@@ -281,6 +281,22 @@ def test_a_gated_mlp_kernel_gives_both_products_lanes_and_streams_rows(fmt):
     prog = get_program(step.ast, "CPU")
     if open_device("CPU").capabilities.vector_width >= 4:
         assert "fmaf(" not in prog.source.split("void pg_kernel(")[1], prog.source
-        assert [o.kind for o in prog.spec.opts if o.kind != "THREAD"] == ["SPLIT_REDUCE", "SPLIT_REDUCE"], prog.spec.opts
+        kinds = [o.kind for o in prog.spec.opts if o.kind != "THREAD"]
+        assert kinds == ["SPLIT_REDUCE", "SPLIT_REDUCE"], prog.spec.opts
     g, u = xn @ gate.dequantize().numpy().T, xn @ up.dequantize().numpy().T
     np.testing.assert_allclose(out.numpy(), g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_a_gated_mlp_over_shared_ranges_is_exact_on_every_backend(fmt, device):
+    """Each backend's code generator gets the two products over one set of ranges (share_reduce_ranges)
+    and must still compute each one whole: values against NumPy over the dequantized weights."""
+    from polygrad.nn.quant import QuantWeight
+    rng = np.random.default_rng(1)
+    gate, up = (QuantWeight.from_float(rng.standard_normal((32, 64)).astype(np.float32), fmt, device=device)
+                for _ in range(2))
+    xn = rng.standard_normal((1, 64)).astype(np.float32)
+    x = Tensor(xn, device=device).realize()
+    g, u = xn @ gate.dequantize().numpy().T, xn @ up.dequantize().numpy().T
+    out = (gate.matmul_t(x).silu() * up.matmul_t(x)).numpy()
+    np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-5)
