@@ -259,3 +259,44 @@ def test_narrow_shift_lanes_follow_the_amounts_bounds():
     far = np.arange(64, dtype=np.uint8) % 12  # 8..11 would be undefined in 8-bit lanes
     got = (Tensor(a, device="CPU") << Tensor(far, device="CPU")).numpy()
     np.testing.assert_array_equal(got, np.where(far < 8, a << np.minimum(far, 7), 0).astype(np.uint8))
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_a_gated_mlp_kernel_gives_both_products_lanes_and_streams_rows(fmt):
+    """silu(x @ W_gate.T) * (x @ W_up.T) for one row of x over quantized weights, fused into one kernel: both
+    reductions run over shared ranges (passes.share_reduce_ranges), so the lanes chosen for the gate's
+    reach the up product too (it was a scalar fmaf chain per row, a Qwen2 decode step's slowest kernel),
+    and its rows are read one stream each, not as a tile of 4 (the silu epilogue costs once per two rows)."""
+    from polygrad.codegen.passes import kernel_for_opts
+    from polygrad.device import open_device
+    from polygrad.nn.quant import QuantWeight
+    rng = np.random.default_rng(0)
+    gate, up = (QuantWeight.from_float(rng.standard_normal((64, 128)).astype(np.float32), fmt) for _ in range(2))
+    xn = rng.standard_normal((1, 128)).astype(np.float32)
+    x = Tensor(xn, device="CPU").realize()
+    out = gate.matmul_t(x).silu() * up.matmul_t(x)
+    (step,) = [s for s in schedule([out.uop])[0].steps if s.kind == "kernel"]
+    reduces = [n for n in kernel_for_opts(step.ast).toposort() if n.op is Ops.REDUCE]
+    assert len(reduces) == 2 and reduces[0].src[1:] == reduces[1].src[1:], "the products do not share ranges"
+    prog = get_program(step.ast, "CPU")
+    if open_device("CPU").capabilities.vector_width >= 4:
+        assert "fmaf(" not in prog.source.split("void pg_kernel(")[1], prog.source
+        kinds = [o.kind for o in prog.spec.opts if o.kind != "THREAD"]
+        assert kinds == ["SPLIT_REDUCE", "SPLIT_REDUCE"], prog.spec.opts
+    g, u = xn @ gate.dequantize().numpy().T, xn @ up.dequantize().numpy().T
+    np.testing.assert_allclose(out.numpy(), g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_a_gated_mlp_over_shared_ranges_is_exact_on_every_backend(fmt, device):
+    """Each backend's code generator gets the two products over one set of ranges (share_reduce_ranges)
+    and must still compute each one whole: values against NumPy over the dequantized weights."""
+    from polygrad.nn.quant import QuantWeight
+    rng = np.random.default_rng(1)
+    gate, up = (QuantWeight.from_float(rng.standard_normal((32, 64)).astype(np.float32), fmt, device=device)
+                for _ in range(2))
+    xn = rng.standard_normal((1, 64)).astype(np.float32)
+    x = Tensor(xn, device=device).realize()
+    g, u = xn @ gate.dequantize().numpy().T, xn @ up.dequantize().numpy().T
+    out = (gate.matmul_t(x).silu() * up.matmul_t(x)).numpy()
+    np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-5)

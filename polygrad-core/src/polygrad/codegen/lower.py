@@ -10,6 +10,9 @@ for that device. The passes, in order (`lower` below runs them):
   3. split_merged_ranges        (merged_ranges.py)  a range read only as (r // c, r % c) and affine forms
                                                (heads x D merged by a transpose) becomes two ranges, so
                                                its addresses are affine and the opts can tile it
+  3b. share_reduce_ranges       (passes.py)    sibling reductions with ranges of the same trip counts (a
+                                               gated MLP's gate and up products) run over the first one's
+                                               ranges, so the opts chosen for it split them all
   4. default_opts               (here)         the Opts (opts.py) to apply, unless given (BEAM: search.py)
                                                or NOOPT=1: host_opts.py or gpu_opts.py by device class;
                                                none for a kernel with an accumulating STORE (SCATTER's:

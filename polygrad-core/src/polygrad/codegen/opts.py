@@ -109,7 +109,7 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
         if opt.kind is OptKind.THREAD:
             if r is not thread_axis(ast, opt.amount) or opt.amount < 2:
                 continue
-            ast = _substitute(ast, {r: UOp(Ops.RANGE, r.dtype, r.src, (r.arg[0], AxisKind.THREAD))})
+            ast = substitute_nodes(ast, {r: UOp(Ops.RANGE, r.dtype, r.src, (r.arg[0], AxisKind.THREAD))})
             continue
         if opt.kind is OptKind.OUTER:
             if len(ast.src) == 1 and ast.src[0].op is Ops.END and r in ast.src[0].src[1:]:
@@ -259,7 +259,8 @@ def threads_of(ast: UOp, opts: list[Opt]) -> int:
     return next(o.amount for o in reversed(opts) if o.kind is OptKind.THREAD)
 
 
-def _substitute(ast: UOp, mapping: dict[UOp, UOp]) -> UOp:
+def substitute_nodes(ast: UOp, mapping: dict[UOp, UOp]) -> UOp:
+    """`ast` with each node of `mapping` replaced by its value, the nodes above rebuilt."""
     memo: dict[UOp, UOp] = dict(mapping)
     for node in ast.toposort():
         if node in memo:

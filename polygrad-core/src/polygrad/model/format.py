@@ -20,7 +20,7 @@ import numpy as np
 
 from polygrad import bundle
 from polygrad.bundle import BundleError, check_int, get, get_int, need
-from polygrad.codegen.passes import kernel_for_opts
+from polygrad.codegen.passes import affine_kernel
 from polygrad.definitions import bundle as bundle_format
 from polygrad.definitions import optimizer as optimizer_table
 from polygrad.dtype import DType, dtypes
@@ -45,9 +45,10 @@ def stored_kernel(ast: UOp) -> UOp:
     """A kernel in the form a bundle stores it (docs/bundle-format.md 2.4): the scheduler's output with
     EXP2/LOG2/SIN decomposed into IR arithmetic, then index-simplified (a fixed point: every reader's
     simplification leaves it as it is) and its merged ranges split (codegen/merged_ranges.py, so every
-    reader's heuristics see affine addresses); no device optimisation. These passes are
+    reader's heuristics see affine addresses): codegen/passes.py's affine_kernel; no device
+    optimisation (share_reduce_ranges neither: a reader's lowering applies its own). These passes are
     device-independent, so they run once here and no reader needs a copy of them."""
-    return kernel_for_opts(decompose_transcendentals(ast))
+    return affine_kernel(decompose_transcendentals(ast))
 
 
 def to_manifest(p: Program, stored: Callable[[int], np.ndarray], include_optimizer: bool,
