@@ -46,6 +46,8 @@ ROW_STAGE_MIN_REUSE = 64
 # or more (or are symbolic: a prompt's tokens). Not measured: the copy is one pass over the panel, where a
 # tile of dot products dequantizes it once per 4 rows, so a few tiles already pay for it
 DECOMPRESS_STAGE_MIN_ROWS = 16
+# a register tile's columns are padded to full vectors (padded_columns) when that adds at most 1/8 of the lanes
+PAD_MAX_WASTE = 8
 # rows of a register tile over a symbolic range (a Variable batch): each tile computes this many rows,
 # so at the Variable's value 1 the FMAs are 4x a plain row's while the column vectors are loaded once,
 # as they are for one row (the loads bound such a kernel anyway)
@@ -167,6 +169,7 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
     # channels, its weight stored with them contiguous, rather than its image row, read every other pixel)
     plain = [r for r in glob if all(range_coeff(ix.src[1], r) in (0, 1) for ix in operands)
              and any(range_coeff(ix.src[1], r) == 1 for ix in operands)]
+    padded_tile: list[Opt] = []  # the tile of a contiguous output range padded to full vectors, if any
     for last in [r for r in reversed(glob) if r in plain] + [r for r in reversed(glob) if r not in plain]:
         if range_size(last) is None:
             continue
@@ -175,6 +178,12 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
         # a tile only pays when some operand is reused across it; a plain row reduction gets
         # partial accumulators instead
         reused = any(range_coeff(ix.src[1], last) == 0 for ix in loads)
+        padded = padded_columns(last, caps) if last in plain and range_coeff(store_index.src[1], last) == 1 else 0
+        if padded and reused and not padded_tile:
+            # kept unless another range's tile is one of long rows (a deep projection: measured faster)
+            padded_tile = padded_tile_opts(red, glob, operands, last, padded, caps)
+            if padded_tile:
+                continue
         if not (contiguous and reused) or not column_lanes(last, caps):
             continue
         # the widest row the device likes (tile_vectors), narrower while a big kernel's column panel of
@@ -190,6 +199,8 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
             tried = [(c, *_tile_rows(glob, operands, last, c, caps)) for c in narrower]
             cols, rows, tile_rows = next((t for t in tried if t[1] is not None), (cols, rows, tile_rows))
         long_rows = _long_rows(red, glob, operands, last, tile_rows, cols, caps)
+        if padded_tile and long_rows is None:
+            return padded_tile
         if long_rows is not None:
             rows, tile_rows, cols = long_rows
         along = [ix for ix in loads if last in ix.src[1].toposort()]
@@ -209,7 +220,50 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
             # are vector lanes, so the epilogue runs in vectors (a tile of dot products computes it per output)
             return opts
         return dot_tile_opts(glob, red, loads, caps, _streams_rows(ast, red)) or opts
-    return []
+    return padded_tile
+
+
+def padded_columns(last: UOp, caps: Capabilities) -> int:
+    """The size `last` is padded to for full-width column vectors (PADTO), or 0: only where the device
+    gates a vector's lanes with single masked moves, the width does not divide the size and the padding
+    adds at most 1/PAD_MAX_WASTE of the lanes (a 28- or 56-pixel row: 32 and 64; a 7-pixel row is not
+    padded to 16). A pointwise convolution over a 28x28 map had no such range, so its tile took the output
+    channels as columns and scattered every accumulator to 16 planes: 1.36x slower than 8 channels x 2
+    padded vectors of pixels (AVX-512, Zen 4)."""
+    width = int(caps.vector_width or 1)
+    size = range_size(last)
+    if width < 4 or size is None or size % width == 0 or not _masked_moves(caps):
+        return 0
+    padded = -(-size // width) * width
+    return padded if (padded - size) * PAD_MAX_WASTE <= padded else 0
+
+
+def _masked_moves(caps: Capabilities) -> bool:
+    """Whether a vector whose last lanes are gated off loads and stores as one masked move: the devices that
+    declare masked_lanes (X86), and the CPU backend where it reads strided lanes (strided_lanes: declared
+    with AVX-512, whose masked loads and stores its renderer emits for gated vectors too)."""
+    return bool(getattr(caps, "masked_lanes", False) or getattr(caps, "strided_lanes", False))
+
+
+def padded_tile_opts(red: UOp, glob: list[UOp], operands: list[UOp], last: UOp, padded: int,
+                     caps: Capabilities) -> list[Opt]:
+    """An outer-product tile whose columns are `last` padded to `padded` points (PADTO; the lanes past the
+    end gated off): as many vectors per row as divide it (tile_vector_counts) and fit the registers beside
+    their rows and whose column panel (reduction x columns) fits the L1, the rows from _tile_rows as for any
+    tile. None for a deeper reduction (a 3x3 conv over 64 channels and more), which keeps its tile of long
+    rows or its staged panels, measured faster there: 144 -> 24 channels at 56 x 56 got 2 vectors (1.2x
+    faster than its 8-lane tile), not 4, whose panel would not fit."""
+    width = int(caps.vector_width or 1)
+    regs = int(caps.registers or 16)
+    k = math.prod(range_size(r) or 0 for r in red.src[1:])
+    panel = k * width * max(ix.dtype.itemsize for ix in operands)  # bytes per vector of columns
+    vecs = next((v for v in tile_vector_counts(caps) if padded % (v * width) == 0 and 2 * v + 1 <= regs
+                 and 0 < v * panel <= (caps.l1_bytes or 32 * 1024)), 0)
+    if not vecs:
+        return []
+    rows, tile_rows = _tile_rows(glob, operands, last, vecs * width, caps)
+    opts = [Opt(OptKind.UPCAST, rows.arg[0], tile_rows)] if rows is not None else []
+    return opts + [Opt(OptKind.PADTO, last.arg[0], padded), Opt(OptKind.UPCAST, last.arg[0], vecs * width)]
 
 
 def reduce_operands(red: UOp, loads: list[UOp]) -> list[UOp]:

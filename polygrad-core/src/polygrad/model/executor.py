@@ -8,7 +8,9 @@ place, rng keys refilled, kernels launched with the call's Variable values) and 
 results stay valid across later calls and dispose()).
 
 Each entrypoint's plan is a list of (compiled program, buffer handle list) pairs built on first use;
-binding a caller's buffer patches those handle lists in place for one call.
+binding a caller's buffer patches those handle lists in place for one call. A launch runs through the
+program's own launcher with its arguments fixed (`bind`, where the backend has one: the CPU backend's
+packs its pointers once, not at every launch), made again after a rebind touched its handles.
 
 Temporaries share buffers (`share_temporaries`) when no entrypoint has two of them alive at once, as
 polygrad-js's memory plan shares its memory: a GPT-2 forward over 1024 tokens held 1.7 GB of temporaries
@@ -16,6 +18,7 @@ with one buffer each.
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -61,6 +64,13 @@ def share_temporaries(prog: Program) -> dict[int, int]:
     return out
 
 
+def _launcher(program: Any, hs: list, var_vals: tuple[int, ...]) -> Any:
+    """A call of `program` over these handles and values with no arguments: its own `bind` where the backend
+    has one, else a call of the program over the handle list (which a rebind patches in place)."""
+    bind = getattr(program, "bind", None)
+    return bind(hs, var_vals) if bind is not None else functools.partial(program, hs, var_vals, False)
+
+
 class Executor:
     """The buffers and compiled programs of one Model; `run` an entrypoint, `take` its outputs."""
 
@@ -90,16 +100,19 @@ class Executor:
                 self.bufs[s].ensure_allocated()
         self.programs: dict[int, Any] = {}
         self.plans: dict[str, list] = {}
-        self.refs: dict[int, list[tuple[list, int]]] = {}
+        # slot -> where its handle sits: (a plan's handle list, position, that plan's launchers, launch index)
+        self.refs: dict[int, list[tuple[list, int, list, int]]] = {}
+        self.launchers: dict[str, list] = {}  # per entrypoint, per launch: its bound launcher, None to make
         self.unwritten: set[int] | None = None  # outputs a call may leave partly unwritten (unwritten_outputs)
 
     def reset(self) -> None:
         """Forget every compiled program and plan (the slots or kernels were renumbered)."""
-        self.programs, self.plans, self.refs, self.unwritten = {}, {}, {}, None
+        self.programs, self.plans, self.refs, self.launchers, self.unwritten = {}, {}, {}, {}, None
 
     def replan(self) -> None:
         """Forget the plans (entrypoints changed; the kernels kept their numbers)."""
         self.plans.clear()
+        self.launchers.clear()
         self.unwritten = None
 
     def program(self, k: int) -> Any:
@@ -112,28 +125,33 @@ class Executor:
         plan = self.plans.get(name)
         if plan is not None:
             return plan
-        plan = []
+        plan: list = []
+        launchers: list = []
         for call in self.prog.entries[name].calls:
+            launchers.append(None)
             if call.kernel < 0:
                 plan.append((None, call.args, ()))
                 continue
             prog = self.program(call.kernel)
             hs = [self.bufs[s].handle for s in call.args]
             for pos, s in enumerate(call.args):
-                self.refs.setdefault(s, []).append((hs, pos))
+                self.refs.setdefault(s, []).append((hs, pos, launchers, len(plan)))
             plan.append((prog, hs, tuple(v.arg[0] for v in prog.spec.vars)))
         self.plans[name] = plan
+        self.launchers[name] = launchers
         return plan
 
     def rebind(self, s: int, buf: Buffer) -> None:
         h = buf.handle
-        for hs, pos in self.refs.get(s, ()):
+        for hs, pos, launchers, i in self.refs.get(s, ()):
             hs[pos] = h
+            launchers[i] = None
 
     def run(self, name: str, feeds: dict[int, Any], env: dict[str, int]) -> None:
         """Run entrypoint `name` with {slot: Buffer or flat host array} fed and the Variables' values."""
         entry = self.prog.entries[name]
         plan = self.plan(name)
+        launchers = self.launchers[name]
         patched = []
         for s, value in feeds.items():
             if isinstance(value, Buffer) and value.size >= self.bufs[s].size:  # the caller's own buffer, bound
@@ -150,12 +168,17 @@ class Executor:
         note_overwrite()  # its programs write into buffers that may hold values (schedule/computed.py)
         t0 = time.perf_counter()
         try:
-            for prog, hs, names in plan:
+            for i, (prog, hs, names) in enumerate(plan):
                 if prog is None:
                     dst, src = (feeds[s] if s in patched else self.bufs[s] for s in hs)
                     realize.copy_buffer(dst, src)
                     continue
-                prog.program(hs, tuple(env[v] for v in names), False)
+                launch = launchers[i]
+                if launch is None:
+                    launch = launchers[i] = _launcher(prog.program, hs, tuple(env[v] for v in names))
+                    if names:  # a Variable's value changes between calls: bound for this call only
+                        launchers[i] = None
+                launch()
                 n, ops, mem = n + 1, ops + prog.spec.ops, mem + prog.spec.mem_bytes
         finally:
             for s in patched:
