@@ -221,6 +221,62 @@ def _grouped(blocks: Tensor, f: BlockFormatDef) -> Tensor:
     return _VALUES[f.name](_Fields(blocks, f))
 
 
+# formats whose decode matvec may run on 8-bit activations (_int8_matmul_t)
+INT8_DOT_FORMATS = ("Q8_0",)
+
+
+def int8_dot_enabled(device: str) -> bool:
+    """Whether a one-row matvec of a Q8_0 weight on `device` rounds its activation to 8 bits and sums each
+    block with integer dot products (_int8_matmul_t): where the device declares Capabilities.int8_dot and
+    POLY_INT8_DOT is not 0."""
+    from polygrad import config
+    from polygrad.device import open_device
+    return bool(config.get("POLY_INT8_DOT")) and bool(getattr(open_device(device).capabilities, "int8_dot", False))
+
+
+def _one_row(lead: tuple) -> bool:
+    """A decode step's shape: every leading size is 1 (a prompt's rows keep the float path, whose row tiles
+    reuse each dequantized block)."""
+    return all(isinstance(n, int) and n == 1 for n in lead)
+
+
+def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (..., cols) rounded to 8 bits per 32-value block, as llama.cpp rounds a matvec's activation: the
+    int8 values (..., cols // 32, 32) and the float32 scales d (..., cols // 32) with x ~ q * d, where
+    d = max|x| / 127 and q = round(x / d) (half to even; q = 0 in a block of zeros).
+
+    >>> q, d = quantize_activations(Tensor(np.linspace(-1, 1, 32, dtype=np.float32)))
+    >>> q.numpy()[0, [0, 16, 31]].tolist(), round(float(d.numpy()[0]) * 127, 6)
+    ([-127, 4, 127], 1.0)
+    """
+    *lead, cols = x.shape
+    blocks = x.cast(dtypes.float32).reshape(*lead, cols // 32, 32)
+    d = blocks.abs().max(-1) / 127
+    inverse = (d != 0).where(1 / d, 0).reshape(*lead, cols // 32, 1)
+    return (blocks * inverse).round().cast(dtypes.int8).contiguous(), d
+
+
+def _int8_matmul_t(blocks: Tensor, x: Tensor) -> Tensor:
+    """x @ W.T for Q8_0 blocks (rows, nb, 34) and one row x (..., nb * 32), llama.cpp's way: x rounded to 8
+    bits per block (quantize_activations), each block's 32 products summed exactly in int32, then scaled
+    once by d_w * d_x in float32. Within a block, product 8k + l (k < 4, l < 8) goes to the sum of l over k:
+    8 contiguous lanes whose 4-product sums the CPU renderer makes one vpdpbusd (renderer/int8_dot.py,
+    host_opts.int8_dot_lanes). Differs from the float path by the activation's rounding (about 0.5% of
+    the output's scale)."""
+    rows, nb, _ = blocks.shape
+    lead = x.shape[:-1]
+    xq, dx = quantize_activations(x)
+    wq = blocks[..., 2:].bitcast(dtypes.int8).reshape(rows, nb, 4, 8)
+    sums = (xq.reshape(*lead, 1, nb, 4, 8).cast(dtypes.int32) * wq.cast(dtypes.int32)).sum(-2)  # (.., rows, nb, 8)
+
+    def byte(k: int) -> Tensor:  # the raw byte broadcast before any arithmetic (see _Fields)
+        return blocks[..., k:k + 1].expand(rows, nb, 8).cast(dtypes.uint16)
+
+    dw = (byte(0) | (byte(1) << 8)).bitcast(dtypes.float16).cast(dtypes.float32)  # (rows, nb, 8)
+    scale = dw * dx.reshape(*lead, 1, nb, 1)
+    return (sums.cast(dtypes.float32) * scale).sum((-2, -1))
+
+
 @dataclass(frozen=True)
 class QuantWeight:
     """A (rows, cols) weight held as its uint8 blocks on the device; its values are computed in the kernels
@@ -277,6 +333,8 @@ class QuantWeight:
         if x.shape[-1] != cols:
             raise QuantizationError(f"x @ W.T: x has {x.shape[-1]} columns, the {f.name} weight {cols}")
         lead = x.shape[:-1]
+        if f.name in INT8_DOT_FORMATS and _one_row(lead) and int8_dot_enabled(x.device):
+            return _int8_matmul_t(self.blocks, x)
         values = _grouped(self.blocks, f)  # (rows, nb, *groups)
         axes = tuple(range(-len(f.groups) - 1, 0))
         return (x.reshape(*lead, 1, cols // f.block, *f.groups) * values).sum(axes)
