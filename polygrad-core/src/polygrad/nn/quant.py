@@ -274,7 +274,9 @@ def _int8_matmul_t(blocks: Tensor, x: Tensor) -> Tensor:
 
     dw = (byte(0) | (byte(1) << 8)).bitcast(dtypes.float16).cast(dtypes.float32)  # (rows, nb, 8)
     scale = dw * dx.reshape(*lead, 1, nb, 1)
-    return (sums.cast(dtypes.float32) * scale).sum((-2, -1))
+    # a kernel of its own: under an epilogue (a bias, GELU) the scheduler would give the block sums, a
+    # reduction inside the matvec's, a buffer of their own (schedule/fusion.py), 8 int32 per block and row
+    return (sums.cast(dtypes.float32) * scale).sum((-2, -1)).contiguous()
 
 
 @dataclass(frozen=True)
