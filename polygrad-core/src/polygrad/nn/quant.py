@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from polygrad import config
 from polygrad.definitions.quant_formats import BY_NAME, BlockFormatDef
+from polygrad.device import open_device
 from polygrad.dtype import dtypes
 from polygrad.errors import QuantizationError
 from polygrad.nn.quantizers import QUANTIZERS
@@ -229,8 +231,6 @@ def int8_dot_enabled(device: str) -> bool:
     """Whether a one-row matvec of a Q8_0 weight on `device` rounds its activation to 8 bits and sums each
     block with integer dot products (_int8_matmul_t): where the device declares Capabilities.int8_dot and
     POLY_INT8_DOT is not 0."""
-    from polygrad import config
-    from polygrad.device import open_device
     return bool(config.get("POLY_INT8_DOT")) and bool(getattr(open_device(device).capabilities, "int8_dot", False))
 
 
