@@ -1,12 +1,14 @@
 """Integer dot products for quantized decode (issue 30, item 1): does an int8 x int8 matvec pay here?
 
 Per kernel, one thread, for Q8_0 and Q4_0 weights of GPT-2-small's decode shapes (qkv 2304 x 768, fc 3072 x
-768, its transpose 768 x 3072, the LM head 50257 x 768): polygrad's float matvec as it renders it today
-(the weight widened to float per element, times the block scale, FMA with the float activation), beside
-the hand-written integer kernels of benchmarks/int8dot_kernels.c (the activation rounded to 8 bits per
-32-block once, the block's 32 products summed in int32, one float scale per block), all compiled with
-the CPU backend's compiler and flags into one library and timed alternately, each figure the median over
---rounds of the best of 20 calls. "int total" adds the activation's rounding to the integer kernel.
+768, its transpose 768 x 3072, the LM head 50257 x 768): polygrad's float matvec (POLY_INT8_DOT=0: the
+weight widened to float per element, times the block scale, FMA with the float activation), polygrad's
+own 8-bit route where the CPU device declares int8_dot ("polygrad": nn/quant.py's matvec kernel as the
+CPU backend renders it, Q8_0 only), and the hand-written integer kernels of benchmarks/int8dot_kernels.c
+(the activation rounded to 8 bits per 32-block once, the block's 32 products summed in int32, one float
+scale per block), compiled with the CPU backend's compiler and flags and timed alternately, each figure
+the median over --rounds of the best of 20 calls. Each ratio is the float kernel's time over the integer
+kernel's plus the activation's rounding (the C i8d_quantize, "round x").
 
 Numerics, checked before timing: the integer kernels against a NumPy model of exactly their arithmetic
 (activations bit for bit; outputs within float32 summation order) and against polygrad's float kernel
