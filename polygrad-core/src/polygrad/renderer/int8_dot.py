@@ -71,19 +71,20 @@ def _turn_step(x: Inst, loop: Inst, body: set[int]) -> int | None:
         return 0
     if not (x.op is L.ALU and x.lanes == 1 and x.dtype is dtypes.int32):
         return None
-    steps = [_turn_step(s, loop, body) for s in x.src]
-    if any(s is None for s in steps):
+    found = [_turn_step(s, loop, body) for s in x.src]
+    steps = [s for s in found if s is not None]
+    if len(steps) < len(found):
         return None
     if not any(steps):
         return 0
     if x.arg is Ops.ADD:
-        return sum(steps)  # type: ignore[arg-type]
+        return sum(steps)
     if x.arg is Ops.MUL:
         a, b = x.src
         if b.op is L.CONST and steps[1] == 0:
-            return steps[0] * b.arg  # type: ignore[operator]
+            return steps[0] * b.arg
         if a.op is L.CONST and steps[0] == 0:
-            return steps[1] * a.arg  # type: ignore[operator]
+            return steps[1] * a.arg
     return None
 
 
@@ -102,11 +103,12 @@ def _contracted(loop: Inst, body: list[Inst]) -> list[Inst] | None:
         return None
     if not (mul.op is L.ALU and mul.arg is Ops.MUL and mul.dtype is dtypes.int32 and mul.lanes == lanes > 1):
         return None
-    operands = [_byte_operand(s, lanes) for s in mul.src]
-    if any(o is None for o in operands):
+    found = [_byte_operand(s, lanes) for s in mul.src]
+    operands = [o for o in found if o is not None]
+    if len(operands) < len(found):
         return None
     vector = {id(update), id(mul)} | {id(s) for s in mul.src}
-    for load, cast in operands:  # type: ignore[misc]
+    for load, cast in operands:
         vector |= {id(load)} | ({id(cast)} if cast is not None else set())
         if _turn_step(load.src[1], loop, inside) != lanes:
             return None
@@ -126,7 +128,7 @@ def _contracted(loop: Inst, body: list[Inst]) -> list[Inst] | None:
         new[id(x)] = y
         out.append(y)
     wide = []
-    for load, cast in operands:  # type: ignore[misc]
+    for load, cast in operands:
         w = Inst(L.LOAD, load.dtype, (load.src[0], at_start(load.src[1])), "contiguous", TURNS * lanes)
         out.append(w)
         if cast is not None:
