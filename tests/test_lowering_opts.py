@@ -189,6 +189,25 @@ def test_a_decode_matvec_reads_each_weight_row_as_one_stream(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_a_decode_matvec_leaves_its_epilogue_to_a_kernel_after_it(fmt):
+    """gelu(x @ W.T + b) for one row of x: the matvec is a kernel of its own with one stream per weight row,
+    the bias and GELU a small kernel after it (fused, the GELU kept a tile of 4 rows and GPT-2's Q4_0 decode
+    matvecs ran about 2x slower)."""
+    from polygrad.nn.quant import QuantWeight
+    cols = 256
+    qw = QuantWeight.from_float(np.random.default_rng(0).standard_normal((64, cols)).astype(np.float32), fmt)
+    x = Tensor(np.random.default_rng(1).standard_normal((1, cols)).astype(np.float32), device="CPU").realize()
+    bias = Tensor(np.random.default_rng(2).standard_normal(64).astype(np.float32), device="CPU").realize()
+    with Context(POLY_INT8_DOT=0):  # the float path (Q8_0's 8-bit activations: tests/test_int8_dot.py)
+        progs = _programs((qw.matmul_t(x) + bias).gelu())
+        got = (qw.matmul_t(x) + bias).gelu().numpy()
+    assert [p.spec.name for p in progs] == ["r_1_64", "E_1_64"], [p.spec.name for p in progs]
+    assert "UPCAST" not in [o.kind for o in progs[0].spec.opts], progs[0].spec.opts
+    want = (Tensor(x.numpy() @ qw.dequantize().numpy().T) + bias).gelu().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
 def test_a_quantized_matmul_is_vector_code(fmt):
     """x @ W.T over Q8_0 / Q4_0 blocks for a few rows (a prompt) vectorises: Q4_0's halves are shifts of the
     same bytes, not a select between two gated loads, which fell back to lane loops (4.5x slower)."""

@@ -274,8 +274,8 @@ def _int8_matmul_t(blocks: Tensor, x: Tensor) -> Tensor:
 
     dw = (byte(0) | (byte(1) << 8)).bitcast(dtypes.float16).cast(dtypes.float32)  # (rows, nb, 8)
     scale = dw * dx.reshape(*lead, 1, nb, 1)
-    # a kernel of its own: under an epilogue (a bias, GELU) the scheduler would give the block sums, a
-    # reduction inside the matvec's, a buffer of their own (schedule/fusion.py), 8 int32 per block and row
+    # a kernel of its own, as the float path's: under an epilogue (a bias, GELU) the scheduler would give
+    # the block sums, a reduction inside the matvec's, a buffer of their own (schedule/fusion.py)
     return (sums.cast(dtypes.float32) * scale).sum((-2, -1)).contiguous()
 
 
@@ -339,7 +339,11 @@ class QuantWeight:
             return _int8_matmul_t(self.blocks, x)
         values = _grouped(self.blocks, f)  # (rows, nb, *groups)
         axes = tuple(range(-len(f.groups) - 1, 0))
-        return (x.reshape(*lead, 1, cols // f.block, *f.groups) * values).sum(axes)
+        out = (x.reshape(*lead, 1, cols // f.block, *f.groups) * values).sum(axes)
+        # one row (a decode step): a kernel of its own, its epilogue (bias, GELU) a small one after it; fused,
+        # a GELU kept a tile of 4 rows (host_opts: a costly epilogue) and a bias add its reshaped sum, and
+        # GPT-2's Q4_0 decode matvecs ran about 2x slower
+        return out.contiguous() if _one_row(lead) else out
 
     def rows(self, ids: Tensor) -> Tensor:
         """Rows at integer `ids` (any shape) as float32 ids.shape + (cols,): the blocks of those rows are
