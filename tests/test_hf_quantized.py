@@ -23,7 +23,7 @@ pytest.importorskip("torch")
 
 import hf_checkpoints as hc  # noqa: E402
 
-from polygrad import Model, Tensor, bundle, dtypes  # noqa: E402
+from polygrad import Context, Model, Tensor, bundle, dtypes  # noqa: E402
 from polygrad.errors import QuantizationError  # noqa: E402
 from polygrad.hf import CheckpointError, generate, load_hf  # noqa: E402
 from polygrad.uop.ops import Ops  # noqa: E402
@@ -70,11 +70,13 @@ def test_lazy_dequantize_equals_gguf_bit_for_bit(device, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("rows", [1, 5])
 def test_fused_matmul_matches_numpy(device, fmt, rows):
-    """QuantWeight.matmul_t (the decoder's x @ W.T, summed block by block) and x @ dequantize().T."""
+    """QuantWeight.matmul_t (the decoder's x @ W.T, summed block by block) and x @ dequantize().T: the float
+    path (POLY_INT8_DOT=0; one row's 8-bit activations are tests/test_int8_dot.py's)."""
     blocks, w = _quantized(fmt, seed=rows)
     x = np.random.default_rng(9).standard_normal((rows, w.shape[1])).astype(np.float32)
     qw = QuantWeight(Tensor(blocks, device=device), fmt, w.shape)
-    got = qw.matmul_t(Tensor(x, device=device)).numpy()
+    with Context(POLY_INT8_DOT=0):
+        got = qw.matmul_t(Tensor(x, device=device)).numpy()
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     bound = 1e-6 * (np.abs(x) @ np.abs(w).T).max()  # float32 sums of 96 terms
     assert np.abs((Tensor(x, device=device) @ qw.dequantize().T).numpy() - want).max() <= bound
@@ -85,11 +87,12 @@ def test_fused_matmul_matches_numpy(device, fmt, rows):
 @pytest.mark.parametrize("rows", [1, 5])
 def test_matmul_kernel_reads_the_blocks_and_no_float_weight(fmt, rows):
     """One kernel: it reads the uint8 blocks, and no buffer of it holds a weight's worth of floats (x @ W.T
-    expands W over x's rows; before DECOMPRESS_RATIO, 5 rows made the scheduler store W as float32)."""
+    expands W over x's rows; before DECOMPRESS_RATIO, 5 rows made the scheduler store W as float32). The float
+    path (POLY_INT8_DOT=0): one row's 8-bit activations take kernels of their own (tests/test_int8_dot.py)."""
     blocks, w = _quantized(fmt, rows=64, cols=256)
     qw = QuantWeight(Tensor(blocks).realize(), fmt, w.shape)
     x = Tensor(np.ones((rows, 256), np.float32)).realize()
-    with hc.RecordedKernels() as k:
+    with hc.RecordedKernels() as k, Context(POLY_INT8_DOT=0):
         qw.matmul_t(x).realize()
     assert len(k.asts) == 1, [a.arg for a in k.asts]
     bufs = _globals(k.asts[0]).values()
@@ -135,8 +138,10 @@ def _logits_and_steps(model, ids, steps=3):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_kept_blocks_match_dequantize_at_load(files, kind, fmt):
     """Same logits (1e-5 of the largest: the same float weights, summed in another order) and the same
-    greedy tokens as dtype="float32"; the notes say which way each model went."""
-    kept = load_hf(files[kind, fmt], max_seq_len=24, dtype="quantized")
+    greedy tokens as dtype="float32"; the notes say which way each model went. The float path
+    (POLY_INT8_DOT=0): test_int8_dot_keeps_the_greedy_tokens has the 8-bit activations."""
+    with Context(POLY_INT8_DOT=0):
+        kept = load_hf(files[kind, fmt], max_seq_len=24, dtype="quantized")
     floats = load_hf(files[kind, fmt], max_seq_len=24, dtype="float32")
     try:
         assert any(f"quantized ({fmt}" in n for n in kept.hf_notes), kept.hf_notes
@@ -151,6 +156,40 @@ def test_kept_blocks_match_dequantize_at_load(files, kind, fmt):
     finally:
         kept.dispose()
         floats.dispose()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_int8_dot_keeps_the_greedy_tokens(files, kind):
+    """Q8_0 decode steps on 8-bit activations (POLY_INT8_DOT, a CPU with VNNI) against the float path, fed the
+    same tokens: logits within 2% of the largest (the activations' rounding, about 0.4% per matvec), and
+    the same greedy token at every step but a near tie of the float path (its top two closer than the
+    largest logit difference; the tiny llama's 8th step has a gap of 0.15% of its largest logit)."""
+    from polygrad.nn.quant import int8_dot_enabled
+    if not int8_dot_enabled("CPU"):
+        pytest.skip("the CPU device does not declare int8_dot (no VNNI, or POLY_INT8_DOT=0)")
+    kept = load_hf(files[kind, "Q8_0"], max_seq_len=24, dtype="quantized")
+    with Context(POLY_INT8_DOT=0):
+        reference = load_hf(files[kind, "Q8_0"], max_seq_len=24, dtype="quantized")
+    try:
+        ids = _prompt()
+        got = kept.forward(input_ids=ids)["logits"].numpy()[0, -1]
+        want = reference.forward(input_ids=ids)["logits"].numpy()[0, -1]
+        _close(got, want)  # the prompt's rows stay on the float path
+        ties = 0
+        for step in range(8):
+            token = int(want.argmax())
+            if int(got.argmax()) != token:
+                top = np.sort(want)[-2:]
+                assert top[1] - top[0] <= np.abs(got - want).max(), (step, top, np.abs(got - want).max())
+                ties += 1
+            feed = {"input_ids": np.array([[token]], np.int32), "pos": ids.shape[1] + step}
+            got = kept.call("decode", feed)["logits"].numpy()[0, -1]
+            want = reference.call("decode", feed)["logits"].numpy()[0, -1]
+            _close(got, want, 2e-2)
+        assert ties <= 1
+    finally:
+        kept.dispose()
+        reference.dispose()
 
 
 def test_default_load_keeps_the_blocks_and_float32_dequantizes(files):

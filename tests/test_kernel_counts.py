@@ -182,3 +182,19 @@ def test_contractions_side_by_side_get_a_kernel_each(combine):
     n, got = count_kernels(lambda: x.sum(1) * h.max(1))
     assert n == 1
     np.testing.assert_allclose(got, x_np.sum(1) * h_np.max(1), rtol=1e-5, atol=1e-5)
+
+
+def test_contiguous_of_a_contiguous_nested_sum_keeps_it_fused():
+    """`y.contiguous().contiguous()` (a captured output over a matvec made contiguous, nn/quant.py's 8-bit
+    route) where y is a sum of block sums: the outer contiguous copies the inner one's buffer. Its walk
+    went below that point and gave the nested block sums a buffer of their own (rows x blocks x 8)."""
+    from polygrad.schedule.template import schedule
+    x_np = RNG.standard_normal((1, 3, 4, 8)).astype(np.float32)
+    w_np = RNG.standard_normal((24, 3, 4, 8)).astype(np.float32)
+    x, w = Tensor(x_np).realize(), Tensor(w_np).realize()
+
+    def matvec() -> Tensor:
+        return ((x * w).sum(-2) * 2).sum((-2, -1)).contiguous()
+    tpl, _ = schedule([matvec().contiguous().uop])
+    assert [n for n, _, _ in tpl.new_buffers] == [24, 24]  # the matvec's rows, then the copy
+    np.testing.assert_allclose(matvec().contiguous().numpy(), (x_np * w_np).sum((1, 2, 3)) * 2, rtol=1e-5)

@@ -4,7 +4,7 @@ import re
 import numpy as np
 import pytest
 
-from polygrad import Tensor
+from polygrad import Context, Tensor
 from polygrad.dtype import dtypes
 from polygrad.engine.programs import get_program
 from polygrad.schedule.template import schedule
@@ -159,12 +159,14 @@ def test_a_quantized_matmul_over_an_odd_row_count_gets_lanes():
     w = np.random.default_rng(0).standard_normal((51, 64)).astype(np.float32)
     qw = QuantWeight.from_float(w, "q8_0")
     x = Tensor(np.random.default_rng(1).standard_normal((1, 64)).astype(np.float32), device="CPU").realize()
-    (prog,) = _programs(qw.matmul_t(x))
+    with Context(POLY_INT8_DOT=0):  # the float path (one row's 8-bit activations: tests/test_int8_dot.py)
+        (prog,) = _programs(qw.matmul_t(x))
+        got = qw.matmul_t(x).numpy()
     width = open_device("CPU").capabilities.vector_width
     if width >= 4:
         opts = [(o.kind, o.amount) for o in prog.spec.opts if o.kind != "THREAD"]
         assert opts == [("SPLIT_REDUCE", 2), ("SPLIT_REDUCE", min(width, 16))], opts
-    np.testing.assert_allclose(qw.matmul_t(x).numpy(), x.numpy() @ qw.dequantize().numpy().T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, x.numpy() @ qw.dequantize().numpy().T, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_k"])
@@ -177,11 +179,32 @@ def test_a_decode_matvec_reads_each_weight_row_as_one_stream(fmt):
     cols = 512
     qw = QuantWeight.from_float(np.random.default_rng(0).standard_normal((64, cols)).astype(np.float32), fmt)
     x = Tensor(np.random.default_rng(1).standard_normal((1, cols)).astype(np.float32), device="CPU").realize()
-    (prog,) = _programs(qw.matmul_t(x))
+    with Context(POLY_INT8_DOT=0):  # the float path (Q8_0's 8-bit activations: tests/test_int8_dot.py)
+        (prog,) = _programs(qw.matmul_t(x))
+        got = qw.matmul_t(x).numpy()
     if open_device("CPU").capabilities.vector_width >= 4:
         kinds = [o.kind for o in prog.spec.opts if o.kind != "THREAD"]
         assert kinds == ["SPLIT_REDUCE", "SPLIT_REDUCE"], prog.spec.opts
-    np.testing.assert_allclose(qw.matmul_t(x).numpy(), x.numpy() @ qw.dequantize().numpy().T, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(got, x.numpy() @ qw.dequantize().numpy().T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
+def test_a_decode_matvec_leaves_its_epilogue_to_a_kernel_after_it(fmt):
+    """gelu(x @ W.T + b) for one row of x: the matvec is a kernel of its own with one stream per weight row,
+    the bias and GELU a small kernel after it (fused, the GELU kept a tile of 4 rows: GPT-2's Q4_0 fc matvecs
+    took 3x longer per decode step)."""
+    from polygrad.nn.quant import QuantWeight
+    cols = 256
+    qw = QuantWeight.from_float(np.random.default_rng(0).standard_normal((64, cols)).astype(np.float32), fmt)
+    x = Tensor(np.random.default_rng(1).standard_normal((1, cols)).astype(np.float32), device="CPU").realize()
+    bias = Tensor(np.random.default_rng(2).standard_normal(64).astype(np.float32), device="CPU").realize()
+    with Context(POLY_INT8_DOT=0):  # the float path (Q8_0's 8-bit activations: tests/test_int8_dot.py)
+        progs = _programs((qw.matmul_t(x) + bias).gelu())
+        got = (qw.matmul_t(x) + bias).gelu().numpy()
+    assert [p.spec.name for p in progs] == ["r_1_64", "E_1_64"], [p.spec.name for p in progs]
+    assert "UPCAST" not in [o.kind for o in progs[0].spec.opts], progs[0].spec.opts
+    want = (Tensor(x.numpy() @ qw.dequantize().numpy().T) + bias).gelu().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])

@@ -27,7 +27,7 @@ import hf_checkpoints as hc  # noqa: E402
 from test_quantize import _hard_rows  # noqa: E402
 
 import polygrad  # noqa: E402
-from polygrad import Model, Tensor, dtypes, nn  # noqa: E402
+from polygrad import Context, Model, Tensor, dtypes, nn  # noqa: E402
 from polygrad.definitions.quant_formats import BY_NAME  # noqa: E402
 from polygrad.nn.quant import QuantWeight, quantize_rows  # noqa: E402
 from polygrad.uop.ops import Ops  # noqa: E402
@@ -97,11 +97,13 @@ def test_matmul_is_one_kernel_reading_the_blocks(fmt, rows):
 @pytest.mark.parametrize("fmt", ("Q8_0", "Q4_0") + FORMATS)
 def test_decode_matvec_at_odd_sizes_matches_gguf(fmt):
     """One row of x against 7 rows of 3 blocks (the decode kernel's shape, no size a power of two): the
-    fused kernel within the float32 summation bound of x @ W.T on the gguf package's dequantized values."""
+    fused kernel within the float32 summation bound of x @ W.T on the gguf package's dequantized values (the
+    float path, POLY_INT8_DOT=0: Q8_0's 8-bit activations are tests/test_int8_dot.py's)."""
     blocks = _random_blocks(fmt, 7, 3, seed=3) if fmt in FORMATS else _gguf_blocks(fmt, 7, 3)
     w = _reference(blocks, fmt)
     x = np.random.default_rng(4).standard_normal((1, w.shape[1])).astype(np.float32)
-    got = QuantWeight(Tensor(blocks), fmt, w.shape).matmul_t(Tensor(x)).numpy()
+    with Context(POLY_INT8_DOT=0):
+        got = QuantWeight(Tensor(blocks), fmt, w.shape).matmul_t(Tensor(x)).numpy()
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     bound = w.shape[1] * 2.0 ** -24 * (np.abs(x) @ np.abs(w).T)
     assert np.all(np.abs(got - want) <= bound), float(np.max(np.abs(got - want) - bound))

@@ -31,7 +31,8 @@ def open_cpu(ordinal: int) -> DeviceImpl:
     compiler = ClangCompiler()
     cpu = describe_cpu()
     # outputs at least as big as the largest cache are written with non-temporal stores
-    renderer = CPURenderer(stream_bytes=cpu.l3_bytes)
+    int8_dot = has_int8_dot(cpu, compiler.version)
+    renderer = CPURenderer(stream_bytes=cpu.l3_bytes, int8_dot=int8_dot)
     threads = process_setting("POLY_THREADS")  # kernels are split this many ways; a Context may use fewer
     registers = cpu.vector_registers
     fma = "fma" in cpu.flags or "asimd" in cpu.flags  # x86 FMA3; every ARMv8 NEON unit fuses (vfma)
@@ -40,7 +41,16 @@ def open_cpu(ordinal: int) -> DeviceImpl:
     return DeviceImpl(name="CPU", allocator=HostAllocator(), render=renderer.render, compile=compiler.compile,
                       load=load_program, compile_many=compiler.compile_many, render_cacheable=True,
                       capabilities=Capabilities(threads=threads, vector_width=cpu.lanes, registers=registers, fma=fma,
-                                                strided_lanes=strided_lanes(cpu), **tuned))
+                                                strided_lanes=strided_lanes(cpu), int8_dot=int8_dot, **tuned))
+
+
+def has_int8_dot(cpu, compiler_version: str) -> bool:  # type: ignore[no-untyped-def]
+    """Whether byte dot products are single instructions here: x86 VNNI on 256-bit vectors (AVX-512 VNNI
+    with VL, or AVX-VNNI), through clang's builtin (renderer.dot4_body). POLY_INT8_DOT=0 turns the use off
+    (nn/quant.py); the capability itself stays what the CPU has."""
+    flags = cpu.flags
+    vnni = ("avx512_vnni" in flags and "avx512vl" in flags) or "avx_vnni" in flags
+    return vnni and "clang" in compiler_version.lower()
 
 
 def strided_lanes(cpu) -> bool:  # type: ignore[no-untyped-def]

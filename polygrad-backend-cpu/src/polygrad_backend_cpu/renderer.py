@@ -35,12 +35,17 @@ X86_MASKSTORE = {
 }
 
 
+# byte dot products on 256-bit vectors (vpdpbusd): AVX-512 VNNI with VL, or AVX-VNNI
+VNNI_256 = "((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__))"
+
+
 class CPURenderer(CStyleRenderer):
     prelude = "#include <math.h>\n#include <stdint.h>\n"
     strided_loads = True  # lanes 2 apart: two masked vector loads and a shuffle (strided_vload_body)
 
-    def __init__(self, stream_bytes: int = DEFAULT_STREAM_BYTES):
+    def __init__(self, stream_bytes: int = DEFAULT_STREAM_BYTES, int8_dot: bool = False):
         self.stream_bytes = stream_bytes  # 0: never stream
+        self.int8_dot = int8_dot  # the CPU has VNNI: byte dot products as vpdpbusd (dot4_body)
 
     def stream_slots(self, spec) -> frozenset[int]:  # type: ignore[no-untyped-def]
         """Outputs larger than the last-level cache that the kernel does not read: their contiguous vector
@@ -53,6 +58,24 @@ class CPURenderer(CStyleRenderer):
             return frozenset()
         read = {n.src[0].src[0].arg[0] for n in spec.ast.toposort() if n.op is Ops.LOAD}
         return frozenset(big - read)
+
+    def dot4_body(self, n: int) -> str:
+        """8 lanes with clang where the target has VNNI (AVX-512 VNNI with VL, or AVX-VNNI): both byte vectors
+        shuffled so lane l's 4 bytes (l, l + 8, l + 16, l + 24) sit together, as vpdpbusd sums them; it
+        multiplies unsigned by signed bytes, so it takes a ^ 0x80 (a + 128, unsigned) and a second one takes
+        128 * b off again: exact for every int8 value. Else the base's lane loop."""
+        generic = super().dot4_body(n)
+        if n != 8:
+            return generic
+        order = ", ".join(str(8 * k + lane) for lane in range(8) for k in range(4))
+        vt, bt = self.vtype(dtypes.int32, 8), self.vtype(dtypes.int8, 32)
+        return (f"#if defined(__clang__) && {VNNI_256}\n"
+                f"  {bt} bias = ({bt}){{0}} + (signed char)-128;\n"
+                f"  a = __builtin_shufflevector(a, a, {order});\n"
+                f"  b = __builtin_shufflevector(b, b, {order});\n"
+                f"  {vt} shifted = ({vt})__builtin_ia32_vpdpbusd256(acc, ({vt})(a ^ bias), ({vt})b);\n"
+                f"  return shifted - ({vt})__builtin_ia32_vpdpbusd256(({vt}){{0}}, ({vt})bias, ({vt})b);\n"
+                f"#else\n{generic}\n#endif")
 
     def vfma_body(self, dt: DType, n: int) -> str:
         """The compiler's vector FMA builtin where the target has one (`__builtin_elementwise_fma` on newer

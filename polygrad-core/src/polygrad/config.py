@@ -19,6 +19,7 @@ values for core (`get`) and for backends (`backend_api.setting`).
 | POLY_DIST_TIMEOUT   | seconds a distributed collective waits for the other ranks (0: forever) | 300 |
 | POLY_DIST_BUCKET_MB | gradient bucket size of distributed training, MiB              | 1       |
 | POLY_CPU            | declared CPU description fields (JSON or a JSON file) over the detected ones | detected |
+| POLY_INT8_DOT       | 0: quantized (Q8_0) decode matvecs stay in float, no 8-bit activations | 1 |
 
 Backends declare their own settings (the CPU backend's POLY_CC, the X86 backend's POLY_X86_ISA, ...)
 with `backend_api.register_setting` when their package is imported: core knows nothing of them, yet
@@ -123,6 +124,8 @@ _CORE = (
             minimum=0),
     Setting("POLY_CPU", str, "", "the host CPU's description, field by field (JSON, or a JSON file's path)"),
     Setting("POLY_DIST_BUCKET_MB", int, 1, "MiB per gradient bucket of distributed training", minimum=1),
+    Setting("POLY_INT8_DOT", int, 1, "0: quantized decode matvecs keep float activations (no int8 dot products)",
+            minimum=0),
 )
 _registry: dict[str, Setting] = {s.name: s for s in _CORE}
 _values: dict[str, Any] = {}  # process-wide values of the settings read once (and of set_value's)

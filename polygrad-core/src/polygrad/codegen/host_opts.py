@@ -18,6 +18,7 @@ from polygrad.codegen.opts import Opt, OptKind
 from polygrad.codegen.passes import split_kernel
 from polygrad.codegen.window_opts import window_tile_opts
 from polygrad.contract import Capabilities
+from polygrad.dtype import dtypes
 from polygrad.uop.ops import AxisKind, Ops, UOp
 from polygrad.uop.symbolic import range_coeff
 
@@ -113,6 +114,10 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
     loads = [n.src[0] for n in ast.toposort() if n.op is Ops.LOAD]
     store_index = ends[0].src[0].src[0]
     opts: list[Opt] = []
+    if caps is not None and caps.int8_dot:
+        lanes = int8_dot_lanes(reduces)
+        if lanes is not None:
+            return [Opt(OptKind.SPLIT_REDUCE, lanes.arg[0], INT8_DOT_LANES)]
     if glob and caps is not None:
         window = window_tile_opts(glob, reduces[0], loads, store_index, caps)
         if window is not None:
@@ -135,6 +140,34 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
         # with the identity (opts._split_symbolic_reduce; other reductions are left as they are)
         opts.append(Opt(OptKind.SPLIT_REDUCE, inner.arg[0], 8))
     return opts
+
+
+# lanes of a contracted byte dot product (renderer/int8_dot.py): 8 int32 lanes of 4 bytes, one 256-bit vpdpbusd
+INT8_DOT_LANES = 8
+BYTE_DTYPES = (dtypes.int8, dtypes.uint8)
+
+
+def int8_dot_lanes(reduces: list[UOp]) -> UOp | None:
+    """The range to make the lanes of a sum of int32 block sums of 8-bit products (nn/quant.py's decode
+    matvec: per 32-value block, REDUCE(ADD) over k < 4 of two bytes at 8k + l, inside a sum over blocks and
+    l < 8): l, whose 8 lanes turn the 4-turn inner sum into one dot product (renderer/int8_dot.py); None for
+    any other kernel."""
+    for inner in reduces:
+        if inner.dtype is not dtypes.int32 or inner.arg is not Ops.ADD or len(inner.src) != 2:
+            continue
+        turn = inner.src[1]
+        byte_loads = [n.src[0] for n in inner.src[0].toposort() if n.op is Ops.LOAD and n.dtype in BYTE_DTYPES]
+        if range_size(turn) != 4 or len(byte_loads) != 2:
+            continue
+        if any(range_coeff(ix.src[1], turn) != INT8_DOT_LANES for ix in byte_loads):
+            continue
+        for outer in reduces:
+            if outer is inner or inner not in outer.src[0].toposort():
+                continue
+            for r in outer.src[1:]:
+                if range_size(r) == INT8_DOT_LANES and all(range_coeff(ix.src[1], r) == 1 for ix in byte_loads):
+                    return r
+    return None
 
 
 def column_reduce_opts(glob: list[UOp], inner: UOp, loads: list[UOp], store_index: UOp,

@@ -20,7 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from polygrad import config
 from polygrad.definitions.quant_formats import BY_NAME, BlockFormatDef
+from polygrad.device import open_device
 from polygrad.dtype import dtypes
 from polygrad.errors import QuantizationError
 from polygrad.nn.quantizers import QUANTIZERS
@@ -221,6 +223,62 @@ def _grouped(blocks: Tensor, f: BlockFormatDef) -> Tensor:
     return _VALUES[f.name](_Fields(blocks, f))
 
 
+# formats whose decode matvec may run on 8-bit activations (_int8_matmul_t)
+INT8_DOT_FORMATS = ("Q8_0",)
+
+
+def int8_dot_enabled(device: str) -> bool:
+    """Whether a one-row matvec of a Q8_0 weight on `device` rounds its activation to 8 bits and sums each
+    block with integer dot products (_int8_matmul_t): where the device declares Capabilities.int8_dot and
+    POLY_INT8_DOT is not 0."""
+    return bool(config.get("POLY_INT8_DOT")) and bool(getattr(open_device(device).capabilities, "int8_dot", False))
+
+
+def _one_row(lead: tuple) -> bool:
+    """A decode step's shape: every leading size is 1 (a prompt's rows keep the float path, whose row tiles
+    reuse each dequantized block)."""
+    return all(isinstance(n, int) and n == 1 for n in lead)
+
+
+def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x (..., cols) rounded to 8 bits per 32-value block, as llama.cpp rounds a matvec's activation: the
+    int8 values (..., cols // 32, 32) and the float32 scales d (..., cols // 32) with x ~ q * d, where
+    d = max|x| / 127 and q = round(x / d) (half to even; q = 0 in a block of zeros).
+
+    >>> q, d = quantize_activations(Tensor(np.linspace(-1, 1, 32, dtype=np.float32)))
+    >>> q.numpy()[0, [0, 16, 31]].tolist(), round(float(d.numpy()[0]) * 127, 6)
+    ([-127, 4, 127], 1.0)
+    """
+    *lead, cols = x.shape
+    blocks = x.cast(dtypes.float32).reshape(*lead, cols // 32, 32)
+    d = blocks.abs().max(-1) / 127
+    inverse = (d != 0).where(1 / d, 0).reshape(*lead, cols // 32, 1)
+    return (blocks * inverse).round().cast(dtypes.int8).contiguous(), d
+
+
+def _int8_matmul_t(blocks: Tensor, x: Tensor) -> Tensor:
+    """x @ W.T for Q8_0 blocks (rows, nb, 34) and one row x (..., nb * 32), llama.cpp's way: x rounded to 8
+    bits per block (quantize_activations), each block's 32 products summed exactly in int32, then scaled
+    once by d_w * d_x in float32. Within a block, product 8k + l (k < 4, l < 8) goes to the sum of l over k:
+    8 contiguous lanes whose 4-product sums the CPU renderer makes one vpdpbusd (renderer/int8_dot.py,
+    host_opts.int8_dot_lanes). Differs from the float path by the activation's rounding (about 0.5% of
+    the output's scale)."""
+    rows, nb, _ = blocks.shape
+    lead = x.shape[:-1]
+    xq, dx = quantize_activations(x)
+    wq = blocks[..., 2:].bitcast(dtypes.int8).reshape(rows, nb, 4, 8)
+    sums = (xq.reshape(*lead, 1, nb, 4, 8).cast(dtypes.int32) * wq.cast(dtypes.int32)).sum(-2)  # (.., rows, nb, 8)
+
+    def byte(k: int) -> Tensor:  # the raw byte broadcast before any arithmetic (see _Fields)
+        return blocks[..., k:k + 1].expand(rows, nb, 8).cast(dtypes.uint16)
+
+    dw = (byte(0) | (byte(1) << 8)).bitcast(dtypes.float16).cast(dtypes.float32)  # (rows, nb, 8)
+    scale = dw * dx.reshape(*lead, 1, nb, 1)
+    # a kernel of its own, as the float path's: under an epilogue (a bias, GELU) the scheduler would give
+    # the block sums, a reduction inside the matvec's, a buffer of their own (schedule/fusion.py)
+    return (sums.cast(dtypes.float32) * scale).sum((-2, -1)).contiguous()
+
+
 @dataclass(frozen=True)
 class QuantWeight:
     """A (rows, cols) weight held as its uint8 blocks on the device; its values are computed in the kernels
@@ -277,9 +335,15 @@ class QuantWeight:
         if x.shape[-1] != cols:
             raise QuantizationError(f"x @ W.T: x has {x.shape[-1]} columns, the {f.name} weight {cols}")
         lead = x.shape[:-1]
+        if f.name in INT8_DOT_FORMATS and _one_row(lead) and int8_dot_enabled(x.device):
+            return _int8_matmul_t(self.blocks, x)
         values = _grouped(self.blocks, f)  # (rows, nb, *groups)
         axes = tuple(range(-len(f.groups) - 1, 0))
-        return (x.reshape(*lead, 1, cols // f.block, *f.groups) * values).sum(axes)
+        out = (x.reshape(*lead, 1, cols // f.block, *f.groups) * values).sum(axes)
+        # one row (a decode step): a kernel of its own, its epilogue (bias, GELU) a small one after it; fused,
+        # a GELU kept a tile of 4 rows (host_opts: a costly epilogue): GPT-2's 12 Q4_0 fc matvecs took 3.7 ms
+        # of a decode step, 1.2 ms apart (benchmarks/bench_int8dot.py --decode q4_0, Zen 4, 2 threads)
+        return out.contiguous() if _one_row(lead) else out
 
     def rows(self, ids: Tensor) -> Tensor:
         """Rows at integer `ids` (any shape) as float32 ids.shape + (cols,): the blocks of those rows are

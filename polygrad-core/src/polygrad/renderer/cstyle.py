@@ -45,6 +45,7 @@ import numpy as np
 from polygrad.dtype import DType, dtypes
 from polygrad.contract import ProgramSpec
 from polygrad.renderer.cstyle_ops import MASK_RULES, SCALAR_RULES, SIGNED_OF_SIZE, VECTOR_RULES, Rule, apply_rule
+from polygrad.renderer.int8_dot import DOT4, contract_int8_dots
 from polygrad.renderer.linear_passes import LinearPasses, simplify_linear
 from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, var_name
 from polygrad.uop.ops import Ops, UOp
@@ -149,6 +150,9 @@ class CStyleRenderer:
     # the shared linear passes (renderer/linear_passes.py) run before rendering; None: the C compiler folds,
     # shares and hoists itself, so the program is rendered as linearized
     passes: LinearPasses | None = None
+    # contract 4-turn loops of 8-bit products into DOT4 updates (renderer/int8_dot.py) and render them with
+    # the pg_dot4 helper (dot4_body); set by a dialect whose device declares Capabilities.int8_dot
+    int8_dot = False
 
     def ctype(self, dt: DType) -> str:
         """The C type of a value of dtype dt (half/bfloat16 values live in float when emulated)."""
@@ -263,6 +267,8 @@ class CStyleRenderer:
         prog = linearize(spec, vector_width=width, launch=self.launch(spec), strided=self.strided_loads)
         if self.passes is not None:
             prog = simplify_linear(prog, self.passes)
+        if self.int8_dot:
+            prog = contract_int8_dots(prog)
         return self.render_program(prog, self.stream_slots(spec))
 
     def stream_slots(self, spec: ProgramSpec) -> frozenset[int]:
@@ -325,6 +331,19 @@ class CStyleRenderer:
         """The body of the pg_fma helper for n lanes of dt (a, b, c in scope): the scalar fma per lane."""
         lane = f"r[pl] = {self.math_fn('fma', dt)}(a[pl], b[pl], c[pl]);"
         return f"  {self.vtype(dt, n)} r; for (int pl = 0; pl < {n}; pl++) {lane} return r;"
+
+    def dot4(self, n: int, acc: str, a: str, b: str) -> str:
+        """acc (n int32 lanes) plus, in lane l, the products a[l + n k] * b[l + n k] for k < 4 (a and b: 4n
+        int8 lanes; renderer/int8_dot.py's DOT4): a helper whose body is the dialect's (dot4_body)."""
+        vt, bt = self.vtype(dtypes.int32, n), self.vtype(dtypes.int8, 4 * n)
+        name = f"pg_dot4_{bt[3:]}"
+        self._helpers[name] = f"static inline {vt} {name}({vt} acc, {bt} a, {bt} b) {{\n{self.dot4_body(n)}\n}}"
+        return f"{name}({acc}, {a}, {b})"
+
+    def dot4_body(self, n: int) -> str:
+        """The body of the pg_dot4 helper for n lanes (acc, a, b in scope): the products lane by lane."""
+        step = f"acc[pl] += (int)a[pl + {n} * k] * (int)b[pl + {n} * k];"
+        return f"  for (int k = 0; k < 4; k++) for (int pl = 0; pl < {n}; pl++) {step}\n  return acc;"
 
     def count_lanes(self, gate: str, lanes: int) -> str:
         """A C expression: how many lanes of the bool mask `gate` are true (a movemask and popcount)."""
@@ -594,6 +613,9 @@ class CStyleRenderer:
                 self.emit(f"{ref} = {self.vfma(acc.dtype, acc.lanes, a, b, ref)};")
             else:
                 self.emit(f"{ref} = {self.alu(Ops.FMA, acc.dtype, acc.dtype, [a, b, ref])};")
+            return
+        if x.arg == DOT4:  # acc += the 4 products per lane of two byte vectors (renderer/int8_dot.py)
+            self.emit(f"{n(acc)} = {self.dot4(acc.lanes, n(acc), n(x.src[1]), n(x.src[2]))};")
             return
         value = x.src[1]
         ref = f"{n(acc)}[{n(x.src[2])}]" if len(x.src) > 2 else n(acc)

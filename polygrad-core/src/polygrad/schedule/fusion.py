@@ -365,6 +365,10 @@ def _walk_root(root: UOp, points: set[UOp]) -> tuple[set[UOp], dict[UOp, UOp | N
     if root.op in (Ops.CUSTOM, Ops.AFTER, Ops.COPY):
         return visited, must, reached
     start = root.src[1] if root.op is Ops.ASSIGN else (root.src[0] if root.op is Ops.CONTIGUOUS else root)
+    if start is not root and start in points:
+        # the value is another point's (a captured output's contiguous() over a contiguous matvec): this
+        # kernel copies that buffer, and what is below it is that point's walk, not this one's
+        return {start}, must, reached
     # a reshape of the kernel's own reduction (a full sum's scalar) does not make that reduction "another"
     # one: the kernel is that reduction (it may hold one nested reduction, as any reducing kernel)
     while start.op is Ops.RESHAPE and start.src[0] not in points and start.src[0].op not in BOUNDARY_OPS:

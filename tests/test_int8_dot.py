@@ -1,0 +1,175 @@
+"""Integer dot products for a quantized decode step (issue 30): 8-bit activations, int8 x int8 block sums.
+
+- quantize_activations rounds each 32-value block as NumPy does with d = max|x| / 127 (bit for bit).
+- A one-row Q8_0 matvec on a device declaring Capabilities.int8_dot (the CPU backend with VNNI) equals a
+  NumPy model of its arithmetic (exact int32 block sums, one float32 scale per block) within float32
+  summation, and the float path within the activations' rounding bound.
+- The CPU renderer contracts the block sums to its pg_dot4 helper (vpdpbusd) when the capability is on, and
+  not when it is off; the helper is exact for every pair of int8 values (-128 included).
+- INTERP and X86 declare no int8_dot: their matvec stays the float path. POLY_INT8_DOT=0 turns the route off.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from polygrad import Context, Tensor, dtypes
+from polygrad.codegen.lower import lower
+from polygrad.device import open_device
+from polygrad.engine import programs
+from polygrad.nn.quant import QuantWeight, _int8_matmul_t, int8_dot_enabled, quantize_activations
+
+ROWS, COLS = 24, 96  # 3 blocks a row
+
+
+def _numpy_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    blocks = x.reshape(-1, 32)
+    d = np.abs(blocks).max(1) / np.float32(127)
+    inverse = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
+    return np.rint(blocks * inverse[:, None]).astype(np.int8), d.astype(np.float32)
+
+
+def _blocks(seed: int = 0) -> np.ndarray:
+    """Q8_0 blocks (ROWS, COLS // 32, 34) with random float16 scales and every int8 quant, -128 included."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (ROWS, COLS // 32, 34), dtype=np.uint8)
+    blocks[..., :2] = rng.uniform(1e-3, 1e-1, (ROWS, COLS // 32)).astype(np.float16)[..., None].view(np.uint8)
+    blocks[0, 0, 2:4] = [128, 127]  # -128 and 127
+    return blocks
+
+
+def _new_programs(fn):
+    """The programs fn() runs (compiled now or found in the cache), in order."""
+    asked, original = [], programs.get_program
+
+    def record(ast, device):
+        asked.append(original(ast, device))
+        return asked[-1]
+    programs.get_program = record
+    try:
+        fn()
+    finally:
+        programs.get_program = original
+    return asked
+
+
+def test_quantize_activations_matches_numpy():
+    x = np.random.default_rng(1).standard_normal(COLS).astype(np.float32) * 3
+    x[32:64] = 0.0  # a block of zeros: d = 0 and q = 0
+    x[64] = -x[65:96].__abs__().max() * 2  # the block's largest magnitude negative: q = -127
+    q, d = quantize_activations(Tensor(x))
+    want_q, want_d = _numpy_quantize(x)
+    assert q.dtype is dtypes.int8 and np.array_equal(q.numpy().reshape(-1, 32), want_q)
+    assert np.array_equal(d.numpy(), want_d)
+    assert q.numpy().min() >= -127
+
+
+def _require_int8_dot():
+    if not int8_dot_enabled("CPU"):
+        pytest.skip("the CPU device does not declare int8_dot (no VNNI or no clang)")
+
+
+def test_int8_matvec_matches_numpy_model_and_the_float_path():
+    _require_int8_dot()
+    blocks = _blocks()
+    x = np.random.default_rng(2).standard_normal((1, COLS)).astype(np.float32)
+    qw = QuantWeight(Tensor(blocks), "Q8_0", (ROWS, COLS))
+    got = qw.matmul_t(Tensor(x)).numpy()[0]
+    with Context(POLY_INT8_DOT=0):
+        floats = qw.matmul_t(Tensor(x)).numpy()[0]
+    xq, dx = _numpy_quantize(x)
+    dw = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
+    wq = blocks[..., 2:].view(np.int8).astype(np.int64)
+    sums = np.einsum("bi,rbi->rb", xq.astype(np.int64), wq)  # exact
+    terms = sums.astype(np.float32) * (dw * dx[None, :])
+    assert np.all(np.abs(got - terms.sum(1, dtype=np.float64)) <= 1e-6 * np.abs(terms).sum(1))
+    # the rounding moves each activation by at most d_x / 2
+    w = (wq * dw[..., None]).reshape(ROWS, COLS)
+    bound = np.abs(w).reshape(ROWS, -1, 32).sum(2) @ (dx / 2) + 1e-5 * np.abs(floats).max()
+    assert np.all(np.abs(got - floats) <= bound)
+
+
+@functools.lru_cache(maxsize=None)
+def _int8_dot_ast():
+    """The kernel IR of the 8-bit route's one-row Q8_0 matvec."""
+    qw = QuantWeight(Tensor(_blocks(5)), "Q8_0", (ROWS, COLS))
+    x = Tensor(np.ones((1, COLS), np.float32))
+    new = _new_programs(lambda: _int8_matmul_t(qw.blocks, x).realize())
+    return next(p.spec.ast for p in new if p.spec.name == f"r_1_{ROWS}")
+
+
+def _int8_dot_kernel(caps_on: bool):
+    """The 8-bit route's matvec kernel lowered and rendered for the CPU with Capabilities.int8_dot on or off
+    (whatever this CPU has: rendering needs no VNNI)."""
+    pytest.importorskip("polygrad_backend_cpu")
+    from polygrad_backend_cpu.renderer import CPURenderer
+    ast = _int8_dot_ast()
+    caps = dataclasses.replace(open_device("CPU").capabilities, int8_dot=caps_on)
+    spec = lower(ast, caps)
+    return spec, CPURenderer(int8_dot=caps_on).render(spec)
+
+
+def test_rendered_kernel_has_dot_products_only_with_the_capability():
+    spec, source = _int8_dot_kernel(True)
+    assert "pg_dot4_i8x32(" in source and "__builtin_ia32_vpdpbusd256" in source
+    _, plain = _int8_dot_kernel(False)
+    assert "pg_dot4" not in plain and "vpdpbusd" not in plain
+    cc = shutil.which("clang")
+    if cc is None or not int8_dot_enabled("CPU"):
+        pytest.skip("no clang, or no VNNI here to compile the instruction for")
+    flags = ["-O3", "-march=native", "-ffp-contract=off", "-S", "-x", "c", "-", "-o", "-"]
+    asm = subprocess.run([cc, *flags], input=source, capture_output=True, text=True, check=True).stdout
+    assert "vpdpbusd" in asm
+    plain_asm = subprocess.run([cc, *flags], input=plain, capture_output=True, text=True, check=True).stdout
+    assert "vpdpbusd" not in plain_asm
+
+
+def test_dot_products_are_exact_for_every_byte_value():
+    """Every int8 pair, -128 x -128 included, through the contracted kernel: the exact integer sums (scales
+    of 1, sums below 2**24 so float32 holds them), as INTERP computes the same kernel IR."""
+    _require_int8_dot()
+    rng = np.random.default_rng(3)
+    a = rng.integers(-128, 128, (1, 3, 4, 8), dtype=np.int8)
+    b = rng.integers(-128, 128, (ROWS, 3, 4, 8), dtype=np.int8)
+    a[0, 0], b[0, 0] = -128, -128
+    b[1, 0] = 127
+
+    def matvec(device: str) -> Tensor:
+        sums = (Tensor(a, device=device).cast(dtypes.int32) * Tensor(b, device=device).cast(dtypes.int32)).sum(-2)
+        return (sums.cast(dtypes.float32) * Tensor.ones(ROWS, 3, 8, device=device)).sum((-2, -1))
+
+    got = []
+    new = _new_programs(lambda: got.append(matvec("CPU").numpy()))
+    assert any("pg_dot4_i8x32(" in p.source for p in new), [p.spec.name for p in new]
+    want = np.einsum("xkl,rxkl->r", a[0].astype(np.int64), b.astype(np.int64))
+    assert np.array_equal(got[0], want.astype(np.float32))
+    assert np.array_equal(matvec("INTERP").numpy(), got[0])
+
+
+@pytest.mark.parametrize("device", ["INTERP", "X86"])
+def test_other_backends_keep_the_float_path(device):
+    try:
+        caps = open_device(device).capabilities
+    except Exception as e:  # noqa: BLE001 - a backend not installed here
+        pytest.skip(f"{device}: {e}")
+    assert not caps.int8_dot and not int8_dot_enabled(device)
+    blocks = _blocks()
+    x = np.random.default_rng(4).standard_normal((1, COLS)).astype(np.float32)
+    qw = QuantWeight(Tensor(blocks, device=device), "Q8_0", (ROWS, COLS))
+    new = _new_programs(lambda: qw.matmul_t(Tensor(x, device=device)).realize())
+    assert [p.spec.name for p in new] == [f"r_1_{ROWS}"]  # one kernel: no 8-bit activations
+
+
+def test_setting_turns_the_route_off():
+    _require_int8_dot()
+    with Context(POLY_INT8_DOT=0):
+        assert not int8_dot_enabled("CPU")
+        qw = QuantWeight(Tensor(_blocks()), "Q8_0", (ROWS, COLS))
+        new = _new_programs(lambda: qw.matmul_t(Tensor(np.ones((1, COLS), np.float32))).realize())
+    assert [p.spec.name for p in new] == [f"r_1_{ROWS}"]
+    assert all("pg_dot4" not in p.source for p in new)
