@@ -284,42 +284,37 @@ def test_narrow_shift_lanes_follow_the_amounts_bounds():
     np.testing.assert_array_equal(got, np.where(far < 8, a << np.minimum(far, 7), 0).astype(np.uint8))
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-def test_a_gated_mlp_kernel_gives_both_products_lanes_and_streams_rows(fmt):
-    """silu(x @ W_gate.T) * (x @ W_up.T) for one row of x over quantized weights, fused into one kernel: both
-    reductions run over shared ranges (passes.share_reduce_ranges), so the lanes chosen for the gate's
-    reach the up product too (it was a scalar fmaf chain per row, a Qwen2 decode step's slowest kernel),
-    and its rows are read one stream each, not as a tile of 4 (the silu epilogue costs once per two rows)."""
+def _gated_mlp(device: str, rows: int, cols: int, seed: int):
+    """silu(x @ W_gate.T) * (x @ W_up.T) for one row of x over float32 weights (a decode step's gated MLP;
+    a quantized weight's one-row matvec is a kernel of its own, nn/quant.py), and NumPy's value."""
+    rng = np.random.default_rng(seed)
+    wg, wu = (rng.standard_normal((rows, cols)).astype(np.float32) for _ in range(2))
+    xn = rng.standard_normal((1, cols)).astype(np.float32)
+    gate, up, x = (Tensor(a, device=device).realize() for a in (wg, wu, xn))
+    g, u = xn @ wg.T, xn @ wu.T
+    return (x @ gate.T).silu() * (x @ up.T), g / (1 + np.exp(-g)) * u
+
+
+def test_a_gated_mlp_kernel_gives_both_products_lanes():
+    """The gated MLP of one row is one kernel with two reductions: both run over shared ranges
+    (passes.share_reduce_ranges), so the lanes chosen for the gate's reach the up product too (it was a
+    scalar fmaf chain per row; at Q8_0/Q4_0, before their one-row matvecs became kernels of their own, a
+    Qwen2 decode step's slowest kernel)."""
     from polygrad.codegen.passes import kernel_for_opts
     from polygrad.device import open_device
-    from polygrad.nn.quant import QuantWeight
-    rng = np.random.default_rng(0)
-    gate, up = (QuantWeight.from_float(rng.standard_normal((64, 128)).astype(np.float32), fmt) for _ in range(2))
-    xn = rng.standard_normal((1, 128)).astype(np.float32)
-    x = Tensor(xn, device="CPU").realize()
-    out = gate.matmul_t(x).silu() * up.matmul_t(x)
+    out, want = _gated_mlp("CPU", 64, 128, 0)
     (step,) = [s for s in schedule([out.uop])[0].steps if s.kind == "kernel"]
     reduces = [n for n in kernel_for_opts(step.ast).toposort() if n.op is Ops.REDUCE]
     assert len(reduces) == 2 and reduces[0].src[1:] == reduces[1].src[1:], "the products do not share ranges"
     prog = get_program(step.ast, "CPU")
     if open_device("CPU").capabilities.vector_width >= 4:
         assert "fmaf(" not in prog.source.split("void pg_kernel(")[1], prog.source
-        kinds = [o.kind for o in prog.spec.opts if o.kind != "THREAD"]
-        assert kinds == ["SPLIT_REDUCE", "SPLIT_REDUCE"], prog.spec.opts
-    g, u = xn @ gate.dequantize().numpy().T, xn @ up.dequantize().numpy().T
-    np.testing.assert_allclose(out.numpy(), g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-5)
+        assert "SPLIT_REDUCE" in [o.kind for o in prog.spec.opts], prog.spec.opts
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0"])
-def test_a_gated_mlp_over_shared_ranges_is_exact_on_every_backend(fmt, device):
+def test_a_gated_mlp_over_shared_ranges_is_exact_on_every_backend(device):
     """Each backend's code generator gets the two products over one set of ranges (share_reduce_ranges)
-    and must still compute each one whole: values against NumPy over the dequantized weights."""
-    from polygrad.nn.quant import QuantWeight
-    rng = np.random.default_rng(1)
-    gate, up = (QuantWeight.from_float(rng.standard_normal((32, 64)).astype(np.float32), fmt, device=device)
-                for _ in range(2))
-    xn = rng.standard_normal((1, 64)).astype(np.float32)
-    x = Tensor(xn, device=device).realize()
-    g, u = xn @ gate.dequantize().numpy().T, xn @ up.dequantize().numpy().T
-    out = (gate.matmul_t(x).silu() * up.matmul_t(x)).numpy()
-    np.testing.assert_allclose(out, g / (1 + np.exp(-g)) * u, rtol=1e-5, atol=1e-5)
+    and must still compute each one whole: values against NumPy."""
+    out, want = _gated_mlp(device, 32, 64, 1)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
