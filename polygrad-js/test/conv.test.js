@@ -16,13 +16,16 @@ const { DTYPES } = require('../src/dtypes')
 const { lowerKernel, prepareKernel } = require('../src/compile')
 const { chooseOpts } = require('../src/lower')
 const { buildModule, importObject } = require('../src/wasm/module')
+const { repack } = require('../src/pack')
 
 const f32 = DTYPES.float32
 const i32 = DTYPES.int32
 
 /** out[co, y, x] = sum_{ky, kx, ci} X[ci, y + ky - 1, x + kx - 1] * W[ky, kx, ci, co] (0 outside the image): a
- * 3x3 convolution with padding 1, its weight stored output-channels-last as polygrad.onnx keeps it. */
-function paddedConv (C, CO, S) {
+ * 3x3 convolution with padding 1, its weight stored output-channels-last as polygrad.onnx keeps it; with
+ * `shortcut` = C2 channels, plus sum_cj Z[cj, y, x] * V[cj, co] (a residual block's 1x1 shortcut, its own
+ * reduction in the same kernel; Z in slot 3, V in slot 4). */
+function paddedConv (C, CO, S, shortcut = 0) {
   const g = new Graph()
   const c = (v) => g.const(i32, v)
   const buf = (slot, n) => g.node('DEFINE_GLOBAL', f32, [], [slot, [n]])
@@ -35,7 +38,14 @@ function paddedConv (C, CO, S) {
   const xl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, C * S * S), xi, g.alu('AND', inside(iy), inside(ix))])])
   const wi = g.alu('ADD', g.alu('MUL', g.alu('ADD', g.alu('MUL', g.alu('ADD', g.alu('MUL', ky, c(3)), kx), c(C)), ci), c(CO)), co)
   const wl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(2, 9 * C * CO), wi])])
-  const sum = g.node('REDUCE', f32, [g.alu('MUL', xl, wl), ky, kx, ci], 'ADD')
+  let sum = g.node('REDUCE', f32, [g.alu('MUL', xl, wl), ky, kx, ci], 'ADD')
+  if (shortcut) {
+    const cj = g.node('RANGE', i32, [c(shortcut)], [6, 'reduce'])
+    const zi = g.alu('ADD', g.alu('ADD', g.alu('MUL', cj, c(S * S)), g.alu('MUL', y, c(S))), x)
+    const zl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(3, shortcut * S * S), zi])])
+    const vl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(4, shortcut * CO), g.alu('ADD', g.alu('MUL', cj, c(CO)), co)])])
+    sum = g.alu('ADD', sum, g.node('REDUCE', f32, [g.alu('MUL', zl, vl), cj], 'ADD'))
+  }
   const out = g.alu('ADD', g.alu('ADD', g.alu('MUL', co, c(S * S)), g.alu('MUL', y, c(S))), x)
   const st = g.node('STORE', null, [g.node('INDEX', f32, [buf(0, CO * S * S), out]), sum])
   return { g, ast: g.node('SINK', null, [g.node('END', null, [st, co, y, x])]) }
@@ -75,29 +85,33 @@ const rand = () => {
 }
 
 /** The worst error of the kernel's wasm (whole, or as its threaded phases in `parts` slices) relative to the
- * float32 bound against a float64 reference. */
-function worstError (C, CO, S, parts) {
-  const { g, ast } = paddedConv(C, CO, S)
-  const prog = lowerKernel(g, ast, { width: 4, verify: true, threaded: parts > 1 })
+ * float32 bound against a float64 reference; with `pack`, the full-size variant reading its weights (slots 2
+ * and 4) through packed copies (pack.js, filled by repack as the runtime does). */
+function worstError (C, CO, S, parts, { shortcut = 0, pack = false } = {}) {
+  const { g, ast } = paddedConv(C, CO, S, shortcut)
+  const sizes = [CO * S * S, C * S * S, 9 * C * CO, shortcut * S * S, shortcut * CO]
+  const eligible = pack ? (i) => (i === 2 || i === 4 ? sizes[i] : 0) : null
+  const prog = lowerKernel(g, ast, { width: 4, verify: true, threaded: parts > 1, pack: eligible, packMain: pack })
+  if (pack) assert.strictEqual(prog.packs.length, shortcut ? 2 : 1, 'every weight read through its packed copy')
   const progs = parts > 1 ? prog.phases : [prog]
   assert.ok(progs && progs.length, 'the kernel splits into phases')
-  const sizes = [CO * S * S, C * S * S, 9 * C * CO]
   const layout = new Map()
   let pos = 64
-  sizes.forEach((n, slot) => {
+  const place = (slot, n) => {
     layout.set(slot, { base: pos, size: n })
     pos += Math.ceil(n * 4 / 64) * 64 + 64
-  })
+  }
+  sizes.forEach((n, slot) => place(slot, n))
+  for (const pk of prog.packs) place(pk.slot, pk.size)
   const pages = Math.ceil(pos / 65536) + 1
   const memory = new WebAssembly.Memory({ initial: pages })
   const mod = new WebAssembly.Module(buildModule(progs.map((p) => ({ prog: p, layout })), pages))
   const inst = new WebAssembly.Instance(mod, importObject(memory))
   const view = new Float32Array(memory.buffer)
-  const X = Float32Array.from({ length: sizes[1] }, rand)
-  const W = Float32Array.from({ length: sizes[2] }, rand)
-  view.set(X, layout.get(1).base / 4)
-  view.set(W, layout.get(2).base / 4)
+  const [X, W, Z, V] = sizes.slice(1).map((n) => Float32Array.from({ length: n }, rand))
+  ;[X, W, Z, V].forEach((a, i) => view.set(a, layout.get(i + 1).base / 4))
   view.fill(NaN, layout.get(0).base / 4, layout.get(0).base / 4 + sizes[0])
+  for (const pk of prog.packs) repack(view, layout.get(pk.from).base / 4, layout.get(pk.slot).base / 4, pk)
   progs.forEach((_, i) => {
     for (let part = 0; part < parts; part++) inst.exports[`k${i}`](...(parts > 1 ? [part, parts] : []))
   })
@@ -119,8 +133,13 @@ function worstError (C, CO, S, parts) {
             }
           }
         }
+        for (let cj = 0; cj < shortcut; cj++) {
+          const p = Z[cj * S * S + y * S + x] * V[cj * CO + co]
+          exact += p
+          mag += Math.abs(p)
+        }
         const got = out[co * S * S + y * S + x]
-        worst = Math.max(worst, Number.isNaN(got) ? Infinity : Math.abs(got - exact) / ((9 * C + 1) * 2 ** -24 * mag + 1e-30))
+        worst = Math.max(worst, Number.isNaN(got) ? Infinity : Math.abs(got - exact) / ((9 * C + shortcut + 1) * 2 ** -24 * mag + 1e-30))
       }
     }
   }
@@ -132,6 +151,26 @@ test('a padded convolution matches a float64 reference at odd sizes, on one thre
     for (const parts of [1, 2]) {
       const worst = worstError(C, CO, S, parts)
       assert.ok(worst <= 1, `C=${C} CO=${CO} S=${S} parts=${parts}: error ${worst.toFixed(2)} x its float32 bound`)
+    }
+  }
+})
+
+test("a convolution's weights are read through copies packed in loop order (the full-size variant), with a shortcut's", () => {
+  // the 3x3 weight (ky, kx, ci, co): one stream per tile of 8 output channels, where the kernel read 32 bytes of
+  // each CO-apart row per step (pack.js packs rows over 64 bytes apart) (ResNet-18's deep layers about 0.6x the time packed); the pixel loops read it
+  // again. The shortcut's weight is read inside its own reduction only, the 3x3's inside theirs: each packs.
+  const { g, ast } = paddedConv(7, 32, 9, 5)
+  const prepared = prepareKernel(g, ast)
+  const eligible = (i) => ({ 2: 9 * 7 * 32, 4: 5 * 32 }[i] || 0)
+  const prog = lowerKernel(g, ast, { width: 4, prepared, opts: chooseOpts(prepared.ast, 4), pack: eligible, packMain: true })
+  const layouts = new Map(prog.packs.map((pk) => [pk.from, pk]))
+  assert.deepStrictEqual(layouts.get(2).sizes, [32 / 8, 3, 3, 7, 2, 4], 'channel tiles, ky, kx, ci, tile columns, lanes')
+  assert.deepStrictEqual(layouts.get(2).src, [8, 3 * 7 * 32, 7 * 32, 32, 4, 1])
+  assert.deepStrictEqual(layouts.get(4).sizes, [32 / 8, 5, 2, 4], 'channel tiles, cj, tile columns, lanes')
+  for (const [C, CO, S, shortcut] of [[7, 32, 9, 5], [3, 32, 5, 0], [5, 40, 7, 3]]) {
+    for (const parts of [1, 2]) {
+      const worst = worstError(C, CO, S, parts, { shortcut, pack: true })
+      assert.ok(worst <= 1, `C=${C} CO=${CO} S=${S} shortcut ${shortcut} parts=${parts}: error ${worst.toFixed(2)} x its float32 bound`)
     }
   }
 })
