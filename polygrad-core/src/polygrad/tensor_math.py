@@ -3,7 +3,8 @@
 Stage: graph construction. Input: tensors. Output: tensor graphs made only of the primitive ALU ops
 (EXP2 LOG2 SIN SQRT RECIPROCAL TRUNC ADD MUL MAX MOD IDIV FDIV CMP* WHERE ...), so every function is
 differentiable through `polygrad.gradient`. Transcendental functions without a primitive (erf, atan,
-expm1, log1p, ...) use series or continued fractions whose derivatives are accurate too.
+expm1, log1p, ...) use series, continued fractions or fitted polynomials (float32 erf) whose derivatives are
+accurate too.
 
 Two habits keep gradients finite: a `where` whose unused branch could overflow gets a safe input
 ("double where"), and half/bfloat16 inputs are computed in float32 and rounded once, as torch does.
