@@ -146,8 +146,22 @@ function worstError (C, CO, S, parts, { shortcut = 0, pack = false } = {}) {
   return worst
 }
 
+test("a convolution's register tile: 8 output channels x 4 pixels, 16 x 2 on a row of 14 (8 accumulators each)", () => {
+  const tile = (C, CO, S, shortcut) => {
+    const { g, ast } = paddedConv(C, CO, S, shortcut)
+    const opts = chooseOpts(prepareKernel(g, ast).ast, 4)
+    return opts.map((o) => `${o.kind}:${o.range.arg[0]}:${o.amount}${o.clamp ? 'c' : ''}`)
+  }
+  // ranges 0, 1, 2: output channels, pixel rows, pixels of a row (the row tile clamped where 4 does not divide it)
+  assert.deepStrictEqual(tile(8, 64, 28, 0), ['VECTOR:0:4', 'UPCAST:0:2', 'UPCAST:2:4'])
+  assert.deepStrictEqual(tile(8, 64, 7, 0), ['VECTOR:0:4', 'UPCAST:0:2', 'UPCAST:2:4c'])
+  assert.deepStrictEqual(tile(8, 64, 14, 0), ['VECTOR:0:4', 'UPCAST:0:4', 'UPCAST:2:2'])
+  assert.deepStrictEqual(tile(8, 64, 14, 4), ['VECTOR:0:4', 'UPCAST:0:4', 'UPCAST:2:2'], 'with a shortcut')
+  assert.deepStrictEqual(tile(8, 8, 14, 0), ['VECTOR:0:4', 'UPCAST:0:2', 'UPCAST:2:2'], '8 channels: no 16 to take')
+})
+
 test('a padded convolution matches a float64 reference at odd sizes, on one thread and in two slices', () => {
-  for (const [C, CO, S] of [[3, 8, 9], [7, 8, 5], [7, 16, 9]]) {
+  for (const [C, CO, S] of [[3, 8, 9], [7, 8, 5], [7, 16, 9], [3, 32, 14]]) {
     for (const parts of [1, 2]) {
       const worst = worstError(C, CO, S, parts)
       assert.ok(worst <= 1, `C=${C} CO=${CO} S=${S} parts=${parts}: error ${worst.toFixed(2)} x its float32 bound`)
