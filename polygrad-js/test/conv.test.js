@@ -78,6 +78,22 @@ test("a padded convolution's innermost loop has an ungated copy for the image's 
   assert.strictEqual(interior[0].body.filter((x) => x.k === 'load').length, border[0].body.filter((x) => x.k === 'load').length)
 })
 
+test("the memory's first bytes stay zeros: a padded convolution's gated loads read them where the gate is off", () => {
+  // wasm/emit.js loads from address 0 instead of selecting 0 after the load: planMemory places every buffer
+  // after ZERO_BYTES and the executor clears them in a memory it is given
+  const { Model } = require('..')
+  const { Executor, ZERO_BYTES } = require('../src/runtime')
+  const { fixture } = require('./helpers')
+  const m = Model.fromBytesSync(fixture('linear.pgb'), { threads: 1 })
+  assert.ok(ZERO_BYTES >= 16, 'a vector load at address 0 reads zeros too')
+  assert.ok(m._p.slots.every((s) => s.base >= ZERO_BYTES))
+  const memory = new WebAssembly.Memory({ initial: 1 })
+  new Uint8Array(memory.buffer).fill(0xa5)
+  const x = new Executor(m._p, { memory, threads: 1 })
+  assert.deepStrictEqual([...new Uint8Array(x.memory.buffer, 0, ZERO_BYTES)], new Array(ZERO_BYTES).fill(0))
+  m.dispose()
+})
+
 let seed = 4321
 const rand = () => {
   seed = (seed * 1103515245 + 12345) % 2147483648
