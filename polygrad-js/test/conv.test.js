@@ -16,6 +16,7 @@ const { DTYPES } = require('../src/dtypes')
 const { lowerKernel, prepareKernel } = require('../src/compile')
 const { chooseOpts } = require('../src/lower')
 const { buildModule, importObject } = require('../src/wasm/module')
+const { KernelEmitter } = require('../src/wasm/emit')
 const { repack } = require('../src/pack')
 
 const f32 = DTYPES.float32
@@ -76,6 +77,10 @@ test("a padded convolution's innermost loop has an ungated copy for the image's 
   assert.ok(interior[1].length === 1 && border[1].length === 1 && interior[1][0] !== border[1][0], 'each copy under its own if')
   assert.ok(gated(border) > 0, 'the border copy keeps its gates')
   assert.strictEqual(interior[0].body.filter((x) => x.k === 'load').length, border[0].body.filter((x) => x.k === 'load').length)
+  // the border copy's gated loads (4 pixels of the row tile) each get a pointer that is 0 where the gate is off
+  const layout = new Map([0, 1, 2].map((s) => [s, { base: 64, size: 8 * 81 * 2 }]))
+  const { stats } = new KernelEmitter(prog, layout, {}, {}, {}).emit()
+  assert.strictEqual(stats.gatedPointers, gated(border))
 })
 
 test("the memory's first bytes stay zeros: a padded convolution's gated loads read them where the gate is off", () => {
