@@ -102,13 +102,13 @@ function blockOpts (end, width) {
   const coeff = (ix, r) => rangeCoeff(ix.src[1], r)
   const opts = []
 
-  // rows: a second global range tiled by `rows` (a clamp where symbolic), when some load is reused across it
+  // rows: a second global range tiled by `rows` (a clamp where symbolic), the innermost across which some load
+  // is reused (a 1x1 convolution's pixel rows reuse no vector of its image, its output channels do: MobileNetV2's
+  // expansions at 28 and 56 pixels had one accumulator a tile)
   const rowTile = (exclude, rows, reusedBy) => {
-    const cands = glob.filter((r) => r !== exclude)
-    if (!cands.length) return
-    const r = cands[cands.length - 1]
+    const r = glob.filter((x) => x !== exclude).reverse().find((x) => loads.some((ix) => coeff(ix, x) === 0 && reusedBy(ix)))
+    if (!r) return
     const n = constSize(r)
-    if (!loads.some((ix) => coeff(ix, r) === 0 && reusedBy(ix))) return
     if (n === null) {
       if (!inPlace) opts.push({ kind: 'UPCAST', range: r, amount: rows })
       return

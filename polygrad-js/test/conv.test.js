@@ -257,6 +257,53 @@ test('a depthwise window is unrolled whole and its row tiled in lanes, at stride
   }
 })
 
+/** out[co, y, x] = sum_ci X[ci, y, x] * W[co, ci]: a 1x1 convolution (MobileNetV2's expansions and projections). */
+function pointwise (C, CO, S) {
+  const g = new Graph()
+  const c = (v) => g.const(i32, v)
+  const buf = (slot, n) => g.node('DEFINE_GLOBAL', f32, [], [slot, [n]])
+  const [co, y, x] = [CO, S, S].map((n, i) => g.node('RANGE', i32, [c(n)], [i, 'global']))
+  const ci = g.node('RANGE', i32, [c(C)], [3, 'reduce'])
+  const xl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, C * S * S), g.alu('ADD', g.alu('ADD', g.alu('MUL', ci, c(S * S)), g.alu('MUL', y, c(S))), x)])])
+  const wl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(2, CO * C), g.alu('ADD', g.alu('MUL', co, c(C)), ci)])])
+  const sum = g.node('REDUCE', f32, [g.alu('MUL', xl, wl), ci], 'ADD')
+  const st = g.node('STORE', null, [g.node('INDEX', f32, [buf(0, CO * S * S), g.alu('ADD', g.alu('ADD', g.alu('MUL', co, c(S * S)), g.alu('MUL', y, c(S))), x)]), sum])
+  return { g, ast: g.node('SINK', null, [g.node('END', null, [st, co, y, x])]) }
+}
+
+test('a 1x1 convolution tiles its output channels, across which each vector of its image is reused', () => {
+  // the row of 28 pixels in lanes (7 vectors: no second column); the pixel rows reuse no image vector, so the
+  // tile is 4 output channels (4 accumulators, each image vector loaded once for them), not one accumulator
+  for (const [C, CO, S] of [[8, 24, 28], [5, 12, 12]]) {
+    const { g, ast } = pointwise(C, CO, S)
+    const opts = chooseOpts(prepareKernel(g, ast).ast, 4).map((o) => `${o.kind}:${o.range.arg[0]}:${o.amount}`)
+    assert.deepStrictEqual(opts.filter((o) => o.startsWith('UPCAST:0')), ['UPCAST:0:4'], JSON.stringify(opts))
+    const prog = lowerKernel(g, ast, { width: 4, verify: true })
+    const sizes = [CO * S * S, C * S * S, CO * C]
+    const layout = new Map(sizes.map((n, slot) => [slot, { base: 64 + slot * 131072, size: n }]))
+    const memory = new WebAssembly.Memory({ initial: 7 })
+    const inst = new WebAssembly.Instance(new WebAssembly.Module(buildModule([{ prog, layout }], 7)), importObject(memory))
+    const view = new Float32Array(memory.buffer)
+    const [X, W] = sizes.slice(1).map((n) => Float32Array.from({ length: n }, rand))
+    view.set(X, layout.get(1).base / 4)
+    view.set(W, layout.get(2).base / 4)
+    inst.exports.k0()
+    let worst = 0
+    for (let co = 0; co < CO; co++) {
+      for (let p = 0; p < S * S; p++) {
+        let exact = 0
+        let mag = 0
+        for (let ci = 0; ci < C; ci++) {
+          exact += X[ci * S * S + p] * W[co * C + ci]
+          mag += Math.abs(X[ci * S * S + p] * W[co * C + ci])
+        }
+        worst = Math.max(worst, Math.abs(view[layout.get(0).base / 4 + co * S * S + p] - exact) / ((C + 1) * 2 ** -24 * mag + 1e-30))
+      }
+    }
+    assert.ok(worst <= 1, `C=${C} CO=${CO} S=${S}: error ${worst.toFixed(2)} x its float32 bound`)
+  }
+})
+
 /** The worst error of a window kernel's wasm relative to its float32 bound against float64 (a max: exact). */
 function windowError (C, S, stride, pool, parts, pad) {
   const { g, ast, O } = window(C, S, stride, pool, pad)
