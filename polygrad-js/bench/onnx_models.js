@@ -15,7 +15,8 @@
  * both compared (relative max error), then `rounds` alternating rounds of calls; a figure is the median
  * call. --json prints one JSON line per model (bench_onnx.py reads them), else a table. --only NAME runs one model.
  * --base DIR times a second polygrad-js checkout (a baseline) in the same rounds, alternating with this one and
- * ort-web (an A/B under the same load). --profile times every kernel call of one forward on one thread
+ * ort-web (an A/B under the same load); an entry's `basePgb` (a bundle the baseline's Python saved, where the
+ * graph changed) is what --base loads, else its `pgb`. --profile times every kernel call of one forward on one thread
  * (polygrad-js, and --base's in calls alternating with it), the fastest of --reps calls each, grouped by kernel, with its work
  * (lower.kernelWork: points, about the multiply-adds) per second and the opts lower.js chose.
  */
@@ -75,11 +76,11 @@ async function ortRunner (entry, inputs) {
   return { run, first, load: (performance.now() - t0) / 1000, close: () => session.release() }
 }
 
-function polygradRunner (entry, inputs, lib = LIB) {
+function polygradRunner (entry, inputs, lib = LIB, pgb = entry.pgb) {
   const { Model } = require(lib)
   const t0 = performance.now()
   // maxWork: the default bound (2**16 node evaluations per byte of the file) refuses ResNet-18 at batch 16
-  const m = Model.load(entry.pgb, { threads: THREADS, maxWork: 2 ** 50 })
+  const m = Model.load(pgb, { threads: THREADS, maxWork: 2 ** 50 })
   const feeds = {}
   for (const [name, v] of Object.entries(inputs)) feeds[name] = v.data
   const out = Object.keys(m.forward(feeds))[0]
@@ -90,7 +91,7 @@ function polygradRunner (entry, inputs, lib = LIB) {
 async function bench (entry, calls) {
   const inputs = readInputs(entry)
   const libs = { ort: await ortRunner(entry, inputs), polygrad: await polygradRunner(entry, inputs) }
-  if (BASE) libs.base = await polygradRunner(entry, inputs, BASE)
+  if (BASE) libs.base = await polygradRunner(entry, inputs, BASE, entry.basePgb || entry.pgb)
   const names = Object.keys(libs)
   const times = Object.fromEntries(names.map((k) => [k, []]))
   try {
@@ -177,7 +178,7 @@ function kernelTimer (entry, lib) {
 
 function profile (entry) {
   const reps = arg('--reps', 5)
-  const timers = [kernelTimer(entry, LIB), ...(BASE ? [kernelTimer(entry, BASE)] : [])]
+  const timers = [kernelTimer(entry, LIB), ...(BASE ? [kernelTimer(Object.assign({}, entry, { pgb: entry.basePgb || entry.pgb }), BASE)] : [])]
   for (let r = 0; r < reps; r++) for (const t of r % 2 ? [...timers].reverse() : timers) t.once() // alternating
   const [mine, base] = timers.map((t) => t.result())
   const total = [...mine.groups.values()].reduce((a, g) => a + g.ms, 0)

@@ -38,6 +38,9 @@ const { repack } = require('./pack')
 const { toposort } = require('./ir')
 
 const ALIGN = 64
+// the memory's first bytes hold zeros, never a buffer (planMemory starts after them; the executor clears them):
+// a gated load whose gate is off reads address 0 and gets 0 without a select (wasm/emit.js emitLoad)
+const ZERO_BYTES = ALIGN
 const PAGE = 65536
 const up = (n, a = ALIGN) => Math.ceil(n / a) * a
 
@@ -46,7 +49,7 @@ function nbytes (s) {
 }
 
 /** Assign `slot.base` (a byte address) to every slot; returns the bytes used. */
-function planMemory (prog, start = ALIGN) {
+function planMemory (prog, start = ZERO_BYTES) {
   let pos = start
   for (const s of prog.slots) {
     if (s.role === 'temporary' || s.base !== undefined) continue
@@ -192,6 +195,7 @@ class Executor extends BaseExecutor {
     this.threads = this.backend === 'wasm' ? threads : 1
     this.canBlock = canBlock // whether this thread may wait on the workers (not a browser's main thread)
     this.memory = ensureMemory(memory, this.bytesUsed, BundleError, this.threads > 1)
+    new Uint8Array(this.memory.buffer, 0, ZERO_BYTES).fill(0) // a memory passed in may hold anything there
     this.pool = this.threads > 1 ? new Pool(this.threads, this.memory) : null
     this.minWork = THREAD_MIN_WORK // a call with less work runs on this thread alone (tests lower it)
     // packed copies of parameters (pack.js), by source slot and layout, and how many times each slot was
@@ -612,4 +616,4 @@ function countChecks (prog) {
   return n
 }
 
-module.exports = { BaseExecutor, Executor, planMemory, ensureMemory, countChecks }
+module.exports = { BaseExecutor, Executor, planMemory, ensureMemory, countChecks, ZERO_BYTES }

@@ -16,13 +16,17 @@ const { DTYPES } = require('../src/dtypes')
 const { lowerKernel, prepareKernel } = require('../src/compile')
 const { chooseOpts } = require('../src/lower')
 const { buildModule, importObject } = require('../src/wasm/module')
+const { KernelEmitter } = require('../src/wasm/emit')
+const { repack } = require('../src/pack')
 
 const f32 = DTYPES.float32
 const i32 = DTYPES.int32
 
 /** out[co, y, x] = sum_{ky, kx, ci} X[ci, y + ky - 1, x + kx - 1] * W[ky, kx, ci, co] (0 outside the image): a
- * 3x3 convolution with padding 1, its weight stored output-channels-last as polygrad.onnx keeps it. */
-function paddedConv (C, CO, S) {
+ * 3x3 convolution with padding 1, its weight stored output-channels-last as polygrad.onnx keeps it; with
+ * `shortcut` = C2 channels, plus sum_cj Z[cj, y, x] * V[cj, co] (a residual block's 1x1 shortcut, its own
+ * reduction in the same kernel; Z in slot 3, V in slot 4). */
+function paddedConv (C, CO, S, shortcut = 0) {
   const g = new Graph()
   const c = (v) => g.const(i32, v)
   const buf = (slot, n) => g.node('DEFINE_GLOBAL', f32, [], [slot, [n]])
@@ -35,7 +39,14 @@ function paddedConv (C, CO, S) {
   const xl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, C * S * S), xi, g.alu('AND', inside(iy), inside(ix))])])
   const wi = g.alu('ADD', g.alu('MUL', g.alu('ADD', g.alu('MUL', g.alu('ADD', g.alu('MUL', ky, c(3)), kx), c(C)), ci), c(CO)), co)
   const wl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(2, 9 * C * CO), wi])])
-  const sum = g.node('REDUCE', f32, [g.alu('MUL', xl, wl), ky, kx, ci], 'ADD')
+  let sum = g.node('REDUCE', f32, [g.alu('MUL', xl, wl), ky, kx, ci], 'ADD')
+  if (shortcut) {
+    const cj = g.node('RANGE', i32, [c(shortcut)], [6, 'reduce'])
+    const zi = g.alu('ADD', g.alu('ADD', g.alu('MUL', cj, c(S * S)), g.alu('MUL', y, c(S))), x)
+    const zl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(3, shortcut * S * S), zi])])
+    const vl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(4, shortcut * CO), g.alu('ADD', g.alu('MUL', cj, c(CO)), co)])])
+    sum = g.alu('ADD', sum, g.node('REDUCE', f32, [g.alu('MUL', zl, vl), cj], 'ADD'))
+  }
   const out = g.alu('ADD', g.alu('ADD', g.alu('MUL', co, c(S * S)), g.alu('MUL', y, c(S))), x)
   const st = g.node('STORE', null, [g.node('INDEX', f32, [buf(0, CO * S * S), out]), sum])
   return { g, ast: g.node('SINK', null, [g.node('END', null, [st, co, y, x])]) }
@@ -66,6 +77,26 @@ test("a padded convolution's innermost loop has an ungated copy for the image's 
   assert.ok(interior[1].length === 1 && border[1].length === 1 && interior[1][0] !== border[1][0], 'each copy under its own if')
   assert.ok(gated(border) > 0, 'the border copy keeps its gates')
   assert.strictEqual(interior[0].body.filter((x) => x.k === 'load').length, border[0].body.filter((x) => x.k === 'load').length)
+  // the border copy's gated loads (4 pixels of the row tile) each get a pointer that is 0 where the gate is off
+  const layout = new Map([0, 1, 2].map((s) => [s, { base: 64, size: 8 * 81 * 2 }]))
+  const { stats } = new KernelEmitter(prog, layout, {}, {}, {}).emit()
+  assert.strictEqual(stats.gatedPointers, gated(border))
+})
+
+test("the memory's first bytes stay zeros: a padded convolution's gated loads read them where the gate is off", () => {
+  // wasm/emit.js loads from address 0 instead of selecting 0 after the load: planMemory places every buffer
+  // after ZERO_BYTES and the executor clears them in a memory it is given
+  const { Model } = require('..')
+  const { Executor, ZERO_BYTES } = require('../src/runtime')
+  const { fixture } = require('./helpers')
+  const m = Model.fromBytesSync(fixture('linear.pgb'), { threads: 1 })
+  assert.ok(ZERO_BYTES >= 16, 'a vector load at address 0 reads zeros too')
+  assert.ok(m._p.slots.every((s) => s.base >= ZERO_BYTES))
+  const memory = new WebAssembly.Memory({ initial: 1 })
+  new Uint8Array(memory.buffer).fill(0xa5)
+  const x = new Executor(m._p, { memory, threads: 1 })
+  assert.deepStrictEqual([...new Uint8Array(x.memory.buffer, 0, ZERO_BYTES)], new Array(ZERO_BYTES).fill(0))
+  m.dispose()
 })
 
 let seed = 4321
@@ -75,29 +106,33 @@ const rand = () => {
 }
 
 /** The worst error of the kernel's wasm (whole, or as its threaded phases in `parts` slices) relative to the
- * float32 bound against a float64 reference. */
-function worstError (C, CO, S, parts) {
-  const { g, ast } = paddedConv(C, CO, S)
-  const prog = lowerKernel(g, ast, { width: 4, verify: true, threaded: parts > 1 })
+ * float32 bound against a float64 reference; with `pack`, the full-size variant reading its weights (slots 2
+ * and 4) through packed copies (pack.js, filled by repack as the runtime does). */
+function worstError (C, CO, S, parts, { shortcut = 0, pack = false } = {}) {
+  const { g, ast } = paddedConv(C, CO, S, shortcut)
+  const sizes = [CO * S * S, C * S * S, 9 * C * CO, shortcut * S * S, shortcut * CO]
+  const eligible = pack ? (i) => (i === 2 || i === 4 ? sizes[i] : 0) : null
+  const prog = lowerKernel(g, ast, { width: 4, verify: true, threaded: parts > 1, pack: eligible, packMain: pack })
+  if (pack) assert.strictEqual(prog.packs.length, shortcut ? 2 : 1, 'every weight read through its packed copy')
   const progs = parts > 1 ? prog.phases : [prog]
   assert.ok(progs && progs.length, 'the kernel splits into phases')
-  const sizes = [CO * S * S, C * S * S, 9 * C * CO]
   const layout = new Map()
   let pos = 64
-  sizes.forEach((n, slot) => {
+  const place = (slot, n) => {
     layout.set(slot, { base: pos, size: n })
     pos += Math.ceil(n * 4 / 64) * 64 + 64
-  })
+  }
+  sizes.forEach((n, slot) => place(slot, n))
+  for (const pk of prog.packs) place(pk.slot, pk.size)
   const pages = Math.ceil(pos / 65536) + 1
   const memory = new WebAssembly.Memory({ initial: pages })
   const mod = new WebAssembly.Module(buildModule(progs.map((p) => ({ prog: p, layout })), pages))
   const inst = new WebAssembly.Instance(mod, importObject(memory))
   const view = new Float32Array(memory.buffer)
-  const X = Float32Array.from({ length: sizes[1] }, rand)
-  const W = Float32Array.from({ length: sizes[2] }, rand)
-  view.set(X, layout.get(1).base / 4)
-  view.set(W, layout.get(2).base / 4)
+  const [X, W, Z, V] = sizes.slice(1).map((n) => Float32Array.from({ length: n }, rand))
+  ;[X, W, Z, V].forEach((a, i) => view.set(a, layout.get(i + 1).base / 4))
   view.fill(NaN, layout.get(0).base / 4, layout.get(0).base / 4 + sizes[0])
+  for (const pk of prog.packs) repack(view, layout.get(pk.from).base / 4, layout.get(pk.slot).base / 4, pk)
   progs.forEach((_, i) => {
     for (let part = 0; part < parts; part++) inst.exports[`k${i}`](...(parts > 1 ? [part, parts] : []))
   })
@@ -119,19 +154,58 @@ function worstError (C, CO, S, parts) {
             }
           }
         }
+        for (let cj = 0; cj < shortcut; cj++) {
+          const p = Z[cj * S * S + y * S + x] * V[cj * CO + co]
+          exact += p
+          mag += Math.abs(p)
+        }
         const got = out[co * S * S + y * S + x]
-        worst = Math.max(worst, Number.isNaN(got) ? Infinity : Math.abs(got - exact) / ((9 * C + 1) * 2 ** -24 * mag + 1e-30))
+        worst = Math.max(worst, Number.isNaN(got) ? Infinity : Math.abs(got - exact) / ((9 * C + shortcut + 1) * 2 ** -24 * mag + 1e-30))
       }
     }
   }
   return worst
 }
 
+test("a convolution's register tile: 8 output channels x 4 pixels, 16 x 2 on a row of 14 (8 accumulators each)", () => {
+  const tile = (C, CO, S, shortcut) => {
+    const { g, ast } = paddedConv(C, CO, S, shortcut)
+    const opts = chooseOpts(prepareKernel(g, ast).ast, 4)
+    return opts.map((o) => `${o.kind}:${o.range.arg[0]}:${o.amount}${o.clamp ? 'c' : ''}`)
+  }
+  // ranges 0, 1, 2: output channels, pixel rows, pixels of a row (the row tile clamped where 4 does not divide it)
+  assert.deepStrictEqual(tile(8, 64, 28, 0), ['VECTOR:0:4', 'UPCAST:0:2', 'UPCAST:2:4'])
+  assert.deepStrictEqual(tile(8, 64, 7, 0), ['VECTOR:0:4', 'UPCAST:0:2', 'UPCAST:2:4c'])
+  assert.deepStrictEqual(tile(8, 64, 14, 0), ['VECTOR:0:4', 'UPCAST:0:4', 'UPCAST:2:2'])
+  assert.deepStrictEqual(tile(8, 64, 14, 4), ['VECTOR:0:4', 'UPCAST:0:4', 'UPCAST:2:2'], 'with a shortcut')
+  assert.deepStrictEqual(tile(8, 8, 14, 0), ['VECTOR:0:4', 'UPCAST:0:2', 'UPCAST:2:2'], '8 channels: no 16 to take')
+})
+
 test('a padded convolution matches a float64 reference at odd sizes, on one thread and in two slices', () => {
-  for (const [C, CO, S] of [[3, 8, 9], [7, 8, 5], [7, 16, 9]]) {
+  for (const [C, CO, S] of [[3, 8, 9], [7, 8, 5], [7, 16, 9], [3, 32, 14]]) {
     for (const parts of [1, 2]) {
       const worst = worstError(C, CO, S, parts)
       assert.ok(worst <= 1, `C=${C} CO=${CO} S=${S} parts=${parts}: error ${worst.toFixed(2)} x its float32 bound`)
+    }
+  }
+})
+
+test("a convolution's weights are read through copies packed in loop order (the full-size variant), with a shortcut's", () => {
+  // the 3x3 weight (ky, kx, ci, co): one stream per tile of 8 output channels, where the kernel read 32 bytes of
+  // each CO-apart row per step (pack.js packs rows over 64 bytes apart) (ResNet-18's deep layers about 0.6x the time packed); the pixel loops read it
+  // again. The shortcut's weight is read inside its own reduction only, the 3x3's inside theirs: each packs.
+  const { g, ast } = paddedConv(7, 32, 9, 5)
+  const prepared = prepareKernel(g, ast)
+  const eligible = (i) => ({ 2: 9 * 7 * 32, 4: 5 * 32 }[i] || 0)
+  const prog = lowerKernel(g, ast, { width: 4, prepared, opts: chooseOpts(prepared.ast, 4), pack: eligible, packMain: true })
+  const layouts = new Map(prog.packs.map((pk) => [pk.from, pk]))
+  assert.deepStrictEqual(layouts.get(2).sizes, [32 / 8, 3, 3, 7, 2, 4], 'channel tiles, ky, kx, ci, tile columns, lanes')
+  assert.deepStrictEqual(layouts.get(2).src, [8, 3 * 7 * 32, 7 * 32, 32, 4, 1])
+  assert.deepStrictEqual(layouts.get(4).sizes, [32 / 8, 5, 2, 4], 'channel tiles, cj, tile columns, lanes')
+  for (const [C, CO, S, shortcut] of [[7, 32, 9, 5], [3, 32, 5, 0], [5, 40, 7, 3]]) {
+    for (const parts of [1, 2]) {
+      const worst = worstError(C, CO, S, parts, { shortcut, pack: true })
+      assert.ok(worst <= 1, `C=${C} CO=${CO} S=${S} shortcut ${shortcut} parts=${parts}: error ${worst.toFixed(2)} x its float32 bound`)
     }
   }
 })
@@ -180,6 +254,53 @@ test('a depthwise window is unrolled whole and its row tiled in lanes, at stride
     assert.ok(prog.vectorized)
     const strided = walk(prog.body).filter(([i]) => i.k === 'load' && i.mode === 'strided').length
     assert.strictEqual(strided, stride === 2 ? 9 : 0, 'the input loads of a stride-2 window are strided')
+  }
+})
+
+/** out[co, y, x] = sum_ci X[ci, y, x] * W[co, ci]: a 1x1 convolution (MobileNetV2's expansions and projections). */
+function pointwise (C, CO, S) {
+  const g = new Graph()
+  const c = (v) => g.const(i32, v)
+  const buf = (slot, n) => g.node('DEFINE_GLOBAL', f32, [], [slot, [n]])
+  const [co, y, x] = [CO, S, S].map((n, i) => g.node('RANGE', i32, [c(n)], [i, 'global']))
+  const ci = g.node('RANGE', i32, [c(C)], [3, 'reduce'])
+  const xl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, C * S * S), g.alu('ADD', g.alu('ADD', g.alu('MUL', ci, c(S * S)), g.alu('MUL', y, c(S))), x)])])
+  const wl = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(2, CO * C), g.alu('ADD', g.alu('MUL', co, c(C)), ci)])])
+  const sum = g.node('REDUCE', f32, [g.alu('MUL', xl, wl), ci], 'ADD')
+  const st = g.node('STORE', null, [g.node('INDEX', f32, [buf(0, CO * S * S), g.alu('ADD', g.alu('ADD', g.alu('MUL', co, c(S * S)), g.alu('MUL', y, c(S))), x)]), sum])
+  return { g, ast: g.node('SINK', null, [g.node('END', null, [st, co, y, x])]) }
+}
+
+test('a 1x1 convolution tiles its output channels, across which each vector of its image is reused', () => {
+  // the row of 28 pixels in lanes (7 vectors: no second column); the pixel rows reuse no image vector, so the
+  // tile is 4 output channels (4 accumulators, each image vector loaded once for them), not one accumulator
+  for (const [C, CO, S] of [[8, 24, 28], [5, 12, 12]]) {
+    const { g, ast } = pointwise(C, CO, S)
+    const opts = chooseOpts(prepareKernel(g, ast).ast, 4).map((o) => `${o.kind}:${o.range.arg[0]}:${o.amount}`)
+    assert.deepStrictEqual(opts.filter((o) => o.startsWith('UPCAST:0')), ['UPCAST:0:4'], JSON.stringify(opts))
+    const prog = lowerKernel(g, ast, { width: 4, verify: true })
+    const sizes = [CO * S * S, C * S * S, CO * C]
+    const layout = new Map(sizes.map((n, slot) => [slot, { base: 64 + slot * 131072, size: n }]))
+    const memory = new WebAssembly.Memory({ initial: 7 })
+    const inst = new WebAssembly.Instance(new WebAssembly.Module(buildModule([{ prog, layout }], 7)), importObject(memory))
+    const view = new Float32Array(memory.buffer)
+    const [X, W] = sizes.slice(1).map((n) => Float32Array.from({ length: n }, rand))
+    view.set(X, layout.get(1).base / 4)
+    view.set(W, layout.get(2).base / 4)
+    inst.exports.k0()
+    let worst = 0
+    for (let co = 0; co < CO; co++) {
+      for (let p = 0; p < S * S; p++) {
+        let exact = 0
+        let mag = 0
+        for (let ci = 0; ci < C; ci++) {
+          exact += X[ci * S * S + p] * W[co * C + ci]
+          mag += Math.abs(X[ci * S * S + p] * W[co * C + ci])
+        }
+        worst = Math.max(worst, Math.abs(view[layout.get(0).base / 4 + co * S * S + p] - exact) / ((C + 1) * 2 ** -24 * mag + 1e-30))
+      }
+    }
+    assert.ok(worst <= 1, `C=${C} CO=${CO} S=${S}: error ${worst.toFixed(2)} x its float32 bound`)
   }
 })
 

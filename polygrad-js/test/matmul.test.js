@@ -214,14 +214,15 @@ test('the fma load option: a boolean (else a ModelError that says so); false kee
   dflt.dispose()
 })
 
-test("BERT's x @ W at a constant 128 rows reads its weight through a packed copy; a convolution's weight is not packed", () => {
+test("BERT's x @ W at a constant 128 rows reads its weight through a packed copy; a weight with 64-byte rows is not packed", () => {
   // the FFN's 512 -> 2048: a tile of 8 columns read 32 bytes of each 8 KB weight row per step (rows 8 KB apart
   // share cache sets), about 1.4x the time of the packed stream on the benchmark's BERT
   const { variants: vs } = variants(128, 512, 2048, false, true)
   const packed = vs.find(([name]) => name === 'tile, packed')[1]
   assert.strictEqual(packed.packs.length, 1)
   assert.deepStrictEqual(packed.packs[0].sizes, [2048 / 8, 512, 2, 4], 'column panels, reduction steps, tile columns, lanes')
-  // out[co, y, x] = sum_ci X[ci, y, x] * W[ci, co]: the weight is read again by two loops (the pixel rows and columns)
+  // out[co, y, x] = sum_ci X[ci, y, x] * W[ci, co] with 16 output channels: each step reads a whole 64-byte row,
+  // a cache line, so a copy would not read fewer lines (a wider convolution's weight packs: conv.test.js)
   const g = new Graph()
   const c = (v) => g.const(i32, v)
   const buf = (slot, n) => g.node('DEFINE_GLOBAL', f32, [], [slot, [n]])

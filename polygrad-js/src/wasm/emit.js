@@ -46,8 +46,9 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
-    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0 } // what the speed guards (tests) look for
+    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0 } // what the speed guards (tests) look for
     this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
+    this.gatedAddr = new Map() // load inst id -> local: a gated pointer (strengthReduce), 0 where the gate is off
     this.free = new Map() // wasm type -> locals no live value holds
     this.pooled = new Map() // value id -> its reusable local
     this.scratch = [] // [type, local] taken by the instruction being emitted, freed after it
@@ -186,15 +187,17 @@ class KernelEmitter {
       }
     }
     if (x.lanes === 1) {
-      if (x.gate) {
-        // address 0 where the gate is off (the element is not read), then 0 as the value
-        const extra = this.address(x.idx, d, x.buf)
+      if (x.gate && this.gatedAddr.has(x.id)) {
+        this.c.get(this.gatedAddr.get(x.id))
+        this.loadScalar(d, 0)
+      } else if (x.gate) {
+        // where the gate is off, address 0: the memory's first bytes, which hold zeros (runtime.js ZERO_BYTES),
+        // so the value read is 0 with no select after the load (ResNet-18's padded 7x7 layers: their border)
+        const extra = this.address(x.idx, d, x.buf) + b.base
         if (extra) this.c.i32(extra).op(0x6a)
         this.c.i32(0)
         this.push(x.gate).op(0x1b)
-        this.loadScalar(d, b.base)
-        this.scalarConst(d, 0)(this.c)
-        this.push(x.gate).op(0x1b)
+        this.loadScalar(d, 0)
       } else {
         this.loadScalar(d, b.base + this.address(x.idx, d, x.buf))
       }
@@ -215,14 +218,16 @@ class KernelEmitter {
       return this.define(x)
     }
     if (x.mode === 'contiguous' && (!x.gate || x.gate.lanes === 1)) {
-      if (x.gate) {
-        const extra = this.address(x.idx, d, x.buf)
+      if (x.gate && this.gatedAddr.has(x.id)) {
+        this.c.get(this.gatedAddr.get(x.id))
+        this.c.vmem(0x00, 0, 0)
+      } else if (x.gate) {
+        // as a scalar's: 16 zero bytes at address 0 where the gate is off
+        const extra = this.address(x.idx, d, x.buf) + b.base
         if (extra) this.c.i32(extra).op(0x6a)
         this.c.i32(0)
         this.push(x.gate).op(0x1b)
-        this.c.vmem(0x00, 0, b.base)
-        this.c.v128const(new Uint8Array(16))
-        this.push(x.gate).byte(0x1c, 0x01, T.v128)
+        this.c.vmem(0x00, 0, 0)
       } else {
         const extra = this.address(x.idx, d, x.buf)
         this.c.vmem(0x00, 0, b.base + extra)
@@ -810,7 +815,9 @@ class KernelEmitter {
         this.val.set(x.id, { local: i })
         this.push(x.start)
         c.set(i)
-        const steps = wide ? [] : this.strengthReduce(x)
+        const all = wide ? [] : this.strengthReduce(x)
+        // a gated pointer's step is a local (0 where its gate is off): it advances, but never ends the loop
+        const steps = all.filter(([, step]) => typeof step === 'number')
         // with a strength-reduced address, the loop ends when that pointer reaches its last value (one
         // compare, no separate counter: the counter's increment is dead code when nothing else reads it)
         let last = null
@@ -828,7 +835,12 @@ class KernelEmitter {
         c.op(wide ? 0x59 : 0x4e).byte(0x0d, 0x00)
         c.byte(0x03, 0x40)
         this.block(x.body)
-        for (const [local, step] of steps) c.get(local).i32(step).op(0x6a).set(local)
+        for (const [local, step] of all) {
+          c.get(local)
+          if (typeof step === 'number') c.i32(step)
+          else c.get(step.local)
+          c.op(0x6a).set(local)
+        }
         c.get(i)
         if (wide) c.i64(1).op(0x7c)
         else c.i32(1).op(0x6a)
@@ -874,13 +886,41 @@ class KernelEmitter {
     }
     const steps = []
     const byKey = new Map()
+    // a scalar gate defined outside the loop, on a load that no bounds check guards (those keep their code)
+    const invariantGate = (x) => x.k === 'load' && !x.check && x.gate && x.gate.lanes === 1 && x.gate.level < loop.level &&
+      this.val.has(x.gate.id) && (x.lanes === 1 || x.mode === 'contiguous')
     const visit = (insts) => {
       for (const x of insts) {
         if (x.k === 'if') visit(x.body)
-        if ((x.k !== 'load' && x.k !== 'store') || x.idx.lanes !== 1 || x.idx.dtype !== loop.dtype || this.addrOf.has(`${x.idx.id}|${x.buf}`)) continue
+        if ((x.k !== 'load' && x.k !== 'store') || x.idx.lanes !== 1 || x.idx.dtype !== loop.dtype) continue
+        if (this.addrOf.has(`${x.idx.id}|${x.buf}`) && !invariantGate(x)) continue
         const a = affine(x.idx)
         if (!a || a.s === 0 || Math.abs(a.s * x.dtype.size) > 2 ** 30 || a.terms.some(([t]) => !this.val.has(t.id))) continue
         const size = x.dtype.size
+        if (invariantGate(x) && !this.gatedAddr.has(x.id)) {
+          // a load behind a gate the loop does not change (a padded convolution's border: the gate is the
+          // pixel's, the loop runs over channels): a pointer of its own that starts at its address, or at 0
+          // (runtime.js ZERO_BYTES) where the gate is off, and advances by its stride, or by 0; so the load is
+          // one plain load per iteration, no address select
+          const local = this.newLocal(T.i32)
+          const step = this.newLocal(T.i32)
+          this.c.i32((a.c * size + this.buf(x.buf).base) | 0)
+          for (const [t, k] of a.terms) {
+            this.push(t)
+            this.c.i32((k * size) | 0).op(0x6c).op(0x6a)
+          }
+          this.push(loop.start)
+          this.c.i32((a.s * size) | 0).op(0x6c).op(0x6a)
+          this.c.i32(0)
+          this.push(x.gate).op(0x1b).set(local)
+          this.c.i32((a.s * size) | 0).i32(0)
+          this.push(x.gate).op(0x1b).set(step)
+          this.gatedAddr.set(x.id, local)
+          this.stats.gatedPointers++
+          steps.push([local, { local: step }])
+          continue
+        }
+        if (this.addrOf.has(`${x.idx.id}|${x.buf}`)) continue
         // accesses that differ by a constant share one pointer; the difference goes into the memarg offset
         const merged = new Map()
         for (const [t, k] of a.terms) merged.set(t, (merged.get(t) || 0) + k)
