@@ -173,3 +173,30 @@ def test_setting_turns_the_route_off():
         new = _new_programs(lambda: qw.matmul_t(Tensor(np.ones((1, COLS), np.float32))).realize())
     assert [p.spec.name for p in new] == [f"r_1_{ROWS}"]
     assert all("pg_dot4" not in p.source for p in new)
+
+
+def test_a_saved_int8_route_runs_in_node_as_in_python(tmp_path):
+    """A Model captured with the 8-bit route saves its kernels (the activation rounding, the int8 block sums)
+    into the bundle, and polygrad-js computes them as Python does: with the same input to round, the same
+    8-bit values (a sign-extension or rounding slip would move the result by whole steps of d_x)."""
+    _require_int8_dot()
+    from test_js import forward_in_node
+
+    from polygrad import Model
+    rng = np.random.default_rng(3)
+    qw = QuantWeight(Tensor(_blocks(7)), "Q8_0", (ROWS, COLS))
+
+    class MatVec:
+        def __init__(self) -> None:
+            self.blocks = qw.blocks
+
+        def __call__(self, x):
+            return {"y": qw.matmul_t(x)}
+    m = Model(MatVec(), inputs={"x": Tensor.empty(1, COLS)})
+    assert any("pg_dot4" in p.source for p in _new_programs(lambda: m.forward(x=np.zeros((1, COLS), np.float32))))
+    x = rng.standard_normal((1, COLS)).astype(np.float32)
+    want = m.forward(x=x)["y"].numpy()
+    path = tmp_path / "matvec.pgb"
+    m.save(str(path))
+    for backend, out in forward_in_node(path.read_bytes(), {"x": x}, tmp_path).items():
+        assert np.abs(out["y"] - want).max() <= 1e-5 * np.abs(want).max(), backend
