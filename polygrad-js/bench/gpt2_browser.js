@@ -1,0 +1,199 @@
+#!/usr/bin/env node
+'use strict'
+/**
+ * GPT-2 small in the browser (issue 31 section 3's browser target): headless Chromium (Debian's `chromium`
+ * through playwright-core) on a cross-origin isolated page runs polygrad-js (dist/polygrad.browser.mjs, the
+ * async API a page uses) and onnxruntime-web's wasm backend (the engine transformers.js runs on in a browser)
+ * on the same weights, their rounds alternating, at each --threads count: a 32-token prompt (ms, warm) and
+ * greedy decode after it (tokens/s). Greedy tokens and the first logits are checked against transformers'
+ * (bench/gpt2_ref.json), as gpt2.js does in Node.
+ *
+ *   python polygrad-js/bench/make_gpt2.py        # bench/gpt2s.pgb, gpt2s.onnx, gpt2_ref.json (once)
+ *   (cd polygrad-js/bench && npm install)        # onnxruntime-web (bench/package.json)
+ *   node polygrad-js/bench/gpt2_browser.js [--threads 1,2] [--rounds N] [--tokens N] [--warm N]
+ *
+ * Both libraries run their kernels on the page's thread at 1 thread (ort-web numThreads 1; polygrad-js threads
+ * 1) and with that many workers beside it otherwise. Timings on a shared machine are noisy: each figure is the
+ * median of the rounds; read them beside the load average printed first.
+ */
+
+const fs = require('fs')
+const os = require('os')
+const path = require('path')
+const http = require('http')
+
+const ROOT = path.join(__dirname, '..')
+const ORT_DIST = path.join(__dirname, 'node_modules', 'onnxruntime-web', 'dist')
+const arg = (name, dflt) => (process.argv.includes(name) ? process.argv[process.argv.indexOf(name) + 1] : dflt)
+const THREADS = arg('--threads', '1,2').split(',').map(Number)
+const ROUNDS = Number(arg('--rounds', 3))
+const TOKENS = Number(arg('--tokens', 16))
+// untimed rounds first: Chromium compiles a wasm function with its baseline compiler and tiers it up once it is
+// hot, so a page's first rounds run slower (polygrad-js's 32-token prompt took about 8x its settled time in the
+// first round and settled by the fourth)
+const WARM = Number(arg('--warm', 4))
+
+// the page: both libraries on the same prompt, rounds alternating; results in window.__result
+const PAGE = `<!doctype html><meta charset="utf-8"><body><script type="module">
+import { Model } from '/dist/polygrad.browser.mjs'
+import * as ort from '/ort/ort.wasm.min.mjs'
+const q = new URLSearchParams(location.search)
+const threads = Number(q.get('threads')), rounds = Number(q.get('rounds')), tokens = Number(q.get('tokens'))
+const VOCAB = 50257, WARM = Number(q.get('warm'))
+try {
+  const ref = await (await fetch('/gpt2_ref.json')).json()
+  const prompt = Int32Array.from(ref.prompt)
+  const argmax = (a) => { let b = 0; for (let i = 1; i < a.length; i++) if (a[i] > a[b]) b = i; return b }
+  const relError = (l, want) => Math.max(...want.map((w, i) => Math.abs(l[i] - w))) / Math.max(...want.map(Math.abs))
+  const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1]
+  const bytes = async (url) => new Uint8Array(await (await fetch(url)).arrayBuffer())
+
+  let t0 = performance.now()
+  const model = await Model.fromBytes(await bytes('/gpt2s.pgb'), { threads })
+  const pgLoad = performance.now() - t0
+  const last = (out) => out.logits.subarray(out.logits.length - VOCAB)
+  const pg = {
+    prompt: async () => last(await model.callAsync('forward', { input_ids: prompt })),
+    step: async (tok, pos) => last(await model.callAsync('decode', { input_ids: Int32Array.of(tok), pos }))
+  }
+
+  ort.env.wasm.numThreads = threads
+  ort.env.wasm.wasmPaths = '/ort/'
+  t0 = performance.now()
+  const session = await ort.InferenceSession.create(await bytes('/gpt2s.onnx'), { executionProviders: ['wasm'], graphOptimizationLevel: 'all' })
+  const ortLoad = performance.now() - t0
+  let past = null
+  const empty = () => new ort.Tensor('float32', new Float32Array(0), [1, 12, 0, 64])
+  const ortRun = async (ids, start) => {
+    const feeds = {
+      input_ids: new ort.Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]),
+      position_ids: new ort.Tensor('int64', BigInt64Array.from(ids, (_, i) => BigInt(start + i)), [1, ids.length])
+    }
+    for (let i = 0; i < 12; i++) {
+      feeds['past_key_' + i] = past ? past['present_key_' + i] : empty()
+      feeds['past_value_' + i] = past ? past['present_value_' + i] : empty()
+    }
+    const out = await session.run(feeds)
+    past = out
+    return out.logits.data.subarray(out.logits.data.length - VOCAB)
+  }
+  const ortLib = { prompt: async () => { past = null; return ortRun([...prompt], 0) }, step: (tok, pos) => ortRun([tok], pos) }
+
+  const libs = { 'polygrad-js': pg, 'onnxruntime-web': ortLib }
+  const figs = Object.fromEntries(Object.keys(libs).map((k) => [k, { promptMs: [], tokS: [], tokens: null, err: 0 }]))
+  for (let r = 0; r < rounds + WARM; r++) {
+    for (const [name, lib] of Object.entries(libs)) {
+      const f = figs[name]
+      let t = performance.now()
+      let logits = await lib.prompt()
+      const p = performance.now() - t
+      const errs = [relError(logits, ref.logits[0])]
+      const toks = []
+      t = performance.now()
+      for (let i = 0; i < tokens; i++) {
+        toks.push(argmax(logits))
+        logits = await lib.step(toks[i], prompt.length + i)
+        if (i < ref.logits.length - 1) errs.push(relError(logits, ref.logits[i + 1]))
+      }
+      const d = performance.now() - t
+      if (r === 0) {
+        const n = Math.min(toks.length, ref.tokens.length)
+        f.tokens = toks.slice(0, n).join(' ') === ref.tokens.slice(0, n).join(' ')
+        f.err = Math.max(...errs)
+      }
+      if (r >= WARM) { f.promptMs.push(p); f.tokS.push(tokens / d * 1000) }
+    }
+  }
+  const backend = model.backendInfo
+  model.dispose()
+  await session.release()
+  window.__result = {
+    isolated: crossOriginIsolated, backend, load: { 'polygrad-js': pgLoad, 'onnxruntime-web': ortLoad },
+    rows: Object.fromEntries(Object.entries(figs).map(([k, f]) => [k, { prompt: median(f.promptMs), tokS: median(f.tokS), tokens: f.tokens, err: f.err }]))
+  }
+} catch (e) {
+  window.__result = { error: String(e && e.stack || e) }
+}
+</script>`
+
+/** Serve the page, the browser build, onnxruntime-web's files and the model files, cross-origin isolated. */
+function serve () {
+  const files = {
+    '/': ['text/html', () => PAGE],
+    '/dist/polygrad.browser.mjs': ['text/javascript', () => fs.readFileSync(path.join(ROOT, 'dist', 'polygrad.browser.mjs'))],
+    '/gpt2s.pgb': ['application/octet-stream', () => fs.readFileSync(path.join(__dirname, 'gpt2s.pgb'))],
+    '/gpt2s.onnx': ['application/octet-stream', () => fs.readFileSync(path.join(__dirname, 'gpt2s.onnx'))],
+    '/gpt2_ref.json': ['application/json', () => fs.readFileSync(path.join(__dirname, 'gpt2_ref.json'))]
+  }
+  const server = http.createServer((req, res) => {
+    const url = req.url.split('?')[0]
+    let entry = files[url]
+    if (!entry && url.startsWith('/ort/') && /^[\w.-]+$/.test(url.slice(5))) {
+      const f = path.join(ORT_DIST, url.slice(5))
+      if (fs.existsSync(f)) entry = [f.endsWith('.wasm') ? 'application/wasm' : 'text/javascript', () => fs.readFileSync(f)]
+    }
+    if (!entry) {
+      res.writeHead(404)
+      return res.end()
+    }
+    res.writeHead(200, {
+      'Content-Type': entry[0],
+      'Cross-Origin-Opener-Policy': 'same-origin',
+      'Cross-Origin-Embedder-Policy': 'require-corp',
+      'Cross-Origin-Resource-Policy': 'same-origin'
+    })
+    res.end(entry[1]())
+  })
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)))
+}
+
+async function runPage (port, threads) {
+  const { chromium } = require('playwright-core')
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'polygrad-chromium-'))
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking',
+      '--disable-component-update', '--disable-sync']
+  })
+  try {
+    const page = context.pages()[0] || await context.newPage()
+    await page.goto(`http://127.0.0.1:${port}/?threads=${threads}&rounds=${ROUNDS}&tokens=${TOKENS}&warm=${WARM}`)
+    await page.waitForFunction('window.__result !== undefined', null, { timeout: 30 * 60 * 1000 })
+    return await page.evaluate('window.__result')
+  } finally {
+    await context.close()
+    fs.rmSync(profile, { recursive: true, force: true })
+  }
+}
+
+async function main () {
+  for (const f of ['gpt2s.pgb', 'gpt2s.onnx', 'gpt2_ref.json']) {
+    if (!fs.existsSync(path.join(__dirname, f))) throw new Error(`bench/${f} is missing: run python polygrad-js/bench/make_gpt2.py`)
+  }
+  if (!fs.existsSync(ORT_DIST)) throw new Error('onnxruntime-web is not installed: cd polygrad-js/bench && npm install')
+  const server = await serve()
+  console.log(`CPU: ${os.cpus()[0].model.trim()}, ${os.cpus().length} cores; load average ${os.loadavg().map((l) => l.toFixed(2)).join(' ')}; Chromium headless`)
+  console.log(`GPT-2 small, ${TOKENS} greedy tokens after a 32-token prompt, medians of ${ROUNDS} alternating rounds after ${WARM} untimed`)
+  console.log('library          | threads | prompt ms | decode tok/s | tokens ok | max rel err | load s')
+  try {
+    for (const t of THREADS) {
+      const r = await runPage(server.address().port, t)
+      if (r.error) throw new Error(`the page failed at ${t} threads: ${r.error}`)
+      if (t > 1 && !r.isolated) throw new Error('the page is not cross-origin isolated: no threads')
+      for (const [name, f] of Object.entries(r.rows)) {
+        console.log(`${name.padEnd(16)} | ${String(t).padStart(7)} | ${f.prompt.toFixed(1).padStart(9)} | ${f.tokS.toFixed(2).padStart(12)} | ${String(f.tokens).padStart(9)} | ${f.err.toExponential(1).padStart(11)} | ${(r.load[name] / 1000).toFixed(2)}`)
+      }
+      const pg = r.rows['polygrad-js']
+      const ort = r.rows['onnxruntime-web']
+      console.log(`  at ${t} thread(s): decode ${(pg.tokS / ort.tokS).toFixed(2)}x onnxruntime-web's tokens/s (target 2x), prompt ${(pg.prompt / ort.prompt).toFixed(2)}x its time; polygrad-js backend ${JSON.stringify(r.backend)}`)
+    }
+  } finally {
+    server.close()
+  }
+}
+
+main().catch((e) => {
+  console.error(e.message || e)
+  process.exit(1)
+})
