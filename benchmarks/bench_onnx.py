@@ -12,7 +12,8 @@ static shapes, evaluation mode: BatchNormalization folded into the convolutions 
 Python: each library runs in a worker process of its own (`--worker`), driven over a pipe, so neither's thread
 pool slows the other and their rounds alternate (ort, polygrad, polygrad, ort, ...): both see the same load.
 onnxruntime: CPUExecutionProvider, intra_op_num_threads = --threads, inter-op 1; polygrad: POLY_THREADS =
---threads, `polygrad.onnx.load(path)` then `forward`. A figure is the median of every call of the rounds.
+--threads, `polygrad.onnx.load(path)` then `forward`. Both libraries' rounds have the same number of calls,
+enough for about a quarter second of the slower one (ROUND_S); a figure is the median of every call of the rounds.
 
 Node (polygrad-js/bench/onnx_models.js, reading the manifest this script writes): polygrad-js `Model.load` of
 the .pgb saved from the imported model, onnxruntime-web (wasm) on the same .onnx, both with --threads threads,
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -184,8 +186,15 @@ class Worker:
             self.proc.wait()
 
 
-def bench_python(entry: dict, folder: str, rounds: int, calls: int, threads: int) -> dict:
-    """Cold and warm polygrad loads, then ort and polygrad timed in alternating rounds."""
+# A round of one library lasts about this long (at least 2 calls, at most 50): on a 2-vCPU VM the calls right
+# after the other library's round ran 1.5-3x slower for a while (polygrad's MobileNetV2, 5 ms a call settled:
+# 7-15 ms for the first few calls of a round), so rounds of 3 calls measured mostly that recovery
+ROUND_S = 0.25
+
+
+def bench_python(entry: dict, folder: str, rounds: int, threads: int) -> dict:
+    """Cold and warm polygrad loads, then ort and polygrad timed in alternating rounds of the same number of
+    calls, each round about ROUND_S long for the slower library."""
     cache = os.path.join(folder, "cache-" + entry["name"])
     shutil.rmtree(cache, ignore_errors=True)  # cold: nothing compiled yet
     cold = Worker("polygrad", entry, threads, cache)
@@ -197,6 +206,8 @@ def bench_python(entry: dict, folder: str, rounds: int, calls: int, threads: int
         workers["polygrad"].ask(f"out {out_file}")
         workers["polygrad"].ask(f"save {entry['pgb']}")
         times: dict[str, list[float]] = {"ort": [], "polygrad": []}
+        probe = max(float(np.median(w.ask("run 2")["times"])) for w in workers.values())
+        calls = min(50, max(2, math.ceil(ROUND_S / max(probe, 1e-6))))
         for k in range(rounds):
             order = ("ort", "polygrad") if k % 2 == 0 else ("polygrad", "ort")
             for lib in order:
@@ -288,8 +299,7 @@ def main() -> None:
         manifest = export_models(folder, args.only or names, bert_config(args.bert_base, args.quick))
         rows = {}
         for entry in manifest:
-            calls = 2 if entry["name"] in ("resnet18_b16", "bert_s128") else 3
-            rows[entry["name"]] = bench_python(entry, folder, args.rounds, calls, args.threads)
+            rows[entry["name"]] = bench_python(entry, folder, args.rounds, args.threads)
             print(f"[{entry['name']}] python done", file=sys.stderr)
         node: dict[str, dict] = {}
         if not args.no_js:

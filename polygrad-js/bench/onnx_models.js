@@ -12,7 +12,8 @@
  * The manifest (written by bench_onnx.py) lists each model's .onnx, .pgb and inputs (raw little-endian files
  * with their shape and dtype). Per model: load time to the first result (polygrad-js: Model.load, which
  * compiles every kernel to wasm, then forward; ort-web: InferenceSession.create then run), the output of
- * both compared (relative max error), then `rounds` alternating rounds of calls; a figure is the median
+ * both compared (relative max error), then `rounds` alternating rounds of the same number of calls (about
+ * ROUND_S of the slower library each); a figure is the median
  * call. --json prints one JSON line per model (bench_onnx.py reads them), else a table. --only NAME runs one model.
  * --base DIR times a second polygrad-js checkout (a baseline) in the same rounds, alternating with this one and
  * ort-web (an A/B under the same load); an entry's `basePgb` (a bundle the baseline's Python saved, where the
@@ -88,13 +89,24 @@ function polygradRunner (entry, inputs, lib = LIB, pgb = entry.pgb) {
   return run().then((first) => ({ run, first, load: (performance.now() - t0) / 1000, threads: m.backendInfo.threads, close: () => m.dispose() }))
 }
 
-async function bench (entry, calls) {
+// A round of one library lasts about this long (at least 1 call, at most 50), as in bench_onnx.py: the calls right
+// after the other library's round can run slower for a while on a small VM, and rounds of 1 or 2 calls measured that
+const ROUND_S = 0.25
+
+async function bench (entry) {
   const inputs = readInputs(entry)
   const libs = { ort: await ortRunner(entry, inputs), polygrad: await polygradRunner(entry, inputs) }
   if (BASE) libs.base = await polygradRunner(entry, inputs, BASE, entry.basePgb || entry.pgb)
   const names = Object.keys(libs)
   const times = Object.fromEntries(names.map((k) => [k, []]))
   try {
+    let probe = 0
+    for (const lib of names) {
+      const t = performance.now()
+      await libs[lib].run()
+      probe = Math.max(probe, (performance.now() - t) / 1000)
+    }
+    const calls = Math.min(50, Math.max(1, Math.ceil(ROUND_S / Math.max(probe, 1e-6))))
     for (let r = 0; r < ROUNDS; r++) {
       for (const lib of r % 2 === 0 ? names : [...names].reverse()) {
         for (let i = 0; i < calls; i++) {
@@ -203,7 +215,7 @@ async function main () {
     }
     let r
     try {
-      r = await bench(entry, ['resnet18_b16', 'bert_s128'].includes(entry.name) ? 1 : 2)
+      r = await bench(entry)
     } catch (e) { // one model's failure (a load refused, say) is reported in its row; the others still run
       r = { name: entry.name, error: String(e.message || e).split('\n')[0] }
     }
