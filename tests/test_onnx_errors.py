@@ -173,3 +173,21 @@ def test_shape_subgraph_is_folded_at_load():
     data = np.arange(-9, 9, dtype=np.float32).reshape(3, 6)
     assert np.array_equal(model.forward(x=data)["y"].numpy(), np.maximum(data, 0).reshape(3, 2, 3))
     model.dispose()
+
+
+@pytest.mark.parametrize("device", ["X86", "INTERP"])
+def test_load_on_a_device_other_than_the_default(device):
+    """load(..., device=) puts the operators' own constants (a Clip's bounds from Constant nodes) on that
+    device too: they were made on the default device (CPU) and the capture failed with a DeviceError."""
+    from polygrad.device import Device
+    if not Device.available(device):
+        pytest.skip(f"{device} is not available here")
+    bound = {k: helper.make_node("Constant", [], [k], value=numpy_helper.from_array(np.array(v, np.float32), k))
+             for k, v in (("lo", 0.0), ("hi", 6.0))}
+    clip = helper.make_node("Clip", ["x", "lo", "hi"], ["y"])
+    data = _model([*bound.values(), clip], [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])]).SerializeToString()
+    x = np.linspace(-3, 9, 10, dtype=np.float32).reshape(2, 5)
+    out = pgo.load(data, device=device).forward(x=x)["y"]
+    assert out.device == device
+    np.testing.assert_array_equal(out.numpy(), np.clip(x, 0, 6))

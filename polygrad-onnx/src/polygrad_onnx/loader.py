@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from polygrad import Model, Tensor, Variable, models, runtime_context
+from polygrad import Context, Model, Tensor, Variable, models, runtime_context
 from polygrad.device import canonicalize
 
 from polygrad_onnx.errors import OnnxError
@@ -123,7 +123,9 @@ def load(source: str | os.PathLike | bytes, max_batch: int | None = None, *, los
     check_operators(graph, f.source)
     rt = runtime if runtime is not None else runtime_context.current()
     dev = canonicalize(device if device is not None else (rt.device if rt is not None else None))
-    with runtime_context.using(rt):
+    # the operators' own constants (a Clip's bounds, index tables) are made without a device: the model's
+    # device is the default while the graph is built and captured (X86 or INTERP beside a default CPU)
+    with runtime_context.using(rt), Context(POLY_DEV=dev):
         initial = {t.name: tensor_array(t, f.folder, f.source) for t in graph.initializer}
         stats = {proto.input[i] for proto in graph.node for (opname, i) in STATE_INPUTS
                  if proto.op_type == opname and len(proto.input) > i}
