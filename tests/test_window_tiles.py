@@ -30,7 +30,7 @@ AVX512 = Capabilities(threads=2, vector_width=16, registers=32, fma=True, stage_
                       fma_units=1, fma_latency=4, l1_bytes=32 * 1024)
 AVX2 = Capabilities(threads=2, vector_width=8, registers=16, fma=True, fma_units=2, fma_latency=4,
                     l1_bytes=32 * 1024)
-STRIDED = dataclasses.replace(AVX512, strided_lanes=True)  # the CPU backend's AVX-512 declaration
+STRIDED = dataclasses.replace(AVX512, strided_lanes=True, masked_vectors=True)  # the CPU backend's AVX-512 declaration
 DEVICES = ["CPU", "INTERP"] + (["X86"] if Device.available("X86") else [])
 UP, PAD = OptKind.UPCAST, OptKind.PADTO
 
@@ -110,7 +110,11 @@ def test_a_shallow_pointwise_conv_pads_its_pixel_row_to_full_vectors():
     assert _tile(_spec(_pointwise(64, 384, 14), STRIDED)) == [(UP, 8), (PAD, 16), (UP, 16)]
     # 4 vectors' panel (144 x 64 floats) would pass the L1: 2 vectors (1.12x faster than 8-lane vectors)
     assert _tile(_spec(_pointwise(144, 24, 56), STRIDED)) == [(UP, 8), (PAD, 64), (UP, 32)]
-    masked = dataclasses.replace(AVX512, masked_lanes=True, tile_vectors=2, stage_bytes=0)  # X86's declaration
+    masked = dataclasses.replace(AVX512, masked_lanes=True, masked_vectors=True, tile_vectors=2,
+                                 stage_bytes=0)  # X86's declaration
+    # strided lanes alone (without the masked moves' declaration) do not pad
+    unmasked = dataclasses.replace(STRIDED, masked_vectors=False)
+    assert PAD not in [k for k, _ in _tile(_spec(_pointwise(32, 192, 28), unmasked))]
     assert _tile(_spec(_pointwise(32, 192, 28), masked)) == [(UP, 8), (PAD, 32), (UP, 32)]
     assert _tile(_spec(_pointwise(384, 96, 14), STRIDED)) == [(UP, 14), (UP, 16)]
     assert _tile(_spec(_pointwise(160, 960, 7), STRIDED)) == [(UP, 7), (UP, 32)]

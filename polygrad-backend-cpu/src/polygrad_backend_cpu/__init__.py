@@ -41,7 +41,8 @@ def open_cpu(ordinal: int) -> DeviceImpl:
     return DeviceImpl(name="CPU", allocator=HostAllocator(), render=renderer.render, compile=compiler.compile,
                       load=load_program, compile_many=compiler.compile_many, render_cacheable=True,
                       capabilities=Capabilities(threads=threads, vector_width=cpu.lanes, registers=registers, fma=fma,
-                                                strided_lanes=strided_lanes(cpu), int8_dot=int8_dot, **tuned))
+                                                strided_lanes=strided_lanes(cpu), masked_vectors=strided_lanes(cpu),
+                                                int8_dot=int8_dot, **tuned))
 
 
 def has_int8_dot(cpu, compiler_version: str) -> bool:  # type: ignore[no-untyped-def]
@@ -56,7 +57,9 @@ def has_int8_dot(cpu, compiler_version: str) -> bool:  # type: ignore[no-untyped
 def strided_lanes(cpu) -> bool:  # type: ignore[no-untyped-def]
     """Whether a stride-2 window gets vector lanes: where the renderer reads 16 float32 lanes 2 apart with
     AVX-512's masked loads and a shuffle (renderer.strided_vload_body); elsewhere its lanes would be loaded
-    one at a time, slower than the window's plain loop."""
+    one at a time, slower than the window's plain loop. The same test gives `masked_vectors`: the renderer's
+    16-lane masked loads and stores (AVX512_MASKLOAD, X86_MASKSTORE); its 8-lane AVX ones exist too, but the
+    padded tiles that rely on them (host_opts.padded_columns) were measured with AVX-512 only."""
     return cpu.lanes == 16 and "avx512f" in cpu.flags
 
 

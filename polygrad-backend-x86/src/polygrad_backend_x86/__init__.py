@@ -58,7 +58,7 @@ def open_x86(ordinal: int) -> DeviceImpl:
                       capabilities=Capabilities(threads=threads, vector_width=isa.lanes,
                                                 registers=min(16 + isa.high_vec_regs, cpu.vector_registers),
                                                 fma=isa.fma,
-                                                masked_lanes=isa.vex, **tuned))
+                                                masked_lanes=isa.vex, masked_vectors=isa.vex, **tuned))
 
 
 @hookimpl

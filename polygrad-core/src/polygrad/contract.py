@@ -60,6 +60,8 @@ class Capabilities:
     tuning: str = ""            # where tile_vectors and stage_bytes came from: "heuristic" or "calibrated"
     masked_lanes: bool = False  # lane-gated contiguous loads/stores are single masked moves: an elementwise
                                 # range the vector width does not divide is padded (PADTO) and gets lanes
+    masked_vectors: bool = False  # the renderer loads and stores a float32 vector whose last lanes are gated off
+                                  # as one masked move: a register tile's columns may be padded (host_opts)
     strided_lanes: bool = False  # lanes 2 elements apart are read with contiguous loads and a shuffle, not a
                                  # gather: a stride-2 window (depthwise conv, pooling) gets lanes on its row
     int8_dot: bool = False      # 8-bit integer dot products into int32 lanes in hardware (x86 VNNI): a quantized

@@ -265,17 +265,10 @@ def padded_columns(last: UOp, caps: Capabilities) -> int:
     padded vectors of pixels (AVX-512, Zen 4)."""
     width = int(caps.vector_width or 1)
     size = range_size(last)
-    if width < 4 or size is None or size % width == 0 or not _masked_moves(caps):
+    if width < 4 or size is None or size % width == 0 or not getattr(caps, "masked_vectors", False):
         return 0
     padded = -(-size // width) * width
     return padded if (padded - size) * PAD_MAX_WASTE <= padded else 0
-
-
-def _masked_moves(caps: Capabilities) -> bool:
-    """Whether a vector whose last lanes are gated off loads and stores as one masked move: the devices that
-    declare masked_lanes (X86), and the CPU backend where it reads strided lanes (strided_lanes: declared
-    with AVX-512, whose masked loads and stores its renderer emits for gated vectors too)."""
-    return bool(getattr(caps, "masked_lanes", False) or getattr(caps, "strided_lanes", False))
 
 
 def padded_tile_opts(red: UOp, glob: list[UOp], operands: list[UOp], last: UOp, padded: int,
@@ -542,12 +535,9 @@ COSTLY_EPILOGUE_OPS = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECI
 
 def _streams_rows(ast: UOp, red: UOp) -> bool:
     """Whether a matvec over a dequantized weight may read its rows one at a time (dot_tile_opts' `stream`):
-    when its epilogue is cheap, or when the kernel computes several products per output over the same
-    ranges (passes.share_reduce_ranges: a gated MLP's silu(x @ W_gate.T) * (x @ W_up.T)), whose epilogue
-    then runs once per two rows' reads. Qwen2-0.5B's gate/up decode kernel, one thread: Q8_0 1.6 -> 0.66
-    ms, Q4_0 1.14 -> 0.78 ms as one stream per row instead of a tile of 4 rows."""
-    products = sum(1 for n in ast.toposort() if n.op is Ops.REDUCE and n.src[1:] == red.src[1:])
-    return products > 1 or not _costly_epilogue(ast, red)
+    when its epilogue is cheap; a costly one (GELU) is computed once per output, so a tile of rows shares it.
+    Every one-row quantized matvec is a kernel of its own (nn/quant.py), so such a kernel has one product."""
+    return not _costly_epilogue(ast, red)
 
 
 def _costly_epilogue(ast: UOp, red: UOp) -> bool:
