@@ -382,8 +382,8 @@ def test_calls_launch_through_bound_launchers_and_keep_their_own_results(monkeyp
     """After the first call, a CPU Model's kernels launch through launchers bound once (model/executor.py:
     the CPU backend packs their pointers once, not at every launch: ~2.5 us of 54 launches in MobileNetV2),
     never the program's per-call conversion. Where a handle changes (the output's buffer, handed out and
-    replaced each call; a fed device tensor's buffer, bound for one call) its launchers are bound again:
-    every result is its own call's (checked against torch)."""
+    replaced each call; a fed device tensor's buffer, bound for one call without a copy) its launchers are
+    bound again: every result is its own call's (checked against torch)."""
     from polygrad_backend_cpu.runtime import CPUProgram
     Tensor.manual_seed(5)
     net = MLP()
@@ -401,12 +401,18 @@ def test_calls_launch_through_bound_launchers_and_keep_their_own_results(monkeyp
         own = {id(p.program) for p in model._x.programs.values()}  # the Model's kernels (a fed tensor's copy is not)
         monkeypatch.setattr(CPUProgram, "__call__",
                             lambda self, *a: (id(self) in own and called.append(self)) or direct(self, *a))
+        runs = programs.runtime_stats
+        before = runs["kernels_run"]
         second = model.forward(x=X[8:])["logits"]
+        per_call, before = runs["kernels_run"] - before, runs["kernels_run"]
         fed = model.forward(x=device_x)["logits"]
+        assert runs["kernels_run"] - before == per_call  # its own buffer is bound: no copy kernel
+        view = Tensor(X, device="CPU").realize()[8:]  # a view is made contiguous first
+        fed_view = model.forward(x=view)["logits"]
         third = model.forward(x=X[8:])["logits"]
         assert called == [], [p.spec.name for p in called]
         with torch.no_grad():
-            for out, x in ((first, X[:8]), (second, X[8:]), (fed, X[:8]), (third, X[8:])):
+            for out, x in ((first, X[:8]), (second, X[8:]), (fed, X[:8]), (fed_view, X[8:]), (third, X[8:])):
                 np.testing.assert_allclose(out.numpy(), tnet(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
     finally:
         model.dispose()

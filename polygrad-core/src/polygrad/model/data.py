@@ -78,7 +78,9 @@ def convert(p: Program, spec: Spec, value: Any, device: str) -> tuple[Any, dict[
                                   "use .to() first")
         found = dims(p, spec, sint.concrete_shape(value.shape), want)
         check_labels(p, spec.name, value, "input")
-        return value.contiguous()._buffer(), found
+        # the tensor's own buffer when it is one whole buffer (realized here if it is lazy), bound for the call
+        # without a copy; a view (a slice, a transpose) is made contiguous first
+        return value._buffer(), found
     if isinstance(value, np.ndarray):
         arr = value
         if arr.dtype != spec.dtype.np and not np.can_cast(arr.dtype, spec.dtype.np, "same_kind") and \

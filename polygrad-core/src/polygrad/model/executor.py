@@ -154,7 +154,9 @@ class Executor:
         launchers = self.launchers[name]
         patched = []
         for s, value in feeds.items():
-            if isinstance(value, Buffer) and value.size >= self.bufs[s].size:  # the caller's own buffer, bound
+            # the caller's own buffer, bound; unless it is one of this model's (a parameters() view), which a
+            # kernel of this call may write before the input is read
+            if isinstance(value, Buffer) and value.size >= self.bufs[s].size and value not in self.bufs:
                 self.rebind(s, value)
                 patched.append(s)
             elif isinstance(value, Buffer):  # fewer rows than the slot: a kernel may read up to its capacity
