@@ -46,6 +46,9 @@ def kernel_key(index: int, prog, first: int, per_layer: int) -> str:
 
 def instrument(model, entry: str, per_layer: int) -> tuple[dict, dict]:
     """Wrap every program of `entry`'s plan: ({launch index: times}, {launch index: (key, bytes)})."""
+    # plans made afresh: bound launchers and launch plans already made call the unwrapped programs (the
+    # wrapped ones have no launch plan, so the entrypoint then runs launch by launch)
+    model._x.replan()
     plan = model._x.plan(entry)
     names = [p.spec.name if p is not None else "" for p, _, _ in plan]
     # the first layer's first launch: where the names start repeating with the layer's period

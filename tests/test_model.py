@@ -418,6 +418,47 @@ def test_calls_launch_through_bound_launchers_and_keep_their_own_results(monkeyp
         model.dispose()
 
 
+def test_cpu_calls_run_their_kernels_as_launch_plans(monkeypatch):
+    """On CPU, a Model call's kernels run as one launch plan (the pool library's pg_run_plan: no Python between
+    kernels, runtime.LaunchPlan), the Variables' values written into the plan each call: results equal the
+    launch-by-launch path's bit for bit, over Variable batch sizes and training steps, and no kernel launches
+    through its own program or launcher."""
+    from polygrad_backend_cpu import runtime
+    from polygrad_backend_cpu.runtime import CPUProgram, LaunchPlan
+    if Model(MLP(), inputs={"x": Tensor.empty(2, 4)}).device != "CPU":
+        pytest.skip("the default device is not CPU")
+    runtime.c_pool(wait=True)
+    X, Y = data(32)
+    batch = Variable("batch", 1, 32)
+
+    def run(plans: bool) -> tuple[list, int]:
+        Tensor.manual_seed(7)
+        model = Model(MLP(), inputs={"x": Tensor.empty(batch, 4)}, targets={"y": Tensor.empty(batch, dtype="int32")},
+                      loss=xent)
+        model.fit({"x": X[:4], "y": Y[:4]}, epochs=1, optimizer="adam", lr=0.01, verbose=False)
+        calls = []
+        try:
+            with monkeypatch.context() as m:
+                if not plans:
+                    m.setattr(CPUProgram, "launch_plan", staticmethod(lambda launches: None))
+                direct = LaunchPlan.__call__
+                m.setattr(LaunchPlan, "__call__", lambda self: calls.append(self.n) or direct(self))
+                m.setattr(CPUProgram, "__call__", lambda *a: pytest.fail("a kernel launched on its own"))
+                outs = []
+                for n in (3, 32, 1, 7):
+                    outs.append(model.train_step({"x": X[:n]}, {"y": Y[:n]}))
+                    outs.append(model.forward(x=X[:n])["logits"].numpy())
+            return outs, len(calls)
+        finally:
+            model.dispose()
+
+    with_plans, plan_calls = run(True)
+    one_by_one, none = run(False)
+    assert plan_calls == 8 and none == 0  # one plan a call: these entrypoints have no copies
+    for a, b in zip(with_plans, one_by_one):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 # ---------------------------------------------------------------- minibatches
 def test_minibatches_visit_samples_in_order_and_reject_incomplete_batches():
     Tensor.manual_seed(6)

@@ -165,13 +165,14 @@ class CPURenderer(CStyleRenderer):
         return f"pg_gather_f32x16({buf}, {idx}, {mask})"
 
     def render_program(self, prog, stream: frozenset[int] = frozenset()) -> str:  # type: ignore[no-untyped-def]
-        """The kernel, and for a THREAD kernel its pool trampoline `pg_kernel_task(void** args, int tid)`
-        (args: the buffer pointers, then pointers to the variables' values; see runtime.py)."""
+        """The kernel, and its pool trampoline `pg_kernel_task(void** args, int tid)` (args: the buffer
+        pointers, then pointers to the variables' values; tid: the THREAD index, unused without one), through
+        which the pool runs a THREAD kernel's parts and a LaunchPlan any kernel (see runtime.py)."""
         src = super().render_program(prog, stream)
-        if prog.threads <= 1:
-            return src
         args = [f"({'' if p.arg[1] else 'const '}{self.storage_ctype(p.dtype)}*)a[{i}]"
                 for i, p in enumerate(prog.params)]
         args += [f"*(const {self.ctype(v.dtype)}*)a[{len(prog.params) + i}]" for i, v in enumerate(prog.vars)]
-        call = f"{KERNEL_SYMBOL}({', '.join(args + ['tid'])});"
+        call = f"{KERNEL_SYMBOL}({', '.join(args + (['tid'] if prog.threads > 1 else []))});"
+        if prog.threads <= 1:
+            call += " (void)tid;"
         return src + f"void {KERNEL_SYMBOL}_task(void** a, int tid) {{ {call} }}\n"

@@ -5,8 +5,10 @@ symbol's address, which is cast to a cffi function pointer of the kernel's signa
 integer variables, and the thread index when the lowering gave the kernel a THREAD axis). Buffer
 pointers are cached on the host allocations, so a launch does no address lookups.
 
-Threads: a kernel with `spec.threads > 1` also has a trampoline `<name>_task(void** args, int tid)`
-(the CPU renderer adds it), and one cffi call to `pg_pool_run(task, args, threads, want)` launches it:
+Every kernel also has a trampoline `<name>_task(void** args, int tid)` (the CPU renderer adds it). A
+Model call runs its kernels through them as a `LaunchPlan`: one cffi call to `pg_run_plan` launches them
+all in order, with no Python between kernels. Threads: one cffi call to
+`pg_pool_run(task, args, threads, want)` launches a kernel with `spec.threads > 1`:
 the calling thread and up to want - 1 persistent pthreads (created when first wanted) share the
 indices, each taking the next index left (an atomic counter), so a thread whose core is busy elsewhere
 (another library's spinning threads, another process) holds back only an index it has taken: the
@@ -41,7 +43,8 @@ from polygrad.backend_api import CompileError, ProgramSpec, launch_threads, run_
 from polygrad_backend_cpu.compiler import ClangCompiler, symbol_names
 
 FFI = cffi.FFI()
-FFI.cdef("int pg_pool_run(void* task, void** args, int threads, int want);")
+FFI.cdef("int pg_pool_run(void* task, void** args, int threads, int want);\n"
+         "int pg_run_plan(int n, void** tasks, void*** args, int* parts, int want);")
 _fn_types: dict[int, Any] = {}
 loaded = {"open": 0}  # shared objects currently open (tests read it)
 _c_pool: Any = None  # the C pool library (False: could not be built)
@@ -168,6 +171,15 @@ int pg_pool_run(void* task, void** args, int threads, int want) {
   pthread_mutex_unlock(&run_mu);
   return n;
 }
+/* Launch n kernels in order, kernel i as pg_pool_run(tasks[i], args[i], parts[i], want) does (one part: a
+   call on this thread): a Model call's kernels in one foreign call (LaunchPlan). */
+int pg_run_plan(int n, void** tasks, void*** args, int* parts, int want) {
+  for (int i = 0; i < n; i++) {
+    if (parts[i] <= 1) ((pg_task)tasks[i])(args[i], 0);
+    else pg_pool_run(tasks[i], args[i], parts[i], want);
+  }
+  return n;
+}
 """.replace("@SPIN_NS@", str(POOL_SPIN_NS))
 
 
@@ -279,9 +291,7 @@ class CPUProgram:
         self.threads = spec.threads
         self.fn = FFI.cast(_fn_type(len(spec.globals), self.var_types, self.threads > 1), addr)
         self.task = None
-        task = None
-        if self.threads > 1:
-            task = getattr(lib, f"{renamed}_task", None) or getattr(lib, f"{plain}_task", None)
+        task = getattr(lib, f"{renamed}_task", None) or getattr(lib, f"{plain}_task", None)
         if task is not None:
             self.task = FFI.cast(_VOID_P, ctypes.cast(task, ctypes.c_void_p).value)
             c_pool()  # start building the pool
@@ -309,6 +319,14 @@ class CPUProgram:
             run_split(lambda part: fn(*args, part), self.threads)
         return time.perf_counter() - t0 if timing else None
 
+    @staticmethod
+    def launch_plan(launches: list[tuple["CPUProgram", list[Any], tuple[int, ...]]]) -> "LaunchPlan | None":
+        """The launches (program, buffers, Variable values) as one LaunchPlan, or None where one cannot
+        run them (the pool library not built yet, a kernel without its trampoline)."""
+        if not launches or c_pool() is None or any(getattr(p, "task", None) is None for p, _, _ in launches):
+            return None
+        return LaunchPlan(launches)
+
     def bind(self, buffers: list[Any], var_vals: tuple[int, ...] = ()) -> Callable[[], Any]:
         """A launcher with these buffers and values fixed: calling it (no arguments) runs the kernel. A JIT
         replay keeps one per launch, so it converts no arguments; a one-thread kernel is a bare cffi call."""
@@ -321,6 +339,36 @@ class CPUProgram:
             # POLY_THREADS read at each launch (a Context applies; pg_pool_run caps it at the split)
             return lambda: run(task, packed, split, now.values["POLY_THREADS"])
         return functools.partial(self, list(buffers), tuple(var_vals))  # the pool may still be building
+
+
+class LaunchPlan:
+    """Kernels launched in order by one foreign call (`pg_run_plan` in the pool library), with no Python
+    between them: a Model call's launches between two copies (model/executor.py). Launch i keeps its own
+    argument array (buffer pointers, then pointers to its Variables' values, as a task takes them), which
+    `set_handle` and `set_vars` patch in place; calling the plan reads POLY_THREADS, as each launch would."""
+
+    def __init__(self, launches: list[tuple[CPUProgram, list[Any], tuple[int, ...]]]):
+        self.n = len(launches)
+        self.packed: list[Any] = []
+        self.cells: list[list[Any]] = []
+        for prog, buffers, var_vals in launches:
+            cells = [FFI.new(_VALUE_P[t], v) for t, v in zip(prog.var_types, var_vals)]
+            self.cells.append(cells)
+            self.packed.append(FFI.new(_VOID_P_ARRAY, [pointer(b) for b in buffers] + cells))
+        self.tasks = FFI.new("void*[]", [p.task for p, _, _ in launches])
+        self.args = FFI.new("void**[]", self.packed)
+        self.parts = FFI.new("int[]", [p.threads for p, _, _ in launches])
+        self.run = c_pool().pg_run_plan
+
+    def set_handle(self, i: int, pos: int, handle: Any) -> None:
+        self.packed[i][pos] = pointer(handle)
+
+    def set_vars(self, i: int, var_vals: tuple[int, ...]) -> None:
+        for cell, v in zip(self.cells[i], var_vals):
+            cell[0] = v
+
+    def __call__(self) -> None:
+        self.run(self.n, self.tasks, self.args, self.parts, thread_settings.values["POLY_THREADS"])
 
 
 def _close(handle: int) -> None:

@@ -8,9 +8,11 @@ place, rng keys refilled, kernels launched with the call's Variable values) and 
 results stay valid across later calls and dispose()).
 
 Each entrypoint's plan is a list of (compiled program, buffer handle list) pairs built on first use;
-binding a caller's buffer patches those handle lists in place for one call. A launch runs through the
-program's own launcher with its arguments fixed (`bind`, where the backend has one: the CPU backend's
-packs its pointers once, not at every launch), made again after a rebind touched its handles.
+binding a caller's buffer patches those handle lists in place for one call. Where the device's programs
+offer `launch_plan` (the CPU backend: its pool library runs a list of kernels in one foreign call), the
+kernels between two copies run as one such plan, whose argument arrays a rebind and the call's Variable
+values patch in place; otherwise each launch runs through the program's own launcher with its arguments
+fixed (`bind`, where the backend has one), made again after a rebind touched its handles.
 
 Temporaries share buffers (`share_temporaries`) when no entrypoint has two of them alive at once, as
 polygrad-js's memory plan shares its memory: a GPT-2 forward over 1024 tokens held 1.7 GB of temporaries
@@ -103,16 +105,22 @@ class Executor:
         # slot -> where its handle sits: (a plan's handle list, position, that plan's launchers, launch index)
         self.refs: dict[int, list[tuple[list, int, list, int]]] = {}
         self.launchers: dict[str, list] = {}  # per entrypoint, per launch: its bound launcher, None to make
+        # per entrypoint: its plan as launch plans and copies (launch_plans), None where the programs have none
+        self.segments: dict[str, list | None] = {}
+        self.segment_refs: dict[int, list[tuple[Any, int, int]]] = {}  # slot -> (launch plan, launch, position)
         self.unwritten: set[int] | None = None  # outputs a call may leave partly unwritten (unwritten_outputs)
 
     def reset(self) -> None:
         """Forget every compiled program and plan (the slots or kernels were renumbered)."""
         self.programs, self.plans, self.refs, self.launchers, self.unwritten = {}, {}, {}, {}, None
+        self.segments, self.segment_refs = {}, {}
 
     def replan(self) -> None:
         """Forget the plans (entrypoints changed; the kernels kept their numbers)."""
         self.plans.clear()
         self.launchers.clear()
+        self.segments.clear()
+        self.segment_refs.clear()
         self.unwritten = None
 
     def program(self, k: int) -> Any:
@@ -141,17 +149,63 @@ class Executor:
         self.launchers[name] = launchers
         return plan
 
+    def launch_plans(self, name: str, env: dict[str, int]) -> list | None:
+        """Entrypoint `name`'s plan as a list of launch plans (each runs the kernels between two copies) and
+        copies (a plan index), or None where a program has no `launch_plan` or cannot make one yet (the CPU
+        pool library still building: asked again at the next call)."""
+        if name in self.segments:
+            return self.segments[name]
+        plan = self.plan(name)
+        make = next((getattr(p.program, "launch_plan", None) for p, _, _ in plan if p is not None), None)
+        if make is None or any(p is not None and getattr(p.program, "launch_plan", None) is not make
+                               for p, _, _ in plan):
+            self.segments[name] = None
+            return None
+        out: list = []
+        refs: list = []
+        run: list[int] = []
+
+        def close() -> bool:
+            if not run:
+                return True
+            lp = make([(plan[i][0].program, plan[i][1], tuple(env[v] for v in plan[i][2])) for i in run])
+            if lp is None:
+                return False
+            variables = [(k, plan[i][2]) for k, i in enumerate(run) if plan[i][2]]
+            specs = [plan[i][0].spec for i in run]
+            out.append((lp, variables, sum(sp.ops for sp in specs), sum(sp.mem_bytes for sp in specs)))
+            for k, i in enumerate(run):
+                for pos, s in enumerate(self.prog.entries[name].calls[i].args):
+                    refs.append((s, (lp, k, pos)))
+            run.clear()
+            return True
+
+        for i, (prog, _, _) in enumerate(plan):
+            if prog is None:
+                if not close():
+                    return None
+                out.append(i)
+            else:
+                run.append(i)
+        if not close():
+            return None
+        for s, ref in refs:
+            self.segment_refs.setdefault(s, []).append(ref)
+        self.segments[name] = out
+        return out
+
     def rebind(self, s: int, buf: Buffer) -> None:
         h = buf.handle
         for hs, pos, launchers, i in self.refs.get(s, ()):
             hs[pos] = h
             launchers[i] = None
+        for lp, i, pos in self.segment_refs.get(s, ()):
+            lp.set_handle(i, pos, h)
 
     def run(self, name: str, feeds: dict[int, Any], env: dict[str, int]) -> None:
         """Run entrypoint `name` with {slot: Buffer or flat host array} fed and the Variables' values."""
         entry = self.prog.entries[name]
         plan = self.plan(name)
-        launchers = self.launchers[name]
         patched = []
         for s, value in feeds.items():
             # the caller's own buffer, bound; unless it is one of this model's (a parameters() view), which a
@@ -166,26 +220,50 @@ class Executor:
         for s in entry.rng:
             self.bufs[s].copyin(np.array(self.prog.rng, dtype=np.uint32))
             self.prog.rng[1] = (self.prog.rng[1] + 1) & 0xFFFFFFFF
-        n = ops = mem = 0
         note_overwrite()  # its programs write into buffers that may hold values (schedule/computed.py)
+        segments = self.launch_plans(name, env)
         t0 = time.perf_counter()
         try:
-            for i, (prog, hs, names) in enumerate(plan):
-                if prog is None:
-                    dst, src = (feeds[s] if s in patched else self.bufs[s] for s in hs)
-                    realize.copy_buffer(dst, src)
-                    continue
-                launch = launchers[i]
-                if launch is None:
-                    launch = launchers[i] = _launcher(prog.program, hs, tuple(env[v] for v in names))
-                    if names:  # a Variable's value changes between calls: bound for this call only
-                        launchers[i] = None
-                launch()
-                n, ops, mem = n + 1, ops + prog.spec.ops, mem + prog.spec.mem_bytes
+            if segments is not None:
+                n, ops, mem = self._run_plans(segments, plan, feeds, patched, env)
+            else:
+                n, ops, mem = self._run_launches(plan, self.launchers[name], feeds, patched, env)
         finally:
             for s in patched:
                 self.rebind(s, self.bufs[s])
         programs.count_kernels(n, ops, mem, time.perf_counter() - t0)
+
+    def _run_plans(self, segments: list, plan: list, feeds: dict, patched: list, env: dict) -> tuple[int, int, int]:
+        """Run launch plans and copies (launch_plans); (kernels, ops, bytes)."""
+        n = ops = mem = 0
+        for seg in segments:
+            if isinstance(seg, int):  # a copy
+                dst, src = (feeds[s] if s in patched else self.bufs[s] for s in plan[seg][1])
+                realize.copy_buffer(dst, src)
+                continue
+            lp, variables, seg_ops, seg_mem = seg
+            for k, names in variables:
+                lp.set_vars(k, tuple(env[v] for v in names))
+            lp()
+            n, ops, mem = n + lp.n, ops + seg_ops, mem + seg_mem
+        return n, ops, mem
+
+    def _run_launches(self, plan: list, launchers: list, feeds: dict, patched: list, env: dict) -> tuple[int, int, int]:
+        """Run the plan one launch at a time, through bound launchers; (kernels, ops, bytes)."""
+        n = ops = mem = 0
+        for i, (prog, hs, names) in enumerate(plan):
+            if prog is None:
+                dst, src = (feeds[s] if s in patched else self.bufs[s] for s in hs)
+                realize.copy_buffer(dst, src)
+                continue
+            launch = launchers[i]
+            if launch is None:
+                launch = launchers[i] = _launcher(prog.program, hs, tuple(env[v] for v in names))
+                if names:  # a Variable's value changes between calls: bound for this call only
+                    launchers[i] = None
+            launch()
+            n, ops, mem = n + 1, ops + prog.spec.ops, mem + prog.spec.mem_bytes
+        return n, ops, mem
 
     def unwritten_outputs(self) -> set[int]:
         """Output slots that some entrypoint reads, or returns, without a proven full write before
