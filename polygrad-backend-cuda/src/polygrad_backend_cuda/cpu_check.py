@@ -1,0 +1,210 @@
+"""Run a rendered CUDA kernel on the CPU (a check for tests, not a backend: no GPU needed).
+
+Stage: testing. Input: a ProgramSpec lowered for CUDA, its CUDA C from CUDARenderer, its LaunchDims,
+and NumPy arrays for its buffers (slot order). Output: the arrays the kernel writes, written in place.
+
+The CUDA C is compiled as C++ by clang++ with a shim (SHIM below) in front of it:
+- `threadIdx` and `blockIdx` are thread-local values, `blockDim` and `gridDim` globals;
+- blocks run one after another; a kernel with `__syncthreads()` runs each thread of a block as its
+  own OS thread and the barrier is a real one across them (a thread that never arrives, for example
+  one that returned early, is reported as a CheckError after BARRIER_TIMEOUT_S instead of hanging);
+  a kernel without barriers runs its threads in a loop;
+- `__shared__` arrays are `static`: one copy, shared by the threads of the block that is running;
+- the vector type pg_v<T, N> is the renderer's own (plain C++); float16 and bfloat16 conversions are
+  integer C++ with the cvt instructions' rounding (to nearest even) instead of the prelude's PTX asm;
+- atomicAdd / atomicMax on float and int words are compare-and-swap loops on the host's atomics;
+- -ffp-contract=off as NVRTC's --fmad=false: a*b+c is never fused, so float results are the GPU's
+  wherever the kernel's order of operations decides them.
+
+What it checks: the launch mapping (grid and block sizes against the indices the kernel reads), index
+arithmetic and edge guards, what shared memory holds between barriers (a missing barrier between a
+write and another thread's read gives wrong values when the threads interleave, though not always),
+the order of accumulation, vector loads and stores, half/bfloat16 rounding.
+What it cannot check: anything about warps (no warp-synchronous execution or shuffles; no timing,
+coalescing, bank conflicts or occupancy), inline PTX (mma.sync tensor-core kernels are refused with a
+CheckError), device limits (registers, the real shared-memory size: the caller checks the bytes
+against Capabilities), races that only show under a GPU's scheduling, and NVRTC's own acceptance of
+the source (tests/test_cuda_compile.py compiles every kernel with NVRTC for that).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from polygrad_backend_cuda import renderer as r
+
+BARRIER_TIMEOUT_S = 20
+
+SHIM = r"""#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+struct pg_dim3 { unsigned int x, y, z; };
+static thread_local pg_dim3 threadIdx, blockIdx;
+static pg_dim3 blockDim, gridDim;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+#define __restrict__ __restrict
+struct pg_barrier_timeout {};
+static struct {
+  std::mutex m; std::condition_variable cv; unsigned count = 0, expected = 1, generation = 0;
+} pg_barrier;
+static inline void __syncthreads() {
+  std::unique_lock<std::mutex> lock(pg_barrier.m);
+  unsigned gen = pg_barrier.generation;
+  if (++pg_barrier.count == pg_barrier.expected) {
+    pg_barrier.count = 0; pg_barrier.generation++; pg_barrier.cv.notify_all(); return;
+  }
+  if (!pg_barrier.cv.wait_for(lock, std::chrono::seconds(PG_TIMEOUT_S),
+                              [&] { return pg_barrier.generation != gen; })) throw pg_barrier_timeout();
+}
+static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
+static inline float __uint_as_float(unsigned int x) { float f; memcpy(&f, &x, 4); return f; }
+static inline unsigned int __float_as_uint(float x) { unsigned int u; memcpy(&u, &x, 4); return u; }
+static inline int __float_as_int(float x) { int u; memcpy(&u, &x, 4); return u; }
+template <class T> static inline T atomicAdd(T* p, T v) {
+  T old, sum;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  do { sum = old + v; } while (!__atomic_compare_exchange(p, &old, &sum, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+  return old;
+}
+template <class T> static inline T atomicMax(T* p, T v) {
+  T old;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  while (!(old >= v) && !__atomic_compare_exchange(p, &old, &v, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {}
+  return old;
+}
+"""
+HALF_CPP = r"""__device__ __forceinline__ float pg_h2f(unsigned short h) {
+  unsigned int sign = ((unsigned int)h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) return __uint_as_float(sign) + (sign ? -1.0f : 1.0f) * (float)m * 5.9604644775390625e-8f;
+  if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+  return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+__device__ __forceinline__ unsigned short pg_f2h(float x) {
+  unsigned int u = __float_as_uint(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7fffu;
+  if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
+  if (a < 0x38800000u) return (unsigned short)(sign | (unsigned int)nearbyintf(__uint_as_float(a) * 16777216.0f));
+  unsigned int b = a - 0x38000000u;
+  return (unsigned short)(sign | ((b + 0xfffu + ((b >> 13) & 1u)) >> 13));
+}
+__device__ __forceinline__ float pg_b2f(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
+__device__ __forceinline__ float pg_rh(float x) { return pg_h2f(pg_f2h(x)); }
+__device__ __forceinline__ float pg_rb(float x) { return pg_b2f(pg_f2b(x)); }
+"""
+BF16_CPP = r"""__device__ __forceinline__ unsigned short pg_f2b(float x) {
+  unsigned int u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+"""
+LAUNCHER = r"""
+extern "C" int pg_launch(void** bufs, const long long* vars, const unsigned int* dims) {
+  gridDim = {dims[0], dims[1], dims[2]};
+  blockDim = {dims[3], dims[4], dims[5]};
+  const unsigned threads = dims[3] * dims[4] * dims[5];
+  int failed = 0;
+  for (unsigned bz = 0; bz < dims[2]; bz++) for (unsigned by = 0; by < dims[1]; by++)
+    for (unsigned bx = 0; bx < dims[0]; bx++) {
+      auto run = [&, bx, by, bz](unsigned t) {
+        blockIdx = {bx, by, bz};
+        threadIdx = {t % dims[3], t / dims[3] % dims[4], t / (dims[3] * dims[4])};
+        try { PG_CALL; } catch (pg_barrier_timeout&) { __atomic_store_n(&failed, 1, __ATOMIC_SEQ_CST); }
+      };
+      if (!PG_BARRIERS) { for (unsigned t = 0; t < threads; t++) run(t); continue; }
+      pg_barrier.count = 0; pg_barrier.expected = threads;
+      std::vector<std::thread> pool;
+      for (unsigned t = 0; t < threads; t++) pool.emplace_back(run, t);
+      for (auto& th : pool) th.join();
+      if (failed) return 1;
+    }
+  return failed;
+}
+"""
+
+
+class CheckError(Exception):
+    """A kernel the CPU check cannot run (inline PTX), cannot compile, or that hung at a barrier."""
+
+
+def cpu_source(spec: Any, source: str) -> str:
+    """The CUDA C of `source` as host C++: the shim, the prelude's asm replaced, and pg_launch."""
+    for block in (r.HALF_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT):
+        source = source.replace(block, "")
+    if "asm" in source:
+        raise CheckError(f"kernel {spec.name} has inline PTX (mma.sync tensor cores?): the CPU check cannot run it")
+    cpp = r.CUDARenderer("sm_90")
+    args = []
+    for k, g in enumerate(spec.globals):
+        const = "" if g.written else "const "
+        args.append(f"({const}{cpp.storage_ctype(g.dtype)}*)bufs[{k}]")
+    args += [f"({cpp.ctype(v.dtype)})vars[{k}]" for k, v in enumerate(spec.vars)]
+    call = f"pg_kernel({', '.join(args)})"
+    launcher = LAUNCHER.replace("PG_CALL", call).replace("PG_BARRIERS", "1" if "__syncthreads" in source else "0")
+    shim = SHIM.replace("PG_TIMEOUT_S", str(BARRIER_TIMEOUT_S))
+    return "\n".join([shim, BF16_CPP, HALF_CPP, source, launcher])
+
+
+_LIBS: dict[str, Any] = {}
+
+
+def compile_cpu(spec: Any, source: str) -> Any:
+    """clang++ the kernel (cached by source in a temp folder); the ctypes library with pg_launch."""
+    cxx = shutil.which("clang++") or shutil.which("g++")
+    if cxx is None:
+        raise CheckError("the CPU check needs clang++ or g++ on PATH")
+    text = cpu_source(spec, source)
+    key = hashlib.sha256(text.encode()).hexdigest()[:24]
+    if key in _LIBS:
+        return _LIBS[key]
+    folder = os.path.join(tempfile.gettempdir(), f"polygrad-cuda-cpu-{os.getuid()}")
+    os.makedirs(folder, exist_ok=True)
+    lib_path = os.path.join(folder, f"{key}.so")
+    if not os.path.exists(lib_path):
+        src_path = os.path.join(folder, f"{key}.cpp")
+        with open(src_path, "w") as f:
+            f.write(text)
+        tmp = f"{lib_path}.{os.getpid()}"
+        cmd = [cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-pthread",
+               "-w", src_path, "-o", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CheckError(f"kernel {spec.name} does not compile as C++ ({src_path}):\n{proc.stderr[:3000]}")
+        os.replace(tmp, lib_path)
+    lib = ctypes.CDLL(lib_path)
+    lib.pg_launch.restype = ctypes.c_int
+    _LIBS[key] = lib
+    return lib
+
+
+def run_on_cpu(spec: Any, source: str, launch: Any, buffers: list[np.ndarray], var_vals: tuple[int, ...] = ()) -> None:
+    """Launch the kernel over launch.grid x launch.block on the CPU; buffers (C-contiguous, slot order,
+    float16 / bfloat16 as their 16-bit words) are read and written in place."""
+    if len(buffers) != len(spec.globals):
+        raise CheckError(f"kernel {spec.name} takes {len(spec.globals)} buffers, got {len(buffers)}")
+    for g, b in zip(spec.globals, buffers):
+        if not b.flags.c_contiguous or b.size < spec.eval_int(g.size, var_vals):
+            raise CheckError(f"buffer {g.slot} of {spec.name}: pass a C-contiguous array of at least "
+                             f"{spec.eval_int(g.size, var_vals)} elements")
+    lib = compile_cpu(spec, source)
+    ptrs = (ctypes.c_void_p * max(1, len(buffers)))(*[b.ctypes.data for b in buffers])
+    vars_ = (ctypes.c_longlong * max(1, len(var_vals)))(*var_vals)
+    dims = (ctypes.c_uint * 6)(*launch.grid, *launch.block)
+    if lib.pg_launch(ptrs, vars_, dims) != 0:
+        raise CheckError(f"kernel {spec.name}: a block's threads did not all reach __syncthreads() within "
+                         f"{BARRIER_TIMEOUT_S} s (a thread returned early, or a barrier is under a condition)")
