@@ -25,8 +25,9 @@ STORAGE = {dtypes.float32: np.float32, dtypes.float16: np.float16, dtypes.bfloat
            dtypes.int32: np.int32, dtypes.bool: np.bool_}
 
 
-def cuda_kernels(fn, arch="sm_90"):
-    """(spec, source, launch) of every kernel `fn` schedules, lowered and rendered for CUDA."""
+def cuda_kernels(fn, arch="sm_90", caps=None):
+    """(spec, source, launch) of every kernel `fn` schedules, lowered and rendered for CUDA (for
+    `caps`, default capabilities(arch))."""
     asts = []
     orig = programs.get_program
     programs.get_program = lambda ast, device: asts.append(ast) or orig(ast, device)
@@ -36,7 +37,7 @@ def cuda_kernels(fn, arch="sm_90"):
         programs.get_program = orig
     out = []
     for ast in asts:
-        spec = lower(ast, capabilities(arch))
+        spec = lower(ast, caps or capabilities(arch))
         out.append((spec, CUDARenderer(arch).render(spec), launch_of(spec)))
     return out
 
@@ -86,9 +87,11 @@ def test_grouped_reductions_through_shared_memory():
 
 
 def test_register_tile_matmul():
+    """The 4x4 UPCAST matmul (a device whose shared memory holds no tile: no Opt(TILE))."""
     a = rng.standard_normal((128, 64)).astype(np.float32)
     b = rng.standard_normal((64, 192)).astype(np.float32)
-    (k,) = cuda_kernels(lambda: (on_interp(a) @ on_interp(b)).realize())
+    small = capabilities("sm_90", shared_memory=8 * 1024)
+    (k,) = cuda_kernels(lambda: (on_interp(a) @ on_interp(b)).realize(), caps=small)
     assert [o.kind.value for o in k[0].opts].count("UPCAST") == 2
     (got,) = run(k, a, b)
     np.testing.assert_allclose(got.reshape(128, 192), a @ b, rtol=1e-5, atol=1e-5)

@@ -42,14 +42,13 @@ from polygrad_backend_cuda import renderer as r
 
 BARRIER_TIMEOUT_S = 20
 
-SHIM = r"""#include <math.h>
+SHIM = r"""#include <errno.h>
+#include <math.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
-#include <chrono>
-#include <condition_variable>
-#include <mutex>
-#include <thread>
-#include <vector>
+#include <time.h>
 struct pg_dim3 { unsigned int x, y, z; };
 static thread_local pg_dim3 threadIdx, blockIdx;
 static pg_dim3 blockDim, gridDim;
@@ -61,16 +60,28 @@ static pg_dim3 blockDim, gridDim;
 #define __restrict__ __restrict
 struct pg_barrier_timeout {};
 static struct {
-  std::mutex m; std::condition_variable cv; unsigned count = 0, expected = 1, generation = 0;
-} pg_barrier;
+  pthread_mutex_t m; pthread_cond_t cv; unsigned count, expected, generation;
+} pg_barrier = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 1, 0};
 static inline void __syncthreads() {
-  std::unique_lock<std::mutex> lock(pg_barrier.m);
-  unsigned gen = pg_barrier.generation;
+  pthread_mutex_lock(&pg_barrier.m);
+  const unsigned gen = pg_barrier.generation;
   if (++pg_barrier.count == pg_barrier.expected) {
-    pg_barrier.count = 0; pg_barrier.generation++; pg_barrier.cv.notify_all(); return;
+    pg_barrier.count = 0;
+    pg_barrier.generation++;
+    pthread_cond_broadcast(&pg_barrier.cv);
+    pthread_mutex_unlock(&pg_barrier.m);
+    return;
   }
-  if (!pg_barrier.cv.wait_for(lock, std::chrono::seconds(PG_TIMEOUT_S),
-                              [&] { return pg_barrier.generation != gen; })) throw pg_barrier_timeout();
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += PG_TIMEOUT_S;
+  while (pg_barrier.generation == gen) {
+    if (pthread_cond_timedwait(&pg_barrier.cv, &pg_barrier.m, &deadline) == ETIMEDOUT && pg_barrier.generation == gen) {
+      pthread_mutex_unlock(&pg_barrier.m);
+      throw pg_barrier_timeout();
+    }
+  }
+  pthread_mutex_unlock(&pg_barrier.m);
 }
 static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
 static inline float __uint_as_float(unsigned int x) { float f; memcpy(&f, &x, 4); return f; }
@@ -114,25 +125,37 @@ BF16_CPP = r"""__device__ __forceinline__ unsigned short pg_f2b(float x) {
 }
 """
 LAUNCHER = r"""
+struct pg_task { unsigned bx, by, bz, t; void** bufs; const long long* vars; const unsigned int* dims; int* failed; };
+static void pg_thread(pg_task* k) {
+  void** bufs = k->bufs;
+  const long long* vars = k->vars;
+  blockIdx = {k->bx, k->by, k->bz};
+  threadIdx = {k->t % k->dims[3], k->t / k->dims[3] % k->dims[4], k->t / (k->dims[3] * k->dims[4])};
+  try { PG_CALL; } catch (pg_barrier_timeout&) { __atomic_store_n(k->failed, 1, __ATOMIC_SEQ_CST); }
+}
+static void* pg_thread_main(void* k) { pg_thread((pg_task*)k); return 0; }
 extern "C" int pg_launch(void** bufs, const long long* vars, const unsigned int* dims) {
   gridDim = {dims[0], dims[1], dims[2]};
   blockDim = {dims[3], dims[4], dims[5]};
   const unsigned threads = dims[3] * dims[4] * dims[5];
   int failed = 0;
-  for (unsigned bz = 0; bz < dims[2]; bz++) for (unsigned by = 0; by < dims[1]; by++)
-    for (unsigned bx = 0; bx < dims[0]; bx++) {
-      auto run = [&, bx, by, bz](unsigned t) {
-        blockIdx = {bx, by, bz};
-        threadIdx = {t % dims[3], t / dims[3] % dims[4], t / (dims[3] * dims[4])};
-        try { PG_CALL; } catch (pg_barrier_timeout&) { __atomic_store_n(&failed, 1, __ATOMIC_SEQ_CST); }
-      };
-      if (!PG_BARRIERS) { for (unsigned t = 0; t < threads; t++) run(t); continue; }
-      pg_barrier.count = 0; pg_barrier.expected = threads;
-      std::vector<std::thread> pool;
-      for (unsigned t = 0; t < threads; t++) pool.emplace_back(run, t);
-      for (auto& th : pool) th.join();
-      if (failed) return 1;
+  pg_task* tasks = (pg_task*)calloc(threads, sizeof(pg_task));
+  pthread_t* pool = (pthread_t*)calloc(threads, sizeof(pthread_t));
+  for (unsigned bz = 0; bz < dims[2] && !failed; bz++) for (unsigned by = 0; by < dims[1] && !failed; by++)
+    for (unsigned bx = 0; bx < dims[0] && !failed; bx++) {
+      for (unsigned t = 0; t < threads; t++) tasks[t] = {bx, by, bz, t, bufs, vars, dims, &failed};
+      if (!PG_BARRIERS) {
+        for (unsigned t = 0; t < threads; t++) pg_thread(&tasks[t]);
+        continue;
+      }
+      pg_barrier.count = 0;
+      pg_barrier.expected = threads;
+      for (unsigned t = 0; t < threads; t++)
+        if (pthread_create(&pool[t], 0, pg_thread_main, &tasks[t]) != 0) { failed = 2; pool[t] = 0; }
+      for (unsigned t = 0; t < threads; t++) if (pool[t]) pthread_join(pool[t], 0);
     }
+  free(tasks);
+  free(pool);
   return failed;
 }
 """
@@ -180,7 +203,7 @@ def compile_cpu(spec: Any, source: str) -> Any:
         with open(src_path, "w") as f:
             f.write(text)
         tmp = f"{lib_path}.{os.getpid()}"
-        cmd = [cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-pthread",
+        cmd = [cxx, "-std=c++14", "-O1", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-pthread",
                "-w", src_path, "-o", tmp]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -205,6 +228,9 @@ def run_on_cpu(spec: Any, source: str, launch: Any, buffers: list[np.ndarray], v
     ptrs = (ctypes.c_void_p * max(1, len(buffers)))(*[b.ctypes.data for b in buffers])
     vars_ = (ctypes.c_longlong * max(1, len(var_vals)))(*var_vals)
     dims = (ctypes.c_uint * 6)(*launch.grid, *launch.block)
-    if lib.pg_launch(ptrs, vars_, dims) != 0:
+    status = lib.pg_launch(ptrs, vars_, dims)
+    if status == 2:
+        raise CheckError(f"kernel {spec.name}: could not start {launch.threads} threads for a block (ulimit -u?)")
+    if status != 0:
         raise CheckError(f"kernel {spec.name}: a block's threads did not all reach __syncthreads() within "
                          f"{BARRIER_TIMEOUT_S} s (a thread returned early, or a barrier is under a condition)")

@@ -13,6 +13,7 @@ C renderer: Variables are `v<k>`), and its launch (grid and block sizes).
   (the same bits as the CPU and INTERP backends); the conversions are the hardware's cvt
   instructions (bfloat16 from sm_80 on).
 - Tensor cores: a kernel lowered with Opt(TC) is rendered by tensor_core.py (mma.sync).
+- Shared-memory tiles: a float32 matmul lowered with Opt(TILE) is rendered by tiled_matmul.py.
 - No contraction: compiled with --fmad=false, FMA only where the IR says FMA (fmaf).
 """
 from __future__ import annotations
@@ -142,8 +143,11 @@ class CUDARenderer(CStyleRenderer):
 
     def render(self, spec: ProgramSpec) -> str:
         from polygrad_backend_cuda.tensor_core import render_tensor_core, uses_tensor_cores
+        from polygrad_backend_cuda.tiled_matmul import render_tiled_matmul, uses_tiles
         if uses_tensor_cores(spec):
             return render_tensor_core(spec, self)
+        if uses_tiles(spec):
+            return render_tiled_matmul(spec, self)
         src = super().render(spec)
         return src.replace(self.prelude, self.prelude + (VECTOR_PRELUDE if "pg_v<" in src else ""), 1)
 

@@ -1,0 +1,191 @@
+"""Shared-memory tiled float32 matmuls: a kernel lowered with Opt(TILE) rendered as a block-tile template.
+
+Stage: rendering. Input: a ProgramSpec whose opts hold Opt(TILE, k, block rows) (codegen/gpu_opts.py
+chose it, and the tile, from Capabilities.shared_memory_bytes for C[.., i, j] = sum_k A[.., i, k] *
+B[.., k, j] over float32 A and B). Output: CUDA C and its launch: one block of MatmulTile.threads
+threads per bm x bn tile of C, batch ranges on grid z.
+
+- Staging: each bk-deep step, every thread loads 4 elements of A and 4 of B from global memory into
+  registers, then into shared memory (As[k][i], Bs[k][j]); two shared buffers, so the loads of step
+  t + 1 are issued before step t's arithmetic and stored after it, with one __syncthreads() a step.
+- Loads run along the operand's contiguous range (index coefficient 1: k for a row-major A, i for a
+  transposed one; j or k for B) and are one 16-byte vector load when all 4 are in bounds and the
+  address is aligned (pg_vload checks at run time); other layouts load element by element.
+- Register tile: each thread keeps tm x tn sums and reads tm values of A and tn of B from shared
+  memory per k; products are summed in k order, one rounding per add (--fmad=false), so every
+  output is the scalar kernel's float sum, bit for bit.
+- Edges: any sizes. Elements past M, N or K load as 0 and outputs past M or N are not stored.
+Shared rows are padded by MatmulTile.pad floats (16-byte aligned rows for vector reads).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from polygrad.backend_api import (KERNEL_SYMBOL, MATMUL_TILES, LaunchDims, MatmulTile, Ops, UOp, dtypes,
+                                  matmul_ranges, range_coeff, var_name)
+
+from polygrad_backend_cuda.tensor_core import index_expr
+
+LANES = 4  # elements of A and of B each thread loads per stage (one float4)
+
+
+def uses_tiles(spec: Any) -> bool:
+    return any(getattr(o.kind, "value", o.kind) == "TILE" for o in spec.opts)
+
+
+def _size(r: UOp) -> int:
+    return int(r.src[0].arg)
+
+
+def tile_plan(spec: Any) -> tuple[UOp, UOp, UOp, list[UOp], MatmulTile]:
+    """(i, j, k, batch ranges, the tile) of a kernel lowered with Opt(TILE)."""
+    shape = matmul_ranges(spec.ast, "float", casts=False)
+    amount = next(o.amount for o in spec.opts if getattr(o.kind, "value", o.kind) == "TILE")
+    if shape is None or amount not in MATMUL_TILES:
+        raise NotImplementedError(f"kernel {spec.name} was lowered with Opt(TILE, amount={amount}) but is not a "
+                                  f"float32 matmul with one of the tiles {sorted(MATMUL_TILES)}")
+    i, j, k = shape
+    end = spec.ast.src[0]
+    batch = [r for r in end.src[1:] if r is not i and r is not j]
+    return i, j, k, batch, MATMUL_TILES[amount]
+
+
+def tiled_launch(spec: Any) -> LaunchDims:
+    i, j, _, batch, tile = tile_plan(spec)
+    z = 1
+    for r in batch:
+        z *= _size(r)
+    return LaunchDims((-(-_size(j) // tile.bn), -(-_size(i) // tile.bm), z), (tile.threads, 1, 1), ())
+
+
+def _operands(spec: Any, j: UOp) -> tuple[UOp, UOp]:
+    """The LOAD nodes of A (no j in its index) and B: the sources of the product the REDUCE sums
+    (tile_plan checked the shape: no casts between them)."""
+    value = spec.ast.src[0].src[0].src[1]
+    while value.op is Ops.CAST:
+        value = value.src[0]
+    a, b = value.src[0].src
+    if range_coeff(a.src[0].src[1], j) != 0:
+        a, b = b, a
+    return a, b
+
+
+def _stage_loads(name: str, load: UOp, outer: UOp, k: UOp, outer_size: str, tile_outer: int, bk: int,
+                 buf: str, index: str, idt: str) -> list[str]:
+    """Lines defining ld_<name>(outer0, k0) (4 elements into r<name>[]) and st_<name>(stage) (into
+    shared memory) for operand `name` ("a": outer is i; "b": outer is j), along its contiguous range."""
+    along_outer = range_coeff(load.src[0].src[1], outer) == 1 and range_coeff(load.src[0].src[1], k) != 1
+    contiguous = along_outer or range_coeff(load.src[0].src[1], k) == 1
+    per_row = (tile_outer if along_outer else bk) // LANES
+    # thread t loads 4 elements starting at (o, c) of the tile: along o (outer) or along c (k)
+    o_first = f"(threadIdx.x % {per_row}) * {LANES}" if along_outer else f"threadIdx.x / {per_row}"
+    c_first = f"threadIdx.x / {per_row}" if along_outer else f"(threadIdx.x % {per_row}) * {LANES}"
+    o_lane, c_lane = ("e", "0") if along_outer else ("0", "e")
+    last_ok = (f"o + {LANES - 1} < {outer_size} && c < {_size(k)}" if along_outer
+               else f"o < {outer_size} && c + {LANES - 1} < {_size(k)}")
+    ro, rk = ("ri", "rk") if name == "a" else ("rj", "rk")
+    smem = "As" if name == "a" else "Bs"
+    lines = [
+        f"  const int {name}_o = {o_first}, {name}_c = {c_first};",
+        f"  auto ld_{name} = [&]({idt} o0, {idt} k0) {{",
+        f"    const {idt} o = o0 + {name}_o, c = k0 + {name}_c;",
+    ]
+    if contiguous:
+        lines += [
+            f"    if ({last_ok}) {{",
+            f"      const {idt} {ro} = o, {rk} = c;",
+            f"      pg_v<float, {LANES}> v = pg_vload<float, {LANES}>({buf} + ({index}));",
+            f"      for (int e = 0; e < {LANES}; e++) r{name}[e] = v[e];",
+            "      return;",
+            "    }",
+        ]
+    lines += [
+        f"    for (int e = 0; e < {LANES}; e++) {{",
+        f"      const {idt} {ro} = o + {o_lane}, {rk} = c + {c_lane};",
+        f"      r{name}[e] = ({ro} < {outer_size} && {rk} < {_size(k)}) ? {buf}[{index}] : 0.0f;",
+        "    }",
+        "  };",
+        f"  auto st_{name} = [&](int s) {{",
+        f"    for (int e = 0; e < {LANES}; e++) {smem}[s][{name}_c + {c_lane}][{name}_o + {o_lane}] = r{name}[e];",
+        "  };",
+    ]
+    return lines
+
+
+def render_tiled_matmul(spec: Any, renderer: Any) -> str:
+    from polygrad_backend_cuda.renderer import VECTOR_PRELUDE  # renderer.py imports this module
+    i, j, k, batch, t = tile_plan(spec)
+    end = spec.ast.src[0]
+    store = end.src[0]
+    out_index, value = store.src[0], store.src[1]
+    casts = []
+    while value.op is Ops.CAST:
+        casts.append(value.dtype)
+        value = value.src[0]
+    load_a, load_b = _operands(spec, j)
+    idt = renderer.ctype(i.dtype)
+    names = {i: "ri", j: "rj", k: "rk"}
+    names.update((v, var_name(n)) for n, v in enumerate(spec.vars))  # the renderer's names, never the user's
+    for n, r in enumerate(batch):
+        names[r] = f"rb{n}"
+    rows, cols = _size(i), _size(j)
+    buf_a, buf_b = (f"data{x.src[0].src[0].arg[0]}" for x in (load_a, load_b))
+    out_buf = f"data{out_index.src[0].arg[0]}"
+    ia = index_expr(load_a.src[0].src[1], names, renderer)
+    ib = index_expr(load_b.src[0].src[1], names, renderer)
+    ic = index_expr(out_index.src[1], names, renderer)
+    tx = t.bn // t.tn
+    lines = [
+        f"  alignas(16) __shared__ float As[2][{t.bk}][{t.bm + t.pad}];",
+        f"  alignas(16) __shared__ float Bs[2][{t.bk}][{t.bn + t.pad}];",
+        f"  const int tx = threadIdx.x % {tx}, ty = threadIdx.x / {tx};",
+        f"  const {idt} row0 = (({idt})blockIdx.y) * {t.bm}, col0 = (({idt})blockIdx.x) * {t.bn};",
+    ]
+    if batch:
+        lines.append(f"  {idt} bz = blockIdx.z;")
+    for n, r in reversed(list(enumerate(batch))):
+        lines.append(f"  const {idt} rb{n} = bz % {_size(r)}; bz /= {_size(r)};")
+    lines += [f"  float ra[{LANES}], rb[{LANES}];"]
+    lines += _stage_loads("a", load_a, i, k, str(rows), t.bm, t.bk, buf_a, ia, idt)
+    lines += _stage_loads("b", load_b, j, k, str(cols), t.bn, t.bk, buf_b, ib, idt)
+    lines += [
+        f"  float acc[{t.tm}][{t.tn}];",
+        f"  for (int m = 0; m < {t.tm}; m++) for (int n = 0; n < {t.tn}; n++) acc[m][n] = 0.0f;",
+        "  ld_a(row0, 0); ld_b(col0, 0); st_a(0); st_b(0);",
+        "  __syncthreads();",
+        f"  const int steps = {-(-_size(k) // t.bk)};",
+        "  for (int step = 0; step < steps; step++) {",
+        "    const int s = step & 1;",
+        f"    if (step + 1 < steps) {{ ld_a(row0, (step + 1) * {t.bk}); ld_b(col0, (step + 1) * {t.bk}); }}",
+        "    #pragma unroll",
+        f"    for (int kk = 0; kk < {t.bk}; kk++) {{",
+        f"      float a[{t.tm}], b[{t.tn}];",
+        f"      for (int m = 0; m < {t.tm}; m++) a[m] = As[s][kk][ty * {t.tm} + m];",
+        f"      for (int n = 0; n < {t.tn}; n++) b[n] = Bs[s][kk][tx * {t.tn} + n];",
+        "      #pragma unroll",
+        f"      for (int m = 0; m < {t.tm}; m++)",
+        "        #pragma unroll",
+        f"        for (int n = 0; n < {t.tn}; n++) acc[m][n] = acc[m][n] + a[m] * b[n];",
+        "    }",
+        "    if (step + 1 < steps) { st_a(s ^ 1); st_b(s ^ 1); }",
+        "    __syncthreads();",
+        "  }",
+    ]
+    v = "acc[m][n]"
+    for dt in reversed(casts):
+        v = renderer.round_half(dt, v) if dt in (dtypes.float16, dtypes.bfloat16) else f"(({renderer.ctype(dt)}){v})"
+    slot = {g.slot: g for g in spec.globals}
+    out_dt = slot[out_index.src[0].arg[0]].dtype
+    lines += [
+        f"  for (int m = 0; m < {t.tm}; m++) for (int n = 0; n < {t.tn}; n++) {{",
+        f"    const {idt} ri = row0 + ty * {t.tm} + m, rj = col0 + tx * {t.tn} + n;",
+        f"    if (ri < {rows} && rj < {cols}) {out_buf}[{ic}] = {renderer.to_storage(out_dt, v)};",
+        "  }",
+    ]
+    params = [renderer.buffer_param(g.slot, g.dtype, g.written) for g in spec.globals]
+    params += [renderer.var_param(n, x.dtype) for n, x in enumerate(spec.vars)]
+    uses_half = any(dt in (dtypes.float16, dtypes.bfloat16) for dt in [out_dt, *casts])
+    prelude = renderer.prelude + VECTOR_PRELUDE + (renderer.half_helpers if uses_half else "")
+    body = "\n".join(lines)
+    declaration = renderer.kernel_declaration(t.threads)
+    return f"{prelude}\n{declaration} {KERNEL_SYMBOL}({', '.join(params)}) {{\n{body}\n}}\n"

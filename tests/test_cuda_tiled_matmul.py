@@ -1,0 +1,129 @@
+"""Shared-memory tiled float32 matmuls on CUDA (Opt(TILE), tiled_matmul.py) without a GPU: the opt is
+chosen from Capabilities, every tile kernel compiles with NVRTC for sm_75, sm_80 and sm_90, and its
+values on the CPU check (polygrad_backend_cuda.cpu_check) match NumPy on odd sizes (1, 17, 100,
+scaled-down 1000 and 4097: one past a multiple of the tile), batches, broadcast and transposed operands.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polygrad import dtypes
+from polygrad.codegen.gpu_opts import MATMUL_TILES, matmul_ranges
+from polygrad.codegen.lower import lower
+from polygrad.codegen.opts import Opt, OptKind
+from polygrad.engine import programs
+
+cuda = pytest.importorskip("polygrad_backend_cuda")
+from polygrad_backend_cuda import capabilities  # noqa: E402
+from polygrad_backend_cuda.compile_check import compile_all  # noqa: E402
+from polygrad_backend_cuda.launch import launch_of  # noqa: E402
+from polygrad_backend_cuda.renderer import CUDARenderer  # noqa: E402
+from tests.test_cuda_compile import _compiler  # noqa: E402
+from tests.test_cuda_cpu_check import on_interp, run  # noqa: E402
+
+rng = np.random.default_rng(0)
+
+
+def matmul_ast(fn):
+    asts = []
+    orig = programs.get_program
+    programs.get_program = lambda ast, device: asts.append(ast) or orig(ast, device)
+    try:
+        fn()
+    finally:
+        programs.get_program = orig
+    return asts[-1]
+
+
+def tiled(ast, tile=None, arch="sm_90"):
+    """(spec, source, launch) lowered with the heuristics, or with Opt(TILE) of block rows `tile`."""
+    opts = None
+    if tile is not None:
+        opts = [Opt(OptKind.TILE, matmul_ranges(ast, "float")[2].arg[0], tile)]
+    spec = lower(ast, capabilities(arch), opts)
+    return spec, CUDARenderer(arch).render(spec), launch_of(spec)
+
+
+def randn(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# (A, B, how the kernel reads them): odd sizes, a batch with B broadcast, transposed operands
+CASES = {
+    "2x3x2": lambda: (randn(2, 3), randn(3, 2), lambda a, b: a @ b),
+    "17": lambda: (randn(17, 17), randn(17, 17), lambda a, b: a @ b),
+    "100x37x70": lambda: (randn(100, 37), randn(37, 70), lambda a, b: a @ b),
+    "k1000": lambda: (randn(20, 1000), randn(1000, 24), lambda a, b: a @ b),
+    "129_past_tile": lambda: (randn(129, 65), randn(65, 131), lambda a, b: a @ b),
+    "batch_broadcast": lambda: (randn(3, 20, 33), randn(33, 18), lambda a, b: a @ b),
+    "batch_both": lambda: (randn(2, 17, 16), randn(2, 16, 19), lambda a, b: a @ b),
+    "a_transposed": lambda: (randn(40, 50), randn(40, 36), lambda a, b: a.T @ b),
+    "b_transposed": lambda: (randn(50, 40), randn(36, 40), lambda a, b: a @ b.T),
+}
+
+
+def _check(name, tile):
+    a, b, f = CASES[name]()
+    kernel = tiled(matmul_ast(lambda: f(on_interp(a), on_interp(b)).realize()), tile)
+    assert any(o.kind is OptKind.TILE for o in kernel[0].opts)
+    (got,) = run(kernel, a, b)
+    want = f(a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-5 * np.sqrt(a.shape[-1]))
+    return kernel
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_tiled_matmul_matches_numpy_on_the_cpu(name):
+    _check(name, 64)
+
+
+@pytest.mark.parametrize("shapes", [((1, 40), (40, 17)), ((17, 40), (40, 1))])
+def test_a_side_of_one_is_no_tile_kernel_and_still_right(shapes):
+    """A row or column of 1 leaves no (i, j) pair of ranges: the matrix-vector kernel of the usual opts."""
+    a, b = randn(*shapes[0]), randn(*shapes[1])
+    kernel = tiled(matmul_ast(lambda: (on_interp(a) @ on_interp(b)).realize()))
+    assert not any(o.kind is OptKind.TILE for o in kernel[0].opts)
+    (got,) = run(kernel, a, b)
+    np.testing.assert_allclose(got.reshape(a.shape[0], b.shape[1]), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_big_tile_and_float4_paths():
+    for name in ("129_past_tile", "a_transposed", "b_transposed"):
+        spec, src, launch = _check(name, 128)
+        assert launch.block == (MATMUL_TILES[128].threads, 1, 1) and "pg_vload<float, 4>" in src
+
+
+def test_heuristic_choice_follows_capabilities():
+    ast = matmul_ast(lambda: (on_interp(randn(100, 37)) @ on_interp(randn(37, 70))).realize())
+    spec, src, launch = tiled(ast)
+    assert [o.kind for o in spec.opts] == [OptKind.TILE] and launch.grid == (2, 2, 1)
+    assert "__shared__ float As[2][16][68]" in src and src.count("__syncthreads();") == 2
+    big = matmul_ast(lambda: (on_interp(randn(1024, 8)) @ on_interp(randn(8, 1024))).realize())
+    assert tiled(big)[0].opts[0].amount == 128  # 64 blocks of 128 x 128
+    small_memory = lower(ast, capabilities("sm_90", shared_memory=8 * 1024))
+    assert not any(o.kind is OptKind.TILE for o in small_memory.opts)
+    matvec = matmul_ast(lambda: (on_interp(randn(1, 64)) @ on_interp(randn(64, 64))).realize())
+    assert not any(o.kind is OptKind.TILE for o in tiled(matvec)[0].opts)
+    a16, b16 = (on_interp(randn(64, 64)).cast(dtypes.float16).realize() for _ in range(2))
+    half = matmul_ast(lambda: (a16 @ b16).realize())
+    assert [o.kind for o in tiled(half)[0].opts] == [OptKind.TC]
+    assert not any(o.kind is OptKind.TILE for o in tiled(half, arch="sm_75")[0].opts)
+    # float32 loads rounded to float16 before the product: not a plain float32 matmul
+    rounded = matmul_ast(lambda: (on_interp(randn(64, 64)).cast(dtypes.float16) @
+                                  on_interp(randn(64, 64)).cast(dtypes.float16)).realize())
+    assert not any(o.kind is OptKind.TILE for o in tiled(rounded, arch="sm_75")[0].opts)
+
+
+# every path of the template once: both tiles, A and B along their rows or transposed, a batch
+COMPILED = (("100x37x70", 64), ("batch_broadcast", 128), ("a_transposed", 64), ("b_transposed", 128))
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90"])
+def test_tiled_kernels_compile_with_nvrtc(arch):
+    compile_fn = _compiler()
+    sources = []
+    for name, tile in COMPILED:
+        a, b, f = CASES[name]()
+        sources.append(tiled(matmul_ast(lambda: f(on_interp(a), on_interp(b)).realize()), tile, arch)[1])
+    assert compile_all(sources, arch, compile_fn) >= 1
