@@ -5,6 +5,8 @@ scaled-down 1000 and 4097: one past a multiple of the tile), batches, broadcast 
 """
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -23,6 +25,7 @@ from tests.test_cuda_compile import _compiler  # noqa: E402
 from tests.test_cuda_cpu_check import on_interp, run  # noqa: E402
 
 rng = np.random.default_rng(0)
+needs_cxx = pytest.mark.skipif(not (shutil.which("clang++") or shutil.which("g++")), reason="no C++ compiler")
 
 
 def matmul_ast(fn):
@@ -73,11 +76,13 @@ def _check(name, tile):
     return kernel
 
 
+@needs_cxx
 @pytest.mark.parametrize("name", list(CASES))
 def test_tiled_matmul_matches_numpy_on_the_cpu(name):
     _check(name, 64)
 
 
+@needs_cxx
 @pytest.mark.parametrize("shapes", [((1, 40), (40, 17)), ((17, 40), (40, 1))])
 def test_a_side_of_one_is_no_tile_kernel_and_still_right(shapes):
     """A row or column of 1 leaves no (i, j) pair of ranges: the matrix-vector kernel of the usual opts."""
@@ -88,6 +93,7 @@ def test_a_side_of_one_is_no_tile_kernel_and_still_right(shapes):
     np.testing.assert_allclose(got.reshape(a.shape[0], b.shape[1]), a @ b, rtol=1e-5, atol=1e-5)
 
 
+@needs_cxx
 def test_big_tile_and_float4_paths():
     for name in ("129_past_tile", "a_transposed", "b_transposed"):
         spec, src, launch = _check(name, 128)
