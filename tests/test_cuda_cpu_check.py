@@ -42,9 +42,10 @@ def cuda_kernels(fn, arch="sm_90", caps=None):
     return out
 
 
-def run(kernel, *inputs):
+def run(kernel, *inputs, out=None):
     """Run one kernel on the CPU with `inputs` in its read slots (in order, sizes checked); returns its
-    written buffers, first filled with NaN / a sentinel so unwritten elements show."""
+    written buffers, first filled with NaN / a sentinel so unwritten elements show (or a copy of
+    `out`: what a scatter folds into)."""
     spec, src, launch = kernel
     reads = iter(inputs)
     buffers, outs = [], []
@@ -52,6 +53,8 @@ def run(kernel, *inputs):
         if g.written:
             b = np.zeros(spec.eval_int(g.size), STORAGE[g.dtype])
             b.view(np.uint8)[:] = 0xFF  # NaN in float words, -1 in ints
+            if out is not None:
+                b[:] = np.asarray(out).reshape(-1)
 
             outs.append(b)
         else:
@@ -116,6 +119,34 @@ def test_half_and_bfloat16_conversions_match_numpy():
     bits = x.view(np.uint32).astype(np.uint64)
     want = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_scatter_add_spreads_over_the_grid_with_atomics(dtype):
+    base = (rng.standard_normal((50, 8)) * 10).astype(dtype)
+    idx = rng.integers(0, 50, (300, 8)).astype(np.int32)  # about 6 points fold into each element
+    src = (rng.standard_normal((300, 8)) * 10).astype(dtype)
+    kernels = cuda_kernels(lambda: on_interp(base).scatter_add(0, on_interp(idx), on_interp(src)).realize())
+    (k,) = [k for k in kernels if "atomicAdd" in k[1]]
+    assert k[2].threads >= 32 and k[2].grid != (1, 1, 1)
+    (got,) = run(k, idx, src, out=base)
+    want = base.astype(np.float64)
+    np.add.at(want, (idx, np.arange(8)[None, :].repeat(300, 0)), src)
+    if dtype is np.int32:
+        np.testing.assert_array_equal(got.reshape(50, 8), want.astype(np.int32))
+    else:
+        np.testing.assert_allclose(got.reshape(50, 8), want, rtol=1e-5, atol=1e-4)
+
+
+def test_scatter_multiply_and_max_stay_one_thread():
+    base, idx = rng.standard_normal((10, 4)).astype(np.float32), rng.integers(0, 10, (30, 4)).astype(np.int32)
+    src = rng.standard_normal((30, 4)).astype(np.float32)
+    for reduce in ("prod", "amax"):
+        kernels = cuda_kernels(lambda: on_interp(base).scatter_reduce(0, on_interp(idx), on_interp(src),
+                                                                      reduce).realize())
+        folding = [k for k in kernels if any(n.arg is not None for n in k[0].ast.toposort() if n.op.name == "STORE")]
+        assert folding and all(k[2].threads == 1 and k[2].grid == (1, 1, 1) for k in folding)
+        assert not any("atomic" in k[1] for k in folding)
 
 
 def test_check_catches_a_wrong_launch():

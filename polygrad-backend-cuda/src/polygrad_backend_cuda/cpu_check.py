@@ -5,8 +5,8 @@ and NumPy arrays for its buffers (slot order). Output: the arrays the kernel wri
 
 The CUDA C is compiled as C++ by clang++ with a shim (SHIM below) in front of it:
 - `threadIdx` and `blockIdx` are thread-local values, `blockDim` and `gridDim` globals;
-- blocks run one after another; a kernel with `__syncthreads()` runs each thread of a block as its
-  own OS thread and the barrier is a real one across them (a thread that never arrives, for example
+- blocks run one after another; a kernel with `__syncthreads()` or atomics runs each thread of a
+  block as its own OS thread and the barrier is a real one across them (a thread that never arrives, for example
   one that returned early, is reported as a CheckError after BARRIER_TIMEOUT_S instead of hanging);
   a kernel without barriers runs its threads in a loop;
 - `__shared__` arrays are `static`: one copy, shared by the threads of the block that is running;
@@ -178,7 +178,8 @@ def cpu_source(spec: Any, source: str) -> str:
         args.append(f"({const}{cpp.storage_ctype(g.dtype)}*)bufs[{k}]")
     args += [f"({cpp.ctype(v.dtype)})vars[{k}]" for k, v in enumerate(spec.vars)]
     call = f"pg_kernel({', '.join(args)})"
-    launcher = LAUNCHER.replace("PG_CALL", call).replace("PG_BARRIERS", "1" if "__syncthreads" in source else "0")
+    threaded = "__syncthreads" in source or "atomicAdd" in source  # atomics race for real across OS threads
+    launcher = LAUNCHER.replace("PG_CALL", call).replace("PG_BARRIERS", "1" if threaded else "0")
     shim = SHIM.replace("PG_TIMEOUT_S", str(BARRIER_TIMEOUT_S))
     return "\n".join([shim, BF16_CPP, HALF_CPP, source, launcher])
 

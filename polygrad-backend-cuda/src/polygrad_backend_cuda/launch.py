@@ -20,4 +20,4 @@ def launch_of(spec: Any) -> LaunchDims:
         return tensor_core_launch(spec)
     if uses_tiles(spec):
         return tiled_launch(spec)
-    return launch_dims(spec)
+    return launch_dims(spec, atomic_add=True)  # scatter-adds: atomicAdd (CUDARenderer.atomic_store)

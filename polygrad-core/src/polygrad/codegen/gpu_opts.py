@@ -16,7 +16,9 @@ grid indices and LOCAL/GROUP ranges to block indices. Host devices never reach t
   block share the range (GROUP amount threads) and combine through shared memory.
 - UPCAST: a register tile (4 x 4 outputs per thread) for matmul-like kernels; 4 consecutive outputs
   per thread (float4 loads and stores) for contiguous elementwise kernels.
-- LOCAL: the innermost global ranges are split into blocks of up to LOCAL_THREADS threads.
+- LOCAL: the innermost global ranges are split into blocks of up to LOCAL_THREADS threads. A kernel
+  with an accumulating store gets LOCAL alone (lowering keeps it only where `caps.atomic_add` holds
+  and every such store is an ADD: each point then adds atomically).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from polygrad.codegen.analysis import range_size
+from polygrad.codegen.analysis import has_accumulating_store, range_size
 from polygrad.codegen.opts import Opt, OptKind, apply_opts
 from polygrad.codegen.passes import simplify_indices
 from polygrad.uop.ops import AxisKind, Ops, UOp
@@ -96,6 +98,8 @@ def gpu_opts(ast: UOp, caps: Any) -> list:
     end = _single_store(ast)
     if end is None:
         return []
+    if has_accumulating_store(ast):  # a scatter-add (caps.atomic_add): scalar atomic stores, blocks of threads
+        return _local_opts(ast)
     tc = tensor_core_opts(ast, caps) or tile_opts(ast, caps)
     if tc:
         return tc
