@@ -149,6 +149,22 @@ def test_scatter_multiply_and_max_stay_one_thread():
         assert not any("atomic" in k[1] for k in folding)
 
 
+def test_tensor_core_kernels_with_emulated_mma():
+    """tensor_core.py's fragment packing against NumPy (cpu_check emulates mma.sync from the PTX layouts)."""
+    a16 = rng.standard_normal((64, 96)).astype(np.float16)
+    b16 = rng.standard_normal((96, 48)).astype(np.float16)
+    want = a16.astype(np.float64) @ b16.astype(np.float64)
+    ta, tb, ta_t = on_interp(a16), on_interp(b16), on_interp(np.ascontiguousarray(a16.T))
+    cases = [(lambda: (ta @ tb).cast(dtypes.float32).realize(), a16),
+             (lambda: (ta_t.T @ tb).realize(), a16.T),  # A read through its transpose's strides
+             (lambda: (ta.reshape(2, 32, 96) @ tb).cast(dtypes.float32).realize(), a16)]  # a batch range
+    for fn, a_in in cases:
+        (k,) = cuda_kernels(fn)
+        assert "mma.sync" in k[1] and k[2].block[0] % 32 == 0
+        (got,) = run(k, np.ascontiguousarray(a_in), b16)
+        np.testing.assert_allclose(got.astype(np.float64).reshape(64, 48), want, rtol=1e-2, atol=2e-2)
+
+
 def test_check_catches_a_wrong_launch():
     x = rng.standard_normal((64, 512)).astype(np.float32)
     ((spec, src, launch),) = cuda_kernels(lambda: (on_interp(x) * 2).realize())

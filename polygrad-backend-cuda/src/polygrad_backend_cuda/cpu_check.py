@@ -19,18 +19,22 @@ The CUDA C is compiled as C++ by clang++ with a shim (SHIM below) in front of it
 What it checks: the launch mapping (grid and block sizes against the indices the kernel reads), index
 arithmetic and edge guards, what shared memory holds between barriers (a missing barrier between a
 write and another thread's read gives wrong values when the threads interleave, though not always),
-the order of accumulation, vector loads and stores, half/bfloat16 rounding.
-What it cannot check: anything about warps (no warp-synchronous execution or shuffles; no timing,
-coalescing, bank conflicts or occupancy), inline PTX (mma.sync tensor-core kernels are refused with a
-CheckError), device limits (registers, the real shared-memory size: the caller checks the bytes
-against Capabilities), races that only show under a GPU's scheduling, and NVRTC's own acceptance of
-the source (tests/test_cuda_compile.py compiles every kernel with NVRTC for that).
+the order of accumulation, vector loads and stores, half/bfloat16 rounding, the register packing of
+tensor-core kernels: `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (tensor_core.py's one asm
+statement) becomes a call that gathers the warp's fragments as the PTX ISA lays them out (MMA_CPP;
+products exact, summed in float32 in k order).
+What it cannot check: anything else about warps (no warp-synchronous execution or shuffles; no
+timing, coalescing, bank conflicts or occupancy), other inline PTX (refused with a CheckError),
+device limits (registers, the real shared-memory size: the caller checks the bytes against
+Capabilities), races that only show under a GPU's scheduling, and NVRTC's own acceptance of the
+source (tests/test_cuda_compile.py compiles every kernel with NVRTC for that).
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -124,6 +128,52 @@ BF16_CPP = r"""__device__ __forceinline__ unsigned short pg_f2b(float x) {
   return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 """
+# mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 for a whole warp, from the fragment layouts of the PTX
+# ISA (warp-level matrix fragments for .f16 mma.m16n8k16): lane = 4 * group + t (group = lane >> 2, t = lane & 3);
+# A (16 x 16, row major) in a0..a3: rows group (a0, a2) and group + 8 (a1, a3), columns 2t, 2t + 1, plus 8 for
+# a2, a3 (low half first); B (16 x 8, column major) in b0, b1: rows 2t, 2t + 1 (b1: plus 8), column group;
+# C and D (16 x 8 float) in c0..c3: row group (c0, c1) or group + 8 (c2, c3), columns 2t, 2t + 1. Every lane
+# publishes its registers, all wait, each computes its four outputs, all wait again: the barrier is the
+# block's, so the CPU check runs a tensor-core kernel only if all its threads issue the same mma sequence.
+MMA_CPP = r"""
+static struct { unsigned int a[1024][4], b[1024][2]; } pg_mma_regs;
+static inline float pg_mma_half(unsigned int word, int high) {
+  return pg_h2f((unsigned short)(high ? word >> 16 : word & 0xffffu));
+}
+static inline void pg_mma_m16n8k16(float& c0, float& c1, float& c2, float& c3, unsigned int a0, unsigned int a1,
+                                   unsigned int a2, unsigned int a3, unsigned int b0, unsigned int b1) {
+  const unsigned tid = threadIdx.x, warp0 = tid & ~31u, lane = tid & 31u;
+  const unsigned int mine_a[4] = {a0, a1, a2, a3};
+  for (int r = 0; r < 4; r++) pg_mma_regs.a[tid][r] = mine_a[r];
+  pg_mma_regs.b[tid][0] = b0;
+  pg_mma_regs.b[tid][1] = b1;
+  __syncthreads();
+  float* out[4] = {&c0, &c1, &c2, &c3};
+  float result[4];
+  for (int e = 0; e < 4; e++) {
+    const unsigned row = (lane >> 2) + (e >= 2 ? 8 : 0), col = (lane & 3) * 2 + (e & 1);
+    float sum = *out[e];
+    for (unsigned k = 0; k < 16; k++) {
+      const unsigned a_lane = warp0 + (row & 7) * 4 + (k & 7) / 2, a_reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+      const unsigned b_lane = warp0 + col * 4 + (k & 7) / 2, b_reg = k >= 8 ? 1 : 0;
+      sum += pg_mma_half(pg_mma_regs.a[a_lane][a_reg], k & 1) * pg_mma_half(pg_mma_regs.b[b_lane][b_reg], k & 1);
+    }
+    result[e] = sum;
+  }
+  __syncthreads();
+  for (int e = 0; e < 4; e++) *out[e] = result[e];
+}
+"""
+_MMA_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32 .*?\);', re.S)
+
+
+def _mma_call(m: re.Match) -> str:
+    """The emulated mma for one asm statement: its "+f" accumulators, then its "r" fragment registers."""
+    acc = re.findall(r'"\+f"\(([^)]*)\)', m.group(0))
+    regs = re.findall(r'"r"\(([^)]*)\)', m.group(0))
+    return f"pg_mma_m16n8k16({', '.join(acc + regs)});"
+
+
 LAUNCHER = r"""
 struct pg_task { unsigned bx, by, bz, t; void** bufs; const long long* vars; const unsigned int* dims; int* failed; };
 static void pg_thread(pg_task* k) {
@@ -169,8 +219,10 @@ def cpu_source(spec: Any, source: str) -> str:
     """The CUDA C of `source` as host C++: the shim, the prelude's asm replaced, and pg_launch."""
     for block in (r.HALF_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT):
         source = source.replace(block, "")
+    source = _MMA_ASM.sub(_mma_call, source)
     if "asm" in source:
-        raise CheckError(f"kernel {spec.name} has inline PTX (mma.sync tensor cores?): the CPU check cannot run it")
+        raise CheckError(f"kernel {spec.name} has inline PTX other than mma.sync m16n8k16 f16: the CPU check "
+                         "cannot run it")
     cpp = r.CUDARenderer("sm_90")
     args = []
     for k, g in enumerate(spec.globals):
@@ -178,10 +230,11 @@ def cpu_source(spec: Any, source: str) -> str:
         args.append(f"({const}{cpp.storage_ctype(g.dtype)}*)bufs[{k}]")
     args += [f"({cpp.ctype(v.dtype)})vars[{k}]" for k, v in enumerate(spec.vars)]
     call = f"pg_kernel({', '.join(args)})"
-    threaded = "__syncthreads" in source or "atomicAdd" in source  # atomics race for real across OS threads
+    # barriers (and the mma emulation's) need one OS thread per CUDA thread; atomics then race for real
+    threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma_m16n8k16"))
     launcher = LAUNCHER.replace("PG_CALL", call).replace("PG_BARRIERS", "1" if threaded else "0")
     shim = SHIM.replace("PG_TIMEOUT_S", str(BARRIER_TIMEOUT_S))
-    return "\n".join([shim, BF16_CPP, HALF_CPP, source, launcher])
+    return "\n".join([shim, BF16_CPP, HALF_CPP, MMA_CPP, source, launcher])
 
 
 _LIBS: dict[str, Any] = {}
