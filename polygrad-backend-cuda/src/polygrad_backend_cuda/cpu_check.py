@@ -5,16 +5,17 @@ and NumPy arrays for its buffers (slot order). Output: the arrays the kernel wri
 
 The CUDA C is compiled as C++ by clang++ with a shim (SHIM below) in front of it:
 - `threadIdx` and `blockIdx` are thread-local values, `blockDim` and `gridDim` globals;
-- blocks run one after another; a kernel with `__syncthreads()` or atomics runs each thread of a
-  block as its own OS thread and the barrier is a real one across them (a thread that never arrives, for example
-  one that returned early, is reported as a CheckError after BARRIER_TIMEOUT_S instead of hanging);
-  a kernel without barriers runs its threads in a loop;
+- blocks run one after another; a kernel with `__syncthreads()`, atomics or mma.sync runs each
+  thread of a block as its own OS thread and the barrier is a real one across them (a thread that
+  never arrives, one that returned early say, is a CheckError after BARRIER_TIMEOUT_S, not a hang);
+  other kernels run their threads in a loop;
 - `__shared__` arrays are `static`: one copy, shared by the threads of the block that is running;
 - the vector type pg_v<T, N> is the renderer's own (plain C++); float16 and bfloat16 conversions are
   integer C++ with the cvt instructions' rounding (to nearest even) instead of the prelude's PTX asm;
 - atomicAdd / atomicMax on float and int words are compare-and-swap loops on the host's atomics;
 - -ffp-contract=off as NVRTC's --fmad=false: a*b+c is never fused, so float results are the GPU's
-  wherever the kernel's order of operations decides them.
+  wherever the kernel's order of operations decides them (math functions are the host's libm, not
+  CUDA's: transcendentals may differ in the last bits).
 
 What it checks: the launch mapping (grid and block sizes against the indices the kernel reads), index
 arithmetic and edge guards, what shared memory holds between barriers (a missing barrier between a
