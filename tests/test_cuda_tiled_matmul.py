@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from polygrad import dtypes
-from polygrad.codegen.gpu_opts import MATMUL_TILES, matmul_ranges
+from polygrad.codegen.gpu_opts import MATMUL_TILES, matmul_with_epilogue
 from polygrad.codegen.lower import lower
 from polygrad.codegen.opts import Opt, OptKind
 from polygrad.engine import programs
@@ -43,7 +43,7 @@ def tiled(ast, tile=None, arch="sm_90"):
     """(spec, source, launch) lowered with the heuristics, or with Opt(TILE) of block rows `tile`."""
     opts = None
     if tile is not None:
-        opts = [Opt(OptKind.TILE, matmul_ranges(ast, "float")[2].arg[0], tile)]
+        opts = [Opt(OptKind.TILE, matmul_with_epilogue(ast)[2].arg[0], tile)]
     spec = lower(ast, capabilities(arch), opts)
     return spec, CUDARenderer(arch).render(spec), launch_of(spec)
 
@@ -93,6 +93,37 @@ def test_a_side_of_one_is_no_tile_kernel_and_still_right(shapes):
     np.testing.assert_allclose(got.reshape(a.shape[0], b.shape[1]), a @ b, rtol=1e-5, atol=1e-5)
 
 
+def _relu_mask(h, g, w):
+    return np.where(h == 0, 0, g @ w)
+
+
+# (inputs in the kernel's slot order, the tensor expression, the NumPy one): what follows the sum
+EPILOGUES = {
+    "linear_relu": ((randn(20, 33), randn(40, 33), randn(40)), lambda x, w, b: (x @ w.T + b).relu(),
+                    lambda x, w, b: np.maximum(x @ w.T + b, 0)),
+    "relu_mask_grad": ((np.maximum(randn(24, 30), 0), randn(24, 10), randn(10, 30)),
+                       lambda h, g, w: (h == 0).where(0, g @ w), _relu_mask),
+    "exp_then_half": ((randn(17, 19) / 4, randn(19, 21) / 4), lambda a, b: (a @ b).exp().cast(dtypes.float16),
+                      lambda a, b: np.exp(a @ b)),
+}
+
+
+@needs_cxx
+@pytest.mark.parametrize("name", list(EPILOGUES))
+def test_epilogue_after_the_tiled_sum(name):
+    inputs, tensor_fn, numpy_fn = EPILOGUES[name]
+    kernel = tiled(matmul_ast(lambda: tensor_fn(*(on_interp(x) for x in inputs)).realize()))
+    assert [o.kind for o in kernel[0].opts] == [OptKind.TILE]
+    order = {"linear_relu": (0, 1, 2), "relu_mask_grad": (0, 1, 2), "exp_then_half": (0, 1)}[name]
+    reads = [g for g in kernel[0].globals if not g.written]
+    by_size = sorted(range(len(inputs)), key=lambda n: [g.size for g in reads].index(inputs[n].size))
+    assert tuple(by_size) == order, "the kernel reads its buffers in another order than the test assumes"
+    (got,) = run(kernel, *inputs)
+    want = numpy_fn(*(x.astype(np.float64) for x in inputs))
+    tol = 2e-3 if name == "exp_then_half" else 1e-5
+    np.testing.assert_allclose(got.astype(np.float64).reshape(want.shape), want, rtol=tol, atol=tol)
+
+
 @needs_cxx
 def test_big_tile_and_float4_paths():
     for name in ("129_past_tile", "a_transposed", "b_transposed"):
@@ -121,7 +152,7 @@ def test_heuristic_choice_follows_capabilities():
     assert not any(o.kind is OptKind.TILE for o in tiled(rounded, arch="sm_75")[0].opts)
 
 
-# every path of the template once: both tiles, A and B along their rows or transposed, a batch
+# every path of the template once: both tiles, A and B along their rows or transposed, a batch, epilogues
 COMPILED = (("100x37x70", 64), ("batch_broadcast", 128), ("a_transposed", 64), ("b_transposed", 128))
 
 
@@ -132,4 +163,7 @@ def test_tiled_kernels_compile_with_nvrtc(arch):
     for name, tile in COMPILED:
         a, b, f = CASES[name]()
         sources.append(tiled(matmul_ast(lambda: f(on_interp(a), on_interp(b)).realize()), tile, arch)[1])
+    for name in ("linear_relu", "exp_then_half"):  # epilogues: a bias and relu; exp decomposed, a half store
+        inputs, tensor_fn, _ = EPILOGUES[name]
+        sources.append(tiled(matmul_ast(lambda: tensor_fn(*(on_interp(x) for x in inputs)).realize()), 64, arch)[1])
     assert compile_all(sources, arch, compile_fn) >= 1

@@ -1,8 +1,8 @@
 """Shared-memory tiled float32 matmuls: a kernel lowered with Opt(TILE) rendered as a block-tile template.
 
 Stage: rendering. Input: a ProgramSpec whose opts hold Opt(TILE, k, block rows) (codegen/gpu_opts.py
-chose it, and the tile, from Capabilities.shared_memory_bytes for C[.., i, j] = sum_k A[.., i, k] *
-B[.., k, j] over float32 A and B). Output: CUDA C and its launch: one block of MatmulTile.threads
+chose it, and the tile, from Capabilities.shared_memory_bytes for C[.., i, j] = f(sum_k A[.., i, k] *
+B[.., k, j]) over float32 A and B, f elementwise). Output: CUDA C and its launch: one block of MatmulTile.threads
 threads per bm x bn tile of C, batch ranges on grid z.
 
 - Staging: each bk-deep step, every thread loads 4 elements of A and 4 of B from global memory into
@@ -15,14 +15,16 @@ threads per bm x bn tile of C, batch ranges on grid z.
   memory per k; products are summed in k order, one rounding per add (--fmad=false), so every
   output is the scalar kernel's float sum, bit for bit.
 - Edges: any sizes. Elements past M, N or K load as 0 and outputs past M or N are not stored.
+- Epilogue: what the kernel does to the sum before storing it (a bias, an activation, a mask, a
+  cast: gpu_opts.matmul_with_epilogue) is computed per output with the renderer's scalar rules.
 Shared rows are padded by MatmulTile.pad floats (16-byte aligned rows for vector reads).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from polygrad.backend_api import (KERNEL_SYMBOL, MATMUL_TILES, LaunchDims, MatmulTile, Ops, UOp, dtypes,
-                                  matmul_ranges, range_coeff, var_name)
+from polygrad.backend_api import (KERNEL_SYMBOL, MATMUL_TILES, LaunchDims, MatmulTile, Ops, UOp,
+                                  matmul_with_epilogue, range_coeff, var_name)
 
 from polygrad_backend_cuda.tensor_core import index_expr
 
@@ -30,41 +32,42 @@ LANES = 4  # elements of A and of B each thread loads per stage (one float4)
 
 
 def uses_tiles(spec: Any) -> bool:
-    return any(getattr(o.kind, "value", o.kind) == "TILE" for o in spec.opts)
+    """Lowered with Opt(TILE), and still a matmul after lowering's later passes (the opt is chosen
+    before transcendentals are decomposed); otherwise the generic renderer and launch take it."""
+    if not any(getattr(o.kind, "value", o.kind) == "TILE" for o in spec.opts):
+        return False
+    return matmul_with_epilogue(spec.ast) is not None
 
 
 def _size(r: UOp) -> int:
     return int(r.src[0].arg)
 
 
-def tile_plan(spec: Any) -> tuple[UOp, UOp, UOp, list[UOp], MatmulTile]:
-    """(i, j, k, batch ranges, the tile) of a kernel lowered with Opt(TILE)."""
-    shape = matmul_ranges(spec.ast, "float", casts=False)
+def tile_plan(spec: Any) -> tuple[UOp, UOp, UOp, UOp, list[UOp], MatmulTile]:
+    """(i, j, k, the REDUCE, batch ranges, the tile) of a kernel lowered with Opt(TILE)."""
+    shape = matmul_with_epilogue(spec.ast)
     amount = next(o.amount for o in spec.opts if getattr(o.kind, "value", o.kind) == "TILE")
     if shape is None or amount not in MATMUL_TILES:
         raise NotImplementedError(f"kernel {spec.name} was lowered with Opt(TILE, amount={amount}) but is not a "
                                   f"float32 matmul with one of the tiles {sorted(MATMUL_TILES)}")
-    i, j, k = shape
+    i, j, k, reduce = shape
     end = spec.ast.src[0]
     batch = [r for r in end.src[1:] if r is not i and r is not j]
-    return i, j, k, batch, MATMUL_TILES[amount]
+    return i, j, k, reduce, batch, MATMUL_TILES[amount]
 
 
 def tiled_launch(spec: Any) -> LaunchDims:
-    i, j, _, batch, tile = tile_plan(spec)
+    i, j, _, _, batch, tile = tile_plan(spec)
     z = 1
     for r in batch:
         z *= _size(r)
     return LaunchDims((-(-_size(j) // tile.bn), -(-_size(i) // tile.bm), z), (tile.threads, 1, 1), ())
 
 
-def _operands(spec: Any, j: UOp) -> tuple[UOp, UOp]:
+def _operands(reduce: UOp, j: UOp) -> tuple[UOp, UOp]:
     """The LOAD nodes of A (no j in its index) and B: the sources of the product the REDUCE sums
     (tile_plan checked the shape: no casts between them)."""
-    value = spec.ast.src[0].src[0].src[1]
-    while value.op is Ops.CAST:
-        value = value.src[0]
-    a, b = value.src[0].src
+    a, b = reduce.src[0].src
     if range_coeff(a.src[0].src[1], j) != 0:
         a, b = b, a
     return a, b
@@ -112,17 +115,50 @@ def _stage_loads(name: str, load: UOp, outer: UOp, k: UOp, outer_size: str, tile
     return lines
 
 
+def epilogue_lines(value: UOp, reduce: UOp, names: dict[UOp, str], renderer: Any, pad: str) -> tuple[list[str], str]:
+    """Statements computing the stored value from the sum `acc[m][n]` (the REDUCE), one constant per
+    node (sources first, shared nodes once), with the renderer's own scalar rules and half rounding,
+    as the scalar kernel computes them; and the name of the value."""
+    text: dict[UOp, str] = {reduce: "acc[m][n]"}
+    text.update(names)
+    order, stack = [], [(value, False)]
+    while stack:  # sources first, without entering the sum or a load's index
+        n, ready = stack.pop()
+        if n in text and not ready:
+            continue
+        if ready or n.op in (Ops.LOAD, Ops.CONST) or n is reduce:
+            if n not in text:
+                order.append(n)
+                text[n] = ""
+            continue
+        stack.append((n, True))
+        stack.extend((s, False) for s in n.src if s not in text)
+    lines = []
+    for e, n in enumerate(order):
+        if n.op is Ops.CONST:
+            text[n] = renderer.literal(n)
+            continue
+        if n.op is Ops.LOAD:
+            index = index_expr(n.src[0].src[1], names, renderer)
+            expr = renderer.from_storage(n.dtype, f"data{n.src[0].src[0].arg[0]}[{index}]")
+        elif n.op in (Ops.IDIV, Ops.MOD) and n.dtype.kind == "int" and n.dtype.itemsize >= 4:
+            expr = renderer.wrapping_division(n.op, n.dtype, [text[s] for s in n.src])  # as the scalar path
+        else:
+            expr = renderer.alu(n.op, n.dtype, n.src[0].dtype, [text[s] for s in n.src])
+            if n.op not in (Ops.CAST, Ops.BITCAST):
+                expr = renderer.round_half(n.dtype, expr)
+        lines.append(f"{pad}const {renderer.ctype(n.dtype)} e{e} = {expr};")
+        text[n] = f"e{e}"
+    return lines, text[value]
+
+
 def render_tiled_matmul(spec: Any, renderer: Any) -> str:
     from polygrad_backend_cuda.renderer import VECTOR_PRELUDE  # renderer.py imports this module
-    i, j, k, batch, t = tile_plan(spec)
+    i, j, k, reduce, batch, t = tile_plan(spec)
     end = spec.ast.src[0]
     store = end.src[0]
     out_index, value = store.src[0], store.src[1]
-    casts = []
-    while value.op is Ops.CAST:
-        casts.append(value.dtype)
-        value = value.src[0]
-    load_a, load_b = _operands(spec, j)
+    load_a, load_b = _operands(reduce, j)
     idt = renderer.ctype(i.dtype)
     names = {i: "ri", j: "rj", k: "rk"}
     names.update((v, var_name(n)) for n, v in enumerate(spec.vars))  # the renderer's names, never the user's
@@ -171,21 +207,22 @@ def render_tiled_matmul(spec: Any, renderer: Any) -> str:
         "    __syncthreads();",
         "  }",
     ]
-    v = "acc[m][n]"
-    for dt in reversed(casts):
-        v = renderer.round_half(dt, v) if dt in (dtypes.float16, dtypes.bfloat16) else f"(({renderer.ctype(dt)}){v})"
     slot = {g.slot: g for g in spec.globals}
     out_dt = slot[out_index.src[0].arg[0]].dtype
+    epilogue, v = epilogue_lines(value, reduce, names, renderer, "      ")
     lines += [
         f"  for (int m = 0; m < {t.tm}; m++) for (int n = 0; n < {t.tn}; n++) {{",
         f"    const {idt} ri = row0 + ty * {t.tm} + m, rj = col0 + tx * {t.tn} + n;",
-        f"    if (ri < {rows} && rj < {cols}) {out_buf}[{ic}] = {renderer.to_storage(out_dt, v)};",
+        f"    if (ri < {rows} && rj < {cols}) {{",
+        *epilogue,
+        f"      {out_buf}[{ic}] = {renderer.to_storage(out_dt, v)};",
+        "    }",
         "  }",
     ]
     params = [renderer.buffer_param(g.slot, g.dtype, g.written) for g in spec.globals]
     params += [renderer.var_param(n, x.dtype) for n, x in enumerate(spec.vars)]
-    uses_half = any(dt in (dtypes.float16, dtypes.bfloat16) for dt in [out_dt, *casts])
-    prelude = renderer.prelude + VECTOR_PRELUDE + (renderer.half_helpers if uses_half else "")
     body = "\n".join(lines)
+    uses_half = any(f"pg_{h}" in body for h in ("f2h", "h2f", "f2b", "b2f", "rh", "rb"))
+    prelude = renderer.prelude + VECTOR_PRELUDE + (renderer.half_helpers if uses_half else "")
     declaration = renderer.kernel_declaration(t.threads)
     return f"{prelude}\n{declaration} {KERNEL_SYMBOL}({', '.join(params)}) {{\n{body}\n}}\n"

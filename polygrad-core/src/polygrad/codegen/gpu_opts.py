@@ -7,7 +7,8 @@ grid indices and LOCAL/GROUP ranges to block indices. Host devices never reach t
 
 - TC: a matmul-shaped kernel over float16 inputs whose sizes fit the tensor-core tile gets
   Opt(TC, reduce axis, 16); the GPU renderer emits mma.sync for it (see the backend's renderer).
-- TILE: a matmul-shaped kernel over float32 inputs (any sizes, batches, strides) of at least
+- TILE: a matmul-shaped kernel over float32 inputs (any sizes, batches, strides, and an elementwise
+  epilogue such as a bias and an activation: matmul_with_epilogue) of at least
   TILE_MIN_SIDE rows and columns gets Opt(TILE, reduce axis, block rows): the GPU renderer stages
   block tiles of A and B through shared memory (double buffered) and gives each thread a register
   tile. The tile is the largest of MATMUL_TILES whose shared memory fits `caps.shared_memory_bytes`
@@ -29,7 +30,7 @@ from typing import Any
 from polygrad.codegen.analysis import has_accumulating_store, range_size
 from polygrad.codegen.opts import Opt, OptKind, apply_opts
 from polygrad.codegen.passes import simplify_indices
-from polygrad.uop.ops import AxisKind, Ops, UOp
+from polygrad.uop.ops import ALU, AxisKind, Ops, UOp
 from polygrad.uop.symbolic import range_coeff
 
 LOCAL_THREADS = 256
@@ -173,10 +174,10 @@ def tensor_core_opts(ast: UOp, caps: Any) -> list:
 def tile_opts(ast: UOp, caps: Any) -> list:
     """[Opt(TILE, reduce axis, block rows)] for a float32 matmul of at least TILE_MIN_SIDE rows and
     columns whose tile fits the device's shared memory (module docstring); else []."""
-    shape = matmul_ranges(ast, "float", casts=False)
+    shape = matmul_with_epilogue(ast)
     if shape is None or not getattr(caps, "has_local_memory", False):
         return []
-    i, j, k = shape
+    i, j, k, _ = shape
     rows, cols = range_size(i), range_size(j)
     if rows < TILE_MIN_SIDE or cols < TILE_MIN_SIDE:
         return []
@@ -204,9 +205,9 @@ def matmul_shape(ast: UOp) -> tuple[UOp, UOp, UOp] | None:
 
 
 def matmul_ranges(ast: UOp, dtype_name: str, casts: bool = True) -> tuple[UOp, UOp, UOp] | None:
-    """(row range, column range, reduce range) of a kernel C[.., i, j] = sum_k A[.., i, k] * B[.., k, j]
-    over loads of dtype `dtype_name` ("half", "float") with constant sizes and no gates; with `casts`,
-    the loads and their product may be cast on the way to the sum (a float16 product summed in float);
+    """(row range, column range, reduce range) of a kernel that stores C[.., i, j] = sum_k A[.., i, k] *
+    B[.., k, j] (possibly cast) over loads of dtype `dtype_name` ("half", "float"); with `casts`, the
+    loads and their product may be cast on the way to the sum (a float16 product summed in float);
     without, the loads are multiplied and summed as they are. None for anything else."""
     end = _single_store(ast)
     if end is None or end.op is not Ops.END:
@@ -214,6 +215,44 @@ def matmul_ranges(ast: UOp, dtype_name: str, casts: bool = True) -> tuple[UOp, U
     value = end.src[0].src[1]
     while value.op is Ops.CAST:
         value = value.src[0]
+    return _reduce_ranges(end, value, dtype_name, casts)
+
+
+# what may surround a tiled matmul's sum in the stored value (an epilogue: bias, activation, mask, cast),
+# including what lowering decomposes transcendentals into after the opts are chosen (BITCAST, shifts)
+EPILOGUE_OPS = frozenset(ALU | {Ops.CAST, Ops.BITCAST})
+
+
+def matmul_with_epilogue(ast: UOp) -> tuple[UOp, UOp, UOp, UOp] | None:
+    """(row range, column range, reduce range, the REDUCE) of a float32 matmul whose stored value is
+    any elementwise expression (EPILOGUE_OPS over constants, ungated loads and Variables) of one
+    plain sum of products of two float32 loads: relu(x @ w + b), a relu mask on a gradient, a cast."""
+    end = _single_store(ast)
+    if end is None or end.op is not Ops.END:
+        return None
+    reduces, stack, seen = [], [end.src[0].src[1]], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op is Ops.REDUCE:
+            reduces.append(n)
+        elif n.op is Ops.LOAD:
+            if len(n.src[0].src) != 2:
+                return None
+        elif n.op in EPILOGUE_OPS:
+            stack.extend(n.src)
+        elif n.op not in (Ops.CONST, Ops.DEFINE_VAR):
+            return None
+    if len(reduces) != 1:
+        return None
+    shape = _reduce_ranges(end, reduces[0], "float", casts=False)
+    return None if shape is None else (*shape, reduces[0])
+
+
+def _reduce_ranges(end: UOp, value: UOp, dtype_name: str, casts: bool) -> tuple[UOp, UOp, UOp] | None:
+    """(i, j, k) when `value` is a REDUCE ADD over k of A[.., i, k] * B[.., k, j] (see matmul_ranges)."""
     if value.op is not Ops.REDUCE or value.arg is not Ops.ADD or len(value.src) != 2:
         return None
     k = value.src[1]
