@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from polygrad import dtypes
+from polygrad.codegen import gpu_opts
 from polygrad.codegen.gpu_opts import MATMUL_TILES, matmul_with_epilogue
 from polygrad.codegen.lower import lower
 from polygrad.codegen.opts import Opt, OptKind
@@ -131,13 +132,15 @@ def test_big_tile_and_float4_paths():
         assert launch.block == (MATMUL_TILES[128].threads, 1, 1) and "pg_vload<float, 4>" in src
 
 
-def test_heuristic_choice_follows_capabilities():
+def test_heuristic_choice_follows_capabilities(monkeypatch):
     ast = matmul_ast(lambda: (on_interp(randn(100, 37)) @ on_interp(randn(37, 70))).realize())
     spec, src, launch = tiled(ast)
     assert [o.kind for o in spec.opts] == [OptKind.TILE] and launch.grid == (2, 2, 1)
     assert "__shared__ float As[2][16][68]" in src and src.count("__syncthreads();") == 2
     big = matmul_ast(lambda: (on_interp(randn(1024, 8)) @ on_interp(randn(8, 1024))).realize())
-    assert tiled(big)[0].opts[0].amount == 128  # 64 blocks of 128 x 128
+    assert tiled(big)[0].opts[0].amount == 64  # 128 x 128 tiles would leave 64 blocks
+    monkeypatch.setattr(gpu_opts, "TILE_MIN_BLOCKS", 64)
+    assert tiled(big)[0].opts[0].amount == 128
     small_memory = lower(ast, capabilities("sm_90", shared_memory=8 * 1024))
     assert not any(o.kind is OptKind.TILE for o in small_memory.opts)
     matvec = matmul_ast(lambda: (on_interp(randn(1, 64)) @ on_interp(randn(64, 64))).realize())

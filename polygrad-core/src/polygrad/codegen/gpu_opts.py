@@ -41,7 +41,8 @@ GROUP_MAX_OUTPUTS = 2048  # with more outputs the grid alone fills the device
 TILE = 4                  # register tile side (rows and columns per thread) of matmul-like kernels
 TC_TILE = (16, 8, 16)     # mma.sync m16n8k16: rows, columns, reduce of one warp's tile
 TILE_MIN_SIDE = 16        # a thinner matmul (a matrix-vector product) reads better one output per thread
-TILE_MIN_BLOCKS = 64      # a bigger tile only while the grid keeps at least this many blocks
+TILE_MIN_BLOCKS = 256     # a bigger tile only while the grid keeps this many blocks (about two per SM of
+                          # a big GPU; not tuned on a GPU yet)
 
 
 @dataclass(frozen=True)
