@@ -170,3 +170,20 @@ def test_tiled_kernels_compile_with_nvrtc(arch):
         inputs, tensor_fn, _ = EPILOGUES[name]
         sources.append(tiled(matmul_ast(lambda: tensor_fn(*(on_interp(x) for x in inputs)).realize()), 64, arch)[1])
     assert compile_all(sources, arch, compile_fn) >= 1
+
+
+def test_tile_ptx_has_vector_loads_shared_reads_and_fma():
+    """What NVRTC made of the 64 x 64 tile (sm_90 PTX): 16-byte global and shared accesses, one
+    barrier a stage, the k loop unrolled into fused multiply-adds (Capabilities.fma), none split."""
+    from polygrad_backend_cuda import libs
+    from polygrad_backend_cuda.compiler import nvrtc_compile
+    try:
+        libs.nvrtc()
+    except libs.LibraryMissing:
+        pytest.skip("libnvrtc is not installed")
+    a, b = randn(128, 64), randn(64, 128)
+    src = tiled(matmul_ast(lambda: (on_interp(a) @ on_interp(b)).realize()), 64)[1]
+    ptx = nvrtc_compile(src, "sm_90", ptx=True).decode()
+    assert "ld.global.nc.v4.f32" in ptx and "ld.shared.v4.f32" in ptx and "st.shared.v4.f32" in ptx
+    assert ptx.count("bar.sync") == 2
+    assert ptx.count("fma.rn.f32") == 16 * 16 and "mul.rn.f32" not in ptx  # bk x (4 x 4) per thread

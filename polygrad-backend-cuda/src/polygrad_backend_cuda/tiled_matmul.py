@@ -12,8 +12,9 @@ threads per bm x bn tile of C, batch ranges on grid z.
   transposed one; j or k for B) and are one 16-byte vector load when all 4 are in bounds and the
   address is aligned (pg_vload checks at run time); other layouts load element by element.
 - Register tile: each thread keeps tm x tn sums and reads tm values of A and tn of B from shared
-  memory per k; products are summed in k order, one rounding per add (--fmad=false), so every
-  output is the scalar kernel's float sum, bit for bit.
+  memory per k; products are summed in k order with the IR's step (fmaf where lowering contracted
+  the sum, Capabilities.fma; else a multiply and an add, --fmad=false), so every output is the
+  scalar kernel's float sum, bit for bit.
 - Edges: any sizes. Elements past M, N or K load as 0 and outputs past M or N are not stored.
 - Epilogue: what the kernel does to the sum before storing it (a bias, an activation, a mask, a
   cast: gpu_opts.matmul_with_epilogue) is computed per output with the renderer's scalar rules.
@@ -171,6 +172,8 @@ def render_tiled_matmul(spec: Any, renderer: Any) -> str:
     ib = index_expr(load_b.src[0].src[1], names, renderer)
     ic = index_expr(out_index.src[1], names, renderer)
     tx = t.bn // t.tn
+    # the IR's step: a fused multiply-add where lowering contracted the sum (caps.fma), else two roundings
+    step = "fmaf(a[m], b[n], acc[m][n])" if reduce.arg is Ops.FMA else "acc[m][n] + a[m] * b[n]"
     lines = [
         f"  alignas(16) __shared__ float As[2][{t.bk}][{t.bm + t.pad}];",
         f"  alignas(16) __shared__ float Bs[2][{t.bk}][{t.bn + t.pad}];",
@@ -201,7 +204,7 @@ def render_tiled_matmul(spec: Any, renderer: Any) -> str:
         "      #pragma unroll",
         f"      for (int m = 0; m < {t.tm}; m++)",
         "        #pragma unroll",
-        f"        for (int n = 0; n < {t.tn}; n++) acc[m][n] = acc[m][n] + a[m] * b[n];",
+        f"        for (int n = 0; n < {t.tn}; n++) acc[m][n] = {step};",
         "    }",
         "    if (step + 1 < steps) { st_a(s ^ 1); st_b(s ^ 1); }",
         "    __syncthreads();",

@@ -253,8 +253,9 @@ def matmul_with_epilogue(ast: UOp) -> tuple[UOp, UOp, UOp, UOp] | None:
 
 
 def _reduce_ranges(end: UOp, value: UOp, dtype_name: str, casts: bool) -> tuple[UOp, UOp, UOp] | None:
-    """(i, j, k) when `value` is a REDUCE ADD over k of A[.., i, k] * B[.., k, j] (see matmul_ranges)."""
-    if value.op is not Ops.REDUCE or value.arg is not Ops.ADD or len(value.src) != 2:
+    """(i, j, k) when `value` is a REDUCE ADD (or its FMA contraction, caps.fma) over k of A[.., i, k] *
+    B[.., k, j] (see matmul_ranges)."""
+    if value.op is not Ops.REDUCE or value.arg not in (Ops.ADD, Ops.FMA) or len(value.src) != 2:
         return None
     k = value.src[1]
     body = value.src[0]
