@@ -18,7 +18,8 @@ threads per bm x bn tile of C, batch ranges on grid z.
 - Edges: any sizes. Elements past M, N or K load as 0 and outputs past M or N are not stored.
 - Epilogue: what the kernel does to the sum before storing it (a bias, an activation, a mask, a
   cast: gpu_opts.matmul_with_epilogue) is computed per output with the renderer's scalar rules.
-Shared rows are padded by MatmulTile.pad floats (16-byte aligned rows for vector reads).
+Shared rows are padded by MatmulTile.pad floats (16-byte aligned rows for vector reads); a thread's
+register tile is made of runs of 4 rows (columns) spread over the block tile (_owned).
 """
 from __future__ import annotations
 
@@ -116,6 +117,15 @@ def _stage_loads(name: str, load: UOp, outer: UOp, k: UOp, outer_size: str, tile
     return lines
 
 
+def _owned(e: str, thread: str, side: int, per_thread: int) -> str:
+    """The tile row (column) of a thread's e-th register-tile row (column): runs of 4 consecutive
+    ones, the runs side * 4 / per_thread apart, so the 16-byte shared reads of neighbouring threads
+    are neighbours (no bank conflicts for 8 x 8 register tiles, whose rows would be 32 bytes apart)."""
+    if per_thread == 4:
+        return f"{thread} * 4 + {e}"
+    return f"({e} / 4) * {side * 4 // per_thread} + {thread} * 4 + {e} % 4"
+
+
 def epilogue_lines(value: UOp, reduce: UOp, names: dict[UOp, str], renderer: Any, pad: str) -> tuple[list[str], str]:
     """Statements computing the stored value from the sum `acc[m][n]` (the REDUCE), one constant per
     node (sources first, shared nodes once), with the renderer's own scalar rules and half rounding,
@@ -199,8 +209,8 @@ def render_tiled_matmul(spec: Any, renderer: Any) -> str:
         "    #pragma unroll",
         f"    for (int kk = 0; kk < {t.bk}; kk++) {{",
         f"      float a[{t.tm}], b[{t.tn}];",
-        f"      for (int m = 0; m < {t.tm}; m++) a[m] = As[s][kk][ty * {t.tm} + m];",
-        f"      for (int n = 0; n < {t.tn}; n++) b[n] = Bs[s][kk][tx * {t.tn} + n];",
+        f"      for (int m = 0; m < {t.tm}; m++) a[m] = As[s][kk][{_owned('m', 'ty', t.bm, t.tm)}];",
+        f"      for (int n = 0; n < {t.tn}; n++) b[n] = Bs[s][kk][{_owned('n', 'tx', t.bn, t.tn)}];",
         "      #pragma unroll",
         f"      for (int m = 0; m < {t.tm}; m++)",
         "        #pragma unroll",
@@ -215,7 +225,7 @@ def render_tiled_matmul(spec: Any, renderer: Any) -> str:
     epilogue, v = epilogue_lines(value, reduce, names, renderer, "      ")
     lines += [
         f"  for (int m = 0; m < {t.tm}; m++) for (int n = 0; n < {t.tn}; n++) {{",
-        f"    const {idt} ri = row0 + ty * {t.tm} + m, rj = col0 + tx * {t.tn} + n;",
+        f"    const {idt} ri = row0 + {_owned('m', 'ty', t.bm, t.tm)}, rj = col0 + {_owned('n', 'tx', t.bn, t.tn)};",
         f"    if (ri < {rows} && rj < {cols}) {{",
         *epilogue,
         f"      {out_buf}[{ic}] = {renderer.to_storage(out_dt, v)};",
