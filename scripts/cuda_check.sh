@@ -4,7 +4,9 @@
 #   2. the op and nn suites on CUDA (tests/test_tensor_core_*.py, nn, optim, jit, transcendental, linalg:
 #      their CUDA cases; needs torch for references),
 #      or, without torch, tests/test_cuda_compile.py's kernels only compiled
-#   3. tests/test_cuda_gpu.py: values vs NumPy, a training step, the bundle round trip (host -> CUDA)
+#   3. tests/test_cuda_gpu.py: values vs NumPy (the tiled fp32 matmul on 1, 17, 1000, 4097), a training
+#      step, the bundle round trip (host -> CUDA); the tile kernels compiled by this NVRTC and run on
+#      the CPU check (tests/test_cuda_tiled_matmul.py, tests/test_cuda_cpu_check.py: needs clang++)
 #   4. the matmul benchmark (4096 fp32 / fp16 TFLOP/s, beside torch CUDA when it is installed)
 # Usage: bash scripts/cuda_check.sh [LOG]   (LOG defaults to $OUT/cuda_check.log or ./cuda_check.log)
 # No network needed: Python packages missing from the interpreter are unpacked from the wheels in
@@ -94,7 +96,8 @@ else
 fi
 
 step "GPU values, training step, bundle round trip"
-tests 180 -rs tests/test_cuda_gpu.py tests/test_cuda_backend.py || status=1
+tests 240 -rs tests/test_cuda_gpu.py tests/test_cuda_backend.py tests/test_cuda_tiled_matmul.py \
+  tests/test_cuda_cpu_check.py || status=1
 
 step "matmul benchmark"
 timeout 150 $PY benchmarks/bench_cuda_matmul.py 4096 || status=1

@@ -1,7 +1,8 @@
 """CUDA on a real GPU (skipped cleanly where `Device.cuda_available()` is False, as in CI here).
 
 Values against NumPy: elementwise and transcendental kernels, grouped reductions, float4 paths, fp32
-matmuls (register tiles) and fp16 matmuls (tensor cores), copies between devices and ordinals,
+matmuls (shared-memory tiles on odd sizes 1, 17, 1000, 4097; batches, transposes) and fp16 matmuls
+(tensor cores), scatter-add (atomicAdd over the grid), copies between devices and ordinals,
 symbolic sizes; a training step (linear regression by SGD against the NumPy closed loop, an MLP step
 against the same step on the host backend) and the bundle round trip (Model.save on the host ->
 Model.load on CUDA, same outputs). scripts/cuda_check.sh runs this file with the op suite.
@@ -70,6 +71,40 @@ def test_matmul_fp32_and_fp16_tensor_cores():
     np.testing.assert_allclose(th.numpy().astype(np.float32), want, rtol=2e-2, atol=5e-2)
     batched = (Tensor(ah.reshape(2, 128, 256), device="CUDA") @ Tensor(bh, device="CUDA")).numpy()
     np.testing.assert_allclose(batched.astype(np.float32).reshape(256, 128), want, rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 17, 1), (17, 17, 17), (1000, 1000, 1000), (4097, 4097, 4097),
+                                   (1, 4097, 1000), (4097, 33, 17)])
+def test_tiled_fp32_matmul_odd_sizes(m, k, n):
+    """Shared-memory tiles (Opt(TILE)) wherever both sides are 16 or more, against NumPy in float64."""
+    a, b = randn(m, k), randn(k, n)
+    got = (Tensor(a, device="CUDA") @ Tensor(b, device="CUDA")).numpy()
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    err = np.abs(got - want).max() / (np.abs(a).astype(np.float64) @ np.abs(b)).max()
+    assert err < 1e-5, (m, k, n, err)
+
+
+def test_tiled_fp32_matmul_batches_and_transposes():
+    a, b, c = randn(3, 100, 65), randn(65, 70), randn(3, 65, 70)
+    ta, tb, tc = (Tensor(x, device="CUDA") for x in (a, b, c))
+    np.testing.assert_allclose((ta @ tb).numpy(), a @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose((ta @ tc).numpy(), a @ c, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose((tb.T @ ta[1].T).numpy(), b.T @ a[1].T, rtol=1e-4, atol=1e-4)
+
+
+def test_scatter_add_with_atomics():
+    base, src = randn(1000, 64), randn(20000, 64)
+    idx = rng.integers(0, 1000, (20000, 64)).astype(np.int32)
+    got = Tensor(base, device="CUDA").scatter_add(0, Tensor(idx, device="CUDA"), Tensor(src, device="CUDA")).numpy()
+    want = base.astype(np.float64)
+    np.add.at(want, (idx, np.arange(64)[None, :].repeat(20000, 0)), src)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    ints = rng.integers(-100, 100, (20000, 64)).astype(np.int32)
+    got = Tensor(np.zeros((1000, 64), np.int32), device="CUDA").scatter_add(
+        0, Tensor(idx, device="CUDA"), Tensor(ints, device="CUDA")).numpy()
+    want = np.zeros((1000, 64), np.int64)
+    np.add.at(want, (idx, np.arange(64)[None, :].repeat(20000, 0)), ints)
+    np.testing.assert_array_equal(got, want)
 
 
 def test_half_bfloat16_and_ints():

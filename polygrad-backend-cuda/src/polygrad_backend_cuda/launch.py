@@ -2,6 +2,7 @@
 
 Stage: rendering and running (the renderer and the loader both ask). Input: a ProgramSpec. Output:
 a LaunchDims (backend_api, from polygrad.renderer.launch): the tensor-core layout for kernels lowered with Opt(TC),
+the block tiles of kernels lowered with Opt(TILE),
 else core's mapping of GLOBAL ranges to blocks and LOCAL/GROUP ranges to threads.
 """
 from __future__ import annotations
@@ -11,9 +12,12 @@ from typing import Any
 from polygrad.backend_api import LaunchDims, launch_dims
 
 from polygrad_backend_cuda.tensor_core import tensor_core_launch, uses_tensor_cores
+from polygrad_backend_cuda.tiled_matmul import tiled_launch, uses_tiles
 
 
 def launch_of(spec: Any) -> LaunchDims:
     if uses_tensor_cores(spec):
         return tensor_core_launch(spec)
-    return launch_dims(spec)
+    if uses_tiles(spec):
+        return tiled_launch(spec)
+    return launch_dims(spec, atomic_add=True)  # scatter-adds: atomicAdd (CUDARenderer.atomic_store)

@@ -12,8 +12,12 @@ C renderer: Variables are `v<k>`), and its launch (grid and block sizes).
 - float16 / bfloat16: stored as 16-bit words and computed in float, rounded after every operation
   (the same bits as the CPU and INTERP backends); the conversions are the hardware's cvt
   instructions (bfloat16 from sm_80 on).
+- Scatter-adds: an accumulating ADD store into float32/int32 is `atomicAdd` and the kernel spreads
+  over the grid (launch_of, Capabilities.atomic_add); float sums then come in no fixed order.
 - Tensor cores: a kernel lowered with Opt(TC) is rendered by tensor_core.py (mma.sync).
-- No contraction: compiled with --fmad=false, FMA only where the IR says FMA (fmaf).
+- Shared-memory tiles: a float32 matmul lowered with Opt(TILE) is rendered by tiled_matmul.py.
+- No contraction: compiled with --fmad=false, FMA only where the IR says FMA (fmaf; lowering
+  contracts sums of products into FMA because Capabilities.fma is set, as on a CPU with FMA).
 """
 from __future__ import annotations
 
@@ -142,8 +146,11 @@ class CUDARenderer(CStyleRenderer):
 
     def render(self, spec: ProgramSpec) -> str:
         from polygrad_backend_cuda.tensor_core import render_tensor_core, uses_tensor_cores
+        from polygrad_backend_cuda.tiled_matmul import render_tiled_matmul, uses_tiles
         if uses_tensor_cores(spec):
             return render_tensor_core(spec, self)
+        if uses_tiles(spec):
+            return render_tiled_matmul(spec, self)
         src = super().render(spec)
         return src.replace(self.prelude, self.prelude + (VECTOR_PRELUDE if "pg_v<" in src else ""), 1)
 
@@ -169,6 +176,11 @@ class CUDARenderer(CStyleRenderer):
 
     def barrier(self) -> str:
         return "__syncthreads();"
+
+    def atomic_store(self, op: Any, address: str, value: str) -> str:
+        if op is not Ops.ADD:
+            raise NotImplementedError(f"CUDA kernels have no atomic {op.name} store (launch_of keeps it one thread)")
+        return f"atomicAdd({address}, {value});"
 
     # ---- vector lanes: pg_v<T, N> instead of GCC vector types
     def vector_typedef(self, elem: Any, n: int, name: str) -> str:

@@ -69,6 +69,9 @@ class Capabilities:
                                 # contracts each int8 x int8 block sum (renderer/int8_dot.py)
     has_local_memory: bool = False
     shared_memory_bytes: int = 0
+    atomic_add: bool = False    # GPU devices: an accumulating ADD store of float32/int32 is one atomic add, so a
+                                # scatter-add spreads over the launch (LOCAL opts, launch indices) instead of
+                                # running as one thread; float sums then come in no fixed order
     supports_beam: bool = True
     tensor_cores: tuple = ()    # tensor-core instruction families the renderer emits (e.g. "mma_f16")
     arch: str = ""              # the device's architecture name (e.g. "sm_90"), for renderers and caches

@@ -149,6 +149,16 @@ def has_accumulating_store(ast: UOp) -> bool:
     return any(n.op is Ops.STORE and n.arg is not None for n in ast.toposort())
 
 
+ATOMIC_ADD_DTYPES = ("float", "int")  # dtype names an atomic add store takes (float32, int32)
+
+
+def atomic_stores_only(ast: UOp) -> bool:
+    """Every accumulating STORE adds (arg ADD) into float32 or int32: a device with atomic adds may run
+    its points concurrently."""
+    stores = [n for n in ast.toposort() if n.op is Ops.STORE and n.arg is not None]
+    return all(s.arg is Ops.ADD and s.src[0].dtype.name in ATOMIC_ADD_DTYPES for s in stores)
+
+
 def parameters_of(ast: UOp) -> tuple[tuple[GlobalArg, ...], tuple[UOp, ...]]:
     """The kernel's pointer parameters (one GlobalArg per buffer, in slot order) and its Variables (in
     its IR and its buffers' sizes, sorted by name: its int parameters), in one walk."""

@@ -7,21 +7,30 @@ grid indices and LOCAL/GROUP ranges to block indices. Host devices never reach t
 
 - TC: a matmul-shaped kernel over float16 inputs whose sizes fit the tensor-core tile gets
   Opt(TC, reduce axis, 16); the GPU renderer emits mma.sync for it (see the backend's renderer).
+- TILE: a matmul-shaped kernel over float32 inputs (any sizes, batches, strides, and an elementwise
+  epilogue such as a bias and an activation: matmul_with_epilogue) of at least
+  TILE_MIN_SIDE rows and columns gets Opt(TILE, reduce axis, block rows): the GPU renderer stages
+  block tiles of A and B through shared memory (double buffered) and gives each thread a register
+  tile. The tile is the largest of MATMUL_TILES whose shared memory fits `caps.shared_memory_bytes`
+  and whose grid still has TILE_MIN_BLOCKS blocks; none fits: the UPCAST/LOCAL opts below.
 - GROUP: one reduction over a long range with few outputs (a full sum, a row norm): the threads of a
   block share the range (GROUP amount threads) and combine through shared memory.
 - UPCAST: a register tile (4 x 4 outputs per thread) for matmul-like kernels; 4 consecutive outputs
   per thread (float4 loads and stores) for contiguous elementwise kernels.
-- LOCAL: the innermost global ranges are split into blocks of up to LOCAL_THREADS threads.
+- LOCAL: the innermost global ranges are split into blocks of up to LOCAL_THREADS threads. A kernel
+  with an accumulating store gets LOCAL alone (lowering keeps it only where `caps.atomic_add` holds
+  and every such store is an ADD: each point then adds atomically).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
-from polygrad.codegen.analysis import range_size
+from polygrad.codegen.analysis import has_accumulating_store, range_size
 from polygrad.codegen.opts import Opt, OptKind, apply_opts
 from polygrad.codegen.passes import simplify_indices
-from polygrad.uop.ops import AxisKind, Ops, UOp
+from polygrad.uop.ops import ALU, AxisKind, Ops, UOp
 from polygrad.uop.symbolic import range_coeff
 
 LOCAL_THREADS = 256
@@ -31,6 +40,37 @@ GROUP_MIN_REDUCE = 2048   # a shorter reduction runs fast enough in one thread
 GROUP_MAX_OUTPUTS = 2048  # with more outputs the grid alone fills the device
 TILE = 4                  # register tile side (rows and columns per thread) of matmul-like kernels
 TC_TILE = (16, 8, 16)     # mma.sync m16n8k16: rows, columns, reduce of one warp's tile
+TILE_MIN_SIDE = 16        # a thinner matmul (a matrix-vector product) reads better one output per thread
+TILE_MIN_BLOCKS = 256     # a bigger tile only while the grid keeps this many blocks (about two per SM of
+                          # a big GPU; not tuned on a GPU yet)
+
+
+@dataclass(frozen=True)
+class MatmulTile:
+    """A shared-memory matmul tile: each block computes bm x bn outputs, staging bk-deep slices of A
+    (bm x bk) and B (bk x bn) through shared memory in two buffers; each of its
+    (bm / tm) * (bn / tn) threads keeps a tm x tn register tile. Shared rows are padded by `pad`
+    floats (16-byte aligned rows; the transposing stores of A spread over more banks)."""
+
+    bm: int
+    bn: int
+    bk: int
+    tm: int
+    tn: int
+    pad: int = 4
+
+    @property
+    def threads(self) -> int:
+        return (self.bm // self.tm) * (self.bn // self.tn)
+
+    @property
+    def shared_bytes(self) -> int:
+        return 2 * self.bk * ((self.bm + self.pad) + (self.bn + self.pad)) * 4
+
+
+# keyed by block rows (Opt(TILE).amount); every tile has 256 threads and 4 elements of A and of B per
+# thread per stage (one float4 load each where aligned)
+MATMUL_TILES = {64: MatmulTile(64, 64, 16, 4, 4), 128: MatmulTile(128, 128, 8, 8, 8)}
 
 
 def _ranges(ast: UOp) -> dict[int, UOp]:
@@ -60,7 +100,9 @@ def gpu_opts(ast: UOp, caps: Any) -> list:
     end = _single_store(ast)
     if end is None:
         return []
-    tc = tensor_core_opts(ast, caps)
+    if has_accumulating_store(ast):  # a scatter-add (caps.atomic_add): scalar atomic stores, blocks of threads
+        return _local_opts(ast)
+    tc = tensor_core_opts(ast, caps) or tile_opts(ast, caps)
     if tc:
         return tc
     reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE]
@@ -130,29 +172,102 @@ def tensor_core_opts(ast: UOp, caps: Any) -> list:
     return [Opt(OptKind.TC, k.arg[0], TC_TILE[2])]
 
 
+def tile_opts(ast: UOp, caps: Any) -> list:
+    """[Opt(TILE, reduce axis, block rows)] for a float32 matmul of at least TILE_MIN_SIDE rows and
+    columns whose tile fits the device's shared memory (module docstring); else []."""
+    shape = matmul_with_epilogue(ast)
+    if shape is None or not getattr(caps, "has_local_memory", False):
+        return []
+    i, j, k, _ = shape
+    rows, cols = range_size(i), range_size(j)
+    if rows < TILE_MIN_SIDE or cols < TILE_MIN_SIDE:
+        return []
+    memory = int(getattr(caps, "shared_memory_bytes", 0) or 0)
+    fits = [t for t in MATMUL_TILES.values() if t.shared_bytes <= memory]
+    if not fits:
+        return []
+    blocks = lambda t: -(-rows // t.bm) * -(-cols // t.bn)  # noqa: E731
+    big = [t for t in fits if blocks(t) >= TILE_MIN_BLOCKS]
+    tile = max(big, key=lambda t: t.bm) if big else min(fits, key=lambda t: t.bm)
+    return [Opt(OptKind.TILE, k.arg[0], tile.bm)]
+
+
 def matmul_shape(ast: UOp) -> tuple[UOp, UOp, UOp] | None:
-    """(row range, column range, reduce range) of a kernel C[.., i, j] = sum_k A[.., i, k] * B[.., k, j]
-    over float16 A and B (the products possibly cast to float before the sum), with sizes dividing the
-    tensor-core tile; None for anything else."""
+    """(row range, column range, reduce range) of a float16 matmul (matmul_ranges) with sizes dividing
+    the tensor-core tile; None for anything else."""
+    shape = matmul_ranges(ast, "half")
+    if shape is None:
+        return None
+    i, j, k = shape
+    m, n, kk = TC_TILE
+    if range_size(i) % m or range_size(j) % n or range_size(k) % kk:
+        return None
+    return shape
+
+
+def matmul_ranges(ast: UOp, dtype_name: str, casts: bool = True) -> tuple[UOp, UOp, UOp] | None:
+    """(row range, column range, reduce range) of a kernel that stores C[.., i, j] = sum_k A[.., i, k] *
+    B[.., k, j] (possibly cast) over loads of dtype `dtype_name` ("half", "float"); with `casts`, the
+    loads and their product may be cast on the way to the sum (a float16 product summed in float);
+    without, the loads are multiplied and summed as they are. None for anything else."""
     end = _single_store(ast)
     if end is None or end.op is not Ops.END:
         return None
     value = end.src[0].src[1]
     while value.op is Ops.CAST:
         value = value.src[0]
-    if value.op is not Ops.REDUCE or value.arg is not Ops.ADD or len(value.src) != 2:
+    return _reduce_ranges(end, value, dtype_name, casts)
+
+
+# what may surround a tiled matmul's sum in the stored value (an epilogue: bias, activation, mask, cast),
+# including what lowering decomposes transcendentals into after the opts are chosen (BITCAST, shifts)
+EPILOGUE_OPS = frozenset(ALU | {Ops.CAST, Ops.BITCAST})
+
+
+def matmul_with_epilogue(ast: UOp) -> tuple[UOp, UOp, UOp, UOp] | None:
+    """(row range, column range, reduce range, the REDUCE) of a float32 matmul whose stored value is
+    any elementwise expression (EPILOGUE_OPS over constants, ungated loads and Variables) of one
+    plain sum of products of two float32 loads: relu(x @ w + b), a relu mask on a gradient, a cast."""
+    end = _single_store(ast)
+    if end is None or end.op is not Ops.END:
+        return None
+    reduces, stack, seen = [], [end.src[0].src[1]], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op is Ops.REDUCE:
+            reduces.append(n)
+        elif n.op is Ops.LOAD:
+            if len(n.src[0].src) != 2:
+                return None
+        elif n.op in EPILOGUE_OPS:
+            stack.extend(n.src)
+        elif n.op not in (Ops.CONST, Ops.DEFINE_VAR):
+            return None
+    if len(reduces) != 1:
+        return None
+    shape = _reduce_ranges(end, reduces[0], "float", casts=False)
+    return None if shape is None else (*shape, reduces[0])
+
+
+def _reduce_ranges(end: UOp, value: UOp, dtype_name: str, casts: bool) -> tuple[UOp, UOp, UOp] | None:
+    """(i, j, k) when `value` is a REDUCE ADD (or its FMA contraction, caps.fma) over k of A[.., i, k] *
+    B[.., k, j] (see matmul_ranges)."""
+    if value.op is not Ops.REDUCE or value.arg not in (Ops.ADD, Ops.FMA) or len(value.src) != 2:
         return None
     k = value.src[1]
     body = value.src[0]
-    while body.op is Ops.CAST:
+    while body.op is Ops.CAST and casts:
         body = body.src[0]
     if body.op is not Ops.MUL:
         return None
     operands = []
     for x in body.src:
-        while x.op is Ops.CAST:
+        while x.op is Ops.CAST and casts:
             x = x.src[0]
-        if x.op is not Ops.LOAD or x.dtype.name != "half" or len(x.src[0].src) != 2:
+        if x.op is not Ops.LOAD or x.dtype.name != dtype_name or len(x.src[0].src) != 2:
             return None
         operands.append(x.src[0].src[1])
     glob = [r for r in end.src[1:] if r.arg[1] == AxisKind.GLOBAL]
@@ -163,8 +278,5 @@ def matmul_shape(ast: UOp) -> tuple[UOp, UOp, UOp] | None:
     if range_coeff(ia, j) != 0:
         ia, ib = ib, ia
     if range_coeff(ia, j) != 0 or range_coeff(ib, i) != 0 or range_coeff(ia, k) is None or range_coeff(ib, k) is None:
-        return None
-    m, n, kk = TC_TILE
-    if range_size(i) % m or range_size(j) % n or range_size(k) % kk:
         return None
     return i, j, k

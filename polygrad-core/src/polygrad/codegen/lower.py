@@ -28,7 +28,7 @@ The ProgramSpec then goes to the linearizer (renderer/linearize.py) and the devi
 from __future__ import annotations
 
 from polygrad import config
-from polygrad.codegen.analysis import estimate, has_accumulating_store, parameters_of
+from polygrad.codegen.analysis import atomic_stores_only, estimate, has_accumulating_store, parameters_of
 from polygrad.codegen.gpu_opts import gpu_opts
 from polygrad.codegen.host_opts import host_opts
 from polygrad.codegen.opts import Opt, OptKind, threads_of
@@ -46,8 +46,8 @@ def lower(ast: UOp, caps: Capabilities | None = None, opts: list[Opt] | None = N
     ast = kernel_for_opts(ast)
     if opts is None:
         opts = [] if config.get("NOOPT") else default_opts(ast, caps)
-    if opts and has_accumulating_store(ast):
-        opts = []
+    if opts and has_accumulating_store(ast) and not (getattr(caps, "atomic_add", False) and atomic_stores_only(ast)):
+        opts = []  # points that fold into one element run in order (one thread)
     split = split_kernel(ast, opts)
     # counted before decomposition: a transcendental counts as one operation, as users expect; the points
     # a PADTO adds do nothing, so a padded kernel is counted unpadded

@@ -28,9 +28,12 @@ none of them. The optimisations (`OptKind`) and what they make of a range (`Axis
                 elementwise kernel of a size the vector width does not divide still gets lanes
   TC            a matmul on tensor cores (amount: the reduce tile); ranges are left as they are and
                 the GPU renderer emits the tile instructions (gpu_opts.py decides when)
+  TILE          a float32 matmul staged through shared memory (amount: the block tile's rows, a key of
+                gpu_opts.MATMUL_TILES); a marker like TC: the ranges stay, the GPU renderer emits the
+                tiled kernel
 The capabilities decide which a device gets: no vector lanes (vector_width <= 1) means no
 UPCAST/SPLIT_REDUCE, one thread means no THREAD, PADTO only where `masked_lanes` says lanes can be gated
-cheaply, LOCAL/GROUP/TC only for devices with local memory. A range whose end is symbolic (a Variable's
+cheaply, LOCAL/GROUP/TC/TILE only for devices with local memory. A range whose end is symbolic (a Variable's
 expression) is split by UPCAST alone (a register tile's rows over a Variable batch): its last tile is
 padded, with loads clamped to the last real point and stores gated (`_split_symbolic`).
 """
@@ -57,6 +60,7 @@ class OptKind(str, Enum):
     LOCAL = "LOCAL"
     GROUP = "GROUP"
     TC = "TC"
+    TILE = "TILE"
     PADTO = "PADTO"
 
     def __repr__(self) -> str:
@@ -85,7 +89,7 @@ SPLIT_KINDS = {OptKind.UPCAST: AxisKind.UPCAST, OptKind.SPLIT_REDUCE: AxisKind.U
 OPT_TARGET = {OptKind.UPCAST: AxisKind.GLOBAL, OptKind.SPLIT_REDUCE: AxisKind.REDUCE, OptKind.UNROLL: AxisKind.REDUCE,
               OptKind.THREAD: AxisKind.GLOBAL, OptKind.LOCAL: AxisKind.GLOBAL, OptKind.GROUP: AxisKind.REDUCE,
               OptKind.OUTER: AxisKind.GLOBAL, OptKind.STAGE: AxisKind.GLOBAL, OptKind.TC: AxisKind.REDUCE,
-              OptKind.PADTO: AxisKind.GLOBAL}
+              OptKind.TILE: AxisKind.REDUCE, OptKind.PADTO: AxisKind.GLOBAL}
 
 
 def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
@@ -104,7 +108,7 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
             elif opt.kind is OptKind.SPLIT_REDUCE and opt.amount >= 2:
                 ast = _split_symbolic_reduce(ast, r, opt.amount, max(ranges) + 1)
             continue
-        if opt.kind is OptKind.TC:  # a marker for the renderer: the ranges stay
+        if opt.kind in (OptKind.TC, OptKind.TILE):  # a marker for the renderer: the ranges stay
             continue
         if opt.kind is OptKind.THREAD:
             if r is not thread_axis(ast, opt.amount) or opt.amount < 2:

@@ -647,7 +647,14 @@ class CStyleRenderer:
             self._lines.extend(self.vstore(x, self.name_of, self.pad))
             return
         buf, idx, value = x.src
+        if isinstance(x.arg, tuple) and x.arg[0] == "atomic":
+            self.emit(self.atomic_store(x.arg[1], f"{self.name_of(buf)} + {self.name_of(idx)}", self.name_of(value)))
+            return
         self.emit(f"{self.name_of(buf)}[{self.name_of(idx)}] = {self.to_storage(buf.dtype, self.name_of(value))};")
+
+    def atomic_store(self, op: Ops, address: str, value: str) -> str:
+        """The statement folding `value` into *address atomically (a GPU scatter-add); C has none."""
+        raise NotImplementedError(f"{type(self).__name__} has no atomic {op.name} store")
 
     def alu_stmt(self, x: Inst, i: int) -> None:
         dt = x.dtype

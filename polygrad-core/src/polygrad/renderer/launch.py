@@ -16,7 +16,9 @@ the launch and, per mapped range, its launch index.
   exists (the shared-memory combine keeps one value per thread); otherwise it stays a loop.
 - A kernel of several blocks runs as one thread: blocks must run in order, which a launch grid does
   not give. So does a kernel with an accumulating STORE (a scatter: several points may fold into one
-  element, and the load-fold-store sequence is not atomic). A single STORE without ranges (a full
+  element, and the load-fold-store sequence is not atomic), unless the emitter adds atomically
+  (`launch_dims(spec, atomic_add=True)`, CUDA) and every such store is an ADD into float32/int32:
+  the linearizer then emits it as one atomic STORE. A single STORE without ranges (a full
   reduction) can still have a GROUP block.
 
 Every mapped size divides exactly (the opts only split ranges by divisors), so no thread is idle and
@@ -28,6 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from polygrad.codegen.analysis import atomic_stores_only
 from polygrad.uop.ops import AxisKind, Ops, UOp
 from polygrad.uop.symbolic import range_coeff
 
@@ -96,14 +99,16 @@ def _map(ranges: list[UOp], limits: tuple[int, int, int], kind: str,
     return sizes, axes
 
 
-def launch_dims(spec: Any) -> LaunchDims:
-    """The launch of a lowered kernel on a GPU-style device (see the module docstring)."""
+def launch_dims(spec: Any, atomic_add: bool = False) -> LaunchDims:
+    """The launch of a lowered kernel on a GPU-style device (see the module docstring); with
+    `atomic_add` (the emitter renders an accumulating ADD store as an atomic add), a scatter-add into
+    float32 or int32 is mapped like any other kernel."""
     ast = spec.ast
     if len(ast.src) != 1 or ast.src[0].op not in (Ops.END, Ops.STORE):
         return LaunchDims()
     block_node = ast.src[0]
     store = block_node.src[0] if block_node.op is Ops.END else block_node
-    if store.op is Ops.STORE and store.arg is not None:
+    if store.op is Ops.STORE and store.arg is not None and not (atomic_add and atomic_stores_only(ast)):
         return LaunchDims()
     index = store.src[0].src[1] if store.op is Ops.STORE else None
     ranges = list(block_node.src[1:]) if block_node.op is Ops.END else []

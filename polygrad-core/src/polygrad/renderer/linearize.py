@@ -84,7 +84,9 @@ the rest stays scalar and is broadcast where it meets a vector:
                             last lane wins where two write one element); a gate with lanes is a 4th
                             src (per-lane mask, no IF); a scalar gate still opens an IF block
                             (an accumulating kernel-IR STORE, arg ADD/MUL/MAX, is always scalar:
-                            LOAD, the ALU op, STORE, inside the gate's IF)
+                            LOAD, the ALU op, STORE, inside the gate's IF; where the launch maps
+                            ranges (a GPU scatter-add, renderer/launch.py) one STORE of arg
+                            ("atomic", op) with the value to fold in)
     ALU, lanes n            lane-wise; every operand has n lanes (WHERE's condition too); bool lanes
                             are a mask the emitter chooses (the C renderer: int32 0 / -1)
     ACC, lanes n            arg (op, k): an array of k vectors (k = the other, looped upcast lanes), or one
@@ -765,8 +767,11 @@ class _Linearizer:
                 raise NoVector("an accumulating store in lanes")
             self.scopes.append({})
             gate_if = self.add(L.IF, None, (gate,)) if gate is not None else None
-            old = self.add(L.LOAD, index.dtype, (buf, idx))
-            self.add(L.STORE, None, (buf, idx, self.alu(index.dtype, (old, v), st.arg)))
+            if self.launch is not None and self.launch.axes:  # points run concurrently: one atomic fold
+                self.add(L.STORE, None, (buf, idx, v), ("atomic", st.arg))
+            else:
+                old = self.add(L.LOAD, index.dtype, (buf, idx))
+                self.add(L.STORE, None, (buf, idx, self.alu(index.dtype, (old, v), st.arg)))
             if gate_if is not None:
                 self.add(L.ENDIF, None, (gate_if,))
             self.scopes.pop()

@@ -1,0 +1,291 @@
+"""Run a rendered CUDA kernel on the CPU (a check for tests, not a backend: no GPU needed).
+
+Stage: testing. Input: a ProgramSpec lowered for CUDA, its CUDA C from CUDARenderer, its LaunchDims,
+and NumPy arrays for its buffers (slot order). Output: the arrays the kernel writes, written in place.
+
+The CUDA C is compiled as C++ by clang++ with a shim (SHIM below) in front of it:
+- `threadIdx` and `blockIdx` are thread-local values, `blockDim` and `gridDim` globals;
+- blocks run one after another; a kernel with `__syncthreads()`, atomics or mma.sync runs each
+  thread of a block as its own OS thread and the barrier is a real one across them (a thread that
+  never arrives, one that returned early say, is a CheckError after BARRIER_TIMEOUT_S, not a hang);
+  other kernels run their threads in a loop;
+- `__shared__` arrays are `static`: one copy, shared by the threads of the block that is running;
+- the vector type pg_v<T, N> is the renderer's own (plain C++); float16 and bfloat16 conversions are
+  integer C++ with the cvt instructions' rounding (to nearest even) instead of the prelude's PTX asm;
+- atomicAdd / atomicMax on float and int words are compare-and-swap loops on the host's atomics;
+- -ffp-contract=off as NVRTC's --fmad=false: a*b+c is never fused, so float results are the GPU's
+  wherever the kernel's order of operations decides them (math functions are the host's libm, not
+  CUDA's: transcendentals may differ in the last bits).
+
+What it checks: the launch mapping (grid and block sizes against the indices the kernel reads), index
+arithmetic and edge guards, what shared memory holds between barriers (a missing barrier between a
+write and another thread's read gives wrong values when the threads interleave, though not always),
+the order of accumulation, vector loads and stores, half/bfloat16 rounding, the register packing of
+tensor-core kernels: `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (tensor_core.py's one asm
+statement) becomes a call that gathers the warp's fragments as the PTX ISA lays them out (MMA_CPP;
+products exact, summed in float32 in k order).
+What it cannot check: anything else about warps (no warp-synchronous execution or shuffles; no
+timing, coalescing, bank conflicts or occupancy), other inline PTX (refused with a CheckError),
+device limits (registers, the real shared-memory size: the caller checks the bytes against
+Capabilities), races that only show under a GPU's scheduling, and NVRTC's own acceptance of the
+source (tests/test_cuda_compile.py compiles every kernel with NVRTC for that).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from polygrad_backend_cuda import renderer as r
+
+BARRIER_TIMEOUT_S = 20
+
+SHIM = r"""#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+struct pg_dim3 { unsigned int x, y, z; };
+static thread_local pg_dim3 threadIdx, blockIdx;
+static pg_dim3 blockDim, gridDim;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+#define __restrict__ __restrict
+struct pg_barrier_timeout {};
+static struct {
+  pthread_mutex_t m; pthread_cond_t cv; unsigned count, expected, generation;
+} pg_barrier = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 1, 0};
+static inline void __syncthreads() {
+  pthread_mutex_lock(&pg_barrier.m);
+  const unsigned gen = pg_barrier.generation;
+  if (++pg_barrier.count == pg_barrier.expected) {
+    pg_barrier.count = 0;
+    pg_barrier.generation++;
+    pthread_cond_broadcast(&pg_barrier.cv);
+    pthread_mutex_unlock(&pg_barrier.m);
+    return;
+  }
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += PG_TIMEOUT_S;
+  while (pg_barrier.generation == gen) {
+    if (pthread_cond_timedwait(&pg_barrier.cv, &pg_barrier.m, &deadline) == ETIMEDOUT && pg_barrier.generation == gen) {
+      pthread_mutex_unlock(&pg_barrier.m);
+      throw pg_barrier_timeout();
+    }
+  }
+  pthread_mutex_unlock(&pg_barrier.m);
+}
+static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
+static inline float __uint_as_float(unsigned int x) { float f; memcpy(&f, &x, 4); return f; }
+static inline unsigned int __float_as_uint(float x) { unsigned int u; memcpy(&u, &x, 4); return u; }
+static inline int __float_as_int(float x) { int u; memcpy(&u, &x, 4); return u; }
+template <class T> static inline T atomicAdd(T* p, T v) {
+  T old, sum;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  do { sum = old + v; } while (!__atomic_compare_exchange(p, &old, &sum, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED));
+  return old;
+}
+template <class T> static inline T atomicMax(T* p, T v) {
+  T old;
+  __atomic_load(p, &old, __ATOMIC_RELAXED);
+  while (!(old >= v) && !__atomic_compare_exchange(p, &old, &v, false, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {}
+  return old;
+}
+"""
+HALF_CPP = r"""__device__ __forceinline__ float pg_h2f(unsigned short h) {
+  unsigned int sign = ((unsigned int)h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) return __uint_as_float(sign) + (sign ? -1.0f : 1.0f) * (float)m * 5.9604644775390625e-8f;
+  if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+  return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+__device__ __forceinline__ unsigned short pg_f2h(float x) {
+  unsigned int u = __float_as_uint(x), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7fffu;
+  if (a >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);
+  if (a < 0x38800000u) return (unsigned short)(sign | (unsigned int)nearbyintf(__uint_as_float(a) * 16777216.0f));
+  unsigned int b = a - 0x38000000u;
+  return (unsigned short)(sign | ((b + 0xfffu + ((b >> 13) & 1u)) >> 13));
+}
+__device__ __forceinline__ float pg_b2f(unsigned short h) { return __uint_as_float(((unsigned int)h) << 16); }
+__device__ __forceinline__ float pg_rh(float x) { return pg_h2f(pg_f2h(x)); }
+__device__ __forceinline__ float pg_rb(float x) { return pg_b2f(pg_f2b(x)); }
+"""
+BF16_CPP = r"""__device__ __forceinline__ unsigned short pg_f2b(float x) {
+  unsigned int u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fffu;
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+"""
+# mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 for a whole warp, from the fragment layouts of the PTX
+# ISA (warp-level matrix fragments for .f16 mma.m16n8k16): lane = 4 * group + t (group = lane >> 2, t = lane & 3);
+# A (16 x 16, row major) in a0..a3: rows group (a0, a2) and group + 8 (a1, a3), columns 2t, 2t + 1, plus 8 for
+# a2, a3 (low half first); B (16 x 8, column major) in b0, b1: rows 2t, 2t + 1 (b1: plus 8), column group;
+# C and D (16 x 8 float) in c0..c3: row group (c0, c1) or group + 8 (c2, c3), columns 2t, 2t + 1. Every lane
+# publishes its registers, all wait, each computes its four outputs, all wait again: the barrier is the
+# block's, so the CPU check runs a tensor-core kernel only if all its threads issue the same mma sequence.
+MMA_CPP = r"""
+static struct { unsigned int a[1024][4], b[1024][2]; } pg_mma_regs;
+static inline float pg_mma_half(unsigned int word, int high) {
+  return pg_h2f((unsigned short)(high ? word >> 16 : word & 0xffffu));
+}
+static inline void pg_mma_m16n8k16(float& c0, float& c1, float& c2, float& c3, unsigned int a0, unsigned int a1,
+                                   unsigned int a2, unsigned int a3, unsigned int b0, unsigned int b1) {
+  const unsigned tid = threadIdx.x, warp0 = tid & ~31u, lane = tid & 31u;
+  const unsigned int mine_a[4] = {a0, a1, a2, a3};
+  for (int r = 0; r < 4; r++) pg_mma_regs.a[tid][r] = mine_a[r];
+  pg_mma_regs.b[tid][0] = b0;
+  pg_mma_regs.b[tid][1] = b1;
+  __syncthreads();
+  float* out[4] = {&c0, &c1, &c2, &c3};
+  float result[4];
+  for (int e = 0; e < 4; e++) {
+    const unsigned row = (lane >> 2) + (e >= 2 ? 8 : 0), col = (lane & 3) * 2 + (e & 1);
+    float sum = *out[e];
+    for (unsigned k = 0; k < 16; k++) {
+      const unsigned a_lane = warp0 + (row & 7) * 4 + (k & 7) / 2, a_reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+      const unsigned b_lane = warp0 + col * 4 + (k & 7) / 2, b_reg = k >= 8 ? 1 : 0;
+      sum += pg_mma_half(pg_mma_regs.a[a_lane][a_reg], k & 1) * pg_mma_half(pg_mma_regs.b[b_lane][b_reg], k & 1);
+    }
+    result[e] = sum;
+  }
+  __syncthreads();
+  for (int e = 0; e < 4; e++) *out[e] = result[e];
+}
+"""
+_MMA_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32 .*?\);', re.S)
+
+
+def _mma_call(m: re.Match) -> str:
+    """The emulated mma for one asm statement: its "+f" accumulators, then its "r" fragment registers."""
+    acc = re.findall(r'"\+f"\(([^)]*)\)', m.group(0))
+    regs = re.findall(r'"r"\(([^)]*)\)', m.group(0))
+    return f"pg_mma_m16n8k16({', '.join(acc + regs)});"
+
+
+LAUNCHER = r"""
+struct pg_task { unsigned bx, by, bz, t; void** bufs; const long long* vars; const unsigned int* dims; int* failed; };
+static void pg_thread(pg_task* k) {
+  void** bufs = k->bufs;
+  const long long* vars = k->vars;
+  blockIdx = {k->bx, k->by, k->bz};
+  threadIdx = {k->t % k->dims[3], k->t / k->dims[3] % k->dims[4], k->t / (k->dims[3] * k->dims[4])};
+  try { PG_CALL; } catch (pg_barrier_timeout&) { __atomic_store_n(k->failed, 1, __ATOMIC_SEQ_CST); }
+}
+static void* pg_thread_main(void* k) { pg_thread((pg_task*)k); return 0; }
+extern "C" int pg_launch(void** bufs, const long long* vars, const unsigned int* dims) {
+  gridDim = {dims[0], dims[1], dims[2]};
+  blockDim = {dims[3], dims[4], dims[5]};
+  const unsigned threads = dims[3] * dims[4] * dims[5];
+  int failed = 0;
+  pg_task* tasks = (pg_task*)calloc(threads, sizeof(pg_task));
+  pthread_t* pool = (pthread_t*)calloc(threads, sizeof(pthread_t));
+  for (unsigned bz = 0; bz < dims[2] && !failed; bz++) for (unsigned by = 0; by < dims[1] && !failed; by++)
+    for (unsigned bx = 0; bx < dims[0] && !failed; bx++) {
+      for (unsigned t = 0; t < threads; t++) tasks[t] = {bx, by, bz, t, bufs, vars, dims, &failed};
+      if (!PG_BARRIERS) {
+        for (unsigned t = 0; t < threads; t++) pg_thread(&tasks[t]);
+        continue;
+      }
+      pg_barrier.count = 0;
+      pg_barrier.expected = threads;
+      for (unsigned t = 0; t < threads; t++)
+        if (pthread_create(&pool[t], 0, pg_thread_main, &tasks[t]) != 0) { failed = 2; pool[t] = 0; }
+      for (unsigned t = 0; t < threads; t++) if (pool[t]) pthread_join(pool[t], 0);
+    }
+  free(tasks);
+  free(pool);
+  return failed;
+}
+"""
+
+
+class CheckError(Exception):
+    """A kernel the CPU check cannot run (inline PTX), cannot compile, or that hung at a barrier."""
+
+
+def cpu_source(spec: Any, source: str) -> str:
+    """The CUDA C of `source` as host C++: the shim, the prelude's asm replaced, and pg_launch."""
+    for block in (r.HALF_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT):
+        source = source.replace(block, "")
+    source = _MMA_ASM.sub(_mma_call, source)
+    if "asm" in source:
+        raise CheckError(f"kernel {spec.name} has inline PTX other than mma.sync m16n8k16 f16: the CPU check "
+                         "cannot run it")
+    cpp = r.CUDARenderer("sm_90")
+    args = []
+    for k, g in enumerate(spec.globals):
+        const = "" if g.written else "const "
+        args.append(f"({const}{cpp.storage_ctype(g.dtype)}*)bufs[{k}]")
+    args += [f"({cpp.ctype(v.dtype)})vars[{k}]" for k, v in enumerate(spec.vars)]
+    call = f"pg_kernel({', '.join(args)})"
+    # barriers (and the mma emulation's) need one OS thread per CUDA thread; atomics then race for real
+    threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma_m16n8k16"))
+    launcher = LAUNCHER.replace("PG_CALL", call).replace("PG_BARRIERS", "1" if threaded else "0")
+    shim = SHIM.replace("PG_TIMEOUT_S", str(BARRIER_TIMEOUT_S))
+    return "\n".join([shim, BF16_CPP, HALF_CPP, MMA_CPP, source, launcher])
+
+
+_LIBS: dict[str, Any] = {}
+
+
+def compile_cpu(spec: Any, source: str) -> Any:
+    """clang++ the kernel (cached by source in a temp folder); the ctypes library with pg_launch."""
+    cxx = shutil.which("clang++") or shutil.which("g++")
+    if cxx is None:
+        raise CheckError("the CPU check needs clang++ or g++ on PATH")
+    text = cpu_source(spec, source)
+    key = hashlib.sha256(text.encode()).hexdigest()[:24]
+    if key in _LIBS:
+        return _LIBS[key]
+    folder = os.path.join(tempfile.gettempdir(), f"polygrad-cuda-cpu-{os.getuid()}")
+    os.makedirs(folder, exist_ok=True)
+    lib_path = os.path.join(folder, f"{key}.so")
+    if not os.path.exists(lib_path):
+        src_path = os.path.join(folder, f"{key}.cpp")
+        with open(src_path, "w") as f:
+            f.write(text)
+        tmp = f"{lib_path}.{os.getpid()}"
+        cmd = [cxx, "-std=c++14", "-O1", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", "-pthread",
+               "-w", src_path, "-o", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise CheckError(f"kernel {spec.name} does not compile as C++ ({src_path}):\n{proc.stderr[:3000]}")
+        os.replace(tmp, lib_path)
+    lib = ctypes.CDLL(lib_path)
+    lib.pg_launch.restype = ctypes.c_int
+    _LIBS[key] = lib
+    return lib
+
+
+def run_on_cpu(spec: Any, source: str, launch: Any, buffers: list[np.ndarray], var_vals: tuple[int, ...] = ()) -> None:
+    """Launch the kernel over launch.grid x launch.block on the CPU; buffers (C-contiguous, slot order,
+    float16 / bfloat16 as their 16-bit words) are read and written in place."""
+    if len(buffers) != len(spec.globals):
+        raise CheckError(f"kernel {spec.name} takes {len(spec.globals)} buffers, got {len(buffers)}")
+    for g, b in zip(spec.globals, buffers):
+        if not b.flags.c_contiguous or b.size < spec.eval_int(g.size, var_vals):
+            raise CheckError(f"buffer {g.slot} of {spec.name}: pass a C-contiguous array of at least "
+                             f"{spec.eval_int(g.size, var_vals)} elements")
+    lib = compile_cpu(spec, source)
+    ptrs = (ctypes.c_void_p * max(1, len(buffers)))(*[b.ctypes.data for b in buffers])
+    vars_ = (ctypes.c_longlong * max(1, len(var_vals)))(*var_vals)
+    dims = (ctypes.c_uint * 6)(*launch.grid, *launch.block)
+    status = lib.pg_launch(ptrs, vars_, dims)
+    if status == 2:
+        raise CheckError(f"kernel {spec.name}: could not start {launch.threads} threads for a block (ulimit -u?)")
+    if status != 0:
+        raise CheckError(f"kernel {spec.name}: a block's threads did not all reach __syncthreads() within "
+                         f"{BARRIER_TIMEOUT_S} s (a thread returned early, or a barrier is under a condition)")
