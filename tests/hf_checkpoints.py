@@ -1,9 +1,11 @@
 """Tiny Hugging Face checkpoints for the polygrad-hf tests, made with transformers (no hub access).
 
 `make(kind, folder)` builds a randomly initialised GPT2LMHeadModel / LlamaForCausalLM /
-Qwen2ForCausalLM with a few layers and tiny widths and saves it with save_pretrained (config.json +
-model.safetensors, or shards). `write_gguf` writes the same weights as llama.cpp's converter lays them
-out, through the gguf package's own name map and writer (names, q/k row order, GPT-2 transposes).
+Qwen2ForCausalLM (CONFIGS) or Phi3ForCausalLM / GemmaForCausalLM / Gemma2ForCausalLM (FAMILY_CONFIGS)
+with a few layers and tiny widths and saves it with save_pretrained (config.json + model.safetensors,
+or shards). `write_gguf` writes the same weights as llama.cpp's converter lays them out, through the
+gguf package's own name map and writer (names, q/k row order, GPT-2 transposes, Gemma's 1 + norm
+weights, Phi-3's LongRoPE factor tensors).
 """
 from __future__ import annotations
 
@@ -27,14 +29,40 @@ CONFIGS = {
 }
 
 
+# the families past Llama; kept out of CONFIGS, which other test files build every entry of
+_LONG = [1.0, 1.5, 2.0, 3.0]  # LongRoPE factors, head_dim / 2 of them
+FAMILY_CONFIGS = {
+    # fused qkv_proj / gate_up_proj, GQA, a sliding window on every layer shorter than the tests' sequences
+    "phi3": dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=64,
+                 sliding_window=6, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    # LongRoPE: short factors up to 16 positions, long ones past them, cos/sin scaled by the attention factor
+    "phi3_longrope": dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                          original_max_position_embeddings=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                           "short_factor": [1.0, 1.1, 1.3, 1.2], "long_factor": _LONG}),
+    # head_dim 16, not hidden / heads = 8; tied head; GeGLU
+    "gemma": dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=1, head_dim=16, max_position_embeddings=64),
+    # soft-capping small enough to bend the values; query_pre_attn_scalar not head_dim; layer 0 windowed
+    "gemma2": dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, max_position_embeddings=64, query_pre_attn_scalar=24,
+                   attn_logit_softcapping=2.0, final_logit_softcapping=3.0, sliding_window=4,
+                   attn_implementation="eager"),
+}
+
+
 def hf_model(kind: str, seed: int = 0, **overrides):
     import torch
     import transformers as tf
     torch.manual_seed(seed)
     family = kind.split("_")[0]
     cls, cfg = {"gpt2": (tf.GPT2LMHeadModel, tf.GPT2Config), "llama": (tf.LlamaForCausalLM, tf.LlamaConfig),
-                "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config)}[family]
-    model = cls(cfg(**{**CONFIGS[kind], **overrides})).eval()
+                "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config), "phi3": (tf.Phi3ForCausalLM, tf.Phi3Config),
+                "gemma": (tf.GemmaForCausalLM, tf.GemmaConfig),
+                "gemma2": (tf.Gemma2ForCausalLM, tf.Gemma2Config)}[family]
+    model = cls(cfg(**{**{**CONFIGS, **FAMILY_CONFIGS}[kind], **overrides})).eval()
     with torch.no_grad():  # random init is small; widen it so the logits spread and greedy choices are clear
         for p in model.parameters():
             if p.ndim >= 1:
