@@ -107,7 +107,8 @@ def write_gguf(model, path, qtype: str | dict[str, str] = "F32") -> dict[str, np
     import gguf
     cfg = model.config
     family = cfg.model_type
-    arch = {"gpt2": gguf.MODEL_ARCH.GPT2, "llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2}[family]
+    arch = {"gpt2": gguf.MODEL_ARCH.GPT2, "llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
+            "phi3": gguf.MODEL_ARCH.PHI3, "gemma": gguf.MODEL_ARCH.GEMMA, "gemma2": gguf.MODEL_ARCH.GEMMA2}[family]
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
     if family == "gpt2":
@@ -126,6 +127,15 @@ def write_gguf(model, path, qtype: str | dict[str, str] = "F32") -> dict[str, np
         w.add_head_count_kv(cfg.num_key_value_heads)
         w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
         w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    if family in ("gemma", "gemma2"):  # what llama.cpp's converter adds for them
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+    if family == "gemma2":
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        w.add_sliding_window(cfg.sliding_window)
+    if family == "phi3":
+        _phi3_gguf_extras(w, cfg)
     held = {}
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     if getattr(cfg, "tie_word_embeddings", False):
@@ -141,6 +151,8 @@ def write_gguf(model, path, qtype: str | dict[str, str] = "F32") -> dict[str, np
             data = _llama_cpp_permute(arr, cfg.num_key_value_heads)
         elif family == "gpt2" and hf_name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
             data = np.ascontiguousarray(arr.T)
+        elif family in ("gemma", "gemma2") and hf_name.endswith("norm.weight"):
+            data = arr + np.float32(1)  # the converter stores Gemma's norm scale 1 + weight
         if isinstance(qtype, dict):
             kind = qtype.get(hf_name, "F32")
         else:
@@ -193,6 +205,21 @@ def reference_dequantize(blocks: np.ndarray, kind: str) -> np.ndarray:
     return gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, kind))
 
 
+def _phi3_gguf_extras(w, cfg) -> None:
+    """The keys (and LongRoPE factor tensors) llama.cpp's converter writes for Phi-3."""
+    import math
+    rp = cfg.rope_parameters
+    original = rp.get("original_max_position_embeddings", cfg.original_max_position_embeddings)
+    w.add_rope_scaling_orig_ctx_len(original)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_sliding_window(cfg.sliding_window or 0)
+    if rp.get("rope_type") == "longrope":
+        scale = cfg.max_position_embeddings / original
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        w.add_tensor("rope_factors_long.weight", np.array(rp["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rp["short_factor"], np.float32))
+
+
 def _undo_layout(family, hf_name, stored, cfg):
     if family == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
         heads = cfg.num_attention_heads if "q_proj" in hf_name else cfg.num_key_value_heads
@@ -200,6 +227,8 @@ def _undo_layout(family, hf_name, stored, cfg):
         return stored.reshape(heads, r // heads // 2, 2, -1).swapaxes(1, 2).reshape(stored.shape)
     if family == "gpt2" and hf_name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
         return np.ascontiguousarray(stored.T)
+    if family in ("gemma", "gemma2") and hf_name.endswith("norm.weight"):
+        return stored - np.float32(1)
     return stored
 
 
