@@ -211,7 +211,7 @@ def _phi3_gguf_extras(w, cfg) -> None:
     rp = cfg.rope_parameters
     original = rp.get("original_max_position_embeddings", cfg.original_max_position_embeddings)
     w.add_rope_scaling_orig_ctx_len(original)
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_rope_dimension_count(int(rp.get("partial_rotary_factor", 1.0) * cfg.hidden_size) // cfg.num_attention_heads)
     w.add_sliding_window(cfg.sliding_window or 0)
     if rp.get("rope_type") == "longrope":
         scale = cfg.max_position_embeddings / original

@@ -154,6 +154,16 @@ def test_gguf_matches_transformers_on_the_weights_it_holds(tmp_path, kind, qtype
         model.dispose()
 
 
+def test_gguf_partial_rotary_is_named(tmp_path):
+    """A Phi-3 GGUF whose rope.dimension_count covers half of each head (as the converter writes Phi-4-mini's
+    partial_rotary_factor) is refused before anything is read."""
+    pytest.importorskip("gguf")
+    ref = hc.hf_model("phi3", rope_parameters={"rope_theta": 1e4, "partial_rotary_factor": 0.5})
+    hc.write_gguf(ref, tmp_path / "partial.gguf")
+    with pytest.raises(UnsupportedModelError, match="phi3.rope.dimension_count 4 rotates part of each 8-wide head"):
+        load_hf(tmp_path / "partial.gguf")
+
+
 def _config(family, **changes):
     """A config.json dict of a tiny model of `family` (as save_pretrained writes it), with `changes`."""
     cfg = hc.hf_model(family).config.to_dict()
