@@ -1,9 +1,11 @@
 """Tiny Hugging Face checkpoints for the polygrad-hf tests, made with transformers (no hub access).
 
 `make(kind, folder)` builds a randomly initialised GPT2LMHeadModel / LlamaForCausalLM /
-Qwen2ForCausalLM with a few layers and tiny widths and saves it with save_pretrained (config.json +
-model.safetensors, or shards). `write_gguf` writes the same weights as llama.cpp's converter lays them
-out, through the gguf package's own name map and writer (names, q/k row order, GPT-2 transposes).
+Qwen2ForCausalLM (CONFIGS) or Phi3ForCausalLM / GemmaForCausalLM / Gemma2ForCausalLM (FAMILY_CONFIGS)
+with a few layers and tiny widths and saves it with save_pretrained (config.json + model.safetensors,
+or shards). `write_gguf` writes the same weights as llama.cpp's converter lays them out, through the
+gguf package's own name map and writer (names, q/k row order, GPT-2 transposes, Gemma's 1 + norm
+weights, Phi-3's LongRoPE factor tensors).
 """
 from __future__ import annotations
 
@@ -27,14 +29,40 @@ CONFIGS = {
 }
 
 
+# the families past Llama; kept out of CONFIGS, which other test files build every entry of
+_LONG = [1.0, 1.5, 2.0, 3.0]  # LongRoPE factors, head_dim / 2 of them
+FAMILY_CONFIGS = {
+    # fused qkv_proj / gate_up_proj, GQA, a sliding window on every layer shorter than the tests' sequences
+    "phi3": dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=64, original_max_position_embeddings=64,
+                 sliding_window=6, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+    # LongRoPE: short factors up to 16 positions, long ones past them, cos/sin scaled by the attention factor
+    "phi3_longrope": dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
+                          original_max_position_embeddings=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                          rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                           "short_factor": [1.0, 1.1, 1.3, 1.2], "long_factor": _LONG}),
+    # head_dim 16, not hidden / heads = 8; tied head; GeGLU
+    "gemma": dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=1, head_dim=16, max_position_embeddings=64),
+    # soft-capping small enough to bend the values; query_pre_attn_scalar not head_dim; layer 0 windowed
+    "gemma2": dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, max_position_embeddings=64, query_pre_attn_scalar=24,
+                   attn_logit_softcapping=2.0, final_logit_softcapping=3.0, sliding_window=4,
+                   attn_implementation="eager"),
+}
+
+
 def hf_model(kind: str, seed: int = 0, **overrides):
     import torch
     import transformers as tf
     torch.manual_seed(seed)
     family = kind.split("_")[0]
     cls, cfg = {"gpt2": (tf.GPT2LMHeadModel, tf.GPT2Config), "llama": (tf.LlamaForCausalLM, tf.LlamaConfig),
-                "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config)}[family]
-    model = cls(cfg(**{**CONFIGS[kind], **overrides})).eval()
+                "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config), "phi3": (tf.Phi3ForCausalLM, tf.Phi3Config),
+                "gemma": (tf.GemmaForCausalLM, tf.GemmaConfig),
+                "gemma2": (tf.Gemma2ForCausalLM, tf.Gemma2Config)}[family]
+    model = cls(cfg(**{**{**CONFIGS, **FAMILY_CONFIGS}[kind], **overrides})).eval()
     with torch.no_grad():  # random init is small; widen it so the logits spread and greedy choices are clear
         for p in model.parameters():
             if p.ndim >= 1:
@@ -79,7 +107,8 @@ def write_gguf(model, path, qtype: str | dict[str, str] = "F32") -> dict[str, np
     import gguf
     cfg = model.config
     family = cfg.model_type
-    arch = {"gpt2": gguf.MODEL_ARCH.GPT2, "llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2}[family]
+    arch = {"gpt2": gguf.MODEL_ARCH.GPT2, "llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2,
+            "phi3": gguf.MODEL_ARCH.PHI3, "gemma": gguf.MODEL_ARCH.GEMMA, "gemma2": gguf.MODEL_ARCH.GEMMA2}[family]
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
     if family == "gpt2":
@@ -98,6 +127,15 @@ def write_gguf(model, path, qtype: str | dict[str, str] = "F32") -> dict[str, np
         w.add_head_count_kv(cfg.num_key_value_heads)
         w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
         w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    if family in ("gemma", "gemma2"):  # what llama.cpp's converter adds for them
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+    if family == "gemma2":
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+        w.add_sliding_window(cfg.sliding_window)
+    if family == "phi3":
+        _phi3_gguf_extras(w, cfg)
     held = {}
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     if getattr(cfg, "tie_word_embeddings", False):
@@ -113,6 +151,8 @@ def write_gguf(model, path, qtype: str | dict[str, str] = "F32") -> dict[str, np
             data = _llama_cpp_permute(arr, cfg.num_key_value_heads)
         elif family == "gpt2" and hf_name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
             data = np.ascontiguousarray(arr.T)
+        elif family in ("gemma", "gemma2") and hf_name.endswith("norm.weight"):
+            data = arr + np.float32(1)  # the converter stores Gemma's norm scale 1 + weight
         if isinstance(qtype, dict):
             kind = qtype.get(hf_name, "F32")
         else:
@@ -165,6 +205,21 @@ def reference_dequantize(blocks: np.ndarray, kind: str) -> np.ndarray:
     return gguf.quants.dequantize(blocks, getattr(gguf.GGMLQuantizationType, kind))
 
 
+def _phi3_gguf_extras(w, cfg) -> None:
+    """The keys (and LongRoPE factor tensors) llama.cpp's converter writes for Phi-3."""
+    import math
+    rp = cfg.rope_parameters
+    original = rp.get("original_max_position_embeddings", cfg.original_max_position_embeddings)
+    w.add_rope_scaling_orig_ctx_len(original)
+    w.add_rope_dimension_count(int(rp.get("partial_rotary_factor", 1.0) * cfg.hidden_size) // cfg.num_attention_heads)
+    w.add_sliding_window(cfg.sliding_window or 0)
+    if rp.get("rope_type") == "longrope":
+        scale = cfg.max_position_embeddings / original
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+        w.add_tensor("rope_factors_long.weight", np.array(rp["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.array(rp["short_factor"], np.float32))
+
+
 def _undo_layout(family, hf_name, stored, cfg):
     if family == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
         heads = cfg.num_attention_heads if "q_proj" in hf_name else cfg.num_key_value_heads
@@ -172,6 +227,8 @@ def _undo_layout(family, hf_name, stored, cfg):
         return stored.reshape(heads, r // heads // 2, 2, -1).swapaxes(1, 2).reshape(stored.shape)
     if family == "gpt2" and hf_name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
         return np.ascontiguousarray(stored.T)
+    if family in ("gemma", "gemma2") and hf_name.endswith("norm.weight"):
+        return stored - np.float32(1)
     return stored
 
 

@@ -234,3 +234,28 @@ def test_quantized_kernels_read_uint8_blocks_in_lanes(quantized):
         for s in products:
             assert "SPLIT_REDUCE:4" in s["opts"] and ("UNROLL:2" in s["opts"]) == (fmt == "q4_0"), s
             assert s["packs"] == 0, s
+
+
+# ---------------------------------------------------------------- a Gemma 2 bundle (issue 30)
+def test_gemma2_bundle_runs_in_node_with_python_logits(tmp_path):
+    """Gemma 2's parts past Llama's in a bundle: soft-capped scores and logits (tanh), the four norms, and the
+    sliding-window mask sliced at the Variable positions (the prompt and decode steps pass the window of 4)."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("polygrad_hf")
+    import hf_checkpoints
+    from polygrad.hf import load_hf
+    ref, folder = hf_checkpoints.make("gemma2", tmp_path / "ckpt")
+    model = load_hf(folder, max_batch=1, max_seq_len=16)
+    path = tmp_path / "gemma2.pgb"
+    model.save(str(path))
+    want = [model.forward(input_ids=PROMPT)["logits"].numpy()]
+    want += [model.call("decode", d)["logits"].numpy() for d in _decode_inputs(NEXT, PROMPT.shape[1])]
+    model.dispose()
+    close(want[0], hf_checkpoints.logits(ref, PROMPT), rtol=1e-4)  # and transformers itself
+    calls = [{"entry": "forward", "inputs": {"input_ids": enc(PROMPT)}}]
+    calls += [{"entry": "decode", "inputs": {"input_ids": enc(d["input_ids"])}, "args": {"pos": d["pos"]}}
+              for d in _decode_inputs(NEXT, PROMPT.shape[1])]
+    res = run_node([{"name": "gemma2", "bundle": str(path), "calls": calls}], tmp_path)["gemma2"]
+    assert "error" not in res, res.get("error")
+    for got, ref_logits in zip(res["calls"], want, strict=True):
+        close(dec(got["logits"]), ref_logits)

@@ -1,4 +1,5 @@
-"""polygrad-hf: Hugging Face checkpoints (GPT-2, Llama, Qwen2; safetensors and GGUF) as polygrad Models.
+"""polygrad-hf: Hugging Face checkpoints (GPT-2, Llama, Qwen2, Phi-3, Gemma, Gemma 2;
+safetensors and GGUF) as polygrad Models.
 
 Imported as `polygrad.hf` or `polygrad_hf`:
 

@@ -1,4 +1,4 @@
-"""The decoder-only transformer (GPT-2, Llama, Qwen2) in Tensor ops, with a KV cache.
+"""The decoder-only transformer (GPT-2, Llama, Qwen2, Phi-3, Gemma, Gemma 2) in Tensor ops, with a KV cache.
 
 Stage: graph construction, captured by loader.py into a Model. Input: a DecoderConfig and the
 weights as host arrays in Hugging Face names. Output: a `Decoder` with two callables over the same
@@ -18,6 +18,13 @@ embedding (vocab, width) doubles as the tied output projection (`x @ wte.T`). A 
 applied as `x @ W.T`, a table (vocab or positions, width) looked up by rows; its dequantization is part
 of the kernel that reads it. The caches are (max_batch, kv_heads, max_seq_len, head_dim) per layer for
 keys and for values.
+
+Families past Llama differ in a few places, each a branch on the config: Phi-3 fuses q/k/v into one
+projection (qkv_proj) and gate/up into another (gate_up_proj), sliced after the matmul; Gemma scales the
+embeddings by sqrt(width), gates with GELU (tanh form), and its norms scale by 1 + weight (the 1 added to
+the weights at load, config.norm_offset); Gemma 2 adds norms after attention and after the MLP, its own
+attention scale, tanh soft-capping of the attention scores and of the logits, and a sliding window on
+alternate layers (a mask table, like the causal one, sliced at the query positions).
 """
 from __future__ import annotations
 
@@ -44,6 +51,9 @@ LLAMA_LAYER = {"attn_norm": "input_layernorm.weight", "mlp_norm": "post_attentio
                "q": "self_attn.q_proj.weight", "k": "self_attn.k_proj.weight", "v": "self_attn.v_proj.weight",
                "o": "self_attn.o_proj.weight", "gate": "mlp.gate_proj.weight", "up": "mlp.up_proj.weight",
                "down": "mlp.down_proj.weight"}
+PHI3_FUSED = {"qkv": "self_attn.qkv_proj.weight", "gate_up": "mlp.gate_up_proj.weight"}  # replace q, k, v; gate, up
+GEMMA2_NORMS = {"post_attn_norm": "post_attention_layernorm.weight", "mlp_norm": "pre_feedforward_layernorm.weight",
+                "post_mlp_norm": "post_feedforward_layernorm.weight"}  # Gemma 2's names for its four norms
 
 
 def _prefixed(ck: Any, name: str, prefixes: tuple[str, ...]) -> str:
@@ -80,8 +90,14 @@ def expected_weights(cfg: DecoderConfig) -> dict[str, tuple[tuple[int, ...], boo
     for i in range(L):
         p = f"model.layers.{i}."
         shapes = {"attn_norm": (E,), "mlp_norm": (E,), "q": (H * D, E), "k": (KV * D, E), "v": (KV * D, E),
-                  "o": (E, H * D), "gate": (F, E), "up": (F, E), "down": (E, F)}
-        for key, name in LLAMA_LAYER.items():
+                  "o": (E, H * D), "gate": (F, E), "up": (F, E), "down": (E, F), "qkv": ((H + 2 * KV) * D, E),
+                  "gate_up": (2 * F, E), "post_attn_norm": (E,), "post_mlp_norm": (E,)}
+        names = dict(LLAMA_LAYER)
+        if cfg.family == "phi3":
+            names = {k: v for k, v in names.items() if k not in ("q", "k", "v", "gate", "up")} | PHI3_FUSED
+        if cfg.family == "gemma2":
+            names.update(GEMMA2_NORMS)
+        for key, name in names.items():
             out[p + name] = (shapes[key], len(shapes[key]) == 2)
         if cfg.attention_bias:
             out.update({p + "self_attn.q_proj.bias": ((H * D,), False), p + "self_attn.k_proj.bias": ((KV * D,), False),
@@ -146,6 +162,8 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
             out[name] = QuantWeight(keep_blocks(blocks.load()), blocks.format, blocks.shape)
             continue
         arr = ck.take(stored, shape)
+        if ck.config.norm_offset and name.endswith("norm.weight"):
+            arr = arr + np.float32(ck.config.norm_offset)
         if quantize_to is not None and keep_blocks is not None and len(shape) == 2:
             by_rows = arr if transpose or name.endswith(TABLES) else arr.T  # (out, in) or (rows, width)
             if by_rows.shape[1] % block_format(quantize_to).block == 0:
@@ -170,13 +188,20 @@ def _check_block_layout(ck: Any, stored: str, name: str, shape: tuple[int, ...],
 
 def constants(cfg: DecoderConfig, max_seq_len: int, device: str | None,
               rope_freq_divisors: np.ndarray | None = None) -> dict[str, Tensor]:
-    """The graph's constant tables, realized on `device`: the causal mask, and the rotary cos/sin tables."""
+    """The graph's constant tables, realized on `device`: the causal mask, the sliding-window mask (query
+    position by key position: -inf where the key is ahead or window positions or more behind) when the
+    window is shorter than the cache, and the rotary cos/sin tables."""
     mask = np.triu(np.full((max_seq_len, max_seq_len), -np.inf, np.float32), 1)
     consts = {"causal_mask": Tensor(mask, device=device, requires_grad=False)}
+    if cfg.sliding_layers and cfg.sliding_window is not None and cfg.sliding_window < max_seq_len:
+        window = mask + np.tril(np.full((max_seq_len, max_seq_len), -np.inf, np.float32), -cfg.sliding_window)
+        consts["sliding_mask"] = Tensor(window, device=device, requires_grad=False)
     if cfg.uses_rope:
-        angles = np.arange(max_seq_len, dtype=np.float64)[:, None] * cfg.inv_freq(rope_freq_divisors)[None, :]
-        consts["rope.cos"] = Tensor(np.cos(angles).astype(np.float32), device=device, requires_grad=False)
-        consts["rope.sin"] = Tensor(np.sin(angles).astype(np.float32), device=device, requires_grad=False)
+        inv = cfg.inv_freq(rope_freq_divisors, max_seq_len)
+        angles = np.arange(max_seq_len, dtype=np.float64)[:, None] * inv[None, :]
+        scale = cfg.rope_attention_factor
+        consts["rope.cos"] = Tensor((np.cos(angles) * scale).astype(np.float32), device=device, requires_grad=False)
+        consts["rope.sin"] = Tensor((np.sin(angles) * scale).astype(np.float32), device=device, requires_grad=False)
     for t in consts.values():
         t.realize()
     return consts
@@ -223,6 +248,8 @@ class Decoder:
         gpt2 = cfg.family == "gpt2"
         wte = w["transformer.wte.weight" if gpt2 else "model.embed_tokens.weight"]
         x = embed(wte, ids).cast(dtypes.float32)  # 16-bit weights: the residual stream stays float32
+        if cfg.embed_scale is not None:
+            x = x * cfg.embed_scale
         if gpt2:
             x = x + row_range(w["transformer.wpe.weight"], start, start + length)
         for i in range(cfg.num_layers):
@@ -234,9 +261,9 @@ class Decoder:
         else:
             x = rms_norm(x, w["model.norm.weight"], cfg.norm_eps)
         head = wte if cfg.tie_embeddings else w["lm_head.weight"]
-        if isinstance(head, QuantWeight):
-            return head.matmul_t(x.contiguous())
-        return x.contiguous() @ head.T  # contiguous: see _linear
+        # contiguous: see _linear
+        logits = head.matmul_t(x.contiguous()) if isinstance(head, QuantWeight) else x.contiguous() @ head.T
+        return logits if cfg.final_softcap is None else soft_cap(logits, cfg.final_softcap)
 
     def _block(self, i: int, x: Tensor, start: Any, length: Any) -> Tensor:
         cfg, w = self.cfg, self.w
@@ -255,7 +282,11 @@ class Decoder:
         else:
             p = f"model.layers.{i}."
             h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.norm_eps)
-            q, k, v = (self._linear(h, p + f"self_attn.{n}_proj") for n in "qkv")
+            if cfg.family == "phi3":
+                qkv = self._linear(h, p + "self_attn.qkv_proj")
+                q, k, v = qkv[..., :H * D], qkv[..., H * D:(H + KV) * D], qkv[..., (H + KV) * D:]
+            else:
+                q, k, v = (self._linear(h, p + f"self_attn.{n}_proj") for n in "qkv")
         q = q.reshape(b, length, H, D).permute(0, 2, 1, 3)  # (b, H, t, D)
         k = k.reshape(b, length, KV, D).permute(0, 2, 1, 3)
         v = v.reshape(b, length, KV, D).permute(0, 2, 1, 3)
@@ -269,10 +300,25 @@ class Decoder:
             h = x.layernorm(eps=cfg.norm_eps) * w[p + "ln_2.weight"] + w[p + "ln_2.bias"]
             h = gelu(self._linear(h, p + "mlp.c_fc"), cfg.activation)
             return x + self._linear(h, p + "mlp.c_proj")
-        x = x + self._linear(a, p + "self_attn.o_proj")
-        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.norm_eps)
-        h = self._linear(h, p + "mlp.gate_proj").silu() * self._linear(h, p + "mlp.up_proj")
-        return x + self._linear(h, p + "mlp.down_proj")
+        a = self._linear(a, p + "self_attn.o_proj")
+        if cfg.family != "gemma2":
+            x = x + a
+            return x + self._mlp(rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg.norm_eps), p)
+        x = x + rms_norm(a, w[p + "post_attention_layernorm.weight"], cfg.norm_eps)
+        h = self._mlp(rms_norm(x, w[p + "pre_feedforward_layernorm.weight"], cfg.norm_eps), p)
+        return x + rms_norm(h, w[p + "post_feedforward_layernorm.weight"], cfg.norm_eps)
+
+    def _mlp(self, h: Tensor, p: str) -> Tensor:
+        """The gated MLP: act(gate) * up, projected down (Phi-3: gate and up halves of one projection)."""
+        cfg = self.cfg
+        if cfg.family == "phi3":
+            gate_up = self._linear(h, p + "mlp.gate_up_proj")
+            F = cfg.intermediate_size
+            gate, up = gate_up[..., :F], gate_up[..., F:]
+        else:
+            gate, up = self._linear(h, p + "mlp.gate_proj"), self._linear(h, p + "mlp.up_proj")
+        gate = gate.silu() if cfg.activation == "silu" else gelu(gate, cfg.activation)
+        return self._linear(gate * up, p + "mlp.down_proj")
 
     def _linear(self, x: Tensor, name: str) -> Tensor:
         """x @ weight (+ bias). The input is realized first: fused into the matmul, an elementwise input
@@ -295,8 +341,13 @@ class Decoder:
         end = start + length
         keys, values = kc[:b, :, :end].unsqueeze(2), vc[:b, :, :end].unsqueeze(2)  # (b, KV, 1, L, D)
         q = q.reshape(b, KV, H // KV, length, D)  # query heads grouped by the key head they share
-        scores = (q @ keys.transpose(-1, -2)) * (1.0 / math.sqrt(D))  # (b, KV, g, t, L)
-        if isinstance(start, int) and start == 0:  # forward: causal over the prompt (decode sees all of it)
+        scale = cfg.attn_scale if cfg.attn_scale is not None else 1.0 / math.sqrt(D)
+        scores = (q @ keys.transpose(-1, -2)) * scale  # (b, KV, g, t, L)
+        if cfg.attn_softcap is not None:
+            scores = soft_cap(scores, cfg.attn_softcap)
+        if i in cfg.sliding_layers and "sliding_mask" in self.consts:  # the window's rows at these queries
+            scores = scores + self.consts["sliding_mask"][start:end, :end]
+        elif isinstance(start, int) and start == 0:  # forward: causal over the prompt (decode sees all of it)
             scores = scores + self.consts["causal_mask"][:length, :length]
         out = scores.softmax(-1) @ values  # (b, KV, g, t, D)
         return out.reshape(b, H, length, D).permute(0, 2, 1, 3).reshape(b, length, H * D)
@@ -325,6 +376,11 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
     return (x1 * cos - x2 * sin).cat(x2 * cos + x1 * sin, dim=-1)
+
+
+def soft_cap(x: Tensor, cap: float) -> Tensor:
+    """cap * tanh(x / cap): x squashed smoothly into (-cap, cap) (Gemma 2's scores and logits)."""
+    return (x * (1.0 / cap)).tanh() * cap
 
 
 def gelu(x: Tensor, activation: str) -> Tensor:

@@ -20,7 +20,15 @@ Tensor types: F32, F16, BF16 and llama.cpp's block formats of polygrad/definitio
 the device by load_hf and dequantized by the kernels that read it, quant.py), and dequantized to float32
 (`Lazy.load`, load_hf's dtype="float32" path: the 32-value formats and Q4_K..Q6_K by the `gguf` package,
 needed only for that; Q8_K, which it does not decode, by quant.q8_k_floats). F32 tensors are views of
-the file, F16 and BF16 are widened here. Architectures: llama, qwen2, gpt2.
+the file, F16 and BF16 are widened here. Architectures: llama, qwen2, gpt2, phi3, gemma, gemma2.
+
+llama.cpp's converter changes some tensors and leaves some settings out, and the reader follows what
+llama.cpp then does: Gemma's norm weights are stored as 1 + weight (config.norm_offset 0), Phi-3's
+LongRoPE factors are the rope_factors_short/long tensors, Gemma 2's attention scale is not stored
+(llama.cpp takes 1 / sqrt(head_dim), or 1 / sqrt(width / heads) for the 46-layer 27B) and its soft caps
+and window fall back to llama.cpp's defaults (50, 30, 4096; alternate layers windowed, the first one
+included). Phi-3's sliding window is applied to every layer as transformers does (current llama.cpp
+leaves it off).
 """
 from __future__ import annotations
 
@@ -36,7 +44,10 @@ from polygrad_hf.quant import KEPT, check_blocks, q8_k_floats
 from polygrad_hf.weights import Blocks, Checkpoint, Lazy
 
 TYPES = ("F32", "F16", "BF16", *KEPT)
-ARCHS = ("llama", "qwen2", "gpt2")
+ARCHS = ("llama", "qwen2", "gpt2", "phi3", "gemma", "gemma2")
+ACTIVATION = {"gpt2": "gelu_new", "gemma": "gelu_pytorch_tanh", "gemma2": "gelu_pytorch_tanh"}  # others: silu
+GEMMA2_DEFAULTS = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "attention.sliding_window": 4096}
+GEMMA2_27B_LAYERS = 46  # llama.cpp's test for the one Gemma 2 whose attention scale is not 1 / sqrt(head_dim)
 
 LLAMA_NAMES = {"attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
                "attn_q.weight": "self_attn.q_proj.weight", "attn_k.weight": "self_attn.k_proj.weight",
@@ -50,6 +61,11 @@ GPT2_NAMES = {"attn_norm.weight": "ln_1.weight", "attn_norm.bias": "ln_1.bias", 
               "attn_output.bias": "attn.c_proj.bias", "ffn_up.weight": "mlp.c_fc.weight",
               "ffn_up.bias": "mlp.c_fc.bias", "ffn_down.weight": "mlp.c_proj.weight",
               "ffn_down.bias": "mlp.c_proj.bias"}
+PHI3_NAMES = {**LLAMA_NAMES, "attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
+GEMMA2_NAMES = {**LLAMA_NAMES, "post_attention_norm.weight": "post_attention_layernorm.weight",
+                "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+LAYER_NAMES = {"gpt2": GPT2_NAMES, "phi3": PHI3_NAMES, "gemma2": GEMMA2_NAMES}  # others: LLAMA_NAMES
 GPT2_TRANSPOSED = {"attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"}
 
 
@@ -65,7 +81,7 @@ def _hf_name(arch: str, name: str) -> str | None:
         return top[name]
     parts = name.split(".", 2)
     if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit():
-        table, prefix = (GPT2_NAMES, "transformer.h.") if arch == "gpt2" else (LLAMA_NAMES, "model.layers.")
+        table, prefix = LAYER_NAMES.get(arch, LLAMA_NAMES), "transformer.h." if arch == "gpt2" else "model.layers."
         inner = table.get(parts[2])
         return None if inner is None else f"{prefix}{parts[1]}.{inner}"
     return None
@@ -94,7 +110,9 @@ def _field(f: GGUFFile, key: str, path: str, default: Any = KeyError) -> Any:
 def _config(reader: GGUFFile, path: str, arch: str, shapes: dict[str, tuple[int, ...]]) -> DecoderConfig:
     keys = ("embedding_length", "attention.head_count", "attention.head_count_kv", "attention.key_length",
             "block_count", "feed_forward_length", "context_length", "attention.layer_norm_epsilon",
-            "attention.layer_norm_rms_epsilon", "rope.freq_base")
+            "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count", "attention.scale",
+            "attention.sliding_window", "attn_logit_softcapping", "final_logit_softcapping",
+            "rope.scaling.attn_factor", "rope.scaling.original_context_length")
     meta = {f"{arch}.{k}": _field(reader, f"{arch}.{k}", path, None) for k in keys}  # None reads as absent
 
     def size(key: str, default: Any = KeyError) -> int:
@@ -106,7 +124,7 @@ def _config(reader: GGUFFile, path: str, arch: str, shapes: dict[str, tuple[int,
         if "default" not in kw:
             _field(reader, f"{arch}.{key}", path)
         return number_field(meta, path, f"{arch}.{key}", **kw)
-    hidden, heads = size("embedding_length"), size("attention.head_count")
+    hidden, heads, layers = size("embedding_length"), size("attention.head_count"), size("block_count")
     emb = shapes.get("token_embd.weight")
     if emb is None:
         raise CheckpointError(f"{path}: tensor 'token_embd.weight' is missing")
@@ -117,7 +135,7 @@ def _config(reader: GGUFFile, path: str, arch: str, shapes: dict[str, tuple[int,
     bos = token_ids(_field(reader, "tokenizer.ggml.bos_token_id", path, None), path, "tokenizer.ggml.bos_token_id")
     eos = _field(reader, "tokenizer.ggml.eos_token_id", path, None)
     common: dict[str, Any] = dict(
-        family=arch, vocab_size=vocab, hidden_size=hidden, num_layers=size("block_count"), num_heads=heads,
+        family=arch, vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
         intermediate_size=size("feed_forward_length"), max_positions=size("context_length"),
         tie_embeddings="output.weight" not in shapes, bos_token_id=bos[0] if bos else None,
         eos_token_id=token_ids(eos, path, "tokenizer.ggml.eos_token_id"))
@@ -127,11 +145,47 @@ def _config(reader: GGUFFile, path: str, arch: str, shapes: dict[str, tuple[int,
                                            attention_bias=True, mlp_bias=True, **common), path)
     if hidden < heads and meta[f"{arch}.attention.key_length"] is None:
         raise CheckpointError(f"{path}: embedding_length {hidden} is smaller than attention.head_count {heads}")
-    return check_decoder(DecoderConfig(
-        num_kv_heads=size("attention.head_count_kv", heads), head_dim=size("attention.key_length", hidden // heads),
-        norm_eps=number("attention.layer_norm_rms_epsilon"), rope_theta=number("rope.freq_base", default=10000.0,
-                                                                                positive=True),
-        activation="silu", attention_bias="blk.0.attn_q.bias" in shapes, **common), path)
+    head_dim = size("attention.key_length", hidden // heads)
+    rotary = meta[f"{arch}.rope.dimension_count"]
+    if rotary is not None and rotary != head_dim:
+        raise UnsupportedModelError(f"{path}: {arch}.rope.dimension_count {rotary!r} rotates part of each "
+                                    f"{head_dim}-wide head (partial rotary); only whole heads are supported")
+    common.update(num_kv_heads=size("attention.head_count_kv", heads), head_dim=head_dim,
+                  norm_eps=number("attention.layer_norm_rms_epsilon"),
+                  rope_theta=number("rope.freq_base", default=10000.0, positive=True),
+                  activation=ACTIVATION.get(arch, "silu"), attention_bias="blk.0.attn_q.bias" in shapes)
+    if arch == "phi3":
+        window = meta[f"{arch}.attention.sliding_window"]
+        if window:  # 0: none (the converter's mark for Phi-4)
+            common.update(sliding_window=size("attention.sliding_window"), sliding_layers=tuple(range(layers)))
+        common["rope_scaling"] = _longrope(reader, path, arch, meta, shapes)
+    if arch == "gemma2":
+        dim = hidden // heads if layers == GEMMA2_27B_LAYERS else head_dim
+        d = GEMMA2_DEFAULTS
+        common.update(attn_scale=number("attention.scale", default=dim ** -0.5, positive=True),
+                      attn_softcap=number("attn_logit_softcapping", default=d["attn_logit_softcapping"],
+                                          positive=True),
+                      final_softcap=number("final_logit_softcapping", default=d["final_logit_softcapping"],
+                                           positive=True),
+                      sliding_window=size("attention.sliding_window", d["attention.sliding_window"]),
+                      sliding_layers=tuple(range(0, layers, 2)))
+    return check_decoder(DecoderConfig(**common), path)
+
+
+def _longrope(reader: GGUFFile, path: str, arch: str, meta: dict[str, Any],
+              shapes: dict[str, tuple[int, ...]]) -> dict[str, Any] | None:
+    """Phi-3's LongRoPE from its rope_factors_short/long tensors and rope.scaling keys, or None without them."""
+    names = ("rope_factors_short.weight", "rope_factors_long.weight")
+    if not any(n in shapes for n in names):
+        return None
+    if not all(n in shapes for n in names):
+        raise CheckpointError(f"{path}: LongRoPE needs both {list(names)}; the file holds one")
+    short, long = (_dequantize(reader, reader.tensors[n], path, n).reshape(-1) for n in names)
+    original = size_field(meta, path, f"{arch}.rope.scaling.original_context_length")
+    return {"rope_type": "longrope", "short_factor": tuple(float(v) for v in short),
+            "long_factor": tuple(float(v) for v in long), "original_max_position_embeddings": original,
+            "attention_factor": number_field(meta, path, f"{arch}.rope.scaling.attn_factor", default=1.0,
+                                             positive=True)}
 
 
 def open_gguf(path: str) -> Checkpoint:

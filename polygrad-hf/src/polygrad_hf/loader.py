@@ -44,8 +44,8 @@ DEFAULT_MAX_SEQ_LEN = 1024
 
 def load_hf(path: str | os.PathLike, max_batch: int = 1, max_seq_len: int | None = None, dtype: Any = None,
             device: str | None = None, runtime: Any = None) -> Model:
-    """Load a GPT-2, Llama or Qwen2 checkpoint as a Model with a KV cache for `max_batch` sequences of up to
-    `max_seq_len` tokens (default: the model's context length, at most 1024).
+    """Load a GPT-2, Llama, Qwen2, Phi-3, Gemma or Gemma 2 checkpoint as a Model with a KV cache for
+    `max_batch` sequences of up to `max_seq_len` tokens (default: the model's context length, at most 1024).
 
     `path` is a folder with config.json and model.safetensors (or a sharded model.safetensors.index.json),
     or a .gguf file. Safetensors weights may be F32, F16 or BF16. GGUF weights may be F32, F16, BF16, or
