@@ -968,22 +968,26 @@ class _Linearizer:
         yield from ()
 
     def copy_plans(self, u: UOp, inner: list[UOp], flat: UOp) -> list[CopyPlan]:
-        """The ways stage_value may copy u, best first: the block's own vector range as lanes; or, where
-        those lanes would gather a weight's bytes from rows a block apart (an outer-product tile's columns
-        are weight rows), lanes along the block's contiguous bytes (copy_lanes) with the block's vector
-        range `across`: a square of vectors transposed in registers (TRANSPOSE) and stored contiguously;
-        the same lanes stored as a scatter; plain loops last."""
-        plans = [CopyPlan(u, inner, flat, self.vec)] if self.vec in inner else []
+        """The ways stage_value may copy u, best first: where the block's vector range is contiguous in the
+        blocks' bytes (a tile of dot products), its lanes; where it would gather a weight's bytes from
+        rows a block apart (an outer-product tile's columns are weight rows), lanes along the blocks'
+        contiguous bytes (copy_lanes) with the block's vector range `across`: a square of vectors
+        transposed in registers (TRANSPOSE) and stored contiguously; then the block's lanes, gathering;
+        lanes along the bytes stored as a scatter; plain loops last."""
+        own = [CopyPlan(u, inner, flat, self.vec)] if self.vec in inner else []
         along = self.copy_lanes(u, inner)
-        if along is not None and along is not self.vec:
-            n = self.lanes_for(along)
-            if n < int(along.src[0].arg):  # a run longer than a vector (Q4_K's 32 bytes): split in two ranges
-                u, inner, flat, along = self.split_copy_range(u, inner, flat, along, n)
-            if self.vec in inner and int(self.vec.src[0].arg) == n and n & (n - 1) == 0 \
-                    and range_coeff(flat, self.vec) == 1:
-                plans.append(CopyPlan(u, inner, flat, along, self.vec))
-            plans.append(CopyPlan(u, inner, flat, along))
-        return plans + [CopyPlan(u, inner, flat, None)]
+        if along is None or along is self.vec:
+            return own + [CopyPlan(u, inner, flat, None)]
+        plans = []
+        n = self.lanes_for(along)
+        whole = (u, inner, flat)
+        if n < int(along.src[0].arg):  # a run longer than a vector (Q4_K's 32 bytes): split in two ranges
+            u, inner, flat, along = self.split_copy_range(u, inner, flat, along, n)
+        if self.vec in inner and int(self.vec.src[0].arg) == n and n & (n - 1) == 0 \
+                and range_coeff(flat, self.vec) == 1:
+            plans.append(CopyPlan(u, inner, flat, along, self.vec))
+        # the block's own lanes gather bytes (Q8_K: its float32 scale gives them no other obstacle)
+        return plans + own + [CopyPlan(u, inner, flat, along), CopyPlan(*whole, None)]
 
     def copy_lanes(self, u: UOp, inner: list[UOp]) -> UOp | None:
         """Lanes for stage_value's copy when the block's own vector range gives none (its lanes gather a
