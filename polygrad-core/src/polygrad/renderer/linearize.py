@@ -56,7 +56,9 @@ position (contiguous along the lanes). LOAD and STORE take a LOCAL wherever they
 LOCAL is private to each launch (the C renderer puts it on the stack). When the buffer is read through a
 computed operand of a reduction's product (a weight dequantized from its blocks' bytes: several loads, or
 one integer load), that operand's values are staged instead (`stage_value`), so a prompt's row tiles read
-float values computed once per panel.
+float values computed once per panel. Where the tile's vector lanes are weight rows (an outer-product
+tile), the copy computes 16 rows' values as vectors along their blocks' contiguous bytes and transposes
+that square in registers (TRANSPOSE, `copy_plans`) before storing each row of it contiguously.
 
 Vector lanes (`linearize(spec, vector_width=w)`, w > 1; emitters that handle vectors pass the
 device's width, `spec.vector_width`; the default 1 keeps every upcast range a scalar loop). In each
