@@ -14,6 +14,7 @@ executor, argument packing, the feeds' copies, reading the logits back).
 It reads the Model's executor (model/executor.py), an internal that may change.
 
     python benchmarks/profile_decode.py FILE [--steps 10] [--threads 2] [--prefill N] [--per-layer 17]
+                                        [--cpu-time (with --threads 1)]
 """
 from __future__ import annotations
 
@@ -26,15 +27,17 @@ import numpy as np
 
 
 class TimedProgram:
-    """A plan entry's program whose launches record their wall time under `key`."""
+    """A plan entry's program whose launches record their time under `key`: wall time, or with `clock`
+    time.thread_time, the calling thread's CPU time (one thread: the kernel runs in the caller, and the
+    time another process held the core is not counted)."""
 
-    def __init__(self, prog, key: str, times: dict):
-        self.prog, self.spec, self.key, self.times = prog, prog.spec, key, times
+    def __init__(self, prog, key: str, times: dict, clock=time.perf_counter):
+        self.prog, self.spec, self.key, self.times, self.clock = prog, prog.spec, key, times, clock
 
     def program(self, *args) -> None:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self.prog.program(*args)
-        self.times[self.key].append(time.perf_counter() - t0)
+        self.times[self.key].append(self.clock() - t0)
 
 
 def kernel_key(index: int, prog, first: int, per_layer: int) -> str:
@@ -44,7 +47,7 @@ def kernel_key(index: int, prog, first: int, per_layer: int) -> str:
     return f"{prog.spec.name} {opts}{place}"
 
 
-def instrument(model, entry: str, per_layer: int) -> tuple[dict, dict]:
+def instrument(model, entry: str, per_layer: int, clock=time.perf_counter) -> tuple[dict, dict]:
     """Wrap every program of `entry`'s plan: ({launch index: times}, {launch index: (key, bytes)})."""
     # plans made afresh: bound launchers and launch plans already made call the unwrapped programs (the
     # wrapped ones have no launch plan, so the entrypoint then runs launch by launch)
@@ -58,12 +61,12 @@ def instrument(model, entry: str, per_layer: int) -> tuple[dict, dict]:
     info = {}
     for i, (prog, handles, names) in enumerate(plan):
         if prog is not None:
-            plan[i] = (TimedProgram(prog, i, times), handles, names)
+            plan[i] = (TimedProgram(prog, i, times, clock), handles, names)
             info[i] = (kernel_key(i, prog, first, per_layer), prog.spec.mem_bytes)
     return times, info
 
 
-def report(times: dict, info: dict, walls: list[float]) -> None:
+def report(times: dict, info: dict, walls: list[float], cpu_time: bool = False) -> None:
     groups: dict = collections.defaultdict(lambda: [0.0, 0, 0])
     for i, ts in times.items():
         key, nbytes = info[i]
@@ -74,9 +77,11 @@ def report(times: dict, info: dict, walls: list[float]) -> None:
     total = sum(g[0] for g in groups.values())
     steps = len(walls)
     outside = [w - sum(ts[k] for ts in times.values()) for k, w in enumerate(walls)]
+    # a launch's CPU time and a step's wall time do not subtract
+    rest = "n/a (CPU time)" if cpu_time else f"median {np.median(outside) * 1e3:.2f} ms"
     print(f"step wall: median {np.median(walls) * 1e3:.1f} ms, min {min(walls) * 1e3:.1f} ms over {steps} steps; "
           f"kernels (each launch's fastest) {total * 1e3:.1f} ms over {sum(g[1] for g in groups.values())} launches; "
-          f"outside kernels: median {np.median(outside) * 1e3:.2f} ms")
+          f"outside kernels: {rest}")
     print(f"{'ms':>8s} {'%':>5s} {'n':>4s} {'MB':>8s} {'GB/s':>6s}  kernel")
     for key, (t, n, nbytes) in sorted(groups.items(), key=lambda kv: -kv[1][0]):
         if t < total * 0.002:
@@ -91,7 +96,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefill", type=int, default=0, help="profile prompts of this many tokens instead")
     ap.add_argument("--per-layer", type=int, default=17, help="launches in one layer (0: group by name)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time each launch by the thread's CPU time (needs --threads 1; steadier on a busy machine)")
     args = ap.parse_args()
+    if args.cpu_time and args.threads != 1:
+        ap.error("--cpu-time counts the calling thread's CPU time only: use it with --threads 1")
     os.environ["POLY_THREADS"] = str(args.threads)
     from polygrad.hf import load_hf
     model = load_hf(args.file, max_batch=1, max_seq_len=520)
@@ -106,13 +115,13 @@ def main() -> None:
     model.call("prefill", {"input_ids": prompt})
     for k in range(2):  # the first launches page in weights and start the thread pool
         step(k)
-    times, info = instrument(model, entry, args.per_layer)
+    times, info = instrument(model, entry, args.per_layer, time.thread_time if args.cpu_time else time.perf_counter)
     walls = []
     for k in range(args.steps):
         t0 = time.perf_counter()
         step(2 + k)
         walls.append(time.perf_counter() - t0)
-    report(times, info, walls)
+    report(times, info, walls, args.cpu_time)
 
 
 if __name__ == "__main__":

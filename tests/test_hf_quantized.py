@@ -234,6 +234,35 @@ def test_no_kernel_writes_a_dequantized_weight(files, kind):
         model.dispose()
 
 
+def test_llama_prompt_kernels_stage_their_weight_panels(files):
+    """On the CPU backend every prefill kernel that reduces over a quantized weight's blocks for a Variable
+    number of tokens stages the dequantized weight panel (STAGE): Llama's q, k and v projections are
+    kernels of their own in a prompt (polygrad_hf.decoder), where fused into the rotation or the cache
+    write each row tile dequantized the weight again."""
+    from polygrad.codegen.lower import lower
+    from polygrad.codegen.opts import OptKind
+    from polygrad.device import open_device
+    caps = open_device("CPU").capabilities
+    if not caps.stage_bytes or caps.vector_width < 8:
+        pytest.skip("the CPU backend here has no staging scratch or vector lanes")
+    model = load_hf(files["llama", "Q4_0"], max_seq_len=32, dtype="quantized")
+    try:
+        p = model._p
+        quant = {i for i, s in enumerate(p.slots) if s.dtype is dtypes.uint8}
+        checked = []
+        for call in p.entries["prefill"].calls:
+            ast = p.kernels[call.kernel] if call.kernel >= 0 else None
+            if ast is None or not quant & set(call.args) or not any(u.op is Ops.REDUCE for u in ast.toposort()):
+                continue
+            if all(u.src[0].op is Ops.CONST for u in ast.toposort() if u.op is Ops.RANGE):
+                continue  # the LM head over the last position alone
+            opts = lower(ast, caps).opts
+            checked.append(any(o.kind is OptKind.STAGE for o in opts))
+        assert len(checked) >= 7 and all(checked), checked  # q, k, v, o, gate, up, down per layer
+    finally:
+        model.dispose()
+
+
 def test_q4_weights_take_about_the_file_bytes(files):
     reader = gguf.GGUFReader(files["gpt2", "Q4_0"])
     file_bytes = sum(int(t.n_bytes) for t in reader.tensors)

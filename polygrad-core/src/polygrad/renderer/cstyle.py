@@ -510,6 +510,7 @@ class CStyleRenderer:
         self._depth = 1
         self._vtypes: dict[str, str] = {}
         self._helpers: dict[str, str] = {}
+        self._transposed: dict[tuple[int, ...], list[str]] = {}  # a TRANSPOSE square's sources: its rows
         self._no_vectorize = self.gated_loops(prog)
         uses_half = False
         for i, x in enumerate(prog.insts):
@@ -575,6 +576,33 @@ class CStyleRenderer:
         name = self._names[id(x)] = f"bc{i}"
         e = f"-(int)({self.name_of(x.src[0])})" if x.dtype is dtypes.bool else self.name_of(x.src[0])
         self.emit(f"{self.vtype(x.dtype, x.lanes)} {name} = {{{', '.join([e] * x.lanes)}}};")
+
+    def transpose_stmt(self, x: Inst, i: int) -> None:
+        """Row x.arg of the transposed square of x.src (n vectors of n lanes): the first row of a square
+        emits all n rows, log2(n) rounds of two-source lane shuffles (transpose_rounds), or with a compiler
+        that has no __builtin_shufflevector each row from its sources' lanes."""
+        key = tuple(id(s) for s in x.src)
+        rows = self._transposed.get(key)
+        if rows is None:
+            n, vt = x.lanes, self.vtype(x.dtype, x.lanes)
+            srcs = [self.name_of(s) for s in x.src]
+            rows = [f"tr{i}_{k}" for k in range(n)]
+            self.emit(f"{vt} {', '.join(rows)};", "#if defined(__clang__)")
+            rounds = transpose_rounds(n)
+            names = srcs
+            for step, shuffles in enumerate(rounds):
+                last = step == len(rounds) - 1
+                out = rows if last else [f"tt{i}_{step}_{k}" for k in range(n)]
+                for k, (a, b, lanes) in enumerate(shuffles):
+                    decl = "" if last else f"{vt} "
+                    self.emit(f"{decl}{out[k]} = __builtin_shufflevector({names[a]}, {names[b]}, {lanes});")
+                names = out
+            self.emit("#else")
+            for k in range(n):
+                self.emit(f"{rows[k]} = ({vt}){{{', '.join(f'{src}[{k}]' for src in srcs)}}};")
+            self.emit("#endif")
+            self._transposed[key] = rows
+        self._names[id(x)] = rows[x.arg]
 
     def loop_stmt(self, x: Inst, i: int) -> None:
         name = self._names[id(x)] = f"{LOOP_NAMES.get(x.arg[1], 'idx')}{x.arg[0]}"
@@ -687,6 +715,7 @@ class CStyleRenderer:
         L.DEFINE_LOCAL: define_local_stmt, L.BARRIER: barrier_stmt, L.CONST: const_stmt, L.BCAST: bcast_stmt,
         L.LOOP: loop_stmt, L.ENDLOOP: end_stmt, L.ENDIF: end_stmt, L.IF: if_stmt, L.ACC: acc_stmt,
         L.UPDATE: update_stmt, L.ACC_READ: acc_read_stmt, L.LOAD: load_stmt, L.STORE: store_stmt, L.ALU: alu_stmt,
+        L.TRANSPOSE: transpose_stmt,
     }
     scalar_rules: dict[Ops, Rule] = SCALAR_RULES
     vector_rules: dict[Ops, Rule] = VECTOR_RULES
@@ -715,6 +744,30 @@ def stream_helper(size: int) -> str:
             f"#if defined(__clang__)\n  if ({aligned}) {{ __builtin_nontemporal_store(v, ({t}*)p); return; }}\n"
             f"#elif defined({macro})\n  if ({aligned}) {{ {builtin}((float*)p, v); return; }}\n#endif\n"
             f"  __builtin_memcpy(p, &v, sizeof(v));\n}}")
+
+
+def transpose_rounds(n: int) -> list[list[tuple[int, int, str]]]:
+    """An n x n transpose (n a power of two) as log2(n) rounds of two-source lane shuffles: per round and
+    output row k, (row a, row b, the shuffle's lane list over a's lanes 0..n-1 and b's n..2n-1) of the
+    round's input. The round with block size s pairs rows j and j + s (j & s == 0): row j takes j's lane
+    i where i & s == 0 and j + s's lane i - s elsewhere; row j + s takes j's lane i + s and j + s's lane i.
+    After the last round row k holds every input row's lane k, in row order.
+
+    >>> transpose_rounds(4)[0][0]
+    (0, 1, '0, 4, 2, 6')
+    """
+    rounds = []
+    s = 1
+    while s < n:
+        rows = []
+        for k in range(n):
+            low = k & ~s
+            lanes = [i if not i & s else n + i - s for i in range(n)] if k == low else \
+                [i + s if not i & s else n + i for i in range(n)]
+            rows.append((low, low + s, ", ".join(map(str, lanes))))
+        rounds.append(rows)
+        s *= 2
+    return rounds
 
 
 def trapping_division(x: Inst) -> bool:

@@ -48,7 +48,7 @@ from polygrad.renderer.linearize import Inst, L, LinearProgram, run_steps
 from polygrad.uop.ops import Ops
 
 COMMUTATIVE = frozenset({Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR, Ops.CMPEQ, Ops.CMPNE})
-DROPPABLE = (L.ALU, L.BCAST, L.CONST, L.LOAD, L.ACC_READ)  # removed when nothing uses them
+DROPPABLE = (L.ALU, L.BCAST, L.CONST, L.LOAD, L.ACC_READ, L.TRANSPOSE)  # removed when nothing uses them
 HEAD = (L.PARAM, L.VAR, L.SPECIAL)
 MAX_OFFSET_BYTES = 1 << 31  # an offset's bytes fit a signed 32-bit displacement
 
@@ -338,6 +338,8 @@ class _Simplifier:
             return self.pure(L.BCAST, x.dtype, (self.v(x.src[0]),), None, x.lanes)
         if op is L.ALU:
             return self.alu(x.dtype, tuple(self.v(s) for s in x.src), x.arg, x.lanes)
+        if op is L.TRANSPOSE:
+            return self.pure(L.TRANSPOSE, x.dtype, tuple(self.v(s) for s in x.src), x.arg, x.lanes)
         if op in (L.LOCAL, L.DEFINE_LOCAL):
             return self.place(Inst(op, x.dtype, (), x.arg, x.lanes))
         if op is L.BARRIER:

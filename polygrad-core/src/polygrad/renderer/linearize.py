@@ -56,7 +56,9 @@ position (contiguous along the lanes). LOAD and STORE take a LOCAL wherever they
 LOCAL is private to each launch (the C renderer puts it on the stack). When the buffer is read through a
 computed operand of a reduction's product (a weight dequantized from its blocks' bytes: several loads, or
 one integer load), that operand's values are staged instead (`stage_value`), so a prompt's row tiles read
-float values computed once per panel.
+float values computed once per panel. Where the tile's vector lanes are weight rows (an outer-product
+tile), the copy computes 16 rows' values as vectors along their blocks' contiguous bytes and transposes
+that square in registers (TRANSPOSE, `copy_plans`) before storing each row of it contiguously.
 
 Vector lanes (`linearize(spec, vector_width=w)`, w > 1; emitters that handle vectors pass the
 device's width, `spec.vector_width`; the default 1 keeps every upcast range a scalar loop). In each
@@ -175,6 +177,8 @@ class L(Enum):
     ENDIF = auto()     # src: (if,)
     DEFINE_LOCAL = auto()  # block-shared memory (GPU launches only); dtype: element dtype; arg: (name, size)
     BARRIER = auto()   # every thread of the block waits here (GPU launches only)
+    TRANSPOSE = auto()  # src: n vectors of n lanes; arg: i: the vector of each source's lane i, in order
+                        # (row i of the transposed n x n block; only in a staged copy, stage_value)
 
     def __repr__(self) -> str:
         return f"L.{self.name}"
@@ -330,6 +334,30 @@ def _at_lane0(expr: UOp, r: UOp) -> UOp:
 
 
 _LANES = Inst(L.CONST, None)  # marks the vector range as open (its lanes, not a loop)
+
+
+def _substituted(expr: UOp, memo: dict[UOp, UOp]) -> UOp:
+    """expr with the nodes of memo replaced (not simplified)."""
+    memo = dict(memo)
+    for node in expr.toposort():
+        if node in memo:
+            continue
+        new_src = tuple(memo.get(x, x) for x in node.src)
+        memo[node] = node if new_src == node.src else node.replace(src=new_src)
+    return memo[expr]
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """How stage_value computes a staged operand into its array: `value` at every point of `inner` (the
+    array's order) into position `flat`, with `lanes` (a range of inner, or None) as vector lanes and,
+    with `across`, a square of lanes x across transposed in registers (stage_copy)."""
+
+    value: UOp
+    inner: list[UOp]
+    flat: UOp
+    lanes: UOp | None
+    across: UOp | None = None
 
 
 class _Linearizer:
@@ -933,18 +961,65 @@ class _Linearizer:
         local = Inst(L.LOCAL, u.dtype, (), size)
         self.head.append(local)
         saved = self.vec, self.unrolled
-        lanes = self.vec if self.vec in inner else None
-        mark = self.mark()
-        try:  # a nested run, so a NoVector ends the copy alone (the value is a few dozen nodes deep)
-            run_steps(self.stage_copy(u, inner, local, flat, lanes), self.request)
-        except NoVector:
-            if lanes is None:
-                raise
-            self.rewind(mark)
-            run_steps(self.stage_copy(u, inner, local, flat, None), self.request)
+        for plan in self.copy_plans(u, inner, flat):
+            mark = self.mark()
+            try:  # a nested run, so a NoVector ends the copy alone (the value is a few dozen nodes deep)
+                run_steps(self.stage_copy(local, plan), self.request)
+                break
+            except NoVector:
+                if plan.lanes is None:
+                    raise
+                self.rewind(mark)
         self.vec, self.unrolled = saved
         self.staged[u] = (local, flat)
         yield from ()
+
+    def copy_plans(self, u: UOp, inner: list[UOp], flat: UOp) -> list[CopyPlan]:
+        """The ways stage_value may copy u, best first: where the block's vector range is contiguous in the
+        blocks' bytes (a tile of dot products), its lanes; where it would gather a weight's bytes from
+        rows a block apart (an outer-product tile's columns are weight rows), lanes along the blocks'
+        contiguous bytes (copy_lanes) with the block's vector range `across`: a square of vectors
+        transposed in registers (TRANSPOSE) and stored contiguously; then the block's lanes, gathering;
+        lanes along the bytes stored as a scatter; plain loops last."""
+        own = [CopyPlan(u, inner, flat, self.vec)] if self.vec in inner else []
+        along = self.copy_lanes(u, inner)
+        if along is None or along is self.vec:
+            return own + [CopyPlan(u, inner, flat, None)]
+        plans = []
+        n = self.lanes_for(along)
+        whole = (u, inner, flat)
+        if n < int(along.src[0].arg):  # a run longer than a vector (Q4_K's 32 bytes): split in two ranges
+            u, inner, flat, along = self.split_copy_range(u, inner, flat, along, n)
+        if self.vec in inner and int(self.vec.src[0].arg) == n and n & (n - 1) == 0 \
+                and range_coeff(flat, self.vec) == 1:
+            plans.append(CopyPlan(u, inner, flat, along, self.vec))
+        # the block's own lanes gather bytes (Q8_K: its float32 scale gives them no other obstacle)
+        return plans + own + [CopyPlan(u, inner, flat, along), CopyPlan(*whole, None)]
+
+    def copy_lanes(self, u: UOp, inner: list[UOp]) -> UOp | None:
+        """Lanes for stage_value's copy when the block's own vector range gives none (its lanes gather a
+        weight's bytes from rows a block apart, and its scales are per lane 16-bit floats): the innermost
+        range of `inner` along which an integer load of u is contiguous and that makes whole vectors
+        (a Q4_0 block's 16 bytes; a longer run is split, split_copy_range), so each vector reads
+        consecutive bytes and a block's scale is one scalar. A GELU-fused prompt projection's copy ran as
+        scalar loops (about 15 operations per weight) before."""
+        indexes = [x.src[0].src[1] for x in u.toposort() if x.op is Ops.LOAD and x.dtype.is_int]
+        for r in reversed(inner):
+            if self.lanes_for(r) and any(range_coeff(ix, r) == 1 for ix in indexes):
+                return r
+        return None
+
+    def split_copy_range(self, u: UOp, inner: list[UOp], flat: UOp, r: UOp,
+                         lanes: int) -> tuple[UOp, list[UOp], UOp, UOp]:
+        """(u, inner, flat, the lanes range) with range r of the copy split as ro * lanes + rl (ro a loop in
+        r's place, rl the lanes after it): the same points in the same array positions."""
+        ro = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, int(r.src[0].arg) // lanes),), (self.next_axis, _kind(r)))
+        rl = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, lanes),), (self.next_axis + 1, _kind(r)))
+        self.next_axis += 2
+        split = {r: ro * lanes + rl}
+        at = inner.index(r)
+        return (_substituted(u, split), inner[:at] + [ro, rl] + inner[at + 1:],
+                graph_rewrite(_substituted(flat, split), symbolic_rules, name="stage_index"), rl)
 
     def stage_layout(self, expr: UOp, dtype: DType) -> tuple[list[UOp], int, UOp] | None:
         """(the loops still to open that expr depends on, in the staged array's order: reduce ranges, then
@@ -965,17 +1040,47 @@ class _Linearizer:
             stride *= int(r.src[0].arg)
         return inner, size, graph_rewrite(flat, symbolic_rules, name="stage_index")
 
-    def stage_copy(self, u: UOp, inner: list[UOp], local: Inst, flat: UOp, lanes: UOp | None) -> Steps:
-        """The loops that compute u at every point of `inner` into `local` at `flat`: plain loops, with
-        `lanes` (the block's vector range, or None) as vector lanes."""
-        self.vec, self.unrolled = lanes, set()
-        for r in inner:
+    def stage_copy(self, local: Inst, plan: CopyPlan) -> Steps:
+        """The loops that compute plan.value at every point of plan.inner into `local` at plan.flat: plain
+        loops, with plan.lanes (a range of inner, or None) as vector lanes; with plan.across (another
+        range of inner, as many points as lanes, contiguous in flat) the value is computed at each of its
+        points (one vector along the lanes each), the square transposed (TRANSPOSE) and each row stored
+        along `across`."""
+        u, flat, across = plan.value, plan.flat, plan.across
+        self.vec, self.unrolled = plan.lanes, set()
+        loops = [r for r in plan.inner if r is not across]
+        for r in loops:
             yield from self.open_loop(r)
-        v = yield u
-        idx, _, kind, n = yield from self.access(None, flat)
-        self.add(L.STORE, None, (local, idx, self.bcast(v, n) if n > 1 else v), kind, n)
-        for r in reversed(inner):
+        if across is None:
+            v = yield u
+            idx, _, kind, n = yield from self.access(None, flat)
+            self.add(L.STORE, None, (local, idx, self.bcast(v, n) if n > 1 else v), kind, n)
+        else:
+            yield self.store_transposed(u, local, flat, plan.lanes, across)
+        for r in reversed(loops):
             self.close_loop(r)
+
+    def store_transposed(self, u: UOp, local: Inst, flat: UOp, lanes: UOp, across: UOp) -> Steps:
+        """stage_copy's square: u at each point of `across` as a vector along `lanes`, then row i of the
+        transposed square (each point's lane i) stored at `flat` with `lanes` at i, contiguous along
+        `across`."""
+        n = int(across.src[0].arg)
+        rows = []
+        for j in range(n):
+            self.bind[across] = j
+            rows.append(self.bcast((yield u), n))
+        del self.bind[across]
+        self.vec = across
+        yield from self.open_loop(across)
+        for i in range(n):
+            self.bind[lanes] = i
+            idx, _, kind, width = yield from self.access(None, flat)
+            if kind != "contiguous" or width != n:
+                raise NoVector("a transposed row that is not contiguous")
+            self.add(L.STORE, None, (local, idx, self.add(L.TRANSPOSE, u.dtype, tuple(rows), i, n)), kind, n)
+        del self.bind[lanes]
+        self.close_loop(across)
+        self.vec = lanes
 
     def mark(self) -> tuple:
         """What rewind() restores: the emitted instructions and every cache an emission may add to."""
