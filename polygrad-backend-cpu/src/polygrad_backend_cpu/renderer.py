@@ -77,6 +77,25 @@ class CPURenderer(CStyleRenderer):
                 f"  return shifted - ({vt})__builtin_ia32_vpdpbusd256(({vt}){{0}}, ({vt})bias, ({vt})b);\n"
                 f"#else\n{generic}\n#endif")
 
+    def dot4_nibbles_body(self, n: int) -> str:
+        """8 lanes with clang where the target has VNNI: the 16 bytes' low and high nibbles (weights 0-15 and
+        16-31, unsigned 0..15) and the activations shuffled as in dot4_body, one vpdpbusd of nibbles (unsigned)
+        x activations (signed), exact with no sign trick, and a second takes 8 x the activations' sum off
+        (Q4_0's weight is nibble - 8). Else the base's lane loop."""
+        generic = super().dot4_nibbles_body(n)
+        if n != 8:
+            return generic
+        order = ", ".join(str(8 * k + lane) for lane in range(8) for k in range(4))
+        vt, bt, qt = self.vtype(dtypes.int32, 8), self.vtype(dtypes.int8, 32), self.vtype(dtypes.uint8, 16)
+        return (f"#if defined(__clang__) && {VNNI_256}\n"
+                f"  {bt} eight = ({bt}){{0}} + (signed char)8;\n"
+                f"  {qt} low = q & (unsigned char)15, high = q >> (unsigned char)4;\n"
+                f"  {bt} w = ({bt})__builtin_shufflevector(low, high, {order});\n"
+                f"  a = __builtin_shufflevector(a, a, {order});\n"
+                f"  {vt} sum = ({vt})__builtin_ia32_vpdpbusd256(acc, ({vt})w, ({vt})a);\n"
+                f"  return sum - ({vt})__builtin_ia32_vpdpbusd256(({vt}){{0}}, ({vt})eight, ({vt})a);\n"
+                f"#else\n{generic}\n#endif")
+
     def vfma_body(self, dt: DType, n: int) -> str:
         """The compiler's vector FMA builtin where the target has one (`__builtin_elementwise_fma` on newer
         clang, else the x86 builtin for the vector's size), else the base's per-lane loop. Left to itself,
