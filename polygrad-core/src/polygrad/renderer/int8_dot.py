@@ -268,6 +268,8 @@ def _contracted_nibbles(outer: Inst, body: list[Inst]) -> list[Inst] | None:
     index = [x for x in rest if id(x) not in shift_math]
     if not all(_is_scalar_int(x) for x in index):
         return None
+    if any(id(s) in shift_math for x in (*index, x_load, q_load) for s in x.src):
+        return None  # the index reads the shift's arithmetic, which the contraction drops
     out, new = _index_at_start(index, {id(outer): outer.src[0], id(inner): inner.src[0]})
     wide_x = Inst(L.LOAD, dtypes.int8, (x_load.src[0], new.get(id(x_load.src[1]), x_load.src[1])), "contiguous",
                   TURNS * lanes)
