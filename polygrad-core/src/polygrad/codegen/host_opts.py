@@ -177,6 +177,7 @@ def _byte_dot_turns(turns: tuple[UOp, ...], byte_loads: list[UOp]) -> bool:
         return range_size(turns[0]) == 4 and all(range_coeff(i, turns[0]) == INT8_DOT_LANES for i in index)
     if len(turns) != 2 or any(range_size(r) != 2 for r in turns):
         return False
+
     def nibble_turns(h: UOp, t: UOp) -> bool:
         steps = sorted(range_coeff(i, h) for i in index)
         return all(range_coeff(i, t) == INT8_DOT_LANES for i in index) and steps == [0, 2 * INT8_DOT_LANES]
