@@ -4,7 +4,7 @@ Per kernel, one thread, for Q8_0 and Q4_0 weights of GPT-2-small's decode shapes
 768, its transpose 768 x 3072, the LM head 50257 x 768): polygrad's float matvec (POLY_INT8_DOT=0: the
 weight widened to float per element, times the block scale, FMA with the float activation), polygrad's
 own 8-bit route where the CPU device declares int8_dot ("polygrad": nn/quant.py's matvec kernel as the
-CPU backend renders it, Q8_0 only), and the hand-written integer kernels of benchmarks/int8dot_kernels.c
+CPU backend renders it), and the hand-written integer kernels of benchmarks/int8dot_kernels.c
 (the activation rounded to 8 bits per 32-block once, the block's 32 products summed in int32, one float
 scale per block), compiled with the CPU backend's compiler and flags and timed alternately, each figure
 the median over --rounds of the best of 20 calls. Each ratio is the float kernel's time over the integer
@@ -171,7 +171,7 @@ def probe(fmt: str, rows: int, cols: int, rounds: int) -> dict:
     source, threads = matvec_kernel(fmt, rows, cols, qw, x, False)
     lib = build(source)
     route = None
-    if fmt == "q8_0" and int8_dot_enabled():
+    if int8_dot_enabled():  # Q8_0 and Q4_0 take the route
         route_source, route_threads = matvec_kernel(fmt, rows, cols, qw, x, True)
         route = build(route_source, route=True)
     blocks = np.ascontiguousarray(qw.blocks.numpy())

@@ -1,17 +1,19 @@
 """Integer dot products for a quantized decode step (issue 30): 8-bit activations, int8 x int8 block sums.
 
 - quantize_activations rounds each 32-value block as NumPy does with d = max|x| / 127 (bit for bit).
-- A one-row Q8_0 matvec on a device declaring Capabilities.int8_dot (the CPU backend with VNNI) equals a
-  NumPy model of its arithmetic (exact int32 block sums, one float32 scale per block) within float32
-  summation, and the float path within the activations' rounding bound.
-- The CPU renderer contracts the block sums to its pg_dot4 helper (vpdpbusd) when the capability is on, and
-  not when it is off; the helper is exact for every pair of int8 values (-128 included).
+- A one-row Q8_0 or Q4_0 matvec on a device declaring Capabilities.int8_dot (the CPU backend with VNNI)
+  equals a NumPy model of its arithmetic (exact int32 block sums, one float32 scale per block) within
+  float32 summation, and the float path within the activations' rounding bound.
+- The CPU renderer contracts the block sums to its pg_dot4 / pg_dot4n helpers (vpdpbusd) when the
+  capability is on, and not when it is off; the helpers are exact for every pair of int8 values (-128
+  included) and every nibble x int8 pair.
 - INTERP and X86 declare no int8_dot: their matvec stays the float path. POLY_INT8_DOT=0 turns the route off.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import shutil
 import subprocess
 
@@ -22,9 +24,10 @@ from polygrad import Context, Tensor, dtypes
 from polygrad.codegen.lower import lower
 from polygrad.device import open_device
 from polygrad.engine import programs
-from polygrad.nn.quant import QuantWeight, _int8_matmul_t, int8_dot_enabled, quantize_activations
+from polygrad.nn.quant import QuantWeight, _int8_matmul_t, _q4_0_block_sums, int8_dot_enabled, quantize_activations
 
 ROWS, COLS = 24, 96  # 3 blocks a row
+DOT_HELPER = {"Q8_0": "pg_dot4_i8x32(", "Q4_0": "pg_dot4n_i8x32("}  # the CPU renderer's contracted block sums
 
 
 def _numpy_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -34,13 +37,24 @@ def _numpy_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.rint(blocks * inverse[:, None]).astype(np.int8), d.astype(np.float32)
 
 
-def _blocks(seed: int = 0) -> np.ndarray:
-    """Q8_0 blocks (ROWS, COLS // 32, 34) with random float16 scales and every int8 quant, -128 included."""
+def _blocks(seed: int = 0, fmt: str = "Q8_0") -> np.ndarray:
+    """Q8_0 blocks (ROWS, COLS // 32, 34) with random float16 scales and every int8 quant, -128 included, or
+    Q4_0 blocks (ROWS, COLS // 32, 18) with random scales and random bytes (every nibble)."""
     rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, (ROWS, COLS // 32, 34), dtype=np.uint8)
+    nbytes = 34 if fmt == "Q8_0" else 18
+    blocks = rng.integers(0, 256, (ROWS, COLS // 32, nbytes), dtype=np.uint8)
     blocks[..., :2] = rng.uniform(1e-3, 1e-1, (ROWS, COLS // 32)).astype(np.float16)[..., None].view(np.uint8)
-    blocks[0, 0, 2:4] = [128, 127]  # -128 and 127
+    blocks[0, 0, 2:4] = [128, 127]  # Q8_0: -128 and 127; Q4_0: nibbles 0, 8, 15 and 7
     return blocks
+
+
+def _weight_quants(blocks: np.ndarray, fmt: str) -> np.ndarray:
+    """The int64 quants (rows, nb, 32) of Q8_0 or Q4_0 blocks, as the gguf package orders them (Q4_0: byte j's
+    low nibble is value j, its high nibble value j + 16, each less 8)."""
+    if fmt == "Q8_0":
+        return blocks[..., 2:].view(np.int8).astype(np.int64)
+    q = blocks[..., 2:].astype(np.int64)
+    return np.concatenate([q & 15, q >> 4], axis=-1) - 8
 
 
 def _new_programs(fn):
@@ -74,50 +88,54 @@ def _require_int8_dot():
         pytest.skip("the CPU device does not declare int8_dot (no VNNI or no clang)")
 
 
-def test_int8_matvec_matches_numpy_model_and_the_float_path():
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_int8_matvec_matches_numpy_model_and_the_float_path(fmt):
     _require_int8_dot()
-    blocks = _blocks()
+    blocks = _blocks(fmt=fmt)
     x = np.random.default_rng(2).standard_normal((1, COLS)).astype(np.float32)
-    qw = QuantWeight(Tensor(blocks), "Q8_0", (ROWS, COLS))
-    got = qw.matmul_t(Tensor(x)).numpy()[0]
+    qw = QuantWeight(Tensor(blocks), fmt, (ROWS, COLS))
+    got = []
+    new = _new_programs(lambda: got.append(qw.matmul_t(Tensor(x)).numpy()[0]))
+    assert any(DOT_HELPER[fmt] in p.source for p in new), [p.spec.name for p in new]
     with Context(POLY_INT8_DOT=0):
         floats = qw.matmul_t(Tensor(x)).numpy()[0]
     xq, dx = _numpy_quantize(x)
     dw = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
-    wq = blocks[..., 2:].view(np.int8).astype(np.int64)
+    wq = _weight_quants(blocks, fmt)
     sums = np.einsum("bi,rbi->rb", xq.astype(np.int64), wq)  # exact
     terms = sums.astype(np.float32) * (dw * dx[None, :])
-    assert np.all(np.abs(got - terms.sum(1, dtype=np.float64)) <= 1e-6 * np.abs(terms).sum(1))
+    assert np.all(np.abs(got[0] - terms.sum(1, dtype=np.float64)) <= 1e-6 * np.abs(terms).sum(1))
     # the rounding moves each activation by at most d_x / 2
     w = (wq * dw[..., None]).reshape(ROWS, COLS)
     bound = np.abs(w).reshape(ROWS, -1, 32).sum(2) @ (dx / 2) + 1e-5 * np.abs(floats).max()
-    assert np.all(np.abs(got - floats) <= bound)
+    assert np.all(np.abs(got[0] - floats) <= bound)
 
 
 @functools.lru_cache(maxsize=None)
-def _int8_dot_ast():
-    """The kernel IR of the 8-bit route's one-row Q8_0 matvec."""
-    qw = QuantWeight(Tensor(_blocks(5)), "Q8_0", (ROWS, COLS))
+def _int8_dot_ast(fmt: str):
+    """The kernel IR of the 8-bit route's one-row matvec."""
+    qw = QuantWeight(Tensor(_blocks(5, fmt)), fmt, (ROWS, COLS))
     x = Tensor(np.ones((1, COLS), np.float32))
-    new = _new_programs(lambda: _int8_matmul_t(qw.blocks, x).realize())
+    new = _new_programs(lambda: _int8_matmul_t(qw.blocks, x, fmt).realize())
     return next(p.spec.ast for p in new if p.spec.name == f"r_1_{ROWS}")
 
 
-def _int8_dot_kernel(caps_on: bool):
+def _int8_dot_kernel(caps_on: bool, fmt: str):
     """The 8-bit route's matvec kernel lowered and rendered for the CPU with Capabilities.int8_dot on or off
     (whatever this CPU has: rendering needs no VNNI)."""
     pytest.importorskip("polygrad_backend_cpu")
     from polygrad_backend_cpu.renderer import CPURenderer
-    ast = _int8_dot_ast()
+    ast = _int8_dot_ast(fmt)
     caps = dataclasses.replace(open_device("CPU").capabilities, int8_dot=caps_on)
     spec = lower(ast, caps)
     return spec, CPURenderer(int8_dot=caps_on).render(spec)
 
 
-def test_rendered_kernel_has_dot_products_only_with_the_capability():
-    spec, source = _int8_dot_kernel(True)
-    assert "pg_dot4_i8x32(" in source and "__builtin_ia32_vpdpbusd256" in source
-    _, plain = _int8_dot_kernel(False)
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_rendered_kernel_has_dot_products_only_with_the_capability(fmt):
+    spec, source = _int8_dot_kernel(True, fmt)
+    assert DOT_HELPER[fmt] in source and "__builtin_ia32_vpdpbusd256" in source
+    _, plain = _int8_dot_kernel(False, fmt)
     assert "pg_dot4" not in plain and "vpdpbusd" not in plain
     cc = shutil.which("clang")
     if cc is None or not int8_dot_enabled("CPU"):
@@ -125,6 +143,10 @@ def test_rendered_kernel_has_dot_products_only_with_the_capability():
     flags = ["-O3", "-march=native", "-ffp-contract=off", "-S", "-x", "c", "-", "-o", "-"]
     asm = subprocess.run([cc, *flags], input=source, capture_output=True, text=True, check=True).stdout
     assert "vpdpbusd" in asm
+    # the block's bytes are read as vectors: no byte-sized scalar loads or sign extensions in the kernel
+    kernel = asm[asm.index("pg_kernel:"):]
+    kernel = kernel[:kernel.index(".cfi_endproc")]
+    assert not re.search(r"\b(movsbl|movzbl|movsbw|movzbw|movsbq|movzbq)\b", kernel), kernel
     plain_asm = subprocess.run([cc, *flags], input=plain, capture_output=True, text=True, check=True).stdout
     assert "vpdpbusd" not in plain_asm
 
@@ -151,31 +173,58 @@ def test_dot_products_are_exact_for_every_byte_value():
     assert np.array_equal(matvec("INTERP").numpy(), got[0])
 
 
+def test_nibble_dot_products_are_exact_for_every_value():
+    """Every byte (both its nibbles) against every int8 value, -128 included, through the contracted Q4_0
+    block sums: the exact integer sums (scales of 1, sums below 2**24 so float32 holds them), as INTERP
+    computes the same kernel IR."""
+    _require_int8_dot()
+    rng = np.random.default_rng(6)
+    blocks = _blocks(8, "Q4_0")
+    blocks[:16, :, 2:] = np.arange(256, dtype=np.uint8).reshape(16, 1, 16)  # rows 0-15: bytes 0..255
+    xq = rng.integers(-128, 128, (1, 1, 3, 2, 2, 8), dtype=np.int8)
+    xq[0, 0, 0] = -128
+    xq[0, 0, 1] = 127
+
+    def matvec(device: str) -> Tensor:
+        sums = _q4_0_block_sums(Tensor(blocks, device=device), Tensor(xq, device=device))
+        return (sums.cast(dtypes.float32) * Tensor.ones(ROWS, 3, 8, device=device)).sum((-2, -1))
+
+    got = []
+    new = _new_programs(lambda: got.append(matvec("CPU").numpy()))
+    assert any(DOT_HELPER["Q4_0"] in p.source for p in new), [p.spec.name for p in new]
+    want = np.einsum("xbi,rbi->r", xq.reshape(1, 3, 32).astype(np.int64), _weight_quants(blocks, "Q4_0"))
+    assert np.array_equal(got[0].reshape(-1), want.astype(np.float32))
+    assert np.array_equal(matvec("INTERP").numpy(), got[0])
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
 @pytest.mark.parametrize("device", ["INTERP", "X86"])
-def test_other_backends_keep_the_float_path(device):
+def test_other_backends_keep_the_float_path(device, fmt):
     try:
         caps = open_device(device).capabilities
     except Exception as e:  # noqa: BLE001 - a backend not installed here
         pytest.skip(f"{device}: {e}")
     assert not caps.int8_dot and not int8_dot_enabled(device)
-    blocks = _blocks()
+    blocks = _blocks(fmt=fmt)
     x = np.random.default_rng(4).standard_normal((1, COLS)).astype(np.float32)
-    qw = QuantWeight(Tensor(blocks, device=device), "Q8_0", (ROWS, COLS))
+    qw = QuantWeight(Tensor(blocks, device=device), fmt, (ROWS, COLS))
     new = _new_programs(lambda: qw.matmul_t(Tensor(x, device=device)).realize())
     assert [p.spec.name for p in new] == [f"r_1_{ROWS}"]  # one kernel: no 8-bit activations
 
 
-def test_setting_turns_the_route_off():
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_setting_turns_the_route_off(fmt):
     _require_int8_dot()
     with Context(POLY_INT8_DOT=0):
         assert not int8_dot_enabled("CPU")
-        qw = QuantWeight(Tensor(_blocks()), "Q8_0", (ROWS, COLS))
+        qw = QuantWeight(Tensor(_blocks(fmt=fmt)), fmt, (ROWS, COLS))
         new = _new_programs(lambda: qw.matmul_t(Tensor(np.ones((1, COLS), np.float32))).realize())
     assert [p.spec.name for p in new] == [f"r_1_{ROWS}"]
     assert all("pg_dot4" not in p.source for p in new)
 
 
-def test_a_saved_int8_route_runs_in_node_as_in_python(tmp_path):
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_a_saved_int8_route_runs_in_node_as_in_python(tmp_path, fmt):
     """A Model captured with the 8-bit route saves its kernels (the activation rounding, the int8 block sums)
     into the bundle, and polygrad-js computes them as Python does: with the same input to round, the same
     8-bit values (a sign-extension or rounding slip would move the result by whole steps of d_x)."""
@@ -184,7 +233,7 @@ def test_a_saved_int8_route_runs_in_node_as_in_python(tmp_path):
 
     from polygrad import Model
     rng = np.random.default_rng(3)
-    qw = QuantWeight(Tensor(_blocks(7)), "Q8_0", (ROWS, COLS))
+    qw = QuantWeight(Tensor(_blocks(7, fmt)), fmt, (ROWS, COLS))
 
     class MatVec:
         def __init__(self) -> None:
@@ -193,7 +242,7 @@ def test_a_saved_int8_route_runs_in_node_as_in_python(tmp_path):
         def __call__(self, x):
             return {"y": qw.matmul_t(x)}
     m = Model(MatVec(), inputs={"x": Tensor.empty(1, COLS)})
-    assert any("pg_dot4" in p.source for p in _new_programs(lambda: m.forward(x=np.zeros((1, COLS), np.float32))))
+    assert any(DOT_HELPER[fmt] in p.source for p in _new_programs(lambda: m.forward(x=np.zeros((1, COLS), np.float32))))
     x = rng.standard_normal((1, COLS)).astype(np.float32)
     want = m.forward(x=x)["y"].numpy()
     path = tmp_path / "matvec.pgb"

@@ -163,7 +163,7 @@ def quantized(request, tmp_path_factory):
     fmt = request.param
     tmp = tmp_path_factory.mktemp(f"gpt2_{fmt}")
     _, folder = hf_checkpoints.make("gpt2", tmp / "ckpt", overrides={"n_embd": Q_WIDTH})
-    # the float kernels every machine captures alike: on a CPU with VNNI a Q8_0 decode would round its
+    # the float kernels every machine captures alike: on a CPU with VNNI a Q8_0 or Q4_0 decode would round its
     # activations to 8 bits, where another backend's last-ulp difference can round one the other way (a 1e-2
     # move of the logits, not a 1e-4 one); tests/test_int8_dot.py runs that route's kernels in Node
     with Context(POLY_INT8_DOT=0):

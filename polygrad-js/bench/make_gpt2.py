@@ -120,7 +120,7 @@ def main() -> None:
             bundle.save(str(HERE / "gpt2s.pgb"))
             bundle.dispose()
         for fmt in quants:
-            # the portable float kernels: a Q8_0 decode captured on a CPU with VNNI would otherwise round its
+            # the portable float kernels: a Q8_0 or Q4_0 decode captured on a CPU with VNNI would otherwise round its
             # activations to 8 bits (POLY_INT8_DOT), whose logits polygrad-js reproduces only to about 1e-2
             with Context(POLY_INT8_DOT=0):
                 bundle = load_hf(tmp, max_batch=1, max_seq_len=MAX_SEQ, dtype=fmt)

@@ -19,7 +19,7 @@ values for core (`get`) and for backends (`backend_api.setting`).
 | POLY_DIST_TIMEOUT   | seconds a distributed collective waits for the other ranks (0: forever) | 300 |
 | POLY_DIST_BUCKET_MB | gradient bucket size of distributed training, MiB              | 1       |
 | POLY_CPU            | declared CPU description fields (JSON or a JSON file) over the detected ones | detected |
-| POLY_INT8_DOT       | 0: quantized (Q8_0) decode matvecs stay in float, no 8-bit activations | 1 |
+| POLY_INT8_DOT       | 0: quantized (Q8_0, Q4_0) decode matvecs stay in float, no 8-bit activations | 1 |
 
 Backends declare their own settings (the CPU backend's POLY_CC, the X86 backend's POLY_X86_ISA, ...)
 with `backend_api.register_setting` when their package is imported: core knows nothing of them, yet

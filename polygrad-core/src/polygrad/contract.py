@@ -66,7 +66,7 @@ class Capabilities:
                                  # gather: a stride-2 window (depthwise conv, pooling) gets lanes on its row
     int8_dot: bool = False      # 8-bit integer dot products into int32 lanes in hardware (x86 VNNI): a quantized
                                 # decode matvec rounds its activation to 8 bits (nn/quant.py) and the renderer
-                                # contracts each int8 x int8 block sum (renderer/int8_dot.py)
+                                # contracts each 8-bit block sum (renderer/int8_dot.py)
     has_local_memory: bool = False
     shared_memory_bytes: int = 0
     atomic_add: bool = False    # GPU devices: an accumulating ADD store of float32/int32 is one atomic add, so a

@@ -149,17 +149,15 @@ BYTE_DTYPES = (dtypes.int8, dtypes.uint8)
 
 def int8_dot_lanes(reduces: list[UOp]) -> UOp | None:
     """The range to make the lanes of a sum of int32 block sums of 8-bit products (nn/quant.py's decode
-    matvec: per 32-value block, REDUCE(ADD) over k < 4 of two bytes at 8k + l, inside a sum over blocks and
-    l < 8): l, whose 8 lanes turn the 4-turn inner sum into one dot product (renderer/int8_dot.py); None for
-    any other kernel."""
+    matvec: per 32-value block, REDUCE(ADD) over the block's 4 turns of two bytes at 8k + l, inside a sum
+    over blocks and l < 8): l, whose 8 lanes turn the 4-turn inner sum into one dot product
+    (renderer/int8_dot.py); None for any other kernel. Q8_0's turns are one range k < 4; Q4_0's are two
+    ranges h, t < 2 (value 16h + 8t + l is nibble h of byte 8t + l)."""
     for inner in reduces:
-        if inner.dtype is not dtypes.int32 or inner.arg is not Ops.ADD or len(inner.src) != 2:
+        if inner.dtype is not dtypes.int32 or inner.arg is not Ops.ADD:
             continue
-        turn = inner.src[1]
         byte_loads = [n.src[0] for n in inner.src[0].toposort() if n.op is Ops.LOAD and n.dtype in BYTE_DTYPES]
-        if range_size(turn) != 4 or len(byte_loads) != 2:
-            continue
-        if any(range_coeff(ix.src[1], turn) != INT8_DOT_LANES for ix in byte_loads):
+        if len(byte_loads) != 2 or not _byte_dot_turns(inner.src[1:], byte_loads):
             continue
         for outer in reduces:
             if outer is inner or inner not in outer.src[0].toposort():
@@ -168,6 +166,22 @@ def int8_dot_lanes(reduces: list[UOp]) -> UOp | None:
                 if range_size(r) == INT8_DOT_LANES and all(range_coeff(ix.src[1], r) == 1 for ix in byte_loads):
                     return r
     return None
+
+
+def _byte_dot_turns(turns: tuple[UOp, ...], byte_loads: list[UOp]) -> bool:
+    """Whether a block sum's ranges are the 4 turns of a byte dot product: one range k < 4 that moves both
+    loads by 8 (Q8_0), or h, t < 2 where t moves both by 8 and h moves one by 16 and the other not at all
+    (Q4_0: the activation's second half, the same bytes' high nibbles)."""
+    index = [ix.src[1] for ix in byte_loads]
+    if len(turns) == 1:
+        return range_size(turns[0]) == 4 and all(range_coeff(i, turns[0]) == INT8_DOT_LANES for i in index)
+    if len(turns) != 2 or any(range_size(r) != 2 for r in turns):
+        return False
+
+    def nibble_turns(h: UOp, t: UOp) -> bool:
+        steps = sorted(range_coeff(i, h) for i in index)
+        return all(range_coeff(i, t) == INT8_DOT_LANES for i in index) and steps == [0, 2 * INT8_DOT_LANES]
+    return nibble_turns(*turns) or nibble_turns(*reversed(turns))
 
 
 def column_reduce_opts(glob: list[UOp], inner: UOp, loads: list[UOp], store_index: UOp,

@@ -224,13 +224,13 @@ def _grouped(blocks: Tensor, f: BlockFormatDef) -> Tensor:
 
 
 # formats whose decode matvec may run on 8-bit activations (_int8_matmul_t)
-INT8_DOT_FORMATS = ("Q8_0",)
+INT8_DOT_FORMATS = ("Q8_0", "Q4_0")
 
 
 def int8_dot_enabled(device: str) -> bool:
-    """Whether a one-row matvec of a Q8_0 weight on `device` rounds its activation to 8 bits and sums each
-    block with integer dot products (_int8_matmul_t): where the device declares Capabilities.int8_dot and
-    POLY_INT8_DOT is not 0."""
+    """Whether a one-row matvec of a Q8_0 or Q4_0 weight on `device` rounds its activation to 8 bits and sums
+    each block with integer dot products (_int8_matmul_t): where the device declares Capabilities.int8_dot
+    and POLY_INT8_DOT is not 0."""
     return bool(config.get("POLY_INT8_DOT")) and bool(getattr(open_device(device).capabilities, "int8_dot", False))
 
 
@@ -256,18 +256,21 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
     return (blocks * inverse).round().cast(dtypes.int8).contiguous(), d
 
 
-def _int8_matmul_t(blocks: Tensor, x: Tensor) -> Tensor:
-    """x @ W.T for Q8_0 blocks (rows, nb, 34) and one row x (..., nb * 32), llama.cpp's way: x rounded to 8
-    bits per block (quantize_activations), each block's 32 products summed exactly in int32, then scaled
-    once by d_w * d_x in float32. Within a block, product 8k + l (k < 4, l < 8) goes to the sum of l over k:
-    8 contiguous lanes whose 4-product sums the CPU renderer makes one vpdpbusd (renderer/int8_dot.py,
-    host_opts.int8_dot_lanes). Differs from the float path by the activation's rounding (about 0.5% of
-    the output's scale)."""
+def _int8_matmul_t(blocks: Tensor, x: Tensor, fmt: str = "Q8_0") -> Tensor:
+    """x @ W.T for Q8_0 or Q4_0 blocks (rows, nb, 34 or 18) and one row x (..., nb * 32), llama.cpp's way: x
+    rounded to 8 bits per block (quantize_activations), each block's 32 products summed exactly in int32,
+    then scaled once by d_w * d_x in float32. Within a block, product 8k + l (k < 4, l < 8) goes to the sum
+    of l over k: 8 contiguous lanes whose 4-product sums the CPU renderer makes one vpdpbusd
+    (renderer/int8_dot.py, host_opts.int8_dot_lanes). Differs from the float path by the activation's
+    rounding (about 0.5% of the output's scale)."""
     rows, nb, _ = blocks.shape
     lead = x.shape[:-1]
     xq, dx = quantize_activations(x)
-    wq = blocks[..., 2:].bitcast(dtypes.int8).reshape(rows, nb, 4, 8)
-    sums = (xq.reshape(*lead, 1, nb, 4, 8).cast(dtypes.int32) * wq.cast(dtypes.int32)).sum(-2)  # (.., rows, nb, 8)
+    if fmt == "Q4_0":
+        sums = _q4_0_block_sums(blocks, xq.reshape(*lead, 1, nb, 2, 2, 8))
+    else:
+        wq = blocks[..., 2:].bitcast(dtypes.int8).reshape(rows, nb, 4, 8)
+        sums = (xq.reshape(*lead, 1, nb, 4, 8).cast(dtypes.int32) * wq.cast(dtypes.int32)).sum(-2)  # (.., rows, nb, 8)
 
     def byte(k: int) -> Tensor:  # the raw byte broadcast before any arithmetic (see _Fields)
         return blocks[..., k:k + 1].expand(rows, nb, 8).cast(dtypes.uint16)
@@ -277,6 +280,20 @@ def _int8_matmul_t(blocks: Tensor, x: Tensor) -> Tensor:
     # a kernel of its own, as the float path's: under an epilogue (a bias, GELU) the scheduler would give
     # the block sums, a reduction inside the matvec's, a buffer of their own (schedule/fusion.py)
     return (sums.cast(dtypes.float32) * scale).sum((-2, -1)).contiguous()
+
+
+def _q4_0_block_sums(blocks: Tensor, xq: Tensor) -> Tensor:
+    """Per Q4_0 block, lane l < 8: the int32 sum over h, t < 2 of xq[16h + 8t + l] * (nibble h of byte
+    8t + l, less 8), for int8 activations xq (..., 1, nb, 2, 2, 8): value 16h + 8t + l is 8k + l with
+    k = 2h + t, so each lane sums the same 4 values as Q8_0's, and the two loops over h and t are the 4 turns
+    the CPU renderer contracts (renderer/int8_dot.py: DOT4_NIBBLES)."""
+    rows, nb, _ = blocks.shape
+    full = (rows, nb, 2, 2, 8)
+    # the raw bytes and the shift broadcast before any arithmetic (see _Fields)
+    qs = blocks[..., 2:18].reshape(rows, nb, 1, 2, 8).expand(*full)
+    shift = Tensor.arange(2, dtype=dtypes.uint8, device=blocks.device).reshape(1, 1, 2, 1, 1).expand(*full)
+    weights = ((qs >> shift * 4) & 15).cast(dtypes.int32) - 8
+    return (xq.cast(dtypes.int32) * weights).sum((-3, -2))
 
 
 @dataclass(frozen=True)
@@ -336,7 +353,7 @@ class QuantWeight:
             raise QuantizationError(f"x @ W.T: x has {x.shape[-1]} columns, the {f.name} weight {cols}")
         lead = x.shape[:-1]
         if f.name in INT8_DOT_FORMATS and _one_row(lead) and int8_dot_enabled(x.device):
-            return _int8_matmul_t(self.blocks, x)
+            return _int8_matmul_t(self.blocks, x, f.name)
         values = _grouped(self.blocks, f)  # (rows, nb, *groups)
         axes = tuple(range(-len(f.groups) - 1, 0))
         out = (x.reshape(*lead, 1, cols // f.block, *f.groups) * values).sum(axes)

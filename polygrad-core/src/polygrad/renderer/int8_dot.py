@@ -2,16 +2,25 @@
 
 Stage: linearizing, after `linearize` and before a C dialect renders the program, for a dialect that asks
 for it (`CStyleRenderer.int8_dot`: the CPU backend on a CPU with VNNI). Input: a LinearProgram. Output: the
-same program with each loop of the shape below replaced by one UPDATE with arg DOT4.
+same program with each loop of the shapes below replaced by one UPDATE with arg DOT4 or DOT4_NIBBLES.
 
-The loop: 4 turns (0 to 4, step 1) whose body is scalar int index arithmetic, two contiguous n-lane loads of
-int8 (an unsigned byte load read through a BITCAST to int8 counts), their CASTs to int32, the product, and
-an UPDATE (ADD) of an int32 accumulator of n lanes defined outside the loop; each load's index grows by n a
-turn. That is lane l of the accumulator gaining a[l + n k] * b[l + n k] for k < 4 over the 4n bytes at
-each load's index at turn 0, which the loop becomes: its index arithmetic at turn 0, two 4n-lane loads and
-`UPDATE(acc, a, b)` with arg DOT4, which the dialect renders as one call of its helper (the CPU's: a byte
-shuffle and vpdpbusd). Integer sums are exact, so the values are the loop's bit for bit. nn/quant.py writes
-a decode matvec's 32-weight block as 4 x 8 such products (`QuantWeight.matmul_t`).
+Bytes (Q8_0): 4 turns (0 to 4, step 1) whose body is scalar int index arithmetic, two contiguous n-lane
+loads of int8 (an unsigned byte load read through a BITCAST to int8 counts), their CASTs to int32, the
+product, and an UPDATE (ADD) of an int32 accumulator of n lanes defined outside the loop; each load's
+index grows by n a turn. That is lane l of the accumulator gaining a[l + n k] * b[l + n k] for k < 4 over
+the 4n bytes at each load's index at turn 0, which the loop becomes: its index arithmetic at turn 0, two
+4n-lane loads and `UPDATE(acc, a, b)` with arg DOT4, which the dialect renders as one call of its helper
+(the CPU's: a byte shuffle and vpdpbusd).
+
+Nibbles (Q4_0): two nested 2-turn loops h (outer) and t whose body is as above except that the second
+factor is ((q >> 4h) & 15) - 8 in int32, q a contiguous n-lane load of uint8 whose index grows by n a
+turn of t and not with h, while the int8 load grows by n a turn of t and 2n a turn of h. That is lane l
+gaining a[l + n k] * (nibble(k) - 8) for k = 2h + t < 4, nibble(k) = q[l + n t] >> 4h & 15, over the 4n
+int8 values and the 2n bytes of q at turn 0: `UPDATE(acc, a, q)` with arg DOT4_NIBBLES (the CPU's helper:
+the nibbles unpacked to bytes in value order, a byte shuffle, vpdpbusd of nibbles x a, less 8 x a's sum).
+
+Integer sums are exact, so the values are the loops' bit for bit. nn/quant.py writes a decode matvec's
+32-weight block in these forms (`_int8_matmul_t`).
 """
 from __future__ import annotations
 
@@ -22,7 +31,11 @@ from polygrad.renderer.linearize import Inst, L, LinearProgram
 from polygrad.uop.ops import Ops
 
 DOT4 = "dot4"  # UPDATE arg: acc lane l += sum over k < 4 of a[l + n k] * b[l + n k] (a, b: 4n int8 lanes)
+# UPDATE arg: acc lane l += sum over k < 4 of a[l + n k] * (((q[l + n (k % 2)] >> 4 (k // 2)) & 15) - 8)
+# (a: 4n int8 lanes; q: 2n uint8 lanes, each byte two 4-bit weights, Q4_0's low and high halves)
+DOT4_NIBBLES = "dot4_nibbles"
 TURNS = 4
+NIBBLE_OFFSET = 8  # Q4_0's weights are nibble - 8
 
 
 def contract_int8_dots(prog: LinearProgram) -> LinearProgram:
@@ -35,7 +48,9 @@ def contract_int8_dots(prog: LinearProgram) -> LinearProgram:
         x = insts[i]
         if x.op is L.LOOP:
             j = end_of[id(x)]
-            contracted = _contracted(x, insts[i + 1:j])
+            body = insts[i + 1:j]
+            nested = bool(body) and body[0].op is L.LOOP
+            contracted = _contracted_nibbles(x, body) if nested else _contracted(x, body)
             if contracted is not None:
                 out.extend(contracted)
                 i = j + 1
@@ -88,24 +103,52 @@ def _turn_step(x: Inst, loop: Inst, body: set[int]) -> int | None:
     return None
 
 
-def _contracted(loop: Inst, body: list[Inst]) -> list[Inst] | None:
-    """The instructions replacing `loop` (whose body is `body`), or None when it is not a 4-turn byte dot."""
-    if len(loop.src) != 2 or not _is_int_const(loop.src[0], 0) or not _is_int_const(loop.src[1], TURNS):
-        return None
+def _is_turns(loop: Inst, turns: int) -> bool:
+    return len(loop.src) == 2 and _is_int_const(loop.src[0], 0) and _is_int_const(loop.src[1], turns)
+
+
+def _product_update(body: list[Inst]) -> tuple[Inst, Inst, Inst] | None:
+    """(update, acc, mul) when the body's one UPDATE adds an n-lane int32 product (n > 1) to an int32
+    accumulator defined outside the body."""
     updates = [x for x in body if x.op is L.UPDATE]
     if len(updates) != 1 or updates[0].arg is not Ops.ADD or len(updates[0].src) != 2:
         return None
     update = updates[0]
     acc, mul = update.src
-    lanes = acc.lanes
     inside = {id(x) for x in body}
     if acc.op is not L.ACC or acc.dtype is not dtypes.int32 or acc.arg != (Ops.ADD, 1) or id(acc) in inside:
         return None
-    if not (mul.op is L.ALU and mul.arg is Ops.MUL and mul.dtype is dtypes.int32 and mul.lanes == lanes > 1):
+    if not (mul.op is L.ALU and mul.arg is Ops.MUL and mul.dtype is dtypes.int32 and mul.lanes == acc.lanes > 1):
         return None
-    found = [_byte_operand(s, lanes) for s in mul.src]
-    operands = [o for o in found if o is not None]
-    if len(operands) < len(found):
+    return update, acc, mul
+
+
+def _index_at_start(index: list[Inst], starts: dict[int, Inst]) -> tuple[list[Inst], dict[int, Inst]]:
+    """The scalar index arithmetic `index` again with each loop in `starts` (by id) replaced by its start,
+    and the map from the old instructions (by id) to the new ones."""
+    new = dict(starts)
+    out = []
+    for x in index:
+        y = Inst(x.op, x.dtype, tuple(new.get(id(s), s) for s in x.src), x.arg, x.lanes)
+        new[id(x)] = y
+        out.append(y)
+    return out, new
+
+
+def _is_scalar_int(x: Inst) -> bool:
+    return x.op is L.ALU and x.lanes == 1 and x.dtype is dtypes.int32
+
+
+def _contracted(loop: Inst, body: list[Inst]) -> list[Inst] | None:
+    """The instructions replacing `loop` (whose body is `body`), or None when it is not a 4-turn byte dot."""
+    found = _product_update(body) if _is_turns(loop, TURNS) else None
+    if found is None:
+        return None
+    update, acc, mul = found
+    lanes = acc.lanes
+    inside = {id(x) for x in body}
+    operands = [_byte_operand(s, lanes) for s in mul.src]
+    if any(o is None for o in operands):
         return None
     vector = {id(update), id(mul)} | {id(s) for s in mul.src}
     for load, cast in operands:
@@ -114,22 +157,13 @@ def _contracted(loop: Inst, body: list[Inst]) -> list[Inst] | None:
             return None
     # everything else in the body is the loads' scalar index arithmetic
     index = [x for x in body if id(x) not in vector]
-    if any(not (x.op is L.ALU and x.lanes == 1 and x.dtype is dtypes.int32) for x in index):
+    if not all(_is_scalar_int(x) for x in index):
         return None
     # the index arithmetic at turn 0 (the loop's start stands for the variable), then the wide loads
-    new: dict[int, Inst] = {id(loop): loop.src[0]}
-
-    def at_start(x: Inst) -> Inst:
-        return new.get(id(x), x)
-
-    out = []
-    for x in index:
-        y = Inst(x.op, x.dtype, tuple(at_start(s) for s in x.src), x.arg, x.lanes)
-        new[id(x)] = y
-        out.append(y)
+    out, new = _index_at_start(index, {id(loop): loop.src[0]})
     wide = []
     for load, cast in operands:
-        w = Inst(L.LOAD, load.dtype, (load.src[0], at_start(load.src[1])), "contiguous", TURNS * lanes)
+        w = Inst(L.LOAD, load.dtype, (load.src[0], new.get(id(load.src[1]), load.src[1])), "contiguous", TURNS * lanes)
         out.append(w)
         if cast is not None:
             w = Inst(L.ALU, dtypes.int8, (w,), Ops.BITCAST, TURNS * lanes)
@@ -137,3 +171,108 @@ def _contracted(loop: Inst, body: list[Inst]) -> list[Inst] | None:
         wide.append(w)
     out.append(Inst(L.UPDATE, update.dtype, (acc, *wide), DOT4, update.lanes))
     return out
+
+
+def _splat(x: Inst, value: int) -> bool:
+    """Whether x is `value` in every lane (a BCAST of a scalar CONST, or a CONST)."""
+    if x.op is L.BCAST:
+        return _is_int_const(x.src[0], value)
+    return x.op is L.CONST and (x.arg == value or (isinstance(x.arg, tuple) and set(x.arg) == {value}))
+
+
+def _value_at(x: Inst, env: dict[int, int]) -> int | None:
+    """The scalar integer x when each loop in env (by id) holds its value; None when x depends on anything
+    else (a load, another loop) or is not plain integer arithmetic."""
+    if id(x) in env:
+        return env[id(x)]
+    if x.op is L.CONST and x.lanes == 1 and isinstance(x.arg, int):
+        return x.arg
+    if not (x.op is L.ALU and x.lanes == 1 and x.dtype is not None and x.dtype.is_int):
+        return None
+    vals = [_value_at(s, env) for s in x.src]
+    if any(v is None for v in vals):
+        return None
+    ops = {Ops.CAST: lambda a: a, Ops.ADD: lambda a, b: a + b, Ops.MUL: lambda a, b: a * b,
+           Ops.SHL: lambda a, b: a << b}
+    f = ops.get(x.arg)
+    return None if f is None or len(vals) != (1 if x.arg is Ops.CAST else 2) else f(*vals)
+
+
+def _nibble_operand(x: Inst, lanes: int, h: Inst) -> tuple[Inst, list[Inst]] | None:
+    """(the uint8 load, the instructions of the operand) when x is int32 lanes of ((q >> 4h) & 15) - 8 for
+    a contiguous n-lane uint8 load q (the shift a scalar of loop h broadcast, 4h at each turn)."""
+    if not (x.op is L.ALU and x.arg is Ops.ADD and x.dtype is dtypes.int32 and x.lanes == lanes):
+        return None
+    widened = next((s for s in x.src if not _splat(s, -NIBBLE_OFFSET)), None)
+    if widened is None or not any(_splat(s, -NIBBLE_OFFSET) for s in x.src):
+        return None
+    if not (widened.op is L.ALU and widened.arg is Ops.CAST and widened.src[0].dtype is dtypes.uint8):
+        return None
+    masked = widened.src[0]
+    if not (masked.op is L.ALU and masked.arg is Ops.AND and masked.lanes == lanes and _splat(masked.src[1], 15)):
+        return None
+    shifted = masked.src[0]
+    if not (shifted.op is L.ALU and shifted.arg is Ops.SHR and shifted.src[1].op is L.BCAST):
+        return None
+    load, amount = shifted.src[0], shifted.src[1].src[0]
+    if not (load.op is L.LOAD and load.arg == "contiguous" and len(load.src) == 2 and load.lanes == lanes
+            and load.dtype is dtypes.uint8):
+        return None
+    if [_value_at(amount, {id(h): turn}) for turn in (0, 1)] != [0, 4]:
+        return None
+    return load, [x, widened, masked, shifted, shifted.src[1]]
+
+
+def _ancestors_in(x: Inst, inside: set[int]) -> set[int]:
+    """The ids of x's sources, theirs and so on, that are in `inside` (x itself not counted)."""
+    found: set[int] = set()
+    todo = list(x.src)
+    while todo:
+        y = todo.pop()
+        if id(y) in inside and id(y) not in found:
+            found.add(id(y))
+            todo.extend(y.src)
+    return found
+
+
+def _contracted_nibbles(outer: Inst, body: list[Inst]) -> list[Inst] | None:
+    """The instructions replacing the loop `outer` (h, whose body is `body`: the loop t and its end), or None
+    when they are not Q4_0's nibble dot (module docstring)."""
+    inner = body[0]
+    if not (_is_turns(outer, 2) and _is_turns(inner, 2) and body[-1].op is L.ENDLOOP and body[-1].src[0] is inner):
+        return None
+    turn_body = body[1:-1]
+    found = _product_update(turn_body)
+    if found is None:
+        return None
+    update, acc, mul = found
+    lanes = acc.lanes
+    inside = {id(x) for x in turn_body}
+    a, b = mul.src
+    for first, second in ((a, b), (b, a)):
+        byte = _byte_operand(first, lanes)
+        nibble = _nibble_operand(second, lanes, outer)
+        if byte is not None and byte[1] is None and nibble is not None:
+            break
+    else:
+        return None
+    (x_load, _), (q_load, operand) = byte, nibble
+    steps = {"x": (_turn_step(x_load.src[1], outer, inside), _turn_step(x_load.src[1], inner, inside)),
+             "q": (_turn_step(q_load.src[1], outer, inside), _turn_step(q_load.src[1], inner, inside))}
+    if steps != {"x": (2 * lanes, lanes), "q": (0, lanes)}:
+        return None
+    vector = {id(update), id(mul), id(first), id(x_load), id(q_load)} | {id(y) for y in operand}
+    rest = [x for x in turn_body if id(x) not in vector]
+    # the shift amount's arithmetic of h goes with the shift; the rest is the loads' index arithmetic
+    shift_math = _ancestors_in(operand[-1], inside)
+    index = [x for x in rest if id(x) not in shift_math]
+    if not all(_is_scalar_int(x) for x in index):
+        return None
+    if any(id(s) in shift_math for x in (*index, x_load, q_load) for s in x.src):
+        return None  # the index reads the shift's arithmetic, which the contraction drops
+    out, new = _index_at_start(index, {id(outer): outer.src[0], id(inner): inner.src[0]})
+    wide_x = Inst(L.LOAD, dtypes.int8, (x_load.src[0], new.get(id(x_load.src[1]), x_load.src[1])), "contiguous",
+                  TURNS * lanes)
+    wide_q = Inst(L.LOAD, dtypes.uint8, (q_load.src[0], new.get(id(q_load.src[1]), q_load.src[1])), "contiguous",
+                  2 * lanes)
+    return [*out, wide_x, wide_q, Inst(L.UPDATE, update.dtype, (acc, wide_x, wide_q), DOT4_NIBBLES, update.lanes)]
