@@ -63,11 +63,6 @@ def instrument(model, entry: str, per_layer: int, clock=time.perf_counter) -> tu
         if prog is not None:
             plan[i] = (TimedProgram(prog, i, times, clock), handles, names)
             info[i] = (kernel_key(i, prog, first, per_layer), prog.spec.mem_bytes)
-    # the executor keeps each launch's bound launcher from the steps before: forget them, so the next
-    # launches go through the wrapped programs (kept, they bypassed them and only 86 of GPT-2's were timed)
-    launchers = model._x.launchers.get(entry)
-    if launchers is not None:
-        launchers[:] = [None] * len(launchers)
     return times, info
 
 
