@@ -290,17 +290,18 @@ def _launch_counter(monkeypatch):
     return ran
 
 
-def test_deferred_capture_records_without_compiling_and_a_read_runs_what_is_pending(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_deferred_capture_records_without_compiling_and_a_read_runs_what_is_pending(monkeypatch, device):
     """realize.deferred() (Model's capture run): launches are recorded with no program, nothing is compiled or
     run, and what is still pending at the end is dropped; a host read inside the block first runs the pending
     launches in order, so it sees NumPy's values."""
     ran = _launch_counter(monkeypatch)
-    x, w = _t(np.arange(6).reshape(2, 3)), _t([1.0, 2.0, 3.0])
+    x, w = _t(np.arange(6).reshape(2, 3), device), _t([1.0, 2.0, 3.0], device)
     with realize.deferred(), capture() as cap:
         h = (x * w * 1.4375).contiguous().realize()  # this test's constant: a kernel new to the program cache
         y = (h.sum(1) - 0.8125).realize()
     assert ran == [] and [launch.program for launch in cap.launches] == [None, None]
-    assert all((launch.ast, "CPU") not in programs.program_cache for launch in cap.launches)
+    assert all((launch.ast, device) not in programs.program_cache for launch in cap.launches)
     with realize.deferred(), capture() as cap:
         h = (x * w * 1.4375).contiguous().realize()
         y = (h.sum(1) - 0.8125).realize()
@@ -311,13 +312,14 @@ def test_deferred_capture_records_without_compiling_and_a_read_runs_what_is_pend
     assert len(cap.launches) == 2  # the read's own work is not recorded twice
 
 
-def test_graph_of_a_deferred_capture_compiles_its_programs_and_replays():
-    x, w = _t(np.arange(6).reshape(2, 3)), _t([1.0, 2.0, 3.0])
+@pytest.mark.parametrize("device", DEVICES)
+def test_graph_of_a_deferred_capture_compiles_its_programs_and_replays(device):
+    x, w = _t(np.arange(6).reshape(2, 3), device), _t([1.0, 2.0, 3.0], device)
     with realize.deferred(), capture() as cap:
         y = _mlp_like(x, w)
     g = cap.graph(inputs=[x._buffer()], outputs=[y._buffer()])
     assert all(launch.program is not None for launch in g.launches)
     new = np.array([[1.0, -2.0, 3.0], [4.0, 0.5, -6.0]], np.float32)
-    (out,) = g.replay([_t(new)._buffer()])
+    (out,) = g.replay([_t(new, device)._buffer()])
     h = new * [1.0, 2.0, 3.0]
     np.testing.assert_allclose(out.numpy(), h.sum(1) + h.max(1), rtol=1e-6)
