@@ -280,3 +280,46 @@ def test_linalg_inside_a_capture_is_recorded():
     a2, b2 = np.array([[3.0, 1.0], [1.0, 2.0]], np.float32), np.array([1.0, 1.0], np.float32)
     (out,) = g.replay([_t(a2)._buffer(), _t(b2)._buffer()])
     np.testing.assert_allclose(out.numpy(), np.linalg.solve(a2, b2), rtol=1e-5, atol=1e-6)
+
+
+def _launch_counter(monkeypatch):
+    ran = []
+    real = programs.CompiledProgram.launch
+    monkeypatch.setattr(programs.CompiledProgram, "launch",
+                        lambda self, *a, **k: ran.append(self) or real(self, *a, **k))
+    return ran
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deferred_capture_records_without_compiling_and_a_read_runs_what_is_pending(monkeypatch, device):
+    """realize.deferred() (Model's capture run): launches are recorded with no program, nothing is compiled or
+    run, and what is still pending at the end is dropped; a host read inside the block first runs the pending
+    launches in order, so it sees NumPy's values."""
+    ran = _launch_counter(monkeypatch)
+    x, w = _t(np.arange(6).reshape(2, 3), device), _t([1.0, 2.0, 3.0], device)
+    with realize.deferred(), capture() as cap:
+        h = (x * w * 1.4375).contiguous().realize()  # this test's constant: a kernel new to the program cache
+        y = (h.sum(1) - 0.8125).realize()
+    assert ran == [] and [launch.program for launch in cap.launches] == [None, None]
+    assert all((launch.ast, device) not in programs.program_cache for launch in cap.launches)
+    with realize.deferred(), capture() as cap:
+        h = (x * w * 1.4375).contiguous().realize()
+        y = (h.sum(1) - 0.8125).realize()
+        assert ran == []
+        got = y.numpy()  # runs both kernels first
+        assert len(ran) == 2
+    np.testing.assert_allclose(got, (np.arange(6).reshape(2, 3) * [1.0, 2.0, 3.0] * 1.4375).sum(1) - 0.8125)
+    assert len(cap.launches) == 2  # the read's own work is not recorded twice
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_graph_of_a_deferred_capture_compiles_its_programs_and_replays(device):
+    x, w = _t(np.arange(6).reshape(2, 3), device), _t([1.0, 2.0, 3.0], device)
+    with realize.deferred(), capture() as cap:
+        y = _mlp_like(x, w)
+    g = cap.graph(inputs=[x._buffer()], outputs=[y._buffer()])
+    assert all(launch.program is not None for launch in g.launches)
+    new = np.array([[1.0, -2.0, 3.0], [4.0, 0.5, -6.0]], np.float32)
+    (out,) = g.replay([_t(new, device)._buffer()])
+    h = new * [1.0, 2.0, 3.0]
+    np.testing.assert_allclose(out.numpy(), h.sum(1) + h.max(1), rtol=1e-6)

@@ -108,6 +108,7 @@ def test_balanced_units_split_by_source_length(monkeypatch):
     from polygrad_backend_cpu import compiler as cc_mod
     from polygrad_backend_cpu.compiler import balanced_units
     srcs = {"a": "x" * 100, "b": "x" * 60, "c": "x" * 50, "d": "x" * 10}
+    monkeypatch.setattr(cc_mod, "KERNEL_CHARS", 0)  # length alone
     monkeypatch.setattr(cc_mod, "UNIT_MIN_CHARS", 200)
     assert balanced_units(srcs, 2) == [srcs] == balanced_units(srcs, 1)  # 220 chars: not two units of 200
     monkeypatch.setattr(cc_mod, "UNIT_MIN_CHARS", 110)
@@ -118,6 +119,23 @@ def test_balanced_units_split_by_source_length(monkeypatch):
     assert [list(u) for u in units] == [["a", "d"], ["b", "c"]]  # 110 and 110; first order kept within
     assert balanced_units(srcs, 8) == [{"a": srcs["a"]}, {"b": srcs["b"]}, {"c": srcs["c"]}, {"d": srcs["d"]}]
     assert balanced_units(srcs, 1) == [srcs] and balanced_units({}, 2) == []
+
+
+def test_balanced_units_count_a_cost_per_kernel(monkeypatch):
+    """Many small kernels cost clang more than their length says (issue 30: GPT-2's prompt kernels compiled
+    as one long matmul alone, 0.73 s, beside 26 small ones, 1.70 s): each kernel counts KERNEL_CHARS more,
+    so the long one's unit takes some of the small ones."""
+    from polygrad_backend_cpu import compiler as cc_mod
+    from polygrad_backend_cpu.compiler import balanced_units
+    monkeypatch.setattr(cc_mod, "UNIT_MIN_CHARS", 0)
+    monkeypatch.setattr(cc_mod, "KERNEL_CHARS", 5_000)
+    srcs = {"long": "x" * 30_000, **{f"s{i}": "x" * 1_000 for i in range(10)}}
+    units = balanced_units(srcs, 2)
+    assert sorted(k for u in units for k in u) == sorted(srcs)
+    (with_long,) = [u for u in units if "long" in u]
+    assert len(with_long) == 3  # 35,000 + 2 x 6,000 beside 8 x 6,000
+    monkeypatch.setattr(cc_mod, "KERNEL_CHARS", 0)
+    assert [len(u) for u in balanced_units(srcs, 2)] == [1, 10]  # by length alone: the long one alone
 
 
 @pytest.mark.parametrize("jobs", [1, 2])

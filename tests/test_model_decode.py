@@ -175,3 +175,45 @@ def test_version_2_fields_in_a_version_1_bundle_are_rejected():
     head = bundle.HEADER.pack(bundle.MAGIC, 1, 0, len(text), len(data), zlib.crc32(text), zlib.crc32(data))
     with pytest.raises(BundleError, match="needs bundle version 2|only the leading dimension"):
         Model.load(head + text + b"\0" * (bundle._pad(len(text)) - len(text)) + data)
+
+
+class _TwoEntries:
+    """Two entrypoints of two kernels each; the constants are this test's own, so its kernels are new to the
+    process's program cache."""
+
+    def __init__(self, rng):
+        self.w = Tensor(rng.standard_normal((D, D)).astype(np.float32))
+
+    def __call__(self, x):
+        return {"y": ((x @ self.w).contiguous() * 1.8125).relu()}
+
+    def other(self, x):
+        return {"y": (x * 2.0625 - 0.4375).contiguous().sum(-1, keepdim=True)}
+
+
+def test_capture_compiles_nothing_and_a_first_call_compiles_only_its_entrypoint(monkeypatch):
+    """Model's capture run only records (realize.deferred): nothing is compiled while capturing, and the first
+    call of an entrypoint compiles that entrypoint's kernels in one batch, not another's (issue 30: a cold
+    load_hf waits for the prompt's kernels alone). Before, capturing compiled every entrypoint's kernels."""
+    batches = []
+    real = programs.get_programs
+
+    def get_programs(asts, device):
+        batches.append([a for a in asts if (a, device) not in programs.program_cache])
+        return real(asts, device)
+    monkeypatch.setattr(programs, "get_programs", get_programs)
+    m = _TwoEntries(np.random.default_rng(3))
+    tokens = Variable("tokens", 1, S)
+    model = Model(m, inputs={"x": Tensor.empty(1, tokens, D)}, params={"w": m.w},
+                  entrypoints={"other": (m.other, {"x": Tensor.empty(1, tokens, D)})})
+    assert [b for b in batches if b] == []
+    prog = model._p
+    kernels = {name: {prog.kernels[c.kernel] for c in e.calls if c.kernel >= 0} for name, e in prog.entries.items()}
+    assert len(kernels["forward"]) == 2 and len(kernels["other"]) == 2 and not kernels["forward"] & kernels["other"]
+    x = np.random.default_rng(4).standard_normal((1, 5, D)).astype(np.float32)
+    got = model.forward(x=x)["y"].numpy()
+    np.testing.assert_allclose(got, np.maximum(x @ m.w.numpy() * 1.8125, 0), rtol=1e-5, atol=1e-5)
+    assert [set(b) for b in batches if b] == [kernels["forward"]]  # one batch, the forward's alone
+    got = model.call("other", {"x": x})["y"].numpy()
+    np.testing.assert_allclose(got, (x * 2.0625 - 0.4375).sum(-1, keepdims=True), rtol=1e-5, atol=1e-5)
+    assert [set(b) for b in batches if b] == [kernels["forward"], kernels["other"]]

@@ -12,8 +12,8 @@ the temporary file it leaves is removed by the next process that opens the folde
 The compiler process dominates a first call, so it runs as few times as possible: the driver only
 compiles (`-c`; `ld -shared` links, without a second driver), and `compile_many` builds a schedule's new
 kernels in a few translation units, one per compile job (POLY_COMPILE_JOBS, default the usable cores),
-run side by side and balanced by source length (a unit gets at least UNIT_MIN_CHARS of source, so a
-small batch stays one process). Every rendered kernel defines the same function,
+run side by side and balanced by compile cost (source length plus KERNEL_CHARS a kernel; a unit gets at
+least UNIT_MIN_CHARS of it, so a small batch stays one process). Every rendered kernel defines the same function,
 `pg_kernel` (the renderer's own name: no kernel or Variable name reaches the source), and its own copies
 of the renderer's `static` helpers (`pg_fma_f32x16`, the half conversions...); in a unit each of these
 names is renamed `<name>_<key16>` (`symbol_names` gives the kernel's names to look up), so the kernels'
@@ -44,6 +44,11 @@ ENTRY_FORMAT = "entry-v2"
 # the least source a translation unit of a split batch gets: about 0.1 s of clang -O3 on a Zen 4 core,
 # more than a compiler and linker process's start (~0.06 s of CPU), so small batches stay one unit
 UNIT_MIN_CHARS = 16_000
+# what a kernel costs clang beyond its source's length, in characters of source: about 0.04 s of clang -O3
+# on a Zen 4 core (GPT-2's 27 prompt kernels: the 168,000-character matmul took 0.73 s alone, the other 26,
+# 166,000 characters, 1.70 s), so a unit of many small kernels is not balanced against one long kernel by
+# length alone (the two units were 0.73 and 1.70 s, where about 1.2 s each is possible)
+KERNEL_CHARS = 9_000
 
 
 def find_compiler() -> str | None:
@@ -279,19 +284,20 @@ def compile_jobs() -> int:
 
 
 def balanced_units(srcs: dict[str, str], jobs: int) -> list[dict[str, str]]:
-    """`srcs` (key -> source) in at most `jobs` groups of about equal source length, each of at least
-    UNIT_MIN_CHARS where there is more than one (longest first, each into the lightest group so far), in
-    their first order within a group."""
+    """`srcs` (key -> source) in at most `jobs` groups of about equal compile cost (a kernel's source length
+    plus KERNEL_CHARS), each of at least UNIT_MIN_CHARS of it where there is more than one (costliest first,
+    each into the lightest group so far), in their first order within a group."""
     if not srcs:
         return []
-    total = sum(len(src) for src in srcs.values())
+    cost = {k: len(src) + KERNEL_CHARS for k, src in srcs.items()}
+    total = sum(cost.values())
     count = max(1, min(jobs, len(srcs), total // UNIT_MIN_CHARS if UNIT_MIN_CHARS else len(srcs)))
     groups: list[list[str]] = [[] for _ in range(count)]
     sizes = [0] * len(groups)
-    for key in sorted(srcs, key=lambda k: -len(srcs[k])):
+    for key in sorted(srcs, key=lambda k: -cost[k]):
         lightest = sizes.index(min(sizes))
         groups[lightest].append(key)
-        sizes[lightest] += len(srcs[key])
+        sizes[lightest] += cost[key]
     order = {k: i for i, k in enumerate(srcs)}
     return [{k: srcs[k] for k in sorted(group, key=order.__getitem__)} for group in groups]
 

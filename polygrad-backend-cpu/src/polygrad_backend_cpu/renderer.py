@@ -42,6 +42,7 @@ VNNI_256 = "((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVX
 class CPURenderer(CStyleRenderer):
     prelude = "#include <math.h>\n#include <stdint.h>\n"
     strided_loads = True  # lanes 2 apart: two masked vector loads and a shuffle (strided_vload_body)
+    no_unroll_pragma = "#pragma clang loop unroll(disable)"  # gcc ignores it
 
     def __init__(self, stream_bytes: int = DEFAULT_STREAM_BYTES, int8_dot: bool = False):
         self.stream_bytes = stream_bytes  # 0: never stream

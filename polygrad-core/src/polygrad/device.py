@@ -252,6 +252,17 @@ counts = CounterValues()
 overwrite_listeners: list[Callable[[Any], Any]] = []
 
 
+class _HostAccess(threading.local):
+    """What must run before this thread reads or writes a buffer from the host: `before` is a callable
+    (engine/realize.py's deferred launches, `realize.deferred()`) or None."""
+
+    def __init__(self) -> None:
+        self.before: Callable[[], None] | None = None
+
+
+host_access = _HostAccess()
+
+
 def note_overwrite(buf: "Buffer | None" = None) -> None:
     """Tell the listeners that `buf` (None: any buffer) may be overwritten."""
     for listener in overwrite_listeners:
@@ -417,6 +428,8 @@ class Buffer:
         if arr.nbytes != self.nbytes:
             raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes; shapes must match")
         self.check_writable("a copy in")
+        if host_access.before is not None:
+            host_access.before()
         note_overwrite(self)
         handle = self.ensure_allocated(written=True)._handle  # every byte: nothing to zero first
         self.impl().allocator.copyin(handle, memoryview(arr.reshape(-1).view(np.uint8)))
@@ -429,6 +442,8 @@ class Buffer:
             raise ValueError(f"copy of {arr.nbytes} bytes into a buffer of {self.nbytes} bytes")
         if arr.nbytes:
             self.check_writable("a copy in")
+            if host_access.before is not None:
+                host_access.before()
             note_overwrite(self)
             self.impl().allocator.copyin(self.handle, memoryview(arr.reshape(-1).view(np.uint8)))
         return self
@@ -439,6 +454,8 @@ class Buffer:
         n = self.size if count is None else min(max(int(count), 0), self.size)
         out = np.empty(n, dtype=self.dtype.np)
         if n:
+            if host_access.before is not None:
+                host_access.before()
             self.impl().synchronize()
             self.impl().allocator.copyout(memoryview(out.view(np.uint8)), self.handle)
         return out

@@ -232,6 +232,16 @@ def _copy(buffers: list[Buffer], var_vals: Any, timing: bool) -> None:
     realize.copy_buffer(buffers[0], buffers[1])
 
 
+def _programs_of(launches: Sequence[Launch]) -> dict[tuple[UOp, str], Any]:
+    """The programs of kernel launches recorded without one (under `realize.deferred()`), compiled
+    together per device."""
+    missing: dict[str, list[UOp]] = {}
+    for x in launches:
+        if x.kind == "kernel" and x.program is None:
+            missing.setdefault(x.device, []).append(x.ast)  # type: ignore[arg-type]
+    return {(a, d): p for d, asts in missing.items() for a, p in zip(asts, programs.get_programs(asts, d))}
+
+
 class CapturedGraph:
     """Recorded launches over a buffer table with roles; `replay(inputs)` launches them again.
 
@@ -259,8 +269,9 @@ class CapturedGraph:
                 self.roles.append("input" if id(b) in where else "intermediate" if id(b) in created else "param")
             return s
 
-        self.launches = [GraphLaunch(x.kind, x.device, x.ast, x.program, tuple(slot(b) for b in x.buffers),
-                                     dict(x.var_vals)) for x in launches]
+        compiled = _programs_of(launches)
+        self.launches = [GraphLaunch(x.kind, x.device, x.ast, compiled.get((x.ast, x.device), x.program),
+                                     tuple(slot(b) for b in x.buffers), dict(x.var_vals)) for x in launches]
         self.output_slots = [slot(b) for b in outputs]  # one no launch touched joins as input or param
         self.input_slots: list[int | None] = [slot_of.get(id(b)) for b in inputs]
         self.input_specs = [(b.size, b.dtype, b.device) for b in inputs]
@@ -366,6 +377,7 @@ class CapturedGraph:
                scratch: Sequence[Buffer] | None = None, outputs: bool = True) -> list[Buffer]:
         """replay() without the input checks, for callers that checked already (TinyJit, linalg); with
         outputs=False it returns [] (TinyJit hands back its captured tensors instead)."""
+        realize.flush_deferred()  # launches held back before this one run first
         note_overwrite()  # it writes into buffers that may hold values (schedule/computed.py)
         if scratch is not None:
             self.bind_scratch(scratch)

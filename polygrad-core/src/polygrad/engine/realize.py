@@ -9,12 +9,13 @@ integer arguments, in the order of its `spec.vars`.
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 from operator import attrgetter
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from polygrad.device import Buffer, debug_alloc
+from polygrad.device import Buffer, debug_alloc, host_access
 from polygrad.engine import programs  # programs.get_program looked up per call: tests and tools wrap it
 from polygrad.engine.programs import prepare, runtime_stats
 from polygrad.schedule import computed
@@ -41,6 +42,60 @@ def capture_hooks() -> list[Callable[[Any, Any, list[Buffer], int, dict], None]]
     """The running thread's hook list. Installed only by engine/capture.py (use `with capture():`
     instead of appending here)."""
     return _thread_hooks.hooks
+
+
+class _Deferred(threading.local):
+    """This thread's launches held back by `deferred()`: (step, buffers, var_vals) in launch order, or
+    None when launches run as they come."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Any, list[Buffer], dict]] | None = None
+
+
+_deferred = _Deferred()
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Inside the block the launches this thread's captures record (the capture hooks see each, with no
+    program) are neither compiled nor run until something needs their results: a host read or write of
+    any buffer (`Buffer.numpy`, `copyin`), an unrecorded realize, a graph replay or a Model call runs
+    everything pending first, in order (`flush_deferred`). What is still pending when the block ends is dropped. For a
+    capture whose run only records (Model's): it compiles nothing, and each entrypoint compiles its own
+    kernels when first called. Nested blocks share the outer one's queue."""
+    if _deferred.pending is not None:
+        yield
+        return
+    _deferred.pending = []
+    host_access.before = flush_deferred
+    try:
+        yield
+    finally:
+        _deferred.pending = None
+        host_access.before = None
+
+
+def flush_deferred() -> None:
+    """Compile (a device's kernels together) and run this thread's deferred launches, in order."""
+    pending = _deferred.pending
+    if not pending:
+        return
+    _deferred.pending = []
+    host_access.before = None  # the copies below read and write buffers themselves
+    try:
+        by_device: dict[str, list[UOp]] = {}
+        for step, _, _ in pending:
+            if step.kind == "kernel" and (step.ast, step.device) not in programs.program_cache:
+                by_device.setdefault(step.device, []).append(step.ast)
+        for device, asts in by_device.items():
+            programs.get_programs(asts, device)
+        for step, args, vals in pending:
+            if step.kind == "copy":
+                copy_buffer(args[0], args[1])
+            else:
+                programs.get_program(step.ast, step.device)(args, vals)
+    finally:
+        host_access.before = flush_deferred
 
 
 def copy_buffer(dst: Buffer, src: Buffer) -> None:
@@ -84,10 +139,20 @@ def run_template(tpl: Template, inputs: list[Any], var_vals: dict[UOp, int] | No
             table.append(buf.ensure_allocated(written=not unwritten))
         else:
             table.append(Buffer(device, size, dtype).ensure_allocated(written=not unwritten))
-    if not tpl.prepared:
-        prepare(tpl)
     vals = var_vals or {}
     hooks = _thread_hooks.hooks
+    pending = _deferred.pending
+    if pending is not None:
+        if hooks:  # deferred() and recorded: compiled and run when a result is needed
+            for step in tpl.steps:
+                args = [table[i] for i in step.args]
+                pending.append((step, args, vals))
+                for hook in hooks:
+                    hook(step, None, args, tpl.n_inputs, vals)
+            return table
+        flush_deferred()  # unrecorded work (capture.paused()) runs now, after what it may read
+    if not tpl.prepared:
+        prepare(tpl)
     for step in tpl.steps:
         if step.kind == "kernel" and not hooks and not debug_alloc.on:  # nothing wants the Buffers: handles only
             prog = programs.get_program(step.ast, step.device)

@@ -25,6 +25,7 @@ from polygrad import config, random, runtime_context
 from polygrad.config import Context
 from polygrad.device import Buffer
 from polygrad.dtype import dtypes
+from polygrad.engine import realize
 from polygrad.engine.capture import capture
 from polygrad.model.errors import ModelCaptureError, ModelError
 from polygrad.model.program import Entry, Program, Spec
@@ -201,7 +202,9 @@ def capture_program(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable 
     try:
         # the capture runs draw from this thread's copy of the RNG state (dropped afterwards), under this
         # thread's guard: other threads neither see these settings nor get recorded
-        with guarded(guard), random.scoped(), runtime_context.using(runtime):
+        # deferred: the capture run's results are discarded, so its kernels are only recorded; each
+        # entrypoint compiles its own on its first call (a first prompt waits for the prompt's alone)
+        with guarded(guard), random.scoped(), runtime_context.using(runtime), realize.deferred():
             with Context(TRAINING=0 if loss is not None else training_before):
                 capture_eval("forward", obj, ph, in_args)
                 for ename, (fn, _, _, args) in extra.items():

@@ -129,13 +129,23 @@ class Executor:
             prog = self.programs[k] = programs.get_program(self.prog.kernels[k], self.device)
         return prog
 
+    def compile_kernels(self, ks: set[int]) -> None:
+        """Compile the programs of kernels `ks` this Model has not looked up yet, together (on the CPU
+        backend: one compile run of a few translation units side by side, where `program` alone runs the
+        compiler once per kernel); `program` then finds them in the program cache."""
+        todo = sorted(k for k in ks if k not in self.programs)
+        if todo:
+            programs.get_programs([self.prog.kernels[k] for k in todo], self.device)
+
     def plan(self, name: str) -> list:
         plan = self.plans.get(name)
         if plan is not None:
             return plan
         plan: list = []
         launchers: list = []
-        for call in self.prog.entries[name].calls:
+        calls = self.prog.entries[name].calls
+        self.compile_kernels({c.kernel for c in calls if c.kernel >= 0})
+        for call in calls:
             launchers.append(None)
             if call.kernel < 0:
                 plan.append((None, call.args, ()))
@@ -204,6 +214,7 @@ class Executor:
 
     def run(self, name: str, feeds: dict[int, Any], env: dict[str, int]) -> None:
         """Run entrypoint `name` with {slot: Buffer or flat host array} fed and the Variables' values."""
+        realize.flush_deferred()  # launches held back before this call (realize.deferred()) run first
         entry = self.prog.entries[name]
         plan = self.plan(name)
         patched = []
