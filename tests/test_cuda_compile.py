@@ -121,9 +121,11 @@ def test_every_op_and_nn_kernel_compiles(kernels, arch):
     assert compile_all(sources, arch, compile_fn) >= 1
 
 
-def test_tensor_core_and_half_kernels_compile():
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_tensor_core_and_half_kernels_compile(arch):
+    """Tensor-core kernels (operands staged through shared memory by cp.async) and half kernels."""
     compile_fn = _compiler()
-    caps, renderer = capabilities("sm_90"), CUDARenderer("sm_90")
+    caps, renderer = capabilities(arch), CUDARenderer(arch)
     rng = np.random.default_rng(0)
     asts = []
     orig = programs.get_program
@@ -140,7 +142,9 @@ def test_tensor_core_and_half_kernels_compile():
         programs.get_program = orig
     specs = [lower(ast, caps) for ast in asts]
     assert sum(any(o.kind is OptKind.TC for o in s.opts) for s in specs) == 3
-    compile_all([renderer.render(s) for s in specs], "sm_90", compile_fn)
+    sources = [renderer.render(s) for s in specs]
+    assert sum("cp.async.cg.shared.global" in src for src in sources) == 3
+    compile_all(sources, arch, compile_fn)
 
 
 def test_compile_error_is_reported():
