@@ -7,8 +7,12 @@
 #   3. tests/test_cuda_gpu.py: values vs NumPy (the tiled fp32 matmul on 1, 17, 1000, 4097), a training
 #      step, the bundle round trip (host -> CUDA); the tile kernels compiled by this NVRTC and run on
 #      the CPU check (tests/test_cuda_tiled_matmul.py, tests/test_cuda_cpu_check.py: needs clang++)
-#   4. the matmul benchmark (4096 fp32 / fp16 TFLOP/s, beside torch CUDA when it is installed)
+#   4. issue 35's speed table (benchmarks/bench_cuda.py): matmul 4096 fp32 / fp16 / bf16, the MLP Adam step,
+#      a GPT-2-small training step (batch 8 x 512) and GPT-2-small decode, beside torch CUDA when it is
+#      installed, every row checked against NumPy (and torch); a failed check fails the run
 # Usage: bash scripts/cuda_check.sh [LOG]   (LOG defaults to $OUT/cuda_check.log or ./cuda_check.log)
+# STEPS="suite gpu table" (the default) picks steps 2, 3 and 4: STEPS=table runs the speed table alone
+# (about 2-3 minutes), STEPS="suite gpu" the checks alone, when one call must stay under a time limit.
 # No network needed: Python packages missing from the interpreter are unpacked from the wheels in
 # $WHEELS (default .whl/: numpy, pluggy, cffi, pycparser, pytest, iniconfig, packaging, pygments,
 # nvidia-cuda-nvrtc-cu11 for libnvrtc), and the polygrad packages are used from the source tree.
@@ -16,7 +20,8 @@
 #   pip download -d .whl --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #     --platform manylinux_2_17_x86_64 nvidia-cuda-nvrtc-cu11 "numpy<2.3" pluggy cffi pycparser pytest pytest-timeout
 # (the cu11 NVRTC wheel: 23 MB, compiles for sm_90; the cu12 one, 90 MB, does not fit a 64 MiB carry)
-# DRY_RUN=1 runs steps 1-3 where no GPU is found (the GPU tests then skip) and says so.
+# DRY_RUN=1 runs every step where no GPU is found (the GPU tests then skip; the speed table runs at its
+# --tiny sizes on the CPU device) and says so.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -65,7 +70,7 @@ for d in polygrad-core:polygrad_core polygrad-backend-cpu:polygrad_backend_cpu \
     printf '[polygrad.backends]\n%s = %s\n' "$(echo "$dir" | sed 's/polygrad-backend-//')" "$mod" > "$info/entry_points.txt"
   fi
 done
-export PYTHONPATH="$ROOT:$SITE:$ROOT/polygrad-core/src:$ROOT/polygrad-backend-cpu/src:$ROOT/polygrad-backend-interp/src:$ROOT/polygrad-backend-cuda/src${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT:$SITE:$ROOT/polygrad-core/src:$ROOT/polygrad-backend-cpu/src:$ROOT/polygrad-backend-interp/src:$ROOT/polygrad-backend-cuda/src:$ROOT/polygrad-hf/src${PYTHONPATH:+:$PYTHONPATH}"
 export POLY_CACHE_DIR=${POLY_CACHE_DIR:-/tmp/polygrad-cuda-cache}
 $PY -m polygrad doctor || true
 if ! $PY -c "from polygrad import Device; import sys; sys.exit(0 if Device.cuda_available() else 1)"; then
@@ -83,24 +88,36 @@ tests() {  # pytest with a time limit; exit 5 (nothing selected: no CUDA cases) 
   return $rc
 }
 
-step "op suite on CUDA"
-if $PY -c "import torch" 2>/dev/null; then
-  tests 300 tests/test_tensor_core_unary.py tests/test_tensor_core_binary.py \
-    tests/test_tensor_core_reduce.py tests/test_tensor_core_dtypes.py tests/test_tensor_core_create.py \
-    tests/test_tensor_core_properties.py tests/test_nn_layers.py tests/test_optim_trajectories.py \
-    tests/test_jit_training.py tests/test_jit_replay.py tests/test_transcendental.py tests/test_linalg_ops.py \
-    tests/test_foundation_grad.py tests/test_index_width.py -k "CUDA" --maxfail=40 -rf || status=1
-else
-  echo "torch is not installed: the op suite's references are missing; compiling its kernels instead"
-  tests 240 tests/test_cuda_compile.py || status=1
+wanted() { [[ " ${STEPS:-suite gpu table} " == *" $1 "* ]]; }
+
+if wanted suite; then
+  step "op suite on CUDA"
+  if $PY -c "import torch" 2>/dev/null; then
+    tests 300 tests/test_tensor_core_unary.py tests/test_tensor_core_binary.py \
+      tests/test_tensor_core_reduce.py tests/test_tensor_core_dtypes.py tests/test_tensor_core_create.py \
+      tests/test_tensor_core_properties.py tests/test_nn_layers.py tests/test_optim_trajectories.py \
+      tests/test_jit_training.py tests/test_jit_replay.py tests/test_transcendental.py tests/test_linalg_ops.py \
+      tests/test_foundation_grad.py tests/test_index_width.py -k "CUDA" --maxfail=40 -rf || status=1
+  else
+    echo "torch is not installed: the op suite's references are missing; compiling its kernels instead"
+    tests 240 tests/test_cuda_compile.py || status=1
+  fi
 fi
 
-step "GPU values, training step, bundle round trip"
-tests 240 -rs tests/test_cuda_gpu.py tests/test_cuda_backend.py tests/test_cuda_tiled_matmul.py \
-  tests/test_cuda_cpu_check.py || status=1
+if wanted gpu; then
+  step "GPU values, training steps, bundle round trip"
+  tests 240 -rs tests/test_cuda_gpu.py tests/test_cuda_backend.py tests/test_cuda_tiled_matmul.py \
+    tests/test_cuda_cpu_check.py || status=1
+fi
 
-step "matmul benchmark"
-timeout 150 $PY benchmarks/bench_cuda_matmul.py 4096 || status=1
+if wanted table; then
+  step "speed table"
+  if $PY -c "from polygrad import Device; import sys; sys.exit(0 if Device.cuda_available() else 1)"; then
+    timeout 300 $PY benchmarks/bench_cuda.py || status=1
+  else  # DRY_RUN without a GPU: the table's code at its tiny sizes on the CPU device
+    timeout 300 $PY benchmarks/bench_cuda.py --device "${HOST_DEVICE:-CPU}" --tiny || status=1
+  fi
+fi
 
 step "done"
 echo "RESULT: $([ $status = 0 ] && echo PASS || echo FAIL) in $(($(date +%s) - START)) s; log $LOG"

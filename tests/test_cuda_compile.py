@@ -121,9 +121,11 @@ def test_every_op_and_nn_kernel_compiles(kernels, arch):
     assert compile_all(sources, arch, compile_fn) >= 1
 
 
-def test_tensor_core_and_half_kernels_compile():
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_tensor_core_and_half_kernels_compile(arch):
+    """Tensor-core kernels (operands staged through shared memory by cp.async) and half kernels."""
     compile_fn = _compiler()
-    caps, renderer = capabilities("sm_90"), CUDARenderer("sm_90")
+    caps, renderer = capabilities(arch), CUDARenderer(arch)
     rng = np.random.default_rng(0)
     asts = []
     orig = programs.get_program
@@ -140,7 +142,9 @@ def test_tensor_core_and_half_kernels_compile():
         programs.get_program = orig
     specs = [lower(ast, caps) for ast in asts]
     assert sum(any(o.kind is OptKind.TC for o in s.opts) for s in specs) == 3
-    compile_all([renderer.render(s) for s in specs], "sm_90", compile_fn)
+    sources = [renderer.render(s) for s in specs]
+    assert sum("cp.async.cg.shared.global" in src for src in sources) == 3
+    compile_all(sources, arch, compile_fn)
 
 
 def test_compile_error_is_reported():
@@ -149,3 +153,41 @@ def test_compile_error_is_reported():
     with pytest.raises(CompileError, match="k0|kernel"):
         compile_all(['extern "C" __global__ void __launch_bounds__(1) broken(float* a) { a[0] = b; }'], "sm_90",
                     compile_fn)
+
+
+@pytest.mark.skipif(os.environ.get("POLY_LONG_TESTS", "") in ("", "0"),
+                    reason="30 to 75 s on 2 cores: runs with POLY_LONG_TESTS=1")
+def test_the_speed_table_kernels_compile_at_gpt2_small_widths():
+    """Every kernel of benchmarks/bench_cuda.py's rows (matmuls, the MLP Adam step, a GPT-2 training step
+    and decode at GPT-2-small widths: 768 wide, 12 heads, vocabulary 50257; 2 layers, 128 tokens), run once
+    on the host device, lowered for sm_80 and sm_90 and compiled: the prepared GPU run meets no NVRTC
+    error. Shared-memory tiles and tensor cores are among them."""
+    import importlib.util
+    import shutil
+    import sys
+    compile_fn = _compiler()
+    host = "CPU" if shutil.which("clang") else "INTERP"
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_cuda.py")
+    spec = importlib.util.spec_from_file_location("bench_cuda", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up there
+    seen: dict = {}
+    orig = programs.get_program
+    programs.get_program = lambda ast, device: seen.setdefault(ast, None) or orig(ast, device)
+    try:
+        spec.loader.exec_module(bench)
+        shape = bench.GPTShape(2, 768, 12, 50257, 1024, 1, 128, 8, 2)
+        weights = bench.gpt2_weights(shape)
+        rows = [*bench.matmul_rows(256, host, None, "", 1), bench.mlp_row(host, None, "", 1),
+                bench.gpt2_train_row(shape, weights, host, None, "", 1),
+                bench.gpt2_decode_row(shape, weights, host, None, "")]
+    finally:
+        programs.get_program = orig
+        sys.modules.pop(spec.name, None)
+    assert all(row.ok for row in rows), [row.line("") for row in rows if not row.ok]
+    for arch in ("sm_80", "sm_90"):
+        caps, renderer = capabilities(arch), CUDARenderer(arch)
+        specs = [lower(ast, caps) for ast in seen]
+        kinds = {o.kind for s in specs for o in s.opts}
+        assert {OptKind.TILE, OptKind.TC} <= kinds, kinds
+        compile_all([renderer.render(s) for s in specs], arch, compile_fn)

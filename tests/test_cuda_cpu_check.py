@@ -149,20 +149,48 @@ def test_scatter_multiply_and_max_stay_one_thread():
         assert not any("atomic" in k[1] for k in folding)
 
 
-def test_tensor_core_kernels_with_emulated_mma():
-    """tensor_core.py's fragment packing against NumPy (cpu_check emulates mma.sync from the PTX layouts)."""
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("depth", [96, 48, 16])
+def test_tensor_core_kernels_with_emulated_mma(arch, depth):
+    """tensor_core.py's fragment packing against NumPy (cpu_check emulates mma.sync from the PTX layouts),
+    fragments read from shared tiles filled by cp.async, 32 deep (k = 96: three tiles, the pipeline
+    full) or 16 deep (k = 48), or one tile (k = 16: fewer tiles than stages), with A or B read through
+    a transpose's strides (copied element by element)."""
+    a16 = rng.standard_normal((64, depth)).astype(np.float16)
+    b16 = rng.standard_normal((depth, 48)).astype(np.float16)
+    want = a16.astype(np.float64) @ b16.astype(np.float64)
+    ta, tb = on_interp(a16), on_interp(b16)
+    ta_t, tb_t = on_interp(np.ascontiguousarray(a16.T)), on_interp(np.ascontiguousarray(b16.T))
+    cases = [(lambda: (ta @ tb).cast(dtypes.float32).realize(), a16, b16),
+             (lambda: (ta_t.T @ tb).realize(), a16.T, b16),  # A read through its transpose's strides
+             (lambda: (ta @ tb_t.T).realize(), a16, b16.T),  # B too: x @ W.T, as nn.Linear reads its weight
+             (lambda: (ta.reshape(2, 32, depth) @ tb).cast(dtypes.float32).realize(), a16, b16)]  # a batch range
+    for fn, a_in, b_in in cases:
+        (k,) = cuda_kernels(fn, arch)
+        assert "mma.sync" in k[1] and k[2].block[0] % 32 == 0
+        assert "cp.async.cg.shared.global" in k[1]
+        (got,) = run(k, np.ascontiguousarray(a_in), np.ascontiguousarray(b_in))
+        np.testing.assert_allclose(got.astype(np.float64).reshape(64, 48), want, rtol=1e-2, atol=2e-2)
+
+
+def test_staged_tensor_cores_copy_contiguous_chunks_with_cp_async(monkeypatch):
+    """The 16-byte cp.async path is the one taken for row-major operands (the emulated copy counts)."""
+    counting = cpu_check.CP_ASYNC_CPP.replace("{ memcpy(dst, src, 16); }",
+                                              "{ __atomic_add_fetch(&pg_copies, 1, __ATOMIC_RELAXED); "
+                                              "memcpy(dst, src, 16); }")
+    counting = "int pg_copies = 0;\nextern \"C\" int pg_copy_count() { return pg_copies; }\n" + counting
+    monkeypatch.setattr(cpu_check, "CP_ASYNC_CPP", counting)
     a16 = rng.standard_normal((64, 96)).astype(np.float16)
     b16 = rng.standard_normal((96, 48)).astype(np.float16)
-    want = a16.astype(np.float64) @ b16.astype(np.float64)
-    ta, tb, ta_t = on_interp(a16), on_interp(b16), on_interp(np.ascontiguousarray(a16.T))
-    cases = [(lambda: (ta @ tb).cast(dtypes.float32).realize(), a16),
-             (lambda: (ta_t.T @ tb).realize(), a16.T),  # A read through its transpose's strides
-             (lambda: (ta.reshape(2, 32, 96) @ tb).cast(dtypes.float32).realize(), a16)]  # a batch range
-    for fn, a_in in cases:
-        (k,) = cuda_kernels(fn)
-        assert "mma.sync" in k[1] and k[2].block[0] % 32 == 0
-        (got,) = run(k, np.ascontiguousarray(a_in), b16)
-        np.testing.assert_allclose(got.astype(np.float64).reshape(64, 48), want, rtol=1e-2, atol=2e-2)
+    ta, tb = on_interp(a16), on_interp(b16)
+    (k,) = cuda_kernels(lambda: (ta @ tb).realize(), "sm_80")
+    (got,) = run(k, a16, b16)
+    np.testing.assert_allclose(got.astype(np.float64).reshape(64, 48), a16.astype(np.float64) @ b16, rtol=1e-2,
+                               atol=2e-2)
+    # each block copies its rows of A and its columns of B, all 96 deep, in 8-half chunks: A once per
+    # column of blocks, B once per row of blocks
+    grid_x, grid_y = k[2].grid[0], k[2].grid[1]
+    assert cpu_check.compile_cpu(k[0], k[1]).pg_copy_count() == grid_x * 64 * 96 // 8 + grid_y * 96 * 48 // 8
 
 
 def test_check_catches_a_wrong_launch():

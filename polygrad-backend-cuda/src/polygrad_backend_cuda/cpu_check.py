@@ -23,7 +23,8 @@ write and another thread's read gives wrong values when the threads interleave, 
 the order of accumulation, vector loads and stores, half/bfloat16 rounding, the register packing of
 tensor-core kernels: `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (tensor_core.py's one asm
 statement) becomes a call that gathers the warp's fragments as the PTX ISA lays them out (MMA_CPP;
-products exact, summed in float32 in k order).
+products exact, summed in float32 in k order); the staged kernels' cp.async copies are synchronous
+memcpy and their waits no-ops (CP_ASYNC_CPP), their barriers real.
 What it cannot check: anything else about warps (no warp-synchronous execution or shuffles; no
 timing, coalescing, bank conflicts or occupancy), other inline PTX (refused with a CheckError),
 device limits (registers, the real shared-memory size: the caller checks the bytes against
@@ -62,6 +63,7 @@ static pg_dim3 blockDim, gridDim;
 #define __forceinline__ inline
 #define __launch_bounds__(n)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 #define __restrict__ __restrict
 struct pg_barrier_timeout {};
 static struct {
@@ -216,9 +218,19 @@ class CheckError(Exception):
     """A kernel the CPU check cannot run (inline PTX), cannot compile, or that hung at a barrier."""
 
 
+# tensor_core.CP_ASYNC on the host: the copy happens at once, so a thread's own wait has nothing left to
+# wait for, and the kernel's __syncthreads() after it orders the other threads' copies as on the GPU.
+# (A missing wait before a barrier goes unnoticed here: the copies are never late.)
+CP_ASYNC_CPP = r"""static inline void pg_cp_async16(void* dst, const void* src) { memcpy(dst, src, 16); }
+static inline void pg_cp_async_commit() {}
+template <int N> static inline void pg_cp_async_wait() {}
+"""
+
+
 def cpu_source(spec: Any, source: str) -> str:
     """The CUDA C of `source` as host C++: the shim, the prelude's asm replaced, and pg_launch."""
-    for block in (r.HALF_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT):
+    from polygrad_backend_cuda.tensor_core import CP_ASYNC
+    for block in (r.HALF_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT, CP_ASYNC):
         source = source.replace(block, "")
     source = _MMA_ASM.sub(_mma_call, source)
     if "asm" in source:
@@ -235,7 +247,7 @@ def cpu_source(spec: Any, source: str) -> str:
     threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma_m16n8k16"))
     launcher = LAUNCHER.replace("PG_CALL", call).replace("PG_BARRIERS", "1" if threaded else "0")
     shim = SHIM.replace("PG_TIMEOUT_S", str(BARRIER_TIMEOUT_S))
-    return "\n".join([shim, BF16_CPP, HALF_CPP, MMA_CPP, source, launcher])
+    return "\n".join([shim, BF16_CPP, HALF_CPP, MMA_CPP, CP_ASYNC_CPP, source, launcher])
 
 
 _LIBS: dict[str, Any] = {}

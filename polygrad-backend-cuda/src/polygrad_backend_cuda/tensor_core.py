@@ -5,9 +5,13 @@ C[.., i, j] = sum_k A[.., i, k] * B[.., k, j] over float16 A and B). Output: CUD
 owns a TM x TN tile of C and issues `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` per 16-deep
 step of k, plus the launch: one warp per tile, WY x WX warps per block, batch ranges on grid z.
 
-The operands are read straight from global memory through their index expressions (any strides the
-kernel IR has: transposes, broadcasts, batch offsets), packed into the f16x2 registers of the
-fragment layout in the PTX ISA. Products are exact and summed in float32 (the IR's half-precision
+The operands are read through their index expressions (any strides the kernel IR has: transposes,
+broadcasts, batch offsets) and packed into the f16x2 registers of the fragment layout in the PTX ISA.
+Tensor cores are used from sm_80 (Capabilities.tensor_cores), which has cp.async: the block's A and B
+tiles (BM x 32 and 32 x BN halves; 16 deep where k is not a multiple of 32) are copied into shared
+memory by cp.async, 16 bytes at a time where 8 halves lie contiguous and aligned (element by element
+where they do not), with STAGES tiles in flight, and the warps read their fragments from there.
+Products are exact and summed in float32 (the IR's half-precision
 product rounding does not happen), then the kernel's casts apply to the sum: results agree with the
 scalar kernel to float16 tolerance, not bit for bit.
 """
@@ -18,6 +22,20 @@ from typing import Any
 from polygrad.backend_api import KERNEL_SYMBOL, LaunchDims, Ops, UOp, dtypes, matmul_shape, var_name
 
 M, N, K = 16, 8, 16  # one mma.sync tile
+STAGES = 3  # tiles in flight: the one computed on and two being copied
+CHUNK = 8  # halves a cp.async moves (16 bytes)
+
+# cp.async of 16 bytes global -> shared, its commit and its wait; cpu_check.py swaps this block for
+# synchronous copies (the kernel's __syncthreads after each wait orders them as on the GPU)
+CP_ASYNC = r"""__device__ __forceinline__ void pg_cp_async16(void* dst, const void* src) {
+  unsigned int d = (unsigned int)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(src));
+}
+__device__ __forceinline__ void pg_cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void pg_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N));
+}
+"""
 
 
 def uses_tensor_cores(spec: Any) -> bool:
@@ -89,6 +107,89 @@ def _operand_loads(spec: Any, i: UOp, j: UOp) -> tuple[UOp, UOp]:
     return a, b
 
 
+def _mma_lines(mt: int, nt: int) -> list[str]:
+    """One mma.sync per 16 x 8 piece of the warp's tile, from the fragments a[m] and b[n]."""
+    return [
+        "    #pragma unroll",
+        f"    for (int m = 0; m < {mt}; m++)",
+        "      #pragma unroll",
+        f"      for (int n = 0; n < {nt}; n++)",
+        '        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, '
+        '{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"',
+        '                     : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]), "+f"(acc[m][n][3])',
+        '                     : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[n][0]), "r"(b[n][1]));',
+    ]
+
+
+def _fill(tile: str, rows: int, cols: int, index: str, buf: str, threads: int) -> list[str]:
+    """Copy a rows x cols tile of an operand into shared `tile[s]` in 8-half chunks along its columns:
+    one cp.async where the chunk's 8 halves lie contiguous and 16-byte aligned in global memory, else
+    8 plain copies (any strides: transposes, broadcasts)."""
+    per_row = cols // CHUNK
+    return [
+        f"    for (int c = threadIdx.x; c < {rows * per_row}; c += {threads}) {{",
+        f"      const int r = c / {per_row}, q = c % {per_row} * {CHUNK};",
+        f"      const auto at = {index};",
+        f"      bool whole = (((unsigned long long)({buf} + at(r, q))) & 15) == 0;",
+        f"      for (int e = 1; e < {CHUNK}; e++) whole = whole && at(r, q + e) == at(r, q) + e;",
+        f"      if (whole) pg_cp_async16(&{tile}[s][r][q], {buf} + at(r, q));",
+        f"      else for (int e = 0; e < {CHUNK}; e++) {tile}[s][r][q + e] = {buf}[at(r, q + e)];",
+        "    }",
+    ]
+
+
+def _staged_loop(idt: str, mt: int, nt: int, depth: int, plan: tuple[int, int, int, int],
+                 bufs: tuple[str, str]) -> list[str]:
+    """The k loop of sm_80+: the block's A (BM x BK) and B (BK x BN) tiles copied into shared memory by
+    cp.async, STAGES of them in flight, and the fragments read from there (A as 32-bit pairs along k,
+    B as two halves a k step apart). Rows padded by 8 halves keep each row 16-byte aligned and shift
+    the banks of consecutive rows."""
+    tm, tn, wy, wx = plan
+    bm, bn, threads = tm * wy, tn * wx, 32 * wx * wy
+    bk = 32 if depth % 32 == 0 else K
+    return [
+        f"  __shared__ __align__(16) unsigned short sa[{STAGES}][{bm}][{bk + 8}];",
+        f"  __shared__ __align__(16) unsigned short sb[{STAGES}][{bk}][{bn + 8}];",
+        f"  const {idt} brow = (({idt})blockIdx.y) * {bm}, bcol = (({idt})blockIdx.x) * {bn};",
+        f"  const int wr = warp / {wx} * {tm}, wc = warp % {wx} * {tn};",
+        f"  auto fill = [&](int s, {idt} k0) {{",
+        *_fill("sa", bm, bk, f"[&](int r, int q) -> {idt} {{ return ix_a(brow + r, k0 + q); }}", bufs[0], threads),
+        *_fill("sb", bk, bn, f"[&](int r, int q) -> {idt} {{ return ix_b(k0 + r, bcol + q); }}", bufs[1], threads),
+        "  };",
+        f"  const {idt} steps = {depth // bk};",
+        f"  for (int s = 0; s < {STAGES - 1}; s++) {{",
+        f"    if (s < steps) fill(s, s * {bk});",
+        "    pg_cp_async_commit();",
+        "  }",
+        f"  for ({idt} kt = 0; kt < steps; kt++) {{",
+        f"    pg_cp_async_wait<{STAGES - 2}>();  // tile kt has landed (this thread's copies)",
+        "    __syncthreads();  // ... every thread's, and every warp is done with tile kt - 1",
+        f"    const int s = kt % {STAGES};",
+        f"    if (kt + {STAGES - 1} < steps) fill((kt + {STAGES - 1}) % {STAGES}, (kt + {STAGES - 1}) * {bk});",
+        "    pg_cp_async_commit();  // an empty group past the end keeps the wait's count",
+        "    #pragma unroll",
+        f"    for (int kk = 0; kk < {bk}; kk += {K}) {{",
+        f"      unsigned int a[{mt}][4], b[{nt}][2];",
+        "      #pragma unroll",
+        f"      for (int m = 0; m < {mt}; m++) {{",
+        f"        const int r = wr + m * {M} + g, c = kk + t * 2;",
+        "        a[m][0] = *(const unsigned int*)&sa[s][r][c];",
+        "        a[m][1] = *(const unsigned int*)&sa[s][r + 8][c];",
+        "        a[m][2] = *(const unsigned int*)&sa[s][r][c + 8];",
+        "        a[m][3] = *(const unsigned int*)&sa[s][r + 8][c + 8];",
+        "      }",
+        "      #pragma unroll",
+        f"      for (int n = 0; n < {nt}; n++) {{",
+        f"        const int c = wc + n * {N} + g, r = kk + t * 2;",
+        "        b[n][0] = sb[s][r][c] | ((unsigned int)sb[s][r + 1][c] << 16);",
+        "        b[n][1] = sb[s][r + 8][c] | ((unsigned int)sb[s][r + 9][c] << 16);",
+        "      }",
+        *("  " + line for line in _mma_lines(mt, nt)),
+        "    }",
+        "  }",
+    ]
+
+
 def render_tensor_core(spec: Any, renderer: Any) -> str:
     i, j, k, batch, (tm, tn, wy, wx) = tile_plan(spec)
     mt, nt = tm // M, tn // N
@@ -120,37 +221,13 @@ def render_tensor_core(spec: Any, renderer: Any) -> str:
     ib = index_expr(load_b.src[0].src[1], names, renderer)
     ic = index_expr(out_index.src[1], names, renderer)
     lines += [
-        f"  auto ld_a = [&]({idt} ri, {idt} rk) -> unsigned int {{ return {buf[load_a]}[{ia}]; }};",
-        f"  auto ld_b = [&]({idt} rk, {idt} rj) -> unsigned int {{ return {buf[load_b]}[{ib}]; }};",
+        f"  auto ix_a = [&]({idt} ri, {idt} rk) -> {idt} {{ return {ia}; }};",
+        f"  auto ix_b = [&]({idt} rk, {idt} rj) -> {idt} {{ return {ib}; }};",
         f"  float acc[{mt}][{nt}][4];",
         f"  for (int m = 0; m < {mt}; m++) for (int n = 0; n < {nt}; n++)",
         "    for (int e = 0; e < 4; e++) acc[m][n][e] = 0.0f;",
-        f"  for ({idt} k0 = 0; k0 < {_size(k)}; k0 += {K}) {{",
-        f"    unsigned int a[{mt}][4], b[{nt}][2];",
-        "    #pragma unroll",
-        f"    for (int m = 0; m < {mt}; m++) {{",
-        f"      const {idt} r = row0 + m * {M} + g, c = k0 + t * 2;",
-        "      a[m][0] = ld_a(r, c) | (ld_a(r, c + 1) << 16);",
-        "      a[m][1] = ld_a(r + 8, c) | (ld_a(r + 8, c + 1) << 16);",
-        "      a[m][2] = ld_a(r, c + 8) | (ld_a(r, c + 9) << 16);",
-        "      a[m][3] = ld_a(r + 8, c + 8) | (ld_a(r + 8, c + 9) << 16);",
-        "    }",
-        "    #pragma unroll",
-        f"    for (int n = 0; n < {nt}; n++) {{",
-        f"      const {idt} c = col0 + n * {N} + g, r = k0 + t * 2;",
-        "      b[n][0] = ld_b(r, c) | (ld_b(r + 1, c) << 16);",
-        "      b[n][1] = ld_b(r + 8, c) | (ld_b(r + 9, c) << 16);",
-        "    }",
-        "    #pragma unroll",
-        f"    for (int m = 0; m < {mt}; m++)",
-        "      #pragma unroll",
-        f"      for (int n = 0; n < {nt}; n++)",
-        '        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, '
-        '{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"',
-        '                     : "+f"(acc[m][n][0]), "+f"(acc[m][n][1]), "+f"(acc[m][n][2]), "+f"(acc[m][n][3])',
-        '                     : "r"(a[m][0]), "r"(a[m][1]), "r"(a[m][2]), "r"(a[m][3]), "r"(b[n][0]), "r"(b[n][1]));',
-        "  }",
     ]
+    lines += _staged_loop(idt, mt, nt, _size(k), (tm, tn, wy, wx), (buf[load_a], buf[load_b]))
     v = "acc[m][n][h * 2 + e]"
     for dt in reversed(casts):
         v = renderer.round_half(dt, v) if dt in (dtypes.float16, dtypes.bfloat16) else f"(({renderer.ctype(dt)}){v})"
@@ -166,6 +243,6 @@ def render_tensor_core(spec: Any, renderer: Any) -> str:
     params += [renderer.var_param(n, x.dtype) for n, x in enumerate(spec.vars)]
     threads = 32 * wx * wy
     uses_half = any(dt in (dtypes.float16, dtypes.bfloat16) for dt in [out_dt, *casts])
-    prelude = renderer.prelude + (renderer.half_helpers if uses_half else "")
+    prelude = renderer.prelude + (renderer.half_helpers if uses_half else "") + CP_ASYNC
     body = "\n".join(lines)
     return f"{prelude}\n{renderer.kernel_declaration(threads)} {KERNEL_SYMBOL}({', '.join(params)}) {{\n{body}\n}}\n"

@@ -1,0 +1,46 @@
+"""benchmarks/bench_cuda.py (issue 35's GPU speed table) runs here on the host device at its --tiny sizes.
+
+Speed is never asserted (the table is for a GPU); only that every row runs, is checked against its
+reference (NumPy, and torch where installed) and passes, and that a wrong kernel fails its row.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+
+import pytest
+
+from polygrad import Tensor
+
+HOST = "CPU" if shutil.which("clang") or shutil.which("gcc") or shutil.which("cc") else "INTERP"
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "bench_cuda.py")
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_cuda", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def test_every_row_runs_and_passes_its_check_at_tiny_sizes(bench, capsys):
+    assert bench.main(["--device", HOST, "--tiny", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    for name in ("matmul 64 fp32", "matmul 64 fp16", "matmul 64 bf16", "MLP 784-512-512-10 Adam step",
+                 "GPT-2 training step (2x64, batch 2 x 16)", "GPT-2 decode (2x64, prompt 4, 4 new tokens)"):
+        line = next(row for row in out.splitlines() if row.startswith(name))
+        assert line.endswith(": ok"), line
+    assert "RESULT: all 6 rows checked" in out
+
+
+def test_a_wrong_matmul_fails_its_row(bench, capsys, monkeypatch):
+    right = Tensor.__matmul__
+    monkeypatch.setattr(Tensor, "__matmul__", lambda a, b: right(a, b) * 1.001)
+    assert bench.main(["--device", HOST, "--tiny", "--repeats", "1", "--rows", "matmul"]) == 1
+    out = capsys.readouterr().out
+    assert "matmul 64 fp32" in out and "CHECK FAILED" in out
