@@ -65,3 +65,17 @@ try:
         _hyp_settings.load_profile("ci")
 except ImportError:  # hypothesis is a dev dependency
     pass
+
+
+def kernels_of(fn) -> list:
+    """The kernel ASTs `fn` schedules, in order (each program the runtime asks for; tests that lower them
+    for another device's capabilities run `fn` on INTERP, which needs no compiler)."""
+    from polygrad.engine import programs
+    asts: list = []
+    orig = programs.get_program
+    programs.get_program = lambda ast, device: asts.append(ast) or orig(ast, device)
+    try:
+        fn()
+    finally:
+        programs.get_program = orig
+    return asts

@@ -17,7 +17,6 @@ import pytest
 from polygrad import Device, Tensor, dtypes
 from polygrad.codegen.lower import lower
 from polygrad.codegen.opts import OptKind
-from polygrad.engine import programs
 from polygrad.errors import DeviceError, DeviceUnavailableError
 from polygrad.renderer.linearize import L, linearize
 
@@ -25,21 +24,12 @@ cuda = pytest.importorskip("polygrad_backend_cuda")
 from polygrad_backend_cuda import capabilities  # noqa: E402
 from polygrad_backend_cuda.launch import launch_of  # noqa: E402
 from polygrad_backend_cuda.renderer import CUDARenderer  # noqa: E402
+from conftest import kernels_of  # noqa: E402
 
 HERE = os.path.dirname(__file__)
 GPU = Device.cuda_available()
 
 
-def kernels_of(fn) -> list:
-    """The kernel ASTs `fn` schedules (run on INTERP: no compiler)."""
-    asts = []
-    orig = programs.get_program
-    programs.get_program = lambda ast, device: asts.append(ast) or orig(ast, device)
-    try:
-        fn()
-    finally:
-        programs.get_program = orig
-    return asts
 
 
 def rand(*shape, dtype=dtypes.float32):

@@ -12,12 +12,12 @@ import pytest
 
 from polygrad import Tensor, dtypes
 from polygrad.codegen.lower import lower
-from polygrad.engine import programs
 
 cuda = pytest.importorskip("polygrad_backend_cuda")
 from polygrad_backend_cuda import capabilities, cpu_check  # noqa: E402
 from polygrad_backend_cuda.launch import launch_of  # noqa: E402
 from polygrad_backend_cuda.renderer import CUDARenderer  # noqa: E402
+from conftest import kernels_of  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (shutil.which("clang++") or shutil.which("g++")), reason="no C++ compiler")
 rng = np.random.default_rng(0)
@@ -28,15 +28,8 @@ STORAGE = {dtypes.float32: np.float32, dtypes.float16: np.float16, dtypes.bfloat
 def cuda_kernels(fn, arch="sm_90", caps=None):
     """(spec, source, launch) of every kernel `fn` schedules, lowered and rendered for CUDA (for
     `caps`, default capabilities(arch))."""
-    asts = []
-    orig = programs.get_program
-    programs.get_program = lambda ast, device: asts.append(ast) or orig(ast, device)
-    try:
-        fn()
-    finally:
-        programs.get_program = orig
     out = []
-    for ast in asts:
+    for ast in kernels_of(fn):
         spec = lower(ast, caps or capabilities(arch))
         out.append((spec, CUDARenderer(arch).render(spec), launch_of(spec)))
     return out

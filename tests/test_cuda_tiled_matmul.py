@@ -15,13 +15,13 @@ from polygrad.codegen import gpu_opts
 from polygrad.codegen.gpu_opts import MATMUL_TILES, matmul_with_epilogue
 from polygrad.codegen.lower import lower
 from polygrad.codegen.opts import Opt, OptKind
-from polygrad.engine import programs
 
 cuda = pytest.importorskip("polygrad_backend_cuda")
 from polygrad_backend_cuda import capabilities  # noqa: E402
 from polygrad_backend_cuda.compile_check import compile_all  # noqa: E402
 from polygrad_backend_cuda.launch import launch_of  # noqa: E402
 from polygrad_backend_cuda.renderer import CUDARenderer  # noqa: E402
+from conftest import kernels_of  # noqa: E402
 from tests.test_cuda_compile import _compiler  # noqa: E402
 from tests.test_cuda_cpu_check import on_interp, run  # noqa: E402
 
@@ -30,14 +30,7 @@ needs_cxx = pytest.mark.skipif(not (shutil.which("clang++") or shutil.which("g++
 
 
 def matmul_ast(fn):
-    asts = []
-    orig = programs.get_program
-    programs.get_program = lambda ast, device: asts.append(ast) or orig(ast, device)
-    try:
-        fn()
-    finally:
-        programs.get_program = orig
-    return asts[-1]
+    return kernels_of(fn)[-1]
 
 
 def tiled(ast, tile=None, arch="sm_90"):
