@@ -403,6 +403,11 @@ function substituteRange (g, ast, r, outer, inner, expr, kind) {
 // 2^20 points take about 70 us alone: from there, halving the work pays for the hand-off. (Python's CPU
 // backend uses 2^17 operations, THREAD_MIN_WORK in codegen/host_opts.py: its workers wait spinning.)
 const THREAD_MIN_WORK = 1 << 20
+// While the workers are awake (spinning on the control block after the call before: threads/control.js
+// waitWhile), a hand-off costs no futex wake (2-4 us a call measured, against 10-12 us with a wake), and
+// calls from this much work (about 10 us alone) on are shared too: GPT-2 small's attention output matvec
+// (590k points) in decode.
+const THREAD_HOT_WORK = 1 << 17
 
 /**
  * Whether a lowered kernel's blocks may each be split along their outermost loop across threads (linearize
@@ -463,4 +468,4 @@ function sizeValue (u, env) {
   return bounds(u)[1]
 }
 
-module.exports = { chooseOpts, fewRowsOpts, applyOpts, topLevelReduces, hasAccumulatingStore, rangesOf, constSize, VECTOR_DTYPES, DTYPES, threadable, kernelWork, sizeValue, THREAD_MIN_WORK }
+module.exports = { chooseOpts, fewRowsOpts, applyOpts, topLevelReduces, hasAccumulatingStore, rangesOf, constSize, VECTOR_DTYPES, DTYPES, threadable, kernelWork, sizeValue, THREAD_MIN_WORK, THREAD_HOT_WORK }

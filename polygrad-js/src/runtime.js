@@ -20,7 +20,8 @@
  *   written since it was made (after training, the next batch-1 forward repacks once).
  * - Threads (`threads` > 1, wasm only): the memory is a shared WebAssembly.Memory; a kernel that
  *   lower.threadable admits is compiled as phases (compile.js), one per block, each over a slice of its first
- *   loop, and a call whose work (lower.kernelWork) reaches THREAD_MIN_WORK runs every phase on the pool's
+ *   loop, and a call whose work (lower.kernelWork) reaches THREAD_MIN_WORK (THREAD_HOT_WORK while the
+ *   workers are awake from the call before) runs every phase on the pool's
  *   threads (threads/pool.js), this thread included; smaller calls, and synchronous calls where this thread
  *   cannot block (a browser's main thread), run the phases whole here (slice 0 of 1). The same instructions
  *   compute every element either way, so results are bit for bit those of one thread.
@@ -28,7 +29,7 @@
 
 const { BundleError, KernelError, ModelError } = require('./errors')
 const { lowerKernel, prepareKernel } = require('./compile')
-const { chooseOpts, fewRowsOpts, kernelWork, THREAD_MIN_WORK } = require('./lower')
+const { chooseOpts, fewRowsOpts, kernelWork, THREAD_MIN_WORK, THREAD_HOT_WORK } = require('./lower')
 const { Pool } = require('./threads/pool')
 const { MAX_ARGS } = require('./threads/control')
 const { validateKernel } = require('./manifest')
@@ -198,6 +199,7 @@ class Executor extends BaseExecutor {
     new Uint8Array(this.memory.buffer, 0, ZERO_BYTES).fill(0) // a memory passed in may hold anything there
     this.pool = this.threads > 1 ? new Pool(this.threads, this.memory) : null
     this.minWork = THREAD_MIN_WORK // a call with less work runs on this thread alone (tests lower it)
+    this.minHotWork = THREAD_HOT_WORK // ... unless it has this much and the workers are awake (pool.hot)
     // packed copies of parameters (pack.js), by source slot and layout, and how many times each slot was
     // written by a call (a copy made at another count is stale)
     this.packed = new Map()
@@ -573,7 +575,8 @@ class Executor extends BaseExecutor {
           else run.fn(...run.vars.map((v) => env.get(v)))
         } else {
           const args = run.vars.map((v) => env.get(v))
-          const shared = pool !== null && args.length <= MAX_ARGS && st.work(env) >= this.minWork
+          const work = pool !== null && args.length <= MAX_ARGS ? st.work(env) : -1
+          const shared = work >= 0 && (work >= this.minWork || (work >= this.minHotWork && pool.hot()))
           for (const ph of run.phases) {
             if (shared) yield [ph.site, ph.fn, args]
             else ph.fn(0, 1, ...args)

@@ -145,6 +145,99 @@ test('the async twins give the results of the synchronous calls, on 1 and 2 thre
   }
 })
 
+/** Every call of `m`'s pool made to wait, in its first chunk on this thread, until a worker has run chunks of
+ * it: the workers then run most of each call (up to 10 s for them to start, else an error). */
+function workersFirst (m) {
+  const pool = m._x.pool
+  const call = pool.call.bind(pool)
+  pool.call = (site, own, args) => {
+    const before = pool.workerChunks()
+    let first = true
+    call(site, (...a) => {
+      if (first) {
+        first = false
+        const deadline = Date.now() + 10000
+        while (pool.workerChunks() === before) if (Date.now() > deadline) throw new Error('no worker took a chunk in 10 s')
+      }
+      own(...a)
+    }, args)
+  }
+}
+
+test('chunks the workers run give the bits of one thread (each call waits for a worker to take chunks)', () => {
+  const name = 'decoder.pgb'
+  const run = cases.find((c) => c[0] === name)[1]
+  const one = load(name, 1)
+  const want = run(one)
+  one.dispose()
+  for (const threads of [2, 3]) {
+    const m = load(name, threads)
+    workersFirst(m)
+    sameBits(run(m), want, `${name} on ${threads} threads`)
+    assert.ok(m._x.pool.workerChunks() >= m._x.pool.calls, 'a worker ran chunks of every call')
+    m.dispose()
+  }
+})
+
+/** CPU time (ms, every thread of this process) while this thread sleeps `ms` without ending its session. */
+function cpuWhileAsleep (ms) {
+  const c0 = process.cpuUsage()
+  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms)
+  const c = process.cpuUsage(c0)
+  return (c.user + c.system) / 1000
+}
+
+test('workers spin only a while: in a session whose caller stops sending calls they sleep', () => {
+  const m = load('mlp_wide.pgb', 2)
+  workersFirst(m) // the worker is in the session, and has just run chunks
+  m.forward({ x: ref.wide.x })
+  const pool = m._x.pool
+  const step = m._x.entries.forward.find((st) => !st.copy && st.main.phases)
+  const ph = step.main.phases[0]
+  pool.call(ph.site, ph.fn, step.main.vars.map(() => ref.wide.x.length)) // its one Variable: the batch
+  assert.ok(pool.session, 'the session is still open')
+  const busy = cpuWhileAsleep(400)
+  pool.end()
+  assert.ok(busy < 80, `the process used ${busy.toFixed(1)} ms of CPU in 400 ms with the workers idle in a session`)
+  assert.ok(cpuWhileAsleep(200) < 40, 'and between entrypoint calls')
+  m.dispose()
+})
+
+test('a call whose workers never come is run by the calling thread alone (chunks are taken, not assigned)', () => {
+  const out = exitsByItself(`
+const { Model } = require('.')
+const pool = require('./src/threads/pool')
+const node = require('./src/threads/node')
+const x = require('./test/fixtures/reference.json').wide.x
+const bytes = require('fs').readFileSync('test/fixtures/mlp_wide.pgb')
+const one = Model.fromBytesSync(bytes, { threads: 1 }).forward({ x }).logits
+// workers that never receive the message that starts a session
+pool.setPlatform(Object.assign({}, node, { spawn () {
+  const w = node.spawn()
+  const post = w.post
+  w.post = (msg) => { if (msg.type !== 'session') post(msg) }
+  return w
+} }))
+const m = Model.fromBytesSync(bytes, { threads: 2 })
+m._x.minWork = 0
+const two = m.forward({ x }).logits
+const same = Buffer.compare(Buffer.from(one.buffer), Buffer.from(two.buffer)) === 0
+process.stdout.write([m._x.pool.calls > 0, m._x.pool.workerChunks(), same].join(' '))
+m.dispose()`)
+  assert.strictEqual(out, 'true 0 true')
+})
+
+test('calls below THREAD_MIN_WORK never start the workers, though they reach THREAD_HOT_WORK', () => {
+  const m = load('mlp_wide.pgb', 2)
+  m._x.minWork = Infinity
+  m._x.minHotWork = 0
+  m.forward({ x: ref.wide.x })
+  m.forward({ x: ref.wide.x })
+  assert.strictEqual(m._x.pool.calls, 0)
+  assert.strictEqual(m._x.pool.workers, null, 'no worker started')
+  m.dispose()
+})
+
 /** Run `code` in a fresh Node process; it must exit by itself (no worker left holding it) within 20 s. */
 function exitsByItself (code) {
   const r = spawnSync(process.execPath, ['-e', code], { cwd: ROOT, timeout: 20000, encoding: 'utf8' })

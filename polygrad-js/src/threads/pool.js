@@ -4,13 +4,15 @@
  * WebAssembly.Memory.
  *
  * Stage: execution (threads). Input: the compiled modules (each posted to every worker, which instantiates
- * it over the shared memory) and calls {module, export, Variable values}. Output: the call run as `parts`
- * slices, slice 0 on the calling thread, slice i on worker i, joined before it returns.
+ * it over the shared memory) and calls {module, export, Variable values}. Output: the call run as chunks of
+ * its kernel's outermost loop, taken by the calling thread and the workers that are awake (control.js),
+ * joined before it returns.
  * - Workers start at the first call that is worth threads (a model that never runs a big kernel starts none)
  *   and wait in their event loop between entrypoint calls; during one (a session) they wait on the control
- *   block (control.js) with Atomics.wait, so a call costs a futex wake and no message.
+ *   block (control.js waitWhile: a bounded spin, then Atomics.wait), so a call costs no message, and no
+ *   futex wake when it comes within the spin.
  * - Synchronous calls (Node) wait on the control block; asynchronous ones (browsers' main thread, which
- *   cannot block) wait for a 'done' message from the last worker to finish.
+ *   cannot block) spin a while, then wait for a 'done' message from the thread that finished last.
  * - The platform (setPlatform: Node's worker_threads from index.js, Web Workers from the browser build) says
  *   how to start a worker and how many cores there are; without one there are no threads.
  */
@@ -45,6 +47,9 @@ function unavailable () {
 }
 
 const START_TIMEOUT_MS = 10000
+// a call is cut into this many chunks per thread: a worker that starts late, or is descheduled, leaves
+// chunks to the others instead of holding them all up for its fixed slice
+const CHUNKS_PER_THREAD = 4
 
 class Pool {
   constructor (threads, memory) {
@@ -152,53 +157,83 @@ class Pool {
   end () {
     if (!this.session) return
     this.session = false
-    this.ctl[C.MODULE] = -1
+    Atomics.store(this.ctl, C.CLAIM, C.CLOSED)
+    Atomics.store(this.ctl, C.MODULE, -1)
     Atomics.add(this.ctl, C.SEQ, 1)
     Atomics.notify(this.ctl, C.SEQ)
   }
 
+  /** Whether every worker is in a session and awake (running chunks or spinning), so a call reaches them
+   * without a futex wake: the executor then shares smaller calls too (lower.THREAD_HOT_WORK). */
+  hot () {
+    return this.session && Atomics.load(this.ctl, C.AWAKE) === this.threads - 1
+  }
+
+  /** How many chunks the workers have run, in all calls so far. */
+  workerChunks () {
+    return Atomics.load(this.ctl, C.BY_WORKERS)
+  }
+
+  /** Publish a call (control.js: CLAIM closed while its fields are written) and wake the workers; returns
+   * its sequence number. */
   dispatch (site, args, async) {
     const ctl = this.ctl
     this.begin()
     this.calls++
-    ctl[C.MODULE] = site.module
-    ctl[C.EXPORT] = site.export
-    ctl[C.PARTS] = this.threads
-    ctl[C.NARGS] = args.length
-    for (let i = 0; i < args.length; i++) ctl[C.ARGS + i] = args[i]
-    ctl[C.FAILED] = 0
-    ctl[C.ASYNC] = async ? 1 : 0
-    Atomics.store(ctl, C.DONE, 0)
-    const seq = Atomics.add(ctl, C.SEQ, 1) + 1
+    Atomics.store(ctl, C.CLAIM, C.CLOSED)
+    Atomics.store(ctl, C.MODULE, site.module)
+    Atomics.store(ctl, C.EXPORT, site.export)
+    Atomics.store(ctl, C.PARTS, this.threads * CHUNKS_PER_THREAD)
+    Atomics.store(ctl, C.NARGS, args.length)
+    for (let i = 0; i < args.length; i++) Atomics.store(ctl, C.ARGS + i, args[i])
+    Atomics.store(ctl, C.FAILED, 0)
+    Atomics.store(ctl, C.ASYNC, async ? 1 : 0)
+    Atomics.store(ctl, C.FINISHED, 0)
+    const seq = Atomics.load(ctl, C.SEQ) + 1
+    Atomics.store(ctl, C.CLAIM, C.tagOf(seq) << 16)
+    Atomics.store(ctl, C.SEQ, seq)
     Atomics.notify(ctl, C.SEQ)
     return seq
   }
 
-  /** Run `own` (slice 0, this thread) and the workers' slices of `site` ({module, export}); blocks. */
-  call (site, own, args) {
-    this.dispatch(site, args, false)
+  /** This thread's share of call `seq`: chunks of `own` (the kernel's function here) until none is left;
+   * returns whether every chunk has finished, and the error of the first chunk here that failed. */
+  ownChunks (seq, own, args) {
+    const parts = this.threads * CHUNKS_PER_THREAD
     let error = null
-    try {
-      own(0, this.threads, ...args)
-    } catch (e) {
-      error = e
-    }
+    const ran = C.claimChunks(this.ctl, C.tagOf(seq), parts, (chunk) => {
+      try {
+        own(chunk, parts, ...args)
+        return true
+      } catch (e) {
+        error = e
+        return false
+      }
+    })
+    const done = (ran ? Atomics.add(this.ctl, C.FINISHED, ran) + ran : Atomics.load(this.ctl, C.FINISHED)) === parts
+    return { done, error }
+  }
+
+  /** Run `own` (the kernel's function on this thread) and the workers on the chunks of `site` ({module,
+   * export}); blocks until every chunk has finished. */
+  call (site, own, args) {
+    const seq = this.dispatch(site, args, false)
+    const { error } = this.ownChunks(seq, own, args)
     const ctl = this.ctl
-    const workers = this.threads - 1
-    for (let d = Atomics.load(ctl, C.DONE); d < workers; d = Atomics.load(ctl, C.DONE)) Atomics.wait(ctl, C.DONE, d)
+    const parts = this.threads * CHUNKS_PER_THREAD
+    for (let f = Atomics.load(ctl, C.FINISHED); f < parts; f = Atomics.load(ctl, C.FINISHED)) C.waitWhile(ctl, C.FINISHED, f)
     this.check(error)
   }
 
-  /** call() for a thread that cannot block: the workers' join is awaited. */
+  /** call() for a thread that cannot block: after a spin, the workers' last chunks are awaited (a message). */
   async callAsync (site, own, args) {
     const seq = this.dispatch(site, args, true)
-    let error = null
-    try {
-      own(0, this.threads, ...args)
-    } catch (e) {
-      error = e
-    }
-    if (Atomics.load(this.ctl, C.DONE) < this.threads - 1) {
+    const { error } = this.ownChunks(seq, own, args)
+    const ctl = this.ctl
+    const parts = this.threads * CHUNKS_PER_THREAD
+    let f = Atomics.load(ctl, C.FINISHED)
+    while (f < parts && C.waitWhile(ctl, C.FINISHED, f, false)) f = Atomics.load(ctl, C.FINISHED)
+    if (f < parts) {
       this.refAll(true)
       try {
         await new Promise((resolve) => { this.waiting = { seq, resolve } })
