@@ -117,7 +117,7 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
     if caps is not None and caps.int8_dot:
         lanes = int8_dot_lanes(reduces)
         if lanes is not None:
-            return [Opt(OptKind.SPLIT_REDUCE, lanes.arg[0], INT8_DOT_LANES), *int8_dot_row_tile(glob, reduces)]
+            return [Opt(OptKind.SPLIT_REDUCE, lanes.arg[0], INT8_DOT_LANES)]
     if glob and caps is not None:
         window = window_tile_opts(glob, reduces[0], loads, store_index, caps)
         if window is not None:
@@ -166,28 +166,6 @@ def int8_dot_lanes(reduces: list[UOp]) -> UOp | None:
                 if range_size(r) == INT8_DOT_LANES and all(range_coeff(ix.src[1], r) == 1 for ix in byte_loads):
                     return r
     return None
-
-
-# prompt rows of an int8 block-sum tile (int8_dot_row_tile): each weight block's bytes are loaded (and a
-# Q4_0 block's nibbles unpacked) once for this many rows' dot products
-INT8_DOT_TILE_ROWS = int(__import__("os").environ.get("PG_I8R", "4"))
-
-
-def int8_dot_row_tile(glob: list[UOp], reduces: list[UOp]) -> list[Opt]:
-    """An UPCAST of the rows of a quantized prompt's block sums (a global range the weight's byte load does
-    not depend on and the activation's does): a GEMM's register tile, each weight block read once for
-    INT8_DOT_TILE_ROWS rows; none for a decode matvec (no such range) or where the count does not divide."""
-    loads = [n.src[0] for r in reduces if r.dtype is dtypes.int32
-             for n in r.src[0].toposort() if n.op is Ops.LOAD and n.dtype in BYTE_DTYPES]
-    opts = []
-    for r in glob:
-        coeffs = [range_coeff(ix.src[1], r) for ix in loads]
-        if len(loads) == 2 and sorted(c == 0 for c in coeffs) == [False, True] and divides(r, INT8_DOT_TILE_ROWS):
-            opts.append(Opt(OptKind.UPCAST, r.arg[0], INT8_DOT_TILE_ROWS))
-    wr = int(__import__("os").environ.get("PG_I8W", "1"))
-    if len(opts) == 2 and wr > 1:
-        return [opts[0], Opt(OptKind.UPCAST, opts[1].axis, wr)]
-    return opts[:1]
 
 
 def _byte_dot_turns(turns: tuple[UOp, ...], byte_loads: list[UOp]) -> bool:

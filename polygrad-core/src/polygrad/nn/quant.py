@@ -272,11 +272,10 @@ def _int8_matmul_t(blocks: Tensor, x: Tensor, fmt: str = "Q8_0") -> Tensor:
         wq = blocks[..., 2:].bitcast(dtypes.int8).reshape(rows, nb, 4, 8)
         sums = (xq.reshape(*lead, 1, nb, 4, 8).cast(dtypes.int32) * wq.cast(dtypes.int32)).sum(-2)  # (.., rows, nb, 8)
 
-    def byte(k: int) -> Tensor:  # the raw byte broadcast before any arithmetic (see _Fields), over x's rows too
-        ones = (1,) * len(lead)
-        return blocks[..., k:k + 1].reshape(*ones, rows, nb, 1).expand(*lead, rows, nb, 8).cast(dtypes.uint16)
+    def byte(k: int) -> Tensor:  # the raw byte broadcast before any arithmetic (see _Fields)
+        return blocks[..., k:k + 1].expand(rows, nb, 8).cast(dtypes.uint16)
 
-    dw = (byte(0) | (byte(1) << 8)).bitcast(dtypes.float16).cast(dtypes.float32)  # (..., rows, nb, 8)
+    dw = (byte(0) | (byte(1) << 8)).bitcast(dtypes.float16).cast(dtypes.float32)  # (rows, nb, 8)
     scale = dw * dx.reshape(*lead, 1, nb, 1)
     # a kernel of its own, as the float path's: under an epilogue (a bias, GELU) the scheduler would give
     # the block sums, a reduction inside the matvec's, a buffer of their own (schedule/fusion.py)
@@ -353,7 +352,7 @@ class QuantWeight:
         if x.shape[-1] != cols:
             raise QuantizationError(f"x @ W.T: x has {x.shape[-1]} columns, the {f.name} weight {cols}")
         lead = x.shape[:-1]
-        if f.name in INT8_DOT_FORMATS and (_one_row(lead) or __import__("os").environ.get("PG_I8G") == "1") and int8_dot_enabled(x.device):
+        if f.name in INT8_DOT_FORMATS and _one_row(lead) and int8_dot_enabled(x.device):
             return _int8_matmul_t(self.blocks, x, f.name)
         values = _grouped(self.blocks, f)  # (rows, nb, *groups)
         axes = tuple(range(-len(f.groups) - 1, 0))

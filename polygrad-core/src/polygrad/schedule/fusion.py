@@ -261,11 +261,6 @@ _COST_WALK_LIMIT = 256
 _VIEW_OPS = MOVEMENT | {Ops.DETACH}
 # a reduction doing this many operations per element it reads is a contraction (see _is_contraction)
 CONTRACTION_REUSE = 4
-# a nested reduction of at most this many terms per value is never a contraction, however often it reads
-# its data: a quantized prompt's int32 block sums (nn/quant.py, 4 turns of 8 lanes) stay in the kernel
-# summing them over blocks, which keeps the output axes and the tiles (a buffer of them is 8 int32 values
-# per weight block and prompt row: 26x the weight's bytes)
-BLOCK_SUM_TERMS = 4
 # SIBLING_CONTRACTIONS: an expression over two or more contractions that are not nested in each other
 # (SwiGLU's `silu(x @ gate) * (x @ up)`, an RNN cell's `x @ Wx + h @ Wh`) gets one kernel per contraction:
 # the first one found fuses with the expression, the others get buffers. One kernel computing both would
@@ -345,8 +340,6 @@ def _is_contraction(reduce: UOp, points: set[UOp]) -> bool:
     it gets its own kernel. A nested sum that reads each element once (a blocked sum's partials, `(m * w)`
     summed) stays fused."""
     work = _numel(reduce.src[0])
-    if work <= BLOCK_SUM_TERMS * _numel(reduce):
-        return False  # a block's few terms (an int8 dot's 4 turns): see BLOCK_SUM_TERMS
     data, stack, seen = 0, [reduce.src[0]], {reduce.src[0]}
     while stack:
         node = stack.pop()
