@@ -42,13 +42,17 @@ static inline float i8g_half(const unsigned char* p) {
 /* the decode route's rounding (bench_int8dot's i8d_quantize), the 8-bit values stored offset by 128 */
 void i8g_round(const float* restrict x, int n, int K, unsigned char* restrict xu, float* restrict dx) {
   for (int blk = 0; blk < n * K / 32; blk++) {
-    const float* v = x + 32 * blk;
-    float amax = 0.0f;
-    for (int i = 0; i < 32; i++) amax = __builtin_fmaxf(amax, __builtin_fabsf(v[i]));
+    i8g_f32x8 v[4], m = (i8g_f32x8){0};
+    memcpy(v, x + 32 * blk, sizeof(v));
+    for (int i = 0; i < 4; i++) m = __builtin_elementwise_max(m, __builtin_elementwise_abs(v[i]));
+    float amax = __builtin_reduce_max(m);
     float d = amax / 127.0f;
     float id = d != 0.0f ? 1.0f / d : 0.0f;
     dx[blk] = d;
-    for (int i = 0; i < 32; i++) xu[32 * blk + i] = (unsigned char)((int)__builtin_rintf(v[i] * id) + 128);
+    for (int i = 0; i < 4; i++) {
+      i8g_i32x8 q = __builtin_convertvector(__builtin_elementwise_roundeven(v[i] * id), i8g_i32x8) + 128;
+      for (int l = 0; l < 8; l++) xu[32 * blk + 8 * i + l] = (unsigned char)q[l];
+    }
   }
 }
 
@@ -116,8 +120,8 @@ static void i8g_stage(const unsigned char* blocks, int nb, int bytes, int q4, in
 
 /* y[r][j0 .. j0 + I8G_PANEL] for R prompt rows from r0 (y's row stride `rows`) */
 #define I8G_TILE(R)                                                                                           \
-  static void i8g_tile##R(float* y, int rows, const unsigned char* xu, const float* dx, int nb,              \
-                          const signed char* wp, const float* dw, const int* cs) {                           \
+  __attribute__((unused)) static void i8g_tile##R(float* y, int rows, const unsigned char* xu, const float* dx, \
+                          int nb, const signed char* wp, const float* dw, const int* cs) {                   \
     i8g_f32x8 acc[R][I8G_V];                                                                                 \
     for (int r = 0; r < R; r++)                                                                              \
       for (int v = 0; v < I8G_V; v++) acc[r][v] = (i8g_f32x8){0};                                            \
