@@ -3,7 +3,9 @@
 Rows (each prints polygrad's figure, torch's, their ratio, and the check that passed or failed):
 - matmul N x N x N in fp32 (torch without TF32), fp16 and bf16: TFLOP/s, best of several synchronised runs;
   a 64 x 64 corner checked against NumPy in float64; the row names the opts the kernel was lowered with
-  (TILE: shared-memory tiles, TC: tensor cores);
+  (TILE: shared-memory tiles, TC: tensor cores); and a row "fp32 with TF32 opted in" (POLY_ALLOW_TF32=1,
+  beside torch with allow_tf32=True): checked against NumPy's product of the operands rounded to TF32
+  where it ran on tensor cores (TC:8), against the exact product where the device has none;
 - the 784-512-512-10 MLP Adam step at batch 128 (polygrad under TinyJit): ms a step; the losses of the
   first steps and the weights after them checked against the same steps in NumPy;
 - a GPT-2-small training step (12 layers, 768 wide, 12 heads, vocabulary 50257) at batch 8 x 512 tokens,
@@ -72,7 +74,8 @@ class Row:
             beside = f"torch: {self.note or 'not measured'}"
         else:
             ratio = self.polygrad / self.torch if self.higher else self.torch / self.polygrad
-            beside = f"{torch_label} {self.torch:.4g} {self.unit} (polygrad at {ratio:.0%} of torch's speed)"
+            label = f"{torch_label} ({self.note})" if self.note else torch_label
+            beside = f"{label} {self.torch:.4g} {self.unit} (polygrad at {ratio:.0%} of torch's speed)"
         verdict = "ok" if self.ok else "CHECK FAILED"
         return f"{self.name}: polygrad {self.polygrad:.4g} {self.unit}; {beside}; {self.check}: {verdict}"
 
@@ -143,17 +146,29 @@ def lowered_opts(run, dev) -> str:
     return " ".join(f"{o.kind.value}:{o.amount}" for o in lower(asts[-1], dev.capabilities).opts) or "none"
 
 
+def tf32_round(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to TF32 as cvt.rna.tf32.f32 does (10 mantissa bits, to nearest, ties away
+    from zero), still stored as float32."""
+    bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    bits = np.where(finite, (bits + 0x1000) & 0xFFFFE000, bits)
+    return bits.astype(np.uint32).view(np.float32)
+
+
+MATMUL_KINDS = ("fp32", "tf32", "fp16", "bf16")
+
+
 def matmul_rows(n: int, device: str, torch, tdev: str, repeats: int) -> list[Row]:
-    from polygrad import Device, Tensor, dtypes
+    from polygrad import Context, Device, Tensor, dtypes
     rng = np.random.default_rng(0)
     rows = []
-    for name in ("fp32", "fp16", "bf16"):
+    for name in MATMUL_KINDS:
         a32, b32 = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
         if name == "fp16":
             a_np, b_np = a32.astype(np.float16).astype(np.float32), b32.astype(np.float16).astype(np.float32)
         else:
             a_np, b_np = (bf16_round(a32), bf16_round(b32)) if name == "bf16" else (a32, b32)
-        dt = {"fp32": dtypes.float32, "fp16": dtypes.float16, "bf16": dtypes.bfloat16}[name]
+        dt = {"fp32": dtypes.float32, "tf32": dtypes.float32, "fp16": dtypes.float16, "bf16": dtypes.bfloat16}[name]
         a = Tensor(a_np, device=device).cast(dt).realize()
         b = Tensor(b_np, device=device).cast(dt).realize()
         out = {}
@@ -161,18 +176,31 @@ def matmul_rows(n: int, device: str, torch, tdev: str, repeats: int) -> list[Row
         def run():
             out["c"] = (a @ b).realize()
         dev = Device[device]
-        opts = lowered_opts(run, dev)
-        secs = best_time(run, dev.synchronize, repeats)
-        corner = out["c"][:64, :64].cast(dtypes.float32).numpy()
-        err = rel_err(corner, a_np[:64].astype(np.float64) @ b_np[:, :64].astype(np.float64))
-        limit = 1e-5 if name == "fp32" else 1e-2  # 16-bit outputs round to 2^-11 / 2^-8 of their size
-        row = Row(f"matmul {n} {name} (opts {opts})", 2 * n ** 3 / secs / 1e12, "TFLOP/s",
-                  f"64x64 corner vs NumPy float64, rel err {err:.1e} (limit {limit:.0e})", err < limit)
+        with Context(POLY_ALLOW_TF32=int(name == "tf32")):
+            opts = lowered_opts(run, dev)
+            secs = best_time(run, dev.synchronize, repeats)
+            corner = out["c"][:64, :64].cast(dtypes.float32).numpy()
+        label, a_ref, b_ref = name, a_np, b_np
+        if name == "tf32":
+            on_cores = "TC:8" in opts.split()
+            label = "fp32 with TF32 opted in (POLY_ALLOW_TF32=1)"
+            a_ref, b_ref = (tf32_round(a_np), tf32_round(b_np)) if on_cores else (a_np, b_np)
+        err = rel_err(corner, a_ref[:64].astype(np.float64) @ b_ref[:, :64].astype(np.float64))
+        limit = 1e-5 if name in ("fp32", "tf32") else 1e-2  # 16-bit outputs round to 2^-11 / 2^-8 of their size
+        what = "NumPy float64 of the TF32-rounded operands" if a_ref is not a_np else "NumPy float64"
+        row = Row(f"matmul {n} {label} (opts {opts})", 2 * n ** 3 / secs / 1e12, "TFLOP/s",
+                  f"64x64 corner vs {what}, rel err {err:.1e} (limit {limit:.0e})", err < limit)
         if torch is not None:
-            tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+            tdt = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
             ta = torch.tensor(a_np, device=tdev).to(tdt)
             tb = torch.tensor(b_np, device=tdev).to(tdt)
-            row.torch = 2 * n ** 3 / best_time(lambda: ta @ tb, lambda: torch_sync(torch, tdev), repeats) / 1e12
+            torch.backends.cuda.matmul.allow_tf32 = name == "tf32"  # torch's TF32 only beside polygrad's
+            try:
+                row.torch = 2 * n ** 3 / best_time(lambda: ta @ tb, lambda: torch_sync(torch, tdev), repeats) / 1e12
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = False
+            if name == "tf32":
+                row.note = "torch with allow_tf32=True"
         rows.append(row)
     return rows
 

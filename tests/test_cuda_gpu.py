@@ -1,12 +1,13 @@
 """CUDA on a real GPU (its tests skip cleanly where `Device.cuda_available()` is False, as in CI here).
 
 Values against NumPy: elementwise and transcendental kernels, grouped reductions, float4 paths, fp32
-matmuls (shared-memory tiles on odd sizes 1, 17, 1000, 4097; batches, transposes) and fp16 matmuls
-(tensor cores), scatter-add (atomicAdd over the grid), copies between devices and ordinals,
-symbolic sizes; a training step (linear regression by SGD against the NumPy closed loop, an MLP step
-against the same step on the host backend) and the bundle round trip (Model.save on the host ->
-Model.load on CUDA, same outputs); one Adam step of the 784-512-512-10 MLP and of a GPT-2-small block
-against torch in float64 and against the host backend, whose host-device cases run without a GPU too.
+matmuls (shared-memory tiles on odd sizes 1, 17, 1000, 4097; batches, transposes), fp16 and bf16
+matmuls (tensor cores) and fp32 ones with TF32 opted in (POLY_ALLOW_TF32=1), scatter-add (atomicAdd
+over the grid), copies between devices and ordinals, symbolic sizes; a training step (linear
+regression by SGD against the NumPy closed loop, an MLP step against the same step on the host
+backend) and the bundle round trip (Model.save on the host -> Model.load on CUDA, same outputs); one
+Adam step of the 784-512-512-10 MLP and of a GPT-2-small block against torch in float64 and against
+the host backend, whose host-device cases run without a GPU too.
 scripts/cuda_check.sh runs this file with the op suite.
 """
 from __future__ import annotations
@@ -76,6 +77,30 @@ def test_matmul_fp32_and_fp16_tensor_cores():
     np.testing.assert_allclose(th.numpy().astype(np.float32), want, rtol=2e-2, atol=5e-2)
     batched = (Tensor(ah.reshape(2, 128, 256), device="CUDA") @ Tensor(bh, device="CUDA")).numpy()
     np.testing.assert_allclose(batched.astype(np.float32).reshape(256, 128), want, rtol=2e-2, atol=5e-2)
+
+
+def tf32_round(x: np.ndarray) -> np.ndarray:
+    """cvt.rna.tf32.f32 in NumPy (10 mantissa bits, to nearest, ties away from zero), as float64."""
+    m, e = np.frexp(np.abs(x.astype(np.float64)))
+    return np.sign(x) * np.floor(m * 2.0**11 + 0.5) * 2.0 ** (e - 11)
+
+
+@gpu
+def test_tf32_opt_in_and_bfloat16_tensor_cores():
+    """POLY_ALLOW_TF32=1: the product of TF32-rounded operands (on sm_80+), the exact one again when it is
+    off (another program, not the cached TF32 one); bfloat16 matmuls on tensor cores."""
+    a, b = randn(256, 512), randn(512, 128)
+    ta, tb = Tensor(a, device="CUDA"), Tensor(b, device="CUDA")
+    exact = a.astype(np.float64) @ b
+    with Context(POLY_ALLOW_TF32=1):
+        tf32 = (ta @ tb).numpy()
+    if "mma_tf32" in Device["CUDA"].capabilities.tensor_cores:
+        np.testing.assert_allclose(tf32, tf32_round(a) @ tf32_round(b), rtol=1e-4, atol=1e-3)
+        assert np.abs(tf32 - exact).max() > 1e-3
+    np.testing.assert_allclose((ta @ tb).numpy(), exact, rtol=1e-4, atol=1e-3)
+    ab, bb = ta.cast(dtypes.bfloat16), tb.cast(dtypes.bfloat16)
+    want = ab.numpy().astype(np.float64) @ bb.numpy().astype(np.float64)
+    np.testing.assert_allclose((ab @ bb).cast(dtypes.float32).numpy(), want, rtol=1e-2, atol=1e-1)
 
 
 @gpu

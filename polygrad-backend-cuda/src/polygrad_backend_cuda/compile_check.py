@@ -12,9 +12,9 @@ import re
 from polygrad.backend_api import CompileError
 
 from polygrad_backend_cuda import renderer as r
-from polygrad_backend_cuda.tensor_core import CP_ASYNC
+from polygrad_backend_cuda.tensor_core import CP_ASYNC, TF32_CVT
 
-PRELUDE_BLOCKS = (r.CUDA_PRELUDE, r.VECTOR_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT, r.HALF_PRELUDE, CP_ASYNC)
+PRELUDE_BLOCKS = (r.CUDA_PRELUDE, r.VECTOR_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT, r.HALF_PRELUDE, CP_ASYNC, TF32_CVT)
 _SIGNATURE = re.compile(r'(extern "C" __global__ void __launch_bounds__\(\d+\) )(\w+)\(')
 
 
@@ -29,8 +29,8 @@ def batch_source(sources: list[str], arch: str) -> str:
     """One translation unit holding every kernel of `sources`, renamed k0, k1, ..."""
     bf16 = r.BF16_NATIVE if r.arch_number(arch) >= 80 else r.BF16_SOFT
     parts = [r.CUDA_PRELUDE, r.VECTOR_PRELUDE, bf16, r.HALF_PRELUDE]
-    if r.arch_number(arch) >= 80:  # cp.async: tensor-core kernels, which only sm_80 and newer get
-        parts.append(CP_ASYNC)
+    if r.arch_number(arch) >= 80:  # cp.async and cvt.rna.tf32: tensor-core kernels, only sm_80 and newer get
+        parts += [CP_ASYNC, TF32_CVT]
     for i, src in enumerate(sources):
         parts.append(_SIGNATURE.sub(lambda m, i=i: f"{m.group(1)}k{i}(", kernel_part(src), count=1))
     return "\n".join(parts)

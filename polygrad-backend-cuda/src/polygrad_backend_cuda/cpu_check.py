@@ -21,10 +21,11 @@ What it checks: the launch mapping (grid and block sizes against the indices the
 arithmetic and edge guards, what shared memory holds between barriers (a missing barrier between a
 write and another thread's read gives wrong values when the threads interleave, though not always),
 the order of accumulation, vector loads and stores, half/bfloat16 rounding, the register packing of
-tensor-core kernels: `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (tensor_core.py's one asm
-statement) becomes a call that gathers the warp's fragments as the PTX ISA lays them out (MMA_CPP;
-products exact, summed in float32 in k order); the staged kernels' cp.async copies are synchronous
-memcpy and their waits no-ops (CP_ASYNC_CPP), their barriers real.
+tensor-core kernels: `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (and its .bf16 twin, and
+`mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`: tensor_core.py's one asm statement) becomes a call
+that gathers the warp's fragments as the PTX ISA lays them out (MMA_CPP; products exact, summed in
+float32 in k order), and cvt.rna.tf32.f32 the integer rounding in TF32_CPP; the staged kernels' cp.async
+copies are synchronous memcpy and their waits no-ops (CP_ASYNC_CPP), their barriers real.
 What it cannot check: anything else about warps (no warp-synchronous execution or shuffles; no
 timing, coalescing, bank conflicts or occupancy), other inline PTX (refused with a CheckError),
 device limits (registers, the real shared-memory size: the caller checks the bytes against
@@ -140,9 +141,11 @@ BF16_CPP = r"""__device__ __forceinline__ unsigned short pg_f2b(float x) {
 # block's, so the CPU check runs a tensor-core kernel only if all its threads issue the same mma sequence.
 MMA_CPP = r"""
 static struct { unsigned int a[1024][4], b[1024][2]; } pg_mma_regs;
-static inline float pg_mma_half(unsigned int word, int high) {
-  return pg_h2f((unsigned short)(high ? word >> 16 : word & 0xffffu));
+template <int BF> static inline float pg_mma_half(unsigned int word, int high) {
+  const unsigned short h = (unsigned short)(high ? word >> 16 : word & 0xffffu);
+  return BF ? pg_b2f(h) : pg_h2f(h);
 }
+template <int BF>  // BF: bfloat16 operands, else float16
 static inline void pg_mma_m16n8k16(float& c0, float& c1, float& c2, float& c3, unsigned int a0, unsigned int a1,
                                    unsigned int a2, unsigned int a3, unsigned int b0, unsigned int b1) {
   const unsigned tid = threadIdx.x, warp0 = tid & ~31u, lane = tid & 31u;
@@ -159,7 +162,35 @@ static inline void pg_mma_m16n8k16(float& c0, float& c1, float& c2, float& c3, u
     for (unsigned k = 0; k < 16; k++) {
       const unsigned a_lane = warp0 + (row & 7) * 4 + (k & 7) / 2, a_reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
       const unsigned b_lane = warp0 + col * 4 + (k & 7) / 2, b_reg = k >= 8 ? 1 : 0;
-      sum += pg_mma_half(pg_mma_regs.a[a_lane][a_reg], k & 1) * pg_mma_half(pg_mma_regs.b[b_lane][b_reg], k & 1);
+      sum += pg_mma_half<BF>(pg_mma_regs.a[a_lane][a_reg], k & 1) *
+             pg_mma_half<BF>(pg_mma_regs.b[b_lane][b_reg], k & 1);
+    }
+    result[e] = sum;
+  }
+  __syncthreads();
+  for (int e = 0; e < 4; e++) *out[e] = result[e];
+}
+// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 likewise: one TF32 per register (the mma reads its top
+// 19 bits), A (16 x 8) in a0..a3: rows group (a0, a2) and group + 8 (a1, a3), column t (a0, a1) or t + 4
+// (a2, a3); B (8 x 8) in b0, b1: row t (b1: t + 4), column group; C and D as for m16n8k16.
+static inline float pg_mma_tf32_of(unsigned int word) { return __uint_as_float(word & 0xffffe000u); }
+static inline void pg_mma_m16n8k8_tf32(float& c0, float& c1, float& c2, float& c3, unsigned int a0, unsigned int a1,
+                                       unsigned int a2, unsigned int a3, unsigned int b0, unsigned int b1) {
+  const unsigned tid = threadIdx.x, warp0 = tid & ~31u, lane = tid & 31u;
+  const unsigned int mine_a[4] = {a0, a1, a2, a3};
+  for (int r = 0; r < 4; r++) pg_mma_regs.a[tid][r] = mine_a[r];
+  pg_mma_regs.b[tid][0] = b0;
+  pg_mma_regs.b[tid][1] = b1;
+  __syncthreads();
+  float* out[4] = {&c0, &c1, &c2, &c3};
+  float result[4];
+  for (int e = 0; e < 4; e++) {
+    const unsigned row = (lane >> 2) + (e >= 2 ? 8 : 0), col = (lane & 3) * 2 + (e & 1);
+    float sum = *out[e];
+    for (unsigned k = 0; k < 8; k++) {
+      const unsigned a_lane = warp0 + (row & 7) * 4 + (k & 3), a_reg = (row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0);
+      const unsigned b_lane = warp0 + col * 4 + (k & 3), b_reg = k >= 4 ? 1 : 0;
+      sum += pg_mma_tf32_of(pg_mma_regs.a[a_lane][a_reg]) * pg_mma_tf32_of(pg_mma_regs.b[b_lane][b_reg]);
     }
     result[e] = sum;
   }
@@ -167,14 +198,28 @@ static inline void pg_mma_m16n8k16(float& c0, float& c1, float& c2, float& c3, u
   for (int e = 0; e < 4; e++) *out[e] = result[e];
 }
 """
-_MMA_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.f16\.f16\.f32 .*?\);', re.S)
+# cvt.rna.tf32.f32 on the host: keep 10 mantissa bits, to nearest with ties away from zero (adding half of
+# the dropped unit to the magnitude, which carries into the exponent where it must); Inf and NaN as they are
+TF32_CPP = r"""static inline unsigned int pg_tf32(float x) {
+  const unsigned int u = __float_as_uint(x);
+  if ((u & 0x7f800000u) == 0x7f800000u) return u;
+  return (u + 0x1000u) & 0xffffe000u;
+}
+"""
+_MMA_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.(m16n8k16|m16n8k8)\.row\.col\.f32\.(f16|bf16|tf32)\.'
+                      r'(?:f16|bf16|tf32)\.f32 .*?\);', re.S)
+_MMA_FUNCTIONS = {("m16n8k16", "f16"): "pg_mma_m16n8k16<0>", ("m16n8k16", "bf16"): "pg_mma_m16n8k16<1>",
+                  ("m16n8k8", "tf32"): "pg_mma_m16n8k8_tf32"}
 
 
 def _mma_call(m: re.Match) -> str:
     """The emulated mma for one asm statement: its "+f" accumulators, then its "r" fragment registers."""
+    function = _MMA_FUNCTIONS.get((m.group(1), m.group(2)))
+    if function is None:
+        raise CheckError(f"the CPU check has no emulation of mma.sync {m.group(1)} .{m.group(2)}")
     acc = re.findall(r'"\+f"\(([^)]*)\)', m.group(0))
     regs = re.findall(r'"r"\(([^)]*)\)', m.group(0))
-    return f"pg_mma_m16n8k16({', '.join(acc + regs)});"
+    return f"{function}({', '.join(acc + regs)});"
 
 
 LAUNCHER = r"""
@@ -229,13 +274,13 @@ template <int N> static inline void pg_cp_async_wait() {}
 
 def cpu_source(spec: Any, source: str) -> str:
     """The CUDA C of `source` as host C++: the shim, the prelude's asm replaced, and pg_launch."""
-    from polygrad_backend_cuda.tensor_core import CP_ASYNC
-    for block in (r.HALF_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT, CP_ASYNC):
+    from polygrad_backend_cuda.tensor_core import CP_ASYNC, TF32_CVT
+    for block in (r.HALF_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT, CP_ASYNC, TF32_CVT):
         source = source.replace(block, "")
     source = _MMA_ASM.sub(_mma_call, source)
     if "asm" in source:
-        raise CheckError(f"kernel {spec.name} has inline PTX other than mma.sync m16n8k16 f16: the CPU check "
-                         "cannot run it")
+        raise CheckError(f"kernel {spec.name} has inline PTX other than mma.sync (f16, bf16, tf32) and "
+                         "cvt.rna.tf32: the CPU check cannot run it")
     cpp = r.CUDARenderer("sm_90")
     args = []
     for k, g in enumerate(spec.globals):
@@ -244,10 +289,10 @@ def cpu_source(spec: Any, source: str) -> str:
     args += [f"({cpp.ctype(v.dtype)})vars[{k}]" for k, v in enumerate(spec.vars)]
     call = f"pg_kernel({', '.join(args)})"
     # barriers (and the mma emulation's) need one OS thread per CUDA thread; atomics then race for real
-    threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma_m16n8k16"))
+    threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma_m16n8k"))
     launcher = LAUNCHER.replace("PG_CALL", call).replace("PG_BARRIERS", "1" if threaded else "0")
     shim = SHIM.replace("PG_TIMEOUT_S", str(BARRIER_TIMEOUT_S))
-    return "\n".join([shim, BF16_CPP, HALF_CPP, MMA_CPP, CP_ASYNC_CPP, source, launcher])
+    return "\n".join([shim, BF16_CPP, HALF_CPP, MMA_CPP, TF32_CPP, CP_ASYNC_CPP, source, launcher])
 
 
 _LIBS: dict[str, Any] = {}

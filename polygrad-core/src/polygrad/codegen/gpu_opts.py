@@ -5,8 +5,10 @@ Output: the Opts `codegen/opts.apply_opts` applies; `renderer/launch.py` then ma
 grid indices and LOCAL/GROUP ranges to block indices. Host devices never reach this module
 (`lower.default_opts` calls it only when `caps.has_local_memory`), so CPU kernels are unchanged.
 
-- TC: a matmul-shaped kernel over float16 inputs whose sizes fit the tensor-core tile gets
-  Opt(TC, reduce axis, 16); the GPU renderer emits mma.sync for it (see the backend's renderer).
+- TC: a matmul-shaped kernel over float16 or bfloat16 inputs whose sizes fit the tensor-core tile gets
+  Opt(TC, reduce axis, 16); the GPU renderer emits mma.sync for it (see the backend's renderer). A
+  float32 matmul (no epilogue) gets Opt(TC, reduce axis, 8), TF32 tensor cores, only where the user
+  opts in with POLY_ALLOW_TF32=1 (operands rounded to 10 mantissa bits; the default is exact fp32).
 - TILE: a matmul-shaped kernel over float32 inputs (any sizes, batches, strides, and an elementwise
   epilogue such as a bias and an activation: matmul_with_epilogue) of at least
   TILE_MIN_SIDE rows and columns gets Opt(TILE, reduce axis, block rows): the GPU renderer stages
@@ -27,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from polygrad import config
 from polygrad.codegen.analysis import has_accumulating_store, range_size
 from polygrad.codegen.opts import Opt, OptKind, apply_opts
 from polygrad.codegen.passes import simplify_indices
@@ -40,6 +43,9 @@ GROUP_MIN_REDUCE = 2048   # a shorter reduction runs fast enough in one thread
 GROUP_MAX_OUTPUTS = 2048  # with more outputs the grid alone fills the device
 TILE = 4                  # register tile side (rows and columns per thread) of matmul-like kernels
 TC_TILE = (16, 8, 16)     # mma.sync m16n8k16: rows, columns, reduce of one warp's tile
+# tensor-core families by operand dtype name: (Capabilities.tensor_cores entry, one mma's rows, columns,
+# reduce); "float" is TF32 (m16n8k8), chosen only with POLY_ALLOW_TF32=1
+TC_FAMILIES = {"half": ("mma_f16", TC_TILE), "bfloat16": ("mma_bf16", TC_TILE), "float": ("mma_tf32", (16, 8, 8))}
 TILE_MIN_SIDE = 16        # a thinner matmul (a matrix-vector product) reads better one output per thread
 TILE_MIN_BLOCKS = 256     # a bigger tile only while the grid keeps this many blocks (about two per SM of
                           # a big GPU; not tuned on a GPU yet)
@@ -161,15 +167,17 @@ def _local_opts(ast: UOp) -> list:
 
 
 def tensor_core_opts(ast: UOp, caps: Any) -> list:
-    """[Opt(TC, reduce axis, 16)] for a float16 matmul whose sizes fit the mma tile, on a device
-    that declares tensor cores; else []."""
-    if "mma_f16" not in getattr(caps, "tensor_cores", ()):
-        return []
-    shape = matmul_shape(ast)
-    if shape is None:
-        return []
-    _, _, k = shape
-    return [Opt(OptKind.TC, k.arg[0], TC_TILE[2])]
+    """[Opt(TC, reduce axis, depth of one mma)] for a float16 or bfloat16 matmul (or, with
+    POLY_ALLOW_TF32=1, a float32 one) whose sizes fit the mma tile, on a device that declares that
+    family of tensor cores; else []."""
+    cores = getattr(caps, "tensor_cores", ())
+    for name, (family, tile) in TC_FAMILIES.items():
+        if family not in cores or (name == "float" and not config.get("POLY_ALLOW_TF32")):
+            continue
+        shape = matmul_shape(ast, name)
+        if shape is not None:
+            return [Opt(OptKind.TC, shape[2].arg[0], tile[2])]
+    return []
 
 
 def tile_opts(ast: UOp, caps: Any) -> list:
@@ -192,17 +200,23 @@ def tile_opts(ast: UOp, caps: Any) -> list:
     return [Opt(OptKind.TILE, k.arg[0], tile.bm)]
 
 
-def matmul_shape(ast: UOp) -> tuple[UOp, UOp, UOp] | None:
-    """(row range, column range, reduce range) of a float16 matmul (matmul_ranges) with sizes dividing
-    the tensor-core tile; None for anything else."""
-    shape = matmul_ranges(ast, "half")
+def matmul_shape(ast: UOp, dtype_name: str = "half") -> tuple[UOp, UOp, UOp] | None:
+    """(row range, column range, reduce range) of a matmul over `dtype_name` loads (matmul_ranges: a
+    float16 or bfloat16 product may be cast on its way to the float sum, float32 loads are multiplied
+    as they are) with sizes dividing that family's mma tile (TC_FAMILIES); None for anything else."""
+    shape = matmul_ranges(ast, dtype_name, casts=dtype_name != "float")
     if shape is None:
         return None
     i, j, k = shape
-    m, n, kk = TC_TILE
+    m, n, kk = TC_FAMILIES[dtype_name][1]
     if range_size(i) % m or range_size(j) % n or range_size(k) % kk:
         return None
     return shape
+
+
+def tensor_core_dtype(ast: UOp) -> str | None:
+    """The operand dtype name ("half", "bfloat16", "float") of a kernel lowered with Opt(TC)."""
+    return next((name for name in TC_FAMILIES if matmul_shape(ast, name) is not None), None)
 
 
 def matmul_ranges(ast: UOp, dtype_name: str, casts: bool = True) -> tuple[UOp, UOp, UOp] | None:

@@ -2,10 +2,12 @@
 
 Stage: compiling. Input: a device-independent kernel AST (a scheduled step) and a device name. Output:
 a `CompiledProgram` (the lowered ProgramSpec, the source, the loaded program), kept in `program_cache`
-by (AST, device). On a miss the kernel's opts are chosen (codegen/search.py: heuristics, or BEAM), it is
-lowered (codegen/lower.py) and rendered by the device, or both are read from the on-disk render cache
-(engine/rendercache.py); a schedule's new kernels then compile in one compiler run where the device
-offers `compile_many`. `CompiledProgram.launch` runs one and keeps GlobalCounters and `runtime_stats`.
+by (AST, device), or (AST, device, "tf32") while POLY_ALLOW_TF32 is on: the setting changes what a
+float32 matmul lowers to, so flipping it never reuses the other precision's program. On a miss the
+kernel's opts are chosen (codegen/search.py: heuristics, or BEAM), it is lowered (codegen/lower.py)
+and rendered by the device, or both are read from the on-disk render cache (engine/rendercache.py); a
+schedule's new kernels then compile in one compiler run where the device offers `compile_many`.
+`CompiledProgram.launch` runs one and keeps GlobalCounters and `runtime_stats`.
 """
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ class CompiledProgram:
             print(f"*** {self.device:6s} {spec.name:30s} ops={spec.ops}{extra}")
 
 
-program_cache: dict[tuple[UOp, str], CompiledProgram] = {}
+program_cache: dict[tuple, CompiledProgram] = {}  # cache_key -> program
 runtime_stats: dict[str, int] = {"programs_compiled": 0, "program_cache_hits": 0, "kernels_run": 0,
                                  "schedules_built": 0, "copies": 0}
 
@@ -81,8 +83,14 @@ def count_kernels(n: int, ops: int, mem_bytes: int, seconds: float) -> None:
     runtime_stats["kernels_run"] += n
 
 
+def cache_key(ast: UOp, device: str) -> tuple:
+    """The program_cache key of `ast` on `device` under this thread's settings (module docstring)."""
+    return (ast, device, "tf32") if settings.values.get("POLY_ALLOW_TF32", 0) else (ast, device)
+
+
 def get_program(ast: UOp, device: str) -> CompiledProgram:
-    key = (ast, device)
+    # cache_key inlined: one call less per launch
+    key = (ast, device, "tf32") if settings.values.get("POLY_ALLOW_TF32", 0) else (ast, device)
     hit = program_cache.get(key)
     if hit is not None:
         runtime_stats["program_cache_hits"] += 1
@@ -95,7 +103,7 @@ def get_programs(asts: list[UOp], device: str) -> list[CompiledProgram]:
     compiled in one go when the device offers `compile_many` (one compiler process for a schedule)."""
     # the programs are taken from this call's own table, not the cache, which collect() may empty meanwhile
     # from another thread (two threads missing at once compile twice, and either result serves)
-    got = {a: hit for a in asts if (hit := program_cache.get((a, device))) is not None}
+    got = {a: hit for a in asts if (hit := program_cache.get(cache_key(a, device))) is not None}
     todo = list(dict.fromkeys(a for a in asts if a not in got))
     if todo:
         impl = open_device(device)
@@ -114,7 +122,8 @@ def get_programs(asts: list[UOp], device: str) -> list[CompiledProgram]:
         else:
             binaries = [impl.compile(source) for source in sources]
         for ast, spec, source, binary in zip(todo, specs, sources, binaries):
-            got[ast] = program_cache[(ast, device)] = CompiledProgram(spec, device, impl.load(spec, binary), source)
+            program = CompiledProgram(spec, device, impl.load(spec, binary), source)
+            got[ast] = program_cache[cache_key(ast, device)] = program
             runtime_stats["programs_compiled"] += 1
     return [got[a] for a in asts]
 
@@ -140,7 +149,7 @@ def prepare(tpl: Template) -> None:
     """Compile a template's missing programs before its first run, each device's together."""
     by_device: dict[str, list[UOp]] = {}
     for step in tpl.steps:
-        if step.kind == "kernel" and (step.ast, step.device) not in program_cache:
+        if step.kind == "kernel" and cache_key(step.ast, step.device) not in program_cache:
             by_device.setdefault(step.device, []).append(step.ast)
     for device, asts in by_device.items():
         get_programs(asts, device)

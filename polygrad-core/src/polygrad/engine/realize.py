@@ -85,7 +85,7 @@ def flush_deferred() -> None:
     try:
         by_device: dict[str, list[UOp]] = {}
         for step, _, _ in pending:
-            if step.kind == "kernel" and (step.ast, step.device) not in programs.program_cache:
+            if step.kind == "kernel" and programs.cache_key(step.ast, step.device) not in programs.program_cache:
                 by_device.setdefault(step.device, []).append(step.ast)
         for device, asts in by_device.items():
             programs.get_programs(asts, device)

@@ -99,6 +99,8 @@ def key(ast: UOp, device: str, impl: Any, opts: list[Opt] | None) -> str:
     parts = (FORMAT, kernel_key(ast, device, 0), device, _stable(impl.capabilities),
              repr(None if opts is None else [(o.kind.value, o.axis, o.amount) for o in opts]),
              f"NOOPT={config.get('NOOPT')}", code_signature(module))
+    if config.get("POLY_ALLOW_TF32"):  # the heuristics (opts None) then choose TF32 tensor cores
+        parts += ("POLY_ALLOW_TF32=1",)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:40]
 
 
