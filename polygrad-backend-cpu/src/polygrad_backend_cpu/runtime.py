@@ -294,7 +294,8 @@ class CPUProgram:
         task = getattr(lib, f"{renamed}_task", None) or getattr(lib, f"{plain}_task", None)
         if task is not None:
             self.task = FFI.cast(_VOID_P, ctypes.cast(task, ctypes.c_void_p).value)
-            c_pool()  # start building the pool
+            if self.threads > 1:
+                c_pool()  # start building the pool (a Model's launch plans start it too: launch_plan)
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...] = (), timing: bool = False) -> float | None:
         args = list(map(_ptr_of, buffers))  # no Python frame per launch (a list comprehension makes one)
