@@ -205,8 +205,10 @@ test('workers spin only a while: in a session whose caller stops sending calls t
 
 test('a call whose workers never come is run by the calling thread alone (chunks are taken, not assigned)', () => {
   const out = exitsByItself(`
-const { Model } = require('.')
-const pool = require('./src/threads/pool')
+const api = require('.')
+const { Model } = api
+// the pool module of the API in use (the package's built bundle when it is fresh, else src/: not a second copy)
+const pool = api._internals.threads
 const node = require('./src/threads/node')
 const x = require('./test/fixtures/reference.json').wide.x
 const bytes = require('fs').readFileSync('test/fixtures/mlp_wide.pgb')
