@@ -27,7 +27,7 @@ def _run(device: str, **env: str) -> str:
 def test_dump_kernels_prints_c_source_once_per_compiled_kernel():
     out = _run("CPU", POLY_DUMP_KERNELS="1")
     assert out.count("// ---- CPU kernel") == 4  # one fused chain + three for softmax; the rerun is cached
-    assert out.count("void ") == 4 and "for (int" in out and "data0" in out
+    assert out.count("void pg_kernel(") == 4 and "for (int" in out and "data0" in out  # (and its _task trampoline)
 
 
 def test_dump_kernels_on_interp_shows_kernel_ir():

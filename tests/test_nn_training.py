@@ -132,5 +132,5 @@ def test_linear_forward_kernel_is_register_tiled():
     x_np, w_np = rng.standard_normal((8, 72)).astype(np.float32), rng.standard_normal((48, 72)).astype(np.float32)
     y = (Tensor(x_np) @ Tensor(w_np).T).realize()
     np.testing.assert_allclose(y.numpy(), x_np @ w_np.T, rtol=1e-4, atol=1e-4)
-    progs = [p for (ast, _), p in program_cache.items() if ast.arg.name == "r_8_48"]
+    progs = [p for key, p in program_cache.items() if key[0].arg.name == "r_8_48"]  # key: (ast, device, ...)
     assert progs and all(any(o.kind == "UPCAST" for o in p.spec.opts) for p in progs), [p.spec.opts for p in progs]

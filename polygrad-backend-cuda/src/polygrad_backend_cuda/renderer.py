@@ -124,6 +124,7 @@ def _vector_cast(r: Any, dt: Any, sdt: Any, a: list[str], n: int) -> str:
 
 class CUDARenderer(CStyleRenderer):
     types = CUDA_TYPES
+    vector_prelude = VECTOR_PRELUDE  # pg_v<T, N>, for the templates that render whole kernels (tiled_matmul.py)
     restrict = "__restrict__"
     vectorize = True
     # the C rows, except where C++ on pg_v<T, N> differs: no statement expressions, no vector extensions

@@ -164,7 +164,6 @@ def epilogue_lines(value: UOp, reduce: UOp, names: dict[UOp, str], renderer: Any
 
 
 def render_tiled_matmul(spec: Any, renderer: Any) -> str:
-    from polygrad_backend_cuda.renderer import VECTOR_PRELUDE  # renderer.py imports this module
     i, j, k, reduce, batch, t = tile_plan(spec)
     end = spec.ast.src[0]
     store = end.src[0]
@@ -236,6 +235,6 @@ def render_tiled_matmul(spec: Any, renderer: Any) -> str:
     params += [renderer.var_param(n, x.dtype) for n, x in enumerate(spec.vars)]
     body = "\n".join(lines)
     uses_half = any(f"pg_{h}" in body for h in ("f2h", "h2f", "f2b", "b2f", "rh", "rb"))
-    prelude = renderer.prelude + VECTOR_PRELUDE + (renderer.half_helpers if uses_half else "")
+    prelude = renderer.prelude + renderer.vector_prelude + (renderer.half_helpers if uses_half else "")
     declaration = renderer.kernel_declaration(t.threads)
     return f"{prelude}\n{declaration} {KERNEL_SYMBOL}({', '.join(params)}) {{\n{body}\n}}\n"
