@@ -136,18 +136,28 @@ BF16_CPP = r"""__device__ __forceinline__ unsigned short pg_f2b(float x) {
 # ISA (warp-level matrix fragments for .f16 mma.m16n8k16): lane = 4 * group + t (group = lane >> 2, t = lane & 3);
 # A (16 x 16, row major) in a0..a3: rows group (a0, a2) and group + 8 (a1, a3), columns 2t, 2t + 1, plus 8 for
 # a2, a3 (low half first); B (16 x 8, column major) in b0, b1: rows 2t, 2t + 1 (b1: plus 8), column group;
-# C and D (16 x 8 float) in c0..c3: row group (c0, c1) or group + 8 (c2, c3), columns 2t, 2t + 1. Every lane
-# publishes its registers, all wait, each computes its four outputs, all wait again: the barrier is the
-# block's, so the CPU check runs a tensor-core kernel only if all its threads issue the same mma sequence.
+# C and D (16 x 8 float) in c0..c3: row group (c0, c1) or group + 8 (c2, c3), columns 2t, 2t + 1.
+# mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 likewise with one TF32 a register: A (16 x 8) in a0..a3:
+# rows group (a0, a2) and group + 8 (a1, a3), column t (a0, a1) or t + 4 (a2, a3); B (8 x 8) in b0, b1: row t
+# (b1: t + 4), column group. Every lane publishes its registers, all wait, each computes its four outputs,
+# all wait again: the barrier is the block's, so the CPU check runs a tensor-core kernel only if all its
+# threads issue the same mma sequence.
 MMA_CPP = r"""
 static struct { unsigned int a[1024][4], b[1024][2]; } pg_mma_regs;
-template <int BF> static inline float pg_mma_half(unsigned int word, int high) {
-  const unsigned short h = (unsigned short)(high ? word >> 16 : word & 0xffffu);
-  return BF ? pg_b2f(h) : pg_h2f(h);
+// operand element e of a 32-bit fragment register: KIND 0 float16 and 1 bfloat16 (two a register, low half
+// first), 2 tf32 (one a register, its top 19 bits)
+template <int KIND> static inline float pg_mma_operand(unsigned int word, unsigned e) {
+  if (KIND == 2) return __uint_as_float(word & 0xffffe000u);
+  const unsigned short h = (unsigned short)(e ? word >> 16 : word & 0xffffu);
+  return KIND ? pg_b2f(h) : pg_h2f(h);
 }
-template <int BF>  // BF: bfloat16 operands, else float16
-static inline void pg_mma_m16n8k16(float& c0, float& c1, float& c2, float& c3, unsigned int a0, unsigned int a1,
-                                   unsigned int a2, unsigned int a3, unsigned int b0, unsigned int b1) {
+// mma.sync m16n8kK (K 16 for f16/bf16, 8 for tf32): every lane publishes its registers, all wait, each computes
+// its four outputs, all wait again. Column (A) or row (B) k of a lane's fragment: lane offset (k mod K/2) / per
+// (per: elements a register), register k >= K/2, element k mod per.
+template <int K, int KIND>
+static inline void pg_mma(float& c0, float& c1, float& c2, float& c3, unsigned int a0, unsigned int a1,
+                          unsigned int a2, unsigned int a3, unsigned int b0, unsigned int b1) {
+  const unsigned per = KIND == 2 ? 1 : 2, half = K / 2;
   const unsigned tid = threadIdx.x, warp0 = tid & ~31u, lane = tid & 31u;
   const unsigned int mine_a[4] = {a0, a1, a2, a3};
   for (int r = 0; r < 4; r++) pg_mma_regs.a[tid][r] = mine_a[r];
@@ -159,38 +169,12 @@ static inline void pg_mma_m16n8k16(float& c0, float& c1, float& c2, float& c3, u
   for (int e = 0; e < 4; e++) {
     const unsigned row = (lane >> 2) + (e >= 2 ? 8 : 0), col = (lane & 3) * 2 + (e & 1);
     float sum = *out[e];
-    for (unsigned k = 0; k < 16; k++) {
-      const unsigned a_lane = warp0 + (row & 7) * 4 + (k & 7) / 2, a_reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
-      const unsigned b_lane = warp0 + col * 4 + (k & 7) / 2, b_reg = k >= 8 ? 1 : 0;
-      sum += pg_mma_half<BF>(pg_mma_regs.a[a_lane][a_reg], k & 1) *
-             pg_mma_half<BF>(pg_mma_regs.b[b_lane][b_reg], k & 1);
-    }
-    result[e] = sum;
-  }
-  __syncthreads();
-  for (int e = 0; e < 4; e++) *out[e] = result[e];
-}
-// mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 likewise: one TF32 per register (the mma reads its top
-// 19 bits), A (16 x 8) in a0..a3: rows group (a0, a2) and group + 8 (a1, a3), column t (a0, a1) or t + 4
-// (a2, a3); B (8 x 8) in b0, b1: row t (b1: t + 4), column group; C and D as for m16n8k16.
-static inline float pg_mma_tf32_of(unsigned int word) { return __uint_as_float(word & 0xffffe000u); }
-static inline void pg_mma_m16n8k8_tf32(float& c0, float& c1, float& c2, float& c3, unsigned int a0, unsigned int a1,
-                                       unsigned int a2, unsigned int a3, unsigned int b0, unsigned int b1) {
-  const unsigned tid = threadIdx.x, warp0 = tid & ~31u, lane = tid & 31u;
-  const unsigned int mine_a[4] = {a0, a1, a2, a3};
-  for (int r = 0; r < 4; r++) pg_mma_regs.a[tid][r] = mine_a[r];
-  pg_mma_regs.b[tid][0] = b0;
-  pg_mma_regs.b[tid][1] = b1;
-  __syncthreads();
-  float* out[4] = {&c0, &c1, &c2, &c3};
-  float result[4];
-  for (int e = 0; e < 4; e++) {
-    const unsigned row = (lane >> 2) + (e >= 2 ? 8 : 0), col = (lane & 3) * 2 + (e & 1);
-    float sum = *out[e];
-    for (unsigned k = 0; k < 8; k++) {
-      const unsigned a_lane = warp0 + (row & 7) * 4 + (k & 3), a_reg = (row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0);
-      const unsigned b_lane = warp0 + col * 4 + (k & 3), b_reg = k >= 4 ? 1 : 0;
-      sum += pg_mma_tf32_of(pg_mma_regs.a[a_lane][a_reg]) * pg_mma_tf32_of(pg_mma_regs.b[b_lane][b_reg]);
+    for (unsigned k = 0; k < (unsigned)K; k++) {
+      const unsigned off = (k % half) / per, high = k >= half ? 1 : 0;
+      const unsigned a_lane = warp0 + (row & 7) * 4 + off, a_reg = (row >= 8 ? 1 : 0) + 2 * high;
+      const unsigned b_lane = warp0 + col * 4 + off;
+      sum += pg_mma_operand<KIND>(pg_mma_regs.a[a_lane][a_reg], k % per) *
+             pg_mma_operand<KIND>(pg_mma_regs.b[b_lane][high], k % per);
     }
     result[e] = sum;
   }
@@ -208,8 +192,8 @@ TF32_CPP = r"""static inline unsigned int pg_tf32(float x) {
 """
 _MMA_ASM = re.compile(r'asm volatile\("mma\.sync\.aligned\.(m16n8k16|m16n8k8)\.row\.col\.f32\.(f16|bf16|tf32)\.'
                       r'(?:f16|bf16|tf32)\.f32 .*?\);', re.S)
-_MMA_FUNCTIONS = {("m16n8k16", "f16"): "pg_mma_m16n8k16<0>", ("m16n8k16", "bf16"): "pg_mma_m16n8k16<1>",
-                  ("m16n8k8", "tf32"): "pg_mma_m16n8k8_tf32"}
+_MMA_FUNCTIONS = {("m16n8k16", "f16"): "pg_mma<16, 0>", ("m16n8k16", "bf16"): "pg_mma<16, 1>",
+                  ("m16n8k8", "tf32"): "pg_mma<8, 2>"}
 
 
 def _mma_call(m: re.Match) -> str:
@@ -289,7 +273,7 @@ def cpu_source(spec: Any, source: str) -> str:
     args += [f"({cpp.ctype(v.dtype)})vars[{k}]" for k, v in enumerate(spec.vars)]
     call = f"pg_kernel({', '.join(args)})"
     # barriers (and the mma emulation's) need one OS thread per CUDA thread; atomics then race for real
-    threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma_m16n8k"))
+    threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma<"))
     launcher = LAUNCHER.replace("PG_CALL", call).replace("PG_BARRIERS", "1" if threaded else "0")
     shim = SHIM.replace("PG_TIMEOUT_S", str(BARRIER_TIMEOUT_S))
     return "\n".join([shim, BF16_CPP, HALF_CPP, MMA_CPP, TF32_CPP, CP_ASYNC_CPP, source, launcher])
