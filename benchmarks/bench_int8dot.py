@@ -145,19 +145,26 @@ def ptr(a: np.ndarray) -> ctypes.c_void_p:
     return ctypes.c_void_p(a.ctypes.data)
 
 
-def numpy_model(x: np.ndarray, blocks: np.ndarray, fmt: str):
-    """The integer kernels' arithmetic in NumPy: rounded activations, exact block sums, float scales."""
-    xb = x.reshape(-1, 32)
-    d = np.abs(xb).max(1) / np.float32(127)
+def block_operands(xb: np.ndarray, blocks: np.ndarray, fmt: str):
+    """The integer operands in NumPy: activation blocks xb (..., 32) rounded to 8 bits (xq as int64, its
+    scales d, float32), and the weight blocks' scales dw (rows, nb) and values wq (rows, nb, 32) as int64."""
+    d = (np.abs(xb).max(-1) / np.float32(127)).astype(np.float32)
     inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
-    xq = np.rint(xb * inv[:, None]).astype(np.int8)
-    dw = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)  # (rows, nb)
+    xq = np.rint(xb * inv[..., None]).astype(np.int64)
+    dw = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)
     if fmt == "q8_0":
         wq = blocks[..., 2:].view(np.int8).astype(np.int64)
     else:
         q = blocks[..., 2:]
         wq = np.concatenate([q & 15, q >> 4], axis=-1).astype(np.int64) - 8
-    sums = np.einsum("bi,rbi->rb", xq.astype(np.int64), wq)  # exact
+    return xq, d, dw, wq
+
+
+def numpy_model(x: np.ndarray, blocks: np.ndarray, fmt: str):
+    """The integer kernels' arithmetic in NumPy: rounded activations, exact block sums, float scales."""
+    xq, d, dw, wq = block_operands(x.reshape(-1, 32), blocks, fmt)
+    sums = np.einsum("bi,rbi->rb", xq, wq)  # exact
+    xq = xq.astype(np.int8)
     terms = sums.astype(np.float32) * (dw * d[None, :].astype(np.float32))
     return xq.reshape(-1), d.astype(np.float32), terms.sum(1, dtype=np.float64), np.abs(terms).sum(1)
 

@@ -24,6 +24,8 @@ import re
 
 import numpy as np
 
+from bench_int8dot import block_operands  # noqa: E402  (this folder is on sys.path when run)
+
 os.environ["POLY_THREADS"] = "1"  # one thread: the float kernel takes no thread index
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -104,16 +106,7 @@ def build(source: str):
 def numpy_model(x: np.ndarray, blocks: np.ndarray, fmt: str):
     """The GEMM's arithmetic in NumPy: (q_x + 128 as uint8, d_x, y in float64, sum of |terms| per output)."""
     n, K = x.shape
-    xb = x.reshape(n, K // 32, 32)
-    d = (np.abs(xb).max(-1) / np.float32(127)).astype(np.float32)
-    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, 1), np.float32(0)).astype(np.float32)
-    xq = np.rint(xb * inv[..., None]).astype(np.int64)
-    dw = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)  # (rows, nb)
-    if fmt == "q8_0":
-        wq = blocks[..., 2:].view(np.int8).astype(np.int64)
-    else:
-        q = blocks[..., 2:]
-        wq = np.concatenate([q & 15, q >> 4], axis=-1).astype(np.int64) - 8
+    xq, d, dw, wq = block_operands(x.reshape(n, K // 32, 32), blocks, fmt)
     sums = np.einsum("nbi,rbi->nrb", xq, wq)  # exact
     terms = sums.astype(np.float32) * (d[:, None, :] * dw[None])
     xu = (xq + 128).astype(np.uint8).reshape(n, K)
