@@ -301,7 +301,8 @@ static inline void pg_thread_done() {
   if (!pg_wgmma_issued.empty() || !pg_wgmma_groups.empty()) pg_misuse("wgmma groups never waited for");
 }
 """
-_WGMMA_ASM = re.compile(r'asm volatile\("\{\.reg \.pred p; setp\.ne\.b32 p, %\d+, 0; wgmma\.mma_async\.sync\.aligned\.'
+_WGMMA_ASM = re.compile(r'asm volatile\("\{\.reg \.pred p; setp\.ne\.b32 p, %\d+, 0; '
+                        r'wgmma\.mma_async\.sync\.aligned\.'
                         r'm64n(\d+)k16\.f32\.(f16|bf16)\.(?:f16|bf16) \{[^}]*\}, %\d+, %\d+, p, (-?1), (-?1), ([01]), '
                         r'([01]);\}"(.*?)\);', re.S)
 
@@ -374,7 +375,11 @@ class CheckError(Exception):
 # (A missing wait before a barrier goes unnoticed here: the copies are never late.) A copy into the shared
 # window of a wgmma kernel marks its 16 bytes unseen by the async proxy until the thread's fence.proxy.async
 # (WGMMA_CPP).
-CP_ASYNC_CPP = r"""static inline void pg_cp_async16(void* dst, const void* src) { memcpy(dst, src, 16); pg_mark_unfenced(dst); }
+CP_ASYNC_CPP = r"""static inline void pg_cp_async_copy(void* dst, const void* src) { memcpy(dst, src, 16); }
+static inline void pg_cp_async16(void* dst, const void* src) {
+  pg_cp_async_copy(dst, src);
+  pg_mark_unfenced(dst);
+}
 static inline void pg_cp_async_commit() {}
 template <int N> static inline void pg_cp_async_wait() {}
 """
