@@ -25,7 +25,10 @@ tensor-core kernels: `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (and it
 `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`: tensor_core.py's one asm statement) becomes a call
 that gathers the warp's fragments as the PTX ISA lays them out (MMA_CPP; products exact, summed in
 float32 in k order), and cvt.rna.tf32.f32 the integer rounding in TF32_CPP; the staged kernels' cp.async
-copies are synchronous memcpy and their waits no-ops (CP_ASYNC_CPP), their barriers real.
+copies are synchronous memcpy and their waits no-ops (CP_ASYNC_CPP), their barriers real; wgmma.py's sm_90a
+kernels (WGMMA_CPP): the shared window and its addresses, matrix descriptors decoded field by field, the
+128-byte swizzle, wgmma.mma_async in the accumulator's fragment layout, run when its group is waited for,
+and the ordering rules (wgmma.fence, fence.proxy.async after cp.async, commit before wait) as CheckErrors.
 What it cannot check: anything else about warps (no warp-synchronous execution or shuffles; no
 timing, coalescing, bank conflicts or occupancy), other inline PTX (refused with a CheckError),
 device limits (registers, the real shared-memory size: the caller checks the bytes against
