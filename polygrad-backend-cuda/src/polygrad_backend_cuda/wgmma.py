@@ -139,11 +139,13 @@ def _fill_k_major(tile: str, rows: int, index: str, buf: str, row_end: str, row0
 def _fill_b_rows(bn: int, buf: str, cols: int, depth: int) -> list[str]:
     """B contiguous along its columns (x @ W, W row major): 16-byte loads of 8 columns at one k, each half
     stored into its column's K-major row of the stage (element by element where a load would not be one
-    aligned run; zeros past the matrix)."""
+    aligned run; zeros past the matrix). Consecutive threads take consecutive k: a warp's 2-byte stores for
+    one column then fill 64 bytes of its row (no two in one bank but pairs in one word), where consecutive
+    columns would all fall 128 bytes apart, in one bank."""
     per = bn // 8
     return [
         f"    for (int c = threadIdx.x; c < {64 * per}; c += {THREADS}) {{",
-        f"      const int r = c / {per}, q = c % {per};",
+        "      const int r = c & 63, q = c >> 6;",
         "      const auto kk = k0 + r, col = bcol + q * 8;",
         "      unsigned short v[8];",
         f"      bool whole = kk < {depth} && col + 8 <= {cols};",
