@@ -135,3 +135,32 @@ def test_wgmma_kernels_compile_for_sm_90a():
         pytest.skip(f"no NVRTC for the PTX check: {e}")
     assert ".target sm_90a" in ptx and "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16" in ptx
     assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_ptxas_keeps_the_wgmma_pipeline():
+    """ptxas (nvcc, sm_90a) neither serializes the wgmma instructions nor injects warpgroup waits (what it
+    does when the accumulators are touched while an mma is in flight, or the registers do not fit: C7511,
+    C7517, C7519) and spills nothing, for each block width: the instruction-level speed guard here, with no GPU
+    to time it."""
+    import shutil
+    import subprocess
+    import tempfile
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not installed (ptxas's report)")
+    for n in (16, 64, 128):
+        a = on_interp(rng.standard_normal((128, 128)).astype(np.float16))
+        b = on_interp(rng.standard_normal((128, n)).astype(np.float16))
+        src = wgmma_kernel(lambda: (a @ b).realize())[1]
+        assert f"m64n{n}k16" in src
+        with tempfile.TemporaryDirectory() as tmp:
+            path = f"{tmp}/k.cu"
+            with open(path, "w") as f:
+                f.write(src)
+            proc = subprocess.run([nvcc, "-cubin", "-arch=sm_90a", "-std=c++17", "--fmad=false", "--resource-usage",
+                                   "-diag-suppress=177,550", "-o", f"{tmp}/k.cubin", path],
+                                  capture_output=True, text=True, timeout=300)
+        report = proc.stdout + proc.stderr
+        assert proc.returncode == 0, report[-3000:]
+        assert "0 bytes spill stores, 0 bytes spill loads" in report, report[-3000:]
+        assert "serialized" not in report and "is injected" not in report, report[-3000:]
