@@ -6,6 +6,9 @@ Rows (each prints polygrad's figure, torch's, their ratio, and the check that pa
   (TILE: shared-memory tiles, TC: tensor cores); and a row "fp32 with TF32 opted in" (POLY_ALLOW_TF32=1,
   beside torch with allow_tf32=True): checked against NumPy's product of the operands rounded to TF32
   where it ran on tensor cores (TC:8), against the exact product where the device has none;
+- on sm_90 and newer, matmul N in fp16 and bf16 on warpgroup tensor cores (wgmma, opt-in POLY_CUDA_WGMMA=1,
+  read when the device opens: measured in a child process that opens it so), checked as the rows above and
+  failed unless the kernel was lowered for wgmma (opts TC:64);
 - the 784-512-512-10 MLP Adam step at batch 128 (polygrad under TinyJit): ms a step; the losses of the
   first steps and the weights after them checked against the same steps in NumPy;
 - a GPT-2-small training step (12 layers, 768 wide, 12 heads, vocabulary 50257) at batch 8 x 512 tokens,
@@ -158,11 +161,11 @@ def tf32_round(x: np.ndarray) -> np.ndarray:
 MATMUL_KINDS = ("fp32", "tf32", "fp16", "bf16")
 
 
-def matmul_rows(n: int, device: str, torch, tdev: str, repeats: int) -> list[Row]:
+def matmul_rows(n: int, device: str, torch, tdev: str, repeats: int, kinds=MATMUL_KINDS) -> list[Row]:
     from polygrad import Context, Device, Tensor, dtypes
     rng = np.random.default_rng(0)
     rows = []
-    for name in MATMUL_KINDS:
+    for name in kinds:
         a32, b32 = rng.standard_normal((n, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
         if name == "fp16":
             a_np, b_np = a32.astype(np.float16).astype(np.float32), b32.astype(np.float16).astype(np.float32)
@@ -202,6 +205,40 @@ def matmul_rows(n: int, device: str, torch, tdev: str, repeats: int) -> list[Row
             if name == "tf32":
                 row.note = "torch with allow_tf32=True"
         rows.append(row)
+    return rows
+
+
+WGMMA_OPTS = "TC:64"  # Opt(TC, k, gpu_opts.WGMMA_DEPTH): the kernel of polygrad_backend_cuda/wgmma.py
+
+
+def wgmma_rows(n: int, device: str, repeats: int, require_wgmma: bool = True) -> list[Row]:
+    """The fp16 and bf16 matmul rows on warpgroup tensor cores: this script again in a child process with
+    POLY_CUDA_WGMMA=1 (the device declares wgmma when it opens), its rows read back from a JSON file; a row
+    whose kernel was not lowered for wgmma fails its check. None on a device without wgmma (before sm_90),
+    unless require_wgmma is False (the test of this plumbing on the host device)."""
+    import subprocess
+    from polygrad import Device
+    arch = getattr(Device[device].capabilities, "arch", "") or ""
+    digits = "".join(c for c in arch if c.isdigit())
+    if require_wgmma and (not device.upper().startswith("CUDA") or not digits or int(digits) < 90):
+        print(f"matmul on wgmma: not run, device {device} ({arch or 'no arch'}) has no warpgroup tensor cores")
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "rows.json")
+        cmd = [sys.executable, os.path.abspath(__file__), "--device", device, "--rows", "matmul", "--kinds",
+               "fp16,bf16", "--matmul-n", str(n), "--repeats", str(repeats), "--rows-json", path]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "POLY_CUDA_WGMMA": "1"},
+                              timeout=600)
+        if not os.path.exists(path):
+            return [Row(f"matmul {n} fp16/bf16 on wgmma", 0.0, "TFLOP/s",
+                        f"the child process failed (exit {proc.returncode}): {proc.stderr[-400:]}", False)]
+        with open(path) as f:
+            rows = [Row(**r) for r in json.load(f)]
+    for row in rows:
+        used = WGMMA_OPTS in row.name
+        row.name = row.name.replace(f"matmul {n} ", f"matmul {n} on wgmma (POLY_CUDA_WGMMA=1) ", 1)
+        if not used:
+            row.ok, row.check = False, f"{row.check}; the kernel was not lowered for wgmma ({WGMMA_OPTS})"
     return rows
 
 
@@ -525,7 +562,7 @@ def torch_decode_rate(torch, tdev: str, w: dict, shape: GPTShape, prompt: np.nda
 
 # ---- the table
 
-ROWS = ("matmul", "mlp", "gpt2_train", "gpt2_decode")
+ROWS = ("matmul", "matmul_wgmma", "mlp", "gpt2_train", "gpt2_decode")
 
 
 def device_name(device: str) -> str:
@@ -548,11 +585,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated subset of {','.join(ROWS)}")
     ap.add_argument("--matmul-n", type=int, default=None, help="matmul size (default 4096, 64 with --tiny)")
     ap.add_argument("--repeats", type=int, default=None, help="timed runs a row (default 10, 2 with --tiny)")
+    ap.add_argument("--kinds", default=",".join(MATMUL_KINDS), help=f"matmul rows, of {','.join(MATMUL_KINDS)}")
+    ap.add_argument("--rows-json", default=None, help="also write the rows to this JSON file (wgmma_rows reads it)")
     a = ap.parse_args(argv)
     wanted = a.rows.split(",")
     unknown = sorted(set(wanted) - set(ROWS))
     if unknown:
         ap.error(f"unknown rows {unknown}; choose from {','.join(ROWS)}")
+    kinds = a.kinds.split(",")
+    if set(kinds) - set(MATMUL_KINDS):
+        ap.error(f"unknown matmul kinds {sorted(set(kinds) - set(MATMUL_KINDS))}; choose from {','.join(MATMUL_KINDS)}")
     from polygrad import Device
     if a.device.upper().startswith("CUDA") and not Device.cuda_available():
         from polygrad.device import registry
@@ -574,7 +616,9 @@ def main(argv: list[str] | None = None) -> int:
             print(row.line(label), flush=True)
         rows.extend(new)
     if "matmul" in wanted:
-        show(matmul_rows(n, a.device, torch, tdev, repeats))
+        show(matmul_rows(n, a.device, torch, tdev, repeats, kinds))
+    if "matmul_wgmma" in wanted:
+        show(wgmma_rows(n, a.device, repeats))
     if "mlp" in wanted:
         show([mlp_row(a.device, torch, tdev, repeats)])
     if {"gpt2_train", "gpt2_decode"} & set(wanted):
@@ -583,6 +627,9 @@ def main(argv: list[str] | None = None) -> int:
             show([gpt2_train_row(shape, w, a.device, torch, tdev, repeats)])
         if "gpt2_decode" in wanted:
             show([gpt2_decode_row(shape, w, a.device, torch, tdev)])
+    if a.rows_json:
+        with open(a.rows_json, "w") as f:
+            json.dump([vars(r) for r in rows], f)
     failed = [r.name for r in rows if not r.ok]
     print("RESULT:", f"checks failed: {failed}" if failed else f"all {len(rows)} rows checked")
     return 1 if failed else 0

@@ -37,6 +37,17 @@ def test_every_row_runs_and_passes_its_check_at_tiny_sizes(bench, capsys):
         line = next(row for row in out.splitlines() if row.startswith(name))
         assert line.endswith(": ok"), line
     assert "RESULT: all 7 rows checked" in out
+    assert f"matmul on wgmma: not run, device {HOST}" in out
+
+
+def test_the_wgmma_rows_come_from_a_child_and_fail_without_wgmma(bench, capsys):
+    """The wgmma rows' plumbing on the host device: a child process (POLY_CUDA_WGMMA=1) measures fp16 and bf16,
+    its rows come back through JSON, named for wgmma, and fail their check since no kernel was lowered for
+    wgmma here (TC:64): a GPU run cannot report mma.sync figures as wgmma ones."""
+    rows = bench.wgmma_rows(64, HOST, 1, require_wgmma=False)
+    assert [r.name.split(" (opts")[0] for r in rows] == ["matmul 64 on wgmma (POLY_CUDA_WGMMA=1) fp16",
+                                                          "matmul 64 on wgmma (POLY_CUDA_WGMMA=1) bf16"]
+    assert all(not r.ok and "not lowered for wgmma (TC:64)" in r.check and "rel err" in r.check for r in rows)
 
 
 def test_a_wrong_matmul_fails_its_row(bench, capsys, monkeypatch):

@@ -2,7 +2,8 @@
 
 Values against NumPy: elementwise and transcendental kernels, grouped reductions, float4 paths, fp32
 matmuls (shared-memory tiles on odd sizes 1, 17, 1000, 4097; batches, transposes), fp16 and bf16
-matmuls (tensor cores) and fp32 ones with TF32 opted in (POLY_ALLOW_TF32=1), scatter-add (atomicAdd
+matmuls (tensor cores; on sm_90 also on warpgroup tensor cores with POLY_CUDA_WGMMA=1, in a child process
+that opens the device so) and fp32 ones with TF32 opted in (POLY_ALLOW_TF32=1), scatter-add (atomicAdd
 over the grid), copies between devices and ordinals, symbolic sizes; a training step (linear
 regression by SGD against the NumPy closed loop, an MLP step against the same step on the host
 backend) and the bundle round trip (Model.save on the host -> Model.load on CUDA, same outputs); one
@@ -77,6 +78,56 @@ def test_matmul_fp32_and_fp16_tensor_cores():
     np.testing.assert_allclose(th.numpy().astype(np.float32), want, rtol=2e-2, atol=5e-2)
     batched = (Tensor(ah.reshape(2, 128, 256), device="CUDA") @ Tensor(bh, device="CUDA")).numpy()
     np.testing.assert_allclose(batched.astype(np.float32).reshape(256, 128), want, rtol=2e-2, atol=5e-2)
+
+
+WGMMA_CHILD = r"""
+import sys
+import numpy as np
+from polygrad import Device, Tensor, dtypes
+from polygrad.codegen.lower import lower
+from polygrad.engine import programs
+asts = []
+real = programs.get_program
+programs.get_program = lambda ast, device: asts.append(ast) or real(ast, device)
+rng = np.random.default_rng(0)
+caps = Device["CUDA"].capabilities
+assert "wgmma_f16" in caps.tensor_cores, caps.tensor_cores
+for m, k, n, dt, layout in [(17, 17, 17, "f16", "rows"), (1000, 1000, 1000, "f16", "rows"),
+                            (1000, 1000, 1000, "bf16", "cols"), (4097, 4097, 4097, "f16", "cols"),
+                            (4097, 33, 17, "bf16", "rows"), (64, 200, 136, "f16", "batch")]:
+    a = rng.standard_normal((3, m, k) if layout == "batch" else (m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    to = dtypes.float16 if dt == "f16" else dtypes.bfloat16
+    ta = Tensor(a, device="CUDA").cast(to).realize()
+    tb = (Tensor(b.T.copy(), device="CUDA").cast(to).realize().T if layout == "cols"
+          else Tensor(b, device="CUDA").cast(to).realize())
+    a64, b64 = ta.cast(dtypes.float32).numpy().astype(np.float64), tb.cast(dtypes.float32).numpy().astype(np.float64)
+    del asts[:]
+    got = (ta @ tb).cast(dtypes.float32).numpy().astype(np.float64)
+    opts = [o.amount for ast in asts for o in lower(ast, caps).opts if o.kind.value == "TC"]
+    assert opts == [64], (m, k, n, dt, layout, opts)  # the matmul ran on the wgmma kernel
+    want = a64 @ b64
+    tol = 2 ** -10 if dt == "f16" else 2 ** -7  # the output rounded to 16 bits, sums of exact products in float32
+    err = np.abs(got - want).max() / max(np.abs(want).max(), 1e-30)
+    print(m, k, n, dt, layout, "rel err", err)
+    assert err < tol, err
+print("WGMMA OK")
+"""
+
+
+@gpu
+def test_wgmma_matmuls_odd_sizes_against_numpy():
+    """sm_90 only: float16 and bfloat16 matmuls on warpgroup tensor cores (POLY_CUDA_WGMMA=1 when the device
+    opens, so in a child process) on odd sizes, B row major and transposed, batched, against NumPy in float64
+    of the same 16-bit operands; the child also checks every matmul was lowered for wgmma (TC:64)."""
+    import subprocess
+    import sys
+    arch = Device["CUDA"].capabilities.arch or ""
+    if int("".join(c for c in arch if c.isdigit()) or 0) < 90:
+        pytest.skip(f"{arch} has no wgmma (sm_90 and newer)")
+    proc = subprocess.run([sys.executable, "-c", WGMMA_CHILD], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "POLY_CUDA_WGMMA": "1"})
+    assert proc.returncode == 0 and "WGMMA OK" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
 def tf32_round(x: np.ndarray) -> np.ndarray:

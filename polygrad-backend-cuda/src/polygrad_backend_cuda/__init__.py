@@ -7,12 +7,15 @@ when it cannot (no driver, no device, no NVRTC). `open(ordinal)` creates the dev
 from __future__ import annotations
 
 from polygrad.backend_api import (BackendSpec, Capabilities, DeviceImpl, DeviceUnavailableError, ProbeResult,
-                                  Setting, hookimpl, register_setting)
+                                  Setting, hookimpl, register_setting, setting)
 
 __version__ = "0.1.0"
 # declared when the package is imported, before any of its code reads them (backend_api.setting)
 register_setting(Setting("POLY_CUDA_LIB", str, "", "the driver library (libcuda) to open instead of searching",
                          live=True, owner="polygrad-backend-cuda"))
+register_setting(Setting("POLY_CUDA_WGMMA", int, 0, "1: float16/bfloat16 matmuls on sm_90 use warpgroup tensor cores "
+                         "(wgmma, compiled for sm_90a; not yet run on a GPU), read when a device opens", minimum=0,
+                         owner="polygrad-backend-cuda"))
 register_setting(Setting("POLY_NVRTC_LIB", str, "", "the NVRTC library to open instead of searching", live=True,
                          owner="polygrad-backend-cuda"))
 MAX_ORDINAL = 15  # static: registration never asks the driver; open() checks the real count
@@ -46,15 +49,20 @@ def probe() -> ProbeResult:
                              f"NVRTC {major}.{minor}")
 
 
-def capabilities(arch: str, shared_memory: int = 48 * 1024) -> Capabilities:
+def capabilities(arch: str, shared_memory: int = 48 * 1024, wgmma: bool | None = None) -> Capabilities:
     """What a device of compute capability `arch` ("sm_90") runs: grid/block launches with shared
     memory, 4-lane vector accesses, fused multiply-adds (lowering contracts sums of products into
     fmaf, as on a CPU with FMA: one rounding a step, and the FP32 units' full rate), atomic adds
     (scatter-adds over the grid), mma.sync tensor cores from sm_80 (float16, bfloat16, and TF32 for
-    float32 matmuls where POLY_ALLOW_TF32=1)."""
+    float32 matmuls where POLY_ALLOW_TF32=1), and from sm_90, where `wgmma` (default: the setting
+    POLY_CUDA_WGMMA) says so, warpgroup tensor cores for float16 and bfloat16 (wgmma.py)."""
     # imported when probed or opened, not when the entry point registers the backend (registration stays cheap)
     from polygrad_backend_cuda.renderer import arch_number
     cores = ("mma_f16", "mma_bf16", "mma_tf32") if arch_number(arch) >= 80 else ()
+    if wgmma is None:
+        wgmma = bool(setting("POLY_CUDA_WGMMA"))
+    if wgmma and arch_number(arch) >= 90:
+        cores += ("wgmma_f16", "wgmma_bf16")
     return Capabilities(threads=1, vector_width=4, fma=True, has_local_memory=True, shared_memory_bytes=shared_memory,
                         atomic_add=True, supports_beam=False, tensor_cores=cores, arch=arch)
 

@@ -13,8 +13,10 @@ from polygrad.backend_api import CompileError
 
 from polygrad_backend_cuda import renderer as r
 from polygrad_backend_cuda.tensor_core import CP_ASYNC, TF32_CVT
+from polygrad_backend_cuda.wgmma import WGMMA_DESC, WGMMA_PRELUDE
 
-PRELUDE_BLOCKS = (r.CUDA_PRELUDE, r.VECTOR_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT, r.HALF_PRELUDE, CP_ASYNC, TF32_CVT)
+PRELUDE_BLOCKS = (r.CUDA_PRELUDE, r.VECTOR_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT, r.HALF_PRELUDE, CP_ASYNC, TF32_CVT,
+                  WGMMA_PRELUDE, WGMMA_DESC)
 _SIGNATURE = re.compile(r'(extern "C" __global__ void __launch_bounds__\(\d+\) )(\w+)\(')
 
 
@@ -31,6 +33,8 @@ def batch_source(sources: list[str], arch: str) -> str:
     parts = [r.CUDA_PRELUDE, r.VECTOR_PRELUDE, bf16, r.HALF_PRELUDE]
     if r.arch_number(arch) >= 80:  # cp.async and cvt.rna.tf32: tensor-core kernels, only sm_80 and newer get
         parts += [CP_ASYNC, TF32_CVT]
+    if any("wgmma." in src for src in sources):  # wgmma kernels: sm_90 only, compiled for sm_90a (compile_arch)
+        parts += [WGMMA_PRELUDE, WGMMA_DESC]
     for i, src in enumerate(sources):
         parts.append(_SIGNATURE.sub(lambda m, i=i: f"{m.group(1)}k{i}(", kernel_part(src), count=1))
     return "\n".join(parts)

@@ -39,9 +39,16 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major[0]), int(minor[0])
 
 
+def compile_arch(src: str, arch: str) -> str:
+    """The target a source compiles for: sm_90a (Hopper's architecture-specific features) for a kernel
+    holding wgmma instructions on sm_90, else `arch` (a sm_90a cubin loads only on compute capability 9.0)."""
+    return arch + "a" if arch == "sm_90" and "wgmma." in src else arch
+
+
 def nvrtc_compile(src: str, arch: str, name: str = "kernel.cu", ptx: bool = False) -> bytes:
     """Compile with NVRTC for `arch` ("sm_90"); cubin bytes (PTX text with ptx=True). CompileError on failure."""
     lib, ffi = libs.nvrtc(), libs.ffi
+    arch = compile_arch(src, arch)
     prog = ffi.new("nvrtcProgram *")
     status = lib.nvrtcCreateProgram(prog, src.encode(), name.encode(), 0, ffi.NULL, ffi.NULL)
     if status != 0:
@@ -71,6 +78,7 @@ def nvcc_compile(src: str, arch: str) -> bytes:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise CompileError("neither libnvrtc nor nvcc found: pip install nvidia-cuda-nvrtc-cu12")
+    arch = compile_arch(src, arch)
     with tempfile.TemporaryDirectory() as tmp:
         path, out = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.cubin")
         with open(path, "w") as f:

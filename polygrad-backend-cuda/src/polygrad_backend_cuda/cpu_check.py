@@ -25,7 +25,10 @@ tensor-core kernels: `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32` (and it
 `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32`: tensor_core.py's one asm statement) becomes a call
 that gathers the warp's fragments as the PTX ISA lays them out (MMA_CPP; products exact, summed in
 float32 in k order), and cvt.rna.tf32.f32 the integer rounding in TF32_CPP; the staged kernels' cp.async
-copies are synchronous memcpy and their waits no-ops (CP_ASYNC_CPP), their barriers real.
+copies are synchronous memcpy and their waits no-ops (CP_ASYNC_CPP), their barriers real; wgmma.py's sm_90a
+kernels (WGMMA_CPP): the shared window and its addresses, matrix descriptors decoded field by field, the
+128-byte swizzle, wgmma.mma_async in the accumulator's fragment layout, run when its group is waited for,
+and the ordering rules (wgmma.fence, fence.proxy.async after cp.async, commit before wait) as CheckErrors.
 What it cannot check: anything else about warps (no warp-synchronous execution or shuffles; no
 timing, coalescing, bank conflicts or occupancy), other inline PTX (refused with a CheckError),
 device limits (registers, the real shared-memory size: the caller checks the bytes against
@@ -206,6 +209,124 @@ def _mma_call(m: re.Match) -> str:
     return f"{function}({', '.join(acc + regs)});"
 
 
+# wgmma.py's sm_90a instructions on the host, from the PTX ISA (warpgroup-level matrix multiply-accumulate):
+# - shared memory is one window (PG_SHARED_WINDOW: the kernel's 1024-aligned array), and a shared address
+#   (pg_shared_addr, cvta.to.shared) the offset into it;
+# - a matrix descriptor is decoded field by field: start address (bits 0-13, in 16-byte units), stride byte
+#   offset (32-45), base offset (49-51), swizzle mode (62-63); K-major operands in the 128-byte swizzle only
+#   (others are refused): row r, k of a k16 slice lies at start + (r / 8) * SBO + (r % 8) * 128 + 2k, with
+#   bits 4-6 of that address XOR bits 7-9 (the swizzle acts on the address, hence 1024-byte aligned atoms);
+# - wgmma.mma_async m64nNk16 .f32 .f16/.bf16 on the issuing thread's accumulators, in the D fragment layout:
+#   warp w = (thread % 128) / 32 of the warpgroup, lane = 4g + t; register i is row 16w + g + 8 ((i / 2) % 2),
+#   column 8 (i / 4) + 2t + i % 2; products exact, summed in float32 in k order;
+# - asynchrony: an mma_async is only recorded; commit_group closes a group; wait_group N runs every group but
+#   the newest N, reading shared memory then (a kernel that overwrites a stage, or reads its accumulators,
+#   before the wait gets wrong numbers here as on a GPU). Misuse is a CheckError: an mma_async without a
+#   wgmma.fence since the thread last waited, an mma reading 16 bytes that a cp.async wrote and its thread has
+#   not yet fenced (fence.proxy.async: the generic proxy's writes made visible to the async proxy; plain
+#   stores into shared memory are not tracked), an uncommitted mma at a wait, groups never waited for when
+#   the thread ends.
+WGMMA_CPP = r"""#include <vector>
+struct __attribute__((aligned(16))) uint4 { unsigned int x, y, z, w; };
+alignas(1024) static unsigned char pg_shared_window[1 << 18];
+#define PG_SHARED_WINDOW(name, bytes) unsigned char* const name = pg_shared_window
+static inline unsigned int pg_shared_addr(const void* p) {
+  return (unsigned int)((const unsigned char*)p - pg_shared_window);
+}
+struct pg_ptx_misuse {};
+static const char* pg_misuse_what = "";
+extern "C" const char* pg_misuse_message() { return pg_misuse_what; }
+static inline void pg_misuse(const char* what) { pg_misuse_what = what; throw pg_ptx_misuse(); }
+// per 16-byte chunk of the window: 1 + the thread whose cp.async wrote it, until that thread's fence.proxy.async
+static unsigned short pg_unfenced[sizeof(pg_shared_window) / 16];
+static thread_local std::vector<unsigned> pg_unfenced_mine;
+static inline void pg_mark_unfenced(const void* dst) {
+  const unsigned char* p = (const unsigned char*)dst;
+  if (p < pg_shared_window || p >= pg_shared_window + sizeof(pg_shared_window)) return;  // not the window
+  const unsigned chunk = (unsigned)(p - pg_shared_window) / 16;
+  pg_unfenced[chunk] = (unsigned short)(threadIdx.x + 1);
+  pg_unfenced_mine.push_back(chunk);
+}
+static inline void pg_fence_proxy_async() {
+  for (unsigned chunk : pg_unfenced_mine) pg_unfenced[chunk] = 0;
+  pg_unfenced_mine.clear();
+}
+struct pg_wgmma_op { int n, kind, scale_d; float* d[128]; unsigned long long da, db; };
+static thread_local bool pg_wgmma_fenced = false;
+static thread_local std::vector<pg_wgmma_op> pg_wgmma_issued;
+static thread_local std::vector<std::vector<pg_wgmma_op>> pg_wgmma_groups;
+static inline void pg_wgmma_fence() { pg_wgmma_fenced = true; }
+template <int N> static inline void pg_fence_operands(float*) {}
+static inline float pg_wgmma_operand(int kind, unsigned long long desc, unsigned row, unsigned k) {
+  const unsigned start = (unsigned)(desc & 0x3fffu) << 4, sbo = (unsigned)((desc >> 32) & 0x3fffu) << 4;
+  if ((desc >> 62) != 1 || ((desc >> 49) & 7) != 0)
+    pg_misuse("a wgmma descriptor other than K-major, 128-byte swizzle, base offset 0 (not emulated)");
+  unsigned addr = start + (row / 8) * sbo + (row % 8) * 128 + k * 2;
+  addr ^= ((addr >> 7) & 7) << 4;
+  if (addr + 2 > sizeof(pg_shared_window)) pg_misuse("a wgmma operand outside shared memory");
+  if (pg_unfenced[addr / 16]) pg_misuse("wgmma.mma_async read cp.async writes not yet fenced by fence.proxy.async");
+  unsigned short h;
+  memcpy(&h, pg_shared_window + addr, 2);
+  return kind ? pg_b2f(h) : pg_h2f(h);
+}
+static inline void pg_wgmma_run(const pg_wgmma_op& op) {
+  const unsigned tid = threadIdx.x, w = (tid % 128) / 32, g = (tid % 32) / 4, t = tid % 4;
+  for (int i = 0; i < op.n / 2; i++) {
+    const unsigned row = 16 * w + g + 8 * ((i / 2) % 2), col = 8 * (i / 4) + 2 * t + i % 2;
+    float sum = op.scale_d ? *op.d[i] : 0.0f;
+    for (unsigned k = 0; k < 16; k++)
+      sum += pg_wgmma_operand(op.kind, op.da, row, k) * pg_wgmma_operand(op.kind, op.db, col, k);
+    *op.d[i] = sum;
+  }
+}
+template <int KIND> static inline void pg_wgmma_issue(int n, float* const* d, unsigned long long da,
+                                                      unsigned long long db, int scale_d) {
+  if (!pg_wgmma_fenced) pg_misuse("wgmma.mma_async without a wgmma.fence since the accumulators were waited for");
+  pg_wgmma_op op;
+  op.n = n; op.kind = KIND; op.scale_d = scale_d; op.da = da; op.db = db;
+  for (int i = 0; i < n / 2; i++) op.d[i] = d[i];
+  pg_wgmma_issued.push_back(op);
+}
+static inline void pg_wgmma_commit() {
+  pg_wgmma_groups.push_back(pg_wgmma_issued);
+  pg_wgmma_issued.clear();
+}
+template <int N> static inline void pg_wgmma_wait() {
+  if (!pg_wgmma_issued.empty()) pg_misuse("wgmma.wait_group with a wgmma.mma_async not committed");
+  while (pg_wgmma_groups.size() > (size_t)N) {
+    for (const pg_wgmma_op& op : pg_wgmma_groups.front()) pg_wgmma_run(op);
+    pg_wgmma_groups.erase(pg_wgmma_groups.begin());
+  }
+  pg_wgmma_fenced = false;
+}
+static inline void pg_thread_done() {
+  pg_fence_proxy_async();
+  if (!pg_wgmma_issued.empty() || !pg_wgmma_groups.empty()) pg_misuse("wgmma groups never waited for");
+}
+"""
+_WGMMA_ASM = re.compile(r'asm volatile\("\{\.reg \.pred p; setp\.ne\.b32 p, %\d+, 0; '
+                        r'wgmma\.mma_async\.sync\.aligned\.'
+                        r'm64n(\d+)k16\.f32\.(f16|bf16)\.(?:f16|bf16) \{[^}]*\}, %\d+, %\d+, p, (-?1), (-?1), ([01]), '
+                        r'([01]);\}"(.*?)\);', re.S)
+
+
+def _wgmma_call(m: re.Match) -> str:
+    """The emulated wgmma for one asm statement: pointers to its "+f" accumulators, its "l" descriptors and
+    its "r" scale-d."""
+    n, kind, scales, trans = int(m.group(1)), m.group(2), m.group(3, 4), m.group(5, 6)
+    if scales != ("1", "1") or trans != ("0", "0"):
+        raise CheckError(f"the CPU check emulates wgmma with scale-a = scale-b = 1 and K-major operands, not "
+                         f"scales {scales} and transposes {trans}")
+    acc = re.findall(r'"\+f"\(([^)]*)\)', m.group(7))
+    descs = re.findall(r'"l"\(([^)]*)\)', m.group(7))
+    (scale_d,) = re.findall(r'"r"\(([^)]*)\)', m.group(7))
+    if len(acc) != n // 2 or len(descs) != 2:
+        raise CheckError(f"a wgmma m64n{n}k16 with {len(acc)} accumulators and {len(descs)} descriptors")
+    pointers = ", ".join(f"&{a}" for a in acc)
+    return (f"{{ float* const pg_d[] = {{{pointers}}}; pg_wgmma_issue<{int(kind == 'bf16')}>({n}, pg_d, "
+            f"{descs[0]}, {descs[1]}, {scale_d}); }}")
+
+
 LAUNCHER = r"""
 struct pg_task { unsigned bx, by, bz, t; void** bufs; const long long* vars; const unsigned int* dims; int* failed; };
 static void pg_thread(pg_task* k) {
@@ -213,7 +334,12 @@ static void pg_thread(pg_task* k) {
   const long long* vars = k->vars;
   blockIdx = {k->bx, k->by, k->bz};
   threadIdx = {k->t % k->dims[3], k->t / k->dims[3] % k->dims[4], k->t / (k->dims[3] * k->dims[4])};
-  try { PG_CALL; } catch (pg_barrier_timeout&) { __atomic_store_n(k->failed, 1, __ATOMIC_SEQ_CST); }
+  int zero = 0;
+  try { PG_CALL; pg_thread_done(); } catch (pg_barrier_timeout&) {
+    __atomic_compare_exchange_n(k->failed, &zero, 1, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  } catch (pg_ptx_misuse&) {
+    __atomic_compare_exchange_n(k->failed, &zero, 3, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  }
 }
 static void* pg_thread_main(void* k) { pg_thread((pg_task*)k); return 0; }
 extern "C" int pg_launch(void** bufs, const long long* vars, const unsigned int* dims) {
@@ -249,8 +375,14 @@ class CheckError(Exception):
 
 # tensor_core.CP_ASYNC on the host: the copy happens at once, so a thread's own wait has nothing left to
 # wait for, and the kernel's __syncthreads() after it orders the other threads' copies as on the GPU.
-# (A missing wait before a barrier goes unnoticed here: the copies are never late.)
-CP_ASYNC_CPP = r"""static inline void pg_cp_async16(void* dst, const void* src) { memcpy(dst, src, 16); }
+# (A missing wait before a barrier goes unnoticed here: the copies are never late.) A copy into the shared
+# window of a wgmma kernel marks its 16 bytes unseen by the async proxy until the thread's fence.proxy.async
+# (WGMMA_CPP).
+CP_ASYNC_CPP = r"""static inline void pg_cp_async_copy(void* dst, const void* src) { memcpy(dst, src, 16); }
+static inline void pg_cp_async16(void* dst, const void* src) {
+  pg_cp_async_copy(dst, src);
+  pg_mark_unfenced(dst);
+}
 static inline void pg_cp_async_commit() {}
 template <int N> static inline void pg_cp_async_wait() {}
 """
@@ -259,12 +391,14 @@ template <int N> static inline void pg_cp_async_wait() {}
 def cpu_source(spec: Any, source: str) -> str:
     """The CUDA C of `source` as host C++: the shim, the prelude's asm replaced, and pg_launch."""
     from polygrad_backend_cuda.tensor_core import CP_ASYNC, TF32_CVT
-    for block in (r.HALF_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT, CP_ASYNC, TF32_CVT):
+    from polygrad_backend_cuda.wgmma import WGMMA_PRELUDE
+    for block in (r.HALF_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT, CP_ASYNC, TF32_CVT, WGMMA_PRELUDE):
         source = source.replace(block, "")
     source = _MMA_ASM.sub(_mma_call, source)
+    source = _WGMMA_ASM.sub(_wgmma_call, source)
     if "asm" in source:
-        raise CheckError(f"kernel {spec.name} has inline PTX other than mma.sync (f16, bf16, tf32) and "
-                         "cvt.rna.tf32: the CPU check cannot run it")
+        raise CheckError(f"kernel {spec.name} has inline PTX other than mma.sync (f16, bf16, tf32), wgmma "
+                         "(wgmma.py's) and cvt.rna.tf32: the CPU check cannot run it")
     cpp = r.CUDARenderer("sm_90")
     args = []
     for k, g in enumerate(spec.globals):
@@ -273,10 +407,10 @@ def cpu_source(spec: Any, source: str) -> str:
     args += [f"({cpp.ctype(v.dtype)})vars[{k}]" for k, v in enumerate(spec.vars)]
     call = f"pg_kernel({', '.join(args)})"
     # barriers (and the mma emulation's) need one OS thread per CUDA thread; atomics then race for real
-    threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma<"))
+    threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma<", "pg_wgmma_issue<"))
     launcher = LAUNCHER.replace("PG_CALL", call).replace("PG_BARRIERS", "1" if threaded else "0")
     shim = SHIM.replace("PG_TIMEOUT_S", str(BARRIER_TIMEOUT_S))
-    return "\n".join([shim, BF16_CPP, HALF_CPP, MMA_CPP, TF32_CPP, CP_ASYNC_CPP, source, launcher])
+    return "\n".join([shim, BF16_CPP, HALF_CPP, MMA_CPP, TF32_CPP, WGMMA_CPP, CP_ASYNC_CPP, source, launcher])
 
 
 _LIBS: dict[str, Any] = {}
@@ -327,6 +461,10 @@ def run_on_cpu(spec: Any, source: str, launch: Any, buffers: list[np.ndarray], v
     status = lib.pg_launch(ptrs, vars_, dims)
     if status == 2:
         raise CheckError(f"kernel {spec.name}: could not start {launch.threads} threads for a block (ulimit -u?)")
+    if status == 3:
+        lib.pg_misuse_message.restype = ctypes.c_char_p
+        message = lib.pg_misuse_message().decode()
+        raise CheckError(f"kernel {spec.name} misuses wgmma: {message}")
     if status != 0:
         raise CheckError(f"kernel {spec.name}: a block's threads did not all reach __syncthreads() within "
                          f"{BARRIER_TIMEOUT_S} s (a thread returned early, or a barrier is under a condition)")

@@ -14,7 +14,8 @@ C renderer: Variables are `v<k>`), and its launch (grid and block sizes).
   instructions (bfloat16 from sm_80 on).
 - Scatter-adds: an accumulating ADD store into float32/int32 is `atomicAdd` and the kernel spreads
   over the grid (launch_of, Capabilities.atomic_add); float sums then come in no fixed order.
-- Tensor cores: a kernel lowered with Opt(TC) is rendered by tensor_core.py (mma.sync).
+- Tensor cores: a kernel lowered with Opt(TC) is rendered by tensor_core.py (mma.sync), or by wgmma.py
+  (warpgroup wgmma.mma_async, sm_90a) where its amount is WGMMA_DEPTH.
 - Shared-memory tiles: a float32 matmul lowered with Opt(TILE) is rendered by tiled_matmul.py.
 - No contraction: compiled with --fmad=false, FMA only where the IR says FMA (fmaf; lowering
   contracts sums of products into FMA because Capabilities.fma is set, as on a CPU with FMA).
@@ -148,6 +149,12 @@ class CUDARenderer(CStyleRenderer):
     def render(self, spec: ProgramSpec) -> str:
         from polygrad_backend_cuda.tensor_core import render_tensor_core, uses_tensor_cores
         from polygrad_backend_cuda.tiled_matmul import render_tiled_matmul, uses_tiles
+        from polygrad_backend_cuda.wgmma import render_wgmma, uses_wgmma
+        if uses_wgmma(spec):
+            if arch_number(self.arch) < 90:
+                raise NotImplementedError(f"kernel {spec.name} was lowered for wgmma (sm_90), not for {self.arch}: "
+                                          "lower it with this device's capabilities")
+            return render_wgmma(spec, self)
         if uses_tensor_cores(spec):
             return render_tensor_core(spec, self)
         if uses_tiles(spec):

@@ -9,6 +9,9 @@ grid indices and LOCAL/GROUP ranges to block indices. Host devices never reach t
   Opt(TC, reduce axis, 16); the GPU renderer emits mma.sync for it (see the backend's renderer). A
   float32 matmul (no epilogue) gets Opt(TC, reduce axis, 8), TF32 tensor cores, only where the user
   opts in with POLY_ALLOW_TF32=1 (operands rounded to 10 mantissa bits; the default is exact fp32).
+  A device that declares warpgroup tensor cores (`wgmma_f16` / `wgmma_bf16`: CUDA sm_90 with
+  POLY_CUDA_WGMMA=1) gets Opt(TC, reduce axis, WGMMA_DEPTH) instead for a float16 / bfloat16 matmul of
+  any size from TILE_MIN_SIDE rows and columns (the wgmma kernel guards its edges).
 - TILE: a matmul-shaped kernel over float32 inputs (any sizes, batches, strides, and an elementwise
   epilogue such as a bias and an activation: matmul_with_epilogue) of at least
   TILE_MIN_SIDE rows and columns gets Opt(TILE, reduce axis, block rows): the GPU renderer stages
@@ -46,6 +49,10 @@ TC_TILE = (16, 8, 16)     # mma.sync m16n8k16: rows, columns, reduce of one warp
 # tensor-core families by operand dtype name: (Capabilities.tensor_cores entry, one mma's rows, columns,
 # reduce); "float" is TF32 (m16n8k8), chosen only with POLY_ALLOW_TF32=1
 TC_FAMILIES = {"half": ("mma_f16", TC_TILE), "bfloat16": ("mma_bf16", TC_TILE), "float": ("mma_tf32", (16, 8, 8))}
+# warpgroup tensor cores (wgmma, sm_90a) by operand dtype name: the Capabilities.tensor_cores entry; their
+# Opt(TC) amount is WGMMA_DEPTH, the k depth of one shared-memory stage (64 halves: one 128-byte swizzle row)
+WGMMA_FAMILIES = {"half": "wgmma_f16", "bfloat16": "wgmma_bf16"}
+WGMMA_DEPTH = 64
 TILE_MIN_SIDE = 16        # a thinner matmul (a matrix-vector product) reads better one output per thread
 TILE_MIN_BLOCKS = 256     # a bigger tile only while the grid keeps this many blocks (about two per SM of
                           # a big GPU; not tuned on a GPU yet)
@@ -171,6 +178,11 @@ def tensor_core_opts(ast: UOp, caps: Any) -> list:
     POLY_ALLOW_TF32=1, a float32 one) whose sizes fit the mma tile, on a device that declares that
     family of tensor cores; else []."""
     cores = getattr(caps, "tensor_cores", ())
+    name = wgmma_dtype(ast)
+    if name is not None and WGMMA_FAMILIES[name] in cores:
+        i, j, k = matmul_ranges(ast, name)
+        if range_size(i) >= TILE_MIN_SIDE and range_size(j) >= TILE_MIN_SIDE:
+            return [Opt(OptKind.TC, k.arg[0], WGMMA_DEPTH)]
     for name, (family, tile) in TC_FAMILIES.items():
         if family not in cores or (name == "float" and not config.get("POLY_ALLOW_TF32")):
             continue
@@ -217,6 +229,12 @@ def matmul_shape(ast: UOp, dtype_name: str = "half") -> tuple[UOp, UOp, UOp] | N
 def tensor_core_dtype(ast: UOp) -> str | None:
     """The operand dtype name ("half", "bfloat16", "float") of a kernel lowered with Opt(TC)."""
     return next((name for name in TC_FAMILIES if matmul_shape(ast, name) is not None), None)
+
+
+def wgmma_dtype(ast: UOp) -> str | None:
+    """The operand dtype name ("half", "bfloat16") of a matmul warpgroup tensor cores can run (any sizes:
+    matmul_ranges), else None."""
+    return next((name for name in WGMMA_FAMILIES if matmul_ranges(ast, name) is not None), None)
 
 
 def matmul_ranges(ast: UOp, dtype_name: str, casts: bool = True) -> tuple[UOp, UOp, UOp] | None:

@@ -26,7 +26,8 @@ none of them. The optimisations (`OptKind`) and what they make of a range (`Axis
                 of its block gets the gate `r < n`): an UPCAST by `amount` then divides it. For a
                 device whose code generator masks vector lanes cheaply (`caps.masked_lanes`): an
                 elementwise kernel of a size the vector width does not divide still gets lanes
-  TC            a matmul on tensor cores (amount: the reduce tile); ranges are left as they are and
+  TC            a matmul on tensor cores (amount: the reduce tile; gpu_opts.WGMMA_DEPTH: warpgroup wgmma,
+                a shared-memory stage's depth); ranges are left as they are and
                 the GPU renderer emits the tile instructions (gpu_opts.py decides when)
   TILE          a float32 matmul staged through shared memory (amount: the block tile's rows, a key of
                 gpu_opts.MATMUL_TILES); a marker like TC: the ranges stay, the GPU renderer emits the
