@@ -29,7 +29,10 @@ GPU launches (`linearize(spec, launch=launch_dims(spec))`, renderer/launch.py; o
 devices with local memory pass it): a range the launch maps is a SPECIAL launch index (arg ("gidx" |
 "lidx", dimension, size)) instead of a LOOP. A reduce over a mapped GROUP range writes each thread's
 partial value to a DEFINE_LOCAL array, waits at a BARRIER, and folds the array in index order in
-every thread; the store after it is gated to the thread with group index 0. Without `launch` the
+every thread; the store after it is gated to the thread with group index 0. Where the launch says its
+warps shuffle (LaunchDims.warp), the partials first combine across each warp by SHUFFLE (a butterfly:
+lane XOR 16, 8, .., 1) and only a group of several warps goes through the array, one value per warp.
+A block holding several groups (LOCAL rows beside the GROUP) gives each its own run of the array. Without `launch` the
 program is exactly what it was before (CPU, X86, WebAssembly never see these instructions).
 
 Values are numbered by definition; common subexpressions are shared within a loop nest (a value
@@ -117,13 +120,13 @@ from typing import Any, Callable, Generator
 from polygrad.codegen.analysis import product_operand
 from polygrad.dtype import DType, dtypes
 from polygrad.uop.ops import AxisKind, Ops, UOp, reduce_identity
-
-# what a warp shuffle (L.SHUFFLE) exchanges: 32- and 64-bit words (__shfl_xor_sync's overloads)
-SHUFFLE_DTYPES = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
 from polygrad.uop.rewrite import graph_rewrite
 from polygrad.uop.symbolic import bounds, range_coeff, symbolic_rules
 
 Steps = Generator[Any, Any, Any]  # a step generator run by run_steps
+
+# what a warp shuffle (L.SHUFFLE) exchanges: 32- and 64-bit words (__shfl_xor_sync's overloads)
+SHUFFLE_DTYPES = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
 
 
 def run_steps(steps: Steps, request: Callable[[Any], Any] | None = None) -> Any:
