@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polygrad import config
-from polygrad.codegen.analysis import has_accumulating_store, range_size
+from polygrad.codegen.analysis import has_accumulating_store, range_max, range_size
 from polygrad.codegen.opts import Opt, OptKind, apply_opts
 from polygrad.codegen.passes import simplify_indices
 from polygrad.uop.ops import ALU, AxisKind, Ops, UOp
@@ -141,7 +141,7 @@ def gpu_opts(ast: UOp, caps: Any) -> list:
 
 def row_group_opts(ast: UOp, caps: Any) -> list:
     """[Opt(GROUP, row range, threads)] for a kernel whose reductions (one, or siblings sharing their range:
-    share_reduce_ranges) all run over the same constant range of at least ROW_MIN points, none inside
+    share_reduce_ranges) all run over the same range of at least ROW_MIN points (at most, when symbolic), none inside
     another, with sums and maxima only, where some load reads along the row contiguously and no load that
     moves along the row also moves by 1 along an output range (there LOCAL threads over the outputs read
     coalesced already: a matmul's column operand); on a device with warps. The group: the largest of
@@ -154,8 +154,8 @@ def row_group_opts(ast: UOp, caps: Any) -> list:
     if not reduces or any(len(r.src) != 2 or r.arg not in (Ops.ADD, Ops.MAX) for r in reduces):
         return []
     row = reduces[0].src[1]
-    size = range_size(row)
-    if size is None or size < ROW_MIN or row.arg[1] != AxisKind.REDUCE or any(r.src[1] is not row for r in reduces):
+    size = range_max(row)  # a symbolic row (a softmax over a Variable's tokens): sized at its largest
+    if size < ROW_MIN or row.arg[1] != AxisKind.REDUCE or any(r.src[1] is not row for r in reduces):
         return []
     if any(x.op is Ops.REDUCE for r in reduces for x in r.src[0].toposort()):
         return []
