@@ -13,6 +13,7 @@ shown to catch a bad mask and a missing butterfly step; the kernels compile with
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 
 import numpy as np
@@ -266,3 +267,30 @@ def test_row_kernels_compile_with_nvrtc():
         assert sum(grouped(s) > 0 for s in specs) >= 14
         assert sum("__shfl_xor_sync" in src for src in sources) >= 13
         compile_all(sources, arch, compile_fn)
+
+
+@needs_cxx
+@pytest.mark.skipif(os.environ.get("POLY_LONG_TESTS", "") in ("", "0"),
+                    reason="about 1 to 3 minutes on 2 cores (60 kernels through clang++): runs with POLY_LONG_TESTS=1")
+def test_transformer_block_training_step_on_the_cpu_check_matches_torch():
+    """One Adam step of a small pre-norm GPT-2-style block (64 wide, 2 heads, 40 tokens: layernorm rows of 64,
+    softmax rows of 40, padded) with every kernel rendered for CUDA and run by the CPU check, against torch
+    in float64 (test_cuda_gpu's loss and tolerances)."""
+    import test_cuda_gpu as gpu
+    g = np.random.default_rng(6)
+    E = 64
+
+    def normal(*dims, std=0.02):
+        return (g.standard_normal(dims) * std).astype(np.float32)
+    weights = [1 + normal(E, std=0.1), normal(E), normal(E, 3 * E), normal(3 * E), normal(E, E), normal(E),
+               1 + normal(E, std=0.1), normal(E), normal(E, 4 * E), normal(4 * E), normal(4 * E, E), normal(E)]
+    data = tuple(g.standard_normal((1, 40, E)).astype(np.float32) for _ in range(2))
+    heads, gpu.GPT2_HEADS = gpu.GPT2_HEADS, 2
+    try:
+        with cuda_on_cpu() as ran:
+            got = gpu._polygrad_step("INTERP", gpu._block_loss, weights, data)
+        want = gpu._torch_step(gpu._block_loss, weights, data)
+    finally:
+        gpu.GPT2_HEADS = heads
+    assert sum(grouped(spec) > 0 for spec, _, _ in ran) >= 8  # the layernorms', softmaxes' and their gradients' rows
+    gpu._assert_same_step(got, want)
