@@ -55,9 +55,9 @@ TC_FAMILIES = {"half": ("mma_f16", TC_TILE), "bfloat16": ("mma_bf16", TC_TILE), 
 TILE_MIN_SIDE = 16        # a thinner matmul (a matrix-vector product) reads better one output per thread
 TILE_MIN_BLOCKS = 256     # a bigger tile only while the grid keeps this many blocks (about two per SM of
                           # a big GPU; not tuned on a GPU yet)
-ROW_ELEMENTS = 32          # a row grouped by warps keeps about this many elements per thread (a warp per row
-                          # up to 32 * 32 = 1024 elements; not tuned on a GPU yet)
-ROW_MIN = 32               # a shorter row stays one thread's loop (a grouped one would leave lanes idle)
+ROW_ELEMENTS = 32         # a grouped row keeps about this many elements per thread (a warp per row up to
+                          # 32 * 32 = 1024 elements, more threads for longer rows; not tuned on a GPU yet)
+ROW_MIN = 32              # a shorter row stays one thread's loop (a grouped one would leave lanes idle)
 
 
 @dataclass(frozen=True)
