@@ -218,6 +218,17 @@ def test_long_rows_take_a_block_and_short_or_column_reductions_do_not_group():
     assert grouped(cuda_spec(wv[-1])) == 32
 
 
+def test_the_elementwise_kernel_writing_odd_rows_gets_blocks_of_threads():
+    """softmax's last kernel (exp(x - max) / sum) over rows of 4097: the row range padded to 4128 (PADTO, the
+    points past 4097 write nothing) and split by a warp, 8 rows a block, instead of one thread a block."""
+    asts = kernels_of(lambda: Tensor(np.zeros((64, 4097), np.float32), device="INTERP").softmax(1).realize())
+    spec = cuda_spec(asts[-1])
+    assert [o.kind for o in spec.opts] == [OptKind.PADTO, OptKind.LOCAL, OptKind.LOCAL]
+    launch = launch_of(spec)
+    assert launch.block == (32, 8, 1) and launch.grid == (129, 8, 1)
+    assert "if (" in CUDARenderer("sm_90").render(spec)  # the padded points' stores are gated
+
+
 def test_host_devices_and_devices_without_warps_are_untouched():
     ast = kernels_of(lambda: Tensor(np.zeros((64, 768), np.float32), device="INTERP").sum(1).realize())[-1]
     host = lower(ast, Capabilities(threads=4, vector_width=8, fma=True))

@@ -25,7 +25,8 @@ grid indices and LOCAL/GROUP ranges to block indices. Host devices never reach t
   A row whose length the group does not divide has its last pass padded (opts.apply_opts).
 - UPCAST: a register tile (4 x 4 outputs per thread) for matmul-like kernels; 4 consecutive outputs
   per thread (float4 loads and stores) for contiguous elementwise kernels.
-- LOCAL: the innermost global ranges are split into blocks of up to LOCAL_THREADS threads. A kernel
+- LOCAL: the innermost global ranges are split into blocks of up to LOCAL_THREADS threads (an odd-sized
+  innermost range padded to a multiple of the warp first, on a device with warps). A kernel
   with an accumulating store gets LOCAL alone (lowering keeps it only where `caps.atomic_add` holds
   and every such store is an ADD: each point then adds atomically).
 """
@@ -136,7 +137,7 @@ def gpu_opts(ast: UOp, caps: Any) -> list:
     if not opts and glob:
         opts += _upcast_opts(end, reduces, glob, caps)
     current = simplify_indices(apply_opts(ast, opts)) if opts else ast
-    return opts + _local_opts(current)
+    return opts + _local_opts(current, int(getattr(caps, "warp_size", 0) or 0))
 
 
 def row_group_opts(ast: UOp, caps: Any) -> list:
@@ -185,8 +186,11 @@ def _upcast_opts(end: UOp, reduces: list[UOp], glob: list[UOp], caps: Any) -> li
     return []
 
 
-def _local_opts(ast: UOp) -> list:
-    """LOCAL splits of the innermost global ranges until a block has about LOCAL_THREADS threads."""
+def _local_opts(ast: UOp, warp: int = 0) -> list:
+    """LOCAL splits of the innermost global ranges until a block has about LOCAL_THREADS threads. With
+    `warp` (a device with warps), an innermost range of at least a warp's points that no amount divides (a
+    softmax's last kernel writing rows of 4097) is padded to a multiple of the warp (PADTO: the points past
+    its end do nothing) and split by it, instead of running one thread a block."""
     end = _single_store(ast)
     if end is None:
         return []
@@ -198,6 +202,9 @@ def _local_opts(ast: UOp) -> list:
     for r in reversed(glob[-2:]):
         budget = LOCAL_THREADS // threads
         amount = next((a for a in LOCAL_AMOUNTS if a <= budget and range_size(r) % a == 0), 0)
+        if amount < 2 and threads == 1 and warp and range_size(r) >= warp and not has_accumulating_store(ast):
+            opts.append(Opt(OptKind.PADTO, r.arg[0], warp))
+            amount = warp
         if amount < 2:
             break
         opts.append(Opt(OptKind.LOCAL, r.arg[0], amount))
