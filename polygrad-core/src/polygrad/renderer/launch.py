@@ -26,8 +26,8 @@ the launch and, per mapped range, its launch index.
   the linearizer then emits it as one atomic STORE. A single STORE without ranges (a full
   reduction) can still have a GROUP block.
 
-Every mapped size divides exactly (the opts only split ranges by divisors), so no thread is idle and
-no bounds check is needed.
+Every mapped size divides exactly (the opts only split ranges by divisors; a range they pad, PADTO or a
+GROUP over a row it does not divide, carries its own gates or identity), so no bounds check is added here.
 """
 from __future__ import annotations
 
