@@ -18,6 +18,7 @@ from polygrad import Device, Tensor, dtypes
 from polygrad.codegen.lower import lower
 from polygrad.codegen.opts import OptKind
 from polygrad.errors import DeviceError, DeviceUnavailableError
+from polygrad.renderer.launch import launch_dims
 from polygrad.renderer.linearize import L, linearize
 
 cuda = pytest.importorskip("polygrad_backend_cuda")
@@ -105,14 +106,21 @@ def test_grouped_reduction_uses_shared_memory_and_barriers():
     spec = cuda_spec(ast)
     assert [o.kind for o in spec.opts] == [OptKind.GROUP]
     launch = launch_of(spec)
-    assert launch.block == (256, 1, 1)
+    assert launch.block == (256, 1, 1) and launch.warp == 32
     src = CUDARenderer("sm_90").render(spec)
-    assert "__shared__ float smem0[256];" in src
+    # each warp's 32 partials by a butterfly of shuffles, then the 8 warps' values through shared memory
+    assert src.count("__shfl_xor_sync(0xffffffffu, ") == 5
+    assert "__shared__ float smem0[8];" in src
     assert src.count("__syncthreads();") == 2
-    assert "smem0[lidx_x] = " in src and "if (" in src  # one thread stores the result
+    assert "if (" in src  # each warp's lane 0 writes its value, one thread stores the result
     prog = linearize(spec, launch=launch)
     ops = [x.op for x in prog.insts]
-    assert ops.count(L.BARRIER) == 2 and L.DEFINE_LOCAL in ops
+    assert ops.count(L.BARRIER) == 2 and L.DEFINE_LOCAL in ops and ops.count(L.SHUFFLE) == 5
+    # without shuffles (a launch with no warp): every thread's partial through shared memory
+    prog = linearize(spec, launch=launch_dims(spec))
+    ops = [x.op for x in prog.insts]
+    assert ops.count(L.BARRIER) == 2 and L.SHUFFLE not in ops
+    assert next(x for x in prog.insts if x.op is L.DEFINE_LOCAL).arg[1] == 256
 
 
 def test_row_reduction_groups_and_maps_rows_to_blocks():

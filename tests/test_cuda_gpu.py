@@ -1,6 +1,7 @@
 """CUDA on a real GPU (its tests skip cleanly where `Device.cuda_available()` is False, as in CI here).
 
-Values against NumPy: elementwise and transcendental kernels, grouped reductions, float4 paths, fp32
+Values against NumPy: elementwise and transcendental kernels, grouped reductions (softmax, log_softmax,
+layernorm and row sums/maxima by a warp per row on odd lengths), float4 paths, fp32
 matmuls (shared-memory tiles on odd sizes 1, 17, 1000, 4097; batches, transposes), fp16 and bf16
 matmuls (tensor cores; on sm_90 also on warpgroup tensor cores with POLY_CUDA_WGMMA=1, in a child process
 that opens the device so) and fp32 ones with TF32 opted in (POLY_ALLOW_TF32=1), scatter-add (atomicAdd
@@ -65,6 +66,33 @@ def test_grouped_reductions():
     e = np.exp(m - m.max(1, keepdims=True))
     np.testing.assert_allclose(t.softmax(1).numpy(), e / e.sum(1, keepdims=True), rtol=1e-4, atol=1e-7)
     np.testing.assert_allclose(t.mean().numpy(), m.mean(dtype=np.float64), rtol=1e-4, atol=1e-6)
+
+
+@gpu
+@pytest.mark.parametrize("n,rows", [(1, 5), (17, 3), (100, 300), (767, 2), (768, 4096), (1000, 7), (4097, 33),
+                                    (512, 8 * 12 * 64)])
+def test_grouped_row_reductions(n, rows):
+    """Softmax, log_softmax, layernorm and row sums/maxima with rows reduced by a warp (or up to 256
+    threads; gpu_opts.row_group_opts, __shfl_xor_sync) on odd row lengths, few and many rows, and sibling
+    reductions (sum + max of the same rows in one kernel), against NumPy in float64."""
+    x = randn(rows, n) * 3
+    x64 = x.astype(np.float64)
+    t = Tensor(x, device="CUDA")
+    e = np.exp(x64 - x64.max(1, keepdims=True))
+    np.testing.assert_allclose(t.softmax(1).numpy(), e / e.sum(1, keepdims=True), rtol=2e-5, atol=1e-7)
+    log_softmax = x64 - x64.max(1, keepdims=True) - np.log(e.sum(1, keepdims=True))
+    np.testing.assert_allclose(t.log_softmax(1).numpy(), log_softmax, rtol=2e-5, atol=2e-5)
+    mu = x64.mean(1, keepdims=True)
+    want = (x64 - mu) / np.sqrt(((x64 - mu) ** 2).mean(1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(t.layernorm(eps=1e-5).numpy(), want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(t.sum(1).numpy(), x64.sum(1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(t.max(1).numpy(), x.max(1))
+    np.testing.assert_allclose((t.sum(1) + t.max(1)).numpy(), x64.sum(1) + x.max(1), rtol=1e-5, atol=1e-4)
+    xi = rng.integers(-1000, 1000, (rows, n)).astype(np.int32)
+    np.testing.assert_array_equal(Tensor(xi, device="CUDA").sum(1).numpy(), xi.sum(1))
+    cols = Variable("cols", 1, 8192)  # a symbolic row length: the group's last pass padded at run time
+    got = t.reshape(rows, cols.bind(n)).softmax(1).numpy()
+    np.testing.assert_allclose(got, e / e.sum(1, keepdims=True), rtol=2e-5, atol=1e-7)
 
 
 @gpu

@@ -29,7 +29,11 @@ copies are synchronous memcpy and their waits no-ops (CP_ASYNC_CPP), their barri
 kernels (WGMMA_CPP): the shared window and its addresses, matrix descriptors decoded field by field, the
 128-byte swizzle, wgmma.mma_async in the accumulator's fragment layout, run when its group is waited for,
 and the ordering rules (wgmma.fence, fence.proxy.async after cp.async, commit before wait) as CheckErrors.
-What it cannot check: anything else about warps (no warp-synchronous execution or shuffles; no
+`__shfl_xor_sync` (grouped row reductions) is a rendezvous of the warp's lanes named in its mask (one per
+warp of the block, real threads as for barriers): each publishes its value and reads its partner's; a mask
+that leaves out the calling or source lane, names lanes the block lacks, or differs between lanes is a
+CheckError, as it is undefined on a GPU.
+What it cannot check: anything else about warps (no warp-synchronous execution beyond the shuffles; no
 timing, coalescing, bank conflicts or occupancy), other inline PTX (refused with a CheckError),
 device limits (registers, the real shared-memory size: the caller checks the bytes against
 Capabilities), races that only show under a GPU's scheduling, and NVRTC's own acceptance of the
@@ -98,6 +102,62 @@ static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f
 static inline float __uint_as_float(unsigned int x) { float f; memcpy(&f, &x, 4); return f; }
 static inline unsigned int __float_as_uint(float x) { unsigned int u; memcpy(&u, &x, 4); return u; }
 static inline int __float_as_int(float x) { int u; memcpy(&u, &x, 4); return u; }
+// __shfl_xor_sync: the lanes named in `mask` meet at their warp's rendezvous (one per warp of the block): each
+// publishes its value, all wait, each reads lane (lane XOR lane_mask)'s, all wait again (so no value is
+// overwritten before it is read). As the CUDA Programming Guide asks, every lane of the mask calls it with the
+// same mask and the source lane is in the mask; a lane outside it, a mask naming lanes the block lacks, another
+// width than 32, or masks that differ are a pg_shuffle_error (undefined on a GPU), not a value.
+struct pg_shuffle_error {};
+struct pg_rendezvous { pthread_mutex_t m; pthread_cond_t cv; unsigned count, generation; };
+static pg_rendezvous pg_warps[32] = {
+#define PG_R {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0}
+#define PG_R4 PG_R, PG_R, PG_R, PG_R
+  PG_R4, PG_R4, PG_R4, PG_R4, PG_R4, PG_R4, PG_R4, PG_R4};
+#undef PG_R4
+#undef PG_R
+static unsigned long long pg_shfl_vals[1024];
+static unsigned pg_shfl_masks[1024];
+static void pg_rendezvous_wait(pg_rendezvous* b, unsigned expected) {
+  pthread_mutex_lock(&b->m);
+  const unsigned gen = b->generation;
+  if (++b->count == expected) {
+    b->count = 0;
+    b->generation++;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->m);
+    return;
+  }
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += PG_TIMEOUT_S;
+  while (b->generation == gen) {
+    if (pthread_cond_timedwait(&b->cv, &b->m, &deadline) == ETIMEDOUT && b->generation == gen) {
+      pthread_mutex_unlock(&b->m);
+      throw pg_barrier_timeout();
+    }
+  }
+  pthread_mutex_unlock(&b->m);
+}
+template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+  static_assert(sizeof(T) <= 8, "a shuffle moves 32- or 64-bit words");
+  const unsigned tid = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+  const unsigned lane = tid & 31u, warp0 = tid & ~31u, threads = blockDim.x * blockDim.y * blockDim.z;
+  const unsigned present = threads - warp0 >= 32 ? 0xffffffffu : (1u << (threads - warp0)) - 1u;
+  const unsigned src = lane ^ ((unsigned)lane_mask & 31u);
+  if (width != 32 || (mask & ~present) || !((mask >> lane) & 1u) || !((mask >> src) & 1u)) throw pg_shuffle_error();
+  pg_shfl_vals[tid] = 0;
+  memcpy(&pg_shfl_vals[tid], &v, sizeof(T));
+  pg_shfl_masks[tid] = mask;
+  const unsigned expected = (unsigned)__builtin_popcount(mask);
+  pg_rendezvous_wait(&pg_warps[tid >> 5], expected);
+  bool same = true;
+  for (unsigned l = 0; l < 32; l++) if ((mask >> l) & 1u) same = same && pg_shfl_masks[warp0 + l] == mask;
+  T out;
+  memcpy(&out, &pg_shfl_vals[warp0 + src], sizeof(T));
+  pg_rendezvous_wait(&pg_warps[tid >> 5], expected);
+  if (!same) throw pg_shuffle_error();
+  return out;
+}
 template <class T> static inline T atomicAdd(T* p, T v) {
   T old, sum;
   __atomic_load(p, &old, __ATOMIC_RELAXED);
@@ -339,6 +399,8 @@ static void pg_thread(pg_task* k) {
     __atomic_compare_exchange_n(k->failed, &zero, 1, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   } catch (pg_ptx_misuse&) {
     __atomic_compare_exchange_n(k->failed, &zero, 3, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  } catch (pg_shuffle_error&) {
+    __atomic_compare_exchange_n(k->failed, &zero, 4, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   }
 }
 static void* pg_thread_main(void* k) { pg_thread((pg_task*)k); return 0; }
@@ -358,6 +420,7 @@ extern "C" int pg_launch(void** bufs, const long long* vars, const unsigned int*
       }
       pg_barrier.count = 0;
       pg_barrier.expected = threads;
+      for (unsigned w = 0; w < 32; w++) pg_warps[w].count = 0;
       for (unsigned t = 0; t < threads; t++)
         if (pthread_create(&pool[t], 0, pg_thread_main, &tasks[t]) != 0) { failed = 2; pool[t] = 0; }
       for (unsigned t = 0; t < threads; t++) if (pool[t]) pthread_join(pool[t], 0);
@@ -407,7 +470,7 @@ def cpu_source(spec: Any, source: str) -> str:
     args += [f"({cpp.ctype(v.dtype)})vars[{k}]" for k, v in enumerate(spec.vars)]
     call = f"pg_kernel({', '.join(args)})"
     # barriers (and the mma emulation's) need one OS thread per CUDA thread; atomics then race for real
-    threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma<", "pg_wgmma_issue<"))
+    threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma<", "pg_wgmma_issue<", "__shfl_xor_sync"))
     launcher = LAUNCHER.replace("PG_CALL", call).replace("PG_BARRIERS", "1" if threaded else "0")
     shim = SHIM.replace("PG_TIMEOUT_S", str(BARRIER_TIMEOUT_S))
     return "\n".join([shim, BF16_CPP, HALF_CPP, MMA_CPP, TF32_CPP, WGMMA_CPP, CP_ASYNC_CPP, source, launcher])
@@ -465,6 +528,10 @@ def run_on_cpu(spec: Any, source: str, launch: Any, buffers: list[np.ndarray], v
         lib.pg_misuse_message.restype = ctypes.c_char_p
         message = lib.pg_misuse_message().decode()
         raise CheckError(f"kernel {spec.name} misuses wgmma: {message}")
+    if status == 4:
+        raise CheckError(f"kernel {spec.name}: a __shfl_xor_sync whose lanes disagree on the mask, or whose mask "
+                         "leaves out the calling or the source lane or names lanes the block lacks (undefined in CUDA)")
     if status != 0:
-        raise CheckError(f"kernel {spec.name}: a block's threads did not all reach __syncthreads() within "
-                         f"{BARRIER_TIMEOUT_S} s (a thread returned early, or a barrier is under a condition)")
+        raise CheckError(f"kernel {spec.name}: a block's threads did not all reach __syncthreads() (or a warp's lanes "
+                         f"a __shfl_xor_sync) within {BARRIER_TIMEOUT_S} s (a thread returned early, or a barrier is "
+                         "under a condition)")

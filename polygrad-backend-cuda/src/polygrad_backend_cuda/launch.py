@@ -12,6 +12,7 @@ from typing import Any
 
 from polygrad.backend_api import LaunchDims, launch_dims
 
+from polygrad_backend_cuda import WARP_SIZE
 from polygrad_backend_cuda.tensor_core import tensor_core_launch, uses_tensor_cores
 from polygrad_backend_cuda.tiled_matmul import tiled_launch, uses_tiles
 from polygrad_backend_cuda.wgmma import uses_wgmma, wgmma_launch
@@ -24,4 +25,5 @@ def launch_of(spec: Any) -> LaunchDims:
         return tensor_core_launch(spec)
     if uses_tiles(spec):
         return tiled_launch(spec)
-    return launch_dims(spec, atomic_add=True)  # scatter-adds: atomicAdd (CUDARenderer.atomic_store)
+    # scatter-adds: atomicAdd (CUDARenderer.atomic_store); grouped reductions: __shfl_xor_sync (CUDARenderer.shuffle)
+    return launch_dims(spec, atomic_add=True, warp=WARP_SIZE)

@@ -5,7 +5,9 @@ Stage: rendering. Input: a ProgramSpec lowered for CUDA's Capabilities. Output: 
 C renderer: Variables are `v<k>`), and its launch (grid and block sizes).
 
 - Launch: renderer/launch.py maps GLOBAL ranges to blockIdx and LOCAL/GROUP ranges to threadIdx;
-  grouped reductions combine through `__shared__` arrays and `__syncthreads()` (linearize emits them).
+  grouped reductions combine across each warp by `__shfl_xor_sync` butterflies and across a block's
+  warps through `__shared__` arrays and `__syncthreads()` (linearize emits them; launch_of asks for
+  shuffles with warp=32).
 - Vector lanes: NVRTC has no GCC vector extensions, so a vector is `pg_v<T, N>`, a small aligned
   struct with lane-wise operators; contiguous loads and stores of an aligned address are one
   vector access (ld.global.v4 for four floats), other addresses go lane by lane.
@@ -184,6 +186,9 @@ class CUDARenderer(CStyleRenderer):
 
     def barrier(self) -> str:
         return "__syncthreads();"
+
+    def shuffle(self, value: str, lane_mask: int) -> str:
+        return f"__shfl_xor_sync(0xffffffffu, {value}, {lane_mask})"  # the launch's blocks are whole warps
 
     def atomic_store(self, op: Any, address: str, value: str) -> str:
         if op is not Ops.ADD:

@@ -69,6 +69,8 @@ class Capabilities:
                                 # contracts each 8-bit block sum (renderer/int8_dot.py)
     has_local_memory: bool = False
     shared_memory_bytes: int = 0
+    warp_size: int = 0          # GPU devices: threads that run in lockstep and exchange registers (warp shuffles);
+                                # 0: none (grouped row reductions need it: gpu_opts.row_group_opts)
     atomic_add: bool = False    # GPU devices: an accumulating ADD store of float32/int32 is one atomic add, so a
                                 # scatter-add spreads over the launch (LOCAL opts, launch indices) instead of
                                 # running as one thread; float sums then come in no fixed order

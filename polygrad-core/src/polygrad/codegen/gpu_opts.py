@@ -20,9 +20,16 @@ grid indices and LOCAL/GROUP ranges to block indices. Host devices never reach t
   and whose grid still has TILE_MIN_BLOCKS blocks; none fits: the UPCAST/LOCAL opts below.
 - GROUP: one reduction over a long range with few outputs (a full sum, a row norm): the threads of a
   block share the range (GROUP amount threads) and combine through shared memory.
+  Row reductions with many outputs (softmax's max and sum, layernorm's mean and variance, a matrix-
+  vector product's rows: `row_group_opts`) on a device with warps (`caps.warp_size`): each row is reduced
+  by a group of threads, a warp for rows of up to ROW_ELEMENTS * warp elements and up to GROUP_AMOUNTS[0]
+  for longer ones, thread g reading points g, g + group, ... (coalesced along the row) and the group
+  combining by warp shuffles (and shared memory across warps); LOCAL then puts several rows in a block.
+  A row whose length the group does not divide has its last pass padded (opts.apply_opts).
 - UPCAST: a register tile (4 x 4 outputs per thread) for matmul-like kernels; 4 consecutive outputs
   per thread (float4 loads and stores) for contiguous elementwise kernels.
-- LOCAL: the innermost global ranges are split into blocks of up to LOCAL_THREADS threads. A kernel
+- LOCAL: the innermost global ranges are split into blocks of up to LOCAL_THREADS threads (an odd-sized
+  innermost range padded to a multiple of the warp first, on a device with warps). A kernel
   with an accumulating store gets LOCAL alone (lowering keeps it only where `caps.atomic_add` holds
   and every such store is an ADD: each point then adds atomically).
 """
@@ -33,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polygrad import config
-from polygrad.codegen.analysis import has_accumulating_store, range_size
+from polygrad.codegen.analysis import has_accumulating_store, range_max, range_size
 from polygrad.codegen.opts import Opt, OptKind, apply_opts
 from polygrad.codegen.passes import simplify_indices
 from polygrad.uop.ops import ALU, AxisKind, Ops, UOp
@@ -56,6 +63,9 @@ WGMMA_DEPTH = 64
 TILE_MIN_SIDE = 16        # a thinner matmul (a matrix-vector product) reads better one output per thread
 TILE_MIN_BLOCKS = 256     # a bigger tile only while the grid keeps this many blocks (about two per SM of
                           # a big GPU; not tuned on a GPU yet)
+ROW_ELEMENTS = 32         # a grouped row keeps about this many elements per thread (a warp per row up to
+                          # 32 * 32 = 1024 elements, more threads for longer rows; not tuned on a GPU yet)
+ROW_MIN = 32              # a shorter row stays one thread's loop (a grouped one would leave lanes idle)
 
 
 @dataclass(frozen=True)
@@ -129,10 +139,42 @@ def gpu_opts(ast: UOp, caps: Any) -> list:
             amount = next((a for a in GROUP_AMOUNTS if size % a == 0), 0)
             if amount:
                 opts.append(Opt(OptKind.GROUP, inner.arg[0], amount))
+    if not opts:
+        opts += row_group_opts(ast, caps)
     if not opts and glob:
         opts += _upcast_opts(end, reduces, glob, caps)
     current = simplify_indices(apply_opts(ast, opts)) if opts else ast
-    return opts + _local_opts(current)
+    return opts + _local_opts(current, int(getattr(caps, "warp_size", 0) or 0))
+
+
+def row_group_opts(ast: UOp, caps: Any) -> list:
+    """[Opt(GROUP, row range, threads)] for a kernel whose reductions (one, or siblings sharing their range:
+    share_reduce_ranges) all run over the same range of at least ROW_MIN points (at most, when symbolic), none inside
+    another, with sums and maxima only, where some load reads along the row contiguously and no load that
+    moves along the row also moves by 1 along an output range (there LOCAL threads over the outputs read
+    coalesced already: a matmul's column operand); on a device with warps. The group: the largest of
+    GROUP_AMOUNTS (all multiples of the warp) with ROW_ELEMENTS points a thread, at least one warp."""
+    warp = int(getattr(caps, "warp_size", 0) or 0)
+    end = _single_store(ast)
+    if not warp or end is None:
+        return []
+    reduces = [n for n in ast.toposort() if n.op is Ops.REDUCE]
+    if not reduces or any(len(r.src) != 2 or r.arg not in (Ops.ADD, Ops.MAX) for r in reduces):
+        return []
+    row = reduces[0].src[1]
+    size = range_max(row)  # a symbolic row (a softmax over a Variable's tokens): sized at its largest
+    if size < ROW_MIN or row.arg[1] != AxisKind.REDUCE or any(r.src[1] is not row for r in reduces):
+        return []
+    if any(x.op is Ops.REDUCE for r in reduces for x in r.src[0].toposort()):
+        return []
+    glob = [r for r in _block_ranges(end) if r.arg[1] == AxisKind.GLOBAL]
+    loads = [n.src[0].src[1] for r in reduces for n in r.src[0].toposort() if n.op is Ops.LOAD]
+    if not any(range_coeff(ix, row) == 1 for ix in loads):
+        return []
+    if any(range_coeff(ix, row) != 0 and range_coeff(ix, g) == 1 for ix in loads for g in glob):
+        return []
+    amount = next((a for a in GROUP_AMOUNTS if a % warp == 0 and a * ROW_ELEMENTS <= size), warp)
+    return [Opt(OptKind.GROUP, row.arg[0], amount)]
 
 
 def _upcast_opts(end: UOp, reduces: list[UOp], glob: list[UOp], caps: Any) -> list:
@@ -151,8 +193,11 @@ def _upcast_opts(end: UOp, reduces: list[UOp], glob: list[UOp], caps: Any) -> li
     return []
 
 
-def _local_opts(ast: UOp) -> list:
-    """LOCAL splits of the innermost global ranges until a block has about LOCAL_THREADS threads."""
+def _local_opts(ast: UOp, warp: int = 0) -> list:
+    """LOCAL splits of the innermost global ranges until a block has about LOCAL_THREADS threads. With
+    `warp` (a device with warps), an innermost range of at least a warp's points that no amount divides (a
+    softmax's last kernel writing rows of 4097) is padded to a multiple of the warp (PADTO: the points past
+    its end do nothing) and split by it, instead of running one thread a block."""
     end = _single_store(ast)
     if end is None:
         return []
@@ -164,6 +209,9 @@ def _local_opts(ast: UOp) -> list:
     for r in reversed(glob[-2:]):
         budget = LOCAL_THREADS // threads
         amount = next((a for a in LOCAL_AMOUNTS if a <= budget and range_size(r) % a == 0), 0)
+        if amount < 2 and threads == 1 and warp and range_size(r) >= warp and not has_accumulating_store(ast):
+            opts.append(Opt(OptKind.PADTO, r.arg[0], warp))
+            amount = warp
         if amount < 2:
             break
         opts.append(Opt(OptKind.LOCAL, r.arg[0], amount))

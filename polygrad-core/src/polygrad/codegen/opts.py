@@ -19,8 +19,11 @@ none of them. The optimisations (`OptKind`) and what they make of a range (`Axis
                 unchanged, the linearizer does it
   LOCAL, GROUP  for GPU-style targets: a global range -> outer global + inner LOCAL (threads of a
                 block), a reduce range -> outer reduce + inner GROUP (a reduction shared by a block's
-                threads); renderer/launch.py maps them to launch indices. The host heuristics never
-                choose them and the C renderer rejects them
+                threads; thread g reads points g, g + amount, ...: coalesced along a row). A GROUP
+                amount that does not divide the range (or a symbolic range) pads its last pass: the
+                points past the end read the last real point and add the reduction's identity (sums
+                and maxima only). renderer/launch.py maps them to launch indices. The host heuristics
+                never choose them and the C renderer rejects them
   PADTO         a global range of n points -> a range of n rounded up to a multiple of `amount` whose
                 points past n are gated off (every load whose address depends on it and every store
                 of its block gets the gate `r < n`): an UPCAST by `amount` then divides it. For a
@@ -106,8 +109,8 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
         if r.src[0].op is not Ops.CONST:
             if opt.kind is OptKind.UPCAST and opt.amount >= 2:
                 ast = _split_symbolic(ast, r, opt.amount, max(ranges) + 1)
-            elif opt.kind is OptKind.SPLIT_REDUCE and opt.amount >= 2:
-                ast = _split_symbolic_reduce(ast, r, opt.amount, max(ranges) + 1)
+            elif opt.kind in (OptKind.SPLIT_REDUCE, OptKind.GROUP) and opt.amount >= 2:
+                ast = _split_symbolic_reduce(ast, r, opt.amount, max(ranges) + 1, SPLIT_KINDS[opt.kind])
             continue
         if opt.kind in (OptKind.TC, OptKind.TILE):  # a marker for the renderer: the ranges stay
             continue
@@ -128,6 +131,8 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
                 ast = _pad_range(ast, r, opt.amount)
             continue
         if range_size(r) % opt.amount != 0 or range_size(r) < opt.amount:
+            if opt.kind is OptKind.GROUP and opt.amount >= 2:  # a row of any length: the last pass padded
+                ast = _split_symbolic_reduce(ast, r, opt.amount, max(ranges) + 1, AxisKind.GROUP)
             continue
         next_id = max(ranges) + 1
         outer = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, range_size(r) // opt.amount),), (next_id, r.arg[1]))
@@ -174,12 +179,14 @@ def _pad_range(ast: UOp, r: UOp, amount: int) -> UOp:
     return out
 
 
-def _padded_split(r: UOp, amount: int, next_id: int) -> tuple[UOp, UOp, UOp, UOp]:
-    """(outer range of ceil(n / amount) points, of r's kind; `amount` UPCAST lanes; the gate p < n of the
-    point p = outer * amount + lane; min(p, n - 1), the real point a padded lane reads) for r's end n."""
+def _padded_split(r: UOp, amount: int, next_id: int,
+                  kind: AxisKind = AxisKind.UPCAST) -> tuple[UOp, UOp, UOp, UOp]:
+    """(outer range of ceil(n / amount) points, of r's kind; `amount` lanes of `kind` (UPCAST, or GROUP: the
+    threads of a block); the gate p < n of the point p = outer * amount + lane; min(p, n - 1), the real point a
+    padded lane reads) for r's end n."""
     n = r.src[0]
     outer = UOp(Ops.RANGE, r.dtype, ((n + (amount - 1)) // amount,), (next_id, r.arg[1]))
-    inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, amount),), (next_id + 1, AxisKind.UPCAST))
+    inner = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, amount),), (next_id + 1, kind))
     point = outer * amount + inner
     valid = UOp(Ops.CMPLT, dtypes.bool, (point, n))
     return outer, inner, valid, UOp(Ops.WHERE, r.dtype, (valid, point, n - 1))
@@ -218,17 +225,19 @@ def _split_symbolic(ast: UOp, r: UOp, amount: int, next_id: int) -> UOp:
 SYMBOLIC_LANE_REDUCES = (Ops.ADD, Ops.MAX)  # what a padded lane can leave out by giving the identity
 
 
-def _split_symbolic_reduce(ast: UOp, r: UOp, amount: int, next_id: int) -> UOp:
+def _split_symbolic_reduce(ast: UOp, r: UOp, amount: int, next_id: int, kind: AxisKind = AxisKind.UPCAST) -> UOp:
     """SPLIT_REDUCE of a reduce range whose end n is symbolic (a softmax over a prompt's tokens): an outer
     reduce range of ceil(n / amount) points and `amount` lanes, each lane its own partial result. A point
     p = outer * amount + lane past n reads at min(p, n - 1), a real point, and adds the reduction's
     identity (0 for a sum, -inf for a max) instead of its value. Left unsplit: reductions other than sums
-    and maxima (a multiply-add's operand pair), and ranges that can reach 2**31."""
+    and maxima (a multiply-add's operand pair), and ranges that can reach 2**31. With `kind` GROUP the
+    lanes are a block's threads (a GROUP opt over a row whose length, symbolic or constant, `amount` does
+    not divide: softmax and layernorm rows of any length)."""
     reduces = [x for x in ast.toposort() if x.op is Ops.REDUCE and r in x.src[1:]]
     if not reduces or any(x.arg not in SYMBOLIC_LANE_REDUCES for x in reduces) \
             or bounds(r.src[0])[1] + amount > dtypes.max(r.dtype):
         return ast
-    outer, inner, valid, clamped = _padded_split(r, amount, next_id)
+    outer, inner, valid, clamped = _padded_split(r, amount, next_id, kind)
     memo: dict[UOp, UOp] = {r: clamped}
     for node in ast.toposort():
         if node in memo:

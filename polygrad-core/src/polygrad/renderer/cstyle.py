@@ -239,6 +239,10 @@ class CStyleRenderer:
     def barrier(self) -> str:
         raise NotImplementedError(f"{type(self).__name__} has no block barrier")
 
+    def shuffle(self, value: str, lane_mask: int) -> str:
+        """The value of `value` in lane (this lane XOR lane_mask) of the warp (L.SHUFFLE); GPU dialects only."""
+        raise NotImplementedError(f"{type(self).__name__} has no warp shuffle")
+
     def buffer_param(self, slot: int, dt: DType, written: bool) -> str:
         """The parameter of the buffer in `slot` (read-only buffers are const)."""
         return f"{'' if written else 'const '}{self.storage_ctype(dt)}* {self.restrict} data{slot}"
@@ -604,6 +608,10 @@ class CStyleRenderer:
     def barrier_stmt(self, x: Inst, i: int) -> None:
         self.emit(self.barrier())
 
+    def shuffle_stmt(self, x: Inst, i: int) -> None:
+        name = self._names[id(x)] = f"shfl{i}"
+        self.emit(f"{self.ctype(x.dtype)} {name} = {self.shuffle(self.name_of(x.src[0]), x.arg)};")
+
     def const_stmt(self, x: Inst, i: int) -> None:
         if x.lanes == 1:
             self._names[id(x)] = self.literal(UOp.const(x.dtype, x.arg))
@@ -760,7 +768,7 @@ class CStyleRenderer:
         L.DEFINE_LOCAL: define_local_stmt, L.BARRIER: barrier_stmt, L.CONST: const_stmt, L.BCAST: bcast_stmt,
         L.LOOP: loop_stmt, L.ENDLOOP: end_stmt, L.ENDIF: end_stmt, L.IF: if_stmt, L.ACC: acc_stmt,
         L.UPDATE: update_stmt, L.ACC_READ: acc_read_stmt, L.LOAD: load_stmt, L.STORE: store_stmt, L.ALU: alu_stmt,
-        L.TRANSPOSE: transpose_stmt,
+        L.TRANSPOSE: transpose_stmt, L.SHUFFLE: shuffle_stmt,
     }
     scalar_rules: dict[Ops, Rule] = SCALAR_RULES
     vector_rules: dict[Ops, Rule] = VECTOR_RULES

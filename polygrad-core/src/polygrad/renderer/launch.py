@@ -12,8 +12,13 @@ the launch and, per mapped range, its launch index.
   memory) and LOCAL ranges (LOCAL opts: a global range split into blocks of threads) -> block
   indices (`lidx`): GROUP first (consecutive threads read consecutive elements), then LOCAL by
   stride as above, while the block has at most MAX_BLOCK_THREADS threads.
-- A GROUP range is only mapped when its reduction is the kernel's only reduce and no UPCAST range
-  exists (the shared-memory combine keeps one value per thread); otherwise it stays a loop.
+- A GROUP range is only mapped when every reduction of the kernel either runs over it alone (one, or
+  siblings over the same row: softmax-style max and sum, a mean and a variance) or is the per-thread
+  partial inside one, and no UPCAST range exists (the combine keeps one value per thread); otherwise it
+  stays a loop.
+- `warp` (launch_dims(spec, warp=32), CUDA): the threads that exchange registers (warp shuffles). A group
+  mapped to x whose size is a multiple of the warp or divides it, in a block of whole warps, combines
+  across each warp by shuffles (LaunchDims.warp says so to the linearizer); 0: shared memory only.
 - A kernel of several blocks runs as one thread: blocks must run in order, which a launch grid does
   not give. So does a kernel with an accumulating STORE (a scatter: several points may fold into one
   element, and the load-fold-store sequence is not atomic), unless the emitter adds atomically
@@ -21,8 +26,8 @@ the launch and, per mapped range, its launch index.
   the linearizer then emits it as one atomic STORE. A single STORE without ranges (a full
   reduction) can still have a GROUP block.
 
-Every mapped size divides exactly (the opts only split ranges by divisors), so no thread is idle and
-no bounds check is needed.
+Every mapped size divides exactly (the opts only split ranges by divisors; a range they pad, PADTO or a
+GROUP over a row it does not divide, carries its own gates or identity), so no bounds check is added here.
 """
 from __future__ import annotations
 
@@ -46,6 +51,7 @@ class LaunchDims:
     grid: tuple[int, int, int] = (1, 1, 1)
     block: tuple[int, int, int] = (1, 1, 1)
     axes: tuple[tuple[int, str, int, int], ...] = ()
+    warp: int = 0  # threads a shuffle spans (the launch's groups combine through them); 0: no shuffles
 
     def index_of(self, axis: int) -> tuple[str, int, int] | None:
         """("gidx" | "lidx", dimension, size) of a mapped range's axis id, None for a loop."""
@@ -64,12 +70,19 @@ def _const_size(r: UOp) -> int | None:
 
 
 def _groupable(ast: UOp) -> bool:
+    """Every grouped reduce runs over one GROUP range alone, all over the same one, none inside another;
+    every other reduce is a partial inside one of them; no UPCAST or UNROLL range."""
     nodes = ast.toposort()
-    reduces = [n for n in nodes if n.op is Ops.REDUCE and any(r.arg[1] == AxisKind.GROUP for r in n.src[1:])]
-    finals = [n for n in reduces if len(n.src) == 2]
-    upcast = any(n.op is Ops.RANGE and n.arg[1] in (AxisKind.UPCAST, AxisKind.UNROLL) for n in nodes)
-    tops = [n for n in nodes if n.op is Ops.REDUCE and not any(s.op is Ops.REDUCE for s in n.src[0].toposort())]
-    return len(finals) == 1 and len(reduces) == 1 and len(tops) == 1 and not upcast
+    reduces = [n for n in nodes if n.op is Ops.REDUCE]
+    grouped = [n for n in reduces if any(r.arg[1] == AxisKind.GROUP for r in n.src[1:])]
+    if not grouped or any(len(n.src) != 2 or n.src[1] is not grouped[0].src[1] for n in grouped):
+        return False
+    inside = [set(n.src[0].toposort()) for n in grouped]
+    if any(g in body for g in grouped for body in inside):
+        return False
+    if any(n not in grouped and not any(n in body for body in inside) for n in reduces):
+        return False
+    return not any(n.op is Ops.RANGE and n.arg[1] in (AxisKind.UPCAST, AxisKind.UNROLL) for n in nodes)
 
 
 def _stride(store_index: UOp | None, r: UOp) -> float:
@@ -99,10 +112,11 @@ def _map(ranges: list[UOp], limits: tuple[int, int, int], kind: str,
     return sizes, axes
 
 
-def launch_dims(spec: Any, atomic_add: bool = False) -> LaunchDims:
+def launch_dims(spec: Any, atomic_add: bool = False, warp: int = 0) -> LaunchDims:
     """The launch of a lowered kernel on a GPU-style device (see the module docstring); with
     `atomic_add` (the emitter renders an accumulating ADD store as an atomic add), a scatter-add into
-    float32 or int32 is mapped like any other kernel."""
+    float32 or int32 is mapped like any other kernel; with `warp` (the emitter has warp shuffles), a
+    grouped reduction combines by shuffles where its group and block allow."""
     ast = spec.ast
     if len(ast.src) != 1 or ast.src[0].op not in (Ops.END, Ops.STORE):
         return LaunchDims()
@@ -121,4 +135,8 @@ def launch_dims(spec: Any, atomic_add: bool = False) -> LaunchDims:
     block, block_axes = mapped if mapped is not None else ([1, 1, 1], [])
     glob = by_stride([r for r in ranges if r.arg[1] == AxisKind.GLOBAL])
     grid, grid_axes = _map(glob, MAX_GRID, "gidx", None)  # type: ignore[misc]
-    return LaunchDims(tuple(grid), tuple(block), tuple(block_axes + grid_axes))  # type: ignore[arg-type]
+    group = next((a for a in block_axes if groups and a[0] == groups[0].arg[0]), None)
+    shuffles = warp > 0 and group is not None and group[2] == 0 and (group[3] % warp == 0 or warp % group[3] == 0) \
+        and math.prod(block) % warp == 0
+    return LaunchDims(tuple(grid), tuple(block), tuple(block_axes + grid_axes),  # type: ignore[arg-type]
+                      warp if shuffles else 0)

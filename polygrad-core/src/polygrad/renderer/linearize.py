@@ -29,7 +29,10 @@ GPU launches (`linearize(spec, launch=launch_dims(spec))`, renderer/launch.py; o
 devices with local memory pass it): a range the launch maps is a SPECIAL launch index (arg ("gidx" |
 "lidx", dimension, size)) instead of a LOOP. A reduce over a mapped GROUP range writes each thread's
 partial value to a DEFINE_LOCAL array, waits at a BARRIER, and folds the array in index order in
-every thread; the store after it is gated to the thread with group index 0. Without `launch` the
+every thread; the store after it is gated to the thread with group index 0. Where the launch says its
+warps shuffle (LaunchDims.warp), the partials first combine across each warp by SHUFFLE (a butterfly:
+lane XOR 16, 8, .., 1) and only a group of several warps goes through the array, one value per warp.
+A block holding several groups (LOCAL rows beside the GROUP) gives each its own run of the array. Without `launch` the
 program is exactly what it was before (CPU, X86, WebAssembly never see these instructions).
 
 Values are numbered by definition; common subexpressions are shared within a loop nest (a value
@@ -122,6 +125,9 @@ from polygrad.uop.symbolic import bounds, range_coeff, symbolic_rules
 
 Steps = Generator[Any, Any, Any]  # a step generator run by run_steps
 
+# what a warp shuffle (L.SHUFFLE) exchanges: 32- and 64-bit words (__shfl_xor_sync's overloads)
+SHUFFLE_DTYPES = frozenset({dtypes.float32, dtypes.float64, dtypes.int32, dtypes.uint32, dtypes.int64, dtypes.uint64})
+
 
 def run_steps(steps: Steps, request: Callable[[Any], Any] | None = None) -> Any:
     """Run a step generator to its end and return its return value, with nested work on an explicit
@@ -177,6 +183,9 @@ class L(Enum):
     ENDIF = auto()     # src: (if,)
     DEFINE_LOCAL = auto()  # block-shared memory (GPU launches only); dtype: element dtype; arg: (name, size)
     BARRIER = auto()   # every thread of the block waits here (GPU launches only)
+    SHUFFLE = auto()   # src: (value,); arg: k: the value of lane (this lane XOR k) of the warp, every lane of the
+                       # warp exchanging at once (GPU launches whose LaunchDims.warp is set; scalars of
+                       # SHUFFLE_DTYPES only)
     TRANSPOSE = auto()  # src: n vectors of n lanes; arg: i: the vector of each source's lane i, in order
                         # (row i of the transposed n x n block; only in a staged copy, stage_value)
 
@@ -751,29 +760,94 @@ class _Linearizer:
 
     def group_reduce(self, red: UOp) -> Steps:
         """A reduce over a GROUP range mapped to a block index: each thread computes its partial value
-        (the inner reduce), writes it to shared memory, and after a barrier every thread folds the
-        block's values in index order (the order of the loop it replaces: the same bits)."""
+        (the inner reduce), writes it to shared memory, and after a barrier every thread folds its
+        group's values in index order (the order of the loop it replaces: the same bits). With warp
+        shuffles (launch.warp) the partials combine across each warp first (warp_combine). A block may
+        hold several groups (LOCAL rows beside the GROUP): each has its own run of the shared array."""
         g = red.src[1]
         size = int(g.src[0].arg)
         yield from self.open_loop(g)
         lid = self.open[g]
         v = yield red.src[0]
-        smem = Inst(L.DEFINE_LOCAL, red.dtype, (), (f"smem{len(self.group_ids)}", size))
-        self.head.append(smem)
-        self.add(L.STORE, None, (smem, lid, v))
-        self.add(L.BARRIER, None)
+        if lid not in self.group_ids:
+            self.group_ids.append(lid)
+        if getattr(self.launch, "warp", 0) and red.dtype in SHUFFLE_DTYPES and v.lanes == 1:
+            acc = yield self.warp_combine(red, g, lid, v, size, self.launch.warp)
+        else:
+            acc = yield self.fold_shared(red, g, lid, v, size)
         self.close_loop(g)
+        self.scopes[-1][red] = _Pending(acc, [])
+
+    def group_slot(self, g: UOp) -> tuple[Inst | None, int]:
+        """(this thread's group among its block's groups: the linear index of the block's other lidx
+        indices, None when there are none; how many groups a block holds)."""
+        slot, count = None, 1
+        for axis, kind, dim, size in sorted(self.launch.axes, key=lambda a: a[2]):
+            if kind != "lidx" or axis == g.arg[0]:
+                continue
+            key = ("launch", axis)
+            index = self.consts.get(key)
+            if index is None:
+                index = self.consts[key] = Inst(L.SPECIAL, g.dtype, (), (kind, dim, size))
+                self.head.append(index)
+            term = index if count == 1 else self.alu(g.dtype, (index, self.const(g.dtype, count)), Ops.MUL)
+            slot = term if slot is None else self.alu(g.dtype, (slot, term), Ops.ADD)
+            count *= size
+        return slot, count
+
+    def fold_shared(self, red: UOp, g: UOp, at: Inst, v: Inst, size: int, first: Inst | None = None) -> Steps:
+        """Every thread (where `first`, a bool, holds) writes `v` at `at` in its group's run of `size`
+        entries of a new shared array; after a barrier every thread folds its group's run in index order
+        into a new accumulator (returned), then waits again before the array can be reused."""
+        slot, count = self.group_slot(g)
+        smem = self.shared(red.dtype, size * count)
+        base = None if slot is None else self.alu(g.dtype, (slot, self.const(g.dtype, size)), Ops.MUL)
+        where = at if base is None else self.alu(g.dtype, (base, at), Ops.ADD)
+        gate = self.add(L.IF, None, (first,)) if first is not None else None
+        self.scopes.append({})
+        self.add(L.STORE, None, (smem, where, v))
+        self.scopes.pop()
+        if gate is not None:
+            self.add(L.ENDIF, None, (gate,))
+        self.add(L.BARRIER, None)
         init = self.const(red.dtype, reduce_identity(red.arg, red.dtype))
         acc = self.add(L.ACC, red.dtype, (init,), (red.arg, 1))
-        j = UOp(Ops.RANGE, g.dtype, g.src, (self.next_axis, AxisKind.REDUCE))
+        j = UOp(Ops.RANGE, g.dtype, (UOp.const(g.dtype, size),), (self.next_axis, AxisKind.REDUCE))
         self.next_axis += 1
         yield from self.open_loop(j)
-        part = self.add(L.LOAD, red.dtype, (smem, self.open[j]))
-        self.add(L.UPDATE, None, (acc, part), red.arg)
+        k = self.open[j] if base is None else self.alu(g.dtype, (base, self.open[j]), Ops.ADD)
+        self.add(L.UPDATE, None, (acc, self.add(L.LOAD, red.dtype, (smem, k))), red.arg)
         self.close_loop(j)
         self.add(L.BARRIER, None)  # the next use of the shared memory (an outer loop's next point) waits
-        self.group_ids.append(lid)
-        self.scopes[-1][red] = _Pending(acc, [])
+        return acc
+
+    def shared(self, dtype: DType, size: int) -> Inst:
+        """A new block-shared array (DEFINE_LOCAL, in the head) of `size` elements."""
+        smem = Inst(L.DEFINE_LOCAL, dtype, (), (f"smem{sum(x.op is L.DEFINE_LOCAL for x in self.head)}", size))
+        self.head.append(smem)
+        return smem
+
+    def warp_combine(self, red: UOp, g: UOp, lid: Inst, v: Inst, size: int, warp: int) -> Steps:
+        """The accumulator holding the group's reduction of every thread's partial value `v`: a butterfly
+        over the warp (each lane folds in the value of lane XOR k, k = min(size, warp) / 2, ..., 1: every lane
+        ends with the same bits, the warp's lanes combined in pairs); a group of several warps then has each
+        warp's lane 0 write its value to shared memory and every thread folds its group's warps in order
+        (fold_shared)."""
+        init = self.const(red.dtype, reduce_identity(red.arg, red.dtype))
+        acc = self.add(L.ACC, red.dtype, (init,), (red.arg, 1))
+        self.add(L.UPDATE, None, (acc, v), red.arg)
+        k = min(size, warp) // 2
+        while k:
+            other = self.add(L.SHUFFLE, red.dtype, (self.add(L.ACC_READ, red.dtype, (acc,)),), k)
+            self.add(L.UPDATE, None, (acc, other), red.arg)
+            k //= 2
+        if size <= warp:
+            return acc
+        w = self.const(lid.dtype, warp)
+        lane0 = self.alu(dtypes.bool, (self.alu(lid.dtype, (lid, w), Ops.MOD), self.const(lid.dtype, 0)), Ops.CMPEQ)
+        total = yield self.fold_shared(red, g, self.alu(lid.dtype, (lid, w), Ops.IDIV),
+                                       self.add(L.ACC_READ, red.dtype, (acc,)), size // warp, lane0)
+        return total
 
     def lookup_pending(self, u: UOp) -> bool:
         k = self.key(u)
