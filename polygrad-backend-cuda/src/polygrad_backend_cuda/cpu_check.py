@@ -470,7 +470,8 @@ def cpu_source(spec: Any, source: str) -> str:
     args += [f"({cpp.ctype(v.dtype)})vars[{k}]" for k, v in enumerate(spec.vars)]
     call = f"pg_kernel({', '.join(args)})"
     # barriers (and the mma emulation's) need one OS thread per CUDA thread; atomics then race for real
-    threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma<", "pg_wgmma_issue<", "__shfl_xor_sync"))
+    threaded = any(word in source for word in ("__syncthreads", "atomicAdd", "pg_mma<", "pg_wgmma_issue<",
+                                               "__shfl_xor_sync"))
     launcher = LAUNCHER.replace("PG_CALL", call).replace("PG_BARRIERS", "1" if threaded else "0")
     shim = SHIM.replace("PG_TIMEOUT_S", str(BARRIER_TIMEOUT_S))
     return "\n".join([shim, BF16_CPP, HALF_CPP, MMA_CPP, TF32_CPP, WGMMA_CPP, CP_ASYNC_CPP, source, launcher])
