@@ -15,6 +15,8 @@ register_setting(Setting("POLY_CUDA_LIB", str, "", "the driver library (libcuda)
                          live=True, owner="polygrad-backend-cuda"))
 register_setting(Setting("POLY_NVRTC_LIB", str, "", "the NVRTC library to open instead of searching", live=True,
                          owner="polygrad-backend-cuda"))
+register_setting(Setting("POLY_CUDA_GRAPH", int, 1, "1: a Model call's or a JIT replay's kernels launch as one CUDA "
+                         "graph; 0: one driver launch per kernel", minimum=0, live=True, owner="polygrad-backend-cuda"))
 MAX_ORDINAL = 15  # static: registration never asks the driver; open() checks the real count
 
 
