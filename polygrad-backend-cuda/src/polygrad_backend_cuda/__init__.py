@@ -53,12 +53,13 @@ def capabilities(arch: str, shared_memory: int = 48 * 1024) -> Capabilities:
     memory, 4-lane vector accesses, fused multiply-adds (lowering contracts sums of products into
     fmaf, as on a CPU with FMA: one rounding a step, and the FP32 units' full rate), atomic adds
     (scatter-adds over the grid), mma.sync tensor cores from sm_80 (float16, bfloat16, and TF32 for
-    float32 matmuls where POLY_ALLOW_TF32=1)."""
+    float32 matmuls where POLY_ALLOW_TF32=1). BEAM searches the GPU opts (codegen/gpu_search.py), its
+    winners cached per architecture."""
     # imported when probed or opened, not when the entry point registers the backend (registration stays cheap)
     from polygrad_backend_cuda.renderer import arch_number
     cores = ("mma_f16", "mma_bf16", "mma_tf32") if arch_number(arch) >= 80 else ()
     return Capabilities(threads=1, vector_width=4, fma=True, has_local_memory=True, shared_memory_bytes=shared_memory,
-                        atomic_add=True, supports_beam=False, tensor_cores=cores, arch=arch)
+                        atomic_add=True, tensor_cores=cores, arch=arch)
 
 
 def open_cuda(ordinal: int) -> DeviceImpl:

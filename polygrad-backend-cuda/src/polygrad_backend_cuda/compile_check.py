@@ -16,6 +16,9 @@ from polygrad_backend_cuda.tensor_core import CP_ASYNC, TF32_CVT
 
 PRELUDE_BLOCKS = (r.CUDA_PRELUDE, r.VECTOR_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT, r.HALF_PRELUDE, CP_ASYNC, TF32_CVT)
 _SIGNATURE = re.compile(r'(extern "C" __global__ void __launch_bounds__\(\d+\) )(\w+)\(')
+# a helper the renderer emits beside a kernel that uses it (cstyle's pg_fma_f32x4, pg_dot4_...): one
+# definition per translation unit
+_HELPER = re.compile(r"static inline [^\n]*? (pg_\w+)\([^\n]*\{\n.*?\n\}\n", re.S)
 
 
 def kernel_part(src: str) -> str:
@@ -31,8 +34,17 @@ def batch_source(sources: list[str], arch: str) -> str:
     parts = [r.CUDA_PRELUDE, r.VECTOR_PRELUDE, bf16, r.HALF_PRELUDE]
     if r.arch_number(arch) >= 80:  # cp.async and cvt.rna.tf32: tensor-core kernels, only sm_80 and newer get
         parts += [CP_ASYNC, TF32_CVT]
+    helpers: set[str] = set()
+
+    def once(m: re.Match) -> str:
+        if m.group(1) in helpers:
+            return ""
+        helpers.add(m.group(1))
+        return m.group(0)
+
     for i, src in enumerate(sources):
-        parts.append(_SIGNATURE.sub(lambda m, i=i: f"{m.group(1)}k{i}(", kernel_part(src), count=1))
+        part = _HELPER.sub(once, kernel_part(src))
+        parts.append(_SIGNATURE.sub(lambda m, i=i: f"{m.group(1)}k{i}(", part, count=1))
     return "\n".join(parts)
 
 
