@@ -430,3 +430,21 @@ def test_jit_replay_and_model_calls_as_cuda_graphs(graphs, monkeypatch):
     finally:
         model.dispose()
     assert launched == ([launched[0]] * 5 if graphs == "1" else []), launched
+
+
+@gpu
+def test_beam_search_on_cuda(monkeypatch, tmp_path):
+    """BEAM=1 times the GPU candidates (codegen/gpu_search.py) on the device: a matmul and a row reduction
+    keep NumPy's values, and the winners are cached per architecture."""
+    from polygrad.codegen import search
+    from polygrad.engine import programs
+    monkeypatch.setenv("POLY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(programs, "program_cache", {})
+    monkeypatch.setattr(search, "beam_cache", {})
+    a, b, r = randn(256, 192), randn(192, 320), randn(64, 3072)
+    with Context(BEAM=1):
+        mm = (Tensor(a, device="CUDA") @ Tensor(b, device="CUDA")).numpy()
+        rows = Tensor(r, device="CUDA").sum(1).numpy()
+    np.testing.assert_allclose(mm, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(rows, r.astype(np.float64).sum(1), rtol=1e-4, atol=1e-4)
+    assert len(list((tmp_path / "beam" / "CUDA").glob("*.opts"))) >= 2
