@@ -31,7 +31,8 @@ def test_cpu_jit_replays_run_launch_plans_between_copies(monkeypatch):
             h = (x @ w).relu().realize()
             h = (h * 2 - 1).exp2().realize()
             mid = (h.to("INTERP") + 1).to("CPU")
-            return (mid.sum(1) + h.max(1)).realize()
+            out = (mid.sum(1) + h.max(1)).realize()
+            return (out * 0.5).realize()
 
         calls: list[int] = []
         outs = []
@@ -46,11 +47,30 @@ def test_cpu_jit_replays_run_launch_plans_between_copies(monkeypatch):
                     m.setattr(CPUProgram, "__call__", lambda *a: pytest.fail("a kernel launched on its own"))
                 outs.append(step(x.reshape(rows.bind(n), 8)).numpy())
                 h = np.exp2(np.maximum(xs[k % 3][:n].astype(np.float64) @ w.numpy(), 0) * 2 - 1)
-                np.testing.assert_allclose(outs[-1], (h + 1).sum(1) + h.max(1), rtol=1e-5)
+                np.testing.assert_allclose(outs[-1], ((h + 1).sum(1) + h.max(1)) * 0.5, rtol=1e-5)
         return outs, calls
 
     with_plans, calls = run(True)
     one_by_one, none = run(False)
-    assert calls == [2, 1] * 4 and none == [], calls  # per replay: two CPU kernels, the copy out, INTERP, back, one
+    assert calls == [2, 2] * 4 and none == [], calls  # per replay: two CPU kernels, the copy out, INTERP, back, two
     for a, b in zip(with_plans, one_by_one):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif("CPU" not in Device.installed(), reason="the CPU backend is not installed")
+def test_a_kernel_alone_keeps_its_bound_launcher(monkeypatch):
+    """A replay whose kernels are each alone between copies (or a one-kernel replay: the tiny op) makes no
+    launch plan: a plan of one kernel costs more than the kernel's bound launcher."""
+    from polygrad_backend_cpu import runtime
+    from polygrad_backend_cpu.runtime import LaunchPlan
+    if runtime.c_pool(wait=True) is None:
+        pytest.skip("the CPU pool library cannot be built here")
+    monkeypatch.setattr(LaunchPlan, "__init__", lambda *a: pytest.fail("a launch plan was made"))
+
+    @jit
+    def tiny(x):
+        return (x + 1).realize()
+
+    for k in range(5):
+        out = tiny(Tensor(np.full(4, k, np.float32), device="CPU").realize()).numpy()
+        np.testing.assert_array_equal(out, np.full(4, k + 1, np.float32))

@@ -342,10 +342,11 @@ class CapturedGraph:
                     where[0].set_handle(where[1], pos, h)
 
     def _launch_plans(self) -> list | None:
-        """The launches as launch plans (consecutive kernels of one device run by one call: the CPU pool
-        library's pg_run_plan, a CUDA graph) and single launches (an index: copies, and kernels whose
-        programs offer no `launch_plan`); None where no program offers one, or one cannot be made yet (the
-        CPU pool library still building: asked again at the next replay)."""
+        """The launches as launch plans (two or more consecutive kernels of one device run by one call: the
+        CPU pool library's pg_run_plan, a CUDA graph) and single launches (an index: copies, a kernel alone
+        between them, kernels whose programs offer no `launch_plan`); None where no run of kernels can be a
+        plan, or one cannot be made yet (the CPU pool library still building: asked again at the next
+        replay)."""
         if self._segments is not None or self._no_plans:
             return self._segments
         makers = [getattr(x.program.program, "launch_plan", None) if x.kind == "kernel" else None
@@ -359,11 +360,14 @@ class CapturedGraph:
         for i, make in enumerate(makers + [None]):  # None closes the last run
             if run and (make is None or make is not makers[run[0]] or
                         self.launches[i].device != self.launches[run[0]].device):
-                lp = makers[run[0]]([self._plan[j] for j in run])  # type: ignore[misc]
-                if lp is None:
-                    return None
-                out.append((lp, [(k, j) for k, j in enumerate(run) if self._names[j]]))
-                where.update((j, (lp, k)) for k, j in enumerate(run))
+                if len(run) == 1:  # one kernel: its bound launcher costs less than a plan
+                    out.append(run[0])
+                else:
+                    lp = makers[run[0]]([self._plan[j] for j in run])  # type: ignore[misc]
+                    if lp is None:
+                        return None
+                    out.append((lp, [(k, j) for k, j in enumerate(run) if self._names[j]]))
+                    where.update((j, (lp, k)) for k, j in enumerate(run))
                 run = []
             if i == len(self.launches):
                 break
@@ -371,15 +375,22 @@ class CapturedGraph:
                 out.append(i)
             else:
                 run.append(i)
+        if not where:  # no run of two kernels or more: the launchers as before
+            self._no_plans = True
+            return None
         self._segments, self._in_plan = out, where
         return out
 
     def _run_plans(self, segments: list, plan: list[tuple[Any, list[Any], Any]]) -> None:
         """Run launch plans and single launches (_launch_plans), with the Variables' values of `plan`."""
+        bound = plan is self._plan  # the captured values: single launches run their bound launchers
         for seg in segments:
             if isinstance(seg, int):
-                fn, args, vv = plan[seg]
-                fn(args, vv, False)
+                if bound:
+                    self._launchers[seg]()
+                else:
+                    fn, args, vv = plan[seg]
+                    fn(args, vv, False)
                 continue
             lp, with_vars = seg
             for k, i in with_vars:
@@ -464,7 +475,7 @@ class CapturedGraph:
         elif recording.captures or settings.values.get("DEBUG", 0) >= 1 or debug_alloc.on:
             self._launch_recorded(self._plan)
         else:
-            segments = self._launch_plans()
+            segments = self._segments if self._segments is not None or self._no_plans else self._launch_plans()
             t0 = time.perf_counter()
             if segments is not None:
                 self._run_plans(segments, self._plan)
