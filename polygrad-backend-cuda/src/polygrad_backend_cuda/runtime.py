@@ -139,14 +139,19 @@ class CUDAProgram:
             return time.perf_counter() - t0
         return None
 
-    @staticmethod
-    def launch_plan(launches: list[tuple["CUDAProgram", list[Any], tuple[int, ...]]]) -> Any:
-        """The launches (program, DeviceMemory handles, Variable values) as one CUDA graph (graph.GraphPlan),
-        or None where they run as plain launches: POLY_CUDA_GRAPH=0, a driver without graphs, or programs
-        of two contexts."""
-        if not launches:
-            return None
-        ctx = launches[0][0].ctx
-        if any(p.ctx is not ctx for p, _, _ in launches) or not graphs_enabled(ctx):
-            return None
-        return GraphPlan(ctx, launches)
+    @property
+    def launch_plan(self) -> Any:
+        """`graph_plan`, which makes launches of this context's programs one CUDA graph, or None where they
+        run as plain launches (POLY_CUDA_GRAPH=0, a driver without graphs): core then never asks again."""
+        return graph_plan if graphs_enabled(self.ctx) else None
+
+
+def graph_plan(launches: list[tuple[CUDAProgram, list[Any], tuple[int, ...]]]) -> Any:
+    """The launches (program, DeviceMemory handles, Variable values) as one CUDA graph (graph.GraphPlan), or
+    None for programs of two contexts (plain launches)."""
+    if not launches:
+        return None
+    ctx = launches[0][0].ctx
+    if any(p.ctx is not ctx for p, _, _ in launches):
+        return None
+    return GraphPlan(ctx, launches)
