@@ -15,6 +15,8 @@ Rows (each prints polygrad's figure, torch's, their ratio, and the check that pa
   random weights, built from polygrad's own ops (nn.Embedding, layernorm, scaled_dot_product_attention,
   tanh GELU, cross-entropy, Adam) under TinyJit: ms a step; the first loss checked against a NumPy forward,
   and the losses of the first steps against the same steps in torch when it is installed;
+- launch overhead: a JIT replay of 40 tiny kernels in microseconds a kernel, run as one CUDA graph and as one
+  launch each (POLY_CUDA_GRAPH=0), beside torch launching the same kernels eagerly; checked against NumPy;
 - GPT-2-small greedy decode (polygrad-hf's decoder with a KV cache, loaded from the same random weights
   written as a checkpoint to a temporary folder): tokens/s; the logits of the first decode steps checked
   against a NumPy forward over the whole sequence. torch's figure is the same model in torch with a
@@ -560,9 +562,62 @@ def torch_decode_rate(torch, tdev: str, w: dict, shape: GPTShape, prompt: np.nda
     return rates[-1]
 
 
+# ---- launch overhead
+
+LAUNCH_KERNELS = 40
+
+
+def launch_rows(device: str, torch, tdev: str, repeats: int) -> list[Row]:
+    """A JIT replay of LAUNCH_KERNELS tiny kernels (sin of 1024 floats, each realized): microseconds a
+    kernel, i.e. launch overhead, with the kernels run as one CUDA graph (POLY_CUDA_GRAPH=1, the default)
+    and as one driver launch each (POLY_CUDA_GRAPH=0); beside torch running the same kernels eagerly.
+    Checked against NumPy."""
+    from polygrad import Device, Tensor, jit
+    x0 = np.random.default_rng(0).standard_normal(1024).astype(np.float32)
+    want = x0.astype(np.float64)
+    for _ in range(LAUNCH_KERNELS):
+        want = np.sin(want)
+    t_torch = None
+    if torch is not None:
+        tx = torch.from_numpy(x0).to(tdev)
+
+        def torch_run():
+            y = tx
+            for _ in range(LAUNCH_KERNELS):
+                y = torch.sin(y)
+            return y
+        t_torch = best_time(torch_run, lambda: torch_sync(torch, tdev), repeats * 10) / LAUNCH_KERNELS * 1e6
+    dev = Device[device]
+    rows = []
+    saved = os.environ.get("POLY_CUDA_GRAPH")
+    try:
+        for graphs, how in (("1", "CUDA graphs"), ("0", "one launch each (POLY_CUDA_GRAPH=0)")):
+            os.environ["POLY_CUDA_GRAPH"] = graphs  # read when the replay's plan is made (its first replay)
+
+            @jit
+            def chain(x):
+                for _ in range(LAUNCH_KERNELS):
+                    x = x.sin().realize()
+                return x
+            x = Tensor(x0, device=device).realize()
+            for _ in range(3):  # warm-up, capture, first replay (the plan is made)
+                out = chain(x)
+            err = rel_err(out.numpy(), want)
+            t = best_time(lambda: chain(x), dev.synchronize, repeats * 10) / LAUNCH_KERNELS * 1e6
+            rows.append(Row(f"launch: {LAUNCH_KERNELS}-kernel JIT replay, {how}", t, "us/kernel",
+                            f"output vs NumPy rel err {err:.1e}", err < 1e-5, t_torch, higher=False,
+                            note="eager, one launch a kernel"))
+    finally:
+        if saved is None:
+            os.environ.pop("POLY_CUDA_GRAPH", None)
+        else:
+            os.environ["POLY_CUDA_GRAPH"] = saved
+    return rows
+
+
 # ---- the table
 
-ROWS = ("matmul", "matmul_wgmma", "mlp", "gpt2_train", "gpt2_decode")
+ROWS = ("matmul", "matmul_wgmma", "mlp", "gpt2_train", "gpt2_decode", "launch")
 
 
 def device_name(device: str) -> str:
@@ -627,6 +682,8 @@ def main(argv: list[str] | None = None) -> int:
             show([gpt2_train_row(shape, w, a.device, torch, tdev, repeats)])
         if "gpt2_decode" in wanted:
             show([gpt2_decode_row(shape, w, a.device, torch, tdev)])
+    if "launch" in wanted:
+        show(launch_rows(a.device, torch, tdev, repeats))
     if a.rows_json:
         with open(a.rows_json, "w") as f:
             json.dump([vars(r) for r in rows], f)

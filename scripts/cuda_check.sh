@@ -8,7 +8,8 @@
 #      step, the bundle round trip (host -> CUDA); the tile kernels compiled by this NVRTC and run on
 #      the CPU check (tests/test_cuda_tiled_matmul.py, tests/test_cuda_cpu_check.py: needs clang++)
 #   4. issue 35's speed table (benchmarks/bench_cuda.py): matmul 4096 fp32 / fp16 / bf16, the MLP Adam step,
-#      a GPT-2-small training step (batch 8 x 512) and GPT-2-small decode, beside torch CUDA when it is
+#      a GPT-2-small training step (batch 8 x 512), GPT-2-small decode and the launch overhead of a
+#      40-kernel JIT replay with and without CUDA graphs, beside torch CUDA when it is
 #      installed, every row checked against NumPy (and torch); a failed check fails the run
 # Usage: bash scripts/cuda_check.sh [LOG]   (LOG defaults to $OUT/cuda_check.log or ./cuda_check.log)
 # STEPS="suite gpu table" (the default) picks steps 2, 3 and 4: STEPS=table runs the speed table alone
@@ -107,7 +108,7 @@ fi
 if wanted gpu; then
   step "GPU values, training steps, bundle round trip"
   tests 240 -rs tests/test_cuda_gpu.py tests/test_cuda_backend.py tests/test_cuda_tiled_matmul.py \
-    tests/test_cuda_cpu_check.py || status=1
+    tests/test_cuda_cpu_check.py tests/test_cuda_graph.py || status=1
 fi
 
 if wanted table; then

@@ -33,10 +33,11 @@ def test_every_row_runs_and_passes_its_check_at_tiny_sizes(bench, capsys):
     out = capsys.readouterr().out
     for name in ("matmul 64 fp32", "matmul 64 fp32 with TF32 opted in (POLY_ALLOW_TF32=1)", "matmul 64 fp16",
                  "matmul 64 bf16", "MLP 784-512-512-10 Adam step",
-                 "GPT-2 training step (2x64, batch 2 x 16)", "GPT-2 decode (2x64, prompt 4, 4 new tokens)"):
+                 "GPT-2 training step (2x64, batch 2 x 16)", "GPT-2 decode (2x64, prompt 4, 4 new tokens)",
+                 "launch: 40-kernel JIT replay, CUDA graphs", "launch: 40-kernel JIT replay, one launch each"):
         line = next(row for row in out.splitlines() if row.startswith(name))
         assert line.endswith(": ok"), line
-    assert "RESULT: all 7 rows checked" in out
+    assert "RESULT: all 9 rows checked" in out
     assert f"matmul on wgmma: not run, device {HOST}" in out
 
 

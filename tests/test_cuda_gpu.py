@@ -441,3 +441,89 @@ def test_training_step_against_torch_and_host(device, model):
     _assert_same_step(got, _torch_step(loss_fn, weights, data))
     if device != HOST:
         _assert_same_step(got, _polygrad_step(HOST, loss_fn, weights, data))
+
+
+def _graph_launches(monkeypatch) -> list[int]:
+    """Kernels per GraphPlan call (graph.py), recorded from now on."""
+    from polygrad_backend_cuda.graph import GraphPlan
+    calls: list[int] = []
+    direct = GraphPlan.__call__
+    monkeypatch.setattr(GraphPlan, "__call__", lambda self: calls.append(self.n) or direct(self))
+    return calls
+
+
+@gpu
+@pytest.mark.parametrize("graphs", ["1", "0"])
+def test_jit_replay_and_model_calls_as_cuda_graphs(graphs, monkeypatch):
+    """A 40-kernel JIT replay with a copy to the host and back, and a Model over a Variable batch: with
+    POLY_CUDA_GRAPH=1 the kernels between copies run as CUDA graphs (rebinding inputs, fresh outputs and
+    new batch sizes set on the graph), with 0 one launch each; values against NumPy either way."""
+    from polygrad import jit
+    monkeypatch.setenv("POLY_CUDA_GRAPH", graphs)
+    launched = _graph_launches(monkeypatch)
+
+    @jit
+    def chain(x):
+        for _ in range(20):
+            x = (x * 1.01 + 0.25).sin().realize()
+        y = (x.to(HOST) * 2).to("CUDA")
+        for _ in range(20):
+            y = (y * 0.99 - 0.125).cos().realize()
+        return y
+
+    def want_chain(x):
+        x = x.astype(np.float64)
+        for _ in range(20):
+            x = np.sin(x * 1.01 + 0.25)
+        x = x * 2
+        for _ in range(20):
+            x = np.cos(x * 0.99 - 0.125)
+        return x
+
+    inputs = [randn(4096) for _ in range(3)]
+    for i in (0, 1, 2, 2, 0):
+        got = chain(Tensor(inputs[i], device="CUDA").realize()).numpy()
+        np.testing.assert_allclose(got, want_chain(inputs[i]), rtol=1e-5, atol=1e-5)
+    assert launched == ([20, 20] * 3 if graphs == "1" else []), launched
+
+    launched.clear()
+
+    class Net:
+        def __init__(self):
+            self.l1, self.l2 = nn.Linear(16, 64), nn.Linear(64, 8)
+
+        def __call__(self, x):
+            return {"y": self.l2(self.l1(x).relu())}
+
+    with default_device("CUDA"):
+        Tensor.manual_seed(3)
+        model = Model(Net(), inputs={"x": Tensor.empty(Variable("batch", 1, 64), 16)})
+    try:
+        assert model.device.startswith("CUDA"), model.device
+        p = {k: v.numpy().astype(np.float64) for k, v in model.parameters().items()}
+        for rows in (3, 64, 1, 17, 17):
+            x = randn(rows, 16)
+            got = model.forward(x=x)["y"].numpy()
+            h = np.maximum(x @ p["l1.weight"].T + p["l1.bias"], 0)
+            np.testing.assert_allclose(got, h @ p["l2.weight"].T + p["l2.bias"], rtol=1e-4, atol=1e-4)
+    finally:
+        model.dispose()
+    assert launched == ([launched[0]] * 5 if graphs == "1" else []), launched
+
+
+@gpu
+def test_beam_search_on_cuda(monkeypatch, tmp_path):
+    """BEAM=1 times the GPU candidates (codegen/gpu_search.py) on the device: a matmul and a row reduction
+    keep NumPy's values, and the winners are cached per architecture."""
+    from polygrad.codegen import search
+    from polygrad.engine import programs
+    monkeypatch.setenv("POLY_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(programs, "program_cache", {})
+    monkeypatch.setattr(search, "beam_cache", {})
+    a, b, r = randn(256, 192), randn(192, 320), randn(64, 3072)
+    with Context(BEAM=1):
+        mm = (Tensor(a, device="CUDA") @ Tensor(b, device="CUDA")).numpy()
+        rows = Tensor(r, device="CUDA").sum(1).numpy()
+    np.testing.assert_allclose(mm, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(rows, r.astype(np.float64).sum(1), rtol=1e-4, atol=1e-4)
+    assert len(list((tmp_path / "beam" / "CUDA").glob("*.opts"))) >= 2

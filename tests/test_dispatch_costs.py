@@ -124,7 +124,7 @@ def _chain(n: int):
 @needs_cc
 def test_jit_replay_calls_do_not_grow_with_kernels():
     x = Tensor(np.ones(8, np.float32), device="CPU").realize()
-    short, long = _chain(1), _chain(8)
+    short, long = _chain(2), _chain(8)  # (two or more: a kernel alone keeps its bound launcher, no launch plan)
     for f in (short, long):
         for _ in range(3):
             f(x)

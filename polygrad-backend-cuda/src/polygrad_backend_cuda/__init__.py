@@ -18,6 +18,8 @@ register_setting(Setting("POLY_CUDA_WGMMA", int, 0, "1: float16/bfloat16 matmuls
                          owner="polygrad-backend-cuda"))
 register_setting(Setting("POLY_NVRTC_LIB", str, "", "the NVRTC library to open instead of searching", live=True,
                          owner="polygrad-backend-cuda"))
+register_setting(Setting("POLY_CUDA_GRAPH", int, 1, "1: a Model call's or a JIT replay's kernels launch as one CUDA "
+                         "graph; 0: one driver launch per kernel", minimum=0, live=True, owner="polygrad-backend-cuda"))
 MAX_ORDINAL = 15  # static: registration never asks the driver; open() checks the real count
 WARP_SIZE = 32  # every CUDA architecture's (grouped row reductions combine through __shfl_xor_sync)
 
@@ -57,7 +59,8 @@ def capabilities(arch: str, shared_memory: int = 48 * 1024, wgmma: bool | None =
     (scatter-adds over the grid), mma.sync tensor cores from sm_80 (float16, bfloat16, and TF32 for
     float32 matmuls where POLY_ALLOW_TF32=1), and from sm_90, where `wgmma` (default: the setting
     POLY_CUDA_WGMMA) says so, warpgroup tensor cores for float16 and bfloat16 (wgmma.py); warps of 32 threads
-    (grouped row reductions)."""
+    (grouped row reductions).
+    BEAM searches the GPU opts (codegen/gpu_search.py), its winners cached per architecture."""
     # imported when probed or opened, not when the entry point registers the backend (registration stays cheap)
     from polygrad_backend_cuda.renderer import arch_number
     cores = ("mma_f16", "mma_bf16", "mma_tf32") if arch_number(arch) >= 80 else ()
@@ -66,7 +69,7 @@ def capabilities(arch: str, shared_memory: int = 48 * 1024, wgmma: bool | None =
     if wgmma and arch_number(arch) >= 90:
         cores += ("wgmma_f16", "wgmma_bf16")
     return Capabilities(threads=1, vector_width=4, fma=True, has_local_memory=True, shared_memory_bytes=shared_memory,
-                        atomic_add=True, supports_beam=False, tensor_cores=cores, arch=arch, warp_size=WARP_SIZE)
+                        atomic_add=True, tensor_cores=cores, arch=arch, warp_size=WARP_SIZE)
 
 
 def open_cuda(ordinal: int) -> DeviceImpl:

@@ -18,6 +18,9 @@ from polygrad_backend_cuda.wgmma import WGMMA_DESC, WGMMA_PRELUDE
 PRELUDE_BLOCKS = (r.CUDA_PRELUDE, r.VECTOR_PRELUDE, r.BF16_NATIVE, r.BF16_SOFT, r.HALF_PRELUDE, CP_ASYNC, TF32_CVT,
                   WGMMA_PRELUDE, WGMMA_DESC)
 _SIGNATURE = re.compile(r'(extern "C" __global__ void __launch_bounds__\(\d+\) )(\w+)\(')
+# a helper the renderer emits beside a kernel that uses it (cstyle's pg_fma_f32x4, pg_dot4_...): one
+# definition per translation unit
+_HELPER = re.compile(r"static inline [^\n]*? (pg_\w+)\([^\n]*\{\n.*?\n\}\n", re.S)
 
 
 def kernel_part(src: str) -> str:
@@ -35,8 +38,17 @@ def batch_source(sources: list[str], arch: str) -> str:
         parts += [CP_ASYNC, TF32_CVT]
     if any("wgmma." in src for src in sources):  # wgmma kernels: sm_90 only, compiled for sm_90a (compile_arch)
         parts += [WGMMA_PRELUDE, WGMMA_DESC]
+    helpers: set[str] = set()
+
+    def once(m: re.Match) -> str:
+        if m.group(1) in helpers:
+            return ""
+        helpers.add(m.group(1))
+        return m.group(0)
+
     for i, src in enumerate(sources):
-        parts.append(_SIGNATURE.sub(lambda m, i=i: f"{m.group(1)}k{i}(", kernel_part(src), count=1))
+        part = _HELPER.sub(once, kernel_part(src))
+        parts.append(_SIGNATURE.sub(lambda m, i=i: f"{m.group(1)}k{i}(", part, count=1))
     return "\n".join(parts)
 
 

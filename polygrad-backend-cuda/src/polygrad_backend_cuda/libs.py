@@ -49,6 +49,32 @@ CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t bytes);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 """
 
+# CUDA graphs (graph.py): the entry points of driver API 11.4 and newer with the first kernel-node layout,
+# which later drivers keep exporting beside their _v2 forms. A driver without them runs plain launches.
+GRAPH_CDEF = """
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
+typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct {
+    CUfunction func;
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    void **kernelParams;
+    void **extra;
+} CUDA_KERNEL_NODE_PARAMS;
+CUresult cuGraphCreate(CUgraph *graph, unsigned int flags);
+CUresult cuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *dependencies,
+                              size_t count, const CUDA_KERNEL_NODE_PARAMS *params);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph graph, unsigned long long flags);
+CUresult cuGraphExecKernelNodeSetParams(CUgraphExec exec, CUgraphNode node, const CUDA_KERNEL_NODE_PARAMS *params);
+CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream);
+CUresult cuGraphExecDestroy(CUgraphExec exec);
+CUresult cuGraphDestroy(CUgraph graph);
+"""
+GRAPH_CALLS = ("cuGraphCreate", "cuGraphAddKernelNode", "cuGraphInstantiateWithFlags", "cuGraphExecKernelNodeSetParams",
+               "cuGraphLaunch", "cuGraphExecDestroy", "cuGraphDestroy")
+
 NVRTC_CDEF = """
 typedef int nvrtcResult;
 typedef struct _nvrtcProgram *nvrtcProgram;
@@ -68,6 +94,7 @@ nvrtcResult nvrtcGetCUBIN(nvrtcProgram prog, char *cubin);
 
 ffi = cffi.FFI()
 ffi.cdef(CUDA_CDEF)
+ffi.cdef(GRAPH_CDEF)
 ffi.cdef(NVRTC_CDEF)
 
 # device attributes (cuda.h CUdevice_attribute)
@@ -143,6 +170,14 @@ def nvrtc():
 def forget() -> None:
     """Drop the opened libraries (tests that point POLY_CUDA_LIB at a stub)."""
     _cache.clear()
+
+
+def has_graphs(lib) -> bool:
+    """Does this driver library export the CUDA graph calls graph.py makes?"""
+    try:
+        return all(getattr(lib, name) is not None for name in GRAPH_CALLS)
+    except AttributeError:  # cffi (ABI mode): a declared function the library does not export
+        return False
 
 
 class CUDAError(RuntimeError):

@@ -4,7 +4,8 @@ Stage: running. Input: cubins from compiler.py and device buffers. Output: launc
 host <-> device copies. The call sequence: cuInit, cuDeviceGet, cuCtxCreate (made current in every
 calling thread), cuMemAlloc / cuMemFree, cuMemcpyHtoD / cuMemcpyDtoH, cuModuleLoadData,
 cuModuleGetFunction, cuLaunchKernel, cuCtxSynchronize. Launches go to the default stream, so a copy
-back to the host (synchronous) sees every kernel before it.
+back to the host (synchronous) sees every kernel before it. A Model call's or a JIT replay's kernels
+between two copies run as one CUDA graph instead (`CUDAProgram.launch_plan`, graph.py).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 from polygrad.backend_api import KERNEL_SYMBOL
 
 from polygrad_backend_cuda import libs
+from polygrad_backend_cuda.graph import GraphPlan, graphs_enabled
 from polygrad_backend_cuda.libs import check, ffi
 
 
@@ -136,3 +138,20 @@ class CUDAProgram:
             self.ctx.synchronize()
             return time.perf_counter() - t0
         return None
+
+    @property
+    def launch_plan(self) -> Any:
+        """`graph_plan`, which makes launches of this context's programs one CUDA graph, or None where they
+        run as plain launches (POLY_CUDA_GRAPH=0, a driver without graphs): core then never asks again."""
+        return graph_plan if graphs_enabled(self.ctx) else None
+
+
+def graph_plan(launches: list[tuple[CUDAProgram, list[Any], tuple[int, ...]]]) -> Any:
+    """The launches (program, DeviceMemory handles, Variable values) as one CUDA graph (graph.GraphPlan), or
+    None for programs of two contexts (plain launches)."""
+    if not launches:
+        return None
+    ctx = launches[0][0].ctx
+    if any(p.ctx is not ctx for p, _, _ in launches):
+        return None
+    return GraphPlan(ctx, launches)

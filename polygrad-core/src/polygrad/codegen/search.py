@@ -5,9 +5,12 @@ of Opts to apply (None: let the heuristics in `lower` decide, as with BEAM=0).
 
 With BEAM=N the search starts from no opts and the heuristic choice, and at each depth extends
 every kept candidate by one more UPCAST (a global range), SPLIT_REDUCE (a reduce range) or THREAD
-(the outermost range, on a device with threads). Each candidate is lowered, rendered, compiled and
-timed on scratch buffers; the N fastest survive. The winner is stored under
-POLY_CACHE_DIR/beam/<device>/<hash of the kernel>.opts (JSON in a checked entry of polygrad.diskcache),
+(the outermost range, on a device with threads); on a GPU-style device (local memory) by one more
+LOCAL, GROUP or UPCAST, or a tensor-core or shared-memory tile template (gpu_search.py). Each candidate
+is lowered, rendered, compiled and timed on scratch buffers; the N fastest survive. The winner is
+stored under POLY_CACHE_DIR/beam/<device>/<hash of the kernel>.opts (JSON in a checked entry of
+polygrad.diskcache; the hash covers the device's architecture, Capabilities.arch, where it names one,
+and POLY_ALLOW_TF32 where the device has TF32 tensor cores, whose candidates it decides),
 so a second process (or the same one after `collect()`) pays nothing; a winner an older polygrad kept
 as plain `<hash>.json` there is still used, and moved into the new entry. DEBUG>=1 and
 POLY_DUMP_KERNELS print the choice.
@@ -27,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from polygrad import config
+from polygrad.codegen import gpu_search
 from polygrad.codegen.analysis import ranges_of, thread_axis
 from polygrad.codegen.lower import default_opts, lower
 from polygrad.codegen.opts import Opt, OptKind, apply_opts
@@ -57,7 +61,7 @@ def choose_opts(ast: UOp, device: str) -> list[Opt] | None:
     impl = open_device(device)
     if not getattr(impl.capabilities, "supports_beam", True):
         return None
-    key = kernel_key(ast, device, width)
+    key = kernel_key(ast, device, width, search_variant(impl.capabilities))
     hit = beam_cache.get((device, key))
     if hit is None:
         hit = _load(device, key)
@@ -89,7 +93,10 @@ def candidate_opts(ast: UOp, opts: list[Opt], caps: Any = None) -> list[list[Opt
     """Every opt list that extends `opts` by one valid UPCAST, SPLIT_REDUCE, (on a device with masked
     lanes, for a range the width does not divide) PADTO + UPCAST, (on a device with threads) THREAD,
     or cache blocking (OUTER + STAGE of a loaded buffer at a global range, for a
-    kernel with a reduction): the same space the heuristics choose from."""
+    kernel with a reduction): the same space the heuristics choose from. A GPU-style device (local
+    memory) has a space of its own (gpu_search.gpu_candidates)."""
+    if getattr(caps, "has_local_memory", False):
+        return gpu_search.gpu_candidates(ast, opts, caps)
     current = apply_opts(ast, opts) if opts else ast
     budget = MAX_UNROLL // math.prod(o.amount for o in opts if o.kind in SPLITS)
     out: list[list[Opt]] = []
@@ -144,7 +151,7 @@ def beam_search(ast: UOp, impl: Any, width: int) -> tuple[list[Opt], float, int]
     caps = impl.capabilities
     beam = sorted(time_all([[], default_opts(base, caps)]), key=lambda x: x[0])[:width]
     best_time, best = beam[0] if beam else (float("inf"), [])
-    for _ in range(MAX_DEPTH):
+    for _ in range(gpu_search.MAX_DEPTH if getattr(caps, "has_local_memory", False) else MAX_DEPTH):
         cands = [c for _, opts in beam for c in candidate_opts(base, opts, caps)]
         timed = sorted(time_all(cands), key=lambda x: x[0])
         if not timed or timed[0][0] >= best_time * MIN_GAIN:
@@ -200,9 +207,21 @@ class CandidateTimer:
 # the on-disk cache
 
 
-def kernel_key(ast: UOp, device: str, width: int) -> str:
-    """A stable hash of the kernel's full structure, the device and the beam width."""
-    h = hashlib.sha256(f"v{SEARCH_VERSION}|{device}|{width}\n".encode())
+def search_variant(caps: Any) -> str:
+    """What besides the device's name decides a search's result: its architecture (Capabilities.arch,
+    "sm_80": one CUDA device name covers every GPU), and TF32 allowed where TF32 tensor cores are among
+    the candidates. Empty for host devices, whose keys stay as they were."""
+    parts = [getattr(caps, "arch", "") or ""]
+    if "mma_tf32" in getattr(caps, "tensor_cores", ()) and config.get("POLY_ALLOW_TF32"):
+        parts.append("tf32")
+    return "|".join(p for p in parts if p)
+
+
+def kernel_key(ast: UOp, device: str, width: int, variant: str = "") -> str:
+    """A stable hash of the kernel's full structure, the device, the beam width and `variant`
+    (search_variant: the architecture and the like)."""
+    head = f"v{SEARCH_VERSION}|{device}|{width}" + (f"|{variant}" if variant else "")
+    h = hashlib.sha256(f"{head}\n".encode())
     names: dict[UOp, int] = {}
     for i, node in enumerate(ast.toposort()):
         names[node] = i

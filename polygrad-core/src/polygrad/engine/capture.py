@@ -322,6 +322,9 @@ class CapturedGraph:
         self._mid_launches = [i for i, x in enumerate(self.launches) if any(s in j_of for s in x.args)]
         self._launchers = [self._launcher(i) for i in range(len(self.launches))]
         self._last_handles: list[Any] | None = None  # the input handles the launchers hold now
+        self._segments: list | None = None  # launch plans and copies (_launch_plans), once made
+        self._in_plan: dict[int, tuple[Any, int]] = {}  # launch -> (the launch plan holding it, its index there)
+        self._no_plans = False  # the programs offer no launch plans: never asked again
 
     def _launcher(self, i: int) -> Callable[[], Any]:
         """Launch i with its arguments fixed: the program's own `bind` (no per-call conversion), else a
@@ -333,6 +336,66 @@ class CapturedGraph:
     def _rebind(self, indices: list[int]) -> None:
         for i in indices:
             self._launchers[i] = self._launcher(i)
+            where = self._in_plan.get(i)
+            if where is not None:
+                for pos, h in enumerate(self._plan[i][1]):
+                    where[0].set_handle(where[1], pos, h)
+
+    def _launch_plans(self) -> list | None:
+        """The launches as launch plans (two or more consecutive kernels of one device run by one call: the
+        CPU pool library's pg_run_plan, a CUDA graph) and single launches (an index: copies, a kernel alone
+        between them, kernels whose programs offer no `launch_plan`); None where no run of kernels can be a
+        plan, or one cannot be made yet (the CPU pool library still building: asked again at the next
+        replay)."""
+        if self._segments is not None or self._no_plans:
+            return self._segments
+        makers = [getattr(x.program.program, "launch_plan", None) if x.kind == "kernel" else None
+                  for x in self.launches]
+        if not any(makers):
+            self._no_plans = True
+            return None
+        out: list = []
+        where: dict[int, tuple[Any, int]] = {}
+        run: list[int] = []
+        for i, make in enumerate(makers + [None]):  # None closes the last run
+            if run and (make is None or make is not makers[run[0]] or
+                        self.launches[i].device != self.launches[run[0]].device):
+                if len(run) == 1:  # one kernel: its bound launcher costs less than a plan
+                    out.append(run[0])
+                else:
+                    lp = makers[run[0]]([self._plan[j] for j in run])  # type: ignore[misc]
+                    if lp is None:
+                        return None
+                    out.append((lp, [(k, j) for k, j in enumerate(run) if self._names[j]]))
+                    where.update((j, (lp, k)) for k, j in enumerate(run))
+                run = []
+            if i == len(self.launches):
+                break
+            if make is None:
+                out.append(i)
+            else:
+                run.append(i)
+        if not where:  # no run of two kernels or more: the launchers as before
+            self._no_plans = True
+            return None
+        self._segments, self._in_plan = out, where
+        return out
+
+    def _run_plans(self, segments: list, plan: list[tuple[Any, list[Any], Any]]) -> None:
+        """Run launch plans and single launches (_launch_plans), with the Variables' values of `plan`."""
+        bound = plan is self._plan  # the captured values: single launches run their bound launchers
+        for seg in segments:
+            if isinstance(seg, int):
+                if bound:
+                    self._launchers[seg]()
+                else:
+                    fn, args, vv = plan[seg]
+                    fn(args, vv, False)
+                continue
+            lp, with_vars = seg
+            for k, i in with_vars:
+                lp.set_vars(k, plan[i][2])
+            lp()
 
     def slots(self) -> list[SlotInfo]:
         """(size, dtype, device, role) of every buffer-table slot."""
@@ -401,16 +464,24 @@ class CapturedGraph:
             if recording.captures or config.get("DEBUG") >= 1 or debug_alloc.on:
                 self._launch_recorded(plan)
             else:
+                segments = self._launch_plans()
                 t0 = time.perf_counter()
-                for fn, args, vv in plan:
-                    fn(args, vv, False)
+                if segments is not None:
+                    self._run_plans(segments, plan)
+                else:
+                    for fn, args, vv in plan:
+                        fn(args, vv, False)
                 programs.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
         elif recording.captures or settings.values.get("DEBUG", 0) >= 1 or debug_alloc.on:
             self._launch_recorded(self._plan)
         else:
+            segments = self._segments if self._segments is not None or self._no_plans else self._launch_plans()
             t0 = time.perf_counter()
-            for run in self._launchers:
-                run()
+            if segments is not None:
+                self._run_plans(segments, self._plan)
+            else:
+                for run in self._launchers:
+                    run()
             programs.count_kernels(self.n_kernels, self.ops, self.mem_bytes, time.perf_counter() - t0)
         return [table[s] for s in self.output_slots] if outputs else []
 
