@@ -171,7 +171,12 @@ function blockOpts (end, width) {
   if (last && nLast !== null && nLast % width === 0 && coeff(storeIndex, last) === 1 && !preferChannels &&
       loads.every((ix) => { const c = coeff(ix, last); return c === 0 || c === 1 })) {
     opts.push({ kind: 'VECTOR', range: last, amount: width })
-    const cols = [2, 1].find((c) => (nLast / width) % c === 0)
+    // one row (a decode step's x @ W: no row range to tile) takes 4 column vectors, else 2: each accumulator is
+    // one chain of adds (multiply-adds with fma), one link per step, so 2 chains left the step waiting on the
+    // add's latency (GPT-2 small's decode matvecs about 1.7x the time, cache-resident; fma's longer latency
+    // made it worse, 1.2x again, in Chromium). The columns' sums are the same either way.
+    const wideCols = glob.length === 1 && red.src.length === 2 ? [ONE_ROW_COLS] : []
+    const cols = [...wideCols, 2, 1].find((c) => (nLast / width) % c === 0)
     if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
     rowTile(last, 4, (ix) => coeff(ix, last) !== 0)
     if (glob.length === 2) opts.push({ kind: 'OUTER', range: last, amount: 1 })
@@ -216,6 +221,9 @@ function blockOpts (end, width) {
   if (channels !== null) return channelTile()
   return windowOpts(red, last, { loads, storeIndex, inPlace, width })
 }
+
+// one row's register tile: x @ W's column vectors (blockOpts A)
+const ONE_ROW_COLS = 4
 
 // A window reduction (a depthwise convolution, a pooling) of at most this many points is unrolled whole
 const WINDOW_MAX = 32
@@ -272,13 +280,21 @@ function blockUnroll (red, k, loads) {
  * The opts of a kernel's variant for fewer rows than its row tile `rowTile` (an UPCAST of a Variable-sized
  * range: batch 1 runs it): no row tile; and where the reduction is split into lanes (x @ W.T, one row streaming
  * the weights) 8 columns per tile instead of 2 and the reduction unrolled by 2, so that 16 weight loads are in
- * flight per iteration (on the benchmark's MLP at batch 1 this takes the kernels from about 19 to 33 GFLOP/s).
+ * flight per iteration (on the benchmark's MLP at batch 1 this takes the kernels from about 19 to 33 GFLOP/s);
+ * where the output's columns are the lanes (x @ W), 4 column vectors as for one row.
  */
 function fewRowsOpts (opts, rowTile) {
   const split = opts.find((o) => o.kind === 'SPLIT_REDUCE')
+  const vector = opts.find((o) => o.kind === 'VECTOR')
   const out = []
   for (const o of opts) {
     if (o === rowTile) continue
+    // x @ W without its row tile: as many column vectors as one row's (blockOpts A, ONE_ROW_COLS)
+    if (!split && vector && o.kind === 'UPCAST' && o.range === vector.range && o.range.src[0].op === 'CONST' &&
+        (Number(o.range.src[0].arg) / vector.amount) % ONE_ROW_COLS === 0) {
+      out.push(Object.assign({}, o, { amount: ONE_ROW_COLS }))
+      continue
+    }
     // a clamped column tile (an odd column count) is left out: one column sweeps x @ W.T's weight as one
     // contiguous stream, where 8 clamped columns (not packable: the clamp is no affine index) read 8 streams
     // (GPT-2's head at batch 1: 8 clamped columns took about 1.6x the time of one)
