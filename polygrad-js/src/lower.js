@@ -14,6 +14,9 @@
  *   the last tile recomputes the last row and stores the same values again (never used for a kernel that
  *   reads a buffer it writes); an UPCAST or VECTOR marked `clamp` tiles a constant size n it does not divide
  *   with its last tile moved back to start at n - amount (overlapping the one before: its points store again)
+ *   SPLIT_ACC r by n     a reduce range r -> ro*n + ri: REDUCE(REDUCE(body, ro), ri), ri an `upcast` range, so
+ *                        n partial accumulators, each over every n-th step, summed in order at the end (after
+ *                        SPLIT_REDUCE it splits the outer part: n vector accumulators; changes the sum's order)
  *   OUTER r              r's loop becomes its block's outermost (a weight panel read once per call)
  * Where this differs from Python's heuristics (which target C compilers): a matmul whose operands are both
  * contiguous along the reduction (x @ W.T, PyTorch's Linear layout) vectorises the reduction itself
@@ -212,6 +215,15 @@ function blockOpts (end, width) {
           opts.push({ kind: 'UPCAST', range: last, amount: cols, clamp: true })
         }
       }
+      // one row and one column a tile (a decode step's head, 50257 columns): the column's 4 lanes were one chain
+      // of adds over the reduction, the step waiting on each; SPLIT_ACC keeps 4 (or 2) vector partial sums of
+      // alternate steps instead, read as one stream still (column tiles read 4 weight rows at once: cache-
+      // resident as fast, but about 2x the time on the whole 154 MB head). Its sum's order changes.
+      if (cols === 1 && glob.length === 1 && nLast !== null && loads.some((ix) => coeff(ix, last) === 0) && !blocks) {
+        const steps = nk / width
+        const accs = [ONE_ROW_ACCS, 2].find((a) => steps % a === 0 && steps >= 2 * a)
+        if (accs) opts.push({ kind: 'SPLIT_ACC', range: k, amount: accs })
+      }
       rowTile(last, cols === 4 ? 2 : 4, (ix) => coeff(ix, last) !== 0)
       // the column tiles' loop outermost: each block of weight rows is read once, the rows it meets stay cached
       if (glob.length === 2) opts.push({ kind: 'OUTER', range: last, amount: 1 })
@@ -222,8 +234,9 @@ function blockOpts (end, width) {
   return windowOpts(red, last, { loads, storeIndex, inPlace, width })
 }
 
-// one row's register tile: x @ W's column vectors (blockOpts A)
+// one row's register tile: x @ W's column vectors (blockOpts A), x @ W.T's partial sums of one column (B)
 const ONE_ROW_COLS = 4
+const ONE_ROW_ACCS = 4
 
 // A window reduction (a depthwise convolution, a pooling) of at most this many points is unrolled whole
 const WINDOW_MAX = 32
@@ -396,7 +409,7 @@ function substituteRange (g, ast, r, outer, inner, expr, kind) {
     } else if (node.op === 'REDUCE' && node.src.slice(1).includes(r)) {
       const body = memo.get(node.src[0])
       const others = node.src.slice(1).filter((x) => x !== r).map((x) => memo.get(x))
-      if (kind === 'SPLIT_REDUCE') {
+      if (kind === 'SPLIT_REDUCE' || kind === 'SPLIT_ACC') {
         const partial = g.node('REDUCE', node.dtype, [body, ...others, outer], node.arg)
         out = g.node('REDUCE', node.dtype, [partial, inner], node.arg)
       } else {

@@ -199,10 +199,10 @@ test("GPT-2's 50257-token head (x @ W.T): 4-column tiles with the last one clamp
   assert.strictEqual(step.filter((x) => x.k === 'update' && x.lanes === 4).length, 2 * 4)
   assert.strictEqual(step.filter((x) => x.k === 'load' && x.lanes === 4).length, 2 + 4)
   // few rows: one column sweeping the weight as one stream, 2 steps unrolled; a decode step's head (one row,
-  // no row range) keeps its one column too
+  // no row range) keeps its one column too, its lanes' partial sums split over 4 accumulators (below)
   const few = innerLoop(vs.find(([name]) => name === 'few rows')[1].body).body
   assert.strictEqual(few.filter((x) => x.k === 'update' && x.lanes === 4).length, 2)
-  assert.deepStrictEqual(summary(variants(0, 768, 50257, true).opts), ['SPLIT_REDUCE:2:4'])
+  assert.deepStrictEqual(summary(variants(0, 768, 50257, true).opts), ['SPLIT_REDUCE:2:4', 'SPLIT_ACC:2:4'])
 })
 
 /** The innermost loop's 4-lane updates of `prog`: how many, and on how many distinct accumulators. */
@@ -235,6 +235,30 @@ test("a decode step's x @ W (one row): 4 column vectors, 4 independent accumulat
   // a few-rows variant (x @ W below its row tile) takes the same 4 column vectors
   const { variants: vs } = variants(36, 768, 3072, false)
   assert.deepStrictEqual(chains(vs.find(([name]) => name === 'few rows')[1]), { updates: 4, accumulators: 4 })
+})
+
+test("a decode step's head (x @ W.T, one row, 50257 columns): the lanes' partial sums in 4 accumulators, one weight stream", () => {
+  const { g, ast } = matmul(0, 768, 50257, true)
+  const prepared = prepareKernel(g, ast)
+  const head = lowerKernel(g, ast, { width: 4, prepared, opts: chooseOpts(prepared.ast, 4), verify: true })
+  assert.deepStrictEqual(chains(head), { updates: 4, accumulators: 4 })
+  // the 4 weight vectors of a step are consecutive: one contiguous stream through the column's row
+  const loads = innerLoop(head.body).body.filter((x) => x.k === 'load' && x.lanes === 4 && x.buf === 2)
+  assert.strictEqual(loads.length, 4)
+  // odd and small sizes: 2 accumulators where the steps do not divide by 4, none below 4 steps; every one
+  // within float32 rounding of float64 (the sum's order changed: not bit for bit the one-chain sums)
+  const cases = [[768, 33, 4], [24, 17, 2], [8, 5, 0], [4, 3, 0], [3, 7, 0]]
+  for (const [K, N, accs] of cases) {
+    const m = matmul(0, K, N, true)
+    const p = prepareKernel(m.g, m.ast)
+    const opts = chooseOpts(p.ast, 4)
+    assert.strictEqual((opts.find((o) => o.kind === 'SPLIT_ACC') || { amount: 0 }).amount, accs, `K=${K} N=${N}`)
+    const prog = lowerKernel(m.g, m.ast, { width: 4, prepared: p, opts, verify: true })
+    for (const fma of relaxedSimdSupported() ? [false, true] : [false]) {
+      const worst = check(prog, 0, K, N, true, 1, fma)
+      assert.ok(worst <= 1, `K=${K} N=${N}${fma ? ' fma' : ''}: error ${worst.toFixed(2)} x its float32 bound`)
+    }
+  }
 })
 
 test('the fma load option: a boolean (else a ModelError that says so); false keeps mul + add', () => {
