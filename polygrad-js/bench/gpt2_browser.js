@@ -10,11 +10,15 @@
  *
  *   python polygrad-js/bench/make_gpt2.py        # bench/gpt2s.pgb, gpt2s.onnx, gpt2_ref.json (once)
  *   (cd polygrad-js/bench && npm install)        # onnxruntime-web (bench/package.json)
- *   node polygrad-js/bench/gpt2_browser.js [--threads 1,2] [--rounds N] [--tokens N] [--warm N]
+ *   node polygrad-js/bench/gpt2_browser.js [--threads 1,2] [--rounds N] [--tokens N] [--warm N] [--base DIR]
  *
  * Both libraries run their kernels on the page's thread at 1 thread (ort-web numThreads 1; polygrad-js threads
  * 1) and with that many workers beside it otherwise. Timings on a shared machine are noisy: each figure is the
- * median of the rounds; read them beside the load average printed first.
+ * median of the rounds; read them beside the load average printed first. The CPU columns are the renderer
+ * process's CPU time (all its threads, from /proc/<pid>/task/<tid>/schedstat; Linux) per prompt and per token:
+ * on a loaded machine they leave out the time spent waiting for a core, so at one thread they are the steadier
+ * figure. --base DIR times a second polygrad-js checkout (its dist/ built) in the same page, its rounds
+ * alternating with this one's (an A/B under the same load).
  */
 
 const fs = require('fs')
@@ -32,13 +36,18 @@ const TOKENS = Number(arg('--tokens', 16))
 // hot, so a page's first rounds run slower (polygrad-js's 32-token prompt took about 8x its settled time in the
 // first round and settled by the fourth)
 const WARM = Number(arg('--warm', 4))
+// --base DIR: a second polygrad-js checkout (its dist/ built) timed in the same page, rounds alternating (an A/B)
+const BASE = process.argv.includes('--base') ? path.resolve(arg('--base')) : null
 
-// the page: both libraries on the same prompt, rounds alternating; results in window.__result
+// the page: the libraries on the same prompt, rounds alternating; results in window.__result
 const PAGE = `<!doctype html><meta charset="utf-8"><body><script type="module">
 import { Model } from '/dist/polygrad.browser.mjs'
 import * as ort from '/ort/ort.wasm.min.mjs'
 const q = new URLSearchParams(location.search)
 const threads = Number(q.get('threads')), rounds = Number(q.get('rounds')), tokens = Number(q.get('tokens'))
+const Base = q.get('base') ? (await import('/base/dist/polygrad.browser.mjs')).Model : null
+// the renderer's CPU time in ms (the bench's exposed function; null where /proc is missing)
+const cpu = async () => window.__cpuMs ? window.__cpuMs() : null
 const VOCAB = 50257, WARM = Number(q.get('warm'))
 try {
   const ref = await (await fetch('/gpt2_ref.json')).json()
@@ -48,20 +57,28 @@ try {
   const median = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1]
   const bytes = async (url) => new Uint8Array(await (await fetch(url)).arrayBuffer())
 
-  let t0 = performance.now()
-  const model = await Model.fromBytes(await bytes('/gpt2s.pgb'), { threads })
-  const pgLoad = performance.now() - t0
+  const load = {}
   const last = (out) => out.logits.subarray(out.logits.length - VOCAB)
-  const pg = {
-    prompt: async () => last(await model.callAsync('forward', { input_ids: prompt })),
-    step: async (tok, pos) => last(await model.callAsync('decode', { input_ids: Int32Array.of(tok), pos }))
+  const models = []
+  const polygrad = async (M, name) => {
+    const t0 = performance.now()
+    const model = await M.fromBytes(await bytes('/gpt2s.pgb'), { threads })
+    load[name] = performance.now() - t0
+    models.push(model)
+    return {
+      model,
+      prompt: async () => last(await model.callAsync('forward', { input_ids: prompt })),
+      step: async (tok, pos) => last(await model.callAsync('decode', { input_ids: Int32Array.of(tok), pos }))
+    }
   }
+  const pg = await polygrad(Model, 'polygrad-js')
+  const pgBase = Base ? await polygrad(Base, 'polygrad-js base') : null
 
   ort.env.wasm.numThreads = threads
   ort.env.wasm.wasmPaths = '/ort/'
-  t0 = performance.now()
+  const t0 = performance.now()
   const session = await ort.InferenceSession.create(await bytes('/gpt2s.onnx'), { executionProviders: ['wasm'], graphOptimizationLevel: 'all' })
-  const ortLoad = performance.now() - t0
+  load['onnxruntime-web'] = performance.now() - t0
   let past = null
   const empty = () => new ort.Tensor('float32', new Float32Array(0), [1, 12, 0, 64])
   const ortRun = async (ids, start) => {
@@ -79,16 +96,22 @@ try {
   }
   const ortLib = { prompt: async () => { past = null; return ortRun([...prompt], 0) }, step: (tok, pos) => ortRun([tok], pos) }
 
-  const libs = { 'polygrad-js': pg, 'onnxruntime-web': ortLib }
-  const figs = Object.fromEntries(Object.keys(libs).map((k) => [k, { promptMs: [], tokS: [], tokens: null, err: 0 }]))
+  const libs = Object.assign({ 'polygrad-js': pg }, pgBase ? { 'polygrad-js base': pgBase } : {}, { 'onnxruntime-web': ortLib })
+  const figs = Object.fromEntries(Object.keys(libs).map((k) => [k, { promptMs: [], tokS: [], promptCpu: [], tokCpu: [], tokens: null, err: 0 }]))
   for (let r = 0; r < rounds + WARM; r++) {
-    for (const [name, lib] of Object.entries(libs)) {
+    // the order reversed every other round: no library always runs right after another (whose threads may
+    // still spin, or whose data just left the caches)
+    const order = r % 2 ? Object.entries(libs).reverse() : Object.entries(libs)
+    for (const [name, lib] of order) {
       const f = figs[name]
+      let c = await cpu()
       let t = performance.now()
       let logits = await lib.prompt()
       const p = performance.now() - t
+      const pc = c === null ? null : (await cpu()) - c
       const errs = [relError(logits, ref.logits[0])]
       const toks = []
+      c = await cpu()
       t = performance.now()
       for (let i = 0; i < tokens; i++) {
         toks.push(argmax(logits))
@@ -96,20 +119,28 @@ try {
         if (i < ref.logits.length - 1) errs.push(relError(logits, ref.logits[i + 1]))
       }
       const d = performance.now() - t
+      const dc = c === null ? null : (await cpu()) - c
       if (r === 0) {
         const n = Math.min(toks.length, ref.tokens.length)
         f.tokens = toks.slice(0, n).join(' ') === ref.tokens.slice(0, n).join(' ')
         f.err = Math.max(...errs)
       }
-      if (r >= WARM) { f.promptMs.push(p); f.tokS.push(tokens / d * 1000) }
+      if (r >= WARM) {
+        f.promptMs.push(p)
+        f.tokS.push(tokens / d * 1000)
+        if (dc !== null) { f.promptCpu.push(pc); f.tokCpu.push(dc / tokens) }
+      }
     }
   }
-  const backend = model.backendInfo
-  model.dispose()
+  const backend = pg.model.backendInfo
+  for (const m of models) m.dispose()
   await session.release()
   window.__result = {
-    isolated: crossOriginIsolated, backend, load: { 'polygrad-js': pgLoad, 'onnxruntime-web': ortLoad },
-    rows: Object.fromEntries(Object.entries(figs).map(([k, f]) => [k, { prompt: median(f.promptMs), tokS: median(f.tokS), tokens: f.tokens, err: f.err }]))
+    isolated: crossOriginIsolated, backend, load,
+    rows: Object.fromEntries(Object.entries(figs).map(([k, f]) => [k, {
+      prompt: median(f.promptMs), tokS: median(f.tokS), tokens: f.tokens, err: f.err,
+      promptCpu: f.promptCpu.length ? median(f.promptCpu) : null, tokCpu: f.tokCpu.length ? median(f.tokCpu) : null
+    }]))
   }
 } catch (e) {
   window.__result = { error: String(e && e.stack || e) }
@@ -121,6 +152,7 @@ function serve () {
   const files = {
     '/': ['text/html', () => PAGE],
     '/dist/polygrad.browser.mjs': ['text/javascript', () => fs.readFileSync(path.join(ROOT, 'dist', 'polygrad.browser.mjs'))],
+    '/base/dist/polygrad.browser.mjs': ['text/javascript', () => fs.readFileSync(path.join(BASE || ROOT, 'dist', 'polygrad.browser.mjs'))],
     '/gpt2s.pgb': ['application/octet-stream', () => fs.readFileSync(path.join(__dirname, 'gpt2s.pgb'))],
     '/gpt2s.onnx': ['application/octet-stream', () => fs.readFileSync(path.join(__dirname, 'gpt2s.onnx'))],
     '/gpt2_ref.json': ['application/json', () => fs.readFileSync(path.join(__dirname, 'gpt2_ref.json'))]
@@ -147,6 +179,27 @@ function serve () {
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)))
 }
 
+/** CPU time in ms of every renderer process of the browser (the page's and its workers' threads; a renderer
+ * with no page is idle), read from each thread's schedstat (nanoseconds on a CPU). */
+async function rendererCpuMs (cdp) {
+  const { processInfo } = await cdp.send('SystemInfo.getProcessInfo')
+  let ns = 0
+  for (const p of processInfo.filter((x) => x.type === 'renderer')) {
+    let tids = []
+    try {
+      tids = fs.readdirSync(`/proc/${p.id}/task`)
+    } catch (e) {
+      continue // the process ended
+    }
+    for (const t of tids) {
+      try {
+        ns += Number(fs.readFileSync(`/proc/${p.id}/task/${t}/schedstat`, 'utf8').split(' ')[0])
+      } catch (e) {} // the thread ended
+    }
+  }
+  return ns / 1e6
+}
+
 async function runPage (port, threads) {
   const { chromium } = require('playwright-core')
   const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'polygrad-chromium-'))
@@ -158,7 +211,9 @@ async function runPage (port, threads) {
   })
   try {
     const page = context.pages()[0] || await context.newPage()
-    await page.goto(`http://127.0.0.1:${port}/?threads=${threads}&rounds=${ROUNDS}&tokens=${TOKENS}&warm=${WARM}`)
+    const cdp = await context.browser().newBrowserCDPSession()
+    if (fs.existsSync('/proc/self/task')) await page.exposeFunction('__cpuMs', async () => rendererCpuMs(cdp))
+    await page.goto(`http://127.0.0.1:${port}/?threads=${threads}&rounds=${ROUNDS}&tokens=${TOKENS}&warm=${WARM}${BASE ? '&base=1' : ''}`)
     await page.waitForFunction('window.__result !== undefined', null, { timeout: 30 * 60 * 1000 })
     return await page.evaluate('window.__result')
   } finally {
@@ -172,17 +227,20 @@ async function main () {
     if (!fs.existsSync(path.join(__dirname, f))) throw new Error(`bench/${f} is missing: run python polygrad-js/bench/make_gpt2.py`)
   }
   if (!fs.existsSync(ORT_DIST)) throw new Error('onnxruntime-web is not installed: cd polygrad-js/bench && npm install')
+  if (BASE && !fs.existsSync(path.join(BASE, 'dist', 'polygrad.browser.mjs'))) throw new Error(`--base ${BASE} has no dist/polygrad.browser.mjs: run node tools/build.js there`)
   const server = await serve()
   console.log(`CPU: ${os.cpus()[0].model.trim()}, ${os.cpus().length} cores; load average ${os.loadavg().map((l) => l.toFixed(2)).join(' ')}; Chromium headless`)
   console.log(`GPT-2 small, ${TOKENS} greedy tokens after a 32-token prompt, medians of ${ROUNDS} alternating rounds after ${WARM} untimed`)
-  console.log('library          | threads | prompt ms | decode tok/s | tokens ok | max rel err | load s')
+  if (BASE) console.log(`polygrad-js from ${ROOT}, rounds alternating with ${BASE} (base)`)
+  console.log('library          | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | tokens ok | max rel err | load s')
   try {
     for (const t of THREADS) {
       const r = await runPage(server.address().port, t)
       if (r.error) throw new Error(`the page failed at ${t} threads: ${r.error}`)
       if (t > 1 && !r.isolated) throw new Error('the page is not cross-origin isolated: no threads')
       for (const [name, f] of Object.entries(r.rows)) {
-        console.log(`${name.padEnd(16)} | ${String(t).padStart(7)} | ${f.prompt.toFixed(1).padStart(9)} | ${f.tokS.toFixed(2).padStart(12)} | ${String(f.tokens).padStart(9)} | ${f.err.toExponential(1).padStart(11)} | ${(r.load[name] / 1000).toFixed(2)}`)
+        const cpuCol = (v, w) => (v === null ? '-' : v.toFixed(1)).padStart(w)
+        console.log(`${name.padEnd(16)} | ${String(t).padStart(7)} | ${f.prompt.toFixed(1).padStart(9)} | ${f.tokS.toFixed(2).padStart(12)} | ${cpuCol(f.promptCpu, 13)} | ${cpuCol(f.tokCpu, 12)} | ${String(f.tokens).padStart(9)} | ${f.err.toExponential(1).padStart(11)} | ${(r.load[name] / 1000).toFixed(2)}`)
       }
       const pg = r.rows['polygrad-js']
       const ort = r.rows['onnxruntime-web']

@@ -14,6 +14,9 @@
  *   the last tile recomputes the last row and stores the same values again (never used for a kernel that
  *   reads a buffer it writes); an UPCAST or VECTOR marked `clamp` tiles a constant size n it does not divide
  *   with its last tile moved back to start at n - amount (overlapping the one before: its points store again)
+ *   SPLIT_ACC r by n     a reduce range r -> ro*n + ri: REDUCE(REDUCE(body, ro), ri), ri an `upcast` range, so
+ *                        n partial accumulators, each over every n-th step, summed in order at the end (after
+ *                        SPLIT_REDUCE it splits the outer part: n vector accumulators; changes the sum's order)
  *   OUTER r              r's loop becomes its block's outermost (a weight panel read once per call)
  * Where this differs from Python's heuristics (which target C compilers): a matmul whose operands are both
  * contiguous along the reduction (x @ W.T, PyTorch's Linear layout) vectorises the reduction itself
@@ -171,7 +174,12 @@ function blockOpts (end, width) {
   if (last && nLast !== null && nLast % width === 0 && coeff(storeIndex, last) === 1 && !preferChannels &&
       loads.every((ix) => { const c = coeff(ix, last); return c === 0 || c === 1 })) {
     opts.push({ kind: 'VECTOR', range: last, amount: width })
-    const cols = [2, 1].find((c) => (nLast / width) % c === 0)
+    // one row (a decode step's x @ W: no row range to tile) takes 4 column vectors, else 2: each accumulator is
+    // one chain of adds (multiply-adds with fma), one link per step, so 2 chains left the step waiting on the
+    // add's latency (GPT-2 small's decode matvecs about 1.7x the time, cache-resident; fma's longer latency
+    // made it worse, 1.2x again, in Chromium). The columns' sums are the same either way.
+    const wideCols = glob.length === 1 && red.src.length === 2 ? [ONE_ROW_COLS] : []
+    const cols = [...wideCols, 2, 1].find((c) => (nLast / width) % c === 0)
     if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
     rowTile(last, 4, (ix) => coeff(ix, last) !== 0)
     if (glob.length === 2) opts.push({ kind: 'OUTER', range: last, amount: 1 })
@@ -207,6 +215,15 @@ function blockOpts (end, width) {
           opts.push({ kind: 'UPCAST', range: last, amount: cols, clamp: true })
         }
       }
+      // one row and one column a tile (a decode step's head, 50257 columns): the column's 4 lanes were one chain
+      // of adds over the reduction, the step waiting on each; SPLIT_ACC keeps 4 (or 2) vector partial sums of
+      // alternate steps instead, read as one stream still (column tiles read 4 weight rows at once: cache-
+      // resident as fast, but about 2x the time on the whole 154 MB head). Its sum's order changes.
+      if (cols === 1 && glob.length === 1 && nLast !== null && loads.some((ix) => coeff(ix, last) === 0) && !blocks) {
+        const steps = nk / width
+        const accs = [ONE_ROW_ACCS, 2].find((a) => steps % a === 0 && steps >= 2 * a)
+        if (accs) opts.push({ kind: 'SPLIT_ACC', range: k, amount: accs })
+      }
       rowTile(last, cols === 4 ? 2 : 4, (ix) => coeff(ix, last) !== 0)
       // the column tiles' loop outermost: each block of weight rows is read once, the rows it meets stay cached
       if (glob.length === 2) opts.push({ kind: 'OUTER', range: last, amount: 1 })
@@ -216,6 +233,10 @@ function blockOpts (end, width) {
   if (channels !== null) return channelTile()
   return windowOpts(red, last, { loads, storeIndex, inPlace, width })
 }
+
+// one row's register tile: x @ W's column vectors (blockOpts A), x @ W.T's partial sums of one column (B)
+const ONE_ROW_COLS = 4
+const ONE_ROW_ACCS = 4
 
 // A window reduction (a depthwise convolution, a pooling) of at most this many points is unrolled whole
 const WINDOW_MAX = 32
@@ -272,13 +293,21 @@ function blockUnroll (red, k, loads) {
  * The opts of a kernel's variant for fewer rows than its row tile `rowTile` (an UPCAST of a Variable-sized
  * range: batch 1 runs it): no row tile; and where the reduction is split into lanes (x @ W.T, one row streaming
  * the weights) 8 columns per tile instead of 2 and the reduction unrolled by 2, so that 16 weight loads are in
- * flight per iteration (on the benchmark's MLP at batch 1 this takes the kernels from about 19 to 33 GFLOP/s).
+ * flight per iteration (on the benchmark's MLP at batch 1 this takes the kernels from about 19 to 33 GFLOP/s);
+ * where the output's columns are the lanes (x @ W), 4 column vectors as for one row.
  */
 function fewRowsOpts (opts, rowTile) {
   const split = opts.find((o) => o.kind === 'SPLIT_REDUCE')
+  const vector = opts.find((o) => o.kind === 'VECTOR')
   const out = []
   for (const o of opts) {
     if (o === rowTile) continue
+    // x @ W without its row tile: as many column vectors as one row's (blockOpts A, ONE_ROW_COLS)
+    if (!split && vector && o.kind === 'UPCAST' && o.range === vector.range && o.range.src[0].op === 'CONST' &&
+        (Number(o.range.src[0].arg) / vector.amount) % ONE_ROW_COLS === 0) {
+      out.push(Object.assign({}, o, { amount: ONE_ROW_COLS }))
+      continue
+    }
     // a clamped column tile (an odd column count) is left out: one column sweeps x @ W.T's weight as one
     // contiguous stream, where 8 clamped columns (not packable: the clamp is no affine index) read 8 streams
     // (GPT-2's head at batch 1: 8 clamped columns took about 1.6x the time of one)
@@ -380,7 +409,7 @@ function substituteRange (g, ast, r, outer, inner, expr, kind) {
     } else if (node.op === 'REDUCE' && node.src.slice(1).includes(r)) {
       const body = memo.get(node.src[0])
       const others = node.src.slice(1).filter((x) => x !== r).map((x) => memo.get(x))
-      if (kind === 'SPLIT_REDUCE') {
+      if (kind === 'SPLIT_REDUCE' || kind === 'SPLIT_ACC') {
         const partial = g.node('REDUCE', node.dtype, [body, ...others, outer], node.arg)
         out = g.node('REDUCE', node.dtype, [partial, inner], node.arg)
       } else {

@@ -30,11 +30,12 @@ function matmul (rows, K, N, trans, constant = false) {
   const m = rows ? g.node('RANGE', i32, [tokens], [0, 'global']) : c(0)
   const n = g.node('RANGE', i32, [c(N)], [1, 'global'])
   const k = g.node('RANGE', i32, [c(K)], [2, 'reduce'])
-  const x = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, rows * K), g.alu('ADD', g.alu('MUL', m, c(K)), k)])])
+  const R = Math.max(rows, 1)
+  const x = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, R * K), g.alu('ADD', g.alu('MUL', m, c(K)), k)])])
   const wi = trans ? g.alu('ADD', g.alu('MUL', n, c(K)), k) : g.alu('ADD', g.alu('MUL', k, c(N)), n)
   const w = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(2, K * N), wi])])
   const sum = g.node('REDUCE', f32, [g.alu('MUL', x, w), k], 'ADD')
-  const st = g.node('STORE', null, [g.node('INDEX', f32, [buf(0, rows * N), g.alu('ADD', g.alu('MUL', m, c(N)), n)]), sum])
+  const st = g.node('STORE', null, [g.node('INDEX', f32, [buf(0, R * N), g.alu('ADD', g.alu('MUL', m, c(N)), n)]), sum])
   return { g, ast: g.node('SINK', null, [g.node('END', null, rows ? [st, m, n] : [st, n])]) }
 }
 
@@ -59,8 +60,10 @@ const rand = () => {
   return seed / 1073741824 - 1
 }
 
-/** Run `prog` on random X and W with `tokens` rows; returns the largest error relative to its bound. */
+/** Run `prog` on random X and W with `tokens` rows (rows 0: one row, no row range); returns the largest error
+ * relative to its bound, and the output. */
 function check (prog, rows, K, N, trans, tokens, fma) {
+  rows = Math.max(rows, 1)
   const sizes = [rows * N, rows * K, K * N]
   const layout = new Map()
   let pos = 64
@@ -100,6 +103,7 @@ function check (prog, rows, K, N, trans, tokens, fma) {
     }
     worst = Math.max(worst, Math.abs(out[i] - exact) / ((K + 1) * 2 ** -24 * mag + 1e-30))
   }
+  check.out = out.slice(0, rows * N)
   return worst
 }
 
@@ -195,10 +199,66 @@ test("GPT-2's 50257-token head (x @ W.T): 4-column tiles with the last one clamp
   assert.strictEqual(step.filter((x) => x.k === 'update' && x.lanes === 4).length, 2 * 4)
   assert.strictEqual(step.filter((x) => x.k === 'load' && x.lanes === 4).length, 2 + 4)
   // few rows: one column sweeping the weight as one stream, 2 steps unrolled; a decode step's head (one row,
-  // no row range) keeps its one column too
+  // no row range) keeps its one column too, its lanes' partial sums split over 4 accumulators (below)
   const few = innerLoop(vs.find(([name]) => name === 'few rows')[1].body).body
   assert.strictEqual(few.filter((x) => x.k === 'update' && x.lanes === 4).length, 2)
-  assert.deepStrictEqual(summary(variants(0, 768, 50257, true).opts), ['SPLIT_REDUCE:2:4'])
+  assert.deepStrictEqual(summary(variants(0, 768, 50257, true).opts), ['SPLIT_REDUCE:2:4', 'SPLIT_ACC:2:4'])
+})
+
+/** The innermost loop's 4-lane updates of `prog`: how many, and on how many distinct accumulators. */
+function chains (prog) {
+  const updates = innerLoop(prog.body).body.filter((x) => x.k === 'update' && x.lanes === 4)
+  return { updates: updates.length, accumulators: new Set(updates.map((x) => x.acc.id)).size }
+}
+
+test("a decode step's x @ W (one row): 4 column vectors, 4 independent accumulators a step, the same sums bit for bit", () => {
+  // 2 accumulators (the tile before) left each step waiting on an add's latency; each column's sum is still
+  // the same chain of steps in the same order, so the output is the 2-vector tile's, bit for bit
+  for (const [K, N] of [[768, 3072], [3072, 768], [36, 16], [33, 32]]) {
+    const { g, ast } = matmul(0, K, N, false)
+    const prepared = prepareKernel(g, ast)
+    const opts = chooseOpts(prepared.ast, 4)
+    assert.deepStrictEqual(summary(opts), ['VECTOR:1:4', 'UPCAST:1:4'])
+    const wide = lowerKernel(g, ast, { width: 4, prepared, opts, verify: true })
+    assert.deepStrictEqual(chains(wide), { updates: 4, accumulators: 4 })
+    const two = lowerKernel(g, ast, { width: 4, prepared, opts: [opts[0], Object.assign({}, opts[1], { amount: 2 })], verify: true })
+    assert.deepStrictEqual(chains(two), { updates: 2, accumulators: 2 })
+    for (const fma of relaxedSimdSupported() ? [false, true] : [false]) {
+      const s0 = seed
+      assert.ok(check(wide, 0, K, N, false, 1, fma) <= 1)
+      const a = check.out
+      seed = s0
+      check(two, 0, K, N, false, 1, fma)
+      assert.deepStrictEqual(a, check.out, `K=${K} N=${N}${fma ? ' fma' : ''}: bit for bit the 2-vector tile's sums`)
+    }
+  }
+  // a few-rows variant (x @ W below its row tile) takes the same 4 column vectors
+  const { variants: vs } = variants(36, 768, 3072, false)
+  assert.deepStrictEqual(chains(vs.find(([name]) => name === 'few rows')[1]), { updates: 4, accumulators: 4 })
+})
+
+test("a decode step's head (x @ W.T, one row, 50257 columns): the lanes' partial sums in 4 accumulators, one weight stream", () => {
+  const { g, ast } = matmul(0, 768, 50257, true)
+  const prepared = prepareKernel(g, ast)
+  const head = lowerKernel(g, ast, { width: 4, prepared, opts: chooseOpts(prepared.ast, 4), verify: true })
+  assert.deepStrictEqual(chains(head), { updates: 4, accumulators: 4 })
+  // the 4 weight vectors of a step are consecutive: one contiguous stream through the column's row
+  const loads = innerLoop(head.body).body.filter((x) => x.k === 'load' && x.lanes === 4 && x.buf === 2)
+  assert.strictEqual(loads.length, 4)
+  // odd and small sizes: 2 accumulators where the steps do not divide by 4, none below 4 steps; every one
+  // within float32 rounding of float64 (the sum's order changed: not bit for bit the one-chain sums)
+  const cases = [[768, 33, 4], [24, 17, 2], [8, 5, 0], [4, 3, 0], [3, 7, 0]]
+  for (const [K, N, accs] of cases) {
+    const m = matmul(0, K, N, true)
+    const p = prepareKernel(m.g, m.ast)
+    const opts = chooseOpts(p.ast, 4)
+    assert.strictEqual((opts.find((o) => o.kind === 'SPLIT_ACC') || { amount: 0 }).amount, accs, `K=${K} N=${N}`)
+    const prog = lowerKernel(m.g, m.ast, { width: 4, prepared: p, opts, verify: true })
+    for (const fma of relaxedSimdSupported() ? [false, true] : [false]) {
+      const worst = check(prog, 0, K, N, true, 1, fma)
+      assert.ok(worst <= 1, `K=${K} N=${N}${fma ? ' fma' : ''}: error ${worst.toFixed(2)} x its float32 bound`)
+    }
+  }
 })
 
 test('the fma load option: a boolean (else a ModelError that says so); false keeps mul + add', () => {

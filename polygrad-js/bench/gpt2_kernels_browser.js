@@ -1,0 +1,107 @@
+#!/usr/bin/env node
+'use strict'
+/**
+ * GPT-2 small's decode matvecs in headless Chromium, each timed alone on a slice small enough to stay in the
+ * caches: the kernel's compute rate without the memory traffic, so a change to its instructions shows under a
+ * load that makes whole-token timings noise (other processes share the memory bandwidth, not this core's
+ * caches). The page loads bench/gpt2s.pgb with 2 threads (each kernel is then compiled as phases over slices
+ * of its first loop: runtime.js) and calls one phase on its first slice of `parts` many times, with the fma
+ * load option on (Chromium's default: relaxed SIMD's multiply-add) and off. Figures are microseconds a call:
+ * the fastest and the median of 40 samples of 10 calls.
+ *
+ *   python polygrad-js/bench/make_gpt2.py                      # bench/gpt2s.pgb (once)
+ *   node polygrad-js/bench/gpt2_kernels_browser.js [--base DIR] # DIR: a second polygrad-js build, timed after
+ */
+
+const fs = require('fs')
+const path = require('path')
+const http = require('http')
+
+const ROOT = path.join(__dirname, '..')
+const arg = (name, dflt) => (process.argv.includes(name) ? process.argv[process.argv.indexOf(name) + 1] : dflt)
+const BASE = process.argv.includes('--base') ? path.resolve(arg('--base')) : null
+// [entrypoint, kernel name, slices]: the head's 50257 columns in 64 slices, the others in 4
+const KERNELS = [['decode', 'r_1_1_50257', 64], ['decode', 'r_1_1_3072', 4], ['decode', 'r_1_1_2304_1', 4], ['decode', 'r_1_1_768_1', 4]]
+
+const PAGE = `<!doctype html><meta charset="utf-8"><body><script type="module">
+const { Model } = await import(new URLSearchParams(location.search).get('lib') + '/polygrad.browser.mjs')
+const kernels = ${JSON.stringify(KERNELS)}
+const rows = []
+try {
+  const bytes = new Uint8Array(await (await fetch('/gpt2s.pgb')).arrayBuffer())
+  for (const fma of [true, false]) {
+    const m = await Model.fromBytes(bytes, { threads: 2, fma })
+    for (let i = 0; i < 3; i++) await m.callAsync('decode', { input_ids: Int32Array.of(5), pos: i })
+    for (const [entry, name, parts] of kernels) {
+      const st = m._x.entries[entry].find((s) => !s.copy && s.name === name)
+      if (!st) throw new Error(entry + ' has no kernel ' + name)
+      const run = st.packedMain || st.packed || st.main
+      const f = run.phases[0].fn
+      for (let r = 0; r < 100; r++) f(0, parts)
+      const t = []
+      for (let r = 0; r < 40; r++) {
+        const t0 = performance.now()
+        for (let j = 0; j < 10; j++) f(0, parts)
+        t.push((performance.now() - t0) * 100)
+      }
+      t.sort((a, b) => a - b)
+      rows.push({ name, parts, fma: m.backendInfo.fma, min: t[0], median: t[20] })
+    }
+    m.dispose()
+  }
+  window.__result = { rows }
+} catch (e) {
+  window.__result = { error: String(e && e.stack || e) }
+}
+</script>`
+
+function serve () {
+  const server = http.createServer((req, res) => {
+    const url = req.url.split('?')[0]
+    let body = null
+    let type = 'text/javascript'
+    if (url === '/') [body, type] = [PAGE, 'text/html']
+    else if (url === '/lib/polygrad.browser.mjs') body = fs.readFileSync(path.join(ROOT, 'dist', 'polygrad.browser.mjs'))
+    else if (url === '/base/polygrad.browser.mjs' && BASE) body = fs.readFileSync(path.join(BASE, 'dist', 'polygrad.browser.mjs'))
+    else if (url === '/gpt2s.pgb') [body, type] = [fs.readFileSync(path.join(__dirname, 'gpt2s.pgb')), 'application/octet-stream']
+    if (body === null) {
+      res.writeHead(404)
+      return res.end()
+    }
+    // cross-origin isolated: SharedArrayBuffer, so threads (the phases this bench calls)
+    res.writeHead(200, { 'Content-Type': type, 'Cross-Origin-Opener-Policy': 'same-origin', 'Cross-Origin-Embedder-Policy': 'require-corp' })
+    res.end(body)
+  })
+  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)))
+}
+
+async function main () {
+  if (!fs.existsSync(path.join(__dirname, 'gpt2s.pgb'))) throw new Error('bench/gpt2s.pgb is missing: run python polygrad-js/bench/make_gpt2.py')
+  if (BASE && !fs.existsSync(path.join(BASE, 'dist', 'polygrad.browser.mjs'))) throw new Error(`--base ${BASE} has no dist/polygrad.browser.mjs: run node tools/build.js there`)
+  const server = await serve()
+  const { chromium } = require('playwright-core')
+  const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', headless: true, args: ['--headless', '--no-sandbox', '--disable-gpu'] })
+  console.log(`load average ${require('os').loadavg().map((l) => l.toFixed(2)).join(' ')}; ${browser.version()}; us a call, cache-resident slice`)
+  console.log('build | kernel         | slice | fma   | min us | median us')
+  try {
+    for (const lib of BASE ? ['lib', 'base'] : ['lib']) {
+      const page = await browser.newPage()
+      await page.goto(`http://127.0.0.1:${server.address().port}/?lib=/${lib}`)
+      await page.waitForFunction('window.__result !== undefined', null, { timeout: 10 * 60 * 1000 })
+      const r = await page.evaluate('window.__result')
+      await page.close()
+      if (r.error) throw new Error(`the page failed: ${r.error}`)
+      for (const x of r.rows) {
+        console.log(`${lib.padEnd(5)} | ${x.name.padEnd(14)} | 1/${String(x.parts).padEnd(3)} | ${String(x.fma).padEnd(5)} | ${x.min.toFixed(1).padStart(6)} | ${x.median.toFixed(1).padStart(9)}`)
+      }
+    }
+  } finally {
+    await browser.close()
+    server.close()
+  }
+}
+
+main().catch((e) => {
+  console.error(e.message || e)
+  process.exit(1)
+})
