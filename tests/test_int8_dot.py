@@ -209,6 +209,13 @@ def test_block_loop_runs_two_float_chains(fmt):
     assert not re.search(r"\(%rsp\)|\(%rbp\)", kernel), kernel
 
 
+def test_split_chains_takes_a_power_of_two():
+    from polygrad.renderer.int8_dot import split_chains
+    from polygrad.renderer.linearize import LinearProgram
+    with pytest.raises(ValueError, match="power of two"):
+        split_chains(LinearProgram("k", (), (), (), 1), 3)
+
+
 def test_fma_chain_reads_each_form_of_the_addend():
     one = "vfmadd231ps %ymm1, %ymm2, %ymm0\nvfmadd213ps %ymm0, %ymm3, %ymm4\nvfmadd132ps %ymm5, %ymm4, %ymm6"
     assert _fma_chain(one) == (3, 3)

@@ -30,7 +30,9 @@ waits on one FMA per block in turn, longer than the block's integer work. The lo
 to accumulator b & 1 for block b (an IF each, which the C compiler folds away when it unrolls the loop by
 two), and after the loop acc_0 += acc_1. The same terms summed in another fixed order: within float
 reassociation of the single chain, the same bits from run to run (INTERP and the X86 emitter, which never
-contract, keep the one chain).
+contract, keep the one chain). The loop is not unrolled here: two copies of the body, each with its own
+32-bit index sums, made clang sign-extend and spill (Qwen2's 4864 x 896 Q4_0 matvec on Zen 4, data in
+cache: 1.67 ns a block, against 1.24 for the IFs and 1.36 for one chain).
 """
 from __future__ import annotations
 
@@ -310,6 +312,8 @@ def split_chains(prog: LinearProgram, chains: int = CHAINS) -> LinearProgram:
     without the IFs. The same block terms summed in another fixed order: a float reassociation, the same
     bits from run to run. A loop with bounds that are not constants, or fewer than 2 turns per chain,
     keeps its one chain."""
+    if chains < 2 or chains & (chains - 1):
+        raise ValueError(f"split_chains: chains must be a power of two of at least 2, not {chains}")
     insts, done = list(prog.insts), set()
     while (found := _chain_loop(insts, chains, done)) is not None:
         done.add(id(insts[found[0]]))
