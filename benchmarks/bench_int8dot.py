@@ -8,9 +8,7 @@ CPU backend renders it), and the hand-written integer kernels of benchmarks/int8
 (the activation rounded to 8 bits per 32-block once, the block's 32 products summed in int32, one float
 scale per block), compiled with the CPU backend's compiler and flags and timed alternately, each figure
 the median over --rounds of the best of 20 calls. Each ratio is the float kernel's time over the integer
-kernel's plus the activation's rounding (the C i8d_quantize, "round x"). polygrad's Q4_0 route also reads
-each activation block's nibble offsets (nn/quant.py nibble_offsets: a small kernel of its own, computed here
-in NumPy and not timed, as the rounding is timed as the C i8d_quantize).
+kernel's plus the activation's rounding (the C i8d_quantize, "round x").
 
 Numerics, checked before timing: the integer kernels against a NumPy model of exactly their arithmetic
 (activations bit for bit; outputs within float32 summation order) and against polygrad's float kernel
@@ -83,13 +81,12 @@ double i8d_time_int(i8d_fn f, float* y, const signed char* xq, const float* dx, 
 """
 ROUTE_DRIVER = r"""
 #include <time.h>
-double i8d_time_route(float* y, const signed char* xq, const unsigned char* w, const int* off, const float* dx,
-                      int parts, int calls) {
+double i8d_time_route(float* y, const signed char* xq, const unsigned char* w, const float* dx, int parts, int calls) {
   double best = 1e30;
   for (int k = 0; k < calls; k++) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int p = 0; p < parts; p++) route_kernel(y, xq, w, ROUTE_OFFSETS dx, p);
+    for (int p = 0; p < parts; p++) route_kernel(y, xq, w, dx, p);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double t = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
     if (t < best) best = t;
@@ -112,10 +109,8 @@ def matvec_kernel(fmt: str, rows: int, cols: int, qw, x: np.ndarray, int8: bool)
     if len(new) != 1:
         raise RuntimeError(f"expected one matvec kernel for {fmt} {rows}x{cols}, got {[p.spec.name for p in new]}")
     prog = new[0]
-    scales = r"const float\* restrict data3"
-    if fmt == "q4_0":  # the nibble offsets come before the scales
-        scales = r"const int\* restrict data3, const float\* restrict data4"
-    operands = (r"const signed char\* restrict data1, const unsigned char\* restrict data2, " + scales if int8 else
+    operands = (r"const signed char\* restrict data1, const unsigned char\* restrict data2, "
+                r"const float\* restrict data3" if int8 else
                 r"const float\* restrict data1, const unsigned char\* restrict data2")
     if not re.search(rf"void pg_kernel\(float\* restrict data0, {operands}, int tid\)", prog.source):
         raise RuntimeError(f"the {fmt} matvec kernel's signature changed (update bench_int8dot.py):\n"
@@ -123,14 +118,12 @@ def matvec_kernel(fmt: str, rows: int, cols: int, qw, x: np.ndarray, int8: bool)
     return prog.source, prog.spec.threads
 
 
-def build(source: str, route: bool = False, offsets: bool = False):
+def build(source: str, route: bool = False):
     """A library of polygrad's float kernel, the hand-written integer kernels and the timing driver, or with
-    `route` of polygrad's int8-route kernel and its driver (the CPU backend's compiler and flags); `offsets`:
-    the route kernel reads the activation's nibble offsets (Q4_0)."""
+    `route` of polygrad's int8-route kernel and its driver (the CPU backend's compiler and flags)."""
     from polygrad_backend_cpu.compiler import ClangCompiler
     if route:
-        passed = "#define ROUTE_OFFSETS off,\n" if offsets else "#define ROUTE_OFFSETS\n"
-        src = f"#define pg_kernel route_kernel\n{source}\n#undef pg_kernel\n{passed}{ROUTE_DRIVER}"
+        src = f"#define pg_kernel route_kernel\n{source}\n#undef pg_kernel\n{ROUTE_DRIVER}"
         names = ("i8d_time_route",)
     else:
         with open(os.path.join(HERE, "int8dot_kernels.c")) as f:
@@ -187,18 +180,16 @@ def probe(fmt: str, rows: int, cols: int, rounds: int) -> dict:
     route = None
     if int8_dot_enabled():  # Q8_0 and Q4_0 take the route
         route_source, route_threads = matvec_kernel(fmt, rows, cols, qw, x, True)
-        route = build(route_source, route=True, offsets=fmt == "q4_0")
+        route = build(route_source, route=True)
     blocks = np.ascontiguousarray(qw.blocks.numpy())
     nb = cols // 32
     xq, dx = np.zeros(cols, np.int8), np.zeros(nb, np.float32)
-    offsets = np.zeros(nb * 8, np.int32)  # Q4_0's nibble offsets (nn/quant.py), filled after the rounding
     y_float = np.zeros(rows, np.float32)
     lib.i8d_time_float(ptr(y_float), ptr(x), ptr(blocks), threads, 1)
     lib.i8d_time_quantize(ptr(x), cols, ptr(xq), ptr(dx), 1)
     mq, md, my, mabs = numpy_model(x, blocks, fmt)
     if not (np.array_equal(xq, mq) and np.array_equal(dx, md)):
         raise RuntimeError(f"{fmt}: rounded activations differ from the NumPy model")
-    offsets[:] = 8 * xq.astype(np.int32).reshape(nb, 4, 8).sum(1).reshape(-1)
     out = {"fmt": fmt, "shape": f"{rows}x{cols}"}
     for v in VARIANTS:
         y = np.zeros(rows, np.float32)
@@ -213,7 +204,7 @@ def probe(fmt: str, rows: int, cols: int, rounds: int) -> dict:
         out[v] = fn
     if route is not None:
         y = np.zeros(rows, np.float32)
-        route.i8d_time_route(ptr(y), ptr(xq), ptr(blocks), ptr(offsets), ptr(dx), route_threads, 1)
+        route.i8d_time_route(ptr(y), ptr(xq), ptr(blocks), ptr(dx), route_threads, 1)
         if np.abs(y - my).max() > 1e-5 * mabs.max():
             raise RuntimeError(f"{fmt}: polygrad's int8 route is {np.abs(y - my).max()} from the NumPy model")
     times = collections.defaultdict(list)
@@ -224,8 +215,7 @@ def probe(fmt: str, rows: int, cols: int, rounds: int) -> dict:
             if out[v] is not None:
                 times[v].append(lib.i8d_time_int(out[v], ptr(y), ptr(xq), ptr(dx), ptr(blocks), rows, cols, 20))
         if route is not None:
-            times["polygrad"].append(route.i8d_time_route(ptr(y), ptr(xq), ptr(blocks), ptr(offsets), ptr(dx),
-                                                          route_threads, 20))
+            times["polygrad"].append(route.i8d_time_route(ptr(y), ptr(xq), ptr(blocks), ptr(dx), route_threads, 20))
     for k, ts in times.items():
         out[f"{k}_us"] = float(np.median(ts)) * 1e6
     return out

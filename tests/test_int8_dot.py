@@ -24,13 +24,11 @@ from polygrad import Context, Tensor, dtypes
 from polygrad.codegen.lower import lower
 from polygrad.device import open_device
 from polygrad.engine import programs
-from polygrad.nn.quant import (QuantWeight, _int8_matmul_t, _q4_0_block_sums, int8_dot_enabled, nibble_offsets,
-                                quantize_activations)
+from polygrad.nn.quant import QuantWeight, _int8_matmul_t, _q4_0_block_sums, int8_dot_enabled, quantize_activations
 
 ROWS, COLS = 24, 96  # 3 blocks a row
 CHAINED_COLS = 896  # 28 blocks a row (Qwen2-0.5B's): two float chains (renderer/int8_dot.py split_chains)
-# the CPU renderer's contracted block sums (Q4_0's nibbles without their offset: nn/quant.py nibble_offsets)
-DOT_HELPER = {"Q8_0": "pg_dot4_i8x32(", "Q4_0": "pg_dot4n0_i8x32("}
+DOT_HELPER = {"Q8_0": "pg_dot4_i8x32(", "Q4_0": "pg_dot4n_i8x32("}  # the CPU renderer's contracted block sums
 
 
 def _numpy_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -153,10 +151,6 @@ def test_rendered_kernel_has_dot_products_only_with_the_capability(fmt):
     assert not re.search(r"\b(movsbl|movzbl|movsbw|movzbw|movsbq|movzbq)\b", kernel), kernel
     plain_asm = subprocess.run([cc, *flags], input=plain, capture_output=True, text=True, check=True).stdout
     assert "vpdpbusd" not in plain_asm
-    if fmt == "Q4_0":
-        # one vpdpbusd per block and weight row (each block's 8 int32 lanes become float once: vcvtdq2ps): the
-        # "- 8" is taken off with the activation's nibble_offsets, not by a second dot product per row
-        assert len(re.findall(r"\bvpdpbusd\b", kernel)) == len(re.findall(r"\bvcvtdq2ps\b", kernel)) > 0, kernel
 
 
 def _vector_register(operand: str) -> str | None:
@@ -259,8 +253,7 @@ def test_nibble_dot_products_are_exact_for_every_value():
     xq[0, 0, 1] = 127
 
     def matvec(device: str) -> Tensor:
-        a = Tensor(xq, device=device)
-        sums = _q4_0_block_sums(Tensor(blocks, device=device), a, nibble_offsets(a.reshape(1, 1, 3, 32)))
+        sums = _q4_0_block_sums(Tensor(blocks, device=device), Tensor(xq, device=device))
         return (sums.cast(dtypes.float32) * Tensor.ones(ROWS, 3, 8, device=device)).sum((-2, -1))
 
     got = []
@@ -269,51 +262,6 @@ def test_nibble_dot_products_are_exact_for_every_value():
     want = np.einsum("xbi,rbi->r", xq.reshape(1, 3, 32).astype(np.int64), _weight_quants(blocks, "Q4_0"))
     assert np.array_equal(got[0].reshape(-1), want.astype(np.float32))
     assert np.array_equal(matvec("INTERP").numpy(), got[0])
-
-
-def test_nibble_offsets_are_eight_times_each_lanes_activation_sum():
-    xq = np.random.default_rng(9).integers(-128, 128, (2, 5, 32), dtype=np.int8)
-    xq[0, 0] = -128
-    xq[0, 1] = 127
-    got = nibble_offsets(Tensor(xq)).numpy()
-    want = 8 * xq.astype(np.int64).reshape(2, 5, 4, 8).sum(2)
-    assert got.dtype == np.int32 and np.array_equal(got, want)
-
-
-def _q4_0_sums_less_eight_per_weight(blocks: Tensor, xq: Tensor) -> Tensor:
-    """Q4_0's block sums as the decode route wrote them before nibble_offsets (and as kernels saved then still
-    hold them): each nibble less 8 in the product."""
-    rows, nb, _ = blocks.shape
-    full = (rows, nb, 2, 2, 8)
-    qs = blocks[..., 2:18].reshape(rows, nb, 1, 2, 8).expand(*full)
-    shift = Tensor.arange(2, dtype=dtypes.uint8, device=blocks.device).reshape(1, 1, 2, 1, 1).expand(*full)
-    weights = ((qs >> shift * 4) & 15).cast(dtypes.int32) - 8
-    return (xq.cast(dtypes.int32) * weights).sum((-3, -2))
-
-
-def test_nibble_offsets_give_the_bits_of_eight_off_each_weight():
-    """The route's matvec (unsigned nibbles, the offsets taken off per lane) equals, bit for bit, the same
-    matvec with 8 taken off each weight: the int32 lanes are the same, and so is the float arithmetic after
-    them. That older form still contracts, to the helper with a second dot product (pg_dot4n_)."""
-    _require_int8_dot()
-    blocks = Tensor(_blocks(10, "Q4_0"))
-    x = Tensor(np.random.default_rng(11).standard_normal((1, COLS)).astype(np.float32) * 4)
-    xq, dx = quantize_activations(x)
-    scale = Tensor(np.random.default_rng(12).uniform(0.5, 2, (ROWS, COLS // 32, 8)).astype(np.float32)) * dx.reshape(
-        1, COLS // 32, 1)
-
-    def matvec(sums: Tensor) -> Tensor:
-        return (sums.cast(dtypes.float32) * scale).sum((-2, -1))
-
-    route, older = [], []
-    new = _new_programs(lambda: route.append(matvec(_q4_0_block_sums(
-        blocks, xq.reshape(1, 1, COLS // 32, 2, 2, 8), nibble_offsets(xq).reshape(1, 1, COLS // 32, 8))).numpy()))
-    assert any(DOT_HELPER["Q4_0"] in p.source for p in new), [p.spec.name for p in new]
-    new = _new_programs(lambda: older.append(matvec(_q4_0_sums_less_eight_per_weight(
-        blocks, xq.reshape(1, 1, COLS // 32, 2, 2, 8))).numpy()))
-    helper = next(p.source for p in new if "pg_dot4n_i8x32(" in p.source)
-    assert helper.count("__builtin_ia32_vpdpbusd256(") == 2
-    assert np.array_equal(route[0], older[0])
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])

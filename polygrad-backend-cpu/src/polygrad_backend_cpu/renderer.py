@@ -78,30 +78,26 @@ class CPURenderer(CStyleRenderer):
                 f"  return shifted - ({vt})__builtin_ia32_vpdpbusd256(({vt}){{0}}, ({vt})bias, ({vt})b);\n"
                 f"#else\n{generic}\n#endif")
 
-    def dot4_nibbles_body(self, n: int, offset: int = 8) -> str:
+    def dot4_nibbles_body(self, n: int) -> str:
         """8 lanes with clang where the target has VNNI: the weights in vpdpbusd's order (lane l's 4 bytes the
         nibbles of values l, l + 8, l + 16, l + 24, unsigned 0..15), the activations shuffled as in
-        dot4_body, one vpdpbusd of nibbles x activations (unsigned x signed: exact, no sign trick) and, for
-        an offset, a second takes offset x the activations' sum off (Q4_0's weight is nibble - 8; with offset
-        0 the caller takes it off once per activation block). Else the base's lane loop.
+        dot4_body, one vpdpbusd of nibbles x activations (unsigned x signed: exact, no sign trick) and a
+        second takes 8 x the activations' sum off (Q4_0's weight is nibble - 8). Else the base's lane loop.
 
         The weights: with AVX-512 BW, one byte shuffle puts bytes q[l], q[l + 8], q[l], q[l + 8] in lane l,
         one vpsrlvw shifts each lane's second 16-bit pair right by 4, and a mask keeps the low nibbles (4
         instructions a block; the empty asm hides the constant shift amounts, which clang otherwise turns
         back into the low/high split below and two cross-lane shuffles: 8). Without it, the low and high
         nibbles are split and shuffled into place."""
-        generic = super().dot4_nibbles_body(n, offset)
+        generic = super().dot4_nibbles_body(n)
         if n != 8:
             return generic
         order = ", ".join(str(8 * k + lane) for lane in range(8) for k in range(4))
         pairs = ", ".join(str(8 * (k % 2) + lane) for lane in range(8) for k in range(4))
         vt, bt, qt = self.vtype(dtypes.int32, 8), self.vtype(dtypes.int8, 32), self.vtype(dtypes.uint8, 16)
         ut, wt = self.vtype(dtypes.uint8, 32), self.vtype(dtypes.uint16, 16)
-        less = "  return sum;\n"
-        if offset:
-            less = (f"  {bt} off = ({bt}){{0}} + (signed char){offset};\n"
-                    f"  return sum - ({vt})__builtin_ia32_vpdpbusd256(({vt}){{0}}, ({vt})off, ({vt})a);\n")
         return (f"#if defined(__clang__) && {VNNI_256}\n"
+                f"  {bt} eight = ({bt}){{0}} + (signed char)8;\n"
                 f"#if defined(__AVX512BW__) && defined(__AVX512VL__)\n"
                 f"  {wt} shifts = {{{', '.join(['0, 4'] * 8)}}};\n"
                 f"  __asm__(\"\" : \"+v\"(shifts));\n"
@@ -113,7 +109,7 @@ class CPURenderer(CStyleRenderer):
                 f"#endif\n"
                 f"  a = __builtin_shufflevector(a, a, {order});\n"
                 f"  {vt} sum = ({vt})__builtin_ia32_vpdpbusd256(acc, ({vt})w, ({vt})a);\n"
-                f"{less}"
+                f"  return sum - ({vt})__builtin_ia32_vpdpbusd256(({vt}){{0}}, ({vt})eight, ({vt})a);\n"
                 f"#else\n{generic}\n#endif")
 
     def vfma_body(self, dt: DType, n: int) -> str:

@@ -267,7 +267,7 @@ def _int8_matmul_t(blocks: Tensor, x: Tensor, fmt: str = "Q8_0") -> Tensor:
     lead = x.shape[:-1]
     xq, dx = quantize_activations(x)
     if fmt == "Q4_0":
-        sums = _q4_0_block_sums(blocks, xq.reshape(*lead, 1, nb, 2, 2, 8), nibble_offsets(xq).reshape(*lead, 1, nb, 8))
+        sums = _q4_0_block_sums(blocks, xq.reshape(*lead, 1, nb, 2, 2, 8))
     else:
         wq = blocks[..., 2:].bitcast(dtypes.int8).reshape(rows, nb, 4, 8)
         sums = (xq.reshape(*lead, 1, nb, 4, 8).cast(dtypes.int32) * wq.cast(dtypes.int32)).sum(-2)  # (.., rows, nb, 8)
@@ -282,33 +282,18 @@ def _int8_matmul_t(blocks: Tensor, x: Tensor, fmt: str = "Q8_0") -> Tensor:
     return (sums.cast(dtypes.float32) * scale).sum((-2, -1)).contiguous()
 
 
-NIBBLE_OFFSET = 8  # a Q4_0 weight is its nibble less 8
-
-
-def nibble_offsets(xq: Tensor) -> Tensor:
-    """Q4_0's offset in each block sum lane: 8 x the sum over k < 4 of xq[..., 8k + l] for int8 activations
-    xq (..., nb, 32), int32 (..., nb, 8). A weight is nibble - 8, so lane l of a block sum is its nibbles'
-    products less this, which depends on the activation alone: computed once per activation (a small kernel
-    of its own) instead of a second dot product per block in every weight row."""
-    *lead, nb, _ = xq.shape
-    sums = xq.reshape(*lead, nb, 4, 8).cast(dtypes.int32).sum(-2)
-    return (sums * NIBBLE_OFFSET).contiguous()
-
-
-def _q4_0_block_sums(blocks: Tensor, xq: Tensor, offsets: Tensor) -> Tensor:
+def _q4_0_block_sums(blocks: Tensor, xq: Tensor) -> Tensor:
     """Per Q4_0 block, lane l < 8: the int32 sum over h, t < 2 of xq[16h + 8t + l] * (nibble h of byte
-    8t + l, less 8), for int8 activations xq (..., 1, nb, 2, 2, 8) and their nibble_offsets (..., 1, nb, 8):
-    the nibbles' products (unsigned 0..15) summed, less the offsets. Value 16h + 8t + l is 8k + l with
+    8t + l, less 8), for int8 activations xq (..., 1, nb, 2, 2, 8): value 16h + 8t + l is 8k + l with
     k = 2h + t, so each lane sums the same 4 values as Q8_0's, and the two loops over h and t are the 4 turns
-    the CPU renderer contracts (renderer/int8_dot.py: DOT4_NIBBLES). The same int32 lanes as subtracting 8
-    from each nibble (integer sums are exact)."""
+    the CPU renderer contracts (renderer/int8_dot.py: DOT4_NIBBLES)."""
     rows, nb, _ = blocks.shape
     full = (rows, nb, 2, 2, 8)
     # the raw bytes and the shift broadcast before any arithmetic (see _Fields)
     qs = blocks[..., 2:18].reshape(rows, nb, 1, 2, 8).expand(*full)
     shift = Tensor.arange(2, dtype=dtypes.uint8, device=blocks.device).reshape(1, 1, 2, 1, 1).expand(*full)
-    nibbles = ((qs >> shift * 4) & 15).cast(dtypes.int32)
-    return (xq.cast(dtypes.int32) * nibbles).sum((-3, -2)) - offsets
+    weights = ((qs >> shift * 4) & 15).cast(dtypes.int32) - 8
+    return (xq.cast(dtypes.int32) * weights).sum((-3, -2))
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import numpy as np
 from polygrad.dtype import DType, dtypes
 from polygrad.contract import ProgramSpec
 from polygrad.renderer.cstyle_ops import MASK_RULES, SCALAR_RULES, SIGNED_OF_SIZE, VECTOR_RULES, Rule, apply_rule
-from polygrad.renderer.int8_dot import DOT4, DOT4_NIBBLES, DOT4_NIBBLES_UNSIGNED, NIBBLE_OFFSET, contract_int8_dots
+from polygrad.renderer.int8_dot import DOT4, DOT4_NIBBLES, contract_int8_dots
 from polygrad.renderer.linear_passes import LinearPasses, simplify_linear
 from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, var_name
 from polygrad.uop.ops import Ops, UOp
@@ -345,21 +345,20 @@ class CStyleRenderer:
         step = f"acc[pl] += (int)a[pl + {n} * k] * (int)b[pl + {n} * k];"
         return f"  for (int k = 0; k < 4; k++) for (int pl = 0; pl < {n}; pl++) {step}\n  return acc;"
 
-    def dot4_nibbles(self, n: int, acc: str, a: str, q: str, offset: int = NIBBLE_OFFSET) -> str:
-        """acc (n int32 lanes) plus, in lane l, a[l + n k] * (nibble k - offset) for k < 4, nibble k the low
-        (k < 2) or high half of byte q[l + n (k % 2)] (a: 4n int8 lanes, q: 2n uint8 lanes of Q4_0 weights;
-        renderer/int8_dot.py's DOT4_NIBBLES, offset 8, or DOT4_NIBBLES_UNSIGNED, offset 0): a helper whose body
-        is the dialect's (dot4_nibbles_body)."""
+    def dot4_nibbles(self, n: int, acc: str, a: str, q: str) -> str:
+        """acc (n int32 lanes) plus, in lane l, a[l + n k] * (nibble k - 8) for k < 4, nibble k the low (k < 2)
+        or high half of byte q[l + n (k % 2)] (a: 4n int8 lanes, q: 2n uint8 lanes of Q4_0 weights;
+        renderer/int8_dot.py's DOT4_NIBBLES): a helper whose body is the dialect's (dot4_nibbles_body)."""
         vt, bt, qt = self.vtype(dtypes.int32, n), self.vtype(dtypes.int8, 4 * n), self.vtype(dtypes.uint8, 2 * n)
-        name = f"pg_dot4n_{bt[3:]}" if offset == NIBBLE_OFFSET else f"pg_dot4n{offset}_{bt[3:]}"
-        body = self.dot4_nibbles_body(n, offset)
+        name = f"pg_dot4n_{bt[3:]}"
+        body = self.dot4_nibbles_body(n)
         self._helpers[name] = f"static inline {vt} {name}({vt} acc, {bt} a, {qt} q) {{\n{body}\n}}"
         return f"{name}({acc}, {a}, {q})"
 
-    def dot4_nibbles_body(self, n: int, offset: int = NIBBLE_OFFSET) -> str:
+    def dot4_nibbles_body(self, n: int) -> str:
         """The body of the pg_dot4n helper for n lanes (acc, a, q in scope): the products lane by lane."""
         nibble = f"((q[pl + {n} * (k & 1)] >> (4 * (k >> 1))) & 15)"
-        step = f"acc[pl] += (int)a[pl + {n} * k] * ((int){nibble} - {offset});"
+        step = f"acc[pl] += (int)a[pl + {n} * k] * ((int){nibble} - 8);"
         return f"  for (int k = 0; k < 4; k++) for (int pl = 0; pl < {n}; pl++) {step}\n  return acc;"
 
     def count_lanes(self, gate: str, lanes: int) -> str:
@@ -688,9 +687,8 @@ class CStyleRenderer:
         if x.arg == DOT4:  # acc += the 4 products per lane of two byte vectors (renderer/int8_dot.py)
             self.emit(f"{n(acc)} = {self.dot4(acc.lanes, n(acc), n(x.src[1]), n(x.src[2]))};")
             return
-        if x.arg in (DOT4_NIBBLES, DOT4_NIBBLES_UNSIGNED):  # acc += 4 products per lane of int8 and Q4_0 nibbles
-            offset = NIBBLE_OFFSET if x.arg == DOT4_NIBBLES else 0  # (less 8 each, or not: renderer/int8_dot.py)
-            self.emit(f"{n(acc)} = {self.dot4_nibbles(acc.lanes, n(acc), n(x.src[1]), n(x.src[2]), offset)};")
+        if x.arg == DOT4_NIBBLES:  # acc += 4 products per lane of int8 and Q4_0 nibbles (renderer/int8_dot.py)
+            self.emit(f"{n(acc)} = {self.dot4_nibbles(acc.lanes, n(acc), n(x.src[1]), n(x.src[2]))};")
             return
         value = x.src[1]
         ref = f"{n(acc)}[{n(x.src[2])}]" if len(x.src) > 2 else n(acc)

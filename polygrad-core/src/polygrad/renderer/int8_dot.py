@@ -18,8 +18,6 @@ turn of t and not with h, while the int8 load grows by n a turn of t and 2n a tu
 gaining a[l + n k] * (nibble(k) - 8) for k = 2h + t < 4, nibble(k) = q[l + n t] >> 4h & 15, over the 4n
 int8 values and the 2n bytes of q at turn 0: `UPDATE(acc, a, q)` with arg DOT4_NIBBLES (the CPU's helper:
 the nibbles unpacked to bytes in value order, a byte shuffle, vpdpbusd of nibbles x a, less 8 x a's sum).
-Without the - 8 (nn/quant.py's decode matvec takes the offset off once per activation block instead), the
-arg is DOT4_NIBBLES_UNSIGNED: the same helper without the second dot product.
 
 Integer sums are exact, so the values are the loops' bit for bit. nn/quant.py writes a decode matvec's
 32-weight block in these forms (`_int8_matmul_t`).
@@ -32,7 +30,8 @@ two), and after the loop acc_0 += acc_1. The same terms summed in another fixed 
 reassociation of the single chain, the same bits from run to run (INTERP and the X86 emitter, which never
 contract, keep the one chain). The loop is not unrolled here: two copies of the body, each with its own
 32-bit index sums, made clang sign-extend and spill (Qwen2's 4864 x 896 Q4_0 matvec on Zen 4, data in
-cache: 1.67 ns a block, against 1.24 for the IFs and 1.36 for one chain).
+cache, in a variant that reads per-block offsets: 1.67 ns a block, against 1.24 for the IFs and 1.36 for
+one chain).
 """
 from __future__ import annotations
 
@@ -46,9 +45,6 @@ DOT4 = "dot4"  # UPDATE arg: acc lane l += sum over k < 4 of a[l + n k] * b[l + 
 # UPDATE arg: acc lane l += sum over k < 4 of a[l + n k] * (((q[l + n (k % 2)] >> 4 (k // 2)) & 15) - 8)
 # (a: 4n int8 lanes; q: 2n uint8 lanes, each byte two 4-bit weights, Q4_0's low and high halves)
 DOT4_NIBBLES = "dot4_nibbles"
-# the same without the - 8: acc lane l += sum over k < 4 of a[l + n k] * ((q[l + n (k % 2)] >> 4 (k // 2)) & 15)
-# (nn/quant.py takes the offset off once per activation block: nibble_offsets)
-DOT4_NIBBLES_UNSIGNED = "dot4_nibbles_unsigned"
 TURNS = 4
 NIBBLE_OFFSET = 8  # Q4_0's weights are nibble - 8
 
@@ -215,18 +211,14 @@ def _value_at(x: Inst, env: dict[int, int]) -> int | None:
     return None if f is None or len(vals) != (1 if x.arg is Ops.CAST else 2) else f(*vals)
 
 
-def _nibble_operand(x: Inst, lanes: int, h: Inst) -> tuple[Inst, list[Inst], str] | None:
-    """(the uint8 load, the instructions of the operand, DOT4_NIBBLES or DOT4_NIBBLES_UNSIGNED) when x is
-    int32 lanes of ((q >> 4h) & 15) - 8, or of (q >> 4h) & 15, for a contiguous n-lane uint8 load q (the
-    shift a scalar of loop h broadcast, 4h at each turn)."""
-    if not (x.op is L.ALU and x.dtype is dtypes.int32 and x.lanes == lanes):
+def _nibble_operand(x: Inst, lanes: int, h: Inst) -> tuple[Inst, list[Inst]] | None:
+    """(the uint8 load, the instructions of the operand) when x is int32 lanes of ((q >> 4h) & 15) - 8 for
+    a contiguous n-lane uint8 load q (the shift a scalar of loop h broadcast, 4h at each turn)."""
+    if not (x.op is L.ALU and x.arg is Ops.ADD and x.dtype is dtypes.int32 and x.lanes == lanes):
         return None
-    widened, arg, offset = x, DOT4_NIBBLES_UNSIGNED, []
-    if x.arg is Ops.ADD:
-        widened = next((s for s in x.src if not _splat(s, -NIBBLE_OFFSET)), None)
-        if widened is None or not any(_splat(s, -NIBBLE_OFFSET) for s in x.src):
-            return None
-        arg, offset = DOT4_NIBBLES, [x]
+    widened = next((s for s in x.src if not _splat(s, -NIBBLE_OFFSET)), None)
+    if widened is None or not any(_splat(s, -NIBBLE_OFFSET) for s in x.src):
+        return None
     if not (widened.op is L.ALU and widened.arg is Ops.CAST and widened.src[0].dtype is dtypes.uint8):
         return None
     masked = widened.src[0]
@@ -241,7 +233,7 @@ def _nibble_operand(x: Inst, lanes: int, h: Inst) -> tuple[Inst, list[Inst], str
         return None
     if [_value_at(amount, {id(h): turn}) for turn in (0, 1)] != [0, 4]:
         return None
-    return load, [*offset, widened, masked, shifted, shifted.src[1]], arg
+    return load, [x, widened, masked, shifted, shifted.src[1]]
 
 
 def _ancestors_in(x: Inst, inside: set[int]) -> set[int]:
@@ -277,7 +269,7 @@ def _contracted_nibbles(outer: Inst, body: list[Inst]) -> list[Inst] | None:
             break
     else:
         return None
-    (x_load, _), (q_load, operand, arg) = byte, nibble
+    (x_load, _), (q_load, operand) = byte, nibble
     steps = {"x": (_turn_step(x_load.src[1], outer, inside), _turn_step(x_load.src[1], inner, inside)),
              "q": (_turn_step(q_load.src[1], outer, inside), _turn_step(q_load.src[1], inner, inside))}
     if steps != {"x": (2 * lanes, lanes), "q": (0, lanes)}:
@@ -296,7 +288,7 @@ def _contracted_nibbles(outer: Inst, body: list[Inst]) -> list[Inst] | None:
                   TURNS * lanes)
     wide_q = Inst(L.LOAD, dtypes.uint8, (q_load.src[0], new.get(id(q_load.src[1]), q_load.src[1])), "contiguous",
                   2 * lanes)
-    return [*out, wide_x, wide_q, Inst(L.UPDATE, update.dtype, (acc, wide_x, wide_q), arg, update.lanes)]
+    return [*out, wide_x, wide_q, Inst(L.UPDATE, update.dtype, (acc, wide_x, wide_q), DOT4_NIBBLES, update.lanes)]
 
 
 CHAINS = 2  # float accumulators a contracted block loop alternates between (split_chains)
@@ -351,7 +343,7 @@ def _chain_loop(insts: list[Inst], chains: int, done: set[int]) -> tuple[int, in
         if len(loop.src) != 2 or not all(s.op is L.CONST and s.lanes == 1 for s in loop.src) \
                 or loop.src[1].arg - loop.src[0].arg < 2 * chains:
             continue  # (a constant trip count, which the C compiler unrolls by `chains`)
-        if not any(x.op is L.UPDATE and x.arg in (DOT4, DOT4_NIBBLES, DOT4_NIBBLES_UNSIGNED) for x in body):
+        if not any(x.op is L.UPDATE and x.arg in (DOT4, DOT4_NIBBLES) for x in body):
             continue
         if [x for x in body if any(s is acc for s in x.src)] != [u]:
             continue  # the accumulator is read or updated elsewhere in the loop
