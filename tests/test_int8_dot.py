@@ -27,6 +27,7 @@ from polygrad.engine import programs
 from polygrad.nn.quant import QuantWeight, _int8_matmul_t, _q4_0_block_sums, int8_dot_enabled, quantize_activations
 
 ROWS, COLS = 24, 96  # 3 blocks a row
+CHAINED_COLS = 896  # 28 blocks a row (Qwen2-0.5B's): two float chains (renderer/int8_dot.py split_chains)
 DOT_HELPER = {"Q8_0": "pg_dot4_i8x32(", "Q4_0": "pg_dot4n_i8x32("}  # the CPU renderer's contracted block sums
 
 
@@ -37,13 +38,13 @@ def _numpy_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.rint(blocks * inverse[:, None]).astype(np.int8), d.astype(np.float32)
 
 
-def _blocks(seed: int = 0, fmt: str = "Q8_0") -> np.ndarray:
+def _blocks(seed: int = 0, fmt: str = "Q8_0", cols: int = COLS) -> np.ndarray:
     """Q8_0 blocks (ROWS, COLS // 32, 34) with random float16 scales and every int8 quant, -128 included, or
     Q4_0 blocks (ROWS, COLS // 32, 18) with random scales and random bytes (every nibble)."""
     rng = np.random.default_rng(seed)
     nbytes = 34 if fmt == "Q8_0" else 18
-    blocks = rng.integers(0, 256, (ROWS, COLS // 32, nbytes), dtype=np.uint8)
-    blocks[..., :2] = rng.uniform(1e-3, 1e-1, (ROWS, COLS // 32)).astype(np.float16)[..., None].view(np.uint8)
+    blocks = rng.integers(0, 256, (ROWS, cols // 32, nbytes), dtype=np.uint8)
+    blocks[..., :2] = rng.uniform(1e-3, 1e-1, (ROWS, cols // 32)).astype(np.float16)[..., None].view(np.uint8)
     blocks[0, 0, 2:4] = [128, 127]  # Q8_0: -128 and 127; Q4_0: nibbles 0, 8, 15 and 7
     return blocks
 
@@ -88,12 +89,13 @@ def _require_int8_dot():
         pytest.skip("the CPU device does not declare int8_dot (no VNNI or no clang)")
 
 
+@pytest.mark.parametrize("cols", [COLS, CHAINED_COLS])
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
-def test_int8_matvec_matches_numpy_model_and_the_float_path(fmt):
+def test_int8_matvec_matches_numpy_model_and_the_float_path(fmt, cols):
     _require_int8_dot()
-    blocks = _blocks(fmt=fmt)
-    x = np.random.default_rng(2).standard_normal((1, COLS)).astype(np.float32)
-    qw = QuantWeight(Tensor(blocks), fmt, (ROWS, COLS))
+    blocks = _blocks(fmt=fmt, cols=cols)
+    x = np.random.default_rng(2).standard_normal((1, cols)).astype(np.float32)
+    qw = QuantWeight(Tensor(blocks), fmt, (ROWS, cols))
     got = []
     new = _new_programs(lambda: got.append(qw.matmul_t(Tensor(x)).numpy()[0]))
     assert any(DOT_HELPER[fmt] in p.source for p in new), [p.spec.name for p in new]
@@ -106,26 +108,26 @@ def test_int8_matvec_matches_numpy_model_and_the_float_path(fmt):
     terms = sums.astype(np.float32) * (dw * dx[None, :])
     assert np.all(np.abs(got[0] - terms.sum(1, dtype=np.float64)) <= 1e-6 * np.abs(terms).sum(1))
     # the rounding moves each activation by at most d_x / 2
-    w = (wq * dw[..., None]).reshape(ROWS, COLS)
+    w = (wq * dw[..., None]).reshape(ROWS, cols)
     bound = np.abs(w).reshape(ROWS, -1, 32).sum(2) @ (dx / 2) + 1e-5 * np.abs(floats).max()
     assert np.all(np.abs(got[0] - floats) <= bound)
 
 
 @functools.lru_cache(maxsize=None)
-def _int8_dot_ast(fmt: str):
+def _int8_dot_ast(fmt: str, cols: int = COLS):
     """The kernel IR of the 8-bit route's one-row matvec."""
-    qw = QuantWeight(Tensor(_blocks(5, fmt)), fmt, (ROWS, COLS))
-    x = Tensor(np.ones((1, COLS), np.float32))
+    qw = QuantWeight(Tensor(_blocks(5, fmt, cols)), fmt, (ROWS, cols))
+    x = Tensor(np.ones((1, cols), np.float32))
     new = _new_programs(lambda: _int8_matmul_t(qw.blocks, x, fmt).realize())
     return next(p.spec.ast for p in new if p.spec.name == f"r_1_{ROWS}")
 
 
-def _int8_dot_kernel(caps_on: bool, fmt: str):
+def _int8_dot_kernel(caps_on: bool, fmt: str, cols: int = COLS):
     """The 8-bit route's matvec kernel lowered and rendered for the CPU with Capabilities.int8_dot on or off
     (whatever this CPU has: rendering needs no VNNI)."""
     pytest.importorskip("polygrad_backend_cpu")
     from polygrad_backend_cpu.renderer import CPURenderer
-    ast = _int8_dot_ast(fmt)
+    ast = _int8_dot_ast(fmt, cols)
     caps = dataclasses.replace(open_device("CPU").capabilities, int8_dot=caps_on)
     spec = lower(ast, caps)
     return spec, CPURenderer(int8_dot=caps_on).render(spec)
@@ -149,6 +151,71 @@ def test_rendered_kernel_has_dot_products_only_with_the_capability(fmt):
     assert not re.search(r"\b(movsbl|movzbl|movsbw|movzbw|movsbq|movzbq)\b", kernel), kernel
     plain_asm = subprocess.run([cc, *flags], input=plain, capture_output=True, text=True, check=True).stdout
     assert "vpdpbusd" not in plain_asm
+
+
+def _vector_register(operand: str) -> str | None:
+    """The ymm name of an x/y/zmm register operand (the same register file), None for anything else."""
+    m = re.fullmatch(r"%[xyz]mm(\d+)", operand.strip())
+    return f"ymm{m.group(1)}" if m else None
+
+
+def _fma_chain(kernel: str) -> tuple[int, int]:
+    """(the longest run of vfmadd*ps in which each one's addend is the last one's result, the number of
+    vfmadd*ps) in AT&T assembly: the float chain through a row's blocks as the CPU runs it. An FMA's
+    addend is its second operand in the 132 form, its first in 213 and its destination in 231; a
+    register copy keeps the chain, any other write to a register starts a new one."""
+    depth: dict[str, int] = {}
+    longest = count = 0
+    for line in kernel.splitlines():
+        m = re.match(r"\s*(v\w+)\s+([^#]*)", line)
+        if not m:
+            continue
+        ops = [o.strip() for o in re.split(r",(?![^(]*\))", m.group(2))]
+        dest = _vector_register(ops[-1])
+        if dest is None:
+            continue
+        form = re.fullmatch(r"vfmadd(132|213|231)ps", m.group(1))
+        if form:
+            addend = _vector_register(ops[{"132": 1, "213": 0, "231": 2}[form.group(1)]])
+            depth[dest] = depth.get(addend, 0) + 1
+            longest, count = max(longest, depth[dest]), count + 1
+        elif m.group(1) in ("vmovaps", "vmovups") and len(ops) == 2:
+            depth[dest] = depth.get(_vector_register(ops[0]), 0)
+        else:
+            depth[dest] = 0
+    return longest, count
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_block_loop_runs_two_float_chains(fmt):
+    """A row's blocks alternate between two float accumulators (renderer/int8_dot.py split_chains): in the
+    compiled kernel no vfmadd waits on more than half the others, and the loop spills nothing to the stack."""
+    _, source = _int8_dot_kernel(True, fmt, CHAINED_COLS)
+    cc = shutil.which("clang")
+    if cc is None or not int8_dot_enabled("CPU"):
+        pytest.skip("no clang, or no VNNI here to compile the instruction for")
+    flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-S", "-x", "c", "-", "-o", "-"]
+    asm = subprocess.run([cc, *flags], input=source, capture_output=True, text=True, check=True).stdout
+    kernel = asm[asm.index("pg_kernel:"):]
+    kernel = kernel[:kernel.index(".cfi_endproc")]
+    longest, count = _fma_chain(kernel)
+    assert count >= 2 and 2 * longest <= count, (longest, count, kernel)
+    assert not re.search(r"\(%rsp\)|\(%rbp\)", kernel), kernel
+
+
+def test_split_chains_takes_a_power_of_two():
+    from polygrad.renderer.int8_dot import split_chains
+    from polygrad.renderer.linearize import LinearProgram
+    with pytest.raises(ValueError, match="power of two"):
+        split_chains(LinearProgram("k", (), (), (), 1), 3)
+
+
+def test_fma_chain_reads_each_form_of_the_addend():
+    one = "vfmadd231ps %ymm1, %ymm2, %ymm0\nvfmadd213ps %ymm0, %ymm3, %ymm4\nvfmadd132ps %ymm5, %ymm4, %ymm6"
+    assert _fma_chain(one) == (3, 3)
+    two = "vfmadd231ps %ymm1, %ymm2, %ymm0\nvfmadd231ps %ymm1, %ymm2, %ymm7\nvmovaps %ymm0, %ymm8\n" \
+          "vfmadd213ps %ymm8, %ymm3, %ymm4\nvfmadd231ps (%rdi), %ymm2, %ymm7\nvxorps %ymm4, %ymm4, %ymm4"
+    assert _fma_chain(two) == (2, 4)
 
 
 def test_dot_products_are_exact_for_every_byte_value():

@@ -21,6 +21,17 @@ the nibbles unpacked to bytes in value order, a byte shuffle, vpdpbusd of nibble
 
 Integer sums are exact, so the values are the loops' bit for bit. nn/quant.py writes a decode matvec's
 32-weight block in these forms (`_int8_matmul_t`).
+
+Two float chains (`split_chains`, run on every program that contracted a loop): the block loop around a
+contraction scales each block's int32 lanes to float and FMAs them into one accumulator, so a weight row
+waits on one FMA per block in turn, longer than the block's integer work. The loop's update goes instead
+to accumulator b & 1 for block b (an IF each, which the C compiler folds away when it unrolls the loop by
+two), and after the loop acc_0 += acc_1. The same terms summed in another fixed order: within float
+reassociation of the single chain, the same bits from run to run (INTERP and the X86 emitter, which never
+contract, keep the one chain). The loop is not unrolled here: two copies of the body, each with its own
+32-bit index sums, made clang sign-extend and spill (Qwen2's 4864 x 896 Q4_0 matvec on Zen 4, data in
+cache, in a variant that reads per-block offsets: 1.67 ns a block, against 1.24 for the IFs and 1.36 for
+one chain).
 """
 from __future__ import annotations
 
@@ -57,7 +68,9 @@ def contract_int8_dots(prog: LinearProgram) -> LinearProgram:
                 continue
         out.append(x)
         i += 1
-    return prog if len(out) == len(insts) else dataclasses.replace(prog, insts=tuple(out))
+    if len(out) == len(insts):
+        return prog
+    return split_chains(dataclasses.replace(prog, insts=tuple(out)))
 
 
 def _is_int_const(x: Inst, value: int) -> bool:
@@ -276,3 +289,94 @@ def _contracted_nibbles(outer: Inst, body: list[Inst]) -> list[Inst] | None:
     wide_q = Inst(L.LOAD, dtypes.uint8, (q_load.src[0], new.get(id(q_load.src[1]), q_load.src[1])), "contiguous",
                   2 * lanes)
     return [*out, wide_x, wide_q, Inst(L.UPDATE, update.dtype, (acc, wide_x, wide_q), DOT4_NIBBLES, update.lanes)]
+
+
+CHAINS = 2  # float accumulators a contracted block loop alternates between (split_chains)
+
+
+def split_chains(prog: LinearProgram, chains: int = CHAINS) -> LinearProgram:
+    """The program with each block loop of a contracted dot (a LOOP whose body holds a DOT4-family UPDATE)
+    that feeds one float accumulator defined outside it (UPDATE FMA or ADD, the loop's only use of it)
+    updating `chains` accumulators instead (a power of two): block b's update goes to accumulator
+    b & (chains - 1), under an IF each, and after the loop they are added in order (acc_0 += acc_1, ..).
+    One chain of FMAs through every block made the decode matvec wait on the FMA's latency (nn/quant.py
+    _int8_matmul_t); the C compiler unrolls the constant loop and keeps the chains apart in registers,
+    without the IFs. The same block terms summed in another fixed order: a float reassociation, the same
+    bits from run to run. A loop with bounds that are not constants, or fewer than 2 turns per chain,
+    keeps its one chain."""
+    if chains < 2 or chains & (chains - 1):
+        raise ValueError(f"split_chains: chains must be a power of two of at least 2, not {chains}")
+    insts, done = list(prog.insts), set()
+    while (found := _chain_loop(insts, chains, done)) is not None:
+        done.add(id(insts[found[0]]))
+        insts = _split(insts, *found, chains)
+    return prog if len(insts) == len(prog.insts) else dataclasses.replace(prog, insts=tuple(insts))
+
+
+def _chain_loop(insts: list[Inst], chains: int, done: set[int]) -> tuple[int, int, Inst] | None:
+    """(index of the LOOP, index of its ENDLOOP, the float UPDATE) of the first loop split_chains splits
+    that is not in `done` (ids of the loops already split)."""
+    where: dict[int, tuple[int, ...]] = {}  # id -> the indices of the LOOPs around it
+    stack: list[int] = []
+    end_of: dict[int, int] = {}
+    for i, x in enumerate(insts):
+        if x.op is L.ENDLOOP:
+            end_of[stack.pop()] = i
+        where[id(x)] = tuple(stack)
+        if x.op is L.LOOP:
+            stack.append(i)
+    for u in insts:
+        if not (u.op is L.UPDATE and u.arg in (Ops.FMA, Ops.ADD) and len(u.src) == (3 if u.arg is Ops.FMA else 2)):
+            continue
+        acc = u.src[0]
+        if not (acc.op is L.ACC and acc.dtype is not None and acc.dtype.is_float and acc.arg[1] == 1):
+            continue
+        outside = where[id(acc)]
+        loops = where[id(u)]
+        if len(loops) <= len(outside) or loops[:len(outside)] != outside:
+            continue
+        start = loops[len(outside)]  # the outermost loop the chain runs through
+        loop, end = insts[start], end_of[start]
+        body = insts[start + 1:end]
+        if id(loop) in done:
+            continue
+        if len(loop.src) != 2 or not all(s.op is L.CONST and s.lanes == 1 for s in loop.src) \
+                or loop.src[1].arg - loop.src[0].arg < 2 * chains:
+            continue  # (a constant trip count, which the C compiler unrolls by `chains`)
+        if not any(x.op is L.UPDATE and x.arg in (DOT4, DOT4_NIBBLES) for x in body):
+            continue
+        if [x for x in body if any(s is acc for s in x.src)] != [u]:
+            continue  # the accumulator is read or updated elsewhere in the loop
+        return start, end, u
+    return None
+
+
+def _split(insts: list[Inst], start: int, end: int, update: Inst, chains: int) -> list[Inst]:
+    """insts with the float UPDATE in the loop at `start` (ENDLOOP at `end`) going to accumulator
+    (loop variable & (chains - 1)), one IF per accumulator, and the accumulators added after the loop."""
+    loop, acc = insts[start], update.src[0]
+    accs = [acc] + [Inst(L.ACC, acc.dtype, acc.src, acc.arg, acc.lanes) for _ in range(chains - 1)]
+    out = []
+    for x in insts[:start]:
+        out.append(x)
+        if x is acc:
+            out.extend(accs[1:])
+    consts = [Inst(L.CONST, loop.dtype, (), k) for k in range(chains)]
+    mask = Inst(L.CONST, loop.dtype, (), chains - 1)
+    out.extend([*consts, mask])
+    for x in insts[start:end + 1]:
+        if x is not update:
+            out.append(x)
+            continue
+        turn = Inst(L.ALU, loop.dtype, (loop, mask), Ops.AND)
+        out.append(turn)
+        for k in range(chains):
+            cond = Inst(L.ALU, dtypes.bool, (turn, consts[k]), Ops.CMPEQ)
+            gate = Inst(L.IF, None, (cond,))
+            out.extend([cond, gate, Inst(L.UPDATE, None, (accs[k], *update.src[1:]), update.arg, update.lanes),
+                        Inst(L.ENDIF, None, (gate,))])
+    for other in accs[1:]:  # acc_0 + acc_1 + .., in order
+        read = Inst(L.ACC_READ, other.dtype, (other,), None, other.lanes)
+        out.extend([read, Inst(L.UPDATE, None, (acc, read), Ops.ADD, acc.lanes)])
+    out.extend(insts[end + 1:])
+    return out
