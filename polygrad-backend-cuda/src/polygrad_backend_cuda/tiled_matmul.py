@@ -1,4 +1,5 @@
-"""Shared-memory tiled float32 matmuls: a kernel lowered with Opt(TILE) rendered as a block-tile template.
+"""Shared-memory tiled float32 matmuls and convolutions: a kernel lowered with Opt(TILE) rendered as a block-tile
+template.
 
 Stage: rendering. Input: a ProgramSpec whose opts hold Opt(TILE, k, block rows) (codegen/gpu_opts.py
 chose it, and the tile, from Capabilities.shared_memory_bytes for C[.., i, j] = f(sum_k A[.., i, k] *
@@ -18,6 +19,12 @@ threads per bm x bn tile of C, batch ranges on grid z.
 - Edges: any sizes. Elements past M, N or K load as 0 and outputs past M or N are not stored.
 - Epilogue: what the kernel does to the sum before storing it (a bias, an activation, a mask, a
   cast: gpu_opts.matmul_with_epilogue) is computed per output with the renderer's scalar rules.
+- Implicit GEMMs: a kernel lowered with Opt(TILE) that is not a plain matmul (a convolution forward,
+  input or weight gradient: gpu_opts.implicit_gemm, its rows, columns and reduce each made of several
+  ranges, its loads gated) runs on the same tiles and inner loop; each thread gathers its operand points
+  one by one (_gather_loads: one tile row a thread, its ranges decomposed once; the reduce point
+  decomposed per element), the load's gate (the padding) and the edges evaluated there, 0 outside, and
+  the output point decomposed from its flat row and column before the epilogue.
 Shared rows are padded by MatmulTile.pad floats (16-byte aligned rows for vector reads); a thread's
 register tile is made of runs of 4 rows (columns) spread over the block tile (_owned).
 """
