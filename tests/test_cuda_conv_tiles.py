@@ -1,6 +1,6 @@
 """Convolutions through the shared-memory tiles on CUDA (Opt(TILE) on an implicit GEMM: gpu_opts.implicit_gemm,
 tiled_matmul._gather_loads) without a GPU: the forward, input-gradient and weight-gradient kernels of
-Tensor.conv2d take the tile where the grid is big enough, the padding gate is evaluated when a tile is
+Tensor.conv2d take the tile at 16 or more rows and columns, the padding gate is evaluated when a tile is
 loaded (never in the inner loop), every tiled conv kernel compiles with NVRTC for sm_75, sm_80 and sm_90,
 and their values on the CPU check (polygrad_backend_cuda.cpu_check) match torch in float64 on 3x3 / 1x1 /
 5x5 windows, strides 1 and 2, padding, and odd channel and pixel counts (edges of the tile).
@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from polygrad import Context, Tensor
-from polygrad.codegen import gpu_opts
 from polygrad.codegen.gpu_opts import implicit_gemm
 from polygrad.codegen.lower import kernel_for_opts
 from polygrad.codegen.opts import OptKind
@@ -58,15 +57,14 @@ def tiled_names(shape, arch="sm_90"):
 
 
 def test_conv_forward_and_backward_take_the_tile():
-    """At ResNet widths (batch 8, 56x56, 64 -> 64 channels): forward and input gradient are tiled for 3x3
-    (stride 1 and 2, padding 1) and 1x1 windows; a weight gradient with few output tiles (9 for 64 x 576)
-    keeps one output per thread (GEMM_MIN_BLOCKS), one with enough (256 -> 256 channels) is tiled."""
-    fwd_dx = [("r_8_64_56_56", True), ("r_8_64_56_56", True)]
-    assert tiled_names((8, 64, 56, 56, 64, 3, 1, 1)) == fwd_dx + [("r_64_64_3_3", False)]
+    """At ResNet widths (batch 8, 56x56, 64 -> 64 channels): forward, input gradient and weight gradient are
+    tiled for 3x3 (stride 1 and 2, padding 1) and 1x1 windows. (Without the tile the weight gradient runs one
+    thread a block, 576 blocks each looping over 64 output channels and 25088 points.)"""
+    assert tiled_names((8, 64, 56, 56, 64, 3, 1, 1)) == [("r_8_64_56_56", True)] * 2 + [("r_64_64_3_3", True)]
     # stride 2: the input gradient is a GEMM into the window's points, then a sum of them (no product)
     assert tiled_names((8, 64, 56, 56, 64, 3, 2, 1)) == [
-        ("r_8_64_28_28", True), ("r_8_1_64_1_28_28_3_3", True), ("r_8_64_56_56", False), ("r_64_64_3_3", False)]
-    assert tiled_names((8, 64, 56, 56, 64, 1, 1, 0)) == fwd_dx + [("r_64_64_1_1", False)]
+        ("r_8_64_28_28", True), ("r_8_1_64_1_28_28_3_3", True), ("r_8_64_56_56", False), ("r_64_64_3_3", True)]
+    assert tiled_names((8, 64, 56, 56, 64, 1, 1, 0)) == [("r_8_64_56_56", True)] * 2 + [("r_64_64_1_1", True)]
     assert tiled_names((8, 256, 14, 14, 256, 3, 1, 1)) == [("r_8_256_14_14", True)] * 2 + [("r_256_256_3_3", True)]
 
 
@@ -84,14 +82,18 @@ def test_implicit_gemm_ranges_of_a_forward_conv():
 
 
 def test_padding_gate_is_evaluated_when_a_tile_is_loaded():
-    kernels = cuda_kernels(conv_step(8, 64, 56, 56, 64, 3, 1, 1))
-    for spec, src, _ in kernels:
-        if not any(o.kind is OptKind.TILE for o in spec.opts):
-            continue
+    """The inner loop of every tiled kernel reads shared memory only; the forward's and the input gradient's
+    gated operand (x, and g: the padding) is zero-filled in its tile loader. (The weight gradient reads the
+    padded input, which this schedule materialises.)"""
+    kernels = [(spec.name, src) for spec, src, _ in cuda_kernels(conv_step(8, 64, 56, 56, 64, 3, 1, 1))
+               if any(o.kind is OptKind.TILE for o in spec.opts)]
+    assert len(kernels) == 3
+    for n, (name, src) in enumerate(kernels):
         body = src[src.index("for (int kk = 0"):src.index("if (step + 1 < steps) { st_a")]
         assert "data" not in body and "<8" not in body and "<57" not in body, body  # shared memory only
-        loader = src[src.index("auto ld_b"):src.index("auto st_b")]
-        assert "<57" in loader and "? data" in loader and ": 0.0f" in loader  # zero fill outside the image
+        if n < 2:
+            loader = src[src.index("auto ld_b"):src.index("auto st_b")]
+            assert "<57" in loader and "? data" in loader and ": 0.0f" in loader, (name, loader)
 
 
 CASES = {  # n, c, h, w, o, window, stride, padding: odd channels and pixel counts cross the tile's edges
@@ -106,11 +108,10 @@ CASES = {  # n, c, h, w, o, window, stride, padding: odd channels and pixel coun
 @needs_cxx
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("bias", [False, True])
-def test_tiled_conv_matches_torch_on_the_cpu(name, bias, monkeypatch):
+def test_tiled_conv_matches_torch_on_the_cpu(name, bias):
     """Every kernel of the step runs on the CPU check, in order (the stride-2 input gradient's first kernel
-    feeds the second), against torch's conv2d and autograd in float64. The shapes are small (the check runs
-    a thread per CUDA thread), so GEMM_MIN_BLOCKS is lowered for the tile to be taken."""
-    monkeypatch.setattr(gpu_opts, "GEMM_MIN_BLOCKS", 1)
+    feeds the second), against torch's conv2d and autograd in float64; small shapes (the check runs a thread
+    per CUDA thread)."""
     n, c, h, w, o, k, stride, pad = CASES[name]
     rng = np.random.default_rng(1)
     x, wt, b = rng.standard_normal((n, c, h, w)), rng.standard_normal((o, c, k, k)), rng.standard_normal(o)
@@ -140,6 +141,23 @@ def test_tiled_conv_matches_torch_on_the_cpu(name, bias, monkeypatch):
             checked.add(got.size)
     assert checked == set(want), "a conv output was not checked"
     assert tiled >= 3
+
+
+@needs_cxx
+def test_grouped_conv_runs_its_groups_on_grid_z():
+    """groups=2: the group's range is read by both operands (a batch range: grid z), the bias load is the
+    epilogue; against torch in float64."""
+    rng = np.random.default_rng(2)
+    x, w, b = rng.standard_normal((2, 32, 7, 5)), rng.standard_normal((40, 16, 3, 3)), rng.standard_normal(40)
+    (kernel,) = cuda_kernels(lambda: Tensor(x.astype(np.float32), device="INTERP").conv2d(
+        Tensor(w.astype(np.float32), device="INTERP"), Tensor(b.astype(np.float32), device="INTERP"),
+        groups=2, padding=1).realize())
+    spec, _, launch = kernel
+    assert [o.kind for o in spec.opts] == [OptKind.TILE] and launch.grid == (2, 1, 2)
+    by_size = {v.size: v.astype(np.float32) for v in (x, w, b)}
+    (got,) = run(kernel, *(by_size[g.size] for g in spec.globals if not g.written))
+    want = torch.nn.functional.conv2d(*(torch.tensor(v) for v in (x, w, b)), groups=2, padding=1).numpy()
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_90"])

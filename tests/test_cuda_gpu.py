@@ -182,7 +182,7 @@ def test_tiled_fp32_matmul_batches_and_transposes():
                                    (3, 17, 9, 31, 19, 5, 1, 2)])
 def test_tiled_conv_forward_and_gradients_against_torch(shape):
     """Convolutions as implicit GEMMs through shared-memory tiles (gpu_opts.implicit_gemm: forward, input
-    gradient, and the weight gradient where it has enough tiles): y, dx and dw of sum(relu(conv(x, w) + b) * g)
+    gradient, and weight gradient): y, dx and dw of sum(relu(conv(x, w) + b) * g)
     against torch in float64 on the host; ResNet widths, stride 2, 1x1, and odd sizes that cross the tile edges."""
     torch = pytest.importorskip("torch")
     n, c, h, w, o, k, stride, pad = shape

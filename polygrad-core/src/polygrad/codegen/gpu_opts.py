@@ -14,8 +14,7 @@ grid indices and LOCAL/GROUP ranges to block indices. Host devices never reach t
   any size from TILE_MIN_SIDE rows and columns (the wgmma kernel guards its edges).
 - TILE: a matmul-shaped kernel over float32 inputs (any sizes, batches, strides, and an elementwise
   epilogue such as a bias and an activation: matmul_with_epilogue), or an implicit GEMM (a
-  convolution forward or backward: several row, column and reduce ranges, gated loads: implicit_gemm; only
-  with GEMM_MIN_BLOCKS tiles) of at least
+  convolution forward or backward: several row, column and reduce ranges, gated loads: implicit_gemm) of at least
   TILE_MIN_SIDE rows and columns gets Opt(TILE, reduce axis, block rows): the GPU renderer stages
   block tiles of A and B through shared memory (double buffered) and gives each thread a register
   tile. The tile is the largest of MATMUL_TILES whose shared memory fits `caps.shared_memory_bytes`
@@ -56,9 +55,6 @@ TC_FAMILIES = {"half": ("mma_f16", TC_TILE), "bfloat16": ("mma_bf16", TC_TILE), 
 WGMMA_FAMILIES = {"half": "wgmma_f16", "bfloat16": "wgmma_bf16"}
 WGMMA_DEPTH = 64
 TILE_MIN_SIDE = 16        # a thinner matmul (a matrix-vector product) reads better one output per thread
-GEMM_MIN_BLOCKS = 64      # an implicit GEMM (a convolution) with fewer tiles keeps one output per thread: a
-                          # weight gradient's long reduction over few outputs (64 -> 64 channels, 3x3: 9
-                          # tiles) would leave most SMs idle without a split of the reduction (not tuned on a GPU)
 MAX_GRID_Y = 65535        # a tiled kernel's row tiles run on grid y (CUDA's limit)
 TILE_MIN_BLOCKS = 256     # a bigger tile only while the grid keeps this many blocks (about two per SM of
                           # a big GPU; not tuned on a GPU yet)
@@ -223,7 +219,7 @@ def tile_opts(ast: UOp, caps: Any) -> list:
     blocks = lambda t: -(-rows // t.bm) * -(-cols // t.bn)  # noqa: E731
     big = [t for t in fits if blocks(t) >= TILE_MIN_BLOCKS]
     tile = max(big, key=lambda t: t.bm) if big else min(fits, key=lambda t: t.bm)
-    if -(-rows // tile.bm) > MAX_GRID_Y or (matmul is None and blocks(tile) < GEMM_MIN_BLOCKS):
+    if -(-rows // tile.bm) > MAX_GRID_Y:
         return []
     return [Opt(OptKind.TILE, k.arg[0], tile.bm)]
 
