@@ -9,6 +9,9 @@ Rows (each prints polygrad's figure, torch's, their ratio, and the check that pa
 - on sm_90 and newer, matmul N in fp16 and bf16 on warpgroup tensor cores (wgmma, opt-in POLY_CUDA_WGMMA=1,
   read when the device opens: measured in a child process that opens it so), checked as the rows above and
   failed unless the kernel was lowered for wgmma (opts TC:64);
+- conv2d 3x3 64 -> 64 channels, batch 8, 56x56, padding 1 (a ResNet stage), forward and both gradients:
+  TFLOP/s of the three products, beside torch (cuDNN, TF32 off); output and gradients checked against NumPy
+  in float64; the row names each kernel's opts (TILE: the implicit GEMM through shared-memory tiles);
 - the 784-512-512-10 MLP Adam step at batch 128 (polygrad under TinyJit): ms a step; the losses of the
   first steps and the weights after them checked against the same steps in NumPy;
 - a GPT-2-small training step (12 layers, 768 wide, 12 heads, vocabulary 50257) at batch 8 x 512 tokens,
@@ -242,6 +245,78 @@ def wgmma_rows(n: int, device: str, repeats: int, require_wgmma: bool = True) ->
         if not used:
             row.ok, row.check = False, f"{row.check}; the kernel was not lowered for wgmma ({WGMMA_OPTS})"
     return rows
+
+
+# ---- a convolution's training kernels
+
+CONV_SHAPE = (8, 64, 56, 56, 64, 3)  # batch, in channels, height, width, out channels, window (padding 1)
+CONV_TINY = (2, 16, 8, 8, 16, 3)
+
+
+def numpy_conv_step(x: np.ndarray, w: np.ndarray, g: np.ndarray):
+    """conv2d with padding k // 2 and stride 1 in float64, and the gradients of sum(y * g) for x and w."""
+    k = w.shape[-1]
+    p = k // 2
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))  # n, c, h, w, ky, kx
+    y = np.einsum("nchwij,ocij->nohw", win, w.astype(np.float64), optimize=True)
+    dw = np.einsum("nchwij,nohw->ocij", win, g.astype(np.float64), optimize=True)
+    gp = np.pad(g.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
+    gwin = np.lib.stride_tricks.sliding_window_view(gp, (k, k), axis=(2, 3))
+    dx = np.einsum("nohwij,ocij->nchw", gwin, w[:, :, ::-1, ::-1].astype(np.float64), optimize=True)
+    return y, dx, dw
+
+
+def conv_row(tiny: bool, device: str, torch, tdev: str, repeats: int) -> Row:
+    """A 3x3 convolution (padding 1) forward and its two gradients (input and weight), as in a ResNet
+    stage: TFLOP/s of the three products (3 x 2 n o h w c k k), best of several synchronised runs; the
+    output and both gradients checked against NumPy in float64; the row names the opts of each kernel."""
+    from polygrad import Context, Device, Tensor
+    n, c, h, wd, o, k = CONV_TINY if tiny else CONV_SHAPE
+    rng = np.random.default_rng(0)
+    x_np = rng.standard_normal((n, c, h, wd)).astype(np.float32)
+    w_np = (rng.standard_normal((o, c, k, k)) / math.sqrt(c * k * k)).astype(np.float32)
+    g_np = rng.standard_normal((n, o, h, wd)).astype(np.float32)
+    x = Tensor(x_np, device=device, requires_grad=True).realize()
+    w = Tensor(w_np, device=device, requires_grad=True).realize()
+    g = Tensor(g_np, device=device).realize()
+    out = {}
+
+    def run():
+        x.grad = w.grad = None
+        with Context(TRAINING=1):
+            y = x.conv2d(w, padding=k // 2)
+            (y * g).sum().backward()
+            out["y"], out["dx"], out["dw"] = y.realize(), x.grad.realize(), w.grad.realize()
+    from polygrad.codegen.lower import lower
+    from polygrad.engine import programs
+    asts = []
+    compile_program = programs.get_program
+    programs.get_program = lambda ast, dev: asts.append(ast) or compile_program(ast, dev)
+    try:
+        run()
+    finally:
+        programs.get_program = compile_program
+    dev = Device[device]
+    opts = "; ".join(f"{a.arg.name} {' '.join(f'{o.kind.value}:{o.amount}' for o in lower(a, dev.capabilities).opts)}"
+                     for a in asts if a.arg.name.startswith("r_")) or "cached"
+    secs = best_time(run, dev.synchronize, repeats)
+    flops = 3 * 2 * n * o * h * wd * c * k * k
+    ys, dxs, dws = numpy_conv_step(x_np, w_np, g_np)
+    err = max(rel_err(out["y"].numpy(), ys), rel_err(out["dx"].numpy(), dxs), rel_err(out["dw"].numpy(), dws))
+    limit = 1e-4
+    row = Row(f"conv2d 3x3 {c}->{o} batch {n} {h}x{wd} forward + both gradients (opts {opts})", flops / secs / 1e12,
+              "TFLOP/s", f"y, dx, dw vs NumPy float64, max rel err {err:.1e} (limit {limit:.0e})", err < limit)
+    if torch is not None:
+        tx = torch.tensor(x_np, device=tdev, requires_grad=True)
+        tw = torch.tensor(w_np, device=tdev, requires_grad=True)
+        tg = torch.tensor(g_np, device=tdev)
+
+        def trun():
+            tx.grad = tw.grad = None
+            (torch.nn.functional.conv2d(tx, tw, padding=k // 2) * tg).sum().backward()
+        row.torch = flops / best_time(trun, lambda: torch_sync(torch, tdev), repeats) / 1e12
+    return row
 
 
 # ---- the MLP Adam step
@@ -617,7 +692,7 @@ def launch_rows(device: str, torch, tdev: str, repeats: int) -> list[Row]:
 
 # ---- the table
 
-ROWS = ("matmul", "matmul_wgmma", "mlp", "gpt2_train", "gpt2_decode", "launch")
+ROWS = ("matmul", "matmul_wgmma", "conv", "mlp", "gpt2_train", "gpt2_decode", "launch")
 
 
 def device_name(device: str) -> str:
@@ -674,6 +749,8 @@ def main(argv: list[str] | None = None) -> int:
         show(matmul_rows(n, a.device, torch, tdev, repeats, kinds))
     if "matmul_wgmma" in wanted:
         show(wgmma_rows(n, a.device, repeats))
+    if "conv" in wanted:
+        show([conv_row(a.tiny, a.device, torch, tdev, repeats)])
     if "mlp" in wanted:
         show([mlp_row(a.device, torch, tdev, repeats)])
     if {"gpt2_train", "gpt2_decode"} & set(wanted):

@@ -32,12 +32,12 @@ def test_every_row_runs_and_passes_its_check_at_tiny_sizes(bench, capsys):
     assert bench.main(["--device", HOST, "--tiny", "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     for name in ("matmul 64 fp32", "matmul 64 fp32 with TF32 opted in (POLY_ALLOW_TF32=1)", "matmul 64 fp16",
-                 "matmul 64 bf16", "MLP 784-512-512-10 Adam step",
+                 "matmul 64 bf16", "conv2d 3x3 16->16 batch 2 8x8", "MLP 784-512-512-10 Adam step",
                  "GPT-2 training step (2x64, batch 2 x 16)", "GPT-2 decode (2x64, prompt 4, 4 new tokens)",
                  "launch: 40-kernel JIT replay, CUDA graphs", "launch: 40-kernel JIT replay, one launch each"):
         line = next(row for row in out.splitlines() if row.startswith(name))
         assert line.endswith(": ok"), line
-    assert "RESULT: all 9 rows checked" in out
+    assert "RESULT: all 10 rows checked" in out
     assert f"matmul on wgmma: not run, device {HOST}" in out
 
 
@@ -57,3 +57,11 @@ def test_a_wrong_matmul_fails_its_row(bench, capsys, monkeypatch):
     assert bench.main(["--device", HOST, "--tiny", "--repeats", "1", "--rows", "matmul"]) == 1
     out = capsys.readouterr().out
     assert "matmul 64 fp32" in out and "CHECK FAILED" in out
+
+
+def test_a_wrong_convolution_fails_its_row(bench, capsys, monkeypatch):
+    right = Tensor.conv2d
+    monkeypatch.setattr(Tensor, "conv2d", lambda x, w, *a, **k: right(x, w, *a, **k) * 1.001)
+    assert bench.main(["--device", HOST, "--tiny", "--repeats", "1", "--rows", "conv"]) == 1
+    out = capsys.readouterr().out
+    assert "conv2d 3x3" in out and "CHECK FAILED" in out

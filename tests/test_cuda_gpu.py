@@ -2,7 +2,8 @@
 
 Values against NumPy: elementwise and transcendental kernels, grouped reductions (softmax, log_softmax,
 layernorm and row sums/maxima by a warp per row on odd lengths), float4 paths, fp32
-matmuls (shared-memory tiles on odd sizes 1, 17, 1000, 4097; batches, transposes), fp16 and bf16
+matmuls (shared-memory tiles on odd sizes 1, 17, 1000, 4097; batches, transposes), convolutions forward and
+backward (implicit GEMMs on the same tiles; against torch), fp16 and bf16
 matmuls (tensor cores; on sm_90 also on warpgroup tensor cores with POLY_CUDA_WGMMA=1, in a child process
 that opens the device so) and fp32 ones with TF32 opted in (POLY_ALLOW_TF32=1), scatter-add (atomicAdd
 over the grid), copies between devices and ordinals, symbolic sizes; a training step (linear
@@ -201,6 +202,31 @@ def test_tiled_fp32_matmul_batches_and_transposes():
     np.testing.assert_allclose((ta @ tb).numpy(), a @ b, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose((ta @ tc).numpy(), a @ c, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose((tb.T @ ta[1].T).numpy(), b.T @ a[1].T, rtol=1e-4, atol=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(8, 64, 56, 56, 64, 3, 1, 1), (8, 64, 56, 56, 64, 3, 2, 1),
+                                   (8, 64, 56, 56, 128, 1, 2, 0), (8, 256, 14, 14, 256, 3, 1, 1),
+                                   (3, 17, 9, 31, 19, 5, 1, 2)])
+def test_tiled_conv_forward_and_gradients_against_torch(shape):
+    """Convolutions as implicit GEMMs through shared-memory tiles (gpu_opts.implicit_gemm: forward, input
+    gradient, and weight gradient): y, dx and dw of sum(relu(conv(x, w) + b) * g)
+    against torch in float64 on the host; ResNet widths, stride 2, 1x1, and odd sizes that cross the tile edges."""
+    torch = pytest.importorskip("torch")
+    n, c, h, w, o, k, stride, pad = shape
+    x, wt, b = randn(n, c, h, w), randn(o, c, k, k) / np.sqrt(c * k * k), randn(o)
+    xt, wtt, bt = (torch.tensor(v, dtype=torch.float64, requires_grad=True) for v in (x, wt, b))
+    yt = torch.nn.functional.conv2d(xt, wtt, bt, stride=stride, padding=pad).relu()
+    g = randn(*yt.shape)
+    (yt * torch.tensor(g, dtype=torch.float64)).sum().backward()
+    tx, tw, tb = (Tensor(v, device="CUDA", requires_grad=True) for v in (x, wt, b))
+    with Context(TRAINING=1):
+        y = tx.conv2d(tw, tb, stride=stride, padding=pad).relu()
+        (y * Tensor(g, device="CUDA")).sum().backward()
+    for got, want in ((y, yt), (tx.grad, xt.grad), (tw.grad, wtt.grad)):
+        want = want.detach().numpy()
+        err = np.abs(got.numpy() - want).max() / np.abs(want).max()
+        assert err < 1e-4, (shape, err)
 
 
 @gpu

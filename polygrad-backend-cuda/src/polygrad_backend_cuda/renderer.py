@@ -18,7 +18,8 @@ C renderer: Variables are `v<k>`), and its launch (grid and block sizes).
   over the grid (launch_of, Capabilities.atomic_add); float sums then come in no fixed order.
 - Tensor cores: a kernel lowered with Opt(TC) is rendered by tensor_core.py (mma.sync), or by wgmma.py
   (warpgroup wgmma.mma_async, sm_90a) where its amount is WGMMA_DEPTH.
-- Shared-memory tiles: a float32 matmul lowered with Opt(TILE) is rendered by tiled_matmul.py.
+- Shared-memory tiles: a float32 matmul or implicit GEMM (a convolution) lowered with Opt(TILE) is rendered
+  by tiled_matmul.py.
 - No contraction: compiled with --fmad=false, FMA only where the IR says FMA (fmaf; lowering
   contracts sums of products into FMA because Capabilities.fma is set, as on a CPU with FMA).
 """

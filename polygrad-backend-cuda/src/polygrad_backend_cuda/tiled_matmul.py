@@ -1,4 +1,5 @@
-"""Shared-memory tiled float32 matmuls: a kernel lowered with Opt(TILE) rendered as a block-tile template.
+"""Shared-memory tiled float32 matmuls and convolutions: a kernel lowered with Opt(TILE) rendered as a block-tile
+template.
 
 Stage: rendering. Input: a ProgramSpec whose opts hold Opt(TILE, k, block rows) (codegen/gpu_opts.py
 chose it, and the tile, from Capabilities.shared_memory_bytes for C[.., i, j] = f(sum_k A[.., i, k] *
@@ -18,6 +19,12 @@ threads per bm x bn tile of C, batch ranges on grid z.
 - Edges: any sizes. Elements past M, N or K load as 0 and outputs past M or N are not stored.
 - Epilogue: what the kernel does to the sum before storing it (a bias, an activation, a mask, a
   cast: gpu_opts.matmul_with_epilogue) is computed per output with the renderer's scalar rules.
+- Implicit GEMMs: a kernel lowered with Opt(TILE) that is not a plain matmul (a convolution forward,
+  input or weight gradient: gpu_opts.implicit_gemm, its rows, columns and reduce each made of several
+  ranges, its loads gated) runs on the same tiles and inner loop; each thread gathers its operand points
+  one by one (_gather_loads: one tile row a thread, its ranges decomposed once; the reduce point
+  decomposed per element), the load's gate (the padding) and the edges evaluated there, 0 outside, and
+  the output point decomposed from its flat row and column before the epilogue.
 Shared rows are padded by MatmulTile.pad floats (16-byte aligned rows for vector reads); a thread's
 register tile is made of runs of 4 rows (columns) spread over the block tile (_owned).
 """
@@ -25,8 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from polygrad.backend_api import (KERNEL_SYMBOL, MATMUL_TILES, LaunchDims, MatmulTile, Ops, UOp,
-                                  matmul_with_epilogue, range_coeff, var_name)
+from polygrad.backend_api import (KERNEL_SYMBOL, MATMUL_TILES, GemmShape, LaunchDims, MatmulTile, Ops, UOp,
+                                  implicit_gemm, matmul_with_epilogue, range_coeff, var_name)
 
 from polygrad_backend_cuda.tensor_core import index_expr
 
@@ -34,11 +41,11 @@ LANES = 4  # elements of A and of B each thread loads per stage (one float4)
 
 
 def uses_tiles(spec: Any) -> bool:
-    """Lowered with Opt(TILE), and still a matmul after lowering's later passes (the opt is chosen
-    before transcendentals are decomposed); otherwise the generic renderer and launch take it."""
+    """Lowered with Opt(TILE), and still a matmul or implicit GEMM after lowering's later passes (the
+    opt is chosen before transcendentals are decomposed); otherwise the generic renderer and launch take it."""
     if not any(getattr(o.kind, "value", o.kind) == "TILE" for o in spec.opts):
         return False
-    return matmul_with_epilogue(spec.ast) is not None
+    return matmul_with_epilogue(spec.ast) is not None or implicit_gemm(spec.ast) is not None
 
 
 def _size(r: UOp) -> int:
@@ -58,12 +65,32 @@ def tile_plan(spec: Any) -> tuple[UOp, UOp, UOp, UOp, list[UOp], MatmulTile]:
     return i, j, k, reduce, batch, MATMUL_TILES[amount]
 
 
+def gemm_plan(spec: Any) -> tuple[GemmShape, MatmulTile]:
+    """The implicit GEMM (gpu_opts.implicit_gemm) and the tile of a kernel lowered with Opt(TILE) that
+    is not a plain matmul (a convolution)."""
+    shape = implicit_gemm(spec.ast)
+    amount = next(o.amount for o in spec.opts if getattr(o.kind, "value", o.kind) == "TILE")
+    if shape is None or amount not in MATMUL_TILES:
+        raise NotImplementedError(f"kernel {spec.name} was lowered with Opt(TILE, amount={amount}) but is not a "
+                                  f"float32 implicit GEMM with one of the tiles {sorted(MATMUL_TILES)}")
+    return shape, MATMUL_TILES[amount]
+
+
+def _prod(ranges: tuple[UOp, ...] | list[UOp]) -> int:
+    n = 1
+    for r in ranges:
+        n *= _size(r)
+    return n
+
+
 def tiled_launch(spec: Any) -> LaunchDims:
-    i, j, _, _, batch, tile = tile_plan(spec)
-    z = 1
-    for r in batch:
-        z *= _size(r)
-    return LaunchDims((-(-_size(j) // tile.bn), -(-_size(i) // tile.bm), z), (tile.threads, 1, 1), ())
+    if matmul_with_epilogue(spec.ast) is None:
+        g, tile = gemm_plan(spec)
+        rows, cols, batch = _prod(g.rows), _prod(g.cols), g.batch
+    else:
+        i, j, _, _, batch, tile = tile_plan(spec)
+        rows, cols = _size(i), _size(j)
+    return LaunchDims((-(-cols // tile.bn), -(-rows // tile.bm), _prod(batch)), (tile.threads, 1, 1), ())
 
 
 def _operands(reduce: UOp, j: UOp) -> tuple[UOp, UOp]:
@@ -117,6 +144,54 @@ def _stage_loads(name: str, load: UOp, outer: UOp, k: UOp, outer_size: str, tile
     return lines
 
 
+def unflatten(flat: str, ranges: tuple[UOp, ...], names: dict[UOp, str], idt: str, pad: str) -> list[str]:
+    """Statements defining each range's name (names[r]) from `flat`, their row-major flat index (the
+    last range innermost)."""
+    lines, inner = [], 1
+    for n, r in reversed(list(enumerate(ranges))):
+        value = flat if inner == 1 else f"{flat} / {inner}"
+        if n:
+            value = f"{value} % {_size(r)}"
+        lines.append(f"{pad}const {idt} {names[r]} = {value};")
+        inner *= _size(r)
+    return lines
+
+
+def _gather_loads(name: str, load: UOp, outer: tuple[UOp, ...], reduce: tuple[UOp, ...], tile_outer: int,
+                  t: MatmulTile, origin: str, names: dict[UOp, str], renderer: Any, idt: str) -> list[str]:
+    """Lines defining ld_<name>(o0, k0) and st_<name>(stage) for an operand of an implicit GEMM: each
+    thread keeps one tile row (`outer`'s ranges, decomposed once) and gathers LANES reduce points of
+    it, threads / tile_outer apart (consecutive threads: consecutive rows), each from its own address;
+    the load's gate (a convolution's padding) and the edges are evaluated here, a point outside them
+    is stored as 0, so the inner loop reads shared memory only."""
+    across = t.threads // tile_outer
+    assert t.threads % tile_outer == 0 and across * LANES == t.bk, (t, tile_outer)
+    own = dict(names)
+    own.update((r, f"{name}_o{n}") for n, r in enumerate(outer))
+    own.update((r, f"{name}_k{n}") for n, r in enumerate(reduce))
+    index = load.src[0]
+    addr = index_expr(index.src[1], own, renderer)
+    guard = f"{name}_m < {_prod(outer)} && kf < {_prod(reduce)}"
+    if len(index.src) > 2:
+        guard += f" && ({index_expr(index.src[2], own, renderer)})"
+    smem = "As" if name == "a" else "Bs"
+    return [
+        f"  const int {name}_r = threadIdx.x % {tile_outer}, {name}_c = threadIdx.x / {tile_outer};",
+        f"  const {idt} {name}_m = {origin} + {name}_r;",
+        *unflatten(f"{name}_m", outer, own, idt, "  "),
+        f"  auto ld_{name} = [&]({idt} o0, {idt} k0) {{",
+        f"    for (int e = 0; e < {LANES}; e++) {{",
+        f"      const {idt} kf = k0 + {name}_c + e * {across};",
+        *unflatten("kf", reduce, own, idt, "      "),
+        f"      r{name}[e] = ({guard}) ? data{index.src[0].arg[0]}[{addr}] : 0.0f;",
+        "    }",
+        "  };",
+        f"  auto st_{name} = [&](int s) {{",
+        f"    for (int e = 0; e < {LANES}; e++) {smem}[s][{name}_c + e * {across}][{name}_r] = r{name}[e];",
+        "  };",
+    ]
+
+
 def _owned(e: str, thread: str, side: int, per_thread: int) -> str:
     """The tile row (column) of a thread's e-th register-tile row (column): runs of 4 consecutive
     ones, the runs side * 4 / per_thread apart, so the 16-byte shared reads of neighbouring threads
@@ -164,21 +239,30 @@ def epilogue_lines(value: UOp, reduce: UOp, names: dict[UOp, str], renderer: Any
 
 
 def render_tiled_matmul(spec: Any, renderer: Any) -> str:
-    i, j, k, reduce, batch, t = tile_plan(spec)
+    """A plain matmul (matmul_with_epilogue) loads its operands along their contiguous ranges
+    (_stage_loads); any other implicit GEMM (a convolution) gathers them point by point (_gather_loads)."""
     end = spec.ast.src[0]
     store = end.src[0]
     out_index, value = store.src[0], store.src[1]
-    load_a, load_b = _operands(reduce, j)
-    idt = renderer.ctype(i.dtype)
-    names = {i: "ri", j: "rj", k: "rk"}
+    names: dict[UOp, str] = {}
     names.update((v, var_name(n)) for n, v in enumerate(spec.vars))  # the renderer's names, never the user's
+    gemm = matmul_with_epilogue(spec.ast) is None
+    if gemm:
+        g, t = gemm_plan(spec)
+        reduce, batch = g.sum, list(g.batch)
+        rows, cols = _prod(g.rows), _prod(g.cols)
+        idt = renderer.ctype(g.rows[0].dtype)
+        names.update((r, f"ri{n}") for n, r in enumerate(g.rows))
+        names.update((r, f"rj{n}") for n, r in enumerate(g.cols))
+    else:
+        i, j, k, reduce, batch, t = tile_plan(spec)
+        load_a, load_b = _operands(reduce, j)
+        idt = renderer.ctype(i.dtype)
+        names.update({i: "ri", j: "rj", k: "rk"})
+        rows, cols = _size(i), _size(j)
     for n, r in enumerate(batch):
         names[r] = f"rb{n}"
-    rows, cols = _size(i), _size(j)
-    buf_a, buf_b = (f"data{x.src[0].src[0].arg[0]}" for x in (load_a, load_b))
     out_buf = f"data{out_index.src[0].arg[0]}"
-    ia = index_expr(load_a.src[0].src[1], names, renderer)
-    ib = index_expr(load_b.src[0].src[1], names, renderer)
     ic = index_expr(out_index.src[1], names, renderer)
     tx = t.bn // t.tn
     # the IR's step: a fused multiply-add where lowering contracted the sum (caps.fma), else two roundings
@@ -194,14 +278,23 @@ def render_tiled_matmul(spec: Any, renderer: Any) -> str:
     for n, r in reversed(list(enumerate(batch))):
         lines.append(f"  const {idt} rb{n} = bz % {_size(r)}; bz /= {_size(r)};")
     lines += [f"  float ra[{LANES}], rb[{LANES}];"]
-    lines += _stage_loads("a", load_a, i, k, str(rows), t.bm, t.bk, buf_a, ia, idt)
-    lines += _stage_loads("b", load_b, j, k, str(cols), t.bn, t.bk, buf_b, ib, idt)
+    if gemm:
+        lines += _gather_loads("a", g.a, g.rows, g.reduce, t.bm, t, "row0", names, renderer, idt)
+        lines += _gather_loads("b", g.b, g.cols, g.reduce, t.bn, t, "col0", names, renderer, idt)
+        steps = -(-_prod(g.reduce) // t.bk)
+    else:
+        buf_a, buf_b = (f"data{x.src[0].src[0].arg[0]}" for x in (load_a, load_b))
+        ia = index_expr(load_a.src[0].src[1], names, renderer)
+        ib = index_expr(load_b.src[0].src[1], names, renderer)
+        lines += _stage_loads("a", load_a, i, k, str(rows), t.bm, t.bk, buf_a, ia, idt)
+        lines += _stage_loads("b", load_b, j, k, str(cols), t.bn, t.bk, buf_b, ib, idt)
+        steps = -(-_size(k) // t.bk)
     lines += [
         f"  float acc[{t.tm}][{t.tn}];",
         f"  for (int m = 0; m < {t.tm}; m++) for (int n = 0; n < {t.tn}; n++) acc[m][n] = 0.0f;",
         "  ld_a(row0, 0); ld_b(col0, 0); st_a(0); st_b(0);",
         "  __syncthreads();",
-        f"  const int steps = {-(-_size(k) // t.bk)};",
+        f"  const int steps = {steps};",
         "  for (int step = 0; step < steps; step++) {",
         "    const int s = step & 1;",
         f"    if (step + 1 < steps) {{ ld_a(row0, (step + 1) * {t.bk}); ld_b(col0, (step + 1) * {t.bk}); }}",
@@ -222,10 +315,13 @@ def render_tiled_matmul(spec: Any, renderer: Any) -> str:
     slot = {g.slot: g for g in spec.globals}
     out_dt = slot[out_index.src[0].arg[0]].dtype
     epilogue, v = epilogue_lines(value, reduce, names, renderer, "      ")
+    pad = "      "
+    split = unflatten("ri", g.rows, names, idt, pad) + unflatten("rj", g.cols, names, idt, pad) if gemm else []
     lines += [
         f"  for (int m = 0; m < {t.tm}; m++) for (int n = 0; n < {t.tn}; n++) {{",
         f"    const {idt} ri = row0 + {_owned('m', 'ty', t.bm, t.tm)}, rj = col0 + {_owned('n', 'tx', t.bn, t.tn)};",
         f"    if (ri < {rows} && rj < {cols}) {{",
+        *split,
         *epilogue,
         f"      {out_buf}[{ic}] = {renderer.to_storage(out_dt, v)};",
         "    }",

@@ -45,9 +45,9 @@ from polygrad.renderer.cstyle_ops import MASK_RULES, SCALAR_RULES, VECTOR_RULES 
 from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, run_steps, var_name  # noqa: F401
 # the passes over it that every emitter shares (unroll, fold, share, hoist, drop dead values, offsets)
 from polygrad.renderer.linear_passes import LinearPasses, simplify_linear  # noqa: F401
-from polygrad.codegen.gpu_opts import (MATMUL_TILES, TC_FAMILIES, WGMMA_DEPTH, MatmulTile,  # noqa: F401
-                                       matmul_ranges, matmul_shape, matmul_with_epilogue, tensor_core_dtype,
-                                       wgmma_dtype)
+from polygrad.codegen.gpu_opts import (MATMUL_TILES, TC_FAMILIES, WGMMA_DEPTH, GemmShape, MatmulTile,  # noqa: F401
+                                       implicit_gemm, matmul_ranges, matmul_shape, matmul_with_epilogue,
+                                       tensor_core_dtype, wgmma_dtype)
 from polygrad.renderer.launch import LaunchDims, launch_dims  # noqa: F401
 from polygrad.uop.ops import Ops, UOp  # noqa: F401
 from polygrad.uop.symbolic import range_coeff  # noqa: F401  (contiguity of an index along a range)

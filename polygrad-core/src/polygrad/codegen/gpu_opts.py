@@ -13,7 +13,8 @@ grid indices and LOCAL/GROUP ranges to block indices. Host devices never reach t
   POLY_CUDA_WGMMA=1) gets Opt(TC, reduce axis, WGMMA_DEPTH) instead for a float16 / bfloat16 matmul of
   any size from TILE_MIN_SIDE rows and columns (the wgmma kernel guards its edges).
 - TILE: a matmul-shaped kernel over float32 inputs (any sizes, batches, strides, and an elementwise
-  epilogue such as a bias and an activation: matmul_with_epilogue) of at least
+  epilogue such as a bias and an activation: matmul_with_epilogue), or an implicit GEMM (a
+  convolution forward or backward: several row, column and reduce ranges, gated loads: implicit_gemm) of at least
   TILE_MIN_SIDE rows and columns gets Opt(TILE, reduce axis, block rows): the GPU renderer stages
   block tiles of A and B through shared memory (double buffered) and gives each thread a register
   tile. The tile is the largest of MATMUL_TILES whose shared memory fits `caps.shared_memory_bytes`
@@ -61,6 +62,7 @@ TC_FAMILIES = {"half": ("mma_f16", TC_TILE), "bfloat16": ("mma_bf16", TC_TILE), 
 WGMMA_FAMILIES = {"half": "wgmma_f16", "bfloat16": "wgmma_bf16"}
 WGMMA_DEPTH = 64
 TILE_MIN_SIDE = 16        # a thinner matmul (a matrix-vector product) reads better one output per thread
+MAX_GRID_Y = 65535        # a tiled kernel's row tiles run on grid y (CUDA's limit)
 TILE_MIN_BLOCKS = 256     # a bigger tile only while the grid keeps this many blocks (about two per SM of
                           # a big GPU; not tuned on a GPU yet)
 ROW_ELEMENTS = 32         # a grouped row keeps about this many elements per thread (a warp per row up to
@@ -241,13 +243,21 @@ def tensor_core_opts(ast: UOp, caps: Any) -> list:
 
 
 def tile_opts(ast: UOp, caps: Any) -> list:
-    """[Opt(TILE, reduce axis, block rows)] for a float32 matmul of at least TILE_MIN_SIDE rows and
-    columns whose tile fits the device's shared memory (module docstring); else []."""
-    shape = matmul_with_epilogue(ast)
-    if shape is None or not getattr(caps, "has_local_memory", False):
+    """[Opt(TILE, first reduce axis, block rows)] for a float32 matmul or implicit GEMM (a convolution:
+    implicit_gemm) of at least TILE_MIN_SIDE rows and columns whose tile fits the device's shared memory
+    (module docstring); else []."""
+    if not getattr(caps, "has_local_memory", False):
         return []
-    i, j, k, _ = shape
-    rows, cols = range_size(i), range_size(j)
+    matmul = matmul_with_epilogue(ast)
+    if matmul is not None:
+        i, j, k, _ = matmul
+        rows, cols = range_size(i), range_size(j)
+    else:
+        shape = implicit_gemm(ast)
+        if shape is None:
+            return []
+        rows, cols = math.prod(range_size(r) for r in shape.rows), math.prod(range_size(r) for r in shape.cols)
+        k = shape.reduce[0]
     if rows < TILE_MIN_SIDE or cols < TILE_MIN_SIDE:
         return []
     memory = int(getattr(caps, "shared_memory_bytes", 0) or 0)
@@ -257,7 +267,81 @@ def tile_opts(ast: UOp, caps: Any) -> list:
     blocks = lambda t: -(-rows // t.bm) * -(-cols // t.bn)  # noqa: E731
     big = [t for t in fits if blocks(t) >= TILE_MIN_BLOCKS]
     tile = max(big, key=lambda t: t.bm) if big else min(fits, key=lambda t: t.bm)
+    if -(-rows // tile.bm) > MAX_GRID_Y:
+        return []
     return [Opt(OptKind.TILE, k.arg[0], tile.bm)]
+
+
+@dataclass(frozen=True)
+class GemmShape:
+    """A kernel read as C[rows, cols] = f(sum over `reduce` of A[rows, reduce] * B[cols, reduce]) per batch
+    point: `rows` are the global ranges only A's address (index and gate) reads, `cols` those only B's
+    reads, `batch` the other global ranges (in the output order), `reduce` the REDUCE's ranges
+    (outermost first). `a` and `b` are the two float32 LOADs, `sum` the REDUCE."""
+
+    rows: tuple[UOp, ...]
+    cols: tuple[UOp, ...]
+    reduce: tuple[UOp, ...]
+    batch: tuple[UOp, ...]
+    a: UOp
+    b: UOp
+    sum: UOp
+
+
+def _address_ranges(load: UOp) -> set[UOp]:
+    return {n for n in load.src[0].toposort() if n.op is Ops.RANGE}
+
+
+def implicit_gemm(ast: UOp) -> GemmShape | None:
+    """The GemmShape of a float32 kernel whose stored value is an elementwise epilogue (as in
+    matmul_with_epilogue) of one sum, over any number of reduce ranges, of the product of two float32
+    loads whose addresses and gates are any expressions of the ranges: a matmul, and the forward,
+    input-gradient and weight-gradient kernels of a convolution (rows: batch x output pixels; columns:
+    output channels; reduce: input channels x the kernel window, the padding as the loads' gates).
+    None unless both rows and columns are non-empty and every range has a constant size."""
+    end = _single_store(ast)
+    if end is None or end.op is not Ops.END:
+        return None
+    reduces, stack, seen = [], [end.src[0].src[1]], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.op is Ops.REDUCE:
+            reduces.append(n)
+        elif n.op is Ops.LOAD:
+            if len(n.src[0].src) != 2:
+                return None
+        elif n.op in EPILOGUE_OPS:
+            stack.extend(n.src)
+        elif n.op not in (Ops.CONST, Ops.DEFINE_VAR):
+            return None
+    if len(reduces) != 1:
+        return None
+    total = reduces[0]
+    body, red = total.src[0], total.src[1:]
+    if total.arg not in (Ops.ADD, Ops.FMA) or not red or body.op is not Ops.MUL:
+        return None
+    if any(x.op is not Ops.LOAD or x.dtype.name != "float" or x.src[0].op is not Ops.INDEX for x in body.src):
+        return None
+    glob = end.src[1:]
+    if any(r.arg[1] != AxisKind.GLOBAL or range_size(r) is None for r in glob):
+        return None
+    if any(r.op is not Ops.RANGE or r.arg[1] != AxisKind.REDUCE or range_size(r) is None for r in red):
+        return None
+    a, b = body.src
+    ra, rb = _address_ranges(a), _address_ranges(b)
+    if not (ra | rb) <= set(glob) | set(red):
+        return None
+    if glob[-1] in ra and glob[-1] not in rb:  # the output's innermost range among the columns (coalesced stores)
+        a, b, ra, rb = b, a, rb, ra
+    rows = tuple(r for r in glob if r in ra and r not in rb)
+    cols = tuple(r for r in glob if r in rb and r not in ra)
+    if not rows or not cols:
+        return None
+    batch = tuple(r for r in glob if r not in rows and r not in cols)
+    return GemmShape(rows, cols, tuple(red), batch, a, b, total)
 
 
 def matmul_shape(ast: UOp, dtype_name: str = "half") -> tuple[UOp, UOp, UOp] | None:

@@ -32,7 +32,8 @@ none of them. The optimisations (`OptKind`) and what they make of a range (`Axis
   TC            a matmul on tensor cores (amount: the reduce tile; gpu_opts.WGMMA_DEPTH: warpgroup wgmma,
                 a shared-memory stage's depth); ranges are left as they are and
                 the GPU renderer emits the tile instructions (gpu_opts.py decides when)
-  TILE          a float32 matmul staged through shared memory (amount: the block tile's rows, a key of
+  TILE          a float32 matmul or implicit GEMM (a convolution) staged through shared memory (axis: its
+                first reduce range; amount: the block tile's rows, a key of
                 gpu_opts.MATMUL_TILES); a marker like TC: the ranges stay, the GPU renderer emits the
                 tiled kernel
 The capabilities decide which a device gets: no vector lanes (vector_width <= 1) means no
