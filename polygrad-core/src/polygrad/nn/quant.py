@@ -282,6 +282,52 @@ def _int8_matmul_t(blocks: Tensor, x: Tensor, fmt: str = "Q8_0") -> Tensor:
     return (sums.cast(dtypes.float32) * scale).sum((-2, -1)).contiguous()
 
 
+# weight rows a multi-row int8 matmul's vector lanes hold (host_opts.int8_gemm_opts): one 256-bit vpdpbusd
+INT8_GEMM_LANES = 8
+
+
+def _int8_matmul_rows(blocks: Tensor, x: Tensor, fmt: str) -> Tensor:
+    """x @ W.T for Q8_0 or Q4_0 blocks (rows, nb, bytes) and many rows x (..., nb * 32) (a prompt), on 8-bit
+    activations as _int8_matmul_t: each row of x rounded per block (quantize_activations), each block's 32
+    products summed exactly in int32, then scaled by d_w * d_x and summed over blocks in float32.
+
+    A block's values are 2 x 4 x 4 (h, t, k; Q4_0's halves), k the 4 turns of a byte dot product. The
+    kernel's vector lanes are 8 weight rows, whose 8-bit values the kernel stages once per panel
+    (host_opts.int8_gemm_opts; linearize.stage keeps them bytes, each lane's 4 turns together), so a turn
+    is 4 bytes of a row of x, shared by the lanes, against 4 bytes of each weight row: one vpdpbusd
+    (renderer/int8_dot.py: DOT4_BCAST_PACKED), which multiplies unsigned by signed bytes. So one factor is
+    unsigned: Q4_0's nibbles (0..15; the block sum less 8 x the activations' block sum, computed once per
+    row and block), or for Q8_0 the activations offset by 128 (less 128 x the weights' block sum, once per
+    weight row and block). The weights' float16 scales and Q8_0's sums are small kernels of their own laid
+    out (nb, rows), contiguous along the lanes (float16 lanes would stop the linearizer's vectors)."""
+    rows, nb, _ = blocks.shape
+    lead = x.shape[:-1]
+    xq, dx = quantize_activations(x)
+    xq = xq.reshape(*lead, 1, nb, 2, 4, 4)
+
+    def per_block(v: Tensor) -> Tensor:  # (rows, nb) -> a (nb, rows) buffer, read as (*lead, rows, nb)
+        v = v.permute(1, 0).contiguous().permute(1, 0)
+        return v.reshape(*(1,) * len(lead), rows, nb).expand(*lead, rows, nb)
+    if fmt == "Q4_0":  # value 16h + 4t + k: nibble h of byte 4t + k, less 8
+        full = (rows, nb, 2, 4, 4)
+        qs = blocks[..., 2:18].reshape(rows, nb, 1, 4, 4).expand(*full)
+        shift = Tensor.arange(2, dtype=dtypes.uint8, device=blocks.device).reshape(1, 1, 2, 1, 1).expand(*full)
+        nibbles = (qs >> shift * 4) & 15
+        sums = (xq.cast(dtypes.int32) * nibbles.cast(dtypes.int32)).sum((-3, -2, -1))
+        xsum = xq.cast(dtypes.int32).sum((-3, -2, -1)).contiguous()  # (*lead, 1, nb)
+        sums = sums - xsum * 8
+    else:
+        wq = blocks[..., 2:].bitcast(dtypes.int8)
+        xu = (xq.cast(dtypes.int16) + 128).cast(dtypes.uint8).contiguous()  # a buffer: the kernel loads its bytes
+        sums = (xu.cast(dtypes.int32) * wq.reshape(rows, nb, 2, 4, 4).cast(dtypes.int32)).sum((-3, -2, -1))
+        sums = sums - per_block(wq.cast(dtypes.int32).sum(-1) * 128)
+    dw = (blocks[..., 0].cast(dtypes.uint16) | (blocks[..., 1].cast(dtypes.uint16) << 8)).bitcast(dtypes.float16)
+    scale = per_block(dw.cast(dtypes.float32)) * dx.reshape(*lead, 1, nb)
+    # a kernel of its own: under an epilogue (a bias, a gated MLP's product) the scheduler would give the
+    # block sums, a reduction inside this one, a buffer of their own (schedule/fusion.py)
+    return (sums.cast(dtypes.float32) * scale).sum(-1).contiguous()
+
+
 def _q4_0_block_sums(blocks: Tensor, xq: Tensor) -> Tensor:
     """Per Q4_0 block, lane l < 8: the int32 sum over h, t < 2 of xq[16h + 8t + l] * (nibble h of byte
     8t + l, less 8), for int8 activations xq (..., 1, nb, 2, 2, 8): value 16h + 8t + l is 8k + l with
@@ -352,8 +398,11 @@ class QuantWeight:
         if x.shape[-1] != cols:
             raise QuantizationError(f"x @ W.T: x has {x.shape[-1]} columns, the {f.name} weight {cols}")
         lead = x.shape[:-1]
-        if f.name in INT8_DOT_FORMATS and _one_row(lead) and int8_dot_enabled(x.device):
-            return _int8_matmul_t(self.blocks, x, f.name)
+        if f.name in INT8_DOT_FORMATS and int8_dot_enabled(x.device):
+            if _one_row(lead):
+                return _int8_matmul_t(self.blocks, x, f.name)
+            if rows % INT8_GEMM_LANES == 0:
+                return _int8_matmul_rows(self.blocks, x, f.name)
         values = _grouped(self.blocks, f)  # (rows, nb, *groups)
         axes = tuple(range(-len(f.groups) - 1, 0))
         out = (x.reshape(*lead, 1, cols // f.block, *f.groups) * values).sum(axes)
