@@ -30,20 +30,20 @@ from polygrad.nn.quant import QuantWeight, int8_dot_enabled
 ROWS, COLS = 24, 96  # 3 blocks a row, 3 panels of 8 weight rows
 
 
-def _blocks(fmt: str, seed: int = 0) -> np.ndarray:
-    """Q8_0 or Q4_0 blocks (ROWS, COLS // 32, bytes): random float16 scales, random bytes (every int8 quant
+def _blocks(fmt: str, seed: int = 0, cols: int = COLS) -> np.ndarray:
+    """Q8_0 or Q4_0 blocks (ROWS, cols // 32, bytes): random float16 scales, random bytes (every int8 quant
     and nibble), -128 and 127 in the first block."""
     rng = np.random.default_rng(seed)
-    blocks = rng.integers(0, 256, (ROWS, COLS // 32, 34 if fmt == "Q8_0" else 18), dtype=np.uint8)
-    blocks[..., :2] = rng.uniform(1e-3, 1e-1, (ROWS, COLS // 32)).astype(np.float16)[..., None].view(np.uint8)
+    blocks = rng.integers(0, 256, (ROWS, cols // 32, 34 if fmt == "Q8_0" else 18), dtype=np.uint8)
+    blocks[..., :2] = rng.uniform(1e-3, 1e-1, (ROWS, cols // 32)).astype(np.float16)[..., None].view(np.uint8)
     blocks[0, 0, 2:4] = [128, 127]
     return blocks
 
 
-def _activations(rows: int, seed: int) -> np.ndarray:
-    x = np.random.default_rng(seed).standard_normal((rows, COLS)).astype(np.float32) * 3
-    x[0, 32:64] = 0.0  # a block of zeros: d = 0 and q = 0
-    x[-1, 64] = -np.abs(x[-1, 65:96]).max() * 2  # the block's largest magnitude negative: q = -127
+def _activations(rows: int, seed: int, cols: int = COLS) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) * 3
+    x[0, -32:] = 0.0  # a block of zeros: d = 0 and q = 0
+    x[-1, 0] = -np.abs(x[-1, 1:32]).max() * 2  # the block's largest magnitude negative: q = -127
     return x
 
 
@@ -86,19 +86,21 @@ def _require_int8_dot():
         pytest.skip("the CPU device does not declare int8_dot (no VNNI or no clang)")
 
 
-def _prompt(rows: int, device: str = "CPU", symbolic: bool = True, seed: int = 1):
-    x = _activations(rows, seed)
+def _prompt(rows: int, device: str = "CPU", symbolic: bool = True, seed: int = 1, cols: int = COLS):
+    x = _activations(rows, seed, cols)
     t = Tensor(x, device=device)
-    return x, (t.reshape(Variable("tokens", 1, 64).bind(rows), COLS) if symbolic else t)
+    return x, (t.reshape(Variable("tokens", 1, 64).bind(rows), cols) if symbolic else t)
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
-@pytest.mark.parametrize("rows,symbolic", [(1, True), (15, True), (17, True), (33, True), (2, False), (8, False)])
-def test_prompt_matmul_matches_numpy_model_and_the_float_path(fmt, rows, symbolic):
+@pytest.mark.parametrize("rows,symbolic,cols", [(1, True, COLS), (15, True, COLS), (17, True, COLS), (33, True, COLS),
+                                                (2, False, COLS), (8, False, COLS), (17, True, 32)])
+def test_prompt_matmul_matches_numpy_model_and_the_float_path(fmt, rows, symbolic, cols):
+    """(One block a row, 32 columns: no sum over blocks around the block sums.)"""
     _require_int8_dot()
-    blocks = _blocks(fmt)
-    qw = QuantWeight(Tensor(blocks), fmt, (ROWS, COLS))
-    x, xt = _prompt(rows, symbolic=symbolic, seed=rows)
+    blocks = _blocks(fmt, cols=cols)
+    qw = QuantWeight(Tensor(blocks), fmt, (ROWS, cols))
+    x, xt = _prompt(rows, symbolic=symbolic, seed=rows, cols=cols)
     got = []
     new = _new_programs(lambda: got.append(qw.matmul_t(xt).numpy().reshape(rows, ROWS)))
     assert any("pg_dot4p_" in p.source for p in new), [p.spec.name for p in new]

@@ -178,10 +178,10 @@ INT8_GEMM_ROWS = 4
 
 def int8_gemm_opts(ast: UOp, glob: list[UOp], reduces: list[UOp], caps: Capabilities) -> list[Opt]:
     """nn/quant.py's multi-row int8 matmul (_int8_matmul_rows): a sum over blocks of int32 block sums of two
-    8-bit operands whose last turns range (k < 4) moves both by 1, one operand (x's bytes) independent of a
-    global range of weight rows `cols` (a multiple of 8), the other (the weight) of a global range of x's
-    rows. Its tile: 8 weight rows as the vector lanes, INT8_GEMM_ROWS rows of x unrolled, the weight's
-    values staged per panel of 8 rows (OUTER + STAGE of the blocks' slot: the linearizer stages them as
+    8-bit operands whose last turns range (k < 4) moves both by 1, one operand (x's bytes, loaded as they are)
+    independent of the two global ranges of weight rows (panels, 8 lanes), the other (the weight, computed)
+    independent of x's rows. Its tile: 8 weight rows as the vector lanes, INT8_GEMM_ROWS rows of x unrolled,
+    the weight's values staged per panel of 8 rows (OUTER + STAGE of the blocks' slot: the linearizer stages them as
     bytes, each lane's 4 turns together), so a turn is one vpdpbusd per row of x against 4 of its bytes
     (renderer/int8_dot.py: DOT4_BCAST_PACKED) and the rows of the tile share the block sums' loops. []
     for any other kernel."""
@@ -189,8 +189,6 @@ def int8_gemm_opts(ast: UOp, glob: list[UOp], reduces: list[UOp], caps: Capabili
         return []
     for inner in reduces:
         if inner.dtype is not dtypes.int32 or inner.arg is not Ops.ADD or range_size(inner.src[-1]) != 4:
-            continue
-        if not any(inner in outer.src[0].toposort() for outer in reduces if outer is not inner):
             continue
         product = inner.src[0]
         if product.op is not Ops.MUL or any(f.op is not Ops.CAST for f in product.src):
@@ -202,21 +200,18 @@ def int8_gemm_opts(ast: UOp, glob: list[UOp], reduces: list[UOp], caps: Capabili
                                                            for ix in byte_loads):
             continue
         x = plain[0]
-        for w in [ix for ix in byte_loads if ix is not x]:
-            cols = [r for r in glob if range_size(r) is not None and range_size(r) % INT8_DOT_LANES == 0
-                    and range_coeff(x.src[1], r) == 0 and range_coeff(w.src[1], r) not in (0, None)]
-            rows = [r for r in glob if range_coeff(w.src[1], r) == 0 and range_coeff(x.src[1], r) not in (0, None)]
-            if len(cols) != 1 or not rows:
-                continue
-            row = rows[-1]
-            size = range_size(row)
-            tile = next((t for t in (INT8_GEMM_ROWS, 2) if size is None or size % t == 0), 1)
-            top = max(r.arg[0] for r in ranges_of(ast))
-            opts = [Opt(OptKind.UPCAST, row.arg[0], tile)] if tile > 1 else []
-            top += 2 if tile > 1 else 0
-            panel = top + 1
-            return opts + [Opt(OptKind.UPCAST, cols[0].arg[0], INT8_DOT_LANES), Opt(OptKind.OUTER, panel, 0),
-                           Opt(OptKind.STAGE, panel, w.src[0].arg[0])]
+        w = next(ix for ix in byte_loads if ix is not x)
+        # the weight rows: panels and their 8 lanes (nn/quant.py's ranges), x's rows: the last range it alone reads
+        cols = [r for r in glob if range_size(r) is not None and range_coeff(x.src[1], r) == 0
+                and range_coeff(w.src[1], r) not in (0, None)]
+        rows = [r for r in glob if range_coeff(w.src[1], r) == 0 and range_coeff(x.src[1], r) not in (0, None)]
+        if len(cols) != 2 or range_size(cols[1]) != INT8_DOT_LANES or not rows:
+            continue
+        size = range_size(rows[-1])
+        tile = next((t for t in (INT8_GEMM_ROWS, 2) if size is None or size % t == 0), 1)
+        opts = [Opt(OptKind.UPCAST, rows[-1].arg[0], tile)] if tile > 1 else []
+        return opts + [Opt(OptKind.UPCAST, cols[1].arg[0], INT8_DOT_LANES), Opt(OptKind.OUTER, cols[0].arg[0], 0),
+                       Opt(OptKind.STAGE, cols[0].arg[0], w.src[0].arg[0])]
     return []
 
 

@@ -295,37 +295,42 @@ def _int8_matmul_rows(blocks: Tensor, x: Tensor, fmt: str) -> Tensor:
     kernel's vector lanes are 8 weight rows, whose 8-bit values the kernel stages once per panel
     (host_opts.int8_gemm_opts; linearize.stage keeps them bytes, each lane's 4 turns together), so a turn
     is 4 bytes of a row of x, shared by the lanes, against 4 bytes of each weight row: one vpdpbusd
-    (renderer/int8_dot.py: DOT4_BCAST_PACKED), which multiplies unsigned by signed bytes. So one factor is
+    (renderer/int8_dot.py: DOT4_BCAST), which multiplies unsigned by signed bytes. So one factor is
     unsigned: Q4_0's nibbles (0..15; the block sum less 8 x the activations' block sum, computed once per
     row and block), or for Q8_0 the activations offset by 128 (less 128 x the weights' block sum, once per
-    weight row and block). The weights' float16 scales and Q8_0's sums are small kernels of their own laid
-    out (nb, rows), contiguous along the lanes (float16 lanes would stop the linearizer's vectors)."""
+    weight row and block). Weight row 8p + l is lane l of panel p (the kernel's ranges). The weights'
+    float16 scales and Q8_0's sums are small kernels of their own laid out (rows / 8, nb, 8): contiguous
+    along the lanes (float16 lanes would stop the linearizer's vectors), and each reads its 8 rows' blocks
+    together (laid out (nb, rows), it read every row once per block: a Qwen2 MLP weight's scales took a
+    third of the matmul's time)."""
     rows, nb, _ = blocks.shape
     lead = x.shape[:-1]
+    panels, lanes = rows // INT8_GEMM_LANES, INT8_GEMM_LANES
     xq, dx = quantize_activations(x)
-    xq = xq.reshape(*lead, 1, nb, 2, 4, 4)
+    xq = xq.reshape(*lead, 1, 1, nb, 2, 4, 4)
+    blocks = blocks.reshape(panels, lanes, nb, blocks.shape[-1])  # weight row 8p + l: a panel, a lane
 
-    def per_block(v: Tensor) -> Tensor:  # (rows, nb) -> a (nb, rows) buffer, read as (*lead, rows, nb)
-        v = v.permute(1, 0).contiguous().permute(1, 0)
-        return v.reshape(*(1,) * len(lead), rows, nb).expand(*lead, rows, nb)
+    def per_block(v: Tensor) -> Tensor:  # (panels, lanes, nb) as a buffer (panels, nb, lanes)
+        v = v.permute(0, 2, 1).contiguous().permute(0, 2, 1)
+        return v.reshape(*(1,) * len(lead), panels, lanes, nb).expand(*lead, panels, lanes, nb)
     if fmt == "Q4_0":  # value 16h + 4t + k: nibble h of byte 4t + k, less 8
-        full = (rows, nb, 2, 4, 4)
-        qs = blocks[..., 2:18].reshape(rows, nb, 1, 4, 4).expand(*full)
-        shift = Tensor.arange(2, dtype=dtypes.uint8, device=blocks.device).reshape(1, 1, 2, 1, 1).expand(*full)
+        full = (panels, lanes, nb, 2, 4, 4)
+        qs = blocks[..., 2:18].reshape(panels, lanes, nb, 1, 4, 4).expand(*full)
+        shift = Tensor.arange(2, dtype=dtypes.uint8, device=blocks.device).reshape(1, 1, 1, 2, 1, 1).expand(*full)
         nibbles = (qs >> shift * 4) & 15
         sums = (xq.cast(dtypes.int32) * nibbles.cast(dtypes.int32)).sum((-3, -2, -1))
-        xsum = xq.cast(dtypes.int32).sum((-3, -2, -1)).contiguous()  # (*lead, 1, nb)
+        xsum = xq.cast(dtypes.int32).sum((-3, -2, -1)).contiguous()  # (*lead, 1, 1, nb)
         sums = sums - xsum * 8
     else:
         wq = blocks[..., 2:].bitcast(dtypes.int8)
         xu = (xq.cast(dtypes.int16) + 128).cast(dtypes.uint8).contiguous()  # a buffer: the kernel loads its bytes
-        sums = (xu.cast(dtypes.int32) * wq.reshape(rows, nb, 2, 4, 4).cast(dtypes.int32)).sum((-3, -2, -1))
+        sums = (xu.cast(dtypes.int32) * wq.reshape(panels, lanes, nb, 2, 4, 4).cast(dtypes.int32)).sum((-3, -2, -1))
         sums = sums - per_block(wq.cast(dtypes.int32).sum(-1) * 128)
     dw = (blocks[..., 0].cast(dtypes.uint16) | (blocks[..., 1].cast(dtypes.uint16) << 8)).bitcast(dtypes.float16)
-    scale = per_block(dw.cast(dtypes.float32)) * dx.reshape(*lead, 1, nb)
+    scale = per_block(dw.cast(dtypes.float32)) * dx.reshape(*lead, 1, 1, nb)
     # a kernel of its own: under an epilogue (a bias, a gated MLP's product) the scheduler would give the
     # block sums, a reduction inside this one, a buffer of their own (schedule/fusion.py)
-    return (sums.cast(dtypes.float32) * scale).sum(-1).contiguous()
+    return (sums.cast(dtypes.float32) * scale).sum(-1).contiguous().reshape(*lead, rows)
 
 
 def _q4_0_block_sums(blocks: Tensor, xq: Tensor) -> Tensor:

@@ -990,15 +990,21 @@ class _Linearizer:
         of its points (rows of a prompt) instead of computing them again. The copy keeps the block's
         vector lanes where the value has them; where its arithmetic has no lanes (uint8 shifts: Q4_K's
         scales) it alone runs as scalar loops, and the reduction reading the array keeps its lanes.
-        Skipped like stage()."""
-        layout = self.stage_layout(u, u.dtype)
+        Skipped like stage(). A range of one point not yet open (an upcast's outer range when the upcast
+        takes a whole range: an int8 prompt tile's 8 lanes) is its point 0 in the copy."""
+        value = u
+        single = {r: UOp.const(r.dtype, 0) for r in self.deps(u) if r not in self.open and r not in self.bind
+                  and r.src[0].op is Ops.CONST and r.src[0].arg == 1 and _kind(r) == AxisKind.GLOBAL}
+        if single:
+            value = _substituted(u, single)
+        layout = self.stage_layout(value, u.dtype)
         if layout is None:
             return
         inner, size, flat = layout
         local = Inst(L.LOCAL, u.dtype, (), size)
         self.head.append(local)
         saved = self.vec, self.unrolled
-        for plan in self.copy_plans(u, inner, flat):
+        for plan in self.copy_plans(value, inner, flat):
             mark = self.mark()
             try:  # a nested run, so a NoVector ends the copy alone (the value is a few dozen nodes deep)
                 run_steps(self.stage_copy(local, plan), self.request)
