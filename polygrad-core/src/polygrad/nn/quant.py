@@ -225,18 +225,19 @@ def _grouped(blocks: Tensor, f: BlockFormatDef) -> Tensor:
 
 # formats whose decode matvec may run on 8-bit activations (_int8_matmul_t)
 INT8_DOT_FORMATS = ("Q8_0", "Q4_0")
+# formats whose prompt matmuls (several rows) may run on 8-bit activations (_int8_matmul_rows)
+INT8_PROMPT_FORMATS = ("Q8_0", "Q4_0")
 
 
 def int8_dot_enabled(device: str) -> bool:
-    """Whether a one-row matvec of a Q8_0 or Q4_0 weight on `device` rounds its activation to 8 bits and sums
-    each block with integer dot products (_int8_matmul_t): where the device declares Capabilities.int8_dot
-    and POLY_INT8_DOT is not 0."""
+    """Whether a Q8_0 or Q4_0 matmul on `device` rounds its activations to 8 bits and sums each block with
+    integer dot products (_int8_matmul_t for one row, _int8_matmul_rows for a prompt's): where the device
+    declares Capabilities.int8_dot and POLY_INT8_DOT is not 0."""
     return bool(config.get("POLY_INT8_DOT")) and bool(getattr(open_device(device).capabilities, "int8_dot", False))
 
 
 def _one_row(lead: tuple) -> bool:
-    """A decode step's shape: every leading size is 1 (a prompt's rows keep the float path, whose row tiles
-    reuse each dequantized block)."""
+    """A decode step's shape: every leading size is 1 (a prompt's rows take _int8_matmul_rows instead)."""
     return all(isinstance(n, int) and n == 1 for n in lead)
 
 
@@ -403,11 +404,11 @@ class QuantWeight:
         if x.shape[-1] != cols:
             raise QuantizationError(f"x @ W.T: x has {x.shape[-1]} columns, the {f.name} weight {cols}")
         lead = x.shape[:-1]
-        if f.name in INT8_DOT_FORMATS and int8_dot_enabled(x.device):
-            if _one_row(lead):
-                return _int8_matmul_t(self.blocks, x, f.name)
-            if rows % INT8_GEMM_LANES == 0:
-                return _int8_matmul_rows(self.blocks, x, f.name)
+        if f.name in INT8_DOT_FORMATS and _one_row(lead) and int8_dot_enabled(x.device):
+            return _int8_matmul_t(self.blocks, x, f.name)
+        if f.name in INT8_PROMPT_FORMATS and not _one_row(lead) and rows % INT8_GEMM_LANES == 0 \
+                and int8_dot_enabled(x.device):
+            return _int8_matmul_rows(self.blocks, x, f.name)
         values = _grouped(self.blocks, f)  # (rows, nb, *groups)
         axes = tuple(range(-len(f.groups) - 1, 0))
         out = (x.reshape(*lead, 1, cols // f.block, *f.groups) * values).sum(axes)
