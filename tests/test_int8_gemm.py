@@ -135,8 +135,9 @@ def _gemm_program(fmt: str):
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
 def test_prompt_kernel_stages_bytes_and_runs_vpdpbusd(fmt):
     """One kernel computes the prompt's block sums: 8 weight rows as lanes, the weights staged as bytes per
-    panel, 4 rows of x whose block sums share one loop nest (4 helper calls, each one vpdpbusd: an unsigned
-    factor, Q4_0's nibbles or Q8_0's offset activations, so no sign correction), no 4-turn loop left."""
+    panel, 4 rows of x whose block sums share one loop nest (4 helper calls, each one vpdpbusd: the staged
+    weights are unsigned, Q4_0's nibbles or Q8_0's weights + 128, so no sign correction), no 4-turn loop
+    left."""
     _require_int8_dot()
     prog = _gemm_program(fmt)
     kinds = [o.kind for o in prog.spec.opts]

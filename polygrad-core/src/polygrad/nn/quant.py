@@ -296,14 +296,13 @@ def _int8_matmul_rows(blocks: Tensor, x: Tensor, fmt: str) -> Tensor:
     kernel's vector lanes are 8 weight rows, whose 8-bit values the kernel stages once per panel
     (host_opts.int8_gemm_opts; linearize.stage keeps them bytes, each lane's 4 turns together), so a turn
     is 4 bytes of a row of x, shared by the lanes, against 4 bytes of each weight row: one vpdpbusd
-    (renderer/int8_dot.py: DOT4_BCAST), which multiplies unsigned by signed bytes. So one factor is
-    unsigned: Q4_0's nibbles (0..15; the block sum less 8 x the activations' block sum, computed once per
-    row and block), or for Q8_0 the activations offset by 128 (less 128 x the weights' block sum, once per
-    weight row and block). Weight row 8p + l is lane l of panel p (the kernel's ranges). The weights'
-    float16 scales and Q8_0's sums are small kernels of their own laid out (rows / 8, nb, 8): contiguous
-    along the lanes (float16 lanes would stop the linearizer's vectors), and each reads its 8 rows' blocks
-    together (laid out (nb, rows), it read every row once per block: a Qwen2 MLP weight's scales took a
-    third of the matmul's time)."""
+    (renderer/int8_dot.py: DOT4_BCAST), which multiplies unsigned by signed bytes. So the weights are
+    staged unsigned, offset: Q4_0's nibbles (the weight + 8), Q8_0's bytes ^ 0x80 (the weight + 128), and the
+    block sum less offset x the activations' block sum (a small kernel, once per row and block). Weight row
+    8p + l is lane l of panel p (the kernel's ranges). The weights' float16 scales are a small kernel of
+    their own laid out (rows / 8, nb, 8): contiguous along the lanes (float16 lanes would stop the
+    linearizer's vectors), reading 8 rows' blocks together (laid out (nb, rows), it read every row once
+    per block: a Qwen2 MLP weight's scales took a third of the matmul's time)."""
     rows, nb, _ = blocks.shape
     lead = x.shape[:-1]
     panels, lanes = rows // INT8_GEMM_LANES, INT8_GEMM_LANES
@@ -314,19 +313,16 @@ def _int8_matmul_rows(blocks: Tensor, x: Tensor, fmt: str) -> Tensor:
     def per_block(v: Tensor) -> Tensor:  # (panels, lanes, nb) as a buffer (panels, nb, lanes)
         v = v.permute(0, 2, 1).contiguous().permute(0, 2, 1)
         return v.reshape(*(1,) * len(lead), panels, lanes, nb).expand(*lead, panels, lanes, nb)
-    if fmt == "Q4_0":  # value 16h + 4t + k: nibble h of byte 4t + k, less 8
+    if fmt == "Q4_0":  # value 16h + 4t + k: nibble h of byte 4t + k (the weight + 8)
         full = (panels, lanes, nb, 2, 4, 4)
         qs = blocks[..., 2:18].reshape(panels, lanes, nb, 1, 4, 4).expand(*full)
         shift = Tensor.arange(2, dtype=dtypes.uint8, device=blocks.device).reshape(1, 1, 1, 2, 1, 1).expand(*full)
-        nibbles = (qs >> shift * 4) & 15
-        sums = (xq.cast(dtypes.int32) * nibbles.cast(dtypes.int32)).sum((-3, -2, -1))
-        xsum = xq.cast(dtypes.int32).sum((-3, -2, -1)).contiguous()  # (*lead, 1, 1, nb)
-        sums = sums - xsum * 8
-    else:
-        wq = blocks[..., 2:].bitcast(dtypes.int8)
-        xu = (xq.cast(dtypes.int16) + 128).cast(dtypes.uint8).contiguous()  # a buffer: the kernel loads its bytes
-        sums = (xu.cast(dtypes.int32) * wq.reshape(panels, lanes, nb, 2, 4, 4).cast(dtypes.int32)).sum((-3, -2, -1))
-        sums = sums - per_block(wq.cast(dtypes.int32).sum(-1) * 128)
+        unsigned, offset = (qs >> shift * 4) & 15, 8
+    else:  # the int8 weight's byte ^ 0x80: the weight + 128
+        unsigned, offset = blocks[..., 2:].reshape(panels, lanes, nb, 2, 4, 4) ^ 128, 128
+    sums = (xq.cast(dtypes.int32) * unsigned.cast(dtypes.int32)).sum((-3, -2, -1))
+    xsum = xq.cast(dtypes.int32).sum((-3, -2, -1)).contiguous()  # (*lead, 1, 1, nb)
+    sums = sums - xsum * offset
     dw = (blocks[..., 0].cast(dtypes.uint16) | (blocks[..., 1].cast(dtypes.uint16) << 8)).bitcast(dtypes.float16)
     scale = per_block(dw.cast(dtypes.float32)) * dx.reshape(*lead, 1, 1, nb)
     # a kernel of its own: under an epilogue (a bias, a gated MLP's product) the scheduler would give the
