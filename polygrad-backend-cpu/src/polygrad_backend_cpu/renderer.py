@@ -81,8 +81,7 @@ class CPURenderer(CStyleRenderer):
     def dot4_bcast_body(self, n: int, xd: DType, bd: DType) -> str:
         """8 lanes with clang where the target has VNNI: x's 4 bytes broadcast to every lane as one int32, then
         one vpdpbusd of them and b (each lane's 4 bytes together already), which multiplies unsigned by
-        signed bytes: the unsigned factor goes first; two signed ones take x ^ 0x80 (x + 128, unsigned) and a
-        second vpdpbusd takes 128 * b off again (exact for every int8 value). Else the base's lane loop."""
+        signed bytes: the unsigned factor goes first. Else the base's lane loop."""
         generic = super().dot4_bcast_body(n, xd, bd)
         if n != 8:
             return generic
@@ -90,15 +89,10 @@ class CPURenderer(CStyleRenderer):
         head = (f"#if defined(__clang__) && {VNNI_256}\n"
                 f"  int word; __builtin_memcpy(&word, &x, 4);\n"
                 f"  {vt} a = ({vt}){{0}} + word;\n")
-        if xd is dtypes.uint8:
-            dot = f"  return ({vt})__builtin_ia32_vpdpbusd256(acc, a, ({vt})b);\n"
-        elif bd is dtypes.uint8:
-            dot = f"  return ({vt})__builtin_ia32_vpdpbusd256(acc, ({vt})b, a);\n"
-        else:
-            dot = (f"  {vt} bias = ({vt}){{0}} + (int)0x80808080;\n"
-                   f"  {vt} shifted = ({vt})__builtin_ia32_vpdpbusd256(acc, a ^ bias, ({vt})b);\n"
-                   f"  return shifted - ({vt})__builtin_ia32_vpdpbusd256(({vt}){{0}}, bias, ({vt})b);\n")
-        return f"{head}{dot}#else\n{generic}\n#endif"
+        if {xd, bd} != {dtypes.int8, dtypes.uint8}:
+            return generic
+        pair = f"a, ({vt})b" if xd is dtypes.uint8 else f"({vt})b, a"  # the unsigned factor first
+        return f"{head}  return ({vt})__builtin_ia32_vpdpbusd256(acc, {pair});\n#else\n{generic}\n#endif"
 
     def dot4_nibbles_body(self, n: int) -> str:
         """8 lanes with clang where the target has VNNI: the weights in vpdpbusd's order (lane l's 4 bytes the

@@ -19,8 +19,14 @@ gaining a[l + n k] * (nibble(k) - 8) for k = 2h + t < 4, nibble(k) = q[l + n t] 
 int8 values and the 2n bytes of q at turn 0: `UPDATE(acc, a, q)` with arg DOT4_NIBBLES (the CPU's helper:
 the nibbles unpacked to bytes in value order, a byte shuffle, vpdpbusd of nibbles x a, less 8 x a's sum).
 
+Broadcast rows (a prompt tile): a 4-turn loop of one or more UPDATEs of int32 accumulators (one per row of
+x the tile unrolls), each adding the product of one 8-bit value of x broadcast to the lanes (a scalar load,
+1 further a turn) and n 8-bit lanes 4 apart (a "quads" load of a staged weight panel, 1 further a turn),
+one factor int8 and the other uint8: lane l gaining x[k] * b[4l + k], each update one DOT4_BCAST of a
+4-byte load and a 4n-byte load (shared by the updates), which the CPU renders as one vpdpbusd.
+
 Integer sums are exact, so the values are the loops' bit for bit. nn/quant.py writes a decode matvec's
-32-weight block in these forms (`_int8_matmul_t`).
+32-weight block in these forms (`_int8_matmul_t`) and a prompt's (`_int8_matmul_rows`).
 """
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ DOT4 = "dot4"  # UPDATE arg: acc lane l += sum over k < 4 of a[l + n k] * b[l + 
 DOT4_NIBBLES = "dot4_nibbles"
 BYTES = (dtypes.int8, dtypes.uint8)
 # UPDATE arg: acc lane l += sum over k < 4 of x[k] * b[4 l + k] (x: 4 bytes shared by every lane, b: 4n bytes,
-# each lane's 4 together, as vpdpbusd reads them; int8 or uint8, not both uint8): a prompt row's 4 activations
+# each lane's 4 together, as vpdpbusd reads them; one int8, the other uint8): a prompt row's 4 activations
 # against 4 values of n weight rows (nn/quant.py's multi-row route, its weights staged: linearize.stage_layout)
 DOT4_BCAST = "dot4_bcast"
 TURNS = 4
@@ -319,8 +325,8 @@ def _is_scalar_index(x: Inst) -> bool:
 def _contracted_broadcast(loop: Inst, body: list[Inst]) -> list[Inst] | None:
     """A 4-turn loop of one or more updates (the rows of a prompt tile, each its own accumulator) whose
     product is one 8-bit value broadcast (its index 1 further a turn) times n 8-bit lanes 4 apart (a "quads"
-    load of a staged array, 1 further a turn): x[k] * b[4 l + k], each as DOT4_BCAST of a 4-byte load and a
-    4n-byte load (a load the updates share is loaded once)."""
+    load of a staged array, 1 further a turn), one of them int8 and the other uint8: x[k] * b[4 l + k], each
+    as DOT4_BCAST of a 4-byte load and a 4n-byte load (a load the updates share is loaded once)."""
     inside = {id(x) for x in body}
     updates = [x for x in body if x.op is L.UPDATE]
     if not updates:
@@ -337,8 +343,8 @@ def _contracted_broadcast(loop: Inst, body: list[Inst]) -> list[Inst] | None:
             return None
         for first, second in (mul.src, tuple(reversed(mul.src))):
             scalar, vector = _scalar_byte(first), _quads_operand(second, acc.lanes)
-            if scalar is not None and vector is not None and (scalar[0].dtype, vector.dtype) != (dtypes.uint8,) * 2:
-                break
+            if scalar is not None and vector is not None and {scalar[0].dtype, vector.dtype} == set(BYTES):
+                break  # one factor unsigned, one signed: vpdpbusd's
         else:
             return None
         (x_load, x_cast), w_load = scalar, vector
