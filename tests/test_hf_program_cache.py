@@ -74,8 +74,11 @@ def folder(monkeypatch):
 
 
 def _run(path: str, folder: str) -> dict:
+    # the float path, whose logits match transformers' within 1e-4 (a CPU with VNNI would round a Q4_0
+    # prompt's activations to 8 bits: tests/test_int8_gemm.py)
+    env = {**os.environ, "POLY_INT8_DOT": "0"}
     out = subprocess.run([sys.executable, "-c", WORKER, path, json.dumps(IDS), os.path.basename(folder)],
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -206,7 +209,7 @@ def test_a_load_with_an_empty_cache_compiles_each_kernel_once_in_few_runs(q4, tm
     Before, kernels sharing a renderer helper failed as one unit and then compiled one run each."""
     path, ref = q4
     env = {k: v for k, v in os.environ.items() if k != "POLY_DEV"}
-    env.update(POLY_CACHE_DIR=str(tmp_path / "cache"), DEV="CPU", POLY_COMPILE_JOBS="1")
+    env.update(POLY_CACHE_DIR=str(tmp_path / "cache"), DEV="CPU", POLY_COMPILE_JOBS="1", POLY_INT8_DOT="0")
     proc = subprocess.run([sys.executable, "-c", COLD_WORKER, path, json.dumps(IDS)], capture_output=True, text=True,
                           timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

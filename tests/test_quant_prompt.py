@@ -1,5 +1,7 @@
 """Quantized matmuls over many rows (a prompt's tokens, issue 30): each weight panel is dequantized once.
 
+- The float path throughout (POLY_INT8_DOT=0; Q8_0 and Q4_0 prompts on a CPU with VNNI otherwise take the
+  8-bit route, tests/test_int8_gemm.py).
 - Numbers: QuantWeight.matmul_t over Q8_0, Q4_0 and Q4_K blocks equals NumPy's x @ W.T on the gguf
   package's dequantized values (float64, within the float32 summation bound) on every backend, at row
   counts 1, 3, 17 and 69, fixed or a bound Variable (the prompt's case: padded row tiles); every block
@@ -30,6 +32,14 @@ from polygrad.renderer.cstyle import transpose_rounds  # noqa: E402
 from polygrad.renderer.linearize import L, linearize  # noqa: E402
 from polygrad.uop.ops import Ops  # noqa: E402
 
+@pytest.fixture(autouse=True)
+def _float_path():
+    """This file checks the float path (every format's, and the fallback of Q8_0 and Q4_0); their 8-bit
+    route on a CPU with VNNI is tests/test_int8_gemm.py's."""
+    with Context(POLY_INT8_DOT=0):
+        yield
+
+
 FORMATS = ("Q8_0", "Q4_0", "Q4_K")
 ALL_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q8_K")
 # formats whose blocks hold their quants in runs of 16 bytes or more: the staged copy transposes in
@@ -56,8 +66,7 @@ def test_prompt_matmul_matches_numpy(device, fmt, rows, symbolic):
     blocks, w = _weight(fmt)
     x = np.random.default_rng(rows).standard_normal((rows, K)).astype(np.float32)
     qw = QuantWeight(Tensor(blocks, device=device), fmt, (N, K))
-    with Context(POLY_INT8_DOT=0):  # the float path (one row's 8-bit activations: tests/test_int8_dot.py)
-        got = qw.matmul_t(_rows(Tensor(x, device=device), rows, symbolic)).numpy().reshape(rows, N)
+    got = qw.matmul_t(_rows(Tensor(x, device=device), rows, symbolic)).numpy().reshape(rows, N)
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     bound = K * 2.0 ** -24 * (np.abs(x) @ np.abs(w).T)
     assert np.all(np.abs(got - want) <= bound), float(np.max(np.abs(got - want) - bound))

@@ -78,6 +78,22 @@ class CPURenderer(CStyleRenderer):
                 f"  return shifted - ({vt})__builtin_ia32_vpdpbusd256(({vt}){{0}}, ({vt})bias, ({vt})b);\n"
                 f"#else\n{generic}\n#endif")
 
+    def dot4_bcast_body(self, n: int, xd: DType, bd: DType) -> str:
+        """8 lanes with clang where the target has VNNI: x's 4 bytes broadcast to every lane as one int32, then
+        one vpdpbusd of them and b (each lane's 4 bytes together already), which multiplies unsigned by
+        signed bytes: the unsigned factor goes first. Else the base's lane loop."""
+        generic = super().dot4_bcast_body(n, xd, bd)
+        if n != 8:
+            return generic
+        vt = self.vtype(dtypes.int32, 8)
+        head = (f"#if defined(__clang__) && {VNNI_256}\n"
+                f"  int word; __builtin_memcpy(&word, &x, 4);\n"
+                f"  {vt} a = ({vt}){{0}} + word;\n")
+        if {xd, bd} != {dtypes.int8, dtypes.uint8}:
+            return generic
+        pair = f"a, ({vt})b" if xd is dtypes.uint8 else f"({vt})b, a"  # the unsigned factor first
+        return f"{head}  return ({vt})__builtin_ia32_vpdpbusd256(acc, {pair});\n#else\n{generic}\n#endif"
+
     def dot4_nibbles_body(self, n: int) -> str:
         """8 lanes with clang where the target has VNNI: the weights in vpdpbusd's order (lane l's 4 bytes the
         nibbles of values l, l + 8, l + 16, l + 24, unsigned 0..15), the activations shuffled as in

@@ -30,7 +30,7 @@ from polygrad.device import canonicalize, free_cached
 from polygrad.errors import DeviceError
 from polygrad.model import programcache
 from polygrad.model.capture import capture_program
-from polygrad.nn.quant import INT8_DOT_FORMATS, int8_dot_enabled
+from polygrad.nn.quant import INT8_DOT_FORMATS, INT8_PROMPT_FORMATS, int8_dot_enabled
 from polygrad.runtime import trim_heap
 
 from polygrad_hf.checkpoint import open_checkpoint
@@ -171,10 +171,12 @@ def _program_key(cfg: Any, max_batch: int, max_seq_len: int, device: str, named:
     fields = json.dumps(dataclasses.asdict(cfg), sort_keys=True, default=repr)
     tensors = ";".join(f"{k}:{t.dtype.name}:{list(t.shape)}" for k, t in named.items())
     formats = ";".join(f"{k}:{w.format}:{list(w.shape)}" for k, w in weights.items() if isinstance(w, QuantWeight))
-    # a decode step's matvecs of these formats take 8-bit activations or not (POLY_INT8_DOT, the device's
-    # int8_dot); the formats are named so an entry captured before a format joined the route is not reused
+    # a decode step's matvecs and a prompt's matmuls of these formats take 8-bit activations or not
+    # (POLY_INT8_DOT, the device's int8_dot); the formats are named so an entry captured before a format
+    # (or prompts) joined the route is not reused
     on_route = bool(formats) and int8_dot_enabled(device)
-    route = f"int8_dot={','.join(INT8_DOT_FORMATS) if on_route else 0}"
+    route = (f"int8_dot={','.join(INT8_DOT_FORMATS)};int8_prompts={','.join(INT8_PROMPT_FORMATS)}" if on_route
+             else "int8_dot=0")
     return programcache.key("polygrad_hf", fields, f"max_batch={max_batch}", f"max_seq_len={max_seq_len}",
                             f"device={device}", tensors, formats, route)
 

@@ -118,6 +118,9 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
         lanes = int8_dot_lanes(reduces)
         if lanes is not None:
             return [Opt(OptKind.SPLIT_REDUCE, lanes.arg[0], INT8_DOT_LANES)]
+        gemm = int8_gemm_opts(ast, glob, reduces, caps)
+        if gemm:
+            return gemm
     if glob and caps is not None:
         window = window_tile_opts(glob, reduces[0], loads, store_index, caps)
         if window is not None:
@@ -166,6 +169,50 @@ def int8_dot_lanes(reduces: list[UOp]) -> UOp | None:
                 if range_size(r) == INT8_DOT_LANES and all(range_coeff(ix.src[1], r) == 1 for ix in byte_loads):
                     return r
     return None
+
+
+# rows of x an int8 prompt matmul's register tile holds (int8_gemm_opts): one int32 and one float32 accumulator
+# of 8 weight rows each
+INT8_GEMM_ROWS = 4
+
+
+def int8_gemm_opts(ast: UOp, glob: list[UOp], reduces: list[UOp], caps: Capabilities) -> list[Opt]:
+    """nn/quant.py's multi-row int8 matmul (_int8_matmul_rows): a sum over blocks of int32 block sums of two
+    8-bit operands whose last turns range (k < 4) moves both by 1, one operand (x's bytes, loaded as they are)
+    independent of the two global ranges of weight rows (panels, 8 lanes), the other (the weight, computed)
+    independent of x's rows. Its tile: 8 weight rows as the vector lanes, INT8_GEMM_ROWS rows of x unrolled,
+    the weight's values staged per panel of 8 rows (OUTER + STAGE of the blocks' slot: the linearizer stages them as
+    bytes, each lane's 4 turns together), so a turn is one vpdpbusd per row of x against 4 of its bytes
+    (renderer/int8_dot.py: DOT4_BCAST_PACKED) and the rows of the tile share the block sums' loops. []
+    for any other kernel."""
+    if not getattr(caps, "stage_bytes", 0):
+        return []
+    for inner in reduces:
+        if inner.dtype is not dtypes.int32 or inner.arg is not Ops.ADD or range_size(inner.src[-1]) != 4:
+            continue
+        product = inner.src[0]
+        if product.op is not Ops.MUL or any(f.op is not Ops.CAST for f in product.src):
+            continue
+        # x's bytes are loaded as they are; the weight's are computed (a BITCAST, Q4_0's nibbles)
+        plain = [f.src[0].src[0] for f in product.src if f.src[0].op is Ops.LOAD]
+        byte_loads = [n.src[0] for n in product.toposort() if n.op is Ops.LOAD and n.dtype in BYTE_DTYPES]
+        if len(byte_loads) != 2 or len(plain) != 1 or any(range_coeff(ix.src[1], inner.src[-1]) != 1
+                                                           for ix in byte_loads):
+            continue
+        x = plain[0]
+        w = next(ix for ix in byte_loads if ix is not x)
+        # the weight rows: panels and their 8 lanes (nn/quant.py's ranges), x's rows: the last range it alone reads
+        cols = [r for r in glob if range_size(r) is not None and range_coeff(x.src[1], r) == 0
+                and range_coeff(w.src[1], r) not in (0, None)]
+        rows = [r for r in glob if range_coeff(w.src[1], r) == 0 and range_coeff(x.src[1], r) not in (0, None)]
+        if len(cols) != 2 or range_size(cols[1]) != INT8_DOT_LANES or not rows:
+            continue
+        size = range_size(rows[-1])
+        tile = next((t for t in (INT8_GEMM_ROWS, 2) if size is None or size % t == 0), 1)
+        opts = [Opt(OptKind.UPCAST, rows[-1].arg[0], tile)] if tile > 1 else []
+        return opts + [Opt(OptKind.UPCAST, cols[1].arg[0], INT8_DOT_LANES), Opt(OptKind.OUTER, cols[0].arg[0], 0),
+                       Opt(OptKind.STAGE, cols[0].arg[0], w.src[0].arg[0])]
+    return []
 
 
 def _byte_dot_turns(turns: tuple[UOp, ...], byte_loads: list[UOp]) -> bool:

@@ -225,18 +225,19 @@ def _grouped(blocks: Tensor, f: BlockFormatDef) -> Tensor:
 
 # formats whose decode matvec may run on 8-bit activations (_int8_matmul_t)
 INT8_DOT_FORMATS = ("Q8_0", "Q4_0")
+# formats whose prompt matmuls (several rows) may run on 8-bit activations (_int8_matmul_rows)
+INT8_PROMPT_FORMATS = ("Q8_0", "Q4_0")
 
 
 def int8_dot_enabled(device: str) -> bool:
-    """Whether a one-row matvec of a Q8_0 or Q4_0 weight on `device` rounds its activation to 8 bits and sums
-    each block with integer dot products (_int8_matmul_t): where the device declares Capabilities.int8_dot
-    and POLY_INT8_DOT is not 0."""
+    """Whether a Q8_0 or Q4_0 matmul on `device` rounds its activations to 8 bits and sums each block with
+    integer dot products (_int8_matmul_t for one row, _int8_matmul_rows for a prompt's): where the device
+    declares Capabilities.int8_dot and POLY_INT8_DOT is not 0."""
     return bool(config.get("POLY_INT8_DOT")) and bool(getattr(open_device(device).capabilities, "int8_dot", False))
 
 
 def _one_row(lead: tuple) -> bool:
-    """A decode step's shape: every leading size is 1 (a prompt's rows keep the float path, whose row tiles
-    reuse each dequantized block)."""
+    """A decode step's shape: every leading size is 1 (a prompt's rows take _int8_matmul_rows instead)."""
     return all(isinstance(n, int) and n == 1 for n in lead)
 
 
@@ -280,6 +281,53 @@ def _int8_matmul_t(blocks: Tensor, x: Tensor, fmt: str = "Q8_0") -> Tensor:
     # a kernel of its own, as the float path's: under an epilogue (a bias, GELU) the scheduler would give
     # the block sums, a reduction inside the matvec's, a buffer of their own (schedule/fusion.py)
     return (sums.cast(dtypes.float32) * scale).sum((-2, -1)).contiguous()
+
+
+# weight rows a multi-row int8 matmul's vector lanes hold (host_opts.int8_gemm_opts): one 256-bit vpdpbusd
+INT8_GEMM_LANES = 8
+
+
+def _int8_matmul_rows(blocks: Tensor, x: Tensor, fmt: str) -> Tensor:
+    """x @ W.T for Q8_0 or Q4_0 blocks (rows, nb, bytes) and many rows x (..., nb * 32) (a prompt), on 8-bit
+    activations as _int8_matmul_t: each row of x rounded per block (quantize_activations), each block's 32
+    products summed exactly in int32, then scaled by d_w * d_x and summed over blocks in float32.
+
+    A block's values are 2 x 4 x 4 (h, t, k; Q4_0's halves), k the 4 turns of a byte dot product. The
+    kernel's vector lanes are 8 weight rows, whose 8-bit values the kernel stages once per panel
+    (host_opts.int8_gemm_opts; linearize.stage keeps them bytes, each lane's 4 turns together), so a turn
+    is 4 bytes of a row of x, shared by the lanes, against 4 bytes of each weight row: one vpdpbusd
+    (renderer/int8_dot.py: DOT4_BCAST), which multiplies unsigned by signed bytes. So the weights are
+    staged unsigned, offset: Q4_0's nibbles (the weight + 8), Q8_0's bytes ^ 0x80 (the weight + 128), and the
+    block sum less offset x the activations' block sum (a small kernel, once per row and block). Weight row
+    8p + l is lane l of panel p (the kernel's ranges). The weights' float16 scales are a small kernel of
+    their own laid out (rows / 8, nb, 8): contiguous along the lanes (float16 lanes would stop the
+    linearizer's vectors), reading 8 rows' blocks together (laid out (nb, rows), it read every row once
+    per block: a Qwen2 MLP weight's scales took a third of the matmul's time)."""
+    rows, nb, _ = blocks.shape
+    lead = x.shape[:-1]
+    panels, lanes = rows // INT8_GEMM_LANES, INT8_GEMM_LANES
+    xq, dx = quantize_activations(x)
+    xq = xq.reshape(*lead, 1, 1, nb, 2, 4, 4)
+    blocks = blocks.reshape(panels, lanes, nb, blocks.shape[-1])  # weight row 8p + l: a panel, a lane
+
+    def per_block(v: Tensor) -> Tensor:  # (panels, lanes, nb) as a buffer (panels, nb, lanes)
+        v = v.permute(0, 2, 1).contiguous().permute(0, 2, 1)
+        return v.reshape(*(1,) * len(lead), panels, lanes, nb).expand(*lead, panels, lanes, nb)
+    if fmt == "Q4_0":  # value 16h + 4t + k: nibble h of byte 4t + k (the weight + 8)
+        full = (panels, lanes, nb, 2, 4, 4)
+        qs = blocks[..., 2:18].reshape(panels, lanes, nb, 1, 4, 4).expand(*full)
+        shift = Tensor.arange(2, dtype=dtypes.uint8, device=blocks.device).reshape(1, 1, 1, 2, 1, 1).expand(*full)
+        unsigned, offset = (qs >> shift * 4) & 15, 8
+    else:  # the int8 weight's byte ^ 0x80: the weight + 128
+        unsigned, offset = blocks[..., 2:].reshape(panels, lanes, nb, 2, 4, 4) ^ 128, 128
+    sums = (xq.cast(dtypes.int32) * unsigned.cast(dtypes.int32)).sum((-3, -2, -1))
+    xsum = xq.cast(dtypes.int32).sum((-3, -2, -1)).contiguous()  # (*lead, 1, 1, nb)
+    sums = sums - xsum * offset
+    dw = (blocks[..., 0].cast(dtypes.uint16) | (blocks[..., 1].cast(dtypes.uint16) << 8)).bitcast(dtypes.float16)
+    scale = per_block(dw.cast(dtypes.float32)) * dx.reshape(*lead, 1, 1, nb)
+    # a kernel of its own: under an epilogue (a bias, a gated MLP's product) the scheduler would give the
+    # block sums, a reduction inside this one, a buffer of their own (schedule/fusion.py)
+    return (sums.cast(dtypes.float32) * scale).sum(-1).contiguous().reshape(*lead, rows)
 
 
 def _q4_0_block_sums(blocks: Tensor, xq: Tensor) -> Tensor:
@@ -354,6 +402,9 @@ class QuantWeight:
         lead = x.shape[:-1]
         if f.name in INT8_DOT_FORMATS and _one_row(lead) and int8_dot_enabled(x.device):
             return _int8_matmul_t(self.blocks, x, f.name)
+        if f.name in INT8_PROMPT_FORMATS and not _one_row(lead) and rows % INT8_GEMM_LANES == 0 \
+                and int8_dot_enabled(x.device):
+            return _int8_matmul_rows(self.blocks, x, f.name)
         values = _grouped(self.blocks, f)  # (rows, nb, *groups)
         axes = tuple(range(-len(f.groups) - 1, 0))
         out = (x.reshape(*lead, 1, cols // f.block, *f.groups) * values).sum(axes)

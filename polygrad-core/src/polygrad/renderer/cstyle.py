@@ -45,7 +45,7 @@ import numpy as np
 from polygrad.dtype import DType, dtypes
 from polygrad.contract import ProgramSpec
 from polygrad.renderer.cstyle_ops import MASK_RULES, SCALAR_RULES, SIGNED_OF_SIZE, VECTOR_RULES, Rule, apply_rule
-from polygrad.renderer.int8_dot import DOT4, DOT4_NIBBLES, contract_int8_dots
+from polygrad.renderer.int8_dot import DOT4, DOT4_BCAST, DOT4_NIBBLES, contract_int8_dots
 from polygrad.renderer.linear_passes import LinearPasses, simplify_linear
 from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, var_name
 from polygrad.uop.ops import Ops, UOp
@@ -349,6 +349,22 @@ class CStyleRenderer:
         step = f"acc[pl] += (int)a[pl + {n} * k] * (int)b[pl + {n} * k];"
         return f"  for (int k = 0; k < 4; k++) for (int pl = 0; pl < {n}; pl++) {step}\n  return acc;"
 
+    def dot4_bcast(self, n: int, acc: str, x: Inst, b: Inst) -> str:
+        """acc (n int32 lanes) plus, in lane l, x[k] * b[4 l + k] for k < 4 (x: 4 int8 or uint8 values, b: 4n
+        int8 or uint8 values; renderer/int8_dot.py's DOT4_BCAST): a helper whose body is the dialect's
+        (dot4_bcast_body)."""
+        xd, bd = x.dtype, b.dtype
+        vt, xt, bt = self.vtype(dtypes.int32, n), self.vtype(xd, 4), self.vtype(bd, 4 * n)
+        name = f"pg_dot4p_{xt[3:]}_{bt[3:]}"
+        body = self.dot4_bcast_body(n, xd, bd)
+        self._helpers[name] = f"static inline {vt} {name}({vt} acc, {xt} x, {bt} b) {{\n{body}\n}}"
+        return f"{name}({acc}, {self.name_of(x)}, {self.name_of(b)})"
+
+    def dot4_bcast_body(self, n: int, xd: DType, bd: DType) -> str:
+        """The body of the pg_dot4p helper for n lanes (acc, x, b in scope): the products lane by lane."""
+        step = "acc[pl] += (int)x[k] * (int)b[4 * pl + k];"
+        return f"  for (int k = 0; k < 4; k++) for (int pl = 0; pl < {n}; pl++) {step}\n  return acc;"
+
     def dot4_nibbles(self, n: int, acc: str, a: str, q: str) -> str:
         """acc (n int32 lanes) plus, in lane l, a[l + n k] * (nibble k - 8) for k < 4, nibble k the low (k < 2)
         or high half of byte q[l + n (k % 2)] (a: 4n int8 lanes, q: 2n uint8 lanes of Q4_0 weights;
@@ -373,7 +389,8 @@ class CStyleRenderer:
         """A loop loading LOAD x's lanes one at a time into vector `name` (gathers, gated lanes)."""
         buf, idx = n(x.src[0]), n(x.src[1])
         gate = x.src[2] if len(x.src) > 2 else None
-        at = {"contiguous": f"{idx} + pl", "strided": f"{idx} + 2*pl"}.get(x.arg, f"{idx}[pl]")
+        steps = {"contiguous": f"{idx} + pl", "strided": f"{idx} + 2*pl", "quads": f"{idx} + 4*pl"}
+        at = steps.get(x.arg, f"{idx}[pl]")
         elem = f"{buf}[{at}]"
         if x.dtype is dtypes.bool:
             elem = f"({elem} ? -1 : 0)"
@@ -408,7 +425,7 @@ class CStyleRenderer:
         if x.arg == "strided" and (gate is None or gate.lanes > 1):
             on = self.splat(dtypes.int32, x.lanes, "-1") if gate is None else n(gate)
             return [f"{pad}{vt} {name} = {self.strided_vload(dt, x.lanes, f'{buf} + {idx}', on)};"]
-        if gate is None or gate.lanes > 1:  # (a scalar gate keeps the lane loop: it skips every lane at once)
+        if x.arg != "quads" and (gate is None or gate.lanes > 1):  # (a scalar gate: the lane loop skips all)
             gathered = self.masked_gather(dt, x.lanes, buf, idx, None if gate is None else n(gate))
             if gathered is not None:
                 return [f"{pad}{vt} {name} = {gathered};"]
@@ -694,6 +711,9 @@ class CStyleRenderer:
             return
         if x.arg == DOT4:  # acc += the 4 products per lane of two byte vectors (renderer/int8_dot.py)
             self.emit(f"{n(acc)} = {self.dot4(acc.lanes, n(acc), n(x.src[1]), n(x.src[2]))};")
+            return
+        if x.arg == DOT4_BCAST:  # acc += 4 shared bytes times each lane's 4 bytes (renderer/int8_dot.py)
+            self.emit(f"{n(acc)} = {self.dot4_bcast(acc.lanes, n(acc), x.src[1], x.src[2])};")
             return
         if x.arg == DOT4_NIBBLES:  # acc += 4 products per lane of int8 and Q4_0 nibbles (renderer/int8_dot.py)
             self.emit(f"{n(acc)} = {self.dot4_nibbles(acc.lanes, n(acc), n(x.src[1]), n(x.src[2]))};")

@@ -19,8 +19,14 @@ gaining a[l + n k] * (nibble(k) - 8) for k = 2h + t < 4, nibble(k) = q[l + n t] 
 int8 values and the 2n bytes of q at turn 0: `UPDATE(acc, a, q)` with arg DOT4_NIBBLES (the CPU's helper:
 the nibbles unpacked to bytes in value order, a byte shuffle, vpdpbusd of nibbles x a, less 8 x a's sum).
 
+Broadcast rows (a prompt tile): a 4-turn loop of one or more UPDATEs of int32 accumulators (one per row of
+x the tile unrolls), each adding the product of one 8-bit value of x broadcast to the lanes (a scalar load,
+1 further a turn) and n 8-bit lanes 4 apart (a "quads" load of a staged weight panel, 1 further a turn),
+one factor int8 and the other uint8: lane l gaining x[k] * b[4l + k], each update one DOT4_BCAST of a
+4-byte load and a 4n-byte load (shared by the updates), which the CPU renders as one vpdpbusd.
+
 Integer sums are exact, so the values are the loops' bit for bit. nn/quant.py writes a decode matvec's
-32-weight block in these forms (`_int8_matmul_t`).
+32-weight block in these forms (`_int8_matmul_t`) and a prompt's (`_int8_matmul_rows`).
 
 Two float chains (`split_chains`, run on every program that contracted a loop): the block loop around a
 contraction scales each block's int32 lanes to float and FMAs them into one accumulator, so a weight row
@@ -45,6 +51,11 @@ DOT4 = "dot4"  # UPDATE arg: acc lane l += sum over k < 4 of a[l + n k] * b[l + 
 # UPDATE arg: acc lane l += sum over k < 4 of a[l + n k] * (((q[l + n (k % 2)] >> 4 (k // 2)) & 15) - 8)
 # (a: 4n int8 lanes; q: 2n uint8 lanes, each byte two 4-bit weights, Q4_0's low and high halves)
 DOT4_NIBBLES = "dot4_nibbles"
+BYTES = (dtypes.int8, dtypes.uint8)
+# UPDATE arg: acc lane l += sum over k < 4 of x[k] * b[4 l + k] (x: 4 bytes shared by every lane, b: 4n bytes,
+# each lane's 4 together, as vpdpbusd reads them; one int8, the other uint8): a prompt row's 4 activations
+# against 4 values of n weight rows (nn/quant.py's multi-row route, its weights staged: linearize.stage_layout)
+DOT4_BCAST = "dot4_bcast"
 TURNS = 4
 NIBBLE_OFFSET = 8  # Q4_0's weights are nibble - 8
 
@@ -97,14 +108,16 @@ def _turn_step(x: Inst, loop: Inst, body: set[int]) -> int | None:
         return 1
     if id(x) not in body:
         return 0
-    if not (x.op is L.ALU and x.lanes == 1 and x.dtype is dtypes.int32):
+    if not (x.op is L.ALU and x.lanes == 1):
         return None
     found = [_turn_step(s, loop, body) for s in x.src]
     steps = [s for s in found if s is not None]
     if len(steps) < len(found):
         return None
     if not any(steps):
-        return 0
+        return 0  # the loop's value does not reach x (a clamped row index's comparison and select)
+    if x.dtype is not dtypes.int32:
+        return None
     if x.arg is Ops.ADD:
         return sum(steps)
     if x.arg is Ops.MUL:
@@ -154,15 +167,17 @@ def _is_scalar_int(x: Inst) -> bool:
 
 def _contracted(loop: Inst, body: list[Inst]) -> list[Inst] | None:
     """The instructions replacing `loop` (whose body is `body`), or None when it is not a 4-turn byte dot."""
-    found = _product_update(body) if _is_turns(loop, TURNS) else None
-    if found is None:
+    if not _is_turns(loop, TURNS):
         return None
+    found = _product_update(body)
+    if found is None:
+        return _contracted_broadcast(loop, body)
     update, acc, mul = found
     lanes = acc.lanes
     inside = {id(x) for x in body}
     operands = [_byte_operand(s, lanes) for s in mul.src]
     if any(o is None for o in operands):
-        return None
+        return _contracted_broadcast(loop, body)
     vector = {id(update), id(mul)} | {id(s) for s in mul.src}
     for load, cast in operands:
         vector |= {id(load)} | ({id(cast)} if cast is not None else set())
@@ -379,4 +394,81 @@ def _split(insts: list[Inst], start: int, end: int, update: Inst, chains: int) -
         read = Inst(L.ACC_READ, other.dtype, (other,), None, other.lanes)
         out.extend([read, Inst(L.UPDATE, None, (acc, read), Ops.ADD, acc.lanes)])
     out.extend(insts[end + 1:])
+    return out
+
+
+def _scalar_byte(x: Inst) -> tuple[Inst, Inst] | None:
+    """(the scalar 8-bit load, its CAST) when x is n int32 lanes broadcast from one int8 or uint8 value."""
+    if x.op is not L.BCAST:
+        return None
+    v = x.src[0]
+    if not (v.op is L.ALU and v.arg is Ops.CAST and v.dtype is dtypes.int32 and v.lanes == 1):
+        return None
+    ld = v.src[0]
+    if not (ld.op is L.LOAD and ld.dtype in BYTES and ld.lanes == 1 and len(ld.src) == 2):
+        return None
+    return ld, v
+
+
+def _quads_operand(x: Inst, lanes: int) -> Inst | None:
+    """The load when x is n int32 lanes CAST from an int8 or uint8 "quads" load (a staged array)."""
+    if not (x.op is L.ALU and x.arg is Ops.CAST and x.dtype is dtypes.int32 and x.lanes == lanes):
+        return None
+    v = x.src[0]
+    ok = v.op is L.LOAD and v.arg == "quads" and len(v.src) == 2 and v.lanes == lanes and v.dtype in BYTES
+    return v if ok else None
+
+
+def _is_scalar_index(x: Inst) -> bool:
+    """Scalar int32 arithmetic, or the comparison and select of a clamped index (a padded row tile's)."""
+    if not (x.op is L.ALU and x.lanes == 1):
+        return False
+    return x.dtype is dtypes.int32 or (x.dtype is dtypes.bool and x.arg is Ops.CMPLT)
+
+
+def _contracted_broadcast(loop: Inst, body: list[Inst]) -> list[Inst] | None:
+    """A 4-turn loop of one or more updates (the rows of a prompt tile, each its own accumulator) whose
+    product is one 8-bit value broadcast (its index 1 further a turn) times n 8-bit lanes 4 apart (a "quads"
+    load of a staged array, 1 further a turn), one of them int8 and the other uint8: x[k] * b[4 l + k], each
+    as DOT4_BCAST of a 4-byte load and a 4n-byte load (a load the updates share is loaded once)."""
+    inside = {id(x) for x in body}
+    updates = [x for x in body if x.op is L.UPDATE]
+    if not updates:
+        return None
+    vector_ids: set[int] = set()
+    parts = []
+    for update in updates:
+        if update.arg is not Ops.ADD or len(update.src) != 2:
+            return None
+        acc, mul = update.src
+        if acc.op is not L.ACC or acc.dtype is not dtypes.int32 or acc.arg != (Ops.ADD, 1) or id(acc) in inside:
+            return None
+        if not (mul.op is L.ALU and mul.arg is Ops.MUL and mul.dtype is dtypes.int32 and mul.lanes == acc.lanes > 1):
+            return None
+        for first, second in (mul.src, tuple(reversed(mul.src))):
+            scalar, vector = _scalar_byte(first), _quads_operand(second, acc.lanes)
+            if scalar is not None and vector is not None and {scalar[0].dtype, vector.dtype} == set(BYTES):
+                break  # one factor unsigned, one signed: vpdpbusd's
+        else:
+            return None
+        (x_load, x_cast), w_load = scalar, vector
+        if _turn_step(x_load.src[1], loop, inside) != 1 or _turn_step(w_load.src[1], loop, inside) != 1:
+            return None
+        vector_ids |= {id(update), id(mul), id(first), id(second), id(x_load), id(x_cast), id(w_load)}
+        parts.append((update, acc, x_load, w_load))
+    index = [x for x in body if id(x) not in vector_ids]
+    if not all(_is_scalar_index(x) for x in index):
+        return None
+    out, new = _index_at_start(index, {id(loop): loop.src[0]})
+    wide: dict[int, Inst] = {}
+
+    def widened(load: Inst, lanes: int) -> Inst:  # each load once (the rows share the weights')
+        if id(load) not in wide:
+            at = new.get(id(load.src[1]), load.src[1])
+            wide[id(load)] = Inst(L.LOAD, load.dtype, (load.src[0], at), "contiguous", lanes)
+            out.append(wide[id(load)])
+        return wide[id(load)]
+    for update, acc, x_load, w_load in parts:
+        x4, w = widened(x_load, TURNS), widened(w_load, TURNS * acc.lanes)
+        out.append(Inst(L.UPDATE, update.dtype, (acc, x4, w), DOT4_BCAST, update.lanes))
     return out

@@ -82,7 +82,8 @@ the rest stays scalar and is broadcast where it meets a vector:
                             arg "gather": index has n lanes; arg "strided" (only from
                             `linearize(..., strided=True)`, never bools): index is lane 0's element,
                             lane k reads index + 2k (a stride-2 window's input row: the emitter reads the
-                            2n elements and keeps the even ones, not n gathered lanes). A gate (scalar
+                            2n elements and keeps the even ones, not n gathered lanes); arg "quads" (only
+                            from a staged array of 8-bit weights): lane k reads index + 4k. A gate (scalar
                             or n lanes) reads nothing and gives 0 where false. A load whose index does
                             not depend on V is scalar.
     STORE of n lanes        arg "contiguous" or "scatter" as for LOAD (lanes written in order, so the
@@ -311,6 +312,8 @@ HALF_DTYPES = (dtypes.float16, dtypes.bfloat16)
 # the most points a block's upcast and unroll ranges may have for them to be unrolled (each point its own
 # instructions and named accumulators); a block with more keeps them as loops over accumulator arrays
 MAX_UNROLL = 64
+# lanes this many elements apart in a staged array of 8-bit weights are one "quads" load (stage_layout)
+QUAD = 4
 # the largest local array a STAGE opt may fill (it lives on the launch's stack)
 STAGE_MAX_BYTES = 512 * 1024
 
@@ -570,7 +573,7 @@ class _Linearizer:
             x = yield from self.load(u)
         elif u in self.staged:  # a staged value (a dequantized weight): read from its local array
             local, flat = self.staged[u]
-            idx, _, kind, n = yield from self.access(None, flat)
+            idx, _, kind, n = yield from self.access(None, flat, quads=u.dtype in (dtypes.int8, dtypes.uint8))
             x = self.add(L.LOAD, u.dtype, (local, idx), kind, n)
         else:
             src = []
@@ -620,11 +623,13 @@ class _Linearizer:
             src = tuple(self.bcast(s, n) for s in src)
         return self.add(L.ALU, dtype, src, op, n)
 
-    def access(self, index: UOp | None, at: UOp | None = None, strided: bool = False) -> Steps:
+    def access(self, index: UOp | None, at: UOp | None = None, strided: bool = False,
+               quads: bool = False) -> Steps:
         """(index, gate, kind, lanes) of a memory access: kind None (scalar), "contiguous" (the index
         is lane 0's), "strided" (where `strided` and the lanes are 2 elements apart: the index is lane
-        0's) or "gather" (one index per lane). `at` replaces the index expression (a staged load or
-        value reads its local array there; a staged value has no INDEX: `index` None)."""
+        0's), "quads" (where `quads` and the lanes are 4 elements apart: a staged array of 8-bit weights,
+        each lane's 4 turns together) or "gather" (one index per lane). `at` replaces the index expression
+        (a staged load or value reads its local array there; a staged value has no INDEX: `index` None)."""
         gate = (yield self.bound_expr(index.src[2])) if index is not None and len(index.src) > 2 else None
         expr, offset = self.bound_split(index.src[1] if at is None else at)
 
@@ -638,6 +643,8 @@ class _Linearizer:
             return at_offset((yield _at_lane0(expr, self.vec))), gate, "contiguous", n
         if c == 2 and strided:
             return at_offset((yield _at_lane0(expr, self.vec))), gate, "strided", n
+        if c == QUAD and quads:
+            return at_offset((yield _at_lane0(expr, self.vec))), gate, "quads", n
         idx = at_offset((yield expr))
         if idx.lanes == 1 and (gate is None or gate.lanes == 1):
             return idx, gate, None, 1
@@ -750,13 +757,40 @@ class _Linearizer:
                 v = self.bcast(v, self.vec_size())
             self.add(L.UPDATE, None, (acc, v) + lane_src, red.arg, v.lanes)
 
-        yield self.each_point(ranges + looped + unrolled, update)
+        shared = self.shared_reduces(red, unrolled, array) if unrolled else []
+        if shared:
+            def points_sharing() -> Steps:  # the nested sums first, all points in one loop nest
+                for inner in shared:
+                    yield self.reduce(inner)
+                yield self.each_point(looped + unrolled, update)
+            yield self.each_point(ranges, points_sharing)
+        else:
+            yield self.each_point(ranges + looped + unrolled, update)
         # read where the reduce is used: inside the lane loops (or at the unrolled point) the caller opens next
         for point, acc in zip(points, accs):
             self.bind.update(zip(unrolled, point))
             self.scopes[-1][self.key(red)] = _Pending(acc, array)
         for r in unrolled:
             del self.bind[r]
+
+    def shared_reduces(self, red: UOp, unrolled: list[UOp], array: list[UOp]) -> list[UOp]:
+        """The reduces nested in red's body whose loops the unrolled points of red can share: each runs once
+        per step of red's loops, for every point at once (one accumulator a point; an int8 prompt tile's
+        block sums, renderer/int8_dot.py), where evaluating red's body point by point would repeat their
+        loops per point. Only plain reduce loops that depend on an unrolled range and on no lane, array
+        or later range."""
+        if any(_kind(r) != AxisKind.REDUCE for r in red.src[1:]):
+            return []
+        out = []
+        for inner in top_level_reduces(red.src[0]):
+            deps = self.deps(inner)
+            if inner.dtype != dtypes.int32 or not any(r in deps for r in unrolled):
+                continue
+            if any(_kind(r) != AxisKind.REDUCE for r in inner.src[1:]) or self.vec in inner.src[1:] \
+                    or any(r in deps for r in array):
+                continue
+            out.append(inner)
+        return out
 
     def group_reduce(self, red: UOp) -> Steps:
         """A reduce over a GROUP range mapped to a block index: each thread computes its partial value
@@ -994,6 +1028,9 @@ class _Linearizer:
         16-bit floats, or more than STAGE_MAX_BYTES to copy."""
         loads = {x for x in node.toposort() if x.op is Ops.LOAD and x.src[0].src[0].arg[0] == slot}
         value = product_operand(node, slot)
+        if value is not None and value.op is Ops.CAST and value.dtype == dtypes.int32 \
+                and value.src[0].dtype in (dtypes.int8, dtypes.uint8) and value.src[0].op is not Ops.LOAD:
+            value = value.src[0]  # an 8-bit weight widened for its product: staged as bytes (renderer/int8_dot.py)
         if value is not None and value.op is not Ops.LOAD and (len(loads) != 1 or not next(iter(loads)).dtype.is_float):
             yield self.stage_value(value)
             return
@@ -1027,15 +1064,21 @@ class _Linearizer:
         of its points (rows of a prompt) instead of computing them again. The copy keeps the block's
         vector lanes where the value has them; where its arithmetic has no lanes (uint8 shifts: Q4_K's
         scales) it alone runs as scalar loops, and the reduction reading the array keeps its lanes.
-        Skipped like stage()."""
-        layout = self.stage_layout(u, u.dtype)
+        Skipped like stage(). A range of one point not yet open (an upcast's outer range when the upcast
+        takes a whole range: an int8 prompt tile's 8 lanes) is its point 0 in the copy."""
+        value = u
+        single = {r: UOp.const(r.dtype, 0) for r in self.deps(u) if r not in self.open and r not in self.bind
+                  and r.src[0].op is Ops.CONST and r.src[0].arg == 1 and _kind(r) == AxisKind.GLOBAL}
+        if single:
+            value = _substituted(u, single)
+        layout = self.stage_layout(value, u.dtype)
         if layout is None:
             return
         inner, size, flat = layout
         local = Inst(L.LOCAL, u.dtype, (), size)
         self.head.append(local)
         saved = self.vec, self.unrolled
-        for plan in self.copy_plans(u, inner, flat):
+        for plan in self.copy_plans(value, inner, flat):
             mark = self.mark()
             try:  # a nested run, so a NoVector ends the copy alone (the value is a few dozen nodes deep)
                 run_steps(self.stage_copy(local, plan), self.request)
@@ -1067,6 +1110,8 @@ class _Linearizer:
         if self.vec in inner and int(self.vec.src[0].arg) == n and n & (n - 1) == 0 \
                 and range_coeff(flat, self.vec) == 1:
             plans.append(CopyPlan(u, inner, flat, along, self.vec))
+        if range_coeff(flat, along) == 1 and range_coeff(flat, self.vec) != 1:
+            plans.append(CopyPlan(u, inner, flat, along))  # contiguous in the array too (stage_layout's quads)
         # the block's own lanes gather bytes (Q8_K: its float32 scale gives them no other obstacle)
         return plans + own + [CopyPlan(u, inner, flat, along), CopyPlan(*whole, None)]
 
@@ -1105,6 +1150,11 @@ class _Linearizer:
                 or any(_kind(r) not in (AxisKind.REDUCE, AxisKind.UPCAST, AxisKind.UNROLL) for r in inner):
             return None
         inner.sort(key=lambda r: (r is self.vec, _kind(r) == AxisKind.UPCAST, r.arg[0]))
+        if dtype in (dtypes.int8, dtypes.uint8) and self.vec in inner and len(inner) > 1 \
+                and _kind(inner[-2]) == AxisKind.REDUCE and int(inner[-2].src[0].arg) == QUAD:
+            # 8-bit weights (an int8 prompt matmul's): each lane's 4 turns of a byte dot product together,
+            # as vpdpbusd reads them (LOAD "quads"; renderer/int8_dot.py), copied 4 bytes at a time
+            inner[-2], inner[-1] = inner[-1], inner[-2]
         size = math.prod(int(r.src[0].arg) for r in inner)
         if size * dtype.itemsize > STAGE_MAX_BYTES:
             return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 
+from polygrad.dtype import dtypes
 from polygrad.errors import PolygradError
 from polygrad.uop import sint
 from polygrad.uop.movement import strip_reshapes
@@ -261,6 +262,8 @@ _COST_WALK_LIMIT = 256
 _VIEW_OPS = MOVEMENT | {Ops.DETACH}
 # a reduction doing this many operations per element it reads is a contraction (see _is_contraction)
 CONTRACTION_REUSE = 4
+# an int32 sum over this many values or fewer per output is a block sum (_is_contraction)
+BLOCK_SUM_VALUES = 32
 # SIBLING_CONTRACTIONS: an expression over two or more contractions that are not nested in each other
 # (SwiGLU's `silu(x @ gate) * (x @ up)`, an RNN cell's `x @ Wx + h @ Wh`) gets one kernel per contraction:
 # the first one found fuses with the expression, the others get buffers. One kernel computing both would
@@ -338,8 +341,11 @@ def _is_contraction(reduce: UOp, points: set[UOp]) -> bool:
     CONTRACTION_REUSE or more times as many operations as the elements it reads). Nested in another reduction
     (`(a @ b).sum()`) it would lose its output axes (no threads, no tiling) and run as one serial loop nest:
     it gets its own kernel. A nested sum that reads each element once (a blocked sum's partials, `(m * w)`
-    summed) stays fused."""
+    summed) stays fused, and so does an exact integer sum over at most BLOCK_SUM_VALUES values per output
+    (the int8 route's 32-value block sums, nn/quant.py: the outer sum over blocks keeps the output axes)."""
     work = _numel(reduce.src[0])
+    if reduce.dtype == dtypes.int32 and work <= BLOCK_SUM_VALUES * _numel(reduce):
+        return False
     data, stack, seen = 0, [reduce.src[0]], {reduce.src[0]}
     while stack:
         node = stack.pop()
