@@ -21,7 +21,6 @@ register_setting(Setting("POLY_NVRTC_LIB", str, "", "the NVRTC library to open i
 register_setting(Setting("POLY_CUDA_GRAPH", int, 1, "1: a Model call's or a JIT replay's kernels launch as one CUDA "
                          "graph; 0: one driver launch per kernel", minimum=0, live=True, owner="polygrad-backend-cuda"))
 MAX_ORDINAL = 15  # static: registration never asks the driver; open() checks the real count
-WARP_SIZE = 32  # every CUDA architecture's (grouped row reductions combine through __shfl_xor_sync)
 
 
 def probe() -> ProbeResult:
@@ -62,6 +61,7 @@ def capabilities(arch: str, shared_memory: int = 48 * 1024, wgmma: bool | None =
     (grouped row reductions).
     BEAM searches the GPU opts (codegen/gpu_search.py), its winners cached per architecture."""
     # imported when probed or opened, not when the entry point registers the backend (registration stays cheap)
+    from polygrad_backend_cuda.launch import WARP_SIZE
     from polygrad_backend_cuda.renderer import arch_number
     cores = ("mma_f16", "mma_bf16", "mma_tf32") if arch_number(arch) >= 80 else ()
     if wgmma is None:

@@ -12,10 +12,11 @@ from typing import Any
 
 from polygrad.backend_api import LaunchDims, launch_dims
 
-from polygrad_backend_cuda import WARP_SIZE
 from polygrad_backend_cuda.tensor_core import tensor_core_launch, uses_tensor_cores
 from polygrad_backend_cuda.tiled_matmul import tiled_launch, uses_tiles
 from polygrad_backend_cuda.wgmma import uses_wgmma, wgmma_launch
+
+WARP_SIZE = 32  # every CUDA architecture's (grouped row reductions combine through __shfl_xor_sync)
 
 
 def launch_of(spec: Any) -> LaunchDims:
