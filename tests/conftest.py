@@ -79,3 +79,16 @@ def kernels_of(fn) -> list:
     finally:
         programs.get_program = orig
     return asts
+
+
+def programs_of(fn) -> list:
+    """The programs `fn` runs (compiled now or found in the cache), in order."""
+    from polygrad.engine import programs
+    asked: list = []
+    orig = programs.get_program
+    programs.get_program = lambda ast, device: asked.append(orig(ast, device)) or asked[-1]
+    try:
+        fn()
+    finally:
+        programs.get_program = orig
+    return asked

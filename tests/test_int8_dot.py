@@ -23,7 +23,7 @@ import pytest
 from polygrad import Context, Tensor, dtypes
 from polygrad.codegen.lower import lower
 from polygrad.device import open_device
-from polygrad.engine import programs
+from conftest import programs_of
 from polygrad.nn.quant import QuantWeight, _int8_matmul_t, _q4_0_block_sums, int8_dot_enabled, quantize_activations
 
 ROWS, COLS = 24, 96  # 3 blocks a row
@@ -58,21 +58,6 @@ def _weight_quants(blocks: np.ndarray, fmt: str) -> np.ndarray:
     return np.concatenate([q & 15, q >> 4], axis=-1) - 8
 
 
-def _new_programs(fn):
-    """The programs fn() runs (compiled now or found in the cache), in order."""
-    asked, original = [], programs.get_program
-
-    def record(ast, device):
-        asked.append(original(ast, device))
-        return asked[-1]
-    programs.get_program = record
-    try:
-        fn()
-    finally:
-        programs.get_program = original
-    return asked
-
-
 def test_quantize_activations_matches_numpy():
     x = np.random.default_rng(1).standard_normal(COLS).astype(np.float32) * 3
     x[32:64] = 0.0  # a block of zeros: d = 0 and q = 0
@@ -97,7 +82,7 @@ def test_int8_matvec_matches_numpy_model_and_the_float_path(fmt, cols):
     x = np.random.default_rng(2).standard_normal((1, cols)).astype(np.float32)
     qw = QuantWeight(Tensor(blocks), fmt, (ROWS, cols))
     got = []
-    new = _new_programs(lambda: got.append(qw.matmul_t(Tensor(x)).numpy()[0]))
+    new = programs_of(lambda: got.append(qw.matmul_t(Tensor(x)).numpy()[0]))
     assert any(DOT_HELPER[fmt] in p.source for p in new), [p.spec.name for p in new]
     with Context(POLY_INT8_DOT=0):
         floats = qw.matmul_t(Tensor(x)).numpy()[0]
@@ -118,7 +103,7 @@ def _int8_dot_ast(fmt: str, cols: int = COLS):
     """The kernel IR of the 8-bit route's one-row matvec."""
     qw = QuantWeight(Tensor(_blocks(5, fmt, cols)), fmt, (ROWS, cols))
     x = Tensor(np.ones((1, cols), np.float32))
-    new = _new_programs(lambda: _int8_matmul_t(qw.blocks, x, fmt).realize())
+    new = programs_of(lambda: _int8_matmul_t(qw.blocks, x, fmt).realize())
     return next(p.spec.ast for p in new if p.spec.name == f"r_1_{ROWS}")
 
 
@@ -233,7 +218,7 @@ def test_dot_products_are_exact_for_every_byte_value():
         return (sums.cast(dtypes.float32) * Tensor.ones(ROWS, 3, 8, device=device)).sum((-2, -1))
 
     got = []
-    new = _new_programs(lambda: got.append(matvec("CPU").numpy()))
+    new = programs_of(lambda: got.append(matvec("CPU").numpy()))
     assert any("pg_dot4_i8x32(" in p.source for p in new), [p.spec.name for p in new]
     want = np.einsum("xkl,rxkl->r", a[0].astype(np.int64), b.astype(np.int64))
     assert np.array_equal(got[0], want.astype(np.float32))
@@ -257,7 +242,7 @@ def test_nibble_dot_products_are_exact_for_every_value():
         return (sums.cast(dtypes.float32) * Tensor.ones(ROWS, 3, 8, device=device)).sum((-2, -1))
 
     got = []
-    new = _new_programs(lambda: got.append(matvec("CPU").numpy()))
+    new = programs_of(lambda: got.append(matvec("CPU").numpy()))
     assert any(DOT_HELPER["Q4_0"] in p.source for p in new), [p.spec.name for p in new]
     want = np.einsum("xbi,rbi->r", xq.reshape(1, 3, 32).astype(np.int64), _weight_quants(blocks, "Q4_0"))
     assert np.array_equal(got[0].reshape(-1), want.astype(np.float32))
@@ -275,7 +260,7 @@ def test_other_backends_keep_the_float_path(device, fmt):
     blocks = _blocks(fmt=fmt)
     x = np.random.default_rng(4).standard_normal((1, COLS)).astype(np.float32)
     qw = QuantWeight(Tensor(blocks, device=device), fmt, (ROWS, COLS))
-    new = _new_programs(lambda: qw.matmul_t(Tensor(x, device=device)).realize())
+    new = programs_of(lambda: qw.matmul_t(Tensor(x, device=device)).realize())
     assert [p.spec.name for p in new] == [f"r_1_{ROWS}"]  # one kernel: no 8-bit activations
 
 
@@ -285,7 +270,7 @@ def test_setting_turns_the_route_off(fmt):
     with Context(POLY_INT8_DOT=0):
         assert not int8_dot_enabled("CPU")
         qw = QuantWeight(Tensor(_blocks(fmt=fmt)), fmt, (ROWS, COLS))
-        new = _new_programs(lambda: qw.matmul_t(Tensor(np.ones((1, COLS), np.float32))).realize())
+        new = programs_of(lambda: qw.matmul_t(Tensor(np.ones((1, COLS), np.float32))).realize())
     assert [p.spec.name for p in new] == [f"r_1_{ROWS}"]
     assert all("pg_dot4" not in p.source for p in new)
 
@@ -309,7 +294,7 @@ def test_a_saved_int8_route_runs_in_node_as_in_python(tmp_path, fmt):
         def __call__(self, x):
             return {"y": qw.matmul_t(x)}
     m = Model(MatVec(), inputs={"x": Tensor.empty(1, COLS)})
-    assert any(DOT_HELPER[fmt] in p.source for p in _new_programs(lambda: m.forward(x=np.zeros((1, COLS), np.float32))))
+    assert any(DOT_HELPER[fmt] in p.source for p in programs_of(lambda: m.forward(x=np.zeros((1, COLS), np.float32))))
     x = rng.standard_normal((1, COLS)).astype(np.float32)
     want = m.forward(x=x)["y"].numpy()
     path = tmp_path / "matvec.pgb"

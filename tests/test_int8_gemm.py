@@ -24,7 +24,7 @@ import pytest
 from polygrad import Context, Tensor, Variable
 from polygrad.codegen.opts import OptKind
 from polygrad.device import open_device
-from polygrad.engine import programs
+from conftest import programs_of
 from polygrad.nn.quant import QuantWeight, int8_dot_enabled
 
 ROWS, COLS = 24, 96  # 3 blocks a row, 3 panels of 8 weight rows
@@ -66,21 +66,6 @@ def _model(blocks: np.ndarray, x: np.ndarray, fmt: str) -> tuple[np.ndarray, np.
     return terms.sum(-1, dtype=np.float64), np.abs(terms).sum(-1)
 
 
-def _new_programs(fn):
-    """The programs fn() runs (compiled now or found in the cache), in order."""
-    asked, original = [], programs.get_program
-
-    def record(ast, device):
-        asked.append(original(ast, device))
-        return asked[-1]
-    programs.get_program = record
-    try:
-        fn()
-    finally:
-        programs.get_program = original
-    return asked
-
-
 def _require_int8_dot():
     if not int8_dot_enabled("CPU"):
         pytest.skip("the CPU device does not declare int8_dot (no VNNI or no clang)")
@@ -102,7 +87,7 @@ def test_prompt_matmul_matches_numpy_model_and_the_float_path(fmt, rows, symboli
     qw = QuantWeight(Tensor(blocks), fmt, (ROWS, cols))
     x, xt = _prompt(rows, symbolic=symbolic, seed=rows, cols=cols)
     got = []
-    new = _new_programs(lambda: got.append(qw.matmul_t(xt).numpy().reshape(rows, ROWS)))
+    new = programs_of(lambda: got.append(qw.matmul_t(xt).numpy().reshape(rows, ROWS)))
     assert any("pg_dot4p_" in p.source for p in new), [p.spec.name for p in new]
     want, size = _model(blocks, x, fmt)
     assert np.all(np.abs(got[0] - want) <= 1e-6 * size), float(np.max(np.abs(got[0] - want) / size))
@@ -128,7 +113,7 @@ def _model_weights(blocks: np.ndarray, fmt: str) -> np.ndarray:
 def _gemm_program(fmt: str):
     qw = QuantWeight(Tensor(_blocks(fmt, 5)), fmt, (ROWS, COLS))
     _, xt = _prompt(21, seed=9)
-    new = _new_programs(lambda: qw.matmul_t(xt).realize())
+    new = programs_of(lambda: qw.matmul_t(xt).realize())
     return next(p for p in new if "pg_dot4p_" in p.source)
 
 
@@ -164,7 +149,7 @@ def test_setting_keeps_the_float_path(fmt):
     qw = QuantWeight(Tensor(_blocks(fmt)), fmt, (ROWS, COLS))
     _, xt = _prompt(17)
     with Context(POLY_INT8_DOT=0):
-        new = _new_programs(lambda: qw.matmul_t(xt).realize())
+        new = programs_of(lambda: qw.matmul_t(xt).realize())
     assert [p.spec.name for p in new] == [f"r_tokens_{ROWS}"]
     assert all("pg_dot4" not in p.source for p in new)
 
@@ -181,7 +166,7 @@ def test_other_backends_keep_the_float_path(device, fmt):
     qw = QuantWeight(Tensor(blocks, device=device), fmt, (ROWS, COLS))
     x, xt = _prompt(3, device=device)
     got = []
-    new = _new_programs(lambda: got.append(qw.matmul_t(xt).numpy().reshape(3, ROWS)))
+    new = programs_of(lambda: got.append(qw.matmul_t(xt).numpy().reshape(3, ROWS)))
     assert [p.spec.name for p in new] == [f"r_tokens_{ROWS}"]  # one kernel: no 8-bit activations
     want = x.astype(np.float64) @ _model_weights(blocks, fmt).reshape(ROWS, COLS).T
     assert np.abs(got[0] - want).max() <= 1e-5 * np.abs(want).max()
@@ -206,7 +191,7 @@ def test_a_saved_prompt_route_runs_in_node_as_in_python(tmp_path, fmt):
     n = Variable("tokens", 1, 16)
     m = Model(MatMul(), inputs={"x": Tensor.empty(n, COLS)})
     x = _activations(5, 3)
-    assert any("pg_dot4p_" in p.source for p in _new_programs(lambda: m.forward(x=x)))
+    assert any("pg_dot4p_" in p.source for p in programs_of(lambda: m.forward(x=x)))
     want = m.forward(x=x)["y"].numpy()
     path = tmp_path / "matmul.pgb"
     m.save(str(path))

@@ -140,6 +140,24 @@ def index_expr(u: UOp, names: dict[UOp, str], renderer: Any) -> str:
     return text[u]
 
 
+def tile_parts(spec: Any, renderer: Any, i: UOp, j: UOp, k: UOp, batch: Any) -> tuple:
+    """What a matmul tile template reads of its kernel: (the store's index, the casts between the sum and
+    the store, outermost first, A's and B's LOADs, the index C type, the C names of the ranges and
+    Variables, the globals by slot)."""
+    store = spec.ast.src[0].src[0]
+    out_index, value = store.src[0], store.src[1]
+    casts = []
+    while value.op is Ops.CAST:
+        casts.append(value.dtype)
+        value = value.src[0]
+    load_a, load_b = _operand_loads(spec, i, j)
+    names = {i: "ri", j: "rj", k: "rk"}
+    names.update((v, var_name(n)) for n, v in enumerate(spec.vars))  # the renderer's names, never the user's
+    for n, r in enumerate(batch):
+        names[r] = f"rb{n}"
+    return out_index, casts, load_a, load_b, renderer.ctype(i.dtype), names, {g.slot: g for g in spec.globals}
+
+
 def _operand_loads(spec: Any, i: UOp, j: UOp) -> tuple[UOp, UOp]:
     """The LOAD nodes of A (no j in its index) and B (no i)."""
     loads = [n for n in spec.ast.toposort() if n.op is Ops.LOAD]
@@ -264,20 +282,7 @@ def render_tensor_core(spec: Any, renderer: Any) -> str:
     i, j, k, batch, (tm, tn, wy, wx) = tile_plan(spec)
     family = family_of(spec)
     mt, nt = tm // M, tn // N
-    end = spec.ast.src[0]
-    store = end.src[0]
-    out_index, value = store.src[0], store.src[1]
-    casts = []
-    while value.op is Ops.CAST:
-        casts.append(value.dtype)
-        value = value.src[0]
-    load_a, load_b = _operand_loads(spec, i, j)
-    idt = renderer.ctype(i.dtype)
-    names = {i: "ri", j: "rj", k: "rk"}
-    names.update((v, var_name(n)) for n, v in enumerate(spec.vars))  # the renderer's names, never the user's
-    for n, r in enumerate(batch):
-        names[r] = f"rb{n}"
-    slot = {g.slot: g for g in spec.globals}
+    out_index, casts, load_a, load_b, idt, names, slot = tile_parts(spec, renderer, i, j, k, batch)
     buf = {x: f"data{x.src[0].src[0].arg[0]}" for x in (load_a, load_b)}
     out_buf = f"data{out_index.src[0].arg[0]}"
     lines = [

@@ -32,10 +32,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from polygrad.backend_api import (KERNEL_SYMBOL, WGMMA_DEPTH, LaunchDims, Ops, UOp, dtypes, matmul_ranges,
-                                  range_coeff, var_name, wgmma_dtype)
+from polygrad.backend_api import (KERNEL_SYMBOL, WGMMA_DEPTH, LaunchDims, UOp, dtypes, matmul_ranges,
+                                  range_coeff, wgmma_dtype)
 
-from polygrad_backend_cuda.tensor_core import CP_ASYNC, _operand_loads, index_expr
+from polygrad_backend_cuda.tensor_core import CP_ASYNC, index_expr, tile_parts
 
 BM = 64  # rows of one warpgroup's wgmma (m64)
 THREADS = 128  # one warpgroup
@@ -169,20 +169,7 @@ def render_wgmma(spec: Any, renderer: Any) -> str:
     name, i, j, k, batch, bn, stages = tile_plan(spec)
     rows, cols, depth = _size(i), _size(j), _size(k)
     stage_bytes = (BM + bn) * ROW_BYTES
-    end = spec.ast.src[0]
-    store = end.src[0]
-    out_index, value = store.src[0], store.src[1]
-    casts = []
-    while value.op is Ops.CAST:
-        casts.append(value.dtype)
-        value = value.src[0]
-    load_a, load_b = _operand_loads(spec, i, j)
-    idt = renderer.ctype(i.dtype)
-    names = {i: "ri", j: "rj", k: "rk"}
-    names.update((v, var_name(n)) for n, v in enumerate(spec.vars))  # the renderer's names, never the user's
-    for n, r in enumerate(batch):
-        names[r] = f"rb{n}"
-    slot = {g.slot: g for g in spec.globals}
+    out_index, casts, load_a, load_b, idt, names, slot = tile_parts(spec, renderer, i, j, k, batch)
     buf_a, buf_b = (f"data{x.src[0].src[0].arg[0]}" for x in (load_a, load_b))
     out_buf = f"data{out_index.src[0].arg[0]}"
     ib = load_b.src[0].src[1]

@@ -299,27 +299,10 @@ def implicit_gemm(ast: UOp) -> GemmShape | None:
     input-gradient and weight-gradient kernels of a convolution (rows: batch x output pixels; columns:
     output channels; reduce: input channels x the kernel window, the padding as the loads' gates).
     None unless both rows and columns are non-empty and every range has a constant size."""
-    end = _single_store(ast)
-    if end is None or end.op is not Ops.END:
+    found = _epilogue_of_one_sum(ast)
+    if found is None:
         return None
-    reduces, stack, seen = [], [end.src[0].src[1]], set()
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n.op is Ops.REDUCE:
-            reduces.append(n)
-        elif n.op is Ops.LOAD:
-            if len(n.src[0].src) != 2:
-                return None
-        elif n.op in EPILOGUE_OPS:
-            stack.extend(n.src)
-        elif n.op not in (Ops.CONST, Ops.DEFINE_VAR):
-            return None
-    if len(reduces) != 1:
-        return None
-    total = reduces[0]
+    end, total = found
     body, red = total.src[0], total.src[1:]
     if total.arg not in (Ops.ADD, Ops.FMA) or not red or body.op is not Ops.MUL:
         return None
@@ -388,10 +371,9 @@ def matmul_ranges(ast: UOp, dtype_name: str, casts: bool = True) -> tuple[UOp, U
 EPILOGUE_OPS = frozenset(ALU | {Ops.CAST, Ops.BITCAST})
 
 
-def matmul_with_epilogue(ast: UOp) -> tuple[UOp, UOp, UOp, UOp] | None:
-    """(row range, column range, reduce range, the REDUCE) of a float32 matmul whose stored value is
-    any elementwise expression (EPILOGUE_OPS over constants, ungated loads and Variables) of one
-    plain sum of products of two float32 loads: relu(x @ w + b), a relu mask on a gradient, a cast."""
+def _epilogue_of_one_sum(ast: UOp) -> tuple[UOp, UOp] | None:
+    """(the END of the kernel's one store, its one REDUCE) when the stored value is an elementwise expression
+    (EPILOGUE_OPS over constants, ungated loads and Variables) of exactly one REDUCE, else None."""
     end = _single_store(ast)
     if end is None or end.op is not Ops.END:
         return None
@@ -410,10 +392,19 @@ def matmul_with_epilogue(ast: UOp) -> tuple[UOp, UOp, UOp, UOp] | None:
             stack.extend(n.src)
         elif n.op not in (Ops.CONST, Ops.DEFINE_VAR):
             return None
-    if len(reduces) != 1:
+    return (end, reduces[0]) if len(reduces) == 1 else None
+
+
+def matmul_with_epilogue(ast: UOp) -> tuple[UOp, UOp, UOp, UOp] | None:
+    """(row range, column range, reduce range, the REDUCE) of a float32 matmul whose stored value is
+    any elementwise expression (EPILOGUE_OPS over constants, ungated loads and Variables) of one
+    plain sum of products of two float32 loads: relu(x @ w + b), a relu mask on a gradient, a cast."""
+    found = _epilogue_of_one_sum(ast)
+    if found is None:
         return None
-    shape = _reduce_ranges(end, reduces[0], "float", casts=False)
-    return None if shape is None else (*shape, reduces[0])
+    end, total = found
+    shape = _reduce_ranges(end, total, "float", casts=False)
+    return None if shape is None else (*shape, total)
 
 
 def _reduce_ranges(end: UOp, value: UOp, dtype_name: str, casts: bool) -> tuple[UOp, UOp, UOp] | None:
