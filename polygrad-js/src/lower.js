@@ -18,7 +18,7 @@
  *                        n partial accumulators, each over every n-th step, summed in order at the end (after
  *                        SPLIT_REDUCE it splits the outer part: n vector accumulators; changes the sum's order)
  *   OUTER r              r's loop becomes its block's outermost (a weight panel read once per call)
- *   GROUP r by n         a global range r -> ro*n + ri, ri a global loop innermost of its block's loops (after
+ *   PANELS r by n        a global range r -> ro*n + ri, ri a global loop innermost of its block's loops (after
  *                        OUTER r: for each group of n column panels, every row tile, then each panel of the
  *                        group: a row tile's operand stays in L1 while the group's panels come from L2)
  * Where this differs from Python's heuristics (which target C compilers): a matmul whose operands are both
@@ -243,8 +243,8 @@ function blockOpts (end, width) {
 const ONE_ROW_COLS = 4
 const ONE_ROW_ACCS = 4
 
-// the bytes of weight panels a GROUP keeps together (panelGroups): well inside a core's 1 MB L2, beside the rows
-const GROUP_BYTES = 384 * 1024
+// the bytes of weight panels a PANELS opt keeps together (panelGroups): well inside a core's 1 MB L2, beside the rows
+const PANELS_BYTES = 384 * 1024
 
 /** The points of a reduction (its ranges' sizes multiplied; a Variable's range counts as null). */
 function reduceSize (red) {
@@ -252,9 +252,9 @@ function reduceSize (red) {
 }
 
 /**
- * GROUP for a matrix product's column tiles (blockOpts A, before OUTER), given `tiles` column tiles of
+ * A PANELS opt for a matrix product's column tiles (blockOpts A, before OUTER), given `tiles` column tiles of
  * `panelElems` weight elements each (float32): where a row tile (an UPCAST of the other global range) exists,
- * the largest group of panels that divides the tiles, fits GROUP_BYTES and leaves at least 2 groups (threads
+ * the largest group of panels that divides the tiles, fits PANELS_BYTES and leaves at least 2 groups (threads
  * split the groups). The loop order becomes group, row tile, panel of the group, reduction: before, every
  * row tile swept a whole panel and its rows, more than L1 holds (GPT-2's prompt x @ W: a 24 KB panel and 12 KB
  * of rows), so each step's loads missed L1; now the row tile stays in L1 across a group's panels. Each output
@@ -265,9 +265,9 @@ function panelGroups (opts, last, tiles, panelElems) {
   if (!rows || !Number.isInteger(tiles) || !panelElems) return []
   let best = 1
   for (let d = 2; d <= tiles / 2; d++) {
-    if (tiles % d === 0 && d * panelElems * 4 <= GROUP_BYTES) best = d
+    if (tiles % d === 0 && d * panelElems * 4 <= PANELS_BYTES) best = d
   }
-  return best > 1 ? [{ kind: 'GROUP', range: last, amount: best }] : []
+  return best > 1 ? [{ kind: 'PANELS', range: last, amount: best }] : []
 }
 
 // x @ W over many rows (blockOpts A): column vectors per tile, with 2 rows
@@ -349,7 +349,7 @@ function fewRowsOpts (opts, rowTile) {
   for (const o of opts) {
     if (o === rowTile) continue
     // no row tile: nothing stays in L1 across a group of panels (and the tile's columns change below)
-    if (o.kind === 'GROUP') continue
+    if (o.kind === 'PANELS') continue
     // x @ W without its row tile: as many column vectors as one row's (blockOpts A, ONE_ROW_COLS)
     if (!split && vector && o.kind === 'UPCAST' && o.range === vector.range && o.range.src[0].op === 'CONST' &&
         (Number(o.range.src[0].arg) / vector.amount) % ONE_ROW_COLS === 0) {
@@ -392,9 +392,9 @@ function applyOpts (g, ast, opts) {
     const n = constSize(r)
     const int = r.dtype
     let outer, expr
-    // GROUP's inner part is a loop of r's kind (global), innermost of its block's loops; the others' is unrolled
-    const inner = g.node('RANGE', int, [g.const(int, opt.amount)], [nextId + 1, opt.kind === 'GROUP' ? r.arg[1] : 'upcast'])
-    if (opt.kind === 'GROUP' && (n === null || n % opt.amount !== 0 || r.arg[1] !== 'global')) continue
+    // PANELS' inner part is a loop of r's kind (global), innermost of its block's loops; the others' is unrolled
+    const inner = g.node('RANGE', int, [g.const(int, opt.amount)], [nextId + 1, opt.kind === 'PANELS' ? r.arg[1] : 'upcast'])
+    if (opt.kind === 'PANELS' && (n === null || n % opt.amount !== 0 || r.arg[1] !== 'global')) continue
     if (n !== null && n % opt.amount !== 0) {
       if (!opt.clamp || !['UPCAST', 'VECTOR'].includes(opt.kind) || r.arg[1] !== 'global' || n < opt.amount) continue
       // a constant size the tile does not divide: the last tile starts at n - amount, overlapping the one

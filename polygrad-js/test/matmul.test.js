@@ -178,7 +178,7 @@ const summary = (opts) => opts.map((o) => `${o.kind}:${o.range.arg[0]}:${o.amoun
 test('GPT-2 prompt x @ W: 2 rows x 16 columns of accumulators, groups of column panels outermost, 6 loads per step', () => {
   // fc1 (768 -> 3072); its rows are the Variable tokens (range 0), its columns range 1
   const { opts, variants: [[, tile]] } = variants(128, 768, 3072, false)
-  assert.deepStrictEqual(summary(opts), ['VECTOR:1:4', 'UPCAST:1:4', 'UPCAST:0:2', 'GROUP:1:8', 'OUTER:1:1'])
+  assert.deepStrictEqual(summary(opts), ['VECTOR:1:4', 'UPCAST:1:4', 'UPCAST:0:2', 'PANELS:1:8', 'OUTER:1:1'])
   // loops: 24 groups of 8 column panels (16 columns each; the weight is read once per call), the row tiles, the
   // group's panels (a row tile's 2 rows stay in L1 across them), the reduction
   const loops = []
@@ -199,13 +199,13 @@ test('x @ W over rows, 2 x 4 tiles in groups of column panels, at odd sizes: wit
   for (const [K, N] of [[33, 64], [17, 96], [5, 160], [36, 64]]) {
     for (const [rows, constant, counts] of [[36, false, [1, 2, 3, 17, 36]], [7, true, [7]], [5, true, [5]]]) {
       const { opts, variants: vs } = variants(rows, K, N, false, constant)
-      const group = opts.find((o) => o.kind === 'GROUP')
+      const group = opts.find((o) => o.kind === 'PANELS')
       assert.ok(group && group.amount > 1, `K=${K} N=${N}: a group of column panels`)
       assert.ok(opts.some((o) => o.kind === 'UPCAST' && o.range.arg[0] === 1 && o.amount === 4), 'four column vectors')
       // the tile before: 4 rows x 2 column vectors, no groups (every output the same sum in the same order)
       const { g, ast } = matmul(rows, K, N, false, constant)
       const prepared = prepareKernel(g, ast)
-      const before = opts.filter((o) => o.kind !== 'GROUP').map((o) => (o.kind === 'UPCAST' ? Object.assign({}, o, { amount: o.range.arg[0] === 1 ? 2 : 4 }) : o))
+      const before = opts.filter((o) => o.kind !== 'PANELS').map((o) => (o.kind === 'UPCAST' ? Object.assign({}, o, { amount: o.range.arg[0] === 1 ? 2 : 4 }) : o))
       const old = lowerKernel(g, ast, { width: 4, prepared, opts: before, verify: true })
       for (const tokens of counts) {
         const s0 = seed
