@@ -18,6 +18,9 @@
  *                        n partial accumulators, each over every n-th step, summed in order at the end (after
  *                        SPLIT_REDUCE it splits the outer part: n vector accumulators; changes the sum's order)
  *   OUTER r              r's loop becomes its block's outermost (a weight panel read once per call)
+ *   PANELS r by n        a global range r -> ro*n + ri, ri a global loop innermost of its block's loops (after
+ *                        OUTER r: for each group of n column panels, every row tile, then each panel of the
+ *                        group: a row tile's operand stays in L1 while the group's panels come from L2)
  * Where this differs from Python's heuristics (which target C compilers): a matmul whose operands are both
  * contiguous along the reduction (x @ W.T, PyTorch's Linear layout) vectorises the reduction itself
  * (SPLIT_REDUCE into lanes, the lanes summed at the end) instead of gathering columns; the other matmul
@@ -179,9 +182,11 @@ function blockOpts (end, width) {
     // add's latency (GPT-2 small's decode matvecs about 1.7x the time, cache-resident; fma's longer latency
     // made it worse, 1.2x again, in Chromium). The columns' sums are the same either way.
     const wideCols = glob.length === 1 && red.src.length === 2 ? [ONE_ROW_COLS] : []
-    const cols = [...wideCols, 2, 1].find((c) => (nLast / width) % c === 0)
+    // many rows (a prompt's x @ W, a 1x1 convolution's pixels): 2 rows x 4 column vectors, not 4 x 2 (manyRowCols)
+    const cols = [...wideCols, ...manyRowCols(glob, red), 2, 1].find((c) => (nLast / width) % c === 0)
     if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
-    rowTile(last, 4, (ix) => coeff(ix, last) !== 0)
+    rowTile(last, cols === MANY_ROW_COLS ? 2 : 4, (ix) => coeff(ix, last) !== 0)
+    if (glob.length === 2) opts.push(...panelGroups(opts, last, nLast / (width * Math.max(cols, 1)), width * Math.max(cols, 1) * reduceSize(red)))
     if (glob.length === 2) opts.push({ kind: 'OUTER', range: last, amount: 1 })
     // a 2-D window (a depthwise convolution on a row the lanes divide): unrolled whole, as D does
     if (red.src.length > 2) opts.push(...unrollWindow(red))
@@ -237,6 +242,47 @@ function blockOpts (end, width) {
 // one row's register tile: x @ W's column vectors (blockOpts A), x @ W.T's partial sums of one column (B)
 const ONE_ROW_COLS = 4
 const ONE_ROW_ACCS = 4
+
+// the bytes of weight panels a PANELS opt keeps together (panelGroups): well inside a core's 1 MB L2, beside the rows
+const PANELS_BYTES = 384 * 1024
+
+/** The points of a reduction (its ranges' sizes multiplied; a Variable's range counts as null). */
+function reduceSize (red) {
+  return red.src.slice(1).reduce((a, r) => (a === null || constSize(r) === null ? null : a * constSize(r)), 1)
+}
+
+/**
+ * A PANELS opt for a matrix product's column tiles (blockOpts A, before OUTER), given `tiles` column tiles of
+ * `panelElems` weight elements each (float32): where a row tile (an UPCAST of the other global range) exists,
+ * the largest group of panels that divides the tiles, fits PANELS_BYTES and leaves at least 2 groups (threads
+ * split the groups). The loop order becomes group, row tile, panel of the group, reduction: before, every
+ * row tile swept a whole panel and its rows, more than L1 holds (GPT-2's prompt x @ W: a 24 KB panel and 12 KB
+ * of rows), so each step's loads missed L1; now the row tile stays in L1 across a group's panels. Each output
+ * is the same sum in the same order: bits unchanged.
+ */
+function panelGroups (opts, last, tiles, panelElems) {
+  const rows = opts.some((o) => o.kind === 'UPCAST' && o.range !== last)
+  if (!rows || !Number.isInteger(tiles) || !panelElems) return []
+  let best = 1
+  for (let d = 2; d <= tiles / 2; d++) {
+    if (tiles % d === 0 && d * panelElems * 4 <= PANELS_BYTES) best = d
+  }
+  return best > 1 ? [{ kind: 'PANELS', range: last, amount: best }] : []
+}
+
+// x @ W over many rows (blockOpts A): column vectors per tile, with 2 rows
+const MANY_ROW_COLS = 4
+
+/**
+ * The column vectors that blockOpts A tries first for a matrix product over rows (two global ranges, one
+ * reduce range): MANY_ROW_COLS, with 2 rows. Both 2 x 4 and 4 x 2 keep 8 accumulators and 6 loads a step
+ * (V8 loads a step's operands at its top, so 8 accumulators and 6 operands are what 15 SIMD registers hold;
+ * 3 x 3 spilled an accumulator and ran at about half the rate), but 2 x 4 broadcasts 2 row values a step
+ * instead of 4 and reads 4 weight vectors, one 64-byte line of the packed copy (pack.js).
+ */
+function manyRowCols (glob, red) {
+  return glob.length === 2 && red.src.length === 2 ? [MANY_ROW_COLS] : []
+}
 
 // A window reduction (a depthwise convolution, a pooling) of at most this many points is unrolled whole
 const WINDOW_MAX = 32
@@ -302,6 +348,8 @@ function fewRowsOpts (opts, rowTile) {
   const out = []
   for (const o of opts) {
     if (o === rowTile) continue
+    // no row tile: nothing stays in L1 across a group of panels (and the tile's columns change below)
+    if (o.kind === 'PANELS') continue
     // x @ W without its row tile: as many column vectors as one row's (blockOpts A, ONE_ROW_COLS)
     if (!split && vector && o.kind === 'UPCAST' && o.range === vector.range && o.range.src[0].op === 'CONST' &&
         (Number(o.range.src[0].arg) / vector.amount) % ONE_ROW_COLS === 0) {
@@ -344,7 +392,9 @@ function applyOpts (g, ast, opts) {
     const n = constSize(r)
     const int = r.dtype
     let outer, expr
-    const inner = g.node('RANGE', int, [g.const(int, opt.amount)], [nextId + 1, 'upcast'])
+    // PANELS' inner part is a loop of r's kind (global), innermost of its block's loops; the others' is unrolled
+    const inner = g.node('RANGE', int, [g.const(int, opt.amount)], [nextId + 1, opt.kind === 'PANELS' ? r.arg[1] : 'upcast'])
+    if (opt.kind === 'PANELS' && (n === null || n % opt.amount !== 0 || r.arg[1] !== 'global')) continue
     if (n !== null && n % opt.amount !== 0) {
       if (!opt.clamp || !['UPCAST', 'VECTOR'].includes(opt.kind) || r.arg[1] !== 'global' || n < opt.amount) continue
       // a constant size the tile does not divide: the last tile starts at n - amount, overlapping the one

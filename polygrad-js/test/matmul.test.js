@@ -175,21 +175,51 @@ function innerLoop (body) {
 
 const summary = (opts) => opts.map((o) => `${o.kind}:${o.range.arg[0]}:${o.amount}`)
 
-test('GPT-2 prompt x @ W: 4 rows x 8 columns of accumulators, column panels outermost, 6 loads per step', () => {
+test('GPT-2 prompt x @ W: 2 rows x 16 columns of accumulators, groups of column panels outermost, 6 loads per step', () => {
   // fc1 (768 -> 3072); its rows are the Variable tokens (range 0), its columns range 1
   const { opts, variants: [[, tile]] } = variants(128, 768, 3072, false)
-  assert.deepStrictEqual(summary(opts), ['VECTOR:1:4', 'UPCAST:1:2', 'UPCAST:0:4', 'OUTER:1:1'])
-  // the outermost loop runs over the 384 column panels, so the weight is read once per call, not once per row tile
-  const outer = tile.body.find((x) => x.k === 'loop')
-  assert.strictEqual(outer.end.k, 'const')
-  assert.strictEqual(Number(outer.end.value), 3072 / 8)
+  assert.deepStrictEqual(summary(opts), ['VECTOR:1:4', 'UPCAST:1:4', 'UPCAST:0:2', 'PANELS:1:8', 'OUTER:1:1'])
+  // loops: 24 groups of 8 column panels (16 columns each; the weight is read once per call), the row tiles, the
+  // group's panels (a row tile's 2 rows stay in L1 across them), the reduction
+  const loops = []
+  for (let body = tile.body, loop; (loop = body.find((x) => x.k === 'loop')); body = loop.body) loops.push(loop.end.k === 'const' ? Number(loop.end.value) : 'rows')
+  assert.deepStrictEqual(loops, [3072 / 16 / 8, 'rows', 8, 768])
   const step = innerLoop(tile.body).body
   const lanes4 = (k) => step.filter((x) => x.k === k && x.lanes === 4).length
   assert.strictEqual(lanes4('update'), 8, 'accumulators updated per step')
-  assert.strictEqual(lanes4('load') + lanes4('bcast'), 2 + 4, 'two weight vectors and four broadcast row values per step')
+  assert.strictEqual(lanes4('load'), 4, 'four weight vectors per step')
+  assert.strictEqual(lanes4('bcast'), 2, 'two broadcast row values per step')
   const layout = new Map([[0, { base: 0, size: 128 * 3072 }], [1, { base: 0, size: 128 * 768 }], [2, { base: 0, size: 768 * 3072 }]])
   assert.strictEqual(new KernelEmitter(tile, layout, {}, {}).emit().stats.fusedMadds, 0)
   assert.strictEqual(new KernelEmitter(tile, layout, {}, {}, { fma: true }).emit().stats.fusedMadds, 8, 'one multiply-add per accumulator per step')
+})
+
+test('x @ W over rows, 2 x 4 tiles in groups of column panels, at odd sizes: within float32 rounding of float64, bits of the 4 x 2 tile', () => {
+  // [K, N]: N / 16 column panels of 2 x 4 vectors (4, 6, 10: groups of 2, 3, 5), odd reductions
+  for (const [K, N] of [[33, 64], [17, 96], [5, 160], [36, 64]]) {
+    for (const [rows, constant, counts] of [[36, false, [1, 2, 3, 17, 36]], [7, true, [7]], [5, true, [5]]]) {
+      const { opts, variants: vs } = variants(rows, K, N, false, constant)
+      const group = opts.find((o) => o.kind === 'PANELS')
+      assert.ok(group && group.amount > 1, `K=${K} N=${N}: a group of column panels`)
+      assert.ok(opts.some((o) => o.kind === 'UPCAST' && o.range.arg[0] === 1 && o.amount === 4), 'four column vectors')
+      // the tile before: 4 rows x 2 column vectors, no groups (every output the same sum in the same order)
+      const { g, ast } = matmul(rows, K, N, false, constant)
+      const prepared = prepareKernel(g, ast)
+      const before = opts.filter((o) => o.kind !== 'PANELS').map((o) => (o.kind === 'UPCAST' ? Object.assign({}, o, { amount: o.range.arg[0] === 1 ? 2 : 4 }) : o))
+      const old = lowerKernel(g, ast, { width: 4, prepared, opts: before, verify: true })
+      for (const tokens of counts) {
+        const s0 = seed
+        check(old, rows, K, N, false, tokens, false)
+        const want = check.out
+        for (const [name, prog] of vs) {
+          seed = s0
+          const worst = check(prog, rows, K, N, false, tokens, false)
+          assert.ok(worst <= 1, `K=${K} N=${N} rows=${tokens} (${name}): error ${worst.toFixed(2)} x its float32 bound`)
+          assert.deepStrictEqual(check.out, want, `K=${K} N=${N} rows=${tokens} (${name}): bits of the 4 x 2 tile`)
+        }
+      }
+    }
+  }
 })
 
 test("GPT-2's 50257-token head (x @ W.T): 4-column tiles with the last one clamped, one column for few rows", () => {
@@ -280,7 +310,7 @@ test("BERT's x @ W at a constant 128 rows reads its weight through a packed copy
   const { variants: vs } = variants(128, 512, 2048, false, true)
   const packed = vs.find(([name]) => name === 'tile, packed')[1]
   assert.strictEqual(packed.packs.length, 1)
-  assert.deepStrictEqual(packed.packs[0].sizes, [2048 / 8, 512, 2, 4], 'column panels, reduction steps, tile columns, lanes')
+  assert.deepStrictEqual(packed.packs[0].sizes, [2048 / 16 / 8, 8, 512, 4, 4], 'groups, their column panels, reduction steps, tile columns, lanes')
   // out[co, y, x] = sum_ci X[ci, y, x] * W[ci, co] with 16 output channels: each step reads a whole 64-byte row,
   // a cache line, so a copy would not read fewer lines (a wider convolution's weight packs: conv.test.js)
   const g = new Graph()
