@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import weakref
 from operator import attrgetter
 from typing import Any, Callable, Iterator
 
@@ -192,16 +193,19 @@ def realize_eager(target: UOp) -> UOp | None:
     step = hit.kernel
     inputs = leaf[1]
     size, dtype, device = hit.template.new_buffers[0]
-    inputs.append(Buffer(device, size, dtype).ensure_allocated(True))  # no zero fill: the kernel writes it all
+    result = Buffer.written(device, size, dtype)  # no zero fill: the kernel writes it all
+    inputs.append(result)
     handles = list(map(_handle_of, map(inputs.__getitem__, step.args)))  # no Python frame per handle
     if None in handles:  # an input never allocated (an empty tensor's)
         handles = [inputs[i].handle for i in step.args]
     programs.get_program(step.ast, device).launch(handles)
-    out = new_uop(UOp, Ops.BUFFER, target.dtype, (), inputs[-1])
+    out = new_uop(UOp, Ops.BUFFER, target.dtype, (), result)
     if hit.out_shape is not None:
         out = UOp(Ops.RESHAPE, target.dtype, (out,), hit.out_shape)
-    if hit.keep:  # the new buffer is the newest of the table
-        computed.remember_target(target, out, inputs[-1].serial, since)
+    if hit.keep and since == computed._generation[0]:  # computed.remember for the target alone, inline
+        if result.serial > computed._newest[0]:  # the new buffer is the newest of the table
+            computed._newest[0] = result.serial
+        computed._views[weakref.ref(target, computed._drop)] = out
     return out
 
 
