@@ -25,7 +25,7 @@ from polygrad.schedule.normalize import (SlotRef, capacity_buffers, denormalize,
 from polygrad.schedule import template as schedule_template  # leaf_cache looked up per call: tests swap it
 from polygrad.schedule.template import Template, remember_leaf, template_for
 from polygrad.uop import dataflow, sint
-from polygrad.uop.ops import Ops, UOp, new_uop
+from polygrad.uop.ops import Ops, UOp
 
 
 class _ThreadHooks(threading.local):
@@ -193,13 +193,13 @@ def realize_eager(target: UOp) -> UOp | None:
     step = hit.kernel
     inputs = leaf[1]
     size, dtype, device = hit.template.new_buffers[0]
-    result = Buffer.written(device, size, dtype)  # no zero fill: the kernel writes it all
+    result = _written_buffer(device, size, dtype)  # no zero fill: the kernel writes it all
     inputs.append(result)
     handles = list(map(_handle_of, map(inputs.__getitem__, step.args)))  # no Python frame per handle
     if None in handles:  # an input never allocated (an empty tensor's)
         handles = [inputs[i].handle for i in step.args]
     programs.get_program(step.ast, device).launch(handles)
-    out = new_uop(UOp, Ops.BUFFER, target.dtype, (), result)
+    out = _fresh_uop(_BUFFER, target.dtype, result)
     if hit.out_shape is not None:
         out = UOp(Ops.RESHAPE, target.dtype, (out,), hit.out_shape)
     if hit.keep and since == computed._generation[0]:  # computed.remember for the target alone, inline
@@ -210,6 +210,7 @@ def realize_eager(target: UOp) -> UOp | None:
 
 
 _handle_of = attrgetter("_handle")
+_written_buffer, _fresh_uop, _BUFFER = Buffer.written, UOp.fresh, Ops.BUFFER  # no class attribute read per call
 
 
 def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | None:
