@@ -28,11 +28,13 @@ from polygrad.uop.ops import Ops
 
 needs_cc = pytest.mark.skipif("CPU" not in DEVICES, reason="needs the CPU backend")
 
-# A cached realize of (a + b) enters 14 Python functions (the tensor op and its node, the eager-op cache's
-# signature, one buffer, one launch, the result's UOp, the kept value); it took 53 before issue 17's
-# dispatch work, 29 with a walk of the graph (before issue 32's leaf cache), 18 through realize_uops and
-# run_template (before realize_eager), and a scheduler or lowering run takes hundreds.
-TINY_OP_CALL_BUDGET = 15
+# A cached realize of (a + b) enters 10 Python functions (the tensor op and its node, realize, the eager-op
+# cache's signature, one buffer, the program lookup, one launch straight into the kernel's cffi function,
+# the result's UOp); it took 53 before issue 17's dispatch work, 29 with a walk of the graph (before issue
+# 32's leaf cache), 18 through realize_uops and run_template (before realize_eager), 14 with the backend's
+# own launch frame, the result Tensor's, the kept value's and a second one for the buffer (before issue
+# 32's Program.pointer_call and Buffer.written), and a scheduler or lowering run takes hundreds.
+TINY_OP_CALL_BUDGET = 10
 
 
 def _python_calls(fn) -> int:
@@ -111,6 +113,55 @@ def test_cached_tiny_op_stays_within_its_call_budget():
     calls = _python_calls(lambda: out.append((a + b).realize()))
     assert calls <= TINY_OP_CALL_BUDGET, f"{calls} Python calls for a cached a + b"
     assert out[0].numpy().tolist() == [5.0] * 4
+
+
+@needs_cc
+def test_cached_tiny_op_launches_through_the_kernels_pointer_call(monkeypatch):
+    """A variable-free one-thread CPU kernel runs as one cffi call on its buffers' pointers: the backend
+    program's own __call__ runs only for a handle whose pointer is not made yet (a new allocation), and a
+    launch counts one kernel either way."""
+    from polygrad_backend_cpu.runtime import CPUProgram
+    a_np = np.array([1.5, -2.0, 3.25, 4.0, 0.5, 6.0, 7.0], np.float32)  # 7 elements: sizes other tests use not
+    b_np = np.array([4.0, 3.0, 2.0, 1.0, -0.5, 9.0, 1e-3], np.float32)
+    a, b = Tensor(a_np, device="CPU").realize(), Tensor(b_np, device="CPU").realize()
+    for _ in range(3):
+        (a + b).realize()
+    backend_calls = []
+    original = CPUProgram.__call__
+    monkeypatch.setattr(CPUProgram, "__call__", lambda *args: backend_calls.append(1) or original(*args))
+    GlobalCounters.reset()
+    kept = [(a + b).realize() for _ in range(4)]  # each takes a new allocation (the others are held)
+    assert GlobalCounters.kernel_count == 4
+    for t in kept:
+        np.testing.assert_array_equal(t.numpy(), a_np + b_np)
+    fresh = len(backend_calls)  # the allocations no earlier launch had cast to a pointer
+    del kept
+    backend_calls.clear()
+    GlobalCounters.reset()
+    for _ in range(4):  # each takes an allocation cast by a launch above
+        np.testing.assert_array_equal((a + b).realize().numpy(), a_np + b_np)
+    assert backend_calls == [] and GlobalCounters.kernel_count == 4, (fresh, backend_calls)
+
+
+@needs_cc
+def test_cached_tiny_op_results_go_back_to_the_reuse_cache():
+    """The eager path's output buffers (Buffer.written) keep the live-buffer count and the reuse cache's
+    bytes as ensure_allocated does: a result's allocation is reused once it dies, and none leaks."""
+    from polygrad import device as device_module
+    a = Tensor(np.arange(5, dtype=np.float32), device="CPU").realize()
+    b = Tensor(np.ones(5, np.float32), device="CPU").realize()
+    (a + b).realize()
+    gc.collect()
+    live, cached = device_module.buffers_live.get("CPU", 0), device_module.alloc_cache_bytes["total"]
+    t = (a + b).realize()
+    assert device_module.buffers_live["CPU"] == live + 1
+    assert device_module.alloc_cache_bytes["total"] == cached - 20  # taken from the cache: 5 float32
+    handle = t._buffer()._handle
+    del t
+    assert device_module.buffers_live["CPU"] == live and device_module.alloc_cache_bytes["total"] == cached
+    t = (a + b).realize()
+    assert t._buffer()._handle is handle  # the allocation the last result gave back
+    np.testing.assert_array_equal(t.numpy(), np.arange(5, dtype=np.float32) + 1)
 
 
 def _chain(n: int):

@@ -290,6 +290,8 @@ class CPUProgram:
         self.var_types = tuple("long long" if v.dtype.itemsize == 8 else "int" for v in spec.vars)
         self.threads = spec.threads
         self.fn = FFI.cast(_fn_type(len(spec.globals), self.var_types, self.threads > 1), addr)
+        # contract.Program's pointer_call: a one-thread kernel without variables is this cffi function itself
+        self.pointer_call = self.fn if self.threads == 1 and not spec.vars else None
         self.task = None
         task = getattr(lib, f"{renamed}_task", None) or getattr(lib, f"{plain}_task", None)
         if task is not None:

@@ -144,7 +144,11 @@ class Program(Protocol):
     """A loaded kernel: call it with buffer handles (slot order) and the variables' values. A program may
     also offer `bind(handles, var_vals) -> launcher`, a zero-argument callable with the arguments fixed:
     JIT replays keep one per launch (and make one again when an input's handle changes), so a replay
-    converts nothing per kernel. Without it they call the program with the same arguments each time."""
+    converts nothing per kernel. Without it they call the program with the same arguments each time.
+    A kernel without variables may also offer `pointer_call`, a callable taking each handle's `ptr` as one
+    positional argument (a one-thread kernel's cffi function): a launch calls it directly (no frame of the
+    backend's), and calls the program as above when it raises TypeError or AttributeError before running
+    (a handle whose `ptr` is not made yet)."""
 
     def __call__(self, buffers: list[Any], var_vals: tuple[int, ...], timing: bool = False) -> float | None: ...
 

@@ -312,6 +312,7 @@ def _account(device: str, nbytes: int, count: int = 0) -> None:
 
 
 _serials = itertools.count()
+_new_object = object.__new__
 
 
 class Buffer:
@@ -387,6 +388,35 @@ class Buffer:
                 written = True
         if not written and nbytes:
             zero_fill(impl.allocator, handle, nbytes)
+        self._handle = handle
+        return self
+
+    @staticmethod
+    def written(device: str, size: int, dtype: DType) -> "Buffer":
+        """Buffer(device, size, dtype).ensure_allocated(written=True) in one Python call, for an output whose
+        every element a kernel writes (engine/realize.realize_eager: one per eager op); an allocation of this
+        size freed earlier is taken without a zero fill, else ensure_allocated makes one."""
+        if debug_alloc.on:  # poisoned, guarded memory (DebugAlloc)
+            return Buffer(device, size, dtype).ensure_allocated(written=True)
+        self = _new_object(Buffer)
+        self._handle = None  # first: __del__ finds nothing to free until the handle is in
+        self.device, self.size, self.dtype = device, size, dtype
+        self.serial = next(_serials)
+        nbytes = size * dtype.itemsize
+        handle = None
+        _alloc_lock.acquire()  # (ensure_allocated's take from the reuse cache)
+        try:
+            free = _alloc_cache.get((device, nbytes))
+            if free:
+                handle = free.pop()[1]
+                alloc_cache_bytes["total"] -= nbytes
+                buffers_live[device] += 1
+        finally:
+            _alloc_lock.release()
+        if handle is None:
+            self._impl = None
+            return self.ensure_allocated(written=True)
+        self._impl = registry.opened_by_text.get(device) or open_device(device)
         self._handle = handle
         return self
 

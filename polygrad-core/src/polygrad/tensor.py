@@ -159,6 +159,10 @@ class _TensorType(type):
         config.set_value("TRAINING", int(bool(value)))
 
 
+_new_object = object.__new__
+_BUFFER, _RESHAPE = Ops.BUFFER, Ops.RESHAPE  # (a class attribute read is a dict lookup in CPython 3.11)
+
+
 class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMixin, CreationMixin, RandomMixin,
              ContractionMixin, MovementMixin, NNMixin, metaclass=_TensorType):
     """A lazily evaluated n-dimensional array with automatic differentiation.
@@ -308,7 +312,7 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     def _new(self, uop: UOp) -> "Tensor":
         """A non-leaf tensor over `uop` in this tensor's runtime: Tensor(uop, _runtime=...) without the
         argument checks, since every op builds one."""
-        t = object.__new__(Tensor)
+        t = _new_object(Tensor)
         t.uop, t.requires_grad, t.grad, t._leaf, t._graph, t._runtime = uop, None, None, False, None, self._runtime
         refs = _all_tensors.refs  # _all_tensors.add(t), without the call: every op makes a tensor
         refs.append(weakref.ref(t))
@@ -322,7 +326,7 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
     def realize(self, *others: "Tensor") -> "Tensor":
         if others:
             Tensor.realize_all(self, *others)
-        elif ((old := self.uop).op is not Ops.BUFFER and old.op is not Ops.RESHAPE) or not _is_realized(old):
+        elif ((old := self.uop).op is not _BUFFER and old.op is not _RESHAPE) or not _is_realized(old):
             # an eager op seen before (a pure node: never an effect, so nothing to order around it)
             new = engine_realize.realize_eager(old) if self._runtime is None else None
             if new is None:
@@ -554,7 +558,13 @@ class Tensor(DTypeMixin, ElementwiseMixin, MathMixin, ActivationMixin, ReduceMix
                     n = new_uop(UOp, op, dtypes.bool if op in COMPARISONS else u.dtype, (v, u) if reverse else (u, v))
                     if n._shape is None:
                         n._shape, n._device = us, ud
-                    return self._new(n)
+                    t = _new_object(Tensor)  # self._new(n), inline (its runtime is None here)
+                    t.uop, t.requires_grad, t.grad, t._leaf, t._graph, t._runtime = n, None, None, False, None, None
+                    refs = _all_tensors.refs
+                    refs.append(weakref.ref(t))
+                    if len(refs) >= _all_tensors.limit:
+                        _all_tensors.sweep()
+                    return t
                 return y._alu(op, self) if reverse else self._alu(op, y)
         elif (kind is float or kind is int or kind is bool) and self._runtime is None:
             u = self.uop

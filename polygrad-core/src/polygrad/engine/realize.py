@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import weakref
 from operator import attrgetter
 from typing import Any, Callable, Iterator
 
@@ -24,7 +25,7 @@ from polygrad.schedule.normalize import (SlotRef, capacity_buffers, denormalize,
 from polygrad.schedule import template as schedule_template  # leaf_cache looked up per call: tests swap it
 from polygrad.schedule.template import Template, remember_leaf, template_for
 from polygrad.uop import dataflow, sint
-from polygrad.uop.ops import Ops, UOp, new_uop
+from polygrad.uop.ops import Ops, UOp
 
 
 class _ThreadHooks(threading.local):
@@ -192,20 +193,24 @@ def realize_eager(target: UOp) -> UOp | None:
     step = hit.kernel
     inputs = leaf[1]
     size, dtype, device = hit.template.new_buffers[0]
-    inputs.append(Buffer(device, size, dtype).ensure_allocated(True))  # no zero fill: the kernel writes it all
+    result = _written_buffer(device, size, dtype)  # no zero fill: the kernel writes it all
+    inputs.append(result)
     handles = list(map(_handle_of, map(inputs.__getitem__, step.args)))  # no Python frame per handle
     if None in handles:  # an input never allocated (an empty tensor's)
         handles = [inputs[i].handle for i in step.args]
     programs.get_program(step.ast, device).launch(handles)
-    out = new_uop(UOp, Ops.BUFFER, target.dtype, (), inputs[-1])
+    out = _fresh_uop(_BUFFER, target.dtype, result)
     if hit.out_shape is not None:
         out = UOp(Ops.RESHAPE, target.dtype, (out,), hit.out_shape)
-    if hit.keep:  # the new buffer is the newest of the table
-        computed.remember_target(target, out, inputs[-1].serial, since)
+    if hit.keep and since == computed._generation[0]:  # computed.remember for the target alone, inline
+        if result.serial > computed._newest[0]:  # the new buffer is the newest of the table
+            computed._newest[0] = result.serial
+        computed._views[weakref.ref(target, computed._drop)] = out
     return out
 
 
 _handle_of = attrgetter("_handle")
+_written_buffer, _fresh_uop, _BUFFER = Buffer.written, UOp.fresh, Ops.BUFFER  # no class attribute read per call
 
 
 def realize_uops(targets: list[UOp], effect_free: bool = False) -> list[UOp] | None:

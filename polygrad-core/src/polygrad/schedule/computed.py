@@ -90,17 +90,6 @@ def remember(walked: dict[UOp, UOp], kept: dict[UOp, tuple[int, tuple | None]], 
         _views[weakref.ref(node, _drop)] = view if shape is None else UOp(Ops.RESHAPE, norm.dtype, (view,), shape)
 
 
-def remember_target(node: UOp, view: UOp, newest: int, since: int) -> None:
-    """remember() for a realize whose only kept value is its target's (an eager op through
-    template.leaf_cache): `node` now reads as `view`, a view of one of the realize's buffers, the newest of
-    which has the creation serial `newest`."""
-    if since != _generation[0]:
-        return
-    if newest > _newest[0]:
-        _newest[0] = newest
-    _views[weakref.ref(node, _drop)] = view
-
-
 def forget() -> None:
     """Drop every kept value (schedule.clear_schedule_cache, polygrad.collect, any overwrite)."""
     _generation[0] += 1

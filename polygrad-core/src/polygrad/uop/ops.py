@@ -206,6 +206,20 @@ class UOp:
         _ref_keys[ref] = key
         return self
 
+    @staticmethod
+    def fresh(op: Ops, dtype: DType | None, arg: Any) -> "UOp":
+        """UOp(op, dtype, (), arg) for an arg of SELF_KEYED_ARGS that no node can hold yet (a Buffer its
+        caller just made and has shown no one: engine/realize.realize_eager's output): the table is not
+        searched first, and no other thread can insert the same key meanwhile."""
+        self = object.__new__(UOp)
+        self.op, self.dtype, self.src, self.arg = op, dtype, (), arg
+        self._shape = self._device = self._toposort = None
+        ref = weakref.ref(self, _forget)
+        key = (op, dtype, (), arg)
+        _uop_cache[key] = ref
+        _ref_keys[ref] = key
+        return self
+
     def __reduce__(self):
         return UOp, (self.op, self.dtype, self.src, self.arg)
 
