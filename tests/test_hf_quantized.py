@@ -265,6 +265,43 @@ def test_llama_prompt_kernels_stage_their_weight_panels(files):
         model.dispose()
 
 
+def test_a_prompt_reads_kept_lane_scales_and_rounds_each_input_once(files):
+    """On the int8 route a Llama Q4_0 prefill lays no weight scales out: each projection's blocks are read by
+    one kernel, its matmul, which reads the scales the load laid out once (`NAME.lane_scales`, a parameter;
+    every prompt ran a kernel of its own for each weight's before), and a layer rounds its four matmul inputs
+    (q/k/v's, o's, gate/up's, down's) to 8 bits once each (plus the head's last row). 92 launches on the
+    start (aef872f), 78 now; at most 78 here. The logits stay within the route's 2% of the float path's."""
+    from polygrad.nn.quant import int8_dot_enabled
+    if not int8_dot_enabled("CPU"):
+        pytest.skip("the CPU device does not declare int8_dot (no VNNI, or POLY_INT8_DOT=0)")
+    model = load_hf(files["llama", "Q4_0"], max_seq_len=32, dtype="quantized")
+    try:
+        p = model._p
+        calls = [c for c in p.entries["prefill"].calls if c.kernel >= 0]
+        names = [[p.slots[a].name for a in c.args] for c in calls]
+        projections = {n for args in names for n in args if n.endswith("_proj.weight")}
+        assert len(projections) == 7 * model.hf_config.num_layers, sorted(projections)
+        for w in projections:
+            readers = [args for args in names if w in args]
+            assert len(readers) == 1 and f"{w}.lane_scales" in readers[0], (w, readers)
+        kept = [i for i, s in enumerate(p.slots) if s.name.endswith(".lane_scales")]
+        # held once: read-only host memory the Model shares, as it shares the blocks (not a copy of its own)
+        assert len(kept) == len(projections) and all(model._x.bufs[i].readonly for i in kept)
+        int8_writers = [c for c in calls if p.slots[c.args[0]].dtype is dtypes.int8]
+        assert len(int8_writers) == 4 * model.hf_config.num_layers + 1  # and the head's last row
+        assert len(calls) <= 78, len(calls)
+        ids = _prompt()
+        with Context(POLY_INT8_DOT=0):
+            reference = load_hf(files["llama", "Q4_0"], max_seq_len=32, dtype="quantized")
+        try:
+            want = reference.call("prefill", {"input_ids": ids})["logits"].numpy()
+        finally:
+            reference.dispose()
+        _close(model.call("prefill", {"input_ids": ids})["logits"].numpy(), want, 2e-2)
+    finally:
+        model.dispose()
+
+
 def test_q4_weights_take_about_the_file_bytes(files):
     reader = gguf.GGUFReader(files["gpt2", "Q4_0"])
     file_bytes = sum(int(t.n_bytes) for t in reader.tensors)

@@ -24,6 +24,7 @@ import pytest
 from polygrad import Context, Tensor, Variable
 from polygrad.codegen.opts import OptKind
 from polygrad.device import open_device
+from polygrad.errors import QuantizationError
 from conftest import programs_of
 from polygrad.nn.quant import QuantWeight, int8_dot_enabled
 
@@ -140,6 +141,34 @@ def test_prompt_kernel_stages_bytes_and_runs_vpdpbusd(fmt):
     flags = ["-O3", "-march=native", "-ffp-contract=off", "-S", "-x", "c", "-", "-o", "-"]
     asm = subprocess.run([cc, *flags], input=prog.source, capture_output=True, text=True, check=True).stdout
     assert "vpdpbusd" in asm
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_kept_lane_scales_leave_a_prompt_one_kernel_fewer_with_the_same_bits(fmt):
+    """QuantWeight.keep_lane_scales lays the float16 scales out once (float32 (rows / 8, nb, 8): panel p,
+    block j, lane l holds row 8p + l's scale of block j, as the blocks' bytes say); a prompt matmul then runs
+    four kernels (the activations' per-block max, their int8 values with 1 / d computed inline, their block
+    sums, the int32 GEMM) and a copy out of its Variable rows, one fewer than without them (the layout), and
+    gives the same bits. A weight off the route has none (a typed error)."""
+    _require_int8_dot()
+    blocks = _blocks(fmt, 4)
+    _, xt = _prompt(13, seed=4)
+    fresh = QuantWeight(Tensor(blocks), fmt, (ROWS, COLS))
+    got = []
+    per_call = programs_of(lambda: got.append(fresh.matmul_t(xt).numpy()))
+    kept = QuantWeight(Tensor(blocks), fmt, (ROWS, COLS))
+    scales = kept.keep_lane_scales().numpy()
+    want = blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32)  # (rows, nb)
+    assert np.array_equal(scales, want.reshape(ROWS // 8, 8, -1).transpose(0, 2, 1))
+    assert kept.keep_lane_scales() is kept.lane_scales  # made once
+    once = programs_of(lambda: got.append(kept.matmul_t(xt).numpy()))
+    before, after = [p.spec.name for p in per_call], [p.spec.name for p in once]
+    assert len(after) == len(before) - 1 and [n for n in before if n not in after] == [f"E_{ROWS // 8}_3_8"], \
+        (before, after)
+    assert len(after) == 5, after  # the copy out of a Variable number of rows is the fifth
+    assert np.array_equal(got[0], got[1])
+    with pytest.raises(QuantizationError, match="whole 8-row panels"):
+        QuantWeight(Tensor(_blocks(fmt)[:12]), fmt, (12, COLS)).keep_lane_scales()
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])

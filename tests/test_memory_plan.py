@@ -77,3 +77,44 @@ def test_shared_temporaries_give_the_unshared_results(monkeypatch):
             model.dispose()
     assert runs[0][0] == runs[1][0]
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
+
+
+def _first_fit_model(prog) -> dict[int, int]:
+    """share_temporaries' rule, slot against slot: biggest first, each temporary joins the first buffer of its
+    dtype none of whose slots is alive with it in one entrypoint (closed call ranges)."""
+    temps = [i for i, s in enumerate(prog.slots) if s.role == "temporary"]
+    live = _live(prog)
+    hosts: list[list[int]] = []
+    out = {}
+    for t in sorted(temps, key=lambda t: -prog.slots[t].size * prog.slots[t].dtype.itemsize):
+        for group in hosts:
+            clash = any(x[0] == y[0] and x[1] <= y[2] and y[1] <= x[2]
+                        for m in group for x in live.get(m, []) for y in live.get(t, []))
+            if prog.slots[group[0]].dtype == prog.slots[t].dtype and not clash:
+                group.append(t)
+                out[t] = group[0]
+                break
+        else:
+            hosts.append([t])
+    return out if len(temps) > 1 else {}
+
+
+def test_sharing_follows_the_first_fit_rule_on_random_plans():
+    """Random plans (three entrypoints, two dtypes, ranges that touch at one call, slots unused by an
+    entrypoint or by all): the bisection over each buffer's sorted ranges gives the slot-by-slot rule's
+    buffers exactly."""
+    from types import SimpleNamespace as NS
+
+    from polygrad.dtype import dtypes
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(2, 40))
+        slots = [NS(role="temporary" if rng.random() < 0.8 else "parameter", size=int(rng.integers(1, 6)),
+                    dtype=dtypes.float32 if rng.random() < 0.7 else dtypes.int8) for _ in range(n)]
+        entries = {}
+        for e in range(3):
+            calls = [NS(args=tuple(int(a) for a in rng.choice(n, size=int(rng.integers(1, 3)), replace=False)))
+                     for _ in range(int(rng.integers(1, 25)))]
+            entries[f"e{e}"] = NS(calls=calls)
+        prog = NS(slots=slots, entries=entries)
+        assert share_temporaries(prog) == _first_fit_model(prog)

@@ -208,8 +208,16 @@ def constants(cfg: DecoderConfig, max_seq_len: int, device: str | None,
 
 
 def parameters(weights: dict[str, Weight], consts: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Decoder.params() of these weights and constants: a quantized weight as its uint8 blocks."""
-    return {**{k: w.blocks if isinstance(w, QuantWeight) else w for k, w in weights.items()}, **consts}
+    """Decoder.params() of these weights and constants: a quantized weight as its uint8 blocks, and a
+    projection whose prompts take 8-bit activations (QuantWeight.int8_prompts) with its scales laid out as
+    that route reads them (`NAME.lane_scales`, made once here, not by every prompt; a table's, the tied
+    head's included, only in the rarely run forward: laid out there per call instead of kept)."""
+    out: dict[str, Tensor] = {}
+    for k, w in weights.items():
+        out[k] = w.blocks if isinstance(w, QuantWeight) else w
+        if isinstance(w, QuantWeight) and not k.endswith(TABLES) and w.int8_prompts():
+            out[f"{k}.lane_scales"] = w.keep_lane_scales()
+    return {**out, **consts}
 
 
 class Decoder:

@@ -30,7 +30,7 @@ from polygrad.device import canonicalize, free_cached
 from polygrad.errors import DeviceError
 from polygrad.model import programcache
 from polygrad.model.capture import capture_program
-from polygrad.nn.quant import INT8_DOT_FORMATS, INT8_PROMPT_FORMATS, int8_dot_enabled
+from polygrad.nn.quant import INT8_DOT_FORMATS, int8_dot_enabled
 from polygrad.runtime import trim_heap
 
 from polygrad_hf.checkpoint import open_checkpoint
@@ -62,7 +62,9 @@ def load_hf(path: str | os.PathLike, max_batch: int = 1, max_seq_len: int | None
     `"quantized"`): a Q4_0 file of N parameters takes about 0.56N bytes, as in the file, Q8_0 1.06N. The
     kernels that read a weight dequantize it as they load it, with the gguf package's values, and decode
     faster than float32 on CPU (benchmarks/bench_gguf.py: GPT-2 small decodes 2.2x (Q8_0) and 2.8x (Q4_0)
-    float32's tok/s).
+    float32's tok/s). Where prompts take 8-bit activations (Q8_0 and Q4_0 on a CPU with VNNI), each
+    projection also keeps its scales laid out for them (float32, 4 bytes a 32-weight block: 0.125 bytes a
+    parameter), made at load.
     Every other weight is float32. `"float32"` dequantizes them at load instead (4N bytes); `"float16"` or
     `"bfloat16"` holds every weight in 16 bits (2N bytes; computation stays float32, but the CPU backend
     does not vectorise kernels over 16-bit data, so float32 decodes faster there). `model.hf_notes` says
@@ -175,8 +177,7 @@ def _program_key(cfg: Any, max_batch: int, max_seq_len: int, device: str, named:
     # (POLY_INT8_DOT, the device's int8_dot); the formats are named so an entry captured before a format
     # (or prompts) joined the route is not reused
     on_route = bool(formats) and int8_dot_enabled(device)
-    route = (f"int8_dot={','.join(INT8_DOT_FORMATS)};int8_prompts={','.join(INT8_PROMPT_FORMATS)}" if on_route
-             else "int8_dot=0")
+    route = f"int8_dot={','.join(INT8_DOT_FORMATS)};int8_prompts" if on_route else "int8_dot=0"
     return programcache.key("polygrad_hf", fields, f"max_batch={max_batch}", f"max_seq_len={max_seq_len}",
                             f"device={device}", tensors, formats, route)
 

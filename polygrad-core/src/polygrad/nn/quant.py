@@ -24,7 +24,8 @@ from polygrad import config
 from polygrad.definitions.quant_formats import BY_NAME, BlockFormatDef
 from polygrad.device import open_device
 from polygrad.dtype import dtypes
-from polygrad.errors import QuantizationError
+from polygrad.engine import capture
+from polygrad.errors import DeviceError, QuantizationError
 from polygrad.nn.quantizers import QUANTIZERS
 from polygrad.tensor import Tensor
 
@@ -223,10 +224,9 @@ def _grouped(blocks: Tensor, f: BlockFormatDef) -> Tensor:
     return _VALUES[f.name](_Fields(blocks, f))
 
 
-# formats whose decode matvec may run on 8-bit activations (_int8_matmul_t)
+# formats whose matmuls may run on 8-bit activations: a decode step's matvec (_int8_matmul_t) and a
+# prompt's rows (_int8_matmul_rows, weights of whole 8-row panels)
 INT8_DOT_FORMATS = ("Q8_0", "Q4_0")
-# formats whose prompt matmuls (several rows) may run on 8-bit activations (_int8_matmul_rows)
-INT8_PROMPT_FORMATS = ("Q8_0", "Q4_0")
 
 
 def int8_dot_enabled(device: str) -> bool:
@@ -253,7 +253,10 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor]:
     *lead, cols = x.shape
     blocks = x.cast(dtypes.float32).reshape(*lead, cols // 32, 32)
     d = blocks.abs().max(-1) / 127
-    inverse = (d != 0).where(1 / d, 0).reshape(*lead, cols // 32, 1)
+    # 1 / d per value, from d broadcast first: a buffer broadcast is a plain load in the rounding's kernel,
+    # where 1 / d broadcast took a kernel of its own (a launch per rounding, 4 a Qwen2 layer)
+    each = d.reshape(*lead, cols // 32, 1).expand(*lead, cols // 32, 32)
+    inverse = (each != 0).where(1 / each, 0)
     return (blocks * inverse).round().cast(dtypes.int8).contiguous(), d
 
 
@@ -287,7 +290,7 @@ def _int8_matmul_t(blocks: Tensor, x: Tensor, fmt: str = "Q8_0") -> Tensor:
 INT8_GEMM_LANES = 8
 
 
-def _int8_matmul_rows(blocks: Tensor, x: Tensor, fmt: str) -> Tensor:
+def _int8_matmul_rows(blocks: Tensor, scales: Tensor, x: Tensor, fmt: str) -> Tensor:
     """x @ W.T for Q8_0 or Q4_0 blocks (rows, nb, bytes) and many rows x (..., nb * 32) (a prompt), on 8-bit
     activations as _int8_matmul_t: each row of x rounded per block (quantize_activations), each block's 32
     products summed exactly in int32, then scaled by d_w * d_x and summed over blocks in float32.
@@ -299,20 +302,14 @@ def _int8_matmul_rows(blocks: Tensor, x: Tensor, fmt: str) -> Tensor:
     (renderer/int8_dot.py: DOT4_BCAST), which multiplies unsigned by signed bytes. So the weights are
     staged unsigned, offset: Q4_0's nibbles (the weight + 8), Q8_0's bytes ^ 0x80 (the weight + 128), and the
     block sum less offset x the activations' block sum (a small kernel, once per row and block). Weight row
-    8p + l is lane l of panel p (the kernel's ranges). The weights' float16 scales are a small kernel of
-    their own laid out (rows / 8, nb, 8): contiguous along the lanes (float16 lanes would stop the
-    linearizer's vectors), reading 8 rows' blocks together (laid out (nb, rows), it read every row once
-    per block: a Qwen2 MLP weight's scales took a third of the matmul's time)."""
+    8p + l is lane l of panel p (the kernel's ranges). `scales` are the weights' float32 scales laid out
+    (rows / 8, nb, 8) (scales_by_lane: kept by QuantWeight.keep_lane_scales, else a kernel per call)."""
     rows, nb, _ = blocks.shape
     lead = x.shape[:-1]
     panels, lanes = rows // INT8_GEMM_LANES, INT8_GEMM_LANES
     xq, dx = quantize_activations(x)
     xq = xq.reshape(*lead, 1, 1, nb, 2, 4, 4)
     blocks = blocks.reshape(panels, lanes, nb, blocks.shape[-1])  # weight row 8p + l: a panel, a lane
-
-    def per_block(v: Tensor) -> Tensor:  # (panels, lanes, nb) as a buffer (panels, nb, lanes)
-        v = v.permute(0, 2, 1).contiguous().permute(0, 2, 1)
-        return v.reshape(*(1,) * len(lead), panels, lanes, nb).expand(*lead, panels, lanes, nb)
     if fmt == "Q4_0":  # value 16h + 4t + k: nibble h of byte 4t + k (the weight + 8)
         full = (panels, lanes, nb, 2, 4, 4)
         qs = blocks[..., 2:18].reshape(panels, lanes, nb, 1, 4, 4).expand(*full)
@@ -323,11 +320,41 @@ def _int8_matmul_rows(blocks: Tensor, x: Tensor, fmt: str) -> Tensor:
     sums = (xq.cast(dtypes.int32) * unsigned.cast(dtypes.int32)).sum((-3, -2, -1))
     xsum = xq.cast(dtypes.int32).sum((-3, -2, -1)).contiguous()  # (*lead, 1, 1, nb)
     sums = sums - xsum * offset
-    dw = (blocks[..., 0].cast(dtypes.uint16) | (blocks[..., 1].cast(dtypes.uint16) << 8)).bitcast(dtypes.float16)
-    scale = per_block(dw.cast(dtypes.float32)) * dx.reshape(*lead, 1, 1, nb)
+    dw = scales.permute(0, 2, 1).reshape(*(1,) * len(lead), panels, lanes, nb).expand(*lead, panels, lanes, nb)
+    scale = dw * dx.reshape(*lead, 1, 1, nb)
     # a kernel of its own: under an epilogue (a bias, a gated MLP's product) the scheduler would give the
     # block sums, a reduction inside this one, a buffer of their own (schedule/fusion.py)
     return (sums.cast(dtypes.float32) * scale).sum(-1).contiguous().reshape(*lead, rows)
+
+
+def scales_by_lane(blocks: Tensor) -> Tensor:
+    """The float16 scales of Q8_0 or Q4_0 blocks (rows, nb, bytes) as float32 (rows / 8, nb, 8), the layout
+    _int8_matmul_rows reads: contiguous along a panel's 8 lanes (float16 lanes would stop the linearizer's
+    vectors), 8 rows' blocks read together (laid out (nb, rows), every row was read once per block: a Qwen2
+    MLP weight's scales took a third of the matmul's time).
+
+    >>> b = quantize_rows(np.arange(16 * 64, dtype=np.float32).reshape(16, 64), "q8_0")  # (16, 2, 34)
+    >>> s = scales_by_lane(Tensor(b)).numpy()  # (2, 2, 8): panel p, block j, lane l is row 8p + l's block j
+    >>> bool((s[1, 0] == b[8:, 0, :2].copy().view(np.float16)[:, 0]).all())
+    True
+    """
+    rows, nb, nbytes = blocks.shape
+    blocks = blocks.reshape(rows // INT8_GEMM_LANES, INT8_GEMM_LANES, nb, nbytes)
+    dw = (blocks[..., 0].cast(dtypes.uint16) | (blocks[..., 1].cast(dtypes.uint16) << 8)).bitcast(dtypes.float16)
+    return dw.cast(dtypes.float32).permute(0, 2, 1).contiguous()
+
+
+def _read_only(t: Tensor) -> Tensor:
+    """A realized tensor moved into read-only host memory where its device is the host's: a Model shares such
+    a buffer instead of copying it (model/executor.py), as it shares a GGUF file's mapped blocks (kept
+    writable, Qwen2-0.5B Q4_0's 45 MB of lane scales left load_hf and a prompt 143 MB above the start's
+    resident set, read-only 62 MB). Other devices keep `t`."""
+    arr = t._buffer().numpy().reshape(t.shape)
+    arr.flags.writeable = False
+    try:
+        return Tensor.from_host_view(arr, device=t.device, _runtime=t._runtime)
+    except DeviceError:  # not host memory (CUDA), or POLY_DEBUG_ALLOC's guarded allocations
+        return t
 
 
 def _q4_0_block_sums(blocks: Tensor, xq: Tensor) -> Tensor:
@@ -396,15 +423,16 @@ class QuantWeight:
         """x @ W.T for x (..., cols): (..., rows), summed over blocks and their groups so the kernel's loops
         follow the blocks (see _grouped); the dequantization is part of the matmul's kernel."""
         f = block_format(self.format)
-        rows, cols = self.shape
+        cols = self.shape[1]
         if x.shape[-1] != cols:
             raise QuantizationError(f"x @ W.T: x has {x.shape[-1]} columns, the {f.name} weight {cols}")
         lead = x.shape[:-1]
-        if f.name in INT8_DOT_FORMATS and _one_row(lead) and int8_dot_enabled(x.device):
-            return _int8_matmul_t(self.blocks, x, f.name)
-        if f.name in INT8_PROMPT_FORMATS and not _one_row(lead) and rows % INT8_GEMM_LANES == 0 \
-                and int8_dot_enabled(x.device):
-            return _int8_matmul_rows(self.blocks, x, f.name)
+        if self.int8_activations(lead):
+            if _one_row(lead):
+                return _int8_matmul_t(self.blocks, x, f.name)
+            scales = self.__dict__.get("lane_scales")
+            scales = scales_by_lane(self.blocks) if scales is None else scales
+            return _int8_matmul_rows(self.blocks, scales, x, f.name)
         values = _grouped(self.blocks, f)  # (rows, nb, *groups)
         axes = tuple(range(-len(f.groups) - 1, 0))
         out = (x.reshape(*lead, 1, cols // f.block, *f.groups) * values).sum(axes)
@@ -412,6 +440,42 @@ class QuantWeight:
         # a GELU kept a tile of 4 rows (host_opts: a costly epilogue): GPT-2's 12 Q4_0 fc matvecs took 3.7 ms
         # of a decode step, 1.2 ms apart (benchmarks/bench_int8dot.py --decode q4_0, Zen 4, 2 threads)
         return out.contiguous() if _one_row(lead) else out
+
+    def int8_prompts(self) -> bool:
+        """Whether this weight's prompt matmuls (several rows of x) run on 8-bit activations
+        (_int8_matmul_rows): a Q8_0 or Q4_0 weight of whole 8-row panels on a device with int8_dot."""
+        return self.format in INT8_DOT_FORMATS and self.shape[0] % INT8_GEMM_LANES == 0 \
+            and int8_dot_enabled(self.device)
+
+    def int8_activations(self, lead: tuple) -> bool:
+        """Whether x @ W.T for x of leading shape `lead` runs on x rounded to 8 bits (quantize_activations):
+        one row on the decode route (_int8_matmul_t), several on the prompt route (int8_prompts)."""
+        if _one_row(lead):
+            return self.format in INT8_DOT_FORMATS and int8_dot_enabled(self.device)
+        return self.int8_prompts()
+
+    def keep_lane_scales(self) -> Tensor:
+        """This weight's scales laid out as its prompt matmuls read them (scales_by_lane), computed now and
+        kept as the attribute `lane_scales` (a state dict lists it; a Model captures it as a parameter), so
+        a prompt does not lay them out again: 4 bytes a block beside the block's 18 (Q4_0) or 34 (Q8_0).
+        Without them each prompt matmul lays them out in a small kernel of its own. Computed outside any
+        capture's recording (called inside one, they are the captured program's constant).
+
+        >>> qw = QuantWeight.from_float(np.ones((8, 64), np.float32), "q8_0")
+        >>> qw.keep_lane_scales() is qw.lane_scales, qw.lane_scales.shape
+        (True, (1, 2, 8))
+        """
+        kept = self.__dict__.get("lane_scales")
+        if kept is None:
+            if self.format not in INT8_DOT_FORMATS or self.shape[0] % INT8_GEMM_LANES:
+                raise QuantizationError(f"a {self.format} weight of {self.shape[0]} rows has no lane scales: only "
+                                        f"{' and '.join(INT8_DOT_FORMATS)} weights of whole "
+                                        f"{INT8_GEMM_LANES}-row panels take 8-bit prompts")
+            with capture.paused():
+                kept = _read_only(scales_by_lane(self.blocks).realize())
+            kept.requires_grad = False
+            object.__setattr__(self, "lane_scales", kept)  # a frozen dataclass: its fields stay as given
+        return kept
 
     def rows(self, ids: Tensor) -> Tensor:
         """Rows at integer `ids` (any shape) as float32 ids.shape + (cols,): the blocks of those rows are
