@@ -67,18 +67,31 @@ except ImportError:  # hypothesis is a dev dependency
     pass
 
 
-def kernels_of(fn) -> list:
+def kernels_of(fn, run: bool = True) -> list:
     """The kernel ASTs `fn` schedules, in order (each program the runtime asks for; tests that lower them
-    for another device's capabilities run `fn` on INTERP, which needs no compiler)."""
+    for another device's capabilities run `fn` on INTERP, which needs no compiler). With run=False the
+    kernels are not run (their outputs keep whatever they held): for tests that only read the kernels, where
+    INTERP would spend a minute on a ResNet-sized convolution whose values nobody reads."""
+    import dataclasses
+
     from polygrad.engine import programs
     asts: list = []
     orig = programs.get_program
-    programs.get_program = lambda ast, device: asts.append(ast) or orig(ast, device)
+
+    def ask(ast, device):
+        asts.append(ast)
+        program = orig(ast, device)
+        return program if run else dataclasses.replace(program, program=_not_run, direct=None)
+    programs.get_program = ask
     try:
         fn()
     finally:
         programs.get_program = orig
     return asts
+
+
+def _not_run(*args, **kwargs) -> None:
+    """A program that does nothing (kernels_of(run=False))."""
 
 
 def programs_of(fn) -> list:

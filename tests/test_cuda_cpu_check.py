@@ -27,9 +27,9 @@ STORAGE = {dtypes.float32: np.float32, dtypes.float16: np.float16, dtypes.bfloat
 
 def cuda_kernels(fn, arch="sm_90", caps=None):
     """(spec, source, launch) of every kernel `fn` schedules, lowered and rendered for CUDA (for
-    `caps`, default capabilities(arch))."""
+    `caps`, default capabilities(arch)). `fn` is scheduled, not run: the values come from `run` below."""
     out = []
-    for ast in kernels_of(fn):
+    for ast in kernels_of(fn, run=False):
         spec = lower(ast, caps or capabilities(arch))
         out.append((spec, CUDARenderer(arch).render(spec), launch_of(spec)))
     return out
