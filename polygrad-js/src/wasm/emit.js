@@ -46,7 +46,7 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
-    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0 } // what the speed guards (tests) look for
+    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0 } // what the speed guards (tests) look for
     this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
     this.gatedAddr = new Map() // load inst id -> local: a gated pointer (strengthReduce), 0 where the gate is off
     this.free = new Map() // wasm type -> locals no live value holds
@@ -763,6 +763,64 @@ class KernelEmitter {
     return this.define(x)
   }
 
+  // ---- int8 dot products (linearize.js dotReduce)
+  /**
+   * A dot4 operand's 16 bytes, lane j's 4 points together (byte 4j + k): a load's 4 bytes at each point k
+   * (v128.load32_zero, then load32_lane into lane k: exactly the bytes the loop reads), or 4 points' values in
+   * 32-bit lanes narrowed (in range: no saturation); then transposed from point-major (4k + j) by one shuffle.
+   */
+  emitBytes (x) {
+    const c = this.c
+    const v = this.temp(T.v128)
+    if (x.buf !== null) {
+      const b = this.buf(x.buf)
+      const at = this.temp(T.i32)
+      const extra = this.address(x.src[0], { size: 1 }, x.buf)
+      c.set(at)
+      x.offsets.forEach((off, k) => {
+        c.get(at)
+        if (k === 0) c.vmem(0x5c, 0, b.base + extra + off) // v128.load32_zero
+        else c.get(v).vmem(0x56, 0, b.base + extra + off).byte(k) // v128.load32_lane k
+        c.set(v)
+      })
+    } else {
+      const [p0, p1, p2, p3] = x.src
+      this.push(p0); this.push(p1); c.simd(0x85) // i16x8.narrow_i32x4_s
+      this.push(p2); this.push(p3); c.simd(0x85)
+      c.simd(x.dtype.isUnsigned ? 0x66 : 0x65).set(v) // i8x16.narrow_i16x8_u/s
+    }
+    c.get(v).get(v).simd(0x0d)
+    for (let j = 0; j < 4; j++) for (let k = 0; k < 4; k++) c.byte(4 * k + j)
+    return this.define(x)
+  }
+
+  /**
+   * Lane j = the sum of the products of a's and b's bytes 4j..4j+3 (a signed): i32x4.relaxed_dot_i8x16_i7x16_add_s,
+   * whose second operand is exact only in [0, 127] (x86's pmaddubsw/vpdpbusd read it unsigned, Arm's sdot
+   * signed). So b is split: b = (b & 127) + 128 * (b >> 7), its top bit's weight -128 for int8 (scheme 's8')
+   * and 128 for uint8 ('u8'); 'u7' (values in [0, 127]) is one dot. An offset c (b + c) adds c * sum(a).
+   */
+  emitDot4 (x) {
+    const c = this.c
+    const [a, b] = x.src
+    const zero = () => c.v128const(new Uint8Array(16))
+    const dot = () => { c.simd(0x113); this.stats.int8Dots++ }
+    this.push(a); this.push(b)
+    if (x.scheme === 'u7') {
+      zero(); dot()
+    } else {
+      c.v128const(new Uint8Array(16).fill(0x7f)).simd(0x4e); zero(); dot() // v128.and
+      this.push(a); this.push(b); c.i32(7).simd(0x6d); zero(); dot() // i8x16.shr_u
+      c.i32(7).simd(0xab).simd(x.scheme === 's8' ? 0xb1 : 0xae) // i32x4.shl, sub/add
+    }
+    if (x.offset) {
+      this.push(a); c.v128const(new Uint8Array(16).fill(1)); zero(); dot()
+      c.v128const(this.laneBytes({ isBool: false, isFloat: false }, [x.offset, x.offset, x.offset, x.offset]))
+      c.simd(0xb5).simd(0xae) // i32x4.mul, add
+    }
+    return this.define(x)
+  }
+
   // ---- structure
   block (insts) {
     for (const x of insts) {
@@ -799,6 +857,8 @@ class KernelEmitter {
         return
       case 'update': return this.emitUpdate(x)
       case 'hsum': return this.emitHsum(x)
+      case 'bytes': return this.emitBytes(x)
+      case 'dot4': return this.emitDot4(x)
       case 'read':
         this.val.set(x.id, { local: this.val.get(x.acc.id).local })
         return
