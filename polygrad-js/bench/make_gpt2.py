@@ -10,8 +10,8 @@ a minute). `--quant FMT[,FMT]` also writes bench/gpt2s_<fmt>.pgb: the same weigh
 matrix, the tied embedding/head and wpe included, in llama.cpp's blocks) and bench/gpt2s_<fmt>_py.json, Python
 polygrad's prompt logits and greedy tokens from that bundle (bench/gpt2.js --quant fmt checks against them).
 `--int8-dot` with `--quant` writes each format's bundle a second time as bench/gpt2s_<fmt>_i8.pgb (and its _py.json),
-captured with POLY_INT8_DOT=1: the matmuls on 8-bit activations with exact int32 block sums, the route Python
-polygrad takes on a CPU with int8 dot products (needs one: VNNI here). `--int8-onnx` writes bench/gpt2s_int8.onnx,
+captured with POLY_INT8_DOT=1: the decode's matvecs on 8-bit activations with exact int32 block sums, the route
+Python polygrad takes on a CPU with int8 dot products (needs one: VNNI here; the prompt keeps float activations). `--int8-onnx` writes bench/gpt2s_int8.onnx,
 onnxruntime's dynamic quantization of gpt2s.onnx (int8 weights, activations rounded to 8 bits per tensor at
 run time: MatMulInteger), how transformers.js quantizes the models it runs by default (bench/gpt2_browser.js
 --quant times it beside polygrad-js's quantized bundles).
@@ -115,11 +115,19 @@ def python_reference(bundle, tokens: int = 16) -> dict:
 
 
 def write_int8_dot_bundle(checkpoint: str, fmt: str) -> None:
-    """bench/gpt2s_<fmt>_i8.pgb and its _py.json: the bundle captured on the int8 route (POLY_INT8_DOT=1)."""
+    """bench/gpt2s_<fmt>_i8.pgb and its _py.json: the decode's matvecs captured on the int8 route (POLY_INT8_DOT=1,
+    nn/quant.py _int8_matmul_t). The prompt's multi-row route (_int8_matmul_rows) is left out: its kernels (8-lane
+    weight panels for a CPU's vpdpbusd) run as scalar loops in polygrad-js, about 20x the float path's time."""
+    from unittest import mock
+
     from polygrad import Context
     from polygrad.hf import load_hf
+    from polygrad.nn import quant
     from polygrad.nn.quant import int8_dot_enabled
-    with Context(POLY_INT8_DOT=1):
+    from polygrad_hf import loader
+    # both names: load_hf's program-cache key reads the loader's copy
+    with Context(POLY_INT8_DOT=1), mock.patch.object(quant, "INT8_PROMPT_FORMATS", ()), \
+            mock.patch.object(loader, "INT8_PROMPT_FORMATS", ()):
         if not int8_dot_enabled("CPU"):
             raise SystemExit("--int8-dot: this CPU has no int8 dot product (VNNI), so no kernel would take the route")
         bundle = load_hf(checkpoint, max_batch=1, max_seq_len=MAX_SEQ, dtype=fmt)
