@@ -9,12 +9,12 @@ Run from the repository root: `python polygrad-js/bench/make_gpt2.py [--no-onnx]
 a minute). `--quant FMT[,FMT]` also writes bench/gpt2s_<fmt>.pgb: the same weights with load_hf(dtype=fmt) (every
 matrix, the tied embedding/head and wpe included, in llama.cpp's blocks) and bench/gpt2s_<fmt>_py.json, Python
 polygrad's prompt logits and greedy tokens from that bundle (bench/gpt2.js --quant fmt checks against them).
-`--int8-dot` with `--quant` writes each format's bundle a second time as bench/gpt2s_<fmt>_i8.pgb (and its _py.json),
-captured with POLY_INT8_DOT=1: the decode's matvecs on 8-bit activations with exact int32 block sums, the route
-Python polygrad takes on a CPU with int8 dot products (needs one: VNNI here; the prompt keeps float activations). `--int8-onnx` writes bench/gpt2s_int8.onnx,
-onnxruntime's dynamic quantization of gpt2s.onnx (int8 weights, activations rounded to 8 bits per tensor at
-run time: MatMulInteger), how transformers.js quantizes the models it runs by default (bench/gpt2_browser.js
---quant times it beside polygrad-js's quantized bundles).
+`--int8-dot` with `--quant` writes each format's bundle a second time as bench/gpt2s_<fmt>_i8.pgb (and its
+_py.json), captured with POLY_INT8_DOT=1: the decode's matvecs on 8-bit activations with exact int32 block sums,
+the route Python polygrad takes on a CPU with int8 dot products (needs one: VNNI here; the prompt keeps float
+activations). `--int8-onnx` writes bench/gpt2s_int8.onnx, onnxruntime's dynamic quantization of gpt2s.onnx (int8
+weights, activations rounded to 8 bits per tensor at run time: MatMulInteger), how transformers.js quantizes the
+models it runs by default (bench/gpt2_browser.js --quant times it beside polygrad-js's quantized bundles).
 """
 from __future__ import annotations
 
