@@ -187,15 +187,15 @@ class BaseExecutor {
 }
 
 class Executor extends BaseExecutor {
-  constructor (prog, { backend = 'auto', memory = null, verify = false, threads = 1, canBlock = true, fma = true } = {}) {
+  constructor (prog, { backend = 'auto', memory = null, verify = false, threads = 1, canBlock = true, fma = true, int8Dot = true } = {}) {
     super(prog, verify)
     this.backend = backend === 'auto' ? (simdSupported() ? 'wasm' : 'js') : backend
     this.width = this.backend === 'wasm' ? 4 : 1
     // reduction steps as one relaxed multiply-add where the engine has relaxed SIMD (wasm/emit.js fusedProducts)
     this.fma = this.backend === 'wasm' && fma !== false && relaxedSimdSupported()
-    // int32 sums of byte products as relaxed SIMD's int8 dot product where the engine has it (linearize.js
-    // dotReduce): exact, so results equal the plain path's and no load option turns it off
-    this.dot = this.backend === 'wasm' && relaxedDotSupported()
+    // int32 sums of byte products as relaxed SIMD's int8 dot product where the engine computes it (linearize.js
+    // dotReduce): exact, so results equal the plain path's; the load option int8Dot: false keeps the plain path
+    this.dot = this.backend === 'wasm' && int8Dot !== false && relaxedDotSupported()
     this.threads = this.backend === 'wasm' ? threads : 1
     this.canBlock = canBlock // whether this thread may wait on the workers (not a browser's main thread)
     this.memory = ensureMemory(memory, this.bytesUsed, BundleError, this.threads > 1)

@@ -38,8 +38,8 @@ function instsOf (prog) {
 
 /** Each case's outputs on the plain path (no dot products, as an engine without them runs). */
 function plainOutputs () {
-  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
-  m._x.dot = false
+  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1, int8Dot: false })
+  assert.strictEqual(m._x.dot, false)
   const out = REF.x.map((x) => { const r = m.forward({ x: Float32Array.from(x) }); return { y8: Array.from(r.y8), y4: Array.from(r.y4) } })
   m.dispose()
   return out
@@ -59,8 +59,7 @@ function checkReference (outs, where) {
 
 test('int8-route matvecs on the plain path match NumPy, and the Q4_0 nibbles stay in lanes', () => {
   checkReference(plainOutputs(), 'plain')
-  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
-  m._x.dot = false
+  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1, int8Dot: false })
   m.forward({ x: Float32Array.from(REF.x[0]) })
   // the matvecs (an int32 reduce inside a float one): vectorized, the Q4_0 one's shift and mask of 8-bit lanes too
   const matvecs = [...m._x.lowered.values()].filter((p) => instsOf(p).some((x) => x.k === 'acc' && x.dtype.name === 'int32'))
