@@ -459,15 +459,18 @@ class Linearizer {
     for (const p of this.upcastPoints(free)) {
       this.withEnv(p, () => {
         const [a, b] = [shape.a, shape.b].map((o) => this.dotBytes(o, points, red.src.slice(1)))
-        const x = this.inst('dot4', red.dtype, this.width, { src: [a, b], scheme: shape.b.scheme, offset: shape.b.offset })
+        const x = this.inst('dot4', red.dtype, this.width, { src: [a, b], offset: shape.b.offset })
         this.remember(this.key(red), this.place(x, Math.max(a.level, b.level)))
       })
     }
     return true
   }
 
-  /** {a, b} when red is a dot4 (see dotReduce): a the signed operand, b the one split into 7-bit parts
-   * (scheme 'u7' for values already in [0, 127], 's8'/'u8' otherwise) with its int32 offset; else null. */
+  /** {a, b} when red is a dot4 (see dotReduce): a the signed operand, b the 7-bit one (values in [0, 127],
+   * relaxed SIMD's second operand: a Q4_0 nibble) with its int32 offset; else null. A second operand of 8 bits
+   * (Q8_0's int8 weights) stays on the plain path: split into two 7-bit parts, two dot products and the
+   * split measured slower than 32-bit lanes on x86 without AVX-VNNI (Chromium 156, Zen 4: GPT-2's Q8_0 fc
+   * matvec 131.5 against 125.5 us a cache-resident slice; Q4_0's 135.5 against 216), so no split is made. */
   dotOf (red) {
     const own = red.src.slice(1)
     const body = red.src[0]
@@ -477,14 +480,14 @@ class Linearizer {
     const ops = body.src.map((u) => this.dotOperand(u, own))
     if (ops.some((o) => o === null)) return null
     // the signed operand: bytes of int8 (or of values in [0, 127]) with no offset
-    const signedOk = (o) => o.offset === 0 && (o.signed || o.scheme === 'u7')
-    const first = signedOk(ops[0]) ? 0 : signedOk(ops[1]) ? 1 : -1
+    const signedOk = (o) => o.offset === 0 && (o.signed || o.seven)
+    const first = ops[1].seven && signedOk(ops[0]) ? 0 : ops[0].seven && signedOk(ops[1]) ? 1 : -1
     if (first < 0) return null
     return { a: ops[first], b: ops[1 - first] }
   }
 
   /** An int32 operand of a dot4: CAST(int32, e) (+ an int32 constant) for e an 8-bit value in lanes: {e, load
-   * (e's bytes read straight from memory), signed, scheme, offset}; null for anything else. */
+   * (e's bytes read straight from memory), signed, seven (values in [0, 127]), offset}; null for anything else. */
   dotOperand (u, own) {
     let offset = 0
     if (u.op === 'ADD' && u.src[1].op === 'CONST') {
@@ -497,7 +500,7 @@ class Linearizer {
     const signed = e.dtype.name === 'int8'
     // values in [0, 127] (a Q4_0 nibble, `... & 15`) are a 7-bit operand as they are
     const mask = e.op === 'AND' && e.src[1].op === 'CONST' ? Number(e.src[1].arg) : -1
-    const scheme = mask >= 0 && mask <= 127 ? 'u7' : signed ? 's8' : 'u8'
+    const seven = mask >= 0 && mask <= 127
     const raw = e.op === 'LOAD' ? e : e.op === 'BITCAST' && e.src[0].op === 'LOAD' && NARROW_LANE_DTYPES.has(e.src[0].dtype.name) ? e.src[0] : null
     let load = null
     if (raw) {
@@ -508,7 +511,7 @@ class Linearizer {
         load = { index, steps }
       }
     }
-    return { e, load, signed, scheme, offset }
+    return { e, load, signed, seven, offset }
   }
 
   /** A dot4 operand's 16 bytes (byte 4j + k: lane j at point k, so the dot's groups of 4 are the lanes). */

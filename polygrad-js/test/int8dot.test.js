@@ -1,9 +1,10 @@
 'use strict'
 // Quantized decode matvecs on 8-bit activations (a bundle captured on Python polygrad's int8 route: Q8_0 and Q4_0
-// block sums exact in int32; tools/make_int8_fixture.py: 16 and 13 rows x 96 columns, raw random blocks): polygrad-js sums
-// each block's 4 turns of byte products with relaxed SIMD's int8 dot product where the engine computes it
-// (linearize.js dotReduce, wasm/emit.js emitDot4; Chromium here) and in 32-bit lanes elsewhere (Node 20). Both
-// against NumPy's float64 over exact int64 block sums (int8_dot.json), and the two paths bit for bit.
+// block sums exact in int32; tools/make_int8_fixture.py: 13 and 16 rows x 96 columns, raw random blocks): polygrad-js
+// sums each Q4_0 block's 4 turns of byte products with relaxed SIMD's int8 dot product where the engine computes it
+// (linearize.js dotReduce, wasm/emit.js emitDot4; Chromium here) and in 32-bit lanes elsewhere (Node 20; Q8_0's
+// 8-bit second operand everywhere). Both against NumPy's float64 over exact int64 block sums (int8_dot.json), and
+// the two paths bit for bit; the blocks' float16 scales convert in line (emit.js halfToFloat).
 const test = require('node:test')
 const assert = require('node:assert')
 const fs = require('fs')
@@ -68,7 +69,7 @@ test('int8-route matvecs on the plain path match NumPy, and the Q4_0 nibbles sta
   m.dispose()
 })
 
-test('with dot products the block sums lower to dot4: Q8_0 split in 7-bit parts, Q4_0 nibbles as they are', () => {
+test('with dot products the Q4_0 block sums lower to dot4, the Q8_0 ones (8-bit second operand) do not', () => {
   const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
   const prog = m._x.prog
   const shapes = []
@@ -78,19 +79,19 @@ test('with dot products the block sums lower to dot4: Q8_0 split in 7-bit parts,
       const dots = instsOf(p).filter((x) => x.k === 'dot4')
       if (!dot) assert.strictEqual(dots.length, 0)
       if (dot && dots.length) {
-        // Q8_0's 16 rows in tiles of 4: a dot4 per row of the tile, the activation's 16 bytes (one `bytes`) shared by
-        // the tile's rows, one per row for the weights; Q4_0's 13 rows one at a time
-        const bytes = instsOf(p).filter((x) => x.k === 'bytes').length
-        shapes.push(`${dots.map((x) => x.scheme + (x.offset || '')).join(',')} bytes ${bytes}`)
+        // Q4_0's 16 rows in tiles of 4: a dot4 per row of the tile (its -8 an offset), the activation's 16 bytes (one
+        // `bytes`, gathered) shared by the tile's rows, one per row for the nibbles (narrowed)
+        const bytes = instsOf(p).filter((x) => x.k === 'bytes')
+        shapes.push(`${dots.map((x) => x.offset).join(',')} bytes ${bytes.filter((x) => x.buf !== null).length}+${bytes.filter((x) => x.buf === null).length}`)
         assert.strictEqual(instsOf(p).some((x) => x.k === 'acc' && x.dtype.name === 'int32'), false, 'no int32 accumulator left')
         const layout = new Map(p.params.map((q, i) => [q.slot, { base: 1024 * (i + 1), size: 4096 }]))
         const stats = new KernelEmitter(p, layout, {}, {}).emit().stats
-        // two dot instructions each: Q8_0's two 7-bit parts; Q4_0's nibbles and the activation's sum (its -8)
+        // two dot instructions each: the nibbles', and the activation's sum (for the -8)
         assert.strictEqual(stats.int8Dots, 2 * dots.length, 'dot instructions emitted')
       }
     }
   }
-  assert.deepStrictEqual(shapes.sort(), ['s8,s8,s8,s8 bytes 5', 'u7-8 bytes 2'])
+  assert.deepStrictEqual(shapes, ['-8,-8,-8,-8 bytes 1+4'])
   m.dispose()
 })
 
@@ -196,8 +197,8 @@ test('in Chromium the dot-product path gives the plain path\'s bits, on one thre
   }
   assert.ok(!r.error, r.error)
   assert.strictEqual(r.dot, true, 'Chromium computes relaxed SIMD\'s int8 dot product')
-  assert.strictEqual(r.dots, 5, 'both matvecs sum their blocks with dot4 (a tile of 4 rows and one row)')
-  assert.strictEqual(r.phaseDots, 5, 'so do their threaded phases')
+  assert.strictEqual(r.dots, 4, 'the Q4_0 matvec sums its blocks with dot4 (a tile of 4 rows)')
+  assert.strictEqual(r.phaseDots, 4, 'so do its threaded phases')
   assert.strictEqual(r.threads, 2)
   assert.ok(r.calls > 0, 'the worker ran slices')
   checkReference(r.sync, 'Chromium')
@@ -205,4 +206,34 @@ test('in Chromium the dot-product path gives the plain path\'s bits, on one thre
   const plain = plainOutputs()
   assert.deepStrictEqual(r.sync, plain, 'dot products: the plain path\'s bits')
   assert.deepStrictEqual(r.threaded, plain, 'threaded: the same bits')
+})
+
+test('float16 scales convert in line, bit for bit the h2f helper, every one of the 65536 patterns', () => {
+  const { T } = require('../src/wasm/encode')
+  const { helperFuncs } = require('../src/wasm/helpers')
+  const e = Object.create(KernelEmitter.prototype)
+  Object.assign(e, { c: new Code(), params: [T.i32], locals: [], free: new Map(), scratch: [] })
+  e.c.get(0)
+  e.halfToFloat()
+  e.c.op(0xbc) // i32.reinterpret_f32: NaN payloads compared too
+  const h2f = helperFuncs(0).funcs[0]
+  const wrap = new Code().get(0).byte(0x10).u32(0).op(0xbc)
+  const bytes = moduleBytes({
+    types: [{ params: [T.i32], results: [T.f32] }, { params: [T.i32], results: [T.i32] }],
+    imports: [],
+    funcs: [{ type: 0, locals: h2f.locals, body: h2f.body }, { type: 1, locals: [], body: wrap }, { type: 1, locals: e.locals, body: e.c }],
+    exports: [{ name: 'helper', func: 1 }, { name: 'inline', func: 2 }]
+  })
+  const f = new WebAssembly.Instance(new WebAssembly.Module(bytes)).exports
+  const f32 = new Float32Array(1)
+  const u32 = new Uint32Array(f32.buffer)
+  for (let h = 0; h < 65536; h++) {
+    assert.strictEqual(f.inline(h), f.helper(h), `0x${h.toString(16)}`)
+    // and the value float16 stands for (sign, exponent 0: subnormal, 31: inf or NaN)
+    const e5 = (h >> 10) & 31
+    const m = h & 1023
+    const v = (h >> 15 ? -1 : 1) * (e5 === 0 ? m * 2 ** -24 : e5 === 31 ? (m ? NaN : Infinity) : (1 + m / 1024) * 2 ** (e5 - 15))
+    u32[0] = f.inline(h)
+    assert.ok(Object.is(f32[0], v) || (Number.isNaN(v) && Number.isNaN(f32[0])), `0x${h.toString(16)}: ${f32[0]} vs ${v}`)
+  }
 })

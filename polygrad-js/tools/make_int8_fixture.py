@@ -2,10 +2,11 @@
 int8 route (POLY_INT8_DOT=1, nn/quant.py _int8_matmul_t: the activation rounded to 8 bits per 32-value block, each
 block's products summed exactly in int32), with a NumPy reference for them (float64 over exact int64 block sums).
 
-polygrad-js sums those blocks with relaxed SIMD's int8 dot product where the engine has it (linearize.js
-dotReduce) and with 32-bit lanes elsewhere; test/int8dot.test.js checks both against the reference and against
-each other. The weights are raw random blocks (every int8 value, -128 included, and every nibble), the scales
-float16 of both signs; 96 columns (3 blocks); Q8_0 16 rows (register tiles of 4 rows), Q4_0 13 (no tile).
+polygrad-js sums Q4_0's blocks with relaxed SIMD's int8 dot product where the engine has it (linearize.js
+dotReduce) and with 32-bit lanes elsewhere (Q8_0's everywhere); test/int8dot.test.js checks both against the
+reference and against each other. The weights are raw random blocks (every int8 value, -128 included, and every
+nibble), the scales float16 of both signs; 96 columns (3 blocks); Q4_0 16 rows (register tiles of 4 rows), Q8_0 13
+(no tile).
 
 Run from the repository root on a CPU with int8 dot products (VNNI; the route is taken only there):
 `python polygrad-js/tools/make_int8_fixture.py [--out DIR]` (default polygrad-js/test/fixtures).
@@ -23,7 +24,7 @@ from polygrad.nn.quant import QuantWeight, int8_dot_enabled
 
 OUT = Path(__file__).resolve().parent.parent / "test" / "fixtures"
 COLS = 96
-ROWS = {"Q8_0": 16, "Q4_0": 13}
+ROWS = {"Q8_0": 13, "Q4_0": 16}
 
 
 def random_blocks(rng: np.random.Generator, rows: int, nbytes: int) -> np.ndarray:

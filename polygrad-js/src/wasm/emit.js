@@ -314,7 +314,7 @@ class KernelEmitter {
 
   loadScalar (d, base) {
     this.c.mem(LOAD[d.name], LOG2[d.size], base)
-    if (d.name === 'float16') this.call(this.h.h2f)
+    if (d.name === 'float16') this.halfToFloat()
     else if (d.name === 'bfloat16') this.call(this.h.b2f)
     else if (d.isBool) this.c.i32(0).op(0x47) // bytes other than 0/1 still read as a bool
   }
@@ -327,6 +327,24 @@ class KernelEmitter {
 
   call (f) {
     this.c.byte(0x10).u32(f)
+  }
+
+  /**
+   * float16 bits (an i32 on the stack) -> float32, in line and without branches (the h2f helper's values: a
+   * quantized block's scale is one per 32 weights, a call and two branches each): the exponent and mantissa
+   * shifted into a float32's, times 2^112 (exact: a normal rebased, a subnormal's float32 denormal made the
+   * normal it stands for), an exponent of 31 (inf, NaN: payload kept) selected to 255, then the sign.
+   */
+  halfToFloat () {
+    const c = this.c
+    const h = this.temp(T.i32)
+    const m = this.temp(T.i32)
+    c.tee(h).i32(0x7fff).op(0x71).i32(13).op(0x74).tee(m) // (h & 0x7fff) << 13
+    c.i32(0x7f800000).op(0x72) // inf or NaN: exponent 255, the payload kept
+    c.get(m).op(0xbe).f32c(2 ** 112).op(0x94).op(0xbc) // f32.reinterpret, * 2^112, i32.reinterpret
+    c.get(m).i32(0x7c00 << 13).op(0x4f) // i32.ge_u: an exponent of 31
+    c.op(0x1b) // select
+    c.get(h).i32(0x8000).op(0x71).i32(16).op(0x74).op(0x72).op(0xbe) // | sign << 16, f32.reinterpret
   }
 
   emitStore (x) {
@@ -577,7 +595,8 @@ class KernelEmitter {
     else if (s.isFloat) c.op(s.wasm === 'f64' ? 0xbd : 0xbc)
     // now the bits are an integer of the source width
     if (d.half) {
-      this.call(d.name === 'float16' ? this.h.h2f : this.h.b2f)
+      if (d.name === 'float16') this.halfToFloat()
+      else this.call(this.h.b2f)
     } else if (d.isFloat) {
       c.op(d.wasm === 'f64' ? 0xbf : 0xbe)
     } else {
@@ -795,24 +814,16 @@ class KernelEmitter {
   }
 
   /**
-   * Lane j = the sum of the products of a's and b's bytes 4j..4j+3 (a signed): i32x4.relaxed_dot_i8x16_i7x16_add_s,
-   * whose second operand is exact only in [0, 127] (x86's pmaddubsw/vpdpbusd read it unsigned, Arm's sdot
-   * signed). So b is split: b = (b & 127) + 128 * (b >> 7), its top bit's weight -128 for int8 (scheme 's8')
-   * and 128 for uint8 ('u8'); 'u7' (values in [0, 127]) is one dot. An offset c (b + c) adds c * sum(a).
+   * Lane j = the sum of the products of a's and b's bytes 4j..4j+3 (a signed, b in [0, 127]: exact on x86's
+   * unsigned and Arm's signed readings of the second operand alike): i32x4.relaxed_dot_i8x16_i7x16_add_s. An
+   * offset c of b (a Q4_0 nibble's -8) adds c x the sum of a's bytes (a dot with ones).
    */
   emitDot4 (x) {
     const c = this.c
     const [a, b] = x.src
     const zero = () => c.v128const(new Uint8Array(16))
     const dot = () => { c.simd(0x113); this.stats.int8Dots++ }
-    this.push(a); this.push(b)
-    if (x.scheme === 'u7') {
-      zero(); dot()
-    } else {
-      c.v128const(new Uint8Array(16).fill(0x7f)).simd(0x4e); zero(); dot() // v128.and
-      this.push(a); this.push(b); c.i32(7).simd(0x6d); zero(); dot() // i8x16.shr_u
-      c.i32(7).simd(0xab).simd(x.scheme === 's8' ? 0xb1 : 0xae) // i32x4.shl, sub/add
-    }
+    this.push(a); this.push(b); zero(); dot()
     if (x.offset) {
       this.push(a); c.v128const(new Uint8Array(16).fill(1)); zero(); dot()
       c.v128const(this.laneBytes({ isBool: false, isFloat: false }, [x.offset, x.offset, x.offset, x.offset]))
