@@ -12,16 +12,12 @@
  *   block (control.js waitWhile: a bounded spin, then Atomics.wait), so a call costs no message, and no
  *   futex wake when it comes within the spin.
  * - Synchronous calls (Node) wait on the control block; asynchronous ones (browsers' main thread, which
- *   cannot block) spin a while, then await the last worker's notify (Atomics.waitAsync), or where the engine
- *   lacks waitAsync a 'done' message from the thread that finished last.
+ *   cannot block) spin a while, then wait for a 'done' message from the thread that finished last.
  * - The platform (setPlatform: Node's worker_threads from index.js, Web Workers from the browser build) says
  *   how to start a worker and how many cores there are; without one there are no threads.
  */
 
 const C = require('./control')
-
-// the longest a browser's main thread awaits one Atomics.waitAsync before it checks the pool is still alive
-const ASYNC_WAIT_MS = 100
 
 let platform = null
 
@@ -229,29 +225,15 @@ class Pool {
     this.check(error)
   }
 
-  /** call() for a thread that cannot block: after a spin, the workers' last chunks are awaited (the workers'
-   * notify on FINISHED through Atomics.waitAsync where the engine has it, else a 'done' message). */
+  /** call() for a thread that cannot block: after a spin, the workers' last chunks are awaited (a message). */
   async callAsync (site, own, args) {
-    const waitAsync = typeof Atomics.waitAsync === 'function'
-    const seq = this.dispatch(site, args, !waitAsync)
+    const seq = this.dispatch(site, args, true)
     const { error } = this.ownChunks(seq, own, args)
     const ctl = this.ctl
     const parts = this.threads * CHUNKS_PER_THREAD
     let f = Atomics.load(ctl, C.FINISHED)
     while (f < parts && C.waitWhile(ctl, C.FINISHED, f, false)) f = Atomics.load(ctl, C.FINISHED)
-    if (f < parts && waitAsync) {
-      // the worker that runs the last chunk notifies FINISHED: its promise resolves without a message through
-      // the worker's port (a bounded wait, so a pool disposed meanwhile ends the call as a message would)
-      this.refAll(true)
-      try {
-        for (; f < parts && this.workers; f = Atomics.load(ctl, C.FINISHED)) {
-          const w = Atomics.waitAsync(ctl, C.FINISHED, f, ASYNC_WAIT_MS)
-          if (w.async) await w.value
-        }
-      } finally {
-        this.refAll(false)
-      }
-    } else if (f < parts) {
+    if (f < parts) {
       this.refAll(true)
       try {
         await new Promise((resolve) => { this.waiting = { seq, resolve } })
