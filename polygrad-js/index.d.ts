@@ -43,6 +43,10 @@ export interface LoadOptions {
    * engine has it (Chrome 114+, Node 22+): faster, rounded once or twice as the hardware does it. false keeps the
    * separate multiply and add everywhere (default true; see BackendInfo.fma). */
   fma?: boolean
+  /** wasm: a quantized bundle's int8 block sums (captured on Python polygrad's int8 route) with relaxed SIMD's int8
+   * dot product where the engine computes it (Chrome 114+): exact, results equal to the plain path's. false keeps
+   * 32-bit lanes (default true). */
+  int8Dot?: boolean
 }
 
 /** The backend a model runs on: its name, its threads, and why (or null) an async 'auto' load did not take

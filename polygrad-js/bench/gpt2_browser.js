@@ -11,6 +11,7 @@
  *   python polygrad-js/bench/make_gpt2.py        # bench/gpt2s.pgb, gpt2s.onnx, gpt2_ref.json (once)
  *   (cd polygrad-js/bench && npm install)        # onnxruntime-web (bench/package.json)
  *   node polygrad-js/bench/gpt2_browser.js [--threads 1,2] [--rounds N] [--tokens N] [--warm N] [--base DIR]
+ *                                          [--quant q8_0_i8,q4_0_i8]
  *
  * Both libraries run their kernels on the page's thread at 1 thread (ort-web numThreads 1; polygrad-js threads
  * 1) and with that many workers beside it otherwise. Timings on a shared machine are noisy: each figure is the
@@ -19,6 +20,16 @@
  * on a loaded machine they leave out the time spent waiting for a core, so at one thread they are the steadier
  * figure. --base DIR times a second polygrad-js checkout (its dist/ built) in the same page, its rounds
  * alternating with this one's (an A/B under the same load).
+ *
+ * --quant FMT[,FMT] times 8-bit models instead, the way transformers.js runs GPT-2 in a browser by default:
+ * polygrad-js on bench/gpt2s_<FMT>.pgb (make_gpt2.py --quant q8_0,q4_0 [--int8-dot]: FMT q8_0 or q4_0 the
+ * float-activation kernels, q8_0_i8 or q4_0_i8 the int8 route, 8-bit activations and int32 block sums) and
+ * onnxruntime-web on bench/gpt2s_int8.onnx (make_gpt2.py --int8-onnx: onnxruntime's dynamic quantization of
+ * the same weights, MatMulInteger). Every row's greedy tokens are compared with the float model's
+ * (transformers', gpt2_ref.json: "tokens ok" when the first 3 agree; rounding to 8 bits may flip a near tie) and
+ * each polygrad-js bundle's all --tokens of them with Python polygrad's from that bundle (gpt2s_<FMT>_py.json,
+ * "own ref"); "max rel err" is the logits' distance from the float model's (the prompt's, and each step's while
+ * the tokens so far are the float model's).
  */
 
 const fs = require('fs')
@@ -38,6 +49,10 @@ const TOKENS = Number(arg('--tokens', 16))
 const WARM = Number(arg('--warm', 4))
 // --base DIR: a second polygrad-js checkout (its dist/ built) timed in the same page, rounds alternating (an A/B)
 const BASE = process.argv.includes('--base') ? path.resolve(arg('--base')) : null
+// --quant FMT[,FMT]: polygrad-js's bench/gpt2s_<FMT>.pgb beside onnxruntime-web's bench/gpt2s_int8.onnx
+const QUANTS = process.argv.includes('--quant') ? arg('--quant').split(',') : null
+const BUNDLES = QUANTS ? QUANTS.map((q) => `gpt2s_${q}`) : ['gpt2s']
+const ONNX = QUANTS ? 'gpt2s_int8' : 'gpt2s'
 
 // the page: the libraries on the same prompt, rounds alternating; results in window.__result
 const PAGE = `<!doctype html><meta charset="utf-8"><body><script type="module">
@@ -45,6 +60,7 @@ import { Model } from '/dist/polygrad.browser.mjs'
 import * as ort from '/ort/ort.wasm.min.mjs'
 const q = new URLSearchParams(location.search)
 const threads = Number(q.get('threads')), rounds = Number(q.get('rounds')), tokens = Number(q.get('tokens'))
+const bundles = q.get('bundles').split(','), quant = q.get('quant') === '1'
 const Base = q.get('base') ? (await import('/base/dist/polygrad.browser.mjs')).Model : null
 // the renderer's CPU time in ms (the bench's exposed function; null where /proc is missing)
 const cpu = async () => window.__cpuMs ? window.__cpuMs() : null
@@ -60,25 +76,34 @@ try {
   const load = {}
   const last = (out) => out.logits.subarray(out.logits.length - VOCAB)
   const models = []
-  const polygrad = async (M, name) => {
+  const polygrad = async (M, name, file) => {
     const t0 = performance.now()
-    const model = await M.fromBytes(await bytes('/gpt2s.pgb'), { threads })
+    const model = await M.fromBytes(await bytes('/b/' + file + '.pgb'), { threads })
     load[name] = performance.now() - t0
     models.push(model)
     return {
       model,
+      own: quant ? await (await fetch('/b/' + file + '_py.json')).json() : null,
       prompt: async () => last(await model.callAsync('forward', { input_ids: prompt })),
       step: async (tok, pos) => last(await model.callAsync('decode', { input_ids: Int32Array.of(tok), pos }))
     }
   }
-  const pg = await polygrad(Model, 'polygrad-js')
-  const pgBase = Base ? await polygrad(Base, 'polygrad-js base') : null
+  // row names: 'polygrad-js' (and 'polygrad-js base') for the float32 bundle, with the format after it for --quant
+  const libs = {}
+  for (const file of bundles) {
+    const fmt = file.replace(/^gpt2s_?/, '')
+    libs['polygrad-js' + (fmt ? ' ' + fmt : '')] = await polygrad(Model, 'polygrad-js' + (fmt ? ' ' + fmt : ''), file)
+    const baseName = fmt ? 'base ' + fmt : 'polygrad-js base'
+    if (Base) libs[baseName] = await polygrad(Base, baseName, file)
+  }
+  const pg = libs[Object.keys(libs)[0]]
 
   ort.env.wasm.numThreads = threads
   ort.env.wasm.wasmPaths = '/ort/'
   const t0 = performance.now()
-  const session = await ort.InferenceSession.create(await bytes('/gpt2s.onnx'), { executionProviders: ['wasm'], graphOptimizationLevel: 'all' })
-  load['onnxruntime-web'] = performance.now() - t0
+  const ortName = quant ? 'onnxruntime-web int8' : 'onnxruntime-web'
+  const session = await ort.InferenceSession.create(await bytes('/b/' + q.get('onnx') + '.onnx'), { executionProviders: ['wasm'], graphOptimizationLevel: 'all' })
+  load[ortName] = performance.now() - t0
   let past = null
   const empty = () => new ort.Tensor('float32', new Float32Array(0), [1, 12, 0, 64])
   const ortRun = async (ids, start) => {
@@ -96,8 +121,8 @@ try {
   }
   const ortLib = { prompt: async () => { past = null; return ortRun([...prompt], 0) }, step: (tok, pos) => ortRun([tok], pos) }
 
-  const libs = Object.assign({ 'polygrad-js': pg }, pgBase ? { 'polygrad-js base': pgBase } : {}, { 'onnxruntime-web': ortLib })
-  const figs = Object.fromEntries(Object.keys(libs).map((k) => [k, { promptMs: [], tokS: [], promptCpu: [], tokCpu: [], tokens: null, err: 0 }]))
+  libs[ortName] = ortLib
+  const figs = Object.fromEntries(Object.keys(libs).map((k) => [k, { promptMs: [], tokS: [], promptCpu: [], tokCpu: [], tokens: null, own: null, err: 0 }]))
   for (let r = 0; r < rounds + WARM; r++) {
     // the order reversed every other round: no library always runs right after another (whose threads may
     // still spin, or whose data just left the caches)
@@ -116,7 +141,8 @@ try {
       for (let i = 0; i < tokens; i++) {
         toks.push(argmax(logits))
         logits = await lib.step(toks[i], prompt.length + i)
-        if (i < ref.logits.length - 1) errs.push(relError(logits, ref.logits[i + 1]))
+        // a step's logits are comparable only while the tokens so far are the reference's
+        if (i < ref.logits.length - 1 && toks.every((x, j) => x === ref.tokens[j])) errs.push(relError(logits, ref.logits[i + 1]))
       }
       const d = performance.now() - t
       const dc = c === null ? null : (await cpu()) - c
@@ -124,6 +150,7 @@ try {
         const n = Math.min(toks.length, ref.tokens.length)
         f.tokens = toks.slice(0, n).join(' ') === ref.tokens.slice(0, n).join(' ')
         f.err = Math.max(...errs)
+        if (lib.own) f.own = toks.join(' ') === lib.own.tokens.slice(0, toks.length).join(' ')
       }
       if (r >= WARM) {
         f.promptMs.push(p)
@@ -138,7 +165,7 @@ try {
   window.__result = {
     isolated: crossOriginIsolated, backend, load,
     rows: Object.fromEntries(Object.entries(figs).map(([k, f]) => [k, {
-      prompt: median(f.promptMs), tokS: median(f.tokS), tokens: f.tokens, err: f.err,
+      prompt: median(f.promptMs), tokS: median(f.tokS), tokens: f.tokens, own: f.own, err: f.err,
       promptCpu: f.promptCpu.length ? median(f.promptCpu) : null, tokCpu: f.tokCpu.length ? median(f.tokCpu) : null
     }]))
   }
@@ -153,10 +180,13 @@ function serve () {
     '/': ['text/html', () => PAGE],
     '/dist/polygrad.browser.mjs': ['text/javascript', () => fs.readFileSync(path.join(ROOT, 'dist', 'polygrad.browser.mjs'))],
     '/base/dist/polygrad.browser.mjs': ['text/javascript', () => fs.readFileSync(path.join(BASE || ROOT, 'dist', 'polygrad.browser.mjs'))],
-    '/gpt2s.pgb': ['application/octet-stream', () => fs.readFileSync(path.join(__dirname, 'gpt2s.pgb'))],
-    '/gpt2s.onnx': ['application/octet-stream', () => fs.readFileSync(path.join(__dirname, 'gpt2s.onnx'))],
     '/gpt2_ref.json': ['application/json', () => fs.readFileSync(path.join(__dirname, 'gpt2_ref.json'))]
   }
+  for (const b of BUNDLES) {
+    files[`/b/${b}.pgb`] = ['application/octet-stream', () => fs.readFileSync(path.join(__dirname, `${b}.pgb`))]
+    files[`/b/${b}_py.json`] = ['application/json', () => fs.readFileSync(path.join(__dirname, `${b}_py.json`))]
+  }
+  files[`/b/${ONNX}.onnx`] = ['application/octet-stream', () => fs.readFileSync(path.join(__dirname, `${ONNX}.onnx`))]
   const server = http.createServer((req, res) => {
     const url = req.url.split('?')[0]
     let entry = files[url]
@@ -213,7 +243,8 @@ async function runPage (port, threads) {
     const page = context.pages()[0] || await context.newPage()
     const cdp = await context.browser().newBrowserCDPSession()
     if (fs.existsSync('/proc/self/task')) await page.exposeFunction('__cpuMs', async () => rendererCpuMs(cdp))
-    await page.goto(`http://127.0.0.1:${port}/?threads=${threads}&rounds=${ROUNDS}&tokens=${TOKENS}&warm=${WARM}${BASE ? '&base=1' : ''}`)
+    await page.goto(`http://127.0.0.1:${port}/?threads=${threads}&rounds=${ROUNDS}&tokens=${TOKENS}&warm=${WARM}${BASE ? '&base=1' : ''}` +
+      `&bundles=${BUNDLES.join(',')}&onnx=${ONNX}&quant=${QUANTS ? 1 : 0}`)
     await page.waitForFunction('window.__result !== undefined', null, { timeout: 30 * 60 * 1000 })
     return await page.evaluate('window.__result')
   } finally {
@@ -226,13 +257,20 @@ async function main () {
   for (const f of ['gpt2s.pgb', 'gpt2s.onnx', 'gpt2_ref.json']) {
     if (!fs.existsSync(path.join(__dirname, f))) throw new Error(`bench/${f} is missing: run python polygrad-js/bench/make_gpt2.py`)
   }
+  for (const q of QUANTS || []) {
+    const how = q.endsWith('_i8') ? `--quant ${q.slice(0, -3)} --int8-dot` : `--quant ${q}`
+    for (const f of [`gpt2s_${q}.pgb`, `gpt2s_${q}_py.json`]) {
+      if (!fs.existsSync(path.join(__dirname, f))) throw new Error(`bench/${f} is missing: run python polygrad-js/bench/make_gpt2.py --only-quant ${how}`)
+    }
+  }
+  if (QUANTS && !fs.existsSync(path.join(__dirname, 'gpt2s_int8.onnx'))) throw new Error('bench/gpt2s_int8.onnx is missing: run python polygrad-js/bench/make_gpt2.py --only-quant --int8-onnx')
   if (!fs.existsSync(ORT_DIST)) throw new Error('onnxruntime-web is not installed: cd polygrad-js/bench && npm install')
   if (BASE && !fs.existsSync(path.join(BASE, 'dist', 'polygrad.browser.mjs'))) throw new Error(`--base ${BASE} has no dist/polygrad.browser.mjs: run node tools/build.js there`)
   const server = await serve()
   console.log(`CPU: ${os.cpus()[0].model.trim()}, ${os.cpus().length} cores; load average ${os.loadavg().map((l) => l.toFixed(2)).join(' ')}; Chromium headless`)
-  console.log(`GPT-2 small, ${TOKENS} greedy tokens after a 32-token prompt, medians of ${ROUNDS} alternating rounds after ${WARM} untimed`)
+  console.log(`GPT-2 small${QUANTS ? ` quantized (${QUANTS.join(', ')}; onnxruntime-web: gpt2s_int8.onnx)` : ''}, ${TOKENS} greedy tokens after a 32-token prompt, medians of ${ROUNDS} alternating rounds after ${WARM} untimed`)
   if (BASE) console.log(`polygrad-js from ${ROOT}, rounds alternating with ${BASE} (base)`)
-  console.log('library          | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | tokens ok | max rel err | load s')
+  console.log('library                | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | tokens ok | own ref | max rel err | load s')
   try {
     for (const t of THREADS) {
       const r = await runPage(server.address().port, t)
@@ -240,11 +278,15 @@ async function main () {
       if (t > 1 && !r.isolated) throw new Error('the page is not cross-origin isolated: no threads')
       for (const [name, f] of Object.entries(r.rows)) {
         const cpuCol = (v, w) => (v === null ? '-' : v.toFixed(1)).padStart(w)
-        console.log(`${name.padEnd(16)} | ${String(t).padStart(7)} | ${f.prompt.toFixed(1).padStart(9)} | ${f.tokS.toFixed(2).padStart(12)} | ${cpuCol(f.promptCpu, 13)} | ${cpuCol(f.tokCpu, 12)} | ${String(f.tokens).padStart(9)} | ${f.err.toExponential(1).padStart(11)} | ${(r.load[name] / 1000).toFixed(2)}`)
+        console.log(`${name.padEnd(22)} | ${String(t).padStart(7)} | ${f.prompt.toFixed(1).padStart(9)} | ${f.tokS.toFixed(2).padStart(12)} | ${cpuCol(f.promptCpu, 13)} | ${cpuCol(f.tokCpu, 12)} | ${String(f.tokens).padStart(9)} | ${String(f.own === null ? '-' : f.own).padStart(7)} | ${f.err.toExponential(1).padStart(11)} | ${(r.load[name] / 1000).toFixed(2)}`)
       }
-      const pg = r.rows['polygrad-js']
-      const ort = r.rows['onnxruntime-web']
-      console.log(`  at ${t} thread(s): decode ${(pg.tokS / ort.tokS).toFixed(2)}x onnxruntime-web's tokens/s (target 2x), prompt ${(pg.prompt / ort.prompt).toFixed(2)}x its time; polygrad-js backend ${JSON.stringify(r.backend)}`)
+      const ortName = Object.keys(r.rows).find((k) => k.startsWith('onnxruntime-web'))
+      const ort = r.rows[ortName]
+      for (const [name, pg] of Object.entries(r.rows)) {
+        if (name === ortName) continue
+        console.log(`  at ${t} thread(s): ${name} decode ${(pg.tokS / ort.tokS).toFixed(2)}x ${ortName}'s tokens/s (target 2x), prompt ${(pg.prompt / ort.prompt).toFixed(2)}x its time`)
+      }
+      console.log(`  polygrad-js backend ${JSON.stringify(r.backend)}`)
     }
   } finally {
     server.close()

@@ -11,6 +11,8 @@
  *
  *   python polygrad-js/bench/make_gpt2.py                      # bench/gpt2s.pgb (once)
  *   node polygrad-js/bench/gpt2_kernels_browser.js [--base DIR] # DIR: a second polygrad-js build, timed after
+ *        [--quant FMT]  # bench/gpt2s_<FMT>.pgb's decode matvecs (make_gpt2.py --quant), each with the int8 dot
+ *                       # product (an int8-route bundle's block sums: linearize.js dotReduce) on and off, fma on
  */
 
 const fs = require('fs')
@@ -20,20 +22,35 @@ const http = require('http')
 const ROOT = path.join(__dirname, '..')
 const arg = (name, dflt) => (process.argv.includes(name) ? process.argv[process.argv.indexOf(name) + 1] : dflt)
 const BASE = process.argv.includes('--base') ? path.resolve(arg('--base')) : null
-// [entrypoint, kernel name, slices]: the head's 50257 columns in 64 slices, the others in 4
-const KERNELS = [['decode', 'r_1_1_50257', 64], ['decode', 'r_1_1_3072', 4], ['decode', 'r_1_1_2304_1', 4], ['decode', 'r_1_1_768_1', 4]]
+const QUANT = process.argv.includes('--quant') ? arg('--quant') : null
+const BUNDLE = QUANT ? `gpt2s_${QUANT}.pgb` : 'gpt2s.pgb'
+// [entrypoint, kernel name, slices]: the head's 50257 columns in 64 slices, the others in 4 (a quantized bundle's
+// matvecs are named by their output size alone; its two 768-wide ones are told apart by their index)
+const KERNELS = QUANT
+  ? [['decode', 'r_1_1_50257', 64], ['decode', 'r_1_1_3072', 4], ['decode', 'r_1_1_2304', 4], ['decode', 'r_1_1_768', 4, 0], ['decode', 'r_1_1_768', 4, 1]]
+  : [['decode', 'r_1_1_50257', 64], ['decode', 'r_1_1_3072', 4], ['decode', 'r_1_1_2304_1', 4], ['decode', 'r_1_1_768_1', 4]]
+// [fma, dot]: the load option, and the int8 dot product (on where the engine computes it)
+const CONFIGS = QUANT ? [[true, true], [true, false]] : [[true, true], [false, true]]
 
 const PAGE = `<!doctype html><meta charset="utf-8"><body><script type="module">
 const { Model } = await import(new URLSearchParams(location.search).get('lib') + '/polygrad.browser.mjs')
 const kernels = ${JSON.stringify(KERNELS)}
+const configs = ${JSON.stringify(CONFIGS)}
 const rows = []
 try {
   const bytes = new Uint8Array(await (await fetch('/gpt2s.pgb')).arrayBuffer())
-  for (const fma of [true, false]) {
-    const m = await Model.fromBytes(bytes, { threads: 2, fma })
+  for (const [fma, dot] of configs) {
+    let m
+    try {
+      m = await Model.fromBytes(bytes, Object.assign({ threads: 2, fma }, dot ? {} : { int8Dot: false }))
+    } catch (e) {
+      if (/unknown load option "int8Dot"/.test(e.message)) continue // a --base build from before the option
+      throw e
+    }
+    const dotOn = m._x.dot === true
     for (let i = 0; i < 3; i++) await m.callAsync('decode', { input_ids: Int32Array.of(5), pos: i })
-    for (const [entry, name, parts] of kernels) {
-      const st = m._x.entries[entry].find((s) => !s.copy && s.name === name)
+    for (const [entry, name, parts, nth = 0] of kernels) {
+      const st = m._x.entries[entry].filter((s) => !s.copy && s.name === name)[nth]
       if (!st) throw new Error(entry + ' has no kernel ' + name)
       const run = st.packedMain || st.packed || st.main
       const f = run.phases[0].fn
@@ -45,7 +62,7 @@ try {
         t.push((performance.now() - t0) * 100)
       }
       t.sort((a, b) => a - b)
-      rows.push({ name, parts, fma: m.backendInfo.fma, min: t[0], median: t[20] })
+      rows.push({ name: name + (nth ? '#' + nth : ''), parts, fma: m.backendInfo.fma, dot: dotOn, min: t[0], median: t[20] })
     }
     m.dispose()
   }
@@ -63,7 +80,7 @@ function serve () {
     if (url === '/') [body, type] = [PAGE, 'text/html']
     else if (url === '/lib/polygrad.browser.mjs') body = fs.readFileSync(path.join(ROOT, 'dist', 'polygrad.browser.mjs'))
     else if (url === '/base/polygrad.browser.mjs' && BASE) body = fs.readFileSync(path.join(BASE, 'dist', 'polygrad.browser.mjs'))
-    else if (url === '/gpt2s.pgb') [body, type] = [fs.readFileSync(path.join(__dirname, 'gpt2s.pgb')), 'application/octet-stream']
+    else if (url === '/gpt2s.pgb') [body, type] = [fs.readFileSync(path.join(__dirname, BUNDLE)), 'application/octet-stream']
     if (body === null) {
       res.writeHead(404)
       return res.end()
@@ -76,13 +93,13 @@ function serve () {
 }
 
 async function main () {
-  if (!fs.existsSync(path.join(__dirname, 'gpt2s.pgb'))) throw new Error('bench/gpt2s.pgb is missing: run python polygrad-js/bench/make_gpt2.py')
+  if (!fs.existsSync(path.join(__dirname, BUNDLE))) throw new Error(`bench/${BUNDLE} is missing: run python polygrad-js/bench/make_gpt2.py${QUANT ? ' --quant ...' : ''}`)
   if (BASE && !fs.existsSync(path.join(BASE, 'dist', 'polygrad.browser.mjs'))) throw new Error(`--base ${BASE} has no dist/polygrad.browser.mjs: run node tools/build.js there`)
   const server = await serve()
   const { chromium } = require('playwright-core')
   const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', headless: true, args: ['--headless', '--no-sandbox', '--disable-gpu'] })
   console.log(`load average ${require('os').loadavg().map((l) => l.toFixed(2)).join(' ')}; ${browser.version()}; us a call, cache-resident slice`)
-  console.log('build | kernel         | slice | fma   | min us | median us')
+  console.log(`${BUNDLE}; build | kernel         | slice | fma   | dot   | min us | median us`)
   try {
     for (const lib of BASE ? ['lib', 'base'] : ['lib']) {
       const page = await browser.newPage()
@@ -92,7 +109,7 @@ async function main () {
       await page.close()
       if (r.error) throw new Error(`the page failed: ${r.error}`)
       for (const x of r.rows) {
-        console.log(`${lib.padEnd(5)} | ${x.name.padEnd(14)} | 1/${String(x.parts).padEnd(3)} | ${String(x.fma).padEnd(5)} | ${x.min.toFixed(1).padStart(6)} | ${x.median.toFixed(1).padStart(9)}`)
+        console.log(`${lib.padEnd(5)} | ${x.name.padEnd(14)} | 1/${String(x.parts).padEnd(3)} | ${String(x.fma).padEnd(5)} | ${String(x.dot).padEnd(5)} | ${x.min.toFixed(1).padStart(6)} | ${x.median.toFixed(1).padStart(9)}`)
       }
     }
   } finally {

@@ -9,6 +9,12 @@ Run from the repository root: `python polygrad-js/bench/make_gpt2.py [--no-onnx]
 a minute). `--quant FMT[,FMT]` also writes bench/gpt2s_<fmt>.pgb: the same weights with load_hf(dtype=fmt) (every
 matrix, the tied embedding/head and wpe included, in llama.cpp's blocks) and bench/gpt2s_<fmt>_py.json, Python
 polygrad's prompt logits and greedy tokens from that bundle (bench/gpt2.js --quant fmt checks against them).
+`--int8-dot` with `--quant` writes each format's bundle a second time as bench/gpt2s_<fmt>_i8.pgb (and its
+_py.json), captured with POLY_INT8_DOT=1: the decode's matvecs on 8-bit activations with exact int32 block sums,
+the route Python polygrad takes on a CPU with int8 dot products (needs one: VNNI here; the prompt keeps float
+activations). `--int8-onnx` writes bench/gpt2s_int8.onnx, onnxruntime's dynamic quantization of gpt2s.onnx (int8
+weights, activations rounded to 8 bits per tensor at run time: MatMulInteger), how transformers.js quantizes the
+models it runs by default (bench/gpt2_browser.js --quant times it beside polygrad-js's quantized bundles).
 """
 from __future__ import annotations
 
@@ -108,6 +114,38 @@ def python_reference(bundle, tokens: int = 16) -> dict:
     return {"tokens": out, "logits": [x[:64].tolist() for x in logits[:4]]}
 
 
+def write_int8_dot_bundle(checkpoint: str, fmt: str) -> None:
+    """bench/gpt2s_<fmt>_i8.pgb and its _py.json: the decode's matvecs captured on the int8 route (POLY_INT8_DOT=1,
+    nn/quant.py _int8_matmul_t). The prompt's multi-row route (_int8_matmul_rows) is left out: its kernels (8-lane
+    weight panels for a CPU's vpdpbusd) run as scalar loops in polygrad-js, about 20x the float path's time."""
+    from unittest import mock
+
+    from polygrad import Context
+    from polygrad.hf import load_hf
+    from polygrad.nn import quant
+    from polygrad.nn.quant import int8_dot_enabled
+    from polygrad_hf import loader
+    # both names: load_hf's program-cache key reads the loader's copy
+    with Context(POLY_INT8_DOT=1), mock.patch.object(quant, "INT8_PROMPT_FORMATS", ()), \
+            mock.patch.object(loader, "INT8_PROMPT_FORMATS", ()):
+        if not int8_dot_enabled("CPU"):
+            raise SystemExit("--int8-dot: this CPU has no int8 dot product (VNNI), so no kernel would take the route")
+        bundle = load_hf(checkpoint, max_batch=1, max_seq_len=MAX_SEQ, dtype=fmt)
+        bundle.save(str(HERE / f"gpt2s_{fmt}_i8.pgb"))
+        (HERE / f"gpt2s_{fmt}_i8_py.json").write_text(json.dumps(python_reference(bundle)))
+    print(f"wrote {HERE / f'gpt2s_{fmt}_i8.pgb'} (int8 route)")
+    bundle.dispose()
+
+
+def quantize_onnx(src: Path, dst: Path) -> None:
+    """dst: onnxruntime's dynamic quantization of src (int8 weights per tensor, every MatMul and Gather)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    if not src.exists():
+        raise SystemExit(f"{src} is missing: run make_gpt2.py without --no-onnx first")
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+    print(f"wrote {dst}")
+
+
 def main() -> None:
     from polygrad import Context
     from polygrad.hf import load_hf
@@ -128,6 +166,10 @@ def main() -> None:
             (HERE / f"gpt2s_{fmt}_py.json").write_text(json.dumps(python_reference(bundle)))
             print(f"wrote {HERE / f'gpt2s_{fmt}.pgb'}: {bundle.hf_notes}")
             bundle.dispose()
+            if "--int8-dot" in sys.argv:
+                write_int8_dot_bundle(tmp, fmt)
+        if "--int8-onnx" in sys.argv:
+            quantize_onnx(HERE / "gpt2s.onnx", HERE / "gpt2s_int8.onnx")
         if "--only-quant" in sys.argv:
             return
     (HERE / "gpt2_ref.json").write_text(json.dumps(reference(model)))

@@ -10,7 +10,8 @@
  *   2. chooseOpts + applyOpts     (lower.js)        vector lanes, register tiles (width > 1 only)
  *      packLoads (pack, optional)  (pack.js)         weights read through a copy in loop order
  *   3. provenIndices (verify)     (validate.js)     accesses not proven in bounds get run-time checks
- *   4. linearize                  (linearize.js)    the structured program an emitter walks
+ *   4. linearize                  (linearize.js)    the structured program an emitter walks (`dot`: int32 sums
+ *                                                   of byte products as relaxed SIMD's int8 dot product)
  *      (threads) phases: with `threaded`, when lower.threadable, each block linearized again with its
  *      first loop split into slices (linearize's `split`), one program per block, run block after block
  */
@@ -37,7 +38,7 @@ function prepareKernel (g, ast) {
  * pass here keeps its indices in bounds by construction; `verify` proves the lowered kernel again and
  * guards what it cannot prove with run-time checks (the tests run with it).
  */
-function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null, verify = false, pack = null, packMain = false, threaded = false } = {}) {
+function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null, verify = false, pack = null, packMain = false, threaded = false, dot = false } = {}) {
   let k = (prepared || prepareKernel(g, ast)).ast
   let vector = new Set()
   const chosen = opts !== null ? opts : chooseOpts(k, width)
@@ -46,13 +47,13 @@ function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared =
   if (pack) ({ ast: k, packs } = packLoads(g, k, vector, pack, { main: packMain }))
   const proven = check === null && verify ? provenIndices(k) : null
   const needsCheck = check || (proven ? (index) => !proven.has(index) : () => false)
-  const prog = linearize(g, k, { vector, width, check: needsCheck })
+  const prog = linearize(g, k, { vector, width, check: needsCheck, dot })
   if (chosen.length && !prog.vectorized && !toposort(k).some((n) => n.op === 'REDUCE')) {
     // lanes did not fit (a 64-bit or integer-division op): plain loops beat an unrolled scalar copy
-    return lowerKernel(g, ast, { width, check, opts: [], prepared, verify, threaded })
+    return lowerKernel(g, ast, { width, check, opts: [], prepared, verify, threaded, dot })
   }
   prog.packs = packs
-  prog.phases = threaded ? phasesOf(g, k, prog, { vector, width, check: needsCheck }) : null
+  prog.phases = threaded ? phasesOf(g, k, prog, { vector, width, check: needsCheck, dot }) : null
   return prog
 }
 
@@ -61,10 +62,10 @@ function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared =
  * PART and PARTS first), with the lanes the whole kernel got, so every element is computed by the same
  * instructions as in `prog` (bit for bit). Null when the kernel cannot be split (lower.threadable).
  */
-function phasesOf (g, k, prog, { vector, width, check }) {
+function phasesOf (g, k, prog, { vector, width, check, dot }) {
   if (!threadable(k)) return null
   const lanes = prog.vectorized ? vector : new Set()
-  const phases = k.src.map((_, block) => linearize(g, k, { vector: lanes, width, check, split: true, block }))
+  const phases = k.src.map((_, block) => linearize(g, k, { vector: lanes, width, check, split: true, block, dot }))
   return phases.every((p) => !!p.vectorized === !!prog.vectorized) ? phases : null
 }
 

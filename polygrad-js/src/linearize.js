@@ -71,8 +71,9 @@ function identity (op, d) {
 }
 
 class Linearizer {
-  constructor (g, ast, { vector, width, check, split = false, block = null, version = false }) {
+  constructor (g, ast, { vector, width, check, split = false, block = null, version = false, dot = false }) {
     this.g = g
+    this.dot = dot // int32 sums of 4 byte products as one `dot4` (relaxed SIMD's int8 dot product; dotOf)
     this.version = version // versionGatedLoops after linearizing (the SIMD target)
     this.split = split // the first top-level loop runs the slice [start, end) of part PART of PARTS
     this.onlyBlock = block // emit only this block of the kernel (a phase of a threaded kernel)
@@ -262,7 +263,7 @@ class Linearizer {
     for (const s of src) n = Math.max(n, s.lanes)
     if (n > 1) {
       const from = src[0].dtype
-      if (NARROW_LANE_DTYPES.has(from.name) || NARROW_LANE_DTYPES.has(dtype.name)) return this.narrowAlu(op, dtype, src)
+      if (NARROW_LANE_DTYPES.has(from.name) || NARROW_LANE_DTYPES.has(dtype.name)) return this.narrowAlu(op, dtype, src, n)
       for (const d of [dtype, ...src.map((s) => s.dtype)]) if (!LANE_DTYPES.has(d.name)) throw new NoVector(`${d.name} lanes`)
       const table = dtype.isBool && (op !== 'CAST' || from.isBool) ? BOOL_LANE_OPS : (dtype.isFloat || from.isFloat) ? F32_LANE_OPS : I32_LANE_OPS
       if (!table.has(op)) throw new NoVector(`no lanes for ${op} on ${dtype.name}`)
@@ -287,14 +288,22 @@ class Linearizer {
     return this.place(this.inst('alu', dtype, n, { op, src }), level)
   }
 
-  /** A lane op on 8-bit integer lanes (NARROW_LANE_DTYPES): a BITCAST between uint8 and int8, or a CAST of
-   * one to a 32-bit lane type; anything else has no lane form here. */
-  narrowAlu (op, dtype, [x]) {
+  /** A lane op on 8-bit integer lanes (NARROW_LANE_DTYPES): a BITCAST between uint8 and int8, a CAST of one to
+   * a 32-bit lane type, or a shift right by a scalar or an AND of one and a scalar of its type (Q4_0's nibbles,
+   * `(byte >> 4h) & 15`: each lane's value extended to 32 bits, shifted or masked as the scalar code does, stays
+   * the extended 8-bit result); anything else has no lane form here. */
+  narrowAlu (op, dtype, [x, y], n) {
     const from = x.dtype
     const bitcast = op === 'BITCAST' && NARROW_LANE_DTYPES.has(dtype.name) && NARROW_LANE_DTYPES.has(from.name)
     const widen = op === 'CAST' && NARROW_LANE_DTYPES.has(from.name) && LANE_DTYPES.has(dtype.name) && !dtype.isBool
-    if (!bitcast && !widen) throw new NoVector(`no lanes for ${op} from ${from.name} to ${dtype.name}`)
+    const bits = (op === 'SHR' || op === 'AND') && dtype === from && y !== undefined && y.dtype === from && y.lanes === 1
+    if (!bitcast && !widen && !bits) throw new NoVector(`no lanes for ${op} from ${from.name} to ${dtype.name}`)
     if (x.lanes === 1) throw new NoVector(`${from.name} lanes`)
+    if (bits) {
+      // a shift's count stays a scalar (wasm's i32x4.shr_u/s); a mask is splat into the lanes
+      const scalar = op === 'SHR' ? y : this.place(this.inst('bcast', from, n, { src: [y] }), y.level)
+      return this.place(this.inst('alu', dtype, n, { op, src: [x, scalar] }), Math.max(x.level, y.level))
+    }
     if (bitcast && x.k === 'load') {
       // the same bytes loaded with the other extension (wasm/emit.js emitLoad): int8 weights (Q8_0) are
       // sign-extended as they are widened, not widened and then shifted
@@ -391,6 +400,7 @@ class Linearizer {
   }
 
   reduce (red) {
+    if (this.dot && this.dotReduce(red)) return
     const body = red.src[0]
     const own = red.src.slice(1)
     const free = [...this.deps(red)].filter((r) => r.arg[1] === 'upcast' && r !== this.V && !this.env.has(r) && !this.open.has(r))
@@ -429,6 +439,101 @@ class Linearizer {
       const read = this.place(this.inst('read', red.dtype, accLanes, { acc: accs[i] }), this.depth)
       this.levels[this.depth].cse.set(this.key(red), read)
     }))
+  }
+
+  // ---- int8 dot products
+  /**
+   * An int32 sum over 4 points of a product of two bytes in lanes (a quantized decode matvec's block sums on
+   * 8-bit activations: polygrad's nn/quant.py _int8_matmul_t, one sum per lane over 4 turns) as one `dot4`:
+   * each operand's 16 bytes in a v128 (`bytes`; a load's 4 lanes at each point gathered with no widening, or
+   * a computed byte value narrowed), lane j = the sum of its 4 points' products (relaxed SIMD's
+   * i32x4.relaxed_dot_i8x16_i7x16_add_s, wasm/emit.js emitDot4). Exact integer arithmetic, so the lanes equal
+   * the loop's (the plain path). Returns false, having emitted nothing, for any other reduce.
+   */
+  dotReduce (red) {
+    const shape = this.dotOf(red)
+    if (!shape) return false
+    const free = [...this.deps(red)].filter((r) => r.arg[1] === 'upcast' && r !== this.V && !this.env.has(r) && !this.open.has(r))
+      .sort((a, b) => a.arg[0] - b.arg[0])
+    const points = this.upcastPoints(red.src.slice(1))
+    for (const p of this.upcastPoints(free)) {
+      this.withEnv(p, () => {
+        const [a, b] = [shape.a, shape.b].map((o) => this.dotBytes(o, points, red.src.slice(1)))
+        const x = this.inst('dot4', red.dtype, this.width, { src: [a, b], offset: shape.b.offset })
+        this.remember(this.key(red), this.place(x, Math.max(a.level, b.level)))
+      })
+    }
+    return true
+  }
+
+  /** {a, b} when red is a dot4 (see dotReduce): a the signed operand, b the 7-bit one (values in [0, 127],
+   * relaxed SIMD's second operand: a Q4_0 nibble) with its int32 offset; else null. A second operand of 8 bits
+   * (Q8_0's int8 weights) stays on the plain path: split into two 7-bit parts, two dot products and the
+   * split measured slower than 32-bit lanes on x86 without AVX-VNNI (Chromium 156, Zen 4: GPT-2's Q8_0 fc
+   * matvec 131.5 against 125.5 us a cache-resident slice; Q4_0's 135.5 against 216), so no split is made. */
+  dotOf (red) {
+    const own = red.src.slice(1)
+    const body = red.src[0]
+    if (this.V === null || this.width !== 4 || red.arg !== 'ADD' || red.dtype.name !== 'int32' || !this.deps(red).has(this.V)) return null
+    if (own.includes(this.V) || own.some((r) => r.src[0].op !== 'CONST') || own.reduce((n, r) => n * Number(r.src[0].arg), 1) !== 4) return null
+    if (body.op !== 'MUL') return null
+    const ops = body.src.map((u) => this.dotOperand(u, own))
+    if (ops.some((o) => o === null)) return null
+    // the signed operand: bytes of int8 (or of values in [0, 127]) with no offset
+    const signedOk = (o) => o.offset === 0 && (o.signed || o.seven)
+    const first = ops[1].seven && signedOk(ops[0]) ? 0 : ops[0].seven && signedOk(ops[1]) ? 1 : -1
+    if (first < 0) return null
+    return { a: ops[first], b: ops[1 - first] }
+  }
+
+  /** An int32 operand of a dot4: CAST(int32, e) (+ an int32 constant) for e an 8-bit value in lanes: {e, load
+   * (e's bytes read straight from memory), signed, seven (values in [0, 127]), offset}; null for anything else. */
+  dotOperand (u, own) {
+    let offset = 0
+    if (u.op === 'ADD' && u.src[1].op === 'CONST') {
+      offset = Number(u.src[1].arg)
+      u = u.src[0]
+    }
+    if (u.op !== 'CAST' || u.dtype.name !== 'int32' || !NARROW_LANE_DTYPES.has(u.src[0].dtype.name)) return null
+    const e = u.src[0]
+    if (!this.deps(e).has(this.V)) return null
+    const signed = e.dtype.name === 'int8'
+    // values in [0, 127] (a Q4_0 nibble, `... & 15`) are a 7-bit operand as they are
+    const mask = e.op === 'AND' && e.src[1].op === 'CONST' ? Number(e.src[1].arg) : -1
+    const seven = mask >= 0 && mask <= 127
+    const raw = e.op === 'LOAD' ? e : e.op === 'BITCAST' && e.src[0].op === 'LOAD' && NARROW_LANE_DTYPES.has(e.src[0].dtype.name) ? e.src[0] : null
+    let load = null
+    if (raw) {
+      const index = raw.src[0]
+      const ix = index.src[1]
+      const steps = own.map((r) => rangeCoeff(ix, r))
+      if (index.src.length === 2 && !this.check(index) && rangeCoeff(ix, this.V) === 1 && steps.every((c) => c !== null && c >= 0)) {
+        load = { index, steps }
+      }
+    }
+    return { e, load, signed, seven, offset }
+  }
+
+  /** A dot4 operand's 16 bytes (byte 4j + k: lane j at point k, so the dot's groups of 4 are the lanes). */
+  dotBytes (o, points, own) {
+    if (o.load) {
+      // the 4 lanes at every point, read from the address at point 0 plus each point's constant step
+      const zero = own.map((r) => [r, 0])
+      const idx = this.withEnv(zero, () => this.value(this.laneIndex(o.load.index.src[1])))
+      const offsets = points.map((p) => p.reduce((sum, [, v], i) => sum + v * o.load.steps[i], 0))
+      const k = `bytes|${o.load.index.src[0].arg[0]}|${idx.id}|${offsets.join(',')}`
+      const hit = this.lookup(k)
+      if (hit) return hit
+      return this.remember(k, this.place(this.inst('bytes', o.e.dtype, 16, { src: [idx], buf: o.load.index.src[0].arg[0], offsets }), idx.level))
+    }
+    const parts = points.map((p) => this.withEnv(p, () => this.value(o.e)))
+    if (parts.some((x) => x.lanes !== this.width)) throw new NoVector('a dot operand without lanes')
+    const k = `bytes|narrow|${parts.map((x) => x.id).join(',')}`
+    const hit = this.lookup(k)
+    if (hit) return hit
+    let level = 0
+    for (const x of parts) level = Math.max(level, x.level)
+    return this.remember(k, this.place(this.inst('bytes', o.e.dtype, 16, { src: parts, buf: null, offsets: null }), level))
   }
 
   // ---- loops
@@ -695,10 +800,10 @@ function cloneInsts (insts, map, newId, edit) {
 }
 
 /** The structured program of a lowered kernel (see the module docstring). */
-function linearize (g, ast, { vector = new Set(), width = 1, check, split = false, block = null } = {}) {
+function linearize (g, ast, { vector = new Set(), width = 1, check, split = false, block = null, dot = false } = {}) {
   if (vector.size && width > 1) {
     try {
-      const prog = new Linearizer(g, ast, { vector, width, check, split, block, version: true }).run()
+      const prog = new Linearizer(g, ast, { vector, width, check, split, block, version: true, dot }).run()
       prog.vectorized = true
       return prog
     } catch (e) {

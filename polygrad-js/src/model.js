@@ -22,7 +22,7 @@ const { GPUExecutor } = require('./webgpu/runtime')
 const VERSION = '0.1.0'
 
 // Model.load / fetch / fromBytes options (index.d.ts LoadOptions) and the backends they may name
-const LOAD_OPTIONS = ['backend', 'maxBytes', 'maxWork', 'validate', 'verify', 'threads', 'fma']
+const LOAD_OPTIONS = ['backend', 'maxBytes', 'maxWork', 'validate', 'verify', 'threads', 'fma', 'int8Dot']
 const MAX_THREADS = MAX_WORKERS // the control block's worker slots (threads/control.js), this thread's included
 const BACKENDS = ['auto', 'webgpu', 'wasm', 'js']
 
@@ -43,6 +43,7 @@ function loadOptions (opts) {
   }
   if (opts.verify !== undefined && typeof opts.verify !== 'boolean') throw new ModelError(`verify must be true or false, not ${JSON.stringify(opts.verify)}`)
   if (opts.fma !== undefined && typeof opts.fma !== 'boolean') throw new ModelError(`fma must be true or false, not ${JSON.stringify(opts.fma)}`)
+  if (opts.int8Dot !== undefined && typeof opts.int8Dot !== 'boolean') throw new ModelError(`int8Dot must be true or false, not ${JSON.stringify(opts.int8Dot)}`)
   if (opts.threads !== undefined && !(Number.isInteger(opts.threads) && opts.threads >= 1 && opts.threads <= MAX_THREADS)) {
     throw new ModelError(`threads must be an integer from 1 to ${MAX_THREADS}, not ${typeof opts.threads === 'string' ? JSON.stringify(opts.threads) : String(opts.threads)}; leave it out for the default (the cores, at most 8, where SharedArrayBuffer is available)`)
   }

@@ -267,6 +267,19 @@ test("a decode step's x @ W (one row): 4 column vectors, 4 independent accumulat
   assert.deepStrictEqual(chains(vs.find(([name]) => name === 'few rows')[1]), { updates: 4, accumulators: 4 })
 })
 
+test("a decode step's x @ W keeps mul + add with fma (4 chains wait on a multiply-add's latency); 8-chain tiles fuse", () => {
+  const layout = new Map([[0, { base: 0, size: 128 * 3072 }], [1, { base: 0, size: 128 * 768 }], [2, { base: 0, size: 768 * 3072 }]])
+  const fusedOf = (prog) => new KernelEmitter(prog, layout, {}, {}, { fma: true }).emit().stats.fusedMadds
+  const { g, ast } = matmul(0, 768, 3072, false)
+  assert.strictEqual(fusedOf(lowerKernel(g, ast, { width: 4 })), 0, 'one row: a broadcast value times 4 column vectors')
+  const { variants: vs } = variants(36, 768, 3072, false)
+  assert.strictEqual(fusedOf(vs.find(([name]) => name === 'few rows')[1]), 0, 'few rows: the same 4 column vectors')
+  assert.strictEqual(fusedOf(vs[0][1]), 8, 'a row tile: 8 accumulators, each a multiply-add a step')
+  // x @ W.T's head (one row): two streamed vectors a step, no broadcast: fused
+  const head = matmul(0, 768, 64, true)
+  assert.ok(fusedOf(lowerKernel(head.g, head.ast, { width: 4 })) > 0)
+})
+
 test("a decode step's head (x @ W.T, one row, 50257 columns): the lanes' partial sums in 4 accumulators, one weight stream", () => {
   const { g, ast } = matmul(0, 768, 50257, true)
   const prepared = prepareKernel(g, ast)

@@ -26,6 +26,9 @@ const { roundFloat } = require('../dtypes')
 
 const SCALAR = (d) => (d.wasm === 'i32' ? T.i32 : d.wasm === 'i64' ? T.i64 : d.wasm === 'f32' ? T.f32 : T.f64)
 const LOG2 = { 1: 0, 2: 1, 4: 2, 8: 3 }
+// a loop body with at most this many accumulator chains of a broadcast value times a vector keeps mul + add
+// (fusedProducts)
+const FEW_CHAINS = 4
 
 // scalar load/store opcodes by dtype name
 const LOAD = { bool: 0x2d, int8: 0x2c, uint8: 0x2d, int16: 0x2e, uint16: 0x2f, float16: 0x2f, bfloat16: 0x2f, int32: 0x28, uint32: 0x28, int64: 0x29, uint64: 0x29, float32: 0x2a, float64: 0x2b }
@@ -46,7 +49,7 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
-    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0 } // what the speed guards (tests) look for
+    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0 } // what the speed guards (tests) look for
     this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
     this.gatedAddr = new Map() // load inst id -> local: a gated pointer (strengthReduce), 0 where the gate is off
     this.free = new Map() // wasm type -> locals no live value holds
@@ -314,7 +317,7 @@ class KernelEmitter {
 
   loadScalar (d, base) {
     this.c.mem(LOAD[d.name], LOG2[d.size], base)
-    if (d.name === 'float16') this.call(this.h.h2f)
+    if (d.name === 'float16') this.halfToFloat()
     else if (d.name === 'bfloat16') this.call(this.h.b2f)
     else if (d.isBool) this.c.i32(0).op(0x47) // bytes other than 0/1 still read as a bool
   }
@@ -327,6 +330,24 @@ class KernelEmitter {
 
   call (f) {
     this.c.byte(0x10).u32(f)
+  }
+
+  /**
+   * float16 bits (an i32 on the stack) -> float32, in line and without branches (the h2f helper's values: a
+   * quantized block's scale is one per 32 weights, a call and two branches each): the exponent and mantissa
+   * shifted into a float32's, times 2^112 (exact: a normal rebased, a subnormal's float32 denormal made the
+   * normal it stands for), an exponent of 31 (inf, NaN: payload kept) selected to 255, then the sign.
+   */
+  halfToFloat () {
+    const c = this.c
+    const h = this.temp(T.i32)
+    const m = this.temp(T.i32)
+    c.tee(h).i32(0x7fff).op(0x71).i32(13).op(0x74).tee(m) // (h & 0x7fff) << 13
+    c.i32(0x7f800000).op(0x72) // inf or NaN: exponent 255, the payload kept
+    c.get(m).op(0xbe).f32c(2 ** 112).op(0x94).op(0xbc) // f32.reinterpret, * 2^112, i32.reinterpret
+    c.get(m).i32(0x7c00 << 13).op(0x4f) // i32.ge_u: an exponent of 31
+    c.op(0x1b) // select
+    c.get(h).i32(0x8000).op(0x71).i32(16).op(0x74).op(0x72).op(0xbe) // | sign << 16, f32.reinterpret
   }
 
   emitStore (x) {
@@ -577,7 +598,8 @@ class KernelEmitter {
     else if (s.isFloat) c.op(s.wasm === 'f64' ? 0xbd : 0xbc)
     // now the bits are an integer of the source width
     if (d.half) {
-      this.call(d.name === 'float16' ? this.h.h2f : this.h.b2f)
+      if (d.name === 'float16') this.halfToFloat()
+      else this.call(this.h.b2f)
     } else if (d.isFloat) {
       c.op(d.wasm === 'f64' ? 0xbf : 0xbe)
     } else {
@@ -716,6 +738,7 @@ class KernelEmitter {
     if (!this.fma) return fused
     const walk = (insts) => {
       const here = new Set()
+      const products = []
       for (const x of insts) {
         here.add(x.id)
         if (x.k === 'loop') { walk(x.pre); walk(x.body) }
@@ -723,8 +746,14 @@ class KernelEmitter {
         if (x.k !== 'update' || x.fold || x.op !== 'ADD' || x.lanes !== 4 || x.acc.dtype.name !== 'float32') continue
         const v = x.src[0]
         if (v.k === 'alu' && v.op === 'MUL' && v.lanes === 4 && v.dtype.name === 'float32' && here.has(v.id) &&
-            this.uses.get(v.id) === 1) fused.add(v.id)
+            this.uses.get(v.id) === 1) products.push(v)
       }
+      // a one-row x @ W tile (a decode step's: a broadcast row value times FEW_CHAINS column vectors or fewer)
+      // waits on each accumulator's chain, and a multiply-add's latency is longer than an add's: unfused,
+      // GPT-2 small's decode matvecs took 0.9x the time in Chromium (3072 columns 48.5 us against 54.0 a cache-
+      // resident slice, Zen 4; the head's x @ W.T, two streamed vectors a step, keeps its multiply-adds)
+      const rowTimesColumns = products.length <= FEW_CHAINS && products.every((v) => v.src.some((s) => s.k === 'bcast'))
+      if (!rowTimesColumns) for (const v of products) fused.add(v.id)
     }
     walk(this.prog.head)
     walk(this.prog.body)
@@ -760,6 +789,56 @@ class KernelEmitter {
     this.c.get(lo).get(hi); shuffle(EVEN)
     this.c.get(lo).get(hi); shuffle(ODD)
     this.c.simd(add).simd(add)
+    return this.define(x)
+  }
+
+  // ---- int8 dot products (linearize.js dotReduce)
+  /**
+   * A dot4 operand's 16 bytes, lane j's 4 points together (byte 4j + k): a load's 4 bytes at each point k
+   * (v128.load32_zero, then load32_lane into lane k: exactly the bytes the loop reads), or 4 points' values in
+   * 32-bit lanes narrowed (in range: no saturation); then transposed from point-major (4k + j) by one shuffle.
+   */
+  emitBytes (x) {
+    const c = this.c
+    const v = this.temp(T.v128)
+    if (x.buf !== null) {
+      const b = this.buf(x.buf)
+      const at = this.temp(T.i32)
+      const extra = this.address(x.src[0], { size: 1 }, x.buf)
+      c.set(at)
+      x.offsets.forEach((off, k) => {
+        c.get(at)
+        if (k === 0) c.vmem(0x5c, 0, b.base + extra + off) // v128.load32_zero
+        else c.get(v).vmem(0x56, 0, b.base + extra + off).byte(k) // v128.load32_lane k
+        c.set(v)
+      })
+    } else {
+      const [p0, p1, p2, p3] = x.src
+      this.push(p0); this.push(p1); c.simd(0x85) // i16x8.narrow_i32x4_s
+      this.push(p2); this.push(p3); c.simd(0x85)
+      c.simd(x.dtype.isUnsigned ? 0x66 : 0x65).set(v) // i8x16.narrow_i16x8_u/s
+    }
+    c.get(v).get(v).simd(0x0d)
+    for (let j = 0; j < 4; j++) for (let k = 0; k < 4; k++) c.byte(4 * k + j)
+    return this.define(x)
+  }
+
+  /**
+   * Lane j = the sum of the products of a's and b's bytes 4j..4j+3 (a signed, b in [0, 127]: exact on x86's
+   * unsigned and Arm's signed readings of the second operand alike): i32x4.relaxed_dot_i8x16_i7x16_add_s. An
+   * offset c of b (a Q4_0 nibble's -8) adds c x the sum of a's bytes (a dot with ones).
+   */
+  emitDot4 (x) {
+    const c = this.c
+    const [a, b] = x.src
+    const zero = () => c.v128const(new Uint8Array(16))
+    const dot = () => { c.simd(0x113); this.stats.int8Dots++ }
+    this.push(a); this.push(b); zero(); dot()
+    if (x.offset) {
+      this.push(a); c.v128const(new Uint8Array(16).fill(1)); zero(); dot()
+      c.v128const(this.laneBytes({ isBool: false, isFloat: false }, [x.offset, x.offset, x.offset, x.offset]))
+      c.simd(0xb5).simd(0xae) // i32x4.mul, add
+    }
     return this.define(x)
   }
 
@@ -799,6 +878,8 @@ class KernelEmitter {
         return
       case 'update': return this.emitUpdate(x)
       case 'hsum': return this.emitHsum(x)
+      case 'bytes': return this.emitBytes(x)
+      case 'dot4': return this.emitDot4(x)
       case 'read':
         this.val.set(x.id, { local: this.val.get(x.acc.id).local })
         return

@@ -78,4 +78,33 @@ function relaxedSimdSupported () {
   return relaxed
 }
 
-module.exports = { buildModule, importObject, simdSupported, relaxedSimdSupported }
+let relaxedDot = null
+/**
+ * Whether this engine's i32x4.relaxed_dot_i8x16_i7x16_add_s (an int8 dot product) computes what the standard
+ * says: run on a probe, not only validated. Node 20 validates it behind --experimental-wasm-relaxed-simd but
+ * returns another result (twice the products, without the addend: V8 11.3's draft of the proposal), so it
+ * stays on the plain path there. Chromium 114+ (the proposal's standard form) passes.
+ */
+function relaxedDotSupported () {
+  if (relaxedDot !== null) return relaxedDot
+  relaxedDot = false
+  try {
+    if (typeof WebAssembly !== 'object' || !relaxedSimdSupported()) return relaxedDot
+    const a = Int8Array.from({ length: 16 }, (_, i) => (i * 37) % 256 - 128) // -128 among them
+    const b = Int8Array.from({ length: 16 }, (_, i) => (i * 53 + 127) % 128) // 127 among them
+    const acc = Int32Array.of(5, -6, 7, -8)
+    const want = Int32Array.from(acc, (v, j) => v + [0, 1, 2, 3].reduce((s, k) => s + a[4 * j + k] * b[4 * j + k], 0))
+    const bytesOf = (t) => Array.from(new Uint8Array(t.buffer))
+    // (func (result i32) (i32x4.all_true (i32x4.eq (relaxed_dot_add a b acc) want)))
+    const code = [0xfd, 0x0c, ...bytesOf(a), 0xfd, 0x0c, ...bytesOf(b), 0xfd, 0x0c, ...bytesOf(acc), 0xfd, 0x93, 0x02,
+      0xfd, 0x0c, ...bytesOf(want), 0xfd, 0x37, 0xfd, 0xa3, 0x01, 11]
+    const bytes = new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0, 1, 5, 1, 96, 0, 1, T.i32, 3, 2, 1, 0, 7, 5, 1, 1, 102, 0, 0,
+      10, code.length + 3, 1, code.length + 1, 0, ...code])
+    relaxedDot = new WebAssembly.Instance(new WebAssembly.Module(bytes)).exports.f() === 1
+  } catch (e) {
+    relaxedDot = false
+  }
+  return relaxedDot
+}
+
+module.exports = { buildModule, importObject, simdSupported, relaxedSimdSupported, relaxedDotSupported }

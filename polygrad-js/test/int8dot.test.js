@@ -1,0 +1,239 @@
+'use strict'
+// Quantized decode matvecs on 8-bit activations (a bundle captured on Python polygrad's int8 route: Q8_0 and Q4_0
+// block sums exact in int32; tools/make_int8_fixture.py: 13 and 16 rows x 96 columns, raw random blocks): polygrad-js
+// sums each Q4_0 block's 4 turns of byte products with relaxed SIMD's int8 dot product where the engine computes it
+// (linearize.js dotReduce, wasm/emit.js emitDot4; Chromium here) and in 32-bit lanes elsewhere (Node 20; Q8_0's
+// 8-bit second operand everywhere). Both against NumPy's float64 over exact int64 block sums (int8_dot.json), and
+// the two paths bit for bit; the blocks' float16 scales convert in line (emit.js halfToFloat).
+const test = require('node:test')
+const assert = require('node:assert')
+const fs = require('fs')
+const http = require('http')
+const os = require('os')
+const path = require('path')
+const { spawnSync } = require('child_process')
+const { fixture } = require('./helpers')
+const { Model } = require('..')
+const { relaxedSimdSupported, relaxedDotSupported } = require('../src/wasm/module')
+const { lowerKernel } = require('../src/compile')
+const { KernelEmitter } = require('../src/wasm/emit')
+const { Code, moduleBytes } = require('../src/wasm/encode')
+
+const ROOT = path.join(__dirname, '..')
+const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'fixtures', 'int8_dot.json'), 'utf8'))
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium'
+let chromium = null
+try {
+  chromium = require('playwright-core').chromium
+} catch (e) {}
+const noBrowser = !chromium ? 'playwright-core is not installed' : !fs.existsSync(CHROMIUM) ? `no Chromium at ${CHROMIUM}` : false
+
+/** Every instruction of a linearized program (loops' pre and body, ifs' body). */
+function instsOf (prog) {
+  const out = []
+  const walk = (xs) => { for (const x of xs) { out.push(x); if (x.pre) walk(x.pre); if (x.body) walk(x.body) } }
+  walk(prog.head)
+  walk(prog.body)
+  return out
+}
+
+/** Each case's outputs on the plain path (no dot products, as an engine without them runs). */
+function plainOutputs () {
+  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1, int8Dot: false })
+  assert.strictEqual(m._x.dot, false)
+  const out = REF.x.map((x) => { const r = m.forward({ x: Float32Array.from(x) }); return { y8: Array.from(r.y8), y4: Array.from(r.y4) } })
+  m.dispose()
+  return out
+}
+
+function checkReference (outs, where) {
+  outs.forEach((o, i) => {
+    for (const name of ['y8', 'y4']) {
+      const { want, bound } = REF.cases[i][name]
+      assert.strictEqual(o[name].length, REF.rows[name])
+      // float32 rounding: each of the block's products is exact, the scales and the sum over blocks round
+      want.forEach((w, r) => assert.ok(Math.abs(o[name][r] - w) <= 1e-5 * bound[r] + 1e-30,
+        `${where} case ${i} ${name}[${r}]: ${o[name][r]} vs ${w} (bound ${bound[r]})`))
+    }
+  })
+}
+
+test('int8-route matvecs on the plain path match NumPy, and the Q4_0 nibbles stay in lanes', () => {
+  checkReference(plainOutputs(), 'plain')
+  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1, int8Dot: false })
+  m.forward({ x: Float32Array.from(REF.x[0]) })
+  // the matvecs (an int32 reduce inside a float one): vectorized, the Q4_0 one's shift and mask of 8-bit lanes too
+  const matvecs = [...m._x.lowered.values()].filter((p) => instsOf(p).some((x) => x.k === 'acc' && x.dtype.name === 'int32'))
+  assert.strictEqual(matvecs.length, 2)
+  for (const p of matvecs) assert.strictEqual(p.vectorized, true, `${p.name} fell back to scalar code`)
+  m.dispose()
+})
+
+test('with dot products the Q4_0 block sums lower to dot4, the Q8_0 ones (8-bit second operand) do not', () => {
+  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
+  const prog = m._x.prog
+  const shapes = []
+  for (const ast of prog.kernels) {
+    for (const dot of [false, true]) {
+      const p = lowerKernel(prog.graph, ast, { width: 4, dot })
+      const dots = instsOf(p).filter((x) => x.k === 'dot4')
+      if (!dot) assert.strictEqual(dots.length, 0)
+      if (dot && dots.length) {
+        // Q4_0's 16 rows in tiles of 4: a dot4 per row of the tile (its -8 an offset), the activation's 16 bytes (one
+        // `bytes`, gathered) shared by the tile's rows, one per row for the nibbles (narrowed)
+        const bytes = instsOf(p).filter((x) => x.k === 'bytes')
+        shapes.push(`${dots.map((x) => x.offset).join(',')} bytes ${bytes.filter((x) => x.buf !== null).length}+${bytes.filter((x) => x.buf === null).length}`)
+        assert.strictEqual(instsOf(p).some((x) => x.k === 'acc' && x.dtype.name === 'int32'), false, 'no int32 accumulator left')
+        const layout = new Map(p.params.map((q, i) => [q.slot, { base: 1024 * (i + 1), size: 4096 }]))
+        const stats = new KernelEmitter(p, layout, {}, {}).emit().stats
+        // two dot instructions each: the nibbles', and the activation's sum (for the -8)
+        assert.strictEqual(stats.int8Dots, 2 * dots.length, 'dot instructions emitted')
+      }
+    }
+  }
+  assert.deepStrictEqual(shapes, ['-8,-8,-8,-8 bytes 1+4'])
+  m.dispose()
+})
+
+test('relaxedDotSupported holds exactly where the instruction computes the standard result', (t) => {
+  if (relaxedSimdSupported() || process.execArgv.includes('--experimental-wasm-relaxed-simd')) {
+    // run the instruction on every extreme pair (a in [-128, 127], b in [0, 127]) and an addend
+    const body = new Code()
+    body.i32(48).i32(0).vmem(0x00, 0, 0).i32(0).vmem(0x00, 0, 16).i32(0).vmem(0x00, 0, 32).simd(0x113).vmem(0x0b, 0, 0)
+    const bytes = moduleBytes({ types: [{ params: [], results: [] }], imports: [{ module: 'env', name: 'memory', kind: 'memory', min: 1 }], funcs: [{ type: 0, locals: [], body }], exports: [{ name: 'f', func: 0 }] })
+    let right = false
+    if (WebAssembly.validate(bytes)) {
+      const memory = new WebAssembly.Memory({ initial: 1 })
+      const f = new WebAssembly.Instance(new WebAssembly.Module(bytes), { env: { memory } }).exports.f
+      const i8 = new Int8Array(memory.buffer)
+      const i32 = new Int32Array(memory.buffer)
+      right = true
+      for (const [a, b] of [[-128, 127], [127, 127], [-128, 0], [-77, 93]]) {
+        i8.fill(a, 0, 16)
+        i8.fill(b, 16, 32)
+        i32.set([1, -2, 3, -4], 8)
+        f()
+        right = right && [1, -2, 3, -4].every((c, j) => i32[12 + j] === c + 4 * a * b)
+      }
+    }
+    assert.strictEqual(relaxedDotSupported(), right)
+    return
+  }
+  assert.strictEqual(relaxedDotSupported(), false, 'no relaxed SIMD, no dot product')
+  // Node 20 has relaxed SIMD behind a flag, whose draft dot product computes another result: this test again there
+  const env = Object.assign({}, process.env)
+  delete env.NODE_TEST_CONTEXT // the child reports as a test run of its own
+  const r = spawnSync(process.execPath, ['--experimental-wasm-relaxed-simd', '--test', '--test-name-pattern', 'relaxedDotSupported', __filename], { encoding: 'utf8', env })
+  if (r.status !== 0 && /bad option|not allowed/.test(r.stderr)) return t.skip('this Node has no relaxed-SIMD flag')
+  assert.strictEqual(r.status, 0, r.stdout + r.stderr)
+  assert.match(r.stdout, /^ok \d+ - relaxedDotSupported[^#\n]*$/m, 'it ran in the child, not skipped')
+})
+
+const PAGE = `<!doctype html><meta charset="utf-8"><script type="module">
+import { Model } from '/dist/polygrad.browser.mjs'
+const instsOf = ${instsOf.toString()}
+try {
+  const ref = await (await fetch('/ref.json')).json()
+  const bytes = new Uint8Array(await (await fetch('/int8_dot.pgb')).arrayBuffer())
+  // fma off: the float sum over blocks rounds as Node's (no relaxed multiply-add), so the bits compare
+  const withFma = await Model.fromBytes(bytes, { threads: 1 })
+  const fma = ref.x.map((x) => { const r = withFma.forward({ x: Float32Array.from(x) }); return { y8: Array.from(r.y8), y4: Array.from(r.y4) } })
+  withFma.dispose()
+  const m = await Model.fromBytes(bytes, { threads: 2, fma: false })
+  const sync = []
+  const threaded = []
+  for (const x of ref.x) {
+    const r = m.forward({ x: Float32Array.from(x) })
+    sync.push({ y8: Array.from(r.y8), y4: Array.from(r.y4) })
+  }
+  m._x.minWork = 0 // every kernel shared with the worker (phases)
+  for (const x of ref.x) {
+    const r = await m.callAsync('forward', { x: Float32Array.from(x) })
+    threaded.push({ y8: Array.from(r.y8), y4: Array.from(r.y4) })
+  }
+  let dots = 0
+  let phaseDots = 0
+  for (const p of m._x.lowered.values()) {
+    dots += instsOf(p).filter((x) => x.k === 'dot4').length
+    for (const ph of p.phases || []) phaseDots += instsOf(ph).filter((x) => x.k === 'dot4').length
+  }
+  window.__result = { fma, dot: m._x.dot, threads: m.backendInfo.threads, calls: m._x.pool ? m._x.pool.calls : 0, sync, threaded, dots, phaseDots }
+  m.dispose()
+} catch (e) {
+  window.__result = { error: String(e && e.stack || e) }
+}
+</script>`
+
+test('in Chromium the dot-product path gives the plain path\'s bits, on one thread and on two', { skip: noBrowser || (os.cpus().length < 2 && 'one core'), timeout: 120000 }, async () => {
+  require('../tools/build').build()
+  const files = {
+    '/': ['text/html', PAGE],
+    '/dist/polygrad.browser.mjs': ['text/javascript', fs.readFileSync(path.join(ROOT, 'dist', 'polygrad.browser.mjs'))],
+    '/int8_dot.pgb': ['application/octet-stream', fixture('int8_dot.pgb')],
+    '/ref.json': ['application/json', JSON.stringify(REF)]
+  }
+  const server = http.createServer((req, res) => {
+    const f = files[req.url.split('?')[0]]
+    if (!f) {
+      res.writeHead(404)
+      return res.end()
+    }
+    res.writeHead(200, { 'Content-Type': f[0], 'Cross-Origin-Opener-Policy': 'same-origin', 'Cross-Origin-Embedder-Policy': 'require-corp' })
+    res.end(f[1])
+  })
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'polygrad-chromium-'))
+  const context = await chromium.launchPersistentContext(profile, { executablePath: CHROMIUM, headless: true, args: ['--headless', '--no-sandbox', '--no-first-run', '--disable-gpu'] })
+  let r
+  try {
+    const page = context.pages()[0] || await context.newPage()
+    await page.goto(`http://127.0.0.1:${server.address().port}/`)
+    await page.waitForFunction('window.__result !== undefined', null, { timeout: 60000 })
+    r = await page.evaluate('window.__result')
+  } finally {
+    await context.close()
+    fs.rmSync(profile, { recursive: true, force: true })
+    server.close()
+  }
+  assert.ok(!r.error, r.error)
+  assert.strictEqual(r.dot, true, 'Chromium computes relaxed SIMD\'s int8 dot product')
+  assert.strictEqual(r.dots, 4, 'the Q4_0 matvec sums its blocks with dot4 (a tile of 4 rows)')
+  assert.strictEqual(r.phaseDots, 4, 'so do its threaded phases')
+  assert.strictEqual(r.threads, 2)
+  assert.ok(r.calls > 0, 'the worker ran slices')
+  checkReference(r.sync, 'Chromium')
+  checkReference(r.fma, 'Chromium, fma on')
+  const plain = plainOutputs()
+  assert.deepStrictEqual(r.sync, plain, 'dot products: the plain path\'s bits')
+  assert.deepStrictEqual(r.threaded, plain, 'threaded: the same bits')
+})
+
+test('float16 scales convert in line, bit for bit the h2f helper, every one of the 65536 patterns', () => {
+  const { T } = require('../src/wasm/encode')
+  const { helperFuncs } = require('../src/wasm/helpers')
+  const e = Object.create(KernelEmitter.prototype)
+  Object.assign(e, { c: new Code(), params: [T.i32], locals: [], free: new Map(), scratch: [] })
+  e.c.get(0)
+  e.halfToFloat()
+  e.c.op(0xbc) // i32.reinterpret_f32: NaN payloads compared too
+  const h2f = helperFuncs(0).funcs[0]
+  const wrap = new Code().get(0).byte(0x10).u32(0).op(0xbc)
+  const bytes = moduleBytes({
+    types: [{ params: [T.i32], results: [T.f32] }, { params: [T.i32], results: [T.i32] }],
+    imports: [],
+    funcs: [{ type: 0, locals: h2f.locals, body: h2f.body }, { type: 1, locals: [], body: wrap }, { type: 1, locals: e.locals, body: e.c }],
+    exports: [{ name: 'helper', func: 1 }, { name: 'inline', func: 2 }]
+  })
+  const f = new WebAssembly.Instance(new WebAssembly.Module(bytes)).exports
+  const f32 = new Float32Array(1)
+  const u32 = new Uint32Array(f32.buffer)
+  for (let h = 0; h < 65536; h++) {
+    assert.strictEqual(f.inline(h), f.helper(h), `0x${h.toString(16)}`)
+    // and the value float16 stands for (sign, exponent 0: subnormal, 31: inf or NaN)
+    const e5 = (h >> 10) & 31
+    const m = h & 1023
+    const v = (h >> 15 ? -1 : 1) * (e5 === 0 ? m * 2 ** -24 : e5 === 31 ? (m ? NaN : Infinity) : (1 + m / 1024) * 2 ** (e5 - 15))
+    u32[0] = f.inline(h)
+    assert.ok(Object.is(f32[0], v) || (Number.isNaN(v) && Number.isNaN(f32[0])), `0x${h.toString(16)}: ${f32[0]} vs ${v}`)
+  }
+})
