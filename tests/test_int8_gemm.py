@@ -184,6 +184,26 @@ def test_setting_keeps_the_float_path(fmt):
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_prompts_setting_keeps_prompts_in_float_and_decode_on_8_bits(fmt):
+    """POLY_INT8_PROMPTS=0 (a model saved for polygrad-js): a prompt takes the float path's one kernel, with
+    POLY_INT8_DOT=0's bits; a one-row decode matvec still rounds its activation to 8 bits."""
+    _require_int8_dot()
+    qw = QuantWeight(Tensor(_blocks(fmt)), fmt, (ROWS, COLS))
+    _, xt = _prompt(17)
+    got = {}
+    for name, ctx in (("float", {"POLY_INT8_DOT": 0}), ("prompts off", {"POLY_INT8_PROMPTS": 0})):
+        with Context(**ctx):
+            assert qw.int8_prompts() is False
+            new = programs_of(lambda: got.__setitem__(name, qw.matmul_t(xt).numpy()))
+        assert [p.spec.name for p in new] == [f"r_tokens_{ROWS}"] and all("pg_dot4" not in p.source for p in new)
+    assert np.array_equal(got["float"], got["prompts off"])
+    with Context(POLY_INT8_PROMPTS=0):
+        decode = programs_of(lambda: qw.matmul_t(Tensor(_activations(1, 3))).realize())
+    assert any("pg_dot4" in p.source for p in decode)
+    assert qw.int8_prompts() is True
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
 @pytest.mark.parametrize("device", ["INTERP", "X86"])
 def test_other_backends_keep_the_float_path(device, fmt):
     try:

@@ -118,16 +118,10 @@ def write_int8_dot_bundle(checkpoint: str, fmt: str) -> None:
     """bench/gpt2s_<fmt>_i8.pgb and its _py.json: the decode's matvecs captured on the int8 route (POLY_INT8_DOT=1,
     nn/quant.py _int8_matmul_t). The prompt's multi-row route (_int8_matmul_rows) is left out: its kernels (8-lane
     weight panels for a CPU's vpdpbusd) run as scalar loops in polygrad-js, about 20x the float path's time."""
-    from unittest import mock
-
     from polygrad import Context
     from polygrad.hf import load_hf
-    from polygrad.nn import quant
     from polygrad.nn.quant import int8_dot_enabled
-    from polygrad_hf import loader
-    # both names: load_hf's program-cache key reads the loader's copy
-    with Context(POLY_INT8_DOT=1), mock.patch.object(quant, "INT8_PROMPT_FORMATS", ()), \
-            mock.patch.object(loader, "INT8_PROMPT_FORMATS", ()):
+    with Context(POLY_INT8_DOT=1, POLY_INT8_PROMPTS=0):
         if not int8_dot_enabled("CPU"):
             raise SystemExit("--int8-dot: this CPU has no int8 dot product (VNNI), so no kernel would take the route")
         bundle = load_hf(checkpoint, max_batch=1, max_seq_len=MAX_SEQ, dtype=fmt)

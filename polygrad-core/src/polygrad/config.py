@@ -20,6 +20,7 @@ values for core (`get`) and for backends (`backend_api.setting`).
 | POLY_DIST_BUCKET_MB | gradient bucket size of distributed training, MiB              | 1       |
 | POLY_CPU            | declared CPU description fields (JSON or a JSON file) over the detected ones | detected |
 | POLY_INT8_DOT       | 0: quantized (Q8_0, Q4_0) decode matvecs stay in float, no 8-bit activations | 1 |
+| POLY_INT8_PROMPTS   | 0: quantized prompt matmuls (several rows) stay in float; decode as POLY_INT8_DOT says | 1 |
 | POLY_ALLOW_TF32     | 1: float32 matmuls may use TF32 tensor cores (CUDA sm_80+), as torch's allow_tf32 | 0 |
 
 Backends declare their own settings (the CPU backend's POLY_CC, the X86 backend's POLY_X86_ISA, ...)
@@ -126,6 +127,8 @@ _CORE = (
     Setting("POLY_CPU", str, "", "the host CPU's description, field by field (JSON, or a JSON file's path)"),
     Setting("POLY_DIST_BUCKET_MB", int, 1, "MiB per gradient bucket of distributed training", minimum=1),
     Setting("POLY_INT8_DOT", int, 1, "0: quantized decode matvecs keep float activations (no int8 dot products)",
+            minimum=0),
+    Setting("POLY_INT8_PROMPTS", int, 1, "0: quantized prompt matmuls (several rows) keep float activations",
             minimum=0),
     Setting("POLY_ALLOW_TF32", int, 0, "1: float32 matmuls may round their operands to TF32 for tensor cores",
             minimum=0),

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from polygrad import Model, Tensor, Variable, dtypes, limits, runtime_context
+from polygrad import Model, Tensor, Variable, config, dtypes, limits, runtime_context
 from polygrad.device import canonicalize, free_cached
 from polygrad.errors import DeviceError
 from polygrad.model import programcache
@@ -177,7 +177,8 @@ def _program_key(cfg: Any, max_batch: int, max_seq_len: int, device: str, named:
     # (POLY_INT8_DOT, the device's int8_dot); the formats are named so an entry captured before a format
     # (or prompts) joined the route is not reused
     on_route = bool(formats) and int8_dot_enabled(device)
-    route = f"int8_dot={','.join(INT8_DOT_FORMATS)};int8_prompts" if on_route else "int8_dot=0"
+    prompts = int(bool(config.get("POLY_INT8_PROMPTS")))
+    route = f"int8_dot={','.join(INT8_DOT_FORMATS)};int8_prompts={prompts}" if on_route else "int8_dot=0"
     return programcache.key("polygrad_hf", fields, f"max_batch={max_batch}", f"max_seq_len={max_seq_len}",
                             f"device={device}", tensors, formats, route)
 
