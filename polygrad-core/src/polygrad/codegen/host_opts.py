@@ -146,9 +146,10 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
 
 
 def _lanes_from(red: UOp) -> int:
-    """The shortest constant reduction heuristic_opts gives 8 lanes: 64 values, or 32 for a maximum, which
-    lanes leave exact (a decode step's activation blocks: quant.quantize_activations' max|x| over 32 values,
-    one chain of NaN-aware compares per block otherwise); a sum's lanes would round in another order."""
+    """The shortest constant reduction heuristic_opts gives 8 lanes: 64 values, or 32 for a maximum, whose
+    value lanes leave as it was (but the sign of a zero maximum of +0 and -0) where a shorter sum's would
+    round in another order: a decode step's activation blocks (quant.quantize_activations' max|x| of each
+    32 values, else one chain of NaN-aware compares per block: Qwen2-0.5B's 4864-wide row 4.5 -> 1.1 us)."""
     return 32 if red.arg is Ops.MAX else 64
 
 
