@@ -43,7 +43,7 @@ def test_compare_shared_process_columns(tmp_path):
     if cc is None:
         pytest.skip("no C compiler")
     out = tmp_path / "out.jsonl"
-    names = ["matmul1024", "mlp_adam", "first_call_cold"]
+    names = ["matmul1024", "first_call_cold"]  # (an MLP step's shared columns: about 30 s more on 2 cores)
     proc = subprocess.run([sys.executable, SCRIPT, "--tiny", "--shared-process", "--no-ceiling", "--cc", cc,
                            "--jsonl", str(out), "--only", *names],
                           capture_output=True, text=True, timeout=600, cwd=str(tmp_path))
@@ -51,7 +51,6 @@ def test_compare_shared_process_columns(tmp_path):
     got = {(x["workload"], x["library"]) for x in map(json.loads, out.read_text().splitlines())}
     shared = {(w, lib) for w, lib in got if lib.endswith("-shared")}
     assert shared == {("matmul1024", "polygrad-shared"), ("matmul1024", "numpy-shared"),
-                      ("matmul1024", "torch-shared"), ("mlp_adam", "polygrad-shared"),
-                      ("mlp_adam", "torch-shared")}, proc.stderr
+                      ("matmul1024", "torch-shared")}, proc.stderr
     head = proc.stdout.splitlines()[0]
     assert f"polygrad[{cc}] shared" in head and "sh. vs torch" in head
