@@ -554,12 +554,21 @@ class Linearizer {
     const free = [...this.deps(red)].filter((r) => r.arg[1] === 'upcast' && r !== this.V && !this.env.has(r) && !this.open.has(r))
       .sort((a, b) => a.arg[0] - b.arg[0])
     const groups = this.upcastPoints(own.slice(0, -1))
+    // relaxed SIMD's int8 dot product where the engine has it (this.dot) and one operand is int8 bytes as read,
+    // the other 7-bit (a Q4_0 nibble, `& 15`): its second operand; else the standard-SIMD dot4
+    const seven = (o) => o.ops.length > 0 && o.ops[o.ops.length - 1][0] === 'AND' && Number(o.ops[o.ops.length - 1][1].arg) <= 127
+    const plainSigned = (o) => o.signed && o.ops.length === 0
+    const flip = seven(shape[0]) && plainSigned(shape[1])
+    const relaxed = this.dot && (flip || (seven(shape[1]) && plainSigned(shape[0])))
+    const order = flip ? [shape[1], shape[0]] : shape
     for (const p of this.upcastPoints(free)) {
       this.withEnv(p, () => {
         let sum = null
         for (const g of groups) {
-          const [a, b] = shape.map((o) => this.withEnv([...g, [last, 0]], () => this.rowBytes(o)))
-          const x = this.place(this.inst('dot4', red.dtype, this.width, { src: [a, b], offset: 0, signs: shape.map((o) => o.signed) }), Math.max(a.level, b.level))
+          const [a, b] = order.map((o) => this.withEnv([...g, [last, 0]], () => this.rowBytes(o)))
+          // signs: the standard-SIMD dot4 (emit.js emitDot4Lanes); none: relaxed SIMD's (emitDot4)
+          const signs = relaxed ? undefined : order.map((o) => o.signed)
+          const x = this.place(this.inst('dot4', red.dtype, this.width, { src: [a, b], offset: 0, signs }), Math.max(a.level, b.level))
           sum = sum === null ? x : this.place(this.inst('alu', red.dtype, this.width, { op: 'ADD', src: [sum, x] }), Math.max(sum.level, x.level))
         }
         this.remember(this.key(red), sum)

@@ -9,11 +9,21 @@
 const test = require('node:test')
 const assert = require('node:assert')
 const fs = require('fs')
+const http = require('http')
+const os = require('os')
 const path = require('path')
 const { fixture } = require('./helpers')
 const { Model } = require('..')
 const { lowerKernel } = require('../src/compile')
+const { KernelEmitter } = require('../src/wasm/emit')
 
+const ROOT = path.join(__dirname, '..')
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium'
+let chromium = null
+try {
+  chromium = require('playwright-core').chromium
+} catch (e) {}
+const noBrowser = !chromium ? 'playwright-core is not installed' : !fs.existsSync(CHROMIUM) ? `no Chromium at ${CHROMIUM}` : false
 const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'fixtures', 'int8_rows.json'), 'utf8'))
 
 function instsOf (prog) {
@@ -63,4 +73,77 @@ test('prompt-route int8 matmuls run in lanes: a dot4 per 4 bytes of each weight 
   // of a block read once for both nibbles' groups
   assert.deepStrictEqual(shapes.sort(), ['64 dot4 32+16 XOR', '64 dot4 32+8 SHRAND'])
   m.dispose()
+})
+
+test('with relaxed SIMD the Q4_0 nibbles take its int8 dot product, the Q8_0 bytes (8 bits) the standard one', () => {
+  const m = Model.fromBytesSync(fixture('int8_rows.pgb'), { threads: 1 })
+  const prog = m._x.prog
+  const counts = []
+  for (const ast of prog.kernels) {
+    const p = lowerKernel(prog.graph, ast, { width: 4, dot: true })
+    const dots = instsOf(p).filter((x) => x.k === 'dot4')
+    if (!dots.length) continue
+    const layout = new Map(p.params.map((q, i) => [q.slot, { base: 4096 * (i + 1), size: 4096 }]))
+    const stats = new KernelEmitter(p, layout, {}, {}).emit().stats
+    counts.push(`${dots.filter((x) => !x.signs).length}/${dots.length} relaxed, ${stats.int8Dots} emitted`)
+  }
+  assert.deepStrictEqual(counts.sort(), ['0/64 relaxed, 0 emitted', '64/64 relaxed, 64 emitted'])
+  m.dispose()
+})
+
+const PAGE = `<!doctype html><meta charset="utf-8"><script type="module">
+import { Model } from '/dist/polygrad.browser.mjs'
+try {
+  const ref = await (await fetch('/ref.json')).json()
+  const bytes = new Uint8Array(await (await fetch('/int8_rows.pgb')).arrayBuffer())
+  // fma off: the float sum over blocks rounds as Node's, so the bits compare
+  const m = await Model.fromBytes(bytes, { threads: 1, fma: false })
+  const out = ref.x.map((x) => { const r = m.forward({ x: Float32Array.from(x.flat()) }); return { y8: Array.from(r.y8), y4: Array.from(r.y4) } })
+  let relaxed = 0
+  for (const p of m._x.lowered.values()) {
+    const walk = (xs) => { for (const x of xs) { if (x.k === 'dot4' && !x.signs) relaxed++; if (x.pre) walk(x.pre); if (x.body) walk(x.body) } }
+    walk(p.head); walk(p.body)
+  }
+  window.__result = { dot: m._x.dot, relaxed, out }
+  m.dispose()
+} catch (e) {
+  window.__result = { error: String(e && e.stack || e) }
+}
+</script>`
+
+test('in Chromium the relaxed dot product gives Node\'s bits', { skip: noBrowser, timeout: 120000 }, async () => {
+  require('../tools/build').build()
+  const files = {
+    '/': ['text/html', PAGE],
+    '/dist/polygrad.browser.mjs': ['text/javascript', fs.readFileSync(path.join(ROOT, 'dist', 'polygrad.browser.mjs'))],
+    '/int8_rows.pgb': ['application/octet-stream', fixture('int8_rows.pgb')],
+    '/ref.json': ['application/json', JSON.stringify(REF)]
+  }
+  const server = http.createServer((req, res) => {
+    const f = files[req.url.split('?')[0]]
+    if (!f) {
+      res.writeHead(404)
+      return res.end()
+    }
+    res.writeHead(200, { 'Content-Type': f[0], 'Cross-Origin-Opener-Policy': 'same-origin', 'Cross-Origin-Embedder-Policy': 'require-corp' })
+    res.end(f[1])
+  })
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'polygrad-chromium-'))
+  const context = await chromium.launchPersistentContext(profile, { executablePath: CHROMIUM, headless: true, args: ['--headless', '--no-sandbox', '--no-first-run', '--disable-gpu'] })
+  let r
+  try {
+    const page = context.pages()[0] || await context.newPage()
+    await page.goto(`http://127.0.0.1:${server.address().port}/`)
+    await page.waitForFunction('window.__result !== undefined', null, { timeout: 60000 })
+    r = await page.evaluate('window.__result')
+  } finally {
+    await context.close()
+    fs.rmSync(profile, { recursive: true, force: true })
+    server.close()
+  }
+  assert.ok(!r.error, r.error)
+  assert.strictEqual(r.dot, true, 'Chromium computes relaxed SIMD\'s int8 dot product')
+  assert.strictEqual(r.relaxed, 64, 'the Q4_0 block sums take it')
+  assert.deepStrictEqual(r.out, outputs({}), 'Node\'s bits (the standard-SIMD dot4)')
 })
