@@ -91,6 +91,20 @@ test('with relaxed SIMD the Q4_0 nibbles take its int8 dot product, the Q8_0 byt
   m.dispose()
 })
 
+test('on two threads the prompt-route kernels split with their dot4s, the same bits', () => {
+  const m = Model.fromBytesSync(fixture('int8_rows.pgb'), { threads: 2 })
+  m._x.minWork = 0 // every kernel shared with the worker (phases)
+  const out = REF.x.map((x) => { const r = m.forward({ x: Float32Array.from(x.flat()) }); return { y8: Array.from(r.y8), y4: Array.from(r.y4) } })
+  let phaseDots = 0
+  for (const p of m._x.lowered.values()) for (const ph of p.phases || []) phaseDots += instsOf(ph).filter((x) => x.k === 'dot4').length
+  assert.strictEqual(m.backendInfo.threads, 2)
+  assert.ok(m._x.pool && m._x.pool.calls > 0, 'the worker ran slices')
+  m.dispose()
+  // each phase (one block: the whole kernel) holds the tile's 64 dot4s
+  assert.strictEqual(phaseDots, 128)
+  assert.deepStrictEqual(out, outputs({}))
+})
+
 const PAGE = `<!doctype html><meta charset="utf-8"><script type="module">
 import { Model } from '/dist/polygrad.browser.mjs'
 try {
