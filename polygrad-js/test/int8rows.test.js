@@ -9,21 +9,13 @@
 const test = require('node:test')
 const assert = require('node:assert')
 const fs = require('fs')
-const http = require('http')
-const os = require('os')
 const path = require('path')
-const { fixture } = require('./helpers')
+const { fixture, pageResult } = require('./helpers')
 const { Model } = require('..')
 const { lowerKernel } = require('../src/compile')
 const { KernelEmitter } = require('../src/wasm/emit')
 
 const ROOT = path.join(__dirname, '..')
-const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium'
-let chromium = null
-try {
-  chromium = require('playwright-core').chromium
-} catch (e) {}
-const noBrowser = !chromium ? 'playwright-core is not installed' : !fs.existsSync(CHROMIUM) ? `no Chromium at ${CHROMIUM}` : false
 const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'fixtures', 'int8_rows.json'), 'utf8'))
 
 function instsOf (prog) {
@@ -125,7 +117,7 @@ try {
 }
 </script>`
 
-test('in Chromium the relaxed dot product gives Node\'s bits', { skip: noBrowser, timeout: 120000 }, async () => {
+test('in Chromium the relaxed dot product gives Node\'s bits', { skip: pageResult.skip, timeout: 120000 }, async () => {
   require('../tools/build').build()
   const files = {
     '/': ['text/html', PAGE],
@@ -133,29 +125,7 @@ test('in Chromium the relaxed dot product gives Node\'s bits', { skip: noBrowser
     '/int8_rows.pgb': ['application/octet-stream', fixture('int8_rows.pgb')],
     '/ref.json': ['application/json', JSON.stringify(REF)]
   }
-  const server = http.createServer((req, res) => {
-    const f = files[req.url.split('?')[0]]
-    if (!f) {
-      res.writeHead(404)
-      return res.end()
-    }
-    res.writeHead(200, { 'Content-Type': f[0], 'Cross-Origin-Opener-Policy': 'same-origin', 'Cross-Origin-Embedder-Policy': 'require-corp' })
-    res.end(f[1])
-  })
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
-  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'polygrad-chromium-'))
-  const context = await chromium.launchPersistentContext(profile, { executablePath: CHROMIUM, headless: true, args: ['--headless', '--no-sandbox', '--no-first-run', '--disable-gpu'] })
-  let r
-  try {
-    const page = context.pages()[0] || await context.newPage()
-    await page.goto(`http://127.0.0.1:${server.address().port}/`)
-    await page.waitForFunction('window.__result !== undefined', null, { timeout: 60000 })
-    r = await page.evaluate('window.__result')
-  } finally {
-    await context.close()
-    fs.rmSync(profile, { recursive: true, force: true })
-    server.close()
-  }
+  const r = await pageResult(files)
   assert.ok(!r.error, r.error)
   assert.strictEqual(r.dot, true, 'Chromium computes relaxed SIMD\'s int8 dot product')
   assert.strictEqual(r.relaxed, 64, 'the Q4_0 block sums take it')
