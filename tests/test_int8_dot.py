@@ -22,9 +22,11 @@ import pytest
 
 from polygrad import Context, Tensor, dtypes
 from polygrad.codegen.lower import lower
+from polygrad.codegen.opts import OptKind
 from polygrad.device import open_device
 from conftest import programs_of
 from polygrad.nn.quant import QuantWeight, _int8_matmul_t, _q4_0_block_sums, int8_dot_enabled, quantize_activations
+from polygrad.uop.ops import Ops
 
 ROWS, COLS = 24, 96  # 3 blocks a row
 CHAINED_COLS = 896  # 28 blocks a row (Qwen2-0.5B's): two float chains (renderer/int8_dot.py split_chains)
@@ -67,6 +69,28 @@ def test_quantize_activations_matches_numpy():
     assert q.dtype is dtypes.int8 and np.array_equal(q.numpy().reshape(-1, 32), want_q)
     assert np.array_equal(d.numpy(), want_d)
     assert q.numpy().min() >= -127
+
+
+def test_block_maxima_of_a_decode_row_take_vector_lanes():
+    """A decode row's max|x| per 32-value block (Qwen2-0.5B's 896 columns: 28 blocks) runs in 8 lanes (host_opts
+    _lanes_from), not one chain of NaN-aware compares per block, with NumPy's values bit for bit (a NaN block
+    included: lanes keep it)."""
+    x = np.random.default_rng(2).standard_normal(CHAINED_COLS).astype(np.float32)
+    x[32:64] = 0.0
+    x[64:96] = -0.0  # signed zeros: d = +0 either way
+    x[100] = -40.0  # the largest magnitude in the last lane of its block
+    x[200] = np.nan
+    got: list = []
+    progs = programs_of(lambda: got.extend(t.numpy() for t in quantize_activations(Tensor(x, device="CPU"))))
+    maxima = [p for p in progs if any(u.op is Ops.REDUCE and u.arg is Ops.MAX for u in p.spec.ast.toposort())]
+    assert maxima and all(OptKind.SPLIT_REDUCE in [o.kind for o in p.spec.opts] for p in maxima), \
+        [(p.spec.name, p.spec.opts) for p in maxima]
+    want_q, want_d = _numpy_quantize(np.where(np.isnan(x), 0, x).astype(np.float32))
+    nan_block = 200 // 32
+    want_d[nan_block] = np.nan
+    assert np.array_equal(got[1], want_d, equal_nan=True) and np.signbit(got[1][2]) == np.False_
+    rows = [b for b in range(CHAINED_COLS // 32) if b != nan_block]
+    assert np.array_equal(got[0].reshape(-1, 32)[rows], want_q[rows])
 
 
 def _require_int8_dot():
