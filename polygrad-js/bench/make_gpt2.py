@@ -10,11 +10,13 @@ a minute). `--quant FMT[,FMT]` also writes bench/gpt2s_<fmt>.pgb: the same weigh
 matrix, the tied embedding/head and wpe included, in llama.cpp's blocks) and bench/gpt2s_<fmt>_py.json, Python
 polygrad's prompt logits and greedy tokens from that bundle (bench/gpt2.js --quant fmt checks against them).
 `--int8-dot` with `--quant` writes each format's bundle a second time as bench/gpt2s_<fmt>_i8.pgb (and its
-_py.json), captured with POLY_INT8_DOT=1: the decode's matvecs on 8-bit activations with exact int32 block sums,
-the route Python polygrad takes on a CPU with int8 dot products (needs one: VNNI here; the prompt keeps float
-activations). `--int8-onnx` writes bench/gpt2s_int8.onnx, onnxruntime's dynamic quantization of gpt2s.onnx (int8
-weights, activations rounded to 8 bits per tensor at run time: MatMulInteger), how transformers.js quantizes the
-models it runs by default (bench/gpt2_browser.js --quant times it beside polygrad-js's quantized bundles).
+_py.json), captured with POLY_INT8_DOT=1: the decode's matvecs on 8-bit activations with exact int32 block sums, the
+route Python polygrad takes on a CPU with int8 dot products (needs one: VNNI here; the prompt keeps float
+activations); `--int8-prompts` with `--quant` writes bench/gpt2s_<fmt>_i8p.pgb, the prompt's matmuls on the int8
+route as well (POLY_INT8_PROMPTS=1, load_hf's default there). `--int8-onnx` writes bench/gpt2s_int8.onnx,
+onnxruntime's dynamic quantization of gpt2s.onnx (int8 weights, activations rounded to 8 bits per tensor at run
+time: MatMulInteger), how transformers.js quantizes the models it runs by default (bench/gpt2_browser.js --quant
+times it beside polygrad-js's quantized bundles).
 """
 from __future__ import annotations
 
@@ -114,20 +116,23 @@ def python_reference(bundle, tokens: int = 16) -> dict:
     return {"tokens": out, "logits": [x[:64].tolist() for x in logits[:4]]}
 
 
-def write_int8_dot_bundle(checkpoint: str, fmt: str) -> None:
+def write_int8_dot_bundle(checkpoint: str, fmt: str, prompts: bool = False) -> None:
     """bench/gpt2s_<fmt>_i8.pgb and its _py.json: the decode's matvecs captured on the int8 route (POLY_INT8_DOT=1,
-    nn/quant.py _int8_matmul_t). The prompt's multi-row route (_int8_matmul_rows) is left out: its kernels (8-lane
-    weight panels for a CPU's vpdpbusd) run as scalar loops in polygrad-js, about 20x the float path's time."""
+    nn/quant.py _int8_matmul_t), the prompt on float activations (POLY_INT8_PROMPTS=0). With `prompts`,
+    bench/gpt2s_<fmt>_i8p.pgb: the prompt's matmuls on the multi-row int8 route too (_int8_matmul_rows, what
+    load_hf takes by default on a CPU with int8 dot products; polygrad-js reads its 8-row weight panels a lane a
+    row, linearize.js rowDotReduce)."""
     from polygrad import Context
     from polygrad.hf import load_hf
     from polygrad.nn.quant import int8_dot_enabled
-    with Context(POLY_INT8_DOT=1, POLY_INT8_PROMPTS=0):
+    name = f"gpt2s_{fmt}_i8p" if prompts else f"gpt2s_{fmt}_i8"
+    with Context(POLY_INT8_DOT=1, POLY_INT8_PROMPTS=int(prompts)):
         if not int8_dot_enabled("CPU"):
             raise SystemExit("--int8-dot: this CPU has no int8 dot product (VNNI), so no kernel would take the route")
         bundle = load_hf(checkpoint, max_batch=1, max_seq_len=MAX_SEQ, dtype=fmt)
-        bundle.save(str(HERE / f"gpt2s_{fmt}_i8.pgb"))
-        (HERE / f"gpt2s_{fmt}_i8_py.json").write_text(json.dumps(python_reference(bundle)))
-    print(f"wrote {HERE / f'gpt2s_{fmt}_i8.pgb'} (int8 route)")
+        bundle.save(str(HERE / f"{name}.pgb"))
+        (HERE / f"{name}_py.json").write_text(json.dumps(python_reference(bundle)))
+    print(f"wrote {HERE / f'{name}.pgb'} (int8 route{', prompts too' if prompts else ''})")
     bundle.dispose()
 
 
@@ -162,6 +167,8 @@ def main() -> None:
             bundle.dispose()
             if "--int8-dot" in sys.argv:
                 write_int8_dot_bundle(tmp, fmt)
+            if "--int8-prompts" in sys.argv:
+                write_int8_dot_bundle(tmp, fmt, prompts=True)
         if "--int8-onnx" in sys.argv:
             quantize_onnx(HERE / "gpt2s.onnx", HERE / "gpt2s_int8.onnx")
         if "--only-quant" in sys.argv:

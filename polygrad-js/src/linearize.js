@@ -59,6 +59,8 @@ const LANE_DTYPES = new Set(['float32', 'int32', 'uint32', 'bool'])
 // a CAST to 32 bits is free and a CAST to float32 one convert. Only what a quantized weight's dequantization
 // does with its uint8 blocks has a lane form: a contiguous load, a BITCAST between the two, a CAST out.
 const NARROW_LANE_DTYPES = new Set(['uint8', 'int8'])
+// the most points of one rowDotReduce, straight code (a Q8_0 or Q4_0 block's 32: 8 dot4s)
+const ROW_DOT_POINTS = 64
 const LEAVES = new Set(['CONST', 'RANGE', 'DEFINE_VAR', 'REDUCE']) // value() computes these without operands first
 
 function identity (op, d) {
@@ -400,7 +402,7 @@ class Linearizer {
   }
 
   reduce (red) {
-    if (this.dot && this.dotReduce(red)) return
+    if (this.rowDotReduce(red) || (this.dot && this.dotReduce(red))) return
     const body = red.src[0]
     const own = red.src.slice(1)
     const free = [...this.deps(red)].filter((r) => r.arg[1] === 'upcast' && r !== this.V && !this.env.has(r) && !this.open.has(r))
@@ -534,6 +536,100 @@ class Linearizer {
     let level = 0
     for (const x of parts) level = Math.max(level, x.level)
     return this.remember(k, this.place(this.inst('bytes', o.e.dtype, 16, { src: parts, buf: null, offsets: null }), level))
+  }
+
+  /**
+   * An int32 sum of byte products whose weight bytes are not contiguous along the lanes (a prompt's x @ W.T on
+   * polygrad's multi-row int8 route, nn/quant.py _int8_matmul_rows: the lanes 4 weight rows, each row's 4 bytes
+   * of a turn contiguous): the reduce's points (at most ROW_DOT_POINTS) in groups of 4 along its last range,
+   * each group one `dot4` over `rowBytes` (lane j's 4 bytes read together: one 4-byte load a lane, or one
+   * splat where the lanes share them) and the groups' dot4s added. The dot4 is exact (int32 sums of 4
+   * products), so the lanes equal the scalar loop's. Returns false, having emitted nothing, for any other reduce.
+   */
+  rowDotReduce (red) {
+    const shape = this.rowDotOf(red)
+    if (!shape) return false
+    const own = red.src.slice(1)
+    const last = own[own.length - 1]
+    const free = [...this.deps(red)].filter((r) => r.arg[1] === 'upcast' && r !== this.V && !this.env.has(r) && !this.open.has(r))
+      .sort((a, b) => a.arg[0] - b.arg[0])
+    const groups = this.upcastPoints(own.slice(0, -1))
+    // relaxed SIMD's int8 dot product where the engine has it (this.dot) and one operand is int8 bytes as read,
+    // the other 7-bit (a Q4_0 nibble, `& 15`): its second operand; else the standard-SIMD dot4
+    const seven = (o) => o.ops.length > 0 && o.ops[o.ops.length - 1][0] === 'AND' && Number(o.ops[o.ops.length - 1][1].arg) <= 127
+    const plainSigned = (o) => o.signed && o.ops.length === 0
+    const flip = seven(shape[0]) && plainSigned(shape[1])
+    const relaxed = this.dot && (flip || (seven(shape[1]) && plainSigned(shape[0])))
+    const order = flip ? [shape[1], shape[0]] : shape
+    for (const p of this.upcastPoints(free)) {
+      this.withEnv(p, () => {
+        let sum = null
+        for (const g of groups) {
+          const [a, b] = order.map((o) => this.withEnv([...g, [last, 0]], () => this.rowBytes(o)))
+          // signs: the standard-SIMD dot4 (emit.js emitDot4Lanes); none: relaxed SIMD's (emitDot4)
+          const signs = relaxed ? undefined : order.map((o) => o.signed)
+          const x = this.place(this.inst('dot4', red.dtype, this.width, { src: [a, b], offset: 0, signs }), Math.max(a.level, b.level))
+          sum = sum === null ? x : this.place(this.inst('alu', red.dtype, this.width, { op: 'ADD', src: [sum, x] }), Math.max(sum.level, x.level))
+        }
+        this.remember(this.key(red), sum)
+      })
+    }
+    return true
+  }
+
+  /** The two operands of a rowDotReduce ({load: INDEX, lane: the address's step along the lanes, ops: [[op,
+   * UOp]] applied to the loaded bytes, signed}), or null. At least one operand moves along the lanes by neither
+   * 0 nor 1 (the lanes' bytes are not one vector's), else the usual paths take the reduce. */
+  rowDotOf (red) {
+    if (this.V === null || this.width !== 4 || red.arg !== 'ADD' || red.dtype.name !== 'int32' || !this.deps(red).has(this.V)) return null
+    const own = red.src.slice(1)
+    if (own.includes(this.V) || own.some((r) => r.src[0].op !== 'CONST')) return null
+    const points = own.reduce((n, r) => n * Number(r.src[0].arg), 1)
+    const last = own[own.length - 1]
+    if (Number(last.src[0].arg) !== 4 || points > ROW_DOT_POINTS || red.src[0].op !== 'MUL') return null
+    const ops = red.src[0].src.map((u) => this.rowDotOperand(u, last))
+    if (ops.some((o) => o === null) || !ops.some((o) => o.lane !== 0 && o.lane !== 1)) return null
+    return ops
+  }
+
+  rowDotOperand (u, last) {
+    if (u.op !== 'CAST' || u.dtype.name !== 'int32' || !NARROW_LANE_DTYPES.has(u.src[0].dtype.name)) return null
+    const signed = u.src[0].dtype.name === 'int8'
+    const ops = []
+    let e = u.src[0]
+    // byte ops on the loaded value: XOR or AND with a constant (Q8_0's ^ 0x80, Q4_0's & 15), a shift right by a
+    // count that does not move along the lanes or the group (Q4_0's nibble, 4h)
+    while (e.op !== 'LOAD') {
+      if (!['XOR', 'AND', 'SHR'].includes(e.op) || e.src[0].dtype !== e.dtype || !NARROW_LANE_DTYPES.has(e.dtype.name)) return null
+      const y = e.src[1]
+      if (e.op !== 'SHR' && y.op !== 'CONST') return null
+      if (this.deps(y).has(this.V) || this.deps(y).has(last)) return null
+      ops.unshift([e.op, y])
+      e = e.src[0]
+    }
+    const index = e.src[0]
+    if (e.dtype !== u.src[0].dtype || index.src.length !== 2 || this.check(index)) return null
+    const lane = rangeCoeff(index.src[1], this.V)
+    if (rangeCoeff(index.src[1], last) !== 1 || lane === null || lane < 0) return null
+    return { index, lane, ops, signed }
+  }
+
+  /** A rowDotReduce operand's 16 bytes at the group's point (in this.env): lane j's 4 bytes at byte 4j, read
+   * once (`rowbytes`: Q4_0's two nibbles of a byte share it), then its byte ops (`byteops`). */
+  rowBytes (o) {
+    const idx = this.value(this.laneIndex(o.index.src[1]))
+    const buf = o.index.src[0].arg[0]
+    const k = `rowbytes|${buf}|${idx.id}|${o.lane}`
+    let raw = this.lookup(k)
+    if (!raw) raw = this.remember(k, this.place(this.inst('rowbytes', o.index.dtype, 16, { src: [idx], buf, lane: o.lane }), idx.level))
+    if (!o.ops.length) return raw
+    const ys = o.ops.map(([, y]) => this.value(y))
+    const kk = `byteops|${raw.id}|${o.ops.map(([op], i) => op + ys[i].id).join(',')}`
+    const hit = this.lookup(kk)
+    if (hit) return hit
+    let level = raw.level
+    for (const y of ys) level = Math.max(level, y.level)
+    return this.remember(kk, this.place(this.inst('byteops', o.index.dtype, 16, { src: [raw, ...ys], ops: o.ops.map(([op]) => op) }), level))
   }
 
   // ---- loops

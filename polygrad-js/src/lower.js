@@ -173,6 +173,15 @@ function blockOpts (end, width) {
   // A: vectorise the output's contiguous axis (every load that moves along it moves contiguously)
   const last = glob[glob.length - 1]
   const nLast = last ? constSize(last) : null
+  if (rowDotShape(red, last, nLast, { loads, storeIndex, width })) {
+    // a prompt's x @ W.T on the multi-row int8 route (nn/quant.py _int8_matmul_rows): lanes along the weight
+    // rows of a panel, whose bytes are not contiguous across the lanes (linearize.js rowDotReduce reads each
+    // lane's 4 bytes of a turn at once), 2 vectors x 4 rows a tile
+    opts.push({ kind: 'VECTOR', range: last, amount: width })
+    if ((nLast / width) % 2 === 0) opts.push({ kind: 'UPCAST', range: last, amount: 2 })
+    rowTile(last, 4, (ix) => coeff(ix, last) !== 0)
+    return opts
+  }
   const preferChannels = channels !== null && channels.range !== last && gatedAlong(last)
   if (last && nLast !== null && nLast % width === 0 && coeff(storeIndex, last) === 1 && !preferChannels &&
       loads.every((ix) => { const c = coeff(ix, last); return c === 0 || c === 1 })) {
@@ -237,6 +246,36 @@ function blockOpts (end, width) {
   }
   if (channels !== null) return channelTile()
   return windowOpts(red, last, { loads, storeIndex, inPlace, width })
+}
+
+/**
+ * Whether red (a float sum over blocks) is a multi-row int8 matmul that linearize.js rowDotReduce takes with
+ * lanes along `last`: 8-bit loads only inside int32 sums whose last range has 4 points along which they are
+ * contiguous, at least one of them moving along `last` by a constant other than 0 or 1 (a gather in lanes
+ * otherwise, which 8-bit loads do not have: the whole kernel ran as scalar code); every other load moves
+ * along `last` by 0 or 1 and the store by 1.
+ */
+function rowDotShape (red, last, nLast, { loads, storeIndex, width }) {
+  if (width !== 4 || !last || nLast === null || nLast % width !== 0 || rangeCoeff(storeIndex.src[1], last) !== 1) return false
+  const inner = toposort(red.src[0]).filter((n) => n.op === 'REDUCE' && n.dtype.name === 'int32' && n.arg === 'ADD')
+  const narrowIn = new Map()
+  for (const r of inner) {
+    const k = r.src[r.src.length - 1]
+    if (constSize(k) !== 4) continue
+    for (const n of toposort(r.src[0])) if (n.op === 'LOAD' && NARROW_LOAD_DTYPES.has(n.dtype.name)) narrowIn.set(n.src[0], k)
+  }
+  let strided = false
+  for (const ix of loads) {
+    const c = rangeCoeff(ix.src[1], last)
+    if (!NARROW_LOAD_DTYPES.has(ix.dtype.name)) {
+      if (c !== 0 && c !== 1) return false
+      continue
+    }
+    const k = narrowIn.get(ix)
+    if (!k || rangeCoeff(ix.src[1], k) !== 1 || c === null || c < 0) return false
+    if (c !== 0 && c !== 1) strided = true
+  }
+  return strided
 }
 
 // one row's register tile: x @ W's column vectors (blockOpts A), x @ W.T's partial sums of one column (B)

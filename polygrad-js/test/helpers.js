@@ -68,4 +68,42 @@ function goldenLayout (obj) {
   return { layout, bytes }
 }
 
-module.exports = { FIXTURES, REPO, fixture, reference, maxRel, split, pack, goldenLayout }
+/**
+ * window.__result of a page in headless Chromium (playwright-core; CHROMIUM names the browser), served from
+ * `files` (url path -> [content type, body]) with cross-origin isolation (threads need it); the reason to skip
+ * where there is no browser: `pageResult.skip`.
+ */
+async function pageResult (files) {
+  const http = require('http')
+  const os = require('os')
+  const server = http.createServer((req, res) => {
+    const f = files[req.url.split('?')[0]]
+    if (!f) {
+      res.writeHead(404)
+      return res.end()
+    }
+    res.writeHead(200, { 'Content-Type': f[0], 'Cross-Origin-Opener-Policy': 'same-origin', 'Cross-Origin-Embedder-Policy': 'require-corp' })
+    res.end(f[1])
+  })
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'polygrad-chromium-'))
+  const context = await chromium.launchPersistentContext(profile, { executablePath: CHROMIUM, headless: true, args: ['--headless', '--no-sandbox', '--no-first-run', '--disable-gpu'] })
+  try {
+    const page = context.pages()[0] || await context.newPage()
+    await page.goto(`http://127.0.0.1:${server.address().port}/`)
+    await page.waitForFunction('window.__result !== undefined', null, { timeout: 60000 })
+    return await page.evaluate('window.__result')
+  } finally {
+    await context.close()
+    fs.rmSync(profile, { recursive: true, force: true })
+    server.close()
+  }
+}
+const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium'
+let chromium = null
+try {
+  chromium = require('playwright-core').chromium
+} catch (e) {}
+pageResult.skip = !chromium ? 'playwright-core is not installed' : !fs.existsSync(CHROMIUM) ? `no Chromium at ${CHROMIUM}` : false
+
+module.exports = { FIXTURES, REPO, fixture, reference, maxRel, split, pack, goldenLayout, pageResult }

@@ -8,11 +8,10 @@
 const test = require('node:test')
 const assert = require('node:assert')
 const fs = require('fs')
-const http = require('http')
 const os = require('os')
 const path = require('path')
 const { spawnSync } = require('child_process')
-const { fixture } = require('./helpers')
+const { fixture, pageResult } = require('./helpers')
 const { Model } = require('..')
 const { relaxedSimdSupported, relaxedDotSupported } = require('../src/wasm/module')
 const { lowerKernel } = require('../src/compile')
@@ -21,12 +20,6 @@ const { Code, moduleBytes } = require('../src/wasm/encode')
 
 const ROOT = path.join(__dirname, '..')
 const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'fixtures', 'int8_dot.json'), 'utf8'))
-const CHROMIUM = process.env.CHROMIUM || '/usr/bin/chromium'
-let chromium = null
-try {
-  chromium = require('playwright-core').chromium
-} catch (e) {}
-const noBrowser = !chromium ? 'playwright-core is not installed' : !fs.existsSync(CHROMIUM) ? `no Chromium at ${CHROMIUM}` : false
 
 /** Every instruction of a linearized program (loops' pre and body, ifs' body). */
 function instsOf (prog) {
@@ -164,7 +157,7 @@ try {
 }
 </script>`
 
-test('in Chromium the dot-product path gives the plain path\'s bits, on one thread and on two', { skip: noBrowser || (os.cpus().length < 2 && 'one core'), timeout: 120000 }, async () => {
+test('in Chromium the dot-product path gives the plain path\'s bits, on one thread and on two', { skip: pageResult.skip || (os.cpus().length < 2 && 'one core'), timeout: 120000 }, async () => {
   require('../tools/build').build()
   const files = {
     '/': ['text/html', PAGE],
@@ -172,29 +165,7 @@ test('in Chromium the dot-product path gives the plain path\'s bits, on one thre
     '/int8_dot.pgb': ['application/octet-stream', fixture('int8_dot.pgb')],
     '/ref.json': ['application/json', JSON.stringify(REF)]
   }
-  const server = http.createServer((req, res) => {
-    const f = files[req.url.split('?')[0]]
-    if (!f) {
-      res.writeHead(404)
-      return res.end()
-    }
-    res.writeHead(200, { 'Content-Type': f[0], 'Cross-Origin-Opener-Policy': 'same-origin', 'Cross-Origin-Embedder-Policy': 'require-corp' })
-    res.end(f[1])
-  })
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
-  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'polygrad-chromium-'))
-  const context = await chromium.launchPersistentContext(profile, { executablePath: CHROMIUM, headless: true, args: ['--headless', '--no-sandbox', '--no-first-run', '--disable-gpu'] })
-  let r
-  try {
-    const page = context.pages()[0] || await context.newPage()
-    await page.goto(`http://127.0.0.1:${server.address().port}/`)
-    await page.waitForFunction('window.__result !== undefined', null, { timeout: 60000 })
-    r = await page.evaluate('window.__result')
-  } finally {
-    await context.close()
-    fs.rmSync(profile, { recursive: true, force: true })
-    server.close()
-  }
+  const r = await pageResult(files)
   assert.ok(!r.error, r.error)
   assert.strictEqual(r.dot, true, 'Chromium computes relaxed SIMD\'s int8 dot product')
   assert.strictEqual(r.dots, 4, 'the Q4_0 matvec sums its blocks with dot4 (a tile of 4 rows)')

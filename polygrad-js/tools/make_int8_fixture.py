@@ -9,7 +9,8 @@ nibble), the scales float16 of both signs; 96 columns (3 blocks); Q4_0 16 rows (
 (no tile).
 
 Run from the repository root on a CPU with int8 dot products (VNNI; the route is taken only there):
-`python polygrad-js/tools/make_int8_fixture.py [--out DIR]` (default polygrad-js/test/fixtures).
+`python polygrad-js/tools/make_int8_fixture.py [--out DIR]` (default polygrad-js/test/fixtures); `--rows` writes
+int8_rows.pgb and int8_rows.json instead (main_rows: the prompt's multi-row route, test/int8rows.test.js).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from polygrad.nn.quant import QuantWeight, int8_dot_enabled
 OUT = Path(__file__).resolve().parent.parent / "test" / "fixtures"
 COLS = 96
 ROWS = {"Q8_0": 13, "Q4_0": 16}
+PROMPT_W, PROMPT_ROWS = 24, 5  # main_rows: weight rows (3 panels of 8), rows of x
 
 
 def random_blocks(rng: np.random.Generator, rows: int, nbytes: int) -> np.ndarray:
@@ -98,5 +100,41 @@ def main(out: Path = OUT) -> None:
     print(f"wrote {out / 'int8_dot.pgb'} and {out / 'int8_dot.json'}")
 
 
+def main_rows(out: Path = OUT) -> None:
+    """int8_rows.pgb and int8_rows.json: a prompt's x @ W.T on the multi-row int8 route (nn/quant.py
+    _int8_matmul_rows: 8-row weight panels, unsigned weight bytes, block sums less offset x activation sums), Q8_0
+    and Q4_0 weights of PROMPT_W rows (3 panels) x 96 columns, x of PROMPT_ROWS rows (odd: no whole tile)."""
+    rng = np.random.default_rng(9)
+    b8, b4 = random_blocks(rng, PROMPT_W, 34), random_blocks(rng, PROMPT_W, 18)
+    xs = rng.standard_normal((2, PROMPT_ROWS, COLS)).astype(np.float32)
+    xs[1, 2, 32:64] = 0  # a block of zeros: its scale is 0
+    with Context(POLY_INT8_DOT=1, POLY_INT8_PROMPTS=1):
+        if not int8_dot_enabled("CPU"):
+            raise SystemExit("this CPU has no int8 dot product (VNNI): the matmuls would not take the int8 route")
+        w8 = QuantWeight(Tensor(b8, dtype="uint8").realize(), "Q8_0", (PROMPT_W, COLS))
+        w4 = QuantWeight(Tensor(b4, dtype="uint8").realize(), "Q4_0", (PROMPT_W, COLS))
+        assert w8.int8_prompts() and w4.int8_prompts()
+        params = {"w8": w8.blocks, "w4": w4.blocks, "s8": w8.keep_lane_scales(), "s4": w4.keep_lane_scales()}
+        model = Model(Matvecs(w8, w4), inputs={"x": Tensor.empty(PROMPT_ROWS, COLS)}, params=params)
+        (out / "int8_rows.pgb").write_bytes(model.save())
+        python = [model.forward(x=x) for x in xs]
+    ref = {"rows": {"y8": PROMPT_W, "y4": PROMPT_W}, "xrows": PROMPT_ROWS, "cols": COLS, "x": xs.tolist(),
+           "cases": []}
+    for x, got in zip(xs, python):
+        case = {}
+        for name, blocks, fmt in (("y8", b8, "Q8_0"), ("y4", b4, "Q4_0")):
+            want, bound = zip(*(reference(blocks, fmt, row) for row in x))
+            want, bound = np.array(want), np.array(bound)  # (PROMPT_ROWS, PROMPT_W)
+            err = np.abs(got[name].numpy().reshape(want.shape) - want) / np.maximum(bound, 1e-30)
+            if err.max() > 1e-5:
+                raise SystemExit(f"{name}: Python polygrad is {err.max():.2e} (of the bound) from NumPy's int8 route")
+            case[name] = {"want": want.reshape(-1).tolist(), "bound": bound.reshape(-1).tolist()}
+        ref["cases"].append(case)
+    model.dispose()
+    (out / "int8_rows.json").write_text(json.dumps(ref))
+    print(f"wrote {out / 'int8_rows.pgb'} and {out / 'int8_rows.json'}")
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else OUT)
+    dest = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else OUT
+    (main_rows if "--rows" in sys.argv else main)(dest)

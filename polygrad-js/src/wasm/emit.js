@@ -831,6 +831,7 @@ class KernelEmitter {
   emitDot4 (x) {
     const c = this.c
     const [a, b] = x.src
+    if (x.signs) return this.emitDot4Lanes(x)
     const zero = () => c.v128const(new Uint8Array(16))
     const dot = () => { c.simd(0x113); this.stats.int8Dots++ }
     this.push(a); this.push(b); zero(); dot()
@@ -839,6 +840,74 @@ class KernelEmitter {
       c.v128const(this.laneBytes({ isBool: false, isFloat: false }, [x.offset, x.offset, x.offset, x.offset]))
       c.simd(0xb5).simd(0xae) // i32x4.mul, add
     }
+    return this.define(x)
+  }
+
+  /**
+   * A rowDotReduce operand's bytes (linearize.js rowBytes): lane j's 4 bytes at byte 4j, one 4-byte load a
+   * lane at the lane's address (v128.load32_zero, then load32_lane; load32_splat where the lanes share it).
+   */
+  emitRowBytes (x) {
+    const c = this.c
+    const b = this.buf(x.buf)
+    const extra = b.base + this.address(x.src[0], { size: 1 }, x.buf)
+    if (x.lane === 0) {
+      c.vmem(0x09, 0, extra) // v128.load32_splat
+      return this.define(x)
+    }
+    const at = this.temp(T.i32)
+    const v = this.temp(T.v128)
+    c.set(at)
+    for (let j = 0; j < 4; j++) {
+      c.get(at)
+      if (j === 0) c.vmem(0x5c, 0, extra) // v128.load32_zero
+      else c.get(v).vmem(0x56, 0, extra + j * x.lane).byte(j) // v128.load32_lane j
+      c.set(v)
+    }
+    c.get(v)
+    return this.define(x)
+  }
+
+  /** Byte ops on 16 bytes in place: XOR or AND with a constant splat, a shift right by a scalar count
+   * (i8x16.shr_u/s: each byte shifted as the scalar code shifts it). */
+  emitByteOps (x) {
+    const c = this.c
+    const [raw, ...ys] = x.src
+    this.push(raw)
+    x.ops.forEach((op, i) => {
+      if (op === 'SHR') {
+        this.push(ys[i])
+        c.simd(x.dtype.isUnsigned ? 0x6d : 0x6c)
+      } else {
+        c.v128const(new Uint8Array(16).fill(Number(ys[i].value) & 255))
+        c.simd(op === 'XOR' ? 0x51 : 0x4e) // v128.xor / v128.and
+      }
+    })
+    return this.define(x)
+  }
+
+  /**
+   * A rowDotReduce's dot4 in standard SIMD: lane j = the sum of the products of a's and b's bytes 4j..4j+3,
+   * each byte extended to 16 bits by its sign (signs), products summed in pairs (i32x4.dot_i16x8_s: at most
+   * 2 x 128 x 255, exact), then adjacent pairs added (two shuffles and an add): exact int32 sums.
+   */
+  emitDot4Lanes (x) {
+    const c = this.c
+    const [a, b] = x.src
+    const ext = (signed, high) => c.simd(signed ? (high ? 0x88 : 0x87) : (high ? 0x8a : 0x89))
+    const lo = this.temp(T.v128)
+    const hi = this.temp(T.v128)
+    for (const [high, out] of [[false, lo], [true, hi]]) {
+      this.push(a); ext(x.signs[0], high)
+      this.push(b); ext(x.signs[1], high)
+      c.simd(0xba).set(out) // i32x4.dot_i16x8_s
+    }
+    const pick = (first) => {
+      c.get(lo).get(hi).simd(0x0d)
+      for (const lane of [0, 2, 4, 6]) for (let k = 0; k < 4; k++) c.byte(4 * (lane + first) + k)
+    }
+    pick(0); pick(1)
+    c.simd(0xae) // i32x4.add
     return this.define(x)
   }
 
@@ -879,6 +948,8 @@ class KernelEmitter {
       case 'update': return this.emitUpdate(x)
       case 'hsum': return this.emitHsum(x)
       case 'bytes': return this.emitBytes(x)
+      case 'rowbytes': return this.emitRowBytes(x)
+      case 'byteops': return this.emitByteOps(x)
       case 'dot4': return this.emitDot4(x)
       case 'read':
         this.val.set(x.id, { local: this.val.get(x.acc.id).local })

@@ -444,7 +444,7 @@ class QuantWeight:
     def int8_prompts(self) -> bool:
         """Whether this weight's prompt matmuls (several rows of x) run on 8-bit activations
         (_int8_matmul_rows): a Q8_0 or Q4_0 weight of whole 8-row panels on a device with int8_dot, unless
-        POLY_INT8_PROMPTS is 0 (a bundle for polygrad-js, which runs only the decode route's kernels fast)."""
+        POLY_INT8_PROMPTS is 0."""
         return self.format in INT8_DOT_FORMATS and self.shape[0] % INT8_GEMM_LANES == 0 \
             and int8_dot_enabled(self.device) and bool(config.get("POLY_INT8_PROMPTS"))
 
