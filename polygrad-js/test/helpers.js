@@ -106,4 +106,13 @@ try {
 } catch (e) {}
 pageResult.skip = !chromium ? 'playwright-core is not installed' : !fs.existsSync(CHROMIUM) ? `no Chromium at ${CHROMIUM}` : false
 
-module.exports = { FIXTURES, REPO, fixture, reference, maxRel, split, pack, goldenLayout, pageResult }
+/** Every instruction of a linearized program (loops' pre and body, ifs' body). */
+function instsOf (prog) {
+  const out = []
+  const walk = (xs) => { for (const x of xs) { out.push(x); if (x.pre) walk(x.pre); if (x.body) walk(x.body) } }
+  walk(prog.head)
+  walk(prog.body)
+  return out
+}
+
+module.exports = { FIXTURES, REPO, fixture, reference, maxRel, split, pack, goldenLayout, pageResult, instsOf }

@@ -11,7 +11,7 @@ const fs = require('fs')
 const os = require('os')
 const path = require('path')
 const { spawnSync } = require('child_process')
-const { fixture, pageResult } = require('./helpers')
+const { fixture, pageResult, instsOf } = require('./helpers')
 const { Model } = require('..')
 const { relaxedSimdSupported, relaxedDotSupported } = require('../src/wasm/module')
 const { lowerKernel } = require('../src/compile')
@@ -20,15 +20,6 @@ const { Code, moduleBytes } = require('../src/wasm/encode')
 
 const ROOT = path.join(__dirname, '..')
 const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'fixtures', 'int8_dot.json'), 'utf8'))
-
-/** Every instruction of a linearized program (loops' pre and body, ifs' body). */
-function instsOf (prog) {
-  const out = []
-  const walk = (xs) => { for (const x of xs) { out.push(x); if (x.pre) walk(x.pre); if (x.body) walk(x.body) } }
-  walk(prog.head)
-  walk(prog.body)
-  return out
-}
 
 /** Each case's outputs on the plain path (no dot products, as an engine without them runs). */
 function plainOutputs () {

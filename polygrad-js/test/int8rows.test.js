@@ -10,21 +10,13 @@ const test = require('node:test')
 const assert = require('node:assert')
 const fs = require('fs')
 const path = require('path')
-const { fixture, pageResult } = require('./helpers')
+const { fixture, pageResult, instsOf } = require('./helpers')
 const { Model } = require('..')
 const { lowerKernel } = require('../src/compile')
 const { KernelEmitter } = require('../src/wasm/emit')
 
 const ROOT = path.join(__dirname, '..')
 const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'fixtures', 'int8_rows.json'), 'utf8'))
-
-function instsOf (prog) {
-  const out = []
-  const walk = (xs) => { for (const x of xs) { out.push(x); if (x.pre) walk(x.pre); if (x.body) walk(x.body) } }
-  walk(prog.head)
-  walk(prog.body)
-  return out
-}
 
 function outputs (options) {
   const m = Model.fromBytesSync(fixture('int8_rows.pgb'), Object.assign({ threads: 1 }, options))
