@@ -193,7 +193,7 @@ class UOp:
             hit = ref()
             if hit is not None:
                 return hit
-        if type(arg) in OWN_NODE_ARGS and not src:  # a node UOp.fresh made: found through its arg, not the table
+        if not src and type(arg) in OWN_NODE_ARGS:  # a node UOp.fresh made: found through its arg, not the table
             own = arg._node
             if own is not None:
                 hit = own()
