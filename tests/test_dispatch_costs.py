@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import pickle
 import sys
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -28,33 +29,44 @@ from polygrad.uop.ops import Ops
 
 needs_cc = pytest.mark.skipif("CPU" not in DEVICES, reason="needs the CPU backend")
 
-# A cached realize of (a + b) enters 10 Python functions (the tensor op and its node, realize, the eager-op
-# cache's signature, one buffer, the program lookup, one launch straight into the kernel's cffi function,
-# the result's UOp); it took 53 before issue 17's dispatch work, 29 with a walk of the graph (before issue
-# 32's leaf cache), 18 through realize_uops and run_template (before realize_eager), 14 with the backend's
-# own launch frame, the result Tensor's, the kept value's and a second one for the buffer (before issue
-# 32's Program.pointer_call and Buffer.written), and a scheduler or lowering run takes hundreds.
-TINY_OP_CALL_BUDGET = 10
+# A cached realize of (a + b), from the op to the result's death, enters 12 Python functions (the tensor op
+# and its node, realize, the eager-op cache's signature, one buffer and its take from the reuse cache, the
+# program lookup, the result's UOp; then, as the result dies, the op node's hash-cons entry and the buffer's
+# return to the reuse cache); the kernel is called straight through its cffi function. It took 53 before
+# issue 17's dispatch work, 29 with a walk of the graph (before issue 32's leaf cache), 18 through
+# realize_uops and run_template (before realize_eager), 14 with the backend's own launch frame, the result
+# Tensor's, the kept value's and a second one for the buffer (before issue 32's Program.pointer_call and
+# Buffer.written): those counts stopped at the result, whose death added 3 more (13 in all at fdd5dad, with
+# CompiledProgram.launch's frame and the result node's hash-cons entry). A scheduler or lowering run takes
+# hundreds.
+TINY_OP_CALL_BUDGET = 12
 
 
 def _python_calls(fn) -> int:
-    """Python-level function calls (frames entered) while fn runs; the garbage collector waits, so
-    finalizers of unrelated garbage do not count."""
-    count = [0]
+    """Python-level function calls (frames entered) while fn runs, and while what it returns dies: the
+    result is dropped before counting stops, so finalizers and weakref callbacks it sets off count. The
+    garbage collector waits, so finalizers of unrelated garbage do not count."""
+    return sum(_python_call_names(fn).values())
+
+
+def _python_call_names(fn) -> Counter:
+    """The Python functions entered (code name -> calls) while fn runs and its result dies, fn excluded."""
+    names: Counter = Counter()
 
     def profile(frame, event, arg):
         if event == "call":
-            count[0] += 1
+            names[frame.f_code.co_name] += 1
     enabled = gc.isenabled()
     gc.disable()
     sys.setprofile(profile)
     try:
-        fn()
+        fn()  # (its result is dropped here, with the profile on)
     finally:
         sys.setprofile(None)
         if enabled:
             gc.enable()
-    return count[0] - 1  # fn itself
+    names[fn.__code__.co_name] -= 1
+    return +names
 
 
 def _forbid(monkeypatch, what: str) -> None:
@@ -109,10 +121,24 @@ def test_cached_tiny_op_stays_within_its_call_budget():
     b = Tensor(np.array([4, 3, 2, 1], np.float32), device="CPU").realize()
     for _ in range(3):
         (a + b).realize()
-    out = []
-    calls = _python_calls(lambda: out.append((a + b).realize()))
-    assert calls <= TINY_OP_CALL_BUDGET, f"{calls} Python calls for a cached a + b"
-    assert out[0].numpy().tolist() == [5.0] * 4
+    calls = _python_calls(lambda: (a + b).realize())  # the result dies inside: its lifecycle counts
+    assert calls <= TINY_OP_CALL_BUDGET, f"{calls} Python calls for a cached a + b, made and dropped"
+    assert (a + b).realize().numpy().tolist() == [5.0] * 4
+
+
+@needs_cc
+def test_cached_tiny_op_lifecycle_runs_no_launch_frame_and_one_hash_cons_callback():
+    """What the budget above is made of: the launch runs inline in realize_eager (no CompiledProgram.launch
+    frame), and of the two nodes an eager op makes only the op node has a hash-cons entry whose death calls
+    _forget: the result's BUFFER node (UOp.fresh) is kept on its Buffer, so its death runs no Python."""
+    a = Tensor(np.array([1, 2, 3, 4], np.float32), device="CPU").realize()
+    b = Tensor(np.array([4, 3, 2, 1], np.float32), device="CPU").realize()
+    for _ in range(3):
+        (a + b).realize()
+    names = _python_call_names(lambda: (a + b).realize())
+    assert names["launch"] == 0 and names["fresh"] == 1, names
+    assert names["_forget"] == 1 and names["__del__"] == 1, names
+    assert names["_take_cached"] == 1, names  # the reuse cache's one take, shared with ensure_allocated
 
 
 @needs_cc

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import DEVICES
-from polygrad import Context, Tensor, Variable, jit
+from polygrad import Context, Tensor, Variable, dtypes, jit
 from polygrad.engine import realize as realize_module
 from polygrad.schedule import computed, normalize, template
 from polygrad.schedule.normalize import leaf_signature
@@ -181,6 +181,51 @@ def test_kept_values_and_autograd_through_short_path(fresh_leaf_cache):
     assert c1.uop.arg is not c2.uop.arg
     c1.assign(c1 * 0).realize()
     np.testing.assert_allclose(c2.numpy(), xn + xn + 1)
+
+
+@needs_cc
+def test_result_node_lives_on_its_buffer_and_is_still_the_one_node(fresh_leaf_cache):
+    """realize_eager's result node (UOp.fresh) has no hash-cons entry: its Buffer refers to it (weakly), and
+    UOp() finds it there, so a graph that names the buffer again gets that very node; another dtype's node,
+    or one made after it died, goes in the table as before. The result behaves like any realized tensor
+    (later graphs, views, device moves, gradients), and its buffer goes back to the reuse cache when it dies."""
+    from polygrad import device as device_module
+    from polygrad.uop import ops
+    from polygrad.uop.ops import UOp
+    xn, yn = np.array([1.5, -2.0, 3.0, 0.25], np.float32), np.array([4.0, 0.5, -1.0, 2.0], np.float32)
+    a, b = _t(xn), _t(yn)
+    for _ in range(2):
+        (a + b).realize()
+    r = (a + b).realize()  # the short path
+    node, buf = r.uop, r.uop.arg
+    assert node.op is Ops.BUFFER and buf._node() is node
+    assert (Ops.BUFFER, node.dtype, (), buf) not in ops._uop_cache
+    assert UOp(Ops.BUFFER, node.dtype, (), buf) is node
+    other = UOp(Ops.BUFFER, dtypes.int32, (), buf)  # another dtype: its own node, in the table
+    assert other is not node and UOp(Ops.BUFFER, other.dtype, (), buf) is other
+    assert (Ops.BUFFER, other.dtype, (), buf) in ops._uop_cache
+    del other
+    np.testing.assert_array_equal((r * 2 + r).numpy(), (xn + yn) * 3)
+    np.testing.assert_array_equal(r.reshape(2, 2).numpy(), (xn + yn).reshape(2, 2))
+    np.testing.assert_array_equal(r[1:3].numpy(), (xn + yn)[1:3])
+    np.testing.assert_array_equal(Tensor(UOp(Ops.BUFFER, node.dtype, (), buf)).numpy(), xn + yn)
+    if "INTERP" in DEVICES:
+        np.testing.assert_array_equal(r.to("INTERP").numpy(), xn + yn)
+    ga, gb = Tensor(xn, requires_grad=True).realize(), Tensor(yn, requires_grad=True).realize()
+    for _ in range(2):
+        g = (ga * gb).realize()  # the short path from the second on
+        (g * g).sum().backward()
+    np.testing.assert_allclose(ga.grad.numpy(), 2 * 2 * xn * yn * yn, rtol=1e-6)  # two backward passes add up
+    np.testing.assert_allclose(gb.grad.numpy(), 2 * 2 * xn * xn * yn, rtol=1e-6)
+    del node, g
+    live, cached = device_module.buffers_live["CPU"], device_module.alloc_cache_bytes["total"]
+    del r  # the node dies; the buffer (held here) stays, and a node made for it now goes in the table
+    assert buf._node() is None
+    again = UOp(Ops.BUFFER, dtypes.float32, (), buf)
+    assert (Ops.BUFFER, again.dtype, (), buf) in ops._uop_cache and UOp(Ops.BUFFER, again.dtype, (), buf) is again
+    del again, buf  # the buffer goes back to the reuse cache
+    assert device_module.buffers_live["CPU"] == live - 1
+    assert device_module.alloc_cache_bytes["total"] == cached + xn.nbytes
 
 
 def test_variables_captures_and_contexts(fresh_leaf_cache):

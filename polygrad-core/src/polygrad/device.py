@@ -17,7 +17,7 @@ import numpy as np
 import pluggy
 
 from polygrad import config
-from polygrad.uop.ops import SELF_KEYED_ARGS
+from polygrad.uop.ops import OWN_NODE_ARGS, SELF_KEYED_ARGS
 from polygrad.contract import ENTRY_POINT_GROUP, PLUGIN_API, PROJECT, BackendHooks, BackendSpec, DeviceImpl, ProbeResult
 from polygrad.hostmemory import RELEASE_ON_FREE_BYTES, HostAllocator, HostMemory
 from polygrad.dtype import DType
@@ -324,11 +324,13 @@ class Buffer:
     proven to cover the buffer: uop/dataflow.py). POLY_DEBUG_ALLOC poisons it instead (see DebugAlloc).
     """
 
-    __slots__ = ("device", "size", "dtype", "serial", "_handle", "_impl", "__weakref__")
+    # _node: the BUFFER node UOp.fresh made over this buffer (a weak reference), or None (uop/ops.py OWN_NODE_ARGS)
+    __slots__ = ("device", "size", "dtype", "serial", "_handle", "_impl", "_node", "__weakref__")
 
     def __init__(self, device: str, size: int, dtype: DType):
         self._handle: Any = None  # first: __del__ of a Buffer whose size was rejected finds nothing to free
         self._impl: DeviceImpl | None = None
+        self._node: Any = None
         self.device, self.size, self.dtype = device, size if type(size) is int else int(size), dtype
         self.serial = next(_serials)  # creation order: a capture tells buffers made during it from older ones
 
@@ -369,18 +371,7 @@ class Buffer:
             self._handle = debug_alloc.alloc(impl.allocator, nbytes)
             _account(self.device, nbytes, 1)
             return self
-        handle = None
-        # test and take at once: another thread may take the last one, or free_cached() all (acquire and
-        # release, not `with`: every realize allocates, and `with` makes two bound methods)
-        _alloc_lock.acquire()
-        try:
-            free = _alloc_cache.get((self.device, nbytes))  # freed allocations of this size (_release)
-            if free:
-                handle = free.pop()[1]
-                alloc_cache_bytes["total"] -= nbytes
-                buffers_live[self.device] += 1  # (its device's count exists: the allocation was counted)
-        finally:
-            _alloc_lock.release()
+        handle = _take_cached(self.device, nbytes)
         if handle is None:
             handle = impl.allocator.alloc(nbytes)
             _account(self.device, nbytes, 1)
@@ -399,20 +390,10 @@ class Buffer:
         if debug_alloc.on:  # poisoned, guarded memory (DebugAlloc)
             return Buffer(device, size, dtype).ensure_allocated(written=True)
         self = _new_object(Buffer)
-        self._handle = None  # first: __del__ finds nothing to free until the handle is in
+        self._handle = self._node = None  # first: __del__ finds nothing to free until the handle is in
         self.device, self.size, self.dtype = device, size, dtype
         self.serial = next(_serials)
-        nbytes = size * dtype.itemsize
-        handle = None
-        _alloc_lock.acquire()  # (ensure_allocated's take from the reuse cache)
-        try:
-            free = _alloc_cache.get((device, nbytes))
-            if free:
-                handle = free.pop()[1]
-                alloc_cache_bytes["total"] -= nbytes
-                buffers_live[device] += 1
-        finally:
-            _alloc_lock.release()
+        handle = _take_cached(device, size * dtype.itemsize)
         if handle is None:
             self._impl = None
             return self.ensure_allocated(written=True)
@@ -495,6 +476,7 @@ class Buffer:
 
 
 SELF_KEYED_ARGS.add(Buffer)  # a BUFFER node's arg hashes and compares by identity
+OWN_NODE_ARGS.add(Buffer)  # the node realize_eager makes over a new buffer is found through its _node
 
 
 def adopt_host_array(device: str, arr: np.ndarray, dtype: DType) -> Buffer:
@@ -536,6 +518,23 @@ alloc_cache_bytes = {"total": 0}
 # Held while the cache or the counters change, so threads allocating and freeing at once never take
 # one allocation twice nor lose a count. Reentrant: a collection inside it may free a Buffer.
 _alloc_lock = threading.RLock()
+
+
+def _take_cached(device: str, nbytes: int) -> Any:
+    """An allocation of `nbytes` on `device` that a dead Buffer gave back (the reuse cache), counted live
+    again; None when there is none. Buffer.ensure_allocated and Buffer.written both take through here."""
+    # test and take at once: another thread may take the last one, or free_cached() all (acquire and
+    # release, not `with`: every realize allocates, and `with` makes two bound methods)
+    _alloc_lock.acquire()
+    try:
+        free = _alloc_cache.get((device, nbytes))  # freed allocations of this size (_release, Buffer.__del__)
+        if free:
+            alloc_cache_bytes["total"] -= nbytes
+            buffers_live[device] += 1  # (its device's count exists: the allocation was counted)
+            return free.pop()[1]
+        return None
+    finally:
+        _alloc_lock.release()
 
 
 def _cached_of_size(device: str, nbytes: int) -> deque[tuple[Any, Any]]:

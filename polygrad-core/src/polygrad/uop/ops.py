@@ -140,6 +140,9 @@ _PLAIN_ARG_TYPES = frozenset(_PLAIN_ARGS)
 # arg types that are their own hash-cons key (compared by identity, or holding no floats or bools):
 # modules that define such args (Buffer, SlotRef) add them, so UOp() skips _arg_key for them
 SELF_KEYED_ARGS: set[type] = {type(None), int, str}
+# arg types with a `_node` slot: a weak reference (or None) to the source-less node UOp.fresh made over that
+# arg, which is kept there instead of in the hash-cons table (device.Buffer: one new node per eager op)
+OWN_NODE_ARGS: set[type] = set()
 
 
 def _forget(ref: "weakref.ref") -> None:
@@ -190,6 +193,12 @@ class UOp:
             hit = ref()
             if hit is not None:
                 return hit
+        if not src and type(arg) in OWN_NODE_ARGS:  # a node UOp.fresh made: found through its arg, not the table
+            own = arg._node
+            if own is not None:
+                hit = own()
+                if hit is not None and hit.op is op and hit.dtype is dtype:
+                    return hit
         self = object.__new__(cls)  # made before the lock: a collection here runs no code under it
         self.op, self.dtype, self.src, self.arg = op, dtype, src, arg
         self._shape = self._device = self._toposort = None
@@ -208,16 +217,15 @@ class UOp:
 
     @staticmethod
     def fresh(op: Ops, dtype: DType | None, arg: Any) -> "UOp":
-        """UOp(op, dtype, (), arg) for an arg of SELF_KEYED_ARGS that no node can hold yet (a Buffer its
-        caller just made and has shown no one: engine/realize.realize_eager's output): the table is not
-        searched first, and no other thread can insert the same key meanwhile."""
+        """UOp(op, dtype, (), arg) for an arg of OWN_NODE_ARGS that no node can hold yet (a Buffer its caller
+        just made and has shown no one: engine/realize.realize_eager's output). The node is not put in the
+        hash-cons table: the arg's `_node` slot refers to it (weakly, without a callback), and UOp() looks
+        there after a table miss, so the node is still the one every UOp(op, dtype, (), arg) returns. Its
+        death then runs no Python code (a table entry needs _forget), and no key is built."""
         self = object.__new__(UOp)
         self.op, self.dtype, self.src, self.arg = op, dtype, (), arg
         self._shape = self._device = self._toposort = None
-        ref = weakref.ref(self, _forget)
-        key = (op, dtype, (), arg)
-        _uop_cache[key] = ref
-        _ref_keys[ref] = key
+        arg._node = weakref.ref(self)
         return self
 
     def __reduce__(self):
