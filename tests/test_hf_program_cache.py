@@ -223,3 +223,53 @@ def test_a_load_with_an_empty_cache_compiles_each_kernel_once_in_few_runs(q4, tm
     assert len(so) == len(keys)
     want = hc.logits(ref, np.array(IDS))
     assert np.abs(np.array(got["logits"]) - want).max() <= 1e-4 * np.abs(want).max()
+
+
+LANE_WORKER = r"""
+import json, sys
+import polygrad_backend_cpu.compiler as cc_mod
+import polygrad_hf.loader as loader
+from polygrad.nn.quant import int8_dot_enabled
+batches, laying = [], []
+real_many, real_parameters = cc_mod.ClangCompiler.compile_many, loader.parameters
+def many(self, srcs, *a, **kw):
+    new = {self.key(s, *a) for s in srcs} - set(self.memory)
+    if new and laying:
+        batches.append(len(new))
+    return real_many(self, srcs, *a, **kw)
+def parameters(weights, consts):
+    laying.append(1)
+    try:
+        return real_parameters(weights, consts)
+    finally:
+        laying.pop()
+cc_mod.ClangCompiler.compile_many, loader.parameters = many, parameters
+from polygrad_hf import load_hf
+import numpy as np
+model = load_hf(sys.argv[1], max_seq_len=16)
+kept = [s for s in model._p.slots if s.name.endswith(".lane_scales")]
+logits = model.forward(input_ids=np.array(json.loads(sys.argv[2]), np.int32))["logits"].numpy()
+print(json.dumps({"int8": int8_dot_enabled("CPU"), "batches": batches, "kept": len(kept),
+                  "shapes": sorted({tuple(s.shape) for s in kept}), "logits": logits.tolist()}))
+"""
+
+
+def test_a_cold_load_lays_the_lane_scales_out_without_compiling(q4, tmp_path):
+    """From an empty POLY_CACHE_DIR, the load lays each projection's scales out for the int8 prompt route
+    (QuantWeight.keep_lane_scales) on the host (nn/quant.host_scales_by_lane): no kernel is compiled while
+    the parameters are made. On the start of session 10 (fdd5dad) each weight shape's layout was a kernel of
+    its own, compiled as its first weight was laid out: 4 batches of one for GPT-2 (c_attn, attn c_proj,
+    c_fc, mlp c_proj), a compiler and a linker process each, one after another."""
+    path, ref = q4
+    env = {k: v for k, v in os.environ.items() if k != "POLY_DEV"}
+    env.update(POLY_CACHE_DIR=str(tmp_path / "cache"), DEV="CPU", POLY_COMPILE_JOBS="2")
+    proc = subprocess.run([sys.executable, "-c", LANE_WORKER, path, json.dumps(IDS)], capture_output=True,
+                          text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not got["int8"]:
+        pytest.skip("the CPU device does not declare int8_dot (no VNNI, or POLY_INT8_DOT=0): no lane scales")
+    assert got["kept"] == 4 * 2 and len(got["shapes"]) == 4, got  # 2 layers of 4 projections, 4 shapes
+    assert got["batches"] == [], got
+    want = hc.logits(ref, np.array(IDS))  # the int8 route's rounding: within its 2%
+    assert np.abs(np.array(got["logits"]) - want).max() <= 2e-2 * np.abs(want).max()

@@ -344,17 +344,33 @@ def scales_by_lane(blocks: Tensor) -> Tensor:
     return dw.cast(dtypes.float32).permute(0, 2, 1).contiguous()
 
 
-def _read_only(t: Tensor) -> Tensor:
-    """A realized tensor moved into read-only host memory where its device is the host's: a Model shares such
-    a buffer instead of copying it (model/executor.py), as it shares a GGUF file's mapped blocks (kept
+def host_scales_by_lane(blocks: np.ndarray) -> np.ndarray:
+    """scales_by_lane of Q8_0 or Q4_0 blocks held on the host (uint8 (rows, nb, bytes)), in NumPy: the same
+    float32 (rows / 8, nb, 8), bit for bit (a float16 widens exactly). QuantWeight.keep_lane_scales lays a
+    weight's scales out once this way: as a kernel, each weight shape's layout was a kernel compiled while
+    loading (GPT-2's four, one compiler and linker run after another: 0.54 s of clang CPU on one core, cold)
+    and every weight's a launch.
+
+    >>> b = quantize_rows(np.arange(16 * 64, dtype=np.float32).reshape(16, 64), "q8_0")
+    >>> bool((host_scales_by_lane(b) == scales_by_lane(Tensor(b)).numpy()).all())
+    True
+    """
+    rows, nb, _ = blocks.shape
+    dw = np.ascontiguousarray(blocks[..., :2]).view("<f2")[..., 0]  # each block's first two bytes
+    lanes = dw.astype(np.float32).reshape(rows // INT8_GEMM_LANES, INT8_GEMM_LANES, nb)
+    return np.ascontiguousarray(lanes.transpose(0, 2, 1))
+
+
+def _read_only(arr: np.ndarray, like: Tensor) -> Tensor:
+    """`arr` as a tensor on `like`'s device: read-only host memory where that device is the host's, which a
+    Model shares instead of copying (model/executor.py), as it shares a GGUF file's mapped blocks (kept
     writable, Qwen2-0.5B Q4_0's 45 MB of lane scales left load_hf and a prompt 143 MB above the start's
-    resident set, read-only 62 MB). Other devices keep `t`."""
-    arr = t._buffer().numpy().reshape(t.shape)
+    resident set, read-only 62 MB); a copy on other devices."""
     arr.flags.writeable = False
     try:
-        return Tensor.from_host_view(arr, device=t.device, _runtime=t._runtime)
+        return Tensor.from_host_view(arr, device=like.device, _runtime=like._runtime)
     except DeviceError:  # not host memory (CUDA), or POLY_DEBUG_ALLOC's guarded allocations
-        return t
+        return Tensor(arr, device=like.device, _runtime=like._runtime).realize()
 
 
 def _q4_0_block_sums(blocks: Tensor, xq: Tensor) -> Tensor:
@@ -472,8 +488,8 @@ class QuantWeight:
                 raise QuantizationError(f"a {self.format} weight of {self.shape[0]} rows has no lane scales: only "
                                         f"{' and '.join(INT8_DOT_FORMATS)} weights of whole "
                                         f"{INT8_GEMM_LANES}-row panels take 8-bit prompts")
-            with capture.paused():
-                kept = _read_only(scales_by_lane(self.blocks).realize())
+            with capture.paused():  # a layout of stored bytes: on the host, no kernel to compile (host_scales_by_lane)
+                kept = _read_only(host_scales_by_lane(self.blocks.numpy()), self.blocks)
             kept.requires_grad = False
             object.__setattr__(self, "lane_scales", kept)  # a frozen dataclass: its fields stay as given
         return kept
