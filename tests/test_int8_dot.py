@@ -212,6 +212,67 @@ def test_block_loop_runs_two_float_chains(fmt):
     assert not re.search(r"\(%rsp\)|\(%rbp\)", kernel), kernel
 
 
+def _matvec_kernel(fmt: str, cols: int):
+    """(spec, source) of the 8-bit route's one-row matvec of ROWS rows as the CPU device lowers and renders it."""
+    _require_int8_dot()
+    qw = QuantWeight(Tensor(_blocks(12, fmt, cols)), fmt, (ROWS, cols))
+    new = programs_of(lambda: qw.matmul_t(Tensor(np.ones((1, cols), np.float32))).realize())
+    p = next(p for p in new if p.spec.name == f"r_1_{ROWS}")
+    return p.spec, p.source
+
+
+def _kernel_body(source: str) -> str:
+    return source[source.index("void pg_kernel("):]
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_a_turn_computes_several_weight_rows_from_one_activation_load(fmt):
+    """The decode matvec takes INT8_DOT_ROWS weight rows a turn (host_opts.int8_dot_rows): each block's 32
+    activations are loaded once for them, one dot product per row, and every row's float terms still run in
+    split_chains' two chains (an IF pair per row)."""
+    from polygrad.codegen.host_opts import INT8_DOT_ROWS
+    spec, source = _matvec_kernel(fmt, CHAINED_COLS)
+    assert any(o.kind is OptKind.UPCAST and o.amount == INT8_DOT_ROWS for o in spec.opts), spec.opts
+    body = _kernel_body(source)
+    assert body.count(DOT_HELPER[fmt]) == INT8_DOT_ROWS, body
+    assert len(re.findall(r"pg_i8x32 val\d+;", body)) == 1, body  # the activation's 32 bytes
+    assert body.count("pg_fma_f32x8(") == 2 * INT8_DOT_ROWS, body
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_rows_of_a_turn_share_the_activation_work_in_the_compiled_kernel(fmt):
+    """Compiled, each block takes one vpdpbusd per weight row and one for the activation's offset (Q4_0's
+    8 x sum, Q8_0's 128 x sum) shared by the turn's rows, where one row a turn took two per row."""
+    from polygrad.codegen.host_opts import INT8_DOT_ROWS
+    _, source = _matvec_kernel(fmt, CHAINED_COLS)
+    cc = shutil.which("clang")
+    if cc is None or not int8_dot_enabled("CPU"):
+        pytest.skip("no clang, or no VNNI here to compile the instruction for")
+    flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-S", "-x", "c", "-", "-o", "-"]
+    asm = subprocess.run([cc, *flags], input=source, capture_output=True, text=True, check=True).stdout
+    kernel = asm[asm.index("pg_kernel:"):]
+    kernel = kernel[:kernel.index(".cfi_endproc")]
+    dots = len(re.findall(r"\bvpdpbusd\b", kernel))
+    scales = len(re.findall(r"\bvcvtph2ps\b", kernel))  # one a block and weight row
+    assert scales and dots * INT8_DOT_ROWS == scales * (INT8_DOT_ROWS + 1), (dots, scales)
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_rows_of_a_turn_give_the_bits_of_one_row_a_turn(fmt):
+    """24 weight rows (6 turns of 4) equal, bit for bit, the same rows of a 26-row weight, which 4 does not
+    divide (one row a turn): every row's sum runs in the same order (split_chains splits each row's chain)."""
+    _require_int8_dot()
+    blocks = np.concatenate([_blocks(9, fmt, CHAINED_COLS), _blocks(10, fmt, CHAINED_COLS)[:2]])
+    x = Tensor(np.random.default_rng(11).standard_normal((1, CHAINED_COLS)).astype(np.float32))
+    got = {}
+    for rows in (ROWS, ROWS + 2):
+        qw = QuantWeight(Tensor(blocks[:rows]), fmt, (rows, CHAINED_COLS))
+        new = programs_of(lambda: got.setdefault(rows, qw.matmul_t(x).numpy()[0]))
+        tiled = [any(o.kind is OptKind.UPCAST for o in p.spec.opts) for p in new if p.spec.name == f"r_1_{rows}"]
+        assert tiled == [rows == ROWS], (rows, [p.spec.opts for p in new])
+    assert got[ROWS].tobytes() == got[ROWS + 2][:ROWS].tobytes(), np.abs(got[ROWS] - got[ROWS + 2][:ROWS]).max()
+
+
 def test_split_chains_takes_a_power_of_two():
     from polygrad.renderer.int8_dot import split_chains
     from polygrad.renderer.linearize import LinearProgram

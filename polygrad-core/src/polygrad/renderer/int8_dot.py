@@ -25,6 +25,12 @@ x the tile unrolls), each adding the product of one 8-bit value of x broadcast t
 one factor int8 and the other uint8: lane l gaining x[k] * b[4l + k], each update one DOT4_BCAST of a
 4-byte load and a 4n-byte load (shared by the updates), which the CPU renders as one vpdpbusd.
 
+Several weight rows a turn (a decode matvec's tile, host_opts.int8_dot_rows): the Bytes and Nibbles loops
+may hold one such UPDATE per weight row, each into its own accumulator; the loads they share (the
+activation's) are widened once, and each row gets its own DOT4 or DOT4_NIBBLES update, in order. The C
+compiler then shuffles the activation's block and computes its offset (8 x or 128 x its sum) once for the
+rows.
+
 Integer sums are exact, so the values are the loops' bit for bit. nn/quant.py writes a decode matvec's
 32-weight block in these forms (`_int8_matmul_t`) and a prompt's (`_int8_matmul_rows`).
 
