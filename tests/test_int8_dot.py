@@ -228,8 +228,8 @@ def _kernel_body(source: str) -> str:
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
 def test_a_turn_computes_several_weight_rows_from_one_activation_load(fmt):
     """The decode matvec takes INT8_DOT_ROWS weight rows a turn (host_opts.int8_dot_rows): each block's 32
-    activations are loaded once for them, one dot product per row, and every row's float terms still run in
-    split_chains' two chains (an IF pair per row)."""
+    activations are loaded once for them, one dot product per row, every row's float terms still run in
+    split_chains' two chains (an IF pair per row), and each row's bytes are prefetched ahead (a STREAM load)."""
     from polygrad.codegen.host_opts import INT8_DOT_ROWS
     spec, source = _matvec_kernel(fmt, CHAINED_COLS)
     assert any(o.kind is OptKind.UPCAST and o.amount == INT8_DOT_ROWS for o in spec.opts), spec.opts
@@ -237,6 +237,8 @@ def test_a_turn_computes_several_weight_rows_from_one_activation_load(fmt):
     assert body.count(DOT_HELPER[fmt]) == INT8_DOT_ROWS, body
     assert len(re.findall(r"pg_i8x32 val\d+;", body)) == 1, body  # the activation's 32 bytes
     assert body.count("pg_fma_f32x8(") == 2 * INT8_DOT_ROWS, body
+    # each weight row is a stream of its own, prefetched ahead (the CPU's prefetcher fell behind 4 of them)
+    assert body.count("__builtin_prefetch(") == INT8_DOT_ROWS, body
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])

@@ -29,7 +29,7 @@ Several weight rows a turn (a decode matvec's tile, host_opts.int8_dot_rows): th
 may hold one such UPDATE per weight row, each into its own accumulator; the loads they share (the
 activation's) are widened once, and each row gets its own DOT4 or DOT4_NIBBLES update, in order. The C
 compiler then shuffles the activation's block and computes its offset (8 x or 128 x its sum) once for the
-rows.
+rows. Each row's own load is a STREAM (the dialect prefetches ahead along it).
 
 Integer sums are exact, so the values are the loops' bit for bit. nn/quant.py writes a decode matvec's
 32-weight block in these forms (`_int8_matmul_t`) and a prompt's (`_int8_matmul_rows`).
@@ -64,6 +64,11 @@ BYTES = (dtypes.int8, dtypes.uint8)
 DOT4_BCAST = "dot4_bcast"
 TURNS = 4
 NIBBLE_OFFSET = 8  # Q4_0's weights are nibble - 8
+# LOAD arg of a weight row's bytes in a contracted loop of several rows (a decode matvec's tile): contiguous, as
+# "contiguous", and one of several streams the loop reads together, which a dialect may prefetch ahead along
+# (CStyleRenderer.stream_prefetch): 4 rows interleaved kept the CPU's own prefetcher behind (a Qwen2 head's
+# 151936 x 896 Q4_0 matvec from memory 1.5x slower than one row a turn, which reads one stream)
+STREAM = "stream"
 
 
 def contract_int8_dots(prog: LinearProgram) -> LinearProgram:
@@ -203,10 +208,11 @@ def _contracted(loop: Inst, body: list[Inst]) -> list[Inst] | None:
     # the index arithmetic at turn 0 (the loop's start stands for the variable), then the wide loads
     out, new = _index_at_start(index, {id(loop): loop.src[0]})
     wide: dict[int, Inst] = {}
+    kind = _load_kinds([ld for _, _, operands in parts for ld, _ in operands])
     for update, acc, operands in parts:
         for load, cast in operands:
             if id(load) not in wide:
-                w = Inst(L.LOAD, load.dtype, (load.src[0], new.get(id(load.src[1]), load.src[1])), "contiguous",
+                w = Inst(L.LOAD, load.dtype, (load.src[0], new.get(id(load.src[1]), load.src[1])), kind[id(load)],
                          TURNS * acc.lanes)
                 out.append(w)
                 if cast is not None:
@@ -215,6 +221,16 @@ def _contracted(loop: Inst, body: list[Inst]) -> list[Inst] | None:
                 wide[id(load)] = w
         out.append(Inst(L.UPDATE, update.dtype, (acc, *(wide[id(ld)] for ld, _ in operands)), DOT4, update.lanes))
     return out
+
+
+def _load_kinds(loads: list[Inst]) -> dict[int, str]:
+    """The wide LOAD arg of each load (by id) of a contracted loop's updates, in order: STREAM for a load of
+    one update alone where the loop has several (a weight row of a tile), else "contiguous"."""
+    uses: dict[int, int] = {}
+    for ld in loads:
+        uses[id(ld)] = uses.get(id(ld), 0) + 1
+    several = len(loads) > 2
+    return {i: STREAM if several and n == 1 else "contiguous" for i, n in uses.items()}
 
 
 def _splat(x: Inst, value: int) -> bool:
@@ -323,11 +339,12 @@ def _contracted_nibbles(outer: Inst, body: list[Inst]) -> list[Inst] | None:
         return None  # the index reads the shift's arithmetic, which the contraction drops
     out, new = _index_at_start(index, {id(outer): outer.src[0], id(inner): inner.src[0]})
     wide: dict[int, Inst] = {}
+    kind = _load_kinds(loads)
 
     def widened(load: Inst, lanes: int) -> Inst:  # each load once (the rows share the activation's)
         if id(load) not in wide:
             at = new.get(id(load.src[1]), load.src[1])
-            wide[id(load)] = Inst(L.LOAD, load.dtype, (load.src[0], at), "contiguous", lanes)
+            wide[id(load)] = Inst(L.LOAD, load.dtype, (load.src[0], at), kind[id(load)], lanes)
             out.append(wide[id(load)])
         return wide[id(load)]
     for update, acc, x_load, q_load, _ in parts:
