@@ -38,8 +38,8 @@ X86_MASKSTORE = {
 # byte dot products on 256-bit vectors (vpdpbusd): AVX-512 VNNI with VL, or AVX-VNNI
 VNNI_256 = "((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__))"
 # bytes ahead a tile's weight-row stream is prefetched (stream_prefetch: 4 rows of a decode matvec read together).
-# Zen 4, a 151936 x 896 Q4_0 matvec from memory, one thread, best of 8 under load 6-7: 13.4 ms without, 5.4 with
-# 256 bytes (one row a turn: 6.1), 11.9 with 1024
+# Zen 4, a 151936 x 896 Q4_0 matvec from memory, one thread, best of 6 under load 6-7: 8.2-9.5 ms without,
+# 5.3-5.4 with 256 bytes ahead (one row a turn: 6.1), 9.6-11.9 with 1024
 STREAM_AHEAD = 256
 
 

@@ -643,7 +643,8 @@ class _Linearizer:
                 return x
             # (e + c) + offset as e + (c + offset): clang kept (e + 1) + 504 apart, in 64-bit arithmetic, so a
             # tile of rows lost the 16-bit load of each row's two scale bytes (and spilled)
-            if x.op is L.ALU and x.arg is Ops.ADD and x.lanes == 1 and _is_int_const(x.src[1]):
+            if x.op is L.ALU and x.arg is Ops.ADD and x.lanes == 1 and _is_int_const(x.src[1]) \
+                    and dtypes.min(x.dtype) <= x.src[1].arg + offset <= dtypes.max(x.dtype):
                 return self.alu(x.dtype, (x.src[0], self.const(x.dtype, x.src[1].arg + offset)), Ops.ADD)
             return self.alu(x.dtype, (x, self.const(x.dtype, offset)), Ops.ADD)
         if not self.lanes_open():
