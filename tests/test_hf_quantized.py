@@ -302,6 +302,28 @@ def test_a_prompt_reads_kept_lane_scales_and_rounds_each_input_once(files):
         model.dispose()
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_decode_logits_are_the_head_matvecs_own_output(files, kind):
+    """A decode step's logits slot is written by the LM head's quantized matvec itself (a kernel of its own,
+    already contiguous): the capture takes that kernel's buffer as the output instead of copying it (a
+    launch over the vocabulary's floats every step before)."""
+    model = load_hf(files[kind, "Q8_0"], max_seq_len=16, dtype="quantized")
+    try:
+        p = model._p
+        out = next(i for i, s in enumerate(p.slots) if s.name == "output.decode.logits")
+        writers = [c for c in p.entries["decode"].calls if c.kernel >= 0 and c.args[0] == out]
+        tables = ("wte.weight", "embed_tokens.weight", "lm_head.weight")
+        assert len(writers) == 1, len(writers)
+        read = [p.slots[a].name for a in writers[0].args]
+        assert any(n.endswith(tables) for n in read), read
+        ids = _prompt()
+        model.forward(input_ids=ids)
+        got = model.call("decode", {"input_ids": np.array([[3]], np.int32), "pos": ids.shape[1]})["logits"].numpy()
+        assert got.shape == (1, 1, hc.VOCAB) and np.isfinite(got).all()
+    finally:
+        model.dispose()
+
+
 def test_q4_weights_take_about_the_file_bytes(files):
     reader = gguf.GGUFReader(files["gpt2", "Q4_0"])
     file_bytes = sum(int(t.n_bytes) for t in reader.tensors)

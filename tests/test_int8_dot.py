@@ -212,6 +212,78 @@ def test_block_loop_runs_two_float_chains(fmt):
     assert not re.search(r"\(%rsp\)|\(%rbp\)", kernel), kernel
 
 
+def _matvec_kernel(fmt: str, cols: int):
+    """(spec, source) of the 8-bit route's one-row matvec of ROWS rows as the CPU device lowers and renders it."""
+    _require_int8_dot()
+    qw = QuantWeight(Tensor(_blocks(12, fmt, cols)), fmt, (ROWS, cols))
+    new = programs_of(lambda: qw.matmul_t(Tensor(np.ones((1, cols), np.float32))).realize())
+    p = next(p for p in new if p.spec.name == f"r_1_{ROWS}")
+    return p.spec, p.source
+
+
+def _kernel_body(source: str) -> str:
+    return source[source.index("void pg_kernel("):]
+
+
+def test_a_turn_computes_several_weight_rows_from_one_activation_load():
+    """Q4_0: The decode matvec takes INT8_DOT_ROWS weight rows a turn (host_opts.int8_dot_rows): each block's 32
+    activations are loaded once for them, one dot product per row, every row's float terms still run in
+    split_chains' two chains (an IF pair per row), and each row's bytes are prefetched ahead (a STREAM load)."""
+    from polygrad.codegen.host_opts import INT8_DOT_ROWS
+    fmt = "Q4_0"
+    spec, source = _matvec_kernel(fmt, CHAINED_COLS)
+    assert any(o.kind is OptKind.UPCAST and o.amount == INT8_DOT_ROWS for o in spec.opts), spec.opts
+    body = _kernel_body(source)
+    assert body.count(DOT_HELPER[fmt]) == INT8_DOT_ROWS, body
+    assert len(re.findall(r"pg_i8x32 val\d+;", body)) == 1, body  # the activation's 32 bytes
+    assert body.count("pg_fma_f32x8(") == 2 * INT8_DOT_ROWS, body
+    # each weight row is a stream of its own, prefetched ahead (the CPU's prefetcher fell behind 4 of them)
+    assert body.count("__builtin_prefetch(") == INT8_DOT_ROWS, body
+
+
+def test_rows_of_a_turn_share_the_activation_work_in_the_compiled_kernel():
+    """Compiled, each Q4_0 block takes one vpdpbusd per weight row and one for the activation's 8 x sum, shared
+    by the turn's rows, where one row a turn took two per row."""
+    from polygrad.codegen.host_opts import INT8_DOT_ROWS
+    _, source = _matvec_kernel("Q4_0", CHAINED_COLS)
+    cc = shutil.which("clang")
+    if cc is None or not int8_dot_enabled("CPU"):
+        pytest.skip("no clang, or no VNNI here to compile the instruction for")
+    flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-S", "-x", "c", "-", "-o", "-"]
+    asm = subprocess.run([cc, *flags], input=source, capture_output=True, text=True, check=True).stdout
+    kernel = asm[asm.index("pg_kernel:"):]
+    kernel = kernel[:kernel.index(".cfi_endproc")]
+    dots = len(re.findall(r"\bvpdpbusd\b", kernel))
+    scales = len(re.findall(r"\bvcvtph2ps\b", kernel))  # one a block and weight row
+    assert scales and dots * INT8_DOT_ROWS == scales * (INT8_DOT_ROWS + 1), (dots, scales)
+
+
+def test_rows_of_a_turn_give_the_bits_of_one_row_a_turn():
+    """24 Q4_0 weight rows (6 turns of 4) equal, bit for bit, the same rows of a 26-row weight, which 4 does not
+    divide (one row a turn): every row's sum runs in the same order (split_chains splits each row's chain)."""
+    _require_int8_dot()
+    fmt = "Q4_0"
+    blocks = np.concatenate([_blocks(9, fmt, CHAINED_COLS), _blocks(10, fmt, CHAINED_COLS)[:2]])
+    x = Tensor(np.random.default_rng(11).standard_normal((1, CHAINED_COLS)).astype(np.float32))
+    got = {}
+    for rows in (ROWS, ROWS + 2):
+        qw = QuantWeight(Tensor(blocks[:rows]), fmt, (rows, CHAINED_COLS))
+        new = programs_of(lambda: got.setdefault(rows, qw.matmul_t(x).numpy()[0]))
+        tiled = [any(o.kind is OptKind.UPCAST for o in p.spec.opts) for p in new if p.spec.name == f"r_1_{rows}"]
+        assert tiled == [rows == ROWS], (rows, [p.spec.opts for p in new])
+    assert got[ROWS].tobytes() == got[ROWS + 2][:ROWS].tobytes(), np.abs(got[ROWS] - got[ROWS + 2][:ROWS]).max()
+
+
+@pytest.mark.parametrize("fmt, cols", [("Q8_0", CHAINED_COLS), ("Q4_0", 1536)])
+def test_q8_0_and_long_rows_keep_one_row_a_turn(fmt, cols):
+    """Rows read from memory several at a time were slower for Q8_0 and for Q4_0 rows longer than
+    host_opts.INT8_DOT_ROW_BYTES (here 864 bytes): those matvecs keep one row a turn, still contracted."""
+    spec, source = _matvec_kernel(fmt, cols)
+    assert not any(o.kind is OptKind.UPCAST for o in spec.opts), spec.opts
+    body = _kernel_body(source)
+    assert body.count(DOT_HELPER[fmt]) == 1 and "__builtin_prefetch(" not in body, body
+
+
 def test_split_chains_takes_a_power_of_two():
     from polygrad.renderer.int8_dot import split_chains
     from polygrad.renderer.linearize import LinearProgram

@@ -750,3 +750,23 @@ def test_bundle_errors_are_typed():
     # a manifest that lies about a buffer's offset, with checksums made consistent again
     hdr = bundle.read_header(blob) if hasattr(bundle, "read_header") else None
     del hdr, zlib
+
+
+def test_an_output_already_contiguous_is_its_kernels_buffer_and_one_returned_twice_gets_two():
+    """An output the graph already made contiguous is written by its own kernel (no copy launch), and the same
+    tensor returned under two names still gets two output buffers (the second a copy: the first realized it),
+    each with the right values."""
+    def fn(x):
+        t = (x * 2 + 1).contiguous()
+        return {"a": t, "b": t, "c": (x - 1).contiguous()}
+
+    m = Model(fn, inputs={"x": Tensor.empty(3, 4)})
+    calls = [c for c in m._p.entries["forward"].calls if c.kernel >= 0]
+    assert len(calls) == 3, len(calls)  # a's and c's kernels, and b's copy
+    slots = {m._p.slots[c.args[0]].name for c in calls}
+    assert slots == {"output.a", "output.b", "output.c"}, slots
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = m.forward(x=x)
+    np.testing.assert_array_equal(out["a"].numpy(), x * 2 + 1)
+    np.testing.assert_array_equal(out["b"].numpy(), x * 2 + 1)
+    np.testing.assert_array_equal(out["c"].numpy(), x - 1)

@@ -191,7 +191,9 @@ def capture_program(obj: Any, inputs: Mapping, targets: Mapping, loss: Callable 
             outs = outputs_dict(fn(**{k: t for k, (t, _) in holders.items()}, **bound_args(args)))
             for k, t in outs.items():
                 out_shapes[k] = t.shape
-                out_bufs[k] = t.contiguous()._buffer()
+                # an output the graph already makes contiguous (a quantized matvec's kernel of its own: the
+                # logits) is that kernel's buffer; CONTIGUOUS again copied it (a launch a decode step)
+                out_bufs[k] = (t if t.uop.op is Ops.CONTIGUOUS else t.contiguous())._buffer()
         for k, b in out_bufs.items():
             if not cap.created(b):
                 raise ModelCaptureError(f"output {k!r} is an input or parameter itself; return a computed "

@@ -45,7 +45,7 @@ import numpy as np
 from polygrad.dtype import DType, dtypes
 from polygrad.contract import ProgramSpec
 from polygrad.renderer.cstyle_ops import MASK_RULES, SCALAR_RULES, SIGNED_OF_SIZE, VECTOR_RULES, Rule, apply_rule
-from polygrad.renderer.int8_dot import DOT4, DOT4_BCAST, DOT4_NIBBLES, contract_int8_dots
+from polygrad.renderer.int8_dot import DOT4, DOT4_BCAST, DOT4_NIBBLES, STREAM, contract_int8_dots
 from polygrad.renderer.linear_passes import LinearPasses, simplify_linear
 from polygrad.renderer.linearize import Inst, L, LinearProgram, linearize, var_name
 from polygrad.uop.ops import Ops, UOp
@@ -414,6 +414,10 @@ class CStyleRenderer:
         dt, buf, idx = x.dtype, n(x.src[0]), n(x.src[1])
         gate = x.src[2] if len(x.src) > 2 else None
         vt = self.vtype(dt, x.lanes)
+        if x.arg == STREAM and gate is None:  # contiguous, one of several streams (renderer/int8_dot.py)
+            ahead = self.stream_prefetch(f"{buf} + {idx}", dt)
+            return [f"{pad}{vt} {name};", f"{pad}{self.vector_copy(dt, x.lanes, name, f'{buf} + {idx}')}",
+                    *([f"{pad}{ahead}"] if ahead else [])]
         if x.arg == "contiguous":
             if gate is None:
                 return [f"{pad}{vt} {name};", f"{pad}{self.vector_copy(dt, x.lanes, name, f'{buf} + {idx}')}"]
@@ -430,6 +434,11 @@ class CStyleRenderer:
             if gathered is not None:
                 return [f"{pad}{vt} {name} = {gathered};"]
         return [f"{pad}{vt} {name};", f"{pad}{self.lane_load_loop(x, name, n)}"]
+
+    def stream_prefetch(self, ptr: str, dt: DType) -> str | None:
+        """A statement prefetching memory ahead of ptr along a stream of contiguous loads (a STREAM load of
+        renderer/int8_dot.py, one of a tile's weight rows), or None (the base dialect: no prefetch)."""
+        return None
 
     def masked_gather(self, dt: DType, lanes: int, buf: str, idx: str, gate: str | None) -> str | None:
         """A C expression gathering buf[idx[lane]] for each lane (0 where `gate`, int lanes, is off) with one

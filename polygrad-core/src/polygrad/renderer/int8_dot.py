@@ -25,6 +25,12 @@ x the tile unrolls), each adding the product of one 8-bit value of x broadcast t
 one factor int8 and the other uint8: lane l gaining x[k] * b[4l + k], each update one DOT4_BCAST of a
 4-byte load and a 4n-byte load (shared by the updates), which the CPU renders as one vpdpbusd.
 
+Several weight rows a turn (a decode matvec's tile, host_opts.int8_dot_rows): the Bytes and Nibbles loops
+may hold one such UPDATE per weight row, each into its own accumulator; the loads they share (the
+activation's) are widened once, and each row gets its own DOT4 or DOT4_NIBBLES update, in order. The C
+compiler then shuffles the activation's block and computes its offset (8 x or 128 x its sum) once for the
+rows. Each row's own load is a STREAM (the dialect prefetches ahead along it).
+
 Integer sums are exact, so the values are the loops' bit for bit. nn/quant.py writes a decode matvec's
 32-weight block in these forms (`_int8_matmul_t`) and a prompt's (`_int8_matmul_rows`).
 
@@ -58,6 +64,11 @@ BYTES = (dtypes.int8, dtypes.uint8)
 DOT4_BCAST = "dot4_bcast"
 TURNS = 4
 NIBBLE_OFFSET = 8  # Q4_0's weights are nibble - 8
+# LOAD arg of a weight row's bytes in a contracted loop of several rows (a decode matvec's tile): contiguous, as
+# "contiguous", and one of several streams the loop reads together, which a dialect may prefetch ahead along
+# (CStyleRenderer.stream_prefetch): 4 rows interleaved kept the CPU's own prefetcher behind (a Qwen2 head's
+# 151936 x 896 Q4_0 matvec from memory 1.5x slower than one row a turn, which reads one stream)
+STREAM = "stream"
 
 
 def contract_int8_dots(prog: LinearProgram) -> LinearProgram:
@@ -133,20 +144,24 @@ def _is_turns(loop: Inst, turns: int) -> bool:
     return len(loop.src) == 2 and _is_int_const(loop.src[0], 0) and _is_int_const(loop.src[1], turns)
 
 
-def _product_update(body: list[Inst]) -> tuple[Inst, Inst, Inst] | None:
-    """(update, acc, mul) when the body's one UPDATE adds an n-lane int32 product (n > 1) to an int32
-    accumulator defined outside the body."""
+def _product_updates(body: list[Inst]) -> list[tuple[Inst, Inst, Inst]] | None:
+    """[(update, acc, mul)] when each UPDATE of the body adds an n-lane int32 product (n > 1) to an int32
+    accumulator of its own defined outside the body (one per weight row a decode matvec's tile unrolls)."""
     updates = [x for x in body if x.op is L.UPDATE]
-    if len(updates) != 1 or updates[0].arg is not Ops.ADD or len(updates[0].src) != 2:
-        return None
-    update = updates[0]
-    acc, mul = update.src
     inside = {id(x) for x in body}
-    if acc.op is not L.ACC or acc.dtype is not dtypes.int32 or acc.arg != (Ops.ADD, 1) or id(acc) in inside:
+    found = []
+    for update in updates:
+        if update.arg is not Ops.ADD or len(update.src) != 2:
+            return None
+        acc, mul = update.src
+        if acc.op is not L.ACC or acc.dtype is not dtypes.int32 or acc.arg != (Ops.ADD, 1) or id(acc) in inside:
+            return None
+        if not (mul.op is L.ALU and mul.arg is Ops.MUL and mul.dtype is dtypes.int32 and mul.lanes == acc.lanes > 1):
+            return None
+        found.append((update, acc, mul))
+    if not found or len({id(acc) for _, acc, _ in found}) < len(found):
         return None
-    if not (mul.op is L.ALU and mul.arg is Ops.MUL and mul.dtype is dtypes.int32 and mul.lanes == acc.lanes > 1):
-        return None
-    return update, acc, mul
+    return found
 
 
 def _index_at_start(index: list[Inst], starts: dict[int, Inst]) -> tuple[list[Inst], dict[int, Inst]]:
@@ -166,39 +181,56 @@ def _is_scalar_int(x: Inst) -> bool:
 
 
 def _contracted(loop: Inst, body: list[Inst]) -> list[Inst] | None:
-    """The instructions replacing `loop` (whose body is `body`), or None when it is not a 4-turn byte dot."""
+    """The instructions replacing `loop` (whose body is `body`), or None when it is not a 4-turn byte dot
+    (one UPDATE per weight row of the tile; a load the rows share, the activation's, is widened once)."""
     if not _is_turns(loop, TURNS):
         return None
-    found = _product_update(body)
+    found = _product_updates(body)
     if found is None:
         return _contracted_broadcast(loop, body)
-    update, acc, mul = found
-    lanes = acc.lanes
     inside = {id(x) for x in body}
-    operands = [_byte_operand(s, lanes) for s in mul.src]
-    if any(o is None for o in operands):
-        return _contracted_broadcast(loop, body)
-    vector = {id(update), id(mul)} | {id(s) for s in mul.src}
-    for load, cast in operands:
-        vector |= {id(load)} | ({id(cast)} if cast is not None else set())
-        if _turn_step(load.src[1], loop, inside) != lanes:
-            return None
+    vector: set[int] = set()
+    parts = []
+    for update, acc, mul in found:
+        operands = [_byte_operand(s, acc.lanes) for s in mul.src]
+        if any(o is None for o in operands):
+            return _contracted_broadcast(loop, body)
+        for load, cast in operands:
+            vector |= {id(load)} | ({id(cast)} if cast is not None else set())
+            if _turn_step(load.src[1], loop, inside) != acc.lanes:
+                return None
+        vector |= {id(update), id(mul)} | {id(s) for s in mul.src}
+        parts.append((update, acc, operands))
     # everything else in the body is the loads' scalar index arithmetic
     index = [x for x in body if id(x) not in vector]
     if not all(_is_scalar_int(x) for x in index):
         return None
     # the index arithmetic at turn 0 (the loop's start stands for the variable), then the wide loads
     out, new = _index_at_start(index, {id(loop): loop.src[0]})
-    wide = []
-    for load, cast in operands:
-        w = Inst(L.LOAD, load.dtype, (load.src[0], new.get(id(load.src[1]), load.src[1])), "contiguous", TURNS * lanes)
-        out.append(w)
-        if cast is not None:
-            w = Inst(L.ALU, dtypes.int8, (w,), Ops.BITCAST, TURNS * lanes)
-            out.append(w)
-        wide.append(w)
-    out.append(Inst(L.UPDATE, update.dtype, (acc, *wide), DOT4, update.lanes))
+    wide: dict[int, Inst] = {}
+    kind = _load_kinds([ld for _, _, operands in parts for ld, _ in operands])
+    for update, acc, operands in parts:
+        for load, cast in operands:
+            if id(load) not in wide:
+                w = Inst(L.LOAD, load.dtype, (load.src[0], new.get(id(load.src[1]), load.src[1])), kind[id(load)],
+                         TURNS * acc.lanes)
+                out.append(w)
+                if cast is not None:
+                    w = Inst(L.ALU, dtypes.int8, (w,), Ops.BITCAST, TURNS * acc.lanes)
+                    out.append(w)
+                wide[id(load)] = w
+        out.append(Inst(L.UPDATE, update.dtype, (acc, *(wide[id(ld)] for ld, _ in operands)), DOT4, update.lanes))
     return out
+
+
+def _load_kinds(loads: list[Inst]) -> dict[int, str]:
+    """The wide LOAD arg of each load (by id) of a contracted loop's updates, in order: STREAM for a load of
+    one update alone where the loop has several (a weight row of a tile), else "contiguous"."""
+    uses: dict[int, int] = {}
+    for ld in loads:
+        uses[id(ld)] = uses.get(id(ld), 0) + 1
+    several = len(loads) > 2
+    return {i: STREAM if several and n == 1 else "contiguous" for i, n in uses.items()}
 
 
 def _splat(x: Inst, value: int) -> bool:
@@ -270,40 +302,55 @@ def _contracted_nibbles(outer: Inst, body: list[Inst]) -> list[Inst] | None:
     if not (_is_turns(outer, 2) and _is_turns(inner, 2) and body[-1].op is L.ENDLOOP and body[-1].src[0] is inner):
         return None
     turn_body = body[1:-1]
-    found = _product_update(turn_body)
+    found = _product_updates(turn_body)
     if found is None:
         return None
-    update, acc, mul = found
-    lanes = acc.lanes
     inside = {id(x) for x in turn_body}
-    a, b = mul.src
-    for first, second in ((a, b), (b, a)):
-        byte = _byte_operand(first, lanes)
-        nibble = _nibble_operand(second, lanes, outer)
-        if byte is not None and byte[1] is None and nibble is not None:
-            break
-    else:
-        return None
-    (x_load, _), (q_load, operand) = byte, nibble
-    steps = {"x": (_turn_step(x_load.src[1], outer, inside), _turn_step(x_load.src[1], inner, inside)),
-             "q": (_turn_step(q_load.src[1], outer, inside), _turn_step(q_load.src[1], inner, inside))}
-    if steps != {"x": (2 * lanes, lanes), "q": (0, lanes)}:
-        return None
-    vector = {id(update), id(mul), id(first), id(x_load), id(q_load)} | {id(y) for y in operand}
+    vector: set[int] = set()
+    parts, x_loads = [], set()
+    for update, acc, mul in found:
+        lanes = acc.lanes
+        a, b = mul.src
+        for first, second in ((a, b), (b, a)):
+            byte = _byte_operand(first, lanes)
+            nibble = _nibble_operand(second, lanes, outer)
+            if byte is not None and byte[1] is None and nibble is not None:
+                break
+        else:
+            return None
+        (x_load, _), (q_load, operand) = byte, nibble
+        steps = {"x": (_turn_step(x_load.src[1], outer, inside), _turn_step(x_load.src[1], inner, inside)),
+                 "q": (_turn_step(q_load.src[1], outer, inside), _turn_step(q_load.src[1], inner, inside))}
+        if steps != {"x": (2 * lanes, lanes), "q": (0, lanes)}:
+            return None
+        vector |= {id(update), id(mul), id(first), id(x_load), id(q_load)} | {id(y) for y in operand}
+        parts.append((update, acc, x_load, q_load, operand))
+        x_loads.add(id(x_load))
     rest = [x for x in turn_body if id(x) not in vector]
     # the shift amount's arithmetic of h goes with the shift; the rest is the loads' index arithmetic
-    shift_math = _ancestors_in(operand[-1], inside)
+    shift_math: set[int] = set()
+    for *_, operand in parts:
+        shift_math |= _ancestors_in(operand[-1], inside)
     index = [x for x in rest if id(x) not in shift_math]
     if not all(_is_scalar_int(x) for x in index):
         return None
-    if any(id(s) in shift_math for x in (*index, x_load, q_load) for s in x.src):
+    loads = [ld for _, _, x_load, q_load, _ in parts for ld in (x_load, q_load)]
+    if any(id(s) in shift_math for x in (*index, *loads) for s in x.src):
         return None  # the index reads the shift's arithmetic, which the contraction drops
     out, new = _index_at_start(index, {id(outer): outer.src[0], id(inner): inner.src[0]})
-    wide_x = Inst(L.LOAD, dtypes.int8, (x_load.src[0], new.get(id(x_load.src[1]), x_load.src[1])), "contiguous",
-                  TURNS * lanes)
-    wide_q = Inst(L.LOAD, dtypes.uint8, (q_load.src[0], new.get(id(q_load.src[1]), q_load.src[1])), "contiguous",
-                  2 * lanes)
-    return [*out, wide_x, wide_q, Inst(L.UPDATE, update.dtype, (acc, wide_x, wide_q), DOT4_NIBBLES, update.lanes)]
+    wide: dict[int, Inst] = {}
+    kind = _load_kinds(loads)
+
+    def widened(load: Inst, lanes: int) -> Inst:  # each load once (the rows share the activation's)
+        if id(load) not in wide:
+            at = new.get(id(load.src[1]), load.src[1])
+            wide[id(load)] = Inst(L.LOAD, load.dtype, (load.src[0], at), kind[id(load)], lanes)
+            out.append(wide[id(load)])
+        return wide[id(load)]
+    for update, acc, x_load, q_load, _ in parts:
+        wide_x, wide_q = widened(x_load, TURNS * acc.lanes), widened(q_load, 2 * acc.lanes)
+        out.append(Inst(L.UPDATE, update.dtype, (acc, wide_x, wide_q), DOT4_NIBBLES, update.lanes))
+    return out
 
 
 CHAINS = 2  # float accumulators a contracted block loop alternates between (split_chains)
@@ -311,9 +358,10 @@ CHAINS = 2  # float accumulators a contracted block loop alternates between (spl
 
 def split_chains(prog: LinearProgram, chains: int = CHAINS) -> LinearProgram:
     """The program with each block loop of a contracted dot (a LOOP whose body holds a DOT4-family UPDATE)
-    that feeds one float accumulator defined outside it (UPDATE FMA or ADD, the loop's only use of it)
-    updating `chains` accumulators instead (a power of two): block b's update goes to accumulator
-    b & (chains - 1), under an IF each, and after the loop they are added in order (acc_0 += acc_1, ..).
+    that feeds a float accumulator defined outside it (UPDATE FMA or ADD, the loop's only use of it; one
+    per weight row of a tile of rows) updating `chains` accumulators instead (a power of two): block b's
+    update goes to accumulator b & (chains - 1), under an IF each, and after the loop they are added in
+    order (acc_0 += acc_1, ..).
     One chain of FMAs through every block made the decode matvec wait on the FMA's latency (nn/quant.py
     _int8_matmul_t); the C compiler unrolls the constant loop and keeps the chains apart in registers,
     without the IFs. The same block terms summed in another fixed order: a float reassociation, the same
@@ -328,9 +376,9 @@ def split_chains(prog: LinearProgram, chains: int = CHAINS) -> LinearProgram:
     return prog if len(insts) == len(prog.insts) else dataclasses.replace(prog, insts=tuple(insts))
 
 
-def _chain_loop(insts: list[Inst], chains: int, done: set[int]) -> tuple[int, int, Inst] | None:
-    """(index of the LOOP, index of its ENDLOOP, the float UPDATE) of the first loop split_chains splits
-    that is not in `done` (ids of the loops already split)."""
+def _chain_loop(insts: list[Inst], chains: int, done: set[int]) -> tuple[int, int, list[Inst]] | None:
+    """(index of the LOOP, index of its ENDLOOP, its float UPDATEs to split: one per weight row of the
+    tile) of the first loop split_chains splits that is not in `done` (ids of the loops already split)."""
     where: dict[int, tuple[int, ...]] = {}  # id -> the indices of the LOOPs around it
     stack: list[int] = []
     end_of: dict[int, int] = {}
@@ -340,6 +388,7 @@ def _chain_loop(insts: list[Inst], chains: int, done: set[int]) -> tuple[int, in
         where[id(x)] = tuple(stack)
         if x.op is L.LOOP:
             stack.append(i)
+    found: dict[int, list[Inst]] = {}  # the loop's index -> its chains' updates
     for u in insts:
         if not (u.op is L.UPDATE and u.arg in (Ops.FMA, Ops.ADD) and len(u.src) == (3 if u.arg is Ops.FMA else 2)):
             continue
@@ -362,25 +411,31 @@ def _chain_loop(insts: list[Inst], chains: int, done: set[int]) -> tuple[int, in
             continue
         if [x for x in body if any(s is acc for s in x.src)] != [u]:
             continue  # the accumulator is read or updated elsewhere in the loop
-        return start, end, u
-    return None
+        found.setdefault(start, []).append(u)
+    if not found:
+        return None
+    start = min(found)
+    return start, end_of[start], found[start]
 
 
-def _split(insts: list[Inst], start: int, end: int, update: Inst, chains: int) -> list[Inst]:
-    """insts with the float UPDATE in the loop at `start` (ENDLOOP at `end`) going to accumulator
-    (loop variable & (chains - 1)), one IF per accumulator, and the accumulators added after the loop."""
-    loop, acc = insts[start], update.src[0]
-    accs = [acc] + [Inst(L.ACC, acc.dtype, acc.src, acc.arg, acc.lanes) for _ in range(chains - 1)]
+def _split(insts: list[Inst], start: int, end: int, updates: list[Inst], chains: int) -> list[Inst]:
+    """insts with each float UPDATE of `updates` in the loop at `start` (ENDLOOP at `end`) going to
+    accumulator (loop variable & (chains - 1)) of its own set, one IF per accumulator, and each set's
+    accumulators added after the loop."""
+    loop = insts[start]
+    accs = {id(u): [u.src[0]] + [Inst(L.ACC, u.src[0].dtype, u.src[0].src, u.src[0].arg, u.src[0].lanes)
+                                 for _ in range(chains - 1)] for u in updates}
+    first = {id(u.src[0]): accs[id(u)] for u in updates}
     out = []
     for x in insts[:start]:
         out.append(x)
-        if x is acc:
-            out.extend(accs[1:])
+        if id(x) in first:
+            out.extend(first[id(x)][1:])
     consts = [Inst(L.CONST, loop.dtype, (), k) for k in range(chains)]
     mask = Inst(L.CONST, loop.dtype, (), chains - 1)
     out.extend([*consts, mask])
     for x in insts[start:end + 1]:
-        if x is not update:
+        if id(x) not in accs:
             out.append(x)
             continue
         turn = Inst(L.ALU, loop.dtype, (loop, mask), Ops.AND)
@@ -388,11 +443,13 @@ def _split(insts: list[Inst], start: int, end: int, update: Inst, chains: int) -
         for k in range(chains):
             cond = Inst(L.ALU, dtypes.bool, (turn, consts[k]), Ops.CMPEQ)
             gate = Inst(L.IF, None, (cond,))
-            out.extend([cond, gate, Inst(L.UPDATE, None, (accs[k], *update.src[1:]), update.arg, update.lanes),
+            out.extend([cond, gate, Inst(L.UPDATE, None, (accs[id(x)][k], *x.src[1:]), x.arg, x.lanes),
                         Inst(L.ENDIF, None, (gate,))])
-    for other in accs[1:]:  # acc_0 + acc_1 + .., in order
-        read = Inst(L.ACC_READ, other.dtype, (other,), None, other.lanes)
-        out.extend([read, Inst(L.UPDATE, None, (acc, read), Ops.ADD, acc.lanes)])
+    for u in updates:  # acc_0 + acc_1 + .., in order
+        acc, *others = accs[id(u)]
+        for other in others:
+            read = Inst(L.ACC_READ, other.dtype, (other,), None, other.lanes)
+            out.extend([read, Inst(L.UPDATE, None, (acc, read), Ops.ADD, acc.lanes)])
     out.extend(insts[end + 1:])
     return out
 

@@ -333,6 +333,11 @@ class NoVector(Exception):
     linearized again with scalar lane loops."""
 
 
+def _is_int_const(x: Inst) -> bool:
+    """Whether x is a scalar integer CONST."""
+    return x.op is L.CONST and x.lanes == 1 and isinstance(x.arg, int) and not isinstance(x.arg, bool)
+
+
 def _at_lane0(expr: UOp, r: UOp) -> UOp:
     """expr with the range r replaced by 0 (lane 0's index of a contiguous access), simplified."""
     zero = UOp.const(r.dtype, 0)
@@ -634,7 +639,14 @@ class _Linearizer:
         expr, offset = self.bound_split(index.src[1] if at is None else at)
 
         def at_offset(x: Inst) -> Inst:  # the unrolled point's constant part, one add
-            return x if offset == 0 else self.alu(x.dtype, (x, self.const(x.dtype, offset)), Ops.ADD)
+            if offset == 0:
+                return x
+            # (e + c) + offset as e + (c + offset): clang kept (e + 1) + 504 apart, in 64-bit arithmetic, so a
+            # tile of rows lost the 16-bit load of each row's two scale bytes (and spilled)
+            if x.op is L.ALU and x.arg is Ops.ADD and x.lanes == 1 and _is_int_const(x.src[1]) \
+                    and dtypes.min(x.dtype) <= x.src[1].arg + offset <= dtypes.max(x.dtype):
+                return self.alu(x.dtype, (x.src[0], self.const(x.dtype, x.src[1].arg + offset)), Ops.ADD)
+            return self.alu(x.dtype, (x, self.const(x.dtype, offset)), Ops.ADD)
         if not self.lanes_open():
             return at_offset((yield expr)), gate, None, 1
         n = self.vec_size()
