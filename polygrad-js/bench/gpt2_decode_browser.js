@@ -22,7 +22,8 @@
  * --alone adds the alone figures (each step called 10 times in a row, its data in the caches where it fits) to
  * the groups. --idle-first loads one more model of the first build before the timed ones and leaves it idle.
  * At --threads > 1 a phase shared with the workers is timed as its whole pool call (this thread's chunks and
- * the wait for the workers'), and the CPU column counts every renderer thread.
+ * the wait for the workers'), and the CPU column counts every renderer thread; the last column is the CPU of
+ * the renderers' threads other than the page's (workers, V8's compile and GC threads).
  */
 
 const fs = require('fs')
@@ -145,7 +146,7 @@ try {
     })
     const params = new Set(model._p.entries.decode.calls.flatMap((c) => (c.copy ? [] : c.args.filter((a) => a.role === 'parameter'))))
     const weightBytes = [...params].reduce((n, a) => n + a.size * a.dtype.size, 0)
-    runs.push({ name: b.name, weightBytes, model, steps, times, calls, bytesOf, cpu: [], wall: [], kern: [], gbs: [], bytesTok: [], tokens: null, fma: model.backendInfo.fma })
+    runs.push({ name: b.name, weightBytes, model, steps, times, calls, bytesOf, cpu: [], cpuOther: [], wall: [], kern: [], gbs: [], bytesTok: [], tokens: null, fma: model.backendInfo.fma })
   }
   for (let r = 0; r < rounds + warm; r++) {
     const order = r % 2 ? [...runs].reverse() : runs
@@ -163,7 +164,10 @@ try {
         logits = last(await x.model.callAsync('decode', { input_ids: Int32Array.of(toks[i]), pos: prompt.length + i }))
       }
       const wall = (performance.now() - t0) / tokens
-      const cpu = ((await window.__cpuMs()) - c0) / tokens
+      const c1 = await window.__cpuMs()
+      // at one thread the page's main thread (it runs every kernel); with threads, every renderer thread
+      const cpu = (threads > 1 ? c1[1] - c0[1] : c1[0] - c0[0]) / tokens
+      x.cpuOther.push((c1[1] - c0[1] - (c1[0] - c0[0])) / tokens)
       if (x.tokens === null) x.tokens = toks.slice(0, ref.tokens.length).join(' ') === ref.tokens.slice(0, toks.length).join(' ')
       if (r < warm) continue
       x.cpu.push(cpu)
@@ -203,7 +207,7 @@ try {
         return { name: st.name, variants: vs, ms: vs.reduce((a, v) => a + Math.min(...x.kern.map((k) => k[s][v])), 0), bytes: x.bytesOf[s], alone: x.alone ? x.alone[s] : null }
       })
       const kernSum = x.kern.map((k) => k.reduce((a, t) => a + Object.values(t).reduce((p, q) => p + q, 0), 0))
-      return { name: x.name, fma: x.fma, tokens: x.tokens, cpu: median(x.cpu), cpuAll: x.cpu, gbs: median(x.gbs), gbTok: median(x.bytesTok), weightBytes: x.weightBytes, wall: median(x.wall), kern: median(kernSum), perStep, copies: x.steps.filter((s) => s.copy).length }
+      return { name: x.name, fma: x.fma, tokens: x.tokens, cpu: median(x.cpu), cpuAll: x.cpu, cpuOther: median(x.cpuOther), gbs: median(x.gbs), gbTok: median(x.bytesTok), weightBytes: x.weightBytes, wall: median(x.wall), kern: median(kernSum), perStep, copies: x.steps.filter((s) => s.copy).length }
     })
   }
   for (const x of runs) x.model.dispose()
@@ -233,19 +237,23 @@ function serve () {
   return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)))
 }
 
-/** CPU ms of the renderer's main thread (the page's: a renderer's main thread has the process's id; at one
- * thread it runs every kernel), from /proc/<pid>/task/<pid>/schedstat; with threads, every renderer thread. */
+/** [main, all]: CPU ms of the renderers' main threads (the page's: a renderer's main thread has the process's
+ * id; at one thread it runs every kernel) and of all their threads (workers, V8's compile and GC threads),
+ * from /proc/<pid>/task/<tid>/schedstat. */
 async function pageCpuMs (cdp) {
   const { processInfo } = await cdp.send('SystemInfo.getProcessInfo')
-  let ns = 0
+  let main = 0
+  let all = 0
   for (const p of processInfo.filter((x) => x.type === 'renderer')) {
-    let tids = [String(p.id)]
     try {
-      if (THREADS > 1) tids = fs.readdirSync(`/proc/${p.id}/task`)
-      for (const t of tids) ns += Number(fs.readFileSync(`/proc/${p.id}/task/${t}/schedstat`, 'utf8').split(' ')[0])
+      for (const t of fs.readdirSync(`/proc/${p.id}/task`)) {
+        const ns = Number(fs.readFileSync(`/proc/${p.id}/task/${t}/schedstat`, 'utf8').split(' ')[0])
+        all += ns
+        if (t === String(p.id)) main += ns
+      }
     } catch (e) {} // the process or thread ended
   }
-  return ns / 1e6
+  return [main / 1e6, all / 1e6]
 }
 
 async function main () {
@@ -278,10 +286,10 @@ async function main () {
   if (r.error) throw new Error(`the page failed: ${r.error}`)
   console.log(`load average after ${os.loadavg().map((l) => l.toFixed(2)).join(' ')}`)
   console.log(`weights a decode step reads: ${(r.rows[0].weightBytes / 1e6).toFixed(1)} MB; stream: one thread's read rate measured before each round`)
-  console.log('build        | fma   | tokens ok | CPU ms/token (rounds)              | wall ms/token | kernels ms | rest ms | stream GB/s | CPU / stream time of the weights')
+  console.log('build        | fma   | tokens ok | CPU ms/token (rounds)              | wall ms/token | kernels ms | rest ms | stream GB/s | CPU / stream time of the weights | other threads\' CPU ms/token')
   for (const x of r.rows) {
     console.log(`${x.name.padEnd(12)} | ${String(x.fma).padEnd(5)} | ${String(x.tokens).padEnd(9)} | ${x.cpu.toFixed(2).padStart(6)} (${x.cpuAll.map((c) => c.toFixed(1)).join(' ')})`.padEnd(64) +
-      ` | ${x.wall.toFixed(2).padStart(13)} | ${x.kern.toFixed(2).padStart(10)} | ${(x.wall - x.kern).toFixed(2).padStart(7)} | ${x.gbs.toFixed(1).padStart(11)} | ${(x.gbTok * 1e9 / x.weightBytes).toFixed(2)}x`)
+      ` | ${x.wall.toFixed(2).padStart(13)} | ${x.kern.toFixed(2).padStart(10)} | ${(x.wall - x.kern).toFixed(2).padStart(7)} | ${x.gbs.toFixed(1).padStart(11)} | ${(x.gbTok * 1e9 / x.weightBytes).toFixed(2).padStart(31)}x | ${x.cpuOther.toFixed(2)}`)
   }
   // paired: each round's CPU a token against the first build's in the same round (adjacent in time)
   for (const x of r.rows.slice(1)) {
