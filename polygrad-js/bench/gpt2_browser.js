@@ -20,7 +20,7 @@
  * on a loaded machine they leave out the time spent waiting for a core, so at one thread they are the steadier
  * figure. --base DIR times a second polygrad-js checkout (its dist/ built) in the same page, its rounds
  * alternating with this one's (an A/B under the same load). A model keeps its own speed for a page's life (the
- * same build loaded twice read 7% apart in CPU a token, 24.5 against 22.8 ms): --pages N repeats each page,
+ * same build loaded twice read 0.86x and 1.16x itself in CPU a token, page by page): --pages N repeats each page,
  * loading the base first in every other one, and prints the medians over pages and each page's ratio.
  *
  * --quant FMT[,FMT] times 8-bit models instead, the way transformers.js runs GPT-2 in a browser by default:
