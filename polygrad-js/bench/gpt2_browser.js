@@ -11,7 +11,7 @@
  *   python polygrad-js/bench/make_gpt2.py        # bench/gpt2s.pgb, gpt2s.onnx, gpt2_ref.json (once)
  *   (cd polygrad-js/bench && npm install)        # onnxruntime-web (bench/package.json)
  *   node polygrad-js/bench/gpt2_browser.js [--threads 1,2] [--rounds N] [--tokens N] [--warm N] [--base DIR]
- *                                          [--quant q8_0_i8,q4_0_i8]
+ *                                          [--quant q8_0_i8,q4_0_i8] [--pages N]
  *
  * Both libraries run their kernels on the page's thread at 1 thread (ort-web numThreads 1; polygrad-js threads
  * 1) and with that many workers beside it otherwise. Timings on a shared machine are noisy: each figure is the
@@ -19,7 +19,9 @@
  * process's CPU time (all its threads, from /proc/<pid>/task/<tid>/schedstat; Linux) per prompt and per token:
  * on a loaded machine they leave out the time spent waiting for a core, so at one thread they are the steadier
  * figure. --base DIR times a second polygrad-js checkout (its dist/ built) in the same page, its rounds
- * alternating with this one's (an A/B under the same load).
+ * alternating with this one's (an A/B under the same load). A model keeps its own speed for a page's life (the
+ * same build loaded twice read 0.86x and 1.16x itself in CPU a token, page by page): --pages N repeats each page,
+ * loading the base first in every other one, and prints the medians over pages and each page's ratio.
  *
  * --quant FMT[,FMT] times 8-bit models instead, the way transformers.js runs GPT-2 in a browser by default:
  * polygrad-js on bench/gpt2s_<FMT>.pgb (make_gpt2.py --quant q8_0,q4_0 [--int8-dot]: FMT q8_0 or q4_0 the
@@ -49,6 +51,10 @@ const TOKENS = Number(arg('--tokens', 16))
 const WARM = Number(arg('--warm', 4))
 // --base DIR: a second polygrad-js checkout (its dist/ built) timed in the same page, rounds alternating (an A/B)
 const BASE = process.argv.includes('--base') ? path.resolve(arg('--base')) : null
+// --pages N: each thread count's page N times, a fresh browser each, the base build's model loaded first in every
+// other page: each model keeps its own speed for the page's life (up to about 10% apart for one build loaded
+// twice, bench/gpt2_decode_browser.js), so one page's A/B cannot tell builds apart by less than that
+const PAGES = Number(arg('--pages', 1))
 // --quant FMT[,FMT]: polygrad-js's bench/gpt2s_<FMT>.pgb beside onnxruntime-web's bench/gpt2s_int8.onnx
 const QUANTS = process.argv.includes('--quant') ? arg('--quant').split(',') : null
 const BUNDLES = QUANTS ? QUANTS.map((q) => `gpt2s_${q}`) : ['gpt2s']
@@ -92,11 +98,14 @@ try {
   const libs = {}
   for (const file of bundles) {
     const fmt = file.replace(/^gpt2s_?/, '')
-    libs['polygrad-js' + (fmt ? ' ' + fmt : '')] = await polygrad(Model, 'polygrad-js' + (fmt ? ' ' + fmt : ''), file)
+    const name = 'polygrad-js' + (fmt ? ' ' + fmt : '')
     const baseName = fmt ? 'base ' + fmt : 'polygrad-js base'
-    if (Base) libs[baseName] = await polygrad(Base, baseName, file)
+    // baseFirst: the base build's model loaded (and its rounds run) first (--pages alternates it)
+    if (Base && q.get('baseFirst') === '1') libs[baseName] = await polygrad(Base, baseName, file)
+    libs[name] = await polygrad(Model, name, file)
+    if (Base && q.get('baseFirst') !== '1') libs[baseName] = await polygrad(Base, baseName, file)
   }
-  const pg = libs[Object.keys(libs)[0]]
+  const pg = libs[Object.keys(libs).find((k) => !k.includes('base'))]
 
   ort.env.wasm.numThreads = threads
   ort.env.wasm.wasmPaths = '/ort/'
@@ -230,7 +239,7 @@ async function rendererCpuMs (cdp) {
   return ns / 1e6
 }
 
-async function runPage (port, threads) {
+async function runPage (port, threads, baseFirst = false) {
   const { chromium } = require('playwright-core')
   const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'polygrad-chromium-'))
   const context = await chromium.launchPersistentContext(profile, {
@@ -244,7 +253,7 @@ async function runPage (port, threads) {
     const cdp = await context.browser().newBrowserCDPSession()
     if (fs.existsSync('/proc/self/task')) await page.exposeFunction('__cpuMs', async () => rendererCpuMs(cdp))
     await page.goto(`http://127.0.0.1:${port}/?threads=${threads}&rounds=${ROUNDS}&tokens=${TOKENS}&warm=${WARM}${BASE ? '&base=1' : ''}` +
-      `&bundles=${BUNDLES.join(',')}&onnx=${ONNX}&quant=${QUANTS ? 1 : 0}`)
+      `&bundles=${BUNDLES.join(',')}&onnx=${ONNX}&quant=${QUANTS ? 1 : 0}&baseFirst=${baseFirst ? 1 : 0}`)
     await page.waitForFunction('window.__result !== undefined', null, { timeout: 30 * 60 * 1000 })
     return await page.evaluate('window.__result')
   } finally {
@@ -273,20 +282,38 @@ async function main () {
   console.log('library                | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | tokens ok | own ref | max rel err | load s')
   try {
     for (const t of THREADS) {
-      const r = await runPage(server.address().port, t)
-      if (r.error) throw new Error(`the page failed at ${t} threads: ${r.error}`)
-      if (t > 1 && !r.isolated) throw new Error('the page is not cross-origin isolated: no threads')
-      for (const [name, f] of Object.entries(r.rows)) {
-        const cpuCol = (v, w) => (v === null ? '-' : v.toFixed(1)).padStart(w)
-        console.log(`${name.padEnd(22)} | ${String(t).padStart(7)} | ${f.prompt.toFixed(1).padStart(9)} | ${f.tokS.toFixed(2).padStart(12)} | ${cpuCol(f.promptCpu, 13)} | ${cpuCol(f.tokCpu, 12)} | ${String(f.tokens).padStart(9)} | ${String(f.own === null ? '-' : f.own).padStart(7)} | ${f.err.toExponential(1).padStart(11)} | ${(r.load[name] / 1000).toFixed(2)}`)
+      const pages = []
+      for (let pg = 0; pg < PAGES; pg++) {
+        const r = await runPage(server.address().port, t, BASE !== null && pg % 2 === 1)
+        if (r.error) throw new Error(`the page failed at ${t} threads: ${r.error}`)
+        if (t > 1 && !r.isolated) throw new Error('the page is not cross-origin isolated: no threads')
+        pages.push(r)
+        if (PAGES > 1) console.log(`page ${pg + 1} of ${PAGES}${BASE ? (pg % 2 ? ', base loaded first' : ', base loaded second') : ''}:`)
+        for (const [name, f] of Object.entries(r.rows)) {
+          const cpuCol = (v, w) => (v === null ? '-' : v.toFixed(1)).padStart(w)
+          console.log(`${name.padEnd(22)} | ${String(t).padStart(7)} | ${f.prompt.toFixed(1).padStart(9)} | ${f.tokS.toFixed(2).padStart(12)} | ${cpuCol(f.promptCpu, 13)} | ${cpuCol(f.tokCpu, 12)} | ${String(f.tokens).padStart(9)} | ${String(f.own === null ? '-' : f.own).padStart(7)} | ${f.err.toExponential(1).padStart(11)} | ${(r.load[name] / 1000).toFixed(2)}`)
+        }
+        const ortName = Object.keys(r.rows).find((k) => k.startsWith('onnxruntime-web'))
+        const ort = r.rows[ortName]
+        for (const [name, row] of Object.entries(r.rows)) {
+          if (name === ortName) continue
+          console.log(`  at ${t} thread(s): ${name} decode ${(row.tokS / ort.tokS).toFixed(2)}x ${ortName}'s tokens/s (target 2x), prompt ${(row.prompt / ort.prompt).toFixed(2)}x its time`)
+        }
+        console.log(`  polygrad-js backend ${JSON.stringify(r.backend)}`)
       }
-      const ortName = Object.keys(r.rows).find((k) => k.startsWith('onnxruntime-web'))
-      const ort = r.rows[ortName]
-      for (const [name, pg] of Object.entries(r.rows)) {
-        if (name === ortName) continue
-        console.log(`  at ${t} thread(s): ${name} decode ${(pg.tokS / ort.tokS).toFixed(2)}x ${ortName}'s tokens/s (target 2x), prompt ${(pg.prompt / ort.prompt).toFixed(2)}x its time`)
+      if (PAGES > 1) {
+        const med = (xs) => [...xs].sort((a, b) => a - b)[xs.length >> 1]
+        console.log(`  medians of the ${PAGES} pages at ${t} thread(s):`)
+        for (const name of Object.keys(pages[0].rows)) {
+          const col = (k) => med(pages.map((r) => r.rows[name][k]))
+          console.log(`  ${name.padEnd(22)} decode ${col('tokS').toFixed(2)} tok/s, prompt ${col('prompt').toFixed(1)} ms` + (pages[0].rows[name].tokCpu === null ? '' : `, CPU ${col('tokCpu').toFixed(1)} ms/token`))
+        }
+        for (const [name, baseName] of Object.keys(pages[0].rows).filter((k) => k.startsWith('polygrad-js') && !k.includes('base')).map((k) => [k, k === 'polygrad-js' ? 'polygrad-js base' : 'base ' + k.slice(12)])) {
+          if (!BASE || pages[0].rows[name].tokCpu === null) break
+          const ratios = pages.map((r) => r.rows[name].tokCpu / r.rows[baseName].tokCpu)
+          console.log(`  ${name} / ${baseName} CPU a token, per page: ${ratios.map((x) => x.toFixed(3)).join(' ')}`)
+        }
       }
-      console.log(`  polygrad-js backend ${JSON.stringify(r.backend)}`)
     }
   } finally {
     server.close()
