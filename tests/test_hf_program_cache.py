@@ -243,23 +243,34 @@ def parameters(weights, consts):
         return real_parameters(weights, consts)
     finally:
         laying.pop()
-cc_mod.ClangCompiler.compile_many, loader.parameters = many, parameters
+import polygrad_hf.decoder as dec
+real_init = dec.Decoder.__init__
+def init(self, *a, **kw):
+    laying.append(1)
+    try:
+        real_init(self, *a, **kw)
+    finally:
+        laying.pop()
+    caches.extend(bool(t.numpy().any()) for t in self.caches.values())
+caches = []
+cc_mod.ClangCompiler.compile_many, loader.parameters, dec.Decoder.__init__ = many, parameters, init
 from polygrad_hf import load_hf
 import numpy as np
 model = load_hf(sys.argv[1], max_seq_len=16)
 kept = [s for s in model._p.slots if s.name.endswith(".lane_scales")]
 logits = model.forward(input_ids=np.array(json.loads(sys.argv[2]), np.int32))["logits"].numpy()
-print(json.dumps({"int8": int8_dot_enabled("CPU"), "batches": batches, "kept": len(kept),
+print(json.dumps({"int8": int8_dot_enabled("CPU"), "batches": batches, "kept": len(kept), "caches": caches,
                   "shapes": sorted({tuple(s.shape) for s in kept}), "logits": logits.tolist()}))
 """
 
 
-def test_a_cold_load_lays_the_lane_scales_out_without_compiling(q4, tmp_path):
+def test_a_cold_load_lays_the_lane_scales_out_and_zeroes_the_cache_without_compiling(q4, tmp_path):
     """From an empty POLY_CACHE_DIR, the load lays each projection's scales out for the int8 prompt route
-    (QuantWeight.keep_lane_scales) on the host (nn/quant.host_scales_by_lane): no kernel is compiled while
-    the parameters are made. On the start of session 10 (fdd5dad) each weight shape's layout was a kernel of
-    its own, compiled as its first weight was laid out: 4 batches of one for GPT-2 (c_attn, attn c_proj,
-    c_fc, mlp c_proj), a compiler and a linker process each, one after another."""
+    (QuantWeight.keep_lane_scales) on the host (nn/quant.host_scales_by_lane) and makes the zeroed KV cache
+    without a fill kernel: no kernel is compiled while the parameters and the Decoder are made. On the start
+    of session 10 (fdd5dad) each weight shape's layout was a kernel of its own, compiled as its first weight
+    was laid out: 4 batches of one for GPT-2 (c_attn, attn c_proj, c_fc, mlp c_proj), a compiler and a
+    linker process each, one after another, and the cache's fill one more."""
     path, ref = q4
     env = {k: v for k, v in os.environ.items() if k != "POLY_DEV"}
     env.update(POLY_CACHE_DIR=str(tmp_path / "cache"), DEV="CPU", POLY_COMPILE_JOBS="2")
@@ -271,5 +282,6 @@ def test_a_cold_load_lays_the_lane_scales_out_without_compiling(q4, tmp_path):
         pytest.skip("the CPU device does not declare int8_dot (no VNNI, or POLY_INT8_DOT=0): no lane scales")
     assert got["kept"] == 4 * 2 and len(got["shapes"]) == 4, got  # 2 layers of 4 projections, 4 shapes
     assert got["batches"] == [], got
+    assert got["caches"] == [False] * 2 * 2, got  # k and v of 2 layers, all zeros
     want = hc.logits(ref, np.array(IDS))  # the int8 route's rounding: within its 2%
     assert np.abs(np.array(got["logits"]) - want).max() <= 2e-2 * np.abs(want).max()

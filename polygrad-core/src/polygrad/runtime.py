@@ -225,13 +225,18 @@ def collect() -> None:
 def trim_heap() -> None:
     """Ask glibc to give freed heap pages back to the OS (a no-op elsewhere): after a load that read and
     converted big arrays on the host, so they do not stay in the process's resident memory."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    """glibc's malloc_trim, or None: looked up once a process (find_library runs `ldconfig -p` each call)."""
     name = ctypes.util.find_library("c")
     if not name:
-        return
+        return None
     try:
-        libc = ctypes.CDLL(name)
-        trim = getattr(libc, "malloc_trim", None)
-        if trim is not None:
-            trim(0)
+        return getattr(ctypes.CDLL(name), "malloc_trim", None)
     except OSError:
-        pass
+        return None
