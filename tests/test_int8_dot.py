@@ -195,18 +195,24 @@ def _fma_chain(kernel: str) -> tuple[int, int]:
     return longest, count
 
 
-@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
-def test_block_loop_runs_two_float_chains(fmt):
-    """A row's blocks alternate between two float accumulators (renderer/int8_dot.py split_chains): in the
-    compiled kernel no vfmadd waits on more than half the others, and the loop spills nothing to the stack."""
-    _, source = _int8_dot_kernel(True, fmt, CHAINED_COLS)
+def _compiled_kernel(source: str) -> str:
+    """The assembly of pg_kernel in a kernel's C source, as clang compiles it for this CPU (skips without clang
+    or VNNI)."""
     cc = shutil.which("clang")
     if cc is None or not int8_dot_enabled("CPU"):
         pytest.skip("no clang, or no VNNI here to compile the instruction for")
     flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-S", "-x", "c", "-", "-o", "-"]
     asm = subprocess.run([cc, *flags], input=source, capture_output=True, text=True, check=True).stdout
     kernel = asm[asm.index("pg_kernel:"):]
-    kernel = kernel[:kernel.index(".cfi_endproc")]
+    return kernel[:kernel.index(".cfi_endproc")]
+
+
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_0"])
+def test_block_loop_runs_two_float_chains(fmt):
+    """A row's blocks alternate between two float accumulators (renderer/int8_dot.py split_chains): in the
+    compiled kernel no vfmadd waits on more than half the others, and the loop spills nothing to the stack."""
+    _, source = _int8_dot_kernel(True, fmt, CHAINED_COLS)
+    kernel = _compiled_kernel(source)
     longest, count = _fma_chain(kernel)
     assert count >= 2 and 2 * longest <= count, (longest, count, kernel)
     assert not re.search(r"\(%rsp\)|\(%rbp\)", kernel), kernel
@@ -246,13 +252,7 @@ def test_rows_of_a_turn_share_the_activation_work_in_the_compiled_kernel():
     by the turn's rows, where one row a turn took two per row."""
     from polygrad.codegen.host_opts import INT8_DOT_ROWS
     _, source = _matvec_kernel("Q4_0", CHAINED_COLS)
-    cc = shutil.which("clang")
-    if cc is None or not int8_dot_enabled("CPU"):
-        pytest.skip("no clang, or no VNNI here to compile the instruction for")
-    flags = ["-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-S", "-x", "c", "-", "-o", "-"]
-    asm = subprocess.run([cc, *flags], input=source, capture_output=True, text=True, check=True).stdout
-    kernel = asm[asm.index("pg_kernel:"):]
-    kernel = kernel[:kernel.index(".cfi_endproc")]
+    kernel = _compiled_kernel(source)
     dots = len(re.findall(r"\bvpdpbusd\b", kernel))
     scales = len(re.findall(r"\bvcvtph2ps\b", kernel))  # one a block and weight row
     assert scales and dots * INT8_DOT_ROWS == scales * (INT8_DOT_ROWS + 1), (dots, scales)

@@ -144,9 +144,10 @@ def _is_turns(loop: Inst, turns: int) -> bool:
     return len(loop.src) == 2 and _is_int_const(loop.src[0], 0) and _is_int_const(loop.src[1], turns)
 
 
-def _product_updates(body: list[Inst]) -> list[tuple[Inst, Inst, Inst]] | None:
+def _product_updates(body: list[Inst], distinct: bool = True) -> list[tuple[Inst, Inst, Inst]] | None:
     """[(update, acc, mul)] when each UPDATE of the body adds an n-lane int32 product (n > 1) to an int32
-    accumulator of its own defined outside the body (one per weight row a decode matvec's tile unrolls)."""
+    accumulator defined outside the body: with `distinct`, each its own (one per weight row a decode matvec's
+    tile unrolls); _contracted_broadcast checks its prompt tile's operands instead."""
     updates = [x for x in body if x.op is L.UPDATE]
     inside = {id(x) for x in body}
     found = []
@@ -159,7 +160,7 @@ def _product_updates(body: list[Inst]) -> list[tuple[Inst, Inst, Inst]] | None:
         if not (mul.op is L.ALU and mul.arg is Ops.MUL and mul.dtype is dtypes.int32 and mul.lanes == acc.lanes > 1):
             return None
         found.append((update, acc, mul))
-    if not found or len({id(acc) for _, acc, _ in found}) < len(found):
+    if not found or (distinct and len({id(acc) for _, acc, _ in found}) < len(found)):
         return None
     return found
 
@@ -488,20 +489,13 @@ def _contracted_broadcast(loop: Inst, body: list[Inst]) -> list[Inst] | None:
     product is one 8-bit value broadcast (its index 1 further a turn) times n 8-bit lanes 4 apart (a "quads"
     load of a staged array, 1 further a turn), one of them int8 and the other uint8: x[k] * b[4 l + k], each
     as DOT4_BCAST of a 4-byte load and a 4n-byte load (a load the updates share is loaded once)."""
-    inside = {id(x) for x in body}
-    updates = [x for x in body if x.op is L.UPDATE]
-    if not updates:
+    found = _product_updates(body, distinct=False)
+    if found is None:
         return None
+    inside = {id(x) for x in body}
     vector_ids: set[int] = set()
     parts = []
-    for update in updates:
-        if update.arg is not Ops.ADD or len(update.src) != 2:
-            return None
-        acc, mul = update.src
-        if acc.op is not L.ACC or acc.dtype is not dtypes.int32 or acc.arg != (Ops.ADD, 1) or id(acc) in inside:
-            return None
-        if not (mul.op is L.ALU and mul.arg is Ops.MUL and mul.dtype is dtypes.int32 and mul.lanes == acc.lanes > 1):
-            return None
+    for update, acc, mul in found:
         for first, second in (mul.src, tuple(reversed(mul.src))):
             scalar, vector = _scalar_byte(first), _quads_operand(second, acc.lanes)
             if scalar is not None and vector is not None and {scalar[0].dtype, vector.dtype} == set(BYTES):
