@@ -37,7 +37,7 @@
 const fs = require('fs')
 const os = require('os')
 const path = require('path')
-const http = require('http')
+const { serveIsolated } = require('./serve')
 
 const ROOT = path.join(__dirname, '..')
 const ORT_DIST = path.join(__dirname, 'node_modules', 'onnxruntime-web', 'dist')
@@ -196,26 +196,11 @@ function serve () {
     files[`/b/${b}_py.json`] = ['application/json', () => fs.readFileSync(path.join(__dirname, `${b}_py.json`))]
   }
   files[`/b/${ONNX}.onnx`] = ['application/octet-stream', () => fs.readFileSync(path.join(__dirname, `${ONNX}.onnx`))]
-  const server = http.createServer((req, res) => {
-    const url = req.url.split('?')[0]
-    let entry = files[url]
-    if (!entry && url.startsWith('/ort/') && /^[\w.-]+$/.test(url.slice(5))) {
-      const f = path.join(ORT_DIST, url.slice(5))
-      if (fs.existsSync(f)) entry = [f.endsWith('.wasm') ? 'application/wasm' : 'text/javascript', () => fs.readFileSync(f)]
-    }
-    if (!entry) {
-      res.writeHead(404)
-      return res.end()
-    }
-    res.writeHead(200, {
-      'Content-Type': entry[0],
-      'Cross-Origin-Opener-Policy': 'same-origin',
-      'Cross-Origin-Embedder-Policy': 'require-corp',
-      'Cross-Origin-Resource-Policy': 'same-origin'
-    })
-    res.end(entry[1]())
+  return serveIsolated(files, (url) => { // onnxruntime-web's own files, by name
+    if (!url.startsWith('/ort/') || !/^[\w.-]+$/.test(url.slice(5))) return undefined
+    const f = path.join(ORT_DIST, url.slice(5))
+    if (fs.existsSync(f)) return [f.endsWith('.wasm') ? 'application/wasm' : 'text/javascript', () => fs.readFileSync(f)]
   })
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)))
 }
 
 /** CPU time in ms of every renderer process of the browser (the page's and its workers' threads; a renderer

@@ -29,7 +29,7 @@
 const fs = require('fs')
 const os = require('os')
 const path = require('path')
-const http = require('http')
+const { serveIsolated } = require('./serve')
 
 const ROOT = path.join(__dirname, '..')
 const argv = process.argv.slice(2)
@@ -225,16 +225,7 @@ function serve () {
   BUILDS.forEach((b, i) => {
     files[`/lib${i}/polygrad.browser.mjs`] = ['text/javascript', () => fs.readFileSync(path.join(b.dir, 'dist', 'polygrad.browser.mjs'))]
   })
-  const server = http.createServer((req, res) => {
-    const entry = files[req.url.split('?')[0]]
-    if (!entry) {
-      res.writeHead(404)
-      return res.end()
-    }
-    res.writeHead(200, { 'Content-Type': entry[0], 'Cross-Origin-Opener-Policy': 'same-origin', 'Cross-Origin-Embedder-Policy': 'require-corp' })
-    res.end(entry[1]())
-  })
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)))
+  return serveIsolated(files)
 }
 
 /** [main, all]: CPU ms of the renderers' main threads (the page's: a renderer's main thread has the process's

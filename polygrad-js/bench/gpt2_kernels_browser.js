@@ -17,7 +17,7 @@
 
 const fs = require('fs')
 const path = require('path')
-const http = require('http')
+const { serveIsolated } = require('./serve')
 
 const ROOT = path.join(__dirname, '..')
 const arg = (name, dflt) => (process.argv.includes(name) ? process.argv[process.argv.indexOf(name) + 1] : dflt)
@@ -73,23 +73,13 @@ try {
 </script>`
 
 function serve () {
-  const server = http.createServer((req, res) => {
-    const url = req.url.split('?')[0]
-    let body = null
-    let type = 'text/javascript'
-    if (url === '/') [body, type] = [PAGE, 'text/html']
-    else if (url === '/lib/polygrad.browser.mjs') body = fs.readFileSync(path.join(ROOT, 'dist', 'polygrad.browser.mjs'))
-    else if (url === '/base/polygrad.browser.mjs' && BASE) body = fs.readFileSync(path.join(BASE, 'dist', 'polygrad.browser.mjs'))
-    else if (url === '/gpt2s.pgb') [body, type] = [fs.readFileSync(path.join(__dirname, BUNDLE)), 'application/octet-stream']
-    if (body === null) {
-      res.writeHead(404)
-      return res.end()
-    }
-    // cross-origin isolated: SharedArrayBuffer, so threads (the phases this bench calls)
-    res.writeHead(200, { 'Content-Type': type, 'Cross-Origin-Opener-Policy': 'same-origin', 'Cross-Origin-Embedder-Policy': 'require-corp' })
-    res.end(body)
+  const lib = (dir) => ['text/javascript', () => fs.readFileSync(path.join(dir, 'dist', 'polygrad.browser.mjs'))]
+  return serveIsolated({
+    '/': ['text/html', () => PAGE],
+    '/lib/polygrad.browser.mjs': lib(ROOT),
+    ...(BASE ? { '/base/polygrad.browser.mjs': lib(BASE) } : {}),
+    '/gpt2s.pgb': ['application/octet-stream', () => fs.readFileSync(path.join(__dirname, BUNDLE))]
   })
-  return new Promise((resolve) => server.listen(0, '127.0.0.1', () => resolve(server)))
 }
 
 async function main () {

@@ -69,6 +69,16 @@ function goldenLayout (obj) {
 }
 
 /**
+ * pageResult's files for a test page importing '/dist/polygrad.browser.mjs': the page, that build (made
+ * first) and `extra` (url path -> [content type, body]).
+ */
+function pageFiles (page, extra) {
+  require('../tools/build').build()
+  const lib = fs.readFileSync(path.join(__dirname, '..', 'dist', 'polygrad.browser.mjs'))
+  return { '/': ['text/html', page], '/dist/polygrad.browser.mjs': ['text/javascript', lib], ...extra }
+}
+
+/**
  * window.__result of a page in headless Chromium (playwright-core; CHROMIUM names the browser), served from
  * `files` (url path -> [content type, body]) with cross-origin isolation (threads need it); the reason to skip
  * where there is no browser: `pageResult.skip`.
@@ -115,4 +125,4 @@ function instsOf (prog) {
   return out
 }
 
-module.exports = { FIXTURES, REPO, fixture, reference, maxRel, split, pack, goldenLayout, pageResult, instsOf }
+module.exports = { FIXTURES, REPO, fixture, reference, maxRel, split, pack, goldenLayout, pageResult, pageFiles, instsOf }

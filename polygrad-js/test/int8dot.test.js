@@ -11,14 +11,13 @@ const fs = require('fs')
 const os = require('os')
 const path = require('path')
 const { spawnSync } = require('child_process')
-const { fixture, pageResult, instsOf } = require('./helpers')
+const { fixture, pageResult, pageFiles, instsOf } = require('./helpers')
 const { Model } = require('..')
 const { relaxedSimdSupported, relaxedDotSupported } = require('../src/wasm/module')
 const { lowerKernel } = require('../src/compile')
 const { KernelEmitter } = require('../src/wasm/emit')
 const { Code, moduleBytes } = require('../src/wasm/encode')
 
-const ROOT = path.join(__dirname, '..')
 const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'fixtures', 'int8_dot.json'), 'utf8'))
 
 /** Each case's outputs on the plain path (no dot products, as an engine without them runs). */
@@ -149,14 +148,10 @@ try {
 </script>`
 
 test('in Chromium the dot-product path gives the plain path\'s bits, on one thread and on two', { skip: pageResult.skip || (os.cpus().length < 2 && 'one core'), timeout: 120000 }, async () => {
-  require('../tools/build').build()
-  const files = {
-    '/': ['text/html', PAGE],
-    '/dist/polygrad.browser.mjs': ['text/javascript', fs.readFileSync(path.join(ROOT, 'dist', 'polygrad.browser.mjs'))],
+  const r = await pageResult(pageFiles(PAGE, {
     '/int8_dot.pgb': ['application/octet-stream', fixture('int8_dot.pgb')],
     '/ref.json': ['application/json', JSON.stringify(REF)]
-  }
-  const r = await pageResult(files)
+  }))
   assert.ok(!r.error, r.error)
   assert.strictEqual(r.dot, true, 'Chromium computes relaxed SIMD\'s int8 dot product')
   assert.strictEqual(r.dots, 4, 'the Q4_0 matvec sums its blocks with dot4 (a tile of 4 rows)')

@@ -10,12 +10,11 @@ const test = require('node:test')
 const assert = require('node:assert')
 const fs = require('fs')
 const path = require('path')
-const { fixture, pageResult, instsOf } = require('./helpers')
+const { fixture, pageResult, pageFiles, instsOf } = require('./helpers')
 const { Model } = require('..')
 const { lowerKernel } = require('../src/compile')
 const { KernelEmitter } = require('../src/wasm/emit')
 
-const ROOT = path.join(__dirname, '..')
 const REF = JSON.parse(fs.readFileSync(path.join(__dirname, 'fixtures', 'int8_rows.json'), 'utf8'))
 
 function outputs (options) {
@@ -110,14 +109,10 @@ try {
 </script>`
 
 test('in Chromium the relaxed dot product gives Node\'s bits', { skip: pageResult.skip, timeout: 120000 }, async () => {
-  require('../tools/build').build()
-  const files = {
-    '/': ['text/html', PAGE],
-    '/dist/polygrad.browser.mjs': ['text/javascript', fs.readFileSync(path.join(ROOT, 'dist', 'polygrad.browser.mjs'))],
+  const r = await pageResult(pageFiles(PAGE, {
     '/int8_rows.pgb': ['application/octet-stream', fixture('int8_rows.pgb')],
     '/ref.json': ['application/json', JSON.stringify(REF)]
-  }
-  const r = await pageResult(files)
+  }))
   assert.ok(!r.error, r.error)
   assert.strictEqual(r.dot, true, 'Chromium computes relaxed SIMD\'s int8 dot product')
   assert.strictEqual(r.relaxed, 64, 'the Q4_0 block sums take it')
