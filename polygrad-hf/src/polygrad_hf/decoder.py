@@ -201,7 +201,8 @@ def _join_projections(ck: Any, plan: list, convert: Callable[[np.ndarray], Tenso
             blocks = [e[4] for e in entries]
             if len({b.format for b in blocks}) != 1 or len({b.shape[1] for b in blocks}) != 1:
                 continue
-            rows = np.concatenate([b.load() for b in blocks], axis=0)
+            rows = _adjacent(loaded := [b.load() for b in blocks])
+            rows = np.concatenate(loaded, axis=0) if rows is None else rows
             out[p + joined + ".weight"] = QuantWeight(keep_blocks(rows), blocks[0].format,
                                                       (rows.shape[0], blocks[0].shape[1]))
             taken.update(e[0] for e in entries)
@@ -210,6 +211,25 @@ def _join_projections(ck: Any, plan: list, convert: Callable[[np.ndarray], Tenso
                 out[p + joined + ".bias"] = convert(np.concatenate([ck.take(b[1], b[2]) for b in biases]))
                 taken.update(b[0] for b in biases)
     return [entry for entry in plan if entry[0] not in taken]
+
+
+def _root(arr: np.ndarray) -> Any:
+    while isinstance(arr, np.ndarray) and arr.base is not None:
+        arr = arr.base
+    return arr.obj if isinstance(arr, memoryview) else arr
+
+
+def _adjacent(parts: list[np.ndarray]) -> np.ndarray | None:
+    """The parts' rows as one view, where each part follows the one before in the same memory (a file
+    that stores gate and up one after the other: no copy), else None."""
+    first = parts[0]
+    if not all(p.flags.c_contiguous and p.shape[1:] == first.shape[1:] and _root(p) is _root(first) for p in parts):
+        return None
+    ends = [p.__array_interface__["data"][0] + p.nbytes for p in parts[:-1]]
+    if any(end != p.__array_interface__["data"][0] for end, p in zip(ends, parts[1:])):
+        return None
+    shape = (sum(p.shape[0] for p in parts), *first.shape[1:])
+    return np.lib.stride_tricks.as_strided(first, shape=shape, writeable=False)
 
 
 def _check_block_layout(ck: Any, stored: str, name: str, shape: tuple[int, ...], transpose: bool,
