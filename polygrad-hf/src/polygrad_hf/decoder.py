@@ -178,7 +178,7 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
 
 
 # projections of one layer read from the same input, joined at load into one quantized matvec (a decode
-# step's launches: 3 + 2 fewer a layer): {joined name: its parts in row order}
+# step's launches: 2 + 1 fewer a layer): {joined name: its parts in row order}
 JOINED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
 
@@ -187,8 +187,9 @@ def _join_projections(ck: Any, plan: list, convert: Callable[[np.ndarray], Tenso
                       keep_blocks: Callable[[np.ndarray], Tensor], out: dict[str, Weight]) -> list:
     """Each layer's q/k/v (and gate/up) projections, where all are kept in one block format with rows of
     the same width, become one QuantWeight (`self_attn.qkv_proj.weight`, `mlp.gate_up_proj.weight`, the
-    names Phi-3 checkpoints use) whose rows are the parts' rows one after the other (a copy out of the
-    file's map: the parts' bytes again, the parts themselves not kept), and their biases one bias. Each
+    names Phi-3 checkpoints use) whose rows are the parts' rows one after the other (a view of the file's
+    map where the parts lie one after another there, else a copy: the parts' bytes again, the parts
+    themselves not kept), and their biases one bias (parts with some biases but not all stay apart). Each
     output row is the same row sum as before, so the logits are unchanged. Returns the plan less the
     parts; `out` gets the joined weights."""
     by_name = {entry[0]: entry for entry in plan}
@@ -200,15 +201,16 @@ def _join_projections(ck: Any, plan: list, convert: Callable[[np.ndarray], Tenso
             if any(e is None or e[4] is None for e in entries):
                 continue  # a part dequantized (or quantized at load): left as it is
             blocks = [e[4] for e in entries]
-            if len({b.format for b in blocks}) != 1 or len({b.shape[1] for b in blocks}) != 1:
+            biases = [by_name.get(p + part + ".bias") for part in parts]
+            if len({b.format for b in blocks}) != 1 or len({b.shape[1] for b in blocks}) != 1 or \
+                    len({b is None for b in biases}) != 1:
                 continue
             rows = _adjacent(loaded := [b.load() for b in blocks])
             rows = np.concatenate(loaded, axis=0) if rows is None else rows
             out[p + joined + ".weight"] = QuantWeight(keep_blocks(rows), blocks[0].format,
                                                       (rows.shape[0], blocks[0].shape[1]))
             taken.update(e[0] for e in entries)
-            biases = [by_name.get(p + part + ".bias") for part in parts]
-            if all(b is not None for b in biases):
+            if biases[0] is not None:
                 out[p + joined + ".bias"] = convert(np.concatenate([ck.take(b[1], b[2]) for b in biases]))
                 taken.update(b[0] for b in biases)
     return [entry for entry in plan if entry[0] not in taken]
