@@ -147,7 +147,7 @@ def test_kept_blocks_match_dequantize_at_load(files, kind, fmt):
         assert any(f"quantized ({fmt}" in n for n in kept.hf_notes), kept.hf_notes
         assert any(f"dequantized {fmt}" in n for n in floats.hf_notes), floats.hf_notes
         assert {s.dtype for s in kept._p.slots if s.name.endswith("attn.c_attn.weight") or
-                s.name.endswith("q_proj.weight")} == {dtypes.uint8}
+                s.name.endswith(("q_proj.weight", "qkv_proj.weight"))} == {dtypes.uint8}
         ids = _prompt()
         for got, want in zip(_logits_and_steps(kept, ids), _logits_and_steps(floats, ids)):
             _close(got, want)
@@ -260,7 +260,7 @@ def test_llama_prompt_kernels_stage_their_weight_panels(files):
                 continue  # the LM head over the last position alone
             opts = lower(ast, caps).opts
             checked.append(any(o.kind is OptKind.STAGE for o in opts))
-        assert len(checked) >= 7 and all(checked), checked  # q, k, v, o, gate, up, down per layer
+        assert len(checked) >= 7 and all(checked), checked  # qkv, o, gate_up, down per layer (2 layers)
     finally:
         model.dispose()
 
@@ -280,7 +280,8 @@ def test_a_prompt_reads_kept_lane_scales_and_rounds_each_input_once(files):
         calls = [c for c in p.entries["prefill"].calls if c.kernel >= 0]
         names = [[p.slots[a].name for a in c.args] for c in calls]
         projections = {n for args in names for n in args if n.endswith("_proj.weight")}
-        assert len(projections) == 7 * model.hf_config.num_layers, sorted(projections)
+        # q/k/v and gate/up joined at load (POLY_JOIN_PROJ): qkv, o, gate_up, down
+        assert len(projections) == 4 * model.hf_config.num_layers, sorted(projections)
         for w in projections:
             readers = [args for args in names if w in args]
             assert len(readers) == 1 and f"{w}.lane_scales" in readers[0], (w, readers)
@@ -322,6 +323,35 @@ def test_decode_logits_are_the_head_matvecs_own_output(files, kind):
         assert got.shape == (1, 1, hc.VOCAB) and np.isfinite(got).all()
     finally:
         model.dispose()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_joined_projections_keep_the_logits_bit_for_bit(tmp_path, kind):
+    """A Llama/Qwen2 GGUF's q/k/v and gate/up blocks (and Qwen2's q/k/v biases) are joined at load into one
+    quantized matvec each: 3 fewer decode launches a layer, no slot of the parts left, and each output row
+    the same row sum as the parts' (prompt and decode logits bit-equal to POLY_JOIN_PROJ=0's, both routes)."""
+    path = tmp_path / f"{kind}-q4.gguf"
+    hc.write_gguf(hc.hf_model(kind), path, "Q4_0")
+    for int8_dot in (0, 1):
+        with Context(POLY_INT8_DOT=int8_dot):
+            joined = load_hf(path, max_seq_len=24)
+            with Context(POLY_JOIN_PROJ=0):
+                apart = load_hf(path, max_seq_len=24)
+        try:
+            layers = joined.hf_config.num_layers
+            names = {s.name for s in joined._p.slots}
+            assert not any(n.endswith(("q_proj.weight", "k_proj.weight", "gate_proj.weight")) for n in names)
+            assert sum(n.endswith(("qkv_proj.weight", "gate_up_proj.weight")) for n in names) == 2 * layers
+            if kind == "qwen2":
+                assert sum(n.endswith("qkv_proj.bias") for n in names) == layers
+            launches = [sum(c.kernel >= 0 for c in m._p.entries["decode"].calls) for m in (joined, apart)]
+            assert launches[0] == launches[1] - 3 * layers, launches
+            ids = _prompt()
+            for got, want in zip(_logits_and_steps(joined, ids), _logits_and_steps(apart, ids)):
+                assert np.array_equal(got, want)
+        finally:
+            joined.dispose()
+            apart.dispose()
 
 
 def test_q4_weights_take_about_the_file_bytes(files):

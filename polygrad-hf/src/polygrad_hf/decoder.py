@@ -20,7 +20,8 @@ of the kernel that reads it. The caches are (max_batch, kv_heads, max_seq_len, h
 keys and for values.
 
 Families past Llama differ in a few places, each a branch on the config: Phi-3 fuses q/k/v into one
-projection (qkv_proj) and gate/up into another (gate_up_proj), sliced after the matmul; Gemma scales the
+projection (qkv_proj) and gate/up into another (gate_up_proj), sliced after the matmul (the other families'
+GGUF blocks are joined into the same names at load: _join_projections); Gemma scales the
 embeddings by sqrt(width), gates with GELU (tanh form), and its norms scale by 1 + weight (the 1 added to
 the weights at load, config.norm_offset); Gemma 2 adds norms after attention and after the MLP, its own
 attention scale, tanh soft-capping of the attention scores and of the logits, and a sliding window on
@@ -33,7 +34,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from polygrad import Tensor, dtypes
+from polygrad import Tensor, config, dtypes
 from polygrad.nn.quant import block_format, quantize_rows
 from polygrad.nn.quantizers import QUANTIZERS
 
@@ -157,6 +158,8 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
             _check_block_layout(ck, stored, name, shape, transpose, blocks)
         plan.append((name, stored, shape, transpose, blocks))
     out: dict[str, Weight] = {}
+    if keep_blocks is not None and ck.config.family not in ("gpt2", "phi3") and config.get("POLY_JOIN_PROJ"):
+        plan = _join_projections(ck, plan, convert, keep_blocks, out)
     for name, stored, shape, transpose, blocks in plan:
         if blocks is not None and keep_blocks is not None:
             out[name] = QuantWeight(keep_blocks(blocks.load()), blocks.format, blocks.shape)
@@ -172,6 +175,64 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
                 continue
         out[name] = convert(np.ascontiguousarray(arr.T) if transpose else arr)
     return out
+
+
+# projections of one layer read from the same input, joined at load into one quantized matvec (a decode
+# step's launches: 2 + 1 fewer a layer): {joined name: its parts in row order}
+JOINED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def _join_projections(ck: Any, plan: list, convert: Callable[[np.ndarray], Tensor],
+                      keep_blocks: Callable[[np.ndarray], Tensor], out: dict[str, Weight]) -> list:
+    """Each layer's q/k/v (and gate/up) projections, where all are kept in one block format with rows of
+    the same width, become one QuantWeight (`self_attn.qkv_proj.weight`, `mlp.gate_up_proj.weight`, the
+    names Phi-3 checkpoints use) whose rows are the parts' rows one after the other (a view of the file's
+    map where the parts lie one after another there, else a copy: the parts' bytes again, the parts
+    themselves not kept), and their biases one bias (parts with some biases but not all stay apart). Each
+    output row is the same row sum as before, so the logits are unchanged. Returns the plan less the
+    parts; `out` gets the joined weights."""
+    by_name = {entry[0]: entry for entry in plan}
+    taken: set[str] = set()
+    for i in range(ck.config.num_layers):
+        p = f"model.layers.{i}."
+        for joined, parts in JOINED.items():
+            entries = [by_name.get(p + part + ".weight") for part in parts]
+            if any(e is None or e[4] is None for e in entries):
+                continue  # a part dequantized (or quantized at load): left as it is
+            blocks = [e[4] for e in entries]
+            biases = [by_name.get(p + part + ".bias") for part in parts]
+            if len({b.format for b in blocks}) != 1 or len({b.shape[1] for b in blocks}) != 1 or \
+                    len({b is None for b in biases}) != 1:
+                continue
+            rows = _adjacent(loaded := [b.load() for b in blocks])
+            rows = np.concatenate(loaded, axis=0) if rows is None else rows
+            out[p + joined + ".weight"] = QuantWeight(keep_blocks(rows), blocks[0].format,
+                                                      (rows.shape[0], blocks[0].shape[1]))
+            taken.update(e[0] for e in entries)
+            if biases[0] is not None:
+                out[p + joined + ".bias"] = convert(np.concatenate([ck.take(b[1], b[2]) for b in biases]))
+                taken.update(b[0] for b in biases)
+    return [entry for entry in plan if entry[0] not in taken]
+
+
+def _root(arr: np.ndarray) -> Any:
+    while isinstance(arr, np.ndarray) and arr.base is not None:
+        arr = arr.base
+    return arr.obj if isinstance(arr, memoryview) else arr
+
+
+def _adjacent(parts: list[np.ndarray]) -> np.ndarray | None:
+    """The parts' rows as one view, where each part follows the one before in the same memory (a file
+    that stores gate and up one after the other: no copy), else None."""
+    first = parts[0]
+    if not all(p.flags.c_contiguous and p.shape[1:] == first.shape[1:] and _root(p) is _root(first) for p in parts):
+        return None
+    ends = [p.__array_interface__["data"][0] + p.nbytes for p in parts[:-1]]
+    if any(end != p.__array_interface__["data"][0] for end, p in zip(ends, parts[1:])):
+        return None
+    shape = (sum(p.shape[0] for p in parts), *first.shape[1:])
+    return np.lib.stride_tricks.as_strided(first, shape=shape, writeable=False)
 
 
 def _check_block_layout(ck: Any, stored: str, name: str, shape: tuple[int, ...], transpose: bool,
@@ -291,15 +352,15 @@ class Decoder:
         else:
             p = f"model.layers.{i}."
             h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.norm_eps)
+            fused = p + "self_attn.qkv_proj.weight" in w  # Phi-3's, or joined at load (_join_projections)
             prompt_q = not (isinstance(length, int) and length == 1) and isinstance(
-                w.get(p + ("self_attn.qkv_proj.weight" if cfg.family == "phi3" else "self_attn.q_proj.weight")),
-                QuantWeight)
+                w.get(p + ("self_attn.qkv_proj.weight" if fused else "self_attn.q_proj.weight")), QuantWeight)
             # a prompt's quantized projections are kernels of their own (a decode step's already are:
             # QuantWeight.matmul_t). Fused into the rotation (which reads each output at two columns: two
             # reductions) or the cache write (the heads' permuted layout), the weight panel was not staged
             # (host_opts.decompress_stage_opts) and each row tile dequantized the weight again: Qwen2-0.5B
             # Q4_0, 32 tokens, q, k and v took 3.6, 4.4 and 4.9 ms a layer (2 threads, loaded)
-            if cfg.family == "phi3":
+            if fused:
                 qkv = self._linear(h, p + "self_attn.qkv_proj")
                 qkv = qkv.contiguous() if prompt_q else qkv
                 q, k, v = qkv[..., :H * D], qkv[..., H * D:(H + KV) * D], qkv[..., (H + KV) * D:]
@@ -331,7 +392,7 @@ class Decoder:
     def _mlp(self, h: Tensor, p: str) -> Tensor:
         """The gated MLP: act(gate) * up, projected down (Phi-3: gate and up halves of one projection)."""
         cfg = self.cfg
-        if cfg.family == "phi3":
+        if p + "mlp.gate_up_proj.weight" in self.w:  # Phi-3's, or joined at load (_join_projections)
             gate_up = self._linear(h, p + "mlp.gate_up_proj")
             F = cfg.intermediate_size
             gate, up = gate_up[..., :F], gate_up[..., F:]
