@@ -326,12 +326,13 @@ def test_decode_logits_are_the_head_matvecs_own_output(files, kind):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_joined_projections_keep_the_logits_bit_for_bit(tmp_path, kind):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_joined_projections_keep_the_logits_bit_for_bit(tmp_path, kind, fmt):
     """A Llama/Qwen2 GGUF's q/k/v and gate/up blocks (and Qwen2's q/k/v biases) are joined at load into one
     quantized matvec each: 3 fewer decode launches a layer, no slot of the parts left, and each output row
     the same row sum as the parts' (prompt and decode logits bit-equal to POLY_JOIN_PROJ=0's, both routes)."""
-    path = tmp_path / f"{kind}-q4.gguf"
-    hc.write_gguf(hc.hf_model(kind), path, "Q4_0")
+    path = tmp_path / f"{kind}-{fmt}.gguf"
+    hc.write_gguf(hc.hf_model(kind), path, fmt)
     for int8_dot in (0, 1):
         with Context(POLY_INT8_DOT=int8_dot):
             joined = load_hf(path, max_seq_len=24)
@@ -352,6 +353,35 @@ def test_joined_projections_keep_the_logits_bit_for_bit(tmp_path, kind):
         finally:
             joined.dispose()
             apart.dispose()
+
+
+def test_parts_in_different_formats_stay_apart(tmp_path):
+    """A file whose v projection is in another block format than q and k (as a Q4_K_M file's v in Q6_K)
+    keeps q, k and v as three matvecs (one weight cannot hold two formats) while gate/up of one format are
+    joined; the logits are POLY_JOIN_PROJ=0's bit for bit and transformers' on the weights the file holds."""
+    ref = hc.hf_model("llama")
+    layers = ref.config.num_hidden_layers
+    types = {n: ("Q8_0" if "v_proj" in n else "Q4_0") for n, v in ref.state_dict().items() if v.ndim == 2}
+    path = tmp_path / "llama-mixed.gguf"
+    held = hc.write_gguf(ref, path, types)
+    twin = hc.hf_model("llama")
+    hc.set_state(twin, held)
+    with Context(POLY_INT8_DOT=0):  # the float route: transformers' sums on the dequantized weights
+        joined = load_hf(path, max_seq_len=24)
+        with Context(POLY_JOIN_PROJ=0):
+            apart = load_hf(path, max_seq_len=24)
+    try:
+        names = {s.name for s in joined._p.slots}
+        assert sum(n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")) for n in names) == 3 * layers
+        assert not any(n.endswith("qkv_proj.weight") for n in names)
+        assert sum(n.endswith("gate_up_proj.weight") for n in names) == layers
+        ids = _prompt()
+        got, want = _logits_and_steps(joined, ids), _logits_and_steps(apart, ids)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want))
+        _close(got[0], hc.logits(twin, ids), 1e-4)
+    finally:
+        joined.dispose()
+        apart.dispose()
 
 
 def test_q4_weights_take_about_the_file_bytes(files):

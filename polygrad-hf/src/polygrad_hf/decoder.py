@@ -157,10 +157,16 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
         if blocks is not None:
             _check_block_layout(ck, stored, name, shape, transpose, blocks)
         plan.append((name, stored, shape, transpose, blocks))
+    joins = _joins(ck, plan, keep_blocks, quantize_to) if config.get("POLY_JOIN_PROJ") else {}
+    parts = {entry[0] for group in joins.values() for entry in group[1] + group[2]}
     out: dict[str, Weight] = {}
-    if keep_blocks is not None and ck.config.family not in ("gpt2", "phi3") and config.get("POLY_JOIN_PROJ"):
-        plan = _join_projections(ck, plan, convert, keep_blocks, out)
-    for name, stored, shape, transpose, blocks in plan:
+    for entry in plan:  # in the plan's order: the largest reads (the embeddings) first, while little is held
+        name, stored, shape, transpose, blocks = entry
+        if name in joins:
+            _read_joined(ck, joins[name], convert, keep_blocks, quantize_to, out)
+            continue
+        if name in parts:
+            continue
         if blocks is not None and keep_blocks is not None:
             out[name] = QuantWeight(keep_blocks(blocks.load()), blocks.format, blocks.shape)
             continue
@@ -177,43 +183,83 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
     return out
 
 
-# projections of one layer read from the same input, joined at load into one quantized matvec (a decode
-# step's launches: 2 + 1 fewer a layer): {joined name: its parts in row order}
+# projections of one layer that read the same input, joined at load into one (a decode step's launches:
+# 2 + 1 fewer a layer), under the names Phi-3 checkpoints use: {joined name: its parts in row order}
 JOINED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
 
 
-def _join_projections(ck: Any, plan: list, convert: Callable[[np.ndarray], Tensor],
-                      keep_blocks: Callable[[np.ndarray], Tensor], out: dict[str, Weight]) -> list:
-    """Each layer's q/k/v (and gate/up) projections, where all are kept in one block format with rows of
-    the same width, become one QuantWeight (`self_attn.qkv_proj.weight`, `mlp.gate_up_proj.weight`, the
-    names Phi-3 checkpoints use) whose rows are the parts' rows one after the other (a view of the file's
-    map where the parts lie one after another there, else a copy: the parts' bytes again, the parts
-    themselves not kept), and their biases one bias (parts with some biases but not all stay apart). Each
-    output row is the same row sum as before, so the logits are unchanged. Returns the plan less the
-    parts; `out` gets the joined weights."""
+def _kept_as(entry: tuple, keep_blocks: Any, quantize_to: str | None) -> tuple[str | None, int]:
+    """(block format, row width) a projection's entry of read_weights' plan is kept in: its stored blocks,
+    the format it is quantized to at load, or None (float)."""
+    _, _, shape, _, blocks = entry
+    if blocks is not None and keep_blocks is not None:
+        return blocks.format, blocks.shape[1]
+    if quantize_to is not None and keep_blocks is not None and shape[1] % block_format(quantize_to).block == 0:
+        return quantize_to, shape[1]
+    return None, shape[1]
+
+
+def _joins(ck: Any, plan: list, keep_blocks: Any, quantize_to: str | None) -> dict[str, tuple]:
+    """The projections read_weights joins: {the first part's name: (joined name, the parts' plan entries,
+    their bias entries)}. A layer's q/k/v (and gate/up) become one weight, `self_attn.qkv_proj`
+    (`mlp.gate_up_proj`), whose output features are the parts' one after the other: every family with
+    separate projections, whatever the file (safetensors or GGUF, float or blocks, quantized at load or
+    not), so the parameter names, the program cache key and a saved bundle do not depend on it; each
+    output is the same sum as the part's, so the logits are unchanged. Parts stay apart where they cannot
+    be one weight: kept in different block formats (a Q4_K_M file's v in Q6_K) or one in blocks and one
+    float, rows of different widths, or biases on some parts and not on the others. GPT-2's c_attn and
+    Phi-3's qkv_proj/gate_up_proj already are one."""
+    if ck.config.family in ("gpt2", "phi3"):
+        return {}
     by_name = {entry[0]: entry for entry in plan}
-    taken: set[str] = set()
+    joins = {}
     for i in range(ck.config.num_layers):
         p = f"model.layers.{i}."
-        for joined, parts in JOINED.items():
-            entries = [by_name.get(p + part + ".weight") for part in parts]
-            if any(e is None or e[4] is None for e in entries):
-                continue  # a part dequantized (or quantized at load): left as it is
-            blocks = [e[4] for e in entries]
-            biases = [by_name.get(p + part + ".bias") for part in parts]
-            if len({b.format for b in blocks}) != 1 or len({b.shape[1] for b in blocks}) != 1 or \
-                    len({b is None for b in biases}) != 1:
+        for joined, names in JOINED.items():
+            entries = [by_name.get(p + part + ".weight") for part in names]
+            biases = [by_name.get(p + part + ".bias") for part in names]
+            if any(e is None for e in entries) or len({b is None for b in biases}) != 1:
                 continue
-            rows = _adjacent(loaded := [b.load() for b in blocks])
-            rows = np.concatenate(loaded, axis=0) if rows is None else rows
-            out[p + joined + ".weight"] = QuantWeight(keep_blocks(rows), blocks[0].format,
-                                                      (rows.shape[0], blocks[0].shape[1]))
-            taken.update(e[0] for e in entries)
-            if biases[0] is not None:
-                out[p + joined + ".bias"] = convert(np.concatenate([ck.take(b[1], b[2]) for b in biases]))
-                taken.update(b[0] for b in biases)
-    return [entry for entry in plan if entry[0] not in taken]
+            if len({_kept_as(e, keep_blocks, quantize_to) for e in entries}) != 1:
+                continue
+            joins[entries[0][0]] = (p + joined, entries, [b for b in biases if b is not None])
+    return joins
+
+
+def _read_joined(ck: Any, join: tuple, convert: Callable[[np.ndarray], Tensor], keep_blocks: Any,
+                 quantize_to: str | None, out: dict[str, Weight]) -> None:
+    """One joined projection (see _joins) into `out`, its parts not kept: blocks whose parts lie one after
+    another in the file's map are a view of it (no copy); otherwise the parts are read one at a time into
+    the joined array (blocks as stored or quantized at load, or float (in, out) columns), which becomes the
+    weight, so the load holds no more at once than reading the parts apart did."""
+    joined, entries, biases = join
+    fmt, width = _kept_as(entries[0], keep_blocks, quantize_to)
+    total = sum(e[2][0] for e in entries)  # the parts' output features: (out, in) as stored
+    if fmt is None:
+        arr, at = np.empty((width, total), np.float32), 0
+        for _, stored, shape, _, _ in entries:
+            arr[:, at:at + shape[0]] = ck.take(stored, shape).T
+            at += shape[0]
+        out[joined + ".weight"] = convert(arr)
+    else:
+        # the stored parts' blocks (views of the map, or a part's reordered copy) when every part is stored
+        loaded = [e[4].load() for e in entries] if all(e[4] is not None for e in entries) else None
+        rows = _adjacent(loaded) if loaded is not None else None
+        if rows is None:
+            at = 0
+            for k, (_, stored, shape, _, blocks) in enumerate(entries):
+                part = loaded[k] if loaded is not None else \
+                    blocks.load() if blocks is not None else quantize_rows(ck.take(stored, shape), fmt)
+                if at == 0:
+                    rows = np.empty((total, *part.shape[1:]), np.uint8)
+                rows[at:at + shape[0]] = part
+                at += shape[0]
+                if loaded is not None:
+                    loaded[k] = None  # a reordered copy is freed once it is in the joined rows
+        out[joined + ".weight"] = QuantWeight(keep_blocks(rows), fmt, (total, width))
+    if biases:
+        out[joined + ".bias"] = convert(np.concatenate([ck.take(b[1], b[2]) for b in biases]))
 
 
 def _root(arr: np.ndarray) -> Any:
