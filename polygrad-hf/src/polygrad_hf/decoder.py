@@ -20,12 +20,13 @@ of the kernel that reads it. The caches are (max_batch, kv_heads, max_seq_len, h
 keys and for values.
 
 Families past Llama differ in a few places, each a branch on the config: Phi-3 fuses q/k/v into one
-projection (qkv_proj) and gate/up into another (gate_up_proj), sliced after the matmul (the other families'
-GGUF blocks are joined into the same names at load: _join_projections); Gemma scales the
-embeddings by sqrt(width), gates with GELU (tanh form), and its norms scale by 1 + weight (the 1 added to
-the weights at load, config.norm_offset); Gemma 2 adds norms after attention and after the MLP, its own
-attention scale, tanh soft-capping of the attention scores and of the logits, and a sliding window on
-alternate layers (a mask table, like the causal one, sliced at the query positions).
+projection (qkv_proj) and gate/up into another (gate_up_proj), sliced after the matmul (the other
+families' are joined into the same names at load, from any file: _joins; POLY_JOIN_PROJ=0 keeps them
+apart); Gemma scales the embeddings by sqrt(width), gates with GELU (tanh form), and its norms scale by
+1 + weight (the 1 added to the weights at load, config.norm_offset); Gemma 2 adds norms after attention
+and after the MLP, its own attention scale, tanh soft-capping of the attention scores and of the logits,
+and a sliding window on alternate layers (a mask table, like the causal one, sliced at the query
+positions).
 """
 from __future__ import annotations
 
