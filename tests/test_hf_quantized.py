@@ -384,6 +384,35 @@ def test_parts_in_different_formats_stay_apart(tmp_path):
         apart.dispose()
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads a map's resident pages from /proc")
+def test_a_copied_part_gives_its_file_pages_back(tmp_path):
+    """A part copied into a joined projection has read its pages of the file's map in; the load gives back
+    the pages only it lay on (the kernels read the copy), and its values still read the same."""
+    import mmap
+    from polygrad_hf.decoder import _drop_pages
+    page = mmap.PAGESIZE
+    data = np.random.default_rng(0).integers(0, 256, 64 * page, np.uint8)
+    (tmp_path / "f.bin").write_bytes(data.tobytes())
+
+    def resident(addr):  # kB of the map at addr resident in this process
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"{addr:x}-"))
+        return next(int(line.split()[1]) for line in lines[at + 1:] if line.startswith("Rss:"))
+
+    with open(tmp_path / "f.bin", "rb") as fh:
+        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    whole = np.frombuffer(mapped, np.uint8)
+    part = whole[3 * page + 100:40 * page + 7].reshape(-1, 1)  # pages 4..39 are the part's alone
+    assert int(whole.astype(np.int64).sum()) == int(data.astype(np.int64).sum())  # every page read in
+    addr = whole.__array_interface__["data"][0]
+    before = resident(addr)
+    _drop_pages(part)
+    assert before - resident(addr) == 36 * page // 1024, (before, resident(addr))
+    assert np.array_equal(whole, data)  # read back from the file
+    del whole, part
+
+
 def test_q4_weights_take_about_the_file_bytes(files):
     reader = gguf.GGUFReader(files["gpt2", "Q4_0"])
     file_bytes = sum(int(t.n_bytes) for t in reader.tensors)

@@ -31,6 +31,7 @@ positions).
 from __future__ import annotations
 
 import math
+import mmap
 from typing import Any, Callable
 
 import numpy as np
@@ -256,6 +257,7 @@ def _read_joined(ck: Any, join: tuple, convert: Callable[[np.ndarray], Tensor], 
                     rows = np.empty((total, *part.shape[1:]), np.uint8)
                 rows[at:at + shape[0]] = part
                 at += shape[0]
+                _drop_pages(part)
                 if loaded is not None:
                     loaded[k] = None  # a reordered copy is freed once it is in the joined rows
         out[joined + ".weight"] = QuantWeight(keep_blocks(rows), fmt, (total, width))
@@ -267,6 +269,19 @@ def _root(arr: np.ndarray) -> Any:
     while isinstance(arr, np.ndarray) and arr.base is not None:
         arr = arr.base
     return arr.obj if isinstance(arr, memoryview) else arr
+
+
+def _drop_pages(part: np.ndarray) -> None:
+    """Give back the resident pages of a file map that only `part` (copied into a joined weight) lay on:
+    the copy reads them in, and nothing reads them again (the kernels read the copy). Reading them again
+    would fault them back in from the file, so this never changes a value."""
+    root = _root(part)
+    if not isinstance(root, mmap.mmap) or not hasattr(root, "madvise") or not part.nbytes:
+        return
+    start = part.__array_interface__["data"][0] - np.frombuffer(root, np.uint8, 1).__array_interface__["data"][0]
+    first, end = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + part.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > first:
+        root.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 def _adjacent(parts: list[np.ndarray]) -> np.ndarray | None:
