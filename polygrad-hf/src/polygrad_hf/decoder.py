@@ -414,7 +414,7 @@ class Decoder:
         else:
             p = f"model.layers.{i}."
             h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.norm_eps)
-            fused = p + "self_attn.qkv_proj.weight" in w  # Phi-3's, or joined at load (_join_projections)
+            fused = p + "self_attn.qkv_proj.weight" in w  # Phi-3's, or joined at load (_joins)
             prompt_q = not (isinstance(length, int) and length == 1) and isinstance(
                 w.get(p + ("self_attn.qkv_proj.weight" if fused else "self_attn.q_proj.weight")), QuantWeight)
             # a prompt's quantized projections are kernels of their own (a decode step's already are:
@@ -423,9 +423,7 @@ class Decoder:
             # (host_opts.decompress_stage_opts) and each row tile dequantized the weight again: Qwen2-0.5B
             # Q4_0, 32 tokens, q, k and v took 3.6, 4.4 and 4.9 ms a layer (2 threads, loaded)
             if fused:
-                qkv = self._linear(h, p + "self_attn.qkv_proj")
-                qkv = qkv.contiguous() if prompt_q else qkv
-                q, k, v = qkv[..., :H * D], qkv[..., H * D:(H + KV) * D], qkv[..., (H + KV) * D:]
+                q, k, v = self._parts(h, p + "self_attn.qkv_proj", (H * D, KV * D, KV * D), length, prompt_q)
             else:
                 q, k, v = (self._linear(h, p + f"self_attn.{n}_proj") for n in "qkv")
                 if prompt_q:
@@ -454,14 +452,29 @@ class Decoder:
     def _mlp(self, h: Tensor, p: str) -> Tensor:
         """The gated MLP: act(gate) * up, projected down (Phi-3: gate and up halves of one projection)."""
         cfg = self.cfg
-        if p + "mlp.gate_up_proj.weight" in self.w:  # Phi-3's, or joined at load (_join_projections)
-            gate_up = self._linear(h, p + "mlp.gate_up_proj")
+        if p + "mlp.gate_up_proj.weight" in self.w:  # Phi-3's, or joined at load (_joins)
             F = cfg.intermediate_size
-            gate, up = gate_up[..., :F], gate_up[..., F:]
+            gate, up = self._parts(h, p + "mlp.gate_up_proj", (F, F), h.shape[1], False)
         else:
             gate, up = self._linear(h, p + "mlp.gate_proj"), self._linear(h, p + "mlp.up_proj")
         gate = gate.silu() if cfg.activation == "silu" else gelu(gate, cfg.activation)
         return self._linear(gate * up, p + "mlp.down_proj")
+
+    def _parts(self, x: Tensor, name: str, widths: tuple[int, ...], length: Any, own_kernel: bool) -> list[Tensor]:
+        """x @ a joined projection (qkv_proj, gate_up_proj) (+ bias), as its parts' outputs of `widths`: one
+        product sliced after (a decode step's one matvec; with `own_kernel`, a kernel of its own), except a
+        float weight in a prompt, applied part by part over its columns: one product's weight panel of all
+        the parts outgrew the cache the parts' each fit (a float Qwen2 of width 896, 64 tokens, 1 thread:
+        gate and up over one (896, 9728) weight took twice the time of two (896, 4864) products)."""
+        edges = np.cumsum((0, *widths)).tolist()
+        weight, bias = self.w[name + ".weight"], self.w.get(name + ".bias")
+        if not isinstance(weight, QuantWeight) and not (isinstance(length, int) and length == 1):
+            x = x.contiguous()
+            outs = [x @ weight[:, a:b] for a, b in zip(edges, edges[1:])]
+            return outs if bias is None else [o + bias[a:b] for o, a, b in zip(outs, edges, edges[1:])]
+        y = self._linear(x, name)
+        y = y.contiguous() if own_kernel else y
+        return [y[..., a:b] for a, b in zip(edges, edges[1:])]
 
     def _linear(self, x: Tensor, name: str) -> Tensor:
         """x @ weight (+ bias). The input is realized first: fused into the matmul, an elementwise input
