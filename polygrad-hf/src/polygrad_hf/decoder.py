@@ -185,8 +185,8 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
     return out
 
 
-# projections of one layer that read the same input, joined at load into one (a decode step's launches:
-# 2 + 1 fewer a layer), under the names Phi-3 checkpoints use: {joined name: its parts in row order}
+# projections of one layer that read the same input, joined at load into one (a quantized decode step:
+# 2 + 1 fewer launches a layer; float: 1), under the names Phi-3 checkpoints use: {joined name: its parts}
 JOINED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
 
@@ -234,7 +234,7 @@ def _read_joined(ck: Any, join: tuple, convert: Callable[[np.ndarray], Tensor], 
     """One joined projection (see _joins) into `out`, its parts not kept: blocks whose parts lie one after
     another in the file's map are a view of it (no copy); otherwise the parts are read one at a time into
     the joined array (blocks as stored or quantized at load, or float (in, out) columns), which becomes the
-    weight, so the load holds no more at once than reading the parts apart did."""
+    weight: one host copy of the whole, where reading the parts apart made a transposed copy of each."""
     joined, entries, biases = join
     fmt, width = _kept_as(entries[0], keep_blocks, quantize_to)
     total = sum(e[2][0] for e in entries)  # the parts' output features: (out, in) as stored
@@ -463,9 +463,9 @@ class Decoder:
     def _parts(self, x: Tensor, name: str, widths: tuple[int, ...], length: Any, own_kernel: bool) -> list[Tensor]:
         """x @ a joined projection (qkv_proj, gate_up_proj) (+ bias), as its parts' outputs of `widths`: one
         product sliced after (a decode step's one matvec; with `own_kernel`, a kernel of its own), except a
-        float weight in a prompt, applied part by part over its columns: one product's weight panel of all
-        the parts outgrew the cache the parts' each fit (a float Qwen2 of width 896, 64 tokens, 1 thread:
-        gate and up over one (896, 9728) weight took twice the time of two (896, 4864) products)."""
+        float weight in a prompt, applied part by part over its columns, the products the parts made apart
+        (a float Qwen2 of width 896, 64 tokens, 1 thread: one (896, 9728) gate/up product over a Variable
+        token count took about twice the time of two (896, 4864) ones; with 64 concrete tokens, the same)."""
         edges = np.cumsum((0, *widths)).tolist()
         weight, bias = self.w[name + ".weight"], self.w.get(name + ".bias")
         if not isinstance(weight, QuantWeight) and not (isinstance(length, int) and length == 1):
