@@ -191,7 +191,8 @@ def test_safetensors_loads_join_the_projections(saved, kind, dtype):
     self_attn.qkv_proj and one mlp.gate_up_proj a layer (Qwen2's q/k/v biases one bias), with the logits
     of POLY_JOIN_PROJ=0 bit for bit (and transformers' in float). A decode step launches 1 kernel fewer a
     layer in float (v's matvec was fused into its cache write, and gate with up into one kernel already),
-    3 fewer quantized (each quantized matvec is a kernel of its own)."""
+    3 fewer quantized (each quantized matvec is a kernel of its own); a float prompt runs the parts' own
+    products (Decoder._parts), as many launches as apart."""
     ref, path = saved[kind]
     joined = load_hf(path, max_seq_len=16, dtype=dtype)
     with Context(POLY_JOIN_PROJ=0):
@@ -205,6 +206,9 @@ def test_safetensors_loads_join_the_projections(saved, kind, dtype):
         assert per_layer == sorted(want)
         launches = [sum(c.kernel >= 0 for c in m._p.entries["decode"].calls) for m in (joined, apart)]
         assert launches[0] == launches[1] - (1 if dtype is None else 3) * layers, launches
+        if dtype is None:  # a float prompt applies the joined weight part by part: the parts' own products
+            prompts = [sum(c.kernel >= 0 for c in m._p.entries["prefill"].calls) for m in (joined, apart)]
+            assert prompts[0] == prompts[1], prompts
         ids = _prompt(1)
         outs = []
         for model in (joined, apart):
