@@ -159,8 +159,10 @@ def write_gpt2_gguf(path: str, fmt: str, layers: int, tokenizer: bool = False) -
 
 
 def weight_bytes(model) -> int:
-    from polygrad_hf.decoder import expected_weights
+    from polygrad_hf.decoder import JOINED, expected_weights
     names = set(expected_weights(model.hf_config))
+    # and the projections read_weights joined (qkv_proj, gate_up_proj), where it did
+    names |= {n.replace(part, joined) for n in names for joined, parts in JOINED.items() for part in parts}
     return sum(s.size * s.dtype.itemsize for s in model._p.slots if s.name in names)
 
 

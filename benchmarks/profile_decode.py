@@ -5,15 +5,16 @@ Face folder), a 32-token prompt, then `--steps` decode steps (or `--prefill N`: 
 POLY_THREADS threads. Each kernel launch of the entrypoint's plan is timed on its own (the program's
 launch, nothing else); a launch's figure is its fastest of the steps (the minimum filters out the
 steps another process preempted). Launches are grouped by kernel name, opts and position within a
-layer (`--per-layer`, the number of launches of one layer: 17 for Llama/Qwen2, 0 to group by name
-alone), so the table reads as one layer's kernels times the layers, plus the head. Columns: the time
-summed over the group, its share, launches, bytes the kernels read and write (ProgramSpec.mem_bytes)
-and the bandwidth that makes. "outside kernels" is a step's wall time less its kernels' (the Python
-executor, argument packing, the feeds' copies, reading the logits back).
+layer (`--per-layer`, the number of launches of one layer: by default the period the kernel names repeat
+at, 26 for a Q4_0 Qwen2 (29 with POLY_JOIN_PROJ=0); 0 to group by name alone), so the table reads as
+one layer's kernels times the layers, plus the head. Columns: the time summed over the group, its
+share, launches, bytes the kernels read and write (ProgramSpec.mem_bytes) and the bandwidth that makes.
+"outside kernels" is a step's wall time less its kernels' (the Python executor, argument packing, the
+feeds' copies, reading the logits back).
 
 It reads the Model's executor (model/executor.py), an internal that may change.
 
-    python benchmarks/profile_decode.py FILE [--steps 10] [--threads 2] [--prefill N] [--per-layer 17]
+    python benchmarks/profile_decode.py FILE [--steps 10] [--threads 2] [--prefill N] [--per-layer N]
                                         [--cpu-time (with --threads 1)]
 """
 from __future__ import annotations
@@ -54,6 +55,9 @@ def instrument(model, entry: str, per_layer: int, clock=time.perf_counter) -> tu
     model._x.replan()
     plan = model._x.plan(entry)
     names = [p.spec.name if p is not None else "" for p, _, _ in plan]
+    if per_layer < 0:  # the period at which the launches' names repeat most (none: group by name)
+        periods = range(2, len(names) // 2 + 1)
+        per_layer = max(periods, key=lambda p: sum(a == b for a, b in zip(names, names[p:]))) if periods else 0
     # the first layer's first launch: where the names start repeating with the layer's period
     first = next((i for i in range(len(names)) if per_layer and i + 2 * per_layer <= len(names)
                   and names[i:i + per_layer] == names[i + per_layer:i + 2 * per_layer]), 0)
@@ -95,7 +99,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prefill", type=int, default=0, help="profile prompts of this many tokens instead")
-    ap.add_argument("--per-layer", type=int, default=17, help="launches in one layer (0: group by name)")
+    ap.add_argument("--per-layer", type=int, default=-1,
+                    help="launches in one layer (0: group by name; default: the period the kernel names repeat at)")
     ap.add_argument("--cpu-time", action="store_true",
                     help="time each launch by the thread's CPU time (needs --threads 1; steadier on a busy machine)")
     args = ap.parse_args()

@@ -185,6 +185,45 @@ def test_gguf_matches_transformers_on_the_weights_it_holds(tmp_path, saved, kind
     model.dispose()
 
 
+@pytest.mark.parametrize("kind,dtype", [("llama", None), ("qwen2", None), ("qwen2", "q8_0")])
+def test_safetensors_loads_join_the_projections(saved, kind, dtype):
+    """A safetensors load, float or quantized at load, has the parameters a GGUF load has: one
+    self_attn.qkv_proj and one mlp.gate_up_proj a layer (Qwen2's q/k/v biases one bias), with the logits
+    of POLY_JOIN_PROJ=0 bit for bit (and transformers' in float). A decode step launches 1 kernel fewer a
+    layer in float (v's matvec was fused into its cache write, and gate with up into one kernel already),
+    3 fewer quantized (each quantized matvec is a kernel of its own); a float prompt runs the parts' own
+    products (Decoder._parts), as many launches as apart."""
+    ref, path = saved[kind]
+    joined = load_hf(path, max_seq_len=16, dtype=dtype)
+    with Context(POLY_JOIN_PROJ=0):
+        apart = load_hf(path, max_seq_len=16, dtype=dtype)
+    try:
+        layers = joined.hf_config.num_layers
+        per_layer = sorted(n.split("layers.1.")[1] for n in joined.parameters()
+                           if ".layers.1." in n and n.endswith(("_proj.weight", "_proj.bias")))
+        want = ["mlp.down_proj.weight", "mlp.gate_up_proj.weight", "self_attn.o_proj.weight",
+                "self_attn.qkv_proj.weight"] + (["self_attn.qkv_proj.bias"] if kind == "qwen2" else [])
+        assert per_layer == sorted(want)
+        launches = [sum(c.kernel >= 0 for c in m._p.entries["decode"].calls) for m in (joined, apart)]
+        assert launches[0] == launches[1] - (1 if dtype is None else 3) * layers, launches
+        if dtype is None:  # a float prompt applies the joined weight part by part: the parts' own products
+            prompts = [sum(c.kernel >= 0 for c in m._p.entries["prefill"].calls) for m in (joined, apart)]
+            assert prompts[0] == prompts[1], prompts
+        ids = _prompt(1)
+        outs = []
+        for model in (joined, apart):
+            outs.append([model.forward(input_ids=ids)["logits"].numpy()])
+            for k in range(3):
+                step = {"input_ids": np.array([[(5 * k + 2) % hc.VOCAB]], np.int32), "pos": ids.shape[1] + k}
+                outs[-1].append(model.call("decode", step)["logits"].numpy())
+        assert all(np.array_equal(a, b) for a, b in zip(*outs))
+        if dtype is None:
+            _check_logits(joined, ref, ids)
+    finally:
+        joined.dispose()
+        apart.dispose()
+
+
 def test_bundle_of_a_loaded_model_gives_the_same_logits(tmp_path, saved):
     ref, path = saved["gpt2"]
     model = load_hf(path, max_batch=1, max_seq_len=16)

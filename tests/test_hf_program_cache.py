@@ -120,6 +120,18 @@ def test_bounds_dtype_and_config_are_part_of_the_key(folder, tmp_path):
     assert counts == [(0, 1), (1, 1), (1, 2), (1, 3), (1, 4), (2, 4)]
 
 
+def test_joined_and_separate_projections_are_different_entries(folder, tmp_path):
+    """A Llama's q/k/v and gate/up joined at load (qkv_proj, gate_up_proj) and kept apart (POLY_JOIN_PROJ=0,
+    the names an older polygrad gave) are parameters of other names: two entries, neither read for the other."""
+    _, path = hc.make("llama", tmp_path / "a")
+    counts = []
+    for join in (1, 0, 1, 0):
+        with config.Context(POLY_JOIN_PROJ=join):
+            load_hf(path, max_seq_len=16).dispose()
+        counts.append((programcache.stats["hits"], programcache.stats["misses"]))
+    assert counts == [(0, 1), (0, 2), (1, 2), (2, 2)]
+
+
 def test_a_hit_with_other_weights_gives_their_logits(folder, tmp_path):
     """The entry holds no weights: a checkpoint of the same layout runs the cached program on its own."""
     _, a = hc.make("llama", tmp_path / "a")

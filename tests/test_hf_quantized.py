@@ -147,7 +147,7 @@ def test_kept_blocks_match_dequantize_at_load(files, kind, fmt):
         assert any(f"quantized ({fmt}" in n for n in kept.hf_notes), kept.hf_notes
         assert any(f"dequantized {fmt}" in n for n in floats.hf_notes), floats.hf_notes
         assert {s.dtype for s in kept._p.slots if s.name.endswith("attn.c_attn.weight") or
-                s.name.endswith("q_proj.weight")} == {dtypes.uint8}
+                s.name.endswith(("q_proj.weight", "qkv_proj.weight"))} == {dtypes.uint8}
         ids = _prompt()
         for got, want in zip(_logits_and_steps(kept, ids), _logits_and_steps(floats, ids)):
             _close(got, want)
@@ -260,7 +260,7 @@ def test_llama_prompt_kernels_stage_their_weight_panels(files):
                 continue  # the LM head over the last position alone
             opts = lower(ast, caps).opts
             checked.append(any(o.kind is OptKind.STAGE for o in opts))
-        assert len(checked) >= 7 and all(checked), checked  # q, k, v, o, gate, up, down per layer
+        assert len(checked) >= 7 and all(checked), checked  # qkv, o, gate_up, down per layer (2 layers)
     finally:
         model.dispose()
 
@@ -280,7 +280,8 @@ def test_a_prompt_reads_kept_lane_scales_and_rounds_each_input_once(files):
         calls = [c for c in p.entries["prefill"].calls if c.kernel >= 0]
         names = [[p.slots[a].name for a in c.args] for c in calls]
         projections = {n for args in names for n in args if n.endswith("_proj.weight")}
-        assert len(projections) == 7 * model.hf_config.num_layers, sorted(projections)
+        # q/k/v and gate/up joined at load (POLY_JOIN_PROJ): qkv, o, gate_up, down
+        assert len(projections) == 4 * model.hf_config.num_layers, sorted(projections)
         for w in projections:
             readers = [args for args in names if w in args]
             assert len(readers) == 1 and f"{w}.lane_scales" in readers[0], (w, readers)
@@ -322,6 +323,94 @@ def test_decode_logits_are_the_head_matvecs_own_output(files, kind):
         assert got.shape == (1, 1, hc.VOCAB) and np.isfinite(got).all()
     finally:
         model.dispose()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_joined_projections_keep_the_logits_bit_for_bit(tmp_path, kind, fmt):
+    """A Llama/Qwen2 GGUF's q/k/v and gate/up blocks (and Qwen2's q/k/v biases) are joined at load into one
+    quantized matvec each: 3 fewer decode launches a layer, no slot of the parts left, and each output row
+    the same row sum as the parts' (prompt and decode logits bit-equal to POLY_JOIN_PROJ=0's, both routes)."""
+    path = tmp_path / f"{kind}-{fmt}.gguf"
+    hc.write_gguf(hc.hf_model(kind), path, fmt)
+    for int8_dot in (0, 1):
+        with Context(POLY_INT8_DOT=int8_dot):
+            joined = load_hf(path, max_seq_len=24)
+            with Context(POLY_JOIN_PROJ=0):
+                apart = load_hf(path, max_seq_len=24)
+        try:
+            layers = joined.hf_config.num_layers
+            names = {s.name for s in joined._p.slots}
+            assert not any(n.endswith(("q_proj.weight", "k_proj.weight", "gate_proj.weight")) for n in names)
+            assert sum(n.endswith(("qkv_proj.weight", "gate_up_proj.weight")) for n in names) == 2 * layers
+            if kind == "qwen2":
+                assert sum(n.endswith("qkv_proj.bias") for n in names) == layers
+            launches = [sum(c.kernel >= 0 for c in m._p.entries["decode"].calls) for m in (joined, apart)]
+            assert launches[0] == launches[1] - 3 * layers, launches
+            ids = _prompt()
+            for got, want in zip(_logits_and_steps(joined, ids), _logits_and_steps(apart, ids)):
+                assert np.array_equal(got, want)
+        finally:
+            joined.dispose()
+            apart.dispose()
+
+
+def test_parts_in_different_formats_stay_apart(tmp_path):
+    """A file whose v projection is in another block format than q and k (as a Q4_K_M file's v in Q6_K)
+    keeps q, k and v as three matvecs (one weight cannot hold two formats) while gate/up of one format are
+    joined; the logits are POLY_JOIN_PROJ=0's bit for bit and transformers' on the weights the file holds."""
+    ref = hc.hf_model("llama")
+    layers = ref.config.num_hidden_layers
+    types = {n: ("Q8_0" if "v_proj" in n else "Q4_0") for n, v in ref.state_dict().items() if v.ndim == 2}
+    path = tmp_path / "llama-mixed.gguf"
+    held = hc.write_gguf(ref, path, types)
+    twin = hc.hf_model("llama")
+    hc.set_state(twin, held)
+    with Context(POLY_INT8_DOT=0):  # the float route: transformers' sums on the dequantized weights
+        joined = load_hf(path, max_seq_len=24)
+        with Context(POLY_JOIN_PROJ=0):
+            apart = load_hf(path, max_seq_len=24)
+    try:
+        names = {s.name for s in joined._p.slots}
+        assert sum(n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")) for n in names) == 3 * layers
+        assert not any(n.endswith("qkv_proj.weight") for n in names)
+        assert sum(n.endswith("gate_up_proj.weight") for n in names) == layers
+        ids = _prompt()
+        got, want = _logits_and_steps(joined, ids), _logits_and_steps(apart, ids)
+        assert all(np.array_equal(g, w) for g, w in zip(got, want))
+        _close(got[0], hc.logits(twin, ids), 1e-4)
+    finally:
+        joined.dispose()
+        apart.dispose()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads a map's resident pages from /proc")
+def test_a_copied_part_gives_its_file_pages_back(tmp_path):
+    """A part copied into a joined projection has read its pages of the file's map in; the load gives back
+    the pages only it lay on (the kernels read the copy), and its values still read the same."""
+    import mmap
+    from polygrad_hf.decoder import _drop_pages
+    page = mmap.PAGESIZE
+    data = np.random.default_rng(0).integers(0, 256, 64 * page, np.uint8)
+    (tmp_path / "f.bin").write_bytes(data.tobytes())
+
+    def resident(addr):  # kB of the map at addr resident in this process
+        with open("/proc/self/smaps") as f:
+            lines = f.read().splitlines()
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"{addr:x}-"))
+        return next(int(line.split()[1]) for line in lines[at + 1:] if line.startswith("Rss:"))
+
+    with open(tmp_path / "f.bin", "rb") as fh:
+        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    whole = np.frombuffer(mapped, np.uint8)
+    part = whole[3 * page + 100:40 * page + 7].reshape(-1, 1)  # pages 4..39 are the part's alone
+    assert int(whole.astype(np.int64).sum()) == int(data.astype(np.int64).sum())  # every page read in
+    addr = whole.__array_interface__["data"][0]
+    before = resident(addr)
+    _drop_pages(part)
+    assert before - resident(addr) == 36 * page // 1024, (before, resident(addr))
+    assert np.array_equal(whole, data)  # read back from the file
+    del whole, part
 
 
 def test_q4_weights_take_about_the_file_bytes(files):

@@ -272,9 +272,11 @@ def test_load_hf_quantizes_safetensors_at_load(checkpoints, kind):
     try:
         assert any("quantized (Q8_0" in n for n in q8.hf_notes), q8.hf_notes
         # the blocks in the Model are gguf's quantization of the checkpoint's matrix, in llama.cpp's (out, in)
-        name = "transformer.h.0.attn.c_attn.weight" if kind == "gpt2" else "model.layers.0.self_attn.q_proj.weight"
-        hf_weight = ref.state_dict()[name].detach().numpy()
-        by_rows = hf_weight.T if kind == "gpt2" else hf_weight  # GPT-2's Conv1D stores (in, out)
+        # (a Llama's q, k and v rows one after the other: joined at load into qkv_proj)
+        name = "transformer.h.0.attn.c_attn.weight" if kind == "gpt2" else "model.layers.0.self_attn.qkv_proj.weight"
+        sd = {k: v.detach().numpy() for k, v in ref.state_dict().items()}
+        by_rows = sd[name].T if kind == "gpt2" else \
+            np.concatenate([sd[f"model.layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])  # Conv1D: (in, out)
         blocks = q8.parameters()[name].numpy()
         want = gguf.quants.quantize(np.ascontiguousarray(by_rows), _gguf_type("q8_0"))
         assert blocks.dtype == np.uint8 and np.array_equal(blocks.reshape(want.shape), want)
@@ -314,7 +316,8 @@ def test_load_hf_q8_0_of_gguf_keeps_or_requantizes(checkpoints, tmp_path):
         try:
             got, want = (m.parameters() for m in pairs)
             assert set(got) == set(want)
-            assert sum(t.dtype is dtypes.uint8 for t in got.values()) >= 7 * 2 + 2  # 7 per layer, embeddings, head
+            # 7 per layer (a Q8_0 file's q/k/v and gate/up joined at load: 4), embeddings, head
+            assert sum(t.dtype is dtypes.uint8 for t in got.values()) >= 4 * 2 + 2
             for name in (n for n, t in got.items() if t.dtype is dtypes.uint8):
                 assert np.array_equal(got[name].numpy(), want[name].numpy()), (qtype, name)
         finally:

@@ -21,6 +21,7 @@ values for core (`get`) and for backends (`backend_api.setting`).
 | POLY_CPU            | declared CPU description fields (JSON or a JSON file) over the detected ones | detected |
 | POLY_INT8_DOT       | 0: quantized (Q8_0, Q4_0) decode matvecs stay in float, no 8-bit activations | 1 |
 | POLY_INT8_PROMPTS   | 0: quantized prompt matmuls (several rows) stay in float; decode as POLY_INT8_DOT says | 1 |
+| POLY_JOIN_PROJ      | 0: load_hf keeps q/k/v and gate/up apart, not joined into qkv_proj and gate_up_proj | 1 |
 | POLY_ALLOW_TF32     | 1: float32 matmuls may use TF32 tensor cores (CUDA sm_80+), as torch's allow_tf32 | 0 |
 
 Backends declare their own settings (the CPU backend's POLY_CC, the X86 backend's POLY_X86_ISA, ...)
@@ -129,6 +130,8 @@ _CORE = (
     Setting("POLY_INT8_DOT", int, 1, "0: quantized decode matvecs keep float activations (no int8 dot products)",
             minimum=0),
     Setting("POLY_INT8_PROMPTS", int, 1, "0: quantized prompt matmuls (several rows) keep float activations",
+            minimum=0),
+    Setting("POLY_JOIN_PROJ", int, 1, "0: load_hf keeps q/k/v and gate/up projections apart (not joined)",
             minimum=0),
     Setting("POLY_ALLOW_TF32", int, 0, "1: float32 matmuls may round their operands to TF32 for tensor cores",
             minimum=0),

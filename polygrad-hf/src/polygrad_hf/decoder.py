@@ -20,20 +20,23 @@ of the kernel that reads it. The caches are (max_batch, kv_heads, max_seq_len, h
 keys and for values.
 
 Families past Llama differ in a few places, each a branch on the config: Phi-3 fuses q/k/v into one
-projection (qkv_proj) and gate/up into another (gate_up_proj), sliced after the matmul; Gemma scales the
-embeddings by sqrt(width), gates with GELU (tanh form), and its norms scale by 1 + weight (the 1 added to
-the weights at load, config.norm_offset); Gemma 2 adds norms after attention and after the MLP, its own
-attention scale, tanh soft-capping of the attention scores and of the logits, and a sliding window on
-alternate layers (a mask table, like the causal one, sliced at the query positions).
+projection (qkv_proj) and gate/up into another (gate_up_proj), sliced after the matmul (the other
+families' are joined into the same names at load, from any file: _joins; POLY_JOIN_PROJ=0 keeps them
+apart); Gemma scales the embeddings by sqrt(width), gates with GELU (tanh form), and its norms scale by
+1 + weight (the 1 added to the weights at load, config.norm_offset); Gemma 2 adds norms after attention
+and after the MLP, its own attention scale, tanh soft-capping of the attention scores and of the logits,
+and a sliding window on alternate layers (a mask table, like the causal one, sliced at the query
+positions).
 """
 from __future__ import annotations
 
 import math
+import mmap
 from typing import Any, Callable
 
 import numpy as np
 
-from polygrad import Tensor, dtypes
+from polygrad import Tensor, config, dtypes
 from polygrad.nn.quant import block_format, quantize_rows
 from polygrad.nn.quantizers import QUANTIZERS
 
@@ -156,8 +159,16 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
         if blocks is not None:
             _check_block_layout(ck, stored, name, shape, transpose, blocks)
         plan.append((name, stored, shape, transpose, blocks))
+    joins = _joins(ck, plan, keep_blocks, quantize_to) if config.get("POLY_JOIN_PROJ") else {}
+    parts = {entry[0] for group in joins.values() for entry in group[1] + group[2]}
     out: dict[str, Weight] = {}
-    for name, stored, shape, transpose, blocks in plan:
+    for entry in plan:  # in the plan's order: the largest reads (the embeddings) first, while little is held
+        name, stored, shape, transpose, blocks = entry
+        if name in joins:
+            _read_joined(ck, joins[name], convert, keep_blocks, quantize_to, out)
+            continue
+        if name in parts:
+            continue
         if blocks is not None and keep_blocks is not None:
             out[name] = QuantWeight(keep_blocks(blocks.load()), blocks.format, blocks.shape)
             continue
@@ -172,6 +183,118 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
                 continue
         out[name] = convert(np.ascontiguousarray(arr.T) if transpose else arr)
     return out
+
+
+# projections of one layer that read the same input, joined at load into one (a quantized decode step:
+# 2 + 1 fewer launches a layer; float: 1), under the names Phi-3 checkpoints use: {joined name: its parts}
+JOINED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+          "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def _kept_as(entry: tuple, keep_blocks: Any, quantize_to: str | None) -> tuple[str | None, int]:
+    """(block format, row width) a projection's entry of read_weights' plan is kept in: its stored blocks,
+    the format it is quantized to at load, or None (float)."""
+    _, _, shape, _, blocks = entry
+    if blocks is not None and keep_blocks is not None:
+        return blocks.format, blocks.shape[1]
+    if quantize_to is not None and keep_blocks is not None and shape[1] % block_format(quantize_to).block == 0:
+        return quantize_to, shape[1]
+    return None, shape[1]
+
+
+def _joins(ck: Any, plan: list, keep_blocks: Any, quantize_to: str | None) -> dict[str, tuple]:
+    """The projections read_weights joins: {the first part's name: (joined name, the parts' plan entries,
+    their bias entries)}. A layer's q/k/v (and gate/up) become one weight, `self_attn.qkv_proj`
+    (`mlp.gate_up_proj`), whose output features are the parts' one after the other: every family with
+    separate projections, whatever the file (safetensors or GGUF, float or blocks, quantized at load or
+    not), so the parameter names, the program cache key and a saved bundle do not depend on it; each
+    output is the same sum as the part's, so the logits are unchanged. Parts stay apart where they cannot
+    be one weight: kept in different block formats (a Q4_K_M file's v in Q6_K) or one in blocks and one
+    float, rows of different widths, or biases on some parts and not on the others. GPT-2's c_attn and
+    Phi-3's qkv_proj/gate_up_proj already are one."""
+    if ck.config.family in ("gpt2", "phi3"):
+        return {}
+    by_name = {entry[0]: entry for entry in plan}
+    joins = {}
+    for i in range(ck.config.num_layers):
+        p = f"model.layers.{i}."
+        for joined, names in JOINED.items():
+            entries = [by_name.get(p + part + ".weight") for part in names]
+            biases = [by_name.get(p + part + ".bias") for part in names]
+            if any(e is None for e in entries) or len({b is None for b in biases}) != 1:
+                continue
+            if len({_kept_as(e, keep_blocks, quantize_to) for e in entries}) != 1:
+                continue
+            joins[entries[0][0]] = (p + joined, entries, [b for b in biases if b is not None])
+    return joins
+
+
+def _read_joined(ck: Any, join: tuple, convert: Callable[[np.ndarray], Tensor], keep_blocks: Any,
+                 quantize_to: str | None, out: dict[str, Weight]) -> None:
+    """One joined projection (see _joins) into `out`, its parts not kept: blocks whose parts lie one after
+    another in the file's map are a view of it (no copy); otherwise the parts are read one at a time into
+    the joined array (blocks as stored or quantized at load, or float (in, out) columns), which becomes the
+    weight: one host copy of the whole, where reading the parts apart made a transposed copy of each."""
+    joined, entries, biases = join
+    fmt, width = _kept_as(entries[0], keep_blocks, quantize_to)
+    total = sum(e[2][0] for e in entries)  # the parts' output features: (out, in) as stored
+    if fmt is None:
+        arr, at = np.empty((width, total), np.float32), 0
+        for _, stored, shape, _, _ in entries:
+            arr[:, at:at + shape[0]] = ck.take(stored, shape).T
+            at += shape[0]
+        out[joined + ".weight"] = convert(arr)
+    else:
+        # the stored parts' blocks (views of the map, or a part's reordered copy) when every part is stored
+        loaded = [e[4].load() for e in entries] if all(e[4] is not None for e in entries) else None
+        rows = _adjacent(loaded) if loaded is not None else None
+        if rows is None:
+            at = 0
+            for k, (_, stored, shape, _, blocks) in enumerate(entries):
+                part = loaded[k] if loaded is not None else \
+                    blocks.load() if blocks is not None else quantize_rows(ck.take(stored, shape), fmt)
+                if at == 0:
+                    rows = np.empty((total, *part.shape[1:]), np.uint8)
+                rows[at:at + shape[0]] = part
+                at += shape[0]
+                _drop_pages(part)
+                if loaded is not None:
+                    loaded[k] = None  # a reordered copy is freed once it is in the joined rows
+        out[joined + ".weight"] = QuantWeight(keep_blocks(rows), fmt, (total, width))
+    if biases:
+        out[joined + ".bias"] = convert(np.concatenate([ck.take(b[1], b[2]) for b in biases]))
+
+
+def _root(arr: np.ndarray) -> Any:
+    while isinstance(arr, np.ndarray) and arr.base is not None:
+        arr = arr.base
+    return arr.obj if isinstance(arr, memoryview) else arr
+
+
+def _drop_pages(part: np.ndarray) -> None:
+    """Give back the resident pages of a file map that only `part` (copied into a joined weight) lay on:
+    the copy reads them in, and nothing reads them again (the kernels read the copy). Reading them again
+    would fault them back in from the file, so this never changes a value."""
+    root = _root(part)
+    if not isinstance(root, mmap.mmap) or not hasattr(root, "madvise") or not part.nbytes:
+        return
+    start = part.__array_interface__["data"][0] - np.frombuffer(root, np.uint8, 1).__array_interface__["data"][0]
+    first, end = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + part.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > first:
+        root.madvise(mmap.MADV_DONTNEED, first, end - first)
+
+
+def _adjacent(parts: list[np.ndarray]) -> np.ndarray | None:
+    """The parts' rows as one view, where each part follows the one before in the same memory (a file
+    that stores gate and up one after the other: no copy), else None."""
+    first = parts[0]
+    if not all(p.flags.c_contiguous and p.shape[1:] == first.shape[1:] and _root(p) is _root(first) for p in parts):
+        return None
+    ends = [p.__array_interface__["data"][0] + p.nbytes for p in parts[:-1]]
+    if any(end != p.__array_interface__["data"][0] for end, p in zip(ends, parts[1:])):
+        return None
+    shape = (sum(p.shape[0] for p in parts), *first.shape[1:])
+    return np.lib.stride_tricks.as_strided(first, shape=shape, writeable=False)
 
 
 def _check_block_layout(ck: Any, stored: str, name: str, shape: tuple[int, ...], transpose: bool,
@@ -291,18 +414,16 @@ class Decoder:
         else:
             p = f"model.layers.{i}."
             h = rms_norm(x, w[p + "input_layernorm.weight"], cfg.norm_eps)
+            fused = p + "self_attn.qkv_proj.weight" in w  # Phi-3's, or joined at load (_joins)
             prompt_q = not (isinstance(length, int) and length == 1) and isinstance(
-                w.get(p + ("self_attn.qkv_proj.weight" if cfg.family == "phi3" else "self_attn.q_proj.weight")),
-                QuantWeight)
+                w.get(p + ("self_attn.qkv_proj.weight" if fused else "self_attn.q_proj.weight")), QuantWeight)
             # a prompt's quantized projections are kernels of their own (a decode step's already are:
             # QuantWeight.matmul_t). Fused into the rotation (which reads each output at two columns: two
             # reductions) or the cache write (the heads' permuted layout), the weight panel was not staged
             # (host_opts.decompress_stage_opts) and each row tile dequantized the weight again: Qwen2-0.5B
             # Q4_0, 32 tokens, q, k and v took 3.6, 4.4 and 4.9 ms a layer (2 threads, loaded)
-            if cfg.family == "phi3":
-                qkv = self._linear(h, p + "self_attn.qkv_proj")
-                qkv = qkv.contiguous() if prompt_q else qkv
-                q, k, v = qkv[..., :H * D], qkv[..., H * D:(H + KV) * D], qkv[..., (H + KV) * D:]
+            if fused:
+                q, k, v = self._parts(h, p + "self_attn.qkv_proj", (H * D, KV * D, KV * D), length, prompt_q)
             else:
                 q, k, v = (self._linear(h, p + f"self_attn.{n}_proj") for n in "qkv")
                 if prompt_q:
@@ -331,14 +452,29 @@ class Decoder:
     def _mlp(self, h: Tensor, p: str) -> Tensor:
         """The gated MLP: act(gate) * up, projected down (Phi-3: gate and up halves of one projection)."""
         cfg = self.cfg
-        if cfg.family == "phi3":
-            gate_up = self._linear(h, p + "mlp.gate_up_proj")
+        if p + "mlp.gate_up_proj.weight" in self.w:  # Phi-3's, or joined at load (_joins)
             F = cfg.intermediate_size
-            gate, up = gate_up[..., :F], gate_up[..., F:]
+            gate, up = self._parts(h, p + "mlp.gate_up_proj", (F, F), h.shape[1], False)
         else:
             gate, up = self._linear(h, p + "mlp.gate_proj"), self._linear(h, p + "mlp.up_proj")
         gate = gate.silu() if cfg.activation == "silu" else gelu(gate, cfg.activation)
         return self._linear(gate * up, p + "mlp.down_proj")
+
+    def _parts(self, x: Tensor, name: str, widths: tuple[int, ...], length: Any, own_kernel: bool) -> list[Tensor]:
+        """x @ a joined projection (qkv_proj, gate_up_proj) (+ bias), as its parts' outputs of `widths`: one
+        product sliced after (a decode step's one matvec; with `own_kernel`, a kernel of its own), except a
+        float weight in a prompt, applied part by part over its columns, the products the parts made apart
+        (a float Qwen2 of width 896, 64 tokens, 1 thread: one (896, 9728) gate/up product over a Variable
+        token count took about twice the time of two (896, 4864) ones; with 64 concrete tokens, the same)."""
+        edges = np.cumsum((0, *widths)).tolist()
+        weight, bias = self.w[name + ".weight"], self.w.get(name + ".bias")
+        if not isinstance(weight, QuantWeight) and not (isinstance(length, int) and length == 1):
+            x = x.contiguous()
+            outs = [x @ weight[:, a:b] for a, b in zip(edges, edges[1:])]
+            return outs if bias is None else [o + bias[a:b] for o, a, b in zip(outs, edges, edges[1:])]
+        y = self._linear(x, name)
+        y = y.contiguous() if own_kernel else y
+        return [y[..., a:b] for a, b in zip(edges, edges[1:])]
 
     def _linear(self, x: Tensor, name: str) -> Tensor:
         """x @ weight (+ bias). The input is realized first: fused into the matmul, an elementwise input
