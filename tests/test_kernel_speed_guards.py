@@ -164,6 +164,32 @@ def test_div_mod_recombine_into_the_index():
     assert (np.trunc(vals / 7) * 7 + np.fmod(vals, 7) == vals).all()  # the C identity the rule relies on
 
 
+def test_a_slice_past_a_split_axis_reads_contiguously():
+    """A slice at an offset of a buffer whose last axis was split (a (tokens, 1216, 8) output read as
+    (tokens, 9728), its second half: a joined gate/up projection's up) divides (16*g + lane + 4864) by 8:
+    the multiples of 8 leave the division even where the rest (the lane, 0..15) reaches past 8, so the
+    division and the remainder join again and the load is a vector load, not a gather."""
+    from polygrad.dtype import dtypes
+    from polygrad.uop.ops import UOp
+    from polygrad.uop.rewrite import graph_rewrite
+    from polygrad.uop.symbolic import symbolic_rules
+    g = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 304),), (0, "global"))
+    lane = UOp(Ops.RANGE, dtypes.int32, (UOp.const(dtypes.int32, 16),), (1, "upcast"))
+    idx = g * 16 + lane + 4864
+    joined = graph_rewrite((idx // 8) * 8 + lane % 8, symbolic_rules)
+    assert not {u.op for u in joined.toposort()} & {Ops.IDIV, Ops.MOD}, joined
+    gv, lv = np.meshgrid(np.arange(304), np.arange(16))
+    assert ((gv * 16 + lv + 4864) // 8 * 8 + lv % 8 == gv * 16 + lv + 4864).all()
+    F = 4864
+    b = np.random.default_rng(0).standard_normal((1, 8, F * 2 // 8, 8)).astype(np.float32)
+    a = Tensor(b).realize().reshape(1, 8, 2 * F)
+    (ast,) = [kernel(a[..., :F] * a[..., F:])]
+    src = src_of(lower(ast, AVX512))
+    assert "gather" not in src, src
+    flat = b.reshape(1, 8, 2 * F)
+    np.testing.assert_array_equal((a[..., :F] * a[..., F:]).numpy(), flat[..., :F] * flat[..., F:])
+
+
 def test_scalar_gated_loads_are_kept_from_clangs_masked_vectorisation():
     a, b = Tensor.empty(1000), Tensor.empty(337)
     (ast,) = [kernel(a.cat(b) * 2)]

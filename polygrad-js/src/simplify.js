@@ -164,7 +164,7 @@ function divideTerm (g, t, c) {
   return k === 1 ? t.src[0] : g.alu('MUL', t.src[0], g.const(t.dtype, k))
 }
 
-/** (sum of terms)//c: pull out the terms that are multiples of c when the rest stays in [0, c). */
+/** (sum of terms)//c: pull out the terms that are multiples of c when the rest is non-negative (gone when it stays below c). */
 function divSimplify (g, x, c) {
   const cv = Number(c.arg)
   if (!isInt(x) || cv <= 0) return null
@@ -189,8 +189,11 @@ function divSimplify (g, x, c) {
     return null
   }
   if (rest.length) {
-    const [rlo, rhi] = bounds(sum(g, rest))
-    if (rlo < 0 || rhi >= cv) return null
+    const restSum = sum(g, rest)
+    const [rlo, rhi] = bounds(restSum)
+    if (rlo < 0) return null
+    // x and the rest non-negative: C's x/c is the floor, and floor(c*k + r, c) = k + r//c
+    if (rhi >= cv) return sum(g, [...whole.map((t) => divideTerm(g, t, cv)), g.alu('IDIV', restSum, c)])
   }
   return sum(g, whole.map((t) => divideTerm(g, t, cv)))
 }

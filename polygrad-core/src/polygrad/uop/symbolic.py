@@ -151,7 +151,8 @@ def _is_int(u: UOp) -> bool:
 
 
 def _div_simplify(x: UOp, c: UOp) -> UOp | None:
-    """(sum of terms)//c: pull out the terms that are multiples of c when the rest stays in [0, c)."""
+    """(sum of terms)//c: pull out the terms that are multiples of c when the rest is non-negative (gone when it
+    stays below c)."""
     if not _is_int(x) or c.arg <= 0:
         return None
     lo, hi = bounds(x)
@@ -174,8 +175,10 @@ def _div_simplify(x: UOp, c: UOp) -> UOp | None:
     rest_sum = _sum(rest) if rest else None
     if rest_sum is not None:
         rlo, rhi = bounds(rest_sum)
-        if rlo < 0 or rhi >= c.arg:
+        if rlo < 0:
             return None
+        if rhi >= c.arg:  # x and the rest non-negative: C's x/c is the floor, and floor(c*k + r, c) = k + r//c
+            return _sum([*(_divide_term(t, c.arg) for t in whole), rest_sum // c.arg])
     return _sum([_divide_term(t, c.arg) for t in whole])
 
 
