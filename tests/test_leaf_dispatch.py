@@ -228,6 +228,28 @@ def test_result_node_lives_on_its_buffer_and_is_still_the_one_node(fresh_leaf_ca
     assert device_module.alloc_cache_bytes["total"] == cached + xn.nbytes
 
 
+@needs_cc
+def test_entry_picks_the_kernels_buffers_in_its_slot_order(fresh_leaf_cache):
+    """realize_eager launches the entry's kernel on entry.pick(table): the table's buffers (inputs, then the
+    output) in the kernel's slot order (Step.args, output first here), as a tuple for any number of slots.
+    Operands in both orders and one used twice give NumPy's values through it."""
+    xn, yn = np.array([1.5, -2.0, 3.0], np.float32), np.array([4.0, 0.5, -1.0], np.float32)
+    x, y = _t(xn), _t(yn)
+    (x < y).realize()  # one node (x - y is two: x + -y)
+    (entry,) = fresh_leaf_cache.leaf_cache.values()
+    args = entry.kernel.args
+    assert sorted(args) == [0, 1, 2] and list(args) != [0, 1, 2]  # an order other than the table's
+    table = ["x", "y", "out"]
+    assert entry.pick(table) == tuple(table[i] for i in args)
+    one_slot = template.Step("kernel", "CPU", (0,), entry.kernel.ast)
+    one = template.LeafTemplate(entry.template, one_slot, None, False)
+    assert one.pick(["only"]) == ("only",)  # (an itemgetter of one index would give "only")
+    for _ in range(2):  # the second of each from the entry
+        np.testing.assert_array_equal((x < y).realize().numpy(), xn < yn)
+        np.testing.assert_array_equal((y < x).realize().numpy(), yn < xn)
+        np.testing.assert_array_equal((x < x).realize().numpy(), xn < xn)
+
+
 def test_variables_captures_and_contexts(fresh_leaf_cache):
     v = Variable("n", 1, 16)
     for n in (4, 9, 4):

@@ -203,7 +203,7 @@ def realize_eager(target: UOp) -> UOp | None:
     if direct is not None and not debug:  # CompiledProgram.launch's direct path, inline (one frame less)
         t0 = perf_counter()
         try:
-            direct(*map(_ptr_of_buffer, map(inputs.__getitem__, step.args)))
+            direct(*map(_ptr_of_buffer, hit.pick(inputs)))
         except (TypeError, AttributeError):  # checked before the call, so nothing ran: a pointer not made
             direct = None  # yet, or an input never allocated (its handle None): launch() below handles both
         else:
@@ -215,9 +215,9 @@ def realize_eager(target: UOp) -> UOp | None:
             counts.time_sum_s += dt
             runtime_stats["kernels_run"] += 1
     if direct is None or debug:
-        handles = list(map(_handle_of, map(inputs.__getitem__, step.args)))  # no Python frame per handle
+        handles = list(map(_handle_of, hit.pick(inputs)))  # no Python frame per handle
         if None in handles:  # an input never allocated (an empty tensor's)
-            handles = [inputs[i].handle for i in step.args]
+            handles = [buf.handle for buf in hit.pick(inputs)]
         prog.launch(handles)
     out = _fresh_uop(_BUFFER, target.dtype, result)
     if hit.out_shape is not None:

@@ -11,7 +11,8 @@ builder again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from operator import itemgetter
+from typing import Any, Callable
 
 from polygrad.dtype import DType
 from polygrad.errors import PolygradError
@@ -64,6 +65,13 @@ class LeafTemplate:
     kernel: Step  # the template's one step
     out_shape: tuple[int, ...] | None  # the output's view shape; None: the flat buffer itself
     keep: bool  # the target's value is kept (computed.remember: Template.kept holds the output for it)
+    # the kernel's buffers in its slot order, picked from the buffer table (inputs, then the output) in one
+    # C call: (table[i] for i in kernel.args), without a bound method and a map per launch
+    pick: Callable[[list[Any]], tuple[Any, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        args = self.kernel.args  # (itemgetter of one index returns the item itself, not a 1-tuple)
+        object.__setattr__(self, "pick", itemgetter(*args) if len(args) > 1 else lambda table: (table[args[0]],))
 
 
 # leaf_signature -> LeafTemplate: an eager op whose structure was seen skips normalize's walk. Its keys
