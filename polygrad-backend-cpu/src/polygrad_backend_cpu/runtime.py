@@ -44,7 +44,8 @@ from polygrad_backend_cpu.compiler import ClangCompiler, symbol_names
 
 FFI = cffi.FFI()
 FFI.cdef("int pg_pool_run(void* task, void** args, int threads, int want);\n"
-         "int pg_run_plan(int n, void** tasks, void*** args, int* parts, int want);")
+         "int pg_run_plan(int n, void** tasks, void*** args, int* parts, int want);\n"
+         "int pg_solo_launches(void);")
 _fn_types: dict[int, Any] = {}
 loaded = {"open": 0}  # shared objects currently open (tests read it)
 _c_pool: Any = None  # the C pool library (False: could not be built)
@@ -58,6 +59,11 @@ _pinned: list[Any] = []  # the pool library's ctypes handles (never closed)
 # PyTorch's OpenMP) may want the core. A time, not a count of pause instructions (their cost differs
 # tenfold between CPU models). tests/test_pool_wait.py reads it.
 POOL_SPIN_NS = 100_000
+# After a launch whose launcher blocked for a worker's part longer than its own share took (the worker's
+# core taken by another process or library mid-part), the next launches run on the launcher alone: the
+# first value's count, doubling while stalls repeat, up to the second. A stall costs a time slice (1-4 ms
+# under Linux's scheduler); a Qwen2-0.5B decode step makes 217 threaded launches in about 12 ms.
+POOL_SOLO_LAUNCHES = (64, 8192)
 POOL_SOURCE = r"""
 #include <pthread.h>
 #include <stdatomic.h>
@@ -65,22 +71,55 @@ POOL_SOURCE = r"""
 typedef void (*pg_task)(void**, int);
 #define PG_MAX_THREADS 256
 #define PG_SPIN_NS @SPIN_NS@ul
+#define PG_SOLO_MIN @SOLO_MIN@
+#define PG_SOLO_MAX @SOLO_MAX@
+#define PG_LINE _Alignas(64)
 static pthread_mutex_t run_mu = PTHREAD_MUTEX_INITIALIZER, mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
-static atomic_ulong generation;  /* launches so far */
-/* The launch's parts not yet taken: (generation << 32) | parts left. A thread takes part `left - 1` by
-   decrementing it, so any thread may run any part, and one that comes late (its core was busy) finds
-   nothing left instead of holding the launch back; the generation keeps a late thread off a later launch. */
-static atomic_ullong unclaimed;
-static atomic_int unfinished;  /* parts taken or not yet taken that have not ended */
-static atomic_int cur_want;  /* threads wanted: workers 1..cur_want-1 join in */
-static pg_task cur_task;
-static void** cur_args;
+/* The shared state sits on three cache lines: the launch (what a spinning worker needs to start a part
+   comes with the one transfer that shows it a new launch), the parts not yet ended (workers end theirs
+   while the launcher polls it, away from the launch line the threads take parts from), and who sleeps,
+   written only around a sleep, so a launch and the last part's end read it without a transfer and take
+   the mutex (to wake a sleeper) only when someone does sleep. */
+static PG_LINE struct {
+  atomic_ulong generation;  /* launches so far */
+  /* The launch's parts not yet taken: (generation << 32) | parts left. A thread takes part `left - 1` by
+     decrementing it, so any thread may run any part, and one that comes late (its core was busy) finds
+     nothing left instead of holding the launch back; the generation keeps a late thread off a later launch. */
+  atomic_ullong unclaimed;
+  atomic_int want;          /* threads wanted: workers 1..want-1 join in */
+  pg_task task;
+  void** args;
+} launch;
+static PG_LINE atomic_int unfinished;  /* parts taken or not yet taken that have not ended */
+static PG_LINE struct {
+  atomic_int workers;   /* workers blocked on `wake` (or about to block: counted before they check) */
+  atomic_int launcher;  /* 1 while the launcher blocks on `done` (or is about to) */
+} asleep;
 static int workers;
 static unsigned long start_generation[PG_MAX_THREADS];  /* what a new worker has already seen */
+/* Oversubscription (another process or library's threads on the workers' cores): a worker preempted in
+   the middle of a part holds the launch until it runs again, a scheduler's time slice (milliseconds).
+   When the launcher had to block for a worker's part (it spun for PG_SPIN_NS first) longer than its own
+   share took, the next `solo_len` launches run on the launcher alone: from PG_SOLO_MIN, doubling at each
+   stall up to PG_SOLO_MAX, and halved once as many threaded launches in a row as it counts end without
+   one (so while another process keeps a worker's core busy, the window grows and stays long). The parts
+   are the same either way, so results do not change. Launcher-only state (run_mu held). */
+static int solo_left, solo_len = PG_SOLO_MIN, clean_launches;
+static atomic_int solo_launches;  /* launches run alone because of a stall (tests read it) */
 static inline void pg_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
+#endif
+}
+/* A cheap clock for comparing two spans of this thread's (the time-stamp counter where there is one) */
+static inline unsigned long pg_ticks(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_ia32_rdtsc();
+#else
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (unsigned long)t.tv_sec * 1000000000ul + (unsigned long)t.tv_nsec;
 #endif
 }
 static unsigned long pg_now_ns(void) {
@@ -97,7 +136,9 @@ static int pg_spun_out(unsigned spin, unsigned long* since) {
   return now - *since >= PG_SPIN_NS;
 }
 static void pg_finish_part(void) {
-  if (atomic_fetch_sub(&unfinished, 1) == 1) {
+  /* seq_cst both ways (here: end, then read the flag; the launcher: set the flag, then read the count), so
+     either this sees the launcher's flag or the launcher sees the count reach 0 before it blocks */
+  if (atomic_fetch_sub(&unfinished, 1) == 1 && atomic_load(&asleep.launcher)) {
     pthread_mutex_lock(&mu);
     pthread_cond_broadcast(&done);
     pthread_mutex_unlock(&mu);
@@ -105,12 +146,12 @@ static void pg_finish_part(void) {
 }
 /* Take and run parts of launch `gen` until none is left. */
 static void pg_take_parts(unsigned long gen) {
-  unsigned long long c = atomic_load(&unclaimed);
+  unsigned long long c = atomic_load(&launch.unclaimed);
   while ((c >> 32) == (gen & 0xffffffffull) && (c & 0xffffffffull) != 0) {
-    if (!atomic_compare_exchange_weak(&unclaimed, &c, c - 1)) continue;
-    cur_task(cur_args, (int)((c & 0xffffffffull) - 1));  /* the launch cannot end before this part */
+    if (!atomic_compare_exchange_weak(&launch.unclaimed, &c, c - 1)) continue;
+    launch.task(launch.args, (int)((c & 0xffffffffull) - 1));  /* the launch cannot end before this part */
     pg_finish_part();
-    c = atomic_load(&unclaimed);
+    c = atomic_load(&launch.unclaimed);
   }
 }
 static void* pg_worker(void* arg) {
@@ -118,55 +159,84 @@ static void* pg_worker(void* arg) {
   unsigned long seen = start_generation[tid];
   for (;;) {
     unsigned long since = 0;
-    for (unsigned spin = 0; atomic_load_explicit(&generation, memory_order_acquire) == seen; spin++) {
+    for (unsigned spin = 0; atomic_load_explicit(&launch.generation, memory_order_acquire) == seen; spin++) {
       if (!pg_spun_out(spin, &since)) { pg_relax(); continue; }
       pthread_mutex_lock(&mu);
-      while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &mu);
+      atomic_fetch_add(&asleep.workers, 1);  /* before the check: a launch after it sees the count */
+      while (atomic_load(&launch.generation) == seen) pthread_cond_wait(&wake, &mu);
+      atomic_fetch_sub(&asleep.workers, 1);
       pthread_mutex_unlock(&mu);
     }
-    seen = atomic_load(&generation);
-    if (tid < atomic_load_explicit(&cur_want, memory_order_relaxed)) pg_take_parts(seen);
+    seen = atomic_load(&launch.generation);
+    if (tid < atomic_load_explicit(&launch.want, memory_order_relaxed)) pg_take_parts(seen);
   }
   return 0;
 }
-/* Run task(args, 0..threads-1) on at most `want` threads, each taking the next part left. */
+static void pg_run_alone(void* task, void** args, int threads) {
+  for (int part = 0; part < threads; part++) ((pg_task)task)(args, part);
+}
+/* Run task(args, 0..threads-1) on at most `want` threads, each taking the next part left; the number of
+   threads it was offered to (1: it ran on the calling thread alone). */
 int pg_pool_run(void* task, void** args, int threads, int want) {
   if (want > threads) want = threads;
   if (want > PG_MAX_THREADS) want = PG_MAX_THREADS;
   if (want <= 1) {
-    for (int part = 0; part < threads; part++) ((pg_task)task)(args, part);
+    pg_run_alone(task, args, threads);
     return 1;
   }
   pthread_mutex_lock(&run_mu);
+  if (solo_left > 0) {
+    solo_left--;
+    atomic_fetch_add_explicit(&solo_launches, 1, memory_order_relaxed);
+    pthread_mutex_unlock(&run_mu);
+    pg_run_alone(task, args, threads);
+    return 1;
+  }
   while (workers < want - 1) {
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 8u << 20);  /* kernels keep staged panels on the stack */
-    start_generation[workers + 1] = atomic_load(&generation);
+    start_generation[workers + 1] = atomic_load(&launch.generation);
     if (pthread_create(&t, &attr, pg_worker, (void*)(long)(workers + 1)) != 0) { pthread_attr_destroy(&attr); break; }
     pthread_attr_destroy(&attr);
     pthread_detach(t);
     workers++;
   }
   int n = want < workers + 1 ? want : workers + 1;  /* fewer when a worker could not start */
-  unsigned long gen = atomic_load(&generation) + 1;
-  cur_task = (pg_task)task;
-  cur_args = args;
-  atomic_store(&cur_want, n);
+  unsigned long gen = atomic_load(&launch.generation) + 1;
+  launch.task = (pg_task)task;
+  launch.args = args;
+  atomic_store_explicit(&launch.want, n, memory_order_relaxed);
   atomic_store(&unfinished, threads);
-  atomic_store(&unclaimed, ((unsigned long long)gen << 32) | (unsigned long long)threads);
-  pthread_mutex_lock(&mu);
-  atomic_store_explicit(&generation, gen, memory_order_release);
-  pthread_cond_broadcast(&wake);
-  pthread_mutex_unlock(&mu);
+  atomic_store(&launch.unclaimed, ((unsigned long long)gen << 32) | (unsigned long long)threads);
+  atomic_store(&launch.generation, gen);  /* seq_cst: a worker counted asleep before this is woken below */
+  if (atomic_load(&asleep.workers)) {
+    pthread_mutex_lock(&mu);
+    pthread_cond_broadcast(&wake);
+    pthread_mutex_unlock(&mu);
+  }
+  unsigned long start = pg_ticks();
   pg_take_parts(gen);
-  unsigned long since = 0;
+  unsigned long own = pg_ticks(), since = 0;
+  int stalled = 0;
   for (unsigned spin = 0; atomic_load_explicit(&unfinished, memory_order_acquire) > 0; spin++) {
     if (!pg_spun_out(spin, &since)) { pg_relax(); continue; }
     pthread_mutex_lock(&mu);
+    atomic_store(&asleep.launcher, 1);
     while (atomic_load(&unfinished) > 0) pthread_cond_wait(&done, &mu);
+    atomic_store(&asleep.launcher, 0);
     pthread_mutex_unlock(&mu);
+    stalled = pg_ticks() - own > own - start;  /* a worker's part took longer than twice this thread's */
+    break;
+  }
+  if (stalled) {
+    solo_left = solo_len;
+    if (solo_len < PG_SOLO_MAX) solo_len *= 2;
+    clean_launches = 0;
+  } else if (++clean_launches >= solo_len && solo_len > PG_SOLO_MIN) {
+    solo_len /= 2;
+    clean_launches = 0;
   }
   pthread_mutex_unlock(&run_mu);
   return n;
@@ -180,7 +250,10 @@ int pg_run_plan(int n, void** tasks, void*** args, int* parts, int want) {
   }
   return n;
 }
-""".replace("@SPIN_NS@", str(POOL_SPIN_NS))
+/* Launches run on the calling thread alone since the process started because a worker had stalled one. */
+int pg_solo_launches(void) { return atomic_load(&solo_launches); }
+""".replace("@SPIN_NS@", str(POOL_SPIN_NS)).replace("@SOLO_MIN@", str(POOL_SOLO_LAUNCHES[0])).replace(
+    "@SOLO_MAX@", str(POOL_SOLO_LAUNCHES[1]))
 
 
 try:  # types built without parsing C text (the first parse of any C text costs milliseconds: 5 for "void*[]")

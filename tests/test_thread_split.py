@@ -1,0 +1,144 @@
+"""Which kernels a host device splits among threads, and what a split costs on the C pool (issues 30, 32).
+
+- A one-row byte dot product (the quantized decode matvec) is split by its time, its weight's bytes at
+  one core's read rate (Capabilities.read_gbs), against what a split costs (thread_handoff_ns), both from
+  the CPU description (polygrad/hostcpu.py, POLY_CPU declares them): another declared handoff cost or
+  read rate gives another split; other kernels keep the operation-count rule. Qwen2-0.5B's shapes: which
+  of its decode matvecs a 2-thread device splits by default.
+- The C pool: a launch whose worker stalls in its part (its core taken elsewhere) sends the next launches
+  to the launching thread alone, for a bounded count; results are checked by the parts that ran.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from polygrad import Context, Tensor, dtypes
+from polygrad.backend_api import Capabilities
+from polygrad.codegen.host_opts import host_opts, int8_dot_lanes, streams_weight
+from polygrad.codegen.opts import OptKind
+from polygrad.codegen.passes import simplify_indices
+from polygrad.hostcpu import ASSUMED_HANDOFF_NS, ASSUMED_READ_GBS, CpuDescription, declare, host_fields
+from polygrad.nn.quant import _int8_matmul_t
+from polygrad.schedule.template import schedule
+from polygrad.uop.ops import Ops
+
+from conftest import DEVICES
+
+# Qwen2-0.5B's decode matvecs (rows, columns): k/v, q/o, gate/up, down
+QWEN2 = {"k/v": (128, 896), "q/o": (896, 896), "gate/up": (4864, 896), "down": (896, 4864)}
+
+
+def _caps(declared: dict, int8_dot: bool = True) -> Capabilities:
+    """A 2-thread CPU device's Capabilities for a declared description (no calibration)."""
+    desc = declare(CpuDescription(), declared)
+    fields = host_fields(desc, "CPU", "test", desc.vector_bits, 4, stage=True)
+    return Capabilities(threads=2, vector_width=desc.lanes, registers=desc.vector_registers, fma=True,
+                        int8_dot=int8_dot, **fields)
+
+
+def _matvec_ast(rows: int, cols: int, fmt: str = "Q4_0"):
+    """The kernel IR of the 8-bit route's one-row matvec over a rows x cols weight."""
+    blocks = Tensor.empty(rows, cols // 32, 18 if fmt == "Q4_0" else 34, dtype=dtypes.uint8)
+    tpl, _ = schedule([_int8_matmul_t(blocks, Tensor.empty(1, cols), fmt).uop])
+    asts = [s.ast for s in tpl.steps if s.kind == "kernel"]
+    found = [a for a in asts if int8_dot_lanes([n for n in a.toposort() if n.op is Ops.REDUCE]) is not None]
+    assert len(found) == 1, [a.src for a in asts]
+    return simplify_indices(found[0])
+
+
+def _threads(ast, caps: Capabilities) -> int:
+    return next((o.amount for o in host_opts(ast, caps) if o.kind is OptKind.THREAD), 1)
+
+
+def test_the_decode_matvec_is_split_by_its_bytes_against_the_declared_handoff():
+    """Qwen2's k/v matvec (128 x 896 Q4_0: 64.5 KB, 4.1 us at 16 GB/s) pays for 2 parts where a split costs
+    1 us, not where it costs 3 us; a core that reads half as fast makes it worth splitting again (8.3 us),
+    and a declared read rate twice as fast un-splits q/o (456 KB: 28 us at 16 GB/s, 14 at 32) at a 10 us
+    handoff. The operation count alone (488k) split them all alike, whatever the machine."""
+    kv, qo = _matvec_ast(*QWEN2["k/v"]), _matvec_ast(*QWEN2["q/o"])
+    assert streams_weight(kv, _caps({}))
+    assert _threads(kv, _caps({"thread_handoff_ns": 1000, "read_gbs": 16})) == 2
+    assert _threads(kv, _caps({"thread_handoff_ns": 3000, "read_gbs": 16})) == 1
+    assert _threads(kv, _caps({"thread_handoff_ns": 3000, "read_gbs": 8})) == 2
+    assert _threads(qo, _caps({"thread_handoff_ns": 10_000, "read_gbs": 16})) == 2
+    assert _threads(qo, _caps({"thread_handoff_ns": 10_000, "read_gbs": 32})) == 1
+
+
+def test_without_the_byte_dot_products_the_operation_count_decides():
+    """On a device without int8_dot the same matvec is a float kernel (dequantized in registers, not 32
+    multiply-adds an instruction): its split follows the operation count, whatever the handoff cost."""
+    kv = _matvec_ast(*QWEN2["k/v"])
+    off = [_threads(kv, _caps({"thread_handoff_ns": h}, int8_dot=False)) for h in (1000, 100_000)]
+    assert not streams_weight(kv, _caps({}, int8_dot=False))
+    assert off == [2, 2]
+
+
+def test_qwen2_decode_matvecs_split_by_default():
+    """With the description's default read rate and handoff cost (measured on the Zen 4 VM), which of
+    Qwen2-0.5B's four decode matvec shapes a 2-thread device splits: each split's parts take at least a
+    handoff at one core's read rate."""
+    caps = _caps({})
+    assert caps.read_gbs == ASSUMED_READ_GBS and caps.thread_handoff_ns == ASSUMED_HANDOFF_NS
+    got = {name: _threads(_matvec_ast(*shape), caps) for name, shape in QWEN2.items()}
+    split = {name: 2 if rows * cols // 32 * 18 / ASSUMED_READ_GBS >= 2 * ASSUMED_HANDOFF_NS else 1
+             for name, (rows, cols) in QWEN2.items()}
+    assert got == split
+    assert got["gate/up"] == got["down"] == 2
+
+
+def _pool():
+    pytest.importorskip("polygrad_backend_cpu")
+    from polygrad_backend_cpu import runtime
+    pool = runtime.c_pool(wait=True)
+    if pool is None:
+        pytest.skip("no C compiler for the pool")
+    return runtime, pool
+
+
+def _drain_solo(runtime, pool) -> None:
+    """Launch empty tasks until launches are offered to 2 threads again (other tests expect them)."""
+    task = runtime.FFI.callback("void(void**, int)", lambda args, index: None)
+    for _ in range(2 * runtime.POOL_SOLO_LAUNCHES[1]):
+        if pool.pg_pool_run(runtime.FFI.cast("void*", task), runtime.FFI.NULL, 2, 2) == 2:
+            return
+
+
+@pytest.mark.skipif("CPU" not in DEVICES, reason="needs the CPU backend (a C compiler)")
+def test_a_stalled_worker_sends_the_next_launches_to_the_launcher_alone():
+    """A worker that takes a part and then stalls in it (20 ms, far past the launcher's spin and its own
+    share: a preempted thread) makes the launcher block; the next POOL_SOLO_LAUNCHES[0] launches then run
+    on the launching thread alone (offered to 1 thread, every part run once, by the caller), and launches
+    are offered to 2 threads again after them."""
+    runtime, pool = _pool()
+    _drain_solo(runtime, pool)
+    launcher = threading.get_ident()
+    ran: list[tuple[int, int]] = []
+    worker_started = threading.Event()
+
+    def part(index: int) -> None:
+        me = threading.get_ident()
+        if me == launcher:
+            worker_started.wait(5.0)  # leave one part to the worker
+        else:
+            worker_started.set()
+            time.sleep(0.02)
+        ran.append((index, me))
+    task = runtime.FFI.callback("void(void**, int)", lambda args, index: part(index))
+    run = runtime.FFI.cast("void*", task)
+    try:
+        with Context(POLY_THREADS=2):
+            before = pool.pg_solo_launches()
+            assert pool.pg_pool_run(run, runtime.FFI.NULL, 2, 2) == 2
+            assert sorted(i for i, _ in ran) == [0, 1] and any(t != launcher for _, t in ran), ran
+            worker_started.set()
+            for k in range(runtime.POOL_SOLO_LAUNCHES[0]):
+                ran.clear()
+                assert pool.pg_pool_run(run, runtime.FFI.NULL, 2, 2) == 1, k
+                assert sorted(ran) == [(0, launcher), (1, launcher)], ran
+            assert pool.pg_solo_launches() - before == runtime.POOL_SOLO_LAUNCHES[0]
+            assert pool.pg_pool_run(run, runtime.FFI.NULL, 2, 2) == 2
+    finally:
+        _drain_solo(runtime, pool)
