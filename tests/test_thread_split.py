@@ -10,6 +10,8 @@
 """
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 
@@ -77,16 +79,55 @@ def test_without_the_byte_dot_products_the_operation_count_decides():
 
 
 def test_qwen2_decode_matvecs_split_by_default():
-    """With the description's default read rate and handoff cost (measured on the Zen 4 VM), which of
-    Qwen2-0.5B's four decode matvec shapes a 2-thread device splits: each split's parts take at least a
-    handoff at one core's read rate."""
+    """With the description's default read rate and handoff cost (measured on the Zen 4 VM: a split k/v
+    matvec took longer than a whole one), a 2-thread device splits Qwen2-0.5B's q/o, gate/up and down
+    decode matvecs, not its k/v (64.5 KB: 4 us at one core's read rate)."""
     caps = _caps({})
     assert caps.read_gbs == ASSUMED_READ_GBS and caps.thread_handoff_ns == ASSUMED_HANDOFF_NS
     got = {name: _threads(_matvec_ast(*shape), caps) for name, shape in QWEN2.items()}
-    split = {name: 2 if rows * cols // 32 * 18 / ASSUMED_READ_GBS >= 2 * ASSUMED_HANDOFF_NS else 1
-             for name, (rows, cols) in QWEN2.items()}
-    assert got == split
-    assert got["gate/up"] == got["down"] == 2
+    assert got == {"k/v": 1, "q/o": 2, "gate/up": 2, "down": 2}
+
+
+DECODE_PLAN = """
+import collections, json, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from bench_gguf import write_qwen2_gguf
+from polygrad.hf import load_hf
+path = sys.argv[2]
+write_qwen2_gguf(path, "Q4_0", layers=1, vocab=512)
+model = load_hf(path, max_batch=1, max_seq_len=64)
+ids = np.zeros((1, 4), np.int32)
+model.call("prefill", {"input_ids": ids})
+model.call("decode", {"input_ids": ids[:, :1], "pos": 4})["logits"].numpy()
+threads = collections.defaultdict(list)
+for prog, _, _ in model._x.plan("decode"):
+    if prog is not None:
+        threads[prog.spec.name].append(prog.spec.threads)
+print(json.dumps(threads))
+"""
+
+
+@pytest.mark.skipif("CPU" not in DEVICES, reason="needs the CPU backend (a C compiler)")
+@pytest.mark.parametrize("handoff_ns, kv_threads", [(3000, 1), (1000, 2)])
+def test_a_qwen2_decode_step_splits_the_kv_matvecs_only_where_they_pay(handoff_ns, kv_threads, tmp_path):
+    """A one-layer Qwen2-0.5B-shaped Q4_0 model (vocabulary 512) on 2 threads, with a declared read rate
+    (16 GB/s) and handoff cost: its decode step's k and v matvecs (128 rows) run on one thread at a 3 us
+    handoff and on two at 1 us; q, o, gate, up and down (896 and 4864 rows) on two either way."""
+    from polygrad.nn.quant import int8_dot_enabled
+    if not int8_dot_enabled("CPU"):
+        pytest.skip("the CPU device does not declare int8_dot (no VNNI or no clang)")
+    bench = os.path.join(os.path.dirname(__file__), "..", "benchmarks")
+    cpu = json.dumps({"read_gbs": 16, "thread_handoff_ns": handoff_ns})
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", DECODE_PLAN, bench, str(tmp_path / "qwen2.gguf")], text=True,
+                       capture_output=True, timeout=600,
+                       env={**os.environ, "POLY_THREADS": "2", "POLY_CPU": cpu, "POLY_CACHE_DIR": str(tmp_path)})
+    assert p.returncode == 0, p.stderr[-3000:]
+    threads = json.loads(p.stdout.splitlines()[-1])
+    assert threads["r_1_1_128"] == [kv_threads, kv_threads], threads  # k, v
+    assert threads["r_1_1_896"].count(2) >= 3 and threads["r_1_1_4864"] == [2, 2], threads  # q, o, down; gate, up
 
 
 def _pool():

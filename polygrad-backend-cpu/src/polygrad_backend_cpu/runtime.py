@@ -14,6 +14,8 @@ indices, each taking the next index left (an atomic counter), so a thread whose 
 (another library's spinning threads, another process) holds back only an index it has taken: the
 caller runs the rest. Between launches a worker spins (pause) for POOL_SPIN_NS, then sleeps on a
 condition variable; the caller waits for indices in flight the same way. So idle workers cost no CPU.
+After a launch that a worker stalled (the caller slept for its part longer than its own share took: the
+worker's core was taken mid-part), the next launches run on the calling thread alone (POOL_SOLO_LAUNCHES).
 `want` is the running thread's POLY_THREADS, read at every launch (backend_api.launch_threads), so
 `Context(POLY_THREADS=1)` runs every index on the calling thread. cffi releases the GIL for the whole
 call, so a launch costs one foreign call, not one Python future per thread. The pool is a small C library
