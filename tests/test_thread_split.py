@@ -187,3 +187,31 @@ def test_a_stalled_worker_sends_the_next_launches_to_the_launcher_alone():
             assert pool.pg_solo_launches() - before == alone
     finally:
         _drain_solo(runtime, pool)
+
+
+@pytest.mark.skipif("CPU" not in DEVICES, reason="needs the CPU backend (a C compiler)")
+def test_a_sleeping_worker_is_woken_by_the_next_launch():
+    """Past its spin bound a worker sleeps (the pool takes its mutex and signals only when one does): a
+    launch after 20 ms of idling still reaches it, and it runs the part the launching thread leaves."""
+    runtime, pool = _pool()
+    _drain_solo(runtime, pool)
+    launcher = threading.get_ident()
+    ran: list[tuple[int, int]] = []
+    worker_ran = threading.Event()
+
+    def part(index: int) -> None:
+        me = threading.get_ident()
+        if me == launcher:
+            worker_ran.wait(5.0)
+        else:
+            worker_ran.set()
+        ran.append((index, me))
+    task = runtime.FFI.callback("void(void**, int)", lambda args, index: part(index))
+    run = runtime.FFI.cast("void*", task)
+    with Context(POLY_THREADS=2):
+        for _ in range(3):
+            ran.clear()
+            worker_ran.clear()
+            time.sleep(max(0.02, 100 * runtime.POOL_SPIN_NS * 1e-9))
+            assert pool.pg_pool_run(run, runtime.FFI.NULL, 2, 2) == 2
+            assert sorted(i for i, _ in ran) == [0, 1] and any(t != launcher for _, t in ran), ran
