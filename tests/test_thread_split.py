@@ -215,3 +215,24 @@ def test_a_sleeping_worker_is_woken_by_the_next_launch():
             time.sleep(max(0.02, 100 * runtime.POOL_SPIN_NS * 1e-9))
             assert pool.pg_pool_run(run, runtime.FFI.NULL, 2, 2) == 2
             assert sorted(i for i, _ in ran) == [0, 1] and any(t != launcher for _, t in ran), ran
+
+
+@pytest.mark.parametrize("text, field", [('{"read_gbs": 0}', "read_gbs"), ('{"read_gbs": "fast"}', "read_gbs"),
+                                         ('{"thread_handoff_ns": 2.5}', "thread_handoff_ns"),
+                                         ('{"thread_handoff_ns": -1}', "thread_handoff_ns")])
+def test_declared_split_costs_are_checked(text, field):
+    from polygrad.errors import SettingError
+    from polygrad.hostcpu import parse_declared
+    with pytest.raises(SettingError, match=f"POLY_CPU field '{field}'"):
+        parse_declared(text)
+    assert parse_declared('{"read_gbs": 12.5, "thread_handoff_ns": 2000}') == {"read_gbs": 12.5,
+                                                                              "thread_handoff_ns": 2000}
+
+
+def test_doctor_shows_the_split_costs_and_their_source(run_python):
+    out = run_python("""
+        import sys
+        from polygrad.__main__ import main
+        sys.exit(main(["doctor"]))
+    """, env={"POLY_CPU": json.dumps({"read_gbs": 12.5, "thread_handoff_ns": 2000})})
+    assert "one core reads 12.5 GB/s, a split launch costs 2000 ns [declared (POLY_CPU)]" in out.stdout, out.stderr
