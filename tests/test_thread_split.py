@@ -27,7 +27,7 @@ from polygrad.nn.quant import _int8_matmul_t
 from polygrad.schedule.template import schedule
 from polygrad.uop.ops import Ops
 
-from conftest import DEVICES
+from conftest import DEVICES, end_pool_solo
 
 # Qwen2-0.5B's decode matvecs (rows, columns): k/v, q/o, gate/up, down
 QWEN2 = {"k/v": (128, 896), "q/o": (896, 896), "gate/up": (4864, 896), "down": (896, 4864)}
@@ -139,14 +139,6 @@ def _pool():
     return runtime, pool
 
 
-def _drain_solo(runtime, pool) -> None:
-    """Launch empty tasks until launches are offered to 2 threads again (other tests expect them)."""
-    task = runtime.FFI.callback("void(void**, int)", lambda args, index: None)
-    for _ in range(2 * runtime.POOL_SOLO_LAUNCHES[1]):
-        if pool.pg_pool_run(runtime.FFI.cast("void*", task), runtime.FFI.NULL, 2, 2) == 2:
-            return
-
-
 @pytest.mark.skipif("CPU" not in DEVICES, reason="needs the CPU backend (a C compiler)")
 def test_a_stalled_worker_sends_the_next_launches_to_the_launcher_alone():
     """A worker that takes a part and then stalls in it (0.2 s, far past the launcher's spin and its own
@@ -154,7 +146,7 @@ def test_a_stalled_worker_sends_the_next_launches_to_the_launcher_alone():
     at most [1]) then run on the launching thread alone (offered to 1 thread, each part run once, by the
     caller), and later launches are offered to 2 threads again."""
     runtime, pool = _pool()
-    _drain_solo(runtime, pool)
+    end_pool_solo(runtime, pool)
     launcher = threading.get_ident()
     ran: list[tuple[int, int]] = []
     worker_started = threading.Event()
@@ -186,7 +178,7 @@ def test_a_stalled_worker_sends_the_next_launches_to_the_launcher_alone():
             assert runtime.POOL_SOLO_LAUNCHES[0] <= alone <= runtime.POOL_SOLO_LAUNCHES[1], alone
             assert pool.pg_solo_launches() - before == alone
     finally:
-        _drain_solo(runtime, pool)
+        end_pool_solo(runtime, pool)
 
 
 @pytest.mark.skipif("CPU" not in DEVICES, reason="needs the CPU backend (a C compiler)")
@@ -194,7 +186,7 @@ def test_a_sleeping_worker_is_woken_by_the_next_launch():
     """Past its spin bound a worker sleeps (the pool takes its mutex and signals only when one does): a
     launch after 20 ms of idling still reaches it, and it runs the part the launching thread leaves."""
     runtime, pool = _pool()
-    _drain_solo(runtime, pool)
+    end_pool_solo(runtime, pool)
     launcher = threading.get_ident()
     ran: list[tuple[int, int]] = []
     worker_ran = threading.Event()
