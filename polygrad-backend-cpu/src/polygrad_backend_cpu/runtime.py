@@ -64,8 +64,10 @@ POOL_SPIN_NS = 100_000
 # After a launch whose launcher blocked for a worker's part longer than its own share took (the worker's
 # core taken by another process or library mid-part), the next launches run on the launcher alone: the
 # first value's count, doubling while stalls repeat, up to the second. A stall costs a time slice (1-4 ms
-# under Linux's scheduler); a Qwen2-0.5B decode step makes 217 threaded launches in about 12 ms.
-POOL_SOLO_LAUNCHES = (64, 8192)
+# under Linux's scheduler); a Qwen2-0.5B decode step makes 217 threaded launches in about 12 ms on 2 threads
+# against 19 on one, so a launch run alone gives up about 30 us there: 64 of them cost about one stall, and
+# the longest window (about 5 decode steps) is what a machine that has just become quiet pays at most.
+POOL_SOLO_LAUNCHES = (64, 1024)
 POOL_SOURCE = r"""
 #include <pthread.h>
 #include <stdatomic.h>
