@@ -80,8 +80,8 @@ def test_without_the_byte_dot_products_the_operation_count_decides():
 
 def test_qwen2_decode_matvecs_split_by_default():
     """With the description's default read rate and handoff cost (measured on the Zen 4 VM: a split k/v
-    matvec took longer than a whole one), a 2-thread device splits Qwen2-0.5B's q/o, gate/up and down
-    decode matvecs, not its k/v (64.5 KB: 4 us at one core's read rate)."""
+    matvec took longer than a whole one, a split q/o matvec less), a 2-thread device splits Qwen2-0.5B's
+    q/o, gate/up and down decode matvecs, not its k/v (64.5 KB: 4 us at one core's read rate)."""
     caps = _caps({})
     assert caps.read_gbs == ASSUMED_READ_GBS and caps.thread_handoff_ns == ASSUMED_HANDOFF_NS
     got = {name: _threads(_matvec_ast(*shape), caps) for name, shape in QWEN2.items()}

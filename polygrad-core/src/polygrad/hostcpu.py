@@ -59,16 +59,17 @@ ONE_FMA_XEON = ("Bronze", "Silver")
 ASSUMED_FMA = (1, 4)  # units, latency: the safe guess for an undocumented microarchitecture
 # One core's streaming read rate from memory (GB/s) and what splitting a launch among threads costs beyond
 # its parts' work (ns), where nothing declares them: the split of a memory-bound kernel
-# (codegen/host_opts.thread_parts) weighs one against the other. Measured on the 2-vCPU AMD EPYC Zen 4 VM
-# (a shared machine, load 2-4): Qwen2-0.5B's Q4_0 decode matvecs read 16-17 GB/s at one thread. The C
-# pool's own handoff (polygrad_backend_cpu/runtime.py, the worker spinning on a free core) is small: the
-# worker starts its part 0.15-0.25 us after the launch, the launch returns 0.07-0.1 us after the part ends.
-# A split kernel costs more than that: the 64.5 KB k/v matvec in 2 parts took 6.4 us against 5.8 whole
-# (weights cold, in a run where the 2.4 MB matvecs took 0.55-0.7x their one-thread time), 3.5 us beyond its
-# halves (an earlier session: 4.9-6.7 us against 3.5). The worker reads the activation that the launcher's
-# core wrote, and its half of the outputs goes back; the cause was not isolated
+# (codegen/host_opts.thread_parts) weighs one against the other. Measured on the 2-vCPU AMD EPYC Zen 4 VM:
+# Qwen2-0.5B's Q4_0 decode matvecs read 16-17 GB/s at one thread. The C pool's own handoff
+# (polygrad_backend_cpu/runtime.py, the worker spinning on a free core) is small: the worker starts its
+# part 0.15-0.25 us after the launch, the launch returns 0.07-0.1 us after the part ends. A split kernel
+# costs more (benchmarks/profile_threads.py, a decode step's launches in launch plans, weights cold, 42 runs
+# at load 0.8-2.2): the 64.5 KB k/v matvec took 8.1 us in 2 parts against 6.2 whole, 4.6 us beyond its
+# halves (quartiles 4.3-5.1; 2 parts faster in 7 runs of 42), the 445 KB q/o matvec 29.7 against 32.8
+# (12 us beyond; faster in 36 of 42). The worker reads the activation the launcher's core wrote, and its
+# half of the outputs goes back; the cause was not isolated
 ASSUMED_READ_GBS = 16.0
-ASSUMED_HANDOFF_NS = 3000
+ASSUMED_HANDOFF_NS = 4500
 STAGE_MAX_BYTES = 512 * 1024  # staged panels live on the launch's stack (renderer/linearize.STAGE_MAX_BYTES)
 CALIBRATION_VERSION = 1
 

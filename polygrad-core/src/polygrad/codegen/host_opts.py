@@ -722,8 +722,8 @@ def streams_weight(ast: UOp, caps: Capabilities | None) -> bool:
     """Whether the kernel is a one-row byte dot product (nn/quant.py's decode matvec, int8_dot_lanes) on a
     device that contracts it (caps.int8_dot): one instruction does 32 of its multiply-adds (8 int32 lanes
     of 4 bytes), so it runs at the speed its weight's bytes come from memory: Qwen2's 64.5 KB k/v matvec
-    takes about 4 us on one Zen 4 core, where its operation count (488k: nibble shifts and masks counted
-    one by one) at THREAD_PART_WORK's rate would take 150."""
+    takes about 6 us on one Zen 4 core (weights cold), where its operation count (488k: nibble shifts and
+    masks counted one by one) at THREAD_PART_WORK's rate would take 150."""
     if caps is None or not caps.int8_dot:
         return False
     return int8_dot_lanes([n for n in ast.toposort() if n.op is Ops.REDUCE]) is not None
