@@ -105,13 +105,3 @@ def programs_of(fn) -> list:
     finally:
         programs.get_program = orig
     return asked
-
-
-def end_pool_solo(runtime, pool) -> None:
-    """Launch empty tasks on the CPU pool until a launch is offered to 2 threads again: a worker stalled by
-    another test's load (runtime.POOL_SOLO_LAUNCHES) sends the next launches to the launching thread alone,
-    and a test that checks which thread runs a part must not start inside that window."""
-    task = runtime.FFI.callback("void(void**, int)", lambda args, index: None)
-    for _ in range(2 * runtime.POOL_SOLO_LAUNCHES[1]):
-        if pool.pg_pool_run(runtime.FFI.cast("void*", task), runtime.FFI.NULL, 2, 2) == 2:
-            return

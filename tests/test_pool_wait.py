@@ -13,7 +13,7 @@ import pytest
 
 from polygrad import Context, Device
 
-from conftest import end_pool_solo, run_python
+from conftest import run_python
 
 HOST_DEVICES = [d for d in ("CPU", "X86") if Device.available(d)]
 IDLE_S = 0.2
@@ -76,7 +76,6 @@ def _launch_with_a_held_up_worker(device: str, split: int) -> list[tuple[int, in
             pool = runtime.c_pool(wait=True)
             if pool is None:
                 pytest.skip("no C compiler for the pool")
-            end_pool_solo(runtime, pool)
             task = runtime.FFI.callback("void(void**, int)", lambda args, index: part(index))
             assert pool.pg_pool_run(runtime.FFI.cast("void*", task), runtime.FFI.NULL, split, 2) == 2
         else:

@@ -14,8 +14,6 @@ indices, each taking the next index left (an atomic counter), so a thread whose 
 (another library's spinning threads, another process) holds back only an index it has taken: the
 caller runs the rest. Between launches a worker spins (pause) for POOL_SPIN_NS, then sleeps on a
 condition variable; the caller waits for indices in flight the same way. So idle workers cost no CPU.
-After a launch that a worker stalled (the caller slept for its part longer than its own share took: the
-worker's core was taken mid-part), the next launches run on the calling thread alone (POOL_SOLO_LAUNCHES).
 `want` is the running thread's POLY_THREADS, read at every launch (backend_api.launch_threads), so
 `Context(POLY_THREADS=1)` runs every index on the calling thread. cffi releases the GIL for the whole
 call, so a launch costs one foreign call, not one Python future per thread. The pool is a small C library
@@ -46,8 +44,7 @@ from polygrad_backend_cpu.compiler import ClangCompiler, symbol_names
 
 FFI = cffi.FFI()
 FFI.cdef("int pg_pool_run(void* task, void** args, int threads, int want);\n"
-         "int pg_run_plan(int n, void** tasks, void*** args, int* parts, int want);\n"
-         "int pg_solo_launches(void);")
+         "int pg_run_plan(int n, void** tasks, void*** args, int* parts, int want);")
 _fn_types: dict[int, Any] = {}
 loaded = {"open": 0}  # shared objects currently open (tests read it)
 _c_pool: Any = None  # the C pool library (False: could not be built)
@@ -61,13 +58,6 @@ _pinned: list[Any] = []  # the pool library's ctypes handles (never closed)
 # PyTorch's OpenMP) may want the core. A time, not a count of pause instructions (their cost differs
 # tenfold between CPU models). tests/test_pool_wait.py reads it.
 POOL_SPIN_NS = 100_000
-# After a launch whose launcher blocked for a worker's part longer than its own share took (the worker's
-# core taken by another process or library mid-part), the next launches run on the launcher alone: the
-# first value's count, doubling while stalls repeat, up to the second. A stall costs a time slice (1-4 ms
-# under Linux's scheduler); a Qwen2-0.5B decode step makes 217 threaded launches in about 12 ms on 2 threads
-# against 19 on one, so a launch run alone gives up about 30 us there: 64 of them cost about one stall, and
-# the longest window (about 5 decode steps) is what a machine that has just become quiet pays at most.
-POOL_SOLO_LAUNCHES = (64, 1024)
 POOL_SOURCE = r"""
 #include <pthread.h>
 #include <stdatomic.h>
@@ -75,8 +65,6 @@ POOL_SOURCE = r"""
 typedef void (*pg_task)(void**, int);
 #define PG_MAX_THREADS 256
 #define PG_SPIN_NS @SPIN_NS@ul
-#define PG_SOLO_MIN @SOLO_MIN@
-#define PG_SOLO_MAX @SOLO_MAX@
 #define PG_LINE _Alignas(64)
 static pthread_mutex_t run_mu = PTHREAD_MUTEX_INITIALIZER, mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
@@ -102,28 +90,9 @@ static PG_LINE struct {
 } asleep;
 static int workers;
 static unsigned long start_generation[PG_MAX_THREADS];  /* what a new worker has already seen */
-/* Oversubscription (another process or library's threads on the workers' cores): a worker preempted in
-   the middle of a part holds the launch until it runs again, a scheduler's time slice (milliseconds).
-   When the launcher had to block for a worker's part (it spun for PG_SPIN_NS first) longer than its own
-   share took, the next `solo_len` launches run on the launcher alone: from PG_SOLO_MIN, doubling at each
-   stall up to PG_SOLO_MAX, and halved once as many threaded launches in a row as it counts end without
-   one (so while another process keeps a worker's core busy, the window grows and stays long). The parts
-   are the same either way, so results do not change. Launcher-only state (run_mu held). */
-static int solo_left, solo_len = PG_SOLO_MIN, clean_launches;
-static atomic_int solo_launches;  /* launches run alone because of a stall (tests read it) */
 static inline void pg_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
-#endif
-}
-/* A cheap clock for comparing two spans of this thread's (the time-stamp counter where there is one) */
-static inline unsigned long pg_ticks(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  return __builtin_ia32_rdtsc();
-#else
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (unsigned long)t.tv_sec * 1000000000ul + (unsigned long)t.tv_nsec;
 #endif
 }
 static unsigned long pg_now_ns(void) {
@@ -176,26 +145,15 @@ static void* pg_worker(void* arg) {
   }
   return 0;
 }
-static void pg_run_alone(void* task, void** args, int threads) {
-  for (int part = 0; part < threads; part++) ((pg_task)task)(args, part);
-}
-/* Run task(args, 0..threads-1) on at most `want` threads, each taking the next part left; the number of
-   threads it was offered to (1: it ran on the calling thread alone). */
+/* Run task(args, 0..threads-1) on at most `want` threads, each taking the next part left. */
 int pg_pool_run(void* task, void** args, int threads, int want) {
   if (want > threads) want = threads;
   if (want > PG_MAX_THREADS) want = PG_MAX_THREADS;
   if (want <= 1) {
-    pg_run_alone(task, args, threads);
+    for (int part = 0; part < threads; part++) ((pg_task)task)(args, part);
     return 1;
   }
   pthread_mutex_lock(&run_mu);
-  if (solo_left > 0) {
-    solo_left--;
-    atomic_fetch_add_explicit(&solo_launches, 1, memory_order_relaxed);
-    pthread_mutex_unlock(&run_mu);
-    pg_run_alone(task, args, threads);
-    return 1;
-  }
   while (workers < want - 1) {
     pthread_t t;
     pthread_attr_t attr;
@@ -220,10 +178,8 @@ int pg_pool_run(void* task, void** args, int threads, int want) {
     pthread_cond_broadcast(&wake);
     pthread_mutex_unlock(&mu);
   }
-  unsigned long start = pg_ticks();
   pg_take_parts(gen);
-  unsigned long own = pg_ticks(), since = 0;
-  int stalled = 0;
+  unsigned long since = 0;
   for (unsigned spin = 0; atomic_load_explicit(&unfinished, memory_order_acquire) > 0; spin++) {
     if (!pg_spun_out(spin, &since)) { pg_relax(); continue; }
     pthread_mutex_lock(&mu);
@@ -231,16 +187,6 @@ int pg_pool_run(void* task, void** args, int threads, int want) {
     while (atomic_load(&unfinished) > 0) pthread_cond_wait(&done, &mu);
     atomic_store(&asleep.launcher, 0);
     pthread_mutex_unlock(&mu);
-    stalled = pg_ticks() - own > own - start;  /* a worker's part took longer than twice this thread's */
-    break;
-  }
-  if (stalled) {
-    solo_left = solo_len;
-    if (solo_len < PG_SOLO_MAX) solo_len *= 2;
-    clean_launches = 0;
-  } else if (++clean_launches >= solo_len && solo_len > PG_SOLO_MIN) {
-    solo_len /= 2;
-    clean_launches = 0;
   }
   pthread_mutex_unlock(&run_mu);
   return n;
@@ -254,10 +200,7 @@ int pg_run_plan(int n, void** tasks, void*** args, int* parts, int want) {
   }
   return n;
 }
-/* Launches run on the calling thread alone since the process started because a worker had stalled one. */
-int pg_solo_launches(void) { return atomic_load(&solo_launches); }
-""".replace("@SPIN_NS@", str(POOL_SPIN_NS)).replace("@SOLO_MIN@", str(POOL_SOLO_LAUNCHES[0])).replace(
-    "@SOLO_MAX@", str(POOL_SOLO_LAUNCHES[1]))
+""".replace("@SPIN_NS@", str(POOL_SPIN_NS))
 
 
 try:  # types built without parsing C text (the first parse of any C text costs milliseconds: 5 for "void*[]")
