@@ -80,13 +80,13 @@ def _tensor_writers(w, fmt: str, rng, scale: float):
     return matrix, vector
 
 
-def write_qwen2_gguf(path: str, fmt: str, layers: int = 24, tokenizer: bool = False) -> None:
+def write_qwen2_gguf(path: str, fmt: str, layers: int = 24, tokenizer: bool = False, vocab: int = 151936) -> None:
     """A random model of Qwen2-0.5B's shape (hidden 896, 14 query and 2 key/value heads of 64, MLP 4864,
-    vocabulary 151936, tied embeddings, rope base 1e6; 24 layers unless `layers` says otherwise) as a GGUF
-    file whose matrices are `fmt`, under llama.cpp's qwen2 names. With `tokenizer`, a byte-level BPE
-    vocabulary of that size (add_byte_vocabulary)."""
+    vocabulary 151936, tied embeddings, rope base 1e6; 24 layers unless `layers` says otherwise, a smaller
+    `vocab` for tests) as a GGUF file whose matrices are `fmt`, under llama.cpp's qwen2 names. With
+    `tokenizer`, a byte-level BPE vocabulary of that size (add_byte_vocabulary)."""
     import gguf
-    E, F, V, H, KV, D = 896, 4864, 151936, 14, 2, 64
+    E, F, V, H, KV, D = 896, 4864, vocab, 14, 2, 64
     rng = np.random.default_rng(0)
     w = gguf.GGUFWriter(path, "qwen2")
     w.add_context_length(32768)

@@ -65,17 +65,29 @@ POOL_SOURCE = r"""
 typedef void (*pg_task)(void**, int);
 #define PG_MAX_THREADS 256
 #define PG_SPIN_NS @SPIN_NS@ul
+#define PG_LINE _Alignas(64)
 static pthread_mutex_t run_mu = PTHREAD_MUTEX_INITIALIZER, mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t wake = PTHREAD_COND_INITIALIZER, done = PTHREAD_COND_INITIALIZER;
-static atomic_ulong generation;  /* launches so far */
-/* The launch's parts not yet taken: (generation << 32) | parts left. A thread takes part `left - 1` by
-   decrementing it, so any thread may run any part, and one that comes late (its core was busy) finds
-   nothing left instead of holding the launch back; the generation keeps a late thread off a later launch. */
-static atomic_ullong unclaimed;
-static atomic_int unfinished;  /* parts taken or not yet taken that have not ended */
-static atomic_int cur_want;  /* threads wanted: workers 1..cur_want-1 join in */
-static pg_task cur_task;
-static void** cur_args;
+/* The shared state sits on three cache lines: the launch (what a spinning worker needs to start a part
+   comes with the one transfer that shows it a new launch), the parts not yet ended (workers end theirs
+   while the launcher polls it, away from the launch line the threads take parts from), and who sleeps,
+   written only around a sleep, so a launch and the last part's end read it without a transfer and take
+   the mutex (to wake a sleeper) only when someone does sleep. */
+static PG_LINE struct {
+  atomic_ulong generation;  /* launches so far */
+  /* The launch's parts not yet taken: (generation << 32) | parts left. A thread takes part `left - 1` by
+     decrementing it, so any thread may run any part, and one that comes late (its core was busy) finds
+     nothing left instead of holding the launch back; the generation keeps a late thread off a later launch. */
+  atomic_ullong unclaimed;
+  atomic_int want;          /* threads wanted: workers 1..want-1 join in */
+  pg_task task;
+  void** args;
+} launch;
+static PG_LINE atomic_int unfinished;  /* parts taken or not yet taken that have not ended */
+static PG_LINE struct {
+  atomic_int workers;   /* workers blocked on `wake` (or about to block: counted before they check) */
+  atomic_int launcher;  /* 1 while the launcher blocks on `done` (or is about to) */
+} asleep;
 static int workers;
 static unsigned long start_generation[PG_MAX_THREADS];  /* what a new worker has already seen */
 static inline void pg_relax(void) {
@@ -97,7 +109,9 @@ static int pg_spun_out(unsigned spin, unsigned long* since) {
   return now - *since >= PG_SPIN_NS;
 }
 static void pg_finish_part(void) {
-  if (atomic_fetch_sub(&unfinished, 1) == 1) {
+  /* seq_cst both ways (here: end, then read the flag; the launcher: set the flag, then read the count), so
+     either this sees the launcher's flag or the launcher sees the count reach 0 before it blocks */
+  if (atomic_fetch_sub(&unfinished, 1) == 1 && atomic_load(&asleep.launcher)) {
     pthread_mutex_lock(&mu);
     pthread_cond_broadcast(&done);
     pthread_mutex_unlock(&mu);
@@ -105,12 +119,12 @@ static void pg_finish_part(void) {
 }
 /* Take and run parts of launch `gen` until none is left. */
 static void pg_take_parts(unsigned long gen) {
-  unsigned long long c = atomic_load(&unclaimed);
+  unsigned long long c = atomic_load(&launch.unclaimed);
   while ((c >> 32) == (gen & 0xffffffffull) && (c & 0xffffffffull) != 0) {
-    if (!atomic_compare_exchange_weak(&unclaimed, &c, c - 1)) continue;
-    cur_task(cur_args, (int)((c & 0xffffffffull) - 1));  /* the launch cannot end before this part */
+    if (!atomic_compare_exchange_weak(&launch.unclaimed, &c, c - 1)) continue;
+    launch.task(launch.args, (int)((c & 0xffffffffull) - 1));  /* the launch cannot end before this part */
     pg_finish_part();
-    c = atomic_load(&unclaimed);
+    c = atomic_load(&launch.unclaimed);
   }
 }
 static void* pg_worker(void* arg) {
@@ -118,14 +132,16 @@ static void* pg_worker(void* arg) {
   unsigned long seen = start_generation[tid];
   for (;;) {
     unsigned long since = 0;
-    for (unsigned spin = 0; atomic_load_explicit(&generation, memory_order_acquire) == seen; spin++) {
+    for (unsigned spin = 0; atomic_load_explicit(&launch.generation, memory_order_acquire) == seen; spin++) {
       if (!pg_spun_out(spin, &since)) { pg_relax(); continue; }
       pthread_mutex_lock(&mu);
-      while (atomic_load(&generation) == seen) pthread_cond_wait(&wake, &mu);
+      atomic_fetch_add(&asleep.workers, 1);  /* before the check: a launch after it sees the count */
+      while (atomic_load(&launch.generation) == seen) pthread_cond_wait(&wake, &mu);
+      atomic_fetch_sub(&asleep.workers, 1);
       pthread_mutex_unlock(&mu);
     }
-    seen = atomic_load(&generation);
-    if (tid < atomic_load_explicit(&cur_want, memory_order_relaxed)) pg_take_parts(seen);
+    seen = atomic_load(&launch.generation);
+    if (tid < atomic_load_explicit(&launch.want, memory_order_relaxed)) pg_take_parts(seen);
   }
   return 0;
 }
@@ -143,29 +159,33 @@ int pg_pool_run(void* task, void** args, int threads, int want) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, 8u << 20);  /* kernels keep staged panels on the stack */
-    start_generation[workers + 1] = atomic_load(&generation);
+    start_generation[workers + 1] = atomic_load(&launch.generation);
     if (pthread_create(&t, &attr, pg_worker, (void*)(long)(workers + 1)) != 0) { pthread_attr_destroy(&attr); break; }
     pthread_attr_destroy(&attr);
     pthread_detach(t);
     workers++;
   }
   int n = want < workers + 1 ? want : workers + 1;  /* fewer when a worker could not start */
-  unsigned long gen = atomic_load(&generation) + 1;
-  cur_task = (pg_task)task;
-  cur_args = args;
-  atomic_store(&cur_want, n);
+  unsigned long gen = atomic_load(&launch.generation) + 1;
+  launch.task = (pg_task)task;
+  launch.args = args;
+  atomic_store_explicit(&launch.want, n, memory_order_relaxed);
   atomic_store(&unfinished, threads);
-  atomic_store(&unclaimed, ((unsigned long long)gen << 32) | (unsigned long long)threads);
-  pthread_mutex_lock(&mu);
-  atomic_store_explicit(&generation, gen, memory_order_release);
-  pthread_cond_broadcast(&wake);
-  pthread_mutex_unlock(&mu);
+  atomic_store(&launch.unclaimed, ((unsigned long long)gen << 32) | (unsigned long long)threads);
+  atomic_store(&launch.generation, gen);  /* seq_cst: a worker counted asleep before this is woken below */
+  if (atomic_load(&asleep.workers)) {
+    pthread_mutex_lock(&mu);
+    pthread_cond_broadcast(&wake);
+    pthread_mutex_unlock(&mu);
+  }
   pg_take_parts(gen);
   unsigned long since = 0;
   for (unsigned spin = 0; atomic_load_explicit(&unfinished, memory_order_acquire) > 0; spin++) {
     if (!pg_spun_out(spin, &since)) { pg_relax(); continue; }
     pthread_mutex_lock(&mu);
+    atomic_store(&asleep.launcher, 1);
     while (atomic_load(&unfinished) > 0) pthread_cond_wait(&done, &mu);
+    atomic_store(&asleep.launcher, 0);
     pthread_mutex_unlock(&mu);
   }
   pthread_mutex_unlock(&run_mu);

@@ -72,6 +72,8 @@ def host_report(specs: dict) -> int:
           f"{cpu.fma_latency} cycles [{cpu.source('fma_units')}]")
     print(f"  caches: L1d {cpu.l1d_bytes >> 10} KiB, L2 {cpu.l2_bytes >> 10} KiB per core [{cpu.source('l2_bytes')}], "
           f"L3 {cpu.l3_bytes >> 20} MiB; cores {cpu.cores} [{cpu.source('cores')}]")
+    print(f"  threads: one core reads {cpu.read_gbs:g} GB/s, a split launch costs {cpu.thread_handoff_ns} ns "
+          f"[{cpu.source('thread_handoff_ns')}]")
     for name in ("CPU", "X86"):
         if name not in specs or not registry.probe(name).ok:
             continue

@@ -57,6 +57,9 @@ class Capabilities:
     l2_bytes: int = 0           # host devices: L2 cache per core (stages panels, sizes cache blocking); 0: unknown
     fma_units: int = 0          # vector FMAs a core issues per cycle at vector_width; 0: unknown
     fma_latency: int = 0        # cycles of one FMA: a register tile wants fma_units x fma_latency accumulators
+    read_gbs: float = 0.0       # host devices: one core's streaming read rate from memory, GB/s; 0: unknown
+    thread_handoff_ns: int = 0  # host devices: what splitting a launch among threads costs beyond its parts'
+                                # work (a waiting worker starts and the launcher learns its part ended); 0: unknown
     tuning: str = ""            # where tile_vectors and stage_bytes came from: "heuristic" or "calibrated"
     masked_lanes: bool = False  # lane-gated contiguous loads/stores are single masked moves: an elementwise
                                 # range the vector width does not divide is padded (PADTO) and gets lanes

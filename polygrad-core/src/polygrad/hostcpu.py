@@ -57,6 +57,19 @@ FMA_TABLE: tuple[tuple[str, int, frozenset[int], str, int, int, int], ...] = (
 # Xeon Scalable parts with one 512-bit FMA unit (port 0+1 fused only): Bronze, Silver, some Gold 5xxx
 ONE_FMA_XEON = ("Bronze", "Silver")
 ASSUMED_FMA = (1, 4)  # units, latency: the safe guess for an undocumented microarchitecture
+# One core's streaming read rate from memory (GB/s) and what splitting a launch among threads costs beyond
+# its parts' work (ns), where nothing declares them: the split of a memory-bound kernel
+# (codegen/host_opts.thread_parts) weighs one against the other. Measured on the 2-vCPU AMD EPYC Zen 4 VM:
+# Qwen2-0.5B's Q4_0 decode matvecs read 16-17 GB/s at one thread. The C pool's own handoff
+# (polygrad_backend_cpu/runtime.py, the worker spinning on a free core) is small: the worker starts its
+# part 0.15-0.25 us after the launch, the launch returns 0.07-0.1 us after the part ends. A split kernel
+# costs more (benchmarks/profile_threads.py, a decode step's launches in launch plans, weights cold, 42 runs
+# at load 0.8-2.2): the 64.5 KB k/v matvec took 8.1 us in 2 parts against 6.2 whole, 4.6 us beyond its
+# halves (quartiles 4.3-5.1; 2 parts faster in 7 runs of 42), the 445 KB q/o matvec 29.7 against 32.8
+# (12 us beyond; faster in 36 of 42). The worker reads the activation the launcher's core wrote, and its
+# half of the outputs goes back; the cause was not isolated
+ASSUMED_READ_GBS = 16.0
+ASSUMED_HANDOFF_NS = 4500
 STAGE_MAX_BYTES = 512 * 1024  # staged panels live on the launch's stack (renderer/linearize.STAGE_MAX_BYTES)
 CALIBRATION_VERSION = 1
 
@@ -81,6 +94,8 @@ class CpuDescription:
     l2_bytes: int = 512 << 10        # per core
     l3_bytes: int = 16 << 20         # the largest cache, shared
     cores: int = 1
+    read_gbs: float = ASSUMED_READ_GBS  # one core's streaming read rate from memory, GB/s
+    thread_handoff_ns: int = ASSUMED_HANDOFF_NS  # a launch split among threads costs this beyond its parts
     sources: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -104,7 +119,7 @@ class CpuDescription:
 
 DECLARABLE = {f.name: f.type for f in fields(CpuDescription) if f.name != "sources"}
 POSITIVE = ("vector_bits", "vector_registers", "fma_units", "fma_units_256", "fma_latency", "l1d_bytes", "l2_bytes",
-            "l3_bytes", "cores")
+            "l3_bytes", "cores", "read_gbs", "thread_handoff_ns")
 
 
 def describe_cpu() -> CpuDescription:
@@ -147,6 +162,7 @@ def detect_cpu() -> CpuDescription:
                           fma_units_256=units_256, fma_latency=latency, microarchitecture=arch,
                           cores=os.cpu_count() or 1)
     sources["cores"] = "os.cpu_count"
+    sources["read_gbs"] = sources["thread_handoff_ns"] = "assumed (measured on a Zen 4 VM: declare it with POLY_CPU)"
     for name, size in caches.items():
         desc = replace(desc, **{name: size})
         sources[name] = "sysfs"
@@ -257,6 +273,9 @@ def parse_declared(text: str) -> dict[str, Any]:
         if want in ("int", int):
             ok = isinstance(value, int) and not isinstance(value, bool) and (name not in POSITIVE or value > 0)
             need = "a positive whole number" if name in POSITIVE else "a whole number"
+        elif want in ("float", float):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            need = "a positive number"
         elif name == "flags":
             ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
             need = "a list of flag names"
@@ -293,7 +312,7 @@ def host_fields(desc: CpuDescription, device: str, code_generator: str, vector_b
     stage_bytes = min(desc.l2_bytes // 2, STAGE_MAX_BYTES) if stage else 0
     out = {"l1_bytes": desc.l1d_bytes, "l2_bytes": desc.l2_bytes, "fma_units": desc.fma_units_at(vector_bits),
            "fma_latency": desc.fma_latency, "stage_bytes": stage_bytes, "tile_vectors": tile_vectors,
-           "tuning": "heuristic"}
+           "read_gbs": float(desc.read_gbs), "thread_handoff_ns": desc.thread_handoff_ns, "tuning": "heuristic"}
     tuned = load_calibration(desc, device, code_generator)
     if tuned is not None:
         out["tile_vectors"] = int(tuned["tile_vectors"])

@@ -27,12 +27,13 @@ def host_opts(ast: UOp, caps: Capabilities | None) -> list[Opt]:
     """Register tiles or lane accumulators (or vector lanes for an elementwise kernel), then THREAD."""
     opts = heuristic_opts(ast, caps) or elementwise_vector_opts(ast, caps)
     opts = opts + decompress_stage_opts(ast, opts, caps)
-    return opts + thread_opt(split_kernel(ast, opts), caps)
+    return opts + thread_opt(split_kernel(ast, opts), caps, streams_weight(ast, caps))
 
 
 # below this much work (operations + stores) per thread a thread handoff costs more than it saves
 # (measured on the CPU backend with 2 threads: about 20 us per launch to wake a worker); a kernel is split
-# among as many of the device's threads (its cores) as get this much each
+# among as many of the device's threads (its cores) as get this much each. A kernel whose time is its
+# weight's bytes (streams_weight) is split by time instead: thread_parts
 THREAD_PART_WORK = 1 << 16
 # a matmul-like kernel stages its column panels (OUTER + STAGE) from this much work on (multiply-adds),
 # when B is bigger than a quarter of the L2 (smaller ones stay in cache anyway, and staging costs
@@ -717,14 +718,37 @@ def decompress_stage_opts(ast: UOp, opts: list[Opt], caps: Capabilities | None) 
     return [Opt(OptKind.OUTER, panel[0].arg[0], 0), Opt(OptKind.STAGE, panel[0].arg[0], slot)]
 
 
-def thread_opt(ast: UOp, caps: Capabilities | None) -> list[Opt]:
+def streams_weight(ast: UOp, caps: Capabilities | None) -> bool:
+    """Whether the kernel is a one-row byte dot product (nn/quant.py's decode matvec, int8_dot_lanes) on a
+    device that contracts it (caps.int8_dot): one instruction does 32 of its multiply-adds (8 int32 lanes
+    of 4 bytes), so it runs at the speed its weight's bytes come from memory: Qwen2's 64.5 KB k/v matvec
+    takes about 6 us on one Zen 4 core (weights cold), where its operation count (488k: nibble shifts and
+    masks counted one by one) at THREAD_PART_WORK's rate would take 150."""
+    if caps is None or not caps.int8_dot:
+        return False
+    return int8_dot_lanes([n for n in ast.toposort() if n.op is Ops.REDUCE]) is not None
+
+
+def thread_parts(ast: UOp, caps: Capabilities, streams: bool = False) -> int:
+    """How many parts the kernel's work pays a thread handoff for, before the device's thread count caps
+    it: its operations and stores over THREAD_PART_WORK; or, for a kernel whose time is its bytes read
+    (`streams`, see streams_weight) on a device that says its read rate and handoff cost
+    (Capabilities.read_gbs, thread_handoff_ns: polygrad/hostcpu.py), its time at one core's read rate
+    over the handoff cost (each part must take at least a handoff: a split into p parts saves time
+    (1 - 1/p) and costs about one handoff)."""
+    ops, mem = estimate(ast)
+    if streams and caps.read_gbs > 0 and caps.thread_handoff_ns > 0:
+        return int(mem / caps.read_gbs // caps.thread_handoff_ns)  # GB/s = bytes per ns
+    return (ops + stores_of(ast)) // THREAD_PART_WORK
+
+
+def thread_opt(ast: UOp, caps: Capabilities | None, streams: bool = False) -> list[Opt]:
     """THREAD on the outermost global range (or one inside it that splits evenly, analysis.thread_axis),
-    split among as many of the device's threads as get THREAD_PART_WORK each (none when fewer than two
-    do)."""
+    split among as many of the device's threads as the work pays a handoff for (thread_parts; none when
+    fewer than two)."""
     if caps is None or caps.threads <= 1 or thread_axis(ast) is None:
         return []
-    ops, _ = estimate(ast)
-    parts = min(caps.threads, (ops + stores_of(ast)) // THREAD_PART_WORK)
+    parts = min(caps.threads, thread_parts(ast, caps, streams))
     r = thread_axis(ast, parts)
     parts = min(parts, range_size(r))
     if parts < 2:
