@@ -112,7 +112,9 @@ print(json.dumps(threads))
 def test_a_qwen2_decode_step_splits_the_kv_matvecs_only_where_they_pay(handoff_ns, kv_threads, tmp_path):
     """A one-layer Qwen2-0.5B-shaped Q4_0 model (vocabulary 512) on 2 threads, with a declared read rate
     (16 GB/s) and handoff cost: its decode step's k and v matvecs (128 rows) run on one thread at a 3 us
-    handoff and on two at 1 us; q, o, gate, up and down (896 and 4864 rows) on two either way."""
+    handoff and on two at 1 us; q, o, gate, up and down (896 and 4864 rows) on two either way. The
+    projections are kept apart (POLY_JOIN_PROJ=0: joined, k and v are rows of the one qkv matvec, as they
+    are when a file stores v in another format)."""
     from polygrad.nn.quant import int8_dot_enabled
     if not int8_dot_enabled("CPU"):
         pytest.skip("the CPU device does not declare int8_dot (no VNNI or no clang)")
@@ -122,7 +124,8 @@ def test_a_qwen2_decode_step_splits_the_kv_matvecs_only_where_they_pay(handoff_n
     import sys
     p = subprocess.run([sys.executable, "-c", DECODE_PLAN, bench, str(tmp_path / "qwen2.gguf")], text=True,
                        capture_output=True, timeout=600,
-                       env={**os.environ, "POLY_THREADS": "2", "POLY_CPU": cpu, "POLY_CACHE_DIR": str(tmp_path)})
+                       env={**os.environ, "POLY_THREADS": "2", "POLY_CPU": cpu, "POLY_CACHE_DIR": str(tmp_path),
+                            "POLY_JOIN_PROJ": "0"})
     assert p.returncode == 0, p.stderr[-3000:]
     threads = json.loads(p.stdout.splitlines()[-1])
     assert threads["r_1_1_128"] == [kv_threads, kv_threads], threads  # k, v
