@@ -79,6 +79,37 @@ def test_a_variable_batch_matmul_gets_the_tile_of_a_constant_batch_and_threads(l
         assert any(o.kind == "THREAD" for o in opts), opts
 
 
+@pytest.mark.parametrize("device", HOST)
+def test_a_wide_matmul_over_a_prompts_tokens_stages_where_its_weight_outgrows_the_l3(device):
+    """x @ W with a Variable token count and a 35 MB W (896 x 9728, a joined gate/up) stages W's column
+    panels (OUTER + STAGE) as the same product over 64 constant rows does, on a CPU whose last-level cache
+    holds less than twice W (unstaged, each row tile read W from memory again: 4x slower at 64 tokens);
+    with an L3 that holds it, the rows being unknown, it stays unstaged. Results checked at a few token
+    counts on the device, 1 included."""
+    from dataclasses import replace
+
+    from polygrad.backend_api import Capabilities
+    from polygrad.codegen.lower import lower
+    rng = np.random.default_rng(5)
+    xs = rng.standard_normal((64, 896)).astype(np.float32)
+    ws = rng.standard_normal((896, 9728)).astype(np.float32)
+    X, W = Tensor(xs).realize(), Tensor(ws).realize()
+    tokens = Variable("tokens", 1, 64)
+    ast_of = lambda t: [s.ast for s in schedule([t.uop])[0].steps if s.kind == "kernel"][0]  # noqa: E731
+    caps = Capabilities(threads=2, vector_width=16, registers=32, fma=True, stage_bytes=512 * 1024,
+                        l2_bytes=1 << 20, l3_bytes=32 << 20)
+    fixed = lower(ast_of(X @ W), caps).opts
+    staged = [o for o in fixed if o.kind in (OptKind.OUTER, OptKind.STAGE)]
+    symbolic = ast_of(X[:tokens.bind(64)] @ W)
+    assert staged and all(o in lower(symbolic, caps).opts for o in staged), (lower(symbolic, caps).opts, fixed)
+    big_l3 = lower(symbolic, replace(caps, l3_bytes=128 << 20)).opts
+    assert not any(o.kind in (OptKind.OUTER, OptKind.STAGE) for o in big_l3), big_l3
+    Xd, Wd = Tensor(xs, device=device).realize(), Tensor(ws, device=device).realize()
+    for n in (1, 5, 64):
+        got = (Xd[:tokens.bind(n)] @ Wd).numpy()
+        np.testing.assert_allclose(got, xs[:n] @ ws, rtol=1e-4, atol=1e-3)
+
+
 def test_thread_axis_skips_symbolic_outer_ranges():
     i32 = dtypes.int32
     v = UOp(Ops.DEFINE_VAR, i32, (), ("n", 1, 64))

@@ -55,6 +55,7 @@ class Capabilities:
     tile_vectors: int = 2       # vectors per row of a register tile the code generator handles best (1, 2 or 4)
     l1_bytes: int = 0           # host devices: L1 data cache per core; 0: unknown
     l2_bytes: int = 0           # host devices: L2 cache per core (stages panels, sizes cache blocking); 0: unknown
+    l3_bytes: int = 0           # host devices: the largest cache, shared (a re-read operand stays in it?); 0: unknown
     fma_units: int = 0          # vector FMAs a core issues per cycle at vector_width; 0: unknown
     fma_latency: int = 0        # cycles of one FMA: a register tile wants fma_units x fma_latency accumulators
     read_gbs: float = 0.0       # host devices: one core's streaming read rate from memory, GB/s; 0: unknown

@@ -310,7 +310,8 @@ def host_fields(desc: CpuDescription, device: str, code_generator: str, vector_b
     a stored calibration for this processor and `code_generator` when one exists."""
     _code_generators[device] = code_generator
     stage_bytes = min(desc.l2_bytes // 2, STAGE_MAX_BYTES) if stage else 0
-    out = {"l1_bytes": desc.l1d_bytes, "l2_bytes": desc.l2_bytes, "fma_units": desc.fma_units_at(vector_bits),
+    out = {"l1_bytes": desc.l1d_bytes, "l2_bytes": desc.l2_bytes, "l3_bytes": desc.l3_bytes,
+           "fma_units": desc.fma_units_at(vector_bits),
            "fma_latency": desc.fma_latency, "stage_bytes": stage_bytes, "tile_vectors": tile_vectors,
            "read_gbs": float(desc.read_gbs), "thread_handoff_ns": desc.thread_handoff_ns, "tuning": "heuristic"}
     tuned = load_calibration(desc, device, code_generator)
