@@ -2,19 +2,24 @@
 'use strict'
 /**
  * polygrad-js beside onnxruntime-web (wasm) and TensorFlow.js (tfjs-backend-wasm), in one Node process,
- * one thread each, on the same MLP 784-512-512-10 weights (the bundle's, exported to ONNX for ort-web).
+ * one thread each unless --threads says otherwise, on the same MLP 784-512-512-10 weights (the bundle's,
+ * exported to ONNX for ort-web), and onnxruntime-node (native code) where bench/node_modules has it.
  *
  *   python polygrad-js/bench/make_mlp.py      # writes bench/mlp784.pgb (once)
  *   (cd polygrad-js/bench && npm install)     # the comparison libraries (bench/package.json)
- *   node polygrad-js/bench/bench.js [--quick]
+ *   node polygrad-js/bench/bench.js [--quick] [--threads N|default]
+ *
+ * --threads N runs every library on N threads (polygrad-js `threads`, ort `numThreads`/`intraOpNumThreads`,
+ * tfjs `setThreadsCount`); --threads default leaves each at its own default (polygrad-js: the cores, at most 8),
+ * which is how issue 31 states the multi-thread targets; the table then prints the thread count each used.
  *
  * Rows: forward at batch 128 and batch 1 (best of N, after warm-up), a training step at batch 128 (Adam),
  * time from require to the first result in a fresh process, and the package's minified size. Prints the
  * times, our ratio to each library and to the issue's targets. Timings on a shared machine are noisy:
  * every row is a best-of-N.
  *
- * One thread each: ort (numThreads = 1) and tfjs (setThreadsCount(1)) run their kernels on the main thread,
- * as polygrad does. Their CPU time can still exceed their wall time: Node's V8 helper threads sweep the
+ * One thread each (the default): polygrad-js (threads: 1), ort (numThreads = 1) and tfjs (setThreadsCount(1))
+ * run their kernels on the main thread. Their CPU time can still exceed their wall time: Node's V8 helper threads sweep the
  * ArrayBuffers a call allocates and tier up the libraries' large wasm modules in the background (measured
  * with perf on Linux; the table prints that helper-thread CPU time). `node --single-threaded bench.js` keeps
  * that work on the main thread too.
@@ -29,6 +34,11 @@ const LIBS = path.join(__dirname, 'node_modules') // the comparison libraries: b
 const BUNDLE = path.join(__dirname, 'mlp784.pgb')
 const QUICK = process.argv.includes('--quick')
 const ROUNDS = QUICK ? 5 : 40
+// --threads N | default: how many threads each library computes on (default 1; 'default': each library's own)
+const THREADS_ARG = process.argv.includes('--threads') ? process.argv[process.argv.indexOf('--threads') + 1] : '1'
+const THREADS = THREADS_ARG === 'default' ? null : Number(THREADS_ARG)
+if (THREADS !== null && !(Number.isInteger(THREADS) && THREADS >= 1)) throw new Error(`--threads takes a count or 'default', not ${THREADS_ARG}`)
+const POLY_OPTS = THREADS === null ? {} : { threads: THREADS }
 
 // Each measurement returns {wall: best-of-n wall time per call, cpu: this process's CPU time per call over
 // all n*inner calls, other: the part of that CPU time spent on threads other than the main one}. On a loaded
@@ -93,7 +103,7 @@ function data (batch) {
 
 function weights () {
   const { Model } = require(ROOT)
-  const m = Model.load(BUNDLE)
+  const m = Model.load(BUNDLE, { threads: 1 })
   const p = m.parameters()
   m.dispose()
   return [1, 2, 3].map((i) => ({ weight: p[`l${i}.weight`].data, bias: p[`l${i}.bias`].data, out: p[`l${i}.weight`].shape[0], in: p[`l${i}.weight`].shape[1] }))
@@ -101,7 +111,8 @@ function weights () {
 
 async function ours (rows) {
   const { Model } = require(ROOT)
-  const m = Model.load(BUNDLE)
+  const m = Model.load(BUNDLE, POLY_OPTS)
+  rows.threads.polygrad = m.backendInfo.threads
   const d128 = data(128)
   const d1 = data(1)
   for (let i = 0; i < 30; i++) m.forward({ x: d128.x })
@@ -116,10 +127,11 @@ async function ours (rows) {
 
 async function ort (rows, layers) {
   const ortw = require(path.join(LIBS, 'onnxruntime-web'))
-  ortw.env.wasm.numThreads = 1
+  if (THREADS !== null) ortw.env.wasm.numThreads = THREADS
   ortw.env.wasm.wasmPaths = path.join(LIBS, 'onnxruntime-web', 'dist') + '/'
   const { mlpOnnx } = require('./onnx')
   const session = await ortw.InferenceSession.create(mlpOnnx(layers), { executionProviders: ['wasm'], graphOptimizationLevel: 'all' })
+  rows.threads.ort = ortw.env.wasm.numThreads // ort-web fills in its default when the first session is made
   const run = async (d, n) => (await session.run({ x: new ortw.Tensor('float32', d.x, [n, 784]) })).logits.data
   const d128 = data(128)
   const d1 = data(1)
@@ -135,9 +147,10 @@ async function tfjs (rows, layers) {
   const tf = require(path.join(LIBS, '@tensorflow', 'tfjs'))
   const wasm = require(path.join(LIBS, '@tensorflow', 'tfjs-backend-wasm'))
   wasm.setWasmPaths(path.join(LIBS, '@tensorflow', 'tfjs-backend-wasm', 'dist') + '/')
-  wasm.setThreadsCount(1)
+  if (THREADS !== null) wasm.setThreadsCount(THREADS)
   await tf.setBackend('wasm')
   await tf.ready()
+  rows.threads.tfjs = wasm.getThreadsCount()
   // the same weights in the layout tfjs-wasm is fastest with ([in, out]: its transposed-B matmul is
   // several times slower), one fused matmul + bias + ReLU per layer
   const vars = layers.map((l) => ({ w: tf.variable(tf.tidy(() => tf.transpose(tf.tensor2d(l.weight, [l.out, l.in])))), b: tf.variable(tf.tensor1d(l.bias)) }))
@@ -164,6 +177,29 @@ async function tfjs (rows, layers) {
   rows.train128.tfjs = best(step, Math.max(3, ROUNDS / 4))
 }
 
+async function ortNode (rows, layers) {
+  let ortn
+  try {
+    ortn = require(path.join(LIBS, 'onnxruntime-node'))
+  } catch (e) {
+    return // not installed: the column stays empty
+  }
+  const { mlpOnnx } = require('./onnx')
+  const opts = { graphOptimizationLevel: 'all', interOpNumThreads: 1 }
+  if (THREADS !== null) opts.intraOpNumThreads = THREADS
+  const session = await ortn.InferenceSession.create(Buffer.from(mlpOnnx(layers)), opts)
+  rows.threads.native = THREADS === null ? 'default' : THREADS
+  const run = async (d, n) => (await session.run({ x: new ortn.Tensor('float32', d.x, [n, 784]) })).logits.data
+  const d128 = data(128)
+  const d1 = data(1)
+  rows.check.native = await run(d128, 128)
+  for (let i = 0; i < 30; i++) await run(d128, 128)
+  rows.fwd128.native = await bestAsync(() => run(d128, 128))
+  for (let i = 0; i < 300; i++) await run(d1, 1)
+  rows.fwd1.native = await bestAsync(() => run(d1, 1), ROUNDS, 50)
+  await session.release()
+}
+
 function naive (rows, layers) {
   const fwd = (x, n) => {
     let h = x
@@ -186,14 +222,14 @@ function naive (rows, layers) {
 
 function firstResult (which) {
   const scripts = {
-    polygrad: `const t0 = performance.now(); const c0 = process.cpuUsage(); const { Model } = require(${JSON.stringify(ROOT)}); const m = Model.load(${JSON.stringify(BUNDLE)});
+    polygrad: `const t0 = performance.now(); const c0 = process.cpuUsage(); const { Model } = require(${JSON.stringify(ROOT)}); const m = Model.load(${JSON.stringify(BUNDLE)}, ${JSON.stringify(POLY_OPTS)});
       m.forward({ x: new Float32Array(784) }); const c = process.cpuUsage(c0); console.log(performance.now() - t0, (c.user + c.system) / 1000)`,
-    ort: `(async () => { const t0 = performance.now(); const c0 = process.cpuUsage(); const ort = require(${JSON.stringify(path.join(LIBS, 'onnxruntime-web'))}); ort.env.wasm.numThreads = 1;
+    ort: `(async () => { const t0 = performance.now(); const c0 = process.cpuUsage(); const ort = require(${JSON.stringify(path.join(LIBS, 'onnxruntime-web'))}); ${THREADS === null ? '' : `ort.env.wasm.numThreads = ${THREADS};`}
       ort.env.wasm.wasmPaths = ${JSON.stringify(path.join(LIBS, 'onnxruntime-web', 'dist') + '/')};
       const s = await ort.InferenceSession.create(require('fs').readFileSync(${JSON.stringify(path.join(__dirname, 'mlp784.onnx'))}), { executionProviders: ['wasm'] });
       await s.run({ x: new ort.Tensor('float32', new Float32Array(784), [1, 784]) }); const c = process.cpuUsage(c0); console.log(performance.now() - t0, (c.user + c.system) / 1000) })()`,
     tfjs: `(async () => { const t0 = performance.now(); const c0 = process.cpuUsage(); const tf = require(${JSON.stringify(path.join(LIBS, '@tensorflow', 'tfjs'))}); const w = require(${JSON.stringify(path.join(LIBS, '@tensorflow', 'tfjs-backend-wasm'))});
-      w.setWasmPaths(${JSON.stringify(path.join(LIBS, '@tensorflow', 'tfjs-backend-wasm', 'dist') + '/')}); w.setThreadsCount(1);
+      w.setWasmPaths(${JSON.stringify(path.join(LIBS, '@tensorflow', 'tfjs-backend-wasm', 'dist') + '/')}); ${THREADS === null ? '' : `w.setThreadsCount(${THREADS});`}
       await tf.setBackend('wasm'); const ws = require('fs').readFileSync(${JSON.stringify(path.join(__dirname, 'mlp784.f32'))});
       const f = new Float32Array(ws.buffer, ws.byteOffset, ws.byteLength / 4); let o = 0; const take = (n) => f.subarray(o, o += n);
       let h = tf.zeros([1, 784]); for (const [i, n] of [[784, 512], [512, 512], [512, 10]]) { const W = tf.transpose(tf.tensor2d(take(i * n), [n, i])); const b = tf.tensor1d(take(n));
@@ -217,39 +253,53 @@ function packageSize () {
 
 async function main () {
   if (!fs.existsSync(BUNDLE)) throw new Error(`${BUNDLE} is missing: run python polygrad-js/bench/make_mlp.py`)
-  const rows = { fwd128: {}, fwd1: {}, train128: {}, first: {}, check: {} }
+  const rows = { fwd128: {}, fwd1: {}, train128: {}, first: {}, check: {}, threads: {} }
   const layers = weights()
   fs.writeFileSync(path.join(__dirname, 'mlp784.onnx'), require('./onnx').mlpOnnx(layers))
   fs.writeFileSync(path.join(__dirname, 'mlp784.f32'), Buffer.concat(layers.flatMap((l) => [Buffer.from(l.weight.buffer, l.weight.byteOffset, l.weight.byteLength), Buffer.from(l.bias.buffer, l.bias.byteOffset, l.bias.byteLength)])))
   await ours(rows)
   await ort(rows, layers)
   await tfjs(rows, layers)
+  await ortNode(rows, layers)
   if (!QUICK) naive(rows, layers)
   for (const w of ['polygrad', 'ort', 'tfjs']) rows.first[w] = firstResult(w)
   const size = packageSize()
   // the same weights give the same logits in all three
   const { Model } = require(ROOT)
-  const m = Model.load(BUNDLE)
+  const m = Model.load(BUNDLE, { threads: 1 })
   const mine = m.forward({ x: data(128).x }).logits
   m.dispose()
   const diff = (a) => Math.max(...Array.from(a, (v, i) => Math.abs(v - mine[i])))
   const f = (v) => (v === null || v === undefined ? '       -' : v.toFixed(3).padStart(8))
   const ratio = (a, b) => (a && b ? (a / b).toFixed(2).padStart(9) : '        -')
-  console.log(`polygrad-js benchmark, node ${process.version}, one thread each, times in ms (wall: best of ${ROUNDS}; cpu: mean process CPU time per call)`)
+  const each = THREADS === null ? 'each library at its default threads' : `${THREADS} thread${THREADS > 1 ? 's' : ''} each`
+  console.log(`polygrad-js benchmark, node ${process.version}, ${each}, times in ms (wall: best of ${ROUNDS}; cpu: mean process CPU time per call)`)
+  console.log(`threads: polygrad ${rows.threads.polygrad}, ort (onnxruntime-web wasm) ${rows.threads.ort}, tfjs (tfjs-backend-wasm) ${rows.threads.tfjs}, native (onnxruntime-node) ${rows.threads.native === undefined ? 'not installed' : rows.threads.native}`)
   for (const kind of ['wall', 'cpu']) {
-    console.log(`\n[${kind}] row                 polygrad      ort     tfjs    naive   ours/ort ours/tfjs`)
+    console.log(`\n[${kind}] row                 polygrad      ort     tfjs   native    naive   ours/ort ours/tfjs ours/native`)
     for (const [k, label] of [['fwd128', 'forward, batch 128'], ['fwd1', 'forward, batch 1'], ['train128', 'train step, batch 128'], ['first', 'require to first result']]) {
       const r = rows[k]
       const v = (w) => (r[w] ? r[w][kind] : null)
-      console.log(`${label.padEnd(26)} ${f(v('polygrad'))} ${f(v('ort'))} ${f(v('tfjs'))} ${f(v('naive'))} ${ratio(v('polygrad'), v('ort'))} ${ratio(v('polygrad'), v('tfjs'))}`)
+      console.log(`${label.padEnd(26)} ${f(v('polygrad'))} ${f(v('ort'))} ${f(v('tfjs'))} ${f(v('native'))} ${f(v('naive'))} ${ratio(v('polygrad'), v('ort'))} ${ratio(v('polygrad'), v('tfjs'))} ${ratio(v('polygrad'), v('native'))}`)
     }
   }
   const threads = (w) => ['fwd128', 'fwd1'].map((k) => rows[k][w] && rows[k][w].other !== null ? `${k} ${rows[k][w].other.toFixed(3)} ms` : null).filter(Boolean).join(', ')
-  console.log(`\nCPU time per call on threads other than the main one (Node's GC helpers; the libraries compute on one thread): ${['polygrad', 'ort', 'tfjs'].map((w) => `${w}: ${threads(w) || '-'}`).join('; ')}`)
+  console.log(`\nCPU time per call on threads other than the main one (Node's GC helpers, and the libraries' worker threads when they use more than one): ${['polygrad', 'ort', 'tfjs'].map((w) => `${w}: ${threads(w) || '-'}`).join('; ')}`)
+  const g1 = (w) => (rows.fwd128[w] ? rows.fwd128[w].wall : null)
   const flops = 2 * 128 * (784 * 512 + 512 * 512 + 512 * 10)
-  console.log(`\nforward batch 128: ${(flops / rows.fwd128.polygrad.wall / 1e6).toFixed(1)} GFLOP/s (wall), ${(flops / rows.fwd128.polygrad.cpu / 1e6).toFixed(1)} GFLOP/s (cpu), one thread`)
+  console.log(`\nforward batch 128: ${(flops / rows.fwd128.polygrad.wall / 1e6).toFixed(1)} GFLOP/s (wall), ${(flops / rows.fwd128.polygrad.cpu / 1e6).toFixed(1)} GFLOP/s (cpu), ${rows.threads.polygrad} thread(s)`)
   console.log(`package: ${size === null ? '?' : (size / 1024).toFixed(1)} KB of minified JS, no wasm files`)
-  console.log(`max |logits - ort| = ${diff(rows.check.ort).toExponential(2)}, max |logits - tfjs| = ${diff(rows.check.tfjs).toExponential(2)}`)
+  console.log(`max |logits - ort| = ${diff(rows.check.ort).toExponential(2)}, max |logits - tfjs| = ${diff(rows.check.tfjs).toExponential(2)}` +
+    (rows.check.native ? `, max |logits - native| = ${diff(rows.check.native).toExponential(2)}` : ''))
+  if (THREADS !== 1) {
+    // issue 31's multi-thread targets (wall): faster than the wasm runtimes by 1.5x, within 1.5x of native code
+    const g = (w) => (rows.fwd128[w] ? rows.fwd128[w].wall : null)
+    const ok = (c) => (c ? 'met' : 'NOT met')
+    console.log(`targets (wall, ${each}): fwd128 >= 1.5x faster than ort and tfjs: ${ok(g('polygrad') * 1.5 <= Math.min(g('ort'), g('tfjs')))}` +
+      (g('native') ? `; fwd128 <= 1.5x native: ${ok(g('polygrad') <= 1.5 * g('native'))}` : ''))
+    return
+  }
+  if (g1('native')) console.log(`target (wall): fwd128 <= 1.5x native: ${g1('polygrad') <= 1.5 * g1('native') ? 'met' : 'NOT met'}`)
   for (const kind of ['wall', 'cpu']) {
     const g = (k, w) => rows[k][w][kind]
     const faster = Math.min(g('fwd1', 'ort'), g('fwd1', 'tfjs'))
