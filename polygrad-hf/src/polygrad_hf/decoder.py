@@ -182,6 +182,7 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
                 out[name] = QuantWeight(keep_blocks(blocks_of), quantize_to, tuple(by_rows.shape))
                 continue
         out[name] = convert(np.ascontiguousarray(arr.T) if transpose else arr)
+        _drop_pages(arr)  # the file's pages the copy read in: the model reads the copy, not them
     return out
 
 
@@ -241,8 +242,10 @@ def _read_joined(ck: Any, join: tuple, convert: Callable[[np.ndarray], Tensor], 
     if fmt is None:
         arr, at = np.empty((width, total), np.float32), 0
         for _, stored, shape, _, _ in entries:
-            arr[:, at:at + shape[0]] = ck.take(stored, shape).T
+            part = ck.take(stored, shape)
+            arr[:, at:at + shape[0]] = part.T
             at += shape[0]
+            _drop_pages(part)
         out[joined + ".weight"] = convert(arr)
     else:
         # the stored parts' blocks (views of the map, or a part's reordered copy) when every part is stored
@@ -272,9 +275,9 @@ def _root(arr: np.ndarray) -> Any:
 
 
 def _drop_pages(part: np.ndarray) -> None:
-    """Give back the resident pages of a file map that only `part` (copied into a joined weight) lay on:
-    the copy reads them in, and nothing reads them again (the kernels read the copy). Reading them again
-    would fault them back in from the file, so this never changes a value."""
+    """Give back the resident pages of a file map that only `part` (copied into a joined or float weight)
+    lay on: the copy reads them in, and nothing reads them again (the kernels read the copy). Reading them
+    again would fault them back in from the file, so this never changes a value."""
     root = _root(part)
     if not isinstance(root, mmap.mmap) or not hasattr(root, "madvise") or not part.nbytes:
         return

@@ -114,6 +114,19 @@ def _blocks_tensor(arr: np.ndarray, device: str, runtime: Any) -> Tensor:
 def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int | None = None, dtype: Any = None,
                           device: str | None = None, runtime: Any = None) -> Model:
     """The Model of an opened Checkpoint (load_hf without the reading)."""
+    model = _build_model(ck, max_batch, max_seq_len, dtype, device, runtime)
+    # only now, with the loader's tensors gone (a float weight's loaded copy died with _build_model's frame
+    # once the Model held its own, into the reuse cache: a second copy of every weight kept resident), are
+    # the cached allocations given back. They include the capture run's buffers (sized for max_seq_len,
+    # mostly untouched): reused by the Model, each would be zero-filled whole, so every page of every
+    # capacity became resident; fresh maps of the kernel's zero pages cost only the pages a prompt uses
+    free_cached()
+    trim_heap()  # the file's bytes and their conversions were host arrays: give that heap back
+    return model
+
+
+def _build_model(ck: Checkpoint, max_batch: int, max_seq_len: int | None, dtype: Any, device: str | None,
+                 runtime: Any) -> Model:
     cfg = ck.config
     max_batch = _bound("max_batch", max_batch, 1, None)
     limit = cfg.max_positions
@@ -152,16 +165,11 @@ def model_from_checkpoint(ck: Checkpoint, max_batch: int = 1, max_seq_len: int |
                                                  {"prefill": (dec.prefill, {"input_ids": ids}),
                                                   "decode": (dec.decode, {"input_ids": step, "pos": pos})})
             programcache.store(key, prog, data)
-            model = Model._from_program(prog, data, rt, device)
+            model = Model._from_program(prog, data, rt, device, adopt=True)  # the weights die with the load
     model.hf_config = cfg  # type: ignore[attr-defined]
     ck.notes.extend(_quant_notes(ck, weights, wdt))
     model.hf_notes = list(ck.notes)  # type: ignore[attr-defined]
     model.tokenizer_file = ck.tokenizer_file  # type: ignore[attr-defined]
-    # the capture run's buffers (sized for max_seq_len, mostly untouched) went to the reuse cache: reused by
-    # the Model, each would be zero-filled whole, so every page of every capacity became resident; fresh
-    # maps of the kernel's zero pages cost only the pages a prompt uses
-    free_cached()
-    trim_heap()  # the file's bytes and their conversions were host arrays: give that heap back
     return model
 
 
@@ -204,4 +212,4 @@ def _cached_model(key: str, named: dict[str, Tensor], max_bytes: int, runtime: A
         return None
     if runtime is not None:
         runtime.check_alive()
-    return Model._from_program(*hit, runtime, device)
+    return Model._from_program(*hit, runtime, device, adopt=True)  # the weights die with the load

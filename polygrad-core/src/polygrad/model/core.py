@@ -84,19 +84,21 @@ class Model(TrainingMixin):
         self._setup(prog, data, runtime, device)
 
     # ---- building from a program (capture or bundle)
-    def _setup(self, prog: Program, data: dict[int, Any], runtime: Any, device: str) -> None:
+    def _setup(self, prog: Program, data: dict[int, Any], runtime: Any, device: str, adopt: bool = False) -> None:
         self._p = prog
         self._runtime = runtime
         self.device = canonicalize(device)
-        self._x: Executor = Executor(prog, data, self.device, runtime)
+        self._x: Executor = Executor(prog, data, self.device, runtime, adopt)
         self._opt_pending: dict | None = None
         self._distributed = False
         self._disposed = False
 
     @classmethod
-    def _from_program(cls, prog: Program, data: dict[int, np.ndarray], runtime: Any, device: str) -> "Model":
+    def _from_program(cls, prog: Program, data: dict[int, np.ndarray], runtime: Any, device: str,
+                      adopt: bool = False) -> "Model":
+        """A Model of a captured or stored program and its slots' initial data (adopt: Executor's)."""
         m = cls.__new__(cls)
-        m._setup(prog, data, runtime, device)
+        m._setup(prog, data, runtime, device, adopt)
         return m
 
     # ---- state checks

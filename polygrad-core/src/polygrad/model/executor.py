@@ -90,7 +90,12 @@ def _launcher(program: Any, hs: list, var_vals: tuple[int, ...]) -> Any:
 class Executor:
     """The buffers and compiled programs of one Model; `run` an entrypoint, `take` its outputs."""
 
-    def __init__(self, prog: Program, data: dict[int, Any], device: str, runtime: Any):
+    def __init__(self, prog: Program, data: dict[int, Any], device: str, runtime: Any, adopt: bool = False):
+        """`data`: a slot's initial value (a host array, or a Buffer copied in). With `adopt`, the caller hands
+        the Buffers over (nothing else will read or write them: polygrad_hf's loader, whose weight tensors die
+        with the load): a writable one of a parameter or state slot, of the slot's device, dtype and size,
+        becomes the slot's buffer instead of being copied, each Buffer for one slot only (two slots of one
+        Buffer would alias)."""
         self.prog = prog
         self.device = device
         self.runtime = runtime
@@ -99,10 +104,16 @@ class Executor:
                                    for i, s in enumerate(prog.slots)]
         for s, host in hosts.items():
             self.bufs[s] = self.bufs[host]
+        adopted: set[int] = set()
         for s, arr in data.items():
             if isinstance(arr, Buffer) and arr.readonly and prog.slots[s].role != "parameter":
                 # adopted read-only memory (a mapped weight file): nothing writes it, so the Model uses it
                 # where it is instead of holding a second copy (a parameter is trained: it gets its own)
+                self.bufs[s] = arr
+            elif adopt and isinstance(arr, Buffer) and prog.slots[s].role in ("parameter", "state") \
+                    and not arr.readonly and id(arr) not in adopted and hosts.get(s, s) == s \
+                    and arr.device == device and arr.dtype == prog.slots[s].dtype and arr.size == prog.slots[s].size:
+                adopted.add(id(arr))
                 self.bufs[s] = arr
             elif isinstance(arr, Buffer):
                 realize.copy_buffer(self.bufs[s], arr)
