@@ -21,6 +21,7 @@ gguf = pytest.importorskip("gguf")
 import polygrad  # noqa: E402
 from polygrad import Context, Model, Tensor, bundle, dtypes, nn  # noqa: E402
 from polygrad.errors import QuantizationError  # noqa: E402
+from polygrad.nn import quant  # noqa: E402
 from polygrad.nn.quant import QuantWeight, quantize_rows  # noqa: E402
 
 FORMATS = ("q8_0", "q4_0")
@@ -51,10 +52,15 @@ def _hard_rows(seed: int = 0) -> np.ndarray:
     return w
 
 
+@pytest.mark.parametrize("chunk", [None, 5 * 128])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_blocks_are_byte_identical_to_gguf(fmt):
+def test_blocks_are_byte_identical_to_gguf(fmt, chunk, monkeypatch):
+    """Whole, and rounded a few rows at a time (quantize_rows' QUANTIZE_CHUNK: 5 of the 12 rows, the last
+    chunk short), from a C-contiguous array and from a transposed view."""
+    if chunk is not None:
+        monkeypatch.setattr(quant, "QUANTIZE_CHUNK", chunk)
     for seed in range(3):
-        w = _hard_rows(seed)
+        w = _hard_rows(seed) if seed < 2 else np.ascontiguousarray(_hard_rows(seed).T).T
         want = gguf.quants.quantize(w, _gguf_type(fmt))
         got = quantize_rows(w, fmt)
         assert got.dtype == np.uint8 and got.shape == (12, 4, want.shape[1] // 4)

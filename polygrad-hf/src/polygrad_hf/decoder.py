@@ -180,6 +180,7 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
             if by_rows.shape[1] % block_format(quantize_to).block == 0:
                 blocks_of = quantize_rows(by_rows, quantize_to)
                 out[name] = QuantWeight(keep_blocks(blocks_of), quantize_to, tuple(by_rows.shape))
+                _drop_pages(arr)  # read once, into the blocks
                 continue
         out[name] = convert(np.ascontiguousarray(arr.T) if transpose else arr)
         _drop_pages(arr)  # the file's pages the copy read in: the model reads the copy, not them

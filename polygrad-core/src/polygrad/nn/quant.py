@@ -55,6 +55,9 @@ def quantizable_format(name: Any) -> BlockFormatDef:
     return f
 
 
+QUANTIZE_CHUNK = 1 << 20  # values quantize_rows rounds at once (blocks are independent: any split, same bytes)
+
+
 def quantize_rows(values: np.ndarray, fmt: Any) -> np.ndarray:
     """The uint8 blocks (rows, cols // block, block_bytes) of a float (rows, cols) array, rounded to nearest
     per block (polygrad/nn/quantizers.py; the rules are in definitions/quant_formats.py); for the 32-weight
@@ -70,8 +73,12 @@ def quantize_rows(values: np.ndarray, fmt: Any) -> np.ndarray:
     rows, cols = arr.shape
     if cols % f.block:
         raise QuantizationError(f"{f.name} needs rows of whole {f.block}-value blocks; a row here has {cols} values")
-    blocks = arr.astype(np.float32).reshape(rows * cols // f.block, f.block)
-    return QUANTIZERS[f.name](blocks).reshape(rows, cols // f.block, f.block_bytes)
+    out = np.empty((rows, cols // f.block, f.block_bytes), np.uint8)
+    step = max(1, QUANTIZE_CHUNK // cols)  # rows at a time: the quantizer's temporaries stay a few MB, where a
+    for r in range(0, rows, step):         # whole embedding's were several times its float32 size
+        blocks = np.ascontiguousarray(arr[r:r + step], dtype=np.float32).reshape(-1, f.block)
+        out[r:r + step] = QUANTIZERS[f.name](blocks).reshape(-1, cols // f.block, f.block_bytes)
+    return out
 
 
 def dequantize_blocks(blocks: Tensor, fmt: Any) -> Tensor:
