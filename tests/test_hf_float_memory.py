@@ -1,8 +1,8 @@
-"""A float32 safetensors checkpoint costs about its size in resident memory, during the load and after it.
+"""A float safetensors checkpoint costs about its float32 size in resident memory, during the load and after it.
 
 The loader copies each weight out of the file's map into a device buffer; the Model takes those buffers
 over (Executor's `adopt`) instead of copying them again, the file's pages a copy read are given back as it
-goes (decoder._drop_pages), and the loader's own tensors are gone before the cached allocations are
+goes (weights.drop_pages), and the loader's own tensors are gone before the cached allocations are
 returned (loader.model_from_checkpoint). Before: a 6-layer Qwen2-shaped 361 MB file held 734 MB resident
 after load_hf (the loaded copies sat in the reuse cache beside the Model's) and peaked at 1,133 MB; after:
 391 and 421 MB (AMD EPYC). Each check runs in a child interpreter, so the test runner's memory does not
@@ -50,13 +50,20 @@ SHAPE = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_a
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads the resident set from /proc")
-def test_a_float_checkpoint_costs_about_its_size_in_resident_memory(tmp_path):
-    """Resident growth after load_hf and its peak during it: at most 1.3 x the file plus 32 MB (the captured
-    program, compiled kernels, caches for 64 tokens). Measured +61 to +63 MiB after and +69 MiB at the peak
-    for the 58.7 MiB file (AMD EPYC); before: +120 to +121 MiB after (a second copy of every weight) and
-    +186 to +192 MiB at the peak."""
-    _, folder = hc.make("qwen2", tmp_path / "ck", overrides=SHAPE)
-    size = os.path.getsize(os.path.join(folder, "model.safetensors"))
+@pytest.mark.parametrize("stored", ["float32", "float16"])
+def test_a_float_checkpoint_costs_about_its_size_in_resident_memory(tmp_path, stored):
+    """Resident growth after load_hf and its peak during it: at most 1.3 x the weights as float32 plus 32 MB
+    (the captured program, compiled kernels, caches for 64 tokens), for a float32 file and for a float16 one
+    (each tensor converted to float32 as it is read, the file's 16-bit pages given back). Measured for the
+    58.7 MiB float32 file +61 to +63 MiB after and +69 MiB at the peak (AMD EPYC); before: +120 to +121 MiB
+    after (a second copy of every weight) and +186 to +192 MiB at the peak. GPT-2 small from float16 (237 MiB):
+    +484 MiB after and +495 at the peak, against +809 and +1,200 before."""
+    model = hc.hf_model("qwen2", **SHAPE)
+    if stored == "float16":
+        model = model.half()
+    folder = str(tmp_path / "ck")
+    model.save_pretrained(folder)
+    size = os.path.getsize(os.path.join(folder, "model.safetensors")) * (2 if stored == "float16" else 1)
     out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, folder], capture_output=True, text=True, check=True,
                          timeout=600, env={**os.environ, "POLY_CACHE_DIR": str(tmp_path / "cache")}).stdout.split()
     grown, peak = int(out[-2]), int(out[-1])

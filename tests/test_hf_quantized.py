@@ -389,7 +389,7 @@ def test_a_copied_part_gives_its_file_pages_back(tmp_path):
     """A part copied into a joined projection has read its pages of the file's map in; the load gives back
     the pages only it lay on (the kernels read the copy), and its values still read the same."""
     import mmap
-    from polygrad_hf.decoder import _drop_pages
+    from polygrad_hf.weights import drop_pages
     page = mmap.PAGESIZE
     data = np.random.default_rng(0).integers(0, 256, 64 * page, np.uint8)
     (tmp_path / "f.bin").write_bytes(data.tobytes())
@@ -407,7 +407,7 @@ def test_a_copied_part_gives_its_file_pages_back(tmp_path):
     assert int(whole.astype(np.int64).sum()) == int(data.astype(np.int64).sum())  # every page read in
     addr = whole.__array_interface__["data"][0]
     before = resident(addr)
-    _drop_pages(part)
+    drop_pages(part)
     assert before - resident(addr) == 36 * page // 1024, (before, resident(addr))
     assert np.array_equal(whole, data)  # read back from the file
     del whole, part

@@ -23,7 +23,7 @@ from polygrad.nn.safetensors import safe_load_numpy
 from polygrad_hf.config import from_hf_config
 from polygrad_hf.errors import CheckpointError, UnsupportedModelError
 from polygrad_hf.gguf_file import open_gguf
-from polygrad_hf.weights import Checkpoint, Lazy
+from polygrad_hf.weights import Checkpoint, Lazy, drop_pages
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -35,10 +35,13 @@ def to_float32(arr: np.ndarray, dt: DType, file: str, name: str) -> np.ndarray:
     if dt is dtypes.float32:
         return arr
     if dt is dtypes.float16:
-        return arr.astype(np.float32)
-    if dt is dtypes.bfloat16:
-        return (arr.astype(np.uint32) << 16).view(np.float32)
-    raise UnsupportedModelError(f"{file}: tensor {name!r} is {dt.name}; weights must be F32, F16 or BF16")
+        out = arr.astype(np.float32)
+    elif dt is dtypes.bfloat16:
+        out = (arr.astype(np.uint32) << 16).view(np.float32)
+    else:
+        raise UnsupportedModelError(f"{file}: tensor {name!r} is {dt.name}; weights must be F32, F16 or BF16")
+    drop_pages(arr)  # the file's 16-bit pages: read once, into the float32 array
+    return out
 
 
 def _lazy(arr: np.ndarray, dt: DType, file: str, name: str) -> Lazy:

@@ -31,7 +31,6 @@ positions).
 from __future__ import annotations
 
 import math
-import mmap
 from typing import Any, Callable
 
 import numpy as np
@@ -43,7 +42,7 @@ from polygrad.nn.quantizers import QUANTIZERS
 from polygrad_hf.config import DecoderConfig
 from polygrad_hf.errors import CheckpointError, HFError
 from polygrad_hf.quant import QuantWeight
-from polygrad_hf.weights import Blocks
+from polygrad_hf.weights import Blocks, drop_pages, root_of
 
 Weight = Tensor | QuantWeight
 QUANTIZE_AT_LOAD = tuple(name.lower() for name in QUANTIZERS)  # load_hf(dtype=...): quantized as they are read
@@ -180,10 +179,10 @@ def read_weights(ck: Any, convert: Callable[[np.ndarray], Tensor],
             if by_rows.shape[1] % block_format(quantize_to).block == 0:
                 blocks_of = quantize_rows(by_rows, quantize_to)
                 out[name] = QuantWeight(keep_blocks(blocks_of), quantize_to, tuple(by_rows.shape))
-                _drop_pages(arr)  # read once, into the blocks
+                drop_pages(arr)  # read once, into the blocks
                 continue
         out[name] = convert(np.ascontiguousarray(arr.T) if transpose else arr)
-        _drop_pages(arr)  # the file's pages the copy read in: the model reads the copy, not them
+        drop_pages(arr)  # the file's pages the copy read in: the model reads the copy, not them
     return out
 
 
@@ -246,7 +245,7 @@ def _read_joined(ck: Any, join: tuple, convert: Callable[[np.ndarray], Tensor], 
             part = ck.take(stored, shape)
             arr[:, at:at + shape[0]] = part.T
             at += shape[0]
-            _drop_pages(part)
+            drop_pages(part)
         out[joined + ".weight"] = convert(arr)
     else:
         # the stored parts' blocks (views of the map, or a part's reordered copy) when every part is stored
@@ -261,7 +260,7 @@ def _read_joined(ck: Any, join: tuple, convert: Callable[[np.ndarray], Tensor], 
                     rows = np.empty((total, *part.shape[1:]), np.uint8)
                 rows[at:at + shape[0]] = part
                 at += shape[0]
-                _drop_pages(part)
+                drop_pages(part)
                 if loaded is not None:
                     loaded[k] = None  # a reordered copy is freed once it is in the joined rows
         out[joined + ".weight"] = QuantWeight(keep_blocks(rows), fmt, (total, width))
@@ -269,30 +268,11 @@ def _read_joined(ck: Any, join: tuple, convert: Callable[[np.ndarray], Tensor], 
         out[joined + ".bias"] = convert(np.concatenate([ck.take(b[1], b[2]) for b in biases]))
 
 
-def _root(arr: np.ndarray) -> Any:
-    while isinstance(arr, np.ndarray) and arr.base is not None:
-        arr = arr.base
-    return arr.obj if isinstance(arr, memoryview) else arr
-
-
-def _drop_pages(part: np.ndarray) -> None:
-    """Give back the resident pages of a file map that only `part` (copied into a joined or float weight)
-    lay on: the copy reads them in, and nothing reads them again (the kernels read the copy). Reading them
-    again would fault them back in from the file, so this never changes a value."""
-    root = _root(part)
-    if not isinstance(root, mmap.mmap) or not hasattr(root, "madvise") or not part.nbytes:
-        return
-    start = part.__array_interface__["data"][0] - np.frombuffer(root, np.uint8, 1).__array_interface__["data"][0]
-    first, end = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + part.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-    if end > first:
-        root.madvise(mmap.MADV_DONTNEED, first, end - first)
-
-
 def _adjacent(parts: list[np.ndarray]) -> np.ndarray | None:
     """The parts' rows as one view, where each part follows the one before in the same memory (a file
     that stores gate and up one after the other: no copy), else None."""
     first = parts[0]
-    if not all(p.flags.c_contiguous and p.shape[1:] == first.shape[1:] and _root(p) is _root(first) for p in parts):
+    if not all(p.flags.c_contiguous and p.shape[1:] == first.shape[1:] and root_of(p) is root_of(first) for p in parts):
         return None
     ends = [p.__array_interface__["data"][0] + p.nbytes for p in parts[:-1]]
     if any(end != p.__array_interface__["data"][0] for end, p in zip(ends, parts[1:])):
