@@ -41,7 +41,7 @@ from polygrad_hf.config import MAX_SIZE, DecoderConfig, check_decoder, number_fi
 from polygrad_hf.errors import CheckpointError, UnsupportedModelError, need_package
 from polygrad_hf.gguf_format import GGUFArray, GGUFFile, TensorInfo
 from polygrad_hf.quant import KEPT, check_blocks, q8_k_floats
-from polygrad_hf.weights import Blocks, Checkpoint, Lazy
+from polygrad_hf.weights import Blocks, Checkpoint, Lazy, drop_pages
 
 TYPES = ("F32", "F16", "BF16", *KEPT)
 ARCHS = ("llama", "qwen2", "gpt2", "phi3", "gemma", "gemma2")
@@ -221,17 +221,19 @@ def _dequantize(f: GGUFFile, t: TensorInfo, path: str, name: str) -> np.ndarray:
     if kind == "F32":
         return data
     if kind == "F16":
-        return data.astype(np.float32)
-    if kind == "BF16":
-        return (data.astype(np.uint32) << 16).view(np.float32)
-    gguf = None if kind == "Q8_K" else need_package("gguf", "gguf", f"dequantizing {kind} GGUF tensors to float32")
-    try:
-        if gguf is None:
-            arr = q8_k_floats(data)
-        else:
-            arr = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(t.type_id))
-    except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{path}: tensor {name!r} ({kind}) cannot be decoded: {e}") from None
+        arr = data.astype(np.float32)
+    elif kind == "BF16":
+        arr = (data.astype(np.uint32) << 16).view(np.float32)
+    else:
+        gguf = None if kind == "Q8_K" else need_package("gguf", "gguf", f"dequantizing {kind} GGUF tensors to float32")
+        try:
+            if gguf is None:
+                arr = q8_k_floats(data)
+            else:
+                arr = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(t.type_id))
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"{path}: tensor {name!r} ({kind}) cannot be decoded: {e}") from None
+    drop_pages(data)  # the file's pages: read once, into the float32 values
     if arr.size != math.prod(t.shape):
         raise CheckpointError(f"{path}: tensor {name!r} holds {arr.size} values for shape {list(t.shape)}")
     return np.asarray(arr, dtype=np.float32).reshape(t.shape)
@@ -242,13 +244,16 @@ def _loader(f: GGUFFile, t: TensorInfo, path: str, name: str, hf: str, cfg: Deco
     transpose = cfg.family == "gpt2" and hf.split(".", 3)[-1] in GPT2_TRANSPOSED
 
     def load() -> np.ndarray:
-        arr = _dequantize(f, t, path, name)
+        read = _dequantize(f, t, path, name)
+        arr = read
         if cfg.family == "llama" and hf.endswith(("q_proj.weight", "q_proj.bias")):
             arr = _unpermute(arr, cfg.num_heads)
         elif cfg.family == "llama" and hf.endswith(("k_proj.weight", "k_proj.bias")):
             arr = _unpermute(arr, cfg.num_kv_heads)
         elif transpose:
             arr = np.ascontiguousarray(arr.T)
+        if arr is not read:
+            drop_pages(read)  # an F32 tensor's pages of the file, reordered into a copy
         return arr
     blocks = None
     if t.type.name in KEPT and len(shape) == 2:
