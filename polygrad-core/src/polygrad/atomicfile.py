@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any, BinaryIO, Callable
 
 from polygrad.diskcache import pid_alive
 
@@ -52,13 +53,17 @@ def remove_stale_temporaries(path: str | os.PathLike) -> list[str]:
     return removed
 
 
-def write_file(path: str | os.PathLike, data: bytes) -> None:
-    """Replace the file at `path` with `data` atomically and durably (see the module docstring)."""
+def write_file(path: str | os.PathLike, data: bytes | Callable[[BinaryIO], Any]) -> None:
+    """Replace the file at `path` with `data` atomically and durably (see the module docstring); `data` may
+    be a function that writes the bytes into the file object it is given (a file too big to hold whole)."""
     remove_stale_temporaries(path)
     tmp = temporary_path(path)
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())  # the bytes are on disk before a name points at them
         os.replace(tmp, path)

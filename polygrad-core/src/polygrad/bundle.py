@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from polygrad.definitions import bundle as bundle_format
 from polygrad.errors import PolygradError
@@ -48,9 +48,18 @@ def _pad(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def write(manifest: dict, blobs: Sequence[bytes]) -> bytes:
+def write(manifest: dict, blobs: Sequence[bytes | memoryview]) -> bytes:
     """The bundle bytes: `manifest` (its buffers' "data" entries are filled in here, blob k at the k-th
     buffer whose "data" is True) and the blobs laid out at aligned offsets."""
+    parts: list[bytes | memoryview] = []
+    write_to(parts.append, manifest, blobs)
+    return b"".join(parts)
+
+
+def write_to(emit: Callable[[bytes | memoryview], Any], manifest: dict, blobs: Sequence[bytes | memoryview]) -> None:
+    """`write`'s bytes handed to `emit` in order (a file's `write`): the header, the manifest, then each blob
+    and its padding, never the whole file in memory at once (Model.save(path) of a model the size of the
+    machine's memory)."""
     offsets, pos = [], 0
     for b in blobs:
         offsets.append(pos)
@@ -63,14 +72,19 @@ def write(manifest: dict, blobs: Sequence[bytes]) -> bytes:
     if k != len(blobs):
         raise BundleError(f"internal: {len(blobs)} blobs for {k} stored buffers")
     text = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
-    data = bytearray(pos)
-    for off, b in zip(offsets, blobs):
-        data[off:off + len(b)] = b
     version = manifest.get("version", VERSION)
     if version not in SUPPORTED_VERSIONS:
         raise BundleError(f"internal: cannot write bundle version {version!r}")
-    head = HEADER.pack(MAGIC, version, 0, len(text), len(data), zlib.crc32(text), zlib.crc32(data))
-    return b"".join((head, text, b"\0" * (_pad(len(text)) - len(text)), bytes(data)))
+    gaps = [(offsets[i + 1] if i + 1 < len(blobs) else pos) - offsets[i] - len(b) for i, b in enumerate(blobs)]
+    crc = 0
+    for b, gap in zip(blobs, gaps):
+        crc = zlib.crc32(b"\0" * gap, zlib.crc32(b, crc))
+    emit(HEADER.pack(MAGIC, version, 0, len(text), pos, zlib.crc32(text), crc))
+    emit(text + b"\0" * (_pad(len(text)) - len(text)))
+    for b, gap in zip(blobs, gaps):
+        emit(b)
+        if gap:
+            emit(b"\0" * gap)
 
 
 def read(data: bytes | bytearray | memoryview) -> tuple[dict, memoryview]:

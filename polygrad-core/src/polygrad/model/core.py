@@ -178,10 +178,11 @@ class Model(TrainingMixin):
         def stored(s: int) -> np.ndarray:
             return initial[s] if s in initial else bufs[s].numpy()
         manifest, blobs = to_manifest(p, stored, include_optimizer, __version__)
-        data = bundle.write(manifest, blobs)
         if path is None:
-            return data
-        write_file(path, data)  # next to the target, then renamed: no half-written bundle (atomicfile.py)
+            return bundle.write(manifest, blobs)
+        # written piece by piece next to the target, then renamed: no half-written bundle (atomicfile.py),
+        # and never a second copy of every weight in memory
+        write_file(path, lambda f: bundle.write_to(f.write, manifest, blobs))
         return None
 
     @classmethod

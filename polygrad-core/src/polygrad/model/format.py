@@ -37,8 +37,9 @@ from polygrad.uop.validate import check_kernel, declared_count, kernel_work
 OPTIMIZER_HYPER: dict[str, dict[str, str]] = optimizer_table.HYPER_KINDS
 
 
-def _le(arr: np.ndarray) -> bytes:
-    return np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+def _le(arr: np.ndarray) -> memoryview:
+    """The array's bytes, little-endian, as a view where it already is (no copy of a weight)."""
+    return memoryview(np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False)).cast("B")
 
 
 def stored_kernel(ast: UOp) -> UOp:
@@ -51,8 +52,8 @@ def stored_kernel(ast: UOp) -> UOp:
     return affine_kernel(decompose_transcendentals(ast))
 
 
-def to_manifest(p: Program, stored: Callable[[int], np.ndarray], include_optimizer: bool,
-                version: str, external: tuple[str, ...] = (), as_captured: bool = False) -> tuple[dict, list[bytes]]:
+def to_manifest(p: Program, stored: Callable[[int], np.ndarray], include_optimizer: bool, version: str,
+                external: tuple[str, ...] = (), as_captured: bool = False) -> tuple[dict, list[memoryview]]:
     """(manifest, blobs) of a program; blob k holds the k-th buffer whose "data" is true, `stored(slot)`.
 
     include_optimizer=False marks the optimizer state "initial" (`stored` then gives the values before
