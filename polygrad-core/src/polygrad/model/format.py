@@ -39,7 +39,8 @@ OPTIMIZER_HYPER: dict[str, dict[str, str]] = optimizer_table.HYPER_KINDS
 
 def _le(arr: np.ndarray) -> memoryview:
     """The array's bytes, little-endian, as a view where it already is (no copy of a weight)."""
-    return memoryview(np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False)).cast("B")
+    little = np.ascontiguousarray(arr).astype(arr.dtype.newbyteorder("<"), copy=False)
+    return memoryview(little.reshape(-1).view(np.uint8))  # 1-d bytes: a view of an empty or 0-d array too
 
 
 def stored_kernel(ast: UOp) -> UOp:
