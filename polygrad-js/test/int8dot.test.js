@@ -154,6 +154,9 @@ test('without relaxed SIMD both matvecs sum a block with standard SIMD\'s 16-bit
     // the block loop: Q8_0 (34 bytes a block) reads its 32 quant bytes a row with two 16-byte loads, Q4_0 (18) its
     // 16 nibble bytes with one; the activation's two loads serve the tile's 4 rows
     assert.strictEqual(instsOf(p).filter((x) => x.k === 'raw16').length, rows * (q4 ? 1 : 2) + 2, `${p.name}: 16-byte loads`)
+    // each row's block scale (float16) read as one 16-bit load, not two bytes put together (emit.js halfBits)
+    const layout = new Map(p.params.map((q, i) => [q.slot, { base: 1024 * (i + 1), size: 4096 }]))
+    assert.strictEqual(new KernelEmitter(p, layout, {}, {}).emit().stats.halfLoads, rows, `${p.name}: 16-bit scale loads`)
     const per = simdPerWeightByte(p, slots)
     const before = simdPerWeightByte(plain, slots)
     assert.strictEqual(per.length, 1, 'one innermost loop: the blocks\' (no loop over a block\'s turns)')

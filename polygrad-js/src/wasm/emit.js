@@ -49,7 +49,7 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
-    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0, laneDots: 0, unpacks: 0 } // what the speed guards (tests) look for
+    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0, laneDots: 0, unpacks: 0, halfLoads: 0 } // what the speed guards (tests) look for
     this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
     this.gatedAddr = new Map() // load inst id -> local: a gated pointer (strengthReduce), 0 where the gate is off
     this.free = new Map() // wasm type -> locals no live value holds
@@ -760,6 +760,51 @@ class KernelEmitter {
     return fused
   }
 
+  /**
+   * A scalar uint16 `lo | hi << 8` of two byte loads of one buffer, hi's address lo's + 1, each read only there (a
+   * quantized block's float16 scale from its two bytes, nn/quant.py): one i32.load16_u at lo's address
+   * (emitHalfBits; both bytes in bounds as the two loads were), the byte loads, widenings and shift not emitted.
+   * Sets this.halves (OR id -> lo's load) and this.skipped (the instructions it replaces).
+   */
+  halfBits () {
+    this.halves = new Map()
+    this.skipped = new Set()
+    const once = (v) => this.uses.get(v.id) === 1
+    const byteLoad = (v) => {
+      if (v.k !== 'alu' || v.op !== 'CAST' || v.lanes !== 1 || v.dtype.name !== 'uint16' || !once(v)) return null
+      const l = v.src[0]
+      return l.k === 'load' && l.lanes === 1 && l.dtype.name === 'uint8' && !l.gate && !l.check && once(l) && l.idx.lanes === 1 && l.idx.dtype.wasm === 'i32' ? l : null
+    }
+    const next = (a, b) => b.k === 'alu' && b.op === 'ADD' && b.lanes === 1 && b.src.some((v) => v === a) &&
+      b.src.some((v) => v.k === 'const' && Number(v.value) === 1)
+    const walk = (insts) => {
+      for (const x of insts) {
+        if (x.k === 'loop') { walk(x.pre); walk(x.body) }
+        if (x.k === 'if') walk(x.body)
+        if (x.k !== 'alu' || x.op !== 'OR' || x.lanes !== 1 || x.dtype.name !== 'uint16') continue
+        const [a, b] = x.src
+        const lo = byteLoad(a)
+        if (!lo || b.k !== 'alu' || b.op !== 'SHL' || !once(b) || b.src[1].k !== 'const' || Number(b.src[1].value) !== 8) continue
+        const hi = byteLoad(b.src[0])
+        if (!hi || hi.buf !== lo.buf || !next(lo.idx, hi.idx)) continue
+        this.halves.set(x.id, lo)
+        for (const v of [a, b, b.src[0]]) this.skipped.add(v.id)
+        this.uses.set(lo.id, 0)
+        this.uses.set(hi.id, 0)
+      }
+    }
+    walk(this.prog.head)
+    walk(this.prog.body)
+  }
+
+  emitHalfBits (x) {
+    const lo = this.halves.get(x.id)
+    const extra = this.address(lo.idx, lo.dtype, lo.buf)
+    this.c.mem(0x2f, 0, this.buf(lo.buf).base + extra) // i32.load16_u
+    this.stats.halfLoads++
+    return this.define(x)
+  }
+
   /** hsum: lane j = init + ((a_j[0] + a_j[1]) + (a_j[2] + a_j[3])) of the four vectors a_0..a_3 (a 4 x 4
    * transpose folded with adds: six two-input shuffles and four adds for four sums). `init` is a scalar
    * constant (the reduce's identity), emitted in place as a v128.const rather than kept in a local. */
@@ -999,7 +1044,9 @@ class KernelEmitter {
         return
       }
       case 'bcast': return this.emitBcast(x)
-      case 'alu': return this.fused.has(x.id) ? undefined : this.emitAlu(x) // emitted by its update
+      case 'alu':
+        if (this.halves.has(x.id)) return this.emitHalfBits(x)
+        return this.fused.has(x.id) || this.skipped.has(x.id) ? undefined : this.emitAlu(x) // emitted by its update
       case 'load': return this.emitLoad(x)
       case 'store': return this.emitStore(x)
       case 'acc': // updated inside loops and read after them: its own local, never reused
@@ -1186,6 +1233,8 @@ class KernelEmitter {
         for (const v of operands(x)) uses.push([v, x])
         // a fused product's operands are read by its update (fusedProducts)
         if (x.k === 'update' && this.fused.has(x.src[0].id)) for (const v of x.src[0].src) uses.push([v, x])
+        // a float16's bits read as one 16-bit load (halfBits) read its first byte's address
+        if (this.halves.has(x.id)) uses.push([this.halves.get(x.id).idx, x])
         if (x.k === 'loop') {
           walk(x.body, [...loops, x])
           place.get(x.id)[0] = n++ // a loop's operands (its end, read by the latch) die after its body
@@ -1243,6 +1292,7 @@ class KernelEmitter {
   emit () {
     this.uses = this.countUses()
     this.fused = this.fusedProducts()
+    this.halfBits()
     this.dead = this.deadAfter()
     this.block(this.prog.head)
     this.block(this.prog.body)
