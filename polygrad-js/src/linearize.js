@@ -295,14 +295,18 @@ class Linearizer {
   /** A lane op on 8-bit integer lanes (NARROW_LANE_DTYPES): a BITCAST between uint8 and int8, a CAST of one to
    * a 32-bit lane type, or a shift right by a scalar or an AND of one and a scalar of its type (Q4_0's nibbles,
    * `(byte >> 4h) & 15`: each lane's value extended to 32 bits, shifted or masked as the scalar code does, stays
-   * the extended 8-bit result); anything else has no lane form here. */
+   * the extended 8-bit result), or an ADD of a scalar of its type (Q4_0's `nibble - 8` in int8, nn/quant.py
+   * _offset: the 32-bit sum wrapped to 8 bits as the scalar code wraps it, wasm/emit.js vectorAlu); anything else
+   * has no lane form here. */
   narrowAlu (op, dtype, [x, y], n) {
     const from = x.dtype
     const bitcast = op === 'BITCAST' && NARROW_LANE_DTYPES.has(dtype.name) && NARROW_LANE_DTYPES.has(from.name)
     const widen = op === 'CAST' && NARROW_LANE_DTYPES.has(from.name) && LANE_DTYPES.has(dtype.name) && !dtype.isBool
     const bits = (op === 'SHR' || op === 'AND') && dtype === from && y !== undefined && y.dtype === from && y.lanes === 1
-    if (!bitcast && !widen && !bits) throw new NoVector(`no lanes for ${op} from ${from.name} to ${dtype.name}`)
+    const add = op === 'ADD' && dtype === from && y !== undefined && y.dtype === from && y.lanes === 1
+    if (!bitcast && !widen && !bits && !add) throw new NoVector(`no lanes for ${op} from ${from.name} to ${dtype.name}`)
     if (x.lanes === 1) throw new NoVector(`${from.name} lanes`)
+    if (add) return this.place(this.inst('alu', dtype, n, { op, src: [x, this.place(this.inst('bcast', from, n, { src: [y] }), y.level)] }), Math.max(x.level, y.level))
     if (bits) {
       // a shift's count stays a scalar (wasm's i32x4.shr_u/s); a mask is splat into the lanes
       const scalar = op === 'SHR' ? y : this.place(this.inst('bcast', from, n, { src: [y] }), y.level)

@@ -680,6 +680,13 @@ class KernelEmitter {
       }
       throw new KernelError(`no lane rule for ${op} on ${d.name}`)
     }
+    if (op === 'ADD' && d.size === 1) {
+      // 8-bit lanes hold their value extended to 32 bits (linearize.js narrowAlu): the sum wrapped to 8 bits
+      P(0); P(1); c.simd(0xae)
+      if (d.isUnsigned) c.v128const(this.laneBytes({ isBool: false, isFloat: false }, [255, 255, 255, 255])).simd(0x4e)
+      else c.i32(24).simd(0xab).i32(24).simd(0xac) // i32x4.shl, i32x4.shr_s
+      return
+    }
     switch (op) {
       case 'ADD': P(0); P(1); c.simd(0xae); return
       case 'MUL': P(0); P(1); c.simd(0xb5); return
