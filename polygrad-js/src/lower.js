@@ -209,11 +209,14 @@ function blockOpts (end, width) {
     opts.push({ kind: 'SPLIT_REDUCE', range: k, amount: width })
     const blocks = loads.some((ix) => NARROW_LOAD_DTYPES.has(ix.dtype.name))
     if (blocks) opts.push(...blockUnroll(red, k, loads))
-    if (blocks) opts.push(...dotGroupUnroll(red, k, nk / width))
+    const groups = blocks ? dotGroupUnroll(red, k, nk / width) : []
+    opts.push(...groups)
     // over several rows a quantized weight's tile is 4 rows x 2 columns, not 2 x 4: each dequantized vector
     // (5 to 9 ops from its bytes) serves 4 rows (GPT-2 small's 32-token prompt: about 0.88x the time at Q8_0,
-    // 0.72x at Q4_0)
-    const wide = blocks && glob.length > 1 ? 2 : 4
+    // 0.72x at Q4_0). A block sum on 8-bit activations (dotGroupUnroll) takes 2 columns too: with 4, V8 spilled
+    // 55 values a block step of the Q8_0 decode matvec (224 instructions for 4 columns, 99 for 2 with 1 spill;
+    // GPT-2 small's 3072-column matvec about 0.85x the time at Q8_0, 0.9x at Q4_0, Node 20, load average 4.5)
+    const wide = blocks && (glob.length > 1 || groups.length) ? 2 : 4
     if (last) {
       // 2 rows x 4 columns (8 accumulators, 6 loads per step: 15 of the 16 SIMD registers with the product);
       // 4 x 2 where the columns do not divide by 4. Of the two shapes with the same load count, 2 x 4 streams
