@@ -181,6 +181,54 @@ test('without relaxed SIMD both matvecs sum a block with standard SIMD\'s 16-bit
   m.dispose()
 })
 
+test('the standard-SIMD dot4 on gathered bytes (no second vector of lanes to pair with) gives the plain loop\'s bits', () => {
+  const { chooseOpts } = require('../src/lower')
+  const { prepareKernel } = require('../src/compile')
+  const { buildModule, importObject } = require('../src/wasm/module')
+  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
+  const prog = m._x.prog
+  let checked = 0
+  for (const c of m._p.entries.forward.calls) {
+    if (c.copy) continue
+    const ast = prog.kernels[c.kernel]
+    const prepared = prepareKernel(prog.graph, ast)
+    // the block's second vector of lanes left a loop (no dotGroupUnroll): each dot4 gathers its own bytes (dotBytes)
+    const opts = chooseOpts(prepared.ast, 4).filter((o) => o.kind !== 'UNROLL' || o.range.arg[1] !== 'reduce' || o.amount !== 2 ||
+      !chooseOpts(prepared.ast, 4).some((q) => q.kind === 'SPLIT_REDUCE' && q.range === o.range))
+    const lanes = lowerKernel(prog.graph, ast, { width: 4, prepared, opts, dotLanes: true })
+    const dots = instsOf(lanes).filter((x) => x.k === 'dot4')
+    if (!dots.length) continue
+    assert.ok(dots.every((x) => x.pairs && !x.wide), 'the gathered pair layout')
+    const plain = lowerKernel(prog.graph, ast, { width: 4, prepared, opts })
+    // every buffer of the call filled with the same random bytes (float buffers with finite floats) for both
+    const layout = new Map()
+    let at = 64
+    c.args.forEach((a, j) => {
+      if (!a) return
+      layout.set(j, { base: at, size: a.size, d: a.dtype })
+      at += Math.ceil((a.size * a.dtype.size + 16) / 64) * 64
+    })
+    const fill = (mem) => {
+      let seed = 12345
+      const rnd = () => { seed = (seed * 1103515245 + 12345) >>> 0; return seed >>> 8 }
+      for (const [, L] of layout) {
+        if (L.d.isFloat) new Float32Array(mem.buffer, L.base, L.size).forEach((_, i, v) => { v[i] = (rnd() % 2001 - 1000) / 997 })
+        else new Uint8Array(mem.buffer, L.base, L.size * L.d.size).forEach((_, i, v) => { v[i] = rnd() & 255 })
+      }
+    }
+    const out = (p) => {
+      const memory = new WebAssembly.Memory({ initial: Math.ceil(at / 65536) + 1 })
+      fill(memory)
+      new WebAssembly.Instance(new WebAssembly.Module(buildModule([{ prog: p, layout }], memory.buffer.byteLength / 65536)), importObject(memory)).exports.k0()
+      return new Uint8Array(memory.buffer, 0, at).slice()
+    }
+    assert.deepStrictEqual(out(lanes), out(plain), `${lanes.name}: the same bytes everywhere`)
+    checked++
+  }
+  assert.strictEqual(checked, 2, 'both matvecs (Q8_0 and Q4_0)')
+  m.dispose()
+})
+
 test('relaxedDotSupported holds exactly where the instruction computes the standard result', (t) => {
   if (relaxedSimdSupported() || process.execArgv.includes('--experimental-wasm-relaxed-simd')) {
     // run the instruction on every extreme pair (a in [-128, 127], b in [0, 127]) and an addend
