@@ -196,8 +196,9 @@ class Executor extends BaseExecutor {
     // int32 sums of byte products as relaxed SIMD's int8 dot product where the engine computes it (linearize.js
     // dotReduce): exact, so results equal the plain path's; the load option int8Dot: false keeps the plain path
     this.dot = this.backend === 'wasm' && int8Dot !== false && relaxedDotSupported()
-    // elsewhere (Node 20: no relaxed SIMD) as standard SIMD's 16-bit dot product, still exact (linearize.js dotOf)
-    this.dotLanes = this.backend === 'wasm' && int8Dot !== false && !this.dot
+    // elsewhere (Node 20: no relaxed SIMD; Q8_0's 8-bit weights everywhere) as standard SIMD's 16-bit dot
+    // product, still exact (linearize.js dotOf)
+    this.dotLanes = this.backend === 'wasm' && int8Dot !== false
     this.threads = this.backend === 'wasm' ? threads : 1
     this.canBlock = canBlock // whether this thread may wait on the workers (not a browser's main thread)
     this.memory = ensureMemory(memory, this.bytesUsed, BundleError, this.threads > 1)

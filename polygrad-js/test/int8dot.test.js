@@ -131,7 +131,7 @@ function simdPerWeightByte (p, weights) {
 
 test('without relaxed SIMD both matvecs sum a block with standard SIMD\'s 16-bit dot product: fewer instructions a byte, the plain path\'s bits', () => {
   const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
-  assert.strictEqual(m._x.dotLanes, !m._x.dot, 'the standard-SIMD dot wherever the relaxed one is missing')
+  assert.strictEqual(m._x.dotLanes, true, 'the standard-SIMD dot wherever the relaxed one does not apply')
   const prog = m._x.prog
   const weights = new Set()
   const seen = []
@@ -286,12 +286,14 @@ try {
     threaded.push({ y8: Array.from(r.y8), y4: Array.from(r.y4) })
   }
   let dots = 0
+  let relaxedDots = 0
   let phaseDots = 0
   for (const p of m._x.lowered.values()) {
     dots += instsOf(p).filter((x) => x.k === 'dot4').length
+    relaxedDots += instsOf(p).filter((x) => x.k === 'dot4' && !x.signs).length
     for (const ph of p.phases || []) phaseDots += instsOf(ph).filter((x) => x.k === 'dot4').length
   }
-  window.__result = { fma, dot: m._x.dot, threads: m.backendInfo.threads, calls: m._x.pool ? m._x.pool.calls : 0, sync, threaded, dots, phaseDots }
+  window.__result = { fma, dot: m._x.dot, threads: m.backendInfo.threads, calls: m._x.pool ? m._x.pool.calls : 0, sync, threaded, dots, relaxedDots, phaseDots }
   m.dispose()
 } catch (e) {
   window.__result = { error: String(e && e.stack || e) }
@@ -305,8 +307,11 @@ test('in Chromium the dot-product path gives the plain path\'s bits, on one thre
   }))
   assert.ok(!r.error, r.error)
   assert.strictEqual(r.dot, true, 'Chromium computes relaxed SIMD\'s int8 dot product')
-  assert.strictEqual(r.dots, 4, 'the Q4_0 matvec sums its blocks with dot4 (a tile of 2 rows, 2 vectors of lanes)')
-  assert.strictEqual(r.phaseDots, 4, 'so do its threaded phases')
+  // the Q4_0 matvec sums its blocks with relaxed SIMD's dot4 (a tile of 2 rows, 2 vectors of lanes), the Q8_0 one
+  // (8-bit weights) with the standard one (a row a tile)
+  assert.strictEqual(r.dots, 4 + 2, 'dot4s')
+  assert.strictEqual(r.relaxedDots, 4, 'relaxed dot4s')
+  assert.strictEqual(r.phaseDots, 4 + 2, 'so do its threaded phases')
   assert.strictEqual(r.threads, 2)
   assert.ok(r.calls > 0, 'the worker ran slices')
   checkReference(r.sync, 'Chromium')
