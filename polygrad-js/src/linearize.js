@@ -461,15 +461,19 @@ class Linearizer {
   dotReduce (red) {
     const shape = this.dotOf(red)
     if (!shape) return false
+    // where relaxed SIMD's dot4 applies, the standard one's pair form still goes first where it applies
+    // (pairHalves: 16-byte loads, no gathered lanes, no second dot for an offset)
+    const alt = !shape.signs && this.dotLanes ? this.dotOf(red, false) : null
     const free = [...this.deps(red)].filter((r) => r.arg[1] === 'upcast' && r !== this.V && !this.env.has(r) && !this.open.has(r))
       .sort((a, b) => a.arg[0] - b.arg[0])
     const points = this.upcastPoints(red.src.slice(1))
     for (const p of this.upcastPoints(free)) {
       this.withEnv(p, () => {
         const own = red.src.slice(1)
-        const wide = shape.signs ? this.pairHalves(shape, points, own) : null
+        const pairShape = shape.signs ? shape : alt
+        const wide = pairShape ? this.pairHalves(pairShape, points, own) : null
         if (wide) {
-          const x = this.inst('dot4', red.dtype, this.width, { src: wide, offset: 0, signs: shape.signs, wide: true })
+          const x = this.inst('dot4', red.dtype, this.width, { src: wide, offset: 0, signs: pairShape.signs, wide: true })
           let level = 0
           for (const v of wide) level = Math.max(level, v.level)
           this.remember(this.key(red), this.place(x, level))
@@ -489,7 +493,7 @@ class Linearizer {
    * (Q8_0's int8 weights) stays on the plain path: split into two 7-bit parts, two dot products and the
    * split measured slower than 32-bit lanes on x86 without AVX-VNNI (Chromium 156, Zen 4: GPT-2's Q8_0 fc
    * matvec 131.5 against 125.5 us a cache-resident slice; Q4_0's 135.5 against 216), so no split is made. */
-  dotOf (red) {
+  dotOf (red, relaxed = true) {
     const own = red.src.slice(1)
     const body = red.src[0]
     if (this.V === null || this.width !== 4 || red.arg !== 'ADD' || red.dtype.name !== 'int32' || !this.deps(red).has(this.V)) return null
@@ -500,7 +504,7 @@ class Linearizer {
     // the signed operand: bytes of int8 (or of values in [0, 127]) with no offset
     const signedOk = (o) => o.offset === 0 && (o.signed || o.seven)
     const first = ops[1].seven && signedOk(ops[0]) ? 0 : ops[0].seven && signedOk(ops[1]) ? 1 : -1
-    if (this.dot && first >= 0) return { a: ops[first], b: ops[1 - first] }
+    if (relaxed && this.dot && first >= 0) return { a: ops[first], b: ops[1 - first] }
     if (!this.dotLanes) return null
     // standard SIMD (emit.js emitDot4Lanes): bytes of either sign, widened to 16 bits by it; an offset is added to
     // the bytes where every value stays a byte (Q4_0's nibble - 8: [-8, 7], signed)
