@@ -433,8 +433,8 @@ def test_few_rows_float_max_compiles_in_node(tmp_path):
 
 def test_uint8_kernels_in_lanes_match_numpy(tmp_path):
     """uint8 loads take wasm lanes (widened to 32 bits, as a quantized weight's blocks are): a CAST to float32,
-    a BITCAST to int8 (sign-extended) and a reduction over them match NumPy; uint8 arithmetic, which wraps at
-    8 bits and has no lane form, falls back to scalar code with the same values."""
+    a BITCAST to int8 (sign-extended), an ADD of a scalar in uint8 and in int8 (wrapped at 8 bits, as Q4_0's
+    `nibble - 8` is computed) and a reduction over them match NumPy, every kernel in lanes."""
     from polygrad import dtypes
     w = np.linspace(-1, 1, 64, dtype=np.float32).reshape(4, 16)
 
@@ -444,14 +444,16 @@ def test_uint8_kernels_in_lanes_match_numpy(tmp_path):
 
         def __call__(self, x):
             return {"a": x.cast(dtypes.float32) * 0.5 + self.w, "b": (x + 200).cast(dtypes.float32),
-                    "c": x.bitcast(dtypes.int8).cast(dtypes.float32), "d": x.cast(dtypes.float32) @ self.w.T}
+                    "c": x.bitcast(dtypes.int8).cast(dtypes.float32), "d": x.cast(dtypes.float32) @ self.w.T,
+                    "e": (x.bitcast(dtypes.int8) + 100).cast(dtypes.float32)}
 
     x = (np.arange(64) * 37 % 256).astype(np.uint8).reshape(4, 16)
     model = Model(Net(), inputs={"x": Tensor.empty(4, 16, dtype=dtypes.uint8)})
     model.save(str(tmp_path / "u8.pgb"))
     model.dispose()
     want = {"a": x * np.float32(0.5) + w, "b": (x + np.uint8(200)).astype(np.float32),
-            "c": x.view(np.int8).astype(np.float32), "d": x.astype(np.float32) @ w.T}
+            "c": x.view(np.int8).astype(np.float32), "d": x.astype(np.float32) @ w.T,
+            "e": (x.view(np.int8) + np.int8(100)).astype(np.float32)}
     data = {"dtype": "uint8", "shape": [4, 16], "data": base64.b64encode(x.tobytes()).decode()}
     res = run_node([{"name": "u8", "bundle": str(tmp_path / "u8.pgb"), "forward": {"x": data}, "plan": True}],
                    tmp_path)["u8"]
@@ -459,3 +461,4 @@ def test_uint8_kernels_in_lanes_match_numpy(tmp_path):
     for k, ref in want.items():
         close(dec(res["outputs"][k]), ref)
     assert all(s["opts"][0] in ("VECTOR:4", "SPLIT_REDUCE:4") for s in res["plan"]["forward"]), res["plan"]
+    assert all(s["vectorized"] for s in res["plan"]["forward"]), res["plan"]

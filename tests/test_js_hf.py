@@ -233,6 +233,8 @@ def test_quantized_kernels_read_uint8_blocks_in_lanes(quantized):
         assert sum(n.endswith(".weight") and ".h." in n for n in names) == 4 * 2 and "transformer.wte.weight" in names
         for s in products:
             assert "SPLIT_REDUCE:4" in s["opts"] and ("UNROLL:2" in s["opts"]) == (fmt == "q4_0"), s
+            # in lanes, Q4_0's `nibble - 8` in int8 too (linearize.js narrowAlu), not the scalar fallback
+            assert s["vectorized"], s
             assert s["packs"] == 0, s
 
 

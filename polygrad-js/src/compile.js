@@ -38,7 +38,7 @@ function prepareKernel (g, ast) {
  * pass here keeps its indices in bounds by construction; `verify` proves the lowered kernel again and
  * guards what it cannot prove with run-time checks (the tests run with it).
  */
-function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null, verify = false, pack = null, packMain = false, threaded = false, dot = false } = {}) {
+function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared = null, verify = false, pack = null, packMain = false, threaded = false, dot = false, dotLanes = false } = {}) {
   let k = (prepared || prepareKernel(g, ast)).ast
   let vector = new Set()
   const chosen = opts !== null ? opts : chooseOpts(k, width)
@@ -47,13 +47,13 @@ function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared =
   if (pack) ({ ast: k, packs } = packLoads(g, k, vector, pack, { main: packMain }))
   const proven = check === null && verify ? provenIndices(k) : null
   const needsCheck = check || (proven ? (index) => !proven.has(index) : () => false)
-  const prog = linearize(g, k, { vector, width, check: needsCheck, dot })
+  const prog = linearize(g, k, { vector, width, check: needsCheck, dot, dotLanes })
   if (chosen.length && !prog.vectorized && !toposort(k).some((n) => n.op === 'REDUCE')) {
     // lanes did not fit (a 64-bit or integer-division op): plain loops beat an unrolled scalar copy
-    return lowerKernel(g, ast, { width, check, opts: [], prepared, verify, threaded, dot })
+    return lowerKernel(g, ast, { width, check, opts: [], prepared, verify, threaded, dot, dotLanes })
   }
   prog.packs = packs
-  prog.phases = threaded ? phasesOf(g, k, prog, { vector, width, check: needsCheck, dot }) : null
+  prog.phases = threaded ? phasesOf(g, k, prog, { vector, width, check: needsCheck, dot, dotLanes }) : null
   return prog
 }
 
@@ -62,10 +62,10 @@ function lowerKernel (g, ast, { width = 1, check = null, opts = null, prepared =
  * PART and PARTS first), with the lanes the whole kernel got, so every element is computed by the same
  * instructions as in `prog` (bit for bit). Null when the kernel cannot be split (lower.threadable).
  */
-function phasesOf (g, k, prog, { vector, width, check, dot }) {
+function phasesOf (g, k, prog, { vector, width, check, dot, dotLanes }) {
   if (!threadable(k)) return null
   const lanes = prog.vectorized ? vector : new Set()
-  const phases = k.src.map((_, block) => linearize(g, k, { vector: lanes, width, check, split: true, block, dot }))
+  const phases = k.src.map((_, block) => linearize(g, k, { vector: lanes, width, check, split: true, block, dot, dotLanes }))
   return phases.every((p) => !!p.vectorized === !!prog.vectorized) ? phases : null
 }
 

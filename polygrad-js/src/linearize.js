@@ -73,9 +73,11 @@ function identity (op, d) {
 }
 
 class Linearizer {
-  constructor (g, ast, { vector, width, check, split = false, block = null, version = false, dot = false }) {
+  constructor (g, ast, { vector, width, check, split = false, block = null, version = false, dot = false, dotLanes = false }) {
     this.g = g
     this.dot = dot // int32 sums of 4 byte products as one `dot4` (relaxed SIMD's int8 dot product; dotOf)
+    // ... or, where the engine has no relaxed dot product, as a standard-SIMD one (i32x4.dot_i16x8_s; dotOf)
+    this.dotLanes = dotLanes
     this.version = version // versionGatedLoops after linearizing (the SIMD target)
     this.split = split // the first top-level loop runs the slice [start, end) of part PART of PARTS
     this.onlyBlock = block // emit only this block of the kernel (a phase of a threaded kernel)
@@ -293,14 +295,18 @@ class Linearizer {
   /** A lane op on 8-bit integer lanes (NARROW_LANE_DTYPES): a BITCAST between uint8 and int8, a CAST of one to
    * a 32-bit lane type, or a shift right by a scalar or an AND of one and a scalar of its type (Q4_0's nibbles,
    * `(byte >> 4h) & 15`: each lane's value extended to 32 bits, shifted or masked as the scalar code does, stays
-   * the extended 8-bit result); anything else has no lane form here. */
+   * the extended 8-bit result), or an ADD of a scalar of its type (Q4_0's `nibble - 8` in int8, nn/quant.py
+   * _offset: the 32-bit sum wrapped to 8 bits as the scalar code wraps it, wasm/emit.js vectorAlu); anything else
+   * has no lane form here. */
   narrowAlu (op, dtype, [x, y], n) {
     const from = x.dtype
     const bitcast = op === 'BITCAST' && NARROW_LANE_DTYPES.has(dtype.name) && NARROW_LANE_DTYPES.has(from.name)
     const widen = op === 'CAST' && NARROW_LANE_DTYPES.has(from.name) && LANE_DTYPES.has(dtype.name) && !dtype.isBool
     const bits = (op === 'SHR' || op === 'AND') && dtype === from && y !== undefined && y.dtype === from && y.lanes === 1
-    if (!bitcast && !widen && !bits) throw new NoVector(`no lanes for ${op} from ${from.name} to ${dtype.name}`)
+    const add = op === 'ADD' && dtype === from && y !== undefined && y.dtype === from && y.lanes === 1
+    if (!bitcast && !widen && !bits && !add) throw new NoVector(`no lanes for ${op} from ${from.name} to ${dtype.name}`)
     if (x.lanes === 1) throw new NoVector(`${from.name} lanes`)
+    if (add) return this.place(this.inst('alu', dtype, n, { op, src: [x, this.place(this.inst('bcast', from, n, { src: [y] }), y.level)] }), Math.max(x.level, y.level))
     if (bits) {
       // a shift's count stays a scalar (wasm's i32x4.shr_u/s); a mask is splat into the lanes
       const scalar = op === 'SHR' ? y : this.place(this.inst('bcast', from, n, { src: [y] }), y.level)
@@ -402,7 +408,7 @@ class Linearizer {
   }
 
   reduce (red) {
-    if (this.rowDotReduce(red) || (this.dot && this.dotReduce(red))) return
+    if (this.rowDotReduce(red) || ((this.dot || this.dotLanes) && this.dotReduce(red))) return
     const body = red.src[0]
     const own = red.src.slice(1)
     const free = [...this.deps(red)].filter((r) => r.arg[1] === 'upcast' && r !== this.V && !this.env.has(r) && !this.open.has(r))
@@ -455,13 +461,27 @@ class Linearizer {
   dotReduce (red) {
     const shape = this.dotOf(red)
     if (!shape) return false
+    // where relaxed SIMD's dot4 applies, the standard one's pair form still goes first where it applies
+    // (pairHalves: 16-byte loads, no gathered lanes, no second dot for an offset)
+    const alt = !shape.signs && this.dotLanes ? this.dotOf(red, false) : null
     const free = [...this.deps(red)].filter((r) => r.arg[1] === 'upcast' && r !== this.V && !this.env.has(r) && !this.open.has(r))
       .sort((a, b) => a.arg[0] - b.arg[0])
     const points = this.upcastPoints(red.src.slice(1))
     for (const p of this.upcastPoints(free)) {
       this.withEnv(p, () => {
-        const [a, b] = [shape.a, shape.b].map((o) => this.dotBytes(o, points, red.src.slice(1)))
-        const x = this.inst('dot4', red.dtype, this.width, { src: [a, b], offset: shape.b.offset })
+        const own = red.src.slice(1)
+        const pairShape = shape.signs ? shape : alt
+        const wide = pairShape ? this.pairHalves(pairShape, points, own) : null
+        if (wide) {
+          const x = this.inst('dot4', red.dtype, this.width, { src: wide, offset: 0, signs: pairShape.signs, wide: true })
+          let level = 0
+          for (const v of wide) level = Math.max(level, v.level)
+          this.remember(this.key(red), this.place(x, level))
+          return
+        }
+        const [a, b] = [shape.a, shape.b].map((o) => this.dotBytes(o, points, own, shape.signs))
+        const fields = shape.signs ? { src: [a, b], offset: 0, signs: shape.signs, pairs: true } : { src: [a, b], offset: shape.b.offset }
+        const x = this.inst('dot4', red.dtype, this.width, fields)
         this.remember(this.key(red), this.place(x, Math.max(a.level, b.level)))
       })
     }
@@ -473,7 +493,7 @@ class Linearizer {
    * (Q8_0's int8 weights) stays on the plain path: split into two 7-bit parts, two dot products and the
    * split measured slower than 32-bit lanes on x86 without AVX-VNNI (Chromium 156, Zen 4: GPT-2's Q8_0 fc
    * matvec 131.5 against 125.5 us a cache-resident slice; Q4_0's 135.5 against 216), so no split is made. */
-  dotOf (red) {
+  dotOf (red, relaxed = true) {
     const own = red.src.slice(1)
     const body = red.src[0]
     if (this.V === null || this.width !== 4 || red.arg !== 'ADD' || red.dtype.name !== 'int32' || !this.deps(red).has(this.V)) return null
@@ -484,8 +504,13 @@ class Linearizer {
     // the signed operand: bytes of int8 (or of values in [0, 127]) with no offset
     const signedOk = (o) => o.offset === 0 && (o.signed || o.seven)
     const first = ops[1].seven && signedOk(ops[0]) ? 0 : ops[0].seven && signedOk(ops[1]) ? 1 : -1
-    if (first < 0) return null
-    return { a: ops[first], b: ops[1 - first] }
+    if (relaxed && this.dot && first >= 0) return { a: ops[first], b: ops[1 - first] }
+    if (!this.dotLanes) return null
+    // standard SIMD (emit.js emitDot4Lanes): bytes of either sign, widened to 16 bits by it; an offset is added to
+    // the bytes where every value stays a byte (Q4_0's nibble - 8: [-8, 7], signed)
+    const fits = (o) => o.offset === 0 || (o.mask >= 0 && o.offset >= -128 && o.mask + o.offset <= 127)
+    if (!ops.every(fits)) return null
+    return { a: ops[0], b: ops[1], signs: ops.map((o) => o.signed || o.offset !== 0) }
   }
 
   /** An int32 operand of a dot4: CAST(int32, e) (+ an int32 constant) for e an 8-bit value in lanes: {e, load
@@ -513,29 +538,149 @@ class Linearizer {
         load = { index, steps }
       }
     }
-    return { e, load, signed, seven, offset }
+    return { e, load, signed, seven, offset, mask }
   }
 
-  /** A dot4 operand's 16 bytes (byte 4j + k: lane j at point k, so the dot's groups of 4 are the lanes). */
-  dotBytes (o, points, own) {
+  /** A dot4 operand's 16 bytes (byte 4j + k: lane j at point k, so the dot's groups of 4 are the lanes; with
+   * `signs`, the standard-SIMD dot's layout: byte 8h + 2j + m lane j at point 2h + m, so each 16-bit pair of a
+   * half is one lane's two points), its offset added to each byte (signs: see dotOf). */
+  dotBytes (o, points, own, signs) {
+    const pairs = !!signs
+    const add = pairs ? o.offset : 0
     if (o.load) {
       // the 4 lanes at every point, read from the address at point 0 plus each point's constant step
       const zero = own.map((r) => [r, 0])
       const idx = this.withEnv(zero, () => this.value(this.laneIndex(o.load.index.src[1])))
       const offsets = points.map((p) => p.reduce((sum, [, v], i) => sum + v * o.load.steps[i], 0))
-      const k = `bytes|${o.load.index.src[0].arg[0]}|${idx.id}|${offsets.join(',')}`
+      const k = `bytes|${o.load.index.src[0].arg[0]}|${idx.id}|${offsets.join(',')}|${pairs}|${add}`
       const hit = this.lookup(k)
       if (hit) return hit
-      return this.remember(k, this.place(this.inst('bytes', o.e.dtype, 16, { src: [idx], buf: o.load.index.src[0].arg[0], offsets }), idx.level))
+      return this.remember(k, this.place(this.inst('bytes', o.e.dtype, 16, { src: [idx], buf: o.load.index.src[0].arg[0], offsets, pairs, add }), idx.level))
     }
     const parts = points.map((p) => this.withEnv(p, () => this.value(o.e)))
     if (parts.some((x) => x.lanes !== this.width)) throw new NoVector('a dot operand without lanes')
-    const k = `bytes|narrow|${parts.map((x) => x.id).join(',')}`
+    const k = `bytes|narrow|${parts.map((x) => x.id).join(',')}|${pairs}|${add}`
     const hit = this.lookup(k)
     if (hit) return hit
     let level = 0
     for (const x of parts) level = Math.max(level, x.level)
-    return this.remember(k, this.place(this.inst('bytes', o.e.dtype, 16, { src: parts, buf: null, offsets: null }), level))
+    return this.remember(k, this.place(this.inst('bytes', o.e.dtype, 16, { src: parts, buf: null, offsets: null, pairs, add }), level))
+  }
+
+  /**
+   * A standard-SIMD dot4's operands where each is a block of 8 lanes x 4 turns (nn/quant.py _int8_matmul_t: the
+   * turns 8 bytes apart, the lanes 2 vectors, the second an unrolled range 4 bytes on): [a0, a1, b0, b1], 16-bit
+   * lanes (`widen`) of this vector's half of each operand's two pair vectors (`unpack`: bytes interleaved so
+   * each 16-bit pair is one lane's turns 0 and 2, or 1 and 3), read once for both vectors of lanes: a Q8_0
+   * block's 32 bytes are two 16-byte loads, a Q4_0 block's 16 nibble bytes one (pairOperand). Null, having
+   * emitted nothing, where either operand is not such a block.
+   */
+  pairHalves (shape, points, own) {
+    if (points.length !== 4) return null
+    // both operands checked first (no instruction made), then made
+    const fit = [shape.a, shape.b].map((o) => this.pairOperand(o, points, own, true))
+    if (fit.some((o) => o === null) || fit[0] !== fit[1]) return null
+    const ops = [shape.a, shape.b].map((o) => this.pairOperand(o, points, own, false))
+    const half = this.env.get(ops[0].group)
+    const out = []
+    ops.forEach((o, i) => {
+      for (const pv of o.pairs) {
+        const k = `widen|${pv.id}|${half}|${shape.signs[i]}`
+        out.push(this.lookup(k) || this.remember(k, this.place(this.inst('widen', DTYPES.int16, 8, { src: [pv], high: half === 1, signed: shape.signs[i] }), pv.level)))
+      }
+    })
+    return [out[0], out[1], out[2], out[3]]
+  }
+
+  /**
+   * One dot4 operand's two pair vectors (pairHalves): {pairs: [P0, P1], group: the unrolled range of its 2
+   * vectors of lanes}, P0 the bytes of points 0 and 2 interleaved (lane 4g + j of vector g at bytes 8g + 2j and
+   * 8g + 2j + 1), P1 of points 1 and 3; or null. Either the bytes as read (points 1 and 3 the 8 bytes after 0
+   * and 2: two 16-byte loads A, B, P0 = A and B's first halves interleaved, P1 their second), or byte ops (a
+   * shift, a mask, the offset) on one byte load whose points 0 and 2 read the same bytes, and 1 and 3 the 8 after
+   * (a Q4_0 block's low and high nibbles): the ops at point 0 and at point 2, interleaved.
+   */
+  pairOperand (o, points, own, dry) {
+    let e = o.e
+    const ops = []
+    while (e.op === 'AND' || e.op === 'XOR' || e.op === 'SHR') {
+      if (!NARROW_LANE_DTYPES.has(e.dtype.name) || e.src[0].dtype !== e.dtype || this.deps(e.src[1]).has(this.V)) return null
+      if (e.op !== 'SHR' && e.src[1].op !== 'CONST') return null
+      ops.unshift(e)
+      e = e.src[0]
+    }
+    if (e.op === 'BITCAST' && !ops.length) e = e.src[0]
+    if (e.op !== 'LOAD' || !NARROW_LANE_DTYPES.has(e.dtype.name)) return null
+    const index = e.src[0]
+    if (index.src.length !== 2 || this.check(index)) return null
+    const ix = index.src[1]
+    if (rangeCoeff(ix, this.V) !== 1) return null
+    const coeffs = own.map((r) => rangeCoeff(ix, r))
+    if (coeffs.some((c) => c === null || c < 0)) return null
+    const at = points.map((p) => p.reduce((sum, [, v], i) => sum + v * coeffs[i], 0))
+    // the unrolled range of the lanes' second vector: 4 bytes on, 2 values; no other unrolled range moves the
+    // address by less than a block
+    let group = null
+    for (const [r] of this.env) {
+      const c = rangeCoeff(ix, r)
+      if (c === null || c < 0) return null
+      if (c === 4 && r.src[0].op === 'CONST' && Number(r.src[0].arg) === 2 && group === null) group = r
+      else if (c !== 0 && c < 32) return null
+    }
+    if (group === null) return null
+    if (!ops.length && (o.offset !== 0 || at[1] !== at[0] + 8 || at[3] !== at[2] + 8)) return null
+    if (ops.length && (at[2] !== at[0] || at[3] !== at[1] || at[1] !== at[0] + 8)) return null
+    // the byte ops at a point (their counts and constants), then the offset (in range: dotOf); points 0 and 1
+    // (and 2 and 3) must share them
+    const opsAt = (p) => this.withSaved(p, () => {
+      const list = ops.map((u) => [u.op, this.value(u.src[1])])
+      if (o.offset) list.push(['ADD', this.const(DTYPES.int32, o.offset)])
+      return list
+    })
+    const [lo, hi] = ops.length ? [opsAt(points[0]), opsAt(points[2])] : [null, null]
+    if (ops.length) {
+      if (opsAt(points[1]).some(([, y], i) => y !== lo[i][1]) || opsAt(points[3]).some(([, y], i) => y !== hi[i][1])) return null
+      // scalar counts and constants; a shift's count a constant below 8 (i8x16.shr_u takes it modulo 8)
+      if ([...lo, ...hi].some(([op, y]) => y.lanes !== 1 || (op === 'SHR' && (y.k !== 'const' || Number(y.value) < 0 || Number(y.value) > 7)))) return null
+    }
+    if (dry) return group
+    const buf = index.src[0].arg[0]
+    const idx = this.withSaved([...own.map((r) => [r, 0]), [group, 0]], () => this.value(this.laneIndex(ix)))
+    const raw = (off) => {
+      const k = `raw16|${buf}|${idx.id}|${off}`
+      return this.lookup(k) || this.remember(k, this.place(this.inst('raw16', e.dtype, 16, { src: [idx], buf, off }), idx.level))
+    }
+    const unpack = (a, b, high) => {
+      const k = `unpack|${a.id}|${b.id}|${high}`
+      return this.lookup(k) || this.remember(k, this.place(this.inst('unpack', o.e.dtype, 16, { src: [a, b], high }), Math.max(a.level, b.level)))
+    }
+    if (!ops.length) {
+      const [A, B] = [raw(at[0]), raw(at[2])]
+      return { pairs: [unpack(A, B, false), unpack(A, B, true)], group }
+    }
+    const q = raw(at[0])
+    const byteops = (list) => {
+      const k = `byteops|${q.id}|${list.map(([op, y]) => op + y.id).join(',')}`
+      let level = q.level
+      for (const [, y] of list) level = Math.max(level, y.level)
+      return this.lookup(k) || this.remember(k, this.place(this.inst('byteops', o.e.dtype, 16, { src: [q, ...list.map(([, y]) => y)], ops: list.map(([op]) => op) }), level))
+    }
+    const [L, H] = [byteops(lo), byteops(hi)]
+    return { pairs: [unpack(L, H, false), unpack(L, H, true)], group }
+  }
+
+  /** fn() with env holding `point`'s values, each range's earlier value (or none) restored after. */
+  withSaved (point, fn) {
+    const before = point.map(([r]) => [r, this.env.has(r), this.env.get(r)])
+    for (const [r, v] of point) this.env.set(r, v)
+    try {
+      return fn()
+    } finally {
+      for (const [r, had, v] of before) {
+        if (had) this.env.set(r, v)
+        else this.env.delete(r)
+      }
+    }
   }
 
   /**
@@ -896,10 +1041,10 @@ function cloneInsts (insts, map, newId, edit) {
 }
 
 /** The structured program of a lowered kernel (see the module docstring). */
-function linearize (g, ast, { vector = new Set(), width = 1, check, split = false, block = null, dot = false } = {}) {
+function linearize (g, ast, { vector = new Set(), width = 1, check, split = false, block = null, dot = false, dotLanes = false } = {}) {
   if (vector.size && width > 1) {
     try {
-      const prog = new Linearizer(g, ast, { vector, width, check, split, block, version: true, dot }).run()
+      const prog = new Linearizer(g, ast, { vector, width, check, split, block, version: true, dot, dotLanes }).run()
       prog.vectorized = true
       return prog
     } catch (e) {

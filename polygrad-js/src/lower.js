@@ -209,10 +209,14 @@ function blockOpts (end, width) {
     opts.push({ kind: 'SPLIT_REDUCE', range: k, amount: width })
     const blocks = loads.some((ix) => NARROW_LOAD_DTYPES.has(ix.dtype.name))
     if (blocks) opts.push(...blockUnroll(red, k, loads))
+    const groups = blocks ? dotGroupUnroll(red, k, nk / width) : []
+    opts.push(...groups)
     // over several rows a quantized weight's tile is 4 rows x 2 columns, not 2 x 4: each dequantized vector
     // (5 to 9 ops from its bytes) serves 4 rows (GPT-2 small's 32-token prompt: about 0.88x the time at Q8_0,
-    // 0.72x at Q4_0)
-    const wide = blocks && glob.length > 1 ? 2 : 4
+    // 0.72x at Q4_0). A block sum on 8-bit activations (dotGroupUnroll) takes 2 columns too: with 4, V8 spilled
+    // 55 values a block step of the Q8_0 decode matvec (224 instructions for 4 columns, 99 for 2 with 1 spill;
+    // GPT-2 small's 3072-column matvec about 0.85x the time at Q8_0, 0.9x at Q4_0, Node 20, load average 4.5)
+    const wide = blocks && (glob.length > 1 || groups.length) ? 2 : 4
     if (last) {
       // 2 rows x 4 columns (8 accumulators, 6 loads per step: 15 of the 16 SIMD registers with the product);
       // 4 x 2 where the columns do not divide by 4. Of the two shapes with the same load count, 2 x 4 streams
@@ -373,6 +377,24 @@ function blockUnroll (red, k, loads) {
   return own.slice(1).filter((r) => r !== k && constSize(r) <= BLOCK_UNROLL &&
     bytes.some((ix) => rangeCoeff(ix.src[1], r) === 0)).map((r) => ({ kind: 'UNROLL', range: r, amount: constSize(r) }))
 }
+
+/**
+ * An UNROLL of a split reduction's outer part (`groups` vectors of lanes) where each step is an int32 sum of
+ * 4 byte products per lane (a decode matvec on 8-bit activations, nn/quant.py _int8_matmul_t: a block's 8
+ * lanes are 2 vectors): the groups' dot products (linearize.js dotReduce) then share the block's addresses and
+ * scale with no loop around 2 steps, and their bytes are read as whole 16-byte vectors (linearize.js pairHalves).
+ * Each sum keeps its order.
+ */
+function dotGroupUnroll (red, k, groups) {
+  if (!Number.isInteger(groups) || groups < 2 || groups > DOT_GROUPS) return []
+  const inner = toposort(red.src[0]).filter((n) => n.op === 'REDUCE' && n.dtype.name === 'int32' && n.arg === 'ADD' &&
+    n.src.slice(1).every((r) => constSize(r) !== null) && n.src.slice(1).reduce((a, r) => a * constSize(r), 1) === 4 &&
+    toposort(n.src[0]).some((u) => u.op === 'LOAD' && NARROW_LOAD_DTYPES.has(u.dtype.name)))
+  return inner.length ? [{ kind: 'UNROLL', range: k, amount: groups }] : []
+}
+
+// the most lane vectors of a block dotGroupUnroll unrolls (Q8_0's and Q4_0's 8 lanes: 2)
+const DOT_GROUPS = 2
 
 /**
  * The opts of a kernel's variant for fewer rows than its row tile `rowTile` (an UPCAST of a Variable-sized

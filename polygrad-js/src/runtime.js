@@ -196,6 +196,9 @@ class Executor extends BaseExecutor {
     // int32 sums of byte products as relaxed SIMD's int8 dot product where the engine computes it (linearize.js
     // dotReduce): exact, so results equal the plain path's; the load option int8Dot: false keeps the plain path
     this.dot = this.backend === 'wasm' && int8Dot !== false && relaxedDotSupported()
+    // elsewhere (Node 20: no relaxed SIMD; Q8_0's 8-bit weights everywhere) as standard SIMD's 16-bit dot
+    // product, still exact (linearize.js dotOf)
+    this.dotLanes = this.backend === 'wasm' && int8Dot !== false
     this.threads = this.backend === 'wasm' ? threads : 1
     this.canBlock = canBlock // whether this thread may wait on the workers (not a browser's main thread)
     this.memory = ensureMemory(memory, this.bytesUsed, BundleError, this.threads > 1)
@@ -228,7 +231,7 @@ class Executor extends BaseExecutor {
       const prepared = this.prepare1(ast)
       const opts = chooseOpts(prepared.ast, this.width)
       const threaded = this.pool !== null
-      p = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts, verify: this.verify, threaded, dot: this.dot })
+      p = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts, verify: this.verify, threaded, dot: this.dot, dotLanes: this.dotLanes })
       p.scratch = prepared.scratch
       p.kernelIndex = k
       p.work = threaded ? kernelWork(prepared.ast) : null
@@ -236,7 +239,7 @@ class Executor extends BaseExecutor {
       // variant without that tile runs instead (batch 1 does one row of work, not four)
       const sym = opts.filter((o) => o.kind === 'UPCAST' && o.range.src[0].op === 'DEFINE_VAR')
       if (sym.length === 1) {
-        p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: fewRowsOpts(opts, sym[0]), verify: this.verify, threaded, dot: this.dot })
+        p.small = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts: fewRowsOpts(opts, sym[0]), verify: this.verify, threaded, dot: this.dot, dotLanes: this.dotLanes })
         p.small.scratch = prepared.scratch
         // its epilogue's ReLUs keep wasm's select (a branch in V8): at batch 1 the bit select of the tiled
         // kernels (wasm/emit.js selectF32) measured about 10 us slower per call on the bench MLP
@@ -282,7 +285,7 @@ class Executor extends BaseExecutor {
     if (!q) {
       const eligible = (i) => (params[i] ? c.args[i].size : 0)
       const p = this.lowered.get(this.prog.kernels[c.kernel])
-      q = lowerKernel(this.prog.graph, this.prog.kernels[c.kernel], { width: this.width, prepared: p.prepared, opts, verify: this.verify, pack: eligible, packMain: main, threaded: this.pool !== null, dot: this.dot })
+      q = lowerKernel(this.prog.graph, this.prog.kernels[c.kernel], { width: this.width, prepared: p.prepared, opts, verify: this.verify, pack: eligible, packMain: main, threaded: this.pool !== null, dot: this.dot, dotLanes: this.dotLanes })
       if (!q.packs.length) q = base
       else Object.assign(q, { scratch: base.scratch, selectBranches: base.selectBranches })
       cache.set(key, q)

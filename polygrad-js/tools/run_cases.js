@@ -76,7 +76,8 @@ function kernelPlan (m) {
       const params = [...loaded].map((j) => c.args[j]).filter((s) => s && s.role === 'parameter').map((s) => ({ name: s.name, shape: s.shape }))
       const blocks = [...loaded].map((j) => c.args[j]).filter((s) => s && s.role === 'state' && s.dtype.name === 'uint8').map((s) => s.name)
       const opts = chooseOpts(x.prepare1(ast).ast, x.width).map((o) => `${o.kind}:${o.amount}`)
-      return { name: st.name, opts, params, blocks, packs: st.packedMain ? st.mainPacks.length : 0 }
+      const lowered = x.lowered.get(ast)
+      return { name: st.name, opts, params, blocks, packs: st.packedMain ? st.mainPacks.length : 0, vectorized: !!(lowered && lowered.vectorized) }
     }).filter(Boolean)
   }
   return out

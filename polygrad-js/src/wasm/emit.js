@@ -49,7 +49,7 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
-    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0 } // what the speed guards (tests) look for
+    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0, laneDots: 0, unpacks: 0, halfLoads: 0 } // what the speed guards (tests) look for
     this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
     this.gatedAddr = new Map() // load inst id -> local: a gated pointer (strengthReduce), 0 where the gate is off
     this.free = new Map() // wasm type -> locals no live value holds
@@ -680,6 +680,13 @@ class KernelEmitter {
       }
       throw new KernelError(`no lane rule for ${op} on ${d.name}`)
     }
+    if (op === 'ADD' && d.size === 1) {
+      // 8-bit lanes hold their value extended to 32 bits (linearize.js narrowAlu): the sum wrapped to 8 bits
+      P(0); P(1); c.simd(0xae)
+      if (d.isUnsigned) c.v128const(this.laneBytes({ isBool: false, isFloat: false }, [255, 255, 255, 255])).simd(0x4e)
+      else c.i32(24).simd(0xab).i32(24).simd(0xac) // i32x4.shl, i32x4.shr_s
+      return
+    }
     switch (op) {
       case 'ADD': P(0); P(1); c.simd(0xae); return
       case 'MUL': P(0); P(1); c.simd(0xb5); return
@@ -760,6 +767,51 @@ class KernelEmitter {
     return fused
   }
 
+  /**
+   * A scalar uint16 `lo | hi << 8` of two byte loads of one buffer, hi's address lo's + 1, each read only there (a
+   * quantized block's float16 scale from its two bytes, nn/quant.py): one i32.load16_u at lo's address
+   * (emitHalfBits; both bytes in bounds as the two loads were), the byte loads, widenings and shift not emitted.
+   * Sets this.halves (OR id -> lo's load) and this.skipped (the instructions it replaces).
+   */
+  halfBits () {
+    this.halves = new Map()
+    this.skipped = new Set()
+    const once = (v) => this.uses.get(v.id) === 1
+    const byteLoad = (v) => {
+      if (v.k !== 'alu' || v.op !== 'CAST' || v.lanes !== 1 || v.dtype.name !== 'uint16' || !once(v)) return null
+      const l = v.src[0]
+      return l.k === 'load' && l.lanes === 1 && l.dtype.name === 'uint8' && !l.gate && !l.check && once(l) && l.idx.lanes === 1 && l.idx.dtype.wasm === 'i32' ? l : null
+    }
+    const next = (a, b) => b.k === 'alu' && b.op === 'ADD' && b.lanes === 1 && b.src.some((v) => v === a) &&
+      b.src.some((v) => v.k === 'const' && Number(v.value) === 1)
+    const walk = (insts) => {
+      for (const x of insts) {
+        if (x.k === 'loop') { walk(x.pre); walk(x.body) }
+        if (x.k === 'if') walk(x.body)
+        if (x.k !== 'alu' || x.op !== 'OR' || x.lanes !== 1 || x.dtype.name !== 'uint16') continue
+        const [a, b] = x.src
+        const lo = byteLoad(a)
+        if (!lo || b.k !== 'alu' || b.op !== 'SHL' || !once(b) || b.src[1].k !== 'const' || Number(b.src[1].value) !== 8) continue
+        const hi = byteLoad(b.src[0])
+        if (!hi || hi.buf !== lo.buf || !next(lo.idx, hi.idx)) continue
+        this.halves.set(x.id, lo)
+        for (const v of [a, b, b.src[0]]) this.skipped.add(v.id)
+        this.uses.set(lo.id, 0)
+        this.uses.set(hi.id, 0)
+      }
+    }
+    walk(this.prog.head)
+    walk(this.prog.body)
+  }
+
+  emitHalfBits (x) {
+    const lo = this.halves.get(x.id)
+    const extra = this.address(lo.idx, lo.dtype, lo.buf)
+    this.c.mem(0x2f, 0, this.buf(lo.buf).base + extra) // i32.load16_u
+    this.stats.halfLoads++
+    return this.define(x)
+  }
+
   /** hsum: lane j = init + ((a_j[0] + a_j[1]) + (a_j[2] + a_j[3])) of the four vectors a_0..a_3 (a 4 x 4
    * transpose folded with adds: six two-input shuffles and four adds for four sums). `init` is a scalar
    * constant (the reduce's identity), emitted in place as a v128.const rather than kept in a local. */
@@ -818,8 +870,22 @@ class KernelEmitter {
       this.push(p2); this.push(p3); c.simd(0x85)
       c.simd(x.dtype.isUnsigned ? 0x66 : 0x65).set(v) // i8x16.narrow_i16x8_u/s
     }
+    // from point-major (4k + j) to lane j at point k in byte 4j + k (relaxed SIMD's dot), or in byte 8h + 2j + m
+    // for k = 2h + m (the standard-SIMD one's pairs, x.pairs)
+    const order = new Array(16)
+    for (let k = 0; k < 4; k++) for (let j = 0; j < 4; j++) order[x.pairs ? 8 * (k >> 1) + 2 * j + (k & 1) : 4 * j + k] = 4 * k + j
     c.get(v).get(v).simd(0x0d)
-    for (let j = 0; j < 4; j++) for (let k = 0; k < 4; k++) c.byte(4 * k + j)
+    for (const i of order) c.byte(i)
+    // an offset on every byte (in range: linearize.js dotOf), i8x16.add
+    if (x.add) c.v128const(new Uint8Array(16).fill(x.add & 255)).simd(0x6e)
+    return this.define(x)
+  }
+
+  /** 16 bytes at a byte address (linearize.js pairOperand), v128.load. */
+  emitRaw16 (x) {
+    const b = this.buf(x.buf)
+    const extra = this.address(x.src[0], { size: 1 }, x.buf)
+    this.c.vmem(0x00, 0, b.base + extra + x.off)
     return this.define(x)
   }
 
@@ -868,16 +934,44 @@ class KernelEmitter {
     return this.define(x)
   }
 
+  /** 16-bit lanes of one half of 16 bytes (linearize.js pairHalves): i16x8.extend_low/high_i8x16_s/u. */
+  emitWiden (x) {
+    this.push(x.src[0])
+    this.c.simd(x.signed ? (x.high ? 0x88 : 0x87) : (x.high ? 0x8a : 0x89))
+    return this.define(x)
+  }
+
+  /** The first (or second) halves of two 16-byte vectors interleaved byte by byte (linearize.js pairOperand): a
+   * shuffle engines make one unpack instruction of. */
+  emitUnpack (x) {
+    this.push(x.src[0]); this.push(x.src[1])
+    this.c.simd(0x0d)
+    const from = x.high ? 8 : 0
+    for (let i = 0; i < 8; i++) this.c.byte(from + i, 16 + from + i)
+    this.stats.unpacks++
+    return this.define(x)
+  }
+
   /** Byte ops on 16 bytes in place: XOR or AND with a constant splat, a shift right by a scalar count
    * (i8x16.shr_u/s: each byte shifted as the scalar code shifts it). */
   emitByteOps (x) {
     const c = this.c
     const [raw, ...ys] = x.src
     this.push(raw)
+    const konst = (y) => (y.k === 'const' ? Number(y.value) : null)
     x.ops.forEach((op, i) => {
+      // a shift by a constant 0, and a mask that keeps every bit an unsigned shift by a constant left, do nothing
+      // (a Q4_0 byte's low nibble at shift 0, its high one's & 15 after >> 4)
+      if (op === 'SHR' && konst(ys[i]) === 0) return
+      const prev = i > 0 && x.ops[i - 1] === 'SHR' && x.dtype.isUnsigned ? konst(ys[i - 1]) : null
+      if (op === 'AND' && prev !== null && prev >= 0 && prev < 8 && ((255 >> prev) & ~konst(ys[i])) === 0) return
       if (op === 'SHR') {
         this.push(ys[i])
         c.simd(x.dtype.isUnsigned ? 0x6d : 0x6c)
+      } else if (op === 'ADD') {
+        // an offset (linearize.js pairOperand; every sum stays a byte)
+        c.v128const(new Uint8Array(16).fill(Number(ys[i].value) & 255))
+        c.simd(0x6e) // i8x16.add
       } else {
         c.v128const(new Uint8Array(16).fill(Number(ys[i].value) & 255))
         c.simd(op === 'XOR' ? 0x51 : 0x4e) // v128.xor / v128.and
@@ -895,6 +989,26 @@ class KernelEmitter {
     const c = this.c
     const [a, b] = x.src
     const ext = (signed, high) => c.simd(signed ? (high ? 0x88 : 0x87) : (high ? 0x8a : 0x89))
+    this.stats.laneDots++
+    if (x.wide) {
+      // [a0, a1, b0, b1] in 16-bit lanes, each pair one lane's two points (linearize.js pairHalves)
+      const [a0, a1, b0, b1] = x.src
+      this.push(a0); this.push(b0); c.simd(0xba) // i32x4.dot_i16x8_s
+      this.push(a1); this.push(b1); c.simd(0xba)
+      c.simd(0xae) // i32x4.add
+      return this.define(x)
+    }
+    if (x.pairs) {
+      // bytes 8h + 2j + m (linearize.js dotBytes): each half's 16-bit pairs are one lane's two points, so the
+      // two halves' products summed in pairs are the lanes' sums of points 0, 1 and of 2, 3: add them
+      for (const high of [false, true]) {
+        this.push(a); ext(x.signs[0], high)
+        this.push(b); ext(x.signs[1], high)
+        c.simd(0xba) // i32x4.dot_i16x8_s
+      }
+      c.simd(0xae) // i32x4.add
+      return this.define(x)
+    }
     const lo = this.temp(T.v128)
     const hi = this.temp(T.v128)
     for (const [high, out] of [[false, lo], [true, hi]]) {
@@ -937,7 +1051,9 @@ class KernelEmitter {
         return
       }
       case 'bcast': return this.emitBcast(x)
-      case 'alu': return this.fused.has(x.id) ? undefined : this.emitAlu(x) // emitted by its update
+      case 'alu':
+        if (this.halves.has(x.id)) return this.emitHalfBits(x)
+        return this.fused.has(x.id) || this.skipped.has(x.id) ? undefined : this.emitAlu(x) // emitted by its update
       case 'load': return this.emitLoad(x)
       case 'store': return this.emitStore(x)
       case 'acc': // updated inside loops and read after them: its own local, never reused
@@ -949,6 +1065,9 @@ class KernelEmitter {
       case 'hsum': return this.emitHsum(x)
       case 'bytes': return this.emitBytes(x)
       case 'rowbytes': return this.emitRowBytes(x)
+      case 'raw16': return this.emitRaw16(x)
+      case 'widen': return this.emitWiden(x)
+      case 'unpack': return this.emitUnpack(x)
       case 'byteops': return this.emitByteOps(x)
       case 'dot4': return this.emitDot4(x)
       case 'read':
@@ -1121,6 +1240,8 @@ class KernelEmitter {
         for (const v of operands(x)) uses.push([v, x])
         // a fused product's operands are read by its update (fusedProducts)
         if (x.k === 'update' && this.fused.has(x.src[0].id)) for (const v of x.src[0].src) uses.push([v, x])
+        // a float16's bits read as one 16-bit load (halfBits) read its first byte's address
+        if (this.halves.has(x.id)) uses.push([this.halves.get(x.id).idx, x])
         if (x.k === 'loop') {
           walk(x.body, [...loops, x])
           place.get(x.id)[0] = n++ // a loop's operands (its end, read by the latch) die after its body
@@ -1178,6 +1299,7 @@ class KernelEmitter {
   emit () {
     this.uses = this.countUses()
     this.fused = this.fusedProducts()
+    this.halfBits()
     this.dead = this.deadAfter()
     this.block(this.prog.head)
     this.block(this.prog.body)
