@@ -57,7 +57,8 @@ def main() -> None:
         forwards.append(f * 1000)
         rates.append(a.tokens / d)
     model.dispose()
-    print(json.dumps({"prompt": float(np.median(prompts)), "forward": float(np.median(forwards)), "tokS": float(np.median(rates)), "check": check}))
+    print(json.dumps({"prompt": float(np.median(prompts)), "forward": float(np.median(forwards)),
+                      "tokS": float(np.median(rates)), "check": check}))
 
 
 if __name__ == "__main__":
