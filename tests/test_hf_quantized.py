@@ -257,10 +257,11 @@ def test_llama_prompt_kernels_stage_their_weight_panels(files):
             if ast is None or not quant & set(call.args) or not any(u.op is Ops.REDUCE for u in ast.toposort()):
                 continue
             if all(u.src[0].op is Ops.CONST for u in ast.toposort() if u.op is Ops.RANGE):
-                continue  # the LM head over the last position alone
+                continue  # the LM head, and the last layer past its cache write, over the last position alone
             opts = lower(ast, caps).opts
             checked.append(any(o.kind is OptKind.STAGE for o in opts))
-        assert len(checked) >= 7 and all(checked), checked  # qkv, o, gate_up, down per layer (2 layers)
+        # qkv, o, gate_up, down of the first layer, the last's (of 2) qkv: its o, gate_up and down take one row
+        assert len(checked) >= 5 and all(checked), checked
     finally:
         model.dispose()
 
@@ -269,7 +270,8 @@ def test_a_prompt_reads_kept_lane_scales_and_rounds_each_input_once(files):
     """On the int8 route a Llama Q4_0 prefill lays no weight scales out: each projection's blocks are read by
     one kernel, its matmul, which reads the scales the load laid out once (`NAME.lane_scales`, a parameter;
     every prompt ran a kernel of its own for each weight's before), and a layer rounds its four matmul inputs
-    (q/k/v's, o's, gate/up's, down's) to 8 bits once each (plus the head's last row). 92 launches on the
+    (q/k/v's, o's, gate/up's, down's) to 8 bits once each (plus the head's last row); the last layer's o, gate/up
+    and down take the last position alone (Decoder._block's last_only), as a decode step does. 92 launches on the
     start (aef872f), 78 now; at most 78 here. The logits stay within the route's 2% of the float path's."""
     from polygrad.nn.quant import int8_dot_enabled
     if not int8_dot_enabled("CPU"):
@@ -282,9 +284,12 @@ def test_a_prompt_reads_kept_lane_scales_and_rounds_each_input_once(files):
         projections = {n for args in names for n in args if n.endswith("_proj.weight")}
         # q/k/v and gate/up joined at load (POLY_JOIN_PROJ): qkv, o, gate_up, down
         assert len(projections) == 4 * model.hf_config.num_layers, sorted(projections)
+        # the last layer past its cache write takes the last position alone, as a decode step does: no lane scales
+        last = f"model.layers.{model.hf_config.num_layers - 1}."
+        one_row = {last + n for n in ("self_attn.o_proj.weight", "mlp.gate_up_proj.weight", "mlp.down_proj.weight")}
         for w in projections:
             readers = [args for args in names if w in args]
-            assert len(readers) == 1 and f"{w}.lane_scales" in readers[0], (w, readers)
+            assert len(readers) == 1 and (f"{w}.lane_scales" in readers[0]) is (w not in one_row), (w, readers)
         kept = [i for i, s in enumerate(p.slots) if s.name.endswith(".lane_scales")]
         # held once: read-only host memory the Model shares, as it shares the blocks (not a copy of its own)
         assert len(kept) == len(projections) and all(model._x.bufs[i].readonly for i in kept)

@@ -2,20 +2,23 @@
 'use strict'
 /**
  * GPT-2 small in Node (issue 31 section 3): a 32-token prompt (ms, warm) and greedy decode (tokens/s) after it,
- * polygrad-js on 1 and 2 threads, beside onnxruntime-node (same weights, torch-exported ONNX with a KV cache,
+ * polygrad-js on 1 and 2 threads. The prompt is timed twice: `prefill` (what generation runs: the KV cache filled,
+ * the logits of the last position only; a bundle without that entrypoint runs `forward` there) and `forward`
+ * (the logits of all 32 positions, which is what onnxruntime-node's graph computes, so its two columns are one
+ * figure). Beside them beside onnxruntime-node (same weights, torch-exported ONNX with a KV cache,
  * intraOpNumThreads 1 and 2) and Python polygrad on the same bundle. Checks that the greedy tokens and the
- * logits' first 64 values agree with transformers' (bench/gpt2_ref.json, 1e-4 relative to the largest).
+ * logits' first 64 values (of the last position, from prefill and from forward) agree with transformers' (bench/gpt2_ref.json, 1e-4 relative to the largest).
  *
  *   python polygrad-js/bench/make_gpt2.py     # writes bench/gpt2s.pgb, gpt2s.onnx, gpt2_ref.json (once)
  *   (cd polygrad-js/bench && npm install --ignore-scripts)   # onnxruntime-node (bench/package.json; optional)
  *   node polygrad-js/bench/gpt2.js [--rounds N] [--tokens N] [--threads 1,2] [--python PY] [--no-ort] [--lib DIR]
- *                                  [--profile decode|forward] [--base DIR] [--quant f32,q8_0] [--memory]
+ *                                  [--profile decode|prefill|forward] [--base DIR] [--quant f32,q8_0] [--memory]
  *
  * --ignore-scripts: onnxruntime-node's install script fetches its CUDA provider from api.nuget.org; its CPU
  * binary is in the npm package itself. --python PY runs bench/gpt2_py.py with interpreter PY for the Python
  * column. --lib DIR times another polygrad-js checkout; --base DIR times a second one in the same process,
  * its rounds alternating with --lib's (an A/B against a baseline, under the same load). --profile times every
- * kernel call of one decode step (or of the prompt) on one thread and prints them with the bytes each reads
+ * kernel call of one decode step (or of the prompt's prefill or forward) on one thread and prints them with the bytes each reads
  * from parameters and that rate in GB/s. --quant f32,q8_0,q4_0 times those bundles, their rounds alternating:
  * f32 the float32 one, FMT bench/gpt2s_<fmt>.pgb (make_gpt2.py --quant FMT) checked against Python polygrad's
  * logits and greedy tokens from that bundle (gpt2s_<fmt>_py.json; all --tokens of them); --profile takes the
@@ -70,24 +73,38 @@ function relError (logits, want) {
   return Math.max(...want.map((w, i) => Math.abs(logits[i] - w))) / scale
 }
 
-/** Each [prompt, step, ref] run's figures: prompt ms, decode tok/s (medians), and the check against ref;
- * the pairs' rounds alternate (round r of each, then round r + 1), so a load change hits them alike. */
+/** Each [prompt, step, ref, forward] run's figures: prompt (prefill) and forward ms, decode tok/s (medians),
+ * and the check against ref; the pairs' rounds alternate (round r of each, then round r + 1), so a load change
+ * hits them alike. forward null: the prompt is the forward (its figures are the prompt's). */
 function timedAll (runs) {
-  const figures = runs.map(([prompt, step, ref]) => ({ prompt, step, ref, promptMs: [], tokS: [], promptCpu: [], tokCpu: [], check: null }))
+  const figures = runs.map(([prompt, step, ref, forward]) => ({ prompt, step, ref, forward, promptMs: [], tokS: [], promptCpu: [], tokCpu: [], fwdMs: [], fwdCpu: [], check: null }))
   for (let r = 0; r < ROUNDS + WARM; r++) for (const f of figures) oneRound(f, r)
-  return figures.map((f) => ({ prompt: median(f.promptMs), tokS: median(f.tokS), promptCpu: median(f.promptCpu), tokCpu: median(f.tokCpu), check: f.check }))
+  return figures.map((f) => ({
+    prompt: median(f.promptMs), tokS: median(f.tokS), promptCpu: median(f.promptCpu), tokCpu: median(f.tokCpu),
+    forward: f.forward ? median(f.fwdMs) : median(f.promptMs), forwardCpu: f.forward ? median(f.fwdCpu) : median(f.promptCpu), check: f.check
+  }))
 }
 
-/** Round r of a run: its prompt, then TOKENS greedy steps (the first WARM rounds only check the tokens). */
+/** Round r of a run: its forward (when apart from the prompt), its prompt, then TOKENS greedy steps (the first
+ * WARM rounds only check the tokens and both prompts' last logits). */
 function oneRound (f, r) {
-  const { prompt, step, ref, promptMs, tokS, promptCpu, tokCpu } = f
+  const { prompt, step, ref, forward, promptMs, tokS, promptCpu, tokCpu, fwdMs, fwdCpu } = f
+  const errs = []
   let c0 = process.cpuUsage()
   let t0 = process.hrtime.bigint()
+  if (forward) {
+    const last = forward()
+    fwdMs.push(ms(t0))
+    fwdCpu.push(cpuMs(c0))
+    errs.push(relError(last, ref.logits[0]))
+    c0 = process.cpuUsage()
+    t0 = process.hrtime.bigint()
+  }
   let logits = prompt()
   const p = ms(t0)
   const pc = cpuMs(c0)
   const tokens = []
-  const errs = [relError(logits, ref.logits[0])]
+  errs.push(relError(logits, ref.logits[0]))
   c0 = process.cpuUsage()
   t0 = process.hrtime.bigint()
   for (let i = 0; i < TOKENS; i++) {
@@ -114,12 +131,17 @@ function polygrad (threads) {
   const runs = QUANTS.flatMap((q) => libs.map((lib, i) => ({ q, lib: i ? 'base' : 'lib', bytes: fs.readFileSync(bundleOf(q)) })))
   const models = runs.map((r) => require(r.lib === 'base' ? BASE : LIB).Model.fromBytesSync(r.bytes, { threads }))
   const last = (out) => out.logits.subarray(out.logits.length - VOCAB)
-  const res = timedAll(models.map((m, i) => [() => last(m.call('forward', { input_ids: PROMPT })),
-    (tok, pos) => last(m.call('decode', { input_ids: Int32Array.of(tok), pos })), refOf(runs[i].q)]))
+  // the prompt a generating user runs: prefill (the last position's logits) where the bundle has it
+  const res = timedAll(models.map((m, i) => [() => last(m.call(promptEntry(m), { input_ids: PROMPT })),
+    (tok, pos) => last(m.call('decode', { input_ids: Int32Array.of(tok), pos })), refOf(runs[i].q),
+    promptEntry(m) === 'forward' ? null : () => last(m.call('forward', { input_ids: PROMPT }))]))
   res.forEach((r, i) => { r.threads = models[i].backendInfo.threads })
   for (const m of models) m.dispose()
   return res.map((r, i) => [`polygrad-js ${runs[i].q}${libs.length > 1 ? ` ${runs[i].lib}` : ''}`, r])
 }
+
+/** The entrypoint a generating user runs over the prompt: `prefill` where the bundle has it, else `forward`. */
+const promptEntry = (m) => (m.entrypoints.includes('prefill') ? 'prefill' : 'forward')
 
 function ort (threads) {
   let ortn
@@ -179,7 +201,10 @@ function ort (threads) {
       tokCpu.push(cpuMs(c0) / TOKENS)
     }
     await s.release()
-    return { prompt: median(promptMs), tokS: median(tokS), promptCpu: median(promptCpu), tokCpu: median(tokCpu), check, threads }
+    // its graph returns every position's logits: its prompt is a forward
+    const prompt = median(promptMs)
+    const cpu = median(promptCpu)
+    return { prompt, tokS: median(tokS), promptCpu: cpu, tokCpu: median(tokCpu), forward: prompt, forwardCpu: cpu, check, threads }
   })
 }
 
@@ -190,7 +215,8 @@ function python (py, threads) {
 }
 
 /**
- * Per kernel of one call of `entry` ('decode': one token at position 32..; 'forward': the 32-token prompt) on
+ * Per kernel of one call of `entry` ('decode': one token at position 32..; 'prefill' or 'forward': the 32-token
+ * prompt) on
  * one thread: every variant's function wrapped with a timer, the call run `reps` times, the fastest time of
  * each kernel call kept (the steadiest figure on a loaded machine). MB: the parameter slots (and a quantized
  * weight's uint8 blocks) the call's kernel reads, whole (a gather, the token embedding, reads one row of its
@@ -202,7 +228,7 @@ function profile (bytes, entry, reps = 7) {
   let pos = PROMPT.length
   const next = () => m.call('decode', { input_ids: Int32Array.of(argmax(logits, logits.length - VOCAB, VOCAB)), pos: pos++ }).logits
   const once = () => {
-    logits = entry === 'decode' ? next() : m.call('forward', { input_ids: PROMPT }).logits
+    logits = entry === 'decode' ? next() : m.call(entry, { input_ids: PROMPT }).logits
   }
   once()
   once() // the second call fills the packed copies (runtime.js ready)
@@ -307,7 +333,9 @@ async function main () {
   if (process.argv.includes('--memory')) return memory()
   console.log(`CPU: ${os.cpus()[0].model}, ${os.cpus().length} cores; load average ${os.loadavg().map((v) => v.toFixed(2)).join(' ')}; Node ${process.version}`)
   if (process.argv.includes('--profile')) {
-    profile(fs.readFileSync(bundleOf(QUANTS[0])), arg('--profile', 'decode') === 'forward' ? 'forward' : 'decode')
+    const entry = arg('--profile', 'decode')
+    if (!['decode', 'prefill', 'forward'].includes(entry)) throw new Error(`--profile takes decode, prefill or forward, not ${JSON.stringify(entry)}`)
+    profile(fs.readFileSync(bundleOf(QUANTS[0])), entry)
     return
   }
   const rows = []
@@ -319,14 +347,18 @@ async function main () {
   const pyRow = rows.find(([name, , r]) => name.startsWith('python') && !r.error)
   const sameAsPy = (r) => (pyRow && r.check && !rows.some(([name, , x]) => x === r && name.startsWith('python')) ? ` (${r.check.all.join(' ') === pyRow[2].check.all.join(' ') ? 'all' : 'NOT all'} ${TOKENS} = Python's)` : '')
   console.log(`polygrad-js from ${LIB}${BASE ? ` (lib), rounds alternating with ${BASE} (base)` : ''}; a quantized bundle checked against Python polygrad on it, float32 and onnxruntime-node against transformers`)
-  console.log('runtime                        | threads | prompt ms | decode tok/s | prompt CPU ms | CPU ms/token | greedy = reference     | max rel err')
+  console.log('prefill: the prompt as generation runs it (KV cache filled, the last position\'s logits; polygrad-js\'s `prefill`');
+  console.log(`entrypoint). forward: the same prompt with the logits of all ${PROMPT.length} positions (polygrad-js's \`forward\`; onnxruntime-node's`)
+  console.log('graph returns all positions, so its two columns are one run). CPU ms: this process\'s CPU time over all its threads.')
+  console.log('runtime                        | threads | prefill ms | forward ms | decode tok/s | prefill CPU ms | forward CPU ms | CPU ms/token | greedy = reference     | max rel err')
   for (const [name, t, r] of rows) {
     if (r.error) {
       console.log(`${name.padEnd(30)} | ${String(t).padStart(7)} | ${r.error}`)
       continue
     }
     const cpu = (v) => (v === undefined ? '-' : v.toFixed(1))
-    console.log(`${name.padEnd(30)} | ${String(r.threads || t).padStart(7)} | ${r.prompt.toFixed(1).padStart(9)} | ${r.tokS.toFixed(2).padStart(12)} | ${cpu(r.promptCpu).padStart(13)} | ${cpu(r.tokCpu).padStart(12)} | ${String(r.check.tokens).padStart(21)} | ${r.check.err.toExponential(1)}${sameAsPy(r)}`)
+    const fwd = (v) => (v === undefined ? '-' : v.toFixed(1))
+    console.log(`${name.padEnd(30)} | ${String(r.threads || t).padStart(7)} | ${r.prompt.toFixed(1).padStart(10)} | ${fwd(r.forward).padStart(10)} | ${r.tokS.toFixed(2).padStart(12)} | ${cpu(r.promptCpu).padStart(14)} | ${cpu(r.forwardCpu).padStart(14)} | ${cpu(r.tokCpu).padStart(12)} | ${String(r.check.tokens).padStart(21)} | ${r.check.err.toExponential(1)}${sameAsPy(r)}`)
   }
 }
 

@@ -1,6 +1,7 @@
 """Write bench/gpt2s.pgb (and bench/gpt2s.onnx): a GPT-2 small shaped checkpoint with random weights (12 layers,
 width 768, 12 heads, vocab 50257; no model hub here), loaded with polygrad.hf.load_hf(max_batch=1,
-max_seq_len=128) and saved as a bundle with its `forward` (prompt) and `decode` (one token) entrypoints. The
+max_seq_len=128) and saved as a bundle with its `forward` (prompt, every position's logits), `prefill` (prompt,
+the last position's) and `decode` (one token) entrypoints. The
 ONNX file is the same transformers model exported by torch with a KV cache (inputs input_ids, position_ids,
 past_key_<i>/past_value_<i>; outputs logits, present_key_<i>/present_value_<i>) for the onnxruntime-node column
 of bench/gpt2.js. bench/gpt2_ref.json holds the prompt's and three greedy steps' logits from transformers.

@@ -22,7 +22,7 @@ const { decomposeTranscendentals } = require('./transcendental')
 const { linearize } = require('./linearize')
 const { toposort } = require('./ir')
 const { provenIndices } = require('./validate')
-const { fission } = require('./fission')
+const { fission, epilogueFission } = require('./fission')
 const { packLoads } = require('./pack')
 
 /** The kernel after index simplification and fission: {ast, scratch: [{slot, dtype, size}]} (cache it). */
@@ -30,7 +30,10 @@ function prepareKernel (g, ast) {
   // an older bundle's EXP2/LOG2/SIN first: the kernel is then in the form a save stores today
   const simple = simplifyIndices(g, decomposeTranscendentals(g, ast))
   const split = fission(g, simple)
-  return split ? { ast: simplifyIndices(g, split.ast), scratch: split.scratch } : { ast: simple, scratch: [] }
+  const out = split ? { ast: simplifyIndices(g, split.ast), scratch: split.scratch } : { ast: simple, scratch: [] }
+  const tail = epilogueFission(g, out.ast)
+  if (tail) out.ast = simplifyIndices(g, tail)
+  return out
 }
 
 /**

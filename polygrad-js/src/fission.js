@@ -127,4 +127,44 @@ function fission (g, ast) {
   return { ast: g.node('SINK', null, [...blocks, main], ast.arg), scratch }
 }
 
-module.exports = { fission }
+// an epilogue of at least this many ALU ops (GPT-2's tanh GELU: about 150) is split off a matrix product
+const EPILOGUE_MIN_COST = 48
+
+/**
+ * Epilogue fission: a matrix product (two or more global ranges, one sum over a range of at least MIN_SWEEP
+ * points) whose stored value applies a long float epilogue to its sum (GPT-2's c_fc: bias and tanh GELU, about
+ * 150 ops an element) becomes two blocks: the sum stored into the output, then, over fresh copies of the
+ * output's ranges, the epilogue reading it back from there. The tile's accumulators stay in registers across the
+ * product's loop instead of beside an epilogue that needs more registers than the product (V8 spills), and
+ * the epilogue runs in lanes of its own. Values are unchanged bit for bit: the output holds exactly the
+ * float32 sum the epilogue read from a register. Not where the block reads its own output (an in-place
+ * update would see the sum), accumulates into it, or stores another dtype than the sum's.
+ * Returns the kernel with its last block so split, or null.
+ */
+function epilogueFission (g, ast) {
+  const end = ast.src[ast.src.length - 1]
+  if (!ast.src.every((b) => b.op === 'END') || end.src[0].op !== 'STORE' || end.src[0].arg !== null) return null
+  const store = end.src[0]
+  const [index, value] = store.src
+  const outer = end.src.slice(1)
+  if (outer.filter((r) => r.arg[1] === 'global').length < 2 || outer.some((r) => r.arg[1] !== 'global')) return null
+  const reds = topLevelReduces(store)
+  if (reds.length !== 1 || reds[0].arg !== 'ADD' || reds[0].src.length !== 2) return null
+  const red = reds[0]
+  if (red.dtype !== index.dtype || !red.dtype.isFloat || (constSize(red.src[1]) || 0) < MIN_SWEEP) return null
+  const slot = index.src[0].arg[0]
+  const nodes = toposort(store)
+  if (nodes.some((n) => n.op === 'LOAD' && n.src[0].src[0].arg[0] === slot)) return null
+  // the epilogue's ALU ops: the value's nodes that are not the sum's own
+  const own = new Set(toposort(red))
+  const epi = toposort(value).filter((n) => !own.has(n) && !['LOAD', 'CONST', 'INDEX', 'RANGE', 'DEFINE_VAR', 'DEFINE_GLOBAL'].includes(n.op))
+  if (epi.filter((n) => n.dtype && n.dtype.isFloat).length < EPILOGUE_MIN_COST) return null
+  let axis = Math.max(...toposort(ast).filter((n) => n.op === 'RANGE').map((r) => r.arg[0])) + 1
+  const product = g.node('END', null, [g.node('STORE', null, [index, red]), ...outer])
+  const fresh = new Map(outer.map((r) => [r, g.node('RANGE', r.dtype, r.src, [axis++, r.arg[1]])]))
+  const epilogue = g.substitute(g.substitute(value, new Map([[red, g.node('LOAD', red.dtype, [index])]])), fresh)
+  const tail = g.node('END', null, [g.node('STORE', null, [g.substitute(index, fresh), epilogue]), ...outer.map((r) => fresh.get(r))])
+  return g.node('SINK', null, [...ast.src.slice(0, -1), product, tail], ast.arg)
+}
+
+module.exports = { fission, epilogueFission }

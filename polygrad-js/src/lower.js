@@ -129,6 +129,8 @@ function blockOpts (end, width) {
   if (!reduces.length) {
     const last = glob[glob.length - 1]
     const n = last ? constSize(last) : null
+    // over a prompt's tokens (attention's softmax over its keys): lanes along the Variable's range
+    if (last && n === null) return symbolicLanes(last, { loads, storeIndex, inPlace, width, gathers: false })
     if (n === null || n % width !== 0 || coeff(storeIndex, last) !== 1) return []
     opts.push({ kind: 'VECTOR', range: last, amount: width })
     if ((n / width) % 2 === 0) opts.push({ kind: 'UPCAST', range: last, amount: 2 })
@@ -249,7 +251,30 @@ function blockOpts (end, width) {
     return opts
   }
   if (channels !== null) return channelTile()
+  // a reduction over a prompt's tokens per row of them (attention's softmax max and sum over its keys): lanes
+  // along the rows, each lane its own row's sum in the same order (bits unchanged); the loads that move along
+  // the rows by more than one element (the scores, the mask) are gathered
+  if (last && nLast === null && red.src.slice(1).some((r) => constSize(r) === null)) {
+    return symbolicLanes(last, { loads, storeIndex, inPlace, width, gathers: true })
+  }
   return windowOpts(red, last, { loads, storeIndex, inPlace, width })
+}
+
+/**
+ * Lanes along `last`, a global range over a Variable (a prompt's tokens), for a kernel that the rules over
+ * constant sizes leave scalar: where the Variable's maximum is a multiple of the lanes (symbolicTiles: the
+ * last tile reads past the size inside the buffers and its stores are gated lane by lane), the store moves
+ * along it contiguously and no load is of the buffer it writes; its loads move along it by 0 or 1 elements,
+ * or (`gathers`) any float32 load in any way (a row's stride is the Variable itself). GPT-2's 32-token prompt: attention's softmax kernels ran
+ * as scalar code, about 6% of the prompt on one thread.
+ */
+function symbolicLanes (last, { loads, storeIndex, inPlace, width, gathers }) {
+  if (inPlace || !symbolicTiles(last.src[0], width) || rangeCoeff(storeIndex.src[1], last) !== 1) return []
+  const fits = (ix) => {
+    const c = rangeCoeff(ix.src[1], last)
+    return c === 0 || c === 1 || (gathers && ix.dtype.name === 'float32')
+  }
+  return loads.every(fits) ? [{ kind: 'VECTOR', range: last, amount: width }] : []
 }
 
 /**
@@ -473,18 +498,22 @@ function applyOpts (g, ast, opts) {
       outer = g.node('RANGE', int, [g.const(int, n / opt.amount)], [nextId, r.arg[1]])
       expr = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
     } else {
-      if (opt.kind !== 'UPCAST' || r.arg[1] !== 'global') continue
+      if (!['UPCAST', 'VECTOR'].includes(opt.kind) || r.arg[1] !== 'global') continue
       const size = r.src[0]
+      // lanes over a Variable's range only where its maximum is a multiple of them (the gated tile below):
+      // a clamped last tile's lanes would not be contiguous
+      if (opt.kind === 'VECTOR' && !symbolicTiles(size, opt.amount)) continue
       const tiles = g.alu('IDIV', g.alu('ADD', size, g.const(int, opt.amount - 1)), g.const(int, opt.amount))
       outer = g.node('RANGE', int, [tiles], [nextId, r.arg[1]])
       const raw = g.alu('ADD', g.alu('MUL', outer, g.const(int, opt.amount)), inner)
-      const { bounds } = require('./simplify')
-      if (size.op === 'DEFINE_VAR' && bounds(size)[1] % opt.amount === 0) {
+      if (symbolicTiles(size, opt.amount)) {
         // the buffers hold the Variable's maximum, a multiple of the tile: the last tile reads rows past the
-        // size (inside the buffers, values unused) and its stores are gated; rows stay affine (one pointer)
+        // size (inside the buffers, values unused) and its stores are gated; rows stay affine (one pointer).
+        // As lanes (VECTOR), the gate is per lane: a tile wholly inside stores one vector (wasm/emit.js)
         ast = substituteRange(g, ast, r, outer, inner, raw, opt.kind)
         ast = gateStores(g, ast, inner, g.alu('CMPLT', raw, size))
         current.set(opt.range, outer)
+        if (opt.kind === 'VECTOR') vector.add(inner)
         continue
       }
       const lastRow = g.alu('ADD', size, g.const(int, -1))
@@ -495,6 +524,13 @@ function applyOpts (g, ast, opts) {
     if (opt.kind === 'VECTOR' || opt.kind === 'SPLIT_REDUCE') vector.add(inner)
   }
   return { ast: simplifyIndices(g, ast), vector }
+}
+
+/** Whether a range of `size` points may be tiled by `amount` with its last tile's stores gated (applyOpts):
+ * a Variable whose maximum (what its buffers hold) is a multiple of amount. */
+function symbolicTiles (size, amount) {
+  const { bounds } = require('./simplify')
+  return size.op === 'DEFINE_VAR' && bounds(size)[1] % amount === 0
 }
 
 /** Every STORE that depends on range r gets `cond` AND-ed into its INDEX's gate. */

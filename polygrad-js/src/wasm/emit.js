@@ -49,7 +49,7 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
-    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0, laneDots: 0, unpacks: 0, halfLoads: 0 } // what the speed guards (tests) look for
+    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0, laneDots: 0, unpacks: 0, halfLoads: 0, wholeGatedStores: 0 } // what the speed guards (tests) look for
     this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
     this.gatedAddr = new Map() // load inst id -> local: a gated pointer (strengthReduce), 0 where the gate is off
     this.free = new Map() // wasm type -> locals no live value holds
@@ -368,6 +368,17 @@ class KernelEmitter {
       this.c.vmem(0x0b, 0, b.base + extra)
       return
     }
+    // a contiguous store whose lanes' gates all hold (every tile but the last of lanes over a Variable's range,
+    // lower.js symbolicTiles) is one vector store; only the last tile's lanes go one by one
+    const whole = x.mode === 'contiguous' && x.gate && !x.check
+    if (whole) {
+      this.push(x.gate).simd(0xa3).byte(0x04, 0x40) // i32x4.all_true; if
+      const extra = this.address(x.idx, d, x.buf)
+      this.push(v)
+      this.c.vmem(0x0b, 0, b.base + extra)
+      this.c.byte(0x05) // else
+      this.stats.wholeGatedStores++
+    }
     for (let lane = 0; lane < x.lanes; lane++) {
       if (x.gate) this.laneOf(x.gate, lane, true).byte(0x04, 0x40)
       if (x.check) {
@@ -381,6 +392,7 @@ class KernelEmitter {
       this.storeScalar(d, b.base)
       if (x.gate) this.c.byte(0x0b)
     }
+    if (whole) this.c.byte(0x0b)
   }
 
   // ---- arithmetic
