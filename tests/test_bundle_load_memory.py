@@ -11,22 +11,14 @@ import sys
 import numpy as np
 import pytest
 
+import resident
+
 from polygrad import Model, Tensor
 
-LOAD_PEAK_SCRIPT = r"""
-import os, sys
+LOAD_PEAK_SCRIPT = resident.PRELUDE + r"""
 from polygrad import Model
 
-def peak():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) << 10
-
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # the peak restarts at the resident set now
+restart_peak()
 before = rss()
 model = Model.load(sys.argv[1])
 print(peak() - before)
@@ -53,18 +45,9 @@ def test_loading_a_bundle_holds_its_weights_twice_at_most(tmp_path):
     assert int(out[-1]) <= 2.3 * size + (8 << 20), (size, int(out[-1]))
 
 
-SAVE_PEAK_SCRIPT = r"""
-import os, sys
+SAVE_PEAK_SCRIPT = resident.PRELUDE + r"""
 import numpy as np
 from polygrad import Model, Tensor
-
-def peak():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) << 10
-
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 class Wide:
     def __init__(self):
@@ -74,8 +57,7 @@ class Wide:
         return x @ self.w
 
 model = Model(Wide(), inputs={"x": Tensor.empty(1, 4096)})
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
+restart_peak()
 before = rss()
 model.save(sys.argv[1])
 print(os.path.getsize(sys.argv[1]), peak() - before)

@@ -21,24 +21,15 @@ pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
 import hf_checkpoints as hc  # noqa: E402
+import resident  # noqa: E402
 
 from polygrad import Tensor  # noqa: E402
 from polygrad.hf import load_hf  # noqa: E402
 
-RSS_SCRIPT = r"""
-import os, sys
+RSS_SCRIPT = resident.PRELUDE + r"""
 from polygrad.hf import load_hf
 
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-def peak():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) << 10
-
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # the peak restarts at the resident set now: VmHWM then is the load's own peak
+restart_peak()
 before = rss()
 model = load_hf(sys.argv[1], max_seq_len=64, dtype=sys.argv[2] if len(sys.argv) > 2 else None)
 print(rss() - before, peak() - before)

@@ -22,6 +22,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("torch")
 
 import hf_checkpoints as hc  # noqa: E402
+import resident  # noqa: E402
 
 from polygrad import Context, Model, Tensor, bundle, dtypes  # noqa: E402
 from polygrad.errors import QuantizationError  # noqa: E402
@@ -528,25 +529,15 @@ def test_bundle_runs_in_node_with_python_logits(saved):
     assert res["greedy"]["tokens"] == greedy
 
 
-RSS_SCRIPT = r"""
-import os, sys
+RSS_SCRIPT = resident.PRELUDE + r"""
 sys.path.insert(0, sys.argv[1])
 from bench_gguf import write_gpt2_gguf
 from polygrad.hf import load_hf
 
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-def peak():
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) << 10
-
 fmt = sys.argv[3] if len(sys.argv) > 3 else "Q4_0"
 path = os.path.join(sys.argv[2], f"gpt2-{fmt}.gguf")
 write_gpt2_gguf(path, fmt, 2)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # the peak restarts at the resident set now: VmHWM then is the load's own peak
+restart_peak()  # VmHWM then is the load's own peak
 before = rss()
 model = load_hf(path, max_seq_len=64)
 print(os.path.getsize(path), rss() - before, peak() - before)

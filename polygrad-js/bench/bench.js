@@ -132,15 +132,20 @@ async function ort (rows, layers) {
   const { mlpOnnx } = require('./onnx')
   const session = await ortw.InferenceSession.create(mlpOnnx(layers), { executionProviders: ['wasm'], graphOptimizationLevel: 'all' })
   rows.threads.ort = ortw.env.wasm.numThreads // ort-web fills in its default when the first session is made
-  const run = async (d, n) => (await session.run({ x: new ortw.Tensor('float32', d.x, [n, 784]) })).logits.data
+  await timeSession(rows, 'ort', ortw.Tensor, session)
+  rows.train128.ort = null // onnxruntime-web has no training API any more
+}
+
+/** An onnxruntime session's forward rows (batch 128 and 1, after warm-up) into rows[...][key]. */
+async function timeSession (rows, key, Tensor, session) {
+  const run = async (d, n) => (await session.run({ x: new Tensor('float32', d.x, [n, 784]) })).logits.data
   const d128 = data(128)
   const d1 = data(1)
-  rows.check.ort = await run(d128, 128)
+  rows.check[key] = await run(d128, 128)
   for (let i = 0; i < 30; i++) await run(d128, 128)
-  rows.fwd128.ort = await bestAsync(() => run(d128, 128))
+  rows.fwd128[key] = await bestAsync(() => run(d128, 128))
   for (let i = 0; i < 300; i++) await run(d1, 1)
-  rows.fwd1.ort = await bestAsync(() => run(d1, 1), ROUNDS, 50)
-  rows.train128.ort = null // onnxruntime-web has no training API any more
+  rows.fwd1[key] = await bestAsync(() => run(d1, 1), ROUNDS, 50)
 }
 
 async function tfjs (rows, layers) {
@@ -189,14 +194,7 @@ async function ortNode (rows, layers) {
   if (THREADS !== null) opts.intraOpNumThreads = THREADS
   const session = await ortn.InferenceSession.create(Buffer.from(mlpOnnx(layers)), opts)
   rows.threads.native = THREADS === null ? 'default' : THREADS
-  const run = async (d, n) => (await session.run({ x: new ortn.Tensor('float32', d.x, [n, 784]) })).logits.data
-  const d128 = data(128)
-  const d1 = data(1)
-  rows.check.native = await run(d128, 128)
-  for (let i = 0; i < 30; i++) await run(d128, 128)
-  rows.fwd128.native = await bestAsync(() => run(d128, 128))
-  for (let i = 0; i < 300; i++) await run(d1, 1)
-  rows.fwd1.native = await bestAsync(() => run(d1, 1), ROUNDS, 50)
+  await timeSession(rows, 'native', ortn.Tensor, session)
   await session.release()
 }
 
