@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import polygrad
+import resident
 from conftest import run_python
 from polygrad import Tensor, TinyJit
 
@@ -57,14 +58,8 @@ import polygrad
 from polygrad import Tensor
 from polygrad.device import free_cached
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
-
 DEV = {device!r}
-"""
+""" + resident.PRELUDE
 
 RSS_PROGRAM = RSS_PRELUDE + """
 x = Tensor(np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8), device=DEV).realize()
@@ -166,11 +161,6 @@ def test_a_reused_mapped_buffer_is_zeroed_again() -> None:
     assert not out.any()
 
 
-def _resident() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * 4096
-
-
 def test_a_large_reused_buffer_is_zeroed_by_giving_its_pages_back() -> None:
     """From hostmemory.RELEASE_ZERO_BYTES, a buffer the reuse cache hands out again is zeroed by releasing its
     pages (MADV_DONTNEED), not by a memset that made them all resident: a decoder's logits sized for its longest
@@ -184,10 +174,10 @@ def test_a_large_reused_buffer_is_zeroed_by_giving_its_pages_back() -> None:
     first.copyin(np.full(n, 7, np.float32))
     handle = first._handle
     del first  # into the reuse cache, every page resident
-    before = _resident()
+    before = resident.rss()
     again = Buffer("INTERP", n, dtypes.float32).ensure_allocated()
     assert again._handle is handle
-    assert before - _resident() > 3 * RELEASE_ZERO_BYTES  # the pages went back: 4 x 8 MiB were resident
+    assert before - resident.rss() > 3 * RELEASE_ZERO_BYTES  # the pages went back: 4 x 8 MiB were resident
     assert not again.numpy().any()
 
 
@@ -205,10 +195,10 @@ def test_a_huge_freed_buffer_waits_in_the_reuse_cache_without_its_pages() -> Non
     buf.copyin(np.full(n, 7, np.float32))
     handle = buf._handle
     cached = device.alloc_cache_bytes["total"]
-    before = _resident()
+    before = resident.rss()
     del buf
     assert device.alloc_cache_bytes["total"] == cached + RELEASE_ON_FREE_BYTES  # kept for reuse
-    assert before - _resident() > RELEASE_ON_FREE_BYTES * 9 // 10  # without its pages
+    assert before - resident.rss() > RELEASE_ON_FREE_BYTES * 9 // 10  # without its pages
     again = Buffer("INTERP", n, dtypes.float32).ensure_allocated()
     assert again._handle is handle
     assert not again.numpy().any()

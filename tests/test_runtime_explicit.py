@@ -1,6 +1,5 @@
 """Explicit runtimes: ownership, disposal, nn proxies, memory-pressure tools."""
 import gc
-import os
 
 import numpy as np
 import pytest
@@ -9,6 +8,7 @@ import polygrad
 from polygrad import Tensor
 from polygrad.errors import RuntimeOwnershipError
 
+import resident
 from conftest import DEVICES  # every usable backend: CPU, INTERP, X86, ...
 
 
@@ -155,11 +155,6 @@ def test_unknown_device_is_rejected():
         polygrad.create(device="nosuchdevice")
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def test_memory_returns_near_start_after_ten_thousand_graphs():
     """10,000 distinct-shape graphs (INTERP: no C compiler in the loop), then clear + collect."""
     rt = polygrad.create(device="INTERP")
@@ -167,14 +162,14 @@ def test_memory_returns_near_start_after_ten_thousand_graphs():
         (rt.Tensor.ones(3) * 2).realize()
         rt.clear_schedule_cache()
         rt.collect()
-        start = _rss()
+        start = resident.rss()
         for n in range(1, 10_001):
             (rt.Tensor.ones(n) * 2).realize()
-        peak = _rss()
+        peak = resident.rss()
         assert polygrad.stats()["schedules_cached"] >= 10_000
         rt.clear_schedule_cache()
         rt.collect()
-        after = _rss()
+        after = resident.rss()
         s = polygrad.stats()
         assert s["schedules_cached"] == 0 and s["programs_cached"] == 0
         growth, kept = peak - start, after - start

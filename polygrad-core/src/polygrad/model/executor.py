@@ -111,8 +111,8 @@ class Executor:
                 # where it is instead of holding a second copy (a parameter is trained: it gets its own)
                 self.bufs[s] = arr
             elif adopt and isinstance(arr, Buffer) and prog.slots[s].role in ("parameter", "state") \
-                    and not arr.readonly and id(arr) not in adopted and hosts.get(s, s) == s \
-                    and arr.device == device and arr.dtype == prog.slots[s].dtype and arr.size == prog.slots[s].size:
+                    and not arr.readonly and id(arr) not in adopted and arr.device == device \
+                    and arr.dtype == prog.slots[s].dtype and arr.size == prog.slots[s].size:
                 adopted.add(id(arr))
                 self.bufs[s] = arr
             elif isinstance(arr, Buffer):
