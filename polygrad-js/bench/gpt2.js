@@ -5,8 +5,8 @@
  * polygrad-js on 1 and 2 threads. The prompt is timed twice: `prefill` (what generation runs: the KV cache filled,
  * the logits of the last position only; a bundle without that entrypoint runs `forward` there) and `forward`
  * (the logits of all 32 positions, which is what onnxruntime-node's graph computes, so its two columns are one
- * figure). Beside them beside onnxruntime-node (same weights, torch-exported ONNX with a KV cache,
- * intraOpNumThreads 1 and 2) and Python polygrad on the same bundle. Checks that the greedy tokens and the
+ * figure). Beside them onnxruntime-node (same weights, torch-exported ONNX with a KV cache, intraOpNumThreads 1
+ * and 2; at each thread count its rounds alternate with polygrad-js's) and Python polygrad on the same bundle. Checks that the greedy tokens and the
  * logits' first 64 values (of the last position, from prefill and from forward) agree with transformers' (bench/gpt2_ref.json, 1e-4 relative to the largest).
  *
  *   python polygrad-js/bench/make_gpt2.py     # writes bench/gpt2s.pgb, gpt2s.onnx, gpt2_ref.json (once)
@@ -74,11 +74,12 @@ function relError (logits, want) {
 }
 
 /** Each [prompt, step, ref, forward] run's figures: prompt (prefill) and forward ms, decode tok/s (medians),
- * and the check against ref; the pairs' rounds alternate (round r of each, then round r + 1), so a load change
- * hits them alike. forward null: the prompt is the forward (its figures are the prompt's). */
-function timedAll (runs) {
+ * and the check against ref; the runs' rounds alternate (round r of each, then round r + 1), so a load change
+ * hits them alike. forward null: the prompt is the forward (its figures are the prompt's). The functions may
+ * return a promise (onnxruntime-node's): each call is awaited, one promise turn for every runtime alike. */
+async function timedAll (runs) {
   const figures = runs.map(([prompt, step, ref, forward]) => ({ prompt, step, ref, forward, promptMs: [], tokS: [], promptCpu: [], tokCpu: [], fwdMs: [], fwdCpu: [], check: null }))
-  for (let r = 0; r < ROUNDS + WARM; r++) for (const f of figures) oneRound(f, r)
+  for (let r = 0; r < ROUNDS + WARM; r++) for (const f of figures) await oneRound(f, r)
   return figures.map((f) => ({
     prompt: median(f.promptMs), tokS: median(f.tokS), promptCpu: median(f.promptCpu), tokCpu: median(f.tokCpu),
     forward: f.forward ? median(f.fwdMs) : median(f.promptMs), forwardCpu: f.forward ? median(f.fwdCpu) : median(f.promptCpu), check: f.check
@@ -87,20 +88,20 @@ function timedAll (runs) {
 
 /** Round r of a run: its forward (when apart from the prompt), its prompt, then TOKENS greedy steps (the first
  * WARM rounds only check the tokens and both prompts' last logits). */
-function oneRound (f, r) {
+async function oneRound (f, r) {
   const { prompt, step, ref, forward, promptMs, tokS, promptCpu, tokCpu, fwdMs, fwdCpu } = f
   const errs = []
   let c0 = process.cpuUsage()
   let t0 = process.hrtime.bigint()
   if (forward) {
-    const last = forward()
+    const last = await forward()
     fwdMs.push(ms(t0))
     fwdCpu.push(cpuMs(c0))
     errs.push(relError(last, ref.logits[0]))
     c0 = process.cpuUsage()
     t0 = process.hrtime.bigint()
   }
-  let logits = prompt()
+  let logits = await prompt()
   const p = ms(t0)
   const pc = cpuMs(c0)
   const tokens = []
@@ -109,7 +110,7 @@ function oneRound (f, r) {
   t0 = process.hrtime.bigint()
   for (let i = 0; i < TOKENS; i++) {
     tokens.push(argmax(logits))
-    logits = step(tokens[i], PROMPT.length + i)
+    logits = await step(tokens[i], PROMPT.length + i)
     if (i < 3) errs.push(relError(logits, ref.logits[i + 1]))
   }
   const d = ms(t0)
@@ -124,26 +125,27 @@ function oneRound (f, r) {
   tokCpu.push(cpuMs(c0) / TOKENS)
 }
 
-/** polygrad-js's figures at `threads`, per --quant bundle, for LIB (and BASE, alternating, when given):
- * [[label, figures]]. */
+/** polygrad-js's runs at `threads`, per --quant bundle, for LIB (and BASE when given): {labels, runs, models}
+ * for timedAll. */
 function polygrad (threads) {
   const libs = BASE ? [LIB, BASE] : [LIB]
-  const runs = QUANTS.flatMap((q) => libs.map((lib, i) => ({ q, lib: i ? 'base' : 'lib', bytes: fs.readFileSync(bundleOf(q)) })))
-  const models = runs.map((r) => require(r.lib === 'base' ? BASE : LIB).Model.fromBytesSync(r.bytes, { threads }))
+  const specs = QUANTS.flatMap((q) => libs.map((lib, i) => ({ q, lib: i ? 'base' : 'lib', bytes: fs.readFileSync(bundleOf(q)) })))
+  const models = specs.map((r) => require(r.lib === 'base' ? BASE : LIB).Model.fromBytesSync(r.bytes, { threads }))
   const last = (out) => out.logits.subarray(out.logits.length - VOCAB)
   // the prompt a generating user runs: prefill (the last position's logits) where the bundle has it
-  const res = timedAll(models.map((m, i) => [() => last(m.call(promptEntry(m), { input_ids: PROMPT })),
-    (tok, pos) => last(m.call('decode', { input_ids: Int32Array.of(tok), pos })), refOf(runs[i].q),
-    promptEntry(m) === 'forward' ? null : () => last(m.call('forward', { input_ids: PROMPT }))]))
-  res.forEach((r, i) => { r.threads = models[i].backendInfo.threads })
-  for (const m of models) m.dispose()
-  return res.map((r, i) => [`polygrad-js ${runs[i].q}${libs.length > 1 ? ` ${runs[i].lib}` : ''}`, r])
+  const runs = models.map((m, i) => [() => last(m.call(promptEntry(m), { input_ids: PROMPT })),
+    (tok, pos) => last(m.call('decode', { input_ids: Int32Array.of(tok), pos })), refOf(specs[i].q),
+    promptEntry(m) === 'forward' ? null : () => last(m.call('forward', { input_ids: PROMPT }))])
+  const labels = specs.map((r) => `polygrad-js ${r.q}${libs.length > 1 ? ` ${r.lib}` : ''}`)
+  return { labels, runs, models }
 }
 
 /** The entrypoint a generating user runs over the prompt: `prefill` where the bundle has it, else `forward`. */
 const promptEntry = (m) => (m.entrypoints.includes('prefill') ? 'prefill' : 'forward')
 
-function ort (threads) {
+/** onnxruntime-node's run at `threads` for timedAll (its graph returns every position's logits: its prompt is
+ * a forward), or {error}. */
+async function ort (threads) {
   let ortn
   try {
     ortn = require(path.join(__dirname, 'node_modules', 'onnxruntime-node'))
@@ -155,57 +157,22 @@ function ort (threads) {
   const { InferenceSession, Tensor } = ortn
   // onnxruntime-node's API is asynchronous; the session runs synchronously inside, so awaiting in a loop
   // times its work plus one promise turn per call
-  return InferenceSession.create(file, { intraOpNumThreads: threads, interOpNumThreads: 1, graphOptimizationLevel: 'all' }).then(async (s) => {
-    const layers = 12
-    const empty = () => new Tensor('float32', new Float32Array(0), [1, 12, 0, 64])
-    let past = null
-    const run = async (ids, start) => {
-      const feeds = { input_ids: new Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]), position_ids: new Tensor('int64', BigInt64Array.from(ids, (_, i) => BigInt(start + i)), [1, ids.length]) }
-      for (let i = 0; i < layers; i++) {
-        feeds[`past_key_${i}`] = past ? past[`present_key_${i}`] : empty()
-        feeds[`past_value_${i}`] = past ? past[`present_value_${i}`] : empty()
-      }
-      const out = await s.run(feeds)
-      past = out
-      return out.logits.data.subarray(out.logits.data.length - VOCAB)
+  const s = await InferenceSession.create(file, { intraOpNumThreads: threads, interOpNumThreads: 1, graphOptimizationLevel: 'all' })
+  const layers = 12
+  const empty = () => new Tensor('float32', new Float32Array(0), [1, 12, 0, 64])
+  let past = null
+  const run = async (ids, start) => {
+    const feeds = { input_ids: new Tensor('int64', BigInt64Array.from(ids, BigInt), [1, ids.length]), position_ids: new Tensor('int64', BigInt64Array.from(ids, (_, i) => BigInt(start + i)), [1, ids.length]) }
+    for (let i = 0; i < layers; i++) {
+      feeds[`past_key_${i}`] = past ? past[`present_key_${i}`] : empty()
+      feeds[`past_value_${i}`] = past ? past[`present_value_${i}`] : empty()
     }
-    const promptMs = []
-    const tokS = []
-    const promptCpu = []
-    const tokCpu = []
-    let check = null
-    for (let r = 0; r < ROUNDS + WARM; r++) {
-      past = null
-      let c0 = process.cpuUsage()
-      let t0 = process.hrtime.bigint()
-      let logits = await run([...PROMPT], 0)
-      const p = ms(t0)
-      const pc = cpuMs(c0)
-      const tokens = []
-      const errs = [relError(logits, REF.logits[0])]
-      c0 = process.cpuUsage()
-      t0 = process.hrtime.bigint()
-      for (let i = 0; i < TOKENS; i++) {
-        tokens.push(argmax(logits))
-        logits = await run([tokens[i]], PROMPT.length + i)
-        if (i < 3) errs.push(relError(logits, REF.logits[i + 1]))
-      }
-      const d = ms(t0)
-      if (r < WARM) {
-        if (r === 0) check = { tokens: tokens.slice(0, 3).join(' ') === REF.tokens.join(' '), err: Math.max(...errs), all: tokens }
-        continue
-      }
-      promptMs.push(p)
-      tokS.push(TOKENS / d * 1000)
-      promptCpu.push(pc)
-      tokCpu.push(cpuMs(c0) / TOKENS)
-    }
-    await s.release()
-    // its graph returns every position's logits: its prompt is a forward
-    const prompt = median(promptMs)
-    const cpu = median(promptCpu)
-    return { prompt, tokS: median(tokS), promptCpu: cpu, tokCpu: median(tokCpu), forward: prompt, forwardCpu: cpu, check, threads }
-  })
+    const out = await s.run(feeds)
+    past = out
+    return out.logits.data.subarray(out.logits.data.length - VOCAB)
+  }
+  const prompt = () => { past = null; return run([...PROMPT], 0) }
+  return { run: [prompt, (tok, pos) => run([tok], pos), REF, null], release: () => s.release() }
 }
 
 function python (py, threads) {
@@ -339,8 +306,18 @@ async function main () {
     return
   }
   const rows = []
-  for (const t of THREADS) for (const [name, r] of polygrad(t)) rows.push([name, t, r])
-  if (!process.argv.includes('--no-ort')) for (const t of THREADS) rows.push(['onnxruntime-node', t, await ort(t)])
+  for (const t of THREADS) { // every runtime at t threads in one timedAll: their rounds alternate
+    const { labels, runs, models } = polygrad(t)
+    const o = process.argv.includes('--no-ort') ? null : await ort(t)
+    const res = await timedAll(o && o.run ? [...runs, o.run] : runs)
+    res.forEach((r, i) => { r.threads = i < models.length ? models[i].backendInfo.threads : t })
+    for (const m of models) m.dispose()
+    labels.forEach((name, i) => rows.push([name, t, res[i]]))
+    if (o && o.run) {
+      await o.release()
+      rows.push(['onnxruntime-node', t, res[runs.length]])
+    } else if (o) rows.push(['onnxruntime-node', t, o])
+  }
   const py = arg('--python', null)
   if (py) for (const t of [1, 2].filter((n) => THREADS.includes(n))) rows.push(['python polygrad (CPU backend)', t, python(py, t)])
   console.log(`GPT-2 small (random weights), ${PROMPT.length}-token prompt then ${TOKENS} greedy tokens; medians of ${ROUNDS} after ${WARM} untimed rounds`)
