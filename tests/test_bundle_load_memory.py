@@ -1,5 +1,5 @@
 """A bundle's memory: Model.load(path) holds its weights once (the Model's buffers: the file is mapped, and its
-pages go back as the checksum and the copies read them), and Model.save(path) once beside the Model's (the
+pages go back as the copies into the buffers read them), and Model.save(path) once beside the Model's (the
 host copies of its buffers; the file is written piece by piece). The checks run in a child interpreter, so the
 test runner's own memory does not count."""
 from __future__ import annotations

@@ -26,7 +26,6 @@ import struct
 import zlib
 from typing import Any, Callable, Sequence
 
-from polygrad import filemap
 from polygrad.definitions import bundle as bundle_format
 from polygrad.errors import PolygradError
 from polygrad.limits import MAX_ELEMENTS, MAX_JSON_DEPTH, MAX_MANIFEST
@@ -115,7 +114,7 @@ def read(data: bytes | bytearray | memoryview) -> tuple[dict, memoryview]:
     if zlib.crc32(text) != mcrc:
         raise BundleError("bundle manifest checksum mismatch: the file is corrupted")
     body = view[start:start + dlen]
-    if _crc32_dropping(body) != dcrc:
+    if zlib.crc32(body) != dcrc:
         raise BundleError("bundle data checksum mismatch: the file is corrupted")
     try:
         manifest = json.loads(text.decode("utf-8"), parse_constant=_no_constants)
@@ -130,17 +129,6 @@ def read(data: bytes | bytearray | memoryview) -> tuple[dict, memoryview]:
     if manifest.get("version") != version:
         raise BundleError(f"bundle manifest version {manifest.get('version')!r} differs from the header's {version}")
     return manifest, body
-
-
-def _crc32_dropping(body: memoryview) -> int:
-    """The CRC-32 of the data section, a chunk at a time, each chunk's pages given back after it where the
-    section is a file's map (Model.load of a path): checking a file costs no resident copy of it."""
-    crc = 0
-    for lo in range(0, len(body), filemap.COPY_CHUNK):
-        part = body[lo:lo + filemap.COPY_CHUNK]
-        crc = zlib.crc32(part, crc)
-        filemap.drop_pages(part)
-    return crc
 
 
 def _no_constants(name: str) -> Any:

@@ -193,8 +193,8 @@ class Model(TrainingMixin):
         A bundle may ask for at most `max_bytes` of buffers and `max_work` node evaluations per entrypoint
         call; by default max(256 MiB, 16 x the file's size) and max(2**36, 2**16 x the file's size)
         (polygrad/limits.py, the same in polygrad-js). Raise them for a file you trust that needs more.
-        A path is mapped, not read (filemap.py): its checksum and the copies into the Model's buffers give
-        the file's pages back as they go, so the load holds about the Model's memory, not the file beside it.
+        A path is mapped, not read (filemap.py): the copies into the Model's buffers give the file's pages
+        back as they go, so the load holds about the Model's memory, not the file beside it.
         """
         if isinstance(source, (bytes, bytearray, memoryview)):
             data = source
