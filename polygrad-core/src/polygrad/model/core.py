@@ -199,7 +199,7 @@ class Model(TrainingMixin):
         if isinstance(source, (bytes, bytearray, memoryview)):
             data = source
         elif isinstance(source, (str, os.PathLike)):
-            try:  # mapped, not read: the checks and the copies into the buffers give its pages back as they go
+            try:  # mapped, not read: the copies into the buffers give its pages back as they go
                 data = filemap.map_file(source)
             except OSError as e:
                 raise BundleError(f"cannot read bundle {os.fspath(source)!r}: {e.strerror}") from None
