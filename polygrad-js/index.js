@@ -9,7 +9,10 @@
 
 const fs = require('fs')
 const path = require('path')
+const util = require('util')
 const zlib = require('zlib')
+
+const readAt = util.promisify(fs.read)
 
 /** The API from dist/polygrad.node.cjs (all of src/ in one file: a faster start) when it is at least as
  * new as every source file, else from src/ (a checkout that was not built, or sources edited since). */
@@ -42,28 +45,89 @@ api._internals.webgpu.setProvider(async () => {
 })
 const { Model, BundleError } = api
 
-/** A Model from a .pgb file, loaded and compiled synchronously. opts: {backend: 'wasm' | 'js', maxBytes, maxWork,
- * validate, verify, threads} (src/limits.js has the caps' defaults). */
-Model.load = function load (path, opts = {}) {
-  let bytes
-  try {
-    bytes = fs.readFileSync(path)
-  } catch (e) {
-    throw new BundleError(`cannot read bundle ${JSON.stringify(String(path))}: ${e.code === 'ENOENT' ? 'no such file' : e.message}`)
-  }
-  return Model.fromBytesSync(bytes, opts)
+/** A failed open or read of the bundle at `path` as a BundleError naming the file. */
+function cannotRead (path, e) {
+  return new BundleError(`cannot read bundle ${JSON.stringify(String(path))}: ${e.code === 'ENOENT' ? 'no such file' : e.message}`)
 }
 
-/** Model.load's asynchronous twin: the file read, then Model.fromBytes (every backend, 'webgpu' included;
- * 'auto' takes webgpu on a hardware adapter). */
-Model.loadAsync = async function loadAsync (path, opts = {}) {
-  let bytes
+/** The bundle file `path` opened for a load a piece at a time (src/bundlefile.js): { size, read(into, at), close }
+ * with read synchronous (fs.readSync), or returning a Promise with `async` (fs.read). null for a file
+ * that is not a regular one (a pipe: its size is unknown until it is read whole). */
+function openBundle (path, async) {
+  let fd
   try {
-    bytes = await fs.promises.readFile(path)
+    fd = fs.openSync(path, 'r')
+    const stat = fs.fstatSync(fd)
+    if (!stat.isFile()) {
+      fs.closeSync(fd)
+      return null
+    }
+    const size = stat.size
+    const short = (at) => new BundleError(`bundle ${JSON.stringify(String(path))} ended at byte ${at}, not at the ${size} bytes it had when it was opened: it changed while it was read`)
+    const readSync = (into, at) => {
+      for (let done = 0; done < into.length;) {
+        let n
+        try {
+          n = fs.readSync(fd, into, done, Math.min(into.length - done, 1 << 30), at + done)
+        } catch (e) {
+          throw cannotRead(path, e)
+        }
+        if (n === 0) throw short(at + done)
+        done += n
+      }
+    }
+    const readAsync = async (into, at) => {
+      for (let done = 0; done < into.length;) {
+        let n
+        try {
+          n = (await readAt(fd, into, done, Math.min(into.length - done, 1 << 30), at + done)).bytesRead
+        } catch (e) {
+          throw cannotRead(path, e)
+        }
+        if (n === 0) throw short(at + done)
+        done += n
+      }
+    }
+    return { size, read: async ? readAsync : readSync, close: () => fs.closeSync(fd) }
   } catch (e) {
-    throw new BundleError(`cannot read bundle ${JSON.stringify(String(path))}: ${e.code === 'ENOENT' ? 'no such file' : e.message}`)
+    if (fd !== undefined) fs.closeSync(fd)
+    throw cannotRead(path, e)
   }
-  return Model.fromBytes(bytes, opts)
+}
+
+/** A Model from a .pgb file, loaded and compiled synchronously. opts: {backend: 'wasm' | 'js', maxBytes, maxWork,
+ * validate, verify, threads} (src/limits.js has the caps' defaults). The file is read a piece at a time, each
+ * stored buffer straight into the model's memory: the load holds about the model's memory, not the file's bytes
+ * beside it. */
+Model.load = function load (path, opts = {}) {
+  const file = openBundle(path, false)
+  if (file === null) return Model.fromBytesSync(readWhole(path), opts)
+  try {
+    return Model._fromFileSync(file, opts)
+  } finally {
+    file.close()
+  }
+}
+
+/** Model.load's asynchronous twin: the file read a piece at a time, compiled as Model.fromBytes compiles (every
+ * backend, 'webgpu' included; 'auto' takes webgpu on a hardware adapter). */
+Model.loadAsync = async function loadAsync (path, opts = {}) {
+  const file = openBundle(path, true)
+  if (file === null) return Model.fromBytes(await fs.promises.readFile(path).catch((e) => { throw cannotRead(path, e) }), opts)
+  try {
+    return await Model._fromFile(file, opts)
+  } finally {
+    file.close()
+  }
+}
+
+/** The whole file (a pipe or another file that is not a regular one). */
+function readWhole (path) {
+  try {
+    return fs.readFileSync(path)
+  } catch (e) {
+    throw cannotRead(path, e)
+  }
 }
 
 module.exports = api

@@ -372,7 +372,35 @@ CRAFTED: dict[str, tuple[str, Callable[[], bytes]]] = {
     "variable_name_for": ("accept", lambda: _rename_variable("for")),
     "variable_name_huge_valf": ("accept", lambda: _rename_variable("HUGE_VALF")),
     "variable_name_newline": ("reject", lambda: _rename_variable("batch\n")),
+    # the data section, which a path load reads straight into the buffers (polygrad-js bundlefile.js): a changed
+    # byte of a stored buffer or of the padding no buffer stores fails the checksum; two buffers may store one range
+    "data_byte_changed": ("reject", lambda: _data_byte_changed("mlp_adam.pgb", padding=False)),
+    "data_padding_changed": ("reject", lambda: _data_byte_changed("mlp_adam.pgb", padding=True)),
+    "data_two_buffers_one_range": ("accept", lambda: _alias_parameter("mlp_adam.pgb")),
 }
+
+
+def _stored_ranges(manifest: dict) -> list[tuple[int, int]]:
+    return [(b["data"]["offset"], b["data"]["offset"] + b["data"]["nbytes"]) for b in manifest["buffers"]
+            if isinstance(b.get("data"), dict)]
+
+
+def _data_byte_changed(name: str, padding: bool) -> bytes:
+    """The bundle with its first data byte that a buffer stores (or, with `padding`, that none does) changed."""
+    manifest, data, _ = split(base(name))
+    ranges = _stored_ranges(manifest)
+    at = next(i for i in range(len(data)) if any(a <= i < b for a, b in ranges) != padding)
+    blob = bytearray(base(name))
+    blob[len(blob) - len(data) + at] ^= 0x10
+    return bytes(blob)
+
+
+def _alias_parameter(name: str) -> bytes:
+    """The bundle with a parameter added that no call reads, storing the same bytes as the first parameter."""
+    manifest, data, version = split(base(name))
+    first = next(b for b in manifest["buffers"] if b["role"] == "parameter")
+    manifest["buffers"].append({**first, "name": "alias", "data": dict(first["data"])})
+    return repack(manifest, data, version)
 
 
 def crafted() -> dict[str, bytes]:

@@ -1,4 +1,6 @@
-"""Python's Model.load and polygrad-js's Model.load accept and reject the same bundles, file by file.
+"""Python's Model.load and polygrad-js's Model.load accept and reject the same bundles, file by file, each
+given both as its path (read a piece at a time: a file map in Python, reads into the model's memory in
+polygrad-js) and as its bytes.
 
 The corpus (tests/bundle_corpus.py) is the crafted files (every cap of polygrad/limits.py just below and
 just above its limit, deep graphs, optimizer hyperparameters of the wrong kind) with the default options,
@@ -27,9 +29,9 @@ MUTATIONS = 3000 if LONG else 300
 pytestmark = pytest.mark.skipif(NODE is None, reason="node is not installed")
 
 
-def python_verdict(blob: bytes, **options) -> dict:
+def python_verdict(source: bytes | Path, **options) -> dict:
     try:
-        Model.load(blob, **options).dispose()
+        Model.load(source, **options).dispose()
     except BundleError as e:
         return {"verdict": "reject", "error": "BundleError", "message": str(e)}
     except Exception as e:  # noqa: BLE001 (any other exception is the bug this test reports)
@@ -37,27 +39,32 @@ def python_verdict(blob: bytes, **options) -> dict:
     return {"verdict": "accept"}
 
 
-def node_verdicts(folder: Path, options: dict) -> dict:
-    out = folder.parent / f"{folder.name}.js.json"
+def node_verdicts(folder: Path, options: dict, how: str = "path") -> dict:
+    out = folder.parent / f"{folder.name}.js.{how}.json"
     proc = subprocess.run([NODE, str(ROOT / "polygrad-js" / "tools" / "verdicts.js"), str(folder), str(out),
-                           json.dumps(options)], capture_output=True, text=True, timeout=900)
+                           json.dumps(options), how], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     return json.loads(out.read_text())
 
 
 def disagreements(folder: Path, py_options: dict, js_options: dict) -> tuple[list[str], dict]:
-    """(disagreements, Python's verdicts) over the files of a folder."""
-    js = node_verdicts(folder, js_options)
-    py = {f.name: python_verdict(f.read_bytes(), **py_options) for f in sorted(folder.glob("*.pgb"))}
-    assert set(py) == set(js)
+    """(disagreements, Python's verdicts) over the files of a folder, each loaded four ways: by Python and by
+    polygrad-js, from its path and from its bytes."""
+    files = sorted(folder.glob("*.pgb"))
+    verdicts = {"Python path": {f.name: python_verdict(f, **py_options) for f in files},
+                "Python bytes": {f.name: python_verdict(f.read_bytes(), **py_options) for f in files},
+                "polygrad-js path": node_verdicts(folder, js_options, "path"),
+                "polygrad-js bytes": node_verdicts(folder, js_options, "bytes")}
     bad = []
-    for name in sorted(py):
-        a, b = py[name], js[name]
-        if a["verdict"] != b["verdict"] or "crash" in (a["verdict"], b["verdict"]):
-            line = (f"{name}: Python {a['verdict']} ({a.get('error', '')}: {a.get('message', '')[:160]}) | "
-                    f"polygrad-js {b['verdict']} ({b.get('error', '')}: {b.get('message', '')[:160]})")
-            bad.append(line)
-    return bad, py
+    for ways in verdicts.values():
+        assert set(ways) == {f.name for f in files}
+    for f in files:
+        rows = {way: v[f.name] for way, v in verdicts.items()}
+        kinds = {r["verdict"] for r in rows.values()}
+        if len(kinds) > 1 or "crash" in kinds:
+            bad.append(f"{f.name}: " + " | ".join(f"{way} {r['verdict']} ({r.get('error', '')}: "
+                                                    f"{r.get('message', '')[:120]})" for way, r in rows.items()))
+    return bad, verdicts["Python path"]
 
 
 def test_both_languages_share_one_table_of_limits():

@@ -2,7 +2,7 @@
 
 The loader copies each weight out of the file's map into a device buffer; the Model takes those buffers
 over (Executor's `adopt`) instead of copying them again, the file's pages a copy read are given back as it
-goes (weights.drop_pages), and the loader's own tensors are gone before the cached allocations are
+goes (polygrad.filemap.drop_pages), and the loader's own tensors are gone before the cached allocations are
 returned (loader.model_from_checkpoint). Before: a 6-layer Qwen2-shaped 361 MB file held 734 MB resident
 after load_hf (the loaded copies sat in the reuse cache beside the Model's) and peaked at 1,133 MB; after:
 391 and 421 MB (AMD EPYC). Each check runs in a child interpreter, so the test runner's memory does not

@@ -395,7 +395,7 @@ def test_a_copied_part_gives_its_file_pages_back(tmp_path):
     """A part copied into a joined projection has read its pages of the file's map in; the load gives back
     the pages only it lay on (the kernels read the copy), and its values still read the same."""
     import mmap
-    from polygrad_hf.weights import drop_pages
+    from polygrad.filemap import drop_pages
     page = mmap.PAGESIZE
     data = np.random.default_rng(0).integers(0, 256, 64 * page, np.uint8)
     (tmp_path / "f.bin").write_bytes(data.tobytes())

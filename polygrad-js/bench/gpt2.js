@@ -250,8 +250,8 @@ function profile (bytes, entry, reps = 7) {
 /**
  * --memory: load time and resident memory of each bundle (float32 and every gpt2s_<fmt>.pgb present) and of
  * onnxruntime-node's session, each in a fresh Node process (a child running this file with --load-child),
- * the processes alternating over --rounds: load s (reading the file and Model.fromBytesSync, or creating
- * the session), RSS after it, and RSS after a first prompt and decode step (kernels compiled). Medians.
+ * the processes alternating over --rounds: load s (Model.load(path) of --lib's checkout, or creating the
+ * session), RSS after it, and RSS after a first prompt and decode step (kernels compiled). Medians.
  */
 async function memory () {
   const files = ['gpt2s.pgb', 'gpt2s_q8_0.pgb', 'gpt2s_q4_0.pgb'].filter((f) => fs.existsSync(path.join(__dirname, f)))
@@ -287,7 +287,7 @@ async function loadChild (file) {
     console.log(JSON.stringify({ load, rssLoad, rssRun: rss() }))
     return
   }
-  const m = Model.fromBytesSync(fs.readFileSync(path.join(__dirname, file)), { threads: 1 })
+  const m = Model.load(path.join(__dirname, file), { threads: 1 })
   const load = ms(t0) / 1000
   const rssLoad = rss()
   run = m.call('forward', { input_ids: PROMPT })

@@ -34,13 +34,29 @@ function u64 (view, off, what) {
 /** {manifest, body} of bundle bytes: the parsed manifest JSON and a view of the data section. */
 function read (data) {
   const bytes = asBytes(data)
-  if (bytes.length < HEADER) {
-    throw new BundleError(`not a polygrad bundle: ${bytes.length} bytes is shorter than the ${HEADER}-byte header (truncated file?)`)
+  const h = header(bytes, bytes.length)
+  const text = bytes.subarray(HEADER, HEADER + h.manifestLength)
+  checkManifestCrc(text, h)
+  const body = bytes.subarray(h.start, h.start + h.dataLength)
+  if (crc32(body) !== h.dataCrc) throw new BundleError(DATA_CRC_MISMATCH)
+  return { manifest: parseManifest(text, h), body }
+}
+
+const DATA_CRC_MISMATCH = 'bundle data checksum mismatch: the file is corrupted'
+
+/**
+ * The header of a bundle of `size` bytes whose first bytes are `head` (all 64, or the whole file when it is
+ * shorter), checked against the size: {version, manifestLength, dataLength, start (of the data section),
+ * manifestCrc, dataCrc}. read() and a file read piece by piece (bundlefile.js) check the same things in one order.
+ */
+function header (head, size) {
+  if (size < HEADER) {
+    throw new BundleError(`not a polygrad bundle: ${size} bytes is shorter than the ${HEADER}-byte header (truncated file?)`)
   }
   for (let i = 0; i < MAGIC.length; i++) {
-    if (bytes[AT.magic + i] !== MAGIC[i]) throw new BundleError('not a polygrad bundle (wrong magic bytes); .pgb files are written by Model.save()')
+    if (head[AT.magic + i] !== MAGIC[i]) throw new BundleError('not a polygrad bundle (wrong magic bytes); .pgb files are written by Model.save()')
   }
-  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+  const view = new DataView(head.buffer, head.byteOffset, HEADER)
   const version = view.getUint32(AT.version, true)
   if (!SUPPORTED_VERSIONS.includes(version)) {
     throw new BundleError(`bundle format version ${version} is not supported by this polygrad package (it reads ${JSON.stringify(SUPPORTED_VERSIONS)}); save it again with a matching polygrad`)
@@ -51,13 +67,18 @@ function read (data) {
   const dlen = u64(view, AT.data_len, 'data length')
   if (mlen > MAX_MANIFEST) throw new BundleError(`bundle manifest length ${mlen} exceeds the ${MAX_MANIFEST}-byte limit`)
   const start = HEADER + pad(mlen)
-  if (start + dlen !== bytes.length) {
-    throw new BundleError(`bundle size mismatch: header declares ${start + dlen} bytes (manifest ${mlen}, data ${dlen}), the file has ${bytes.length} (truncated or padded file?)`)
+  if (start + dlen !== size) {
+    throw new BundleError(`bundle size mismatch: header declares ${start + dlen} bytes (manifest ${mlen}, data ${dlen}), the file has ${size} (truncated or padded file?)`)
   }
-  const text = bytes.subarray(HEADER, HEADER + mlen)
-  if (crc32(text) !== view.getUint32(AT.manifest_crc, true)) throw new BundleError('bundle manifest checksum mismatch: the file is corrupted')
-  const body = bytes.subarray(start, start + dlen)
-  if (crc32(body) !== view.getUint32(AT.data_crc, true)) throw new BundleError('bundle data checksum mismatch: the file is corrupted')
+  return { version, manifestLength: mlen, dataLength: dlen, start, manifestCrc: view.getUint32(AT.manifest_crc, true), dataCrc: view.getUint32(AT.data_crc, true) }
+}
+
+function checkManifestCrc (text, h) {
+  if (crc32(text) !== h.manifestCrc) throw new BundleError('bundle manifest checksum mismatch: the file is corrupted')
+}
+
+/** The manifest JSON of `text` (its checksum checked), an object of this format and of the header's version. */
+function parseManifest (text, h) {
   let str
   try {
     str = new TextDecoder('utf-8', { fatal: true }).decode(text)
@@ -67,8 +88,8 @@ function read (data) {
   const manifest = json.parse(str)
   if (manifest === null || typeof manifest !== 'object' || Array.isArray(manifest)) throw new BundleError('bundle manifest must be a JSON object')
   if (manifest.format !== FORMAT) throw new BundleError(`bundle manifest format is ${JSON.stringify(manifest.format)}, expected ${JSON.stringify(FORMAT)}`)
-  if (manifest.version !== version) throw new BundleError(`bundle manifest version ${JSON.stringify(manifest.version)} differs from the header's ${version}`)
-  return { manifest, body }
+  if (manifest.version !== h.version) throw new BundleError(`bundle manifest version ${JSON.stringify(manifest.version)} differs from the header's ${h.version}`)
+  return manifest
 }
 
 /** Bundle bytes of a manifest and the stored buffers' bytes: blob k goes to the k-th buffer whose `data` is true.
@@ -106,4 +127,4 @@ function write (manifest, blobs) {
   return out
 }
 
-module.exports = { read, write, asBytes, FORMAT, VERSION, SUPPORTED_VERSIONS, ALIGN, HEADER, MAGIC }
+module.exports = { read, write, asBytes, header, checkManifestCrc, parseManifest, DATA_CRC_MISMATCH, FORMAT, VERSION, SUPPORTED_VERSIONS, ALIGN, HEADER, MAGIC }

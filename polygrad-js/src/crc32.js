@@ -28,11 +28,12 @@ function useNative (fn) {
   native = fn
 }
 
-/** The CRC-32 of bytes (a Uint8Array), as an unsigned 32-bit number. */
-function crc32 (bytes) {
-  if (native !== null) return native(bytes) >>> 0
+/** The CRC-32 of bytes (a Uint8Array), as an unsigned 32-bit number; `value`: the CRC-32 of the bytes before
+ * them (a stream checked a piece at a time). */
+function crc32 (bytes, value = 0) {
+  if (native !== null) return native(bytes, value) >>> 0
   const t = tables()
-  let c = -1
+  let c = ~value
   let i = 0
   const n = bytes.length
   const end8 = n - (n % 8)

@@ -136,6 +136,8 @@ function cap (opts, key, fallback) {
 /**
  * The Program of a manifest read by bundle.read. opts.maxBytes bounds the memory all buffers need, opts.maxWork
  * the node evaluations of one entrypoint call; by default those of limits.js for a file of opts.fileBytes bytes.
+ * `body` is the data section's bytes (a stored slot's `stored` views them), or `{ length }` when they are read
+ * later, straight into the slots' memory (bundlefile.js: `stored` is null, `dataOffset` says where).
  */
 function readProgram (manifest, body, opts = {}) {
   const fileBytes = opts.fileBytes === undefined ? bundle.HEADER + body.length : opts.fileBytes
@@ -175,17 +177,19 @@ function readProgram (manifest, body, opts = {}) {
     need(total <= maxBytes, `the buffers need more than ${maxBytes} bytes, the limit for this file; if you trust it, load it with Model.load(path, { maxBytes: N })`)
     const data = r.data
     let stored = null
+    let dataOffset = null
     if (STORED.has(role)) {
       need(isObj(data), `${where} (${role}) must have stored data`)
       const off = getInt(data, 'offset', `${where}.data`, 0, body.length)
       const nbytes = getInt(data, 'nbytes', `${where}.data`, 0, body.length)
       need(nbytes === size * dt.size, `${where}.data.nbytes ${nbytes} != size ${size} x ${dt.size} bytes`)
       need(off % bundle.ALIGN === 0 && off + nbytes <= body.length, `${where}.data [${off}, ${off + nbytes}) is misaligned or outside the ${body.length}-byte data section`)
-      stored = body.subarray(off, off + nbytes)
+      dataOffset = off
+      stored = body instanceof Uint8Array ? body.subarray(off, off + nbytes) : null
     } else {
       need(data === undefined || data === null, `${where} (${role}) must not store data`)
     }
-    return { index: s, name: name(get(r, 'name', 'string', where), `${where}.name`), role, dtype: dt, shape: sh, size, stored }
+    return { index: s, name: name(get(r, 'name', 'string', where), `${where}.name`), role, dtype: dt, shape: sh, size, stored, dataOffset }
   })
 
   const kernelTable = get(manifest, 'kernels', 'object', 'manifest')

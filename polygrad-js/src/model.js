@@ -9,6 +9,7 @@
 
 const { BundleError, ModelError, ModelInputError, EntrypointError, PolygradError } = require('./errors')
 const bundle = require('./bundle')
+const { programSteps, dataSteps, runSync, runAsync } = require('./bundlefile')
 const { readProgram, writeManifest, STORED } = require('./manifest')
 const { Executor } = require('./runtime')
 const { readInput, writeValues, readOutput } = require('./data')
@@ -91,6 +92,26 @@ function asLoadError (e) {
   return new BundleError(`this bundle cannot be loaded here (${what}: ${String(e && e.message).slice(0, 200)}); it passed the checks of docs/bundle-format.md, so please report it with the file`)
 }
 
+/** loadOptions for a synchronous load, which cannot take webgpu (ModelError). */
+function syncLoadOptions (opts) {
+  opts = loadOptions(opts)
+  if (opts.backend === 'webgpu') throw new ModelError("WebGPU is asynchronous: load with await Model.fromBytes(bytes, { backend: 'webgpu' }) (in Node, await Model.loadAsync(path, ...); in a browser, await Model.fetch(url, ...))")
+  return opts
+}
+
+/** { device, opts } of an asynchronous load: the WebGPU device where the options take webgpu (an explicit 'auto'
+ * on a hardware adapter), else device null and opts.gpuReason saying why not. */
+async function asyncBackend (opts) {
+  if (opts.backend === 'webgpu') return { device: await webgpu.device(), opts }
+  if (!opts.gpuAuto) return { device: null, opts }
+  const found = await webgpu.adapterInfo()
+  if (found.adapter && !found.fallback) {
+    return { device: await webgpu.device(), opts: Object.assign({}, opts, { backend: 'webgpu', threads: 1, threadReason: null }) }
+  }
+  const why = found.adapter ? "WebGPU has only a fallback (software) adapter; load with { backend: 'webgpu' } to use it anyway" : found.reason
+  return { device: null, opts: Object.assign({}, opts, { gpuReason: why }) }
+}
+
 /** Write the stored buffers' bytes into memory and zero the caches (a loaded model starts with empty ones). */
 function fillStored (prog, exec) {
   const u8 = exec.bytes()
@@ -125,8 +146,7 @@ class Model {
 
   /** A Model from bundle bytes (Uint8Array or ArrayBuffer), compiled synchronously ('auto': wasm, else js). */
   static fromBytesSync (bytes, opts = {}) {
-    opts = loadOptions(opts)
-    if (opts.backend === 'webgpu') throw new ModelError("WebGPU is asynchronous: load with await Model.fromBytes(bytes, { backend: 'webgpu' }) (in Node, await Model.loadAsync(path, ...); in a browser, await Model.fetch(url, ...))")
+    opts = syncLoadOptions(opts)
     try {
       const prog = loadProgram(bytes, opts)
       const exec = executor(prog, opts)
@@ -139,33 +159,59 @@ class Model {
   }
 
   /**
+   * fromBytesSync of a file read a piece at a time (Node's Model.load(path), index.js): `file` is { size, read }
+   * where read(into, at) fills the Uint8Array `into` from byte `at`. The stored buffers are read straight into
+   * the model's memory (bundlefile.js), so the file's bytes are never held beside it.
+   */
+  static _fromFileSync (file, opts = {}) {
+    opts = syncLoadOptions(opts)
+    let exec = null
+    try {
+      const { prog, h } = runSync(programSteps(file.size, opts), file.read)
+      exec = executor(prog, opts)
+      runSync(dataSteps(prog, exec.bytes(), h), file.read)
+      fillStored(prog, exec)
+      exec.compileSync(['forward'])
+      return new Model(prog, exec, opts)
+    } catch (e) {
+      if (exec) exec.dispose()
+      throw asLoadError(e)
+    }
+  }
+
+  /**
    * A Model from bundle bytes, every entrypoint compiled asynchronously (the browser path). An explicit
    * backend 'auto' here is webgpu on a hardware adapter (not a fallback, software one: the CPU backends beat
    * it), else as fromBytesSync, and backendInfo.reason says why webgpu was not taken; without a backend
    * option it is as fromBytesSync (a webgpu model has only the async calls).
    */
   static async fromBytes (bytes, opts = {}) {
-    opts = loadOptions(opts)
-    let device = null
-    if (opts.backend === 'webgpu') {
-      device = await webgpu.device()
-    } else if (opts.gpuAuto) {
-      const found = await webgpu.adapterInfo()
-      if (found.adapter && !found.fallback) {
-        device = await webgpu.device()
-        opts = Object.assign({}, opts, { backend: 'webgpu', threads: 1, threadReason: null })
-      } else {
-        const why = found.adapter ? "WebGPU has only a fallback (software) adapter; load with { backend: 'webgpu' } to use it anyway" : found.reason
-        opts = Object.assign({}, opts, { gpuReason: why })
-      }
-    }
+    const { device, opts: chosen } = await asyncBackend(loadOptions(opts))
     try {
-      const prog = loadProgram(bytes, opts)
-      const exec = device ? new GPUExecutor(prog, device, opts) : executor(prog, opts)
+      const prog = loadProgram(bytes, chosen)
+      const exec = device ? new GPUExecutor(prog, device, chosen) : executor(prog, chosen)
       fillStored(prog, exec)
       await exec.compileAsync(Object.keys(prog.entries))
-      return new Model(prog, exec, opts)
+      return new Model(prog, exec, chosen)
     } catch (e) {
+      throw asLoadError(e)
+    }
+  }
+
+  /** fromBytes of a file read a piece at a time (Node's Model.loadAsync(path)): `file` as _fromFileSync's, its
+   * read returning a Promise. */
+  static async _fromFile (file, opts = {}) {
+    const { device, opts: chosen } = await asyncBackend(loadOptions(opts))
+    let exec = null
+    try {
+      const { prog, h } = await runAsync(programSteps(file.size, chosen), file.read)
+      exec = device ? new GPUExecutor(prog, device, chosen) : executor(prog, chosen)
+      await runAsync(dataSteps(prog, exec.bytes(), h), file.read)
+      fillStored(prog, exec)
+      await exec.compileAsync(Object.keys(prog.entries))
+      return new Model(prog, exec, chosen)
+    } catch (e) {
+      if (exec) exec.dispose()
       throw asLoadError(e)
     }
   }

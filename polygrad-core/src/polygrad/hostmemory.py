@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from polygrad.filemap import copy_dropping
+
 # allocations from this size on are memory maps of their own (below it: the C heap, whose small blocks
 # are cheap and reused)
 MAP_BYTES = 1 << 20
@@ -41,6 +43,9 @@ RELEASE_ZERO_BYTES = 8 << 20
 # prompt's. Writing such a buffer costs far more than faulting its pages in again, as in glibc, whose
 # blocks above its mmap threshold go back to the system when freed.
 RELEASE_ON_FREE_BYTES = 64 << 20
+# a copy in of at least this many bytes from a read-only file map gives the map's pages back as it goes
+# (filemap.copy_dropping); a smaller one holds few whole pages, and the look at its source costs a feed's time
+DROP_PAGES_FROM = 64 << 10
 
 
 class HostMemory:
@@ -106,7 +111,10 @@ class HostAllocator:
         handle.arr[:nbytes] = 0
 
     def copyin(self, handle: HostMemory, src: memoryview) -> None:
-        handle.arr[: src.nbytes] = np.frombuffer(src, dtype=np.uint8)
+        # from a file's map (Model.load of a bundle path): its pages go back as the copy goes, so the load
+        # holds the copy, not the file's bytes beside it (smaller copies skip the look at their source)
+        if src.nbytes < DROP_PAGES_FROM or not copy_dropping(handle.arr, src):
+            handle.arr[: src.nbytes] = np.frombuffer(src, dtype=np.uint8)
 
     def copyout(self, dest: memoryview, handle: HostMemory) -> None:
         np.frombuffer(dest, dtype=np.uint8)[:] = handle.arr[: dest.nbytes]

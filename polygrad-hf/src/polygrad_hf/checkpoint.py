@@ -18,12 +18,13 @@ import numpy as np
 
 from polygrad.dtype import DType, dtypes
 from polygrad.errors import SafetensorsError
+from polygrad.filemap import drop_pages
 from polygrad.nn.safetensors import safe_load_numpy
 
 from polygrad_hf.config import from_hf_config
 from polygrad_hf.errors import CheckpointError, UnsupportedModelError
 from polygrad_hf.gguf_file import open_gguf
-from polygrad_hf.weights import Checkpoint, Lazy, drop_pages
+from polygrad_hf.weights import Checkpoint, Lazy
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

@@ -36,13 +36,14 @@ from typing import Any, Callable
 import numpy as np
 
 from polygrad import Tensor, config, dtypes
+from polygrad.filemap import drop_pages, root_of
 from polygrad.nn.quant import block_format, quantize_rows
 from polygrad.nn.quantizers import QUANTIZERS
 
 from polygrad_hf.config import DecoderConfig
 from polygrad_hf.errors import CheckpointError, HFError
 from polygrad_hf.quant import QuantWeight
-from polygrad_hf.weights import Blocks, drop_pages, root_of
+from polygrad_hf.weights import Blocks
 
 Weight = Tensor | QuantWeight
 QUANTIZE_AT_LOAD = tuple(name.lower() for name in QUANTIZERS)  # load_hf(dtype=...): quantized as they are read

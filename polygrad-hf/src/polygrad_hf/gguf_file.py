@@ -37,11 +37,13 @@ from typing import Any
 
 import numpy as np
 
+from polygrad.filemap import drop_pages
+
 from polygrad_hf.config import MAX_SIZE, DecoderConfig, check_decoder, number_field, size_field, token_ids
 from polygrad_hf.errors import CheckpointError, UnsupportedModelError, need_package
 from polygrad_hf.gguf_format import GGUFArray, GGUFFile, TensorInfo
 from polygrad_hf.quant import KEPT, check_blocks, q8_k_floats
-from polygrad_hf.weights import Blocks, Checkpoint, Lazy, drop_pages
+from polygrad_hf.weights import Blocks, Checkpoint, Lazy
 
 TYPES = ("F32", "F16", "BF16", *KEPT)
 ARCHS = ("llama", "qwen2", "gpt2", "phi3", "gemma", "gemma2")

@@ -7,7 +7,6 @@ a quantized tensor's blocks as stored). Readers import this module; it imports n
 """
 from __future__ import annotations
 
-import mmap
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -76,24 +75,3 @@ class Checkpoint:
         if tuple(arr.shape) != tuple(shape):  # a reader's Lazy promised another shape: a bug, named as one
             raise CheckpointError(f"{file}: tensor {name!r} was read with shape {list(arr.shape)}, not {list(shape)}")
         return arr
-
-
-def root_of(arr: np.ndarray) -> Any:
-    """The object whose memory `arr` views (a file's map, for a weight read from one)."""
-    while isinstance(arr, np.ndarray) and arr.base is not None:
-        arr = arr.base
-    return arr.obj if isinstance(arr, memoryview) else arr
-
-
-def drop_pages(part: np.ndarray) -> None:
-    """Give back the resident pages of a file map that only `part` lay on, once it was copied or converted
-    (into a joined, float or quantized weight, or to float32): the copy read them in, and nothing reads them
-    again (the kernels read the copy). Reading them again would fault them back in from the file, so this
-    never changes a value; a part that is not a view of a file map is left alone."""
-    root = root_of(part)
-    if not isinstance(root, mmap.mmap) or not hasattr(root, "madvise") or not part.nbytes:
-        return
-    start = part.__array_interface__["data"][0] - np.frombuffer(root, np.uint8, 1).__array_interface__["data"][0]
-    first, end = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, (start + part.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
-    if end > first:
-        root.madvise(mmap.MADV_DONTNEED, first, end - first)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from polygrad import bundle, limits, runtime_context
+from polygrad import bundle, filemap, limits, runtime_context
 from polygrad.atomicfile import write_file
 from polygrad.bundle import BundleError
 from polygrad.device import canonicalize
@@ -193,13 +193,14 @@ class Model(TrainingMixin):
         A bundle may ask for at most `max_bytes` of buffers and `max_work` node evaluations per entrypoint
         call; by default max(256 MiB, 16 x the file's size) and max(2**36, 2**16 x the file's size)
         (polygrad/limits.py, the same in polygrad-js). Raise them for a file you trust that needs more.
+        A path is mapped, not read (filemap.py): the copies into the Model's buffers give the file's pages
+        back as they go, so the load holds about the Model's memory, not the file beside it.
         """
         if isinstance(source, (bytes, bytearray, memoryview)):
             data = source
         elif isinstance(source, (str, os.PathLike)):
-            try:
-                with open(source, "rb") as f:
-                    data = f.read()
+            try:  # mapped, not read: the copies into the buffers give its pages back as they go
+                data = filemap.map_file(source)
             except OSError as e:
                 raise BundleError(f"cannot read bundle {os.fspath(source)!r}: {e.strerror}") from None
         else:
