@@ -40,7 +40,7 @@ def _gated(spec) -> bool:
 def test_conv_tiles_stage_their_weight_per_row_tile():
     """The forward and the input gradient (a conv of the output gradient with the transposed weight,
     576 floats apart per input channel) copy each row tile's weights into one contiguous local array:
-    8 output channels x 576 reduction steps, read as one group per step."""
+    16 output channels x 576 reduction steps, read as one group per step."""
     kernels = [lower(a, AVX512) for a in _step_kernels((8, 64, 56, 56), (64, 64, 3, 3), 1)]
     tiles = [s for s in kernels if s.ops > 1e9 and s.name.startswith("r_8_64_56_56")]
     assert len(tiles) == 2
@@ -48,7 +48,7 @@ def test_conv_tiles_stage_their_weight_per_row_tile():
         weight = next(g.slot for g in spec.globals if g.size == 64 * 64 * 9)
         assert any(o.kind is OptKind.STAGE and o.amount == weight for o in spec.opts), spec.opts
         prog = linearize(spec, vector_width=16)
-        assert [x.arg for x in prog.insts if x.op is L.LOCAL] == [8 * 576]
+        assert [x.arg for x in prog.insts if x.op is L.LOCAL] == [16 * 576]
 
 
 def test_small_reuse_rows_are_not_staged():
