@@ -40,7 +40,7 @@ def _gated(spec) -> bool:
 def test_conv_tiles_stage_their_weight_per_row_tile():
     """The forward and the input gradient (a conv of the output gradient with the transposed weight,
     576 floats apart per input channel) copy each row tile's weights into one contiguous local array:
-    16 output channels x 576 reduction steps, read as one group per step."""
+    8 output channels x 576 reduction steps, read as one group per step."""
     kernels = [lower(a, AVX512) for a in _step_kernels((8, 64, 56, 56), (64, 64, 3, 3), 1)]
     tiles = [s for s in kernels if s.ops > 1e9 and s.name.startswith("r_8_64_56_56")]
     assert len(tiles) == 2
@@ -48,7 +48,28 @@ def test_conv_tiles_stage_their_weight_per_row_tile():
         weight = next(g.slot for g in spec.globals if g.size == 64 * 64 * 9)
         assert any(o.kind is OptKind.STAGE and o.amount == weight for o in spec.opts), spec.opts
         prog = linearize(spec, vector_width=16)
-        assert [x.arg for x in prog.insts if x.op is L.LOCAL] == [16 * 576]
+        assert [x.arg for x in prog.insts if x.op is L.LOCAL] == [8 * 576]
+
+
+def test_half_width_conv_tiles_take_sixteen_rows_where_the_code_generator_holds_them():
+    """A 56-pixel row takes 8-lane vectors on a 16-lane device; its tile's rows (output channels) are then 16,
+    not 8, where the code generator holds a 4-vector tile (tile_vectors 4: clang): 8 accumulators were just
+    Zen 4's 256-bit FMA units x latency. A code generator of 2-vector tiles (X86, gcc) keeps 8 rows, and a
+    tile of full vectors keeps its rows too."""
+    asts = _step_kernels((8, 64, 56, 56), (64, 64, 3, 3), 1)
+    clang = Capabilities(threads=2, vector_width=16, registers=32, fma=True, fma_units=1, fma_latency=4,
+                         stage_bytes=512 * 1024, tile_vectors=4)
+    for caps, rows in ((clang, 16), (AVX512, 8)):
+        tiles = [s for s in (lower(a, caps) for a in asts) if s.name.startswith("r_8_64_56_56")]
+        assert len(tiles) == 2
+        for spec in tiles:
+            ups = sorted(o.amount for o in spec.opts if o.kind is OptKind.UPCAST)
+            assert ups == sorted([rows, 8]), spec.opts
+            assert [x.arg for x in linearize(spec, vector_width=16).insts if x.op is L.LOCAL] == [rows * 576]
+    # a 16-pixel row is one full 16-lane vector: its tile keeps 8 rows
+    full = [lower(a, clang) for a in _step_kernels((8, 64, 16, 16), (64, 64, 3, 3), 1)]
+    ups = [sorted(o.amount for o in s.opts if o.kind is OptKind.UPCAST) for s in full if s.name.startswith("r_8_64_16")]
+    assert ups == [[8, 16], [8, 16]]
 
 
 def test_small_reuse_rows_are_not_staged():

@@ -63,7 +63,9 @@ LONG_ROWS_SPARE = 4
 # on a 16-lane device), where they fit the registers with LONG_ROWS_SPARE left. The device's units x latency
 # accumulators count full-width FMAs; narrower ones may issue at twice the rate (Zen 4: one 512-bit FMA a
 # cycle, two 256-bit), so 8 rows of 8 lanes left the FMAs no slack. A 3x3 conv over 64 channels at 56 x 56
-# (forward and input gradient): 16 output channels x 8 pixels ran 1.13x faster than 8 x 8 (one Zen 4 core)
+# (forward and input gradient): 16 output channels x 8 pixels ran 1.13x faster than 8 x 8 (one Zen 4 core).
+# Only where the code generator holds a 4-vector tile's accumulators (tile_vectors 4: clang with 32
+# registers): X86's emitter ran that conv 2x slower with 16 rows, gcc 0.86-1.1x
 HALF_VECTOR_ROWS = (16, 12)
 # a tile of long rows replaces one of at least this many times fewer rows (7 pixels x 1 vector lost to a
 # batch of 16 images' 4 rows x 4 vectors with its input staged: 1.4x slower)
@@ -422,7 +424,7 @@ def _tile_rows(glob: list[UOp], loads: list[UOp], last: UOp, cols: int, caps: Ca
     vecs = max(1, cols // caps.vector_width)
     regs = int(caps.registers or 16)
     fits = [r for r in (8, 6, 4, 2) if r * vecs + vecs + 1 <= regs]
-    if cols < caps.vector_width:  # a tile of one narrower vector takes more rows where they fit
+    if cols < caps.vector_width and max(tile_vector_counts(caps)) >= 4:  # one narrower vector: more rows
         fits = [r for r in HALF_VECTOR_ROWS if r + LONG_ROWS_SPARE <= regs] + fits
     along = [ix for ix in loads if last in ix.src[1].toposort()]
     others = [r for r in reversed(glob) if r is not last]
