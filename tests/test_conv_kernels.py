@@ -72,6 +72,48 @@ def test_half_width_conv_tiles_take_sixteen_rows_where_the_code_generator_holds_
     assert ups == [[8, 16], [8, 16]]
 
 
+CLANG_AVX512 = Capabilities(threads=2, vector_width=16, registers=32, fma=True, fma_units=1, fma_latency=4,
+                            stage_bytes=512 * 1024, tile_vectors=4, l1_bytes=32 * 1024, masked_vectors=True)
+
+
+@pytest.mark.parametrize("channels,pixels", [(128, 28), (256, 14)])
+def test_deep_convs_over_short_rows_get_register_tiles(channels, pixels):
+    """A 3x3 conv over 128 channels at 28 x 28 (256 at 14 x 14: ResNet's later stages): 28 or 14 pixels take
+    no 16- or 8-lane vectors and the padded tile's column panel outgrows the L1, so forward and input
+    gradient got no tile at all (lanes along the strided channels: 11-34x slower); now the padded tile,
+    from the L2. The weight gradient's dot tile takes 4 lanes along a 28-pixel row (it had none: 30x)."""
+    asts = _step_kernels((8, channels, pixels, pixels), (channels, channels, 3, 3), 1)
+    specs = [lower(a, CLANG_AVX512) for a in asts]
+    convs = [s for s in specs if s.name.startswith(f"r_8_{channels}")]
+    assert len(convs) == 2
+    for spec in convs:
+        padded = -(-pixels // 16) * 16
+        assert (OptKind.PADTO, padded) in [(o.kind, o.amount) for o in spec.opts], spec.opts
+        assert any(o.kind is OptKind.UPCAST and o.amount == 8 for o in spec.opts), spec.opts  # rows: channels
+    if pixels == 28:
+        (dw,) = [s for s in specs if s.name.startswith(f"r_{channels}_{channels}_3_3")]
+        assert (OptKind.SPLIT_REDUCE, 4) in [(o.kind, o.amount) for o in dw.opts], dw.opts
+        assert sum(1 for o in dw.opts if o.kind is OptKind.UPCAST) == 3, dw.opts
+
+
+@pytest.mark.parametrize("device", HOSTS)
+def test_deep_short_row_conv_equals_torch(device):
+    """Forward and both gradients of a 3x3 conv over 64 channels at 28 x 28 (its padded tile's panel, 576 x 16
+    floats, outgrows a 32 KiB L1; its weight gradient's dot tile in 4 lanes) equal torch's."""
+    rng = np.random.default_rng(28)
+    xn = rng.standard_normal((2, 64, 28, 28)).astype(np.float32)
+    wn = (rng.standard_normal((64, 64, 3, 3)) * 0.1).astype(np.float32)
+    x, w = Tensor(xn, device=device, requires_grad=True), Tensor(wn, device=device, requires_grad=True)
+    out = x.conv2d(w, padding=1)
+    gn = rng.standard_normal(out.shape).astype(np.float32)
+    (out * Tensor(gn, device=device)).sum().backward()
+    xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    ref = torch.nn.functional.conv2d(xt, wt, padding=1)
+    ref.backward(torch.tensor(gn))
+    for got, want in ((out, ref), (x.grad, xt.grad), (w.grad, wt.grad)):
+        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-3)
+
+
 def test_small_reuse_rows_are_not_staged():
     """An MLP's 512 x 512 weight gradient (x.T @ g over a batch of 128) serves 8 column tiles per row
     tile: copying its strided rows costs more than it saves, so the tile stays as it was."""

@@ -318,6 +318,7 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
     plain = [r for r in glob if all(range_coeff(ix.src[1], r) in (0, 1) for ix in operands)
              and any(range_coeff(ix.src[1], r) == 1 for ix in operands)]
     padded_tile: list[Opt] = []  # the tile of a contiguous output range padded to full vectors, if any
+    deep_padded: tuple[UOp, int] | None = None  # such a range whose column panel does not fit the L1
     for last in [r for r in reversed(glob) if r in plain] + [r for r in reversed(glob) if r not in plain]:
         if range_size(last) is None:
             continue
@@ -332,6 +333,7 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
             padded_tile = padded_tile_opts(red, glob, operands, last, padded, caps)
             if padded_tile:
                 continue
+            deep_padded = deep_padded or (last, padded)
         if not (contiguous and reused) or not column_lanes(last, caps):
             continue
         # the widest row the device likes (tile_vectors), narrower while a big kernel's column panel of
@@ -372,6 +374,10 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
             # over 512 tokens ran 1.3-2x slower that way (one Zen 4 core; about even at 32 tokens)
             return opts
         return dot_tile_opts(glob, red, loads, caps, _streams_rows(ast, red)) or opts
+    if not padded_tile and deep_padded is not None:
+        # no other tile (a 3x3 conv over 128 channels at 28 x 28: 28 pixels take no 16- or 8-lane vectors):
+        # padded vectors all the same, their panel read from the L2 (17-36x faster than the lanes it had)
+        return padded_tile_opts(red, glob, operands, *deep_padded, caps, fit_l1=False)
     return padded_tile
 
 
@@ -391,19 +397,20 @@ def padded_columns(last: UOp, caps: Capabilities) -> int:
 
 
 def padded_tile_opts(red: UOp, glob: list[UOp], operands: list[UOp], last: UOp, padded: int,
-                     caps: Capabilities) -> list[Opt]:
+                     caps: Capabilities, fit_l1: bool = True) -> list[Opt]:
     """An outer-product tile whose columns are `last` padded to `padded` points (PADTO; the lanes past the
     end gated off): as many vectors per row as divide it (tile_vector_counts) and fit the registers beside
     their rows and whose column panel (reduction x columns) fits the L1, the rows from _tile_rows as for any
     tile. None for a deeper reduction (a 3x3 conv over 64 channels and more), which keeps its tile of long
     rows or its staged panels, measured faster there: 144 -> 24 channels at 56 x 56 got 2 vectors (1.2x
-    faster than its 8-lane tile), not 4, whose panel would not fit."""
+    faster than its 8-lane tile), not 4, whose panel would not fit. With `fit_l1` False the panel may
+    outgrow the L1 (the last resort of a kernel that gets no other tile)."""
     width = int(caps.vector_width or 1)
     regs = int(caps.registers or 16)
     k = math.prod(range_size(r) or 0 for r in red.src[1:])
     panel = k * width * max(ix.dtype.itemsize for ix in operands)  # bytes per vector of columns
     vecs = next((v for v in tile_vector_counts(caps) if padded % (v * width) == 0 and 2 * v + 1 <= regs
-                 and 0 < v * panel <= (caps.l1_bytes or 32 * 1024)), 0)
+                 and 0 < v * panel and (not fit_l1 or v * panel <= (caps.l1_bytes or 32 * 1024))), 0)
     if not vecs:
         return []
     rows, tile_rows = _tile_rows(glob, operands, last, vecs * width, caps)
@@ -497,7 +504,10 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     contiguous = [ix for ix in loads if range_coeff(ix.src[1], inner) == 1]
     if not contiguous or any(range_coeff(ix.src[1], inner) not in (0, 1) for ix in loads):
         return []
-    lanes = next((n for n in (width, width // 2) if n >= 4 and divides(inner, n) and range_size(inner) >= n), 0)
+    # a quarter of the width where nothing wider divides (a 28-pixel row: a 3x3 conv weight gradient at 28 x 28
+    # ran 30x faster in 4 lanes than with no tile)
+    lanes = next((n for n in (width, width // 2, width // 4) if n >= 4 and divides(inner, n)
+                  and range_size(inner) >= n), 0)
     # a symbolic range (a Variable batch) qualifies too: its last tile is padded (opts._split_symbolic)
     reuse = [r for r in reversed(glob) if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
     if not lanes or not reuse:
