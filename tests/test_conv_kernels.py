@@ -81,7 +81,8 @@ def test_deep_convs_over_short_rows_get_register_tiles(channels, pixels):
     """A 3x3 conv over 128 channels at 28 x 28 (256 at 14 x 14: ResNet's later stages): 28 or 14 pixels take
     no 16- or 8-lane vectors and the padded tile's column panel outgrows the L1, so forward and input
     gradient got no tile at all (lanes along the strided channels: 11-34x slower); now the padded tile,
-    from the L2. The weight gradient's dot tile takes 4 lanes along a 28-pixel row (it had none: 30x)."""
+    from the L2. The weight gradient's dot tile takes 4 lanes along a 28-pixel row (it had none: 30x), and
+    scalar chains along a 14-pixel one."""
     asts = _step_kernels((8, channels, pixels, pixels), (channels, channels, 3, 3), 1)
     specs = [lower(a, CLANG_AVX512) for a in asts]
     convs = [s for s in specs if s.name.startswith(f"r_8_{channels}")]
@@ -90,18 +91,21 @@ def test_deep_convs_over_short_rows_get_register_tiles(channels, pixels):
         padded = -(-pixels // 16) * 16
         assert (OptKind.PADTO, padded) in [(o.kind, o.amount) for o in spec.opts], spec.opts
         assert any(o.kind is OptKind.UPCAST and o.amount == 8 for o in spec.opts), spec.opts  # rows: channels
-    if pixels == 28:
-        (dw,) = [s for s in specs if s.name.startswith(f"r_{channels}_{channels}_3_3")]
-        assert (OptKind.SPLIT_REDUCE, 4) in [(o.kind, o.amount) for o in dw.opts], dw.opts
-        assert sum(1 for o in dw.opts if o.kind is OptKind.UPCAST) == 3, dw.opts
+    # 14 pixels take no 4 lanes either: the same tile of 4 x 2 x 3 scalar chains (it had one chain: 7x)
+    (dw,) = [s for s in specs if s.name.startswith(f"r_{channels}_{channels}_3_3")]
+    lanes = [o.amount for o in dw.opts if o.kind is OptKind.SPLIT_REDUCE]
+    assert lanes == ([4] if pixels == 28 else []), dw.opts
+    assert sorted(o.amount for o in dw.opts if o.kind is OptKind.UPCAST) == [2, 3, 4], dw.opts
 
 
 @pytest.mark.parametrize("device", HOSTS)
-def test_deep_short_row_conv_equals_torch(device):
+@pytest.mark.parametrize("pixels", [28, 14])
+def test_deep_short_row_conv_equals_torch(device, pixels):
     """Forward and both gradients of a 3x3 conv over 64 channels at 28 x 28 (its padded tile's panel, 576 x 16
-    floats, outgrows a 32 KiB L1; its weight gradient's dot tile in 4 lanes) equal torch's."""
-    rng = np.random.default_rng(28)
-    xn = rng.standard_normal((2, 64, 28, 28)).astype(np.float32)
+    floats, outgrows a 32 KiB L1; its weight gradient's dot tile in 4 lanes) and at 14 x 14 (scalar chains)
+    equal torch's."""
+    rng = np.random.default_rng(pixels)
+    xn = rng.standard_normal((2, 64, pixels, pixels)).astype(np.float32)
     wn = (rng.standard_normal((64, 64, 3, 3)) * 0.1).astype(np.float32)
     x, w = Tensor(xn, device=device, requires_grad=True), Tensor(wn, device=device, requires_grad=True)
     out = x.conv2d(w, padding=1)
