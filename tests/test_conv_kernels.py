@@ -51,6 +51,73 @@ def test_conv_tiles_stage_their_weight_per_row_tile():
         assert [x.arg for x in prog.insts if x.op is L.LOCAL] == [8 * 576]
 
 
+def test_half_width_conv_tiles_take_sixteen_rows_where_the_code_generator_holds_them():
+    """A 56-pixel row takes 8-lane vectors on a 16-lane device; its tile's rows (output channels) are then 16,
+    not 8, where the code generator holds a 4-vector tile (tile_vectors 4: clang): 8 accumulators were just
+    Zen 4's 256-bit FMA units x latency. A code generator of 2-vector tiles (X86, gcc) keeps 8 rows, and a
+    tile of full vectors keeps its rows too."""
+    asts = _step_kernels((8, 64, 56, 56), (64, 64, 3, 3), 1)
+    clang = Capabilities(threads=2, vector_width=16, registers=32, fma=True, fma_units=1, fma_latency=4,
+                         stage_bytes=512 * 1024, tile_vectors=4)
+    for caps, rows in ((clang, 16), (AVX512, 8)):
+        tiles = [s for s in (lower(a, caps) for a in asts) if s.name.startswith("r_8_64_56_56")]
+        assert len(tiles) == 2
+        for spec in tiles:
+            ups = sorted(o.amount for o in spec.opts if o.kind is OptKind.UPCAST)
+            assert ups == sorted([rows, 8]), spec.opts
+            assert [x.arg for x in linearize(spec, vector_width=16).insts if x.op is L.LOCAL] == [rows * 576]
+    # a 16-pixel row is one full 16-lane vector: its tile keeps 8 rows
+    full = [lower(a, clang) for a in _step_kernels((8, 64, 16, 16), (64, 64, 3, 3), 1)]
+    ups = [sorted(o.amount for o in s.opts if o.kind is OptKind.UPCAST) for s in full if s.name.startswith("r_8_64_16")]
+    assert ups == [[8, 16], [8, 16]]
+
+
+CLANG_AVX512 = Capabilities(threads=2, vector_width=16, registers=32, fma=True, fma_units=1, fma_latency=4,
+                            stage_bytes=512 * 1024, tile_vectors=4, l1_bytes=32 * 1024, masked_vectors=True)
+
+
+@pytest.mark.parametrize("channels,pixels", [(128, 28), (256, 14)])
+def test_deep_convs_over_short_rows_get_register_tiles(channels, pixels):
+    """A 3x3 conv over 128 channels at 28 x 28 (256 at 14 x 14: ResNet's later stages): 28 or 14 pixels take
+    no 16- or 8-lane vectors and the padded tile's column panel outgrows the L1, so forward and input
+    gradient got no tile at all (lanes along the strided channels: 11-34x slower); now the padded tile,
+    from the L2. The weight gradient's dot tile takes 4 lanes along a 28-pixel row (it had none: 30x), and
+    scalar chains along a 14-pixel one."""
+    asts = _step_kernels((8, channels, pixels, pixels), (channels, channels, 3, 3), 1)
+    specs = [lower(a, CLANG_AVX512) for a in asts]
+    convs = [s for s in specs if s.name.startswith(f"r_8_{channels}")]
+    assert len(convs) == 2
+    for spec in convs:
+        padded = -(-pixels // 16) * 16
+        assert (OptKind.PADTO, padded) in [(o.kind, o.amount) for o in spec.opts], spec.opts
+        assert any(o.kind is OptKind.UPCAST and o.amount == 8 for o in spec.opts), spec.opts  # rows: channels
+    # 14 pixels take no 4 lanes either: the same tile of 4 x 2 x 3 scalar chains (it had one chain: 7x)
+    (dw,) = [s for s in specs if s.name.startswith(f"r_{channels}_{channels}_3_3")]
+    lanes = [o.amount for o in dw.opts if o.kind is OptKind.SPLIT_REDUCE]
+    assert lanes == ([4] if pixels == 28 else []), dw.opts
+    assert sorted(o.amount for o in dw.opts if o.kind is OptKind.UPCAST) == [2, 3, 4], dw.opts
+
+
+@pytest.mark.parametrize("device", HOSTS)
+@pytest.mark.parametrize("pixels", [28, 14])
+def test_deep_short_row_conv_equals_torch(device, pixels):
+    """Forward and both gradients of a 3x3 conv over 64 channels at 28 x 28 (its padded tile's panel, 576 x 16
+    floats, outgrows a 32 KiB L1; its weight gradient's dot tile in 4 lanes) and at 14 x 14 (scalar chains)
+    equal torch's."""
+    rng = np.random.default_rng(pixels)
+    xn = rng.standard_normal((2, 64, pixels, pixels)).astype(np.float32)
+    wn = (rng.standard_normal((64, 64, 3, 3)) * 0.1).astype(np.float32)
+    x, w = Tensor(xn, device=device, requires_grad=True), Tensor(wn, device=device, requires_grad=True)
+    out = x.conv2d(w, padding=1)
+    gn = rng.standard_normal(out.shape).astype(np.float32)
+    (out * Tensor(gn, device=device)).sum().backward()
+    xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    ref = torch.nn.functional.conv2d(xt, wt, padding=1)
+    ref.backward(torch.tensor(gn))
+    for got, want in ((out, ref), (x.grad, xt.grad), (w.grad, wt.grad)):
+        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-3)
+
+
 def test_small_reuse_rows_are_not_staged():
     """An MLP's 512 x 512 weight gradient (x.T @ g over a batch of 128) serves 8 column tiles per row
     tile: copying its strided rows costs more than it saves, so the tile stays as it was."""

@@ -59,6 +59,14 @@ ODD_TILE_ROWS = (7, 5, 3)
 # registers a tile of long rows (_long_rows) leaves besides its accumulators: the column vector, the
 # broadcast and two for the compiler
 LONG_ROWS_SPARE = 4
+# row counts tried first for a tile of one vector narrower than the device's (a 56-pixel row in 8-lane vectors
+# on a 16-lane device), where they fit the registers with LONG_ROWS_SPARE left. The device's units x latency
+# accumulators count full-width FMAs; narrower ones may issue at twice the rate (Zen 4: one 512-bit FMA a
+# cycle, two 256-bit), so 8 rows of 8 lanes left the FMAs no slack. A 3x3 conv over 64 channels at 56 x 56
+# (forward and input gradient): 16 output channels x 8 pixels ran 1.13x faster than 8 x 8 (one Zen 4 core).
+# Only where the code generator holds a 4-vector tile's accumulators (tile_vectors 4: clang with 32
+# registers): X86's emitter ran that conv 2x slower with 16 rows, gcc 0.86-1.1x
+HALF_VECTOR_ROWS = (16, 12)
 # a tile of long rows replaces one of at least this many times fewer rows (7 pixels x 1 vector lost to a
 # batch of 16 images' 4 rows x 4 vectors with its input staged: 1.4x slower)
 LONG_ROWS_GAIN = 2
@@ -145,7 +153,7 @@ def heuristic_opts(ast: UOp, caps: Capabilities | None = None) -> list[Opt]:
         # a sum or maximum over a Variable (a softmax over a prompt's tokens): lanes, the last vector padded
         # with the identity (opts._split_symbolic_reduce; other reductions are left as they are)
         opts.append(Opt(OptKind.SPLIT_REDUCE, inner.arg[0], 8))
-    return opts
+    return opts or (scalar_dot_tile_opts(glob, red, loads, caps) if caps is not None else [])
 
 
 def _lanes_from(red: UOp) -> int:
@@ -310,6 +318,7 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
     plain = [r for r in glob if all(range_coeff(ix.src[1], r) in (0, 1) for ix in operands)
              and any(range_coeff(ix.src[1], r) == 1 for ix in operands)]
     padded_tile: list[Opt] = []  # the tile of a contiguous output range padded to full vectors, if any
+    deep_padded: tuple[UOp, int] | None = None  # such a range whose column panel does not fit the L1
     for last in [r for r in reversed(glob) if r in plain] + [r for r in reversed(glob) if r not in plain]:
         if range_size(last) is None:
             continue
@@ -324,6 +333,7 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
             padded_tile = padded_tile_opts(red, glob, operands, last, padded, caps)
             if padded_tile:
                 continue
+            deep_padded = deep_padded or (last, padded)
         if not (contiguous and reused) or not column_lanes(last, caps):
             continue
         # the widest row the device likes (tile_vectors), narrower while a big kernel's column panel of
@@ -364,6 +374,10 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
             # over 512 tokens ran 1.3-2x slower that way (one Zen 4 core; about even at 32 tokens)
             return opts
         return dot_tile_opts(glob, red, loads, caps, _streams_rows(ast, red)) or opts
+    if not padded_tile and deep_padded is not None:
+        # no other tile (a 3x3 conv over 128 channels at 28 x 28: 28 pixels take no 16- or 8-lane vectors):
+        # padded vectors all the same, their panel read from the L2 (11-37x faster than the lanes it had)
+        return padded_tile_opts(red, glob, operands, *deep_padded, caps, fit_l1=False)
     return padded_tile
 
 
@@ -383,19 +397,20 @@ def padded_columns(last: UOp, caps: Capabilities) -> int:
 
 
 def padded_tile_opts(red: UOp, glob: list[UOp], operands: list[UOp], last: UOp, padded: int,
-                     caps: Capabilities) -> list[Opt]:
+                     caps: Capabilities, fit_l1: bool = True) -> list[Opt]:
     """An outer-product tile whose columns are `last` padded to `padded` points (PADTO; the lanes past the
     end gated off): as many vectors per row as divide it (tile_vector_counts) and fit the registers beside
     their rows and whose column panel (reduction x columns) fits the L1, the rows from _tile_rows as for any
     tile. None for a deeper reduction (a 3x3 conv over 64 channels and more), which keeps its tile of long
     rows or its staged panels, measured faster there: 144 -> 24 channels at 56 x 56 got 2 vectors (1.2x
-    faster than its 8-lane tile), not 4, whose panel would not fit."""
+    faster than its 8-lane tile), not 4, whose panel would not fit. With `fit_l1` False the panel may
+    outgrow the L1 (the last resort of a kernel that gets no other tile)."""
     width = int(caps.vector_width or 1)
     regs = int(caps.registers or 16)
     k = math.prod(range_size(r) or 0 for r in red.src[1:])
     panel = k * width * max(ix.dtype.itemsize for ix in operands)  # bytes per vector of columns
     vecs = next((v for v in tile_vector_counts(caps) if padded % (v * width) == 0 and 2 * v + 1 <= regs
-                 and 0 < v * panel <= (caps.l1_bytes or 32 * 1024)), 0)
+                 and 0 < v * panel and (not fit_l1 or v * panel <= (caps.l1_bytes or 32 * 1024))), 0)
     if not vecs:
         return []
     rows, tile_rows = _tile_rows(glob, operands, last, vecs * width, caps)
@@ -416,6 +431,8 @@ def _tile_rows(glob: list[UOp], loads: list[UOp], last: UOp, cols: int, caps: Ca
     vecs = max(1, cols // caps.vector_width)
     regs = int(caps.registers or 16)
     fits = [r for r in (8, 6, 4, 2) if r * vecs + vecs + 1 <= regs]
+    if cols < caps.vector_width and max(tile_vector_counts(caps)) >= 4:  # one narrower vector: more rows
+        fits = [r for r in HALF_VECTOR_ROWS if r + LONG_ROWS_SPARE <= regs] + fits
     along = [ix for ix in loads if last in ix.src[1].toposort()]
     others = [r for r in reversed(glob) if r is not last]
     shared = [r for r in others if along and all(range_coeff(ix.src[1], r) == 0 for ix in along)]
@@ -470,7 +487,8 @@ def _stage_blocked(ast: UOp, red: UOp, glob: list[UOp], loads: list[UOp], last: 
     return plan is not None and not plan[1]
 
 
-def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilities, stream: bool = True) -> list[Opt]:
+def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilities, stream: bool = True,
+                  scalar: bool = False) -> list[Opt]:
     """A tile of dot products, for kernels whose operands are contiguous along the reduction, not
     along an output column (a conv's weight gradient, batched q @ k.T): the innermost reduce range is
     split into vector lanes (SPLIT_REDUCE) and up to two output ranges, each of which some operand does
@@ -478,7 +496,8 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     a x b vector accumulators plus a + b operand vectors fit the registers. With no output range that
     divides, the lanes alone (a quantized LM head over 50257 rows: one scalar FMA chain per row before).
     With `stream`, a matvec over a dequantized weight reads its rows one at a time (streamed_row_opts); a
-    costly epilogue (GELU) keeps the row tile, whose unrolled rows overlap its scalar chains."""
+    costly epilogue (GELU) keeps the row tile, whose unrolled rows overlap its scalar chains. With `scalar`,
+    where no lane count divides the innermost reduce range, the tile without lanes (scalar_dot_tile_opts)."""
     inner = red.src[-1]
     width = max(1, int(caps.vector_width or 1))
     regs = int(caps.registers or 16)
@@ -487,12 +506,15 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     contiguous = [ix for ix in loads if range_coeff(ix.src[1], inner) == 1]
     if not contiguous or any(range_coeff(ix.src[1], inner) not in (0, 1) for ix in loads):
         return []
-    lanes = next((n for n in (width, width // 2) if n >= 4 and divides(inner, n) and range_size(inner) >= n), 0)
+    # a quarter of the width where nothing wider divides (a 28-pixel row: a 3x3 conv weight gradient at 28 x 28
+    # ran 30x faster in 4 lanes than with no tile)
+    lanes = next((n for n in (width, width // 2, width // 4) if n >= 4 and divides(inner, n)
+                  and range_size(inner) >= n), 0)
     # a symbolic range (a Variable batch) qualifies too: its last tile is padded (opts._split_symbolic)
     reuse = [r for r in reversed(glob) if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
-    if not lanes or not reuse:
+    if not (lanes or scalar) or not reuse:
         return []
-    if stream and len(reuse) == 1 and decompressed_operand(red) is not None:
+    if lanes and stream and len(reuse) == 1 and decompressed_operand(red) is not None:
         return streamed_row_opts(red, lanes)
     picked: list[tuple[UOp, int]] = []
     for r in reuse:
@@ -504,8 +526,16 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     picked = _with_shift_range(picked, glob, inner, loads, regs)
     if not picked:  # no output range to tile (odd sizes: a vocabulary of 50257): lanes along the reduction
         total = math.prod(range_size(r) or 0 for r in red.src[1:])
-        return [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)] if total >= 4 * lanes else []
-    return [Opt(OptKind.UPCAST, r.arg[0], a) for r, a in picked] + [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)]
+        return [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)] if lanes and total >= 4 * lanes else []
+    split = [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)] if lanes else []
+    return [Opt(OptKind.UPCAST, r.arg[0], a) for r, a in picked] + split
+
+
+def scalar_dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilities) -> list[Opt]:
+    """The tile of dot products without lanes, for a kernel that gets nothing else: its innermost reduce range
+    takes no 4 or more lanes (a 3x3 conv weight gradient over 14- or 7-pixel rows), so it ran one scalar FMA
+    chain per output; the tile's independent chains share each load (256 channels at 14 x 14: 7x faster)."""
+    return dot_tile_opts(glob, red, loads, caps, stream=False, scalar=True)
 
 
 def streamed_row_opts(red: UOp, lanes: int) -> list[Opt]:
