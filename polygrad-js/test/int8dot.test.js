@@ -308,6 +308,12 @@ try {
   const withFma = await Model.fromBytes(bytes, { threads: 1 })
   const fma = ref.x.map((x) => { const r = withFma.forward({ x: Float32Array.from(x) }); return { y8: Array.from(r.y8), y4: Array.from(r.y4) } })
   withFma.dispose()
+  // the plain path in this engine (the same tiles as the dot path: runtime.js dotCols is the engine's, so the
+  // float sums run in the same order; Node's 2-column tiles add them in another)
+  const plainM = await Model.fromBytes(bytes, { threads: 1, fma: false, int8Dot: false })
+  const plain = ref.x.map((x) => { const r = plainM.forward({ x: Float32Array.from(x) }); return { y8: Array.from(r.y8), y4: Array.from(r.y4) } })
+  const plainDot = plainM._x.dot || plainM._x.dotLanes
+  plainM.dispose()
   const m = await Model.fromBytes(bytes, { threads: 2, fma: false })
   const sync = []
   const threaded = []
@@ -328,7 +334,7 @@ try {
     relaxedDots += instsOf(p).filter((x) => x.k === 'dot4' && !x.signs).length
     for (const ph of p.phases || []) phaseDots += instsOf(ph).filter((x) => x.k === 'dot4').length
   }
-  window.__result = { fma, dot: m._x.dot, threads: m.backendInfo.threads, calls: m._x.pool ? m._x.pool.calls : 0, sync, threaded, dots, relaxedDots, phaseDots }
+  window.__result = { fma, plain, plainDot, dotCols: m._x.dotCols, dot: m._x.dot, threads: m.backendInfo.threads, calls: m._x.pool ? m._x.pool.calls : 0, sync, threaded, dots, relaxedDots, phaseDots }
   m.dispose()
 } catch (e) {
   window.__result = { error: String(e && e.stack || e) }
@@ -342,18 +348,21 @@ test('in Chromium the dot-product path gives the plain path\'s bits, on one thre
   }))
   assert.ok(!r.error, r.error)
   assert.strictEqual(r.dot, true, 'Chromium computes relaxed SIMD\'s int8 dot product')
-  // both matvecs sum their blocks with the standard dot4's pair form (Q4_0: a tile of 2 rows, Q8_0: 1; 2 vectors of
-  // lanes), which goes before relaxed SIMD's gathered one where it applies (linearize.js dotReduce)
-  assert.strictEqual(r.dots, 4 + 2, 'dot4s')
+  // both matvecs sum their blocks with the standard dot4's pair form (Q4_0: a tile of 4 rows where the engine has
+  // relaxed SIMD, runtime.js dotCols; Q8_0's 13: 1; 2 vectors of lanes), which goes before relaxed SIMD's gathered
+  // one where it applies (linearize.js dotReduce)
+  assert.strictEqual(r.dots, 8 + 2, 'dot4s')
   assert.strictEqual(r.relaxedDots, 0, 'relaxed dot4s')
-  assert.strictEqual(r.phaseDots, 4 + 2, 'so do its threaded phases')
+  assert.strictEqual(r.phaseDots, 8 + 2, 'so do its threaded phases')
   assert.strictEqual(r.threads, 2)
   assert.ok(r.calls > 0, 'the worker ran slices')
+  assert.strictEqual(r.dotCols, 4, 'relaxed SIMD: 4 columns a tile')
+  assert.strictEqual(r.plainDot, false, 'int8Dot: false takes the plain path')
+  checkReference(r.plain, 'Chromium, plain path')
   checkReference(r.sync, 'Chromium')
   checkReference(r.fma, 'Chromium, fma on')
-  const plain = plainOutputs()
-  assert.deepStrictEqual(r.sync, plain, 'dot products: the plain path\'s bits')
-  assert.deepStrictEqual(r.threaded, plain, 'threaded: the same bits')
+  assert.deepStrictEqual(r.sync, r.plain, 'dot products: the plain path\'s bits')
+  assert.deepStrictEqual(r.threaded, r.plain, 'threaded: the same bits')
 })
 
 test('float16 scales convert in line, bit for bit the h2f helper, every one of the 65536 patterns', () => {
