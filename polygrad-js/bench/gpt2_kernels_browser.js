@@ -14,9 +14,10 @@
  *        [--quant FMT]  # bench/gpt2s_<FMT>.pgb's decode matvecs (make_gpt2.py --quant), each with the int8 dot
  *                       # product (an int8-route bundle's block sums: linearize.js dotReduce) on and off, fma on
  *        [--js-flags F] # V8 flags for Chromium's renderer (e.g. --no-liftoff), to test what a change of engine does
- *        [--profile]    # instead: a whole decode step at 1 thread, each kernel's time (the fastest of 9 steps;
- *                       # cache-cold weights, as in generation) in Node and in the page, the same bundle and
- *                       # build side by side: where the page's extra time a token goes
+ *        [--profile [decode|prefill|forward]]  # instead: one call of the entrypoint (decode: a step; the
+ *                       # others a 32-token prompt) at 1 thread, each kernel's time (the fastest of 9 calls)
+ *                       # in Node and in the page, the same bundle and build side by side: where the page's
+ *                       # extra time goes
  */
 
 const fs = require('fs')
@@ -37,20 +38,23 @@ const KERNELS = QUANT
 const CONFIGS = QUANT ? [[true, true], [true, false]] : [[true, true], [false, true]]
 
 const PROFILE = process.argv.includes('--profile')
+const PROFILE_ENTRY = PROFILE && !String(arg('--profile', '')).startsWith('--') ? arg('--profile') : 'decode'
+if (!['decode', 'prefill', 'forward'].includes(PROFILE_ENTRY)) throw new Error(`--profile takes decode, prefill or forward, not ${JSON.stringify(PROFILE_ENTRY)}`)
 const JS_FLAGS = arg('--js-flags', null)
 const launchArgs = () => ['--headless', '--no-sandbox', '--disable-gpu', ...(JS_FLAGS ? [`--js-flags=${JS_FLAGS}`] : [])]
 
 /**
- * One decode step's kernels on one thread (no phases): each step's compiled function wrapped with `now()`'s
+ * One call's kernels on one thread (no phases): each step's compiled function wrapped with `now()`'s
  * timer, 3 warm steps and 9 timed ones; per kernel name the sum over its calls of each call's fastest time, and
  * the fastest whole step (ms). Runs in Node and, as its source, in the page (so the two run the same code).
  */
-async function profileDecode (Model, bytes, now) {
+async function profileEntry (Model, bytes, now, entry) {
   const m = await Model.fromBytes(bytes, { threads: 1 })
   let pos = 0
-  const step = () => m.callAsync('decode', { input_ids: Int32Array.of(5), pos: pos++ })
+  const prompt = Int32Array.from({ length: 32 }, (_, i) => (i * 797) % 50257)
+  const step = () => (entry === 'decode' ? m.callAsync('decode', { input_ids: Int32Array.of(5), pos: pos++ }) : m.callAsync(entry, { input_ids: prompt }))
   for (let i = 0; i < 3; i++) await step()
-  const steps = m._x.entries.decode
+  const steps = m._x.entries[entry]
   const times = steps.map(() => [])
   steps.forEach((st, i) => {
     for (const key of ['main', 'small', 'packed', 'packedMain']) {
@@ -86,10 +90,10 @@ async function profileDecode (Model, bytes, now) {
 
 const PROFILE_PAGE = `<!doctype html><meta charset="utf-8"><body><script type="module">
 const { Model } = await import(new URLSearchParams(location.search).get('lib') + '/polygrad.browser.mjs')
-${profileDecode.toString()}
+${profileEntry.toString()}
 try {
   const bytes = new Uint8Array(await (await fetch('/gpt2s.pgb')).arrayBuffer())
-  window.__result = await profileDecode(Model, bytes, () => performance.now())
+  window.__result = await profileEntry(Model, bytes, () => performance.now(), ${JSON.stringify(PROFILE_ENTRY)})
 } catch (e) {
   window.__result = { error: String(e && e.stack || e) }
 }
@@ -178,11 +182,11 @@ async function profileBoth () {
   const server = await serve()
   const { chromium } = require('playwright-core')
   const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', headless: true, args: launchArgs() })
-  console.log(`load average ${require('os').loadavg().map((l) => l.toFixed(2)).join(' ')}; Node ${process.version}; ${browser.version()}; ${BUNDLE}, decode at 1 thread`)
+  console.log(`load average ${require('os').loadavg().map((l) => l.toFixed(2)).join(' ')}; Node ${process.version}; ${browser.version()}; ${BUNDLE}, ${PROFILE_ENTRY} at 1 thread`)
   try {
     for (const lib of BASE ? ['lib', 'base'] : ['lib']) {
       const { Model } = require(lib === 'lib' ? ROOT : BASE)
-      const node = await profileDecode(Model, bytes, () => performance.now())
+      const node = await profileEntry(Model, bytes, () => performance.now(), PROFILE_ENTRY)
       const page = await browser.newPage()
       await page.goto(`http://127.0.0.1:${server.address().port}/?lib=/${lib}`)
       await page.waitForFunction('window.__result !== undefined', null, { timeout: 10 * 60 * 1000 })
