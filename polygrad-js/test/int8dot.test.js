@@ -216,25 +216,32 @@ test('no 16-bit dot product takes two extends: one operand widened by an interle
   m.dispose()
 })
 
-test('the standard-SIMD dot4 on gathered bytes (no second vector of lanes to pair with) gives the plain loop\'s bits', () => {
-  const { chooseOpts } = require('../src/lower')
-  const { prepareKernel } = require('../src/compile')
-  const { buildModule, importObject } = require('../src/wasm/module')
-  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
+/**
+ * Each int8-route matvec of `m` lowered with its block's second vector of lanes left a loop (no dotGroupUnroll),
+ * so each dot4 gathers its own bytes (linearize.js dotBytes), with `dotOpts` (the standard-SIMD dot4:
+ * {dotLanes: true}; relaxed SIMD's: {dot: true}) and without (the plain loop), run on the same random bytes
+ * in every buffer: {checked, dots, relaxed, same} (same: the two wrote the same bytes everywhere). Runs in Node
+ * and, as its source, in a page (`L` the lowering's stages: index.js _internals.lowering).
+ */
+function gatheredDots (m, L, dotOpts) {
   const prog = m._x.prog
-  let checked = 0
+  const out = { checked: 0, dots: 0, relaxed: 0, same: [] }
   for (const c of m._p.entries.forward.calls) {
     if (c.copy) continue
     const ast = prog.kernels[c.kernel]
-    const prepared = prepareKernel(prog.graph, ast)
-    // the block's second vector of lanes left a loop (no dotGroupUnroll): each dot4 gathers its own bytes (dotBytes)
-    const opts = chooseOpts(prepared.ast, 4).filter((o) => o.kind !== 'UNROLL' || o.range.arg[1] !== 'reduce' || o.amount !== 2 ||
-      !chooseOpts(prepared.ast, 4).some((q) => q.kind === 'SPLIT_REDUCE' && q.range === o.range))
-    const lanes = lowerKernel(prog.graph, ast, { width: 4, prepared, opts, dotLanes: true })
-    const dots = instsOf(lanes).filter((x) => x.k === 'dot4')
+    const prepared = L.prepareKernel(prog.graph, ast)
+    const all = L.chooseOpts(prepared.ast, 4)
+    const opts = all.filter((o) => o.kind !== 'UNROLL' || o.range.arg[1] !== 'reduce' || o.amount !== 2 ||
+      !all.some((q) => q.kind === 'SPLIT_REDUCE' && q.range === o.range))
+    const lanes = L.lowerKernel(prog.graph, ast, { width: 4, prepared, opts, ...dotOpts })
+    const walk = (xs, f) => { for (const x of xs) { f(x); if (x.pre) walk(x.pre, f); if (x.body) walk(x.body, f) } }
+    const dots = []
+    walk([...lanes.head, ...lanes.body], (x) => { if (x.k === 'dot4') dots.push(x) })
     if (!dots.length) continue
-    assert.ok(dots.every((x) => x.pairs && !x.wide), 'the gathered pair layout')
-    const plain = lowerKernel(prog.graph, ast, { width: 4, prepared, opts })
+    out.dots += dots.length
+    out.relaxed += dots.filter((x) => !x.signs).length
+    if (dots.some((x) => x.wide)) throw new Error('a dot4 read whole vectors: the gathered form was not taken')
+    const plain = L.lowerKernel(prog.graph, ast, { width: 4, prepared, opts })
     // every buffer of the call filled with the same random bytes (float buffers with finite floats) for both
     const layout = new Map()
     let at = 64
@@ -251,17 +258,50 @@ test('the standard-SIMD dot4 on gathered bytes (no second vector of lanes to pai
         else new Uint8Array(mem.buffer, L.base, L.size * L.d.size).forEach((_, i, v) => { v[i] = rnd() & 255 })
       }
     }
-    const out = (p) => {
+    const run = (p) => {
       const memory = new WebAssembly.Memory({ initial: Math.ceil(at / 65536) + 1 })
       fill(memory)
-      new WebAssembly.Instance(new WebAssembly.Module(buildModule([{ prog: p, layout }], memory.buffer.byteLength / 65536)), importObject(memory)).exports.k0()
+      new WebAssembly.Instance(new WebAssembly.Module(L.buildModule([{ prog: p, layout }], memory.buffer.byteLength / 65536)), L.importObject(memory)).exports.k0()
       return new Uint8Array(memory.buffer, 0, at).slice()
     }
-    assert.deepStrictEqual(out(lanes), out(plain), `${lanes.name}: the same bytes everywhere`)
-    checked++
+    const [a, b] = [run(lanes), run(plain)]
+    out.same.push(a.length === b.length && a.every((v, i) => v === b[i]))
+    out.checked++
   }
-  assert.strictEqual(checked, 2, 'both matvecs (Q8_0 and Q4_0)')
+  return out
+}
+
+test('the standard-SIMD dot4 on gathered bytes (no second vector of lanes to pair with) gives the plain loop\'s bits', () => {
+  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
+  const L = { ...require('../src/lower'), ...require('../src/compile'), ...require('../src/wasm/module') }
+  const r = gatheredDots(m, L, { dotLanes: true })
   m.dispose()
+  assert.strictEqual(r.checked, 2, 'both matvecs (Q8_0 and Q4_0)')
+  assert.strictEqual(r.relaxed, 0)
+  assert.deepStrictEqual(r.same, [true, true], 'the same bytes everywhere')
+})
+
+const GATHERED_PAGE = `<!doctype html><meta charset="utf-8"><script type="module">
+import api from '/dist/polygrad.browser.mjs'
+${gatheredDots.toString()}
+try {
+  const m = await api.Model.fromBytes(new Uint8Array(await (await fetch('/int8_dot.pgb')).arrayBuffer()), { threads: 1 })
+  const L = api._internals.lowering
+  window.__result = { supported: L.relaxedDotSupported(), ...gatheredDots(m, L, { dot: true }) }
+  m.dispose()
+} catch (e) {
+  window.__result = { error: String(e && e.stack || e) }
+}
+</script>`
+
+test('in Chromium relaxed SIMD\'s dot4 on gathered bytes (the fallback where the pair form does not apply) gives the plain loop\'s bits', { skip: pageResult.skip, timeout: 120000 }, async () => {
+  const r = await pageResult(pageFiles(GATHERED_PAGE, { '/int8_dot.pgb': ['application/octet-stream', fixture('int8_dot.pgb')] }))
+  assert.ok(!r.error, r.error)
+  assert.strictEqual(r.supported, true, 'Chromium computes relaxed SIMD\'s int8 dot product')
+  // Q4_0's nibbles (7-bit, their -8 an offset: a second dot with ones) take it; Q8_0's 8-bit weights stay plain
+  assert.strictEqual(r.checked, 1, 'the Q4_0 matvec')
+  assert.ok(r.relaxed > 0 && r.relaxed === r.dots, `${r.relaxed} of ${r.dots} dot4s relaxed`)
+  assert.deepStrictEqual(r.same, [true], 'the same bytes everywhere')
 })
 
 test('relaxedDotSupported holds exactly where the instruction computes the standard result', (t) => {
