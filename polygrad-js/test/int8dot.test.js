@@ -216,6 +216,43 @@ test('no 16-bit dot product takes two extends: one operand widened by an interle
   m.dispose()
 })
 
+test('the Q4_0 nibbles\' mask and offset are locals set before the loops, not constants built in the block loop', () => {
+  // V8 builds a v128.const again at each use inside a loop (3 x86 instructions); a splat it cannot see is constant
+  // stays in a register (emit.js byteSplat): GPT-2 small's Q4_0 decode block loop 222 -> 204 x86 instructions
+  // (Chromium, 4 columns), 126 -> 120 (Node 20, 2)
+  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
+  const prog = m._x.prog
+  let checked = 0
+  for (const ast of prog.kernels) {
+    const p = lowerKernel(prog.graph, ast, { width: 4, dotLanes: true })
+    if (!instsOf(p).some((x) => x.k === 'byteops')) continue
+    const loops = new Set()
+    const walk = (xs) => { for (const x of xs) { if (x.k === 'loop') { loops.add(x.body); walk(x.body) } if (x.k === 'if') walk(x.body) } }
+    walk(p.head)
+    walk(p.body)
+    const layout = new Map(p.params.map((q, i) => [q.slot, { base: 1024 * (i + 1), size: 4096 }]))
+    const e = new KernelEmitter(p, layout, {}, {})
+    let depth = 0
+    let inLoops = 0
+    const block = e.block.bind(e)
+    e.block = (insts) => {
+      const loop = loops.has(insts)
+      if (loop) depth++
+      try { block(insts) } finally { if (loop) depth-- }
+    }
+    const konst = e.c.v128const.bind(e.c)
+    e.c.v128const = (bytes) => { if (depth > 0) inLoops++; return konst(bytes) }
+    const f = e.emit()
+    assert.strictEqual(inLoops, 0, `${p.name}: v128.const in a loop`)
+    // the mask 15 (low nibble; 255 >> 4 after the high one's 16-bit shift) and -8
+    assert.strictEqual(f.stats.byteSplats, 2, `${p.name}: byte splats`)
+    // and the function still computes the plain path's bits (the standard-SIMD test above runs it)
+    checked++
+  }
+  assert.strictEqual(checked, 1, 'the Q4_0 matvec')
+  m.dispose()
+})
+
 /**
  * Each int8-route matvec of `m` lowered with its block's second vector of lanes left a loop (no dotGroupUnroll),
  * so each dot4 gathers its own bytes (linearize.js dotBytes), with `dotOpts` (the standard-SIMD dot4:

@@ -49,7 +49,7 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
-    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0, laneDots: 0, unpacks: 0, extends: 0, spreads: 0, halfLoads: 0, wholeGatedStores: 0 } // what the speed guards (tests) look for
+    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0, laneDots: 0, unpacks: 0, extends: 0, spreads: 0, byteSplats: 0, halfLoads: 0, wholeGatedStores: 0 } // what the speed guards (tests) look for
     this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
     this.gatedAddr = new Map() // load inst id -> local: a gated pointer (strengthReduce), 0 where the gate is off
     this.free = new Map() // wasm type -> locals no live value holds
@@ -990,7 +990,8 @@ class KernelEmitter {
   }
 
   /** Byte ops on 16 bytes in place: XOR or AND with a constant splat, a shift right by a scalar count
-   * (i8x16.shr_u/s: each byte shifted as the scalar code shifts it). */
+   * (i8x16.shr_u/s: each byte shifted as the scalar code shifts it; by a constant k, unsigned: i16x8.shr_u and
+   * a mask of 255 >> k a byte, the same bytes). Their constants are byteSplat's locals. */
   emitByteOps (x) {
     const c = this.c
     const [raw, ...ys] = x.src
@@ -1002,19 +1003,37 @@ class KernelEmitter {
       if (op === 'SHR' && konst(ys[i]) === 0) return
       const prev = i > 0 && x.ops[i - 1] === 'SHR' && x.dtype.isUnsigned ? konst(ys[i - 1]) : null
       if (op === 'AND' && prev !== null && prev >= 0 && prev < 8 && ((255 >> prev) & ~konst(ys[i])) === 0) return
-      if (op === 'SHR') {
+      if (op === 'SHR' && x.dtype.isUnsigned && konst(ys[i]) > 0 && konst(ys[i]) < 8) {
+        c.i32(konst(ys[i])).simd(0x8d) // i16x8.shr_u: each byte's top bits then hold the next byte's low ones
+        c.get(this.byteSplat(255 >> konst(ys[i]))).simd(0x4e) // v128.and: cleared
+      } else if (op === 'SHR') {
         this.push(ys[i])
         c.simd(x.dtype.isUnsigned ? 0x6d : 0x6c)
       } else if (op === 'ADD') {
         // an offset (linearize.js pairOperand; every sum stays a byte)
-        c.v128const(new Uint8Array(16).fill(Number(ys[i].value) & 255))
-        c.simd(0x6e) // i8x16.add
+        c.get(this.byteSplat(Number(ys[i].value) & 255)).simd(0x6e) // i8x16.add
       } else {
-        c.v128const(new Uint8Array(16).fill(Number(ys[i].value) & 255))
-        c.simd(op === 'XOR' ? 0x51 : 0x4e) // v128.xor / v128.and
+        c.get(this.byteSplat(Number(ys[i].value) & 255)).simd(op === 'XOR' ? 0x51 : 0x4e) // v128.xor / v128.and
       }
     })
     return this.define(x)
+  }
+
+  /**
+   * The local holding byte b in all 16 lanes, set once at the function's start (prologue) from the zero bytes
+   * at address 0 or'ed with the constant: a value V8 cannot see is constant, so it stays in a register (or one
+   * spill slot) across the loops, where a v128.const is built again at each use inside a loop (3 x86
+   * instructions: GPT-2's Q4_0 decode block loop built its nibble mask and -8 three times a column).
+   */
+  byteSplat (b) {
+    let l = this.splats.get(b)
+    if (l === undefined) {
+      l = this.newLocal(T.v128)
+      this.splats.set(b, l)
+      this.prologue.i32(0).vmem(0x00, 4, 0).v128const(new Uint8Array(16).fill(b)).simd(0x50).set(l) // load, or
+      this.stats.byteSplats++
+    }
+    return l
   }
 
   /**
@@ -1337,9 +1356,13 @@ class KernelEmitter {
     this.fused = this.fusedProducts()
     this.halfBits()
     this.dead = this.deadAfter()
+    this.splats = new Map()
+    this.prologue = new Code()
     this.block(this.prog.head)
     this.block(this.prog.body)
-    return { params: this.params, locals: this.locals, body: this.c, stats: this.stats }
+    // the byte splats' settings (byteSplat) run first
+    const body = this.splats.size ? new Code().append(this.prologue).append(this.c) : this.c
+    return { params: this.params, locals: this.locals, body, stats: this.stats }
   }
 }
 
