@@ -132,14 +132,14 @@ const EPILOGUE_MIN_COST = 48
 
 /**
  * Epilogue fission: a matrix product (two or more global ranges, one sum over at least MIN_SWEEP points: one
- * range, or a quantized weight's blocks and their values) whose stored value applies a long float epilogue to its sum (GPT-2's c_fc: bias and tanh GELU, about
- * 150 ops an element) becomes two blocks: the sum stored into the output, then, over fresh copies of the
- * output's ranges, the epilogue reading it back from there. The tile's accumulators stay in registers across the
- * product's loop instead of beside an epilogue that needs more registers than the product (V8 spills), and
- * the epilogue runs in lanes of its own. Values are unchanged bit for bit: the output holds exactly the
- * float32 sum the epilogue read from a register. Not where the block reads its own output (an in-place
- * update would see the sum), accumulates into it, or stores another dtype than the sum's.
- * Returns the kernel with its last block so split, or null.
+ * range, or a quantized weight's blocks and their values) whose stored value applies a long float epilogue to
+ * its sum (GPT-2's c_fc: bias and tanh GELU, about 150 ops an element) becomes two blocks: the sum stored into
+ * the output, then, over fresh copies of the output's ranges, the epilogue reading it back from there. The
+ * tile's accumulators stay in registers across the product's loop instead of beside an epilogue that needs
+ * more registers than the product (V8 spills), and the epilogue runs in lanes of its own. Values are unchanged
+ * bit for bit: the output holds exactly the float32 sum the epilogue read from a register. Not where the block
+ * reads its own output (an in-place update would see the sum), accumulates into it, or stores another dtype
+ * than the sum's. Returns the kernel with its last block so split, or null.
  */
 function epilogueFission (g, ast) {
   const end = ast.src[ast.src.length - 1]

@@ -183,7 +183,7 @@ test('without relaxed SIMD both matvecs sum a block with standard SIMD\'s 16-bit
 
 test('no 16-bit dot product takes two extends: one operand widened by an interleave and a shift, the columns\' shared one', () => {
   // V8 in Chromium (not Node 20's) rewrites i32x4.dot_i16x8_s of two i16x8.extend_*_i8x16 as a 16-bit multiply and
-  // a pairwise add: in GPT-2 small's Q4_0 decode block loop 194 x86 instructions against 174 (emit.js widen16)
+  // a pairwise add: in GPT-2 small's Q4_0 decode block loop 148 x86 instructions against 128 (emit.js widen16)
   const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
   const prog = m._x.prog
   const seen = []
