@@ -131,15 +131,15 @@ function fission (g, ast) {
 const EPILOGUE_MIN_COST = 48
 
 /**
- * Epilogue fission: a matrix product (two or more global ranges, one sum over a range of at least MIN_SWEEP
- * points) whose stored value applies a long float epilogue to its sum (GPT-2's c_fc: bias and tanh GELU, about
- * 150 ops an element) becomes two blocks: the sum stored into the output, then, over fresh copies of the
- * output's ranges, the epilogue reading it back from there. The tile's accumulators stay in registers across the
- * product's loop instead of beside an epilogue that needs more registers than the product (V8 spills), and
- * the epilogue runs in lanes of its own. Values are unchanged bit for bit: the output holds exactly the
- * float32 sum the epilogue read from a register. Not where the block reads its own output (an in-place
- * update would see the sum), accumulates into it, or stores another dtype than the sum's.
- * Returns the kernel with its last block so split, or null.
+ * Epilogue fission: a matrix product (two or more global ranges, one sum over at least MIN_SWEEP points: one
+ * range, or a quantized weight's blocks and their values) whose stored value applies a long float epilogue to
+ * its sum (GPT-2's c_fc: bias and tanh GELU, about 150 ops an element) becomes two blocks: the sum stored into
+ * the output, then, over fresh copies of the output's ranges, the epilogue reading it back from there. The
+ * tile's accumulators stay in registers across the product's loop instead of beside an epilogue that needs
+ * more registers than the product (V8 spills), and the epilogue runs in lanes of its own. Values are unchanged
+ * bit for bit: the output holds exactly the float32 sum the epilogue read from a register. Not where the block
+ * reads its own output (an in-place update would see the sum), accumulates into it, or stores another dtype
+ * than the sum's. Returns the kernel with its last block so split, or null.
  */
 function epilogueFission (g, ast) {
   const end = ast.src[ast.src.length - 1]
@@ -149,9 +149,11 @@ function epilogueFission (g, ast) {
   const outer = end.src.slice(1)
   if (outer.filter((r) => r.arg[1] === 'global').length < 2 || outer.some((r) => r.arg[1] !== 'global')) return null
   const reds = topLevelReduces(store)
-  if (reds.length !== 1 || reds[0].arg !== 'ADD' || reds[0].src.length !== 2) return null
+  if (reds.length !== 1 || reds[0].arg !== 'ADD') return null
   const red = reds[0]
-  if (red.dtype !== index.dtype || !red.dtype.isFloat || (constSize(red.src[1]) || 0) < MIN_SWEEP) return null
+  // the sum's points over all its ranges (a quantized weight's: its blocks, then a block's values)
+  const points = red.src.slice(1).reduce((n, r) => n * (constSize(r) || 0), 1)
+  if (red.dtype !== index.dtype || !red.dtype.isFloat || points < MIN_SWEEP) return null
   const slot = index.src[0].arg[0]
   const nodes = toposort(store)
   if (nodes.some((n) => n.op === 'LOAD' && n.src[0].src[0].arg[0] === slot)) return null

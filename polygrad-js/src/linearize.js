@@ -471,7 +471,7 @@ class Linearizer {
       this.withEnv(p, () => {
         const own = red.src.slice(1)
         const pairShape = shape.signs ? shape : alt
-        const wide = pairShape ? this.pairHalves(pairShape, points, own) : null
+        const wide = pairShape ? this.pairHalves(pairShape, points, own, free) : null
         if (wide) {
           const x = this.inst('dot4', red.dtype, this.width, { src: wide, offset: 0, signs: pairShape.signs, wide: true })
           let level = 0
@@ -575,18 +575,23 @@ class Linearizer {
    * block's 32 bytes are two 16-byte loads, a Q4_0 block's 16 nibble bytes one (pairOperand). Null, having
    * emitted nothing, where either operand is not such a block.
    */
-  pairHalves (shape, points, own) {
+  pairHalves (shape, points, own, free = []) {
     if (points.length !== 4) return null
     // both operands checked first (no instruction made), then made
     const fit = [shape.a, shape.b].map((o) => this.pairOperand(o, points, own, true))
     if (fit.some((o) => o === null) || fit[0] !== fit[1]) return null
     const ops = [shape.a, shape.b].map((o) => this.pairOperand(o, points, own, false))
     const half = this.env.get(ops[0].group)
+    // one operand of each 16-bit dot widened by an interleave and a shift (emit.js emitWiden `spread`), never
+    // both by extend: the one the tile's columns share (the activations), widened once for all of them
+    const shared = [shape.a, shape.b].map((o) => !free.some((r) => this.deps(o.e).has(r)))
+    const spreadAt = shared[1] && !shared[0] ? 1 : 0
     const out = []
     ops.forEach((o, i) => {
       for (const pv of o.pairs) {
-        const k = `widen|${pv.id}|${half}|${shape.signs[i]}`
-        out.push(this.lookup(k) || this.remember(k, this.place(this.inst('widen', DTYPES.int16, 8, { src: [pv], high: half === 1, signed: shape.signs[i] }), pv.level)))
+        const spread = i === spreadAt
+        const k = `widen|${pv.id}|${half}|${shape.signs[i]}|${spread}`
+        out.push(this.lookup(k) || this.remember(k, this.place(this.inst('widen', DTYPES.int16, 8, { src: [pv], high: half === 1, signed: shape.signs[i], spread }), pv.level)))
       }
     })
     return [out[0], out[1], out[2], out[3]]

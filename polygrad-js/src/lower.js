@@ -84,14 +84,15 @@ function hasAccumulatingStore (ast) {
 
 /**
  * The optimisations for one kernel: a list of {kind, range, amount}. `width` is the SIMD lane count of
- * 32-bit values (4 for wasm SIMD; 1: no vector code, no tiles).
+ * 32-bit values (4 for wasm SIMD; 1: no vector code, no tiles). `dotCols`: the columns of a tile whose block
+ * sums are on 8-bit activations (dotGroupUnroll), 2 or 4, by engine (runtime.js: see DOT_COLS).
  */
-function chooseOpts (ast, width) {
+function chooseOpts (ast, width, { dotCols = 2 } = {}) {
   if (width <= 1 || hasAccumulatingStore(ast)) return []
-  return ast.src.flatMap((block) => (block.op === 'END' ? blockOpts(block, width) : []))
+  return ast.src.flatMap((block) => (block.op === 'END' ? blockOpts(block, width, dotCols) : []))
 }
 
-function blockOpts (end, width) {
+function blockOpts (end, width, dotCols = 2) {
   const store = end.src[0]
   if (store.op !== 'STORE') return []
   const nodes = toposort(store)
@@ -217,8 +218,9 @@ function blockOpts (end, width) {
     // (5 to 9 ops from its bytes) serves 4 rows (GPT-2 small's 32-token prompt: about 0.88x the time at Q8_0,
     // 0.72x at Q4_0). A block sum on 8-bit activations (dotGroupUnroll) takes 2 columns too: with 4, V8 spilled
     // 55 values a block step of the Q8_0 decode matvec (224 instructions for 4 columns, 99 for 2 with 1 spill;
-    // GPT-2 small's 3072-column matvec about 0.85x the time at Q8_0, 0.9x at Q4_0, Node 20, load average 4.5)
-    const wide = blocks && (glob.length > 1 || groups.length) ? 2 : 4
+    // GPT-2 small's 3072-column matvec about 0.85x the time at Q8_0, 0.9x at Q4_0, Node 20, load average 4.5);
+    // Chromium's V8 holds 4 (dotCols: its matvecs about 0.83x the time of 2 columns, cache-resident)
+    const wide = blocks && glob.length > 1 ? 2 : blocks && groups.length ? dotCols : 4
     if (last) {
       // 2 rows x 4 columns (8 accumulators, 6 loads per step: 15 of the 16 SIMD registers with the product);
       // 4 x 2 where the columns do not divide by 4. Of the two shapes with the same load count, 2 x 4 streams

@@ -89,6 +89,8 @@ function planMemory (prog, start = ZERO_BYTES) {
 }
 
 const MAX_PAGES = 65536 // a WebAssembly (32-bit) memory holds at most 4 GiB
+// the columns of an int8-activation block-sum tile where the engine has relaxed SIMD (Executor dotCols)
+const DOT_COLS = 4
 
 /** A WebAssembly.Memory of at least `bytes` bytes (grown if it exists); Error (BundleError at load) if it
  * cannot be that large. A new `shared` memory (threads) has the 4 GiB maximum a shared memory must declare:
@@ -199,6 +201,10 @@ class Executor extends BaseExecutor {
     // elsewhere (Node 20: no relaxed SIMD; Q8_0's 8-bit weights everywhere) as standard SIMD's 16-bit dot
     // product, still exact (linearize.js dotOf)
     this.dotLanes = this.backend === 'wasm' && int8Dot !== false
+    // columns a tile of a block sum on 8-bit activations (lower.js chooseOpts): 4 where the engine has relaxed
+    // SIMD (a V8 whose register allocator holds the tile: Chromium 156's GPT-2 decode matvecs about 0.83x the
+    // time of 2 columns), else 2 (Node 20's V8 spilled 55 values a block step with 4: 1.07x the time)
+    this.dotCols = this.backend === 'wasm' && relaxedSimdSupported() ? DOT_COLS : 2
     this.threads = this.backend === 'wasm' ? threads : 1
     this.canBlock = canBlock // whether this thread may wait on the workers (not a browser's main thread)
     this.memory = ensureMemory(memory, this.bytesUsed, BundleError, this.threads > 1)
@@ -229,7 +235,7 @@ class Executor extends BaseExecutor {
     if (!p) {
       validateKernel(this.prog, k)
       const prepared = this.prepare1(ast)
-      const opts = chooseOpts(prepared.ast, this.width)
+      const opts = chooseOpts(prepared.ast, this.width, { dotCols: this.dotCols })
       const threaded = this.pool !== null
       p = lowerKernel(this.prog.graph, ast, { width: this.width, prepared, opts, verify: this.verify, threaded, dot: this.dot, dotLanes: this.dotLanes })
       p.scratch = prepared.scratch

@@ -181,25 +181,104 @@ test('without relaxed SIMD both matvecs sum a block with standard SIMD\'s 16-bit
   m.dispose()
 })
 
-test('the standard-SIMD dot4 on gathered bytes (no second vector of lanes to pair with) gives the plain loop\'s bits', () => {
-  const { chooseOpts } = require('../src/lower')
-  const { prepareKernel } = require('../src/compile')
-  const { buildModule, importObject } = require('../src/wasm/module')
+test('no 16-bit dot product takes two extends: one operand widened by an interleave and a shift, the columns\' shared one', () => {
+  // V8 in Chromium (not Node 20's) rewrites i32x4.dot_i16x8_s of two i16x8.extend_*_i8x16 as a 16-bit multiply and
+  // a pairwise add: in GPT-2 small's Q4_0 decode block loop 148 x86 instructions against 128 (emit.js widen16)
+  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
+  const prog = m._x.prog
+  const seen = []
+  for (const ast of prog.kernels) {
+    const p = lowerKernel(prog.graph, ast, { width: 4, dotLanes: true })
+    const dots = instsOf(p).filter((x) => x.k === 'dot4' && x.wide)
+    if (!dots.length) continue
+    const byId = new Map(instsOf(p).map((x) => [x.id, x]))
+    for (const d of dots) {
+      const [a0, a1, b0, b1] = d.src.map((x) => byId.get(x.id))
+      for (const [a, b] of [[a0, b0], [a1, b1]]) {
+        assert.ok(a.k === 'widen' && b.k === 'widen')
+        assert.strictEqual(Boolean(a.spread) + Boolean(b.spread), 1, `${p.name}: one operand of each 16-bit dot spread`)
+      }
+    }
+    // the spread operand is the one the tile's rows share: one spread pair a vector of lanes, not one a dot4
+    const spread = new Set(dots.flatMap((d) => d.src.map((x) => byId.get(x.id)).filter((x) => x.spread).map((x) => x.id)))
+    assert.strictEqual(spread.size, 4, `${p.name}: the activations' 2 pair vectors x 2 halves`)
+    // and in the emitted code: extends at most one a 16-bit dot
+    const layout = new Map(p.params.map((q, i) => [q.slot, { base: 1024 * (i + 1), size: 4096 }]))
+    const e = new KernelEmitter(p, layout, {}, {})
+    let dots16 = 0
+    const simd = e.c.simd.bind(e.c)
+    e.c.simd = (code) => { if (code === 0xba) dots16++; return simd(code) }
+    const stats = e.emit().stats
+    assert.ok(stats.spreads === 4 && stats.extends <= dots16, `${p.name}: ${stats.extends} extends, ${stats.spreads} spreads, ${dots16} dots`)
+    seen.push(dots.length)
+  }
+  assert.deepStrictEqual(seen.sort(), [2, 4], 'both matvecs (Q8_0: 1 row a tile, Q4_0: 2)')
+  m.dispose()
+})
+
+test('the Q4_0 nibbles\' mask and offset are locals set before the loops, not constants built in the block loop', () => {
+  // V8 builds a v128.const again at each use inside a loop (3 x86 instructions); a splat it cannot see is constant
+  // stays in a register (emit.js byteSplat): GPT-2 small's Q4_0 decode block loop 222 -> 204 x86 instructions
+  // (Chromium, 4 columns), 126 -> 120 (Node 20, 2)
   const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
   const prog = m._x.prog
   let checked = 0
+  for (const ast of prog.kernels) {
+    const p = lowerKernel(prog.graph, ast, { width: 4, dotLanes: true })
+    if (!instsOf(p).some((x) => x.k === 'byteops')) continue
+    const loops = new Set()
+    const walk = (xs) => { for (const x of xs) { if (x.k === 'loop') { loops.add(x.body); walk(x.body) } if (x.k === 'if') walk(x.body) } }
+    walk(p.head)
+    walk(p.body)
+    const layout = new Map(p.params.map((q, i) => [q.slot, { base: 1024 * (i + 1), size: 4096 }]))
+    const e = new KernelEmitter(p, layout, {}, {})
+    let depth = 0
+    let inLoops = 0
+    const block = e.block.bind(e)
+    e.block = (insts) => {
+      const loop = loops.has(insts)
+      if (loop) depth++
+      try { block(insts) } finally { if (loop) depth-- }
+    }
+    const konst = e.c.v128const.bind(e.c)
+    e.c.v128const = (bytes) => { if (depth > 0) inLoops++; return konst(bytes) }
+    const f = e.emit()
+    assert.strictEqual(inLoops, 0, `${p.name}: v128.const in a loop`)
+    // the mask 15 (low nibble; 255 >> 4 after the high one's 16-bit shift) and -8
+    assert.strictEqual(f.stats.byteSplats, 2, `${p.name}: byte splats`)
+    // and the function still computes the plain path's bits (the standard-SIMD test above runs it)
+    checked++
+  }
+  assert.strictEqual(checked, 1, 'the Q4_0 matvec')
+  m.dispose()
+})
+
+/**
+ * Each int8-route matvec of `m` lowered with its block's second vector of lanes left a loop (no dotGroupUnroll),
+ * so each dot4 gathers its own bytes (linearize.js dotBytes), with `dotOpts` (the standard-SIMD dot4:
+ * {dotLanes: true}; relaxed SIMD's: {dot: true}) and without (the plain loop), run on the same random bytes
+ * in every buffer: {checked, dots, relaxed, same} (same: the two wrote the same bytes everywhere). Runs in Node
+ * and, as its source, in a page (`L` the lowering's stages: index.js _internals.lowering).
+ */
+function gatheredDots (m, L, dotOpts) {
+  const prog = m._x.prog
+  const out = { checked: 0, dots: 0, relaxed: 0, same: [] }
   for (const c of m._p.entries.forward.calls) {
     if (c.copy) continue
     const ast = prog.kernels[c.kernel]
-    const prepared = prepareKernel(prog.graph, ast)
-    // the block's second vector of lanes left a loop (no dotGroupUnroll): each dot4 gathers its own bytes (dotBytes)
-    const opts = chooseOpts(prepared.ast, 4).filter((o) => o.kind !== 'UNROLL' || o.range.arg[1] !== 'reduce' || o.amount !== 2 ||
-      !chooseOpts(prepared.ast, 4).some((q) => q.kind === 'SPLIT_REDUCE' && q.range === o.range))
-    const lanes = lowerKernel(prog.graph, ast, { width: 4, prepared, opts, dotLanes: true })
-    const dots = instsOf(lanes).filter((x) => x.k === 'dot4')
+    const prepared = L.prepareKernel(prog.graph, ast)
+    const all = L.chooseOpts(prepared.ast, 4)
+    const opts = all.filter((o) => o.kind !== 'UNROLL' || o.range.arg[1] !== 'reduce' || o.amount !== 2 ||
+      !all.some((q) => q.kind === 'SPLIT_REDUCE' && q.range === o.range))
+    const lanes = L.lowerKernel(prog.graph, ast, { width: 4, prepared, opts, ...dotOpts })
+    const walk = (xs, f) => { for (const x of xs) { f(x); if (x.pre) walk(x.pre, f); if (x.body) walk(x.body, f) } }
+    const dots = []
+    walk([...lanes.head, ...lanes.body], (x) => { if (x.k === 'dot4') dots.push(x) })
     if (!dots.length) continue
-    assert.ok(dots.every((x) => x.pairs && !x.wide), 'the gathered pair layout')
-    const plain = lowerKernel(prog.graph, ast, { width: 4, prepared, opts })
+    out.dots += dots.length
+    out.relaxed += dots.filter((x) => !x.signs).length
+    if (dots.some((x) => x.wide)) throw new Error('a dot4 read whole vectors: the gathered form was not taken')
+    const plain = L.lowerKernel(prog.graph, ast, { width: 4, prepared, opts })
     // every buffer of the call filled with the same random bytes (float buffers with finite floats) for both
     const layout = new Map()
     let at = 64
@@ -216,17 +295,50 @@ test('the standard-SIMD dot4 on gathered bytes (no second vector of lanes to pai
         else new Uint8Array(mem.buffer, L.base, L.size * L.d.size).forEach((_, i, v) => { v[i] = rnd() & 255 })
       }
     }
-    const out = (p) => {
+    const run = (p) => {
       const memory = new WebAssembly.Memory({ initial: Math.ceil(at / 65536) + 1 })
       fill(memory)
-      new WebAssembly.Instance(new WebAssembly.Module(buildModule([{ prog: p, layout }], memory.buffer.byteLength / 65536)), importObject(memory)).exports.k0()
+      new WebAssembly.Instance(new WebAssembly.Module(L.buildModule([{ prog: p, layout }], memory.buffer.byteLength / 65536)), L.importObject(memory)).exports.k0()
       return new Uint8Array(memory.buffer, 0, at).slice()
     }
-    assert.deepStrictEqual(out(lanes), out(plain), `${lanes.name}: the same bytes everywhere`)
-    checked++
+    const [a, b] = [run(lanes), run(plain)]
+    out.same.push(a.length === b.length && a.every((v, i) => v === b[i]))
+    out.checked++
   }
-  assert.strictEqual(checked, 2, 'both matvecs (Q8_0 and Q4_0)')
+  return out
+}
+
+test('the standard-SIMD dot4 on gathered bytes (no second vector of lanes to pair with) gives the plain loop\'s bits', () => {
+  const m = Model.fromBytesSync(fixture('int8_dot.pgb'), { threads: 1 })
+  const L = { ...require('../src/lower'), ...require('../src/compile'), ...require('../src/wasm/module') }
+  const r = gatheredDots(m, L, { dotLanes: true })
   m.dispose()
+  assert.strictEqual(r.checked, 2, 'both matvecs (Q8_0 and Q4_0)')
+  assert.strictEqual(r.relaxed, 0)
+  assert.deepStrictEqual(r.same, [true, true], 'the same bytes everywhere')
+})
+
+const GATHERED_PAGE = `<!doctype html><meta charset="utf-8"><script type="module">
+import api from '/dist/polygrad.browser.mjs'
+${gatheredDots.toString()}
+try {
+  const m = await api.Model.fromBytes(new Uint8Array(await (await fetch('/int8_dot.pgb')).arrayBuffer()), { threads: 1 })
+  const L = api._internals.lowering
+  window.__result = { supported: L.relaxedDotSupported(), ...gatheredDots(m, L, { dot: true }) }
+  m.dispose()
+} catch (e) {
+  window.__result = { error: String(e && e.stack || e) }
+}
+</script>`
+
+test('in Chromium relaxed SIMD\'s dot4 on gathered bytes (the fallback where the pair form does not apply) gives the plain loop\'s bits', { skip: pageResult.skip, timeout: 120000 }, async () => {
+  const r = await pageResult(pageFiles(GATHERED_PAGE, { '/int8_dot.pgb': ['application/octet-stream', fixture('int8_dot.pgb')] }))
+  assert.ok(!r.error, r.error)
+  assert.strictEqual(r.supported, true, 'Chromium computes relaxed SIMD\'s int8 dot product')
+  // Q4_0's nibbles (7-bit, their -8 an offset: a second dot with ones) take it; Q8_0's 8-bit weights stay plain
+  assert.strictEqual(r.checked, 1, 'the Q4_0 matvec')
+  assert.ok(r.relaxed > 0 && r.relaxed === r.dots, `${r.relaxed} of ${r.dots} dot4s relaxed`)
+  assert.deepStrictEqual(r.same, [true], 'the same bytes everywhere')
 })
 
 test('relaxedDotSupported holds exactly where the instruction computes the standard result', (t) => {
@@ -273,6 +385,12 @@ try {
   const withFma = await Model.fromBytes(bytes, { threads: 1 })
   const fma = ref.x.map((x) => { const r = withFma.forward({ x: Float32Array.from(x) }); return { y8: Array.from(r.y8), y4: Array.from(r.y4) } })
   withFma.dispose()
+  // the plain path in this engine (the same tiles as the dot path: runtime.js dotCols is the engine's, so the
+  // float sums run in the same order; Node's 2-column tiles add them in another)
+  const plainM = await Model.fromBytes(bytes, { threads: 1, fma: false, int8Dot: false })
+  const plain = ref.x.map((x) => { const r = plainM.forward({ x: Float32Array.from(x) }); return { y8: Array.from(r.y8), y4: Array.from(r.y4) } })
+  const plainDot = plainM._x.dot || plainM._x.dotLanes
+  plainM.dispose()
   const m = await Model.fromBytes(bytes, { threads: 2, fma: false })
   const sync = []
   const threaded = []
@@ -293,7 +411,7 @@ try {
     relaxedDots += instsOf(p).filter((x) => x.k === 'dot4' && !x.signs).length
     for (const ph of p.phases || []) phaseDots += instsOf(ph).filter((x) => x.k === 'dot4').length
   }
-  window.__result = { fma, dot: m._x.dot, threads: m.backendInfo.threads, calls: m._x.pool ? m._x.pool.calls : 0, sync, threaded, dots, relaxedDots, phaseDots }
+  window.__result = { fma, plain, plainDot, dotCols: m._x.dotCols, dot: m._x.dot, threads: m.backendInfo.threads, calls: m._x.pool ? m._x.pool.calls : 0, sync, threaded, dots, relaxedDots, phaseDots }
   m.dispose()
 } catch (e) {
   window.__result = { error: String(e && e.stack || e) }
@@ -307,18 +425,21 @@ test('in Chromium the dot-product path gives the plain path\'s bits, on one thre
   }))
   assert.ok(!r.error, r.error)
   assert.strictEqual(r.dot, true, 'Chromium computes relaxed SIMD\'s int8 dot product')
-  // both matvecs sum their blocks with the standard dot4's pair form (Q4_0: a tile of 2 rows, Q8_0: 1; 2 vectors of
-  // lanes), which goes before relaxed SIMD's gathered one where it applies (linearize.js dotReduce)
-  assert.strictEqual(r.dots, 4 + 2, 'dot4s')
+  // both matvecs sum their blocks with the standard dot4's pair form (Q4_0: a tile of 4 rows where the engine has
+  // relaxed SIMD, runtime.js dotCols; Q8_0's 13: 1; 2 vectors of lanes), which goes before relaxed SIMD's gathered
+  // one where it applies (linearize.js dotReduce)
+  assert.strictEqual(r.dots, 8 + 2, 'dot4s')
   assert.strictEqual(r.relaxedDots, 0, 'relaxed dot4s')
-  assert.strictEqual(r.phaseDots, 4 + 2, 'so do its threaded phases')
+  assert.strictEqual(r.phaseDots, 8 + 2, 'so do its threaded phases')
   assert.strictEqual(r.threads, 2)
   assert.ok(r.calls > 0, 'the worker ran slices')
+  assert.strictEqual(r.dotCols, 4, 'relaxed SIMD: 4 columns a tile')
+  assert.strictEqual(r.plainDot, false, 'int8Dot: false takes the plain path')
+  checkReference(r.plain, 'Chromium, plain path')
   checkReference(r.sync, 'Chromium')
   checkReference(r.fma, 'Chromium, fma on')
-  const plain = plainOutputs()
-  assert.deepStrictEqual(r.sync, plain, 'dot products: the plain path\'s bits')
-  assert.deepStrictEqual(r.threaded, plain, 'threaded: the same bits')
+  assert.deepStrictEqual(r.sync, r.plain, 'dot products: the plain path\'s bits')
+  assert.deepStrictEqual(r.threaded, r.plain, 'threaded: the same bits')
 })
 
 test('float16 scales convert in line, bit for bit the h2f helper, every one of the 65536 patterns', () => {

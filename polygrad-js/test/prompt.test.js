@@ -147,8 +147,9 @@ test("attention's softmax over a prompt's tokens: lanes along the Variable's ran
 
 /** out[m, n] = epilogue(sum_k X[m, k] * W[k, n] + b[n]) over `tokens` rows (a Variable up to `rows`): slot 0 out,
  * 1 X, 2 W, 3 b; `epilogue`: 'poly' (a 30-step polynomial, as long as a tanh GELU's), 'relu' (short), 'residual'
- * (the poly plus the output's old value: reads the buffer it writes). */
-function productKernel (rows, K, N, epilogue) {
+ * (the poly plus the output's old value: reads the buffer it writes). `block`: the sum over two ranges, K / block
+ * blocks of `block` values (as a quantized weight's matmul sums), not one. */
+function productKernel (rows, K, N, epilogue, block = 0) {
   const g = new Graph()
   const c = (v) => g.const(i32, v)
   const fc = (v) => g.const(f32, v)
@@ -156,10 +157,11 @@ function productKernel (rows, K, N, epilogue) {
   const tokens = g.node('DEFINE_VAR', i32, [], ['tokens', 1, rows])
   const m = g.node('RANGE', i32, [tokens], [0, 'global'])
   const n = g.node('RANGE', i32, [c(N)], [1, 'global'])
-  const k = g.node('RANGE', i32, [c(K)], [2, 'reduce'])
+  const own = block ? [g.node('RANGE', i32, [c(K / block)], [2, 'reduce']), g.node('RANGE', i32, [c(block)], [3, 'reduce'])] : [g.node('RANGE', i32, [c(K)], [2, 'reduce'])]
+  const k = block ? g.alu('ADD', g.alu('MUL', own[0], c(block)), own[1]) : own[0]
   const x = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(1, rows * K), g.alu('ADD', g.alu('MUL', m, c(K)), k)])])
   const w = g.node('LOAD', f32, [g.node('INDEX', f32, [buf(2, K * N), g.alu('ADD', g.alu('MUL', k, c(N)), n)])])
-  const y = g.alu('ADD', g.node('REDUCE', f32, [g.alu('MUL', x, w), k], 'ADD'), g.node('LOAD', f32, [g.node('INDEX', f32, [buf(3, N), n])]))
+  const y = g.alu('ADD', g.node('REDUCE', f32, [g.alu('MUL', x, w), ...own], 'ADD'), g.node('LOAD', f32, [g.node('INDEX', f32, [buf(3, N), n])]))
   const outIndex = g.node('INDEX', f32, [buf(0, rows * N), g.alu('ADD', g.alu('MUL', m, c(N)), n)])
   let v
   if (epilogue === 'relu') {
@@ -176,11 +178,18 @@ function productKernel (rows, K, N, epilogue) {
 test('a matrix product with a long epilogue (a tanh GELU) is split into the product and the epilogue: bits unchanged', () => {
   const ROWS = 36
   const [K, N] = [40, 48]
-  const blocks = (e) => { const { g, ast } = productKernel(ROWS, K, N, e); return prepareKernel(g, ast).ast.src.length }
+  const blocks = (e, block = 0) => { const { g, ast } = productKernel(ROWS, K, N, e, block); return prepareKernel(g, ast).ast.src.length }
   assert.strictEqual(blocks('poly'), 2, 'product, then epilogue')
+  // a sum over blocks and their values (a quantized weight's: GPT-2's Q4_0 c_fc over a prompt 0.52x the time in
+  // Chromium with its GELU split off)
+  assert.strictEqual(blocks('poly', 8), 2, 'a sum over two ranges: product, then epilogue')
   assert.strictEqual(blocks('relu'), 1, 'a short epilogue stays in the product')
   assert.strictEqual(blocks('residual'), 1, 'an epilogue reading the output stays (it would read the product)')
-  const { g, ast } = productKernel(ROWS, K, N, 'poly')
+  for (const block of [0, 8]) checkSplit(ROWS, K, N, block)
+})
+
+function checkSplit (ROWS, K, N, block) {
+  const { g, ast } = productKernel(ROWS, K, N, 'poly', block)
   const split = prepareKernel(g, ast)
   const whole = { ast: simplifyIndices(g, ast), scratch: [] }
   const programs = [split, whole].map((prepared) => lowerKernel(g, ast, { width: 4, prepared, opts: chooseOpts(prepared.ast, 4), verify: true }))
@@ -208,4 +217,4 @@ test('a matrix product with a long epilogue (a tanh GELU) is split into the prod
       }
     }
   }
-})
+}
