@@ -5,6 +5,8 @@ stages it per row tile (STAGE: a contiguous local array), and a big padded strid
 gradient reads a padded copy of its input, so its innermost loop has no validity gate. No timings:
 only the structure, and the values of forward and both gradients at odd sizes, on CPU and X86.
 """
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -91,19 +93,33 @@ def test_deep_convs_over_short_rows_get_register_tiles(channels, pixels):
         padded = -(-pixels // 16) * 16
         assert (OptKind.PADTO, padded) in [(o.kind, o.amount) for o in spec.opts], spec.opts
         assert any(o.kind is OptKind.UPCAST and o.amount == 8 for o in spec.opts), spec.opts  # rows: channels
-    # 14 pixels take no 4 lanes either: the same tile of 4 x 2 x 3 scalar chains (it had one chain: 7x)
+    # 14 pixels take no 4 lanes either: the row is padded to 16 masked lanes (PADTO of the reduce range; it had
+    # scalar chains, 6x slower, and one chain before that, 7x more)
     (dw,) = [s for s in specs if s.name.startswith(f"r_{channels}_{channels}_3_3")]
     lanes = [o.amount for o in dw.opts if o.kind is OptKind.SPLIT_REDUCE]
-    assert lanes == ([4] if pixels == 28 else []), dw.opts
+    pads = [o.amount for o in dw.opts if o.kind is OptKind.PADTO]
+    assert (lanes, pads) == (([4], []) if pixels == 28 else ([16], [16])), dw.opts
     assert sorted(o.amount for o in dw.opts if o.kind is OptKind.UPCAST) == [2, 3, 4], dw.opts
 
 
+@pytest.mark.parametrize("masked", [True, False])
+def test_weight_gradient_over_seven_pixel_rows_takes_padded_lanes(masked):
+    """A 3x3 conv over 512 channels at 7 x 7 (ResNet's last stage): its weight gradient's 7-pixel rows are padded
+    to 8 masked lanes where the device loads a vector with its last lanes gated off as one move (5x faster than
+    the scalar chains on one Zen 4 core's pair of threads); without masked moves the scalar chains stay."""
+    caps = CLANG_AVX512 if masked else replace(CLANG_AVX512, masked_vectors=False)
+    (dw,) = [s for s in (lower(a, caps) for a in _step_kernels((8, 512, 7, 7), (512, 512, 3, 3), 1))
+             if s.name.startswith("r_512_512_3_3")]
+    kinds = [(o.kind, o.amount) for o in dw.opts if o.kind in (OptKind.PADTO, OptKind.SPLIT_REDUCE)]
+    assert kinds == ([(OptKind.PADTO, 8), (OptKind.SPLIT_REDUCE, 8)] if masked else []), dw.opts
+
+
 @pytest.mark.parametrize("device", HOSTS)
-@pytest.mark.parametrize("pixels", [28, 14])
+@pytest.mark.parametrize("pixels", [28, 14, 7])
 def test_deep_short_row_conv_equals_torch(device, pixels):
     """Forward and both gradients of a 3x3 conv over 64 channels at 28 x 28 (its padded tile's panel, 576 x 16
-    floats, outgrows a 32 KiB L1; its weight gradient's dot tile in 4 lanes) and at 14 x 14 (scalar chains)
-    equal torch's."""
+    floats, outgrows a 32 KiB L1; its weight gradient's dot tile in 4 lanes), at 14 x 14 and 7 x 7 (the weight
+    gradient's rows padded to 16 and 8 masked lanes) equal torch's."""
     rng = np.random.default_rng(pixels)
     xn = rng.standard_normal((2, 64, pixels, pixels)).astype(np.float32)
     wn = (rng.standard_normal((64, 64, 3, 3)) * 0.1).astype(np.float32)

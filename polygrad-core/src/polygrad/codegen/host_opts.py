@@ -510,12 +510,14 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     # ran 30x faster in 4 lanes than with no tile)
     lanes = next((n for n in (width, width // 2, width // 4) if n >= 4 and divides(inner, n)
                   and range_size(inner) >= n), 0)
+    pad = [] if lanes else padded_reduce_opts(inner, caps)
+    lanes = pad[0].amount if pad else lanes
     # a symbolic range (a Variable batch) qualifies too: its last tile is padded (opts._split_symbolic)
     reuse = [r for r in reversed(glob) if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
     if not (lanes or scalar) or not reuse:
         return []
     if lanes and stream and len(reuse) == 1 and decompressed_operand(red) is not None:
-        return streamed_row_opts(red, lanes)
+        return pad + streamed_row_opts(red, lanes)
     picked: list[tuple[UOp, int]] = []
     for r in reuse:
         amount = next((a for a in (4, 2) if divides(r, a) or (range_size(r) is None and a <= SYMBOLIC_TILE_ROWS)), 0)
@@ -526,9 +528,26 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     picked = _with_shift_range(picked, glob, inner, loads, regs)
     if not picked:  # no output range to tile (odd sizes: a vocabulary of 50257): lanes along the reduction
         total = math.prod(range_size(r) or 0 for r in red.src[1:])
-        return [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)] if lanes and total >= 4 * lanes else []
+        return pad + [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)] if lanes and total >= 4 * lanes else []
     split = [Opt(OptKind.SPLIT_REDUCE, inner.arg[0], lanes)] if lanes else []
-    return [Opt(OptKind.UPCAST, r.arg[0], a) for r, a in picked] + split
+    return pad + [Opt(OptKind.UPCAST, r.arg[0], a) for r, a in picked] + split
+
+
+def padded_reduce_opts(inner: UOp, caps: Capabilities) -> list[Opt]:
+    """[PADTO] of a dot tile's innermost reduce range that no lane count divides (a 3x3 conv weight gradient over
+    14- or 7-pixel rows), to the fewest lanes (the device's width, half or a quarter, 4 or more) whose padding
+    adds at most 1/PAD_MAX_WASTE of them: 14 -> 16, 7 -> 8 on a 16-lane device. Its Opt's amount is the lanes;
+    the points past the end read nothing (masked loads) and add 0. Only where the device loads a vector whose
+    last lanes are gated off as one masked move (masked_vectors); [] elsewhere."""
+    width = max(1, int(caps.vector_width or 1))
+    size = range_size(inner)
+    if size is None or not getattr(caps, "masked_vectors", False):
+        return []
+    for n in (width, width // 2, width // 4):
+        padded = -(-size // n) * n
+        if n >= 4 and size % n and (padded - size) * PAD_MAX_WASTE <= padded:
+            return [Opt(OptKind.PADTO, inner.arg[0], n)]
+    return []
 
 
 def scalar_dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilities) -> list[Opt]:

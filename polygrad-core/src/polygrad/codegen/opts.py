@@ -28,7 +28,10 @@ none of them. The optimisations (`OptKind`) and what they make of a range (`Axis
                 points past n are gated off (every load whose address depends on it and every store
                 of its block gets the gate `r < n`): an UPCAST by `amount` then divides it. For a
                 device whose code generator masks vector lanes cheaply (`caps.masked_lanes`): an
-                elementwise kernel of a size the vector width does not divide still gets lanes
+                elementwise kernel of a size the vector width does not divide still gets lanes.
+                A reduce range (sums and maxima) is padded the same way, each reduction adding its
+                identity at the added points: a SPLIT_REDUCE then divides it (a conv weight gradient
+                over 14-pixel rows in 16 lanes)
   TC            a matmul on tensor cores (amount: the reduce tile; gpu_opts.WGMMA_DEPTH: warpgroup wgmma,
                 a shared-memory stage's depth); ranges are left as they are and
                 the GPU renderer emits the tile instructions (gpu_opts.py decides when)
@@ -95,6 +98,8 @@ OPT_TARGET = {OptKind.UPCAST: AxisKind.GLOBAL, OptKind.SPLIT_REDUCE: AxisKind.RE
               OptKind.THREAD: AxisKind.GLOBAL, OptKind.LOCAL: AxisKind.GLOBAL, OptKind.GROUP: AxisKind.REDUCE,
               OptKind.OUTER: AxisKind.GLOBAL, OptKind.STAGE: AxisKind.GLOBAL, OptKind.TC: AxisKind.REDUCE,
               OptKind.TILE: AxisKind.REDUCE, OptKind.PADTO: AxisKind.GLOBAL}
+# PADTO also pads a reduce range (a sum or maximum): _pad_range gives the points past the end the identity
+PADTO_TARGETS = (AxisKind.GLOBAL, AxisKind.REDUCE)
 
 
 def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
@@ -105,7 +110,8 @@ def apply_opts(ast: UOp, opts: list[Opt]) -> UOp:
     for opt in opts:
         ranges = {r.arg[0]: r for r in ranges_of(ast)}
         r = ranges.get(opt.axis)
-        if r is None or r.arg[1] != OPT_TARGET[opt.kind]:
+        if r is None or (r.arg[1] != OPT_TARGET[opt.kind]
+                         and not (opt.kind is OptKind.PADTO and r.arg[1] in PADTO_TARGETS)):
             continue
         if r.src[0].op is not Ops.CONST:
             if opt.kind is OptKind.UPCAST and opt.amount >= 2:
@@ -149,10 +155,17 @@ def _pad_range(ast: UOp, r: UOp, amount: int) -> UOp:
     its own by AND). A gated load reads nothing and gives 0, a gated store writes nothing, and values
     computed at those points from the index itself never trap (division by zero divides by 1). A kernel
     whose address arithmetic might leave its index dtype at the added points (a range near 2**31, or
-    arithmetic on a loaded index whose bounds are unknown) is returned unpadded."""
+    arithmetic on a loaded index whose bounds are unknown) is returned unpadded. A reduce range (a
+    conv weight gradient's 14-pixel row, so that a SPLIT_REDUCE by 16 lanes divides it): each REDUCE over it
+    adds the identity at the added points, WHERE(r < n, body, identity), where its body there is not already
+    the identity (padded_body_is_identity: a sum of products of the gated loads gives 0 at no cost); only
+    sums and maxima are padded."""
     n = range_size(r)
     end = -(-n // amount) * amount
     if end > dtypes.max(r.dtype):
+        return ast
+    reduces = [x for x in ast.toposort() if x.op is Ops.REDUCE and r in x.src[1:]]
+    if r.arg[1] == AxisKind.REDUCE and (not reduces or any(x.arg not in SYMBOLIC_LANE_REDUCES for x in reduces)):
         return ast
     padded = UOp(Ops.RANGE, r.dtype, (UOp.const(r.dtype, end),), r.arg)
     valid = UOp(Ops.CMPLT, dtypes.bool, (padded, UOp.const(r.dtype, n)))
@@ -170,6 +183,12 @@ def _pad_range(ast: UOp, r: UOp, amount: int) -> UOp:
             gate = valid if len(src) < 3 else UOp(Ops.AND, dtypes.bool, (src[2], valid))
             new = UOp(Ops.INDEX, node.dtype, (src[0], src[1], gate), node.arg)
             depends.add(new)
+        if node.op is Ops.REDUCE and r in node.src[1:] and not padded_body_is_identity(node, r):
+            identity = UOp.const(node.dtype, reduce_identity(node.arg, node.dtype))
+            was = new in depends
+            new = new.replace(src=(UOp(Ops.WHERE, node.dtype, (valid, new.src[0], identity)), *new.src[1:]))
+            if was:
+                depends.add(new)
         memo[node] = new
     out = memo[ast]
     for x in address_nodes(out):
@@ -178,6 +197,22 @@ def _pad_range(ast: UOp, r: UOp, amount: int) -> UOp:
             if lo < dtypes.min(x.dtype) or hi > dtypes.max(x.dtype):
                 return ast
     return out
+
+
+def padded_body_is_identity(red: UOp, r: UOp) -> bool:
+    """Whether a sum's body is 0 wherever every load whose address depends on range r reads 0 (its gated
+    loads past a padded end): the body is such a load, or a product of them (each possibly cast), so a
+    padded reduction needs no select per point. Maxima and other bodies get the select."""
+    def gated_load(x: UOp) -> bool:
+        while x.op is Ops.CAST:
+            x = x.src[0]
+        return x.op is Ops.LOAD and r in x.src[0].src[1].toposort()
+    body = red.src[0]
+    if red.arg is not Ops.ADD:
+        return False
+    if body.op is Ops.MUL:
+        return all(gated_load(x) for x in body.src)
+    return gated_load(body)
 
 
 def _padded_split(r: UOp, amount: int, next_id: int,
