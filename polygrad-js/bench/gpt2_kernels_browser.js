@@ -160,12 +160,7 @@ async function main () {
   console.log(`${BUNDLE}; build | kernel         | slice | fma   | dot   | min us | median us`)
   try {
     for (const lib of BASE ? ['lib', 'base'] : ['lib']) {
-      const page = await browser.newPage()
-      await page.goto(`http://127.0.0.1:${server.address().port}/?lib=/${lib}`)
-      await page.waitForFunction('window.__result !== undefined', null, { timeout: 10 * 60 * 1000 })
-      const r = await page.evaluate('window.__result')
-      await page.close()
-      if (r.error) throw new Error(`the page failed: ${r.error}`)
+      const r = await pageResult(browser, server, lib)
       for (const x of r.rows) {
         console.log(`${lib.padEnd(5)} | ${x.name.padEnd(14)} | 1/${String(x.parts).padEnd(3)} | ${String(x.fma).padEnd(5)} | ${String(x.dot).padEnd(5)} | ${x.min.toFixed(1).padStart(6)} | ${x.median.toFixed(1).padStart(9)}`)
       }
@@ -174,6 +169,17 @@ async function main () {
     await browser.close()
     server.close()
   }
+}
+
+/** The page's window.__result for build `lib` (a new page of `browser`, served by `server`); Error if it failed. */
+async function pageResult (browser, server, lib) {
+  const page = await browser.newPage()
+  await page.goto(`http://127.0.0.1:${server.address().port}/?lib=/${lib}`)
+  await page.waitForFunction('window.__result !== undefined', null, { timeout: 10 * 60 * 1000 })
+  const r = await page.evaluate('window.__result')
+  await page.close()
+  if (r.error) throw new Error(`the page failed: ${r.error}`)
+  return r
 }
 
 /** --profile: the decode step's kernels in Node (this build's index.js) and in the page, per build. */
@@ -187,12 +193,7 @@ async function profileBoth () {
     for (const lib of BASE ? ['lib', 'base'] : ['lib']) {
       const { Model } = require(lib === 'lib' ? ROOT : BASE)
       const node = await profileEntry(Model, bytes, () => performance.now(), PROFILE_ENTRY)
-      const page = await browser.newPage()
-      await page.goto(`http://127.0.0.1:${server.address().port}/?lib=/${lib}`)
-      await page.waitForFunction('window.__result !== undefined', null, { timeout: 10 * 60 * 1000 })
-      const web = await page.evaluate('window.__result')
-      await page.close()
-      if (web.error) throw new Error(`the page failed: ${web.error}`)
+      const web = await pageResult(browser, server, lib)
       console.log(`\n${lib}: whole step Node ${node.whole.toFixed(2)} ms, page ${web.whole.toFixed(2)} ms; paths Node ${JSON.stringify(node.info)}, page ${JSON.stringify(web.info)}`)
       console.log('kernel                         | calls | Node ms | page ms | page/Node')
       const pageBy = new Map(web.kernels.map((k) => [k.name, k]))
