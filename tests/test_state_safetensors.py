@@ -198,3 +198,23 @@ def test_header_is_padded_to_eight_bytes(tmp_path):
     raw = (tmp_path / "p.safetensors").read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     assert n % 8 == 0 and len(raw) == 8 + n + 12
+
+
+def test_a_pipe_loads_as_a_stream(tmp_path):
+    """A path that cannot be mapped (a named pipe, as `<(cat file)` gives) is read as a stream, as Model.load
+    reads one (filemap.map_file serves both)."""
+    import os
+    import threading
+    data = _file_bytes({"a": np.arange(6, dtype=np.float32).reshape(2, 3)})
+    fifo = tmp_path / "st.fifo"
+    os.mkfifo(fifo)
+
+    def feed():
+        with open(fifo, "wb") as f:
+            f.write(data)
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        assert safe_load(fifo)["a"].numpy().tolist() == [[0, 1, 2], [3, 4, 5]]
+    finally:
+        writer.join(timeout=10)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import struct
 from typing import Any
@@ -20,6 +19,7 @@ import numpy as np
 
 from polygrad.dtype import DType, dtypes
 from polygrad.errors import SafetensorsError
+from polygrad.filemap import map_file
 from polygrad.tensor import Tensor
 
 __all__ = ["safe_load", "safe_load_metadata", "safe_load_numpy", "safe_save"]
@@ -125,10 +125,7 @@ def _open(source: str | os.PathLike | bytes) -> Any:
         raise SafetensorsError(f"safetensors source must be a path or bytes, got {type(source).__name__}; "
                                "pass the file's path (str or pathlib.Path) or its contents as bytes")
     try:
-        with open(source, "rb") as f:
-            if os.fstat(f.fileno()).st_size == 0:
-                return memoryview(b"")
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        return map_file(source)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"safetensors file {os.fspath(source)!r} does not exist") from e
 
