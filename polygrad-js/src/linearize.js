@@ -429,7 +429,6 @@ class Linearizer {
       if (!loops.some((r) => this.deps(inner).has(r))) this.ensure(inner)
     }
     for (const r of loops) this.openLoop(r)
-    if (accLanes > 1 && points.length > 1) this.columnHalves(body, free, unrolled, points)
     points.forEach((p, i) => this.withEnv(p, () => {
       for (const q of this.upcastPoints(unrolled)) {
         this.withEnv(q, () => {
@@ -448,63 +447,6 @@ class Linearizer {
       const read = this.place(this.inst('read', red.dtype, accLanes, { acc: accs[i] }), this.depth)
       this.levels[this.depth].cse.set(this.key(red), read)
     }))
-  }
-
-  /**
-   * A register tile's float16 scales, one scalar per column that the column's lanes multiply (a quantized
-   * matvec's block scale of each column's weight row, nn/quant.py: CAST(float32, BITCAST(float16, lo | hi << 8))),
-   * times the factors the columns share (the activations' block scale): made in the lanes of one vector, lane j
-   * the value at the tile's point j (`halves`: the points' 16-bit scales read into one vector, converted to float32
-   * there, wasm/emit.js emitHalves; the shared factors multiplied in lanes). Each point's value is then its lane:
-   * `lane` splat where lanes read it, extracted where scalar code does. Each lane goes through the same IEEE
-   * operations on the same values as the scalar code did, so the results keep their bits. Up to 4 points a vector.
-   */
-  columnHalves (body, free, unrolled, points) {
-    if (this.width !== 4) return
-    const cols = new Set(free)
-    const fixed = new Set([...unrolled, this.V])
-    const moves = (u, ranges) => [...this.deps(u)].some((r) => ranges.has(r))
-    const nodes = toposort(body)
-    const parents = new Map()
-    for (const n of nodes) {
-      for (const s of n.src) {
-        if (!parents.has(s)) parents.set(s, new Set())
-        parents.get(s).add(n)
-      }
-    }
-    for (const t of nodes) {
-      if (t.op !== 'CAST' || t.dtype.name !== 'float32' || t.src[0].op !== 'BITCAST' || t.src[0].dtype.name !== 'float16') continue
-      const bits = t.src[0].src[0]
-      if (bits.dtype.name !== 'uint16' || !moves(t, cols) || moves(t, fixed)) continue
-      // the products above it by scalars every column shares, while each is its operand's only reader
-      const chain = [t]
-      for (;;) {
-        const ps = parents.get(chain[chain.length - 1])
-        if (!ps || ps.size !== 1) break
-        const [p] = ps
-        const other = p.src[0] === chain[chain.length - 1] ? p.src[1] : p.src[0]
-        if (p.op !== 'MUL' || p.dtype.name !== 'float32' || p.src.length !== 2 || moves(p, fixed) || moves(other, cols)) break
-        chain.push(p)
-      }
-      const top = chain[chain.length - 1]
-      for (let g = 0; g < points.length; g += 4) {
-        const group = points.slice(g, g + 4)
-        const srcs = group.map((p) => this.withEnv(p, () => this.value(bits)))
-        let level = 0
-        for (const x of srcs) level = Math.max(level, x.level)
-        let v = this.place(this.inst('halves', DTYPES.float32, 4, { src: srcs }), level)
-        for (let i = 1; i < chain.length; i++) {
-          const p = chain[i]
-          const at = p.src[0] === chain[i - 1] ? 0 : 1
-          const other = this.withEnv(group[0], () => this.value(p.src[1 - at]))
-          v = this.alu('MUL', DTYPES.float32, at === 0 ? [v, other] : [other, v])
-        }
-        group.forEach((p, j) => this.withEnv(p, () => {
-          const one = this.remember(this.key(top), this.place(this.inst('lane', DTYPES.float32, 1, { src: [v], lane: j }), v.level))
-          this.remember(`bcast|${one.id}|4`, this.place(this.inst('lane', DTYPES.float32, 4, { src: [v], lane: j }), v.level))
-        }))
-      }
-    }
   }
 
   // ---- int8 dot products

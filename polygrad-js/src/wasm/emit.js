@@ -49,7 +49,7 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
-    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0, laneDots: 0, unpacks: 0, extends: 0, spreads: 0, byteSplats: 0, halfLoads: 0, halfVectors: 0, wholeGatedStores: 0 } // what the speed guards (tests) look for
+    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0, laneDots: 0, unpacks: 0, extends: 0, spreads: 0, byteSplats: 0, halfLoads: 0, wholeGatedStores: 0 } // what the speed guards (tests) look for
     this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
     this.gatedAddr = new Map() // load inst id -> local: a gated pointer (strengthReduce), 0 where the gate is off
     this.free = new Map() // wasm type -> locals no live value holds
@@ -771,7 +771,7 @@ class KernelEmitter {
       // waits on each accumulator's chain, and a multiply-add's latency is longer than an add's: unfused,
       // GPT-2 small's decode matvecs took 0.9x the time in Chromium (3072 columns 48.5 us against 54.0 a cache-
       // resident slice, Zen 4; the head's x @ W.T, two streamed vectors a step, keeps its multiply-adds)
-      const rowTimesColumns = products.length <= FEW_CHAINS && products.every((v) => v.src.some((s) => s.k === 'bcast' || (s.k === 'lane' && s.lanes > 1)))
+      const rowTimesColumns = products.length <= FEW_CHAINS && products.every((v) => v.src.some((s) => s.k === 'bcast'))
       if (!rowTimesColumns) for (const v of products) fused.add(v.id)
     }
     walk(this.prog.head)
@@ -814,74 +814,6 @@ class KernelEmitter {
     }
     walk(this.prog.head)
     walk(this.prog.body)
-  }
-
-  /** The halfBits pairs whose one reader is a `halves`: read by it straight into its lanes (emitHalves). */
-  laneHalfBits () {
-    this.inLanes = new Set()
-    const walk = (insts) => {
-      for (const x of insts) {
-        if (x.k === 'loop') { walk(x.pre); walk(x.body) }
-        if (x.k === 'if') walk(x.body)
-        if (x.k !== 'halves') continue
-        for (const s of x.src) if (this.halves.has(s.id) && this.uses.get(s.id) === 1) this.inLanes.add(s.id)
-      }
-    }
-    walk(this.prog.head)
-    walk(this.prog.body)
-  }
-
-  /**
-   * halves (linearize.js columnHalves): lane j = float32 of the float16 bits src[j], up to 4 (a lane left over
-   * holds lane 0's). Each scale into 16-bit lane 2j (v128.load16_splat, then load16_lane: a halfBits pair read
-   * straight from memory; else a splat or replace_lane of the scalar), then halfToFloat's steps in 32-bit lanes:
-   * (h & 0x7fff) << 13 times 2^112, an exponent of 31 or'ed to 255 (the mantissa, exact in the product, kept: inf,
-   * NaN), the sign or'ed in. Bit for bit halfToFloat's values, 4 at a time.
-   */
-  emitHalves (x) {
-    const c = this.c
-    const h = this.temp(T.v128)
-    x.src.forEach((s, j) => {
-      if (this.inLanes.has(s.id)) {
-        const lo = this.halves.get(s.id)
-        const extra = this.address(lo.idx, lo.dtype, lo.buf)
-        if (j > 0) c.get(h).vmem(0x55, 0, this.buf(lo.buf).base + extra).byte(2 * j) // v128.load16_lane
-        else c.vmem(0x08, 0, this.buf(lo.buf).base + extra) // v128.load16_splat
-        this.stats.halfLoads++
-      } else if (j > 0) {
-        c.get(h)
-        this.push(s)
-        c.simd(0x1a).byte(2 * j) // i16x8.replace_lane
-      } else {
-        this.push(s)
-        c.simd(0x10) // i16x8.splat
-      }
-      c.set(h)
-    })
-    const m = this.temp(T.v128)
-    c.get(h).get(this.wordSplat(0x7fff)).simd(0x4e).i32(13).simd(0xab).tee(m) // v128.and, i32x4.shl
-    c.get(this.wordSplat(0x77800000)).simd(0xe6) // f32x4.mul by 2^112
-    c.get(m).get(this.wordSplat(0x0f7fffff)).simd(0x3b) // i32x4.gt_s: an exponent of 31
-    c.get(this.wordSplat(0x7f800000)).simd(0x4e).simd(0x50) // and, or
-    c.get(h).get(this.wordSplat(0x8000)).simd(0x4e).i32(16).simd(0xab).simd(0x50) // the sign
-    this.stats.halfVectors++
-    return this.define(x)
-  }
-
-  /** lane: lane x.lane of a vector, in every lane (i8x16.shuffle: one pshufd) or as a scalar; not emitted where
-   * nothing reads it (linearize.js columnHalves makes both forms). */
-  emitLane (x) {
-    if (!this.uses.get(x.id)) return
-    const v = x.src[0]
-    this.push(v)
-    if (x.lanes === 1) {
-      this.c.simd(0x1f).byte(x.lane) // f32x4.extract_lane
-    } else {
-      this.push(v)
-      this.c.simd(0x0d)
-      for (let k = 0; k < 16; k++) this.c.byte(4 * x.lane + (k % 4))
-    }
-    return this.define(x)
   }
 
   emitHalfBits (x) {
@@ -1104,18 +1036,6 @@ class KernelEmitter {
     return l
   }
 
-  /** The local holding the 32-bit word w in all 4 lanes, set once in the prologue as byteSplat's are. */
-  wordSplat (w) {
-    const key = `word|${w}`
-    let l = this.splats.get(key)
-    if (l === undefined) {
-      l = this.newLocal(T.v128)
-      this.splats.set(key, l)
-      this.prologue.i32(0).vmem(0x00, 4, 0).v128const(this.laneBytes({ isBool: false, isFloat: false }, [w, w, w, w])).simd(0x50).set(l)
-    }
-    return l
-  }
-
   /**
    * A rowDotReduce's dot4 in standard SIMD: lane j = the sum of the products of a's and b's bytes 4j..4j+3,
    * each byte extended to 16 bits by its sign (signs), products summed in pairs (i32x4.dot_i16x8_s: at most
@@ -1187,7 +1107,6 @@ class KernelEmitter {
       }
       case 'bcast': return this.emitBcast(x)
       case 'alu':
-        if (this.inLanes.has(x.id)) return // read by its `halves` (emitHalves)
         if (this.halves.has(x.id)) return this.emitHalfBits(x)
         return this.fused.has(x.id) || this.skipped.has(x.id) ? undefined : this.emitAlu(x) // emitted by its update
       case 'load': return this.emitLoad(x)
@@ -1206,8 +1125,6 @@ class KernelEmitter {
       case 'unpack': return this.emitUnpack(x)
       case 'byteops': return this.emitByteOps(x)
       case 'dot4': return this.emitDot4(x)
-      case 'halves': return this.emitHalves(x)
-      case 'lane': return this.emitLane(x)
       case 'read':
         this.val.set(x.id, { local: this.val.get(x.acc.id).local })
         return
@@ -1380,7 +1297,6 @@ class KernelEmitter {
         if (x.k === 'update' && this.fused.has(x.src[0].id)) for (const v of x.src[0].src) uses.push([v, x])
         // a float16's bits read as one 16-bit load (halfBits) read its first byte's address
         if (this.halves.has(x.id)) uses.push([this.halves.get(x.id).idx, x])
-        if (x.k === 'halves') for (const s of x.src) if (this.inLanes.has(s.id)) uses.push([this.halves.get(s.id).idx, x])
         if (x.k === 'loop') {
           walk(x.body, [...loops, x])
           place.get(x.id)[0] = n++ // a loop's operands (its end, read by the latch) die after its body
@@ -1439,7 +1355,6 @@ class KernelEmitter {
     this.uses = this.countUses()
     this.fused = this.fusedProducts()
     this.halfBits()
-    this.laneHalfBits()
     this.dead = this.deadAfter()
     this.splats = new Map()
     this.prologue = new Code()
