@@ -11,8 +11,8 @@ nibble), the scales float16 of both signs; 96 columns (3 blocks); Q4_0 16 rows (
 Run from the repository root on a CPU with int8 dot products (VNNI; the route is taken only there):
 `python polygrad-js/tools/make_int8_fixture.py [--out DIR]` (default polygrad-js/test/fixtures); `--rows` writes
 int8_rows.pgb and int8_rows.json instead (main_rows: the prompt's multi-row route, test/int8rows.test.js); `--head`
-int8_head.pgb and int8_head.json (the same matvecs with odd row counts of at least 16, Q4_0 19 and Q8_0 17: a
-decode head's shape, which polygrad-js tiles with a last tile moved back, lower.js blockOpts).
+int8_head.pgb and int8_head.json (the same matvecs over more rows: Q4_0 19, a decode head's odd count, which
+polygrad-js tiles with a last tile moved back; Q8_0 18, which it reads one row at a time, lower.js streamsBlocks).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from polygrad.nn.quant import QuantWeight, int8_dot_enabled
 OUT = Path(__file__).resolve().parent.parent / "test" / "fixtures"
 COLS = 96
 ROWS = {"Q8_0": 13, "Q4_0": 16}
-HEAD_ROWS = {"Q8_0": 17, "Q4_0": 19}
+HEAD_ROWS = {"Q8_0": 18, "Q4_0": 19}
 PROMPT_W, PROMPT_ROWS = 24, 5  # main_rows: weight rows (3 panels of 8), rows of x
 
 
