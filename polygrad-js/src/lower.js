@@ -324,8 +324,9 @@ const PANELS_BYTES = 384 * 1024
  * Whether one row of block sums (a decode step's matvec on 8-bit activations) reads at least a byte of weight a
  * value (Q8_0's 34-byte blocks of 32; Q4_0's 18 are 4.5 bits): such a weight streams fastest as one row at a
  * time. With dotCols columns a tile GPT-2 small's Q8_0 decode kernels ran faster cache-resident but took 1.66x
- * the time on the whole model (Chromium 156, one thread: 24.4 ms a step against 14.7; Node 20 at 2 columns 29.1
- * against 14.9), where Q4_0's took 0.86x (14.2 against 16.5).
+ * the time of one column on the whole model (Chromium 156, one thread: 24.4 ms a step against 14.7; Node 20 at 2
+ * columns 29.1 against 14.9; bench/gpt2_kernels_browser.js --profile decode), where Q4_0's, computing more a byte,
+ * took 0.86x (14.2 against 16.5).
  */
 function streamsBlocks (red, last, loads) {
   if (!last) return false
