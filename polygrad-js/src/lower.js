@@ -219,8 +219,9 @@ function blockOpts (end, width, dotCols = 2) {
     // 0.72x at Q4_0). A block sum on 8-bit activations (dotGroupUnroll) takes 2 columns too: with 4, V8 spilled
     // 55 values a block step of the Q8_0 decode matvec (224 instructions for 4 columns, 99 for 2 with 1 spill;
     // GPT-2 small's 3072-column matvec about 0.85x the time at Q8_0, 0.9x at Q4_0, Node 20, load average 4.5);
-    // Chromium's V8 holds 4 (dotCols: its matvecs about 0.83x the time of 2 columns, cache-resident)
-    const wide = blocks && glob.length > 1 ? 2 : blocks && groups.length ? dotCols : 4
+    // Chromium's V8 holds 4 (dotCols: its matvecs about 0.83x the time of 2 columns, cache-resident). One row of
+    // 8-bit weight blocks takes one column: read whole, the weight streams fastest one row at a time (streamsBlocks)
+    const wide = blocks && glob.length > 1 ? 2 : blocks && groups.length ? (streamsBlocks(red, last, loads) ? 1 : dotCols) : 4
     if (last) {
       // 2 rows x 4 columns (8 accumulators, 6 loads per step: 15 of the 16 SIMD registers with the product);
       // 4 x 2 where the columns do not divide by 4. Of the two shapes with the same load count, 2 x 4 streams
@@ -229,10 +230,13 @@ function blockOpts (end, width, dotCols = 2) {
       if (nLast !== null && loads.some((ix) => coeff(ix, last) === 0)) {
         cols = [4, 2, 1].filter((c) => c <= wide).find((c) => nLast % c === 0)
         if (cols > 1) opts.push({ kind: 'UPCAST', range: last, amount: cols })
-        else if (nLast >= 16 && !inPlace && glob.length > 1) {
+        else if (nLast >= 16 && !inPlace && wide > 1 && (glob.length > 1 || groups.length)) {
           // an odd column count (GPT-2's 50257-token head) over several rows: 4 columns a tile anyway, the last
           // tile moved back to end at the last column (applyOpts); 1 column a tile ran at about half the rate.
-          // Not for one row (a decode step's head): there one column streams the weight fastest (fewRowsOpts)
+          // Not for one row of float weights (a decode step's head): there one column streams the weight fastest
+          // (fewRowsOpts). One row of block sums on 8-bit activations (dotGroupUnroll) computes more than it
+          // streams: its dotCols columns share the activations' widened bytes and each column's lane sums fold
+          // once a tile (GPT-2 small's Q4_0 head in Chromium 156, a cache-resident 1/64: 53 us against 72)
           cols = wide
           opts.push({ kind: 'UPCAST', range: last, amount: cols, clamp: true })
         }
@@ -315,6 +319,24 @@ const ONE_ROW_ACCS = 4
 
 // the bytes of weight panels a PANELS opt keeps together (panelGroups): well inside a core's 1 MB L2, beside the rows
 const PANELS_BYTES = 384 * 1024
+
+/**
+ * Whether one row of block sums (a decode step's matvec on 8-bit activations) reads at least a byte of weight a
+ * value (Q8_0's 34-byte blocks of 32; Q4_0's 18 are 4.5 bits): such a weight streams fastest as one row at a
+ * time. With dotCols columns a tile GPT-2 small's Q8_0 decode kernels ran faster cache-resident but took 1.66x
+ * the time of one column on the whole model (Chromium 156, one thread: 24.4 ms a step against 14.7; Node 20 at 2
+ * columns 29.1 against 14.9; bench/gpt2_kernels_browser.js --profile decode), where Q4_0's, computing more a byte,
+ * took 0.86x (14.2 against 16.5).
+ */
+function streamsBlocks (red, last, loads) {
+  if (!last) return false
+  let values = 1
+  for (const n of toposort(red)) {
+    if (n.op === 'REDUCE') for (const r of n.src.slice(1)) values *= constSize(r) || 0
+  }
+  const rowBytes = loads.filter((ix) => NARROW_LOAD_DTYPES.has(ix.dtype.name)).map((ix) => rangeCoeff(ix.src[1], last) || 0)
+  return values > 0 && Math.max(0, ...rowBytes) >= values
+}
 
 /** The points of a reduction (its ranges' sizes multiplied; a Variable's range counts as null). */
 function reduceSize (red) {

@@ -10,7 +10,9 @@ nibble), the scales float16 of both signs; 96 columns (3 blocks); Q4_0 16 rows (
 
 Run from the repository root on a CPU with int8 dot products (VNNI; the route is taken only there):
 `python polygrad-js/tools/make_int8_fixture.py [--out DIR]` (default polygrad-js/test/fixtures); `--rows` writes
-int8_rows.pgb and int8_rows.json instead (main_rows: the prompt's multi-row route, test/int8rows.test.js).
+int8_rows.pgb and int8_rows.json instead (main_rows: the prompt's multi-row route, test/int8rows.test.js); `--head`
+int8_head.pgb and int8_head.json (the same matvecs over more rows: Q4_0 19, a decode head's odd count, which
+polygrad-js tiles with a last tile moved back; Q8_0 18, which it reads one row at a time, lower.js streamsBlocks).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from polygrad.nn.quant import QuantWeight, int8_dot_enabled
 OUT = Path(__file__).resolve().parent.parent / "test" / "fixtures"
 COLS = 96
 ROWS = {"Q8_0": 13, "Q4_0": 16}
+HEAD_ROWS = {"Q8_0": 18, "Q4_0": 19}
 PROMPT_W, PROMPT_ROWS = 24, 5  # main_rows: weight rows (3 panels of 8), rows of x
 
 
@@ -71,20 +74,20 @@ class Matvecs:
         return {"y8": self.w8.matmul_t(x), "y4": self.w4.matmul_t(x)}
 
 
-def main(out: Path = OUT) -> None:
+def main(out: Path = OUT, rows: dict = ROWS, stem: str = "int8_dot") -> None:
     rng = np.random.default_rng(8)
-    b8, b4 = random_blocks(rng, ROWS["Q8_0"], 34), random_blocks(rng, ROWS["Q4_0"], 18)
+    b8, b4 = random_blocks(rng, rows["Q8_0"], 34), random_blocks(rng, rows["Q4_0"], 18)
     xs = rng.standard_normal((3, 1, COLS)).astype(np.float32)
     xs[1, 0, 32:64] = 0  # a block of zeros: its scale is 0
     with Context(POLY_INT8_DOT=1):
         if not int8_dot_enabled("CPU"):
             raise SystemExit("this CPU has no int8 dot product (VNNI): the matvecs would not take the int8 route")
-        w8 = QuantWeight(Tensor(b8, dtype="uint8").realize(), "Q8_0", (ROWS["Q8_0"], COLS))
-        w4 = QuantWeight(Tensor(b4, dtype="uint8").realize(), "Q4_0", (ROWS["Q4_0"], COLS))
+        w8 = QuantWeight(Tensor(b8, dtype="uint8").realize(), "Q8_0", (rows["Q8_0"], COLS))
+        w4 = QuantWeight(Tensor(b4, dtype="uint8").realize(), "Q4_0", (rows["Q4_0"], COLS))
         model = Model(Matvecs(w8, w4), inputs={"x": Tensor.empty(1, COLS)}, params={"w8": w8.blocks, "w4": w4.blocks})
-        (out / "int8_dot.pgb").write_bytes(model.save())
+        (out / f"{stem}.pgb").write_bytes(model.save())
         python = [model.forward(x=x) for x in xs]
-    ref = {"rows": {"y8": ROWS["Q8_0"], "y4": ROWS["Q4_0"]}, "cols": COLS, "x": xs[:, 0].tolist(), "cases": []}
+    ref = {"rows": {"y8": rows["Q8_0"], "y4": rows["Q4_0"]}, "cols": COLS, "x": xs[:, 0].tolist(), "cases": []}
     for x, got in zip(xs, python):
         case = {}
         for name, blocks, fmt in (("y8", b8, "Q8_0"), ("y4", b4, "Q4_0")):
@@ -96,8 +99,8 @@ def main(out: Path = OUT) -> None:
             case[name] = {"want": want, "bound": bound}
         ref["cases"].append(case)
     model.dispose()
-    (out / "int8_dot.json").write_text(json.dumps(ref))
-    print(f"wrote {out / 'int8_dot.pgb'} and {out / 'int8_dot.json'}")
+    (out / f"{stem}.json").write_text(json.dumps(ref))
+    print(f"wrote {out / (stem + '.pgb')} and {out / (stem + '.json')}")
 
 
 def main_rows(out: Path = OUT) -> None:
@@ -137,4 +140,9 @@ def main_rows(out: Path = OUT) -> None:
 
 if __name__ == "__main__":
     dest = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else OUT
-    (main_rows if "--rows" in sys.argv else main)(dest)
+    if "--rows" in sys.argv:
+        main_rows(dest)
+    elif "--head" in sys.argv:
+        main(dest, HEAD_ROWS, "int8_head")
+    else:
+        main(dest)
