@@ -443,7 +443,8 @@ def _short_row_tile(glob: list[UOp], operands: list[UOp], store_index: UOp, last
     vectors, and the vectors of neighbouring steps on the same cache lines. As many rows (8, 6, 4, 2) as
     divide their range and fit the registers, LONG_ROWS_SPARE left. A 3x3 conv over 512 channels at 7 x 7
     (batch 8, 2 threads): 4 channels x 7 rows x 8 lanes ran 2.1x faster than 16 channels x 8 lanes on the CPU
-    backend, 1.7x on X86. None where no such range or row count fits."""
+    backend, 2.2x on X86 (and 1.6x faster than 2 channels x 7 rows there). None where no such range or row count
+    fits."""
     regs = int(caps.registers or 16)
     size = range_size(last)
     along = [ix for ix in operands if last in ix.src[1].toposort()]
@@ -452,9 +453,9 @@ def _short_row_tile(glob: list[UOp], operands: list[UOp], store_index: UOp, last
         return None
 
     def is_steps(r: UOp) -> bool:
-        steps = [range_coeff(ix.src[1], r) for ix in moved]
-        return all(c is not None and c == size * (range_coeff(ix.src[1], last) or 0) and c != 0
-                   for c, ix in zip(steps, moved)) \
+        moves = [range_coeff(ix.src[1], r) for ix in moved]
+        return all(c is not None and c != 0 and c == size * (range_coeff(ix.src[1], last) or 0)
+                   for c, ix in zip(moves, moved)) \
             and all(range_coeff(ix.src[1], r) == 0 for ix in operands if ix not in along)
     steps = next((r for r in reversed(glob) if r is not last and range_size(r) is not None
                   and range_size(r) >= 2 and is_steps(r)), None)
