@@ -13,6 +13,7 @@ import pytest
 from polygrad import Device, Tensor, tensor_nn
 from polygrad.backend_api import Capabilities
 from polygrad.codegen.lower import lower
+from polygrad.codegen.passes import kernel_for_opts
 from polygrad.codegen.opts import OptKind
 from polygrad.device import open_device
 from polygrad.renderer.linearize import L, linearize
@@ -83,8 +84,7 @@ def test_deep_convs_over_short_rows_get_register_tiles(channels, pixels):
     """A 3x3 conv over 128 channels at 28 x 28 (256 at 14 x 14: ResNet's later stages): 28 or 14 pixels take
     no 16- or 8-lane vectors and the padded tile's column panel outgrows the L1, so forward and input
     gradient got no tile at all (lanes along the strided channels: 11-34x slower); now the padded tile,
-    from the L2. The weight gradient's dot tile takes 4 lanes along a 28-pixel row (it had none: 30x), and
-    scalar chains along a 14-pixel one."""
+    from the L2. The weight gradient's dot tile takes 16 padded lanes along both rows."""
     asts = _step_kernels((8, channels, pixels, pixels), (channels, channels, 3, 3), 1)
     specs = [lower(a, CLANG_AVX512) for a in asts]
     convs = [s for s in specs if s.name.startswith(f"r_8_{channels}")]
@@ -93,13 +93,86 @@ def test_deep_convs_over_short_rows_get_register_tiles(channels, pixels):
         padded = -(-pixels // 16) * 16
         assert (OptKind.PADTO, padded) in [(o.kind, o.amount) for o in spec.opts], spec.opts
         assert any(o.kind is OptKind.UPCAST and o.amount == 8 for o in spec.opts), spec.opts  # rows: channels
-    # 14 pixels take no 4 lanes either: the row is padded to 16 masked lanes (PADTO of the reduce range; it had
-    # scalar chains, 6x slower, and one chain before that, 7x more)
+    # both rows are padded to 16 masked lanes (PADTO of the reduce range): 28 -> 32 (it had 4 lanes, 1.6x slower),
+    # 14 -> 16 (it had scalar chains, 6x slower, and one chain before that, 7x more)
     (dw,) = [s for s in specs if s.name.startswith(f"r_{channels}_{channels}_3_3")]
     lanes = [o.amount for o in dw.opts if o.kind is OptKind.SPLIT_REDUCE]
     pads = [o.amount for o in dw.opts if o.kind is OptKind.PADTO]
-    assert (lanes, pads) == (([4], []) if pixels == 28 else ([16], [16])), dw.opts
+    assert (lanes, pads) == ([16], [16]), dw.opts
     assert sorted(o.amount for o in dw.opts if o.kind is OptKind.UPCAST) == [2, 3, 4], dw.opts
+
+
+def test_a_quarter_vector_stays_where_padding_would_waste_more_or_no_masked_moves():
+    """The weight gradient over a 28-pixel row keeps 4 lanes without masked vector moves; over 20 pixels, padding
+    to 32 in 16 lanes (12 of 32 wasted) or to 24 in 8 (4 of 24) would waste more than 1/8: 4 lanes."""
+    def dw_lanes(pixels, caps):
+        specs = [lower(a, caps) for a in _step_kernels((2, 16, pixels, pixels), (16, 16, 3, 3), 1)]
+        (dw,) = [s for s in specs if s.name.startswith("r_16_16_3_3")]
+        return [(o.kind, o.amount) for o in dw.opts if o.kind in (OptKind.PADTO, OptKind.SPLIT_REDUCE)]
+    assert dw_lanes(28, replace(CLANG_AVX512, masked_vectors=False)) == [(OptKind.SPLIT_REDUCE, 4)]
+    assert dw_lanes(20, CLANG_AVX512) == [(OptKind.SPLIT_REDUCE, 4)]
+    assert dw_lanes(28, CLANG_AVX512) == [(OptKind.PADTO, 16), (OptKind.SPLIT_REDUCE, 16)]
+
+
+X86_AVX512 = replace(CLANG_AVX512, tile_vectors=2, stage_bytes=0)
+
+
+@pytest.mark.parametrize("caps", [CLANG_AVX512, X86_AVX512], ids=["clang", "x86"])
+@pytest.mark.parametrize("channels", [512, 64])
+def test_seven_pixel_rows_take_a_short_row_tile(caps, channels):
+    """A 3x3 conv at 7 x 7 (ResNet's last stage: 512 channels, whose column panel outgrows the L1; 64, whose panel
+    fits it): a 7-pixel row padded to 8 masked lanes (16 would waste 9 of them), 4 output channels as rows and the
+    map's 7 rows of pixels whole, 28 accumulators, for forward and input gradient alike. Before, both had lanes
+    along the strided input channels (83x and 136x torch's time at 512). Without masked moves, no padding."""
+    asts = [a for a in _step_kernels((8, channels, 7, 7), (channels, channels, 3, 3), 1)
+            if lower(a, None).name.startswith(f"r_8_{channels}_7_7")]
+    assert len(asts) == 2
+    up, pad = OptKind.UPCAST, OptKind.PADTO
+    for ast in asts:
+        spec = lower(ast, caps)
+        opts = [(o.kind, o.axis, o.amount) for o in spec.opts if o.kind is not OptKind.THREAD]
+        # ranges: 0 images, 1 output channels, 2 pixel rows, 3 pixels of a row
+        assert opts == [(up, 1, 4), (up, 2, 7), (pad, 3, 8), (up, 3, 8)], spec.opts
+        no_mask = lower(ast, replace(caps, masked_vectors=False))
+        assert OptKind.PADTO not in [o.kind for o in no_mask.opts], no_mask.opts
+
+
+def test_pointwise_convs_at_seven_pixels_take_the_short_row_tile():
+    """A 1x1 conv over a 7 x 7 map (ResNet-50's last stage: 512 -> 2048 channels): its forward had lanes along
+    the strided input channels; the short-row tile applies to it as to a 3x3 conv."""
+    x, w = Tensor.empty(8, 512, 7, 7), Tensor.empty(2048, 512, 1, 1)
+    (ast,) = [s.ast for s in schedule([x.conv2d(w).uop])[0].steps if s.kind == "kernel"]
+    opts = [(o.kind, o.amount) for o in lower(ast, CLANG_AVX512).opts if o.kind is not OptKind.THREAD]
+    assert opts == [(OptKind.UPCAST, 4), (OptKind.UPCAST, 7), (OptKind.PADTO, 8), (OptKind.UPCAST, 8)], opts
+
+
+@pytest.mark.parametrize("device", [d for d in ("CPU", "INTERP", "X86") if Device.available(d)])
+@pytest.mark.parametrize("pixels", [7, 28])
+def test_short_row_tiles_equal_torch_on_every_host(device, pixels, monkeypatch):
+    """Forward and both gradients of a 3x3 conv over 12 channels at 7 x 7 (the short-row tile: 4 channels x 7
+    rows x 8 padded lanes; the weight gradient in 8 padded lanes) and 28 x 28 (the weight gradient in 16 lanes,
+    28 -> 32) with the opts the heuristics choose for an AVX-512 device with masked moves, whatever this
+    device's, equal torch's (INTERP: the IR's reference semantics)."""
+    from polygrad.codegen.host_opts import host_opts
+    from polygrad.engine import programs
+    monkeypatch.setattr(programs, "program_cache", {})
+    monkeypatch.setattr(programs, "choose_opts", lambda ast, dev: host_opts(kernel_for_opts(ast), CLANG_AVX512))
+    asts = _step_kernels((2, 12, pixels, pixels), (12, 12, 3, 3), 1)
+    chosen = [[(o.kind, o.amount) for o in lower(a, CLANG_AVX512).opts] for a in asts]
+    tiles = {7: (OptKind.UPCAST, 7), 28: (OptKind.SPLIT_REDUCE, 16)}
+    assert any(tiles[pixels] in c and (OptKind.PADTO, 16 if pixels == 28 else 8) in c for c in chosen), chosen
+    rng = np.random.default_rng(pixels + 1)
+    xn = rng.standard_normal((2, 12, pixels, pixels)).astype(np.float32)
+    wn = (rng.standard_normal((12, 12, 3, 3)) * 0.2).astype(np.float32)
+    x, w = Tensor(xn, device=device, requires_grad=True), Tensor(wn, device=device, requires_grad=True)
+    out = x.conv2d(w, padding=1)
+    gn = rng.standard_normal(out.shape).astype(np.float32)
+    (out * Tensor(gn, device=device)).sum().backward()
+    xt, wt = torch.tensor(xn, requires_grad=True), torch.tensor(wn, requires_grad=True)
+    ref = torch.nn.functional.conv2d(xt, wt, padding=1)
+    ref.backward(torch.tensor(gn))
+    for got, want in ((out, ref), (x.grad, xt.grad), (w.grad, wt.grad)):
+        np.testing.assert_allclose(got.numpy(), want.detach().numpy(), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("masked", [True, False])

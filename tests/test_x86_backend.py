@@ -508,3 +508,37 @@ def test_thread_pool_runs_the_indices_itself_when_no_worker_starts(monkeypatch):
     assert p.workers == 0
     np.testing.assert_array_equal(out[:203530], want)
     assert (out[203530:] == SENTINEL).all()
+
+
+def test_wide_spills_get_a_frame_aligned_to_64_bytes():
+    """A kernel whose register allocator spills 512-bit values (a 3x3 conv weight gradient's tile of 24 zmm
+    accumulators over 28-pixel rows) rounds rsp down to 64 (`and rsp, -64`, the caller's rsp kept in a slot), so
+    no spill or reload straddles two cache lines whatever stack it is called on (at the caller's 16-byte
+    alignment that kernel ran 28 or 137 ms by process on Zen 4); a kernel with no such spill keeps its plain frame.
+    The weight gradient equals NumPy's: dw[o, i, kh, kw] = sum of g[n, o, h, w] * xpad[n, i, h + kh, w + kw]."""
+    from polygrad.codegen.lower import lower
+    from polygrad.device import open_device
+    from polygrad.schedule.template import schedule
+    from polygrad_backend_x86.cpu import choose_isa
+    if choose_isa().tier != "avx512":
+        pytest.skip("needs AVX-512")
+    dev = open_device("X86")
+    align_rsp = bytes.fromhex("4883e4c0")  # and rsp, -64
+    rng = np.random.default_rng(3)
+    xn = rng.standard_normal((2, 16, 28, 28)).astype(np.float32)
+    gn = rng.standard_normal((2, 16, 28, 28)).astype(np.float32)
+    x, g = Tensor(xn, device="X86"), Tensor(gn, device="X86")
+    w = Tensor(np.zeros((16, 16, 3, 3), np.float32), device="X86", requires_grad=True)
+    (x.conv2d(w, padding=1) * g).sum().backward()
+    tpl, _ = schedule([w.grad.uop])
+    kernels = [lower(s.ast, dev.capabilities) for s in tpl.steps if s.kind == "kernel"]
+    (spec,) = [s for s in kernels if s.name.startswith("r_16_16_3_3")]
+    assert align_rsp in dev.compile(dev.render(spec)).code
+    xp = np.pad(xn, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((16, 16, 3, 3), np.float32)
+    for kh in range(3):
+        for kw in range(3):
+            want[:, :, kh, kw] = np.einsum("nohw,nihw->oi", gn, xp[:, :, kh:kh + 28, kw:kw + 28])
+    np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-4, atol=1e-3)
+    (tiny,) = [s.ast for s in schedule([(Tensor.empty(10) + 1).uop])[0].steps if s.kind == "kernel"]
+    assert align_rsp not in dev.compile(dev.render(lower(tiny, dev.capabilities))).code

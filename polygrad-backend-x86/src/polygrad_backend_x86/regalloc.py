@@ -38,9 +38,11 @@ class Frame:
     slots: int = 0                      # bytes of spill slots at [rsp + 0 ..)
     used_gp: set = field(default_factory=set)
     used_vec: set = field(default_factory=set)
+    align: int = 16                     # the widest alignment a slot asked for (the stack gives 16)
 
     def slot(self, size: int) -> int:
         align = min(size, 64)
+        self.align = max(self.align, align)
         self.slots = (self.slots + align - 1) // align * align
         off = self.slots
         self.slots += size

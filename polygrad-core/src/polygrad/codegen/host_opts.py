@@ -329,8 +329,12 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
         reused = any(range_coeff(ix.src[1], last) == 0 for ix in loads)
         padded = padded_columns(last, caps) if last in plain and range_coeff(store_index.src[1], last) == 1 else 0
         if padded and reused and not padded_tile:
-            # kept unless another range's tile is one of long rows (a deep projection: measured faster)
-            padded_tile = padded_tile_opts(red, glob, operands, last, padded, caps)
+            # kept unless another range's tile is one of long rows (a deep projection: measured faster); a short
+            # row in one padded half-width vector only where nothing else tiles (a pointwise conv at 7 x 7 whose
+            # weight is contiguous along the output channels: 7 pixels x 32 channels ran 1.5x faster on CPU,
+            # 2.7x on X86, than 4 x 7 x 8 lanes)
+            full = padded % int(caps.vector_width or 1) == 0
+            padded_tile = padded_tile_opts(red, glob, operands, last, padded, caps, store_index) if full else []
             if padded_tile:
                 continue
             deep_padded = deep_padded or (last, padded)
@@ -377,45 +381,91 @@ def outer_tile_opts(ast: UOp, glob: list[UOp], red: UOp, loads: list[UOp], store
     if not padded_tile and deep_padded is not None:
         # no other tile (a 3x3 conv over 128 channels at 28 x 28: 28 pixels take no 16- or 8-lane vectors):
         # padded vectors all the same, their panel read from the L2 (11-37x faster than the lanes it had)
-        return padded_tile_opts(red, glob, operands, *deep_padded, caps, fit_l1=False)
+        return padded_tile_opts(red, glob, operands, *deep_padded, caps, store_index, fit_l1=False)
     return padded_tile
 
 
 def padded_columns(last: UOp, caps: Capabilities) -> int:
-    """The size `last` is padded to for full-width column vectors (PADTO), or 0: only where the device
-    gates a vector's lanes with single masked moves, the width does not divide the size and the padding
-    adds at most 1/PAD_MAX_WASTE of the lanes (a 28- or 56-pixel row: 32 and 64; a 7-pixel row is not
-    padded to 16). A pointwise convolution over a 28x28 map had no such range, so its tile took the output
-    channels as columns and scattered every accumulator to 16 planes: 1.36x slower than 8 channels x 2
-    padded vectors of pixels (AVX-512, Zen 4)."""
+    """The size `last` is padded to for column vectors (PADTO), or 0: only where the device gates a vector's
+    lanes with single masked moves, the width does not divide the size and the padding adds at most
+    1/PAD_MAX_WASTE of the lanes, in full-width vectors (a 28- or 56-pixel row: 32 and 64) or else in one
+    vector of half the width (a 7-pixel row: 8, not 16; never where half the width divides the size, which
+    column_lanes takes unpadded). A pointwise convolution over a 28x28 map had no such range, so its tile took
+    the output channels as columns and scattered every accumulator to 16 planes: 1.36x slower than 8
+    channels x 2 padded vectors of pixels (AVX-512, Zen 4)."""
     width = int(caps.vector_width or 1)
     size = range_size(last)
     if width < 4 or size is None or size % width == 0 or not getattr(caps, "masked_vectors", False):
         return 0
     padded = -(-size // width) * width
-    return padded if (padded - size) * PAD_MAX_WASTE <= padded else 0
+    if (padded - size) * PAD_MAX_WASTE <= padded:
+        return padded
+    half = width // 2
+    return half if half >= 4 and size < half and (half - size) * PAD_MAX_WASTE <= half else 0
 
 
 def padded_tile_opts(red: UOp, glob: list[UOp], operands: list[UOp], last: UOp, padded: int,
-                     caps: Capabilities, fit_l1: bool = True) -> list[Opt]:
+                     caps: Capabilities, store_index: UOp, fit_l1: bool = True) -> list[Opt]:
     """An outer-product tile whose columns are `last` padded to `padded` points (PADTO; the lanes past the
     end gated off): as many vectors per row as divide it (tile_vector_counts) and fit the registers beside
     their rows and whose column panel (reduction x columns) fits the L1, the rows from _tile_rows as for any
-    tile. None for a deeper reduction (a 3x3 conv over 64 channels and more), which keeps its tile of long
+    tile; a row padded to one half-width vector (7 pixels in 8 lanes) takes _short_row_tile's rows first.
+    None for a deeper reduction (a 3x3 conv over 64 channels and more), which keeps its tile of long
     rows or its staged panels, measured faster there: 144 -> 24 channels at 56 x 56 got 2 vectors (1.2x
     faster than its 8-lane tile), not 4, whose panel would not fit. With `fit_l1` False the panel may
     outgrow the L1 (the last resort of a kernel that gets no other tile)."""
     width = int(caps.vector_width or 1)
     regs = int(caps.registers or 16)
+    lanes = min(width, padded)  # a full vector, or one of half the width (padded_columns)
     k = math.prod(range_size(r) or 0 for r in red.src[1:])
-    panel = k * width * max(ix.dtype.itemsize for ix in operands)  # bytes per vector of columns
-    vecs = next((v for v in tile_vector_counts(caps) if padded % (v * width) == 0 and 2 * v + 1 <= regs
+    panel = k * lanes * max(ix.dtype.itemsize for ix in operands)  # bytes per vector of columns
+    vecs = next((v for v in tile_vector_counts(caps) if padded % (v * lanes) == 0 and 2 * v + 1 <= regs
                  and 0 < v * panel and (not fit_l1 or v * panel <= (caps.l1_bytes or 32 * 1024))), 0)
     if not vecs:
         return []
-    rows, tile_rows = _tile_rows(glob, operands, last, vecs * width, caps)
-    opts = [Opt(OptKind.UPCAST, rows.arg[0], tile_rows)] if rows is not None else []
-    return opts + [Opt(OptKind.PADTO, last.arg[0], padded), Opt(OptKind.UPCAST, last.arg[0], vecs * width)]
+    short = _short_row_tile(glob, operands, store_index, last, caps) if lanes < width else None
+    if short is not None:
+        rows, tile_rows, steps = short
+        opts = [Opt(OptKind.UPCAST, rows.arg[0], tile_rows), Opt(OptKind.UPCAST, steps.arg[0], range_size(steps))]
+    else:
+        rows, tile_rows = _tile_rows(glob, operands, last, vecs * lanes, caps)
+        opts = [Opt(OptKind.UPCAST, rows.arg[0], tile_rows)] if rows is not None else []
+    return opts + [Opt(OptKind.PADTO, last.arg[0], padded), Opt(OptKind.UPCAST, last.arg[0], vecs * lanes)]
+
+
+def _short_row_tile(glob: list[UOp], operands: list[UOp], store_index: UOp, last: UOp,
+                    caps: Capabilities) -> tuple[UOp, int, UOp] | None:
+    """(rows range, rows, steps range) of the tile of a short row padded to one half-width vector (a 3x3 conv at
+    7 x 7: 7 pixels in 8 lanes): besides rows of a range the vector operand does not depend on (the output
+    channels), the whole global range `steps` along which the vector operand and the output move by `last`'s
+    length times their step along it and the broadcast operand does not move (the map's next row of pixels),
+    each step a vector of its own: rows x steps accumulators, the broadcast loaded once for a row's `steps`
+    vectors, and the vectors of neighbouring steps on the same cache lines. As many rows (8, 6, 4, 2) as
+    divide their range and fit the registers, LONG_ROWS_SPARE left. A 3x3 conv over 512 channels at 7 x 7
+    (batch 8, 2 threads): 4 channels x 7 rows x 8 lanes ran 2.1x faster than 16 channels x 8 lanes on the CPU
+    backend, 2.2x on X86 (and 1.6x faster than 2 channels x 7 rows there). None where no such range or row count
+    fits."""
+    regs = int(caps.registers or 16)
+    size = range_size(last)
+    along = [ix for ix in operands if last in ix.src[1].toposort()]
+    moved = [*along, store_index]
+    if not along or size is None:
+        return None
+
+    def is_steps(r: UOp) -> bool:
+        moves = [range_coeff(ix.src[1], r) for ix in moved]
+        return all(c is not None and c != 0 and c == size * (range_coeff(ix.src[1], last) or 0)
+                   for c, ix in zip(moves, moved)) \
+            and all(range_coeff(ix.src[1], r) == 0 for ix in operands if ix not in along)
+    steps = next((r for r in reversed(glob) if r is not last and range_size(r) is not None
+                  and range_size(r) >= 2 and is_steps(r)), None)
+    if steps is None:
+        return None
+    count = range_size(steps)
+    rows = [r for r in reversed(glob) if r is not last and r is not steps
+            and all(range_coeff(ix.src[1], r) == 0 for ix in along)]
+    fits = [(r, n) for r in rows for n in (8, 6, 4, 2) if divides(r, n) and n * count + LONG_ROWS_SPARE <= regs]
+    return (fits[0][0], fits[0][1], steps) if fits else None
 
 
 def reduce_operands(red: UOp, loads: list[UOp]) -> list[UOp]:
@@ -506,12 +556,14 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
     contiguous = [ix for ix in loads if range_coeff(ix.src[1], inner) == 1]
     if not contiguous or any(range_coeff(ix.src[1], inner) not in (0, 1) for ix in loads):
         return []
-    # a quarter of the width where nothing wider divides (a 28-pixel row: a 3x3 conv weight gradient at 28 x 28
-    # ran 30x faster in 4 lanes than with no tile)
-    lanes = next((n for n in (width, width // 2, width // 4) if n >= 4 and divides(inner, n)
-                  and range_size(inner) >= n), 0)
+    # a full or half vector that divides, else one padded (padded_reduce_opts), else a quarter of the width (a
+    # 28-pixel row where the device has no masked moves: a 3x3 conv weight gradient at 28 x 28 ran 30x faster in 4
+    # lanes than with no tile; with them, 28 -> 32 in 16 lanes ran 1.6x faster than 4 lanes on CPU, 2.2x on X86)
+    lanes = next((n for n in (width, width // 2) if n >= 4 and divides(inner, n) and range_size(inner) >= n), 0)
     pad = [] if lanes else padded_reduce_opts(inner, caps)
-    lanes = pad[0].amount if pad else lanes
+    quarter = width // 4
+    lanes = pad[0].amount if pad else lanes or (quarter if quarter >= 4 and divides(inner, quarter)
+                                                and range_size(inner) >= quarter else 0)
     # a symbolic range (a Variable batch) qualifies too: its last tile is padded (opts._split_symbolic)
     reuse = [r for r in reversed(glob) if any(range_coeff(ix.src[1], r) == 0 for ix in loads)]
     if not (lanes or scalar) or not reuse:
@@ -534,11 +586,12 @@ def dot_tile_opts(glob: list[UOp], red: UOp, loads: list[UOp], caps: Capabilitie
 
 
 def padded_reduce_opts(inner: UOp, caps: Capabilities) -> list[Opt]:
-    """[PADTO] of a dot tile's innermost reduce range that no lane count divides (a 3x3 conv weight gradient over
-    14- or 7-pixel rows), to the fewest lanes (the device's width, half or a quarter, 4 or more) whose padding
-    adds at most 1/PAD_MAX_WASTE of them: 14 -> 16, 7 -> 8 on a 16-lane device. Its Opt's amount is the lanes;
-    the points past the end read nothing (masked loads) and add 0. Only where the device loads a vector whose
-    last lanes are gated off as one masked move (masked_vectors); [] elsewhere."""
+    """[PADTO] of a dot tile's innermost reduce range that neither a full nor a half vector divides (a 3x3 conv
+    weight gradient over 28-, 14- or 7-pixel rows), to the most lanes (the device's width, half or a quarter, 4
+    or more) whose padding adds at most 1/PAD_MAX_WASTE of them: 28 -> 32, 14 -> 16 in 16 lanes, 7 -> 8 in 8, on
+    a 16-lane device; none where a quarter vector divides and nothing wider pads within that (12, 20: 4 lanes).
+    Its Opt's amount is the lanes; the points past the end read nothing (masked loads) and add 0. Only where
+    the device loads a vector whose last lanes are gated off as one masked move (masked_vectors); [] elsewhere."""
     width = max(1, int(caps.vector_width or 1))
     size = range_size(inner)
     if size is None or not getattr(caps, "masked_vectors", False):
