@@ -49,7 +49,7 @@ class KernelEmitter {
     this.params = prog.vars.map(() => T.i32)
     this.locals = []
     this.val = new Map() // inst id -> {local} | {konst: fn(code)}
-    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0, laneDots: 0, unpacks: 0, extends: 0, spreads: 0, byteSplats: 0, halfLoads: 0, wholeGatedStores: 0 } // what the speed guards (tests) look for
+    this.stats = { pointerExits: 0, bitSelects: 0, fusedMadds: 0, gatedPointers: 0, int8Dots: 0, laneDots: 0, unpacks: 0, extends: 0, spreads: 0, byteSplats: 0, halfLoads: 0, wholeGatedStores: 0, clampSelects: 0 } // what the speed guards (tests) look for
     this.addrOf = new Map() // 'index inst id|slot' -> {local, size, offset}: a strength-reduced address (see loop)
     this.gatedAddr = new Map() // load inst id -> local: a gated pointer (strengthReduce), 0 where the gate is off
     this.free = new Map() // wasm type -> locals no live value holds
@@ -416,6 +416,7 @@ class KernelEmitter {
   }
 
   emitAlu (x) {
+    this.emitting = x.id
     if (x.lanes > 1) this.vectorAlu(x.op, x.dtype, x.src[0].dtype, x.src)
     else this.scalarAlu(x.op, x.dtype, x.src[0].dtype, x.src)
     return this.define(x)
@@ -623,6 +624,14 @@ class KernelEmitter {
     const c = this.c
     const P = (i) => this.push(src[i])
     if (op === 'WHERE') {
+      const clamp = this.clamps && this.clamps.get(this.emitting)
+      if (clamp) { // a < b ? a : b  is  pmin(b, a);  a < b ? b : a  is  pmax(a, b) (clampSelects)
+        const [a, b] = src[0].src
+        if (clamp === 0xea) { this.push(b); this.push(a) } else { this.push(a); this.push(b) }
+        c.simd(clamp)
+        this.stats.clampSelects++
+        return
+      }
       const zero = (v) => v.k === 'bcast' && v.src[0].k === 'const' && Object.is(Number(v.src[0].value), 0) && !v.dtype.isBool
       if (zero(src[1])) { P(2); P(0); c.simd(0x4f); return } // cond ? +0 : x  is  x & ~cond
       if (zero(src[2])) { P(1); P(0); c.simd(0x4e); return } // cond ? x : +0  is  x & cond
@@ -810,6 +819,35 @@ class KernelEmitter {
         for (const v of [a, b, b.src[0]]) this.skipped.add(v.id)
         this.uses.set(lo.id, 0)
         this.uses.set(hi.id, 0)
+      }
+    }
+    walk(this.prog.head)
+    walk(this.prog.body)
+  }
+
+  /**
+   * A float32 lane select on a comparison of its own two values, the comparison read only there: `a < b ? a : b`
+   * becomes f32x4.pmin(b, a) and `a < b ? b : a` f32x4.pmax(a, b), which wasm defines as exactly those selects
+   * (NaNs and signed zeros included: bits unchanged), one instruction (minps, maxps on x64) where the comparison
+   * and v128.bitselect took four or five. The exp2 decomposition's range clamps are such selects (GPT-2's tanh
+   * GELU holds four an element). Sets this.clamps (WHERE id -> pmin or pmax opcode); the comparisons join
+   * this.skipped (call after halfBits).
+   */
+  clampSelects () {
+    this.clamps = new Map()
+    const walk = (insts) => {
+      for (const x of insts) {
+        if (x.k === 'loop') { walk(x.pre); walk(x.body) }
+        if (x.k === 'if') walk(x.body)
+        if (x.k !== 'alu' || x.op !== 'WHERE' || x.lanes !== 4 || x.dtype.name !== 'float32') continue
+        const cmp = x.src[0]
+        if (cmp.k !== 'alu' || cmp.op !== 'CMPLT' || cmp.lanes !== 4 || cmp.src[0].dtype.name !== 'float32') continue
+        if (this.uses.get(cmp.id) !== 1 || this.fused.has(cmp.id) || this.halves.has(cmp.id)) continue
+        const [a, b] = cmp.src
+        const op = x.src[1] === a && x.src[2] === b ? 0xea : x.src[1] === b && x.src[2] === a ? 0xeb : 0
+        if (!op) continue
+        this.clamps.set(x.id, op)
+        this.skipped.add(cmp.id)
       }
     }
     walk(this.prog.head)
@@ -1355,6 +1393,7 @@ class KernelEmitter {
     this.uses = this.countUses()
     this.fused = this.fusedProducts()
     this.halfBits()
+    this.clampSelects()
     this.dead = this.deadAfter()
     this.splats = new Map()
     this.prologue = new Code()
