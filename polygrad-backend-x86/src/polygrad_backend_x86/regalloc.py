@@ -50,12 +50,13 @@ class Frame:
 
 
 def wide(v: XInst) -> bool:
-    """A 512-bit vector value (16 lanes of a 4-byte type): it may live in zmm16..31."""
-    return not is_gp(v) and v.lanes == 16
+    """A vector value (4, 8 or 16 lanes of a 4-byte type): it may live in xmm/ymm/zmm16..31, which exist only
+    with AVX-512 (VL gives the 128- and 256-bit EVEX forms; the allocator is given high registers only then)."""
+    return not is_gp(v) and v.lanes > 1
 
 
 def allocate(prog: XProgram, vec_regs: int, vec_bytes: int, high_regs: int = 0) -> Frame:
-    """Assign `loc` to every value of prog; vector registers 0..vec_regs-1 may be used, and for 512-bit
+    """Assign `loc` to every value of prog; vector registers 0..vec_regs-1 may be used, and for vector
     values also 16..16+high_regs-1 (EVEX-only registers, taken first so the low ones stay for the rest)."""
     insts = prog.insts
     for i, x in enumerate(insts):
@@ -130,7 +131,7 @@ def allocate(prog: XProgram, vec_regs: int, vec_bytes: int, high_regs: int = 0) 
             active.append(v)
             continue
         # spill the value whose uses weigh least (a use in a loop nest of depth d weighs 8**d); only a
-        # 512-bit value may take a high register
+        # vector value may take a high register
         same = [a for a in active if is_gp(a) == gp_class and (wide(v) or gp_class or a.loc[1] < 16)]
         victim = min(same, key=lambda a: (weight.get(id(a), 0.0), -a.end))
         if (weight.get(id(victim), 0.0), -victim.end) < (weight.get(id(v), 0.0), -v.end):

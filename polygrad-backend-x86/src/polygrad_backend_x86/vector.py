@@ -122,7 +122,13 @@ class VectorEmitter(Emitter):
 
     # ---- operands
     def vop(self, mn: str, *ops: Any, mask: int | None = None) -> None:
-        name = resolve(mn, ops, mask is not None)
+        try:
+            name = resolve(mn, ops, mask is not None)
+        except VectorUnsupported:
+            if not any(isinstance(o, VR) and o.n >= 16 and o.bits < 512 for o in ops):
+                raise
+            self.vop_low(mn, ops, mask)
+            return
         conv = []
         for o in ops:
             if isinstance(o, VR):
@@ -134,6 +140,25 @@ class VectorEmitter(Emitter):
             else:
                 conv.append(o)
         self.a.op(name, *conv, mask=mask)
+
+    def vop_low(self, mn: str, ops: tuple, mask: int | None) -> None:
+        """An instruction with only a VEX form (vblendvps, vcmpps into a ymm, vpxor, ...) on a ymm/xmm16..31
+        operand: those operands go through low scratch registers the instruction does not use (the first
+        operand, the destination, is copied back)."""
+        spare = [n for n in (self.T0, self.T1, self.T2, self.TS) if not any(isinstance(o, VR) and o.n == n for o in ops)]
+        moved: dict[int, int] = {}
+        for o in ops:
+            if isinstance(o, VR) and o.n >= 16 and o.n not in moved:
+                if not spare:
+                    raise VectorUnsupported(f"{mn} on ymm16..31 with no spare scratch register")
+                moved[o.n] = spare.pop(0)
+        low = tuple(VR(moved[o.n], o.bits) if isinstance(o, VR) and o.n in moved else o for o in ops)
+        for o in ops:  # every moved operand is read first (the destination too: vfmadd and masked moves read it)
+            if isinstance(o, VR) and o.n in moved:
+                self.vop("VMOVAPS", VR(moved[o.n], o.bits), o)
+        self.vop(mn, *low, mask=mask)
+        if isinstance(ops[0], VR) and ops[0].n in moved:
+            self.vop("VMOVAPS", ops[0], low[0])
 
     def width(self, x: XInst) -> int:
         for d in (x.dtype, *(s.dtype for s in x.src if s is not None and s.lanes > 1)):
