@@ -57,7 +57,7 @@ def wide(v: XInst) -> bool:
 
 def allocate(prog: XProgram, vec_regs: int, vec_bytes: int, high_regs: int = 0) -> Frame:
     """Assign `loc` to every value of prog; vector registers 0..vec_regs-1 may be used, and for vector
-    values also 16..16+high_regs-1 (EVEX-only registers, taken first so the low ones stay for the rest)."""
+    values also 16..16+high_regs-1 (EVEX-only registers: 512-bit values take them first, narrower ones last)."""
     insts = prog.insts
     for i, x in enumerate(insts):
         x.num = i
@@ -121,7 +121,10 @@ def allocate(prog: XProgram, vec_regs: int, vec_bytes: int, high_regs: int = 0) 
         for a in [a for a in active if a.end < v.start]:
             active.remove(a)
             (high if a.loc[1] >= 16 and not is_gp(a) else free[is_gp(a)]).append(a.loc[1])
-        if wide(v) and high:
+        # a 512-bit value takes a high register first (the low ones stay for the rest); a 128/256-bit one only
+        # once the low ones are taken, so kernels that fit in 0..11 keep their VEX code (vblendvps, vcmpps into
+        # a ymm, vpxor have no EVEX form on high registers and go through scratch moves: vector.py's vop_low)
+        if wide(v) and high and (v.lanes == 16 or not free[gp_class]):
             v.loc = ("r", high.pop(0))
             active.append(v)
             continue
