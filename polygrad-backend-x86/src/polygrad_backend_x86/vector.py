@@ -153,8 +153,10 @@ class VectorEmitter(Emitter):
                     raise VectorUnsupported(f"{mn} on ymm16..31 with no spare scratch register")
                 moved[o.n] = spare.pop(0)
         low = tuple(VR(moved[o.n], o.bits) if isinstance(o, VR) and o.n in moved else o for o in ops)
+        copied: set[int] = set()
         for o in ops:  # every moved operand is read first (the destination too: vfmadd and masked moves read it)
-            if isinstance(o, VR) and o.n in moved:
+            if isinstance(o, VR) and o.n in moved and o.n not in copied:
+                copied.add(o.n)
                 self.vop("VMOVAPS", VR(moved[o.n], o.bits), o)
         self.vop(mn, *low, mask=mask)
         if isinstance(ops[0], VR) and ops[0].n in moved:
