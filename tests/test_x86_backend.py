@@ -599,8 +599,8 @@ def test_avx512_eight_lane_tiles_use_ymm16_to_31(monkeypatch):
 
 def test_vex_only_instructions_on_ymm16_to_31_go_through_low_scratch():
     """vblendvps, vcmpps into a ymm and vpxor have no EVEX form: on a ymm/xmm16..31 operand the emitter copies
-    those operands into scratch registers 12..15 the instruction does not use, runs the VEX form there and copies
-    the destination back. The bytes equal GNU as's for the same instructions."""
+    those operands into scratch registers 12..15 the instruction does not use (kept in a stack slot around it: one
+    may hold a live value), runs the VEX form there and copies the destination back. The bytes equal GNU as's."""
     import shutil
     import subprocess
     import types
@@ -612,24 +612,38 @@ def test_vex_only_instructions_on_ymm16_to_31_go_through_low_scratch():
     if not (shutil.which("as") and shutil.which("objcopy")):
         pytest.skip("needs GNU as and objcopy")
     isa = Isa("avx512", fma=True, features=())
-    e = VectorEmitter(types.SimpleNamespace(params=[], vars=[], insts=[]), isa, Frame(), 64)
+    frame = Frame(used_vec={3, 12, *range(17, 26)})
+    e = VectorEmitter(types.SimpleNamespace(params=[], vars=[], insts=[]), isa, frame, 64)
+    s0, s1, s2 = (e.low_save + 32 * i for i in range(3))  # where the borrowed registers are kept
     e.vop("VBLENDVPS", VR(17, 256), VR(18, 256), VR(3, 256), VR(19, 256))
     e.vop("VCMPPS", VR(20, 128), VR(12, 128), VR(21, 128), Imm(1))
     e.vop("VPXOR", VR(22, 256), VR(22, 256), VR(22, 256))
     e.vop("VFMADD231PS", VR(23, 256), VR(24, 256), VR(25, 256))  # has an EVEX form: no moves
-    src = """.intel_syntax noprefix
+    src = f""".intel_syntax noprefix
+vmovups [rsp+{s0}], ymm12
+vmovups [rsp+{s1}], ymm13
+vmovups [rsp+{s2}], ymm14
 vmovaps ymm12, ymm17
 vmovaps ymm13, ymm18
 vmovaps ymm14, ymm19
 vblendvps ymm12, ymm13, ymm3, ymm14
 vmovaps ymm17, ymm12
+vmovups ymm12, [rsp+{s0}]
+vmovups ymm13, [rsp+{s1}]
+vmovups ymm14, [rsp+{s2}]
+vmovups [rsp+{s0}], ymm13
+vmovups [rsp+{s1}], ymm14
 vmovaps xmm13, xmm20
 vmovaps xmm14, xmm21
 vcmpltps xmm13, xmm12, xmm14
 vmovaps xmm20, xmm13
+vmovups ymm13, [rsp+{s0}]
+vmovups ymm14, [rsp+{s1}]
+vmovups [rsp+{s0}], ymm12
 vmovaps ymm12, ymm22
 vpxor ymm12, ymm12, ymm12
 vmovaps ymm22, ymm12
+vmovups ymm12, [rsp+{s0}]
 vfmadd231ps ymm23, ymm24, ymm25
 """
     import tempfile

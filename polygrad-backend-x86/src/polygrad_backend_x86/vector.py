@@ -119,6 +119,8 @@ class VectorEmitter(Emitter):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.lane_slot = self.frame.slot(192)  # values, indices, gates of one lane-at-a-time access
+        # where vop_low keeps the low scratch registers it borrows (only kernels with values in xmm/ymm16..31)
+        self.low_save = self.frame.slot(4 * 32) if any(n >= 16 for n in self.frame.used_vec) else None
 
     # ---- operands
     def vop(self, mn: str, *ops: Any, mask: int | None = None) -> None:
@@ -144,15 +146,22 @@ class VectorEmitter(Emitter):
     def vop_low(self, mn: str, ops: tuple, mask: int | None) -> None:
         """An instruction with only a VEX form (vblendvps, vcmpps into a ymm, vpxor, ...) on a ymm/xmm16..31
         operand: those operands go through low scratch registers the instruction does not use (the first
-        operand, the destination, is copied back)."""
-        spare = [n for n in (self.T0, self.T1, self.T2, self.TS) if not any(isinstance(o, VR) and o.n == n for o in ops)]
+        operand, the destination, is copied back). A borrowed scratch register may hold a value the caller
+        still needs (a spilled result in T0), so it is kept in a stack slot around the instruction."""
+        used = {o.n for o in ops if isinstance(o, VR)}
+        spare = [n for n in (self.T0, self.T1, self.T2, self.TS) if n not in used]
         moved: dict[int, int] = {}
         for o in ops:
             if isinstance(o, VR) and o.n >= 16 and o.n not in moved:
                 if not spare:
                     raise VectorUnsupported(f"{mn} on ymm16..31 with no spare scratch register")
                 moved[o.n] = spare.pop(0)
+        if self.low_save is None:
+            raise CompileError("X86 backend: internal error, a high vector register in a kernel that uses none")
         low = tuple(VR(moved[o.n], o.bits) if isinstance(o, VR) and o.n in moved else o for o in ops)
+        saves = [(VR(n, 256), Mem(RSP, disp=self.low_save + 32 * i)) for i, n in enumerate(moved.values())]
+        for reg, mem in saves:
+            self.vop("VMOVUPS", mem, reg)
         copied: set[int] = set()
         for o in ops:  # every moved operand is read first (the destination too: vfmadd and masked moves read it)
             if isinstance(o, VR) and o.n in moved and o.n not in copied:
@@ -161,6 +170,8 @@ class VectorEmitter(Emitter):
         self.vop(mn, *low, mask=mask)
         if isinstance(ops[0], VR) and ops[0].n in moved:
             self.vop("VMOVAPS", ops[0], low[0])
+        for reg, mem in saves:
+            self.vop("VMOVUPS", reg, mem)
 
     def width(self, x: XInst) -> int:
         for d in (x.dtype, *(s.dtype for s in x.src if s is not None and s.lanes > 1)):
