@@ -619,6 +619,7 @@ def test_vex_only_instructions_on_ymm16_to_31_go_through_low_scratch():
     e.vop("VCMPPS", VR(20, 128), VR(12, 128), VR(21, 128), Imm(1))
     e.vop("VPXOR", VR(22, 256), VR(22, 256), VR(22, 256))
     e.vop("VFMADD231PS", VR(23, 256), VR(24, 256), VR(25, 256))  # has an EVEX form: no moves
+    e.zero(VR(26, 256))  # a zeroed accumulator: the EVEX vpxord, no moves
     src = f""".intel_syntax noprefix
 vmovups [rsp+{s0}], ymm12
 vmovups [rsp+{s1}], ymm13
@@ -645,6 +646,7 @@ vpxor ymm12, ymm12, ymm12
 vmovaps ymm22, ymm12
 vmovups ymm12, [rsp+{s0}]
 vfmadd231ps ymm23, ymm24, ymm25
+vpxord ymm26, ymm26, ymm26
 """
     import tempfile
     with tempfile.TemporaryDirectory() as d:

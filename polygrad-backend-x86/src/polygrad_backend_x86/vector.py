@@ -218,14 +218,15 @@ class VectorEmitter(Emitter):
         return self.pool_vec([value] * (bits // 32), dt)
 
     def zero(self, r: VR) -> None:
-        self.vop("VPXORD" if r.bits == 512 else "VPXOR", r, r, r)
+        self.vop("VPXORD" if r.bits == 512 or r.n >= 16 else "VPXOR", r, r, r)
 
     def ones(self, r: VR) -> None:
         self.vop("VMOVUPS", r, self.splat(-1, dtypes.int32, r.bits))
 
     def logic(self, mn: str, r: VR, a: VR, b: Any) -> None:
-        """Bitwise AND/ANDN/OR/XOR of whole registers (the D forms on zmm)."""
-        self.vop(f"VP{mn}D" if r.bits == 512 else f"VP{mn}", r, a, b)
+        """Bitwise AND/ANDN/OR/XOR of whole registers (the EVEX D forms on zmm and on registers 16..31)."""
+        evex = r.bits == 512 or any(isinstance(o, VR) and o.n >= 16 for o in (r, a, b))
+        self.vop(f"VP{mn}D" if evex else f"VP{mn}", r, a, b)
 
     def fcmp(self, r: VR, a: VR, b: Any, pred: int) -> None:
         if r.bits == 512:
