@@ -657,3 +657,44 @@ vpxord ymm26, ymm26, ymm26
         with open(f"{d}/a.bin", "rb") as f:
             want = f.read()
     assert e.a.encode() == want
+
+
+def test_eight_lane_selects_and_compares_in_ymm16_to_31_equal_numpy(monkeypatch):
+    """With only vector registers 0..1 for values (the rest of 0..15 scratch), an 8-lane elementwise kernel of
+    float and int32 comparisons, bool logic, max and selects puts its values in ymm16..31, so vblendvps, vcmpps
+    and vpcmpgtd (VEX only) run through borrowed scratch registers; the result equals NumPy's."""
+    import re
+
+    from polygrad.codegen.lower import lower
+    from polygrad.codegen.opts import Opt, OptKind
+    from polygrad.device import Buffer, open_device
+    from polygrad.schedule.template import schedule
+    from polygrad_backend_x86.asm import disassemble
+    from polygrad_backend_x86.cpu import Isa, choose_isa
+    if choose_isa().tier != "avx512":
+        pytest.skip("needs AVX-512")
+    monkeypatch.setattr(Isa, "vec_regs", property(lambda self: 2))
+    dev = open_device("X86")
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((2, 40, 24)).astype(np.float32)
+    i, j = rng.integers(-50, 50, (2, 40, 24)).astype(np.int32)
+    a[0, :4] = np.nan
+
+    def f(a, b, i, j):
+        m = (a < b) & (i != j) | (a > 1.0)
+        return m.where(a * 2 + b, b.maximum(a)) + ((i ^ j) & 7).cast(dtypes.float32) + (i < j).where(1.0, -1.0)
+
+    t = f(Tensor.empty(40, 24), Tensor.empty(40, 24), Tensor.empty(40, 24, dtype=dtypes.int32),
+          Tensor.empty(40, 24, dtype=dtypes.int32))
+    tpl, _ = schedule([t.uop])
+    (ast,) = [s.ast for s in tpl.steps if s.kind == "kernel"]
+    spec = lower(ast, dev.capabilities, [Opt(OptKind.UPCAST, 1, 8)])
+    kernel = dev.render(spec).emit()  # emitted now, not from the code cache
+    assert re.search(r"ymm(1[6-9]|2\d|3[01])\b", disassemble(kernel.code, kernel.pool))
+    bufs = [Buffer("X86", g.size, g.dtype) for g in spec.globals]
+    for buf, x in zip(bufs[1:], (a, b, i, j)):
+        buf.copyin(x.reshape(-1))
+    dev.load(spec, kernel)([buf.handle for buf in bufs], (), False)
+    m = (a < b) & (i != j) | (a > 1.0)
+    want = np.where(m, a * 2 + b, np.maximum(b, a)) + ((i ^ j) & 7).astype(np.float32) + np.where(i < j, 1.0, -1.0)
+    np.testing.assert_allclose(bufs[0].numpy().reshape(40, 24), want, rtol=1e-6)
