@@ -542,3 +542,159 @@ def test_wide_spills_get_a_frame_aligned_to_64_bytes():
     np.testing.assert_allclose(w.grad.numpy(), want, rtol=1e-4, atol=1e-3)
     (tiny,) = [s.ast for s in schedule([(Tensor.empty(10) + 1).uop])[0].steps if s.kind == "kernel"]
     assert align_rsp not in dev.compile(dev.render(lower(tiny, dev.capabilities))).code
+
+
+def _conv_weight_gradient_kernel(dev, xn, gn):
+    from polygrad.codegen.lower import lower
+    from polygrad.schedule.template import schedule
+    c = xn.shape[1]
+    x, g = Tensor(xn, device="X86"), Tensor(gn, device="X86")
+    w = Tensor(np.zeros((c, c, 3, 3), np.float32), device="X86", requires_grad=True)
+    (x.conv2d(w, padding=1) * g).sum().backward()
+    tpl, _ = schedule([w.grad.uop])
+    kernels = [lower(s.ast, dev.capabilities) for s in tpl.steps if s.kind == "kernel"]
+    (spec,) = [s for s in kernels if s.name.startswith(f"r_{c}_{c}_3_3")]
+    return spec, w.grad.numpy()
+
+
+def test_avx512_eight_lane_tiles_use_ymm16_to_31(monkeypatch):
+    """On AVX-512 (with VL) 8-lane values take ymm16..31 once ymm0..11 are taken: a 3x3 conv weight gradient
+    over 7-pixel rows (rows padded to one 8-lane vector, a tile of 8-lane accumulators) uses them and moves
+    fewer vectors through the stack than with 512-bit values alone in the high registers, and equals NumPy's
+    dw[o, i, kh, kw] = sum of g[n, o, h, w] * xpad[n, i, h + kh, w + kw]."""
+    import re
+
+    from polygrad.device import open_device
+    from polygrad_backend_x86 import regalloc
+    from polygrad_backend_x86.asm import disassemble
+    from polygrad_backend_x86.cpu import choose_isa
+    if choose_isa().tier != "avx512":
+        pytest.skip("needs AVX-512")
+    dev = open_device("X86")
+    rng = np.random.default_rng(7)
+    xn = rng.standard_normal((2, 32, 7, 7)).astype(np.float32)
+    gn = rng.standard_normal((2, 32, 7, 7)).astype(np.float32)
+    spec, got = _conv_weight_gradient_kernel(dev, xn, gn)
+
+    def stack_moves(text: str) -> int:
+        return sum(1 for line in text.splitlines() if re.search(r"vmov\w+ .*mm\d+.*\[rsp|\[rsp.*mm\d+", line))
+
+    def emitted() -> str:  # emitted now, not from the code cache
+        k = dev.render(spec).emit()
+        return disassemble(k.code, k.pool)
+
+    text = emitted()
+    assert re.search(r"ymm(1[6-9]|2\d|3[01])\b", text)
+    monkeypatch.setattr(regalloc, "wide", lambda v: not regalloc.is_gp(v) and v.lanes == 16)
+    low_only = emitted()
+    assert not re.search(r"ymm(1[6-9]|2\d|3[01])\b", low_only)
+    assert stack_moves(text) < stack_moves(low_only)
+    xp = np.pad(xn, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    want = np.zeros((32, 32, 3, 3), np.float32)
+    for kh in range(3):
+        for kw in range(3):
+            want[:, :, kh, kw] = np.einsum("nohw,nihw->oi", gn, xp[:, :, kh:kh + 7, kw:kw + 7])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+def test_vex_only_instructions_on_ymm16_to_31_go_through_low_scratch():
+    """vblendvps, vcmpps into a ymm and vpxor have no EVEX form: on a ymm/xmm16..31 operand the emitter copies
+    those operands into scratch registers 12..15 the instruction does not use (kept in a stack slot around it: one
+    may hold a live value), runs the VEX form there and copies the destination back. The bytes equal GNU as's."""
+    import shutil
+    import subprocess
+    import types
+
+    from polygrad_backend_x86.asm import Imm
+    from polygrad_backend_x86.cpu import Isa
+    from polygrad_backend_x86.regalloc import Frame
+    from polygrad_backend_x86.vector import VR, VectorEmitter
+    if not (shutil.which("as") and shutil.which("objcopy")):
+        pytest.skip("needs GNU as and objcopy")
+    isa = Isa("avx512", fma=True, features=())
+    frame = Frame(used_vec={3, 12, *range(17, 26)})
+    e = VectorEmitter(types.SimpleNamespace(params=[], vars=[], insts=[]), isa, frame, 64)
+    s0, s1, s2 = (e.low_save + 32 * i for i in range(3))  # where the borrowed registers are kept
+    e.vop("VBLENDVPS", VR(17, 256), VR(18, 256), VR(3, 256), VR(19, 256))
+    e.vop("VCMPPS", VR(20, 128), VR(12, 128), VR(21, 128), Imm(1))
+    e.vop("VPXOR", VR(22, 256), VR(22, 256), VR(22, 256))
+    e.vop("VFMADD231PS", VR(23, 256), VR(24, 256), VR(25, 256))  # has an EVEX form: no moves
+    e.zero(VR(26, 256))  # a zeroed accumulator: the EVEX vpxord, no moves
+    src = f""".intel_syntax noprefix
+vmovups [rsp+{s0}], ymm12
+vmovups [rsp+{s1}], ymm13
+vmovups [rsp+{s2}], ymm14
+vmovaps ymm12, ymm17
+vmovaps ymm13, ymm18
+vmovaps ymm14, ymm19
+vblendvps ymm12, ymm13, ymm3, ymm14
+vmovaps ymm17, ymm12
+vmovups ymm12, [rsp+{s0}]
+vmovups ymm13, [rsp+{s1}]
+vmovups ymm14, [rsp+{s2}]
+vmovups [rsp+{s0}], ymm13
+vmovups [rsp+{s1}], ymm14
+vmovaps xmm13, xmm20
+vmovaps xmm14, xmm21
+vcmpltps xmm13, xmm12, xmm14
+vmovaps xmm20, xmm13
+vmovups ymm13, [rsp+{s0}]
+vmovups ymm14, [rsp+{s1}]
+vmovups [rsp+{s0}], ymm12
+vmovaps ymm12, ymm22
+vpxor ymm12, ymm12, ymm12
+vmovaps ymm22, ymm12
+vmovups ymm12, [rsp+{s0}]
+vfmadd231ps ymm23, ymm24, ymm25
+vpxord ymm26, ymm26, ymm26
+"""
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        with open(f"{d}/a.s", "w") as f:
+            f.write(src)
+        subprocess.run(["as", "--64", "-o", f"{d}/a.o", f"{d}/a.s"], check=True)
+        subprocess.run(["objcopy", "-O", "binary", "-j", ".text", f"{d}/a.o", f"{d}/a.bin"], check=True)
+        with open(f"{d}/a.bin", "rb") as f:
+            want = f.read()
+    assert e.a.encode() == want
+
+
+def test_eight_lane_selects_and_compares_in_ymm16_to_31_equal_numpy(monkeypatch):
+    """With only vector registers 0..1 for values (the rest of 0..15 scratch), an 8-lane elementwise kernel of
+    float and int32 comparisons, bool logic, max and selects puts its values in ymm16..31, so vblendvps, vcmpps
+    and vpcmpgtd (VEX only) run through borrowed scratch registers; the result equals NumPy's."""
+    import re
+
+    from polygrad.codegen.lower import lower
+    from polygrad.codegen.opts import Opt, OptKind
+    from polygrad.device import Buffer, open_device
+    from polygrad.schedule.template import schedule
+    from polygrad_backend_x86.asm import disassemble
+    from polygrad_backend_x86.cpu import Isa, choose_isa
+    if choose_isa().tier != "avx512":
+        pytest.skip("needs AVX-512")
+    monkeypatch.setattr(Isa, "vec_regs", property(lambda self: 2))
+    dev = open_device("X86")
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((2, 40, 24)).astype(np.float32)
+    i, j = rng.integers(-50, 50, (2, 40, 24)).astype(np.int32)
+    a[0, :4] = np.nan
+
+    def f(a, b, i, j):
+        m = (a < b) & (i != j) | (a > 1.0)
+        return m.where(a * 2 + b, b.maximum(a)) + ((i ^ j) & 7).cast(dtypes.float32) + (i < j).where(1.0, -1.0)
+
+    t = f(Tensor.empty(40, 24), Tensor.empty(40, 24), Tensor.empty(40, 24, dtype=dtypes.int32),
+          Tensor.empty(40, 24, dtype=dtypes.int32))
+    tpl, _ = schedule([t.uop])
+    (ast,) = [s.ast for s in tpl.steps if s.kind == "kernel"]
+    spec = lower(ast, dev.capabilities, [Opt(OptKind.UPCAST, 1, 8)])
+    kernel = dev.render(spec).emit()  # emitted now, not from the code cache
+    assert re.search(r"ymm(1[6-9]|2\d|3[01])\b", disassemble(kernel.code, kernel.pool))
+    bufs = [Buffer("X86", g.size, g.dtype) for g in spec.globals]
+    for buf, x in zip(bufs[1:], (a, b, i, j)):
+        buf.copyin(x.reshape(-1))
+    dev.load(spec, kernel)([buf.handle for buf in bufs], (), False)
+    m = (a < b) & (i != j) | (a > 1.0)
+    want = np.where(m, a * 2 + b, np.maximum(b, a)) + ((i ^ j) & 7).astype(np.float32) + np.where(i < j, 1.0, -1.0)
+    np.testing.assert_allclose(bufs[0].numpy().reshape(40, 24), want, rtol=1e-6)

@@ -39,7 +39,8 @@ class Isa:
 
     @property
     def high_vec_regs(self) -> int:
-        """zmm16..31 (EVEX only, AVX-512): given to 512-bit values, so register tiles can grow."""
+        """xmm/ymm/zmm16..31 (EVEX only, AVX-512 with VL): given to vector values of every width, so register
+        tiles of 8-lane accumulators can grow past 12 as 16-lane ones do."""
         return 16 if self.tier == "avx512" else 0
 
     @property

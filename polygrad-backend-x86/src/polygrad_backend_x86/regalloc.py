@@ -50,13 +50,14 @@ class Frame:
 
 
 def wide(v: XInst) -> bool:
-    """A 512-bit vector value (16 lanes of a 4-byte type): it may live in zmm16..31."""
-    return not is_gp(v) and v.lanes == 16
+    """A vector value (4, 8 or 16 lanes of a 4-byte type): it may live in xmm/ymm/zmm16..31, which exist only
+    with AVX-512 (VL gives the 128- and 256-bit EVEX forms; the allocator is given high registers only then)."""
+    return not is_gp(v) and v.lanes > 1
 
 
 def allocate(prog: XProgram, vec_regs: int, vec_bytes: int, high_regs: int = 0) -> Frame:
-    """Assign `loc` to every value of prog; vector registers 0..vec_regs-1 may be used, and for 512-bit
-    values also 16..16+high_regs-1 (EVEX-only registers, taken first so the low ones stay for the rest)."""
+    """Assign `loc` to every value of prog; vector registers 0..vec_regs-1 may be used, and for vector
+    values also 16..16+high_regs-1 (EVEX-only registers: 512-bit values take them first, narrower ones last)."""
     insts = prog.insts
     for i, x in enumerate(insts):
         x.num = i
@@ -120,7 +121,10 @@ def allocate(prog: XProgram, vec_regs: int, vec_bytes: int, high_regs: int = 0) 
         for a in [a for a in active if a.end < v.start]:
             active.remove(a)
             (high if a.loc[1] >= 16 and not is_gp(a) else free[is_gp(a)]).append(a.loc[1])
-        if wide(v) and high:
+        # a 512-bit value takes a high register first (the low ones stay for the rest); a 128/256-bit one only
+        # once the low ones are taken, so kernels that fit in 0..11 keep their VEX code (vblendvps, vcmpps into
+        # a ymm, vpxor have no EVEX form on high registers and go through scratch moves: vector.py's vop_low)
+        if wide(v) and high and (v.lanes == 16 or not free[gp_class]):
             v.loc = ("r", high.pop(0))
             active.append(v)
             continue
@@ -130,7 +134,7 @@ def allocate(prog: XProgram, vec_regs: int, vec_bytes: int, high_regs: int = 0) 
             active.append(v)
             continue
         # spill the value whose uses weigh least (a use in a loop nest of depth d weighs 8**d); only a
-        # 512-bit value may take a high register
+        # vector value may take a high register
         same = [a for a in active if is_gp(a) == gp_class and (wide(v) or gp_class or a.loc[1] < 16)]
         victim = min(same, key=lambda a: (weight.get(id(a), 0.0), -a.end))
         if (weight.get(id(victim), 0.0), -victim.end) < (weight.get(id(v), 0.0), -v.end):

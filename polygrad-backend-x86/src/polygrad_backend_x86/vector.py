@@ -119,10 +119,18 @@ class VectorEmitter(Emitter):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.lane_slot = self.frame.slot(192)  # values, indices, gates of one lane-at-a-time access
+        # where vop_low keeps the low scratch registers it borrows (only kernels with values in xmm/ymm16..31)
+        self.low_save = self.frame.slot(4 * 32) if any(n >= 16 for n in self.frame.used_vec) else None
 
     # ---- operands
     def vop(self, mn: str, *ops: Any, mask: int | None = None) -> None:
-        name = resolve(mn, ops, mask is not None)
+        try:
+            name = resolve(mn, ops, mask is not None)
+        except VectorUnsupported:
+            if not any(isinstance(o, VR) and o.n >= 16 and o.bits < 512 for o in ops):
+                raise
+            self.vop_low(mn, ops, mask)
+            return
         conv = []
         for o in ops:
             if isinstance(o, VR):
@@ -134,6 +142,36 @@ class VectorEmitter(Emitter):
             else:
                 conv.append(o)
         self.a.op(name, *conv, mask=mask)
+
+    def vop_low(self, mn: str, ops: tuple, mask: int | None) -> None:
+        """An instruction with only a VEX form (vblendvps, vcmpps into a ymm, vpxor, ...) on a ymm/xmm16..31
+        operand: those operands go through low scratch registers the instruction does not use (the first
+        operand, the destination, is copied back). A borrowed scratch register may hold a value the caller
+        still needs (a spilled result in T0), so it is kept in a stack slot around the instruction."""
+        used = {o.n for o in ops if isinstance(o, VR)}
+        spare = [n for n in (self.T0, self.T1, self.T2, self.TS) if n not in used]
+        moved: dict[int, int] = {}
+        for o in ops:
+            if isinstance(o, VR) and o.n >= 16 and o.n not in moved:
+                if not spare:
+                    raise VectorUnsupported(f"{mn} on ymm16..31 with no spare scratch register")
+                moved[o.n] = spare.pop(0)
+        if self.low_save is None:
+            raise CompileError("X86 backend: internal error, a high vector register in a kernel that uses none")
+        low = tuple(VR(moved[o.n], o.bits) if isinstance(o, VR) and o.n in moved else o for o in ops)
+        saves = [(VR(n, 256), Mem(RSP, disp=self.low_save + 32 * i)) for i, n in enumerate(moved.values())]
+        for reg, mem in saves:
+            self.vop("VMOVUPS", mem, reg)
+        copied: set[int] = set()
+        for o in ops:  # every moved operand is read first (the destination too: vfmadd and masked moves read it)
+            if isinstance(o, VR) and o.n in moved and o.n not in copied:
+                copied.add(o.n)
+                self.vop("VMOVAPS", VR(moved[o.n], o.bits), o)
+        self.vop(mn, *low, mask=mask)
+        if isinstance(ops[0], VR) and ops[0].n in moved:
+            self.vop("VMOVAPS", ops[0], low[0])
+        for reg, mem in saves:
+            self.vop("VMOVUPS", reg, mem)
 
     def width(self, x: XInst) -> int:
         for d in (x.dtype, *(s.dtype for s in x.src if s is not None and s.lanes > 1)):
@@ -180,14 +218,15 @@ class VectorEmitter(Emitter):
         return self.pool_vec([value] * (bits // 32), dt)
 
     def zero(self, r: VR) -> None:
-        self.vop("VPXORD" if r.bits == 512 else "VPXOR", r, r, r)
+        self.vop("VPXORD" if r.bits == 512 or r.n >= 16 else "VPXOR", r, r, r)
 
     def ones(self, r: VR) -> None:
         self.vop("VMOVUPS", r, self.splat(-1, dtypes.int32, r.bits))
 
     def logic(self, mn: str, r: VR, a: VR, b: Any) -> None:
-        """Bitwise AND/ANDN/OR/XOR of whole registers (the D forms on zmm)."""
-        self.vop(f"VP{mn}D" if r.bits == 512 else f"VP{mn}", r, a, b)
+        """Bitwise AND/ANDN/OR/XOR of whole registers (the EVEX D forms on zmm and on registers 16..31)."""
+        evex = r.bits == 512 or any(isinstance(o, VR) and o.n >= 16 for o in (r, a, b))
+        self.vop(f"VP{mn}D" if evex else f"VP{mn}", r, a, b)
 
     def fcmp(self, r: VR, a: VR, b: Any, pred: int) -> None:
         if r.bits == 512:
