@@ -1,5 +1,6 @@
 'use strict'
 // Shared helpers for the node --test suite.
+const assert = require('node:assert')
 const fs = require('fs')
 const path = require('path')
 const bundle = require('../src/bundle')
@@ -125,4 +126,20 @@ function instsOf (prog) {
   return out
 }
 
-module.exports = { FIXTURES, REPO, fixture, reference, maxRel, split, pack, goldenLayout, pageResult, pageFiles, instsOf }
+/**
+ * Check a fixture's int8-route outputs (y8: Q8_0 rows, y4: Q4_0 rows, one {y8, y4} a case of ref.x) against the
+ * NumPy values the fixture holds (ref.cases[i][name]: want and bound): float32 rounding only, since each block's
+ * products are exact and only the scales and the sum over blocks round.
+ */
+function checkBlockSums (ref, outs, where) {
+  outs.forEach((o, i) => {
+    for (const name of ['y8', 'y4']) {
+      const { want, bound } = ref.cases[i][name]
+      assert.strictEqual(o[name].length, ref.rows[name])
+      want.forEach((w, r) => assert.ok(Math.abs(o[name][r] - w) <= 1e-5 * bound[r] + 1e-30,
+        `${where} case ${i} ${name}[${r}]: ${o[name][r]} vs ${w} (bound ${bound[r]})`))
+    }
+  })
+}
+
+module.exports = { FIXTURES, REPO, fixture, reference, maxRel, split, pack, goldenLayout, pageResult, pageFiles, instsOf, checkBlockSums }

@@ -11,7 +11,7 @@ const fs = require('fs')
 const os = require('os')
 const path = require('path')
 const { spawnSync } = require('child_process')
-const { fixture, pageResult, pageFiles, instsOf } = require('./helpers')
+const { fixture, pageResult, pageFiles, instsOf, checkBlockSums } = require('./helpers')
 const { Model } = require('..')
 const { relaxedSimdSupported, relaxedDotSupported } = require('../src/wasm/module')
 const { lowerKernel } = require('../src/compile')
@@ -29,17 +29,7 @@ function plainOutputs () {
   return out
 }
 
-function checkReference (outs, where) {
-  outs.forEach((o, i) => {
-    for (const name of ['y8', 'y4']) {
-      const { want, bound } = REF.cases[i][name]
-      assert.strictEqual(o[name].length, REF.rows[name])
-      // float32 rounding: each of the block's products is exact, the scales and the sum over blocks round
-      want.forEach((w, r) => assert.ok(Math.abs(o[name][r] - w) <= 1e-5 * bound[r] + 1e-30,
-        `${where} case ${i} ${name}[${r}]: ${o[name][r]} vs ${w} (bound ${bound[r]})`))
-    }
-  })
-}
+const checkReference = (outs, where) => checkBlockSums(REF, outs, where)
 
 test('int8-route matvecs on the plain path match NumPy, and the Q4_0 nibbles stay in lanes', () => {
   checkReference(plainOutputs(), 'plain')

@@ -11,7 +11,7 @@ const assert = require('node:assert')
 const fs = require('fs')
 const os = require('os')
 const path = require('path')
-const { fixture, pageResult, pageFiles, instsOf } = require('./helpers')
+const { fixture, pageResult, pageFiles, instsOf, checkBlockSums } = require('./helpers')
 const { Model } = require('..')
 const { lowerKernel } = require('../src/compile')
 const { chooseOpts } = require('../src/lower')
@@ -26,17 +26,7 @@ function outputs (options, minWork = null) {
   return out
 }
 
-function checkReference (outs, where) {
-  outs.forEach((o, i) => {
-    for (const name of ['y8', 'y4']) {
-      const { want, bound } = REF.cases[i][name]
-      assert.strictEqual(o[name].length, REF.rows[name])
-      // float32 rounding: each block's products are exact, the scales and the sum over blocks round
-      want.forEach((w, r) => assert.ok(Math.abs(o[name][r] - w) <= 1e-5 * bound[r] + 1e-30,
-        `${where} case ${i} ${name}[${r}]: ${o[name][r]} vs ${w} (bound ${bound[r]})`))
-    }
-  })
-}
+const checkReference = (outs, where) => checkBlockSums(REF, outs, where)
 
 test('one row of Q4_0 block sums over an odd row count takes a column tile of dotCols, its last tile moved back; of Q8_0 one column', () => {
   const m = Model.fromBytesSync(fixture('int8_head.pgb'), { threads: 1 })
