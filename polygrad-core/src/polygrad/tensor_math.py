@@ -82,7 +82,7 @@ def odd_split(x, half: Callable):
 
     One evaluation of half, on |x| as x times its sign (+1 at x = 0, so the gradient there is half'(0), and
     a constant: the gradient is half'(|x|) on both sides); NaN propagates. The same values as half(x >= 0 part)
-    minus half(x < 0 part) with half(0) = 0, at half the work (a tanh GELU's two expm1 were most of its kernel).
+    minus half(x < 0 part) with half(0) = 0, at half the work.
     """
     sign = (x >= 0).where(1.0, -1.0).detach()
     return x.isnan().where(x, half(x * sign) * sign)

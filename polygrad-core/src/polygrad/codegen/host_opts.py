@@ -397,11 +397,15 @@ def padded_columns(last: UOp, caps: Capabilities) -> int:
     size = range_size(last)
     if width < 4 or size is None or size % width == 0 or not getattr(caps, "masked_vectors", False):
         return 0
-    padded = -(-size // width) * width
-    if (padded - size) * PAD_MAX_WASTE <= padded:
-        return padded
     half = width // 2
-    return half if half >= 4 and size < half and (half - size) * PAD_MAX_WASTE <= half else 0
+    return padded_within(size, width) or (half if half >= 4 and size < half and padded_within(size, half) else 0)
+
+
+def padded_within(size: int, lanes: int) -> int:
+    """`size` rounded up to a multiple of `lanes`, where the padding adds at most 1/PAD_MAX_WASTE of the padded
+    points; else 0."""
+    padded = -(-size // lanes) * lanes
+    return padded if (padded - size) * PAD_MAX_WASTE <= padded else 0
 
 
 def padded_tile_opts(red: UOp, glob: list[UOp], operands: list[UOp], last: UOp, padded: int,
@@ -597,8 +601,7 @@ def padded_reduce_opts(inner: UOp, caps: Capabilities) -> list[Opt]:
     if size is None or not getattr(caps, "masked_vectors", False):
         return []
     for n in (width, width // 2, width // 4):
-        padded = -(-size // n) * n
-        if n >= 4 and size % n and (padded - size) * PAD_MAX_WASTE <= padded:
+        if n >= 4 and size % n and padded_within(size, n):
             return [Opt(OptKind.PADTO, inner.arg[0], n)]
     return []
 
